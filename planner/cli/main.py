@@ -1,0 +1,57 @@
+"""The ``fxplan`` command line: one sub-command per module in :mod:`planner.cli`.
+
+Each verb module exposes ``register(subparsers) -> argparse.ArgumentParser`` and sets
+``run(args) -> int`` as the parser's ``func`` default. Verb modules keep heavy imports
+(torch, ortools) inside ``run`` so that ``fxplan --help`` stays instant.
+
+Errors a user can fix (a malformed cluster file, an unknown model, a configuration whose
+degrees do not multiply out) derive from :class:`planner.cli.errors.UserError` or are listed
+in :data:`planner.cli.errors.user_error_types`; they end the command with exit code 2 and a
+one-paragraph message. ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+#: Verb modules under ``planner.cli``, in the order ``fxplan --help`` lists them.
+VERBS: tuple[str, ...] = (
+    "demo",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fxplan",
+        description="Auto-parallel planner and distributed-graph compiler for PyTorch.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb in VERBS:
+        module = importlib.import_module(f"planner.cli.{verb}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from planner.cli.errors import user_error_types
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 1
+    try:
+        return int(args.func(args) or 0)
+    except user_error_types() as err:  # type: ignore[misc]
+        if args.debug:
+            raise
+        print(f"fxplan {args.verb}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
