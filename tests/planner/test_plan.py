@@ -1,0 +1,90 @@
+"""Plan: validation, one-line summary, JSON round trip, refusal of foreign plans."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.plan import Plan, PlanError, SolverInfo, StageAssignment, load_plan
+
+
+def make_plan(**overrides) -> Plan:
+    fields = dict(
+        model="gpt-tiny",
+        cluster="local-cpu:devices=4",
+        graph_fingerprint="a" * 64,
+        cluster_fingerprint="b" * 64,
+        batch=16,
+        seq=64,
+        mesh_shape=(2, 2, 1),
+        stages=(StageAssignment(0, (0, 2), has_embedding=True), StageAssignment(1, (2, 4), has_head=True)),
+        schedule="1f1b",
+        microbatch_size=2,
+        num_microbatches=4,
+        zero_stage=1,
+        recompute=("none", "none", "selective", "selective"),
+        sequence_parallel=True,
+        param_placements={"blocks.0.attn.qkv.weight": "RS(0)"},
+        solver=SolverInfo(backend="highs", status="optimal", gap=0.0, time_s=0.12),
+    )
+    fields.update(overrides)
+    return Plan(**fields)
+
+
+def test_summary_line_names_every_dimension():
+    plan = make_plan()
+    assert plan.summary == "pp=2 dp=2 tp=1 | zero=1 | 1f1b mb=2×4 | recompute=mixed | sp=on"
+    assert plan.degrees == {"pp": 2, "dp": 2, "tp": 1}
+    assert plan.world_size == 4
+
+
+def test_json_round_trip_is_identity(tmp_path):
+    plan = make_plan(schedule="interleaved:2",
+                     stages=tuple(StageAssignment(i, (i, i + 1), i == 0, i == 3) for i in range(4)))
+    path = plan.save(tmp_path / "plan.json")
+    data = json.loads(path.read_text())
+    assert data["format_version"] == 1
+    assert data["summary"].startswith("pp=2 dp=2 tp=1")
+    assert load_plan(path) == plan
+
+
+def test_batch_must_equal_dp_times_microbatching():
+    with pytest.raises(PlanError, match=r"batch 15 ≠ dp·microbatch_size·num_microbatches = 2·2·4 = 16"):
+        make_plan(batch=15)
+
+
+def test_interleaved_needs_pp_times_v_stages():
+    with pytest.raises(PlanError, match=r"2 stages given but pp·v = 2·3 = 6 expected"):
+        make_plan(schedule="interleaved:3")
+
+
+@pytest.mark.parametrize("schedule", ["zigzag", "interleaved:1", "interleaved:x"])
+def test_unknown_schedule_is_refused(schedule):
+    with pytest.raises(PlanError, match="is not one of gpipe, 1f1b, interleaved:v"):
+        make_plan(schedule=schedule)
+
+
+def test_plan_for_another_graph_or_cluster_or_world_size_is_refused(tmp_path):
+    path = make_plan().save(tmp_path / "plan.json")
+    with pytest.raises(PlanError, match=r"made for model 'gpt-tiny'"):
+        load_plan(path, graph_fingerprint="c" * 64)
+    with pytest.raises(PlanError, match=r"made for cluster 'local-cpu:devices=4'"):
+        load_plan(path, cluster_fingerprint="d" * 64)
+    with pytest.raises(PlanError, match=r"needs world size pp·dp·tp = 2·2·1 = 4, but 8"):
+        make_plan().check_matches(world_size=8)
+
+
+def test_other_format_versions_and_garbage_are_refused(tmp_path):
+    data = make_plan().to_dict()
+    data["format_version"] = 99
+    bad = tmp_path / "v99.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="format_version 99 is not supported"):
+        load_plan(bad)
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{not json")
+    with pytest.raises(PlanError, match="not a JSON plan file"):
+        load_plan(garbage)
+    with pytest.raises(PlanError, match="does not exist"):
+        load_plan(tmp_path / "missing.json")
