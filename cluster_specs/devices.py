@@ -1,0 +1,81 @@
+"""``DeviceGroup``: identical devices in identical nodes, one entry of ``device_groups``.
+
+A cluster is one or more device groups side by side. Ranks are numbered group by group
+(in the order of the spec), node by node, device by device::
+
+    rank = group.first_rank + (node - group.first_node) * group.devices_per_node + local_index
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from cluster_specs.frozen import freeze
+
+#: Data types a device may list under ``peak_tflops``.
+DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+#: Device kinds.
+DEVICE_KINDS: tuple[str, ...] = ("gpu", "cpu")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceGroup:
+    """``nodes × devices_per_node`` identical devices.
+
+    Units are in the names: memory in GiB, bandwidth in GB/s (10⁹ bytes per second), peaks in
+    TFLOP/s (dense), latencies in µs. ``compute_efficiency`` maps an op class (``matmul``,
+    ``attention``, ... and ``memory_bound``) to the fraction of peak — of ``peak_tflops`` for
+    compute-bound classes, of ``memory_bandwidth_gb_per_s`` for ``memory_bound`` — that the cost
+    model may expect before profiling. ``nics_per_node`` overrides the cluster-scope level's
+    NIC count for this group's nodes (``None``: the level's).
+    """
+
+    name: str
+    kind: str
+    model: str
+    nodes: int
+    devices_per_node: int
+    memory_gib: float
+    reserved_memory_gib: float
+    memory_bandwidth_gb_per_s: float
+    peak_tflops: Mapping[str, float]
+    intra_node_level: str
+    compute_efficiency: Mapping[str, float] = field(default_factory=dict)
+    kernel_launch_us: float = 0.0
+    nics_per_node: int | None = None
+    first_rank: int = 0
+    first_node: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "peak_tflops", freeze(self.peak_tflops))
+        object.__setattr__(self, "compute_efficiency", freeze(self.compute_efficiency))
+
+    @property
+    def num_devices(self) -> int:
+        """``nodes × devices_per_node``."""
+        return self.nodes * self.devices_per_node
+
+    @property
+    def ranks(self) -> range:
+        """The global ranks of this group."""
+        return range(self.first_rank, self.first_rank + self.num_devices)
+
+    @property
+    def node_indices(self) -> range:
+        """The global node indices of this group."""
+        return range(self.first_node, self.first_node + self.nodes)
+
+    @property
+    def usable_memory_gib(self) -> float:
+        """``memory_gib − reserved_memory_gib``: what a plan may fill per device."""
+        return self.memory_gib - self.reserved_memory_gib
+
+    def peak(self, dtype: str) -> float:
+        """Peak dense TFLOP/s for ``dtype``; ``KeyError`` naming the listed dtypes if absent."""
+        try:
+            return self.peak_tflops[dtype]
+        except KeyError:
+            listed = ", ".join(self.peak_tflops)
+            raise KeyError(f"{self.model} lists no peak for {dtype!r} (it lists {listed})") from None

@@ -1,0 +1,46 @@
+"""``LinkLevel``: one level of the interconnect hierarchy, one entry of ``levels``.
+
+Levels are listed innermost (fastest) first. A ``scope: node`` level joins the devices of one
+node (NVLink, NVSwitch, PCIe, loopback); its ``bandwidth_gb_per_s`` is per device and per
+direction. The ``scope: cluster`` level joins nodes through ``nics_per_node`` NICs each; its
+``bandwidth_gb_per_s`` is per NIC and per direction. Collectives reach
+``bandwidth_gb_per_s × efficiency`` (their bus bandwidth); ``allreduce_bandwidth_gb_per_s``,
+where present, is the all-reduce bus bandwidth reached with in-network reduction (NVLink
+SHARP), as measured, so no efficiency is applied to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Level kinds allowed for each scope.
+LEVEL_KINDS: dict[str, tuple[str, ...]] = {
+    "node": ("nvlink", "nvswitch", "pcie", "loopback"),
+    "cluster": ("infiniband", "roce", "ethernet"),
+}
+
+#: Scopes, innermost first.
+SCOPES: tuple[str, ...] = tuple(LEVEL_KINDS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkLevel:
+    """A link level: bandwidth in GB/s per direction, latency in µs per hop."""
+
+    name: str
+    kind: str
+    scope: str
+    bandwidth_gb_per_s: float
+    latency_us: float
+    efficiency: float
+    nics_per_node: int | None = None
+    allreduce_bandwidth_gb_per_s: float | None = None
+
+    @property
+    def effective_bandwidth_gb_per_s(self) -> float:
+        """``bandwidth_gb_per_s × efficiency``: the bus bandwidth collectives reach."""
+        return self.bandwidth_gb_per_s * self.efficiency
+
+    @property
+    def is_node_scope(self) -> bool:
+        return self.scope == "node"

@@ -1,0 +1,127 @@
+"""``Cluster.load(spec)``: a built-in name, a file, or either with ``:key=value`` overrides.
+
+Resolution of a spec string ``s``:
+
+1. ``s`` is an existing file → read it (YAML; a ``.json`` file, or any document with a
+   ``machines`` key, is a PaddlePaddle cluster description and is imported);
+2. otherwise ``s`` splits at its first ``:`` into ``base`` and overrides; ``base`` is a built-in
+   name (``cluster_specs/builtin/*.yaml``, or a generated one such as ``local-cpu``) or a file;
+3. anything else is an error that lists the built-in names.
+
+Files are read with a ``yaml.SafeLoader`` that also refuses duplicate keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from cluster_specs.cluster import Cluster
+from cluster_specs.errors import ClusterSpecError
+from cluster_specs.local_cpu import GENERATOR_PARAMS, local_cpu_spec
+from cluster_specs.overrides import apply_overrides, parse_overrides, positive_int
+from cluster_specs.schema import validate
+
+BUILTIN_DIR = Path(__file__).with_name("builtin")
+
+#: Built-ins generated at load time: name → (generator, the override keys it takes).
+GENERATED: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
+    "local-cpu": (local_cpu_spec, GENERATOR_PARAMS),
+}
+
+
+class _StrictSafeLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                mark = key_node.start_mark
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"found the key {key!r} twice in one mapping", mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def available_specs() -> list[str]:
+    """Names of the built-in specs (files and generated), sorted."""
+    return sorted({path.stem for path in BUILTIN_DIR.glob("*.yaml")} | set(GENERATED))
+
+
+def read_document(path: Path, source: str) -> Any:
+    """Parse a YAML or JSON file; syntax errors become ``ClusterSpecError`` with the position."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ClusterSpecError(source, message=f"not valid JSON: {err}") from None
+    try:
+        return yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        detail = " ".join(str(err).split())
+        raise ClusterSpecError(source, message=f"not valid YAML: {detail}") from None
+
+
+def _document_to_spec(document: Any, source: str) -> dict[str, Any]:
+    """Our schema, or a PaddlePaddle cluster JSON (recognised by its ``machines`` key)."""
+    if isinstance(document, dict) and "machines" in document and "device_groups" not in document:
+        from cluster_specs.paddle_import import paddle_to_spec
+
+        return paddle_to_spec(document, source)
+    return validate(document, source)
+
+
+def _base_spec(base: str, generator_args: dict[str, Any], source: str) -> dict[str, Any]:
+    if base in GENERATED:
+        generate, _ = GENERATED[base]
+        return validate(generate(**generator_args), f"{source} (generated)")
+    builtin = BUILTIN_DIR / f"{base}.yaml"
+    if builtin.is_file():
+        return validate(read_document(builtin, str(builtin)), str(builtin))
+    path = Path(base)
+    if path.is_file():
+        return _document_to_spec(read_document(path, base), base)
+    names = available_specs()
+    close = [n for n in names if n.startswith(base)] or difflib.get_close_matches(base, names, n=2)
+    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    looks_like_path = os.sep in base or base.endswith((".yaml", ".yml", ".json"))
+    what = "no such file" if looks_like_path else "not a built-in spec name and not a file"
+    raise ClusterSpecError(
+        source, message=f"found {base!r}: {what}. Expected a path to a cluster file or one of the "
+        f"built-in specs: {', '.join(names)}.{hint}",
+    )
+
+
+def load_spec(spec: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
+    """The canonical spec dict for a spec string or path, and its source label."""
+    text = os.fspath(spec)
+    if Path(text).is_file():
+        return _document_to_spec(read_document(Path(text), text), text), text
+    base, colon, override_text = text.partition(":")
+    items = parse_overrides(override_text, text) if colon else []
+    params = GENERATED[base][1] if base in GENERATED else ()
+    generator_args = {k: positive_int(k, v, text) for k, v in items if k in params}
+    items = [(k, v) for k, v in items if k not in params]
+    canonical = _base_spec(base, generator_args, text)
+    if colon:
+        canonical = apply_overrides(canonical, items, text)
+        canonical["name"] = f"{canonical['name']}:{override_text}"
+        canonical = validate(canonical, text)
+    return canonical, text
+
+
+def load(spec: "str | os.PathLike[str] | Cluster") -> Cluster:
+    """Load a cluster (see the module docstring for what ``spec`` may be)."""
+    if isinstance(spec, Cluster):
+        return spec
+    canonical, source = load_spec(spec)
+    return Cluster(canonical, source=source)

@@ -1,0 +1,238 @@
+"""Cluster spec schema v1: the keys, their units, and the checks that tie them together.
+
+:func:`validate` takes what ``yaml.safe_load`` returned and gives back the *canonical* spec:
+every key in schema order, optional keys filled with their defaults, numbers as ``float``
+(counts as ``int``). The canonical spec is what ``Cluster.to_dict()`` returns and what
+``Cluster.fingerprint()`` hashes, so ``80`` and ``80.0`` or a different key order in the file
+give the same cluster.
+
+Checks, in the order they run (the first failure is reported):
+
+1. the document is a mapping; ``schema_version`` is present and supported;
+2. each key of the document, of each ``device_groups[i]`` and of each ``levels[j]`` is known,
+   required keys are present, each value has its type and range (numbers > 0, efficiencies
+   in (0, 1], latencies ≥ 0, ``peak_tflops`` keys among fp32/tf32/bf16/fp16/fp8, ...);
+3. names are unique among device groups and among levels;
+4. levels: a kind that fits the scope, node-scope levels before the cluster-scope one, at
+   most one cluster-scope level, ``nics_per_node`` on the cluster-scope level and only there;
+5. device groups: ``intra_node_level`` names a node-scope level; ``reserved_memory_gib <
+   memory_gib``; ``nics_per_node`` only when there is a cluster-scope level;
+6. every node-scope level is some group's ``intra_node_level``; more than one node in total
+   needs a cluster-scope level.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster_specs.devices import DEVICE_KINDS, DTYPES
+from cluster_specs.errors import ClusterSpecError
+from cluster_specs.fields import (
+    Field,
+    check_mapping,
+    choice,
+    integer,
+    number,
+    number_map,
+    optional,
+    text,
+)
+from cluster_specs.links import LEVEL_KINDS, SCOPES
+
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS: tuple[int, ...] = (1,)
+
+#: Keys of ``compute_efficiency``: the capture's op classes, the cost model's family ``memory``
+#: (the memory-bound op classes together), and ``memory_bound`` (a fraction of
+#: ``memory_bandwidth_gb_per_s`` rather than of a peak, for any op limited by memory).
+OP_CLASSES: tuple[str, ...] = (
+    "matmul", "attention", "conv", "memory_bound", "memory", "elementwise", "norm", "softmax",
+    "embedding", "reduction", "view", "loss", "pool", "dropout", "other",
+)
+
+_ALL_LEVEL_KINDS = tuple(kind for kinds in LEVEL_KINDS.values() for kind in kinds)
+_FRACTION = number(low=0.0, low_open=True, high=1.0, unit="fraction")
+
+
+def _version(value: Any, source: str, path: str) -> int:
+    if isinstance(value, bool) or value not in SUPPORTED_VERSIONS:
+        raise ClusterSpecError(
+            source, path, found=value,
+            expected=f"{' or '.join(map(str, SUPPORTED_VERSIONS))} (the schema versions this fxplan reads)",
+        )
+    return int(value)
+
+
+def _items(what: str) -> Field:
+    """A non-empty list (its items are checked by the caller)."""
+    expected = f"a non-empty list ({what})"
+
+    def check(value: Any, source: str, path: str) -> list:
+        if not isinstance(value, list) or not value:
+            raise ClusterSpecError(source, path, found=value, expected=expected)
+        return value
+
+    return Field(check, expected)
+
+
+TOP_FIELDS: dict[str, Field] = {
+    "schema_version": Field(_version, "1 (the schema version)"),
+    "name": text(what="the cluster's name"),
+    "description": optional(text(what="free text", empty_ok=True), ""),
+    "device_groups": _items("device groups, each a mapping"),
+    "levels": _items("link levels, innermost first, each a mapping"),
+}
+
+GROUP_FIELDS: dict[str, Field] = {
+    "name": text(what="the device group's name", name=True),
+    "kind": choice(DEVICE_KINDS, what="device kind"),
+    "model": text(what="device model, e.g. A100-SXM4-80GB"),
+    "nodes": integer(low=1, unit="nodes of this group"),
+    "devices_per_node": integer(low=1, unit="devices in each node"),
+    "memory_gib": number(low=0, low_open=True, unit="GiB per device"),
+    "reserved_memory_gib": optional(number(low=0, low_open=False, unit="GiB per device"), 0.0),
+    "memory_bandwidth_gb_per_s": number(low=0, low_open=True, unit="GB/s per device"),
+    "peak_tflops": number_map(
+        DTYPES, number(low=0, low_open=True, unit="dense TFLOP/s"), what="peak per dtype",
+        nonempty=True,
+    ),
+    "intra_node_level": text(what="name of the scope: node level joining a node's devices"),
+    "compute_efficiency": optional(
+        number_map(OP_CLASSES, _FRACTION, what="fraction of peak per op class", nonempty=False), {}
+    ),
+    "kernel_launch_us": optional(number(low=0, low_open=False, unit="µs per kernel"), 0.0),
+    "nics_per_node": optional(integer(low=1, unit="NICs per node, overriding the cluster-scope level's")),
+}
+
+LEVEL_FIELDS: dict[str, Field] = {
+    "name": text(what="the level's name", name=True),
+    "kind": choice(_ALL_LEVEL_KINDS, what="link technology"),
+    "scope": choice(SCOPES, what="node: inside a node; cluster: across nodes"),
+    "bandwidth_gb_per_s": number(
+        low=0, low_open=True, unit="GB/s per direction, per device (node) or per NIC (cluster)"
+    ),
+    "latency_us": number(low=0, low_open=False, unit="µs per hop"),
+    "efficiency": _FRACTION,
+    "nics_per_node": optional(integer(low=1, unit="NICs per node")),
+    "allreduce_bandwidth_gb_per_s": optional(
+        number(low=0, low_open=True, unit="GB/s all-reduce bus bandwidth with in-network reduction")
+    ),
+}
+
+
+def validate(data: Any, source: str) -> dict[str, Any]:
+    """Check a loaded spec and return its canonical form; raise ``ClusterSpecError``."""
+    if isinstance(data, dict) and "schema_version" in data:
+        _version(data["schema_version"], source, "schema_version")
+    spec = check_mapping(data, TOP_FIELDS, source, "", what="a cluster spec")
+    spec["levels"] = [
+        check_mapping(item, LEVEL_FIELDS, source, f"levels[{j}]", what="a link level")
+        for j, item in enumerate(spec["levels"])
+    ]
+    spec["device_groups"] = [
+        check_mapping(item, GROUP_FIELDS, source, f"device_groups[{i}]", what="a device group")
+        for i, item in enumerate(spec["device_groups"])
+    ]
+    _unique_names(spec["device_groups"], "device_groups", source)
+    _unique_names(spec["levels"], "levels", source)
+    _check_levels(spec["levels"], source)
+    _check_groups(spec["device_groups"], spec["levels"], source)
+    _check_whole(spec, source)
+    # Canonical key order: as the tables list them.
+    return {key: spec[key] for key in TOP_FIELDS if key in spec}
+
+
+def _unique_names(items: list[dict], section: str, source: str) -> None:
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        if item["name"] in first:
+            raise ClusterSpecError(
+                source, f"{section}[{i}].name", found=item["name"],
+                expected=f"a name not already used by {section}[{first[item['name']]}]",
+            )
+        first[item["name"]] = i
+
+
+def _check_levels(levels: list[dict], source: str) -> None:
+    cluster_level: int | None = None
+    for j, level in enumerate(levels):
+        path, scope = f"levels[{j}]", level["scope"]
+        if level["kind"] not in LEVEL_KINDS[scope]:
+            raise ClusterSpecError(
+                source, f"{path}.kind", found=level["kind"],
+                expected=f"for scope: {scope} one of {', '.join(LEVEL_KINDS[scope])}",
+            )
+        if scope == "node":
+            if cluster_level is not None:
+                raise ClusterSpecError(
+                    source, f"{path}.scope", found=scope,
+                    expected=f"node-scope levels before the cluster-scope level "
+                    f"{levels[cluster_level]['name']!r} (levels[{cluster_level}]): innermost first",
+                )
+            if "nics_per_node" in level:
+                raise ClusterSpecError(
+                    source, f"{path}.nics_per_node", found=level["nics_per_node"],
+                    expected="no nics_per_node on a scope: node level "
+                    "(NICs belong to the scope: cluster level)",
+                )
+            continue
+        if cluster_level is not None:
+            raise ClusterSpecError(
+                source, f"{path}.scope", found=scope,
+                expected=f"one scope: cluster level only (levels[{cluster_level}] "
+                f"{levels[cluster_level]['name']!r} is one already; schema v1 has one level across nodes)",
+            )
+        cluster_level = j
+        if "nics_per_node" not in level:
+            raise ClusterSpecError.missing(
+                source, f"{path}.nics_per_node",
+                "an integer ≥ 1 (NICs per node; required on the scope: cluster level)",
+            )
+
+
+def _check_groups(groups: list[dict], levels: list[dict], source: str) -> None:
+    scope_of = {level["name"]: level["scope"] for level in levels}
+    node_levels = [name for name, scope in scope_of.items() if scope == "node"]
+    has_cluster_level = "cluster" in scope_of.values()
+    for i, group in enumerate(groups):
+        path, intra = f"device_groups[{i}]", group["intra_node_level"]
+        if scope_of.get(intra) != "node":
+            what = "a scope: cluster level" if intra in scope_of else "no level of this spec"
+            raise ClusterSpecError(
+                source, f"{path}.intra_node_level",
+                message=f"found {intra!r} ({what}), expected the name of a scope: node level "
+                f"({', '.join(node_levels) or 'none is defined'})",
+            )
+        memory, reserved = group["memory_gib"], group["reserved_memory_gib"]
+        if reserved >= memory:
+            raise ClusterSpecError(
+                source, f"{path}.reserved_memory_gib",
+                message=f"found {reserved:g} ≥ memory_gib {memory:g}, expected reserved_memory_gib "
+                f"< memory_gib ({memory:g} − {reserved:g} = {memory - reserved:g} GiB would be left "
+                "for the model)",
+            )
+        if "nics_per_node" in group and not has_cluster_level:
+            raise ClusterSpecError(
+                source, f"{path}.nics_per_node", found=group["nics_per_node"],
+                expected="no nics_per_node when no scope: cluster level is defined",
+            )
+
+
+def _check_whole(spec: dict[str, Any], source: str) -> None:
+    groups, levels = spec["device_groups"], spec["levels"]
+    used = {group["intra_node_level"] for group in groups}
+    for j, level in enumerate(levels):
+        if level["scope"] == "node" and level["name"] not in used:
+            raise ClusterSpecError(
+                source, f"levels[{j}].name", found=level["name"],
+                expected="a scope: node level that some device group names as intra_node_level "
+                f"(they name {', '.join(sorted(used))})",
+            )
+    nodes = [group["nodes"] for group in groups]
+    if sum(nodes) > 1 and not any(level["scope"] == "cluster" for level in levels):
+        split = " + ".join(f"{n} ({g['name']})" for n, g in zip(nodes, groups))
+        raise ClusterSpecError(
+            source, "levels",
+            message=f"found only scope: node levels but {split} = {sum(nodes)} nodes, expected a "
+            "scope: cluster level (with nics_per_node) joining the nodes",
+        )

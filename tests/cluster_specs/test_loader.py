@@ -1,0 +1,110 @@
+"""``Cluster.load``: built-in names, paths, ``name:key=value`` overrides, ``local-cpu``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cluster_specs import Cluster, ClusterSpecError, available_specs
+from cluster_specs import local_cpu
+
+
+def test_nodes_override_scales_a_builtin():
+    cluster = Cluster.load("dgx-a100-80g:nodes=192")
+    assert (cluster.num_nodes, cluster.num_devices) == (192, 1536)
+    assert cluster.name == "dgx-a100-80g:nodes=192"
+    assert cluster.source == "dgx-a100-80g:nodes=192"
+
+
+def test_nodes_override_keeps_heterogeneous_proportions():
+    cluster = Cluster.load("hetero-v100-a100:nodes=8")
+    assert [(g.name, g.nodes, g.first_rank) for g in cluster.device_groups] == [("v100", 4, 0), ("a100", 4, 32)]
+    with pytest.raises(ClusterSpecError) as err:
+        Cluster.load("hetero-v100-a100:nodes=3")
+    message = str(err.value)
+    assert message.startswith("hetero-v100-a100:nodes=3: nodes: found 3, expected a multiple of 2")
+    assert "2 (v100) + 2 (a100) = 4 nodes" in message
+
+
+def test_named_overrides_of_groups_and_levels():
+    cluster = Cluster.load("hetero-v100-a100:v100.nodes=3,a100.nodes=1,ib-hdr.nics_per_node=4")
+    assert [g.nodes for g in cluster.device_groups] == [3, 1]
+    assert cluster.cluster_level.nics_per_node == 4
+    tweaked = Cluster.load("dgx-a100-80g:devices_per_node=4,nvswitch.efficiency=0.5")
+    assert tweaked.num_devices == 4 and tweaked.level("nvswitch").efficiency == 0.5
+
+
+def test_override_values_are_validated_by_the_schema():
+    with pytest.raises(ClusterSpecError) as err:
+        Cluster.load("dgx-a100-80g:a100.memory_gib=-1")
+    assert str(err.value) == (
+        "dgx-a100-80g:a100.memory_gib=-1: device_groups[0].memory_gib: found -1, "
+        "expected a number > 0 (GiB per device)"
+    )
+
+
+@pytest.mark.parametrize(
+    "spec,fragments",
+    [
+        ("dgx-a100-80g:nodes=0", ["dgx-a100-80g:nodes=0: nodes: found 0, expected an integer ≥ 1"]),
+        ("dgx-a100-80g:nodes", ["found override 'nodes', expected key=value"]),
+        ("dgx-a100-80g:gpus=4", ["found unknown override key 'gpus'", "nodes, devices_per_node, a100.KEY"]),
+        ("local-cpu:devices=zero", ["devices: found 'zero' (a string), expected an integer ≥ 1"]),
+    ],
+)
+def test_bad_overrides(spec, fragments):
+    with pytest.raises(ClusterSpecError) as err:
+        Cluster.load(spec)
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+
+
+def test_unknown_name_lists_the_builtins():
+    with pytest.raises(ClusterSpecError) as err:
+        Cluster.load("dgx-a100")
+    message = str(err.value)
+    assert "found 'dgx-a100': not a built-in spec name and not a file" in message
+    assert ", ".join(available_specs()) in message
+    assert message.endswith("Did you mean dgx-a100-40g or dgx-a100-80g?")
+
+
+def test_missing_file():
+    with pytest.raises(ClusterSpecError, match="found 'nope/cluster.yaml': no such file"):
+        Cluster.load("nope/cluster.yaml")
+
+
+def test_paths_with_and_without_overrides(two_level, write_spec):
+    path = write_spec(two_level, "mine.yaml")
+    assert Cluster.load(path).num_devices == 8
+    assert Cluster.load(str(path)).source == str(path)
+    assert Cluster.load(f"{path}:nodes=4").num_nodes == 4
+
+
+def test_a_cluster_loads_as_itself():
+    cluster = Cluster.load("h200-single")
+    assert Cluster.load(cluster) is cluster
+
+
+def test_local_cpu_default_is_one_rank_per_core():
+    cores, total = local_cpu.cpu_cores(), local_cpu.memory_gib()
+    cluster = Cluster.load("local-cpu")
+    (cpu,) = cluster.device_groups
+    assert cluster.num_devices == cores and cpu.kind == "cpu"
+    assert cpu.memory_gib == pytest.approx(total / cores, abs=1e-3)
+    assert cpu.peak_tflops["fp32"] == pytest.approx(local_cpu.FP32_TFLOPS_PER_CORE, abs=1e-5)
+    assert cluster.levels[0].kind == "loopback" and cluster.group_level(range(cores)).name == "loopback"
+
+
+def test_local_cpu_devices_splits_the_machine():
+    cores, total = local_cpu.cpu_cores(), local_cpu.memory_gib()
+    cluster = Cluster.load("local-cpu:devices=4")
+    (cpu,) = cluster.device_groups
+    assert cluster.num_devices == 4
+    assert cpu.memory_gib == pytest.approx(total / 4, abs=1e-3)
+    assert cpu.peak_tflops["fp32"] == pytest.approx(local_cpu.FP32_TFLOPS_PER_CORE * cores / 4, abs=1e-5)
+    assert Cluster.load("local-cpu:devices=2,nodes=2").num_devices == 4
+
+
+def test_builtin_dir_is_packaged():
+    assert (Path(local_cpu.__file__).parent / "builtin" / "dgx-a100-80g.yaml").is_file()
