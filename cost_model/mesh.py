@@ -126,7 +126,7 @@ class LogicalMesh:
             groups.append(axis_groups)
         return groups
 
-    def _distinct_group_shapes(self, axis: int | str) -> list[tuple[int, ...]]:
+    def representative_groups(self, axis: int | str) -> list[tuple[int, ...]]:
         """One representative group per distinct (node pattern) so that pricing an axis of a
         3072-rank mesh looks at a handful of groups, not hundreds."""
         index = self.axis_index(axis)
@@ -146,17 +146,17 @@ class LogicalMesh:
     def axis_level(self, axis: int | str) -> "LinkLevel":
         """Outermost link level spanned by any group of the axis."""
         levels = self.cluster.levels
-        spanned = [self.cluster.group_level(g) for g in self._distinct_group_shapes(axis)]
+        spanned = [self.cluster.group_level(g) for g in self.representative_groups(axis)]
         return max(spanned, key=lambda level: [l.name for l in levels].index(level.name))
 
     def axis_bandwidth_gb_per_s(self, axis: int | str) -> float:
         """Per-rank ring bandwidth of the slowest group along the axis (GB/s)."""
         if self.axis_size(axis) == 1:
             return math.inf
-        return min(self.cluster.group_bandwidth_gb_per_s(g) for g in self._distinct_group_shapes(axis))
+        return min(self.cluster.group_bandwidth_gb_per_s(g) for g in self.representative_groups(axis))
 
     def axis_latency_us(self, axis: int | str) -> float:
         """Per-hop latency of the slowest group along the axis (µs)."""
         if self.axis_size(axis) == 1:
             return 0.0
-        return max(self.cluster.group_latency_us(g) for g in self._distinct_group_shapes(axis))
+        return max(self.cluster.group_latency_us(g) for g in self.representative_groups(axis))
