@@ -1,0 +1,102 @@
+"""The model spec string used everywhere (CLI and API) → :class:`ModelBundle`.
+
+Forms::
+
+    gpt-1.7b                                   a preset (examples.presets)
+    gpt-1.7b:layers=2,seq=512                  a preset with overrides
+    gpt:layers=48,hidden=6144,heads=64         a family (examples.families) from its defaults
+    path/to/model.py:build                     a user file; build() -> (model, example_inputs)
+
+Override keys are the fields of the family's config dataclass; values are parsed to the
+field's type (``int``, ``float``, ``bool``, ``str``, ``none`` for optional fields). Every
+failure is a :class:`ModelSpecError` that says what was wrong and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from typing import Any
+
+from examples.bundle import InputSpec, ModelBundle, ModelSpecError
+from examples.families import FAMILIES, Family
+from examples.presets import PRESETS
+from examples.user_model import user_file_bundle
+
+__all__ = ["resolve_model", "ModelSpecError", "ModelBundle", "InputSpec", "known_models"]
+
+_FILE_SPEC = re.compile(r"^(?P<path>.+\.py)(?::(?P<function>[A-Za-z_]\w*))?$")
+_TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
+
+
+def known_models() -> list[str]:
+    """Preset names, then family names (each usable with ``:key=value`` overrides)."""
+    return [*PRESETS, *FAMILIES]
+
+
+def resolve_model(spec: str | ModelBundle) -> ModelBundle:
+    """Resolve a spec string (see the module docstring) to a :class:`ModelBundle`."""
+    if isinstance(spec, ModelBundle):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelSpecError(f"model spec must be a non-empty string, got {spec!r}")
+    spec = spec.strip()
+    file_match = _FILE_SPEC.match(spec)
+    if file_match:
+        return user_file_bundle(file_match["path"], file_match["function"] or "build")
+    name, _, override_text = spec.partition(":")
+    if name in PRESETS:
+        preset = PRESETS[name]
+        family, values = FAMILIES[preset.family], dict(preset.values)
+    elif name in FAMILIES:
+        family, values = FAMILIES[name], {}
+    else:
+        raise ModelSpecError(f"unknown model {name!r}; known models: {', '.join(known_models())}"
+                             f"; or a user file path/to/model.py:build")
+    values.update(_parse_overrides(family, override_text, spec))
+    try:
+        config = family.config_cls(**values)
+    except ValueError as err:
+        raise ModelSpecError(f"model {spec!r}: {err}") from err
+    return family.bundle(spec, config)
+
+
+def _parse_overrides(family: Family, text: str, spec: str) -> dict[str, Any]:
+    """``"k=v,k=v"`` → typed values for the fields of ``family.config_cls``."""
+    if not text:
+        return {}
+    types = typing.get_type_hints(family.config_cls)
+    allowed = [f.name for f in dataclasses.fields(family.config_cls)]
+    values: dict[str, Any] = {}
+    for item in text.split(","):
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        if not eq or not key:
+            raise ModelSpecError(f"model {spec!r}: override {item!r} is not key=value "
+                                 f"(allowed keys for {family.name}: {', '.join(allowed)})")
+        if key not in allowed:
+            raise ModelSpecError(f"model {spec!r}: unknown key {key!r} for {family.name}; "
+                                 f"allowed keys: {', '.join(allowed)}")
+        values[key] = _parse_value(raw, types[key], f"model {spec!r}: {key}")
+    return values
+
+
+def _parse_value(raw: str, annotation: Any, where: str) -> Any:
+    """Parse ``raw`` as ``annotation`` (``int``, ``float``, ``bool``, ``str``, ``X | None``)."""
+    options = typing.get_args(annotation) or (annotation,)
+    if type(None) in options and raw.lower() == "none":
+        return None
+    kind = next(t for t in options if t is not type(None))
+    try:
+        if kind is bool:
+            if raw.lower() not in _TRUE | _FALSE:
+                raise ValueError(raw)
+            return raw.lower() in _TRUE
+        if kind is int:
+            return int(raw.replace("_", ""))
+        return kind(raw)
+    except ValueError:
+        names = {int: "an integer", float: "a number", bool: "true or false"}
+        expected = names.get(kind, kind.__name__)
+        raise ModelSpecError(f"{where}={raw!r} is not valid: expected {expected}"
+                             + (" or none" if type(None) in options else "")) from None

@@ -1,0 +1,1 @@
+"""Single-device reference models: GPT, Llama-style decoder, MLP, ResNet-style conv net."""

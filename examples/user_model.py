@@ -1,0 +1,90 @@
+"""Models from a user file: ``path/to/model.py:build`` (``:build`` is the default).
+
+``build()`` takes no arguments and returns ``(model, example_inputs)`` where the inputs are a
+tensor, a tuple/list of tensors (matched to ``forward``'s parameters in order) or a dict keyed
+by parameter name. It is called under ``torch.device(device)``, so tensors it creates without an
+explicit device land on ``"meta"`` during capture and cost nothing. ``batch`` replaces the
+first dimension of every example input; ``seq`` cannot be set and targets are what the
+function returns.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from examples.bundle import InputSpec, ModelBundle, ModelSpecError
+
+
+def load_function(path: str, function: str) -> Callable[[], Any]:
+    """Import ``path`` as a module and return its ``function``."""
+    file = Path(path)
+    if not file.is_file():
+        raise ModelSpecError(f"model file {path!r} does not exist (spec form: "
+                             f"path/to/model.py:function)")
+    module_name = f"fxplan_user_model_{abs(hash(str(file.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        raise ModelSpecError(f"importing {path!r} failed: {type(err).__name__}: {err}") from err
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        found = sorted(n for n, v in vars(module).items()
+                       if inspect.isfunction(v) and v.__module__ == module_name)
+        raise ModelSpecError(f"{path!r} has no function {function!r}; functions defined there: "
+                             f"{', '.join(found) or 'none'}")
+    return fn
+
+
+def _input_specs(model: torch.nn.Module, inputs: Any, origin: str) -> dict[str, InputSpec]:
+    """Name the example inputs after ``forward``'s parameters and keep their shapes/dtypes."""
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    if isinstance(inputs, (tuple, list)):
+        names = list(inspect.signature(model.forward).parameters)
+        if len(inputs) > len(names):
+            raise ModelSpecError(f"{origin} returned {len(inputs)} example inputs but forward "
+                                 f"takes {len(names)} parameters ({', '.join(names)})")
+        inputs = dict(zip(names, inputs))
+    if not isinstance(inputs, dict) or not all(isinstance(v, (torch.Tensor, InputSpec))
+                                                for v in inputs.values()):
+        raise ModelSpecError(f"{origin} must return (model, inputs) with inputs a tensor, a "
+                             f"tuple of tensors or a dict of tensors; got {type(inputs).__name__}")
+    return {k: v if isinstance(v, InputSpec) else InputSpec.of(v) for k, v in inputs.items()}
+
+
+def user_file_bundle(path: str, function: str = "build") -> ModelBundle:
+    """A bundle whose model and example inputs come from ``function`` in ``path``."""
+    fn = load_function(path, function)
+    origin = f"{path}:{function}()"
+
+    def call() -> tuple[torch.nn.Module, dict[str, InputSpec]]:
+        result = fn()
+        if not (isinstance(result, tuple) and len(result) == 2
+                and isinstance(result[0], torch.nn.Module)):
+            raise ModelSpecError(f"{origin} must return (model, example_inputs); got "
+                                 f"{type(result).__name__}")
+        return result[0], _input_specs(result[0], result[1], origin)
+
+    cache: dict[str, dict[str, InputSpec]] = {}
+
+    def inputs(batch: int, seq: int | None, with_targets: bool) -> dict[str, InputSpec]:
+        if seq is not None:
+            raise ModelSpecError(f"{origin} fixes its own input shapes; seq cannot be set")
+        if "specs" not in cache:
+            with torch.device("meta"):
+                cache["specs"] = call()[1]
+        return {k: InputSpec((batch, *s.shape[1:]) if s.shape else s.shape, s.dtype)
+                for k, s in cache["specs"].items()}
+
+    return ModelBundle(name=f"{path}:{function}", family="file", config=None,
+                       _build=lambda: call()[0], _inputs=inputs)

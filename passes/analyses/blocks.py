@@ -1,0 +1,116 @@
+"""Module paths, layers and repeated blocks.
+
+A *layer container* is a ``ModuleList``/``Sequential`` of two or more child modules that are
+not ``torch.nn`` leaves (transformer blocks, residual blocks), outermost only. Each child is
+a layer; layers are numbered in the order the graph first runs them, across containers.
+
+A layer's *signature* hashes, in graph order, every node's op, its target with the layer's
+own prefix removed (``h.7.attn.qkv`` → ``attn.qkv``), its arguments (nodes of the same layer
+by position, nodes outside by order of first use, constants by value), its shape and dtype,
+and the shapes and dtypes of the parameters it owns. The layer index appears nowhere, so
+identical blocks hash alike and form one :class:`RepeatedBlock`: the planner solves one and
+reuses the answer for all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+import torch
+import torch.fx
+
+from passes.node_info import NodeInfo, ParamInfo, RepeatedBlock, target_name
+
+
+def module_path(node: torch.fx.Node) -> str:
+    """Qualified name of the innermost module ``node`` runs in (``""``: the root)."""
+    if node.op == "call_module":
+        return str(node.target)
+    if node.op == "get_attr":
+        return str(node.target).rpartition(".")[0]
+    stack = node.meta.get("nn_module_stack")
+    return next(reversed(stack.values()))[0] if stack else ""
+
+
+def layer_containers(model: torch.nn.Module) -> list[str]:
+    """Qualified names of the outermost containers whose children are layers."""
+    found: list[str] = []
+    for name, m in model.named_modules():
+        if not isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) or len(m) < 2:
+            continue
+        if any(c == "" or name.startswith(f"{c}.") for c in found):
+            continue  # nested in a layer: part of that layer
+        if all(not _is_torch_leaf(child) for child in m.children()):
+            found.append(name)
+    return found
+
+
+def _is_torch_leaf(m: torch.nn.Module) -> bool:
+    return m.__module__.startswith("torch.nn") and not isinstance(
+        m, (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict))
+
+
+def assign_layers(gm: torch.fx.GraphModule, containers: list[str],
+                  infos: dict[str, NodeInfo]) -> dict[int, tuple[str, list[str]]]:
+    """Set ``info.layer`` for nodes inside a layer; returns layer → (prefix, node names)."""
+    patterns = [re.compile(rf"^{re.escape(c)}{'.' if c else ''}(\d+)(?:\.|$)") for c in containers]
+    index: dict[str, int] = {}
+    layers: dict[int, tuple[str, list[str]]] = {}
+    for node in gm.graph.nodes:
+        info = infos[node.name]
+        for container, pattern in zip(containers, patterns):
+            match = pattern.match(info.module_path)
+            if match:
+                prefix = f"{container}.{match[1]}" if container else match[1]
+                layer = index.setdefault(prefix, len(index))
+                info.layer = layer
+                layers.setdefault(layer, (prefix, []))[1].append(node.name)
+                break
+    return layers
+
+
+def layer_signature(gm: torch.fx.GraphModule, prefix: str, names: list[str],
+                    infos: dict[str, NodeInfo], params: dict[str, ParamInfo]) -> str:
+    """Structural hash of one layer (see the module docstring); 16 hex digits."""
+    position = {name: i for i, name in enumerate(names)}
+    external: dict[str, int] = {}
+    nodes = {n.name: n for n in gm.graph.nodes}
+
+    def ref(value: torch.fx.Node) -> str:
+        if value.name in position:
+            return f"%{position[value.name]}"
+        return f"$in{external.setdefault(value.name, len(external))}"
+
+    def relative(target: Any) -> str:
+        text = target_name(target)
+        if text == prefix:  # the layer itself, kept as a leaf module
+            return "<layer>"
+        return text[len(prefix) + 1:] if text.startswith(prefix + ".") else text
+
+    parts = []
+    for name in names:
+        node, info = nodes[name], infos[name]
+        args = torch.fx.node.map_arg((node.args, node.kwargs), ref)  # slices included
+        owned = [(relative(p), params[p].shape, str(params[p].dtype)) for p in info.params]
+        parts.append(repr((node.op, relative(node.target), args, info.shape, str(info.dtype),
+                           owned)))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def find_blocks(gm: torch.fx.GraphModule, model: torch.nn.Module, infos: dict[str, NodeInfo],
+                params: dict[str, ParamInfo]) -> tuple[list[RepeatedBlock], dict[int, str]]:
+    """Number layers, sign them and group layers with equal signatures (in layer order).
+    Returns the blocks and each layer's module path."""
+    layers = assign_layers(gm, layer_containers(model), infos)
+    groups: dict[str, tuple[list[int], list[list[str]]]] = {}
+    for layer, (prefix, names) in sorted(layers.items()):
+        signature = layer_signature(gm, prefix, names, infos, params)
+        for name in names:
+            infos[name].block_signature = signature
+        entry = groups.setdefault(signature, ([], []))
+        entry[0].append(layer)
+        entry[1].append(names)
+    blocks = [RepeatedBlock(sig, ls, ns) for sig, (ls, ns) in groups.items()]
+    return blocks, {layer: prefix for layer, (prefix, _) in layers.items()}

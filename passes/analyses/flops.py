@@ -1,0 +1,111 @@
+"""Forward FLOPs of each op, as short registered rules (a multiply-add counts 2 FLOPs).
+
+Matrix products (what Megatron's formulas count):
+
+- ``matmul``/``bmm``/``mm``/``@``: ``2·numel(out)·K`` with ``K`` the contracted size.
+- ``addmm``/``baddbmm``: the product plus ``numel(out)`` for the added term.
+- ``linear``: ``2·M·N·K`` (+ ``M·N`` with a bias), ``M·N = numel(out)``, ``K`` = in features.
+- ``scaled_dot_product_attention``: ``QKᵀ`` and ``P·V``, ``2·B·Lq·Lk·E + 2·B·Lq·Lk·Ev``
+  (B: all batch and head dimensions of the query); the full square, causal or not, as
+  Megatron counts it; softmax and scaling inside are left out.
+- ``conv``: ``2·numel(out)·(C_in/groups)·Πkernel`` (+ ``numel(out)`` with a bias).
+
+Everything else, by convention (memory-bound, priced by bytes in the cost model):
+elementwise ops 1 FLOP per output element (``gelu``/``silu`` included), copies and casts 0,
+dropout 1/element, ``layer_norm``/``group_norm`` 5/element, ``rms_norm``/``batch_norm``
+4/element, ``softmax``/``log_softmax`` 5/element, reductions and pooling 1 per input
+element, ``cross_entropy`` 5 per logit, views and embedding lookups 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+from passes.analyses.ops import OpCall, nbytes, register, tensors
+
+# --- matrix products ---------------------------------------------------------------------
+
+
+@register("matmul", "bmm", "mm", op_class="matmul")
+def matmul(call: OpCall) -> int:
+    """``2·numel(out)·K``; ``K`` = last dim of the first operand."""
+    a = call.args[0]
+    return 2 * call.out_numel * a.shape[-1]
+
+
+@register("addmm", "baddbmm", "addbmm", op_class="matmul")
+def add_matmul(call: OpCall) -> int:
+    """``β·C + α·A@B``: ``2·numel(out)·K + numel(out)``."""
+    a = call.arg(1, "batch1") if call.key != "addmm" else call.arg(1, "mat1")
+    return 2 * call.out_numel * a.shape[-1] + call.out_numel
+
+
+@register("linear", op_class="matmul")
+def linear(call: OpCall) -> int:
+    """``y = x·Wᵀ + b``: ``2·numel(y)·in_features`` (+ ``numel(y)`` with a bias)."""
+    weight, bias = call.param("weight", 1), call.param("bias", 2)
+    return 2 * call.out_numel * weight.shape[-1] + (call.out_numel if bias is not None else 0)
+
+
+@register("scaled_dot_product_attention", op_class="attention")
+def sdpa(call: OpCall) -> int:
+    """``2·(B·Lq)·Lk·(E + Ev)``: the ``QKᵀ`` and ``P·V`` products."""
+    q, k, v = call.arg(0, "query"), call.arg(1, "key"), call.arg(2, "value")
+    rows = q.numel() // q.shape[-1]  # B·heads·Lq
+    return 2 * rows * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+
+
+@register("conv", "conv1d", "conv2d", "conv3d", op_class="conv")
+def conv(call: OpCall) -> int:
+    """``2·numel(out)·(C_in/groups)·Πkernel`` (+ ``numel(out)`` with a bias)."""
+    weight, bias = call.param("weight", 1), call.param("bias", 2)
+    per_output = math.prod(weight.shape[1:])
+    return 2 * call.out_numel * per_output + (call.out_numel if bias is not None else 0)
+
+
+# --- memory-bound ops --------------------------------------------------------------------
+
+
+def _embedding_bytes(call: OpCall) -> int:
+    """Only the gathered rows of the table are read, plus the indices."""
+    return call.out_numel * call.outputs[0].element_size() + sum(map(nbytes, tensors(call.args)))
+
+
+@register("embedding", op_class="embedding", bytes_read=_embedding_bytes)
+def zero(call: OpCall) -> int:
+    """No arithmetic."""
+    return 0
+
+
+def _per_output(factor: int):
+    return lambda call: factor * call.out_numel
+
+
+def _per_input(factor: int):
+    return lambda call: factor * call.in_numel
+
+
+register("add", "sub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "exp", "log", "abs",
+         "tanh", "sigmoid", "relu", "gelu", "silu", "masked_fill", "where", "clamp", "maximum",
+         "minimum", "reciprocal", "sin", "cos", "floor_divide", "remainder", "eq", "ne", "lt",
+         "le", "gt", "ge", "bitwise_not", "logical_not", "logical_and", "logical_or", "triu",
+         "tril", op_class="elementwise")(_per_output(1))
+register("contiguous", "clone", "cat", "concat", "stack", "to", "float", "half", "bfloat16",
+         "double", "type", "type_as", "repeat", "repeat_interleave", "copy",
+         op_class="elementwise")(zero)
+register("dropout", "dropout1d", "dropout2d", "native_dropout", op_class="dropout")(_per_output(1))
+register("layer_norm", "group_norm", op_class="norm")(_per_output(5))
+register("rms_norm", "batch_norm", op_class="norm")(_per_output(4))
+register("softmax", "log_softmax", op_class="softmax")(_per_input(5))
+register("sum", "mean", "amax", "amin", "max", "min", "var", "std", "norm", "argmax", "argmin",
+         "logsumexp", "cumsum", op_class="reduction")(_per_input(1))
+register("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool", "max_pool2d",
+         "avg_pool2d", "adaptive_avg_pool2d", op_class="pool")(_per_input(1))
+register("cross_entropy", op_class="loss")(_per_input(5))
+register("nll_loss", "mse_loss", "l1_loss", op_class="loss")(_per_input(2))
+register("view", "reshape", "transpose", "permute", "t", "flatten", "unflatten", "unsqueeze",
+         "squeeze", "expand", "expand_as", "narrow", "split", "chunk", "unbind", "getitem",
+         "select", "identity", "view_as", "movedim", "swapaxes", op_class="view")(zero)
+register("placeholder", "get_attr", "output", "size", "dim", "getattr", "assert_is_none",
+         "assert", "arange", "zeros", "ones", "full", "empty", "zeros_like", "ones_like",
+         "full_like", "empty_like", "tensor", op_class="other")(zero)

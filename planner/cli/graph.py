@@ -1,0 +1,128 @@
+"""``fxplan graph MODEL``: capture a model and describe its graph.
+
+    fxplan graph gpt-1.7b                       summary and per-layer table
+    fxplan graph gpt:layers=4,hidden=1024 --batch 8 --seq 512
+    fxplan graph path/to/model.py:build --leaf MyBlock
+    fxplan graph gpt3-175b --json               the same as JSON
+
+Prints parameters (tied weights counted once), FLOPs per step (forward; training with and
+without activation recompute, Megatron's convention), the activation bytes autograd saves,
+the repeated blocks, the leaf modules kept opaque, ops priced by measurement, and a
+per-layer table in which runs of identical layers are folded into one row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "graph", help="capture a model and describe its graph",
+        description="Capture MODEL (a preset such as gpt-1.7b, family:key=value,... such as "
+        "gpt:layers=48,hidden=6144,heads=64, or path/to/model.py:build) on fake tensors and "
+        "print parameters, FLOPs per step, activation bytes, repeated blocks, leaf modules and "
+        "a per-layer table.")
+    parser.add_argument("model", metavar="MODEL", help="model spec")
+    parser.add_argument("--batch", type=int, default=1, help="samples per step (default 1)")
+    parser.add_argument("--seq", type=int, default=None,
+                        help="sequence length (default: the model's)")
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16",
+                        help="parameter and activation precision (default bf16)")
+    parser.add_argument("--leaf", action="append", default=[], metavar="MODULE",
+                        help="keep this module (class name or path) opaque; repeatable")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _si(value: float, unit: str = "") -> str:
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}".rstrip()
+
+
+def _bytes(value: float) -> str:
+    for factor, unit in ((2 ** 40, "TiB"), (2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def _folded(rows: list[dict[str, Any]]) -> list[tuple[str, int, dict[str, Any]]]:
+    """Consecutive layer rows with equal signature and numbers → (label, count, row)."""
+    keys = ("signature", "nodes", "params", "flops", "saved_bytes")
+    out: list[tuple[str, int, dict[str, Any]]] = []
+    for row in rows:
+        last = out[-1] if out else None
+        if (last and row["layer"] is not None and last[2]["layer"] is not None
+                and all(last[2][k] == row[k] for k in keys)):
+            first = last[0].split(" … ")[0]
+            out[-1] = (f"{first} … {row['name']}", last[1] + 1, last[2])
+        else:
+            out.append((row["name"], 1, row))
+    return out
+
+
+def _print(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 140, highlight=False)
+    s = summary
+    inputs = ", ".join(f"{k} {'×'.join(map(str, v['shape']))} {v['dtype']}"
+                       for k, v in s["inputs"].items())
+    tied = ", ".join(f"{a} → {b}" for a, b in s["tied_params"].items()) or "none"
+    train = s["training_flops"]
+    acts = s["saved_activation_bytes"]
+    console.print(f"[bold]{s['model']}[/bold]  {s['dtype'] or 'model dtype'} · inputs {inputs} · "
+                  f"{s['nodes']} nodes · captured in {s['capture_seconds']:.2f} s")
+    console.print(f"parameters      {s['num_params']:,} ({_bytes(s['param_bytes'])}); "
+                  f"tied: {tied}")
+    console.print(f"FLOPs per step  forward {_si(s['forward_flops'], 'FLOP')} (matrix products "
+                  f"{_si(s['forward_matmul_flops'], 'FLOP')}); training "
+                  f"{_si(train['recompute'], 'FLOP')} with recompute, "
+                  f"{_si(train['no_recompute'], 'FLOP')} without")
+    console.print(f"activations     {_bytes(acts['total'])} saved for backward "
+                  f"({_bytes(acts['outside_layers'])} outside the layers)")
+    blocks = "; ".join(f"{b['signature']} × {len(b['layers'])} layers "
+                       f"({b['nodes_per_layer']} nodes each)" for b in s["blocks"]) or "none"
+    console.print(f"repeated blocks {blocks}")
+    leaves = ", ".join(f"{p} ({c})" for p, c in s["leaf_modules"].items()) or "none"
+    console.print(f"leaf modules    {leaves}")
+    if s["unpriced_ops"]:
+        console.print("priced by measurement (no FLOP rule): " +
+                      ", ".join(f"{k} ×{n}" for k, n in s["unpriced_ops"].items()))
+    table = Table(title="per layer (forward; params: distinct elements used)",
+                  title_justify="left")
+    for column in ("layers", "×", "signature", "nodes", "params", "FLOPs", "matmul FLOPs",
+                   "saved bytes"):
+        table.add_column(column, justify="left" if column in ("layers", "signature") else "right")
+    for label, count, row in _folded(s["per_layer"]):
+        table.add_row(label, str(count), row["signature"] or "–", str(row["nodes"]),
+                      f"{row['params']:,}", _si(row["flops"]), _si(row["matmul_flops"]),
+                      _bytes(row["saved_bytes"]))
+    console.print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from examples.model_spec import resolve_model
+    from passes.capture import capture
+
+    bundle = resolve_model(args.model)
+    graph = capture(bundle, batch=args.batch, seq=args.seq, leaf_modules=args.leaf,
+                    dtype=getattr(torch, _DTYPES[args.dtype]))
+    summary = graph.summary()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print(summary)
+    return 0

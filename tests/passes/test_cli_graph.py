@@ -1,0 +1,39 @@
+"""``fxplan graph``: JSON and table output, one-paragraph errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+from planner.cli.main import main
+
+
+def test_graph_json(capsys):
+    assert main(["graph", "gpt-tiny", "--batch", "2", "--seq", "32", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "gpt-tiny" and out["dtype"] == "bfloat16"
+    assert out["inputs"]["tokens"] == {"shape": [2, 32], "dtype": "int64"}
+    assert out["num_params"] == 136960
+    assert out["tied_params"] == {"lm_head.weight": "wte.weight"}
+    assert out["training_flops"]["recompute"] > out["training_flops"]["no_recompute"] > 0
+    assert [b["layers"] for b in out["blocks"]] == [[0, 1]]
+    assert [r["name"] for r in out["per_layer"]] == ["(before layers)", "h.0", "h.1",
+                                                     "(after layers)"]
+    assert out["saved_activation_bytes"]["total"] > 0
+    assert len(out["fingerprint"]) == 64 and out["leaf_modules"] == {}
+
+
+def test_graph_table(capsys):
+    assert main(["graph", "llama-tiny", "--dtype", "fp32"]) == 0
+    out = capsys.readouterr().out
+    for text in ("parameters", "FLOPs per step", "activations", "repeated blocks",
+                 "leaf modules    none", "layers.0 … layers.1"):
+        assert text in out
+
+
+def test_graph_errors_are_one_paragraph(capsys):
+    assert main(["graph", "gpt-tiny:depth=2"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'depth' for gpt; allowed keys: layers" in err
+    assert "Traceback" not in err
+    assert main(["graph", "gpt-tiny", "--leaf", "NoSuchBlock"]) == 2
+    assert "matched no module" in capsys.readouterr().err
