@@ -15,6 +15,7 @@ _USER_ERRORS: tuple[tuple[str, str], ...] = (
     ("cluster_specs.errors", "ClusterSpecError"),
     ("examples.model_spec", "ModelSpecError"),
     ("passes.capture", "CaptureError"),
+    ("cost_model.config", "CostModelError"),
 )
 
 

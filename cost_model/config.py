@@ -1,0 +1,319 @@
+"""``ParallelConfig``: one point of the strategy space the cost model prices.
+
+A configuration fixes the degrees ``dp × tp × pp`` (their product is the world size), the
+microbatching (``microbatch_size`` sequences per microbatch, ``num_microbatches`` per step
+and pipeline, so that ``batch = dp · microbatch_size · num_microbatches``), the pipeline
+schedule (``gpipe``, ``1f1b`` or ``interleaved:v`` with ``v`` model chunks per stage), the
+ZeRO stage (0–3), the recompute policy (``none``, ``selective`` = the attention core,
+``full`` = whole layers), sequence parallelism, optionally explicit layer counts per
+(virtual) stage and per-node placements chosen by the planner.
+
+The one-line form is what ``fxplan estimate --config`` takes and what :meth:`parse` reads::
+
+    dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off
+    [,m=96][,stages=3/3/2/2]
+
+and :meth:`summary` prints ``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 |
+recompute=full | sp=off``.
+
+:meth:`check` validates the configuration against the facts of a model and a cluster and
+raises :class:`CostModelError` with the arithmetic::
+
+    dp·tp·pp = 24·8·8 = 1536 ≠ 3072 devices
+    tp=8 does not divide heads=12 (12 mod 8 = 4)
+    pp=5 does not divide layers=24 (24 mod 5 = 4); give stages=… for uneven stages
+    batch=512 is not divisible by dp·mb = 24·1 = 24 (512 mod 24 = 8)
+    interleaved:2 needs layers divisible by pp·v = 8·2 = 16 (24 mod 16 = 8)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = ["CostModelError", "ParallelConfig", "RECOMPUTE_POLICIES", "SCHEDULES"]
+
+#: Pipeline schedule kinds; ``interleaved`` is written ``interleaved:v``.
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+
+#: Activation recompute policies.
+RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
+
+_ON = ("on", "true", "yes", "1")
+_OFF = ("off", "false", "no", "0")
+
+#: ``parse`` keys → field names.
+_KEYS: dict[str, str] = {
+    "dp": "dp", "tp": "tp", "pp": "pp",
+    "mb": "microbatch_size", "microbatch_size": "microbatch_size",
+    "m": "num_microbatches", "microbatches": "num_microbatches",
+    "num_microbatches": "num_microbatches",
+    "schedule": "schedule", "zero": "zero_stage", "zero_stage": "zero_stage",
+    "recompute": "recompute", "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel",
+    "stages": "stage_layers",
+}
+
+
+class CostModelError(ValueError):
+    """A configuration the cost model cannot price; the message shows the arithmetic."""
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CostModelError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _parse_bool(name: str, text: str) -> bool:
+    if text.lower() in _ON:
+        return True
+    if text.lower() in _OFF:
+        return False
+    raise CostModelError(f"{name}={text!r}: expected on or off")
+
+
+def _parse_int(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise CostModelError(f"{name}={text!r}: expected an integer") from None
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Degrees, microbatching, schedule, ZeRO stage, recompute and sequence parallelism.
+
+    ``num_microbatches`` may be left ``None`` and is then derived from the global batch by
+    :meth:`resolve`. ``stage_layers`` lists the layer count of each virtual stage in
+    pipeline order (``pp · v`` entries); ``None`` splits the layers evenly.
+    ``placements`` maps a graph node name to its output placement on the ``(dp, tp)`` mesh of
+    one stage (``"S(0)S(2)"``, see :mod:`cost_model.placements`); ``None`` uses the default
+    Megatron layout derived from the graph (:mod:`cost_model.layout`).
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    microbatch_size: int = 1
+    num_microbatches: int | None = None
+    schedule: str = "1f1b"
+    zero_stage: int = 0
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    stage_layers: tuple[int, ...] | None = None
+    placements: tuple[tuple[str, str], ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "microbatch_size"):
+            _positive_int(name, getattr(self, name))
+        if self.num_microbatches is not None:
+            _positive_int("num_microbatches", self.num_microbatches)
+        schedule = str(self.schedule).strip().lower()
+        kind, _, chunks = schedule.partition(":")
+        if kind not in SCHEDULES:
+            raise CostModelError(
+                f"schedule={self.schedule!r}: expected one of gpipe, 1f1b, interleaved:v"
+            )
+        if kind == "interleaved":
+            if not chunks.isdigit() or int(chunks) < 1:
+                raise CostModelError(
+                    f"schedule={self.schedule!r}: interleaved needs its chunk count, e.g. "
+                    "interleaved:2 (v ≥ 1 model chunks per pipeline stage)"
+                )
+            schedule = f"interleaved:{int(chunks)}"
+        elif chunks:
+            raise CostModelError(f"schedule={self.schedule!r}: only interleaved takes ':v'")
+        object.__setattr__(self, "schedule", schedule)
+        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+            raise CostModelError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.recompute not in RECOMPUTE_POLICIES:
+            raise CostModelError(
+                f"recompute={self.recompute!r}: expected one of {', '.join(RECOMPUTE_POLICIES)}"
+            )
+        object.__setattr__(self, "sequence_parallel", bool(self.sequence_parallel))
+        if self.stage_layers is not None:
+            layers = tuple(self.stage_layers)
+            for count in layers:
+                _positive_int("each entry of stage_layers", count)
+            if len(layers) != self.pp * self.virtual_stages:
+                raise CostModelError(
+                    f"stages={'/'.join(map(str, layers))} lists {len(layers)} stages, expected "
+                    f"pp·v = {self.pp}·{self.virtual_stages} = {self.pp * self.virtual_stages}"
+                )
+            object.__setattr__(self, "stage_layers", layers)
+        if self.placements is not None:
+            items = self.placements.items() if isinstance(self.placements, Mapping) else self.placements
+            object.__setattr__(self, "placements", tuple(sorted((str(k), str(v)) for k, v in items)))
+
+    # -- derived ------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        """``dp · tp · pp``."""
+        return self.dp * self.tp * self.pp
+
+    @property
+    def schedule_kind(self) -> str:
+        """``gpipe``, ``1f1b`` or ``interleaved``."""
+        return self.schedule.partition(":")[0]
+
+    @property
+    def virtual_stages(self) -> int:
+        """Model chunks per pipeline stage: ``v`` for ``interleaved:v``, else 1."""
+        kind, _, chunks = self.schedule.partition(":")
+        return int(chunks) if kind == "interleaved" else 1
+
+    @property
+    def placement_map(self) -> dict[str, str]:
+        """``placements`` as a dict (empty when the default layout is used)."""
+        return dict(self.placements or ())
+
+    def replace(self, **changes: Any) -> "ParallelConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    # -- text forms -----------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str) -> "ParallelConfig":
+        """Read ``"dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off"``.
+
+        Keys: ``dp tp pp mb m schedule zero recompute sp stages`` (``stages=3/3/2/2``);
+        unknown or repeated keys are errors.
+        """
+        values: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in text.replace(" ", ",").split(","))):
+            key, sep, value = item.partition("=")
+            key = key.strip().lower()
+            if not sep or key not in _KEYS:
+                raise CostModelError(
+                    f"config {text!r}: cannot read {item!r}; expected key=value with keys "
+                    "dp, tp, pp, mb, m, schedule, zero, recompute, sp, stages"
+                )
+            name = _KEYS[key]
+            if name in values:
+                raise CostModelError(f"config {text!r}: {key} is given twice")
+            value = value.strip()
+            if name == "sequence_parallel":
+                values[name] = _parse_bool(key, value)
+            elif name == "stage_layers":
+                values[name] = tuple(_parse_int(key, v) for v in value.split("/"))
+            elif name in ("schedule", "recompute"):
+                values[name] = value.lower()
+            else:
+                values[name] = _parse_int(key, value)
+        return cls(**values)
+
+    def to_string(self) -> str:
+        """The :meth:`parse` form (round-trips)."""
+        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}", f"mb={self.microbatch_size}"]
+        if self.num_microbatches is not None:
+            parts.append(f"m={self.num_microbatches}")
+        parts += [f"schedule={self.schedule}", f"zero={self.zero_stage}",
+                  f"recompute={self.recompute}", f"sp={'on' if self.sequence_parallel else 'off'}"]
+        if self.stage_layers is not None:
+            parts.append("stages=" + "/".join(map(str, self.stage_layers)))
+        return ",".join(parts)
+
+    def summary(self) -> str:
+        """``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 | recompute=full | sp=off``."""
+        m = "?" if self.num_microbatches is None else str(self.num_microbatches)
+        return (f"pp={self.pp} dp={self.dp} tp={self.tp} | zero={self.zero_stage} | "
+                f"{self.schedule} mb={self.microbatch_size}×{m} | recompute={self.recompute} | "
+                f"sp={'on' if self.sequence_parallel else 'off'}")
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    # -- validation -------------------------------------------------------------------------
+    def resolve(self, batch: int) -> "ParallelConfig":
+        """This configuration with ``num_microbatches = batch / (dp · mb)`` filled in.
+
+        Raises when ``batch`` is not a multiple of ``dp · mb`` or contradicts an explicit
+        ``num_microbatches``.
+        """
+        _positive_int("batch", batch)
+        per_step = self.dp * self.microbatch_size
+        if batch % per_step:
+            raise CostModelError(
+                f"batch={batch} is not divisible by dp·mb = {self.dp}·{self.microbatch_size} = "
+                f"{per_step} ({batch} mod {per_step} = {batch % per_step})"
+            )
+        m = batch // per_step
+        if self.num_microbatches is not None and self.num_microbatches != m:
+            raise CostModelError(
+                f"m={self.num_microbatches} contradicts batch={batch}: batch / (dp·mb) = "
+                f"{batch} / ({self.dp}·{self.microbatch_size}) = {m} microbatches"
+            )
+        return self if self.num_microbatches == m else self.replace(num_microbatches=m)
+
+    def check(self, *, world_size: int, layers: int, heads: int | None = None,
+              seq: int | None = None, batch: int | None = None,
+              tp_widths: Mapping[str, int] | None = None) -> None:
+        """Raise :class:`CostModelError` unless the configuration fits the model and cluster.
+
+        ``layers`` counts the repeated blocks, ``heads`` the attention heads, ``tp_widths``
+        names dimensions tensor parallelism must split evenly (``{"vocab": 51200}``).
+        """
+        if self.world_size != world_size:
+            raise CostModelError(
+                f"dp·tp·pp = {self.dp}·{self.tp}·{self.pp} = {self.world_size} ≠ {world_size} "
+                "devices in the cluster"
+            )
+        if heads is not None and heads % self.tp:
+            raise CostModelError(
+                f"tp={self.tp} does not divide heads={heads} ({heads} mod {self.tp} = "
+                f"{heads % self.tp})"
+            )
+        for name, width in (tp_widths or {}).items():
+            if width % self.tp:
+                raise CostModelError(
+                    f"tp={self.tp} does not divide {name}={width} ({width} mod {self.tp} = "
+                    f"{width % self.tp})"
+                )
+        if self.sequence_parallel and seq is not None and seq % self.tp:
+            raise CostModelError(
+                f"sequence parallelism splits seq={seq} over tp={self.tp} ({seq} mod {self.tp} = "
+                f"{seq % self.tp})"
+            )
+        self._check_stages(layers)
+        if batch is not None:
+            resolved = self.resolve(batch)
+            m = resolved.num_microbatches or 0
+            if self.schedule_kind == "interleaved" and self.pp > 1 and m % self.pp:
+                raise CostModelError(
+                    f"{self.schedule} needs the microbatch count to be a multiple of pp: "
+                    f"m = batch / (dp·mb) = {batch} / ({self.dp}·{self.microbatch_size}) = {m}, "
+                    f"{m} mod {self.pp} = {m % self.pp}"
+                )
+
+    def _check_stages(self, layers: int) -> None:
+        v = self.virtual_stages
+        if self.stage_layers is not None:
+            if sum(self.stage_layers) != layers:
+                raise CostModelError(
+                    f"stages={'/'.join(map(str, self.stage_layers))} hold "
+                    f"{sum(self.stage_layers)} layers, the model has {layers}"
+                )
+            return
+        if v > 1 and layers % (self.pp * v):
+            raise CostModelError(
+                f"{self.schedule} needs layers divisible by pp·v = {self.pp}·{v} = "
+                f"{self.pp * v} ({layers} mod {self.pp * v} = {layers % (self.pp * v)})"
+            )
+        if layers % self.pp:
+            raise CostModelError(
+                f"pp={self.pp} does not divide layers={layers} ({layers} mod {self.pp} = "
+                f"{layers % self.pp}); give stages=… for uneven stages"
+            )
+
+    def layers_per_stage(self, layers: int) -> tuple[int, ...]:
+        """Layer count of each virtual stage in pipeline order (``pp · v`` entries).
+
+        Virtual stage ``j`` is chunk ``j // pp`` of pipeline stage ``j mod pp`` (Megatron's
+        interleaved assignment); without interleaving ``j`` is simply stage ``j``.
+        """
+        if self.stage_layers is not None:
+            return self.stage_layers
+        chunks = self.pp * self.virtual_stages
+        self._check_stages(layers)
+        return (layers // chunks,) * chunks

@@ -1,0 +1,232 @@
+"""Per-layer cost profiles of a captured graph, computed once and reused by every estimate.
+
+A graph splits into *segments*: the nodes before the first layer (``pre``: embeddings), one
+segment per layer (``NodeInfo.layer``) and the nodes after the last layer (``post``: final
+norm, head, loss). Layers of one :class:`~passes.node_info.RepeatedBlock` have the same
+structure, so one profile serves all of them: the planner's thousands of candidates touch a
+handful of profiles, keyed on ``(segment, tp, sp, recompute, microbatch, device,
+placements)``.
+
+A :class:`SegmentCost` is per microbatch and per tp rank, with the captured quantities
+scaled by ``k = microbatch / b₀`` (``b₀`` the capture's batch) and the work of split nodes
+divided by ``t`` (:mod:`cost_model.megatron_layout`; with sequence parallelism the
+replicated ops run on ``1/t`` of the sequence too):
+
+- ``forward_s = Σ_n op_time(n)``, ``backward_s = Σ_n backward_time(n)``
+  (:mod:`cost_model.compute`), ``recompute_s`` = forward time of the recomputed nodes
+  (the attention core for ``selective``, the whole layer for ``full``; ``pre``/``post``
+  are never recomputed, as in Megatron);
+- tensor-parallel collectives per microbatch, as ``(kind, bytes)`` in nccl-tests sizes:
+  forward — all-reduce of each row-parallel output and vocab-parallel embedding output
+  (sequence parallel: reduce-scatter, plus an all-gather of each column-parallel input);
+  backward — all-reduce of each column-parallel input gradient (sequence parallel:
+  reduce-scatter, plus an all-gather of each row-parallel output gradient); full recompute
+  repeats the forward ones;
+- activations (:mod:`cost_model.activations`), local parameter elements by tied-canonical
+  name, the bytes of the segment's output (the pipeline message) and the forward
+  matrix-product FLOPs of the whole microbatch (Megatron's FLOP convention), all of them and
+  the recomputed ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cost_model.activations import (ActivationBytes, attention_core, segment_activations,
+                                    tensor_bytes)
+from cost_model.compute import backward_time_s, op_time_s
+from cost_model.config import CostModelError
+from cost_model.megatron_layout import (CONST, SHARD, TPLayout, graph_cache, infos_by_name,
+                                       nodes_by_name, tp_layout, used_params)
+
+__all__ = ["GraphSegments", "SegmentCost", "graph_segments", "segment_cost"]
+
+_MATMUL_CLASSES = ("matmul", "attention", "conv")
+
+
+@dataclass(frozen=True)
+class GraphSegments:
+    """The graph cut into ``pre``, layers (in order) and ``post``, plus model facts.
+
+    ``layers[i]`` is ``(key, names)``: the profile key (the block signature, or the layer
+    index for a layer outside any repeated block) and the node names of a representative
+    layer. ``batch``/``seq`` are the capture's; ``heads`` the attention heads (``None``
+    without attention); ``tp_widths`` the dimensions tensor parallelism splits.
+    """
+
+    pre: tuple[str, ...]
+    layers: tuple[tuple[str, tuple[str, ...]], ...]
+    post: tuple[str, ...]
+    batch: int
+    seq: int | None
+    heads: int | None
+    tp_widths: dict[str, int]
+
+    def names(self, key: str) -> tuple[str, ...]:
+        if key == "pre":
+            return self.pre
+        if key == "post":
+            return self.post
+        for layer_key, names in self.layers:
+            if layer_key == key:
+                return names
+        raise KeyError(key)
+
+
+@dataclass(frozen=True)
+class SegmentCost:
+    """One segment, one microbatch, one tp rank (module docstring)."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    tp_forward: tuple[tuple[str, float], ...]
+    tp_backward: tuple[tuple[str, float], ...]
+    activations: ActivationBytes
+    params: dict[str, float]
+    output_bytes: float
+    matmul_flops: float
+    recompute_flops: float
+
+    @property
+    def param_count(self) -> float:
+        return sum(self.params.values())
+
+
+def graph_segments(graph: Any) -> GraphSegments:
+    """Segments and facts of ``graph`` (cached on the graph)."""
+    cache = graph_cache(graph)
+    if "segments" not in cache:
+        cache["segments"] = _segments(graph)
+    return cache["segments"]
+
+
+def _segments(graph: Any) -> GraphSegments:
+    pre: list[str] = []
+    post: list[str] = []
+    by_layer: dict[int, list[str]] = {}
+    for node, info in graph.nodes():
+        if info.layer is not None:
+            by_layer.setdefault(info.layer, []).append(node.name)
+        elif by_layer:
+            post.append(node.name)
+        else:
+            pre.append(node.name)
+    signature = {layer: block.signature for block in graph.blocks for layer in block.layers}
+    representative: dict[str, tuple[str, ...]] = {}
+    layers = []
+    for layer in sorted(by_layer):
+        key = signature.get(layer, f"layer{layer}")
+        representative.setdefault(key, tuple(by_layer[layer]))
+        layers.append((key, representative[key]))
+    shapes = [shape for shape, _ in graph.inputs.values() if shape]
+    if not shapes:
+        raise CostModelError(f"graph {graph.name!r} has no batched input to scale microbatches by")
+    batch = shapes[0][0]
+    seq = shapes[0][1] if len(shapes[0]) > 1 else None
+    layout = tp_layout(graph)
+    infos = infos_by_name(graph)
+    heads, widths = None, {}
+    for name in layout.column:
+        info = infos[name]
+        widths[f"{name}.out_features"] = info.shape[-1]
+    for name in layout.vocab:
+        weight = next(p for p in infos[name].params)
+        widths["vocab"] = graph.params[weight].shape[0]
+    for _, names in layers[:1]:
+        for name in attention_core(graph, names, layout):
+            shape = infos[name].shape
+            if isinstance(shape, tuple) and len(shape) == 4 and isinstance(shape[0], int):
+                heads = shape[1]
+                break
+    return GraphSegments(tuple(pre), tuple(layers), tuple(post), batch, seq, heads, widths)
+
+
+def segment_cost(graph: Any, key: str, *, tp: int, sequence_parallel: bool, recompute: str,
+                 microbatch: int, device: Any,
+                 placements: tuple[tuple[str, str], ...] | None = None) -> SegmentCost:
+    """The cached :class:`SegmentCost` of segment ``key`` (``"pre"``, ``"post"`` or a layer key)."""
+    cache = graph_cache(graph)
+    sp = sequence_parallel and tp > 1
+    policy = recompute if key not in ("pre", "post") else "none"
+    cache_key = ("segment", key, tp, sp, policy, microbatch, device, placements)
+    hit = cache.get(cache_key)
+    if hit is None:
+        hit = cache[cache_key] = _segment_cost(graph, key, tp, sp, policy, microbatch, device,
+                                               placements)
+    return hit
+
+
+def _divisor(name: str, layout: TPLayout, tp: int, sp: bool) -> int:
+    """How many ways the work of node ``name`` is split over the tp ranks."""
+    if name in layout.column or name in layout.row or layout.state.get(name) == SHARD:
+        return tp
+    if name in layout.vocab:
+        return 1
+    return tp if sp and layout.state.get(name) != CONST else 1
+
+
+def _segment_cost(graph: Any, key: str, tp: int, sp: bool, policy: str, microbatch: int,
+                  device: Any, placements: tuple[tuple[str, str], ...] | None) -> SegmentCost:
+    segments = graph_segments(graph)
+    names = segments.names(key)
+    layout = tp_layout(graph, placements)
+    scale = microbatch / segments.batch
+    infos = infos_by_name(graph)
+    recomputed: set[str] = set()
+    if policy == "full":
+        recomputed = set(names)
+    elif policy == "selective":
+        recomputed = set(attention_core(graph, names, layout))
+    forward = backward = recompute = flops = recompute_flops = 0.0
+    tp_fwd: list[tuple[str, float]] = []
+    tp_bwd: list[tuple[str, float]] = []
+    params: dict[str, float] = {}
+    for name in names:
+        info = infos[name]
+        share = scale / _divisor(name, layout, tp, sp)
+        work = (float(info.flops) * share, float(info.bytes_read + info.bytes_written) * share)
+        if work[0] > 0 or work[1] > 0:
+            fwd = op_time_s(info.op_class, *work, info.dtype, device)
+            forward += fwd
+            backward += backward_time_s(info.op_class, *work, info.dtype, device)
+            if name in recomputed:
+                recompute += fwd
+        if info.op_class in _MATMUL_CLASSES:
+            flops += float(info.flops) * scale
+            if name in recomputed:
+                recompute_flops += float(info.flops) * scale
+        if tp > 1:
+            _tp_collectives(graph, name, layout, scale, sp, tp_fwd, tp_bwd)
+        for param in used_params(nodes_by_name(graph)[name], graph):
+            canonical = graph.params[param].tied_to or param
+            split = tp if param in layout.sharded_params else 1
+            params[canonical] = graph.params[param].numel / split
+    if policy == "full":
+        tp_bwd = tp_fwd + tp_bwd
+    activations = segment_activations(graph, names, layout, tp=tp, sequence_parallel=sp,
+                                      recompute=policy)
+    activations = ActivationBytes(activations.saved * scale, activations.working * scale)
+    output = tensor_bytes(infos[names[-1]]) * scale / (tp if sp else 1) if names else 0.0
+    return SegmentCost(forward, backward, recompute, tuple(tp_fwd), tuple(tp_bwd), activations,
+                       params, output, flops, recompute_flops)
+
+
+def _tp_collectives(graph: Any, name: str, layout: TPLayout, scale: float, sp: bool,
+                    fwd: list[tuple[str, float]], bwd: list[tuple[str, float]]) -> None:
+    """Append the tp collectives node ``name`` implies (module docstring)."""
+    infos = infos_by_name(graph)
+    out_bytes = tensor_bytes(infos[name]) * scale
+    if name in layout.row or name in layout.vocab:
+        fwd.append(("reduce_scatter" if sp else "all_reduce", out_bytes))
+        if sp:
+            bwd.append(("all_gather", out_bytes))
+    elif name in layout.column:
+        source = layout.inputs[name][0]
+        in_bytes = tensor_bytes(infos[source]) * scale
+        if sp:
+            fwd.append(("all_gather", in_bytes))
+        bwd.append(("reduce_scatter" if sp else "all_reduce", in_bytes))
+    elif name in layout.gathers:
+        fwd.append(("all_gather", out_bytes))

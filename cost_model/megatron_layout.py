@@ -1,0 +1,188 @@
+"""Tensor-parallel layout of a captured graph: which tensors are split over the ``tp`` ranks.
+
+**Default (Megatron) layout**, derived from the graph's dataflow, never from names. Every
+node gets a state: ``CONST`` (parameters, buffers, what is computed from them alone),
+``REPL`` (full-size on every tp rank: the residual stream) or ``SHARD`` (split over tp).
+In graph order:
+
+- a placeholder is ``REPL``; a ``get_attr``, a node with no activation input and a node
+  whose value is not a tensor (``x.size(1)``) ``CONST``;
+- a *linear* (a ``matmul`` node owning a 2-D weight) whose input is ``REPL`` is
+  **column-parallel**: its weight and bias are split, its output is ``SHARD``; in the
+  backward the gradient of its input is all-reduced over tp;
+- a linear whose input is ``SHARD`` is **row-parallel**: its weight is split (the bias is
+  not), its output is a partial sum all-reduced in the forward, ``REPL`` again;
+- an embedding looked up with activation indices is **vocab-parallel** (weight split by
+  rows, output all-reduced, ``REPL``); one looked up with constant indices (positions)
+  is replicated;
+- any other node is ``SHARD`` if an activation input is, else ``REPL``: the attention core
+  and the activation between the two linears are split, layer norms, dropouts after the
+  projections and residual adds are not.
+
+With sequence parallelism the ``REPL`` activations are split along the sequence instead
+of being replicated; the all-reduces become a reduce-scatter (forward) and an all-gather
+(the backward of it), and the column-parallel inputs are all-gathered (Korthikanti et al.,
+2022, §4.2.2).
+
+A saved tensor is split if the node that saves it reads a ``SHARD`` activation (a linear
+saves its input, softmax its output — the same state, a dropout its mask); under sequence
+parallelism every saved activation is split.
+
+**Explicit placements** (``ParallelConfig.placements``: node name → placement string on the
+``(dp, tp)`` mesh or on ``tp`` alone) override the state of the nodes they name (``S(d)`` on
+tp → ``SHARD``, ``R`` → ``REPL``, ``P`` → a partial sum, all-reduced to ``REPL`` like a
+row-parallel output); a node that turns a ``SHARD`` input into a ``REPL`` output without
+being a reduction point all-gathers its output.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from cost_model.placements import Partial, Replicate, Shard, parse_placements
+
+__all__ = ["CONST", "REPL", "SHARD", "TPLayout", "graph_cache", "infos_by_name", "nodes_by_name",
+           "tp_layout",
+           "used_params"]
+
+CONST, REPL, SHARD = 0, 1, 2
+
+
+@dataclass(frozen=True, eq=False)
+class TPLayout:
+    """Per-node tensor-parallel roles (module docstring); node and parameter names."""
+
+    state: Mapping[str, int]
+    column: frozenset[str]
+    row: frozenset[str]
+    vocab: frozenset[str]
+    gathers: frozenset[str]
+    saves_sharded: frozenset[str]
+    sharded_params: frozenset[str]
+    #: Activation inputs of each node (node names), ``CONST`` inputs left out.
+    inputs: Mapping[str, tuple[str, ...]]
+
+    def is_sharded(self, name: str) -> bool:
+        return self.state.get(name) == SHARD
+
+    def is_activation(self, name: str) -> bool:
+        return self.state.get(name, CONST) != CONST
+
+
+def used_params(node: Any, graph: Any) -> list[str]:
+    """Parameters a node uses: its own (``call_module``) and those of its ``get_attr`` inputs."""
+    names = list(graph.info(node).params)
+    for arg in node.all_input_nodes:
+        if arg.op == "get_attr":
+            names += graph.info(arg).params
+    return names
+
+
+def _weight(names: list[str], graph: Any) -> str | None:
+    for name in names:
+        if len(graph.params[name].shape) == 2:
+            return name
+    return None
+
+
+def _tp_state(text: str) -> int | str:
+    """State of a placement string's tp entry (its last token): SHARD, REPL or 'P'."""
+    last = parse_placements(text)[-1]
+    if isinstance(last, Shard):
+        return SHARD
+    if isinstance(last, Replicate):
+        return REPL
+    if isinstance(last, Partial):
+        return "P"
+    raise ValueError(f"unknown placement {text!r}")
+
+
+def _build(graph: Any, placements: Mapping[str, str]) -> TPLayout:
+    state: dict[str, int] = {}
+    inputs: dict[str, tuple[str, ...]] = {}
+    column, row, vocab, gathers, saves, sharded_params = set(), set(), set(), set(), set(), set()
+    for node in graph.gm.graph.nodes:
+        info = graph.info(node)
+        acts = tuple(a.name for a in node.all_input_nodes if state.get(a.name, CONST) != CONST)
+        inputs[node.name] = acts
+        any_sharded = any(state[a] == SHARD for a in acts)
+        if any_sharded:
+            saves.add(node.name)
+        params = used_params(node, graph)
+        weight = _weight(params, graph) if params else None
+        if node.op == "placeholder":
+            s = REPL
+        elif node.op == "get_attr" or not acts or info.shape is None:
+            s = CONST
+        elif info.op_class == "matmul" and weight is not None:
+            if any_sharded:
+                row.add(node.name)
+                sharded_params.add(weight)  # the bias is added after the reduction: whole
+                s = REPL
+            else:
+                column.add(node.name)
+                sharded_params.update(params)
+                s = SHARD
+        elif info.op_class == "embedding" and weight is not None:
+            vocab.add(node.name)
+            sharded_params.add(weight)
+            s = REPL
+        else:
+            s = SHARD if any_sharded else REPL
+        given = placements.get(node.name)
+        if given is not None and s != CONST:
+            explicit = _tp_state(given)
+            if explicit == "P":
+                row.add(node.name)
+                explicit = REPL
+            elif explicit == REPL and any_sharded and node.name not in row:
+                gathers.add(node.name)
+            if explicit == SHARD and not any_sharded and weight is not None:
+                column.add(node.name)
+            s = explicit
+        state[node.name] = s
+    return TPLayout(state, frozenset(column), frozenset(row - gathers), frozenset(vocab),
+                    frozenset(gathers), frozenset(saves), frozenset(sharded_params), inputs)
+
+
+_CACHES: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def graph_cache(graph: Any) -> dict:
+    """A dict that lives as long as ``graph`` (captured graphs are unhashable dataclasses,
+    so the cache is keyed on identity and dropped when the graph is collected)."""
+    key = id(graph)
+    entry = _CACHES.get(key)
+    if entry is None or entry[0]() is not graph:
+        entry = (weakref.ref(graph, lambda _: _CACHES.pop(key, None)), {})
+        _CACHES[key] = entry
+    return entry[1]
+
+
+def nodes_by_name(graph: Any) -> dict[str, Any]:
+    """``{name: fx node}`` of ``graph`` (cached)."""
+    cache = graph_cache(graph)
+    if "nodes_by_name" not in cache:
+        cache["nodes_by_name"] = {n.name: n for n in graph.gm.graph.nodes}
+    return cache["nodes_by_name"]
+
+
+def infos_by_name(graph: Any) -> dict[str, Any]:
+    """``{name: NodeInfo}`` of ``graph`` (cached; ``CapturedGraph.info(str)`` rebuilds a map
+    on every call)."""
+    cache = graph_cache(graph)
+    if "infos_by_name" not in cache:
+        cache["infos_by_name"] = {n.name: graph.info(n) for n in graph.gm.graph.nodes}
+    return cache["infos_by_name"]
+
+
+def tp_layout(graph: Any, placements: tuple[tuple[str, str], ...] | None = None) -> TPLayout:
+    """The layout of ``graph`` (default Megatron layout when ``placements`` is ``None``),
+    cached per graph and placements."""
+    per_graph = graph_cache(graph)
+    key = ("tp_layout", placements or ())
+    if key not in per_graph:
+        per_graph[key] = _build(graph, dict(placements or ()))
+    return per_graph[key]

@@ -1,0 +1,242 @@
+"""Assemble per-stage costs and memory of one configuration from cached segment profiles.
+
+**Ranks.** The mesh is ``pp × dp × tp`` in row-major order (:class:`cost_model.mesh.
+LogicalMesh` with axes ``("pp", "dp", "tp")``): rank ``= i_pp·dp·tp + i_dp·tp + i_tp``, so tp
+takes consecutive ranks (inside a node where it fits), dp strides by ``tp`` and pipeline
+stages by ``dp·tp``. Stage ``s`` is priced on its first data-parallel replica.
+
+**Chunks.** Virtual stage ``j = c·p + s`` (chunk ``c`` of stage ``s``) holds the ``j``-th run
+of layers (``ParallelConfig.layers_per_stage``); ``pre`` joins virtual stage 0 and ``post``
+the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
+
+- compute: forward ``Σ f_seg``; backward ``Σ (b_seg + r_seg)`` (recompute runs first);
+- tp: the segments' collectives over the stage's tp group (on the critical path);
+- ZeRO-3: each segment all-gathers its weights (``k_p·Ψ_seg`` bytes) before its forward and
+  again before its backward, and reduce-scatters its gradients (``k_g·Ψ_seg``) after it,
+  prefetched one segment ahead: exposed ``max(0, AG − f_seg)`` and
+  ``max(0, AG + RS − b_seg − r_seg)``;
+- p2p: the forward sends the chunk's output (``o`` bytes) to the next virtual stage, the
+  backward sends the gradient of its input to the previous one; with tp, as Megatron's
+  scatter/gather optimisation: each tp rank sends ``o/t`` and the receiver all-gathers
+  (unless sequence parallel, where ``o`` is already split).
+
+**Data parallelism** (ZeRO 0–2): one bucket per segment, ready when the last backward of its
+chunk has passed it (fractions of that op's time, in backward order ``post``, layers last to
+first, ``pre``), all-reduced (ZeRO-0) or reduce-scattered (ZeRO-1/2) over dp. After the
+backward: ZeRO-1/2 all-gather the updated 16-bit weights; a weight tied across stages
+(embedding and LM head) all-reduces its gradient between them. The optimizer step reads and
+writes ``step_bytes`` per local parameter (``Ψ/N`` under ZeRO ≥ 1) at memory speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from cost_model.collectives import collective_time_s
+from cost_model.compute import op_time_s
+from cost_model.config import ParallelConfig
+from cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
+from cost_model.memory import GIB, MemoryBreakdown, OptimizerSpec, model_state_bytes
+from cost_model.pipeline_schedules import ScheduleOrder
+from cost_model.simulator import StageCosts
+
+__all__ = ["StagePlan", "build_stages", "stage_memory", "stage_ranks"]
+
+
+def stage_ranks(config: ParallelConfig, stage: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(tp group, dp group)`` of the first replica of ``stage`` (module docstring)."""
+    first = stage * config.dp * config.tp
+    return (tuple(range(first, first + config.tp)),
+            tuple(first + j * config.tp for j in range(config.dp)))
+
+
+@dataclass(frozen=True, eq=False)
+class StagePlan:
+    """Everything the simulator and the memory model need for one configuration."""
+
+    costs: StageCosts
+    chunks: tuple[tuple[tuple[SegmentCost, ...], ...], ...]   # [s][c] → segments in order
+    params: tuple[dict[str, float], ...]                       # [s] canonical name → local numel
+    devices: tuple[Any, ...]
+
+
+def _chunk_keys(segments: GraphSegments, config: ParallelConfig) -> list[list[list[tuple[str, str]]]]:
+    """``[s][c]`` → ``(profile key, instance label)`` of the chunk's segments in order; the
+    label (``pre``, ``post``, ``L<i>``) names the segment's own copy of its parameters."""
+    p, v = config.pp, config.virtual_stages
+    counts = config.layers_per_stage(len(segments.layers))
+    keys: list[list[list[tuple[str, str]]]] = [[[] for _ in range(v)] for _ in range(p)]
+    start = 0
+    for j, count in enumerate(counts):
+        s, c = j % p, j // p
+        chunk = [("pre", "pre")] if j == 0 else []
+        chunk += [(key, f"L{start + i}") for i, (key, _) in
+                  enumerate(segments.layers[start:start + count])]
+        if j == len(counts) - 1:
+            chunk.append(("post", "post"))
+        keys[s][c] = chunk
+        start += count
+    return keys
+
+
+@lru_cache(maxsize=1 << 16)
+def _collective(kind: str, nbytes: float, group: tuple[int, ...], cluster: Any) -> float:
+    """:func:`collective_time_s`, memoised on the exact arguments (the planner's hot path)."""
+    return collective_time_s(kind, nbytes, group, cluster)
+
+
+@lru_cache(maxsize=1 << 12)
+def _optimizer_s(optimizer: OptimizerSpec, params: float, device: Any) -> float:
+    """Memory-bound optimizer step over ``params`` local parameters."""
+    return op_time_s("elementwise", optimizer.step_flops * params, optimizer.step_bytes * params,
+                     torch.float32, device)
+
+
+def _price(events: Any, group: tuple[int, ...], cluster: Any) -> float:
+    return sum(_collective(kind, nbytes, group, cluster) for kind, nbytes in events)
+
+
+def build_stages(graph: Any, segments: GraphSegments, cluster: Any, config: ParallelConfig,
+                 optimizer: OptimizerSpec) -> StagePlan:
+    """Per-(stage, chunk) costs (module docstring) for the simulator."""
+    p, v, tp = config.pp, config.virtual_stages, config.tp
+    keys = _chunk_keys(segments, config)
+    forward, backward = np.zeros((4, p, v)), np.zeros((4, p, v))
+    chunks, params, devices, buckets = [], [], [], []
+    post, opt_time = np.zeros(p), np.zeros(p)
+    for s in range(p):
+        tp_group, dp_group = stage_ranks(config, s)
+        device = cluster.device(tp_group[0])
+        devices.append(device)
+        row = tuple(tuple(segment_cost(graph, key, tp=tp, sequence_parallel=config.sequence_parallel,
+                                       recompute=config.recompute, microbatch=config.microbatch_size,
+                                       device=device, placements=config.placements)
+                          for key, _ in keys[s][c]) for c in range(v))
+        chunks.append(row)
+        stage_params: dict[str, float] = {}
+        stage_buckets = []
+        for c, segs in enumerate(row):
+            f_c, b_c = _chunk_times(segs, tp_group, dp_group, cluster, config, optimizer)
+            forward[:3, s, c], backward[:3, s, c] = f_c, b_c
+            labels = [label for _, label in keys[s][c]]
+            stage_buckets.append(_buckets(segs, labels, stage_params, dp_group, cluster, config,
+                                          optimizer))
+        params.append(stage_params)
+        buckets.append(tuple(stage_buckets))
+        psi = sum(stage_params.values())
+        local = psi / config.dp if config.zero_stage >= 1 else psi
+        opt_time[s] = _optimizer_s(optimizer, local, device)
+        if config.zero_stage in (1, 2):
+            post[s] += _collective("all_gather", optimizer.param_bytes * psi, dp_group, cluster)
+    _p2p(chunks, forward, backward, config, cluster)
+    _tied_sync(params, post, config, cluster, optimizer)
+    costs = StageCosts(forward, backward, tuple(buckets), post, opt_time)
+    return StagePlan(costs, tuple(chunks), tuple(params), tuple(devices))
+
+
+def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
+                 dp_group: tuple[int, ...], cluster: Any, config: ParallelConfig,
+                 optimizer: OptimizerSpec) -> tuple[list[float], list[float]]:
+    """``[compute, tp, zero]`` seconds of one chunk's forward and backward."""
+    f = [0.0, 0.0, 0.0]
+    b = [0.0, 0.0, 0.0]
+    for seg in segs:
+        f[0] += seg.forward_s
+        b[0] += seg.backward_s + seg.recompute_s
+        f[1] += _price(seg.tp_forward, tp_group, cluster)
+        b[1] += _price(seg.tp_backward, tp_group, cluster)
+        if config.zero_stage == 3 and config.dp > 1:
+            psi = seg.param_count
+            gather = _collective("all_gather", optimizer.param_bytes * psi, dp_group, cluster)
+            scatter = _collective("reduce_scatter", optimizer.grad_bytes * psi, dp_group, cluster)
+            f[2] += max(0.0, gather - seg.forward_s)
+            b[2] += max(0.0, gather + scatter - seg.backward_s - seg.recompute_s)
+    return f, b
+
+
+def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dict[str, float],
+             dp_group: tuple[int, ...], cluster: Any, config: ParallelConfig,
+             optimizer: OptimizerSpec) -> tuple[tuple[float, float], ...]:
+    """Gradient buckets of one chunk as ``(fraction of its last backward, seconds)``; also
+    collects the chunk's parameters into ``stage_params`` (a layer's under its label, the
+    others' — embeddings, head, possibly tied — under their canonical names)."""
+    total = sum(seg.backward_s + seg.recompute_s for seg in segs) or 1.0
+    elapsed, out = 0.0, []
+    kind = "all_reduce" if config.zero_stage == 0 else "reduce_scatter"
+    for seg, label in zip(reversed(segs), reversed(labels)):
+        elapsed += seg.backward_s + seg.recompute_s
+        prefix = f"{label}:" if label.startswith("L") else ""
+        new = {prefix + k: n for k, n in seg.params.items() if prefix + k not in stage_params}
+        stage_params.update(new)
+        if config.zero_stage < 3 and config.dp > 1 and new:
+            seconds = _collective(kind, optimizer.grad_bytes * sum(new.values()), dp_group, cluster)
+            out.append((elapsed / total, seconds))
+    return tuple(out)
+
+
+def _p2p(chunks: list, forward: np.ndarray, backward: np.ndarray, config: ParallelConfig,
+         cluster: Any) -> None:
+    """Fill row 3 (blocking sends) of ``forward``/``backward`` (module docstring)."""
+    p, v, tp = config.pp, config.virtual_stages, config.tp
+    last = p * v - 1
+    for j in range(last):
+        s, c = j % p, j // p
+        s2, c2 = (j + 1) % p, (j + 1) // p
+        if s2 == s:
+            continue
+        message = chunks[s][c][-1].output_bytes
+        a, b = stage_ranks(config, s)[0][0], stage_ranks(config, s2)[0][0]
+        per_rank = message if config.sequence_parallel or tp == 1 else message / tp
+        seconds = _collective("send_recv", per_rank, (a, b), cluster)
+        if tp > 1 and not config.sequence_parallel:
+            seconds += _collective("all_gather", message, stage_ranks(config, s2)[0], cluster)
+        forward[3, s, c] += seconds
+        backward[3, s2, c2] += seconds
+
+
+def _tied_sync(params: list[dict[str, float]], post: np.ndarray, config: ParallelConfig,
+               cluster: Any, optimizer: OptimizerSpec) -> None:
+    """All-reduce the gradient of a weight held by several stages among them."""
+    holders: dict[str, list[int]] = {}
+    for s, stage_params in enumerate(params):
+        for name in stage_params:
+            if ":" not in name:  # layers' parameters (``L<i>:name``) live on one stage
+                holders.setdefault(name, []).append(s)
+    for name, stages in holders.items():
+        if len(stages) > 1:
+            group = tuple(stage_ranks(config, s)[0][0] for s in stages)
+            seconds = _collective("all_reduce", optimizer.grad_bytes * params[stages[0]][name],
+                                  group, cluster)
+            for s in stages:
+                post[s] += seconds
+
+
+def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
+                 optimizer: OptimizerSpec) -> list[MemoryBreakdown]:
+    """Peak memory per stage (:mod:`cost_model.memory`)."""
+    p, v = config.pp, config.virtual_stages
+    saved = np.array([[sum(seg.activations.saved for seg in plan.chunks[s][c]) for c in range(v)]
+                      for s in range(p)])
+    inflight = order.peak_inflight(saved)
+    out = []
+    for s in range(p):
+        segs = [seg for c in range(v) for seg in plan.chunks[s][c]]
+        states = model_state_bytes(sum(plan.params[s].values()), config.dp, config.zero_stage,
+                                   optimizer)
+        working = max(seg.activations.working for seg in segs)
+        buffers = 2 * max(seg.output_bytes for seg in segs) if p > 1 else 0.0
+        if config.sequence_parallel and config.tp > 1:
+            buffers += max(seg.output_bytes for seg in segs) * config.tp
+        if config.zero_stage == 3 and config.dp > 1:
+            biggest = max(seg.param_count for seg in segs)
+            buffers += 2 * biggest * (optimizer.param_bytes + optimizer.grad_bytes)
+        device = plan.devices[s]
+        out.append(MemoryBreakdown(states.params, states.grads, states.optimizer,
+                                   float(inflight[s]), working, buffers,
+                                   device.reserved_memory_gib * GIB, device.memory_gib * GIB))
+    return out

@@ -1,0 +1,107 @@
+"""``fxplan estimate MODEL``: predict one training step of a given parallel configuration.
+
+    fxplan estimate gpt-1.7b --cluster dgx-a100-80g:nodes=4 --batch 512 \\
+        --config "dp=32,tp=1,pp=1,mb=16,schedule=1f1b,zero=0,recompute=full,sp=off"
+    fxplan estimate gpt-1t --cluster dgx-a100-80g:nodes=384 --batch 3072 \\
+        --config "dp=6,tp=8,pp=64,mb=1,schedule=interleaved:2,zero=0,recompute=full" \\
+        --json --plot timeline.png
+
+Prints the step time with its breakdown (compute, exposed tensor-parallel, ZeRO and
+data-parallel communication, pipeline send/recv and bubble, optimizer), tokens/s, TFLOP/s
+per device (Megatron's convention), MFU, and per stage the peak memory per rank with its
+breakdown against the device's capacity. ``--json`` prints the same as JSON (keys
+``step_time_s``, ``tflops_per_device``, ``mfu``, ``peak_memory_gib``, ``fits``,
+``breakdown``, ``memory_breakdown_gib``, …); ``--plot FILE`` draws the pipeline timeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "estimate", help="predict step time, throughput and memory of a parallel configuration",
+        description="Capture MODEL and price one training step on CLUSTER under CONFIG with the "
+        "cost model: step time and breakdown, tokens/s, TFLOP/s per device, MFU, peak memory "
+        "per stage and whether it fits.")
+    parser.add_argument("model", metavar="MODEL", help="model spec (e.g. gpt-1.7b)")
+    parser.add_argument("--cluster", required=True, metavar="SPEC",
+                        help="cluster spec (e.g. dgx-a100-80g:nodes=4)")
+    parser.add_argument("--batch", type=int, required=True, help="global batch (samples per step)")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
+    parser.add_argument("--config", required=True, metavar="CONFIG",
+                        help='"dp=..,tp=..,pp=..,mb=..,schedule=gpipe|1f1b|interleaved:v,'
+                        'zero=0-3,recompute=none|selective|full,sp=on|off[,stages=a/b/..]"')
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16",
+                        help="training precision of weights and activations (default bf16)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--plot", metavar="FILE", help="draw the pipeline timeline to FILE (.png, .svg)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _print(result: dict[str, Any], model: str, cluster: str) -> None:
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else 140, highlight=False)
+    r = result
+    verdict = "[green]fits[/green]" if r["fits"] else "[red]does not fit[/red]"
+    console.print(f"[bold]{model}[/bold] on {cluster} · batch {r['batch']} × seq {r['seq']} · "
+                  f"{r['num_devices']} devices")
+    console.print(f"config      {r['summary']}")
+    console.print(f"step time   {r['step_time_s']:.4g} s · {r['tokens_per_s']:,.0f} tokens/s · "
+                  f"{r['tflops_per_device']:.1f} TFLOP/s per device · MFU {r['mfu'] * 100:.1f}% · "
+                  f"{verdict}")
+    step = r["step_time_s"]
+    console.print(_table(f"step time on the critical stage ({r['critical_stage']})",
+                         ["part", "seconds", "share"],
+                         [[k, f"{v:.4g}", f"{v / step * 100:.1f}%"]
+                          for k, v in r["breakdown"].items()]))
+    names = ["params", "grads", "optimizer", "activations", "recompute_working", "buffers",
+             "reserved", "total", "capacity"]
+    console.print(_table("memory per rank (GiB)", ["stage"] + names,
+                         [[str(s)] + [f"{m[n]:.2f}" for n in names]
+                          for s, m in enumerate(r["memory_breakdown_gib"])]))
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from cluster_specs import Cluster
+    from cost_model import ParallelConfig, estimate
+    from passes.capture import capture
+
+    config = ParallelConfig.parse(args.config)
+    cluster = Cluster.load(args.cluster)
+    graph = capture(args.model, batch=1, seq=args.seq, dtype=getattr(torch, _DTYPES[args.dtype]))
+    result = estimate(graph, cluster, config, batch=args.batch, seq=args.seq)
+    if args.plot:
+        from cost_model.timeline_plot import plot_timeline
+
+        plot_timeline(result.timeline(), args.plot, title=f"{args.model} · {result.config.summary()}")
+    data = result.to_dict()
+    if args.json:
+        json.dump(data, sys.stdout, indent=2)
+        print()
+    else:
+        _print(data, args.model, args.cluster)
+        if args.plot:
+            print(f"timeline written to {args.plot}")
+    return 0

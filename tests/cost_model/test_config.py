@@ -1,0 +1,81 @@
+"""ParallelConfig: parsing, the one-line summary, and validation errors with the arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost_model.config import CostModelError, ParallelConfig
+
+TEXT = "dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off"
+
+
+def test_parse_reads_every_key() -> None:
+    c = ParallelConfig.parse(TEXT)
+    assert (c.dp, c.tp, c.pp, c.microbatch_size) == (24, 8, 8, 1)
+    assert (c.schedule, c.schedule_kind, c.virtual_stages) == ("interleaved:2", "interleaved", 2)
+    assert (c.zero_stage, c.recompute, c.sequence_parallel) == (0, "full", False)
+    assert c.world_size == 1536
+
+
+def test_round_trip_and_summary() -> None:
+    c = ParallelConfig.parse(TEXT + ",m=96,stages=" + "/".join(["6"] * 16))
+    assert ParallelConfig.parse(c.to_string()) == c
+    assert c.summary() == ("pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 | recompute=full "
+                           "| sp=off")
+
+
+def test_resolve_derives_microbatches() -> None:
+    assert ParallelConfig.parse(TEXT).resolve(2304).num_microbatches == 96
+
+
+@pytest.mark.parametrize("text,message", [
+    ("dp=2,foo=3", "cannot read 'foo=3'"),
+    ("dp=2,dp=3", "dp is given twice"),
+    ("schedule=zigzag", "expected one of gpipe, 1f1b, interleaved:v"),
+    ("schedule=interleaved", "interleaved needs its chunk count"),
+    ("schedule=1f1b:2", "only interleaved takes ':v'"),
+    ("zero=4", "zero_stage must be 0, 1, 2 or 3"),
+    ("recompute=some", "expected one of none, selective, full"),
+    ("sp=maybe", "expected on or off"),
+    ("tp=0", "tp must be a positive integer"),
+    ("pp=2,stages=3/3/3", "lists 3 stages, expected pp·v = 2·1 = 2"),
+])
+def test_parse_errors(text: str, message: str) -> None:
+    with pytest.raises(CostModelError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ParallelConfig.parse(text)
+
+
+def _check(text: str, **kwargs: int) -> None:
+    facts = dict(world_size=1536, layers=96, heads=96, seq=2048, batch=2304)
+    facts.update(kwargs)
+    ParallelConfig.parse(text).check(**facts)
+
+
+@pytest.mark.parametrize("text,facts,message", [
+    (TEXT, {"world_size": 3072}, "dp·tp·pp = 24·8·8 = 1536 ≠ 3072 devices"),
+    (TEXT, {"heads": 12}, "tp=8 does not divide heads=12 (12 mod 8 = 4)"),
+    ("dp=24,tp=8,pp=8", {"layers": 20}, "pp=8 does not divide layers=20 (20 mod 8 = 4); give stages="),
+    (TEXT, {"layers": 24}, "interleaved:2 needs layers divisible by pp·v = 8·2 = 16 (24 mod 16 = 8)"),
+    (TEXT, {"batch": 500}, "batch=500 is not divisible by dp·mb = 24·1 = 24 (500 mod 24 = 20)"),
+    (TEXT, {"batch": 24 * 12}, "m = batch / (dp·mb) = 288 / (24·1) = 12, 12 mod 8 = 4"),
+    ("dp=24,tp=8,pp=8,sp=on", {"seq": 2044}, "splits seq=2044 over tp=8 (2044 mod 8 = 4)"),
+    ("dp=24,tp=8,pp=8,stages=12/12/12/12/12/12/12/11", {}, "hold 95 layers, the model has 96"),
+])
+def test_check_errors_show_the_arithmetic(text: str, facts: dict, message: str) -> None:
+    with pytest.raises(CostModelError) as err:
+        _check(text, **facts)
+    assert message in str(err.value)
+
+
+def test_uneven_stages_are_allowed_when_given() -> None:
+    config = ParallelConfig.parse("dp=24,tp=8,pp=8,stages=13/13/12/12/12/12/11/11")
+    _check(config.to_string(), layers=96)
+    assert config.layers_per_stage(96) == (13, 13, 12, 12, 12, 12, 11, 11)
+    assert ParallelConfig.parse(TEXT).layers_per_stage(96) == (6,) * 16
+
+
+def test_error_is_a_user_error_of_the_cli() -> None:
+    from planner.cli.errors import user_error_types
+
+    assert CostModelError in user_error_types()
+    assert issubclass(CostModelError, ValueError)

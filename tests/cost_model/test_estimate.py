@@ -1,0 +1,137 @@
+"""``cost_model.estimate`` and ``fxplan estimate``: the surface, its accounting, and the
+effects each part of a configuration must have."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cluster_specs import Cluster
+from cost_model import CostModelError, Estimate, ParallelConfig, estimate
+from cost_model.megatron_layout import REPL, SHARD, tp_layout
+from passes.capture import capture
+
+SPEC = "gpt:layers=8,hidden=256,heads=8,vocab=1024,seq=128"
+BATCH = 64
+
+
+@pytest.fixture(scope="module")
+def graph():  # type: ignore[no-untyped-def]
+    return capture(SPEC, batch=1, dtype=torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Cluster:
+    return Cluster.load("dgx-a100-80g:nodes=2")
+
+
+def run(graph, cluster, text: str, batch: int = BATCH) -> Estimate:  # type: ignore[no-untyped-def]
+    return estimate(graph, cluster, ParallelConfig.parse(text), batch=batch)
+
+
+def test_result_surface(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    e = run(graph, cluster, "dp=4,tp=2,pp=2,mb=2,schedule=interleaved:2,zero=1,recompute=selective,sp=on")
+    data = e.to_dict()
+    for key in ("step_time_s", "tflops_per_device", "mfu", "peak_memory_gib", "fits", "breakdown",
+                "memory_breakdown_gib", "tokens_per_s"):
+        assert key in data
+    assert len(data["peak_memory_gib"]) == 2 and data["fits"] is True
+    assert sum(e.breakdown.values()) == pytest.approx(e.step_time_s)
+    assert e.config.num_microbatches == BATCH // (4 * 2)
+    assert json.loads(json.dumps(data)) == data
+    events = e.timeline()
+    assert len(events) == 2 * 2 * 2 * e.config.num_microbatches   # stages × chunks × F/B × m
+    assert all(ev.end > ev.start >= 0 for ev in events)
+
+
+def test_flops_follow_megatron_convention(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    full = run(graph, cluster, "dp=16,mb=4,recompute=full")
+    none = run(graph, cluster, "dp=16,mb=4,recompute=none")
+    assert full.hardware_flops == pytest.approx(graph.training_flops(recompute=True) * BATCH)
+    assert none.hardware_flops == none.model_flops == pytest.approx(graph.training_flops(False) * BATCH)
+    peak = cluster.device(0).peak("bf16") * 1e12
+    assert full.mfu == pytest.approx(full.model_flops / (16 * full.step_time_s * peak))
+    assert full.step_time_s > none.step_time_s
+
+
+def test_tensor_parallel_communication(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    assert run(graph, cluster, "dp=16").breakdown["tp_comm"] == 0
+    tp = run(graph, cluster, "dp=2,tp=8").breakdown["tp_comm"]
+    sp = run(graph, cluster, "dp=2,tp=8,sp=on").breakdown["tp_comm"]
+    assert tp > 0
+    assert sp == pytest.approx(tp, rel=0.5)  # reduce-scatter + all-gather move what all-reduce does
+
+
+def test_data_parallel_sync_overlaps_backward(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    from cost_model.collectives import collective_time_s
+
+    e = run(graph, cluster, "dp=16,mb=1")
+    whole = collective_time_s("all_reduce", 2 * graph.num_params, range(16), cluster)
+    assert 0 <= e.breakdown["dp_comm"] < whole
+
+
+def test_zero3_gathers_weights(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    z0 = run(graph, cluster, "dp=16,zero=0")
+    z3 = run(graph, cluster, "dp=16,zero=3")
+    assert z3.breakdown["zero_comm"] > 0 == z0.breakdown["zero_comm"]
+    assert z3.memory[0].optimizer == pytest.approx(z0.memory[0].optimizer / 16)
+
+
+def test_pipeline_bubble_shrinks_with_microbatches(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    few = run(graph, cluster, "dp=4,pp=4,mb=4,schedule=1f1b")
+    many = run(graph, cluster, "dp=4,pp=4,mb=1,schedule=1f1b")
+    gpipe = run(graph, cluster, "dp=4,pp=4,mb=1,schedule=gpipe")
+    assert few.breakdown["bubble"] / few.step_time_s > many.breakdown["bubble"] / many.step_time_s
+    assert max(gpipe.peak_memory_gib) > max(many.peak_memory_gib)
+    assert many.breakdown["p2p"] > 0
+
+
+def test_explicit_placements_reproduce_the_default_layout(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    layout = tp_layout(graph)
+    placements = {}
+    for name, state in layout.state.items():
+        if name in layout.row:
+            placements[name] = "S(0)P"
+        elif state == SHARD:
+            placements[name] = "S(0)S(2)"
+        elif state == REPL:
+            placements[name] = "S(0)R"
+    default = run(graph, cluster, "dp=2,tp=8")
+    explicit = estimate(graph, cluster, ParallelConfig(dp=2, tp=8, placements=placements), batch=BATCH)
+    assert explicit.step_time_s == pytest.approx(default.step_time_s)
+    assert explicit.peak_memory_gib == pytest.approx(default.peak_memory_gib)
+
+
+def test_invalid_inputs(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(CostModelError, match="tp=16 does not divide heads=8"):
+        run(graph, cluster, "dp=1,tp=16")
+    with pytest.raises(CostModelError, match="captured at seq=128"):
+        estimate(graph, cluster, ParallelConfig(dp=16), batch=BATCH, seq=256)
+
+
+def test_cli_json_and_plot(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from planner.cli.main import main
+
+    plot = tmp_path / "timeline.png"
+    code = main(["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
+                 "--config", "dp=2,tp=2,pp=2,mb=1,schedule=1f1b,zero=1,recompute=full,sp=on",
+                 "--json", "--plot", str(plot)])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["breakdown"]) == {"compute", "tp_comm", "zero_comm", "p2p", "bubble",
+                                      "dp_comm", "optimizer"}
+    assert len(data["peak_memory_gib"]) == 2 and plot.stat().st_size > 0
+
+
+def test_cli_tables_and_user_errors(capsys) -> None:  # type: ignore[no-untyped-def]
+    from planner.cli.main import main
+
+    assert main(["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
+                 "--config", "dp=4,tp=2"]) == 0
+    out = capsys.readouterr().out
+    assert "step time" in out and "memory per rank" in out
+    assert main(["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
+                 "--config", "dp=3,tp=2"]) == 2
+    assert "dp·tp·pp = 3·2·1 = 6 ≠ 8 devices" in capsys.readouterr().err

@@ -1,0 +1,142 @@
+"""Memory per rank: ZeRO model states (exact), Korthikanti et al. (2022) activations of a GPT
+layer from the captured graph (exact, plus the layer norms' O(s·b) statistics), in-flight
+microbatches per schedule, tensor-parallel parameter splits and tied embeddings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cluster_specs import Cluster
+from cost_model import ParallelConfig, estimate
+from cost_model.activations import segment_activations
+from cost_model.layer_costs import graph_segments, segment_cost
+from cost_model.megatron_layout import tp_layout
+from cost_model.memory import ADAM_MIXED, model_state_bytes
+from cost_model.pipeline_schedules import schedule_order
+from passes.capture import capture
+
+S, B, H, A, V, L = 32, 2, 64, 4, 512, 8
+SPEC = f"gpt:layers={L},hidden={H},heads={A},vocab={V},seq={S}"
+
+
+@pytest.fixture(scope="module")
+def graph():  # type: ignore[no-untyped-def]
+    return capture(SPEC, batch=B, dtype=torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Cluster:
+    return Cluster.load("dgx-a100-80g")
+
+
+@pytest.mark.parametrize("dp", [1, 8, 64])
+def test_zero_stages_match_the_paper(dp: int) -> None:
+    psi = 7.5e9
+    totals = [model_state_bytes(psi, dp, z).total for z in range(4)]
+    assert totals == [16 * psi, 4 * psi + 12 * psi / dp, 2 * psi + 14 * psi / dp, 16 * psi / dp]
+    assert ADAM_MIXED.param_bytes + ADAM_MIXED.grad_bytes + ADAM_MIXED.state_bytes == 16
+
+
+def _norm_stats(graph, names, divisor: int) -> float:  # type: ignore[no-untyped-def]
+    """Bytes of the layer norms' mean and rstd (saved minus the saved input 2sbh)."""
+    norms = [n for n in names if graph.info(n).op_class == "norm"]
+    return sum(graph.info(n).saved_bytes - 2 * S * B * H for n in norms) / divisor
+
+
+def korthikanti(t: int, sp: bool, recompute: str) -> float:
+    """Bytes per layer: Korthikanti et al. (2022), Table 2, 16-bit, microbatch B."""
+    sbh, attn = S * B * H, 5 * A * S / H
+    if recompute == "full":
+        return 2 * sbh / (t if sp else 1)
+    core = 0.0 if recompute == "selective" else attn / t
+    if t == 1:
+        return sbh * (34 + core)
+    return sbh * (34 / t + core) if sp else sbh * (10 + 24 / t + core)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_gpt_layer_activations_match_korthikanti(graph, t: int, sp: bool, recompute: str) -> None:  # type: ignore[no-untyped-def]
+    names = graph_segments(graph).layers[0][1]
+    got = segment_activations(graph, names, tp_layout(graph), tp=t, sequence_parallel=sp and t > 1,
+                              recompute=recompute)
+    stats = 0.0 if recompute == "full" else _norm_stats(graph, names, t if sp and t > 1 else 1)
+    assert got.saved == korthikanti(t, sp, recompute) + stats
+    if recompute == "full":
+        assert got.working == korthikanti(t, sp, "none") + _norm_stats(graph, names, t if sp and t > 1 else 1)
+
+
+def test_microbatch_scales_activations(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    key = graph_segments(graph).layers[0][0]
+    cost = [segment_cost(graph, key, tp=1, sequence_parallel=False, recompute="none",
+                         microbatch=mb, device=cluster.device(0)) for mb in (B, 4 * B)]
+    assert cost[1].activations.saved == 4 * cost[0].activations.saved
+
+
+def _chunk_saved(result, graph, cluster, config) -> list[float]:  # type: ignore[no-untyped-def]
+    """Saved bytes per microbatch of each stage's single chunk."""
+    segs = graph_segments(graph)
+    per = L // config.pp
+
+    def cost(key: str) -> float:
+        return segment_cost(graph, key, tp=config.tp, sequence_parallel=config.sequence_parallel,
+                            recompute=config.recompute, microbatch=config.microbatch_size,
+                            device=cluster.device(0)).activations.saved
+    layer = cost(segs.layers[0][0])
+    out = [per * layer for _ in range(config.pp)]
+    out[0] += cost("pre")
+    out[-1] += cost("post")
+    return out
+
+
+@pytest.mark.parametrize("schedule,m", [("1f1b", 8), ("1f1b", 2), ("gpipe", 8)])
+def test_inflight_microbatches(graph, cluster, schedule: str, m: int) -> None:  # type: ignore[no-untyped-def]
+    config = ParallelConfig(dp=2, tp=1, pp=4, microbatch_size=1, schedule=schedule)
+    result = estimate(graph, cluster, config, batch=2 * m)
+    chunk = _chunk_saved(result, graph, cluster, config)
+    held = [min(4 - s, m) if schedule == "1f1b" else m for s in range(4)]
+    assert [mem.activations for mem in result.memory] == pytest.approx(
+        [n * c for n, c in zip(held, chunk)])
+
+
+def test_interleaved_inflight_factor(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    """Stage 1 of p=4, v=2 (no embedding, no head) holds 2(p−2) + (v−1)p + 1 = 9 chunks."""
+    config = ParallelConfig(dp=2, tp=1, pp=4, microbatch_size=1, schedule="interleaved:2")
+    result = estimate(graph, cluster, config, batch=16)
+    layer = segment_cost(graph, graph_segments(graph).layers[0][0], tp=1, sequence_parallel=False,
+                         recompute="none", microbatch=1, device=cluster.device(0))
+    assert schedule_order("interleaved", 4, 2, 8).inflight_total[1] == 9
+    assert result.memory[1].activations == pytest.approx(9 * layer.activations.saved)
+
+
+def _params(result) -> list[float]:  # type: ignore[no-untyped-def]
+    return [mem.params / ADAM_MIXED.param_bytes for mem in result.memory]
+
+
+def test_tensor_parallel_splits_weights_not_norms_or_row_biases(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    t = 2
+    result = estimate(graph, cluster, ParallelConfig(dp=4, tp=t), batch=8)
+    per_layer = 12 * H * H / t + 7 * H / t + 6 * H     # qkv/fc1 split with biases, proj/fc2 weights
+    embeddings = V * H / t + S * H                     # vocab-parallel token table, whole positions
+    assert _params(result) == [L * per_layer + embeddings + 2 * H]
+
+
+def test_tied_embedding_is_held_by_first_and_last_stage(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    per_layer = 12 * H * H + 13 * H
+    one = estimate(graph, cluster, ParallelConfig(dp=8), batch=8)
+    assert _params(one) == [L * per_layer + (V + S) * H + 2 * H]
+    two = estimate(graph, cluster, ParallelConfig(dp=4, pp=2), batch=8)
+    assert _params(two) == [L / 2 * per_layer + (V + S) * H, L / 2 * per_layer + V * H + 2 * H]
+
+
+def test_recompute_shrinks_activations_and_fits_flips(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    small = Cluster.load("dgx-a100-80g:a100.memory_gib=2.04")  # 41 MiB left after the 2 GiB reserve
+    config = ParallelConfig(dp=8, microbatch_size=64)
+    results = {rc: estimate(graph, small, config.replace(recompute=rc), batch=512)
+               for rc in ("none", "selective", "full")}
+    acts = [results[rc].memory[0].activations for rc in ("none", "selective", "full")]
+    assert acts[0] > acts[1] > acts[2]
+    assert not results["none"].fits and results["full"].fits
+    assert results["none"].peak_memory_gib[0] > 2.04 >= results["full"].peak_memory_gib[0]
