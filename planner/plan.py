@@ -13,7 +13,8 @@ A plan fixes
 * placements: per fx node (its output) and per parameter, as compact strings over the
   stage-local ``placement_axes`` (``("dp", "tp")`` by default), e.g. ``"S(0)S(1)"``;
 * the predicted ``estimate`` (step time and breakdown, MFU, per-stage peak memory), the
-  solver's status, search time, runners-up, pruning reasons and fallbacks.
+  solver's status, search time and its per-phase ``timings``, runners-up, pruning reasons
+  and fallbacks.
 
 ``to_json``/``from_json`` carry ``format_version`` and the fingerprints of the captured graph and
 of the cluster; :func:`load_plan` refuses a plan made for another graph or cluster and says which.
@@ -92,6 +93,7 @@ class Plan:
     runners_up: tuple[Mapping[str, Any], ...] = ()
     pruned: tuple[str, ...] = ()
     fallbacks: tuple[str, ...] = ()
+    timings: Mapping[str, float] = field(default_factory=dict)
     fxplan_version: str = "0.1.0"
 
     def __post_init__(self) -> None:

@@ -1,0 +1,110 @@
+"""Search time of ``planner.search`` for GPT models from 1.7B on 32 GPUs to 1T on 3072 GPUs.
+
+    python benchmarks/search_time.py             # print the table, rewrite the "Search time"
+                                                 # section of docs/benchmarks.md
+    python benchmarks/search_time.py --no-write  # print only
+    python benchmarks/search_time.py --only gpt3-175b
+
+Rows: every Megatron-LM SC'21 Table 1 configuration (model, GPU count, global batch; DGX
+A100 80GB nodes, s = 2048) plus GPT-3 175B on 1024 GPUs (batch 1536). Capture is timed apart
+(it is per model, not per search); ``search`` is the wall-clock of :func:`planner.search` on
+the captured graph, with its phases. Targets: GPT-3 175B on 1024 GPUs ≤ 10 s, 1T on 3072
+GPUs ≤ 30 s, on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "benchmarks.md"
+START, END = "<!-- search-time:start -->", "<!-- search-time:end -->"
+
+#: (preset, GPUs, global batch): Table 1 of Narayanan et al. (2021), and GPT-3 175B.
+ROWS: tuple[tuple[str, int, int], ...] = (
+    ("gpt-1.7b", 32, 512), ("gpt-3.6b", 64, 512), ("gpt-7.5b", 128, 512),
+    ("gpt-18.4b", 256, 1024), ("gpt-39.1b", 512, 1536), ("gpt-76.1b", 1024, 1792),
+    ("gpt3-175b", 1024, 1536), ("gpt-145.6b", 1536, 2304), ("gpt-310.1b", 1920, 2160),
+    ("gpt-529.6b", 2520, 2520), ("gpt-1t", 3072, 3072),
+)
+TARGETS = {("gpt3-175b", 1024): 10.0, ("gpt-1t", 3072): 30.0}
+
+
+def measure(preset: str, gpus: int, batch: int) -> dict:
+    from cluster_specs import Cluster
+    from planner import search
+    from planner.search import capture_for_search
+
+    start = time.perf_counter()
+    graph = capture_for_search(preset, seq=2048)
+    captured = time.perf_counter() - start
+    cluster = Cluster.load(f"dgx-a100-80g:nodes={gpus // 8}")
+    start = time.perf_counter()
+    plan = search(graph, cluster, batch=batch, progress=False)
+    seconds = time.perf_counter() - start
+    return {"preset": preset, "gpus": gpus, "batch": batch, "capture_s": captured,
+            "search_s": seconds, "timings": dict(plan.timings),
+            "visited": plan.estimate.get("candidates_visited"), "summary": plan.summary,
+            "step_s": plan.estimate["step_time_s"], "mfu": plan.estimate["mfu"],
+            "target": TARGETS.get((preset, gpus))}
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | GPUs | batch | capture (s) | search (s) | inter-op / simulate / "
+             "intra-op (s) | candidates ranked | target | plan | step (s) | MFU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r["timings"]
+        target = f"≤ {r['target']:g} s" if r["target"] else ""
+        lines.append(
+            f"| {r['preset']} | {r['gpus']} | {r['batch']} | {r['capture_s']:.1f} | "
+            f"{r['search_s']:.2f} | {t.get('inter-op', 0):.2f} / {t.get('simulate', 0):.2f} / "
+            f"{t.get('intra-op', 0):.2f} | {r['visited']} | {target} | "
+            f"`{r['summary'].replace('|', chr(92) + '|')}` | "
+            f"{r['step_s']:.2f} | {100 * r['mfu']:.1f} % |")
+    return "\n".join(lines)
+
+
+def write_section(table: str, path: Path = DOC) -> None:
+    """Put this benchmark's section into ``docs/benchmarks.md``: in place of its previous
+    version if there is one, else at the end; every other section is kept as it is."""
+    section = (f"{START}\n## Search time\n\n"
+               "Wall-clock of `planner.search` (inter-op enumeration and bounds, stage DP, "
+               "closed-form ranking, step simulator on the finalists, intra-op solve of the "
+               "winner) on a 2-core machine shared with other jobs, after capture (timed "
+               "apart). DGX A100 80GB nodes, s = 2048. Reproduce with "
+               "`python benchmarks/search_time.py`.\n\n"
+               f"{table}\n{END}")
+    text = path.read_text() if path.is_file() else "# Benchmarks\n"
+    before, found, rest = text.partition(START)
+    after = rest.partition(END)[2] if found else ""
+    path.write_text((before.rstrip() + "\n\n" if found else text.rstrip() + "\n\n")
+                    + section + (after if found else "\n"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--only", action="append", default=[], metavar="PRESET")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    rows = []
+    for preset, gpus, batch in ROWS:
+        if args.only and preset not in args.only:
+            continue
+        row = measure(preset, gpus, batch)
+        print(f"{preset:>11} {gpus:>5} GPUs  capture {row['capture_s']:5.1f} s  search "
+              f"{row['search_s']:6.2f} s  {row['summary']}", flush=True)
+        rows.append(row)
+    table = markdown(rows)
+    print("\n" + table)
+    if not args.no_write and not args.only:
+        write_section(table)
+        print(f"\nwrote the Search time section of {DOC}")
+
+
+if __name__ == "__main__":
+    main()

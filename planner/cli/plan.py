@@ -1,0 +1,84 @@
+"""``fxplan plan MODEL --cluster SPEC --batch B``: search for the fastest plan that fits.
+
+    fxplan plan gpt-1.7b --cluster dgx-a100-80g:nodes=4 --batch 512 --seq 2048
+    fxplan plan gpt3-175b --cluster dgx-a100-80g:nodes=128 --batch 1536 -o plan.json
+    fxplan plan gpt-7.5b --cluster aws-p3-v100:nodes=4 --batch 256 --json
+    fxplan plan gpt-1.7b --cluster dgx-a100-80g:nodes=4 --batch 512 --emit program.py
+
+Prints the report (:mod:`planner.report`) or, with ``--json``, the flat summary; ``-o`` writes
+the full plan JSON; ``--time-budget`` bounds the search; ``--emit`` writes the distributed
+program (:func:`passes.rewrite.emit.emit_program`, when that module is present). A model that fits
+in no configuration ends with exit code 2 and the memory it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "plan", help="find the fastest parallel plan that fits",
+        description="Capture MODEL, search data/tensor/pipeline/ZeRO/recompute configurations "
+        "on the cluster and print the fastest that fits in memory, with runners-up and the "
+        "reasons others were pruned.")
+    parser.add_argument("model", metavar="MODEL", help="model spec (gpt-1.7b, gpt:layers=…, file.py:fn)")
+    parser.add_argument("--cluster", required=True, metavar="SPEC",
+                        help="cluster spec (name, path, or name:key=value,…)")
+    parser.add_argument("--batch", type=int, required=True, help="global batch (samples per step)")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
+    parser.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan here")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="S",
+                        help="stop the search after S seconds and keep the best found")
+    parser.add_argument("--emit", metavar="PROGRAM.py", help="write the distributed program")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _emit(plan: object, graph: object, path: str) -> str:
+    try:
+        from passes.rewrite.emit import emit_program
+    except ImportError:
+        return (f"--emit {path}: the program emitter (passes.rewrite.emit.emit_program) is not "
+                "available yet; nothing written")
+    Path(path).write_text(emit_program(graph.gm, plan))  # type: ignore[attr-defined]
+    return f"program written to {path}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from cluster_specs import Cluster
+    from planner.report import plan_summary, render_report
+    from planner.search import capture_for_search, search, training_dtype
+    from planner.search.progress import PhaseTimer
+
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
+    if args.json:
+        logging.getLogger("fxplan.planner").setLevel(logging.ERROR)  # fallbacks are in the JSON
+    cluster = Cluster.load(args.cluster)
+    timer = PhaseTimer()
+    graph = capture_for_search(args.model, seq=args.seq, dtype=training_dtype(cluster),
+                               timer=timer)
+    plan = search(graph, cluster, batch=args.batch, seq=args.seq,
+                  time_budget_s=args.time_budget, progress=not args.json, model=args.model)
+    plan = dataclasses.replace(plan, timings={**timer.rounded(), **plan.timings})
+    if args.output:
+        plan.save(args.output)
+    emitted = _emit(plan, graph, args.emit) if args.emit else None
+    if args.json:
+        data = plan_summary(plan)
+        if emitted:
+            data["emit"] = emitted
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        render_report(plan)
+        if args.output:
+            print(f"plan written to {args.output}")
+        if emitted:
+            print(emitted)
+    return 0

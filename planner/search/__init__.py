@@ -1,0 +1,101 @@
+"""``planner.search(graph, cluster, batch=…) -> Plan``: the inter-op search (see
+:mod:`planner.search.driver` for the formulation).
+
+The package module itself is callable (``planner.search(...)`` is :func:`search`), so that
+``planner.search`` stays the package for ``import planner.search.partition`` and is still the
+function the architecture contract names.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from functools import lru_cache
+from typing import Any, Mapping
+
+from planner.plan import Plan
+from planner.search.infeasible import InfeasibleError
+from planner.search.progress import PhaseTimer
+
+__all__ = ["search", "InfeasibleError", "capture_for_search", "training_dtype"]
+
+
+def training_dtype(cluster: Any) -> str:
+    """``bfloat16`` where the device has a bf16 peak, else ``float16`` where it has fp16 (V100),
+    else ``float32``: the precision mixed-precision training would use there."""
+    peaks = cluster.device(0).peak_tflops
+    return "bfloat16" if "bf16" in peaks else "float16" if "fp16" in peaks else "float32"
+
+
+@lru_cache(maxsize=8)
+def _capture(model: str, seq: int | None, dtype: str) -> Any:
+    import torch
+
+    from passes.capture import capture
+
+    return capture(model, batch=1, seq=seq, dtype=getattr(torch, dtype))
+
+
+def capture_for_search(model: Any, *, seq: int | None = None, dtype: str = "bfloat16",
+                       timer: PhaseTimer | None = None) -> Any:
+    """Capture ``model`` (a spec string or bundle) at microbatch 1 for the search.
+
+    The cost model scales every segment by ``microbatch / 1``, so one capture serves every
+    microbatch size the search tries. Captures of spec strings are cached (8 most recent).
+    """
+    import torch
+
+    from passes.capture import capture
+
+    timer = timer or PhaseTimer()
+    with timer("capture"):
+        if isinstance(model, str):
+            return _capture(model, seq, dtype)
+        return capture(model, batch=1, seq=seq, dtype=getattr(torch, dtype))
+
+
+def search(graph: Any, cluster: Any, *, batch: int, seq: int | None = None,
+           time_budget_s: float | None = None, progress: bool = True,
+           constraints: Mapping[str, Any] | None = None, finalists: int | None = None,
+           model: str | None = None) -> Plan:
+    """The fastest configuration of ``graph`` on ``cluster`` for global ``batch`` that fits.
+
+    ``graph``: a :class:`passes.capture.CapturedGraph` or a model spec (``"gpt-1.7b"``),
+    captured here (phase ``capture``). ``cluster``: a ``Cluster`` or a spec string.
+    ``seq`` must match the captured sequence when given. ``constraints`` fixes fields of
+    the candidates, each to a value or a collection of values: ``tp, pp, dp,
+    microbatch_size, schedule, recompute, sequence_parallel, zero_stage``.
+    ``finalists``: how many candidates the step simulator prices (default 8).
+    Raises :class:`InfeasibleError` (a ``UserError``) when nothing fits.
+    """
+    from cluster_specs import Cluster
+    from planner.cli.errors import UserError
+    from planner.search.driver import DEFAULT_FINALISTS, run_search
+
+    timer = PhaseTimer()
+    if isinstance(cluster, str):
+        cluster = Cluster.load(cluster)
+    name = model or (graph if isinstance(graph, str) else getattr(graph, "name", "model"))
+    if not hasattr(graph, "gm"):
+        graph = capture_for_search(graph, seq=seq, dtype=training_dtype(cluster), timer=timer)
+    captured_seq = next(iter(graph.inputs.values()))[0][1] if graph.inputs else None
+    if seq is not None and captured_seq is not None and len(next(iter(graph.inputs.values()))[0]) > 1 \
+            and seq != captured_seq:
+        raise UserError(f"seq={seq} but the graph was captured at seq={captured_seq}; capture "
+                        "it at the sequence length to plan for")
+    if batch < 1:
+        raise UserError(f"batch must be a positive integer, got {batch}")
+    plan = run_search(graph, cluster, batch=batch, model=str(name), time_budget_s=time_budget_s,
+                      progress=progress, constraints=constraints or {},
+                      finalists=finalists or DEFAULT_FINALISTS, timer=timer)
+    return plan
+
+
+class _CallableModule(types.ModuleType):
+    """``planner.search(...)`` calls :func:`search`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Plan:
+        return search(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,52 @@
+"""Lower bounds the search prunes with, and the reasons it records.
+
+**Memory** of a family ``(tp, pp, dp)`` at ZeRO stage ``z``: some pipeline rank holds at least
+the average share of the (tp-local) parameters, and activations are never negative, so
+
+    M ≥ k_z(dp) · Ψ_tp / pp + reserved          k_0 = 16, k_1 = 4 + 12/dp, k_2 = 2 + 14/dp,
+                                                 k_3 = 16/dp  bytes per parameter
+
+If this exceeds the capacity every candidate of the family at that stage is pruned before any
+microbatch variant is tried.
+
+**Time** of a candidate: every microbatch passes every layer on some rank, and a rank's step
+is at least its busy time, so with ``W`` the whole model's per-microbatch work on one tp rank
+(:attr:`planner.search.profile.SegmentProfile.total_work`)
+
+    T ≥ m · max_s w_s ≥ m · W / pp
+
+Candidates are visited in increasing order of this bound; once it reaches the ``K``-th best
+estimate found so far, no later candidate can enter the top ``K`` and the search stops.
+"""
+
+from __future__ import annotations
+
+from cost_model.memory import GIB
+from planner.search.profile import SegmentProfile
+from planner.search.space import Candidate, Family
+from planner.search.stage_memory import DeviceMemory, state_bytes_per_param
+
+__all__ = ["memory_lower_bound", "memory_reason", "time_lower_bound"]
+
+
+def memory_lower_bound(family: Family, zero: int, lightest: SegmentProfile,
+                       mem: DeviceMemory) -> float:
+    """Bytes some rank needs at least (module docstring); ``lightest`` is the profile with
+    full recompute, microbatch 1 and sequence parallelism where possible."""
+    k = state_bytes_per_param(family.dp, zero)
+    return k * lightest.total_params / family.pp + mem.reserved
+
+
+def memory_reason(family: Family, zero: int, needed: float, lightest: SegmentProfile,
+                  mem: DeviceMemory) -> str:
+    """``needs ≥ 93.4 GiB > 80 GiB at zero=0, tp=4, pp=1, dp=8 (16.0 B/param × 5.62 G …)``."""
+    k = state_bytes_per_param(family.dp, zero)
+    return (f"needs ≥ {needed / GIB:.1f} GiB > {mem.capacity / GIB:.0f} GiB at zero={zero}, "
+            f"tp={family.tp}, pp={family.pp}, dp={family.dp} (model states {k:.2f} B/param × "
+            f"{lightest.total_params / family.pp / 1e9:.3g} G params per rank + "
+            f"{mem.reserved / GIB:.1f} GiB reserved)")
+
+
+def time_lower_bound(c: Candidate, prof: SegmentProfile) -> float:
+    """``m · W / pp`` seconds (module docstring)."""
+    return c.num_microbatches * prof.total_work / c.pp

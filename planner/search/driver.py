@@ -1,0 +1,282 @@
+"""The inter-op search: the fastest configuration that fits, and why it won.
+
+**Problem.** Given a captured graph, a cluster of ``N`` devices with capacity ``C`` each and a
+global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, stages)`` with
+``pp·dp·tp = N`` and ``B = dp·b·m`` to
+
+    minimise  T(x)     (the step simulator, :func:`cost_model.estimate.estimate`)
+    s.t.      M_s(x) ≤ C  for every pipeline rank s        (:mod:`cost_model.memory`)
+
+**Method** (branch and bound over an enumerated space):
+
+1. *Families* ``(tp, pp, dp)`` (:func:`planner.search.space.families`), invalid ones pruned
+   with their reason.
+2. *Memory bound per (family, zero)* (:func:`planner.search.bounds.memory_lower_bound`):
+   ``k_z(dp)·Ψ/pp + reserved > C`` prunes the pair before any microbatch variant is tried;
+   the lowest surviving ZeRO stage ``z_min`` is where each candidate starts.
+3. *Candidates* inside the families (:func:`planner.search.space.options`), sorted by the
+   time bound ``m·W/pp`` (:func:`planner.search.bounds.time_lower_bound`).
+4. For each in order, until its bound reaches the ``K``-th best estimate (then nothing later
+   can enter the top ``K``) or the time budget ends (once at least one candidate fits): for ``z = z_min … 3`` partition the
+   layers by the DP of :mod:`planner.search.partition` under the memory cap, check the
+   exact per-rank memory (:mod:`planner.search.stage_memory`) and rank the first stage that
+   fits by the closed form ``T̂`` (:mod:`planner.search.surrogate`). Higher ZeRO stages are
+   not tried once one fits: at equal everything else they move at least as many bytes.
+5. *Finalists*: the ``K`` best by ``T̂`` are priced by the step simulator; the fastest that
+   fits wins, the next three are the runners-up.
+6. *Placements* of the winner's repeated block on its ``(dp, tp)`` stage mesh
+   (:mod:`planner.search.placements`).
+
+Nothing is dropped silently: every pruned family or candidate group carries its reason with
+the arithmetic, and fallbacks (time budget, intra-op solver) are logged and kept in the plan.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from cost_model.config import CostModelError, ParallelConfig
+from cost_model.estimate import Estimate, estimate
+from cost_model.memory import GIB
+from planner.plan import Plan
+from planner.search.bounds import memory_lower_bound, memory_reason, time_lower_bound
+from planner.search.build_plan import build_plan
+from planner.search.infeasible import InfeasibleError, infeasible_message
+from planner.search.partition import balanced_counts, partition_layers
+from planner.search.placements import solve_placements
+from planner.search.profile import ModelProfile
+from planner.search.progress import Budget, PhaseTimer, progress_bar
+from planner.search.space import Candidate, Family, families, options
+from planner.search.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
+                                         stage_totals)
+from planner.search.surrogate import surrogate_step_s
+
+__all__ = ["search", "DEFAULT_FINALISTS"]
+
+log = logging.getLogger("fxplan.planner")
+
+#: ``K``: candidates priced by the step simulator.
+DEFAULT_FINALISTS = 8
+
+_CONSTRAINT_FIELDS = {"tp", "pp", "dp", "microbatch_size", "schedule", "recompute",
+                      "sequence_parallel", "zero_stage"}
+
+
+@dataclass
+class _Scored:
+    candidate: Candidate
+    surrogate_s: float
+
+
+def _allowed(c: Candidate, constraints: Mapping[str, Any]) -> bool:
+    for key, want in constraints.items():
+        have = getattr(c, key)
+        if isinstance(want, (list, tuple, set, frozenset)):
+            if have not in want:
+                return False
+        elif have != want:
+            return False
+    return True
+
+
+def _zeros(family: Family) -> tuple[int, ...]:
+    return (0, 1, 2, 3) if family.dp > 1 else (0,)
+
+
+class _Search:
+    """State of one search (see the module docstring for the steps)."""
+
+    def __init__(self, graph: Any, cluster: Any, batch: int, constraints: Mapping[str, Any],
+                 finalists: int, timer: PhaseTimer, budget: Budget, progress: bool) -> None:
+        unknown = set(constraints) - _CONSTRAINT_FIELDS
+        if unknown:
+            raise ValueError(f"unknown constraints {sorted(unknown)}; allowed: "
+                             f"{sorted(_CONSTRAINT_FIELDS)}")
+        self.graph, self.cluster, self.batch = graph, cluster, batch
+        self.constraints, self.K = dict(constraints), finalists
+        self.timer, self.budget, self.progress = timer, budget, progress
+        self.profile = ModelProfile(graph, cluster)
+        self.mem = DeviceMemory.of(cluster.device(0))
+        self.pruned: list[str] = []
+        self.fallbacks: list[str] = []
+        self.partitions: dict[tuple, Any] = {}
+        self.unfit: dict[Family, tuple[int, float, str]] = {}
+        self.visited = 0
+
+    # -- steps 1–2 ------------------------------------------------------------------------
+    def families(self) -> dict[Family, int]:
+        """Valid families and their lowest ZeRO stage passing the memory bound."""
+        prof = self.profile
+        fams = families(self.cluster.num_devices, batch=self.batch, layers=prof.num_layers,
+                        heads=prof.heads, tp_widths=prof.tp_widths(), pruned=self.pruned)
+        out: dict[Family, int] = {}
+        for fam in fams:
+            probe = Candidate(fam.tp, fam.pp, fam.dp, 1, 1, "1f1b", "none", False)
+            if not _allowed(probe, {k: v for k, v in self.constraints.items()
+                                    if k in ("tp", "pp", "dp")}):
+                continue
+            lightest = prof.get(fam.tp, True, "full", 1)
+            for zero in _zeros(fam):
+                need = memory_lower_bound(fam, zero, lightest, self.mem)
+                if need <= self.mem.capacity:
+                    out[fam] = zero
+                    break
+                self.pruned.append(memory_reason(fam, zero, need, lightest, self.mem))
+        return out
+
+    # -- step 4 ---------------------------------------------------------------------------
+    def _partition(self, c: Candidate) -> Candidate | None:
+        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
+        inputs = partition_inputs(c, prof, self.mem)
+        key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.pp, c.v,
+               inputs.cap, inputs.extra_time.tobytes(), inputs.fixed_bytes.tobytes(),
+               inputs.inflight.tobytes(), inputs.layer_state[:1].tobytes())
+        if key not in self.partitions:
+            self.partitions[key] = partition_layers(prof.layer_time, inputs.layer_state,
+                                                    prof.acts, inputs.extra_time,
+                                                    inputs.fixed_bytes, inputs.inflight,
+                                                    inputs.cap)
+        part = self.partitions[key]
+        # The DP's per-chunk caps approximate interleaved schedules; the exact per-rank check
+        # decides, and the most even split is the second chance when the DP found none.
+        tries = ([part.counts] if part is not None else []) + \
+            [balanced_counts(prof.layers, c.pp * c.v)]
+        for counts in tries:
+            placed = c.with_(stage_layers=counts)
+            if stage_totals(placed, prof, self.mem).max() <= self.mem.capacity:
+                return placed
+        return None
+
+    def rank(self, fams: dict[Family, int]) -> list[_Scored]:
+        """Steps 3–4: the ``K`` best candidates by ``T̂``."""
+        prof = self.profile
+        queue: list[tuple[float, int, Candidate]] = []
+        for fam, zmin in fams.items():
+            for c in options(fam, batch=self.batch, layers=prof.num_layers,
+                             seq=prof.segments.seq):
+                c = c.with_(zero_stage=zmin)
+                if _allowed(c, {k: v for k, v in self.constraints.items() if k != "zero_stage"}):
+                    lb = time_lower_bound(c, prof.get(c.tp, c.sequence_parallel, c.recompute,
+                                                      c.microbatch_size))
+                    queue.append((lb, len(queue), c))
+        queue.sort()
+        best: list[tuple[float, int, _Scored]] = []   # max-heap of the K best by T̂ (negated)
+        with progress_bar(len(queue), "inter-op search", self.progress) as bar:
+            for index, (lb, _, c) in enumerate(queue):
+                if len(best) >= self.K and lb >= -best[0][0]:
+                    self.pruned.append(
+                        f"{len(queue) - index} candidates: compute lower bound m·W/pp ≥ "
+                        f"{lb:.4g} s ≥ the {self.K}-th best estimate {-best[0][0]:.4g} s")
+                    break
+                if best and self.budget.expired():
+                    self._budget_fallback(index, len(queue))
+                    break
+                self.visited += 1
+                bar.advance()
+                scored = self._score(c)
+                if scored is None:
+                    continue
+                item = (-scored.surrogate_s, index, scored)
+                if len(best) < self.K:
+                    heapq.heappush(best, item)
+                elif item > best[0]:
+                    heapq.heapreplace(best, item)
+        return [s for _, _, s in sorted(best, key=lambda t: -t[0])]
+
+    def _score(self, c: Candidate) -> _Scored | None:
+        zeros = [z for z in _zeros(c.family) if z >= c.zero_stage]
+        if "zero_stage" in self.constraints:
+            zeros = [z for z in zeros if _allowed(c.with_(zero_stage=z),
+                                                  {"zero_stage": self.constraints["zero_stage"]})]
+        for zero in zeros:
+            placed = self._partition(c.with_(zero_stage=zero))
+            if placed is not None:
+                prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute,
+                                        c.microbatch_size)
+                return _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
+        heaviest = c.with_(zero_stage=zeros[-1] if zeros else c.zero_stage,
+                           stage_layers=balanced_counts(self.profile.num_layers, c.pp * c.v))
+        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
+        need = float(stage_totals(heaviest, prof, self.mem).max())
+        count, least, which = self.unfit.get(c.family, (0, float("inf"), ""))
+        if need < least:
+            least, which = need, heaviest.summary()
+        self.unfit[c.family] = (count + 1, least, which)
+        return None
+
+    def _budget_fallback(self, index: int, total: int) -> None:
+        text = (f"time budget {self.budget.seconds:g} s reached after {index} of {total} "
+                "candidates; the best found so far is kept (not proven best)")
+        log.warning(text)
+        self.fallbacks.append(text)
+
+    # -- step 5 ---------------------------------------------------------------------------
+    def finalists(self, ranked: list[_Scored]) -> list[tuple[Candidate, Estimate]]:
+        out = []
+        for scored in ranked:
+            c = scored.candidate
+            config = ParallelConfig.parse(c.to_config_string())
+            try:
+                est = estimate(self.graph, self.cluster, config, batch=self.batch)
+            except CostModelError as err:
+                self.pruned.append(f"{c.summary()}: the cost model refused it: {err}")
+                continue
+            if not est.fits:
+                worst = max(m.total for m in est.memory)
+                self.pruned.append(f"{c.summary()}: simulated peak {worst / GIB:.1f} GiB > "
+                                   f"{self.mem.capacity / GIB:.0f} GiB")
+                continue
+            out.append((c, est))
+        out.sort(key=lambda item: item[1].step_time_s)
+        return out
+
+    def unfit_reasons(self) -> None:
+        for fam, (count, least, which) in sorted(self.unfit.items()):
+            self.pruned.append(f"{fam}: {count} microbatch/recompute/schedule variants fit at no "
+                               f"ZeRO stage; the lightest of them ({which}, even split) needs "
+                               f"{least / GIB:.1f} GiB > {self.mem.capacity / GIB:.0f} GiB")
+
+    def lightest(self, fam: Family) -> tuple[Candidate, Any]:
+        """The lightest candidate of ``fam`` (evenly split) and its heaviest rank's memory."""
+        c = Candidate(fam.tp, fam.pp, fam.dp, 1, self.batch // fam.dp, "1f1b", "full",
+                      fam.tp > 1, 3 if fam.dp > 1 else 0,
+                      balanced_counts(self.profile.num_layers, fam.pp))
+        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, 1)
+        return c, max(stage_memory(c, prof, self.mem), key=lambda m: m.total)
+
+    def infeasible(self, fams: list[Family], model: str) -> InfeasibleError:
+        options_ = [self.lightest(f) for f in fams]
+        c, worst = min(options_, key=lambda o: o[1].total) if options_ else (None, None)
+        return InfeasibleError(infeasible_message(
+            model, self.cluster.name, self.cluster.num_devices, self.batch, worst,
+            c.summary() if c else "", self.cluster.devices_per_node()))
+
+
+def run_search(graph: Any, cluster: Any, *, batch: int, model: str, time_budget_s: float | None,
+               progress: bool, constraints: Mapping[str, Any], finalists: int,
+               timer: PhaseTimer) -> Plan:
+    """Steps 1–6 on a captured graph (the public wrapper is :func:`planner.search.search`)."""
+    budget = Budget(time_budget_s)
+    state = _Search(graph, cluster, batch, constraints, finalists, timer, budget, progress)
+    with timer("inter-op"):
+        fams = state.families()
+        ranked = state.rank(fams)
+        state.unfit_reasons()
+    with timer("simulate"):
+        done = state.finalists(ranked)
+    if not done:
+        valid = families(cluster.num_devices, batch=batch, layers=state.profile.num_layers,
+                         heads=state.profile.heads, tp_widths=state.profile.tp_widths(),
+                         pruned=[])
+        raise state.infeasible(valid, model)
+    best, est = done[0]
+    with timer("intra-op"):
+        placements = solve_placements(graph, cluster, best)
+    return build_plan(graph, cluster, model=model, batch=batch, best=best, est=est,
+                      runners_up=done[1:4], placements=placements, pruned=state.pruned,
+                      fallbacks=state.fallbacks + placements.fallbacks,
+                      search_time_s=budget.elapsed(), timings=timer.rounded(),
+                      visited=state.visited)

@@ -1,0 +1,55 @@
+"""The error for a model that fits in no configuration, with the numbers to act on.
+
+The smallest memory any configuration needs, ``M_min``, is the lightest candidate's peak
+over the pipeline ranks: ZeRO-3 (ZeRO-0 without data parallelism), full recompute,
+microbatch 1, sequence parallelism where tensor parallelism is on, 1F1B, the most even
+split, minimised over every valid mesh family. Against a capacity ``C`` per device:
+
+- model states dominate when ``M_min`` is mostly weights, gradients and optimizer state;
+  they shrink as ``1/N`` with the device count under ZeRO-3 and pipeline splitting, so about
+  ``N · M_states / (C − M_rest)`` devices would hold them;
+- activations dominate otherwise: they scale with the microbatch and the sequence length.
+"""
+
+from __future__ import annotations
+
+import math
+
+from cost_model.memory import GIB, MemoryBreakdown
+from planner.cli.errors import UserError
+
+__all__ = ["InfeasibleError", "infeasible_message"]
+
+
+class InfeasibleError(UserError):
+    """No configuration of the search space fits in device memory."""
+
+
+def infeasible_message(model: str, cluster: str, world: int, batch: int,
+                       lightest: MemoryBreakdown | None, lightest_config: str,
+                       per_node: int) -> str:
+    """One paragraph: what is needed, what there is, and what would make it fit."""
+    if lightest is None:
+        return (f"{model} on {cluster} ({world} devices, batch {batch}): no valid mesh "
+                "factorisation (see the pruned reasons: tp must divide the heads, dp the batch)")
+    need, cap = lightest.total, lightest.capacity
+    states = lightest.params + lightest.grads + lightest.optimizer
+    rest = need - states
+    text = (f"{model} does not fit on {cluster} ({world} devices) with batch {batch}: the "
+            f"smallest memory any configuration needs is {need / GIB:.1f} GiB per device "
+            f"({lightest_config}: model states {states / GIB:.1f} GiB, activations "
+            f"{(lightest.activations + lightest.recompute_working) / GIB:.1f} GiB, buffers "
+            f"{lightest.buffers / GIB:.1f} GiB, reserved {lightest.reserved / GIB:.1f} GiB) "
+            f"but a device holds {cap / GIB:.1f} GiB.")
+    if rest < cap:
+        devices = math.ceil(world * states / (cap - rest))
+        nodes = math.ceil(devices / max(per_node, 1))
+        text += (f" To fit, use more devices: about {devices} ({nodes} nodes of {per_node}) "
+                 "would spread the model states thin enough")
+        if states < need / 2:
+            text += ", or a smaller batch or sequence length (activations dominate)"
+        text += ", or devices with more memory."
+    else:
+        text += (" Activations and buffers alone exceed a device: use a shorter sequence, "
+                 "a smaller model, or devices with more memory.")
+    return text

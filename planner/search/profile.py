@@ -1,0 +1,130 @@
+"""Per-segment prices the inter-op search needs, from the cost model, in seconds and bytes.
+
+The search never prices an op itself. For one *shape key* ``(tp, sp, recompute, microbatch)``
+it asks :func:`cost_model.layer_costs.segment_cost` for every segment (``pre`` = embeddings,
+each repeated layer, ``post`` = final norm, head, loss) and adds the tensor-parallel
+collectives of the segment, priced by :func:`cost_model.collectives.collective_time_s` over
+the tp group of the mesh (ranks ``0 … tp−1``; a tp group larger than a node straddles the
+network and the collective model prices that). Per microbatch and tp rank:
+
+    f_i = forward_s                       c^f_i = Σ_{(k, S) ∈ tp_forward}  t_k(S)
+    b_i = backward_s + recompute_s        c^b_i = Σ_{(k, S) ∈ tp_backward} t_k(S)
+
+(compute and exposed tp communication kept apart for the breakdown; Megatron does not overlap
+them, so a layer's time is ``t_i = f_i + b_i + c^f_i + c^b_i``)
+and the segment keeps ``ψ_i`` parameters (locally, tied weights counted once per segment),
+``a_i`` saved activation bytes, ``w_i`` working bytes while it is recomputed and ``o_i``
+output (pipeline message) bytes.
+
+Profiles are cached per shape key: the thousands of candidates the search visits share a few
+dozen of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cost_model.collectives import collective_time_s
+from cost_model.layer_costs import graph_segments, segment_cost
+
+__all__ = ["ShapeKey", "SegmentProfile", "ModelProfile"]
+
+#: ``(tp, sequence_parallel, recompute, microbatch)``.
+ShapeKey = tuple[int, bool, str, int]
+
+
+@dataclass(frozen=True)
+class SegmentProfile:
+    """Arrays over the ``L`` layers plus the ``pre``/``post`` scalars (module docstring)."""
+
+    fwd: np.ndarray
+    bwd: np.ndarray
+    tp_fwd: np.ndarray
+    tp_bwd: np.ndarray
+    params: np.ndarray
+    acts: np.ndarray
+    working: np.ndarray
+    out_bytes: np.ndarray
+    pre: tuple[float, float, float, float]   # (f + c^f, b + c^b, ψ, a)
+    post: tuple[float, float, float, float]
+    tied_params: float                        # ψ of weights shared by pre and post
+
+    @property
+    def layers(self) -> int:
+        return len(self.fwd)
+
+    @property
+    def layer_time(self) -> np.ndarray:
+        """``t_i = f_i + b_i + c^f_i + c^b_i``."""
+        return self.fwd + self.bwd + self.tp_fwd + self.tp_bwd
+
+    @property
+    def total_work(self) -> float:
+        """``W = Σ_i t_i + pre + post`` seconds per microbatch, whole model."""
+        return float(self.layer_time.sum() + sum(self.pre[:2]) + sum(self.post[:2]))
+
+    @property
+    def total_params(self) -> float:
+        return float(self.params.sum() + self.pre[2] + self.post[2] - self.tied_params)
+
+
+class ModelProfile:
+    """The graph's segments priced on ``cluster`` for each shape key (cached)."""
+
+    def __init__(self, graph: Any, cluster: Any) -> None:
+        self.graph = graph
+        self.cluster = cluster
+        self.device = cluster.device(0)
+        self.segments = graph_segments(graph)
+        self.keys = [key for key, _ in self.segments.layers]
+        self._cache: dict[ShapeKey, SegmentProfile] = {}
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    @property
+    def heads(self) -> int | None:
+        return self.segments.heads
+
+    def tp_widths(self) -> dict[str, int]:
+        return dict(self.segments.tp_widths)
+
+    def get(self, tp: int, sp: bool, recompute: str, microbatch: int) -> SegmentProfile:
+        key = (tp, bool(sp and tp > 1), recompute, microbatch)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._build(*key)
+        return hit
+
+    def _comm(self, items: tuple[tuple[str, float], ...], tp: int) -> float:
+        ranks = tuple(range(tp))
+        return sum(collective_time_s(kind, nbytes, ranks, self.cluster) for kind, nbytes in items)
+
+    def _segment(self, key: str, tp: int, sp: bool, recompute: str, mb: int) -> Any:
+        return segment_cost(self.graph, key, tp=tp, sequence_parallel=sp, recompute=recompute,
+                            microbatch=mb, device=self.device)
+
+    def _build(self, tp: int, sp: bool, recompute: str, mb: int) -> SegmentProfile:
+        per_key: dict[str, tuple[float, ...]] = {}
+        for key in dict.fromkeys(self.keys):
+            c = self._segment(key, tp, sp, recompute, mb)
+            per_key[key] = (c.forward_s, c.backward_s + c.recompute_s,
+                            self._comm(c.tp_forward, tp), self._comm(c.tp_backward, tp),
+                            c.param_count, c.activations.saved, c.activations.working,
+                            c.output_bytes)
+        rows = np.array([per_key[k] for k in self.keys], dtype=float).reshape(-1, 8)
+        ends = []
+        for key in ("pre", "post"):
+            c = self._segment(key, tp, sp, recompute, mb)
+            ends.append((c.forward_s + self._comm(c.tp_forward, tp),
+                         c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp),
+                         c.param_count, c.activations.saved + c.activations.working))
+        pre_params = self._segment("pre", tp, sp, recompute, mb).params
+        post_params = self._segment("post", tp, sp, recompute, mb).params
+        tied = sum(v for k, v in pre_params.items() if k in post_params)
+        return SegmentProfile(*(rows[:, i] for i in range(8)), tuple(ends[0]), tuple(ends[1]),
+                              float(tied))

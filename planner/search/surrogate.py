@@ -1,0 +1,97 @@
+"""Closed-form step time the search ranks candidates by (the simulator prices the finalists).
+
+From the per-layer profile (:mod:`planner.search.profile`), for virtual stage ``j`` holding
+layers ``[k_j, k_{j+1})`` (embedding on ``j = 0``, head on ``j = S−1``), per microbatch::
+
+    u_j = Σ_{i ∈ j} t_i + pre[j = 0] + post[j = S−1] + p2p_j + z_j
+    w_s = Σ_{j on s} u_j                                  (pipeline rank s = j mod p)
+
+with ``p2p_j`` the blocking sends of the chunk's output forward (``j < S−1``) and of its input
+gradient backward (``j > 0``), ``send_recv`` between ranks ``dp·tp`` apart, and ``z_j`` the
+ZeRO-3 all-gathers (forward and backward) of the chunk's weights over dp. Then::
+
+    T̂ = max_s ( m·w_s + (p−1)/v · max_s w_s + exposed_s + post_s + opt_s )
+    exposed_s = max(0, Σ_{i on s} AR/RS(2ψ_i) − b_s)      gradient buckets behind one backward
+    post_s    = AG(2Ψ_s) [zero ∈ {1,2}] + AR(2ψ_tied) [tied weights on the first and last rank]
+    opt_s     = 28·Ψ_s / dp^{[zero ≥ 1]} / memory bandwidth
+
+``m·w_s + (p−1)/v·w_max`` is exact for the uniform 1F1B and interleaved timelines of
+:mod:`cost_model.simulator` and close for nearly balanced stages; the simulator, through
+:func:`cost_model.estimate.estimate`, re-prices every candidate the search keeps.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from cost_model.collectives import collective_time_s
+from cost_model.memory import ADAM_MIXED
+from planner.search.profile import SegmentProfile
+from planner.search.space import Candidate
+
+__all__ = ["surrogate_step_s"]
+
+
+@lru_cache(maxsize=1 << 15)
+def _coll(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Any) -> float:
+    return collective_time_s(kind, nbytes, ranks, cluster)
+
+
+def _per_layer(kind: str, params: np.ndarray, ranks: tuple[int, ...], cluster: Any) -> np.ndarray:
+    """``kind`` over ``ranks`` of ``2ψ_i`` bytes for each layer (priced once per distinct ψ)."""
+    values, inverse = np.unique(params, return_inverse=True)
+    return np.array([_coll(kind, 2.0 * float(x), ranks, cluster) for x in values])[inverse]
+
+
+def surrogate_step_s(c: Candidate, prof: SegmentProfile, cluster: Any) -> float:
+    """``T̂`` of the module docstring, seconds."""
+    p, v, S, m = c.pp, c.v, c.pp * c.v, c.num_microbatches
+    edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
+    dp_ranks = tuple(range(0, c.dp * c.tp, c.tp))
+    P_t = np.concatenate([[0.0], np.cumsum(prof.layer_time)])
+    P_b = np.concatenate([[0.0], np.cumsum(prof.bwd + prof.tp_bwd)])
+    P_psi = np.concatenate([[0.0], np.cumsum(prof.params)])
+    u = P_t[edges[1:]] - P_t[edges[:-1]]
+    back = P_b[edges[1:]] - P_b[edges[:-1]]
+    psi = P_psi[edges[1:]] - P_psi[edges[:-1]]
+    u[0] += prof.pre[0] + prof.pre[1]
+    u[-1] += prof.post[0] + prof.post[1]
+    back[0] += prof.pre[1]
+    back[-1] += prof.post[1]
+    psi[0] += prof.pre[2]
+    psi[-1] += prof.post[2] - (prof.tied_params if p == 1 else 0.0)
+    if p > 1:
+        pair = (0, c.dp * c.tp)
+        out = prof.out_bytes[edges[1:] - 1] / (1 if c.sequence_parallel else c.tp)
+        u[:-1] += [_coll("send_recv", float(x), pair, cluster) for x in out[:-1]]
+        u[1:] += [_coll("send_recv", float(x), pair, cluster) for x in out[:-1]]
+    if c.zero_stage == 3 and c.dp > 1:
+        u += 2.0 * np.array([_coll("all_gather", 2.0 * float(x), dp_ranks, cluster) for x in psi])
+    stage = np.arange(S) % p
+    w = np.bincount(stage, weights=u, minlength=p)
+    b_s = np.bincount(stage, weights=back, minlength=p) / v
+    psi_s = np.bincount(stage, weights=psi, minlength=p)
+    exposed = np.zeros(p)
+    if c.dp > 1 and c.zero_stage < 3:
+        kind = "all_reduce" if c.zero_stage == 0 else "reduce_scatter"
+        layer_sync = np.concatenate([[0.0], np.cumsum(_per_layer(kind, prof.params, dp_ranks,
+                                                                  cluster))])
+        sync = np.bincount(stage, weights=layer_sync[edges[1:]] - layer_sync[edges[:-1]],
+                           minlength=p)
+        ends = _per_layer(kind, np.array([prof.pre[2], prof.post[2]]), dp_ranks, cluster)
+        sync[0] += ends[0]
+        sync[stage[-1]] += ends[1]
+        exposed = np.maximum(0.0, sync - b_s)
+    post = np.zeros(p)
+    if c.dp > 1 and c.zero_stage in (1, 2):
+        post += [_coll("all_gather", 2.0 * float(x), dp_ranks, cluster) for x in psi_s]
+    if p > 1 and prof.tied_params > 0:
+        tied = _coll("all_reduce", 2.0 * prof.tied_params, (0, (p - 1) * c.dp * c.tp), cluster)
+        post[0] += tied
+        post[-1] += tied
+    bandwidth = cluster.device(0).memory_bandwidth_gb_per_s * 1e9
+    opt = ADAM_MIXED.step_bytes * psi_s / (c.dp if c.zero_stage >= 1 else 1) / bandwidth
+    return float(np.max(m * w + (p - 1) / v * w.max() + exposed + post + opt))

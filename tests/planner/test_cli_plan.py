@@ -1,0 +1,61 @@
+"""``fxplan plan``: JSON keys, the plan file, the report, the infeasible exit code, ``--emit``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+from planner import load_plan
+from planner.cli.main import main
+
+TINY = ["plan", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16"]
+JSON_KEYS = {"summary", "degrees", "zero_stage", "schedule", "microbatch_size",
+             "num_microbatches", "recompute", "sequence_parallel", "step_time_s", "mfu",
+             "peak_memory_gib", "fits", "search_time_s", "solver_status", "runners_up",
+             "timings", "pruned", "fallbacks"}
+
+
+def test_json_has_the_promised_keys(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "plan.json"
+    assert main([*TINY, "--json", "-o", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert JSON_KEYS <= set(data)
+    assert set(data["degrees"]) == {"dp", "tp", "pp"}
+    assert data["degrees"]["dp"] * data["microbatch_size"] * data["num_microbatches"] == 16
+    assert data["fits"] and data["step_time_s"] > 0
+    plan = load_plan(out)
+    assert plan.summary == data["summary"]
+
+
+def test_report_prints_summary_memory_and_runners_up(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main([*TINY, "--time-budget", "30"]) == 0
+    text = capsys.readouterr().out
+    for needle in ("plan ", "step time", "tokens/s", "MFU", "memory per rank", "runners-up",
+                   "pruned", "solver"):
+        assert needle in text, needle
+
+
+def test_infeasible_exits_2_with_the_memory_it_needs(capsys) -> None:  # type: ignore[no-untyped-def]
+    code = main(["plan", "gpt-18.4b", "--cluster", "aws-p3-v100", "--batch", "8"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "smallest memory any configuration needs" in err and "16.0 GiB" in err
+
+
+def test_emit_writes_the_program_or_says_it_cannot(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    target = tmp_path / "program.py"
+    assert main([*TINY, "--json", "--emit", str(target)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    if importlib.util.find_spec("passes.rewrite.emit") is None:
+        assert "not available yet" in data["emit"] and not target.exists()
+    else:
+        assert data["emit"] == f"program written to {target}"
+        assert data["summary"] in target.read_text()
+
+
+def test_demo_prints_graph_cluster_and_plan(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["demo", "--model", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
+                 "--seq", "64"]) == 0
+    text = capsys.readouterr().out
+    for needle in ("repeated blocks", "link levels", "plan ", "runners-up"):
+        assert needle in text, needle
