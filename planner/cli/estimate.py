@@ -21,7 +21,9 @@ import json
 import sys
 from typing import Any
 
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+from planner.cli.arguments import (
+    DTYPES, add_cluster_argument, add_dtype_argument, add_model_argument, add_workload_arguments,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -30,16 +32,13 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Capture MODEL and price one training step on CLUSTER under CONFIG with the "
         "cost model: step time and breakdown, tokens/s, TFLOP/s per device, MFU, peak memory "
         "per stage and whether it fits.")
-    parser.add_argument("model", metavar="MODEL", help="model spec (e.g. gpt-1.7b)")
-    parser.add_argument("--cluster", required=True, metavar="SPEC",
-                        help="cluster spec (e.g. dgx-a100-80g:nodes=4)")
-    parser.add_argument("--batch", type=int, required=True, help="global batch (samples per step)")
-    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
+    add_model_argument(parser)
+    add_cluster_argument(parser)
+    add_workload_arguments(parser)
     parser.add_argument("--config", required=True, metavar="CONFIG",
                         help='"dp=..,tp=..,pp=..,mb=..,schedule=gpipe|1f1b|interleaved:v,'
                         'zero=0-3,recompute=none|selective|full,sp=on|off[,stages=a/b/..]"')
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16",
-                        help="training precision of weights and activations (default bf16)")
+    add_dtype_argument(parser, what="training precision of weights and activations")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--plot", metavar="FILE", help="draw the pipeline timeline to FILE (.png, .svg)")
     parser.set_defaults(func=run)
@@ -90,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = ParallelConfig.parse(args.config)
     cluster = Cluster.load(args.cluster)
-    graph = capture(args.model, batch=1, seq=args.seq, dtype=getattr(torch, _DTYPES[args.dtype]))
+    graph = capture(args.model, batch=1, seq=args.seq, dtype=getattr(torch, DTYPES[args.dtype]))
     result = estimate(graph, cluster, config, batch=args.batch, seq=args.seq)
     if args.plot:
         from cost_model.timeline_plot import plot_timeline

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+from planner.cli.arguments import DTYPES, add_dtype_argument, add_model_argument, add_workload_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,12 +28,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "gpt:layers=48,hidden=6144,heads=64, or path/to/model.py:build) on fake tensors and "
         "print parameters, FLOPs per step, activation bytes, repeated blocks, leaf modules and "
         "a per-layer table.")
-    parser.add_argument("model", metavar="MODEL", help="model spec")
-    parser.add_argument("--batch", type=int, default=1, help="samples per step (default 1)")
-    parser.add_argument("--seq", type=int, default=None,
-                        help="sequence length (default: the model's)")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16",
-                        help="parameter and activation precision (default bf16)")
+    add_model_argument(parser)
+    add_workload_arguments(parser, batch_default=1)
+    add_dtype_argument(parser, what="parameter and activation precision")
     parser.add_argument("--leaf", action="append", default=[], metavar="MODULE",
                         help="keep this module (class name or path) opaque; repeatable")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -119,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
     bundle = resolve_model(args.model)
     graph = capture(bundle, batch=args.batch, seq=args.seq, leaf_modules=args.leaf,
-                    dtype=getattr(torch, _DTYPES[args.dtype]))
+                    dtype=getattr(torch, DTYPES[args.dtype]))
     summary = graph.summary()
     if args.json:
         print(json.dumps(summary, indent=2))

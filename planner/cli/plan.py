@@ -20,6 +20,8 @@ import logging
 import sys
 from pathlib import Path
 
+from planner.cli.arguments import add_cluster_argument, add_model_argument, add_workload_arguments
+
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
@@ -27,11 +29,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Capture MODEL, search data/tensor/pipeline/ZeRO/recompute configurations "
         "on the cluster and print the fastest that fits in memory, with runners-up and the "
         "reasons others were pruned.")
-    parser.add_argument("model", metavar="MODEL", help="model spec (gpt-1.7b, gpt:layers=…, file.py:fn)")
-    parser.add_argument("--cluster", required=True, metavar="SPEC",
-                        help="cluster spec (name, path, or name:key=value,…)")
-    parser.add_argument("--batch", type=int, required=True, help="global batch (samples per step)")
-    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
+    add_model_argument(parser)
+    add_cluster_argument(parser)
+    add_workload_arguments(parser)
     parser.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan here")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--time-budget", type=float, default=None, metavar="S",

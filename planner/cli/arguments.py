@@ -1,0 +1,36 @@
+"""Arguments shared by the verbs that take a model, a cluster and a workload."""
+
+from __future__ import annotations
+
+import argparse
+
+#: ``--dtype`` choices → torch dtype names.
+DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model", metavar="MODEL",
+        help="model spec: a preset (gpt-1.7b), family:key=value,... (gpt:layers=4,hidden=1024) "
+        "or path/to/model.py:build")
+
+
+def add_cluster_argument(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    parser.add_argument("--cluster", required=required, metavar="SPEC",
+                        help="cluster spec: a built-in name, a YAML path, or name:key=value,... "
+                        "(e.g. dgx-a100-80g:nodes=4)")
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser, *, batch_default: int | None = None) -> None:
+    """``--batch`` (required unless a default is given) and ``--seq``."""
+    if batch_default is None:
+        parser.add_argument("--batch", type=int, required=True, help="global batch (samples per step)")
+    else:
+        parser.add_argument("--batch", type=int, default=batch_default,
+                            help=f"samples per step (default {batch_default})")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser, *, what: str) -> None:
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
+                        help=f"{what} (default bf16)")
