@@ -1,0 +1,19 @@
+"""Rewrite passes: a Plan and a traced model become the distributed program.
+
+Every pass follows one contract (:mod:`passes.rewrite.base`): ``pass_(gm, plan) ->
+PassResult(module, changed)``, errors as :class:`PassError` naming the pass and node. In the order
+the runtime runs them: :class:`OutlineLayers`, :class:`SplitStages`, :class:`DistributeParameters`,
+:class:`InsertReshards`, :class:`Recompute`; :func:`emit_program` prints the result.
+"""
+
+from passes.rewrite.base import PassError, PassManager, PassResult, RewritePass
+from passes.rewrite.distribute import DistributeParameters
+from passes.rewrite.emit import emit_program
+from passes.rewrite.layers import OutlineLayers
+from passes.rewrite.recompute import Recompute
+from passes.rewrite.reshard import InsertReshards
+from passes.rewrite.stages import SplitStages, StagedProgram
+
+__all__ = ["PassError", "PassManager", "PassResult", "RewritePass", "DistributeParameters",
+           "emit_program", "OutlineLayers", "Recompute", "InsertReshards", "SplitStages",
+           "StagedProgram"]

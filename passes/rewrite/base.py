@@ -1,0 +1,97 @@
+"""The one contract every rewrite pass follows, and the manager that runs them in order.
+
+A rewrite pass is a callable ``pass_(gm, plan) -> PassResult``: it takes a
+:class:`torch.fx.GraphModule` and the :class:`~planner.plan.Plan` it realises, and returns the
+(possibly new) module and whether it changed anything. Context a pass needs beyond the graph and
+the plan (a device mesh, the ranks of this process) is given to its constructor, never read from
+globals. A pass that cannot do its job raises :class:`PassError`, which names the pass and, when
+one is to blame, the fx node: ``[insert-reshards] node 'view_3': cannot …``.
+
+Modelled on ``torch/fx/passes/infra/pass_base.py`` / ``pass_manager.py``, reduced to what the
+runtime needs: a fixed, ordered list of passes, each applied once, with an optional check of the
+graph after each (``graph.lint()``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+import torch
+from torch import fx
+
+from planner.cli.errors import UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.plan import Plan
+
+__all__ = ["PassError", "PassResult", "RewritePass", "PassManager"]
+
+
+class PassError(UserError):
+    """A rewrite pass could not realise the plan; the message names the pass and the node."""
+
+    def __init__(self, pass_name: str, message: str, node: fx.Node | str | None = None) -> None:
+        self.pass_name = pass_name
+        self.node = node.name if isinstance(node, fx.Node) else node
+        where = f" node {self.node!r}:" if self.node is not None else ""
+        super().__init__(f"[{pass_name}]{where} {message}")
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What a pass gives back: the module to continue with and whether anything changed."""
+
+    module: torch.nn.Module
+    changed: bool
+
+
+class RewritePass:
+    """Base class: subclasses set ``name`` and implement :meth:`run`.
+
+    ``__call__`` wraps :meth:`run` so that any unexpected exception still names the pass.
+    """
+
+    name: str = "rewrite-pass"
+
+    def run(self, gm: fx.GraphModule, plan: "Plan") -> PassResult:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def error(self, message: str, node: fx.Node | str | None = None) -> PassError:
+        return PassError(self.name, message, node)
+
+    def __call__(self, gm: fx.GraphModule, plan: "Plan") -> PassResult:
+        try:
+            return self.run(gm, plan)
+        except PassError:
+            raise
+        except Exception as err:  # noqa: BLE001 - re-raised with the pass named
+            raise PassError(self.name, f"{type(err).__name__}: {err}") from err
+
+
+class PassManager:
+    """Run passes in order; each sees the module the previous one returned.
+
+    ``run`` returns a :class:`PassResult` whose ``changed`` is true if any pass changed the
+    module; ``history`` records ``(pass name, changed)`` for the report.
+    """
+
+    def __init__(self, passes: Iterable[RewritePass], *, lint: bool = True) -> None:
+        self.passes: Sequence[RewritePass] = tuple(passes)
+        self.lint = lint
+        self.history: list[tuple[str, bool]] = []
+
+    def run(self, gm: fx.GraphModule, plan: "Plan") -> PassResult:
+        module: torch.nn.Module = gm
+        changed_any = False
+        for pass_ in self.passes:
+            result = pass_(module, plan)  # type: ignore[arg-type]
+            module, changed = result.module, result.changed
+            self.history.append((pass_.name, changed))
+            changed_any |= changed
+            if self.lint and changed and isinstance(module, fx.GraphModule):
+                try:
+                    module.graph.lint()
+                except Exception as err:  # noqa: BLE001
+                    raise PassError(pass_.name, f"left an invalid graph: {err}") from err
+        return PassResult(module, changed_any)

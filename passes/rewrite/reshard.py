@@ -1,0 +1,154 @@
+"""Insert reshards so a graph with DTensor parameters runs SPMD on the tensor-parallel axis.
+
+The graph runs on DTensors: every op propagates sharding by DTensor's own rules, so the result
+equals the single-device one for *any* placement. What the plan adds is *where* activations
+live; at each node ``v`` the plan annotates (``node_placements[v]``, tp token ``π_v``) this pass
+inserts after ``v``
+
+    v' = Reshard(π_v)(v)        # = v.redistribute(tp_mesh, [π_v]) when v's placement ≠ π_v
+
+and points every user of ``v`` at ``v'``. That is the reshard between a producer's placement
+(what propagation gives) and what its consumers are planned to see: e.g. with sequence
+parallelism the plan puts LayerNorm/residual activations at ``S(1)`` (sequence dim), and the
+``R``→``S(1)`` / ``P``→``S(1)`` reshards become reduce-scatters and all-gathers.
+
+Cases for ``Reshard(π)`` on a value ``x``:
+  1. ``x`` is not a DTensor (an int, a shape): returned unchanged;
+  2. ``x.placements == (π,)``: unchanged;
+  3. ``π`` is ``P`` (partial): DTensor cannot redistribute *to* partial; unchanged, and counted as
+     a fallback (the consumer reduces later);
+  4. otherwise ``x.redistribute(tp_mesh, [π])``.
+In debug mode ``Reshard`` asserts after the fact that the value has the planned placement.
+
+The graph's boundary is made explicit too: each tensor input enters as
+``DTensor.from_local(x, tp_mesh, [R])`` (:class:`EnterSPMD`) and each output leaves replicated and
+local (:class:`ExitSPMD`), so the module's caller — a pipeline stage, a loss — sees plain tensors.
+Nested graph modules (outlined layers) get their reshards too; only the top graph gets a boundary.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate
+from torch.distributed.tensor.placement_types import Placement
+from torch.utils._pytree import tree_map
+
+from cost_model.placements import format_placements
+from passes.rewrite.base import PassResult, RewritePass
+from passes.rewrite.placements import axis_placement, normalize
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.plan import Plan
+
+__all__ = ["InsertReshards", "Reshard", "EnterSPMD", "ExitSPMD"]
+
+
+class Reshard(nn.Module):
+    """``x ↦ x.redistribute(mesh, [placement])`` when needed (cases in the module docstring)."""
+
+    def __init__(self, mesh: DeviceMesh, placement: Placement, node: str, debug: bool = False):
+        super().__init__()
+        self.mesh, self.placement, self.node, self.debug = mesh, placement, node, debug
+        self.fallbacks = 0
+
+    def forward(self, x: Any) -> Any:
+        if not isinstance(x, DTensor):
+            return x
+        target = normalize(self.placement, x.ndim)
+        if x.placements == (target,):
+            return x
+        if isinstance(target, Partial):
+            self.fallbacks += 1
+            return x
+        out = x.redistribute(self.mesh, [target])
+        if self.debug and out.placements != (target,):
+            raise AssertionError(
+                f"node {self.node!r}: planned {format_placements([target])}, "
+                f"runs {format_placements(out.placements)}"
+            )
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.node}: → {format_placements([self.placement])}"
+
+
+class EnterSPMD(nn.Module):
+    """A plain input tensor enters the SPMD region replicated: ``from_local(x, mesh, [R])``."""
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, x: Any) -> Any:
+        def enter(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+                return DTensor.from_local(value, self.mesh, [Replicate()], run_check=False)
+            return value
+
+        return tree_map(enter, x)
+
+
+class ExitSPMD(nn.Module):
+    """Outputs leave replicated and local: ``x.redistribute(mesh, [R]).to_local()``."""
+
+    def forward(self, x: Any) -> Any:
+        def leave(value: Any) -> Any:
+            if isinstance(value, DTensor):
+                return value.redistribute(value.device_mesh, [Replicate()] * value.device_mesh.ndim).to_local()
+            return value
+
+        return tree_map(leave, x)
+
+
+class InsertReshards(RewritePass):
+    """Add :class:`Reshard` after planned nodes and an SPMD boundary (see the module docstring)."""
+
+    name = "insert-reshards"
+
+    def __init__(self, tp_mesh: DeviceMesh, *, debug: bool = False) -> None:
+        self.tp_mesh = tp_mesh
+        self.debug = debug
+        self.inserted: list[str] = []
+
+    def run(self, gm: fx.GraphModule, plan: "Plan") -> PassResult:
+        if self.tp_mesh.size() == 1:
+            return PassResult(gm, False)
+        for sub in [m for m in gm.modules() if isinstance(m, fx.GraphModule)]:
+            self._insert_reshards(sub, plan)
+        self._insert_boundary(gm)
+        return PassResult(gm, True)
+
+    def _insert_reshards(self, gm: fx.GraphModule, plan: "Plan") -> None:
+        for node in list(gm.graph.nodes):
+            text = plan.node_placements.get(node.name)
+            if text is None or node.op in ("placeholder", "output", "get_attr"):
+                continue
+            try:
+                placement = axis_placement(text, plan, "tp")
+            except ValueError as err:
+                raise self.error(str(err), node) from err
+            target = f"reshard_{node.name}"
+            gm.add_submodule(target, Reshard(self.tp_mesh, placement, node.name, self.debug))
+            with gm.graph.inserting_after(node):
+                new = gm.graph.call_module(target, (node,))
+            node.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
+            self.inserted.append(node.name)
+        gm.recompile()
+
+    def _insert_boundary(self, gm: fx.GraphModule) -> None:
+        gm.add_submodule("enter_spmd", EnterSPMD(self.tp_mesh))
+        gm.add_submodule("exit_spmd", ExitSPMD())
+        for node in list(gm.graph.nodes):
+            if node.op == "placeholder":
+                with gm.graph.inserting_after(node):
+                    new = gm.graph.call_module("enter_spmd", (node,))
+                node.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
+            elif node.op == "output":
+                with gm.graph.inserting_before(node):
+                    new = gm.graph.call_module("exit_spmd", (node.args[0],))
+                node.args = (new,)
+        gm.recompile()

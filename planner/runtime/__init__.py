@@ -1,0 +1,11 @@
+"""The runtime: a Plan applied on the current process group (see ``docs/runtime.md``).
+
+``apply_plan(model, plan, inputs)`` returns this process's :class:`ShardedModule`
+(``train_step``, ``optimizer``, ``state_dict``/``save``/``load``, ``.plan``); the worker that
+``fxplan launch`` starts under torchrun is :mod:`planner.runtime.worker`.
+"""
+
+from planner.runtime.apply import apply_plan, staged_program
+from planner.runtime.sharded_module import ShardedModule
+
+__all__ = ["apply_plan", "staged_program", "ShardedModule"]

@@ -1,0 +1,102 @@
+"""Apply a Plan to a model on the current process group: the pass pipeline plus the runtime.
+
+    model ─trace─► flat graph ─outline-layers─► embed · layer_i · head ─split-stages─► stages
+        per local stage k (this rank's pp coordinate, k mod pp):
+            distribute-parameters (tp DTensors) → insert-reshards (tp) → recompute
+            → data parallel / ZeRO (dp) → PipelineStage
+        tied-weight groups across pipeline ranks; schedule built at the first train_step
+
+Every process of the default group calls :func:`apply_plan` (process groups are created
+collectively); a process outside the plan's ranks gets ``None``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from passes.rewrite.base import PassManager
+from passes.rewrite.distribute import DistributeParameters
+from passes.rewrite.layers import OutlineLayers
+from passes.rewrite.recompute import Recompute
+from passes.rewrite.reshard import InsertReshards
+from passes.rewrite.stages import SplitStages, StagedProgram
+from planner.runtime.data_parallel import apply_data_parallel
+from planner.runtime.mesh import build_mesh, device_type
+from planner.runtime.pipeline import local_stage_indices
+from planner.runtime.sharded_module import LocalStage, ShardedModule
+from planner.runtime.tied import TiedGradSync
+from planner.runtime.trace import trace_model
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.plan import Plan
+
+__all__ = ["apply_plan", "staged_program"]
+
+
+def _as_tuple(inputs: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def staged_program(model: nn.Module, plan: "Plan", inputs: Any) -> StagedProgram:
+    """The plan's stages of ``model`` as one single-process module (no distribution)."""
+    inputs = _as_tuple(inputs)
+    microbatch = tuple(x[: plan.microbatch_size] for x in inputs)
+    gm = trace_model(model, len(inputs))
+    return PassManager([OutlineLayers(), SplitStages(microbatch)]).run(gm, plan).module
+
+
+def _shared_users(model: nn.Module, program: StagedProgram) -> dict[str, list[int]]:
+    """Names of parameters reachable under several names, and the stages that use each."""
+    names: dict[int, list[str]] = defaultdict(list)
+    for fqn, param in model.named_parameters(remove_duplicate=False):
+        names[id(param)].append(fqn)
+    users: dict[str, list[int]] = {}
+    for k in range(program.num_stages):
+        for param in program.stage(k).parameters():
+            if len(names.get(id(param), ())) > 1:
+                users.setdefault(names[id(param)][0], []).append(k)
+    return users
+
+
+def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[int] | None = None,
+               debug: bool = False) -> ShardedModule | None:
+    """Turn ``model`` into this process's part of the plan's distributed program.
+
+    ``inputs``: example model inputs (any batch size ≥ ``plan.microbatch_size``); ``ranks``: the
+    global ranks of the plan's mesh (default ``0 … world-1``); ``debug``: reshards verify the
+    planned placement at run time.
+    """
+    if plan.pp == 1 and plan.virtual_stages > 1:
+        from passes.rewrite.base import PassError
+
+        raise PassError("split-stages", f"schedule {plan.schedule!r} needs pp ≥ 2")
+    names = {}
+    for fqn, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), fqn)
+    program = staged_program(model, plan, inputs)
+    mesh = build_mesh(plan, ranks)
+    tied = TiedGradSync(plan, mesh, _shared_users(model, program))
+    members = [int(r) for r in mesh.mesh.flatten().tolist()]
+    group = dist.new_group(members)
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        return None
+    pp_rank = dict(zip(mesh.mesh_dim_names, coordinate))["pp"]
+    device = torch.device(device_type(), torch.cuda.current_device()) if device_type() == "cuda" \
+        else torch.device("cpu")
+    stages = []
+    for k in local_stage_indices(plan, pp_rank):
+        module = program.stage(k).to(device)
+        passes = PassManager([DistributeParameters(mesh["tp"], names),
+                              InsertReshards(mesh["tp"], debug=debug), Recompute()])
+        inner = passes.run(module, plan).module
+        local_names = {local: names[id(p)]
+                       for local, p in inner.named_parameters(remove_duplicate=False)}
+        wrapped = apply_data_parallel(inner, plan, mesh)
+        stages.append(LocalStage(k, wrapped, inner, local_names))
+    return ShardedModule(plan, mesh, stages, program.stage_io, tied, group, device)

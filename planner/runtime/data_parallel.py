@@ -1,0 +1,82 @@
+"""Data parallelism and ZeRO over the ``dp`` mesh axis, applied to one pipeline stage.
+
+With ``dp`` replicas each rank sees ``1/dp`` of the batch and gradients are averaged,
+``g = (1/dp) Σ_r g_r``, so SGD on the replicas equals SGD on the whole batch. The ZeRO stage
+decides what else is split over ``dp`` (Rajbhandari et al., 2020):
+
+    stage 0  nothing:        replicate each block, all-reduce grads   DDP (tp = 1) or
+                                                                      ``replicate`` (FSDP2-based,
+                                                                      composes with TP DTensors)
+    stage 1  optimizer state: as stage 0 + ``ZeroRedundancyOptimizer`` over the dp group
+    stage 2  + gradients:     ``fully_shard(reshard_after_forward=False)`` (reduce-scatter grads,
+                              keep the gathered parameters between forward and backward)
+    stage 3  + parameters:    ``fully_shard(reshard_after_forward=True)``
+
+FSDP/replicate wrap every outlined block (``layer_i``, recompute wrapper included) and then
+the stage root, so parameters are gathered block by block. With ``tp > 1`` the parameters are
+already DTensors on the ``tp`` axis and FSDP2 shards them further on ``dp`` (2-D mesh).
+ZeRO-1 relies on ``ZeroRedundancyOptimizer`` broadcasting plain tensors and is refused with
+``tp > 1`` (use ZeRO-2, which keeps the same memory for the optimizer state and more).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from passes.rewrite.base import PassError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.plan import Plan
+
+__all__ = ["apply_data_parallel", "make_optimizer"]
+
+_NAME = "data-parallel"
+
+
+def _blocks(stage: nn.Module) -> list[nn.Module]:
+    return [m for name, m in stage.named_children() if name.startswith("layer_")]
+
+
+def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh) -> nn.Module:
+    """Wrap ``stage`` for the plan's dp degree and ZeRO stage (table in the module docstring)."""
+    if plan.dp == 1:
+        return stage
+    dp_mesh = mesh["dp"]
+    if plan.zero_stage in (2, 3):
+        from torch.distributed.fsdp import fully_shard
+
+        reshard = plan.zero_stage == 3
+        for block in _blocks(stage):
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
+        return stage
+    if plan.tp == 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(stage, process_group=dp_mesh.get_group())
+    if plan.zero_stage == 1:
+        raise PassError(_NAME, "ZeRO-1 with tp > 1 is not supported: ZeroRedundancyOptimizer "
+                        "cannot broadcast DTensor parameters; plan zero_stage 2 instead")
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    for block in _blocks(stage):
+        replicate(block, mesh=dp_mesh)
+    replicate(stage, mesh=dp_mesh)
+    return stage
+
+
+def make_optimizer(params: Iterable[nn.Parameter], plan: "Plan", mesh: DeviceMesh | None,
+                   optimizer_class: type[torch.optim.Optimizer], **kwargs: Any
+                   ) -> torch.optim.Optimizer:
+    """``optimizer_class`` over the local parameters; ZeRO-1 shards its state over dp."""
+    params = list(params)
+    if plan.zero_stage == 1 and plan.dp > 1 and mesh is not None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class,
+                                       process_group=mesh["dp"].get_group(), **kwargs)
+    return optimizer_class(params, **kwargs)

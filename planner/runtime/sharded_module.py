@@ -1,0 +1,170 @@
+"""The object a plan turns into: local stages, their schedule, and the plan itself.
+
+One :class:`ShardedModule` per process holds the pipeline stages of its ``pp`` coordinate (each
+already tensor-parallel on ``tp`` and data-parallel on ``dp``) and trains them SPMD:
+
+``train_step((inputs, targets), loss_fn)`` takes the *global* batch (the same on every rank),
+keeps this replica's slice ``[d·B/dp, (d+1)·B/dp)`` along dim 0, runs the plan's schedule over
+``num_microbatches`` microbatches (forward, loss, backward), sums the gradients of weights shared
+between pipeline ranks, and returns the mean loss ``L = (1/dp) Σ_d (1/m) Σ_j loss(mb_j^d)`` — equal
+to ``loss_fn`` over the global batch when ``loss_fn`` is a mean. The caller steps the optimizer
+from :meth:`optimizer`.
+
+Parameters are addressed by their names in the original model (``h.0.attn.qkv.weight``) in
+:meth:`named_parameters`, :meth:`state_dict` and :meth:`full_parameters`, whatever stage, wrapper
+or shard they live in now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from planner.runtime.data_parallel import make_optimizer
+from planner.runtime.pipeline import build_schedule
+from planner.runtime.tied import TiedGradSync
+
+if TYPE_CHECKING:  # pragma: no cover
+    from passes.rewrite.stages import StageIO
+    from planner.plan import Plan
+
+__all__ = ["LocalStage", "ShardedModule"]
+
+
+@dataclass
+class LocalStage:
+    """Stage ``index`` on this rank: ``module`` as wrapped for dp, ``inner`` unwrapped, and
+    ``names`` from ``inner``'s parameter names to the original model's."""
+
+    index: int
+    module: nn.Module
+    inner: nn.Module
+    names: dict[str, str]
+
+
+class ShardedModule:
+    """See the module docstring. Built by :func:`planner.runtime.apply.apply_plan`."""
+
+    def __init__(self, plan: "Plan", mesh: DeviceMesh, stages: Sequence[LocalStage],
+                 stage_io: Sequence["StageIO"], tied: TiedGradSync, group: dist.ProcessGroup,
+                 device: torch.device) -> None:
+        self.plan, self.mesh, self.stages = plan, mesh, list(stages)
+        self.stage_io, self.tied, self.group, self.device = stage_io, tied, group, device
+        coordinate = mesh.get_coordinate()
+        self.coordinate = dict(zip(mesh.mesh_dim_names or (), coordinate))
+        last = plan.pp * plan.virtual_stages - 1
+        self.is_first = any(s.index == 0 for s in self.stages)
+        self.is_last = any(s.index == last for s in self.stages)
+        self._schedules: dict[int, Any] = {}
+
+    # -- parameters -----------------------------------------------------------------------
+    def named_parameters(self) -> dict[str, nn.Parameter]:
+        """Original name → this rank's parameter (a DTensor when sharded), tied ones once."""
+        params: dict[str, nn.Parameter] = {}
+        for stage in self.stages:
+            for local, param in stage.inner.named_parameters(remove_duplicate=False):
+                params.setdefault(stage.names[local], param)
+        return params
+
+    def parameters(self) -> list[nn.Parameter]:
+        unique = {id(p): p for p in self.named_parameters().values()}
+        return list(unique.values())
+
+    def optimizer(self, optimizer_class: type[torch.optim.Optimizer] = torch.optim.SGD,
+                  **kwargs: Any) -> torch.optim.Optimizer:
+        """``optimizer_class`` over the local parameters (state sharded over dp for ZeRO-1)."""
+        return make_optimizer(self.parameters(), self.plan, self.mesh, optimizer_class, **kwargs)
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter of the model, unsharded, on every member rank (collective; tests)."""
+        local = {}
+        for fqn, param in self.named_parameters().items():
+            full = param.full_tensor() if isinstance(param, DTensor) else param
+            local[fqn] = full.detach().cpu().clone()
+        gathered: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(gathered, local, group=self.group)
+        merged: dict[str, torch.Tensor] = {}
+        for part in gathered:
+            for fqn, tensor in part.items():
+                merged.setdefault(fqn, tensor)
+        return merged
+
+    # -- training -------------------------------------------------------------------------
+    def _schedule(self, loss_fn: Callable[..., torch.Tensor]) -> Any:
+        key = id(loss_fn)
+        if key not in self._schedules:
+            modules = [(s.index, s.module) for s in self.stages]
+            self._schedules = {key: build_schedule(self.plan, modules, self.stage_io,
+                                                   self.mesh["pp"].get_group(), self.device,
+                                                   loss_fn)}
+        return self._schedules[key]
+
+    def _local(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.chunk(self.plan.dp)[self.coordinate["dp"]].to(self.device)
+
+    def train_step(self, batch: tuple[Any, torch.Tensor],
+                   loss_fn: Callable[[Any, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Forward and backward over the microbatches of this replica's slice of ``batch``;
+        returns the mean loss over the global batch (same value on every member rank)."""
+        inputs, targets = batch
+        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        args = tuple(self._local(x) for x in inputs) if self.is_first else ()
+        losses: list[torch.Tensor] = []
+        kwargs = dict(target=self._local(targets), losses=losses) if self.is_last else {}
+        schedule = self._schedule(loss_fn)
+        with self._spmd():
+            schedule.step(*args, **kwargs)
+        self.tied(self.named_parameters())
+        return self._reduce_loss(losses)
+
+    def _spmd(self) -> contextlib.AbstractContextManager:
+        if self.plan.tp == 1:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.experimental import implicit_replication
+
+        return implicit_replication()
+
+    def _reduce_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        loss = (torch.stack([l.detach() for l in losses]).mean() if losses
+                else torch.zeros((), device=self.device))
+        loss = loss.to(self.device, torch.float32)
+        if self.plan.pp > 1:
+            last_pp = (self.plan.pp * self.plan.virtual_stages - 1) % self.plan.pp
+            src = int(self.mesh["pp"].mesh[last_pp].item())
+            dist.broadcast(loss, src=src, group=self.mesh["pp"].get_group())
+        if self.plan.dp > 1:
+            dist.all_reduce(loss, group=self.mesh["dp"].get_group())
+            loss = loss / self.plan.dp
+        return loss
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Original name → local (sharded) parameter, for ``torch.distributed.checkpoint``."""
+        return {fqn: param.detach() for fqn, param in self.named_parameters().items()}
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copy a state dict of the same layout (e.g. one filled by ``dcp.load``) in place."""
+        own = self.state_dict()
+        with torch.no_grad():
+            for fqn, value in state_dict.items():
+                if fqn in own and value is not own[fqn]:
+                    own[fqn].copy_(value)
+
+    def save(self, path: str) -> None:
+        """Sharded checkpoint: every rank writes its shards (see :mod:`planner.runtime.checkpoint`)."""
+        from planner.runtime.checkpoint import save_sharded
+
+        save_sharded(self, path)
+
+    def load(self, path: str) -> None:
+        """Load a checkpoint saved under any plan, resharding into this one."""
+        from planner.runtime.checkpoint import load_sharded
+
+        load_sharded(self, path)

@@ -1,0 +1,65 @@
+"""Gradient sync for a weight shared by two pipeline stages (tied embedding / LM head).
+
+In one process the tied weight ``W`` is one Parameter and autograd sums both uses:
+``∂L/∂W = ∂L/∂W|_embed + ∂L/∂W|_head``. Split across pipeline ranks, the first and the last stage
+each hold a copy (initialised equal) and each sees only its own term. After backward (and after
+the dp reduction) the copies' gradients are summed over the group of pipeline ranks that hold
+``W`` — one group per ``(dp, tp)`` coordinate, so each shard meets its counterpart — and both
+copies take the same optimizer step and stay equal (Megatron's embedding group).
+
+Groups are created on every process in the same order (``new_group`` is collective over the
+default group), from the plan alone: which stages use ``W`` is the same on every rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from planner.runtime.mesh import rank_at
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.plan import Plan
+
+__all__ = ["TiedGradSync"]
+
+
+class TiedGradSync:
+    """All-reduce (sum) the gradients of weights held by more than one pipeline rank.
+
+    ``users``: for each shared parameter name, the stage indices whose modules use it.
+    """
+
+    def __init__(self, plan: "Plan", mesh: DeviceMesh, users: Mapping[str, Iterable[int]]) -> None:
+        self.groups: dict[str, dist.ProcessGroup] = {}
+        coordinate = mesh.get_coordinate()
+        names = mesh.mesh_dim_names or ()
+        mine = dict(zip(names, coordinate)) if coordinate is not None else None
+        for fqn in sorted(users):
+            pp_ranks = sorted({k % plan.pp for k in users[fqn]})
+            if len(pp_ranks) < 2:
+                continue
+            for dp, tp in itertools.product(range(plan.dp), range(plan.tp)):
+                ranks = [rank_at(mesh, pp=p, dp=dp, tp=tp) for p in pp_ranks]
+                group = dist.new_group(ranks)
+                if mine is not None and mine["dp"] == dp and mine["tp"] == tp and mine["pp"] in pp_ranks:
+                    self.groups[fqn] = group
+
+    def __call__(self, params: Mapping[str, nn.Parameter]) -> None:
+        for fqn, group in self.groups.items():
+            param = params.get(fqn)
+            if param is None or param.grad is None:
+                continue
+            grad = param.grad
+            if isinstance(grad, DTensor) and grad.placements != param.placements:
+                # autograd may leave a DTensor grad in another layout than its parameter
+                grad = grad.redistribute(param.device_mesh, param.placements)
+                param.grad = grad
+            local = grad._local_tensor if isinstance(grad, DTensor) else grad
+            dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)

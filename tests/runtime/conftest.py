@@ -1,0 +1,34 @@
+"""Fixtures for the multi-rank runtime tests: one gloo worker pool per test session."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from rt_pool import RankPool  # noqa: E402
+
+_POOL: RankPool | None = None
+
+
+@pytest.fixture
+def rank_pool():
+    """The session's 4-rank gloo pool, started at first use (restarted if a test broke it)."""
+    global _POOL
+    if _POOL is None or _POOL.broken:
+        _POOL = RankPool(world=4)
+    yield _POOL
+
+
+def pytest_sessionfinish(session, exitstatus):
+    global _POOL
+    if _POOL is not None and not _POOL.broken:
+        codes = _POOL.close()
+        if any(code != 0 for code in codes):
+            print(f"\nrank pool workers exited with {codes}", file=sys.stderr)
+        _POOL = None

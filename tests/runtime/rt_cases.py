@@ -1,0 +1,145 @@
+"""Jobs the rank pool runs: train a plan for a few SGD steps and compare with one process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from examples.models.lm import lm_loss
+from planner.plan import Plan
+from planner.runtime.apply import apply_plan
+from rt_plans import build_model, fixed_batch, make_plan
+
+LR = 0.1
+
+
+def _plan(plan_kwargs: dict[str, Any] | None, plan_json: str | None) -> Plan:
+    return Plan.from_json(plan_json) if plan_json else make_plan(**(plan_kwargs or {}))
+
+
+def _reference(plan: Plan, layers: int, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    model = build_model(layers)
+    tokens, targets = fixed_batch(plan)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for _ in range(steps):
+        loss = lm_loss(model(tokens), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+def train_matches_reference(plan_kwargs: dict[str, Any] | None = None, plan_json: str | None = None,
+                            steps: int = 3, ranks: list[int] | None = None) -> dict[str, Any] | None:
+    """Train ``steps`` SGD steps under the plan (hand-made from ``plan_kwargs`` or a JSON plan);
+    errors against one process (rank 0 reports)."""
+    plan = _plan(plan_kwargs, plan_json)
+    layers = (plan_kwargs or {}).get("layers", 2)
+    model = build_model(layers)
+    batch = fixed_batch(plan)
+    sharded = apply_plan(model, plan, batch[0], ranks=ranks, debug=True)
+    if sharded is None:
+        return None
+    optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
+    losses = []
+    for _ in range(steps):
+        losses.append(float(sharded.train_step(batch, lm_loss)))
+        optimizer.step()
+        optimizer.zero_grad()
+    params = sharded.full_parameters()
+    ref_losses, ref_params = _reference(plan, layers, steps)
+    param_errors = {k: relative_error(params[k], ref_params[k]) for k in ref_params}
+    worst = max(param_errors, key=param_errors.get)
+    return dict(
+        losses=losses, ref_losses=ref_losses,
+        loss_error=max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
+        param_error=param_errors[worst], worst=worst,
+        missing=sorted(set(ref_params) - set(params)),
+    )
+
+
+def checkpoint_reshards(save_plan: dict[str, Any], load_plan: dict[str, Any], path: str
+                        ) -> dict[str, Any] | None:
+    """Train one step under ``save_plan``, save; load under ``load_plan`` into a model with other
+    initial weights; report the largest parameter difference (rank 0)."""
+    import torch.distributed as dist
+
+    plan = make_plan(**save_plan)
+    batch = fixed_batch(plan)
+    sharded = apply_plan(build_model(save_plan.get("layers", 2)), plan, batch[0])
+    saved = None
+    if sharded is not None:
+        optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
+        sharded.train_step(batch, lm_loss)
+        optimizer.step()
+        sharded.save(path)
+        saved = sharded.full_parameters()
+    dist.barrier()
+    other = make_plan(**load_plan)
+    loaded = apply_plan(build_model(load_plan.get("layers", 2), seed=7), other, batch[0])
+    if loaded is None:
+        return None
+    before = loaded.full_parameters()
+    loaded.load(path)
+    after = loaded.full_parameters()
+    if saved is None:
+        return None
+    return dict(
+        error=max(relative_error(after[k], saved[k]) for k in saved),
+        changed=max(relative_error(before[k], saved[k]) for k in saved),
+        keys_match=sorted(after) == sorted(saved),
+    )
+
+
+def tp_passes_alone() -> dict[str, Any] | None:
+    """distribute-parameters + insert-reshards on a 2-rank tp mesh, nothing else: same logits."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    from passes.rewrite.base import PassManager
+    from passes.rewrite.distribute import DistributeParameters
+    from passes.rewrite.reshard import InsertReshards
+    from planner.runtime.trace import trace_model
+
+    mesh = DeviceMesh("cpu", torch.tensor([0, 1]), mesh_dim_names=("tp",))
+    if mesh.get_coordinate() is None:
+        return None
+    plan = make_plan(tp=2, sp=True)
+    model = build_model(2)
+    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    tokens, _ = fixed_batch(plan)
+    expected = build_model(2)(tokens)
+    reshards = InsertReshards(mesh, debug=True)
+    gm = PassManager([DistributeParameters(mesh, names), reshards]).run(
+        trace_model(model, 1), plan).module
+    with implicit_replication():
+        logits = gm(tokens)
+    qkv = dict(gm.named_parameters())["h.0.attn.qkv.weight"]
+    return dict(
+        error=relative_error(logits, expected.detach()),
+        plain_output=not isinstance(logits, DTensor),
+        qkv_sharded=isinstance(qkv, DTensor) and qkv.placements == (Shard(0),),
+        reshards=len(reshards.inserted),
+    )
+
+
+def api_applies_plan() -> dict[str, Any] | None:
+    """``planner.plan(..., plan=…)`` under an initialised process group, on ranks 0 and 1."""
+    from planner.api import plan as plan_api
+
+    plan = make_plan(dp=2, zero=2)
+    tokens, targets = fixed_batch(plan)
+    sharded = plan_api(build_model(2), "local-cpu:devices=2", inputs=(tokens,),
+                           batch=plan.batch, plan=plan, ranks=[0, 1])
+    if sharded is None:
+        return None
+    loss = sharded.train_step((tokens, targets), lm_loss)
+    return dict(type=type(sharded).__name__, plan=sharded.plan.summary, loss=float(loss))

@@ -1,0 +1,74 @@
+"""``fxplan launch``: a real torchrun of a GPT plan on 4 CPU ranks, and the refusals that
+happen before any process starts."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+MODEL = "gpt-tiny:dropout=0,seq=16"
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    """The planner's plan for gpt-tiny on 4 local CPU ranks."""
+    import planner
+
+    plan = planner.search(MODEL, "local-cpu:devices=4", batch=8, seq=16, progress=False)
+    return plan.save(tmp_path_factory.mktemp("launch") / "plan.json")
+
+
+def fxplan(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner.cli.main", "launch", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_launch_trains_gpt_on_4_cpu_ranks(plan_file):
+    done = fxplan(str(plan_file), "--steps", "4")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    losses = [float(x) for x in re.findall(r"^step +\d+ +loss (\S+)", done.stdout, re.M)]
+    assert len(losses) == 4, done.stdout
+    assert losses[-1] < losses[0], losses
+    assert "tokens/s" in done.stdout and "peak mem" in done.stdout
+    assert re.search(r"step time +predicted .* measured", done.stdout)
+    assert re.search(r"peak memory per rank +predicted .* measured", done.stdout)
+    assert "terminate called" not in done.stderr  # clean exits
+
+
+def test_dry_run_prints_torchrun_command(plan_file):
+    done = fxplan(str(plan_file), "--dry-run", "--nnodes", "2", "--node-rank", "1",
+                  "--rdzv-endpoint", "host0:29500")
+    assert done.returncode == 0, done.stderr
+    assert "--nproc-per-node=2" in done.stdout and "--node-rank=1" in done.stdout
+    assert "--rdzv-endpoint=host0:29500" in done.stdout
+    assert "planner.runtime.worker" in done.stdout
+
+
+def test_world_size_mismatch_refused_before_start(plan_file):
+    start = time.perf_counter()
+    done = fxplan(str(plan_file), "--nproc-per-node", "2")
+    assert done.returncode == 2
+    assert "needs world size pp·dp·tp = 2·2·1 = 4, but 2 processes" in done.stderr
+    assert "torch.distributed.run" not in done.stdout + done.stderr
+    assert time.perf_counter() - start < 30
+
+
+def test_plan_for_another_model_refused(plan_file):
+    done = fxplan(str(plan_file), "--model", MODEL + ",layers=3", "--dry-run")
+    assert done.returncode == 2
+    assert "was made for model" in done.stderr and "re-plan" in done.stderr
+
+
+def test_plan_for_another_cluster_refused(plan_file, tmp_path):
+    data = json.loads(plan_file.read_text())
+    data["cluster_fingerprint"] = "0" * 64
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    done = fxplan(str(other), "--dry-run")
+    assert done.returncode == 2
+    assert "was made for cluster" in done.stderr
