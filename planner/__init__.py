@@ -1,32 +1,16 @@
-"""fxplan's planner: ``search`` a captured graph on a cluster for a :class:`Plan`.
+"""fxplan's planner.
 
-``planner.plan(model, cluster, …)`` (capture, search and rewrite in one call) lives in
-:func:`planner.api.plan` and is imported on first call. ``planner.plan`` and
-``planner.search`` are also the packages/modules of those names (``planner.plan.Plan``,
-``planner.search.partition``); both module objects are callable, so ``planner.plan(...)`` and
-``planner.search(...)`` call the functions the architecture contract names.
+* :func:`search` — the inter-op search of a captured graph on a cluster for a :class:`Plan`
+  (:mod:`planner.inter_op`, with the intra-op placement solver in :mod:`planner.intra_op`);
+* :func:`plan` — capture, search and apply in one call, returning a sharded module when
+  torch.distributed is initialised (:mod:`planner.api`);
+* :class:`Plan` and :func:`load_plan` — the plan and its versioned JSON (:mod:`planner.plan_spec`).
 """
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
+from planner.api import plan
+from planner.inter_op import search
+from planner.plan_spec import Plan, PlanError, load_plan
 
-import planner.search as search  # callable package: planner.search(...) → search.search
-from planner.plan import Plan, load_plan
-
-__all__ = ["Plan", "load_plan", "plan", "search"]
-
-
-class _CallablePlanModule(types.ModuleType):
-    """``planner.plan(...)`` calls :func:`planner.api.plan` (imported on first call)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from planner.api import plan as run_plan
-
-        return run_plan(*args, **kwargs)
-
-
-sys.modules["planner.plan"].__class__ = _CallablePlanModule
-plan = sys.modules["planner.plan"]
+__all__ = ["Plan", "PlanError", "load_plan", "plan", "search"]

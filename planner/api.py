@@ -4,7 +4,7 @@
     optimizer = sharded.optimizer(torch.optim.AdamW, lr=1e-3)
     loss = sharded.train_step((tokens, targets), lm_loss); optimizer.step(); optimizer.zero_grad()
 
-1. The plan: ``plan=`` when given (a :class:`~planner.plan.Plan`, e.g. from ``load_plan``),
+1. The plan: ``plan=`` when given (a :class:`~planner.plan_spec.Plan`, e.g. from ``load_plan``),
    otherwise :func:`planner.search` on the model captured at one sample of ``inputs``.
 2. Without ``torch.distributed`` initialised there is no mesh to apply it on: the Plan is
    returned and a message says so (plan and report only).
@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
 from planner.cli.errors import UserError
-from planner.plan import Plan, PlanError
+from planner.plan_spec import Plan, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -34,7 +34,7 @@ logger = logging.getLogger("fxplan.planner")
 def _search(model: "torch.nn.Module", cluster: Any, inputs: tuple, batch: int,
             seq: int | None, search_options: dict[str, Any]) -> Plan:
     try:
-        from planner.search import search
+        from planner.inter_op import search
     except ImportError as err:
         raise UserError(
             f"planner.search is not available in this installation ({err}); pass a plan "

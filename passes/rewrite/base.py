@@ -1,7 +1,7 @@
 """The one contract every rewrite pass follows, and the manager that runs them in order.
 
 A rewrite pass is a callable ``pass_(gm, plan) -> PassResult``: it takes a
-:class:`torch.fx.GraphModule` and the :class:`~planner.plan.Plan` it realises, and returns the
+:class:`torch.fx.GraphModule` and the :class:`~planner.plan_spec.Plan` it realises, and returns the
 (possibly new) module and whether it changed anything. Context a pass needs beyond the graph and
 the plan (a device mesh, the ranks of this process) is given to its constructor, never read from
 globals. A pass that cannot do its job raises :class:`PassError`, which names the pass and, when
@@ -23,7 +23,7 @@ from torch import fx
 from planner.cli.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan import Plan
+    from planner.plan_spec import Plan
 
 __all__ = ["PassError", "PassResult", "RewritePass", "PassManager"]
 

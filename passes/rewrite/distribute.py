@@ -29,7 +29,7 @@ from passes.rewrite.base import PassResult, RewritePass
 from passes.rewrite.placements import axis_placement, normalize
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan import Plan
+    from planner.plan_spec import Plan
 
 __all__ = ["DistributeParameters"]
 

@@ -27,7 +27,7 @@ from passes.rewrite.layers import OutlineLayers
 from passes.rewrite.stages import StagedProgram
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan import Plan
+    from planner.plan_spec import Plan
 
 __all__ = ["emit_program"]
 

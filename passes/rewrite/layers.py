@@ -31,7 +31,7 @@ from torch.fx.passes.split_module import split_module
 from passes.rewrite.base import PassResult, RewritePass
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan import Plan
+    from planner.plan_spec import Plan
 
 __all__ = ["OutlineLayers", "node_layers", "layer_submodule_names", "EMBED", "HEAD"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from cost_model.placements import Placement, Replicate, Shard, parse_placements
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan import Plan
+    from planner.plan_spec import Plan
 
 __all__ = ["axis_placement", "normalize"]
 

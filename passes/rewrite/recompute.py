@@ -28,7 +28,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from passes.rewrite.base import PassResult, RewritePass
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan import Plan
+    from planner.plan_spec import Plan
 
 __all__ = ["Recompute", "attention_core"]
 

@@ -36,7 +36,7 @@ from passes.rewrite.base import PassResult, RewritePass
 from passes.rewrite.layers import EMBED, HEAD
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan import Plan
+    from planner.plan_spec import Plan
 
 __all__ = ["SplitStages", "StagedProgram", "StageIO"]
 

@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from cluster_specs.summary import renderable
     from planner.cli.graph import _print as print_graph
     from planner.report import render_report
-    from planner.search import capture_for_search, search, training_dtype
-    from planner.search.progress import PhaseTimer
+    from planner.inter_op import capture_for_search, search, training_dtype
+    from planner.inter_op.progress import PhaseTimer
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
     console = Console(width=None if sys.stdout.isatty() else 140, highlight=False)

@@ -45,8 +45,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def check_plan(args: argparse.Namespace):
     """Load the plan and refuse it for another model, cluster or world size (no process yet)."""
     from cluster_specs import Cluster
-    from planner.plan import PlanError, load_plan
-    from planner.search import capture_for_search, training_dtype
+    from planner.plan_spec import PlanError, load_plan
+    from planner.inter_op import capture_for_search, training_dtype
 
     plan = load_plan(args.plan)
     nproc = args.nproc_per_node

@@ -14,12 +14,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
 #: Verb modules under ``planner.cli``, in the order ``fxplan --help`` lists them.
 VERBS: tuple[str, ...] = (
     "demo",
+    "graph",
+    "clusters",
+    "profile",
+    "estimate",
+    "plan",
+    "launch",
 )
 
 
@@ -46,6 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # `fxplan ... | head` closed the pipe: not an error; silence the flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except user_error_types() as err:  # type: ignore[misc]
         if args.debug:
             raise

@@ -54,8 +54,8 @@ def _emit(plan: object, graph: object, path: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from cluster_specs import Cluster
     from planner.report import plan_summary, render_report
-    from planner.search import capture_for_search, search, training_dtype
-    from planner.search.progress import PhaseTimer
+    from planner.inter_op import capture_for_search, search, training_dtype
+    from planner.inter_op.progress import PhaseTimer
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
     if args.json:

@@ -33,7 +33,7 @@ from planner.runtime.tied import TiedGradSync
 from planner.runtime.trace import trace_model
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan import Plan
+    from planner.plan_spec import Plan
 
 __all__ = ["apply_plan", "staged_program"]
 

@@ -30,7 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from passes.rewrite.base import PassError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan import Plan
+    from planner.plan_spec import Plan
 
 __all__ = ["apply_data_parallel", "make_optimizer"]
 

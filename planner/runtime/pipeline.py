@@ -30,7 +30,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 from passes.rewrite.stages import StageIO
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan import Plan
+    from planner.plan_spec import Plan
 
 __all__ = ["local_stage_indices", "build_schedule"]
 

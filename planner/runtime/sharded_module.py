@@ -33,7 +33,7 @@ from planner.runtime.tied import TiedGradSync
 
 if TYPE_CHECKING:  # pragma: no cover
     from passes.rewrite.stages import StageIO
-    from planner.plan import Plan
+    from planner.plan_spec import Plan
 
 __all__ = ["LocalStage", "ShardedModule"]
 

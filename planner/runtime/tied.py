@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from planner.runtime.mesh import rank_at
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan import Plan
+    from planner.plan_spec import Plan
 
 __all__ = ["TiedGradSync"]
 

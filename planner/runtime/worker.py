@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(args: argparse.Namespace) -> None:
     from examples.model_spec import resolve_model
-    from planner.plan import load_plan
+    from planner.plan_spec import load_plan
     from planner.runtime.apply import apply_plan
 
     plan = load_plan(args.plan)

@@ -17,7 +17,7 @@ import pytest
 
 from cluster_specs import Cluster
 from planner import search
-from planner.search import capture_for_search
+from planner.inter_op import capture_for_search
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "megatron_table.py"
 megatron_table = SimpleNamespace(**runpy.run_path(str(SCRIPT), run_name="megatron_table_for_plans"))

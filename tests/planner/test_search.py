@@ -11,9 +11,9 @@ import pytest
 from cluster_specs import Cluster
 from planner import Plan, load_plan, search
 from planner.cli.errors import UserError
-from planner.search import InfeasibleError, capture_for_search
-from planner.search.partition import partition_layers
-from planner.search.space import Family, families, options
+from planner.inter_op import InfeasibleError, capture_for_search
+from planner.inter_op.partition import partition_layers
+from planner.inter_op.space import Family, families, options
 
 SMALL = "gpt:layers=4,hidden=256,heads=8,vocab=4096,seq=256"
 

@@ -13,7 +13,7 @@ import pytest
 
 from cluster_specs import Cluster
 from planner import search
-from planner.search import capture_for_search, training_dtype
+from planner.inter_op import capture_for_search, training_dtype
 
 
 def _plan(model: str, cluster_spec: str, batch: int, **kwargs):  # type: ignore[no-untyped-def]

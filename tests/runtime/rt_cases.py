@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from examples.models.lm import lm_loss
-from planner.plan import Plan
+from planner.plan_spec import Plan
 from planner.runtime.apply import apply_plan
 from rt_plans import build_model, fixed_batch, make_plan
 

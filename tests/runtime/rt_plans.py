@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from planner.plan import Plan, StageAssignment
+from planner.plan_spec import Plan, StageAssignment
 
 MODEL = "gpt-tiny:dropout=0,seq=16"
 SEQ, VOCAB = 16, 512

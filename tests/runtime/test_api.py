@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from planner.plan import Plan
+from planner.plan_spec import Plan
 from rt_plans import build_model, fixed_batch, make_plan
 
 
 def test_without_distributed_returns_the_plan_with_a_message(capsys):
-    from planner.api import plan as plan_api  # `planner.plan` is shadowed by the planner.plan module (see report)
+    from planner import plan as plan_api
 
     plan = make_plan(dp=2)
     tokens, _ = fixed_batch(plan)
@@ -18,7 +18,7 @@ def test_without_distributed_returns_the_plan_with_a_message(capsys):
 
 
 def test_without_plan_it_searches(capsys):
-    from planner.api import plan as plan_api  # `planner.plan` is shadowed by the planner.plan module (see report)
+    from planner import plan as plan_api
 
     tokens = fixed_batch(make_plan(dp=2, microbatch_size=4))[0]
     result = plan_api(build_model(2), "local-cpu:devices=2", inputs=(tokens,), batch=8)

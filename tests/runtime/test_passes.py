@@ -47,7 +47,7 @@ def test_split_stages_chain_to_the_model(schedule, pp):
 def test_split_stages_refuses_stages_that_do_not_tile():
     import dataclasses
 
-    from planner.plan import StageAssignment
+    from planner.plan_spec import StageAssignment
 
     _, result = _outlined()
     plan = dataclasses.replace(make_plan(pp=2, num_microbatches=2), stages=(

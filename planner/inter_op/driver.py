@@ -9,23 +9,23 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
 
 **Method** (branch and bound over an enumerated space):
 
-1. *Families* ``(tp, pp, dp)`` (:func:`planner.search.space.families`), invalid ones pruned
+1. *Families* ``(tp, pp, dp)`` (:func:`planner.inter_op.space.families`), invalid ones pruned
    with their reason.
-2. *Memory bound per (family, zero)* (:func:`planner.search.bounds.memory_lower_bound`):
+2. *Memory bound per (family, zero)* (:func:`planner.inter_op.bounds.memory_lower_bound`):
    ``k_z(dp)·Ψ/pp + reserved > C`` prunes the pair before any microbatch variant is tried;
    the lowest surviving ZeRO stage ``z_min`` is where each candidate starts.
-3. *Candidates* inside the families (:func:`planner.search.space.options`), sorted by the
-   time bound ``m·W/pp`` (:func:`planner.search.bounds.time_lower_bound`).
+3. *Candidates* inside the families (:func:`planner.inter_op.space.options`), sorted by the
+   time bound ``m·W/pp`` (:func:`planner.inter_op.bounds.time_lower_bound`).
 4. For each in order, until its bound reaches the ``K``-th best estimate (then nothing later
    can enter the top ``K``) or the time budget ends (once at least one candidate fits): for ``z = z_min … 3`` partition the
-   layers by the DP of :mod:`planner.search.partition` under the memory cap, check the
-   exact per-rank memory (:mod:`planner.search.stage_memory`) and rank the first stage that
-   fits by the closed form ``T̂`` (:mod:`planner.search.surrogate`). Higher ZeRO stages are
+   layers by the DP of :mod:`planner.inter_op.partition` under the memory cap, check the
+   exact per-rank memory (:mod:`planner.inter_op.stage_memory`) and rank the first stage that
+   fits by the closed form ``T̂`` (:mod:`planner.inter_op.surrogate`). Higher ZeRO stages are
    not tried once one fits: at equal everything else they move at least as many bytes.
 5. *Finalists*: the ``K`` best by ``T̂`` are priced by the step simulator; the fastest that
    fits wins, the next three are the runners-up.
 6. *Placements* of the winner's repeated block on its ``(dp, tp)`` stage mesh
-   (:mod:`planner.search.placements`).
+   (:mod:`planner.inter_op.placements`).
 
 Nothing is dropped silently: every pruned family or candidate group carries its reason with
 the arithmetic, and fallbacks (time budget, intra-op solver) are logged and kept in the plan.
@@ -41,18 +41,18 @@ from typing import Any, Mapping
 from cost_model.config import CostModelError, ParallelConfig
 from cost_model.estimate import Estimate, estimate
 from cost_model.memory import GIB
-from planner.plan import Plan
-from planner.search.bounds import memory_lower_bound, memory_reason, time_lower_bound
-from planner.search.build_plan import build_plan
-from planner.search.infeasible import InfeasibleError, infeasible_message
-from planner.search.partition import balanced_counts, partition_layers
-from planner.search.placements import solve_placements
-from planner.search.profile import ModelProfile
-from planner.search.progress import Budget, PhaseTimer, progress_bar
-from planner.search.space import Candidate, Family, families, options
-from planner.search.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
+from planner.plan_spec import Plan
+from planner.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
+from planner.inter_op.build_plan import build_plan
+from planner.inter_op.infeasible import InfeasibleError, infeasible_message
+from planner.inter_op.partition import balanced_counts, partition_layers
+from planner.inter_op.placements import solve_placements
+from planner.inter_op.profile import ModelProfile
+from planner.inter_op.progress import Budget, PhaseTimer, progress_bar
+from planner.inter_op.space import Candidate, Family, families, options
+from planner.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
                                          stage_totals)
-from planner.search.surrogate import surrogate_step_s
+from planner.inter_op.surrogate import surrogate_step_s
 
 __all__ = ["search", "DEFAULT_FINALISTS"]
 
@@ -258,7 +258,7 @@ class _Search:
 def run_search(graph: Any, cluster: Any, *, batch: int, model: str, time_budget_s: float | None,
                progress: bool, constraints: Mapping[str, Any], finalists: int,
                timer: PhaseTimer) -> Plan:
-    """Steps 1–6 on a captured graph (the public wrapper is :func:`planner.search.search`)."""
+    """Steps 1–6 on a captured graph (the public wrapper is :func:`planner.inter_op.search`)."""
     budget = Budget(time_budget_s)
     state = _Search(graph, cluster, batch, constraints, finalists, timer, budget, progress)
     with timer("inter-op"):

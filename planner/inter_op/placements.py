@@ -27,8 +27,8 @@ from typing import Any
 
 from cost_model.megatron_layout import CONST, REPL, tp_layout, used_params
 from cost_model.mesh import LogicalMesh
-from planner.plan import SolverInfo
-from planner.search.space import Candidate
+from planner.plan_spec import SolverInfo
+from planner.inter_op.space import Candidate
 
 __all__ = ["Placements", "solve_placements"]
 

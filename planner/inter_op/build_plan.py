@@ -13,9 +13,9 @@ from typing import Any, Sequence
 from cost_model.estimate import Estimate
 from cost_model.memory import GIB
 from cost_model.mesh import LogicalMesh
-from planner.plan import Plan, StageAssignment
-from planner.search.placements import Placements
-from planner.search.space import Candidate
+from planner.plan_spec import Plan, StageAssignment
+from planner.inter_op.placements import Placements
+from planner.inter_op.space import Candidate
 
 __all__ = ["build_plan", "estimate_summary"]
 

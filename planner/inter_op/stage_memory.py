@@ -17,7 +17,7 @@ physical stage ``s`` sums its ``v`` chunks::
 (:func:`cost_model.pipeline_schedules.schedule_order`).
 
 :func:`partition_inputs` linearises the same sum for the stage-partition DP
-(:mod:`planner.search.partition`): per virtual stage the fixed bytes, the in-flight count and
+(:mod:`planner.inter_op.partition`): per virtual stage the fixed bytes, the in-flight count and
 the cap (for ``interleaved:v`` each chunk gets ``1/v`` of the rank's reserve, buffers and cap,
 an approximation the exact check above corrects).
 """
@@ -31,8 +31,8 @@ import numpy as np
 
 from cost_model.memory import GIB, MemoryBreakdown, model_state_bytes
 from cost_model.pipeline_schedules import schedule_order
-from planner.search.profile import SegmentProfile
-from planner.search.space import Candidate
+from planner.inter_op.profile import SegmentProfile
+from planner.inter_op.space import Candidate
 
 __all__ = ["DeviceMemory", "PartitionInputs", "inflight", "partition_inputs", "stage_memory",
            "stage_totals", "state_bytes_per_param"]
@@ -91,7 +91,7 @@ class PartitionInputs:
 
 
 def partition_inputs(c: Candidate, prof: SegmentProfile, mem: DeviceMemory) -> PartitionInputs:
-    """Inputs of :func:`planner.search.partition.partition_layers` for candidate ``c``."""
+    """Inputs of :func:`planner.inter_op.partition.partition_layers` for candidate ``c``."""
     S, v = c.pp * c.v, c.v
     k = state_bytes_per_param(c.dp, c.zero_stage)
     n = inflight(c)

@@ -1,21 +1,15 @@
 """``planner.search(graph, cluster, batch=…) -> Plan``: the inter-op search (see
-:mod:`planner.search.driver` for the formulation).
-
-The package module itself is callable (``planner.search(...)`` is :func:`search`), so that
-``planner.search`` stays the package for ``import planner.search.partition`` and is still the
-function the architecture contract names.
+:mod:`planner.inter_op.driver` for the formulation). ``planner`` re-exports :func:`search`.
 """
 
 from __future__ import annotations
 
-import sys
-import types
 from functools import lru_cache
 from typing import Any, Mapping
 
-from planner.plan import Plan
-from planner.search.infeasible import InfeasibleError
-from planner.search.progress import PhaseTimer
+from planner.plan_spec import Plan
+from planner.inter_op.infeasible import InfeasibleError
+from planner.inter_op.progress import PhaseTimer
 
 __all__ = ["search", "InfeasibleError", "capture_for_search", "training_dtype"]
 
@@ -70,7 +64,7 @@ def search(graph: Any, cluster: Any, *, batch: int, seq: int | None = None,
     """
     from cluster_specs import Cluster
     from planner.cli.errors import UserError
-    from planner.search.driver import DEFAULT_FINALISTS, run_search
+    from planner.inter_op.driver import DEFAULT_FINALISTS, run_search
 
     timer = PhaseTimer()
     if isinstance(cluster, str):
@@ -89,13 +83,3 @@ def search(graph: Any, cluster: Any, *, batch: int, seq: int | None = None,
                       progress=progress, constraints=constraints or {},
                       finalists=finalists or DEFAULT_FINALISTS, timer=timer)
     return plan
-
-
-class _CallableModule(types.ModuleType):
-    """``planner.search(...)`` calls :func:`search`."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Plan:
-        return search(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
