@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from examples.models.lm import lm_loss
+from examples.models.lm import init_lm_weights, lm_loss
 from examples.models.validation import (require_choice, require_divisible, require_positive,
                                         require_probability)
 
@@ -144,6 +144,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.hidden, config.vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one Parameter, two modules
         self.register_buffer("positions", torch.arange(config.seq), persistent=False)
+        init_lm_weights(self)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         t = tokens.size(1)

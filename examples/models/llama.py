@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from examples.models.lm import lm_loss
+from examples.models.lm import init_lm_weights, lm_loss
 from examples.models.validation import require_divisible, require_positive
 
 
@@ -144,6 +144,7 @@ class Llama(nn.Module):
         cos, sin = rotary_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        init_lm_weights(self)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         t = tokens.size(1)

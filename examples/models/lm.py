@@ -11,6 +11,20 @@ from examples.bundle import InputSpec
 from examples.models.validation import check_seq
 
 
+def init_lm_weights(model: torch.nn.Module, std: float = 0.02) -> None:
+    """GPT-2's initialisation: linear and embedding weights ~ N(0, std²), biases 0.
+
+    PyTorch's defaults draw embeddings from N(0, 1); tied to the LM head that makes the first
+    logits of size √hidden and the first loss far above ln(vocab). On the meta device this
+    is a no-op.
+    """
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
+        if isinstance(module, torch.nn.Linear) and module.bias is not None:
+            torch.nn.init.zeros_(module.bias)
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over all ``batch × seq`` positions."""
     return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))

@@ -9,7 +9,7 @@ collective model). A family is **invalid**, with the reason recorded, when
     pp > L (a stage needs a layer),  dp ∤ batch.
 
 Inside a family a **candidate** fixes the microbatch size ``b`` (a divisor of ``batch/dp``
-up to :data:`MAX_MICROBATCH`; ``m = batch/(dp·b)``), the schedule (``1f1b`` and ``gpipe``;
+up to :data:`MAX_MICROBATCH`; ``m = batch/(dp·b)``), the schedule (``gpipe``, and ``1f1b`` when ``m ≥ pp``;
 ``interleaved:v`` for ``v ∈ {2, 4}`` when ``m mod pp = 0`` and ``L ≥ pp·v``; no pipeline:
 ``1f1b`` only), recompute (``none``/``selective``/``full``), sequence parallelism (``tp > 1``,
 ``tp | seq``) and the ZeRO stage (0–3; 0 when ``dp = 1``).
@@ -117,7 +117,9 @@ def options(family: Family, *, batch: int, layers: int, seq: int | None) -> Iter
     sps = [False] + ([True] if tp > 1 and (seq is None or seq % tp == 0) else [])
     for mb in (b for b in divisors(per_replica) if b <= MAX_MICROBATCH):
         m = per_replica // mb
-        schedules = ["1f1b"]
+        # With m < pp, 1F1B never reaches its steady state and runs GPipe's order (torch's
+        # Schedule1F1B refuses it): offer it under the name of the schedule that will run.
+        schedules = ["1f1b"] if pp == 1 or m >= pp else []
         if pp > 1:
             schedules.append("gpipe")
             schedules += [f"interleaved:{v}" for v in INTERLEAVE_CHUNKS
