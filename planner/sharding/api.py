@@ -1,0 +1,90 @@
+"""Strategies of one fx node on a mesh: the entry point of :mod:`planner.sharding`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.fx
+
+from planner.sharding.context import OpContext, make_context, tensor_shape
+from planner.sharding.expand import expand_options
+from planner.sharding.registry import find_rule, replicate_fallback
+from planner.sharding.strategy import OpStrategy
+
+__all__ = ["NodeStrategies", "node_strategies", "is_tensor_node", "describe", "describe_module"]
+
+
+@dataclass
+class NodeStrategies:
+    """The candidate strategies of ``ctx.node``; ``rule`` names the rule used, ``fallback``
+    is true when no rule matched and every tensor is replicated."""
+
+    ctx: OpContext
+    strategies: list[OpStrategy]
+    rule: str
+    follows: bool
+    fallback: bool
+
+    @property
+    def name(self) -> str:
+        return self.ctx.node.name
+
+
+def is_tensor_node(node: torch.fx.Node) -> bool:
+    """Whether the node yields tensors (one, or several of the same rank): the nodes that
+    get a placement. ``x.size(1)``, ``output`` and non-tensor values do not."""
+    if node.op == "output":
+        return False
+    shape = node.meta["fxplan"].shape
+    if tensor_shape(shape) is not None:
+        return True
+    return isinstance(shape, tuple) and bool(shape) and all(tensor_shape(s) is not None for s in shape)
+
+
+def _constants(node: torch.fx.Node) -> str:
+    """The node's arguments with every fx node blanked: what a rule may read besides shapes."""
+    return repr(torch.fx.node.map_arg((node.args, dict(node.kwargs)), lambda _: "%"))
+
+
+def node_strategies(gm: torch.fx.GraphModule, node: torch.fx.Node, mesh_shape: Sequence[int],
+                    like: Optional[NodeStrategies] = None) -> Optional[NodeStrategies]:
+    """All valid strategies of ``node`` on a mesh of ``mesh_shape``; ``None`` for a node that
+    is not a tensor. ``like``: a node of the same role (the same op, operand shapes, output
+    shape and constant arguments, as in another layer of a repeated block), whose strategy
+    list is then shared instead of derived again."""
+    if not is_tensor_node(node):
+        return None
+    ctx = make_context(gm, node)
+    if like is not None and like.ctx.op == ctx.op and like.ctx.shapes == ctx.shapes \
+            and like.ctx.out == ctx.out and _constants(like.ctx.node) == _constants(node):
+        return NodeStrategies(ctx, like.strategies, like.rule, like.follows, like.fallback)
+    rule = find_rule(ctx.op)
+    options = rule.fn(ctx) if rule is not None else replicate_fallback(ctx)
+    strategies = expand_options(options, mesh_shape, ctx.shapes, ctx.out)
+    if not strategies:  # nothing divides: replicate everything (always valid)
+        strategies = expand_options(replicate_fallback(ctx), mesh_shape, ctx.shapes, ctx.out)
+    return NodeStrategies(ctx, strategies, rule.name if rule else "replicate_fallback",
+                          bool(rule and rule.follows), rule is None)
+
+
+def describe(gm: torch.fx.GraphModule, mesh_shape: Sequence[int]) -> dict[str, list[str]]:
+    """Node name → its strategies printed compactly (``"S(0), R -> S(0)"``), for tensor nodes:
+    the quickest way to see what the rules offer (and what tests assert)."""
+    table = {}
+    for node in gm.graph.nodes:
+        op = node_strategies(gm, node, mesh_shape)
+        if op is not None:
+            table[node.name] = [str(s) for s in op.strategies]
+    return table
+
+
+def describe_module(module: torch.nn.Module, mesh_shape: Sequence[int],
+                    **input_shapes: Sequence[int]) -> dict[str, list[str]]:
+    """:func:`describe` of ``module`` captured on meta tensors of the given input shapes
+    (keyword: the ``forward`` parameter name)."""
+    from passes.capture import capture  # capture imports nothing of the planner
+
+    inputs = {name: torch.empty(*shape, device="meta") for name, shape in input_shapes.items()}
+    return describe(capture(module, inputs=inputs).gm, mesh_shape)

@@ -1,0 +1,16 @@
+"""The sharding rules, one module per op family; importing this package registers them."""
+
+from planner.sharding.rules import (  # noqa: F401
+    attention,
+    conv,
+    embedding,
+    indexing,
+    loss,
+    matmul,
+    norm,
+    pointwise,
+    reduction,
+    softmax,
+    sources,
+    views,
+)

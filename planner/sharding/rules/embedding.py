@@ -1,0 +1,27 @@
+"""Embedding lookup ``W[idx]`` for ``idx`` of shape (…) and ``W`` of shape (V, C).
+
+    batch / sequence   idx S(d), W R      -> S(d)
+    column parallel    idx R,   W S(1)    -> S(last)    (each rank looks up its C/n columns)
+    vocab parallel     idx R,   W S(0)    -> P          (each rank looks up the ids in its
+                                                         vocabulary range and zeros the rest;
+                                                         the sum over ranks is the lookup)
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+import torch.nn.functional as F
+
+from planner.sharding.context import OpContext
+from planner.sharding.registry import register_rule
+from planner.sharding.strategy import P, R, S, AxisOption
+
+
+@register_rule(nn.Embedding, F.embedding)
+def embedding_rule(ctx: OpContext) -> list[AxisOption]:
+    """Batch/sequence, column- and vocabulary-parallel lookups."""
+    idx_ndim = ctx.operands[0].ndim
+    options = [AxisOption((R, R), R), AxisOption((R, S(1)), S(idx_ndim)),
+               AxisOption((R, S(0)), P, note="vocab-parallel lookup (masked ids)")]
+    options += [AxisOption((S(d), R), S(d)) for d in range(idx_ndim)]
+    return options
