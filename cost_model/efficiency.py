@@ -168,7 +168,7 @@ def _first(mapping: Mapping[str, float], keys: tuple[str, ...], default: float) 
 
 @lru_cache(maxsize=4)
 def load_efficiency(path: str | Path = DATA_FILE) -> EfficiencyModel:
-    """Parse (once) the efficiency data file; see ``docs/cost_model_compute_comm.md``."""
+    """Parse (once) the efficiency data file; see ``docs/cost_model.md``."""
     raw = json.loads(Path(path).read_text())
     if raw.get("format_version") != 1:
         raise ValueError(f"{path}: unsupported efficiency format_version {raw.get('format_version')!r}")

@@ -2,7 +2,7 @@
 
 A database holds the forward time of a few ops (``OPS``) over a grid of shapes, measured on
 one device model by ``fxplan profile`` (:mod:`cost_model.profiler`). The format (JSON,
-``format_version`` 1) is documented in ``docs/cost_model_compute_comm.md``.
+``format_version`` 1) is documented in ``docs/cost_model.md``.
 
 Estimating an op that was not measured (:meth:`OpDatabase.estimate`):
 

@@ -92,6 +92,13 @@ def _runners_table(plan: Plan) -> Any:
     return table
 
 
+def _flops_rate(tflops: float) -> str:
+    """``127 TFLOP/s`` on accelerators, ``42.3 GFLOP/s`` on a CPU rank."""
+    if tflops >= 1:
+        return f"{tflops:.0f} TFLOP/s"
+    return f"{tflops * 1e3:.1f} GFLOP/s"
+
+
 def render_report(plan: Plan, console: Any = None) -> None:
     """Print the rich report of ``plan`` (module docstring)."""
     console = _console(console)
@@ -104,7 +111,7 @@ def render_report(plan: Plan, console: Any = None) -> None:
     console.print(f"mesh            {levels}; stages (layers) "
                   f"{'/'.join(str(s.num_layers) for s in plan.stages)}")
     console.print(f"step time       {est['step_time_s']:.3f} s · {est['tokens_per_s']:,.0f} tokens/s"
-                  f" · {est['tflops_per_device']:.0f} TFLOP/s per device · MFU "
+                  f" · {_flops_rate(est['tflops_per_device'])} per device · MFU "
                   f"{100 * est['mfu']:.1f}%")
     parts = " · ".join(f"{k} {v:.3f}" for k, v in est.get("breakdown", {}).items() if v > 0)
     console.print(f"breakdown (s)   {parts}")

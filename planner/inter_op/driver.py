@@ -235,9 +235,9 @@ class _Search:
 
     def unfit_reasons(self) -> None:
         for fam, (count, least, which) in sorted(self.unfit.items()):
-            self.pruned.append(f"{fam}: {count} microbatch/recompute/schedule variants fit at no "
-                               f"ZeRO stage; the lightest of them ({which}, even split) needs "
-                               f"{least / GIB:.1f} GiB > {self.mem.capacity / GIB:.0f} GiB")
+            self.pruned.append(f"{fam}: none of {count} microbatch/recompute/schedule variants "
+                               f"fits at any ZeRO stage; the lightest ({which}, even split) "
+                               f"needs {least / GIB:.1f} GiB > {self.mem.capacity / GIB:.0f} GiB")
 
     def lightest(self, fam: Family) -> tuple[Candidate, Any]:
         """The lightest candidate of ``fam`` (evenly split) and its heaviest rank's memory."""

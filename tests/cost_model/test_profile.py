@@ -21,7 +21,7 @@ from cost_model.profiler import make_call, measure, profile
 from planner.cli.main import main
 
 #: Shapes not in the quick grid: between two of its scales, or of another aspect. Chosen in the
-#: smooth parts of the CPU's time curves (see docs/cost_model_compute_comm.md on cache cliffs).
+#: smooth parts of the CPU's time curves (see docs/cost_model.md on cache cliffs).
 OFF_GRID: list[tuple[str, tuple[tuple[int, ...], ...]]] = [
     ("linear", ((128, 128), (128, 128))),
     ("linear", ((512, 512), (512, 512))),
