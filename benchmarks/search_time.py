@@ -73,8 +73,9 @@ def write_section(table: str, path: Path = DOC) -> None:
     version if there is one, else at the end; every other section is kept as it is."""
     section = (f"{START}\n## Search time\n\n"
                "Wall-clock of `planner.search` (inter-op enumeration and bounds, stage DP, "
-               "closed-form ranking, step simulator on the finalists, intra-op solve of the "
-               "winner) on a 2-core machine shared with other jobs, after capture (timed "
+               "closed-form ranking, intra-op solve per tp degree of the finalists, step "
+               "simulator on the finalists priced with their placements and with the default "
+               "layout) on a 2-core machine shared with other jobs, after capture (timed "
                "apart). DGX A100 80GB nodes, s = 2048. Reproduce with "
                "`python benchmarks/search_time.py`.\n\n"
                f"{table}\n{END}")

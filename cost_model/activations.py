@@ -38,7 +38,7 @@ import torch
 
 from cost_model.megatron_layout import SHARD, TPLayout, nodes_by_name
 
-__all__ = ["ActivationBytes", "attention_core", "segment_activations", "tensor_bytes"]
+__all__ = ["ActivationBytes", "attention_core", "itemsize", "segment_activations", "tensor_bytes"]
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,12 @@ def tensor_bytes(info: Any) -> int:
     if shape is None or dtype is None:
         return 0
     if isinstance(dtype, tuple):
-        return sum(math.prod(s) * _itemsize(d) for s, d in zip(shape, dtype))
-    return math.prod(shape) * _itemsize(dtype)
+        return sum(math.prod(s) * itemsize(d) for s, d in zip(shape, dtype))
+    return math.prod(shape) * itemsize(dtype)
 
 
-def _itemsize(dtype: torch.dtype) -> int:
+def itemsize(dtype: torch.dtype) -> int:
+    """Bytes per element of ``dtype``."""
     return torch.empty((), dtype=dtype, device="meta").element_size()
 
 

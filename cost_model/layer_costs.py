@@ -21,7 +21,10 @@ replicated ops run on ``1/t`` of the sequence too):
   (sequence parallel: reduce-scatter, plus an all-gather of each column-parallel input);
   backward — all-reduce of each column-parallel input gradient (sequence parallel:
   reduce-scatter, plus an all-gather of each row-parallel output gradient); full recompute
-  repeats the forward ones;
+  repeats the forward ones. Priced placements (:mod:`cost_model.priced_layout`) instead
+  contribute the collectives of ``reshard_cost`` on every edge whose tp placement changes,
+  forward and backward (:mod:`cost_model.edge_reshard`), and split exactly the nodes their
+  placements split;
 - activations (:mod:`cost_model.activations`), local parameter elements by tied-canonical
   name, the bytes of the segment's output (the pipeline message) and the forward
   matrix-product FLOPs of the whole microbatch (Megatron's FLOP convention), all of them and
@@ -33,10 +36,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cost_model.activations import (ActivationBytes, attention_core, segment_activations,
-                                    tensor_bytes)
+from cost_model.activations import (ActivationBytes, attention_core, itemsize,
+                                    segment_activations, tensor_bytes)
 from cost_model.compute import backward_time_s, op_time_s
 from cost_model.config import CostModelError
+from cost_model.edge_reshard import edge_collectives
+from cost_model.mesh import LogicalMesh
 from cost_model.megatron_layout import (CONST, SHARD, TPLayout, graph_cache, infos_by_name,
                                        nodes_by_name, tp_layout, used_params)
 
@@ -145,21 +150,32 @@ def _segments(graph: Any) -> GraphSegments:
 
 def segment_cost(graph: Any, key: str, *, tp: int, sequence_parallel: bool, recompute: str,
                  microbatch: int, device: Any,
-                 placements: tuple[tuple[str, str], ...] | None = None) -> SegmentCost:
-    """The cached :class:`SegmentCost` of segment ``key`` (``"pre"``, ``"post"`` or a layer key)."""
+                 placements: tuple[tuple[str, str], ...] | None = None,
+                 cluster: Any = None) -> SegmentCost:
+    """The cached :class:`SegmentCost` of segment ``key`` (``"pre"``, ``"post"`` or a layer key).
+
+    ``cluster`` prices the reshards of priced placements (:mod:`cost_model.priced_layout`) on
+    the tp group ``0 … tp−1``; the other layouts do not need it."""
     cache = graph_cache(graph)
     sp = sequence_parallel and tp > 1
     policy = recompute if key not in ("pre", "post") else "none"
-    cache_key = ("segment", key, tp, sp, policy, microbatch, device, placements)
+    mesh = None
+    if tp > 1 and tp_layout(graph, placements).priced:
+        if cluster is None:
+            raise CostModelError("priced placements need the cluster to price their reshards")
+        mesh = LogicalMesh(cluster, (tp,), ("tp",))
+    cache_key = ("segment", key, tp, sp, policy, microbatch, device, placements, mesh)
     hit = cache.get(cache_key)
     if hit is None:
         hit = cache[cache_key] = _segment_cost(graph, key, tp, sp, policy, microbatch, device,
-                                               placements)
+                                               placements, mesh)
     return hit
 
 
 def _divisor(name: str, layout: TPLayout, tp: int, sp: bool) -> int:
     """How many ways the work of node ``name`` is split over the tp ranks."""
+    if layout.priced:
+        return tp if name in layout.split else 1
     if name in layout.column or name in layout.row or layout.state.get(name) == SHARD:
         return tp
     if name in layout.vocab:
@@ -168,7 +184,8 @@ def _divisor(name: str, layout: TPLayout, tp: int, sp: bool) -> int:
 
 
 def _segment_cost(graph: Any, key: str, tp: int, sp: bool, policy: str, microbatch: int,
-                  device: Any, placements: tuple[tuple[str, str], ...] | None) -> SegmentCost:
+                  device: Any, placements: tuple[tuple[str, str], ...] | None,
+                  mesh: LogicalMesh | None) -> SegmentCost:
     segments = graph_segments(graph)
     names = segments.names(key)
     layout = tp_layout(graph, placements)
@@ -197,7 +214,9 @@ def _segment_cost(graph: Any, key: str, tp: int, sp: bool, policy: str, microbat
             flops += float(info.flops) * scale
             if name in recomputed:
                 recompute_flops += float(info.flops) * scale
-        if tp > 1:
+        if mesh is not None:
+            _edge_collectives(graph, name, layout, scale, mesh, tp_fwd, tp_bwd)
+        elif tp > 1:
             _tp_collectives(graph, name, layout, scale, sp, tp_fwd, tp_bwd)
         for param in used_params(nodes_by_name(graph)[name], graph):
             canonical = graph.params[param].tied_to or param
@@ -205,12 +224,29 @@ def _segment_cost(graph: Any, key: str, tp: int, sp: bool, policy: str, microbat
             params[canonical] = graph.params[param].numel / split
     if policy == "full":
         tp_bwd = tp_fwd + tp_bwd
-    activations = segment_activations(graph, names, layout, tp=tp, sequence_parallel=sp,
-                                      recompute=policy)
+    activations = segment_activations(graph, names, layout, tp=tp,
+                                      sequence_parallel=sp and not layout.priced, recompute=policy)
     activations = ActivationBytes(activations.saved * scale, activations.working * scale)
-    output = tensor_bytes(infos[names[-1]]) * scale / (tp if sp else 1) if names else 0.0
+    split_output = layout.is_sharded(names[-1]) if layout.priced and names else sp
+    output = tensor_bytes(infos[names[-1]]) * scale / (tp if split_output else 1) if names else 0.0
     return SegmentCost(forward, backward, recompute, tuple(tp_fwd), tuple(tp_bwd), activations,
                        params, output, flops, recompute_flops)
+
+
+def _edge_collectives(graph: Any, name: str, layout: TPLayout, scale: float, mesh: LogicalMesh,
+                      fwd: list[tuple[str, float]], bwd: list[tuple[str, float]]) -> None:
+    """Append the reshards of priced placements into node ``name``
+    (:func:`cost_model.edge_reshard.edge_collectives`), scaled to the microbatch."""
+    infos = infos_by_name(graph)
+    for edge in layout.edges.get(name, ()):
+        info = infos[edge.producer]
+        shape = info.shape if isinstance(info.shape[0], int) else info.shape[0]
+        dtype = info.dtype[0] if isinstance(info.dtype, tuple) else info.dtype
+        forward, backward = edge_collectives(
+            (edge.src,), (edge.dst,), (edge.consumer_split,), edge.requires_grad, tuple(shape),
+            itemsize(dtype), mesh)
+        fwd.extend((kind, nbytes * scale) for kind, nbytes in forward)
+        bwd.extend((kind, nbytes * scale) for kind, nbytes in backward)
 
 
 def _tp_collectives(graph: Any, name: str, layout: TPLayout, scale: float, sp: bool,

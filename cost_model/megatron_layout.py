@@ -32,13 +32,15 @@ parallelism every saved activation is split.
 ``(dp, tp)`` mesh or on ``tp`` alone) override the state of the nodes they name (``S(d)`` on
 tp → ``SHARD``, ``R`` → ``REPL``, ``P`` → a partial sum, all-reduced to ``REPL`` like a
 row-parallel output); a node that turns a ``SHARD`` input into a ``REPL`` output without
-being a reduction point all-gathers its output.
+being a reduction point all-gathers its output. These maps name outputs only; a map that
+also names what each consumer needs of its inputs and the parameters' placements (the
+intra-op solver's answer) is priced edge by edge instead (:mod:`cost_model.priced_layout`).
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from cost_model.placements import Partial, Replicate, Shard, parse_placements
@@ -63,6 +65,11 @@ class TPLayout:
     sharded_params: frozenset[str]
     #: Activation inputs of each node (node names), ``CONST`` inputs left out.
     inputs: Mapping[str, tuple[str, ...]]
+    #: Priced placements only (:mod:`cost_model.priced_layout`): nodes whose work is split
+    #: over tp, and per consumer the edges whose tp placement changes.
+    priced: bool = False
+    split: frozenset[str] = frozenset()
+    edges: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def is_sharded(self, name: str) -> bool:
         return self.state.get(name) == SHARD
@@ -87,9 +94,14 @@ def _weight(names: list[str], graph: Any) -> str | None:
     return None
 
 
+def tp_placement(text: str) -> Any:
+    """The tp entry (last token) of a placement string."""
+    return parse_placements(text)[-1]
+
+
 def _tp_state(text: str) -> int | str:
     """State of a placement string's tp entry (its last token): SHARD, REPL or 'P'."""
-    last = parse_placements(text)[-1]
+    last = tp_placement(text)
     if isinstance(last, Shard):
         return SHARD
     if isinstance(last, Replicate):
@@ -184,5 +196,8 @@ def tp_layout(graph: Any, placements: tuple[tuple[str, str], ...] | None = None)
     per_graph = graph_cache(graph)
     key = ("tp_layout", placements or ())
     if key not in per_graph:
-        per_graph[key] = _build(graph, dict(placements or ()))
+        from cost_model.priced_layout import build_priced, is_priced
+
+        given = dict(placements or ())
+        per_graph[key] = build_priced(graph, given) if is_priced(given) else _build(graph, given)
     return per_graph[key]

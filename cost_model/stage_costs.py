@@ -92,9 +92,10 @@ def _collective(kind: str, nbytes: float, group: tuple[int, ...], cluster: Any) 
 
 @lru_cache(maxsize=1 << 12)
 def _optimizer_s(optimizer: OptimizerSpec, params: float, device: Any) -> float:
-    """Memory-bound optimizer step over ``params`` local parameters."""
+    """Memory-bound optimizer step over ``params`` local parameters, plus the device's fixed
+    host cost per step: ``op_time(12·Ψ FLOPs, 28·Ψ bytes) + step_overhead_us``."""
     return op_time_s("elementwise", optimizer.step_flops * params, optimizer.step_bytes * params,
-                     torch.float32, device)
+                     torch.float32, device) + device.step_overhead_us * 1e-6
 
 
 def _price(events: Any, group: tuple[int, ...], cluster: Any) -> float:
@@ -115,7 +116,8 @@ def build_stages(graph: Any, segments: GraphSegments, cluster: Any, config: Para
         devices.append(device)
         row = tuple(tuple(segment_cost(graph, key, tp=tp, sequence_parallel=config.sequence_parallel,
                                        recompute=config.recompute, microbatch=config.microbatch_size,
-                                       device=device, placements=config.placements)
+                                       device=device, placements=config.placements,
+                                       cluster=cluster)
                           for key, _ in keys[s][c]) for c in range(v))
         chunks.append(row)
         stage_params: dict[str, float] = {}

@@ -11,7 +11,9 @@ A plan fixes
 * data parallelism with ``zero_stage`` 0–3, ``recompute`` per repeated block
   (``none``/``selective``/``full``) and ``sequence_parallel``;
 * placements: per fx node (its output) and per parameter, as compact strings over the
-  stage-local ``placement_axes`` (``("dp", "tp")`` by default), e.g. ``"S(0)S(1)"``;
+  stage-local ``placement_axes`` (``("dp", "tp")`` by default), e.g. ``"S(0)S(1)"``, and in
+  ``input_placements`` (keys ``consumer<producer``) what a consumer needs where it differs
+  from its producer's output — the reshards the step time priced;
 * the predicted ``estimate`` (step time and breakdown, MFU, per-stage peak memory), the
   solver's status, search time and its per-phase ``timings``, runners-up, pruning reasons
   and fallbacks.
@@ -87,6 +89,7 @@ class Plan:
     placement_axes: tuple[str, ...] = ("dp", "tp")
     node_placements: Mapping[str, str] = field(default_factory=dict)
     param_placements: Mapping[str, str] = field(default_factory=dict)
+    input_placements: Mapping[str, str] = field(default_factory=dict)
     estimate: Mapping[str, Any] = field(default_factory=dict)
     solver: SolverInfo = SolverInfo()
     search_time_s: float = 0.0
@@ -126,6 +129,19 @@ class Plan:
                 )
 
     # -- degrees and summary ------------------------------------------------------------
+    def priced_config(self) -> Any:
+        """The :class:`cost_model.ParallelConfig` whose estimate is this plan's step time: the
+        estimated configuration, with the plan's own placements when the step time priced
+        them (``estimate["layout"] == "intra-op"``), else the default Megatron layout."""
+        from cost_model.config import ParallelConfig
+        from planner.inter_op.placements import priced_map
+
+        config = ParallelConfig.parse(self.estimate["config"])
+        if self.estimate.get("layout") != "intra-op":
+            return config
+        return config.replace(placements=priced_map(self.node_placements, self.input_placements,
+                                                    self.param_placements))
+
     def degree(self, axis: str) -> int:
         return self.mesh_shape[self.mesh_axes.index(axis)]
 

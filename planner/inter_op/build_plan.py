@@ -3,7 +3,10 @@
 Stages: virtual stage ``j`` of ``S = pp·v`` holds layers ``[Σ_{i<j} n_i, Σ_{i≤j} n_i)``, the
 embedding on ``j = 0`` and the head on ``j = S−1``; it runs on pipeline rank ``j mod pp``.
 Runners-up carry their step time and its delta to the winner,
-``Δ = T_runner − T_best`` and ``Δ/T_best``.
+``Δ = T_runner − T_best`` and ``Δ/T_best``. ``estimate["layout"]`` says which placements the
+step time priced (``intra-op`` or ``megatron-default``) and ``estimate["layout_note"]`` why;
+``input_placements`` holds what consumers need where it differs from their producer's output,
+so ``Plan.priced_config()`` rebuilds exactly the configuration that was estimated.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from cost_model.estimate import Estimate
 from cost_model.memory import GIB
 from cost_model.mesh import LogicalMesh
 from planner.plan_spec import Plan, StageAssignment
-from planner.inter_op.placements import Placements
+from planner.inter_op.pricing import Priced
 from planner.inter_op.space import Candidate
 
 __all__ = ["build_plan", "estimate_summary"]
@@ -31,12 +34,14 @@ def estimate_summary(c: Candidate, est: Estimate) -> dict[str, Any]:
     return data
 
 
-def _runner(c: Candidate, est: Estimate, best: Estimate) -> dict[str, Any]:
+def _runner(runner: Priced, best: Estimate) -> dict[str, Any]:
+    c, est = runner.candidate, runner.est
     delta = est.step_time_s - best.step_time_s
     return {"summary": c.summary(), "config": c.to_config_string(),
             "step_time_s": est.step_time_s, "delta_s": delta,
             "delta_pct": 100.0 * delta / best.step_time_s, "mfu": est.mfu,
-            "peak_memory_gib": max(m.total for m in est.memory) / GIB, "fits": est.fits}
+            "peak_memory_gib": max(m.total for m in est.memory) / GIB, "fits": est.fits,
+            "layout": runner.layout}
 
 
 def _axis_levels(cluster: Any, c: Candidate) -> tuple[str, ...]:
@@ -53,13 +58,18 @@ def _stages(c: Candidate) -> tuple[StageAssignment, ...]:
     return tuple(out)
 
 
-def build_plan(graph: Any, cluster: Any, *, model: str, batch: int, best: Candidate,
-               est: Estimate, runners_up: Sequence[tuple[Candidate, Estimate]],
-               placements: Placements, pruned: Sequence[str], fallbacks: Sequence[str],
+def build_plan(graph: Any, cluster: Any, *, model: str, batch: int, best: Priced,
+               runners_up: Sequence[Priced], pruned: Sequence[str], fallbacks: Sequence[str],
                search_time_s: float, timings: dict[str, float], visited: int) -> Plan:
     """The :class:`Plan` of the search's winner (module docstring)."""
-    summary = estimate_summary(best, est)
+    est, placements = best.est, best.placements
+    summary = estimate_summary(best.candidate, est)
     summary["candidates_visited"] = visited
+    summary["layout"] = best.layout
+    summary["layout_note"] = best.note
+    if placements.priced:
+        summary["intra_op_objective_s"] = placements.objective_s
+    best = best.candidate
     return Plan(
         model=model, cluster=cluster.name, graph_fingerprint=graph.fingerprint(),
         cluster_fingerprint=cluster.fingerprint(), batch=batch, seq=est.seq,
@@ -70,6 +80,7 @@ def build_plan(graph: Any, cluster: Any, *, model: str, batch: int, best: Candid
         recompute=(best.recompute,) * sum(best.stage_layers),
         sequence_parallel=best.sequence_parallel,
         node_placements=placements.nodes, param_placements=placements.params,
+        input_placements=placements.inputs if placements.priced else {},
         estimate=summary, solver=placements.solver, search_time_s=search_time_s,
-        runners_up=tuple(_runner(c, e, est) for c, e in runners_up),
+        runners_up=tuple(_runner(r, est) for r in runners_up),
         pruned=tuple(pruned), fallbacks=tuple(fallbacks), timings=timings)

@@ -22,10 +22,13 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
    exact per-rank memory (:mod:`planner.inter_op.stage_memory`) and rank the first stage that
    fits by the closed form ``T̂`` (:mod:`planner.inter_op.surrogate`). Higher ZeRO stages are
    not tried once one fits: at equal everything else they move at least as many bytes.
-5. *Finalists*: the ``K`` best by ``T̂`` are priced by the step simulator; the fastest that
-   fits wins, the next three are the runners-up.
-6. *Placements* of the winner's repeated block on its ``(dp, tp)`` stage mesh
-   (:mod:`planner.inter_op.placements`).
+5. *Placements*: the intra-op solver places the graph (repeated blocks sharing variables) on
+   the ``(1, tp)`` slice of the stage mesh once per distinct tp degree of the ``K`` best by
+   ``T̂`` (:mod:`planner.inter_op.placements`).
+6. *Finalists*: each is priced by the step simulator with the placements it would carry,
+   ``T(x, π)``, against the default Megatron layout ``T(x, μ)``, keeping the cheaper
+   (:mod:`planner.inter_op.pricing`); the fastest that fits wins, the next three are the
+   runners-up. So the plan's step time is the price of the placements the plan carries.
 
 Nothing is dropped silently: every pruned family or candidate group carries its reason with
 the arithmetic, and fallbacks (time budget, intra-op solver) are logged and kept in the plan.
@@ -39,14 +42,14 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from cost_model.config import CostModelError, ParallelConfig
-from cost_model.estimate import Estimate, estimate
 from cost_model.memory import GIB
 from planner.plan_spec import Plan
 from planner.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
 from planner.inter_op.build_plan import build_plan
 from planner.inter_op.infeasible import InfeasibleError, infeasible_message
 from planner.inter_op.partition import balanced_counts, partition_layers
-from planner.inter_op.placements import solve_placements
+from planner.inter_op.placements import IntraOpCache
+from planner.inter_op.pricing import Priced, price_finalist
 from planner.inter_op.profile import ModelProfile
 from planner.inter_op.progress import Budget, PhaseTimer, progress_bar
 from planner.inter_op.space import Candidate, Family, families, options
@@ -105,6 +108,7 @@ class _Search:
         self.partitions: dict[tuple, Any] = {}
         self.unfit: dict[Family, tuple[int, float, str]] = {}
         self.visited = 0
+        self.intra_op = IntraOpCache(graph, cluster)
 
     # -- steps 1–2 ------------------------------------------------------------------------
     def families(self) -> dict[Family, int]:
@@ -213,24 +217,38 @@ class _Search:
         log.warning(text)
         self.fallbacks.append(text)
 
-    # -- step 5 ---------------------------------------------------------------------------
-    def finalists(self, ranked: list[_Scored]) -> list[tuple[Candidate, Estimate]]:
-        out = []
+    # -- steps 5–6 -----------------------------------------------------------------------
+    def solve_placements(self, ranked: list[_Scored]) -> None:
+        """Step 6a: one intra-op solve per distinct tp degree of the finalists."""
+        for tp in dict.fromkeys(s.candidate.tp for s in ranked):
+            self.intra_op.solve(tp)
+
+    def finalists(self, ranked: list[_Scored]) -> list[Priced]:
+        """Steps 5–6b: price each finalist with its placements (:mod:`planner.inter_op.pricing`);
+        the fitting ones, fastest first, one per distinct plan."""
+        out: list[Priced] = []
+        seen: dict[str, str] = {}
         for scored in ranked:
             c = scored.candidate
-            config = ParallelConfig.parse(c.to_config_string())
             try:
-                est = estimate(self.graph, self.cluster, config, batch=self.batch)
+                priced = price_finalist(self.graph, self.cluster, c, self.batch, self.intra_op)
             except CostModelError as err:
                 self.pruned.append(f"{c.summary()}: the cost model refused it: {err}")
                 continue
-            if not est.fits:
-                worst = max(m.total for m in est.memory)
-                self.pruned.append(f"{c.summary()}: simulated peak {worst / GIB:.1f} GiB > "
-                                   f"{self.mem.capacity / GIB:.0f} GiB")
+            if not priced.est.fits:
+                worst = max(m.total for m in priced.est.memory)
+                self.pruned.append(f"{priced.candidate.summary()}: simulated peak "
+                                   f"{worst / GIB:.1f} GiB > {self.mem.capacity / GIB:.0f} GiB")
                 continue
-            out.append((c, est))
-        out.sort(key=lambda item: item[1].step_time_s)
+            key = f"{priced.candidate.to_config_string()} {priced.layout}"
+            if key in seen:
+                self.pruned.append(f"{c.summary()}: priced with its placements it is "
+                                   f"{priced.candidate.summary()}, already a finalist "
+                                   f"(as {seen[key]})")
+                continue
+            seen[key] = c.summary()
+            out.append(priced)
+        out.sort(key=lambda p: p.est.step_time_s)
         return out
 
     def unfit_reasons(self) -> None:
@@ -265,6 +283,8 @@ def run_search(graph: Any, cluster: Any, *, batch: int, model: str, time_budget_
         fams = state.families()
         ranked = state.rank(fams)
         state.unfit_reasons()
+    with timer("intra-op"):
+        state.solve_placements(ranked)
     with timer("simulate"):
         done = state.finalists(ranked)
     if not done:
@@ -272,11 +292,11 @@ def run_search(graph: Any, cluster: Any, *, batch: int, model: str, time_budget_
                          heads=state.profile.heads, tp_widths=state.profile.tp_widths(),
                          pruned=[])
         raise state.infeasible(valid, model)
-    best, est = done[0]
-    with timer("intra-op"):
-        placements = solve_placements(graph, cluster, best)
-    return build_plan(graph, cluster, model=model, batch=batch, best=best, est=est,
-                      runners_up=done[1:4], placements=placements, pruned=state.pruned,
-                      fallbacks=state.fallbacks + placements.fallbacks,
+    best = done[0]
+    if best.fallback:
+        log.warning(best.note)
+    fallbacks = state.fallbacks + best.placements.fallbacks + ([best.note] if best.fallback else [])
+    return build_plan(graph, cluster, model=model, batch=batch, best=best,
+                      runners_up=done[1:4], pruned=state.pruned, fallbacks=fallbacks,
                       search_time_s=budget.elapsed(), timings=timer.rounded(),
                       visited=state.visited)

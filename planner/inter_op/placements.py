@@ -1,14 +1,19 @@
-"""Per-node and per-parameter placements of the chosen plan on its ``(dp, tp)`` stage mesh.
+"""Per-node and per-parameter placements of a candidate on its ``(dp, tp)`` stage mesh.
 
 The intra-op solver (:func:`planner.intra_op.solve_intra_op`, repeated blocks sharing one set
-of variables) places the winner's graph on the ``(1, tp)`` slice of its ``(dp, tp)`` stage mesh
-at the captured microbatch; the ``dp`` token is the search's data parallelism (the batch
-``S(0)`` for activations, ``S(0)`` for parameters under ZeRO-3). Its placements, status and
-gap go into the plan. The step time stays the cost model's price of the default Megatron
-layout (which the solver rediscovers on GPT blocks). Where
-that solver is not importable or refuses the call, the placements come from the cost model's
-default Megatron layout (:func:`cost_model.megatron_layout.tp_layout`, derived from dataflow),
-and the fallback is logged and recorded in ``Plan.fallbacks`` — never silently:
+of variables) places the graph on the ``(1, tp)`` slice of the stage mesh at the captured
+microbatch, once per tensor-parallel degree (:class:`IntraOpCache`); the ``dp`` token is the
+search's data parallelism (the batch ``S(0)`` for activations, ``S(0)`` for parameters under
+ZeRO-3). :meth:`Placements.priced_map` is what :func:`cost_model.estimate.estimate` prices
+(:mod:`cost_model.priced_layout`): every node's output, what each consumer needs where it
+differs from its producer's output (``consumer<producer``), every parameter (``param:name``).
+Sequence parallelism is read off the answer: it is on when an activation the Megatron layout
+replicates (layer norms, the residual stream) is sharded over tp.
+
+Where the solver is not importable or refuses the call, the placements come from the cost
+model's default Megatron layout (:func:`cost_model.megatron_layout.tp_layout`, derived from
+dataflow), priced by that layout's rules, and the fallback is logged and recorded in
+``Plan.fallbacks`` — never silently:
 
 - parameters: column-parallel weights and biases and the vocab-parallel embedding
   ``S(0)`` over tp, row-parallel weights ``S(1)``, the rest ``R``; over dp ``S(0)`` under
@@ -23,14 +28,16 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
-from cost_model.megatron_layout import CONST, REPL, tp_layout, used_params
+from cost_model.megatron_layout import CONST, REPL, nodes_by_name, tp_layout, used_params
 from cost_model.mesh import LogicalMesh
+from cost_model.placements import format_placements
+from cost_model.priced_layout import PARAM_PREFIX, edge_key
 from planner.plan_spec import SolverInfo
 from planner.inter_op.space import Candidate
 
-__all__ = ["Placements", "solve_placements"]
+__all__ = ["IntraOpCache", "Placements", "megatron_placements", "priced_map"]
 
 log = logging.getLogger("fxplan.planner")
 
@@ -40,33 +47,69 @@ SOLVER_TIME_LIMIT_S = 30.0
 
 @dataclass
 class Placements:
+    """Outputs (``nodes``), consumers' needs (``inputs``, keys ``consumer<producer``) and
+    parameters on the ``(dp, tp)`` stage mesh; ``priced`` when they came from the solver and
+    are what the estimate prices (else the default Megatron layout is)."""
+
     nodes: dict[str, str] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
     solver: SolverInfo = SolverInfo()
     fallbacks: list[str] = field(default_factory=list)
+    inputs: dict[str, str] = field(default_factory=dict)
+    priced: bool = False
+    sequence_parallel: bool = False
+    objective_s: float = float("nan")
+
+    def priced_map(self) -> dict[str, str] | None:
+        """``ParallelConfig.placements`` for :func:`cost_model.estimate.estimate`; ``None``
+        for the default Megatron layout."""
+        if not self.priced:
+            return None
+        return priced_map(self.nodes, self.inputs, self.params)
+
+
+def priced_map(nodes: Mapping[str, str], inputs: Mapping[str, str],
+               params: Mapping[str, str]) -> dict[str, str]:
+    """One map of outputs, needs and ``param:``-prefixed parameters
+    (:mod:`cost_model.priced_layout`)."""
+    out = {**nodes, **inputs}
+    out.update((PARAM_PREFIX + name, text) for name, text in params.items())
+    return out
 
 
 def _tokens(text: str) -> list[str]:
     return re.findall(r"S\(-?\d+\)|R|P", text)
 
 
-def _from_solver(graph: Any, cluster: Any, c: Candidate) -> Placements:
-    """Solve the tp axis on the ``(1, tp)`` slice of the stage mesh at the captured microbatch;
-    the dp token is the inter-op search's data parallelism (batch ``S(0)`` for activations,
-    parameters ``S(0)`` under ZeRO-3, else ``R``)."""
-    from planner.intra_op import solve_intra_op
+def _sequence_parallel(graph: Any, nodes: Mapping[str, str]) -> bool:
+    """Whether an activation the Megatron layout replicates is sharded over tp."""
+    layout = tp_layout(graph)
+    by_name = nodes_by_name(graph)
+    return any(layout.state.get(name) == REPL and by_name[name].op != "placeholder"
+               and _tokens(text)[-1].startswith("S") for name, text in nodes.items())
 
-    result = solve_intra_op(graph, LogicalMesh(cluster, (1, c.tp), ("dp", "tp")),
-                            time_limit_s=SOLVER_TIME_LIMIT_S)
+
+def _from_solver(graph: Any, result: Any, c: Candidate) -> Placements:
+    """The solver's answer for ``c``'s tp degree on ``c``'s stage mesh: the dp token is the
+    inter-op search's data parallelism (batch ``S(0)`` for activations, parameters ``S(0)``
+    under ZeRO-3, else ``R``)."""
     layout = tp_layout(graph)
     batch = "S(0)" if c.dp > 1 else "R"
     weights = "S(0)" if c.zero_stage == 3 and c.dp > 1 else "R"
-    nodes = {name: (batch if layout.state.get(name) != CONST else "R") + _tokens(p)[-1]
-             for name, p in result.node_placements.items()}
+
+    def act(name: str, text: str) -> str:
+        return (batch if layout.state.get(name) != CONST else "R") + _tokens(text)[-1]
+
+    nodes = {name: act(name, p) for name, p in result.node_placements.items()}
+    inputs = {edge_key(r.consumer, r.producer): act(r.producer, format_placements(r.dst))
+              for r in result.reshards}
     params = {name: weights + _tokens(p)[-1] for name, p in result.param_placements.items()}
     out = Placements(nodes, params, SolverInfo(backend=result.backend, status=result.status,
                                                gap=float(result.gap),
-                                               time_s=float(result.solve_time_s)))
+                                               time_s=float(result.solve_time_s)),
+                     inputs=inputs, priced=True,
+                     sequence_parallel=_sequence_parallel(graph, nodes),
+                     objective_s=float(result.objective_s))
     out.fallbacks.extend(f"intra-op: {f}" for f in result.fallbacks)
     return out
 
@@ -104,16 +147,44 @@ def _megatron(graph: Any, c: Candidate) -> Placements:
     return Placements(nodes, params, SolverInfo(backend="megatron-default", status="not-run"))
 
 
-def solve_placements(graph: Any, cluster: Any, c: Candidate) -> Placements:
-    """The solver's placements for ``c``'s stage mesh, or the logged Megatron fallback."""
-    try:
-        return _from_solver(graph, cluster, c)
-    except (ImportError, AttributeError, TypeError, NotImplementedError) as err:
-        reason = (f"intra-op solver unavailable ({type(err).__name__}: {err}); placements are "
-                  f"the cost model's default Megatron layout (column/row tp={c.tp}, "
+def megatron_placements(graph: Any, c: Candidate) -> Placements:
+    """The default Megatron layout of ``c`` as placements (priced by the layout's own rules)."""
+    return _megatron(graph, c)
+
+
+class IntraOpCache:
+    """One intra-op solve per tensor-parallel degree (the solution does not depend on dp,
+    microbatching, ZeRO or recompute: the solver sees the ``(1, tp)`` slice at the captured
+    microbatch); a solver that cannot run is remembered as its reason."""
+
+    def __init__(self, graph: Any, cluster: Any) -> None:
+        self.graph, self.cluster = graph, cluster
+        self._solved: dict[int, Any] = {}
+
+    def solve(self, tp: int) -> Any:
+        """The :class:`~planner.intra_op.IntraOpSolution` for ``tp``, or the reason (a string)
+        why the solver could not run."""
+        if tp not in self._solved:
+            try:
+                from planner.intra_op import solve_intra_op
+
+                mesh = LogicalMesh(self.cluster, (1, tp), ("dp", "tp"))
+                self._solved[tp] = solve_intra_op(self.graph, mesh,
+                                                  time_limit_s=SOLVER_TIME_LIMIT_S)
+            except (ImportError, AttributeError, TypeError, NotImplementedError) as err:
+                self._solved[tp] = f"{type(err).__name__}: {err}"
+        return self._solved[tp]
+
+    def placements(self, c: Candidate) -> Placements:
+        """The solver's placements for ``c``'s stage mesh, or the logged Megatron fallback."""
+        result = self.solve(c.tp)
+        if not isinstance(result, str):
+            return _from_solver(self.graph, result, c)
+        reason = (f"intra-op solver unavailable ({result}); placements are the cost model's "
+                  f"default Megatron layout (column/row tp={c.tp}, "
                   f"{'sequence-parallel' if c.sequence_parallel else 'replicated'} residual "
                   "stream), which is also what the step time was priced with")
         log.warning(reason)
-        out = _megatron(graph, c)
+        out = _megatron(self.graph, c)
         out.fallbacks.append(reason)
         return out

@@ -20,8 +20,10 @@ Edge ``u → v`` carrying tensor ``x`` from placements ``src`` to ``dst``:
 
     with, per axis, grad(dst) = P if dst is R and v is split on the axis (each rank's share of
     v's work yields a partial gradient of a replicated input), R if dst is P, else dst; and
-    grad(src) = R if src is P, else src. This is how Megatron's f/g operators arise: the
-    replicated input of a column-parallel linear all-reduces its gradient.
+    grad(src) = R if src is P, else src (:func:`cost_model.edge_reshard.gradient_placements`,
+    the rule :func:`cost_model.estimate.estimate` prices explicit placements with). This is how
+    Megatron's f/g operators arise: the replicated input of a column-parallel linear
+    all-reduces its gradient.
 
 Reshards and collectives are priced by ``cost_model.reshard.reshard_cost`` (a collective of
 kind k on axis a is the reshard that performs it: P→R all-reduce, P→S reduce-scatter, S→R
@@ -41,8 +43,9 @@ from typing import Any, Sequence
 import torch
 
 from cost_model.compute import node_time_s
+from cost_model.edge_reshard import gradient_placements
 from cost_model.mesh import LogicalMesh
-from cost_model.placements import Partial, Placement, Replicate, local_shape
+from cost_model.placements import Partial, Replicate, local_shape
 from cost_model.reshard import reshard_cost
 from planner.intra_op.costs import NodePrice
 from planner.sharding.api import NodeStrategies
@@ -150,16 +153,9 @@ class MeshCost:
             return math.inf  # a partial sum is made by an op, never by a reshard
         price = self._reshard(src, dst, tensor.shape, tensor.dtype_bytes)
         if self.training and requires_grad:
-            grad_dst = tuple(_grad_of_input(p, s) for p, s in zip(dst, consumer_split))
-            grad_src = tuple(R if isinstance(p, Partial) else p for p in src)
+            grad_dst, grad_src = gradient_placements(src, dst, consumer_split)
             price += self._reshard(grad_dst, grad_src, tensor.shape, tensor.dtype_bytes)
         return price
-
-
-def _grad_of_input(placement: Placement, split: bool) -> Placement:
-    if isinstance(placement, Replicate):
-        return P if split else R
-    return R if isinstance(placement, Partial) else placement
 
 
 def _first_shape(out: Any) -> tuple[int, ...]:

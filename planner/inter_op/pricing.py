@@ -1,0 +1,105 @@
+"""Price a finalist with the placements it will carry.
+
+For a finalist ``c`` the intra-op solver's placements ``π`` for its tp degree
+(:class:`planner.inter_op.placements.IntraOpCache`) go into
+``ParallelConfig.placements`` and the step simulator prices them
+(:func:`cost_model.estimate.estimate`, :mod:`cost_model.priced_layout`): compute split as
+``π`` splits it, activation memory as ``π`` shards it, tensor-parallel communication as the
+reshards of ``π`` (``reshard_cost``, the function the solver priced them with). Sequence
+parallelism is what ``π`` says (``c_π = c`` with ``sp`` read off ``π``).
+
+The solver minimises one block's time at the captured microbatch, without the pipeline, so
+its answer could in principle price worse in the full step than the cost model's default
+Megatron layout ``μ``. Both are priced and the plan keeps
+
+    argmin over {(c_π, π), (c, μ)} of (not fits, T)         ties go to the solver's π
+
+recording which, and why, in the result's ``note`` (the driver puts it in ``Plan.estimate``
+and, when ``μ`` wins, in ``Plan.fallbacks``). Nothing is chosen silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cost_model.config import CostModelError, ParallelConfig
+from cost_model.estimate import Estimate, estimate
+from planner.inter_op.placements import IntraOpCache, Placements, megatron_placements
+from planner.inter_op.space import Candidate
+
+__all__ = ["Priced", "price_finalist", "INTRA_OP", "MEGATRON"]
+
+INTRA_OP, MEGATRON = "intra-op", "megatron-default"
+
+
+@dataclass
+class Priced:
+    """A finalist as it will be planned: the candidate (``sp`` as its placements say), its
+    estimate, the placements that estimate priced, which layout they are, and why."""
+
+    candidate: Candidate
+    est: Estimate
+    placements: Placements
+    layout: str
+    note: str
+    fallback: bool = False
+
+
+def _estimate(graph: Any, cluster: Any, c: Candidate, batch: int,
+              placements: dict[str, str] | None) -> Estimate:
+    config = ParallelConfig.parse(c.to_config_string())
+    if placements is not None:
+        config = config.replace(placements=placements)
+    return estimate(graph, cluster, config, batch=batch)
+
+
+def _key(p: Priced) -> tuple[bool, float, int]:
+    return (not p.est.fits, p.est.step_time_s, 0 if p.layout == INTRA_OP else 1)
+
+
+def price_finalist(graph: Any, cluster: Any, c: Candidate, batch: int,
+                   cache: IntraOpCache) -> Priced:
+    """The cheaper of the solver's placements and the default layout (module docstring).
+    Raises :class:`CostModelError` when the cost model refuses both."""
+    options: list[Priced] = []
+    errors: list[str] = []
+    solved = cache.placements(c)
+    if solved.priced:
+        c_pi = c.with_(sequence_parallel=solved.sequence_parallel)
+        try:
+            est = _estimate(graph, cluster, c_pi, batch, solved.priced_map())
+            options.append(Priced(c_pi, est, solved, INTRA_OP, ""))
+        except CostModelError as err:
+            errors.append(f"intra-op placements: {err}")
+    try:
+        default = megatron_placements(graph, c) if solved.priced else solved
+        est = _estimate(graph, cluster, c, batch, None)
+        options.append(Priced(c, est, default, MEGATRON, ""))
+    except CostModelError as err:
+        errors.append(f"default layout: {err}")
+    if not options:
+        raise CostModelError("; ".join(errors))
+    best = min(options, key=_key)
+    best.note = _why(best, options, solved, errors)
+    best.fallback = best.layout == MEGATRON and solved.priced
+    return best
+
+
+def _why(best: Priced, options: list[Priced], solved: Placements, errors: list[str]) -> str:
+    if not solved.priced:
+        return "intra-op solver unavailable: priced with the default Megatron layout"
+    other = next((o for o in options if o is not best), None)
+    if other is None:
+        return f"only the {best.layout} layout could be priced ({'; '.join(errors)})"
+    if best.layout == INTRA_OP:
+        return (f"priced with the intra-op placements: {best.est.step_time_s:.6g} s ≤ "
+                f"{other.est.step_time_s:.6g} s for the default Megatron layout")
+    if best.est.fits and not other.est.fits:
+        why = "the intra-op placements do not fit in memory under the step's schedule"
+    else:
+        why = (f"{best.est.step_time_s:.6g} s < {other.est.step_time_s:.6g} s with the "
+               "intra-op placements (the solver prices one block at the captured microbatch, "
+               "without the pipeline)")
+    return (f"{best.candidate.summary()}: the default Megatron layout is kept: {why}; the plan "
+            "carries the Megatron layout")
