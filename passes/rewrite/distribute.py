@@ -77,7 +77,10 @@ class DistributeParameters(RewritePass):
         if isinstance(placement, Partial):
             raise self.error(f"parameter {fqn!r} is planned {text!r}: a parameter cannot be partial")
         with torch.no_grad():
-            dtensor = distribute_tensor(param.detach(), self.tp_mesh, [placement])
+            # a meta parameter (per-stage build) has no data to send: every rank slices alone
+            src = None if param.is_meta else 0
+            dtensor = distribute_tensor(param.detach(), self.tp_mesh, [placement],
+                                        src_data_rank=src)
         new = nn.Parameter(dtensor, requires_grad=param.requires_grad)
         self.names[id(new)] = fqn
         return new

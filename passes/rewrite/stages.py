@@ -25,12 +25,14 @@ compute exactly what the original graph did (so this pass can be tested on one p
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.utils.stateless import _reparametrize_module
 
 from passes.rewrite.base import PassResult, RewritePass
 from passes.rewrite.layers import EMBED, HEAD
@@ -106,8 +108,15 @@ class SplitStages(RewritePass):
                 values[node.name] = result = super().run_node(node)
                 return result
 
+        # parameters on meta (per-stage build) take part as fake tensors on the inputs' device
+        device = self.example_inputs[0].device if self.example_inputs else torch.device("cpu")
+        tensors = [*gm.named_parameters(remove_duplicate=False),
+                   *gm.named_buffers(remove_duplicate=False)]
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            Recorder(gm).run(*(mode.from_tensor(x) for x in self.example_inputs))
+            fakes = {name: torch.empty(t.shape, dtype=t.dtype, device=device)
+                     for name, t in tensors if t.is_meta}
+            with _reparametrize_module(gm, fakes) if fakes else contextlib.nullcontext():
+                Recorder(gm).run(*(mode.from_tensor(x) for x in self.example_inputs))
         return values
 
     def run(self, gm: fx.GraphModule, plan: "Plan") -> PassResult:

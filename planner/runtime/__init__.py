@@ -6,6 +6,7 @@
 """
 
 from planner.runtime.apply import apply_plan, staged_program
+from planner.runtime.build import meta_parameters
 from planner.runtime.sharded_module import ShardedModule
 
-__all__ = ["apply_plan", "staged_program", "ShardedModule"]
+__all__ = ["apply_plan", "staged_program", "meta_parameters", "ShardedModule"]

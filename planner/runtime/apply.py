@@ -3,11 +3,12 @@
     model ─trace─► flat graph ─outline-layers─► embed · layer_i · head ─split-stages─► stages
         per local stage k (this rank's pp coordinate, k mod pp):
             distribute-parameters (tp DTensors) → insert-reshards (tp) → recompute
-            → data parallel / ZeRO (dp) → PipelineStage
+            → materialize (meta models only) → data parallel / ZeRO (dp) → PipelineStage
         tied-weight groups across pipeline ranks; schedule built at the first train_step
 
 Every process of the default group calls :func:`apply_plan` (process groups are created
-collectively); a process outside the plan's ranks gets ``None``.
+collectively); a process outside the plan's ranks gets ``None``. The model may live on ``meta``
+(see :mod:`planner.runtime.build`): then only this rank's stages get storage.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from passes.rewrite.layers import OutlineLayers
 from passes.rewrite.recompute import Recompute
 from passes.rewrite.reshard import InsertReshards
 from passes.rewrite.stages import SplitStages, StagedProgram
+from planner.runtime.build import InitSource, has_meta, init_values, materialize
 from planner.runtime.data_parallel import apply_data_parallel
 from planner.runtime.mesh import build_mesh, device_type
 from planner.runtime.pipeline import local_stage_indices
@@ -64,20 +66,27 @@ def _shared_users(model: nn.Module, program: StagedProgram) -> dict[str, list[in
 
 
 def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[int] | None = None,
-               debug: bool = False) -> ShardedModule | None:
+               debug: bool = False, init: InitSource = None, checkpoint: str | None = None
+               ) -> ShardedModule | None:
     """Turn ``model`` into this process's part of the plan's distributed program.
 
     ``inputs``: example model inputs (any batch size ≥ ``plan.microbatch_size``); ``ranks``: the
     global ranks of the plan's mesh (default ``0 … world-1``); ``debug``: reshards verify the
-    planned placement at run time.
+    planned placement at run time. A model with parameters on ``meta`` is built per stage:
+    ``init`` (a builder of the full CPU model, or ``{fqn: tensor}``) gives the values, or
+    ``checkpoint`` (a path saved by :meth:`ShardedModule.save` under any plan) is loaded.
     """
     if plan.pp == 1 and plan.virtual_stages > 1:
         from passes.rewrite.base import PassError
 
         raise PassError("split-stages", f"schedule {plan.schedule!r} needs pp ≥ 2")
-    names = {}
-    for fqn, param in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), fqn)
+    names: dict[int, str] = {}
+    for fqn, tensor in [*model.named_parameters(remove_duplicate=False),
+                        *model.named_buffers(remove_duplicate=False)]:
+        names.setdefault(id(tensor), fqn)
+    on_meta = has_meta(model)
+    if on_meta and init is None and checkpoint is None:
+        raise ValueError("a model on meta needs init= (a builder or values) or checkpoint=")
     program = staged_program(model, plan, inputs)
     mesh = build_mesh(plan, ranks)
     tied = TiedGradSync(plan, mesh, _shared_users(model, program))
@@ -89,14 +98,20 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     pp_rank = dict(zip(mesh.mesh_dim_names, coordinate))["pp"]
     device = torch.device(device_type(), torch.cuda.current_device()) if device_type() == "cuda" \
         else torch.device("cpu")
+    values = init_values(init) if on_meta and checkpoint is None else None
     stages = []
     for k in local_stage_indices(plan, pp_rank):
-        module = program.stage(k).to(device)
+        module = program.stage(k) if on_meta else program.stage(k).to(device)
         passes = PassManager([DistributeParameters(mesh["tp"], names),
                               InsertReshards(mesh["tp"], debug=debug), Recompute()])
         inner = passes.run(module, plan).module
+        materialize(inner, names, device, values)
         local_names = {local: names[id(p)]
                        for local, p in inner.named_parameters(remove_duplicate=False)}
         wrapped = apply_data_parallel(inner, plan, mesh)
         stages.append(LocalStage(k, wrapped, inner, local_names))
-    return ShardedModule(plan, mesh, stages, program.stage_io, tied, group, device)
+    del values
+    sharded = ShardedModule(plan, mesh, stages, program.stage_io, tied, group, device)
+    if checkpoint is not None:
+        sharded.load(checkpoint)
+    return sharded

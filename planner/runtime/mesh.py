@@ -10,7 +10,7 @@ default group, so every process calls :func:`build_mesh`, members or not; non-me
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 if TYPE_CHECKING:  # pragma: no cover
     from planner.plan_spec import Plan
 
-__all__ = ["build_mesh", "device_type", "mesh_coordinate", "rank_at"]
+__all__ = ["build_mesh", "device_type", "gather_merged", "mesh_coordinate", "rank_at"]
 
 
 def device_type() -> str:
@@ -54,3 +54,14 @@ def rank_at(mesh: DeviceMesh, **coordinate: int) -> int:
     """Global rank at a full coordinate, e.g. ``rank_at(mesh, pp=1, dp=0, tp=1)``."""
     index = tuple(coordinate[name] for name in mesh.mesh_dim_names or ())
     return int(mesh.mesh[index].item())
+
+
+def gather_merged(local: dict[str, Any], group: dist.ProcessGroup) -> dict[str, Any]:
+    """The union of every rank's ``local`` dict (first rank wins on a shared key); collective."""
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, local, group=group)
+    merged: dict[str, Any] = {}
+    for part in gathered:
+        for key, value in part.items():
+            merged.setdefault(key, value)
+    return merged

@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from planner.runtime.data_parallel import make_optimizer
+from planner.runtime.mesh import gather_merged
 from planner.runtime.pipeline import build_schedule
 from planner.runtime.tied import TiedGradSync
 
@@ -88,13 +89,7 @@ class ShardedModule:
         for fqn, param in self.named_parameters().items():
             full = param.full_tensor() if isinstance(param, DTensor) else param
             local[fqn] = full.detach().cpu().clone()
-        gathered: list[Any] = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(gathered, local, group=self.group)
-        merged: dict[str, torch.Tensor] = {}
-        for part in gathered:
-            for fqn, tensor in part.items():
-                merged.setdefault(fqn, tensor)
-        return merged
+        return gather_merged(local, self.group)
 
     # -- training -------------------------------------------------------------------------
     def _schedule(self, loss_fn: Callable[..., torch.Tensor]) -> Any:
@@ -157,14 +152,16 @@ class ShardedModule:
                 if fqn in own and value is not own[fqn]:
                     own[fqn].copy_(value)
 
-    def save(self, path: str) -> None:
-        """Sharded checkpoint: every rank writes its shards (see :mod:`planner.runtime.checkpoint`)."""
+    def save(self, path: str, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Sharded checkpoint of the parameters (and ``optimizer``'s state): every rank writes
+        its shards (see :mod:`planner.runtime.checkpoint`)."""
         from planner.runtime.checkpoint import save_sharded
 
-        save_sharded(self, path)
+        save_sharded(self, path, optimizer)
 
-    def load(self, path: str) -> None:
-        """Load a checkpoint saved under any plan, resharding into this one."""
+    def load(self, path: str, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Load a checkpoint saved under any plan, resharding into this one (parameters, and
+        ``optimizer``'s state when given)."""
         from planner.runtime.checkpoint import load_sharded
 
-        load_sharded(self, path)
+        load_sharded(self, path, optimizer)

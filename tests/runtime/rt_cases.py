@@ -8,20 +8,30 @@ import torch
 
 from examples.models.lm import lm_loss
 from planner.plan_spec import Plan
-from planner.runtime.apply import apply_plan
+from planner.runtime.apply import apply_plan, staged_program
+from planner.runtime.pipeline import local_stage_indices
+from torch.distributed.tensor import DTensor
 from rt_plans import build_model, fixed_batch, make_plan
 
 LR = 0.1
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
+    "sgd": (torch.optim.SGD, dict(lr=LR)),
+    "momentum": (torch.optim.SGD, dict(lr=LR, momentum=0.9)),
+    "adam": (torch.optim.Adam, dict(lr=1e-3)),
+}
 
 
 def _plan(plan_kwargs: dict[str, Any] | None, plan_json: str | None) -> Plan:
     return Plan.from_json(plan_json) if plan_json else make_plan(**(plan_kwargs or {}))
 
 
-def _reference(plan: Plan, layers: int, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(plan: Plan, layers: int, steps: int, optimizer: str = "sgd"
+              ) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses and parameters of one process after ``steps`` steps of ``optimizer``."""
     model = build_model(layers)
     tokens, targets = fixed_batch(plan)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    optimizer_class, kwargs = OPTIMIZERS[optimizer]
+    optimizer = optimizer_class(model.parameters(), **kwargs)
     losses = []
     for _ in range(steps):
         loss = lm_loss(model(tokens), targets)
@@ -36,17 +46,35 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
+def local_bytes(sharded: Any) -> int:
+    """Bytes of the parameter storage this rank holds (its shards of DTensors)."""
+    locals_ = [p.to_local() if isinstance(p, DTensor) else p for p in sharded.parameters()]
+    return sum(t.numel() * t.element_size() for t in locals_)
+
+
+def stage_bytes(plan: Plan, layers: int, tokens: torch.Tensor, pp_rank: int) -> int:
+    """Bytes of the parameters of the stages pipeline rank ``pp_rank`` runs (one process)."""
+    program = staged_program(build_model(layers), plan, tokens)
+    params = {id(p): p for k in local_stage_indices(plan, pp_rank)
+              for p in program.stage(k).parameters()}
+    return sum(p.numel() * p.element_size() for p in params.values())
+
+
 def train_matches_reference(plan_kwargs: dict[str, Any] | None = None, plan_json: str | None = None,
-                            steps: int = 3, ranks: list[int] | None = None) -> dict[str, Any] | None:
+                            steps: int = 3, ranks: list[int] | None = None, meta: bool = False
+                            ) -> dict[str, Any] | None:
     """Train ``steps`` SGD steps under the plan (hand-made from ``plan_kwargs`` or a JSON plan);
-    errors against one process (rank 0 reports)."""
+    errors against one process (rank 0 reports). ``meta``: build the model on meta, each rank
+    materialising its stages from the reference builder; also reports parameter bytes."""
     plan = _plan(plan_kwargs, plan_json)
     layers = (plan_kwargs or {}).get("layers", 2)
-    model = build_model(layers)
+    model = build_model(layers, meta=meta)
     batch = fixed_batch(plan)
-    sharded = apply_plan(model, plan, batch[0], ranks=ranks, debug=True)
+    init = (lambda: build_model(layers)) if meta else None
+    sharded = apply_plan(model, plan, batch[0], ranks=ranks, debug=True, init=init)
     if sharded is None:
         return None
+    held = local_bytes(sharded)
     optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
     losses = []
     for _ in range(steps):
@@ -54,11 +82,13 @@ def train_matches_reference(plan_kwargs: dict[str, Any] | None = None, plan_json
         optimizer.step()
         optimizer.zero_grad()
     params = sharded.full_parameters()
-    ref_losses, ref_params = _reference(plan, layers, steps)
+    ref_losses, ref_params = reference(plan, layers, steps)
     param_errors = {k: relative_error(params[k], ref_params[k]) for k in ref_params}
     worst = max(param_errors, key=param_errors.get)
     return dict(
-        losses=losses, ref_losses=ref_losses,
+        losses=losses, ref_losses=ref_losses, local_bytes=held,
+        stage_bytes=stage_bytes(plan, layers, batch[0], sharded.coordinate["pp"]),
+        total_bytes=sum(p.numel() * p.element_size() for p in build_model(layers).parameters()),
         loss_error=max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
         param_error=param_errors[worst], worst=worst,
         missing=sorted(set(ref_params) - set(params)),

@@ -23,11 +23,17 @@ _COLUMN = ("attn.qkv.weight", "attn.qkv.bias", "mlp.fc1.weight", "mlp.fc1.bias")
 _ROW = ("attn.proj.weight", "mlp.fc2.weight")
 
 
-def build_model(layers: int = 2, seed: int = 0, attention: str = "math") -> torch.nn.Module:
+def build_model(layers: int = 2, seed: int = 0, attention: str = "math", meta: bool = False
+                ) -> torch.nn.Module:
+    """The tiny GPT, seeded; ``meta``: parameters on meta (buffers real), for per-stage builds."""
+    import contextlib
+
     from examples.model_spec import resolve_model
+    from planner.runtime.build import meta_parameters
 
     torch.manual_seed(seed)
-    return resolve_model(f"{MODEL},layers={layers},attention={attention}").build("cpu")
+    with meta_parameters() if meta else contextlib.nullcontext():
+        return resolve_model(f"{MODEL},layers={layers},attention={attention}").build("cpu")
 
 
 def param_placements(model: torch.nn.Module, tp: int) -> dict[str, str]:

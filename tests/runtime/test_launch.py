@@ -53,7 +53,8 @@ def test_world_size_mismatch_refused_before_start(plan_file):
     start = time.perf_counter()
     done = fxplan(str(plan_file), "--nproc-per-node", "2")
     assert done.returncode == 2
-    assert "needs world size pp·dp·tp = 2·2·1 = 4, but 2 processes" in done.stderr
+    pp, dp, tp = json.loads(plan_file.read_text())["mesh_shape"]
+    assert f"needs world size pp·dp·tp = {pp}·{dp}·{tp} = 4, but 2 processes" in done.stderr
     assert "torch.distributed.run" not in done.stdout + done.stderr
     assert time.perf_counter() - start < 30
 
