@@ -3,6 +3,8 @@
     fxplan launch plan.json --steps 20
     fxplan launch plan.json --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29500
     fxplan launch plan.json --dry-run          # print the torchrun command only
+    fxplan launch plan.json --steps 20 --save ckpt/
+    fxplan launch new-plan.json --resume ckpt/  # after a re-plan: reshard and go on
 
 Before any process starts the plan is checked against what it will run on: the model of the
 plan (``--model`` to run another spec) captured as the search captured it, and the cluster
@@ -32,6 +34,10 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     parser.add_argument("--dry-run", action="store_true", help="print the torchrun command only")
     parser.add_argument("--model", help="model spec to run (default: the plan's)")
+    parser.add_argument("--resume", metavar="CKPT",
+                        help="start from a sharded checkpoint saved under any plan (resharded)")
+    parser.add_argument("--save", metavar="CKPT",
+                        help="write parameters and optimizer state as a sharded checkpoint at the end")
     parser.add_argument("--cluster", help="cluster spec to check against (default: the plan's)")
     parser.add_argument("--nnodes", type=int, default=1, help="machines (torchrun --nnodes)")
     parser.add_argument("--node-rank", type=int, default=None, help="torchrun --node-rank")
@@ -49,6 +55,9 @@ def check_plan(args: argparse.Namespace):
     from planner.inter_op import capture_for_search, training_dtype
 
     plan = load_plan(args.plan)
+    if args.resume and not os.path.isdir(args.resume):
+        raise PlanError(f"--resume {args.resume}: no such checkpoint directory (expected one "
+                        "written by `fxplan launch … --save DIR`)")
     nproc = args.nproc_per_node
     if nproc is None:
         if plan.world_size % args.nnodes:
@@ -75,7 +84,11 @@ def torchrun_command(args: argparse.Namespace, nproc: int) -> list[str]:
         cmd += [f"--node-rank={args.node_rank}"]
     cmd += ["-m", "planner.runtime.worker", os.path.abspath(args.plan),
             "--steps", str(args.steps), "--lr", str(args.lr)]
-    return cmd + (["--model", args.model] if args.model else [])
+    for flag in ("model", "resume", "save"):
+        value = getattr(args, flag)
+        if value:
+            cmd += [f"--{flag}", value if flag == "model" else os.path.abspath(value)]
+    return cmd
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,8 +1,11 @@
 """The process ``fxplan launch`` starts on every rank (``torchrun -m planner.runtime.worker``).
 
-Builds the plan's model (seeded, identical on every rank), applies the plan, and trains
-``--steps`` steps on one synthetic batch (random tokens, fixed across steps, so the loss must
-fall). Rank 0 prints per step ``loss``, step time, tokens/s and peak memory, and at the end the
+Builds the plan's model on ``meta`` and materialises only this rank's stages and shards
+(values from the seeded single-device initialisation, or from ``--resume CKPT``, a sharded
+checkpoint saved under any plan — that is how training goes on after a re-plan for a changed
+cluster), applies the plan, and trains ``--steps`` steps on one synthetic batch (random tokens,
+fixed across steps, so the loss must fall); ``--save CKPT`` writes parameters and optimizer
+state at the end. Rank 0 prints per step ``loss``, step time, tokens/s and peak memory, and at the end the
 plan's predicted step time and per-rank memory against the measured ones (median step time after
 the first step; memory: the largest peak over ranks — CUDA allocator peak on GPUs, peak resident
 set size of the process on CPUs, which includes the Python runtime).
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--model", default=None, help="model spec (default: the plan's)")
+    parser.add_argument("--resume", default=None, help="sharded checkpoint to start from")
+    parser.add_argument("--save", default=None, help="write a sharded checkpoint at the end")
     args = parser.parse_args(argv)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
@@ -77,15 +82,28 @@ def _train(args: argparse.Namespace) -> None:
     from examples.model_spec import resolve_model
     from planner.plan_spec import load_plan
     from planner.runtime.apply import apply_plan
+    from planner.runtime.build import meta_parameters
 
     plan = load_plan(args.plan)
     rank = dist.get_rank()
     bundle = resolve_model(args.model or plan.model)
-    torch.manual_seed(0)
-    model = bundle.build("cpu")
+
+    def seeded_model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return bundle.build("cpu")
+
+    with meta_parameters():
+        model = bundle.build("cpu")
     inputs, targets = synthetic_batch(bundle, plan)
-    sharded = apply_plan(model, plan, inputs)
+    if args.resume:
+        sharded = apply_plan(model, plan, inputs, checkpoint=args.resume)
+    else:
+        sharded = apply_plan(model, plan, inputs, init=seeded_model)
     optimizer = sharded.optimizer(torch.optim.AdamW, lr=args.lr)
+    if args.resume:
+        sharded.load(args.resume, optimizer)
+        if rank == 0:
+            print(f"resumed parameters and optimizer state from {args.resume}", flush=True)
     tokens = targets.numel()
     if rank == 0:
         print(f"fxplan launch: {plan.model} on {plan.cluster} | {plan.summary} | "
@@ -104,6 +122,10 @@ def _train(args: argparse.Namespace) -> None:
             print(f"step {step:>4}  loss {float(loss):.4f}  time {elapsed * 1e3:8.1f} ms  "
                   f"tokens/s {tokens / elapsed:10.1f}  peak mem "
                   f"{peak_memory_gib(sharded.device):.3f} GiB", flush=True)
+    if args.save:
+        sharded.save(args.save, optimizer)
+        if rank == 0:
+            print(f"saved parameters and optimizer state to {args.save}", flush=True)
     peak = torch.tensor(peak_memory_gib(sharded.device), device=sharded.device)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     if rank == 0:

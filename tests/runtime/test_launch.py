@@ -73,3 +73,34 @@ def test_plan_for_another_cluster_refused(plan_file, tmp_path):
     done = fxplan(str(other), "--dry-run")
     assert done.returncode == 2
     assert "was made for cluster" in done.stderr
+
+
+def test_training_goes_on_after_a_replan_for_fewer_devices(plan_file, tmp_path):
+    """Train on 4 ranks and save; re-plan for 2 ranks (two devices gone); resume there.
+
+    The resumed run starts from the saved parameters and optimizer state, resharded into the
+    new mesh: its first loss is below the first run's last printed loss (which was measured
+    before that run's last update), not back at the initial loss.
+    """
+    import planner
+
+    ckpt = tmp_path / "ckpt"
+    first = fxplan(str(plan_file), "--steps", "3", "--save", str(ckpt))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    before = [float(x) for x in re.findall(r"^step +\d+ +loss (\S+)", first.stdout, re.M)]
+    assert "saved parameters and optimizer state" in first.stdout
+
+    smaller = planner.search(MODEL, "local-cpu:devices=2", batch=8, seq=16, progress=False)
+    second_plan = smaller.save(tmp_path / "plan2.json")
+    second = fxplan(str(second_plan), "--steps", "2", "--resume", str(ckpt))
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    after = [float(x) for x in re.findall(r"^step +\d+ +loss (\S+)", second.stdout, re.M)]
+    assert "resumed parameters and optimizer state" in second.stdout
+    assert after[0] < before[-1] < before[0], (before, after)
+    assert "terminate called" not in first.stderr + second.stderr
+
+
+def test_resume_from_a_missing_checkpoint_is_refused_before_start(plan_file, tmp_path):
+    done = fxplan(str(plan_file), "--resume", str(tmp_path / "nowhere"), "--dry-run")
+    assert done.returncode == 2
+    assert "no such checkpoint directory" in done.stderr
