@@ -29,7 +29,9 @@ class DeviceGroup:
     ``attention``, ... and ``memory_bound``) to the fraction of peak — of ``peak_tflops`` for
     compute-bound classes, of ``memory_bandwidth_gb_per_s`` for ``memory_bound`` — that the cost
     model may expect before profiling. ``nics_per_node`` overrides the cluster-scope level's
-    NIC count for this group's nodes (``None``: the level's).
+    NIC count for this group's nodes (``None``: the level's). ``step_overhead_us`` is a fixed
+    cost per training step on each device beyond its kernels and collectives (host work of the
+    training loop: the optimizer's per-tensor loop, data-parallel hooks, the schedule).
     """
 
     name: str
@@ -44,6 +46,7 @@ class DeviceGroup:
     intra_node_level: str
     compute_efficiency: Mapping[str, float] = field(default_factory=dict)
     kernel_launch_us: float = 0.0
+    step_overhead_us: float = 0.0
     nics_per_node: int | None = None
     first_rank: int = 0
     first_node: int = 0

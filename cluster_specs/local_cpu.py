@@ -2,15 +2,29 @@
 
 Generated at load time (``Cluster.load("local-cpu")``, ``local-cpu:devices=4``) so that plans
 for it really run here. ``devices=N`` is the number of CPU ranks (default: one per core, the
-cores this process may run on); each rank gets ``1/N`` of the machine::
+cores this process may run on). ``fxplan launch`` runs every rank on one thread
+(``OMP_NUM_THREADS=1``), so a rank gets at most one core, and with more ranks than cores the
+ranks time-share the cores. With ``C`` cores, each rank's share of a core is::
 
-    memory_gib                 = MemTotal / N                 (/proc/meminfo)
-    peak_tflops.fp32           = FP32_TFLOPS_PER_CORE × cores / N
-    memory_bandwidth_gb_per_s  = MEMORY_GB_PER_S_PER_CORE × cores / N
+    s = 1                    if N ≤ C                             (core_share)
+    s = η · C / N            if N > C
 
-The figures per core were measured on the 2-core machines these tests run on (see the
-constants); they are deliberately conservative for larger machines. ``nodes=N`` describes N
-such machines joined by a 100 Gb/s Ethernet NIC each (schema: a cluster-scope level).
+where ``η`` (``TIME_SHARING_EFFICIENCY``, measured) is what time-sharing loses to context
+switches and to caches shared by more working sets (``η = 1``: a perfect split), and everything a rank does on its core, arithmetic *and* per-op overhead, is slowed by it::
+
+    memory_gib                 = MemTotal / N                    (/proc/meminfo)
+    peak_tflops.fp32           = FP32_TFLOPS_PER_CORE · s
+    memory_bandwidth_gb_per_s  = MEMORY_GB_PER_S_PER_CORE · s
+    kernel_launch_us           = EAGER_OP_US / s                 (dispatch + autograd per kernel)
+    step_overhead_us           = STEP_OVERHEAD_US / s            (training loop's host work)
+
+The loopback level (gloo) keeps its measured figures: they were measured with 2 and 4 ranks on
+this 2-core machine, i.e. already under the same time-sharing.
+
+Every constant below was measured on the 2-core machines these tests run on with
+``python benchmarks/local_cpu_calibration.py`` (torch 2.13.0+cpu); the comment of each says
+which line of its table and the values of the runs. ``nodes=N`` describes N such machines
+joined by a 100 Gb/s Ethernet NIC each (schema: a cluster-scope level).
 """
 
 from __future__ import annotations
@@ -20,20 +34,40 @@ import platform
 from pathlib import Path
 from typing import Any
 
-#: fp32 matmul per core: 1024² matmul on one thread took 21.7 ms ≈ 99 GFLOP/s
-#: (shared/notes/torch-2.13-cpu.md, "Timing ops on CPU").
-FP32_TFLOPS_PER_CORE = 0.099
+#: fp32 matmul on one thread, TFLOP/s per core. Calibration line "fp32 matmul 1024³, 1 thread":
+#: 0.1632, 0.1747, 0.1676 and 0.1656 in four runs (256³ and 512³: 0.160–0.179); the median.
+FP32_TFLOPS_PER_CORE = 0.1666
 #: One-thread copy of a 128 MiB tensor measured ≈ 13.7 GB/s counting bytes read plus written
 #: (torch 2.13, these machines); rounded down.
 MEMORY_GB_PER_S_PER_CORE = 12.0
-#: Gloo over loopback, 4 MB all-reduce on 2 ranks: 4.5 ms ⇒ bus bandwidth
-#: 4.19e6 B / 4.5e-3 s × 2(n−1)/n = 0.93 GB/s (shared/notes/torch-2.13-cpu.md). Measured, so
-#: the level's efficiency is 1.
-GLOO_BUS_GB_PER_S = 0.93
-#: 4-byte gloo all-reduce on 2 ranks: 0.5–1.2 ms over 2(n−1) = 2 hops ⇒ ≥ 250 µs per hop.
-GLOO_HOP_LATENCY_US = 250.0
-#: PyTorch eager dispatch of a small CPU op measured ≈ 0.9 µs; rounded up.
-OP_DISPATCH_US = 1.0
+#: Eager PyTorch's fixed cost per kernel on one core (dispatch, autograd bookkeeping), µs.
+#: Calibration line "eager tiny op, forward": 4.73, 4.62, 4.45 and 4.60 µs per op of a 200-op
+#: chain on 8×8 tensors (median 4.61); "backward": 7.05, 6.31, 8.05 and 7.09 µs per op, i.e.
+#: 4.5–5.8 µs per kernel over the cost model's mean 1.4 backward kernels of that chain's ops
+#: (add, mul, gelu: 1; matmul, layer_norm: 2).
+EAGER_OP_US = 4.61
+#: Host cost of one training step beyond its kernels and the optimizer's memory traffic, on
+#: one core, µs. Calibration line "step overhead, 2 ranks" (gpt-tiny, batch 16, dp=2, AdamW),
+#: T_step − T_fb − t_opt in four runs: 4.76, 2.87, 4.04 and 3.64 ms; the median 3.84 ms.
+#: AdamW's per-tensor loop is most of it ("AdamW step + zero": 1.22–1.36 ms for gpt-tiny's 28
+#: tensors), then DDP's hooks and bucket copies and the schedule's bookkeeping. Measured on
+#: gpt-tiny: it grows with the number of parameter tensors, which schema v1 has no key for.
+STEP_OVERHEAD_US = 3840.0
+#: Time-sharing efficiency with more one-thread ranks than cores. Calibration line
+#: "time-sharing" (2 and 4 processes on 2 cores, gpt-tiny forward + backward):
+#: η = 2·T_C / T_2C = 0.866, 0.888 and 0.854 in three runs; the median.
+TIME_SHARING_EFFICIENCY = 0.866
+#: Dropout on CPU draws one random number per element (``bernoulli_``): calibration line
+#: "dropout 4×64×256 fp32, 1 thread" 1.48, 1.41 and 1.36 GB/s (read + written) against the
+#: 12 GB/s of ``MEMORY_GB_PER_S_PER_CORE``: median 1.41 / 12 = 0.12 of the memory bandwidth.
+DROPOUT_BANDWIDTH_FRACTION = 0.12
+#: Gloo over loopback, bus bandwidth from the 4 MiB and 16 MiB all-reduces (latency cancels).
+#: Calibration line "gloo N ranks: hop latency, bus bandwidth", four runs: 2 ranks 1.225,
+#: 0.926, 0.858, 1.175 GB/s; 4 ranks 1.203, 0.462, 0.797, 1.031 GB/s. The median of the eight.
+GLOO_BUS_GB_PER_S = 0.978
+#: 4-byte gloo all-reduce: (t − 6 µs α) / 2(n−1) hops. Four runs: 2 ranks 63.1, 31.7, 35.3,
+#: 68.4 µs; 4 ranks 66.0, 33.1, 48.8, 63.2 µs per hop. The median of the eight.
+GLOO_HOP_LATENCY_US = 56.0
 
 #: Override keys the generator takes itself (the others apply to the generated spec).
 GENERATOR_PARAMS: tuple[str, ...] = ("devices",)
@@ -66,11 +100,17 @@ def cpu_model() -> str:
     return platform.processor() or "cpu"
 
 
+def core_share(cores: int, ranks: int) -> float:
+    """Share of one core each one-thread rank gets: 1 with a core each, else ``η · cores /
+    ranks`` (module docstring)."""
+    return 1.0 if ranks <= cores else TIME_SHARING_EFFICIENCY * cores / ranks
+
+
 def local_cpu_spec(devices: int | None = None) -> dict[str, Any]:
     """The schema-v1 spec of this machine with ``devices`` CPU ranks (default: one per core)."""
     cores, total = cpu_cores(), memory_gib()
     ranks = devices or cores
-    share = cores / ranks
+    share = core_share(cores, ranks)
     per_rank = total / ranks
     return {
         "schema_version": 1,
@@ -90,9 +130,11 @@ def local_cpu_spec(devices: int | None = None) -> dict[str, Any]:
                 "memory_bandwidth_gb_per_s": round(MEMORY_GB_PER_S_PER_CORE * share, 4),
                 "peak_tflops": {"fp32": round(FP32_TFLOPS_PER_CORE * share, 5)},
                 "intra_node_level": "loopback",
-                "kernel_launch_us": OP_DISPATCH_US,
+                "kernel_launch_us": round(EAGER_OP_US / share, 3),
+                "step_overhead_us": round(STEP_OVERHEAD_US / share, 1),
                 # The fp32 peak is itself a measured matmul rate, hence matmul 1.0.
-                "compute_efficiency": {"matmul": 1.0, "attention": 0.6, "memory_bound": 0.8},
+                "compute_efficiency": {"matmul": 1.0, "attention": 0.6, "memory_bound": 0.8,
+                                       "dropout": DROPOUT_BANDWIDTH_FRACTION},
             }
         ],
         "levels": [

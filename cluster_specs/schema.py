@@ -101,6 +101,7 @@ GROUP_FIELDS: dict[str, Field] = {
         number_map(OP_CLASSES, _FRACTION, what="fraction of peak per op class", nonempty=False), {}
     ),
     "kernel_launch_us": optional(number(low=0, low_open=False, unit="µs per kernel"), 0.0),
+    "step_overhead_us": optional(number(low=0, low_open=False, unit="µs per training step"), 0.0),
     "nics_per_node": optional(integer(low=1, unit="NICs per node, overriding the cluster-scope level's")),
 }
 

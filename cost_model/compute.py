@@ -21,6 +21,10 @@ together do ``f·F`` FLOPs and move ``b·B`` bytes, each priced like a forward o
 ``f·F/k`` FLOPs and ``b·B/k`` bytes:
 
     t_bwd = k · op_time(F·f/k, B·b/k)   (+ t_fwd when the op is recomputed)
+
+The backward kernels are priced as the op's own class unless the rule names another
+(``priced_as``): dropout's backward is a multiply by the saved mask, an elementwise kernel,
+not the random-number draw that makes its forward slow on CPUs.
 """
 
 from __future__ import annotations
@@ -40,12 +44,14 @@ DatabaseArg = Union[OpDatabase, None, Literal["auto"]]
 @dataclass(frozen=True)
 class BackwardRule:
     """Backward of an op class relative to its forward: FLOPs ×``flops``, bytes ×``bytes``,
-    in ``kernels`` kernels; ``why`` says where the numbers come from."""
+    in ``kernels`` kernels; ``why`` says where the numbers come from; ``priced_as`` is the op
+    class whose efficiency prices those kernels (``None``: the op's own)."""
 
     flops: float
     bytes: float
     kernels: int
     why: str
+    priced_as: str | None = None
 
 
 #: Backward pricing per op class (forward work × these factors).
@@ -57,7 +63,8 @@ BACKWARD: dict[str, BackwardRule] = {
     "elementwise": BackwardRule(2.0, 2.0, 1, "reads dY and the saved input(s), writes dX"),
     "norm": BackwardRule(2.0, 2.0, 2, "dX kernel and the dγ/dβ reduction"),
     "softmax": BackwardRule(1.5, 1.5, 1, "reads Y and dY, writes dX (3 tensors vs 2)"),
-    "dropout": BackwardRule(0.5, 1.0, 1, "dX = dY · mask / (1−p): same traffic as forward"),
+    "dropout": BackwardRule(0.5, 1.0, 1, "dX = dY · mask / (1−p): same traffic as forward",
+                             priced_as="elementwise"),
     "embedding": BackwardRule(1.0, 2.0, 2, "zero the weight gradient, scatter-add dY rows into it"),
     "reduction": BackwardRule(1.0, 1.0, 1, "broadcast dY back to the input's shape"),
     "loss": BackwardRule(1.0, 1.0, 1, "softmax − one-hot over the logits"),
@@ -130,9 +137,10 @@ def backward_time_s(op_class: str, flops: float, bytes_moved: float, dtype: Any,
     if rule.kernels:
         per_flops, per_bytes = flops * rule.flops / rule.kernels, bytes_moved * rule.bytes / rule.kernels
         same_size = rule.flops == rule.kernels and rule.bytes == rule.kernels
-        total = rule.kernels * op_time_s(op_class, per_flops, per_bytes, dtype, device, op=op,
-                                         shapes=shapes if same_size else None, database=database,
-                                         allow_tf32=allow_tf32)
+        kernel_class, kernel_op = (rule.priced_as, None) if rule.priced_as else (op_class, op)
+        total = rule.kernels * op_time_s(kernel_class, per_flops, per_bytes, dtype, device,
+                                         op=kernel_op, shapes=shapes if same_size else None,
+                                         database=database, allow_tf32=allow_tf32)
     if recompute:
         total += op_time_s(op_class, flops, bytes_moved, dtype, device, op=op, shapes=shapes,
                            database=database, allow_tf32=allow_tf32)

@@ -4,11 +4,14 @@
     fxplan plan gpt3-175b --cluster dgx-a100-80g:nodes=128 --batch 1536 -o plan.json
     fxplan plan gpt-7.5b --cluster aws-p3-v100:nodes=4 --batch 256 --json
     fxplan plan gpt-1.7b --cluster dgx-a100-80g:nodes=4 --batch 512 --emit program.py
+    fxplan plan gpt-tiny --cluster local-cpu:devices=4 --batch 16 --plot tiny
 
 Prints the report (:mod:`planner.report`) or, with ``--json``, the flat summary; ``-o`` writes
 the full plan JSON; ``--time-budget`` bounds the search; ``--emit`` writes the distributed
-program (:func:`passes.rewrite.emit.emit_program`, when that module is present). A model that fits
-in no configuration ends with exit code 2 and the memory it needs.
+program (:func:`passes.rewrite.emit.emit_program`, when that module is present); ``--plot
+PREFIX`` draws ``PREFIX-timeline.png`` and ``PREFIX-memory.png`` of the chosen plan
+(:func:`planner.plots.plot_plan`). A model that fits in no configuration ends with exit code 2
+and the memory it needs.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--time-budget", type=float, default=None, metavar="S",
                         help="stop the search after S seconds and keep the best found")
     parser.add_argument("--emit", metavar="PROGRAM.py", help="write the distributed program")
+    parser.add_argument("--plot", metavar="PREFIX",
+                        help="draw PREFIX-timeline.png and PREFIX-memory.png for the chosen plan")
     parser.set_defaults(func=run)
     return parser
 
@@ -70,6 +75,11 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         plan.save(args.output)
     emitted = _emit(plan, graph, args.emit) if args.emit else None
+    if args.plot:
+        from planner.plots import plot_plan
+
+        plotted = " and ".join(map(str, plot_plan(plan, graph, cluster, args.plot)))
+        emitted = "\n".join(filter(None, [emitted, f"plots written to {plotted}"]))
     if args.json:
         data = plan_summary(plan)
         if emitted:

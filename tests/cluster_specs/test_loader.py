@@ -102,7 +102,11 @@ def test_local_cpu_devices_splits_the_machine():
     (cpu,) = cluster.device_groups
     assert cluster.num_devices == 4
     assert cpu.memory_gib == pytest.approx(total / 4, abs=1e-3)
-    assert cpu.peak_tflops["fp32"] == pytest.approx(local_cpu.FP32_TFLOPS_PER_CORE * cores / 4, abs=1e-5)
+    share = local_cpu.core_share(cores, 4)
+    assert share == (1.0 if cores >= 4 else local_cpu.TIME_SHARING_EFFICIENCY * cores / 4)
+    assert cpu.peak_tflops["fp32"] == pytest.approx(local_cpu.FP32_TFLOPS_PER_CORE * share, abs=1e-5)
+    assert cpu.kernel_launch_us == pytest.approx(local_cpu.EAGER_OP_US / share, abs=1e-3)
+    assert cpu.step_overhead_us == pytest.approx(local_cpu.STEP_OVERHEAD_US / share, abs=0.1)
     assert Cluster.load("local-cpu:devices=2,nodes=2").num_devices == 4
 
 

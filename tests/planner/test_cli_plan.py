@@ -59,3 +59,13 @@ def test_demo_prints_graph_cluster_and_plan(capsys) -> None:  # type: ignore[no-
     text = capsys.readouterr().out
     for needle in ("repeated blocks", "link levels", "plan ", "runners-up"):
         assert needle in text, needle
+
+
+def test_plot_writes_timeline_and_memory_pngs(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from cost_model.plotting import is_png
+
+    prefix = tmp_path / "tiny"
+    assert main([*TINY, "--plot", str(prefix)]) == 0
+    for suffix in ("timeline", "memory"):
+        assert is_png(tmp_path / f"tiny-{suffix}.png")
+    assert "plots written to" in capsys.readouterr().out

@@ -1,0 +1,298 @@
+"""Measure the constants of the ``local-cpu`` cluster spec on this machine and print a table.
+
+    python benchmarks/local_cpu_calibration.py [--quick]
+
+Every figure is a median; CPU-bound figures are read on the thread's CPU clock
+(``time.thread_time``), so they are the time on a core of one's own even when the machine is
+shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_cpu`).
+
+1. **matmul** — one thread, ``n×n @ n×n`` fp32, ``n`` ∈ {256, 512, 1024}:
+   ``rate = 2n³ / t`` (TFLOP/s per core).
+2. **eager overhead per op** — a chain of ``K`` ops on an 8×8 tensor, forward alone and
+   forward+backward (autograd): ``t_fwd = T_fwd / K``, ``t_bwd = (T_fwd+bwd − T_fwd) / K``.
+   The work is negligible, so this is PyTorch's dispatch + autograd cost per kernel.
+3. **gloo all-reduce** — ``n`` ∈ {2, 4} processes, ``collectives_table.measure_gloo`` (wall
+   clock, median over 15 repetitions of rank 0's time):
+   ``hop latency = (t(4 B) − α) / 2(n−1)`` with ``α`` the cost model's per-collective base
+   (``cost_model/data/collectives.json``), and bus bandwidth from two sizes ``S₁ < S₂``:
+   ``B = 2(n−1)/n · (S₂ − S₁) / (t(S₂) − t(S₁))`` (the latency term cancels).
+4. **memory-bound ops** — one thread, ``x`` of 4×64×256 fp32 (gpt-tiny's MLP activation at
+   batch 4): effective bandwidth ``(bytes read + written) / t`` of ``copy``, ``dropout``
+   (train mode, ``p`` = 0.1), ``gelu``, ``softmax``; the spec's ``compute_efficiency`` of a
+   memory-bound class is its bandwidth over the copy's.
+5. **step overhead** — 2 ranks, gpt-tiny at batch 16, the plan ``planner.search`` picks for
+   ``local-cpu:devices=2``: on each rank the main thread's CPU time of a whole step as
+   ``fxplan launch`` runs it (``train_step`` + ``AdamW.step`` + ``zero_grad``), ``T_step``,
+   and of a plain eager forward + loss + backward of the same model on the rank's batch,
+   ``T_fb``. What the step adds beyond its kernels and the optimizer's memory traffic that the
+   cost model already prices (``t_opt``, the plan's estimate) is the fixed host cost
+   per step (optimizer's per-tensor loop, DDP hooks and bucket copies, the schedule)::
+
+       step_overhead = T_step − T_fb − t_opt
+
+6. **time-sharing** — ``N`` one-thread processes, ``N = C`` (the cores) and ``N = 2C``, all
+   running gpt-tiny forward + backward at batch 4 for a fixed number of iterations; ``T_N`` is
+   the median over processes of their wall time. Were time-sharing free, ``T_2C = 2·T_C``; its
+   efficiency is ``η = 2·T_C / T_2C`` (context switches, caches shared by more working sets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+SIZES = (256, 512, 1024)
+CHAIN = 200
+ALLREDUCE_BYTES = (4, 4 * 2**20, 16 * 2**20)
+
+
+def _median_thread_time(fn: Callable[[], object], *, repeats: int, inner: int = 1) -> float:
+    """Median over ``repeats`` of the thread CPU time of ``inner`` calls, per call (s)."""
+    fn()
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.thread_time()
+        for _ in range(inner):
+            fn()
+        samples.append((time.thread_time() - start) / inner)
+    return statistics.median(samples)
+
+
+def matmul_tflops(n: int, repeats: int) -> float:
+    """One-thread fp32 ``n×n @ n×n`` rate, TFLOP/s: ``2n³ / t``."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    inner = max(1, int(2e8 // (2 * n**3)))
+    t = _median_thread_time(lambda: a @ b, repeats=repeats, inner=inner)
+    return 2 * n**3 / t / 1e12
+
+
+def eager_overhead_us(repeats: int) -> dict[str, float]:
+    """Per-op forward and backward cost of tiny eager ops (µs): a chain of ``CHAIN`` ops."""
+    w = torch.randn(8, 8, requires_grad=True)
+    x0 = torch.randn(8, 8, requires_grad=True)
+    ops = (lambda x: x + 1.0, lambda x: x * w, torch.nn.functional.gelu, lambda x: x @ w,
+           lambda x: torch.nn.functional.layer_norm(x, (8,)))
+
+    def forward() -> torch.Tensor:
+        x = x0
+        for i in range(CHAIN):
+            x = ops[i % len(ops)](x)
+        return x
+
+    def both() -> None:
+        forward().sum().backward()
+
+    fwd = _median_thread_time(forward, repeats=repeats)
+    fwd_bwd = _median_thread_time(both, repeats=repeats)
+    return {"forward_us": fwd / CHAIN * 1e6, "backward_us": (fwd_bwd - fwd) / CHAIN * 1e6,
+            "forward_backward_us": fwd_bwd / CHAIN * 1e6}
+
+
+def memory_bound_gb_per_s(repeats: int) -> dict[str, float]:
+    """Effective bandwidth (GB/s, read + written) of memory-bound ops on one thread."""
+    x = torch.randn(4, 64, 256)
+    out = torch.empty_like(x)
+    nbytes = 2 * x.numel() * x.element_size()
+    ops = {"copy": lambda: out.copy_(x),
+           "dropout": lambda: torch.nn.functional.dropout(x, 0.1, training=True),
+           "gelu": lambda: torch.nn.functional.gelu(x),
+           "softmax": lambda: torch.softmax(x, -1)}
+    return {name: nbytes / _median_thread_time(fn, repeats=repeats, inner=20) / 1e9
+            for name, fn in ops.items()}
+
+
+def optimizer_us(repeats: int) -> dict[str, float]:
+    """AdamW ``step`` + ``zero_grad`` on gpt-tiny's parameters: total and per tensor (µs)."""
+    from examples.model_spec import resolve_model
+
+    model = resolve_model("gpt-tiny").build("cpu")
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-3)
+
+    def step() -> None:
+        opt.step()
+        for p in params:  # keep the grads (zero_grad(set_to_none) would drop them)
+            p.grad.zero_()
+
+    t = _median_thread_time(step, repeats=repeats)
+    return {"tensors": len(params), "elements": sum(p.numel() for p in params),
+            "step_us": t * 1e6, "per_tensor_us": t / len(params) * 1e6}
+
+
+def _overhead_worker(rank: int, world: int, port: int, repeats: int, out: str) -> None:
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import planner
+    from cluster_specs import Cluster
+    from examples.model_spec import resolve_model
+    from planner.runtime.apply import apply_plan
+    from planner.runtime.worker import loss_fn, synthetic_batch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    cluster = f"local-cpu:devices={world}"
+    plan = planner.search("gpt-tiny", cluster, batch=16, progress=False)
+    bundle = resolve_model("gpt-tiny")
+    torch.manual_seed(0)
+    inputs, targets = synthetic_batch(bundle, plan)
+    sharded = apply_plan(bundle.build("cpu"), plan, inputs)
+    optimizer = sharded.optimizer(torch.optim.AdamW, lr=1e-3)
+    plain = bundle.build("cpu")
+    local = 16 // plan.mesh_shape[1]
+    x, y = inputs[0][:local], targets[:local]
+
+    def step() -> None:
+        sharded.train_step((inputs, targets), loss_fn)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def forward_backward() -> None:
+        out = plain(x)
+        F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1)).backward()
+
+    t_step = _median_thread_time(step, repeats=repeats)
+    t_fb = _median_thread_time(forward_backward, repeats=repeats)
+    if rank == 0:
+        # The plan's optimizer price includes the spec's current step_overhead_us: take it out.
+        device = Cluster.load(cluster).device_groups[0]
+        t_opt = plan.estimate["breakdown"]["optimizer"] - device.step_overhead_us * 1e-6
+        Path(out).write_text(json.dumps({"plan": plan.summary, "step_ms": t_step * 1e3,
+                                         "fb_ms": t_fb * 1e3, "opt_ms": t_opt * 1e3}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def step_overhead(repeats: int) -> dict[str, float]:
+    """``T_step − T_fb − t_opt`` on 2 ranks (module docstring), ms."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "overhead.json")
+        mp.spawn(_overhead_worker, args=(2, _free_port(), repeats, out), nprocs=2)
+        result = json.loads(Path(out).read_text())
+    result["overhead_ms"] = result["step_ms"] - result["fb_ms"] - result["opt_ms"]
+    return result
+
+
+def _sharing_worker(rank: int, iterations: int, out: str) -> None:
+    import torch.nn.functional as F
+
+    from examples.model_spec import resolve_model
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = resolve_model("gpt-tiny").build("cpu")
+    x, y = torch.randint(0, 512, (4, 64)), torch.randint(0, 512, (4, 64))
+
+    def forward_backward() -> None:
+        out_ = model(x)
+        F.cross_entropy(out_.reshape(-1, out_.size(-1)), y.reshape(-1)).backward()
+
+    forward_backward()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        forward_backward()
+    Path(out, f"{rank}.txt").write_text(str(time.perf_counter() - start))
+
+
+def time_sharing(iterations: int = 150) -> dict[str, float]:
+    """``T_C``, ``T_2C`` (s) and ``η = 2·T_C / T_2C`` (module docstring)."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    times = {}
+    for n in (cores, 2 * cores):
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.spawn(_sharing_worker, args=(iterations, tmp), nprocs=n)
+            times[n] = statistics.median(float(p.read_text()) for p in Path(tmp).glob("*.txt"))
+    return {"cores": cores, "t_c": times[cores], "t_2c": times[2 * cores],
+            "efficiency": 2 * times[cores] / times[2 * cores]}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def allreduce(world: int) -> dict[str, float]:
+    """Gloo all-reduce on ``world`` local processes: times, hop latency, bus bandwidth."""
+    from collectives_table import measure_gloo  # benchmarks/: this script's folder
+
+    alpha_s = _base_latency_s()
+    times = measure_gloo(world, list(ALLREDUCE_BYTES))
+    small, s1, s2 = ALLREDUCE_BYTES
+    factor = 2 * (world - 1) / world
+    return {"t_4B_us": times[small] * 1e6, "t_4MiB_ms": times[s1] * 1e3,
+            "t_16MiB_ms": times[s2] * 1e3,
+            "hop_latency_us": (times[small] - alpha_s) / (2 * (world - 1)) * 1e6,
+            "bus_gb_per_s": factor * (s2 - s1) / (times[s2] - times[s1]) / 1e9}
+
+
+def _base_latency_s() -> float:
+    """The cost model's per-collective base latency ``α`` (ring), seconds."""
+    data = json.loads((Path(__file__).resolve().parents[1] / "cost_model" / "data"
+                       / "collectives.json").read_text())
+    for key in ("base_latency_us", "alpha_us"):
+        if key in data:
+            value = data[key]
+            return (value["ring"] if isinstance(value, dict) else value) * 1e-6
+    return 6.0e-6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = parser.parse_args()
+    repeats = 7 if args.quick else 21
+    torch.set_num_threads(1)
+    load = os.getloadavg()[0]
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {load:.2f}\n")
+    print("| quantity | value |\n|---|---|")
+    for n in SIZES:
+        print(f"| fp32 matmul {n}³, 1 thread | {matmul_tflops(n, repeats):.4f} TFLOP/s |")
+    for key, value in eager_overhead_us(repeats).items():
+        print(f"| eager tiny op, {key.removesuffix('_us')} | {value:.2f} µs |")
+    bandwidth = memory_bound_gb_per_s(repeats)
+    for name, value in bandwidth.items():
+        share = f" ({value / bandwidth['copy']:.3f} of copy)" if name != "copy" else ""
+        print(f"| {name} 4×64×256 fp32, 1 thread | {value:.2f} GB/s{share} |")
+    opt = optimizer_us(repeats)
+    print(f"| AdamW step + zero, gpt-tiny ({opt['tensors']} tensors, {opt['elements']:,} el.) "
+          f"| {opt['step_us']:.0f} µs ({opt['per_tensor_us']:.1f} µs/tensor) |")
+    over = step_overhead(repeats)
+    print(f"| step overhead, 2 ranks, {over['plan'].replace('|', '¦')}: T_step − T_fb − t_opt | "
+          f"{over['step_ms']:.2f} − {over['fb_ms']:.2f} − {over['opt_ms']:.2f} = "
+          f"{over['overhead_ms']:.2f} ms |")
+    share = time_sharing()
+    print(f"| time-sharing, gpt-tiny fwd+bwd ×150: {share['cores']} / {2 * share['cores']} "
+          f"processes on {share['cores']} cores | {share['t_c']:.2f} s / {share['t_2c']:.2f} s ⇒ "
+          f"η = {share['efficiency']:.3f} |")
+    for world in (2, 4):
+        r = allreduce(world)
+        print(f"| gloo all-reduce {world} ranks: 4 B / 4 MiB / 16 MiB | {r['t_4B_us']:.0f} µs / "
+              f"{r['t_4MiB_ms']:.2f} ms / {r['t_16MiB_ms']:.2f} ms |")
+        print(f"| gloo {world} ranks: hop latency, bus bandwidth | {r['hop_latency_us']:.1f} µs, "
+              f"{r['bus_gb_per_s']:.3f} GB/s |")
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

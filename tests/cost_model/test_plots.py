@@ -1,0 +1,44 @@
+"""Plots: the pipeline timeline and the memory breakdown are written as valid PNGs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cost_model.memory_plot import PARTS, plot_memory
+from cost_model.plotting import is_png
+from cost_model.timeline_plot import plot_timeline
+
+
+def assert_png(path: Path) -> None:
+    """``path`` is a PNG with some drawing in it (not a blank few hundred bytes)."""
+    assert is_png(path) and Path(path).stat().st_size > 2000
+
+
+def test_timeline_with_chunks_is_a_png(tmp_path: Path) -> None:
+    events = [(s, kind, mb, c, t, t + 0.9) for s in range(2) for c in range(2)
+              for mb, (kind, t) in enumerate([("F", 4.0 * s + c), ("B", 4.0 * s + 2 + c)])]
+    assert_png(plot_timeline(events, tmp_path / "t.png", title="two stages, two chunks"))
+
+
+def test_timeline_refuses_no_events(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no timeline events"):
+        plot_timeline([], tmp_path / "t.png")
+
+
+def test_memory_breakdown_is_a_png(tmp_path: Path) -> None:
+    stage = {key: 1.0 + i for i, (key, _, _) in enumerate(PARTS)}
+    over = dict(stage, activations=60.0)
+    stages = [dict(stage, capacity=80.0), dict(over, capacity=80.0)]  # the second does not fit
+    assert_png(plot_memory(stages, tmp_path / "m.png"))
+
+
+def test_estimate_cli_plot_still_writes_the_timeline(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from planner.cli.main import main
+
+    out = tmp_path / "timeline.png"
+    assert main(["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
+                 "--config", "dp=2,tp=2,pp=2,mb=2,schedule=1f1b,zero=0,recompute=none,sp=off",
+                 "--plot", str(out)]) == 0
+    assert_png(out)
