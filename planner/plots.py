@@ -1,14 +1,13 @@
 """Plots of a chosen plan: its pipeline timeline and its memory per stage.
 
 A :class:`~planner.plan_spec.Plan` carries its estimate as JSON, not the simulated timeline,
-so the plan's configuration (``plan.estimate["config"]``, with the planner's node placements)
-is priced again with :func:`cost_model.estimate` on the same graph and cluster; that gives
+so the very configuration the plan's step time priced (:meth:`Plan.priced_config`) is
+estimated again with :func:`cost_model.estimate` on the same graph and cluster; that gives
 the timeline and the per-stage memory breakdown the plots draw.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,11 @@ __all__ = ["plot_plan"]
 
 def plot_plan(plan: Any, graph: Any, cluster: Any, prefix: str | Path) -> tuple[Path, Path]:
     """Write ``PREFIX-timeline.png`` and ``PREFIX-memory.png`` for ``plan``; return both paths."""
-    from cost_model import ParallelConfig, estimate
+    from cost_model import estimate
     from cost_model.memory_plot import plot_memory
     from cost_model.timeline_plot import plot_timeline
 
-    config = ParallelConfig.parse(plan.estimate["config"])
-    if plan.node_placements:
-        config = dataclasses.replace(config, placements=tuple(plan.node_placements.items()))
-    result = estimate(graph, cluster, config, batch=plan.batch, seq=plan.seq)
+    result = estimate(graph, cluster, plan.priced_config(), batch=plan.batch, seq=plan.seq)
     title = f"{plan.model} on {plan.cluster}, batch {plan.batch}\n{plan.summary}"
     timeline = plot_timeline(result.timeline(), f"{prefix}-timeline.png", title=title)
     memory = plot_memory([m.to_gib() for m in result.memory], f"{prefix}-memory.png",

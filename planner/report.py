@@ -65,9 +65,9 @@ def _memory_table(plan: Plan) -> Any:
         table.add_column(column, justify="right")
     layers = [s.num_layers for s in plan.stages]
     per_rank = [sum(layers[j] for j in range(s, len(layers), plan.pp)) for s in range(plan.pp)]
-    shown = rows if len(rows) <= 8 else rows[:4] + rows[-4:]
-    for m in shown:
-        s = rows.index(m)
+    indexed = list(enumerate(rows))
+    shown = indexed if len(indexed) <= 8 else indexed[:4] + indexed[-4:]
+    for s, m in shown:
         table.add_row(str(s), str(per_rank[s] if s < len(per_rank) else "?"),
                       *(f"{m[k]:.1f}" for k in ("params", "grads", "optimizer", "activations",
                                                "recompute_working", "buffers", "reserved",
