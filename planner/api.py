@@ -5,7 +5,12 @@
     loss = sharded.train_step((tokens, targets), lm_loss); optimizer.step(); optimizer.zero_grad()
 
 1. The plan: ``plan=`` when given (a :class:`~planner.plan_spec.Plan`, e.g. from ``load_plan``),
-   otherwise :func:`planner.search` on the model captured at one sample of ``inputs``.
+   otherwise :func:`planner.search` on the model captured at one sample of ``inputs`` in the
+   cluster's training dtype (as ``fxplan plan`` captures). A given plan made by this function
+   (its ``model`` is the module's class name) is refused when the module, captured the same way,
+   has another graph fingerprint; a plan made from a model spec (``fxplan plan gpt-…``) cannot
+   be compared with a module captured from ``inputs`` (the spec's capture includes the targets
+   and loss), so only its world size is checked, and a log line says so.
 2. Without ``torch.distributed`` initialised there is no mesh to apply it on: the Plan is
    returned and a message says so (plan and report only).
 3. Otherwise every process applies it (:func:`planner.runtime.apply.apply_plan`) and gets its
@@ -18,7 +23,6 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
-from planner.cli.errors import UserError
 from planner.plan_spec import Plan, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,21 +35,43 @@ __all__ = ["plan"]
 logger = logging.getLogger("fxplan.planner")
 
 
-def _search(model: "torch.nn.Module", cluster: Any, inputs: tuple, batch: int,
-            seq: int | None, search_options: dict[str, Any]) -> Plan:
-    try:
-        from planner.inter_op import search
-    except ImportError as err:
-        raise UserError(
-            f"planner.search is not available in this installation ({err}); pass a plan "
-            "explicitly: planner.plan(model, cluster, inputs=…, batch=…, plan=load_plan(path))"
-        ) from err
+def _capture(model: "torch.nn.Module", cluster: Any, inputs: tuple) -> Any:
+    """The module at one sample of ``inputs`` in ``cluster``'s training dtype (as the CLI)."""
+    import torch
+
     from passes.capture import capture
+    from planner.inter_op import training_dtype
 
     one_sample = tuple(x[:1] for x in inputs)
-    graph = capture(model, inputs=one_sample)
+    return capture(model, inputs=one_sample, dtype=getattr(torch, training_dtype(cluster)))
+
+
+def _load_cluster(cluster: Any) -> Any:
+    from cluster_specs import Cluster
+
+    return Cluster.load(cluster) if isinstance(cluster, str) else cluster
+
+
+def _search(model: "torch.nn.Module", cluster: Any, inputs: tuple, batch: int,
+            seq: int | None, search_options: dict[str, Any]) -> Plan:
+    from planner.inter_op import search
+
+    cluster = _load_cluster(cluster)
+    graph = _capture(model, cluster, inputs)
     return search(graph, cluster, batch=batch, seq=seq, progress=False,
                   model=type(model).__name__, **search_options)
+
+
+def _check_graph(model: "torch.nn.Module", chosen: Plan, cluster: Any, inputs: tuple) -> None:
+    """Refuse a given plan for another graph when the module can be captured as it was."""
+    if chosen.model != type(model).__name__:
+        logger.info("plan for model %r (not made from this %s module): its graph fingerprint "
+                    "is not checked, only its world size", chosen.model, type(model).__name__)
+        return
+    graph = _capture(model, _load_cluster(cluster), inputs)
+    chosen.check_matches(graph_fingerprint=graph.fingerprint(),
+                         source=f"plan (compared with the {type(model).__name__} module "
+                                "captured at one sample of inputs=)")
 
 
 def plan(model: "torch.nn.Module", cluster: Any, *, inputs: Any, batch: int,
@@ -59,6 +85,8 @@ def plan(model: "torch.nn.Module", cluster: Any, *, inputs: Any, batch: int,
     import torch.distributed as dist
 
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    if plan is not None:
+        _check_graph(model, plan, cluster, inputs)
     chosen = plan if plan is not None else _search(model, cluster, inputs, batch, seq,
                                                    search_options)
     if chosen.batch != batch:

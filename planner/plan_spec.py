@@ -218,22 +218,31 @@ class Plan:
         if missing:
             raise PlanError(f"{source}: plan is missing required keys {missing}")
         kwargs = {k: v for k, v in data.items() if k in names}
-        for key in ("mesh_shape", "mesh_axes", "axis_levels", "recompute", "placement_axes",
-                    "pruned", "fallbacks", "runners_up"):
-            if key in kwargs:
-                kwargs[key] = tuple(kwargs[key])
-        kwargs["stages"] = tuple(
-            StageAssignment(index=s["index"], layers=tuple(s["layers"]),
-                            has_embedding=s.get("has_embedding", False),
-                            has_head=s.get("has_head", False))
-            for s in kwargs.get("stages", ())
-        )
-        if "solver" in kwargs:
-            kwargs["solver"] = SolverInfo(**kwargs["solver"])
+        key: str | None = None
         try:
+            for key in _INT_FIELDS:
+                if key in kwargs and not (key == "seq" and kwargs[key] is None):
+                    kwargs[key] = _integer(kwargs[key], key)
+            for key in ("mesh_shape", "mesh_axes", "axis_levels", "recompute", "placement_axes",
+                        "pruned", "fallbacks", "runners_up"):
+                if key in kwargs:
+                    kwargs[key] = tuple(_sequence(kwargs[key], key))
+            key = "mesh_shape"
+            kwargs[key] = tuple(_integer(n, f"{key}[{i}]") for i, n in enumerate(kwargs[key]))
+            key = "stages"
+            kwargs[key] = tuple(_stage(s, i) for i, s in enumerate(_sequence(kwargs.get(key, ()),
+                                                                                key)))
+            key = "solver"
+            if key in kwargs:
+                kwargs[key] = _dataclass_from(SolverInfo, kwargs[key], key)
+            key = None
             return cls(**kwargs)
-        except TypeError as err:
-            raise PlanError(f"{source}: malformed plan: {err}") from err
+        except PlanError as err:
+            raise PlanError(f"{source}: {err}") from err
+        except (TypeError, KeyError, ValueError, AttributeError) as err:
+            where = f", key {key!r}" if key else ""
+            raise PlanError(f"{source}: malformed plan{where}: {type(err).__name__}: {err}"
+                            ) from err
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "plan") -> "Plan":
@@ -266,6 +275,52 @@ class Plan:
                 f"{source} needs world size pp·dp·tp = {self.pp}·{self.dp}·{self.tp} = "
                 f"{self.world_size}, but {world_size} processes were given"
             )
+
+
+_INT_FIELDS = ("batch", "seq", "microbatch_size", "num_microbatches", "zero_stage")
+
+
+def _integer(value: Any, key: str) -> int:
+    """``value`` if it is an integer (``bool`` and ``"4"`` are not), else a PlanError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanError(f"{key} must be an integer, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _sequence(value: Any, key: str) -> list[Any]:
+    if not isinstance(value, (list, tuple)):
+        raise PlanError(f"{key} must be a list, got {value!r} ({type(value).__name__})")
+    return list(value)
+
+
+def _dataclass_from(cls: type, value: Any, key: str) -> Any:
+    if not isinstance(value, Mapping):
+        raise PlanError(f"{key} must be an object, got {type(value).__name__}")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(value) - fields)
+    if unknown:
+        raise PlanError(f"{key} has unknown keys {unknown} (known: {sorted(fields)})")
+    return cls(**value)
+
+
+def _stage(value: Any, i: int) -> StageAssignment:
+    key = f"stages[{i}]"
+    if not isinstance(value, Mapping):
+        raise PlanError(f"{key} must be an object, got {type(value).__name__}")
+    for name in ("index", "layers"):
+        if name not in value:
+            raise PlanError(f"{key} is missing key {name!r}")
+    layers = _sequence(value["layers"], f"{key}.layers")
+    if len(layers) != 2:
+        raise PlanError(f"{key}.layers must be [start, stop], got {layers!r}")
+    unknown = sorted(set(value) - {"index", "layers", "has_embedding", "has_head"})
+    if unknown:
+        raise PlanError(f"{key} has unknown keys {unknown}")
+    return StageAssignment(index=_integer(value["index"], f"{key}.index"),
+                           layers=(_integer(layers[0], f"{key}.layers[0]"),
+                                   _integer(layers[1], f"{key}.layers[1]")),
+                           has_embedding=bool(value.get("has_embedding", False)),
+                           has_head=bool(value.get("has_head", False)))
 
 
 def _check_schedule(schedule: str) -> None:

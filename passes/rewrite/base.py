@@ -5,7 +5,13 @@ A rewrite pass is a callable ``pass_(gm, plan) -> PassResult``: it takes a
 (possibly new) module and whether it changed anything. Context a pass needs beyond the graph and
 the plan (a device mesh, the ranks of this process) is given to its constructor, never read from
 globals. A pass that cannot do its job raises :class:`PassError`, which names the pass and, when
-one is to blame, the fx node: ``[insert-reshards] node 'view_3': cannot …``.
+one is to blame, the fx node: ``[insert-reshards] node 'view_3': cannot …``. It is a
+:class:`~planner.cli.errors.UserError` (the plan asks for something this runtime cannot do: one
+line, exit 2), so passes raise it only for failures a user can act on. Any other exception
+is a bug: :class:`PassInternalError` (not a ``UserError``) names the pass and, when known, the
+node or parameter it was at, and keeps the original exception and traceback as ``__cause__``.
+A pass that realises part of the plan differently (a default, a skipped name) records a
+readable line in :attr:`RewritePass.fallbacks` and logs it on ``fxplan.runtime``.
 
 Modelled on ``torch/fx/passes/infra/pass_base.py`` / ``pass_manager.py``, reduced to what the
 runtime needs: a fixed, ordered list of passes, each applied once, with an optional check of the
@@ -14,6 +20,7 @@ graph after each (``graph.lint()``).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
@@ -25,7 +32,9 @@ from planner.cli.errors import UserError
 if TYPE_CHECKING:  # pragma: no cover
     from planner.plan_spec import Plan
 
-__all__ = ["PassError", "PassResult", "RewritePass", "PassManager"]
+__all__ = ["PassError", "PassInternalError", "PassResult", "RewritePass", "PassManager"]
+
+logger = logging.getLogger("fxplan.runtime")
 
 
 class PassError(UserError):
@@ -36,6 +45,15 @@ class PassError(UserError):
         self.node = node.name if isinstance(node, fx.Node) else node
         where = f" node {self.node!r}:" if self.node is not None else ""
         super().__init__(f"[{pass_name}]{where} {message}")
+
+
+class PassInternalError(RuntimeError):
+    """An unexpected exception inside a pass (a bug, not a plan error); ``__cause__`` holds it."""
+
+    def __init__(self, pass_name: str, err: BaseException, at: str | None = None) -> None:
+        self.pass_name, self.at = pass_name, at
+        where = f" at {at}" if at is not None else ""
+        super().__init__(f"[{pass_name}] internal error{where}: {type(err).__name__}: {err}")
 
 
 @dataclass(frozen=True)
@@ -49,10 +67,24 @@ class PassResult:
 class RewritePass:
     """Base class: subclasses set ``name`` and implement :meth:`run`.
 
-    ``__call__`` wraps :meth:`run` so that any unexpected exception still names the pass.
+    ``__call__`` lets :class:`PassError` through and turns any other exception into a
+    :class:`PassInternalError` naming the pass and :attr:`at` (the node or parameter the pass
+    set as it went, if any). :meth:`fallback` records and logs a deviation from the plan.
     """
 
     name: str = "rewrite-pass"
+    at: str | None = None
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """Readable lines, one per deviation from the plan, in order, without repeats."""
+        return self.__dict__.setdefault("_fallbacks", [])
+
+    def fallback(self, message: str) -> None:
+        line = f"[{self.name}] {message}"
+        if line not in self.fallbacks:
+            self.fallbacks.append(line)
+            logger.warning("fxplan runtime fallback: %s", line)
 
     def run(self, gm: fx.GraphModule, plan: "Plan") -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -61,19 +93,21 @@ class RewritePass:
         return PassError(self.name, message, node)
 
     def __call__(self, gm: fx.GraphModule, plan: "Plan") -> PassResult:
+        self.at = None
         try:
             return self.run(gm, plan)
         except PassError:
             raise
-        except Exception as err:  # noqa: BLE001 - re-raised with the pass named
-            raise PassError(self.name, f"{type(err).__name__}: {err}") from err
+        except Exception as err:  # a bug: keep the traceback, name where it happened
+            raise PassInternalError(self.name, err, self.at) from err
 
 
 class PassManager:
     """Run passes in order; each sees the module the previous one returned.
 
     ``run`` returns a :class:`PassResult` whose ``changed`` is true if any pass changed the
-    module; ``history`` records ``(pass name, changed)`` for the report.
+    module; ``history`` records ``(pass name, changed)`` for the report; :attr:`fallbacks`
+    gathers the passes' fallback lines.
     """
 
     def __init__(self, passes: Iterable[RewritePass], *, lint: bool = True) -> None:
@@ -92,6 +126,10 @@ class PassManager:
             if self.lint and changed and isinstance(module, fx.GraphModule):
                 try:
                     module.graph.lint()
-                except Exception as err:  # noqa: BLE001
-                    raise PassError(pass_.name, f"left an invalid graph: {err}") from err
+                except Exception as err:  # noqa: BLE001 - an invalid graph is a bug
+                    raise PassInternalError(pass_.name, err, "graph lint") from err
         return PassResult(module, changed_any)
+
+    @property
+    def fallbacks(self) -> list[str]:
+        return list(dict.fromkeys(line for p in self.passes for line in p.fallbacks))

@@ -8,7 +8,8 @@ over ``placement_axes``; its ``tp`` token ``π`` (``S(d)`` or ``R``) is realised
 so each tp rank holds the slice ``p[…, r·n/tp:(r+1)·n/tp, …]`` of dim ``d`` (Megatron:
 column-parallel ``W`` is ``S(0)``, row-parallel ``W`` is ``S(1)``, the vocabulary-parallel
 embedding ``S(0)``). ``P`` is not a parameter placement and is refused. Parameters the plan does
-not mention are replicated (``R``) and listed in :attr:`DistributeParameters.defaulted`.
+not mention are replicated (``R``), listed in :attr:`DistributeParameters.defaulted` and
+reported as a fallback (logged, and in ``ShardedModule.fallbacks``).
 
 A parameter shared by several modules (tied embedding / LM head) is distributed once and the
 same new ``Parameter`` is put back in every module that held it, so the tie survives. The
@@ -53,6 +54,7 @@ class DistributeParameters(RewritePass):
             return PassResult(gm, False)
         replaced: dict[int, nn.Parameter] = {}
         changed = False
+        before = len(self.defaulted)
         for module in gm.modules():
             for key, param in list(module._parameters.items()):
                 if param is None or isinstance(param, DTensor):
@@ -62,10 +64,15 @@ class DistributeParameters(RewritePass):
                 new = replaced[id(param)]
                 module._parameters[key] = new
                 changed = True
+        defaulted = self.defaulted[before:]
+        if defaulted:
+            self.fallback(f"{len(defaulted)} parameter(s) without a planned placement are "
+                          f"replicated over tp: {_listing(defaulted)}")
         return PassResult(gm, changed)
 
     def _distribute(self, param: nn.Parameter, plan: "Plan") -> nn.Parameter:
         fqn = self.names.get(id(param))
+        self.at = f"parameter {fqn!r}" if fqn else None
         if fqn is None:
             raise self.error(f"parameter of shape {tuple(param.shape)} has no name in the model")
         text = plan.param_placements.get(fqn)
@@ -73,7 +80,10 @@ class DistributeParameters(RewritePass):
             self.defaulted.append(fqn)
             placement = Replicate()
         else:
-            placement = normalize(axis_placement(text, plan, "tp"), param.ndim)
+            try:
+                placement = normalize(axis_placement(text, plan, "tp"), param.ndim)
+            except ValueError as err:
+                raise self.error(f"parameter {fqn!r}: {err}") from err
         if isinstance(placement, Partial):
             raise self.error(f"parameter {fqn!r} is planned {text!r}: a parameter cannot be partial")
         with torch.no_grad():
@@ -84,3 +94,9 @@ class DistributeParameters(RewritePass):
         new = nn.Parameter(dtensor, requires_grad=param.requires_grad)
         self.names[id(new)] = fqn
         return new
+
+
+def _listing(names: list[str], limit: int = 8) -> str:
+    """``a, b, c`` or ``a, …, h (+3 more)``: a readable list for a fallback line."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")

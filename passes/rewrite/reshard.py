@@ -15,8 +15,9 @@ parallelism the plan puts LayerNorm/residual activations at ``S(1)`` (sequence d
 Cases for ``Reshard(π)`` on a value ``x``:
   1. ``x`` is not a DTensor (an int, a shape): returned unchanged;
   2. ``x.placements == (π,)``: unchanged;
-  3. ``π`` is ``P`` (partial): DTensor cannot redistribute *to* partial; unchanged, and counted as
-     a fallback (the consumer reduces later);
+  3. ``π`` is ``P`` (partial): DTensor cannot redistribute *to* partial; unchanged, counted in
+     ``Reshard.fallbacks`` and logged the first time (the consumer reduces later);
+     :attr:`Reshard.fallback_line` is what ``ShardedModule.fallbacks`` reports;
   4. otherwise ``x.redistribute(tp_mesh, [π])``.
 In debug mode ``Reshard`` asserts after the fact that the value has the planned placement.
 
@@ -24,11 +25,15 @@ The graph's boundary is made explicit too: each tensor input enters as
 ``DTensor.from_local(x, tp_mesh, [R])`` (:class:`EnterSPMD`) and each output leaves replicated and
 local (:class:`ExitSPMD`), so the module's caller — a pipeline stage, a loss — sees plain tensors.
 Nested graph modules (outlined layers) get their reshards too; only the top graph gets a boundary.
+
+Planned node names that are in none of the program's graphs (``known_nodes``: all stages', given
+by the runtime; default: the graphs of the module the pass runs on) are skipped and reported as
+one fallback (e.g. nodes the capture had outside ``forward``: ``targets`` and the loss).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Collection
 
 import torch
 from torch import fx, nn
@@ -38,7 +43,7 @@ from torch.distributed.tensor.placement_types import Placement
 from torch.utils._pytree import tree_map
 
 from cost_model.placements import format_placements
-from passes.rewrite.base import PassResult, RewritePass
+from passes.rewrite.base import PassResult, RewritePass, logger
 from passes.rewrite.placements import axis_placement, normalize
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,6 +68,8 @@ class Reshard(nn.Module):
             return x
         if isinstance(target, Partial):
             self.fallbacks += 1
+            if self.fallbacks == 1:
+                logger.warning("fxplan runtime fallback: %s", self.fallback_line)
             return x
         out = x.redistribute(self.mesh, [target])
         if self.debug and out.placements != (target,):
@@ -71,6 +78,11 @@ class Reshard(nn.Module):
                 f"runs {format_placements(out.placements)}"
             )
         return out
+
+    @property
+    def fallback_line(self) -> str:
+        return (f"[insert-reshards] node {self.node!r} is planned P (partial) on tp; DTensor "
+                "cannot redistribute to partial, so it keeps its propagated placement")
 
     def extra_repr(self) -> str:
         return f"{self.node}: → {format_placements([self.placement])}"
@@ -109,21 +121,40 @@ class InsertReshards(RewritePass):
 
     name = "insert-reshards"
 
-    def __init__(self, tp_mesh: DeviceMesh, *, debug: bool = False) -> None:
+    def __init__(self, tp_mesh: DeviceMesh, *, debug: bool = False,
+                 known_nodes: Collection[str] | None = None) -> None:
         self.tp_mesh = tp_mesh
         self.debug = debug
+        self.known_nodes = None if known_nodes is None else set(known_nodes)
         self.inserted: list[str] = []
+        self.skipped: list[str] = []
 
     def run(self, gm: fx.GraphModule, plan: "Plan") -> PassResult:
         if self.tp_mesh.size() == 1:
             return PassResult(gm, False)
-        for sub in [m for m in gm.modules() if isinstance(m, fx.GraphModule)]:
+        graphs = [m for m in gm.modules() if isinstance(m, fx.GraphModule)]
+        self._report_unknown(plan, graphs)
+        for sub in graphs:
             self._insert_reshards(sub, plan)
         self._insert_boundary(gm)
         return PassResult(gm, True)
 
+    def _report_unknown(self, plan: "Plan", graphs: list[fx.GraphModule]) -> None:
+        known = self.known_nodes
+        if known is None:
+            known = {node.name for sub in graphs for node in sub.graph.nodes}
+        unknown = [name for name in plan.node_placements if name not in known]
+        new = [name for name in unknown if name not in self.skipped]
+        if not new:
+            return
+        self.skipped.extend(new)
+        shown = ", ".join(unknown[:8]) + (f" (+{len(unknown) - 8} more)" if len(unknown) > 8 else "")
+        self.fallback(f"{len(unknown)} planned node(s) are not in the traced program, their "
+                      f"placements are not applied: {shown}")
+
     def _insert_reshards(self, gm: fx.GraphModule, plan: "Plan") -> None:
         for node in list(gm.graph.nodes):
+            self.at = f"node {node.name!r}"
             text = plan.node_placements.get(node.name)
             if text is None or node.op in ("placeholder", "output", "get_attr"):
                 continue

@@ -6,6 +6,10 @@
             → materialize (meta models only) → data parallel / ZeRO (dp) → PipelineStage
         tied-weight groups across pipeline ranks; schedule built at the first train_step
 
+Where a part of the plan is realised differently (a parameter without a planned placement, a
+planned node not in the program, ZeRO-1 with tp > 1 run as FSDP2, …) the pass logs a warning and
+the line lands in ``ShardedModule.fallbacks``.
+
 Every process of the default group calls :func:`apply_plan` (process groups are created
 collectively); a process outside the plan's ranks gets ``None``. The model may live on ``meta``
 (see :mod:`planner.runtime.build`): then only this rank's stages get storage.
@@ -18,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import fx, nn
 
 from passes.rewrite.base import PassManager
 from passes.rewrite.distribute import DistributeParameters
@@ -99,19 +103,25 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     device = torch.device(device_type(), torch.cuda.current_device()) if device_type() == "cuda" \
         else torch.device("cpu")
     values = init_values(init) if on_meta and checkpoint is None else None
-    stages = []
+    known_nodes = {node.name for m in program.modules() if isinstance(m, fx.GraphModule)
+                   for node in m.graph.nodes}
+    # one instance of each pass for all local stages: a fallback is logged once
+    passes = [DistributeParameters(mesh["tp"], names),
+              InsertReshards(mesh["tp"], debug=debug, known_nodes=known_nodes), Recompute()]
+    stages, fallbacks = [], []
     for k in local_stage_indices(plan, pp_rank):
         module = program.stage(k) if on_meta else program.stage(k).to(device)
-        passes = PassManager([DistributeParameters(mesh["tp"], names),
-                              InsertReshards(mesh["tp"], debug=debug), Recompute()])
-        inner = passes.run(module, plan).module
+        manager = PassManager(passes)
+        inner = manager.run(module, plan).module
+        fallbacks.extend(manager.fallbacks)
         materialize(inner, names, device, values)
         local_names = {local: names[id(p)]
                        for local, p in inner.named_parameters(remove_duplicate=False)}
-        wrapped = apply_data_parallel(inner, plan, mesh)
+        wrapped = apply_data_parallel(inner, plan, mesh, fallbacks)
         stages.append(LocalStage(k, wrapped, inner, local_names))
     del values
-    sharded = ShardedModule(plan, mesh, stages, program.stage_io, tied, group, device)
+    sharded = ShardedModule(plan, mesh, stages, program.stage_io, tied, group, device,
+                            fallbacks=fallbacks)
     if checkpoint is not None:
         sharded.load(checkpoint)
     return sharded

@@ -15,8 +15,12 @@ decides what else is split over ``dp`` (Rajbhandari et al., 2020):
 FSDP/replicate wrap every outlined block (``layer_i``, recompute wrapper included) and then
 the stage root, so parameters are gathered block by block. With ``tp > 1`` the parameters are
 already DTensors on the ``tp`` axis and FSDP2 shards them further on ``dp`` (2-D mesh).
-ZeRO-1 relies on ``ZeroRedundancyOptimizer`` broadcasting plain tensors and is refused with
-``tp > 1`` (use ZeRO-2, which keeps the same memory for the optimizer state and more).
+ZeRO-1 relies on ``ZeroRedundancyOptimizer``, which broadcasts plain tensors and cannot hold
+DTensor parameters; with ``tp > 1`` (Megatron's distributed optimizer with TP, which the planner
+does pick) it runs as ``fully_shard(reshard_after_forward=False)`` on dp instead — the ZeRO-2
+layout: optimizer state sharded as planned, gradients reduce-scattered as well, so the same
+values with less memory than the plan's ZeRO-1 estimate — with a plain optimizer over the
+dp-sharded DTensors. That is a fallback: logged, and listed in ``ShardedModule.fallbacks``.
 """
 
 from __future__ import annotations
@@ -27,29 +31,44 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from passes.rewrite.base import PassError
+from passes.rewrite.base import logger
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.plan_spec import Plan
 
-__all__ = ["apply_data_parallel", "make_optimizer"]
-
-_NAME = "data-parallel"
+__all__ = ["apply_data_parallel", "make_optimizer", "zero1_fallback"]
 
 
 def _blocks(stage: nn.Module) -> list[nn.Module]:
     return [m for name, m in stage.named_children() if name.startswith("layer_")]
 
 
-def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh) -> nn.Module:
-    """Wrap ``stage`` for the plan's dp degree and ZeRO stage (table in the module docstring)."""
+def zero1_fallback(plan: "Plan") -> str | None:
+    """The fallback line when the plan's ZeRO-1 runs as FSDP2 (``tp > 1``), else ``None``."""
+    if plan.zero_stage != 1 or plan.dp == 1 or plan.tp == 1:
+        return None
+    return (f"[data-parallel] ZeRO-1 with tp={plan.tp} runs as FSDP2 fully_shard("
+            "reshard_after_forward=False) over dp (ZeroRedundancyOptimizer cannot hold DTensor "
+            "parameters): gradients are reduce-scattered too; same values, less memory than "
+            "the plan's ZeRO-1 estimate")
+
+
+def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
+                        fallbacks: list[str] | None = None) -> nn.Module:
+    """Wrap ``stage`` for the plan's dp degree and ZeRO stage (table in the module docstring);
+    a fallback taken is logged and appended to ``fallbacks``."""
     if plan.dp == 1:
         return stage
     dp_mesh = mesh["dp"]
-    if plan.zero_stage in (2, 3):
+    line = zero1_fallback(plan)
+    if line is not None:
+        logger.warning("fxplan runtime fallback: %s", line)
+        if fallbacks is not None and line not in fallbacks:
+            fallbacks.append(line)
+    if plan.zero_stage in (2, 3) or line is not None:
         from torch.distributed.fsdp import fully_shard
 
-        reshard = plan.zero_stage == 3
+        reshard = plan.zero_stage == 3  # ZeRO-1 with tp > 1 (fallback): False, as ZeRO-2
         for block in _blocks(stage):
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
         fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
@@ -58,9 +77,6 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh) -> nn.
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(stage, process_group=dp_mesh.get_group())
-    if plan.zero_stage == 1:
-        raise PassError(_NAME, "ZeRO-1 with tp > 1 is not supported: ZeroRedundancyOptimizer "
-                        "cannot broadcast DTensor parameters; plan zero_stage 2 instead")
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
     for block in _blocks(stage):
@@ -72,9 +88,10 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh) -> nn.
 def make_optimizer(params: Iterable[nn.Parameter], plan: "Plan", mesh: DeviceMesh | None,
                    optimizer_class: type[torch.optim.Optimizer], **kwargs: Any
                    ) -> torch.optim.Optimizer:
-    """``optimizer_class`` over the local parameters; ZeRO-1 shards its state over dp."""
+    """``optimizer_class`` over the local parameters; ZeRO-1 shards its state over dp
+    (``ZeroRedundancyOptimizer``; with tp > 1 the parameters are already dp-sharded by FSDP2)."""
     params = list(params)
-    if plan.zero_stage == 1 and plan.dp > 1 and mesh is not None:
+    if plan.zero_stage == 1 and plan.dp > 1 and plan.tp == 1 and mesh is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class,

@@ -10,6 +10,9 @@ between pipeline ranks, and returns the mean loss ``L = (1/dp) Σ_d (1/m) Σ_j l
 to ``loss_fn`` over the global batch when ``loss_fn`` is a mean. The caller steps the optimizer
 from :meth:`optimizer`.
 
+:attr:`fallbacks` lists, readably and without repeats, where this rank realises the plan other
+than as planned (each was also logged as a warning when it happened).
+
 Parameters are addressed by their names in the original model (``h.0.attn.qkv.weight``) in
 :meth:`named_parameters`, :meth:`state_dict` and :meth:`full_parameters`, whatever stage, wrapper
 or shard they live in now.
@@ -55,7 +58,7 @@ class ShardedModule:
 
     def __init__(self, plan: "Plan", mesh: DeviceMesh, stages: Sequence[LocalStage],
                  stage_io: Sequence["StageIO"], tied: TiedGradSync, group: dist.ProcessGroup,
-                 device: torch.device) -> None:
+                 device: torch.device, fallbacks: Sequence[str] = ()) -> None:
         self.plan, self.mesh, self.stages = plan, mesh, list(stages)
         self.stage_io, self.tied, self.group, self.device = stage_io, tied, group, device
         coordinate = mesh.get_coordinate()
@@ -63,7 +66,21 @@ class ShardedModule:
         last = plan.pp * plan.virtual_stages - 1
         self.is_first = any(s.index == 0 for s in self.stages)
         self.is_last = any(s.index == last for s in self.stages)
-        self._schedules: dict[int, Any] = {}
+        self._built_fallbacks = list(dict.fromkeys(fallbacks))
+        self._schedule_for: tuple[Callable[..., torch.Tensor], Any] | None = None
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """Where this rank departs from the plan: build-time lines (passes, data parallelism)
+        and reshards to a partial placement met while training; deduplicated, in order."""
+        from passes.rewrite.reshard import Reshard
+
+        lines = list(self._built_fallbacks)
+        for stage in self.stages:
+            for module in stage.inner.modules():
+                if isinstance(module, Reshard) and module.fallbacks:
+                    lines.append(module.fallback_line)
+        return list(dict.fromkeys(lines))
 
     # -- parameters -----------------------------------------------------------------------
     def named_parameters(self) -> dict[str, nn.Parameter]:
@@ -93,13 +110,14 @@ class ShardedModule:
 
     # -- training -------------------------------------------------------------------------
     def _schedule(self, loss_fn: Callable[..., torch.Tensor]) -> Any:
-        key = id(loss_fn)
-        if key not in self._schedules:
+        """The schedule for ``loss_fn``, rebuilt only when another loss is given (compared with
+        ``==``: a bound method made afresh each step is equal, an id could be reused)."""
+        if self._schedule_for is None or self._schedule_for[0] != loss_fn:
             modules = [(s.index, s.module) for s in self.stages]
-            self._schedules = {key: build_schedule(self.plan, modules, self.stage_io,
-                                                   self.mesh["pp"].get_group(), self.device,
-                                                   loss_fn)}
-        return self._schedules[key]
+            schedule = build_schedule(self.plan, modules, self.stage_io,
+                                      self.mesh["pp"].get_group(), self.device, loss_fn)
+            self._schedule_for = (loss_fn, schedule)
+        return self._schedule_for[1]
 
     def _local(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.chunk(self.plan.dp)[self.coordinate["dp"]].to(self.device)

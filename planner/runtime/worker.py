@@ -8,7 +8,9 @@ fixed across steps, so the loss must fall); ``--save CKPT`` writes parameters an
 state at the end. Rank 0 prints per step ``loss``, step time, tokens/s and peak memory, and at the end the
 plan's predicted step time and per-rank memory against the measured ones (median step time after
 the first step; memory: the largest peak over ranks — CUDA allocator peak on GPUs, peak resident
-set size of the process on CPUs, which includes the Python runtime).
+set size of the process on CPUs, which includes the Python runtime). After the first step (when
+reshards have run) rank 0 prints every rank's runtime fallbacks (``ShardedModule.fallbacks``:
+where the plan is realised other than as planned), each once.
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ def _train(args: argparse.Namespace) -> None:
     if rank == 0:
         print(f"fxplan launch: {plan.model} on {plan.cluster} | {plan.summary} | "
               f"{dist.get_world_size()} ranks, backend {dist.get_backend()}", flush=True)
+    if args.steps == 0:
+        _print_fallbacks(sharded, rank)
     times = []
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
@@ -122,6 +126,8 @@ def _train(args: argparse.Namespace) -> None:
             print(f"step {step:>4}  loss {float(loss):.4f}  time {elapsed * 1e3:8.1f} ms  "
                   f"tokens/s {tokens / elapsed:10.1f}  peak mem "
                   f"{peak_memory_gib(sharded.device):.3f} GiB", flush=True)
+        if step == 1:
+            _print_fallbacks(sharded, rank)
     if args.save:
         sharded.save(args.save, optimizer)
         if rank == 0:
@@ -136,6 +142,17 @@ def _train(args: argparse.Namespace) -> None:
               f"{measured * 1e3:.3f} ms (median)", flush=True)
         print(f"peak memory per rank  predicted {_show(predicted_mem, 'GiB')}  measured "
               f"{float(peak):.3f} GiB (max over ranks)", flush=True)
+
+
+def _print_fallbacks(sharded: Any, rank: int) -> None:
+    """Rank 0 prints the union of every rank's fallbacks (collective), each line once."""
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, list(sharded.fallbacks))
+    if rank != 0:
+        return
+    lines = list(dict.fromkeys(line for part in gathered for line in part or ()))
+    for line in lines:
+        print(f"fallback: {line}", flush=True)
 
 
 def _number(value: Any) -> float | None:

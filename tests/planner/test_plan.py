@@ -88,3 +88,19 @@ def test_other_format_versions_and_garbage_are_refused(tmp_path):
         load_plan(garbage)
     with pytest.raises(PlanError, match="does not exist"):
         load_plan(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d["solver"].update(extra=1), r"solver has unknown keys \['extra'\]"),
+    (lambda d: d["stages"][0].pop("index"), r"stages\[0\] is missing key 'index'"),
+    (lambda d: d["stages"][1].update(layers=[2]), r"stages\[1\]\.layers must be \[start, stop\]"),
+    (lambda d: d.update(batch="16"), r"batch must be an integer, got '16'"),
+    (lambda d: d.update(mesh_shape=[2, "2", 1]), r"mesh_shape\[1\] must be an integer"),
+    (lambda d: d.update(stages=7), r"stages must be a list"),
+    (lambda d: d.update(solver="highs"), r"solver must be an object"),
+])
+def test_malformed_fields_are_plan_errors_naming_the_key(change, message):
+    data = json.loads(make_plan().to_json())
+    change(data)
+    with pytest.raises(PlanError, match=r"^plan\.json: " + message):
+        Plan.from_dict(data, source="plan.json")

@@ -91,7 +91,7 @@ def train_matches_reference(plan_kwargs: dict[str, Any] | None = None, plan_json
         total_bytes=sum(p.numel() * p.element_size() for p in build_model(layers).parameters()),
         loss_error=max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
         param_error=param_errors[worst], worst=worst,
-        missing=sorted(set(ref_params) - set(params)),
+        missing=sorted(set(ref_params) - set(params)), fallbacks=sharded.fallbacks,
     )
 
 
@@ -173,3 +173,36 @@ def api_applies_plan() -> dict[str, Any] | None:
         return None
     loss = sharded.train_step((tokens, targets), lm_loss)
     return dict(type=type(sharded).__name__, plan=sharded.plan.summary, loss=float(loss))
+
+
+def unknown_node_is_a_fallback() -> dict[str, Any]:
+    """A tp=2 plan naming a node the program lacks: the fallback is logged, listed by the
+    ShardedModule, and printed once by the launch worker's rank 0 (gathered over all ranks)."""
+    import contextlib
+    import dataclasses
+    import io
+    import logging
+    from types import SimpleNamespace
+
+    from planner.runtime.worker import _print_fallbacks
+
+    plan = make_plan(tp=2)
+    plan = dataclasses.replace(plan, node_placements={**plan.node_placements,
+                                                      "no_such_node": "S(0)R"})
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("fxplan.runtime")
+    logger.addHandler(handler)
+    try:
+        sharded = apply_plan(build_model(2), plan, fixed_batch(plan)[0], ranks=[0, 1])
+    finally:
+        logger.removeHandler(handler)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        import torch.distributed as dist
+
+        _print_fallbacks(sharded or SimpleNamespace(fallbacks=[]), dist.get_rank())
+    if sharded is None:
+        return dict(printed=printed.getvalue())
+    return dict(fallbacks=sharded.fallbacks, logged=records, printed=printed.getvalue())

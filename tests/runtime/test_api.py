@@ -36,3 +36,88 @@ def test_tp_passes_alone(rank_pool):
     report = rank_pool.run("rt_cases:tp_passes_alone")[0]
     assert report["error"] <= 1e-5 and report["plain_output"] and report["qkv_sharded"], report
     assert report["reshards"] > 0, report
+
+
+def test_a_planned_node_missing_from_the_program_is_a_reported_fallback(rank_pool):
+    results = rank_pool.run("rt_cases:unknown_node_is_a_fallback")
+    report = results[0]
+    lines = [f for f in report["fallbacks"] if "no_such_node" in f]
+    assert len(lines) == 1 and lines[0].startswith("[insert-reshards] 1 planned node"), report
+    assert any("no_such_node" in m for m in report["logged"]), report
+    assert report["printed"].count("fallback: [insert-reshards]") == 1, report["printed"]
+    assert all(r["printed"] == "" for r in results[1:]), results
+
+
+def _gpt_plan_for_this_module(**changes):
+    import dataclasses
+
+    from cluster_specs import Cluster
+    from planner.api import _capture
+
+    model = build_model(2)
+    plan = make_plan(dp=2)
+    tokens, _ = fixed_batch(plan)
+    graph = _capture(model, Cluster.load("local-cpu:devices=2"), (tokens,))
+    fields = dict(model=type(model).__name__, graph_fingerprint=graph.fingerprint())
+    return model, dataclasses.replace(plan, **{**fields, **changes}), tokens
+
+
+def test_a_given_plan_for_another_graph_is_refused():
+    import pytest
+
+    from planner import plan as plan_api
+    from planner.plan_spec import PlanError
+
+    model, plan, tokens = _gpt_plan_for_this_module()
+    assert plan_api(model, "local-cpu:devices=2", inputs=(tokens,), batch=plan.batch,
+                    plan=plan) is plan
+    model, plan, tokens = _gpt_plan_for_this_module(graph_fingerprint="0" * 64)
+    with pytest.raises(PlanError, match=r"compared with the GPT module.*made for model 'GPT'"):
+        plan_api(model, "local-cpu:devices=2", inputs=(tokens,), batch=plan.batch, plan=plan)
+
+
+def test_search_captures_in_the_training_dtype(monkeypatch):
+    import planner.inter_op
+    from cluster_specs import Cluster
+    from planner import plan as plan_api
+
+    seen = {}
+
+    def fake_search(graph, cluster, **kwargs):
+        seen["dtype"] = graph.dtype
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(planner.inter_op, "search", fake_search)
+    tokens = fixed_batch(make_plan(dp=2, microbatch_size=4))[0]
+    cluster = "dgx-a100-80g"
+    try:
+        plan_api(build_model(2), cluster, inputs=(tokens,), batch=8)
+    except RuntimeError:
+        pass
+    expected = planner.inter_op.training_dtype(Cluster.load(cluster))
+    assert str(seen["dtype"]) == f"torch.{expected}" == "torch.bfloat16"
+
+
+def test_schedule_is_built_once_per_equal_loss_function(monkeypatch):
+    import planner.runtime.sharded_module as sm
+
+    built = []
+    monkeypatch.setattr(sm, "build_schedule", lambda *args: built.append(args[-1]) or object())
+
+    class Mesh:
+        def __getitem__(self, axis):
+            return type("Group", (), {"get_group": lambda self: None})()
+
+    class Losses:
+        def loss(self, output, target):
+            return output
+
+    sharded = sm.ShardedModule.__new__(sm.ShardedModule)
+    sharded.plan, sharded.mesh, sharded.stages, sharded.stage_io = None, Mesh(), [], []
+    sharded.device, sharded._schedule_for = None, None
+    losses = Losses()
+    first = sharded._schedule(losses.loss)
+    assert sharded._schedule(losses.loss) is first  # a new bound method each time, equal
+    assert len(built) == 1
+    sharded._schedule(lambda output, target: output)
+    assert len(built) == 2

@@ -17,6 +17,7 @@ CASES = {
     "pp_interleaved": dict(pp=2, schedule="interleaved:2", num_microbatches=2, layers=4),
     "dp_tp": dict(dp=2, tp=2, zero=2),
     "dp_tp_zero0": dict(dp=2, tp=2, zero=0),
+    "dp_tp_zero1": dict(dp=2, tp=2, zero=1),  # runs as FSDP2 (a reported fallback)
     "pp_dp": dict(pp=2, dp=2, zero=1, num_microbatches=2),
     "pp_dp_zero3": dict(pp=2, dp=2, zero=3, num_microbatches=2, schedule="gpipe"),
     "pp_tp": dict(pp=2, tp=2, num_microbatches=2, sp=True),
@@ -34,6 +35,8 @@ def test_matches_single_process(rank_pool, name):
     assert report["loss_error"] <= 1e-5, report
     assert report["param_error"] <= 1e-5, report
     assert report["losses"][-1] < report["losses"][0]
+    zero1_as_fsdp = [f for f in report["fallbacks"] if "ZeRO-1 with tp=2 runs as FSDP2" in f]
+    assert len(zero1_as_fsdp) == (name == "dp_tp_zero1"), report["fallbacks"]
 
 
 def test_planner_found_local_cpu_plan(rank_pool):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from passes.rewrite.base import PassError, PassManager, PassResult, RewritePass
+from passes.rewrite.base import (PassError, PassInternalError, PassManager, PassResult,
+                                 RewritePass)
 from passes.rewrite.emit import emit_program
 from passes.rewrite.layers import OutlineLayers
 from passes.rewrite.recompute import Recompute
@@ -79,7 +80,14 @@ def test_pass_manager_names_the_failing_pass():
         name = "broken-pass"
 
         def run(self, gm, plan):
+            self.at = "node 'view_3'"
             raise KeyError("boom")
+
+    class Refuses(RewritePass):
+        name = "refusing-pass"
+
+        def run(self, gm, plan):
+            raise self.error("cannot do that", "view_3")
 
     class Nothing(RewritePass):
         name = "nothing"
@@ -91,8 +99,16 @@ def test_pass_manager_names_the_failing_pass():
     manager = PassManager([Nothing()])
     assert not manager.run(result.module, make_plan()).changed
     assert manager.history == [("nothing", False)]
-    with pytest.raises(PassError, match=r"^\[broken-pass\] KeyError"):
+    with pytest.raises(PassError, match=r"^\[refusing-pass\] node 'view_3': cannot do that"):
+        PassManager([Refuses()]).run(result.module, make_plan())
+    # a bug is not a user error: not a PassError/UserError, names pass and node, keeps the cause
+    from planner.cli.errors import UserError
+
+    with pytest.raises(PassInternalError, match=r"^\[broken-pass\] internal error at node "
+                       r"'view_3': KeyError") as info:
         PassManager([Broken()]).run(result.module, make_plan())
+    assert not isinstance(info.value, UserError)
+    assert isinstance(info.value.__cause__, KeyError) and info.value.__cause__.__traceback__
 
 
 def test_emit_program_annotates_placements():
