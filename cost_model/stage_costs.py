@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -41,11 +41,13 @@ from cost_model.collectives import collective_time_s
 from cost_model.compute import op_time_s
 from cost_model.config import ParallelConfig
 from cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
-from cost_model.memory import GIB, MemoryBreakdown, OptimizerSpec, model_state_bytes
+from cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
+                               model_state_bytes)
 from cost_model.pipeline_schedules import ScheduleOrder
 from cost_model.simulator import StageCosts
 
-__all__ = ["StagePlan", "build_stages", "stage_memory", "stage_ranks"]
+__all__ = ["StagePlan", "buffer_bytes", "build_stages", "rank_memory", "stage_memory",
+           "stage_ranks"]
 
 
 def stage_ranks(config: ParallelConfig, stage: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -218,27 +220,62 @@ def _tied_sync(params: list[dict[str, float]], post: np.ndarray, config: Paralle
                 post[s] += seconds
 
 
+def buffer_bytes(max_output_bytes: float, max_segment_params: float, *, pp: int, tp: int,
+                 dp: int, zero_stage: int, sequence_parallel: bool,
+                 optimizer: OptimizerSpec = ADAM_MIXED) -> float:
+    """Transient buffers of one pipeline rank, bytes: ``2·o`` (pipeline send/recv, ``pp > 1``)
+    ``+ t·o`` (sequence parallel: a column-parallel input all-gathered) ``+ 2·(k_p + k_g)·ψ``
+    (ZeRO-3: gathered weights and gradients of the running and the prefetched segment), with
+    ``o`` the largest segment output and ``ψ`` the largest segment's parameters on the rank."""
+    out = 2.0 * max_output_bytes if pp > 1 else 0.0
+    if sequence_parallel and tp > 1:
+        out += max_output_bytes * tp
+    if zero_stage == 3 and dp > 1:
+        out += 2.0 * max_segment_params * (optimizer.param_bytes + optimizer.grad_bytes)
+    return out
+
+
+def rank_memory(order: ScheduleOrder, *, params: Sequence[float], saved: np.ndarray,
+                working: Sequence[float], max_output_bytes: Sequence[float],
+                max_segment_params: Sequence[float], reserved: Sequence[float],
+                capacity: Sequence[float], tp: int, dp: int, zero_stage: int,
+                sequence_parallel: bool,
+                optimizer: OptimizerSpec = ADAM_MIXED) -> list[MemoryBreakdown]:
+    """Peak memory of each pipeline rank ``s`` from its aggregates (the one formula
+    :func:`stage_memory` and the planner's search both use):
+
+        states_s  = ZeRO(params[s], dp, zero)
+        acts_s    = peak over time of Σ_c n_c(τ)·saved[s, c]   (``order.peak_inflight``)
+        working_s = working[s]        (largest recompute working set of a segment on s)
+        buffers_s = :func:`buffer_bytes` of the rank's largest output and segment
+
+    ``saved[s, c]`` is the saved bytes per microbatch of chunk ``c`` of rank ``s``."""
+    inflight = order.peak_inflight(np.asarray(saved, dtype=float))
+    out = []
+    for s in range(order.stages):
+        states = model_state_bytes(float(params[s]), dp, zero_stage, optimizer)
+        buffers = buffer_bytes(float(max_output_bytes[s]), float(max_segment_params[s]),
+                               pp=order.stages, tp=tp, dp=dp, zero_stage=zero_stage,
+                               sequence_parallel=sequence_parallel, optimizer=optimizer)
+        out.append(MemoryBreakdown(states.params, states.grads, states.optimizer,
+                                   float(inflight[s]), float(working[s]), buffers,
+                                   float(reserved[s]), float(capacity[s])))
+    return out
+
+
 def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
                  optimizer: OptimizerSpec) -> list[MemoryBreakdown]:
-    """Peak memory per stage (:mod:`cost_model.memory`)."""
+    """Peak memory per stage (:func:`rank_memory`, :mod:`cost_model.memory`)."""
     p, v = config.pp, config.virtual_stages
     saved = np.array([[sum(seg.activations.saved for seg in plan.chunks[s][c]) for c in range(v)]
                       for s in range(p)])
-    inflight = order.peak_inflight(saved)
-    out = []
-    for s in range(p):
-        segs = [seg for c in range(v) for seg in plan.chunks[s][c]]
-        states = model_state_bytes(sum(plan.params[s].values()), config.dp, config.zero_stage,
-                                   optimizer)
-        working = max(seg.activations.working for seg in segs)
-        buffers = 2 * max(seg.output_bytes for seg in segs) if p > 1 else 0.0
-        if config.sequence_parallel and config.tp > 1:
-            buffers += max(seg.output_bytes for seg in segs) * config.tp
-        if config.zero_stage == 3 and config.dp > 1:
-            biggest = max(seg.param_count for seg in segs)
-            buffers += 2 * biggest * (optimizer.param_bytes + optimizer.grad_bytes)
-        device = plan.devices[s]
-        out.append(MemoryBreakdown(states.params, states.grads, states.optimizer,
-                                   float(inflight[s]), working, buffers,
-                                   device.reserved_memory_gib * GIB, device.memory_gib * GIB))
-    return out
+    segs = [[seg for c in range(v) for seg in plan.chunks[s][c]] for s in range(p)]
+    return rank_memory(
+        order, params=[sum(plan.params[s].values()) for s in range(p)], saved=saved,
+        working=[max(seg.activations.working for seg in row) for row in segs],
+        max_output_bytes=[max(seg.output_bytes for seg in row) for row in segs],
+        max_segment_params=[max(seg.param_count for seg in row) for row in segs],
+        reserved=[device.reserved_memory_gib * GIB for device in plan.devices],
+        capacity=[device.memory_gib * GIB for device in plan.devices],
+        tp=config.tp, dp=config.dp, zero_stage=config.zero_stage,
+        sequence_parallel=config.sequence_parallel, optimizer=optimizer)

@@ -8,10 +8,12 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from planner.plan_spec import Plan
+from planner.inter_op.constraints import ConstraintError
 from planner.inter_op.infeasible import InfeasibleError
 from planner.inter_op.progress import PhaseTimer
 
-__all__ = ["search", "InfeasibleError", "capture_for_search", "training_dtype"]
+__all__ = ["search", "ConstraintError", "InfeasibleError", "capture_for_search",
+           "training_dtype"]
 
 
 def training_dtype(cluster: Any) -> str:
@@ -56,13 +58,19 @@ def search(graph: Any, cluster: Any, *, batch: int, seq: int | None = None,
 
     ``graph``: a :class:`passes.capture.CapturedGraph` or a model spec (``"gpt-1.7b"``),
     captured here (phase ``capture``). ``cluster``: a ``Cluster`` or a spec string.
-    ``seq`` must match the captured sequence when given. ``constraints`` fixes fields of
-    the candidates, each to a value or a collection of values: ``tp, pp, dp,
-    microbatch_size, schedule, recompute, sequence_parallel, zero_stage``.
+    ``seq`` must match the captured sequence when given (ignored for a graph without a
+    sequence dimension, as :func:`cost_model.estimate.estimate` does). ``constraints`` fixes
+    fields of the candidates, each to a value or a collection of values: ``tp, pp, dp,
+    microbatch_size, schedule, recompute, sequence_parallel, zero_stage``
+    (:mod:`planner.inter_op.constraints`).
     ``finalists``: how many candidates the step simulator prices (default 8).
-    Raises :class:`InfeasibleError` (a ``UserError``) when nothing fits.
+    ``time_budget_s`` bounds the whole search after capture (ranking, intra-op solves and
+    simulation; see ``docs/planner.md``).
+    Raises :class:`InfeasibleError` (a ``UserError``) when nothing fits and
+    :class:`ConstraintError` (a ``UserError``) for invalid or over-restrictive constraints.
     """
     from cluster_specs import Cluster
+    from cost_model.layer_costs import graph_segments
     from planner.cli.errors import UserError
     from planner.inter_op.driver import DEFAULT_FINALISTS, run_search
 
@@ -72,9 +80,10 @@ def search(graph: Any, cluster: Any, *, batch: int, seq: int | None = None,
     name = model or (graph if isinstance(graph, str) else getattr(graph, "name", "model"))
     if not hasattr(graph, "gm"):
         graph = capture_for_search(graph, seq=seq, dtype=training_dtype(cluster), timer=timer)
-    captured_seq = next(iter(graph.inputs.values()))[0][1] if graph.inputs else None
-    if seq is not None and captured_seq is not None and len(next(iter(graph.inputs.values()))[0]) > 1 \
-            and seq != captured_seq:
+    # The cost model's reading of the graph (raises CostModelError, a user error, for a graph
+    # without a batched input); ``seq`` is checked as cost_model.estimate checks it.
+    captured_seq = graph_segments(graph).seq
+    if seq is not None and captured_seq is not None and seq != captured_seq:
         raise UserError(f"seq={seq} but the graph was captured at seq={captured_seq}; capture "
                         "it at the sequence length to plan for")
     if batch < 1:

@@ -17,11 +17,12 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
 3. *Candidates* inside the families (:func:`planner.inter_op.space.options`), sorted by the
    time bound ``m·W/pp`` (:func:`planner.inter_op.bounds.time_lower_bound`).
 4. For each in order, until its bound reaches the ``K``-th best estimate (then nothing later
-   can enter the top ``K``) or the time budget ends (once at least one candidate fits): for ``z = z_min … 3`` partition the
-   layers by the DP of :mod:`planner.inter_op.partition` under the memory cap, check the
-   exact per-rank memory (:mod:`planner.inter_op.stage_memory`) and rank the first stage that
-   fits by the closed form ``T̂`` (:mod:`planner.inter_op.surrogate`). Higher ZeRO stages are
-   not tried once one fits: at equal everything else they move at least as many bytes.
+   can enter the top ``K``) or the time budget ends (once at least one candidate fits): for
+   ``z = z_min … 3`` (those the constraints allow) partition the layers by the DP of
+   :mod:`planner.inter_op.partition` under the memory cap, check the per-rank memory with the
+   estimate's own formula (:mod:`planner.inter_op.stage_memory`) and rank the first stage
+   that fits by the closed form ``T̂`` (:mod:`planner.inter_op.surrogate`). Higher ZeRO stages
+   are not tried once one fits: at equal everything else they move at least as many bytes.
 5. *Placements*: the intra-op solver places the graph (repeated blocks sharing variables) on
    the ``(1, tp)`` slice of the stage mesh once per distinct tp degree of the ``K`` best by
    ``T̂`` (:mod:`planner.inter_op.placements`).
@@ -42,17 +43,19 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from cost_model.config import CostModelError, ParallelConfig
-from cost_model.memory import GIB
+from cost_model.memory import GIB, MemoryBreakdown
 from planner.plan_spec import Plan
 from planner.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
 from planner.inter_op.build_plan import build_plan
+from planner.inter_op.constraints import (ConstraintError, allowed, describe,
+                                          validate_constraints)
 from planner.inter_op.infeasible import InfeasibleError, infeasible_message
 from planner.inter_op.partition import balanced_counts, partition_layers
 from planner.inter_op.placements import IntraOpCache
 from planner.inter_op.pricing import Priced, price_finalist
 from planner.inter_op.profile import ModelProfile
 from planner.inter_op.progress import Budget, PhaseTimer, progress_bar
-from planner.inter_op.space import Candidate, Family, families, options
+from planner.inter_op.space import MAX_MICROBATCH, Candidate, Family, families, options
 from planner.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
                                          stage_totals)
 from planner.inter_op.surrogate import surrogate_step_s
@@ -64,25 +67,10 @@ log = logging.getLogger("fxplan.planner")
 #: ``K``: candidates priced by the step simulator.
 DEFAULT_FINALISTS = 8
 
-_CONSTRAINT_FIELDS = {"tp", "pp", "dp", "microbatch_size", "schedule", "recompute",
-                      "sequence_parallel", "zero_stage"}
-
-
 @dataclass
 class _Scored:
     candidate: Candidate
     surrogate_s: float
-
-
-def _allowed(c: Candidate, constraints: Mapping[str, Any]) -> bool:
-    for key, want in constraints.items():
-        have = getattr(c, key)
-        if isinstance(want, (list, tuple, set, frozenset)):
-            if have not in want:
-                return False
-        elif have != want:
-            return False
-    return True
 
 
 def _zeros(family: Family) -> tuple[int, ...]:
@@ -94,21 +82,23 @@ class _Search:
 
     def __init__(self, graph: Any, cluster: Any, batch: int, constraints: Mapping[str, Any],
                  finalists: int, timer: PhaseTimer, budget: Budget, progress: bool) -> None:
-        unknown = set(constraints) - _CONSTRAINT_FIELDS
-        if unknown:
-            raise ValueError(f"unknown constraints {sorted(unknown)}; allowed: "
-                             f"{sorted(_CONSTRAINT_FIELDS)}")
         self.graph, self.cluster, self.batch = graph, cluster, batch
-        self.constraints, self.K = dict(constraints), finalists
+        self.constraints = validate_constraints(constraints, cluster.num_devices)
+        self.K = finalists
         self.timer, self.budget, self.progress = timer, budget, progress
         self.profile = ModelProfile(graph, cluster)
         self.mem = DeviceMemory.of(cluster.device(0))
         self.pruned: list[str] = []
         self.fallbacks: list[str] = []
         self.partitions: dict[tuple, Any] = {}
-        self.unfit: dict[Family, tuple[int, float, str]] = {}
+        # family → (variants that fit at no allowed ZeRO stage, the lightest of them as
+        # (heaviest rank's breakdown, summary)); families with at least one fitting variant
+        self.unfit: dict[Family, tuple[int, MemoryBreakdown, str]] = {}
+        self.fitted: set[Family] = set()
+        self.mesh_allowed: list[Family] = []    # valid families the tp/pp/dp constraints allow
+        self.failed_finalists: list[str] = []
         self.visited = 0
-        self.intra_op = IntraOpCache(graph, cluster)
+        self.intra_op = IntraOpCache(graph, cluster, budget)
 
     # -- steps 1–2 ------------------------------------------------------------------------
     def families(self) -> dict[Family, int]:
@@ -119,11 +109,12 @@ class _Search:
         out: dict[Family, int] = {}
         for fam in fams:
             probe = Candidate(fam.tp, fam.pp, fam.dp, 1, 1, "1f1b", "none", False)
-            if not _allowed(probe, {k: v for k, v in self.constraints.items()
-                                    if k in ("tp", "pp", "dp")}):
+            if not allowed(probe, {k: v for k, v in self.constraints.items()
+                                   if k in ("tp", "pp", "dp")}):
                 continue
+            self.mesh_allowed.append(fam)
             lightest = prof.get(fam.tp, True, "full", 1)
-            for zero in _zeros(fam):
+            for zero in self._zeros(fam):
                 need = memory_lower_bound(fam, zero, lightest, self.mem)
                 if need <= self.mem.capacity:
                     out[fam] = zero
@@ -144,7 +135,7 @@ class _Search:
                                                     inputs.fixed_bytes, inputs.inflight,
                                                     inputs.cap)
         part = self.partitions[key]
-        # The DP's per-chunk caps approximate interleaved schedules; the exact per-rank check
+        # The DP's memory rows are conservative (stage_memory docstring); the per-rank check
         # decides, and the most even split is the second chance when the DP found none.
         tries = ([part.counts] if part is not None else []) + \
             [balanced_counts(prof.layers, c.pp * c.v)]
@@ -162,7 +153,7 @@ class _Search:
             for c in options(fam, batch=self.batch, layers=prof.num_layers,
                              seq=prof.segments.seq):
                 c = c.with_(zero_stage=zmin)
-                if _allowed(c, {k: v for k, v in self.constraints.items() if k != "zero_stage"}):
+                if allowed(c, {k: v for k, v in self.constraints.items() if k != "zero_stage"}):
                     lb = time_lower_bound(c, prof.get(c.tp, c.sequence_parallel, c.recompute,
                                                       c.microbatch_size))
                     queue.append((lb, len(queue), c))
@@ -190,24 +181,29 @@ class _Search:
                     heapq.heapreplace(best, item)
         return [s for _, _, s in sorted(best, key=lambda t: -t[0])]
 
+    def _zeros(self, fam: Family) -> list[int]:
+        """The ZeRO stages of ``fam`` the constraints allow, lowest first."""
+        want = self.constraints.get("zero_stage")
+        probe = Candidate(fam.tp, fam.pp, fam.dp, 1, 1, "1f1b", "none", False)
+        return [z for z in _zeros(fam)
+                if want is None or allowed(probe.with_(zero_stage=z), {"zero_stage": want})]
+
     def _score(self, c: Candidate) -> _Scored | None:
-        zeros = [z for z in _zeros(c.family) if z >= c.zero_stage]
-        if "zero_stage" in self.constraints:
-            zeros = [z for z in zeros if _allowed(c.with_(zero_stage=z),
-                                                  {"zero_stage": self.constraints["zero_stage"]})]
+        zeros = [z for z in self._zeros(c.family) if z >= c.zero_stage]
         for zero in zeros:
             placed = self._partition(c.with_(zero_stage=zero))
             if placed is not None:
                 prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute,
                                         c.microbatch_size)
+                self.fitted.add(c.family)
                 return _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
         heaviest = c.with_(zero_stage=zeros[-1] if zeros else c.zero_stage,
                            stage_layers=balanced_counts(self.profile.num_layers, c.pp * c.v))
         prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
-        need = float(stage_totals(heaviest, prof, self.mem).max())
-        count, least, which = self.unfit.get(c.family, (0, float("inf"), ""))
-        if need < least:
-            least, which = need, heaviest.summary()
+        worst = max(stage_memory(heaviest, prof, self.mem), key=lambda m: m.total)
+        count, least, which = self.unfit.get(c.family, (0, None, ""))
+        if least is None or worst.total < least.total:
+            least, which = worst, heaviest.summary()
         self.unfit[c.family] = (count + 1, least, which)
         return None
 
@@ -219,7 +215,9 @@ class _Search:
 
     # -- steps 5–6 -----------------------------------------------------------------------
     def solve_placements(self, ranked: list[_Scored]) -> None:
-        """Step 6a: one intra-op solve per distinct tp degree of the finalists."""
+        """Step 6a: one intra-op solve per distinct tp degree of the finalists, each limited to
+        what is left of the time budget (a solve it leaves no time falls back to the default
+        layout, recorded by :meth:`IntraOpCache.placements`)."""
         for tp in dict.fromkeys(s.candidate.tp for s in ranked):
             self.intra_op.solve(tp)
 
@@ -228,17 +226,24 @@ class _Search:
         the fitting ones, fastest first, one per distinct plan."""
         out: list[Priced] = []
         seen: dict[str, str] = {}
-        for scored in ranked:
+        for index, scored in enumerate(ranked):
             c = scored.candidate
+            if out and self.budget.expired():
+                text = (f"time budget {self.budget.seconds:g} s reached after pricing {index} of "
+                        f"{len(ranked)} finalists; the best priced so far is kept")
+                log.warning(text)
+                self.fallbacks.append(text)
+                break
             try:
                 priced = price_finalist(self.graph, self.cluster, c, self.batch, self.intra_op)
             except CostModelError as err:
-                self.pruned.append(f"{c.summary()}: the cost model refused it: {err}")
+                self.failed_finalists.append(f"{c.summary()}: the cost model refused it: {err}")
                 continue
             if not priced.est.fits:
                 worst = max(m.total for m in priced.est.memory)
-                self.pruned.append(f"{priced.candidate.summary()}: simulated peak "
-                                   f"{worst / GIB:.1f} GiB > {self.mem.capacity / GIB:.0f} GiB")
+                self.failed_finalists.append(
+                    f"{priced.candidate.summary()}: simulated peak {worst / GIB:.1f} GiB > "
+                    f"{self.mem.capacity / GIB:.0f} GiB")
                 continue
             key = f"{priced.candidate.to_config_string()} {priced.layout}"
             if key in seen:
@@ -248,29 +253,91 @@ class _Search:
                 continue
             seen[key] = c.summary()
             out.append(priced)
+        self.pruned.extend(self.failed_finalists)
         out.sort(key=lambda p: p.est.step_time_s)
         return out
 
     def unfit_reasons(self) -> None:
+        """One reason per family with variants that fit at no allowed ZeRO stage: "none of N
+        … fits" where no variant of the family fit, else "N … did not fit"."""
+        cap = f"{self.mem.capacity / GIB:.0f} GiB"
         for fam, (count, least, which) in sorted(self.unfit.items()):
-            self.pruned.append(f"{fam}: none of {count} microbatch/recompute/schedule variants "
-                               f"fits at any ZeRO stage; the lightest ({which}, even split) "
-                               f"needs {least / GIB:.1f} GiB > {self.mem.capacity / GIB:.0f} GiB")
+            lightest = (f"the lightest ({which}, even split) needs {least.total / GIB:.1f} GiB "
+                        f"> {cap}")
+            if fam in self.fitted:
+                self.pruned.append(f"{fam}: {count} microbatch/recompute/schedule variants did "
+                                   f"not fit at any allowed ZeRO stage; {lightest}")
+            else:
+                self.pruned.append(f"{fam}: none of {count} microbatch/recompute/schedule "
+                                   f"variants fits at any allowed ZeRO stage; {lightest}")
 
-    def lightest(self, fam: Family) -> tuple[Candidate, Any]:
-        """The lightest candidate of ``fam`` (evenly split) and its heaviest rank's memory."""
-        c = Candidate(fam.tp, fam.pp, fam.dp, 1, self.batch // fam.dp, "1f1b", "full",
-                      fam.tp > 1, 3 if fam.dp > 1 else 0,
-                      balanced_counts(self.profile.num_layers, fam.pp))
-        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, 1)
-        return c, max(stage_memory(c, prof, self.mem), key=lambda m: m.total)
+    def lightest(self, fam: Family) -> tuple[Candidate, MemoryBreakdown] | None:
+        """The lightest candidate of ``fam`` the constraints allow (evenly split, the highest
+        allowed ZeRO stage, the smallest allowed microbatch) and its heaviest rank's memory;
+        ``None`` when the constraints allow none."""
+        zeros = self._zeros(fam)
+        prof = self.profile
+        found = [c for c in options(fam, batch=self.batch, layers=prof.num_layers,
+                                    seq=prof.segments.seq)
+                 if zeros and allowed(c.with_(zero_stage=zeros[-1]), self.constraints)]
+        if not found:
+            return None
+        mb = min(c.microbatch_size for c in found)
+        best = None
+        for c in found:
+            if c.microbatch_size != mb:
+                continue
+            c = c.with_(zero_stage=zeros[-1],
+                        stage_layers=balanced_counts(prof.num_layers, c.pp * c.v))
+            seg = prof.get(c.tp, c.sequence_parallel, c.recompute, mb)
+            worst = max(stage_memory(c, seg, self.mem), key=lambda m: m.total)
+            if best is None or worst.total < best[1].total:
+                best = (c, worst)
+        return best
 
     def infeasible(self, fams: list[Family], model: str) -> InfeasibleError:
-        options_ = [self.lightest(f) for f in fams]
-        c, worst = min(options_, key=lambda o: o[1].total) if options_ else (None, None)
+        """Nothing fits in memory: the lightest configuration the constraints allow, among
+        the variants the search tried and the lightest of each family it never tried."""
+        options_ = [(which, least) for _, least, which in self.unfit.values()]
+        for fam in fams:
+            found = self.lightest(fam) if fam not in self.unfit else None
+            if found is not None:
+                options_.append((found[0].summary(), found[1]))
+        which, worst = min(options_, key=lambda o: o[1].total) if options_ else ("", None)
         return InfeasibleError(infeasible_message(
-            model, self.cluster.name, self.cluster.num_devices, self.batch, worst,
-            c.summary() if c else "", self.cluster.devices_per_node()))
+            model, self.cluster.name, self.cluster.num_devices, self.batch, worst, which,
+            self.cluster.devices_per_node(), constraints=describe(self.constraints)))
+
+    def failure(self, model: str) -> Exception:
+        """Why no finalist came out (``run_search`` raises it): the constraints exclude every
+        candidate, nothing fits in memory, or every finalist failed when priced."""
+        prof = self.profile
+        reasons: list[str] = []
+        valid = families(self.cluster.num_devices, batch=self.batch, layers=prof.num_layers,
+                         heads=prof.heads, tp_widths=prof.tp_widths(), pruned=reasons)
+        where = (f"{model} on {self.cluster.name} ({self.cluster.num_devices} devices, batch "
+                 f"{self.batch})")
+        if not valid:
+            shown = "; ".join(reasons[:4]) + (f"; … {len(reasons) - 4} more"
+                                              if len(reasons) > 4 else "")
+            return InfeasibleError(f"{where}: no valid mesh factorisation pp·dp·tp = "
+                                   f"{self.cluster.num_devices}: {shown}")
+        if valid and not self.mesh_allowed:
+            return ConstraintError(
+                f"{where}: the constraints {describe(self.constraints)} exclude every mesh "
+                "family; the valid (tp, pp, dp) are "
+                + ", ".join(f"({f.tp}, {f.pp}, {f.dp})" for f in valid))
+        if self.mesh_allowed and all(self.lightest(f) is None for f in self.mesh_allowed):
+            return ConstraintError(
+                f"{where}: the constraints {describe(self.constraints)} exclude every candidate "
+                "of the allowed mesh families (microbatch sizes divide batch/dp up to "
+                f"{MAX_MICROBATCH}; 1f1b needs m ≥ pp, interleaved:v needs m mod pp = 0 and "
+                "pp·v ≤ layers; sequence parallelism needs tp > 1)")
+        if self.failed_finalists:
+            return InfeasibleError(
+                f"{where}: every finalist failed when priced by the step simulator: "
+                + "; ".join(self.failed_finalists))
+        return self.infeasible(self.mesh_allowed, model)
 
 
 def run_search(graph: Any, cluster: Any, *, batch: int, model: str, time_budget_s: float | None,
@@ -288,10 +355,7 @@ def run_search(graph: Any, cluster: Any, *, batch: int, model: str, time_budget_
     with timer("simulate"):
         done = state.finalists(ranked)
     if not done:
-        valid = families(cluster.num_devices, batch=batch, layers=state.profile.num_layers,
-                         heads=state.profile.heads, tp_widths=state.profile.tp_widths(),
-                         pruned=[])
-        raise state.infeasible(valid, model)
+        raise state.failure(model)
     best = done[0]
     if best.fallback:
         log.warning(best.note)

@@ -27,21 +27,25 @@ class InfeasibleError(UserError):
 
 def infeasible_message(model: str, cluster: str, world: int, batch: int,
                        lightest: MemoryBreakdown | None, lightest_config: str,
-                       per_node: int) -> str:
-    """One paragraph: what is needed, what there is, and what would make it fit."""
+                       per_node: int, constraints: str = "") -> str:
+    """One paragraph: what is needed, what there is, and what would make it fit.
+    ``constraints`` (text, empty when none) limits "any configuration" to the allowed ones."""
     if lightest is None:
         return (f"{model} on {cluster} ({world} devices, batch {batch}): no valid mesh "
                 "factorisation (see the pruned reasons: tp must divide the heads, dp the batch)")
     need, cap = lightest.total, lightest.capacity
     states = lightest.params + lightest.grads + lightest.optimizer
     rest = need - states
+    scope = f" allowed by the constraints {constraints}" if constraints else ""
     text = (f"{model} does not fit on {cluster} ({world} devices) with batch {batch}: the "
-            f"smallest memory any configuration needs is {need / GIB:.1f} GiB per device "
+            f"smallest memory any configuration{scope} needs is {need / GIB:.1f} GiB per device "
             f"({lightest_config}: model states {states / GIB:.1f} GiB, activations "
             f"{(lightest.activations + lightest.recompute_working) / GIB:.1f} GiB, buffers "
             f"{lightest.buffers / GIB:.1f} GiB, reserved {lightest.reserved / GIB:.1f} GiB) "
             f"but a device holds {cap / GIB:.1f} GiB.")
-    if rest < cap:
+    if constraints:
+        text += f" Relax the constraints ({constraints}) or use devices with more memory."
+    elif rest < cap:
         devices = math.ceil(world * states / (cap - rest))
         nodes = math.ceil(devices / max(per_node, 1))
         text += (f" To fit, use more devices: about {devices} ({nodes} nodes of {per_node}) "

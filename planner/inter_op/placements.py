@@ -10,7 +10,9 @@ differs from its producer's output (``consumer<producer``), every parameter (``p
 Sequence parallelism is read off the answer: it is on when an activation the Megatron layout
 replicates (layer norms, the residual stream) is sharded over tp.
 
-Where the solver is not importable or refuses the call, the placements come from the cost
+Where the solver is not importable, finds no feasible placement, or the search's time budget
+leaves it no time (its limit is the smaller of :data:`SOLVER_TIME_LIMIT_S` and the budget
+left), the placements come from the cost
 model's default Megatron layout (:func:`cost_model.megatron_layout.tp_layout`, derived from
 dataflow), priced by that layout's rules, and the fallback is logged and recorded in
 ``Plan.fallbacks`` — never silently:
@@ -18,21 +20,21 @@ dataflow), priced by that layout's rules, and the fallback is logged and recorde
 - parameters: column-parallel weights and biases and the vocab-parallel embedding
   ``S(0)`` over tp, row-parallel weights ``S(1)``, the rest ``R``; over dp ``S(0)`` under
   ZeRO-3 (parameters sharded), else ``R``;
-- activations: ``S(0)`` over dp (the batch); over tp ``S(last)`` for a column-parallel
-  output, ``R`` for replicated ones (``S(1)``, the sequence, with sequence parallelism);
+- activations: ``S(0)`` over dp (the batch; ``R`` when ``dp = 1``); over tp ``S(last)`` for
+  a column-parallel output, ``R`` for replicated ones (``S(1)``, the sequence, with sequence
+  parallelism);
   split intermediates (attention core) are left to the layout and not listed.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from cost_model.megatron_layout import CONST, REPL, nodes_by_name, tp_layout, used_params
 from cost_model.mesh import LogicalMesh
-from cost_model.placements import format_placements
+from cost_model.placements import format_placements, parse_placements
 from cost_model.priced_layout import PARAM_PREFIX, edge_key
 from planner.plan_spec import SolverInfo
 from planner.inter_op.space import Candidate
@@ -77,8 +79,14 @@ def priced_map(nodes: Mapping[str, str], inputs: Mapping[str, str],
     return out
 
 
-def _tokens(text: str) -> list[str]:
-    return re.findall(r"S\(-?\d+\)|R|P", text)
+def _tp_token(text: str) -> str:
+    """The tp (last) token of a ``(dp, tp)`` or ``(1, tp)`` placement string (strict parse:
+    junk raises ``ValueError``)."""
+    return format_placements(parse_placements(text)[-1:])
+
+
+def _tp_sharded(text: str) -> bool:
+    return parse_placements(text)[-1].is_shard()
 
 
 def _sequence_parallel(graph: Any, nodes: Mapping[str, str]) -> bool:
@@ -86,7 +94,7 @@ def _sequence_parallel(graph: Any, nodes: Mapping[str, str]) -> bool:
     layout = tp_layout(graph)
     by_name = nodes_by_name(graph)
     return any(layout.state.get(name) == REPL and by_name[name].op != "placeholder"
-               and _tokens(text)[-1].startswith("S") for name, text in nodes.items())
+               and _tp_sharded(text) for name, text in nodes.items())
 
 
 def _from_solver(graph: Any, result: Any, c: Candidate) -> Placements:
@@ -98,12 +106,12 @@ def _from_solver(graph: Any, result: Any, c: Candidate) -> Placements:
     weights = "S(0)" if c.zero_stage == 3 and c.dp > 1 else "R"
 
     def act(name: str, text: str) -> str:
-        return (batch if layout.state.get(name) != CONST else "R") + _tokens(text)[-1]
+        return (batch if layout.state.get(name) != CONST else "R") + _tp_token(text)
 
     nodes = {name: act(name, p) for name, p in result.node_placements.items()}
     inputs = {edge_key(r.consumer, r.producer): act(r.producer, format_placements(r.dst))
               for r in result.reshards}
-    params = {name: weights + _tokens(p)[-1] for name, p in result.param_placements.items()}
+    params = {name: weights + _tp_token(p) for name, p in result.param_placements.items()}
     out = Placements(nodes, params, SolverInfo(backend=result.backend, status=result.status,
                                                gap=float(result.gap),
                                                time_s=float(result.solve_time_s)),
@@ -115,7 +123,10 @@ def _from_solver(graph: Any, result: Any, c: Candidate) -> Placements:
 
 
 def _megatron(graph: Any, c: Candidate) -> Placements:
+    """The default Megatron layout (module docstring); the dp token as in
+    :func:`_from_solver`: the batch ``S(0)`` when ``dp > 1``, else ``R``."""
     layout = tp_layout(graph)
+    batch = "S(0)" if c.dp > 1 else "R"
     dp_param = "S(0)" if c.zero_stage == 3 and c.dp > 1 else "R"
     params = {name: dp_param + "R" for name in graph.params}
     by_name = {node.name: node for node in graph.gm.graph.nodes}
@@ -141,9 +152,9 @@ def _megatron(graph: Any, c: Candidate) -> Placements:
         if state == CONST or node.op == "output":
             continue
         if node.name in layout.column and c.tp > 1:
-            nodes[node.name] = f"S(0)S({len(shape) - 1})"
+            nodes[node.name] = f"{batch}S({len(shape) - 1})"
         elif state == REPL or c.tp == 1:
-            nodes[node.name] = "S(0)" + (replicated if len(shape) > 1 else "R")
+            nodes[node.name] = batch + (replicated if len(shape) > 1 else "R")
     return Placements(nodes, params, SolverInfo(backend="megatron-default", status="not-run"))
 
 
@@ -157,22 +168,38 @@ class IntraOpCache:
     microbatching, ZeRO or recompute: the solver sees the ``(1, tp)`` slice at the captured
     microbatch); a solver that cannot run is remembered as its reason."""
 
-    def __init__(self, graph: Any, cluster: Any) -> None:
-        self.graph, self.cluster = graph, cluster
+    def __init__(self, graph: Any, cluster: Any, budget: Any = None) -> None:
+        self.graph, self.cluster, self.budget = graph, cluster, budget
         self._solved: dict[int, Any] = {}
+
+    def time_limit_s(self) -> float:
+        """:data:`SOLVER_TIME_LIMIT_S`, or what is left of the search's time budget if less."""
+        left = self.budget.remaining() if self.budget is not None else None
+        return SOLVER_TIME_LIMIT_S if left is None else min(SOLVER_TIME_LIMIT_S, left)
 
     def solve(self, tp: int) -> Any:
         """The :class:`~planner.intra_op.IntraOpSolution` for ``tp``, or the reason (a string)
-        why the solver could not run."""
-        if tp not in self._solved:
-            try:
-                from planner.intra_op import solve_intra_op
-
-                mesh = LogicalMesh(self.cluster, (1, tp), ("dp", "tp"))
-                self._solved[tp] = solve_intra_op(self.graph, mesh,
-                                                  time_limit_s=SOLVER_TIME_LIMIT_S)
-            except (ImportError, AttributeError, TypeError, NotImplementedError) as err:
-                self._solved[tp] = f"{type(err).__name__}: {err}"
+        why the solver could not run: not importable, no placement fits
+        (``IntraOpInfeasible``), or the time budget left it no time or it found no placement
+        within what was left (``IntraOpTimeLimit``). Any other error is a bug and raises."""
+        if tp in self._solved:
+            return self._solved[tp]
+        try:
+            from planner.intra_op import IntraOpInfeasible, IntraOpTimeLimit, solve_intra_op
+        except ImportError as err:
+            self._solved[tp] = f"{type(err).__name__}: {err}"
+            return self._solved[tp]
+        limit = self.time_limit_s()
+        if limit <= 0:
+            # Not cached: the time budget, not the tp degree, is why.
+            return f"time budget {self.budget.seconds:g} s spent before the solve for tp={tp}"
+        mesh = LogicalMesh(self.cluster, (1, tp), ("dp", "tp"))
+        try:
+            self._solved[tp] = solve_intra_op(self.graph, mesh, time_limit_s=limit)
+        except IntraOpInfeasible as err:
+            self._solved[tp] = f"{type(err).__name__}: {err}"
+        except IntraOpTimeLimit as err:
+            return f"{type(err).__name__}: {err}"
         return self._solved[tp]
 
     def placements(self, c: Candidate) -> Placements:
@@ -180,7 +207,7 @@ class IntraOpCache:
         result = self.solve(c.tp)
         if not isinstance(result, str):
             return _from_solver(self.graph, result, c)
-        reason = (f"intra-op solver unavailable ({result}); placements are the cost model's "
+        reason = (f"intra-op solver not used ({result}); placements are the cost model's "
                   f"default Megatron layout (column/row tp={c.tp}, "
                   f"{'sequence-parallel' if c.sequence_parallel else 'replicated'} residual "
                   "stream), which is also what the step time was priced with")

@@ -88,7 +88,8 @@ def price_finalist(graph: Any, cluster: Any, c: Candidate, batch: int,
 
 def _why(best: Priced, options: list[Priced], solved: Placements, errors: list[str]) -> str:
     if not solved.priced:
-        return "intra-op solver unavailable: priced with the default Megatron layout"
+        return ("intra-op solver not used (see Plan.fallbacks): priced with the default "
+                "Megatron layout")
     other = next((o for o in options if o is not best), None)
     if other is None:
         return f"only the {best.layout} layout could be priced ({'; '.join(errors)})"

@@ -14,7 +14,8 @@ network and the collective model prices that). Per microbatch and tp rank:
 them, so a layer's time is ``t_i = f_i + b_i + c^f_i + c^b_i``)
 and the segment keeps ``ψ_i`` parameters (locally, tied weights counted once per segment),
 ``a_i`` saved activation bytes, ``w_i`` working bytes while it is recomputed and ``o_i``
-output (pipeline message) bytes.
+output (pipeline message) bytes (``pre``/``post`` likewise: their ``w`` and ``o`` in
+``end_working`` and ``end_out_bytes``).
 
 Profiles are cached per shape key: the thousands of candidates the search visits share a few
 dozen of them.
@@ -51,6 +52,8 @@ class SegmentProfile:
     pre: tuple[float, float, float, float]   # (f + c^f, b + c^b, ψ, a)
     post: tuple[float, float, float, float]
     tied_params: float                        # ψ of weights shared by pre and post
+    end_working: tuple[float, float]          # w of pre, post
+    end_out_bytes: tuple[float, float]        # o of pre, post
 
     @property
     def layers(self) -> int:
@@ -117,14 +120,11 @@ class ModelProfile:
                             c.param_count, c.activations.saved, c.activations.working,
                             c.output_bytes)
         rows = np.array([per_key[k] for k in self.keys], dtype=float).reshape(-1, 8)
-        ends = []
-        for key in ("pre", "post"):
-            c = self._segment(key, tp, sp, recompute, mb)
-            ends.append((c.forward_s + self._comm(c.tp_forward, tp),
-                         c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp),
-                         c.param_count, c.activations.saved + c.activations.working))
-        pre_params = self._segment("pre", tp, sp, recompute, mb).params
-        post_params = self._segment("post", tp, sp, recompute, mb).params
-        tied = sum(v for k, v in pre_params.items() if k in post_params)
-        return SegmentProfile(*(rows[:, i] for i in range(8)), tuple(ends[0]), tuple(ends[1]),
-                              float(tied))
+        ends = [self._segment(key, tp, sp, recompute, mb) for key in ("pre", "post")]
+        pre, post = ((c.forward_s + self._comm(c.tp_forward, tp),
+                      c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp),
+                      c.param_count, c.activations.saved) for c in ends)
+        tied = sum(v for k, v in ends[0].params.items() if k in ends[1].params)
+        return SegmentProfile(*(rows[:, i] for i in range(8)), pre, post, float(tied),
+                              (ends[0].activations.working, ends[1].activations.working),
+                              (ends[0].output_bytes, ends[1].output_bytes))

@@ -47,6 +47,10 @@ class Budget:
     def expired(self) -> bool:
         return self.seconds is not None and self.elapsed() > self.seconds
 
+    def remaining(self) -> float | None:
+        """Seconds left (``None`` without a budget; ``≤ 0`` once spent)."""
+        return None if self.seconds is None else self.seconds - self.elapsed()
+
 
 class _NoBar:
     def advance(self, n: int = 1) -> None:

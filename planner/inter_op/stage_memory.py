@@ -1,25 +1,31 @@
-"""Peak bytes per pipeline rank of a candidate, from :mod:`cost_model.memory`'s formulas.
+"""Peak bytes per pipeline rank of a candidate: the cost model's own formula
+(:func:`cost_model.stage_costs.rank_memory`, the one :func:`cost_model.estimate.estimate`
+reports as ``peak_memory_gib``) fed from the search's per-layer profile.
 
-Virtual stage ``j = c·p + s`` (chunk ``c`` of pipeline rank ``s``) holds layers ``[k_j, k_{j+1})``;
-physical stage ``s`` sums its ``v`` chunks::
+Virtual stage ``j = c·p + s`` (chunk ``c`` of pipeline rank ``s``) holds layers ``[k_j, k_{j+1})``,
+plus ``pre`` on ``j = 0`` and ``post`` on ``j = S−1``. Per rank ``s``::
 
-    states_s  = ZeRO(Ψ_s, dp, zero)          Ψ_s = Σ_{j on s} Σ_{i ∈ j} ψ_i  (+ ψ_pre on j = 0,
-                                              + ψ_post on j = S−1, tied weights once per rank)
-    acts_s    = Σ_{j on s} n_{s,c} · (Σ_{i ∈ j} a_i + a_pre[j = 0] + a_post[j = S−1])
-    working_s = max_{i on s} w_i             (one layer re-run at a time; 0 without recompute)
-    buffers_s = 2·o (pipeline send/recv, pp > 1) + t·o (sequence parallel: a column-parallel
-                input all-gathered) + 2·(2 + 2)·max_i ψ_i (ZeRO-3: gathered weights and
-                gradients of the running and the prefetched layer)
+    states_s  = ZeRO(Ψ_s, dp, zero)     Ψ_s = Σ_{j on s} Σ_{i ∈ j} ψ_i  (+ ψ_pre, + ψ_post,
+                                         tied weights once per rank)
+    acts_s    = max over time τ of Σ_c n_{s,c}(τ) · A_{s,c}
+                A_{s,c} = Σ_{i ∈ j} a_i + a_pre[j = 0] + a_post[j = S−1]   (saved bytes, one
+                microbatch), n_{s,c}(τ) the microbatches of chunk c forwarded and not yet
+                backwarded at τ (:meth:`cost_model.pipeline_schedules.ScheduleOrder.peak_inflight`)
+    working_s = max_{segments on s} w         (one segment re-run at a time; 0 without recompute)
+    buffers_s = :func:`cost_model.stage_costs.buffer_bytes` of the rank's largest output and
+                largest segment (ZeRO-3 gathers)
     total_s   = states_s + acts_s + working_s + buffers_s + reserved ≤ memory_gib
 
-``n_{s,c}`` is the microbatches of chunk ``c`` in flight on stage ``s``: ``min(p−s, m)`` for
-1F1B, ``m`` for GPipe and the schedule's own peak for ``interleaved:v``
-(:func:`cost_model.pipeline_schedules.schedule_order`).
+On a homogeneous cluster and the default layout this *is* the estimate's per-stage peak
+memory (tested to 1e-6); the finalists' estimates price each stage on its own devices and with
+their placements.
 
 :func:`partition_inputs` linearises the same sum for the stage-partition DP
-(:mod:`planner.inter_op.partition`): per virtual stage the fixed bytes, the in-flight count and
-the cap (for ``interleaved:v`` each chunk gets ``1/v`` of the rank's reserve, buffers and cap,
-an approximation the exact check above corrects).
+(:mod:`planner.inter_op.partition`): per virtual stage the fixed bytes, the in-flight count
+and the cap. It is an approximation, conservative in the activations (each chunk at its own
+in-flight peak ``n̂_{s,c} = max_τ n_{s,c}(τ)``, never below the peak of the sum), the buffers
+(the model's largest output and segment on every rank) and, for ``interleaved:v``, giving each
+chunk ``1/v`` of the rank's reserve, buffers and cap; the exact check above decides.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from functools import lru_cache
 import numpy as np
 
 from cost_model.memory import GIB, MemoryBreakdown, model_state_bytes
-from cost_model.pipeline_schedules import schedule_order
+from cost_model.pipeline_schedules import ScheduleOrder, schedule_order
+from cost_model.stage_costs import buffer_bytes, rank_memory
 from planner.inter_op.profile import SegmentProfile
 from planner.inter_op.space import Candidate
 
@@ -56,27 +63,19 @@ def state_bytes_per_param(dp: int, zero: int) -> float:
     return model_state_bytes(1.0, dp, zero).total
 
 
-@lru_cache(maxsize=4096)
-def _inflight(kind: str, p: int, v: int, m: int) -> np.ndarray:
-    if kind == "interleaved":
-        return schedule_order("interleaved", p, v, m).inflight_peak.astype(float)
-    if kind == "gpipe":
-        return np.full((p, 1), float(m))
-    return np.minimum(p - np.arange(p), m).astype(float)[:, None]
+def order(c: Candidate) -> ScheduleOrder:
+    """The schedule's op order (cached by :func:`schedule_order`)."""
+    return schedule_order(c.schedule_kind, c.pp, c.v, c.num_microbatches)
 
 
 def inflight(c: Candidate) -> np.ndarray:
-    """``(p, v)`` microbatches of each chunk held in flight on each stage (module docstring)."""
-    return _inflight(c.schedule_kind, c.pp, c.v, c.num_microbatches)
+    """``(p, v)``: the most microbatches of each chunk held at once on each stage."""
+    return order(c).inflight_peak.astype(float)
 
 
-def _buffers(c: Candidate, prof: SegmentProfile) -> float:
-    out = 2.0 * float(prof.out_bytes.max()) if c.pp > 1 else 0.0
-    if c.sequence_parallel and c.tp > 1:
-        out += float(prof.out_bytes.max()) * c.tp
-    if c.zero_stage == 3 and c.dp > 1:
-        out += 2.0 * 4.0 * float(prof.params.max())
-    return out
+def _buffers(c: Candidate, max_output: float, max_params: float) -> float:
+    return buffer_bytes(max_output, max_params, pp=c.pp, tp=c.tp, dp=c.dp,
+                        zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel)
 
 
 @dataclass(frozen=True)
@@ -91,12 +90,15 @@ class PartitionInputs:
 
 
 def partition_inputs(c: Candidate, prof: SegmentProfile, mem: DeviceMemory) -> PartitionInputs:
-    """Inputs of :func:`planner.inter_op.partition.partition_layers` for candidate ``c``."""
+    """Inputs of :func:`planner.inter_op.partition.partition_layers` for candidate ``c``
+    (the conservative linearisation of the module docstring)."""
     S, v = c.pp * c.v, c.v
     k = state_bytes_per_param(c.dp, c.zero_stage)
     n = inflight(c)
-    per_rank = mem.reserved + _buffers(c, prof) + (float(prof.working.max())
-                                                  if c.recompute != "none" else 0.0)
+    max_output = max(float(prof.out_bytes.max()), *prof.end_out_bytes)
+    max_params = max(float(prof.params.max()), prof.pre[2], prof.post[2])
+    working = max(float(prof.working.max()), *prof.end_working)
+    per_rank = mem.reserved + _buffers(c, max_output, max_params) + working
     extra = np.zeros(S)
     fixed = np.full(S, per_rank / v)
     counts = np.array([n[j % c.pp, j // c.pp] for j in range(S)])
@@ -108,45 +110,41 @@ def partition_inputs(c: Candidate, prof: SegmentProfile, mem: DeviceMemory) -> P
     return PartitionInputs(extra, fixed, counts, k * prof.params, mem.capacity / v)
 
 
-def _stage_arrays(c: Candidate, prof: SegmentProfile) -> tuple[np.ndarray, ...]:
-    """Per pipeline rank: local parameters ``Ψ_s``, activations and working bytes."""
-    p, S = c.pp, c.pp * c.v
+def _rank_inputs(c: Candidate, prof: SegmentProfile) -> dict[str, object]:
+    """Per pipeline rank aggregates of :func:`cost_model.stage_costs.rank_memory`."""
+    p, v = c.pp, c.v
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
+    starts = edges[:-1]
     P_psi = np.concatenate([[0.0], np.cumsum(prof.params)])
     P_a = np.concatenate([[0.0], np.cumsum(prof.acts)])
     psi = P_psi[edges[1:]] - P_psi[edges[:-1]]
-    acts = P_a[edges[1:]] - P_a[edges[:-1]]
+    saved = P_a[edges[1:]] - P_a[edges[:-1]]
+    out = np.maximum.reduceat(prof.out_bytes, starts)
+    big = np.maximum.reduceat(prof.params, starts)
+    work = np.maximum.reduceat(prof.working, starts)
     psi[0] += prof.pre[2]
-    acts[0] += prof.pre[3]
+    saved[0] += prof.pre[3]
+    out[0], big[0], work[0] = (max(out[0], prof.end_out_bytes[0]), max(big[0], prof.pre[2]),
+                               max(work[0], prof.end_working[0]))
     psi[-1] += prof.post[2] - (prof.tied_params if p == 1 else 0.0)
-    acts[-1] += prof.post[3]
-    n = inflight(c)
-    j = np.arange(S)
-    stage = j % p
-    psi_s = np.bincount(stage, weights=psi, minlength=p)
-    acts_s = np.bincount(stage, weights=n[stage, j // p] * acts, minlength=p)
-    working = np.zeros(p)
-    if c.recompute != "none":
-        per_chunk = np.maximum.reduceat(prof.working, edges[:-1])
-        np.maximum.at(working, stage, per_chunk)
-    return psi_s, acts_s, working
-
-
-def stage_totals(c: Candidate, prof: SegmentProfile, mem: DeviceMemory) -> np.ndarray:
-    """``total_s`` of every pipeline rank, bytes (the search's hot path)."""
-    psi_s, acts_s, working = _stage_arrays(c, prof)
-    k = state_bytes_per_param(c.dp, c.zero_stage)
-    return k * psi_s + acts_s + working + _buffers(c, prof) + mem.reserved
+    saved[-1] += prof.post[3]
+    out[-1], big[-1], work[-1] = (max(out[-1], prof.end_out_bytes[1]),
+                                  max(big[-1], prof.post[2]),
+                                  max(work[-1], prof.end_working[1]))
+    # virtual stage j = c·p + s → [c, s]
+    return dict(params=psi.reshape(v, p).sum(axis=0), saved=saved.reshape(v, p).T,
+                working=work.reshape(v, p).max(axis=0),
+                max_output_bytes=out.reshape(v, p).max(axis=0),
+                max_segment_params=big.reshape(v, p).max(axis=0))
 
 
 def stage_memory(c: Candidate, prof: SegmentProfile, mem: DeviceMemory) -> list[MemoryBreakdown]:
     """Peak bytes of each pipeline rank by kind (module docstring)."""
-    psi_s, acts_s, working = _stage_arrays(c, prof)
-    buffers = _buffers(c, prof)
-    out = []
-    for s in range(c.pp):
-        states = model_state_bytes(float(psi_s[s]), c.dp, c.zero_stage)
-        out.append(MemoryBreakdown(states.params, states.grads, states.optimizer,
-                                   float(acts_s[s]), float(working[s]), buffers, mem.reserved,
-                                   mem.capacity))
-    return out
+    return rank_memory(order(c), **_rank_inputs(c, prof), reserved=[mem.reserved] * c.pp,
+                       capacity=[mem.capacity] * c.pp, tp=c.tp, dp=c.dp,
+                       zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel)
+
+
+def stage_totals(c: Candidate, prof: SegmentProfile, mem: DeviceMemory) -> np.ndarray:
+    """``total_s`` of every pipeline rank, bytes (the search's hot path)."""
+    return np.array([m.total for m in stage_memory(c, prof, mem)])

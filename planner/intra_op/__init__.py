@@ -8,10 +8,11 @@ brute force (:mod:`.brute`).
 from planner.intra_op.backends import BACKENDS, solve_problem
 from planner.intra_op.costs import CostModel, NodePrice
 from planner.intra_op.mesh_cost import MeshCost
-from planner.intra_op.problem import IntraOpInfeasible, Problem
+from planner.intra_op.problem import IntraOpInfeasible, IntraOpTimeLimit, Problem
 from planner.intra_op.result import SolverResult
 from planner.intra_op.solution import IntraOpSolution, Reshard
 from planner.intra_op.solve import solve_intra_op
 
 __all__ = ["solve_intra_op", "IntraOpSolution", "Reshard", "CostModel", "NodePrice", "MeshCost",
-           "Problem", "IntraOpInfeasible", "SolverResult", "BACKENDS", "solve_problem"]
+           "Problem", "IntraOpInfeasible", "IntraOpTimeLimit", "SolverResult", "BACKENDS",
+           "solve_problem"]

@@ -19,7 +19,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.intra_op.ilp import Terms, encode, read_choice
-from planner.intra_op.problem import IntraOpInfeasible, Problem
+from planner.intra_op.problem import IntraOpInfeasible, IntraOpTimeLimit, Problem
 from planner.intra_op.result import FEASIBLE, OPTIMAL, SolverResult
 
 __all__ = ["solve_cpsat", "PRICE_RESOLUTION"]
@@ -79,6 +79,8 @@ def solve_cpsat(problem: Problem, *, time_limit_s: float = 30.0, num_workers: in
             f"no placement fits the memory budget {problem.memory_budget / 2**30:.3f} GiB "
             f"(every node at its smallest: {problem.min_memory() / 2**30:.3f} GiB)"
         )
+    if status == cp_model.UNKNOWN:
+        raise IntraOpTimeLimit(f"CP-SAT found no placement within its {time_limit_s:.3g} s limit")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise RuntimeError(f"CP-SAT ended with {solver.status_name(status)} after {time_limit_s} s")
     values = [{s: solver.boolean_value(var) for s, var in xs.items()} for xs in enc.x]

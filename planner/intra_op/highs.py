@@ -14,7 +14,7 @@ from typing import Any
 from ortools.math_opt.python import mathopt
 
 from planner.intra_op.ilp import Terms, encode, read_choice
-from planner.intra_op.problem import IntraOpInfeasible, Problem
+from planner.intra_op.problem import IntraOpInfeasible, IntraOpTimeLimit, Problem
 from planner.intra_op.result import FEASIBLE, OPTIMAL, SolverResult
 
 __all__ = ["solve_highs"]
@@ -71,6 +71,9 @@ def solve_highs(problem: Problem, *, time_limit_s: float = 30.0, relative_gap: f
             f"(every node at its smallest: {problem.min_memory() / 2**30:.3f} GiB, but the "
             "allowed pairs on edges force more)"
         )
+    if reason in _FEASIBLE and not result.has_primal_feasible_solution():
+        raise IntraOpTimeLimit(f"HiGHS found no placement within its {time_limit_s:.3g} s limit "
+                               f"({reason.name})")
     if reason not in _OPTIMAL | _FEASIBLE or not result.has_primal_feasible_solution():
         raise RuntimeError(f"HiGHS ended with {reason.name}: {result.termination.detail}")
     values = [dict(zip(xs, result.variable_values(list(xs.values())))) for xs in enc.x]

@@ -22,11 +22,15 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Edge", "Problem", "IntraOpInfeasible"]
+__all__ = ["Edge", "Problem", "IntraOpInfeasible", "IntraOpTimeLimit"]
 
 
 class IntraOpInfeasible(ValueError):
     """No strategy choice fits: the error shows the smallest memory any choice needs."""
+
+
+class IntraOpTimeLimit(RuntimeError):
+    """The solver's time limit ended before it found any feasible choice."""
 
 
 @dataclass

@@ -105,7 +105,7 @@ def test_constraints_fix_degrees(small_plan: Plan) -> None:
                     progress=False, constraints={"tp": 2, "pp": 2, "zero_stage": (1, 2)})
     assert (forced.tp, forced.pp) == (2, 2) and forced.zero_stage in (1, 2)
     assert forced.estimate["step_time_s"] >= small_plan.estimate["step_time_s"] * (1 - 1e-9)
-    with pytest.raises(ValueError, match="unknown constraints"):
+    with pytest.raises(UserError, match="unknown constraints"):
         search(capture_for_search(SMALL), "dgx-a100-80g", batch=8, progress=False,
                constraints={"tensor": 2})
 

@@ -1,0 +1,107 @@
+"""Constraints on the search's candidates: validated up front, then a membership test.
+
+``constraints`` maps a field of :class:`planner.inter_op.space.Candidate` to one value or a
+collection (list, tuple, set, frozenset) of values. Allowed keys and values:
+
+=====================  =========================================================
+``tp``, ``pp``, ``dp``  divisors of the world size
+``microbatch_size``     positive integers
+``schedule``            ``1f1b``, ``gpipe``, ``interleaved:v`` (``v`` in
+                        :data:`planner.inter_op.space.INTERLEAVE_CHUNKS`)
+``recompute``           ``none``, ``selective``, ``full``
+``sequence_parallel``   ``True``, ``False``
+``zero_stage``          ``0``–``3``
+=====================  =========================================================
+
+Anything else raises :class:`ConstraintError` (a ``UserError``) naming the allowed keys or
+values, before any work is done.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from planner.cli.errors import UserError
+from planner.inter_op.space import INTERLEAVE_CHUNKS, RECOMPUTE, Candidate, divisors
+
+__all__ = ["ConstraintError", "CONSTRAINT_FIELDS", "allowed", "allowed_values",
+           "describe", "validate_constraints"]
+
+CONSTRAINT_FIELDS = ("tp", "pp", "dp", "microbatch_size", "schedule", "recompute",
+                     "sequence_parallel", "zero_stage")
+_COLLECTIONS = (list, tuple, set, frozenset)
+
+
+class ConstraintError(UserError, ValueError):
+    """A constraint names an unknown field or a value outside its field's range, or the
+    constraints exclude every candidate."""
+
+
+def allowed_values(world: int) -> dict[str, str]:
+    """Field → the values it accepts, as text (for messages)."""
+    degrees = ", ".join(map(str, divisors(world)))
+    schedules = ", ".join(["1f1b", "gpipe"] + [f"interleaved:{v}" for v in INTERLEAVE_CHUNKS])
+    return {"tp": f"{degrees} (divisors of the {world} devices)",
+            "pp": f"{degrees} (divisors of the {world} devices)",
+            "dp": f"{degrees} (divisors of the {world} devices)",
+            "microbatch_size": "positive integers",
+            "schedule": schedules, "recompute": ", ".join(RECOMPUTE),
+            "sequence_parallel": "True, False", "zero_stage": "0, 1, 2, 3"}
+
+
+def _valid(key: str, value: Any, world: int) -> bool:
+    if key in ("tp", "pp", "dp", "microbatch_size"):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return False
+        return key == "microbatch_size" or world % value == 0
+    if key == "schedule":
+        return value in ("1f1b", "gpipe") or value in {f"interleaved:{v}"
+                                                      for v in INTERLEAVE_CHUNKS}
+    if key == "recompute":
+        return value in RECOMPUTE
+    if key == "sequence_parallel":
+        return isinstance(value, bool)
+    return not isinstance(value, bool) and value in (0, 1, 2, 3)   # zero_stage
+
+
+def validate_constraints(constraints: Mapping[str, Any] | None, world: int) -> dict[str, Any]:
+    """``constraints`` checked against :func:`allowed_values`; raises :class:`ConstraintError`."""
+    constraints = dict(constraints or {})
+    table = allowed_values(world)
+    unknown = sorted(set(constraints) - set(CONSTRAINT_FIELDS))
+    if unknown:
+        raise ConstraintError(
+            f"unknown constraints {unknown}; allowed keys: {', '.join(CONSTRAINT_FIELDS)}")
+    for key, want in constraints.items():
+        values = list(want) if isinstance(want, _COLLECTIONS) else [want]
+        if not values:
+            raise ConstraintError(f"constraint {key} is an empty collection; allowed values: "
+                                  f"{table[key]}")
+        bad = [v for v in values if not _valid(key, v, world)]
+        if bad:
+            raise ConstraintError(f"constraint {key}={bad[0]!r} is not allowed; {key} takes "
+                                  f"{table[key]} (a value or a collection of values)")
+    return constraints
+
+
+def allowed(c: Candidate, constraints: Mapping[str, Any]) -> bool:
+    """Whether ``c`` satisfies every constraint (validated ones)."""
+    for key, want in constraints.items():
+        have = getattr(c, key)
+        if isinstance(want, _COLLECTIONS):
+            if have not in want:
+                return False
+        elif have != want:
+            return False
+    return True
+
+
+def describe(constraints: Mapping[str, Any]) -> str:
+    """``tp=2, zero_stage∈{1, 2}``."""
+    parts = []
+    for key, want in constraints.items():
+        if isinstance(want, _COLLECTIONS):
+            parts.append(f"{key}∈{{{', '.join(map(str, want))}}}")
+        else:
+            parts.append(f"{key}={want}")
+    return ", ".join(parts)
