@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 benchmarks: $(STAMP)
-	$(PY) benchmarks/megatron_table.py
+	$(PY) benchmarks/megatron_table.py --write
 	$(PY) benchmarks/search_time.py
 
 clean:

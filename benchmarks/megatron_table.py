@@ -1,8 +1,8 @@
 """Cost model vs Megatron-LM SC'21 Table 1: predicted vs published step time, every row.
 
-    python benchmarks/megatron_table.py            # print the table, rewrite its section of
+    python benchmarks/megatron_table.py            # print the table
+    python benchmarks/megatron_table.py --write    # print it and rewrite its section of
                                                    # docs/benchmarks.md
-    python benchmarks/megatron_table.py --no-write # print only
     python benchmarks/megatron_table.py --speed    # time estimates of GPT 1T on 3072 GPUs
 
 Published: ``shared/reference/megatron_sc21_table1.csv`` (Narayanan et al., 2021, Table 1:
@@ -154,7 +154,7 @@ def markdown(predictions: list[Prediction]) -> str:
     worst = max(abs(p.error) for p in predictions)
     lines.append("")
     lines.append(f"Worst row: {worst * 100:.1f} % (bound ±10 %). Reproduce with "
-                 "`python benchmarks/megatron_table.py`.")
+                 "`python benchmarks/megatron_table.py` (`--write` updates this section).")
     return "\n".join(lines)
 
 
@@ -208,7 +208,10 @@ def speed(repeats: int = 8) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--no-write", action="store_true", help="do not touch docs/benchmarks.md")
+    parser.add_argument("--write", action="store_true",
+                        help="rewrite the table's section of docs/benchmarks.md (default: print only)")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print only (the default; kept for old command lines)")
     parser.add_argument("--speed", action="store_true",
                         help="time estimates of GPT 1T on 3072 GPUs instead of the table")
     args = parser.parse_args()
@@ -226,7 +229,7 @@ def main() -> int:
     table = markdown(predictions)
     print()
     print(table)
-    if not args.no_write:
+    if args.write and not args.no_write:
         write_section(table)
         print(f"\nwritten to {DOC.relative_to(REPO)}")
     return 0

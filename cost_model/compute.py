@@ -30,7 +30,6 @@ not the random-number draw that makes its forward slow on CPUs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Literal, Sequence, Union
 
 from cost_model.efficiency import family_of, load_efficiency
@@ -74,8 +73,9 @@ BACKWARD: dict[str, BackwardRule] = {
 }
 
 
-@lru_cache(maxsize=64)
 def _auto_database(device_model: str) -> OpDatabase | None:
+    """:func:`~cost_model.op_database.find_database`, which caches on the search path's files
+    and their mtimes (never "no database" for the life of the process)."""
     return find_database(device_model)
 
 

@@ -89,7 +89,7 @@ class ParallelConfig:
     pipeline order (``pp · v`` entries); ``None`` splits the layers evenly.
     ``placements`` maps a graph node name to its output placement on the ``(dp, tp)`` mesh of
     one stage (``"S(0)S(2)"``, see :mod:`cost_model.placements`); ``None`` uses the default
-    Megatron layout derived from the graph (:mod:`cost_model.layout`).
+    Megatron layout derived from the graph (:mod:`cost_model.megatron_layout`).
     """
 
     dp: int = 1
@@ -204,7 +204,8 @@ class ParallelConfig:
         return cls(**values)
 
     def to_string(self) -> str:
-        """The :meth:`parse` form (round-trips)."""
+        """The :meth:`parse` form; round-trips every field but ``placements``, which it
+        drops (they are a node → placement map, not part of the text form)."""
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}", f"mb={self.microbatch_size}"]
         if self.num_microbatches is not None:
             parts.append(f"m={self.num_microbatches}")

@@ -10,7 +10,8 @@ the sequence, ``M`` the forward matrix-product FLOPs of the global batch, ``M_r`
 backward recomputes (all layers under ``full``, the attention cores under ``selective``, none
 under ``none``)::
 
-    tokens/s              = B·s / T
+    samples/s             = B / T
+    tokens/s              = B·s / T                        None when the graph has no token input (s unknown)
     tflops_per_device     = (3·M + M_r) / (n·T)            Megatron's convention (counts recompute)
     mfu                   = 3·M / (n·T·P)                  P: the device's dense peak for the dtype
 
@@ -50,7 +51,8 @@ class Estimate:
     breakdown: dict[str, float]
     stage_time_s: tuple[float, ...]
     critical_stage: int
-    tokens_per_s: float
+    samples_per_s: float
+    tokens_per_s: float | None
     tflops_per_device: float
     mfu: float
     model_flops: float
@@ -80,6 +82,7 @@ class Estimate:
             "seq": self.seq,
             "num_devices": self.num_devices,
             "step_time_s": self.step_time_s,
+            "samples_per_s": self.samples_per_s,
             "tokens_per_s": self.tokens_per_s,
             "tflops_per_device": self.tflops_per_device,
             "mfu": self.mfu,
@@ -145,7 +148,8 @@ def estimate(graph: Any, cluster: Any, config: ParallelConfig, *, batch: int,
         config=config, batch=batch, seq=segments.seq, num_devices=n, step_time_s=step,
         breakdown=dict(sim.breakdown), stage_time_s=tuple(float(t) for t in sim.stage_time),
         critical_stage=sim.critical_stage,
-        tokens_per_s=batch * (segments.seq or 1) / step,
+        samples_per_s=batch / step,
+        tokens_per_s=batch * segments.seq / step if segments.seq is not None else None,
         tflops_per_device=hardware_flops / (n * step) / 1e12,
         mfu=model_flops / (n * step * _peak_flops(plan, graph)),
         model_flops=model_flops, hardware_flops=hardware_flops,

@@ -12,8 +12,9 @@ scaled by ``k = microbatch / b₀`` (``b₀`` the capture's batch) and the work 
 divided by ``t`` (:mod:`cost_model.megatron_layout`; with sequence parallelism the
 replicated ops run on ``1/t`` of the sequence too):
 
-- ``forward_s = Σ_n op_time(n)``, ``backward_s = Σ_n backward_time(n)``
-  (:mod:`cost_model.compute`), ``recompute_s`` = forward time of the recomputed nodes
+- ``forward_s = Σ_n node_time(n)``, ``backward_s = Σ_n node_time(n, backward)``
+  (:func:`cost_model.compute.node_time_s`, the function the intra-op solver prices nodes
+  with, on the rank's share ``k / divisor`` of the node's work), ``recompute_s`` = forward time of the recomputed nodes
   (the attention core for ``selective``, the whole layer for ``full``; ``pre``/``post``
   are never recomputed, as in Megatron);
 - tensor-parallel collectives per microbatch, as ``(kind, bytes)`` in nccl-tests sizes:
@@ -36,19 +37,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from cost_model.activations import (ActivationBytes, attention_core, itemsize,
                                     segment_activations, tensor_bytes)
-from cost_model.compute import backward_time_s, op_time_s
+from cost_model.compute import node_time_s
 from cost_model.config import CostModelError
 from cost_model.edge_reshard import edge_collectives
 from cost_model.mesh import LogicalMesh
+from passes.node_info import MATMUL_CLASSES
 from cost_model.megatron_layout import (CONST, SHARD, TPLayout, graph_cache, infos_by_name,
                                        nodes_by_name, tp_layout, used_params)
 
 __all__ = ["GraphSegments", "SegmentCost", "graph_segments", "segment_cost"]
-
-_MATMUL_CLASSES = ("matmul", "attention", "conv")
-
 
 @dataclass(frozen=True)
 class GraphSegments:
@@ -56,7 +57,8 @@ class GraphSegments:
 
     ``layers[i]`` is ``(key, names)``: the profile key (the block signature, or the layer
     index for a layer outside any repeated block) and the node names of a representative
-    layer. ``batch``/``seq`` are the capture's; ``heads`` the attention heads (``None``
+    layer. ``batch`` is the capture's (dim 0 of its first batched input); ``seq`` dim 1 of
+    its first 2-D integer (token) input, ``None`` for a model without one; ``heads`` the attention heads (``None``
     without attention); ``tp_widths`` the dimensions tensor parallelism splits.
     """
 
@@ -125,11 +127,11 @@ def _segments(graph: Any) -> GraphSegments:
         key = signature.get(layer, f"layer{layer}")
         representative.setdefault(key, tuple(by_layer[layer]))
         layers.append((key, representative[key]))
-    shapes = [shape for shape, _ in graph.inputs.values() if shape]
-    if not shapes:
+    batched = [(shape, dtype) for shape, dtype in graph.inputs.values() if shape]
+    if not batched:
         raise CostModelError(f"graph {graph.name!r} has no batched input to scale microbatches by")
-    batch = shapes[0][0]
-    seq = shapes[0][1] if len(shapes[0]) > 1 else None
+    batch = batched[0][0][0]
+    seq = _token_seq(batched)
     layout = tp_layout(graph)
     infos = infos_by_name(graph)
     heads, widths = None, {}
@@ -146,6 +148,16 @@ def _segments(graph: Any) -> GraphSegments:
                 heads = shape[1]
                 break
     return GraphSegments(tuple(pre), tuple(layers), tuple(post), batch, seq, heads, widths)
+
+
+def _token_seq(batched: list[tuple[tuple[int, ...], Any]]) -> int | None:
+    """The sequence length: dim 1 of the first 2-D integer (token id) input, else ``None``
+    (images, feature vectors: no sequence, so no tokens/s and no sequence parallelism)."""
+    for shape, dtype in batched:
+        if len(shape) == 2 and not dtype.is_floating_point and not dtype.is_complex \
+                and dtype != torch.bool:
+            return shape[1]
+    return None
 
 
 def segment_cost(graph: Any, key: str, *, tp: int, sequence_parallel: bool, recompute: str,
@@ -202,15 +214,14 @@ def _segment_cost(graph: Any, key: str, tp: int, sp: bool, policy: str, microbat
     params: dict[str, float] = {}
     for name in names:
         info = infos[name]
-        share = scale / _divisor(name, layout, tp, sp)
-        work = (float(info.flops) * share, float(info.bytes_read + info.bytes_written) * share)
-        if work[0] > 0 or work[1] > 0:
-            fwd = op_time_s(info.op_class, *work, info.dtype, device)
-            forward += fwd
-            backward += backward_time_s(info.op_class, *work, info.dtype, device)
-            if name in recomputed:
-                recompute += fwd
-        if info.op_class in _MATMUL_CLASSES:
+        # One pricing path with the intra-op solver: node_time_s on this rank's share.
+        shard = _divisor(name, layout, tp, sp) / scale
+        fwd = node_time_s(info, device, shard_factor=shard)
+        forward += fwd
+        backward += node_time_s(info, device, shard_factor=shard, backward=True)
+        if name in recomputed:
+            recompute += fwd
+        if info.op_class in MATMUL_CLASSES:
             flops += float(info.flops) * scale
             if name in recomputed:
                 recompute_flops += float(info.flops) * scale

@@ -10,10 +10,12 @@ Estimating an op that was not measured (:meth:`OpDatabase.estimate`):
 2. otherwise pick the *family* of records whose shape is nearest in aspect, i.e. in
    ``a(s) = log2 f(s) − mean(log2 f(s))`` where ``f`` are the op's shape features (for a
    matmul ``(M, K, N)``): each family of the grid scales one aspect up and down;
-3. within the family, interpolate ``log t`` linearly in ``log w`` between the two records
-   bracketing the work ``w`` (FLOPs for compute-bound ops, bytes for the others).  Beyond the
-   largest record time grows as ``w`` (throughput saturated); below the smallest it follows
-   the first segment's slope clamped to ``[0, 1]`` (fixed costs dominate small ops).
+3. within the family, between the two records bracketing the work ``w`` (FLOPs for
+   compute-bound ops, bytes for the others): linear in ``w`` where the segment fits
+   ``t = α + w/R`` with ``α ≥ 0`` (``t₂/t₁ ≤ w₂/w₁``, fixed cost plus rate), else ``log t``
+   linear in ``log w``. Beyond the largest record time grows as ``w`` (throughput
+   saturated); below the smallest it follows the first segment's log-log slope clamped to
+   ``[0, 1]`` (fixed costs dominate small ops).
 
 Without shapes (only FLOPs or bytes are known, as for a captured node) the op's first family
 in the file, its primary one, is used.
@@ -241,7 +243,8 @@ def _nearest_family(records: list[Record], aspect: tuple[float, ...]) -> str:
 
 
 def _interpolate(records: list[Record], work: float) -> float:
-    """log-log interpolation of time in work along one family (module docstring, step 3)."""
+    """Time at ``work`` along one family: linear in work on a fixed-cost-plus-rate segment,
+    else log-log (module docstring, step 3)."""
     points: dict[float, list[float]] = {}
     for r in records:
         points.setdefault(math.log(max(r.work, 1e-30)), []).append(math.log(r.time_s))
@@ -274,7 +277,8 @@ def _strip_vendor(model: str) -> str:
 def search_dirs() -> list[Path]:
     """Where :func:`find_database` looks, in order: ``$FXPLAN_OP_DB_PATH`` (``os.pathsep``
     separated), ``$XDG_CACHE_HOME/fxplan/ops`` (default ``~/.cache/fxplan/ops``, where
-    ``fxplan profile`` writes), and the databases shipped in ``cost_model/data/ops``."""
+    ``fxplan profile`` writes), and ``cost_model/data/ops`` (a search location for databases
+    shipped with the package; none is shipped yet, so it does not exist)."""
     dirs = [Path(p) for p in os.environ.get("FXPLAN_OP_DB_PATH", "").split(os.pathsep) if p]
     return [*dirs, _cache_dir(), Path(__file__).parent / "data" / "ops"]
 
@@ -290,13 +294,33 @@ def default_database_path(device_model: str) -> Path:
     return _cache_dir() / f"{slug}.json"
 
 
-def find_database(device_model: str) -> OpDatabase | None:
-    """The first database in :func:`search_dirs` measured on ``device_model``, or ``None``."""
+def database_files() -> tuple[tuple[str, float], ...]:
+    """``(path, mtime)`` of every ``*.json`` in :func:`search_dirs`, in search order: what
+    :func:`find_database` would read now (a cache key that changes when a database is
+    written, rewritten or removed, or ``$FXPLAN_OP_DB_PATH`` changes)."""
+    found = []
     for directory in search_dirs():
         for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
-            db = _load_cached(str(path), path.stat().st_mtime)
-            if db is not None and db.matches(device_model):
-                return db
+            try:
+                found.append((str(path), path.stat().st_mtime))
+            except OSError:
+                continue
+    return tuple(found)
+
+
+def find_database(device_model: str) -> OpDatabase | None:
+    """The first database in :func:`search_dirs` measured on ``device_model``, or ``None``."""
+    return _find_in(device_model, database_files())
+
+
+@lru_cache(maxsize=64)
+def _find_in(device_model: str, files: tuple[tuple[str, float], ...]) -> OpDatabase | None:
+    """The first of ``files`` (:func:`database_files`) measured on ``device_model``; cached
+    on the files and their mtimes, so a new or changed database is seen at once."""
+    for path, mtime in files:
+        db = _load_cached(path, mtime)
+        if db is not None and db.matches(device_model):
+            return db
     return None
 
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import datetime
 import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from cluster_specs.local_cpu import cpu_model
 from cost_model.efficiency import dtype_key
 from cost_model.op_database import OPS, OpDatabase, Record, element_bytes
 
@@ -153,23 +153,11 @@ def _record(family: Family, shapes: Shapes, dtype: str, times: list[tuple[float,
                   kind.bytes(shapes, element_bytes(dtype)), median, iqr)
 
 
-def _processor_name() -> str:
-    """The CPU's marketing name from ``/proc/cpuinfo`` where readable, else the platform's."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def local_device_model(device: str) -> str:
     """``torch.cuda.get_device_name()`` on CUDA; on CPU the processor's name from
     ``/proc/cpuinfo``, which is the model the ``local-cpu`` cluster spec gives its devices."""
     if device == "cpu":
-        return _processor_name()
+        return cpu_model()
     import torch
 
     return torch.cuda.get_device_name()
@@ -223,7 +211,7 @@ def profile(device: str = "cpu", *, quick: bool = False, dtype: Any = "fp32",
         "torch_version": torch.__version__,
         "threads": 1 if device == "cpu" else None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "processor": _processor_name(),
+        "processor": cpu_model(),
         "cuda_device": torch.cuda.get_device_name() if device == "cuda" else None,
         "cpu_count": os.cpu_count(),
         "quick": quick,

@@ -10,6 +10,7 @@ function returns.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
 import sys
@@ -27,7 +28,10 @@ def load_function(path: str, function: str) -> Callable[[], Any]:
     if not file.is_file():
         raise ModelSpecError(f"model file {path!r} does not exist (spec form: "
                              f"path/to/model.py:function)")
-    module_name = f"fxplan_user_model_{abs(hash(str(file.resolve())))}"
+    # A stable name (not the per-process salted ``hash``): the module name reaches the graph's
+    # fingerprint, which must agree between processes (a plan saved by one, checked by another).
+    digest = hashlib.sha256(str(file.resolve()).encode()).hexdigest()[:16]
+    module_name = f"fxplan_user_model_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

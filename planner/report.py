@@ -110,7 +110,9 @@ def render_report(plan: Plan, console: Any = None) -> None:
     console.print(f"plan            [bold green]{plan.summary}[/bold green]")
     console.print(f"mesh            {levels}; stages (layers) "
                   f"{'/'.join(str(s.num_layers) for s in plan.stages)}")
-    console.print(f"step time       {est['step_time_s']:.3f} s · {est['tokens_per_s']:,.0f} tokens/s"
+    rate = (f"{est['tokens_per_s']:,.0f} tokens/s" if est.get("tokens_per_s") is not None
+            else f"{est.get('samples_per_s', 0):,.1f} samples/s")
+    console.print(f"step time       {est['step_time_s']:.3f} s · {rate}"
                   f" · {_flops_rate(est['tflops_per_device'])} per device · MFU "
                   f"{100 * est['mfu']:.1f}%")
     parts = " · ".join(f"{k} {v:.3f}" for k, v in est.get("breakdown", {}).items() if v > 0)

@@ -67,8 +67,11 @@ def conv(call: OpCall) -> int:
 
 
 def _embedding_bytes(call: OpCall) -> int:
-    """Only the gathered rows of the table are read, plus the indices."""
-    return call.out_numel * call.outputs[0].element_size() + sum(map(nbytes, tensors(call.args)))
+    """Only the gathered rows of the table are read, plus the indices — never the whole
+    table, whether it is a module parameter (``nn.Embedding``) or an argument
+    (``F.embedding(idx, weight)``)."""
+    index = call.arg(0, "input")
+    return call.out_numel * call.outputs[0].element_size() + sum(map(nbytes, tensors(index)))
 
 
 @register("embedding", op_class="embedding", bytes_read=_embedding_bytes)

@@ -65,7 +65,9 @@ def _print(result: dict[str, Any], model: str, cluster: str) -> None:
     console.print(f"[bold]{model}[/bold] on {cluster} · batch {r['batch']} × seq {r['seq']} · "
                   f"{r['num_devices']} devices")
     console.print(f"config      {r['summary']}")
-    console.print(f"step time   {r['step_time_s']:.4g} s · {r['tokens_per_s']:,.0f} tokens/s · "
+    rate = (f"{r['tokens_per_s']:,.0f} tokens/s" if r.get("tokens_per_s") is not None
+            else f"{r['samples_per_s']:,.1f} samples/s")
+    console.print(f"step time   {r['step_time_s']:.4g} s · {rate} · "
                   f"{r['tflops_per_device']:.1f} TFLOP/s per device · MFU {r['mfu'] * 100:.1f}% · "
                   f"{verdict}")
     step = r["step_time_s"]

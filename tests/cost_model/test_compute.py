@@ -129,13 +129,25 @@ def test_database_replaces_the_roofline(a100, tmp_path, monkeypatch) -> None:  #
     # "auto" finds a database measured on the device's model
     db.save(tmp_path / "a100.json")
     monkeypatch.setenv("FXPLAN_OP_DB_PATH", str(tmp_path))
-    from cost_model import compute
+    assert op_time_s("matmul", record.flops, record.bytes, "bf16", a100, **kwargs) == 1.0e-3
 
-    compute._auto_database.cache_clear()
-    try:
-        assert op_time_s("matmul", record.flops, record.bytes, "bf16", a100, **kwargs) == 1.0e-3
-    finally:
-        compute._auto_database.cache_clear()
+
+def test_auto_database_sees_a_database_profiled_later(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    a100 = Cluster.load("dgx-a100-80g").device_groups[0]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("FXPLAN_OP_DB_PATH", str(tmp_path / "dbs"))
+    shapes = ((512, 512), (512, 512))
+    record = Record("linear", "square", "bf16", shapes, 2.0 * 512**3, 3 * 512**2 * 2, 1.0e-3)
+    kwargs = dict(op="linear", shapes=shapes)
+    roofline = roofline_time_s("matmul", record.flops, record.bytes, "bf16", a100)
+    # no database anywhere yet: the roofline (and that answer must not stick)
+    assert op_time_s("matmul", record.flops, record.bytes, "bf16", a100, **kwargs) == roofline
+    (tmp_path / "dbs").mkdir()
+    OpDatabase(a100.model, "cuda", records=[record]).save(tmp_path / "dbs" / "a100.json")
+    assert op_time_s("matmul", record.flops, record.bytes, "bf16", a100, **kwargs) == 1.0e-3
+    # the search path changes: the database is no longer found
+    monkeypatch.setenv("FXPLAN_OP_DB_PATH", str(tmp_path / "elsewhere"))
+    assert op_time_s("matmul", record.flops, record.bytes, "bf16", a100, **kwargs) == roofline
 
 
 def test_cpu_devices_use_the_cpu_curves() -> None:

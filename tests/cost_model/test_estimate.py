@@ -35,7 +35,7 @@ def test_result_surface(graph, cluster) -> None:  # type: ignore[no-untyped-def]
     e = run(graph, cluster, "dp=4,tp=2,pp=2,mb=2,schedule=interleaved:2,zero=1,recompute=selective,sp=on")
     data = e.to_dict()
     for key in ("step_time_s", "tflops_per_device", "mfu", "peak_memory_gib", "fits", "breakdown",
-                "memory_breakdown_gib", "tokens_per_s"):
+                "memory_breakdown_gib", "tokens_per_s", "samples_per_s"):
         assert key in data
     assert len(data["peak_memory_gib"]) == 2 and data["fits"] is True
     assert sum(e.breakdown.values()) == pytest.approx(e.step_time_s)

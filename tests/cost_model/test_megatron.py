@@ -43,3 +43,15 @@ def test_implied_step_time_formula() -> None:
     assert megatron_table.chunks_for(row, 16) == 1
     big = megatron_table.Row(529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163)
     assert (megatron_table.chunks_for(big, 280), megatron_table.chunks_for(big, 281)) == (3, 1)
+
+
+def test_script_writes_the_docs_only_when_asked(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    rows = megatron_table.load_rows()[:1]
+    written: list[str] = []
+    monkeypatch.setattr(megatron_table, "load_rows", lambda: rows)
+    monkeypatch.setattr(megatron_table, "write_section", written.append)
+    monkeypatch.setattr(sys, "argv", ["megatron_table.py"])
+    assert megatron_table.main() == 0 and written == []
+    monkeypatch.setattr(sys, "argv", ["megatron_table.py", "--write"])
+    assert megatron_table.main() == 0 and len(written) == 1
+    assert "(`--write` updates this section)" in written[0]

@@ -68,11 +68,23 @@ def test_gpt_layer_activations_match_korthikanti(graph, t: int, sp: bool, recomp
         assert got.working == korthikanti(t, sp, "none") + _norm_stats(graph, names, t if sp and t > 1 else 1)
 
 
-def test_microbatch_scales_activations(graph, cluster) -> None:  # type: ignore[no-untyped-def]
-    key = graph_segments(graph).layers[0][0]
-    cost = [segment_cost(graph, key, tp=1, sequence_parallel=False, recompute="none",
-                         microbatch=mb, device=cluster.device(0)) for mb in (B, 4 * B)]
-    assert cost[1].activations.saved == 4 * cost[0].activations.saved
+@pytest.mark.parametrize("segment", [
+    "pre", "layer",
+    pytest.param("post", marks=pytest.mark.xfail(
+        strict=True, reason="known: the scalar loss (2 bytes) is scaled by mb/b0 like a batched "
+                            "tensor; fix in cost_model.activations/layer_costs, then drop this")),
+])
+def test_microbatch_scales_activations(graph, cluster, segment) -> None:  # type: ignore[no-untyped-def]
+    # the captured batch-B graph scaled to 4B must equal a graph actually captured at 4B
+    big = capture(SPEC, batch=4 * B, dtype=torch.bfloat16)
+    layer = [graph_segments(g).layers[0][0] for g in (graph, big)]  # keys carry shapes
+    for keys in [{"pre": ("pre", "pre"), "layer": layer, "post": ("post", "post")}[segment]]:
+        scaled, captured = (segment_cost(g, key, tp=1, sequence_parallel=False, recompute="none",
+                                         microbatch=4 * B, device=cluster.device(0))
+                            for g, key in zip((graph, big), keys))
+        assert scaled.activations.saved == pytest.approx(captured.activations.saved, rel=1e-9)
+        assert scaled.activations.working == pytest.approx(captured.activations.working, rel=1e-9)
+        assert scaled.output_bytes == pytest.approx(captured.output_bytes, rel=1e-9)
 
 
 def _chunk_saved(result, graph, cluster, config) -> list[float]:  # type: ignore[no-untyped-def]

@@ -76,3 +76,19 @@ def test_off_grid_estimates_within_25_percent_of_fresh_measurements() -> None:
         errors[f"{op} {shapes}"] = estimate / statistics.median(times) - 1
     bad = {k: f"{v:+.0%}" for k, v in errors.items() if abs(v) > 0.25}
     assert not bad, f"estimates off by more than 25 %: {bad}"
+
+
+def test_cpu_database_model_is_the_local_cpu_spec_model(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # one function names the CPU for both, whatever /proc/cpuinfo and platform say
+    import platform
+    from pathlib import Path
+
+    from cluster_specs import Cluster
+    from cost_model.profiler import local_device_model
+
+    real_exists = Path.exists
+    monkeypatch.setattr(Path, "exists",
+                        lambda self: False if str(self) == "/proc/cpuinfo" else real_exists(self))
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    spec_model = Cluster.load("local-cpu:devices=1").device_groups[0].model
+    assert local_device_model("cpu") == spec_model

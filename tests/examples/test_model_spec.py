@@ -100,3 +100,40 @@ def test_user_file_errors(tmp_path):
         resolve_model(f"{path}:broken").build()
     with pytest.raises(ModelSpecError, match="fixes its own input shapes"):
         resolve_model(f"{path}:build").example_inputs(2, seq=3)
+
+
+def test_user_file_fingerprint_is_stable_across_processes(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    model = tmp_path / "user_net.py"
+    model.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def scale(x):  # fx keeps it as one call: its target names the user module
+            return x * 2
+
+        torch.fx.wrap("scale")
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 4)
+
+            def forward(self, x):
+                return scale(torch.relu(self.fc(x)))
+
+        def build():
+            return Net(), torch.randn(2, 8)
+    """))
+    code = (f"from passes.capture import capture; "
+            f"print(capture({str(model) + ':build'!r}).fingerprint())")
+    prints = set()
+    for seed in ("1", "2"):  # str hashes differ between these processes
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True)
+        prints.add(out.stdout.strip().splitlines()[-1])
+    assert len(prints) == 1

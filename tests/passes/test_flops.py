@@ -63,3 +63,22 @@ def test_rules_price_linear_views_and_embeddings():
     assert wte.bytes_read == b * s * h * 4 + b * s * 8  # gathered rows + indices, not the table
     assert graph.info("contiguous").op_class == "elementwise"  # a real copy
     assert graph.unpriced_ops == {}
+
+
+def test_functional_embedding_reads_gathered_rows_not_the_table():
+    class Functional(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.randn(1000, 16))
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.embedding(idx, self.table)
+
+    idx = torch.zeros(2, 5, dtype=torch.long)
+    functional = capture(Functional(), inputs=idx)
+    module = capture(torch.nn.Embedding(1000, 16), inputs=idx)
+    (f_info,) = [i for _, i in functional.nodes() if i.op_class == "embedding"]
+    (m_info,) = [i for _, i in module.nodes() if i.op_class == "embedding"]
+    expected = 2 * 5 * 16 * 4 + 2 * 5 * 8  # gathered rows + indices
+    assert f_info.bytes_read == m_info.bytes_read == expected
+    assert f_info.bytes_written == m_info.bytes_written == 2 * 5 * 16 * 4
