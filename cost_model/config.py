@@ -163,11 +163,6 @@ class ParallelConfig:
         kind, _, chunks = self.schedule.partition(":")
         return int(chunks) if kind == "interleaved" else 1
 
-    @property
-    def placement_map(self) -> dict[str, str]:
-        """``placements`` as a dict (empty when the default layout is used)."""
-        return dict(self.placements or ())
-
     def replace(self, **changes: Any) -> "ParallelConfig":
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)

@@ -54,7 +54,6 @@ __all__ = [
 DATA_FILE = Path(__file__).parent / "data" / "efficiency.json"
 
 #: ``dtype_key`` results that name a floating-point peak of ``DeviceGroup.peak_tflops``.
-FLOAT_KEYS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 _DTYPE_ALIASES: dict[str, str] = {
     "float32": "fp32", "float": "fp32", "fp32": "fp32", "f32": "fp32",

@@ -148,15 +148,3 @@ class LogicalMesh:
         levels = self.cluster.levels
         spanned = [self.cluster.group_level(g) for g in self.representative_groups(axis)]
         return max(spanned, key=lambda level: [l.name for l in levels].index(level.name))
-
-    def axis_bandwidth_gb_per_s(self, axis: int | str) -> float:
-        """Per-rank ring bandwidth of the slowest group along the axis (GB/s)."""
-        if self.axis_size(axis) == 1:
-            return math.inf
-        return min(self.cluster.group_bandwidth_gb_per_s(g) for g in self.representative_groups(axis))
-
-    def axis_latency_us(self, axis: int | str) -> float:
-        """Per-hop latency of the slowest group along the axis (µs)."""
-        if self.axis_size(axis) == 1:
-            return 0.0
-        return max(self.cluster.group_latency_us(g) for g in self.representative_groups(axis))
