@@ -25,7 +25,7 @@ test: $(STAMP)
 
 benchmarks: $(STAMP)
 	$(PY) benchmarks/megatron_table.py --write
-	$(PY) benchmarks/search_time.py
+	$(PY) benchmarks/search_time.py --write
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,8 +1,8 @@
 """Search time of ``planner.search`` for GPT models from 1.7B on 32 GPUs to 1T on 3072 GPUs.
 
-    python benchmarks/search_time.py             # print the table, rewrite the "Search time"
-                                                 # section of docs/benchmarks.md
-    python benchmarks/search_time.py --no-write  # print only
+    python benchmarks/search_time.py             # print the table
+    python benchmarks/search_time.py --write     # and rewrite the "Search time" section of
+                                                 # docs/benchmarks.md
     python benchmarks/search_time.py --only gpt3-175b
 
 Rows: every Megatron-LM SC'21 Table 1 configuration (model, GPU count, global batch; DGX
@@ -88,7 +88,9 @@ def write_section(table: str, path: Path = DOC) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--write", action="store_true",
+                        help="rewrite the Search time section of docs/benchmarks.md")
+    parser.add_argument("--no-write", action="store_true", help="print only (the default)")
     parser.add_argument("--only", action="append", default=[], metavar="PRESET")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -102,7 +104,7 @@ def main() -> None:
         rows.append(row)
     table = markdown(rows)
     print("\n" + table)
-    if not args.no_write and not args.only:
+    if args.write and not args.no_write and not args.only:
         write_section(table)
         print(f"\nwrote the Search time section of {DOC}")
 
