@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from passes.capture import capture
+from fxplan.passes.capture import capture
 
 
 def main() -> None:

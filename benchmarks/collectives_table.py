@@ -54,8 +54,8 @@ PUBLISHED: tuple[Row, ...] = (
 
 
 def predicted(row: Row) -> tuple[float, str]:
-    from cluster_specs import Cluster
-    from cost_model.collectives import collective_cost
+    from fxplan.cluster_specs import Cluster
+    from fxplan.cost_model.collectives import collective_cost
 
     cost = collective_cost(row.kind, row.nbytes, range(row.ranks), Cluster.load(row.spec),
                            algorithm=row.algorithm)

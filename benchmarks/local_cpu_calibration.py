@@ -20,7 +20,7 @@ shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_
    batch 4): effective bandwidth ``(bytes read + written) / t`` of ``copy``, ``dropout``
    (train mode, ``p`` = 0.1), ``gelu``, ``softmax``; the spec's ``compute_efficiency`` of a
    memory-bound class is its bandwidth over the copy's.
-5. **step overhead** — 2 ranks, gpt-tiny at batch 16, the plan ``planner.search`` picks for
+5. **step overhead** — 2 ranks, gpt-tiny at batch 16, the plan ``fxplan.search`` picks for
    ``local-cpu:devices=2``: on each rank the main thread's CPU time of a whole step as
    ``fxplan launch`` runs it (``train_step`` + ``AdamW.step`` + ``zero_grad``), ``T_step``,
    and of a plain eager forward + loss + backward of the same model on the rank's batch,
@@ -112,7 +112,7 @@ def memory_bound_gb_per_s(repeats: int) -> dict[str, float]:
 
 def optimizer_us(repeats: int) -> dict[str, float]:
     """AdamW ``step`` + ``zero_grad`` on gpt-tiny's parameters: total and per tensor (µs)."""
-    from examples.model_spec import resolve_model
+    from fxplan.examples.model_spec import resolve_model
 
     model = resolve_model("gpt-tiny").build("cpu")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -134,17 +134,17 @@ def _overhead_worker(rank: int, world: int, port: int, repeats: int, out: str) -
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    import planner
-    from cluster_specs import Cluster
-    from examples.model_spec import resolve_model
-    from planner.runtime.apply import apply_plan
-    from planner.runtime.worker import loss_fn, synthetic_batch
+    import fxplan
+    from fxplan.cluster_specs import Cluster
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.apply import apply_plan
+    from fxplan.runtime.worker import loss_fn, synthetic_batch
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     cluster = f"local-cpu:devices={world}"
-    plan = planner.search("gpt-tiny", cluster, batch=16, progress=False)
+    plan = fxplan.search("gpt-tiny", cluster, batch=16, progress=False)
     bundle = resolve_model("gpt-tiny")
     torch.manual_seed(0)
     inputs, targets = synthetic_batch(bundle, plan)
@@ -192,7 +192,7 @@ def step_overhead(repeats: int) -> dict[str, float]:
 def _sharing_worker(rank: int, iterations: int, out: str) -> None:
     import torch.nn.functional as F
 
-    from examples.model_spec import resolve_model
+    from fxplan.examples.model_spec import resolve_model
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

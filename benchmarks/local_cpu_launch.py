@@ -58,7 +58,7 @@ class Row:
 
 def _fxplan(*args: str) -> str:
     """Run ``fxplan ARGS`` with this interpreter; return stdout (raise on failure)."""
-    done = subprocess.run([sys.executable, "-m", "planner.cli.main", *args], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "fxplan.cli.main", *args], capture_output=True,
                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode:
         raise RuntimeError(f"fxplan {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")

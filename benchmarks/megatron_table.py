@@ -109,8 +109,8 @@ class Prediction:
 
 def predict(row: Row, graph: Any, cluster: Any = None) -> Prediction:
     """Estimate ``row``'s published configuration (module docstring) on ``graph``."""
-    from cluster_specs import Cluster
-    from cost_model import ParallelConfig, estimate
+    from fxplan.cluster_specs import Cluster
+    from fxplan.cost_model import ParallelConfig, estimate
 
     cluster = cluster or Cluster.load(f"dgx-a100-80g:nodes={row.gpus // 8}")
     best = None
@@ -133,7 +133,7 @@ def predict(row: Row, graph: Any, cluster: Any = None) -> Prediction:
 def capture_row(row: Row) -> Any:
     import torch
 
-    from passes.capture import capture
+    from fxplan.passes.capture import capture
 
     return capture(row.preset, batch=1, seq=SEQ, dtype=torch.bfloat16)
 
@@ -180,9 +180,9 @@ def speed(repeats: int = 8) -> None:
     not seen before (four configuration variants in turn, the timeline memo cleared)."""
     import statistics
 
-    import cost_model.simulator as simulator
-    from cluster_specs import Cluster
-    from cost_model import ParallelConfig, estimate
+    import fxplan.cost_model.simulator as simulator
+    from fxplan.cluster_specs import Cluster
+    from fxplan.cost_model import ParallelConfig, estimate
 
     row = load_rows()[-1]
     graph, cluster = capture_row(row), Cluster.load(f"dgx-a100-80g:nodes={row.gpus // 8}")

@@ -1,4 +1,4 @@
-"""Search time of ``planner.search`` for GPT models from 1.7B on 32 GPUs to 1T on 3072 GPUs.
+"""Search time of ``fxplan.search`` for GPT models from 1.7B on 32 GPUs to 1T on 3072 GPUs.
 
     python benchmarks/search_time.py             # print the table
     python benchmarks/search_time.py --write     # and rewrite the "Search time" section of
@@ -7,7 +7,7 @@
 
 Rows: every Megatron-LM SC'21 Table 1 configuration (model, GPU count, global batch; DGX
 A100 80GB nodes, s = 2048) plus GPT-3 175B on 1024 GPUs (batch 1536). Capture is timed apart
-(it is per model, not per search); ``search`` is the wall-clock of :func:`planner.search` on
+(it is per model, not per search); ``search`` is the wall-clock of :func:`fxplan.search` on
 the captured graph, with its phases. Targets: GPT-3 175B on 1024 GPUs ≤ 10 s, 1T on 3072
 GPUs ≤ 30 s, on a 2-core machine.
 """
@@ -34,9 +34,9 @@ TARGETS = {("gpt3-175b", 1024): 10.0, ("gpt-1t", 3072): 30.0}
 
 
 def measure(preset: str, gpus: int, batch: int) -> dict:
-    from cluster_specs import Cluster
-    from planner import search
-    from planner.inter_op import capture_for_search
+    from fxplan.cluster_specs import Cluster
+    from fxplan import search
+    from fxplan.inter_op import capture_for_search
 
     start = time.perf_counter()
     graph = capture_for_search(preset, seq=2048)
@@ -72,7 +72,7 @@ def write_section(table: str, path: Path = DOC) -> None:
     """Put this benchmark's section into ``docs/benchmarks.md``: in place of its previous
     version if there is one, else at the end; every other section is kept as it is."""
     section = (f"{START}\n## Search time\n\n"
-               "Wall-clock of `planner.search` (inter-op enumeration and bounds, stage DP, "
+               "Wall-clock of `fxplan.search` (inter-op enumeration and bounds, stage DP, "
                "closed-form ranking, intra-op solve per tp degree of the finalists, step "
                "simulator on the finalists priced with their placements and with the default "
                "layout) on a 2-core machine shared with other jobs, after capture (timed "

@@ -1,6 +1,6 @@
 """Intra-op solver backends compared: HiGHS (math_opt) vs CP-SAT vs the exact chain DP.
 
-Instances (``planner.intra_op.synthetic``): chains and transformer-like DAGs (a chain with a
+Instances (``fxplan.intra_op.synthetic``): chains and transformer-like DAGs (a chain with a
 residual skip edge every 3 nodes) of increasing size, K strategies per node, with and without a
 binding memory budget; plus the real coarsened problem of one GPT block (the planner's own
 case). Each backend gets ``--time-limit`` seconds; a backend that does not apply (the DP on a
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from planner.intra_op import IntraOpInfeasible, Problem, solve_problem
-from planner.intra_op.synthetic import random_chain, random_dag
+from fxplan.intra_op import IntraOpInfeasible, Problem, solve_problem
+from fxplan.intra_op.synthetic import random_chain, random_dag
 
 
 @dataclass
@@ -55,12 +55,12 @@ def _gpt_block(mesh_shape: tuple[int, ...], names: tuple[str, ...], merge: bool)
     def build() -> Problem:
         import torch
 
-        from cluster_specs import Cluster
-        from cost_model.mesh import LogicalMesh
-        from passes.capture import capture
-        from planner.intra_op.build import build_problem, op_graph
-        from planner.intra_op.coarsen import coarsen
-        from planner.intra_op.mesh_cost import MeshCost
+        from fxplan.cluster_specs import Cluster
+        from fxplan.cost_model.mesh import LogicalMesh
+        from fxplan.passes.capture import capture
+        from fxplan.intra_op.build import build_problem, op_graph
+        from fxplan.intra_op.coarsen import coarsen
+        from fxplan.intra_op.mesh_cost import MeshCost
 
         graph = capture("gpt:layers=4,hidden=4096,heads=32,vocab=51200,seq=2048", batch=8, seq=2048,
                         dtype=torch.bfloat16)

@@ -1,18 +1,18 @@
 """The machine park: ``Cluster``, its device groups and link levels, and how to load them.
 
-    from cluster_specs import Cluster
+    from fxplan.cluster_specs import Cluster
     cluster = Cluster.load("dgx-a100-80g:nodes=4")   # built-in name, YAML path, or name:key=value
 
 See ``docs/cluster_specs.md`` for the YAML schema (v1) and ``cluster_specs/cluster.py`` for
 the group queries and their formulas. This package imports no other fxplan package.
 """
 
-from cluster_specs.cluster import Cluster, GroupLinks
-from cluster_specs.devices import DTYPES, DeviceGroup
-from cluster_specs.errors import ClusterSpecError
-from cluster_specs.links import LinkLevel
-from cluster_specs.loader import available_specs, load
-from cluster_specs.schema import OP_CLASSES, SCHEMA_VERSION
+from fxplan.cluster_specs.cluster import Cluster, GroupLinks
+from fxplan.cluster_specs.devices import DTYPES, DeviceGroup
+from fxplan.cluster_specs.errors import ClusterSpecError
+from fxplan.cluster_specs.links import LinkLevel
+from fxplan.cluster_specs.loader import available_specs, load
+from fxplan.cluster_specs.schema import OP_CLASSES, SCHEMA_VERSION
 
 __all__ = [
     "Cluster",

@@ -38,10 +38,10 @@ from collections import Counter
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 
-from cluster_specs.devices import DeviceGroup
-from cluster_specs.links import LinkLevel
-from cluster_specs.schema import validate
-from cluster_specs.topology import NodeLinks, build_graph, node_links
+from fxplan.cluster_specs.devices import DeviceGroup
+from fxplan.cluster_specs.links import LinkLevel
+from fxplan.cluster_specs.schema import validate
+from fxplan.cluster_specs.topology import NodeLinks, build_graph, node_links
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
@@ -87,7 +87,7 @@ class Cluster:
     @classmethod
     def load(cls, spec: "str | os.PathLike[str] | Cluster") -> "Cluster":
         """A built-in name, a path (YAML, or Paddle JSON), or ``name:key=value,...``."""
-        from cluster_specs.loader import load
+        from fxplan.cluster_specs.loader import load
 
         return load(spec)
 
@@ -99,7 +99,7 @@ class Cluster:
     @classmethod
     def from_paddle_json(cls, path: "str | os.PathLike[str]") -> "Cluster":
         """Import a PaddlePaddle auto-parallel cluster JSON file."""
-        from cluster_specs.paddle_import import load_paddle_json
+        from fxplan.cluster_specs.paddle_import import load_paddle_json
 
         return load_paddle_json(path)
 
@@ -234,12 +234,12 @@ class Cluster:
 
     def summary(self, width: int = 120) -> str:
         """A readable description: device groups and levels as tables."""
-        from cluster_specs.summary import render
+        from fxplan.cluster_specs.summary import render
 
         return render(self, width=width)
 
     def __rich__(self) -> Any:
-        from cluster_specs.summary import renderable
+        from fxplan.cluster_specs.summary import renderable
 
         return renderable(self)
 

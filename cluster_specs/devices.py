@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from cluster_specs.frozen import freeze
+from fxplan.cluster_specs.frozen import freeze
 
 #: Data types a device may list under ``peak_tflops``.
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")

@@ -9,6 +9,8 @@ what was expected, so that a user can fix the file without reading code::
 
 from __future__ import annotations
 
+from fxplan.core.errors import UserError
+
 from typing import Any
 
 _NOTHING = object()
@@ -34,7 +36,7 @@ def describe(value: Any) -> str:
     return f"{value!r} (a {type(value).__name__})"
 
 
-class ClusterSpecError(ValueError):
+class ClusterSpecError(UserError, ValueError):
     """A cluster description is malformed, contradictory or cannot be found.
 
     ``source`` is the file or spec string, ``path`` the key path inside it (``""`` for the

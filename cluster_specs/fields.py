@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from cluster_specs.errors import ClusterSpecError
+from fxplan.cluster_specs.errors import ClusterSpecError
 
 #: Marks an optional key that is left out of the canonical form when absent.
 OMIT = object()

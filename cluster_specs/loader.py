@@ -21,11 +21,11 @@ from typing import Any, Callable
 
 import yaml
 
-from cluster_specs.cluster import Cluster
-from cluster_specs.errors import ClusterSpecError
-from cluster_specs.local_cpu import GENERATOR_PARAMS, local_cpu_spec
-from cluster_specs.overrides import apply_overrides, parse_overrides, positive_int
-from cluster_specs.schema import validate
+from fxplan.cluster_specs.cluster import Cluster
+from fxplan.cluster_specs.errors import ClusterSpecError
+from fxplan.cluster_specs.local_cpu import GENERATOR_PARAMS, local_cpu_spec
+from fxplan.cluster_specs.overrides import apply_overrides, parse_overrides, positive_int
+from fxplan.cluster_specs.schema import validate
 
 BUILTIN_DIR = Path(__file__).with_name("builtin")
 
@@ -74,7 +74,7 @@ def read_document(path: Path, source: str) -> Any:
 def _document_to_spec(document: Any, source: str) -> dict[str, Any]:
     """Our schema, or a PaddlePaddle cluster JSON (recognised by its ``machines`` key)."""
     if isinstance(document, dict) and "machines" in document and "device_groups" not in document:
-        from cluster_specs.paddle_import import paddle_to_spec
+        from fxplan.cluster_specs.paddle_import import paddle_to_spec
 
         return paddle_to_spec(document, source)
     return validate(document, source)

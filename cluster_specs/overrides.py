@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from cluster_specs.errors import ClusterSpecError
+from fxplan.cluster_specs.errors import ClusterSpecError
 
 _WHOLE_SPEC_KEYS = ("nodes", "devices_per_node")
 

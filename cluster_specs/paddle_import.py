@@ -39,11 +39,11 @@ from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cluster_specs.errors import ClusterSpecError
-from cluster_specs.schema import validate
+from fxplan.cluster_specs.errors import ClusterSpecError
+from fxplan.cluster_specs.schema import validate
 
 if TYPE_CHECKING:  # pragma: no cover
-    from cluster_specs.cluster import Cluster
+    from fxplan.cluster_specs.cluster import Cluster
 
 ACCELERATOR_TYPES = ("GPU", "XPU", "NPU", "DCU")
 #: Paddle's CommContext defaults (µs) for link types named in ``alpha_latency``.
@@ -85,7 +85,7 @@ def _list(container: Any, key: str, source: str, path: str, *, required: bool = 
 
 def _known_devices() -> list[dict[str, Any]]:
     """Device groups of the built-in YAML specs (their numbers fill what Paddle lacks)."""
-    from cluster_specs.loader import BUILTIN_DIR, read_document
+    from fxplan.cluster_specs.loader import BUILTIN_DIR, read_document
 
     out = []
     for path in sorted(BUILTIN_DIR.glob("*.yaml")):
@@ -229,8 +229,8 @@ def paddle_to_spec(document: Any, source: str, *, name: str | None = None) -> di
 
 def load_paddle_json(path: str | os.PathLike[str]) -> "Cluster":
     """Read and import a Paddle cluster JSON file into a ``Cluster``."""
-    from cluster_specs.cluster import Cluster
-    from cluster_specs.loader import read_document
+    from fxplan.cluster_specs.cluster import Cluster
+    from fxplan.cluster_specs.loader import read_document
 
     source = os.fspath(path)
     return Cluster(paddle_to_spec(read_document(Path(source), source), source), source=source)

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster_specs.devices import DEVICE_KINDS, DTYPES
-from cluster_specs.errors import ClusterSpecError
-from cluster_specs.fields import (
+from fxplan.cluster_specs.devices import DEVICE_KINDS, DTYPES
+from fxplan.cluster_specs.errors import ClusterSpecError
+from fxplan.cluster_specs.fields import (
     Field,
     check_mapping,
     choice,
@@ -37,7 +37,7 @@ from cluster_specs.fields import (
     optional,
     text,
 )
-from cluster_specs.links import LEVEL_KINDS, SCOPES
+from fxplan.cluster_specs.links import LEVEL_KINDS, SCOPES
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS: tuple[int, ...] = (1,)

@@ -6,7 +6,7 @@ import io
 from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover
-    from cluster_specs.cluster import Cluster
+    from fxplan.cluster_specs.cluster import Cluster
 
 
 def _num(value: float | None) -> str:

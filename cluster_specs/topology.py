@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from cluster_specs.devices import DeviceGroup
-from cluster_specs.links import LinkLevel
+from fxplan.cluster_specs.devices import DeviceGroup
+from fxplan.cluster_specs.links import LinkLevel
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx

@@ -14,7 +14,7 @@ function (``import cost_model.estimate as module`` still reaches the module).
 
 from __future__ import annotations
 
-from cost_model.config import CostModelError, ParallelConfig
-from cost_model.estimate import Estimate, estimate
+from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.cost_model.estimate import Estimate, estimate
 
 __all__ = ["CostModelError", "Estimate", "ParallelConfig", "estimate"]

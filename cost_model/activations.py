@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import torch
 
-from cost_model.megatron_layout import SHARD, TPLayout, nodes_by_name
+from fxplan.cost_model.megatron_layout import SHARD, TPLayout, nodes_by_name
 
 __all__ = ["ActivationBytes", "attention_core", "itemsize", "segment_activations", "tensor_bytes"]
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence, Union
 
-from cost_model.efficiency import family_of, load_efficiency
-from cost_model.op_database import OP_CLASS_OPS, OpDatabase, find_database
+from fxplan.cost_model.efficiency import family_of, load_efficiency
+from fxplan.cost_model.op_database import OP_CLASS_OPS, OpDatabase, find_database
 
 __all__ = ["BackwardRule", "BACKWARD", "op_time_s", "backward_time_s", "node_time_s", "roofline_time_s"]
 

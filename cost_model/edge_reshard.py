@@ -13,7 +13,7 @@ needs. One training step moves the tensor forward and its gradient back, per mes
     grad(src) = R if src = P else src
 
 Both directions are priced by :func:`cost_model.reshard.reshard_cost`. The intra-op solver
-(:class:`planner.intra_op.mesh_cost.MeshCost`) and :func:`cost_model.estimate.estimate` (for
+(:class:`fxplan.intra_op.mesh_cost.MeshCost`) and :func:`cost_model.estimate.estimate` (for
 explicit placements, :mod:`cost_model.layer_costs`) call these functions, so one rule prices
 a placement's communication in both.
 """
@@ -23,9 +23,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Sequence
 
-from cost_model.mesh import LogicalMesh
-from cost_model.placements import Partial, Placement, Replicate
-from cost_model.reshard import reshard_cost
+from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.core.placements import Partial, Placement, Replicate
+from fxplan.cost_model.reshard import reshard_cost
 
 __all__ = ["gradient_placements", "edge_collectives"]
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cost_model.config import CostModelError, ParallelConfig
-from cost_model.efficiency import dtype_key
-from cost_model.layer_costs import GraphSegments, graph_segments
-from cost_model.memory import ADAM_MIXED, MemoryBreakdown, OptimizerSpec
-from cost_model.pipeline_schedules import schedule_order
-from cost_model.simulator import StepSimulation, TimelineEvent, simulate_step
-from cost_model.stage_costs import StagePlan, build_stages, stage_memory
+from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.cost_model.efficiency import dtype_key
+from fxplan.cost_model.layer_costs import GraphSegments, graph_segments
+from fxplan.cost_model.memory import ADAM_MIXED, MemoryBreakdown, OptimizerSpec
+from fxplan.cost_model.pipeline_schedules import schedule_order
+from fxplan.cost_model.simulator import StepSimulation, TimelineEvent, simulate_step
+from fxplan.cost_model.stage_costs import StagePlan, build_stages, stage_memory
 
 __all__ = ["Estimate", "estimate"]
 

@@ -39,14 +39,14 @@ from typing import Any
 
 import torch
 
-from cost_model.activations import (ActivationBytes, attention_core, itemsize,
+from fxplan.cost_model.activations import (ActivationBytes, attention_core, itemsize,
                                     segment_activations, tensor_bytes)
-from cost_model.compute import node_time_s
-from cost_model.config import CostModelError
-from cost_model.edge_reshard import edge_collectives
-from cost_model.mesh import LogicalMesh
-from passes.node_info import MATMUL_CLASSES
-from cost_model.megatron_layout import (CONST, SHARD, TPLayout, graph_cache, infos_by_name,
+from fxplan.cost_model.compute import node_time_s
+from fxplan.core.config import CostModelError
+from fxplan.cost_model.edge_reshard import edge_collectives
+from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.passes.node_info import MATMUL_CLASSES
+from fxplan.cost_model.megatron_layout import (CONST, SHARD, TPLayout, graph_cache, infos_by_name,
                                        nodes_by_name, tp_layout, used_params)
 
 __all__ = ["GraphSegments", "SegmentCost", "graph_segments", "segment_cost"]

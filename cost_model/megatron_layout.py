@@ -43,7 +43,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from cost_model.placements import Partial, Replicate, Shard, parse_placements
+from fxplan.core.placements import Partial, Replicate, Shard, parse_placements
 
 __all__ = ["CONST", "REPL", "SHARD", "TPLayout", "graph_cache", "infos_by_name", "nodes_by_name",
            "tp_layout",
@@ -196,7 +196,7 @@ def tp_layout(graph: Any, placements: tuple[tuple[str, str], ...] | None = None)
     per_graph = graph_cache(graph)
     key = ("tp_layout", placements or ())
     if key not in per_graph:
-        from cost_model.priced_layout import build_priced, is_priced
+        from fxplan.cost_model.priced_layout import build_priced, is_priced
 
         given = dict(placements or ())
         per_graph[key] = build_priced(graph, given) if is_priced(given) else _build(graph, given)

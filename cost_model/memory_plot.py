@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from cost_model.plotting import new_axes, save_figure
+from fxplan.cost_model.plotting import new_axes, save_figure
 
 __all__ = ["PARTS", "plot_memory"]
 

@@ -21,7 +21,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
-    from cluster_specs import Cluster, LinkLevel
+    from fxplan.cluster_specs import Cluster, LinkLevel
 
 __all__ = ["LogicalMesh"]
 

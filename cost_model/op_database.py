@@ -35,7 +35,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from cost_model.efficiency import dtype_key, normalise_model
+from fxplan.cost_model.efficiency import dtype_key, normalise_model
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from cost_model.megatron_layout import CONST, REPL, SHARD, TPLayout, tp_placement, used_params
-from cost_model.placements import Placement, Replicate, Shard
+from fxplan.cost_model.megatron_layout import CONST, REPL, SHARD, TPLayout, tp_placement, used_params
+from fxplan.core.placements import Placement, Replicate, Shard
 
 __all__ = ["PARAM_PREFIX", "PricedEdge", "build_priced", "edge_key", "is_priced"]
 

@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from cluster_specs.local_cpu import cpu_model
-from cost_model.efficiency import dtype_key
-from cost_model.op_database import OPS, OpDatabase, Record, element_bytes
+from fxplan.cluster_specs.local_cpu import cpu_model
+from fxplan.cost_model.efficiency import dtype_key
+from fxplan.cost_model.op_database import OPS, OpDatabase, Record, element_bytes
 
 __all__ = ["GRID", "Family", "profile", "measure", "local_device_model", "make_call"]
 

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence, Union
 
-from cost_model.collectives import collective_time_s
-from cost_model.mesh import LogicalMesh
-from cost_model.placements import Partial, Placement, Replicate, Shard, format_placements, local_shape, parse_placements
+from fxplan.cost_model.collectives import collective_time_s
+from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.core.placements import Partial, Placement, Replicate, Shard, format_placements, local_shape, parse_placements
 
 __all__ = ["ReshardStep", "ReshardCost", "reshard_cost"]
 

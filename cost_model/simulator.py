@@ -44,7 +44,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from cost_model.pipeline_schedules import BACKWARD, FORWARD, ScheduleOrder, schedule_order
+from fxplan.cost_model.pipeline_schedules import BACKWARD, FORWARD, ScheduleOrder, schedule_order
 
 __all__ = ["PipelineTimeline", "StageCosts", "StepSimulation", "TimelineEvent",
            "comm_stream_end", "simulate_pipeline", "simulate_step"]

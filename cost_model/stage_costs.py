@@ -37,14 +37,14 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from cost_model.collectives import collective_time_s
-from cost_model.compute import op_time_s
-from cost_model.config import ParallelConfig
-from cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
-from cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
+from fxplan.cost_model.collectives import collective_time_s
+from fxplan.cost_model.compute import op_time_s
+from fxplan.core.config import ParallelConfig
+from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
+from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
                                model_state_bytes)
-from cost_model.pipeline_schedules import ScheduleOrder
-from cost_model.simulator import StageCosts
+from fxplan.cost_model.pipeline_schedules import ScheduleOrder
+from fxplan.cost_model.simulator import StageCosts
 
 __all__ = ["StagePlan", "buffer_bytes", "build_stages", "rank_memory", "stage_memory",
            "stage_ranks"]

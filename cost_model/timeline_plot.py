@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from cost_model.plotting import new_axes, save_figure, time_unit
+from fxplan.cost_model.plotting import new_axes, save_figure, time_unit
 
 __all__ = ["plot_timeline"]
 

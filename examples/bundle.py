@@ -7,13 +7,15 @@ that capture can make fake tensors for them without allocating.
 
 from __future__ import annotations
 
+from fxplan.core.errors import UserError
+
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 
-class ModelSpecError(ValueError):
+class ModelSpecError(UserError, ValueError):
     """A model spec, model config or input request that cannot be honoured; the message says
     what was wrong and what is allowed (re-exported by :mod:`examples.model_spec`)."""
 

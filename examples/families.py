@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 import torch.nn as nn
 
-from examples.bundle import InputSpec, ModelBundle
-from examples.models import convnet, gpt, llama, mlp
-from examples.models.lm import lm_example_inputs
+from fxplan.examples.bundle import InputSpec, ModelBundle
+from fxplan.examples.models import convnet, gpt, llama, mlp
+from fxplan.examples.models.lm import lm_example_inputs
 
 
 @dataclass(frozen=True)

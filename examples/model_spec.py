@@ -19,10 +19,10 @@ import re
 import typing
 from typing import Any
 
-from examples.bundle import InputSpec, ModelBundle, ModelSpecError
-from examples.families import FAMILIES, Family
-from examples.presets import PRESETS
-from examples.user_model import user_file_bundle
+from fxplan.examples.bundle import InputSpec, ModelBundle, ModelSpecError
+from fxplan.examples.families import FAMILIES, Family
+from fxplan.examples.presets import PRESETS
+from fxplan.examples.user_model import user_file_bundle
 
 __all__ = ["resolve_model", "ModelSpecError", "ModelBundle", "InputSpec", "known_models"]
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from examples.bundle import InputSpec, ModelBundle, ModelSpecError
+from fxplan.examples.bundle import InputSpec, ModelBundle, ModelSpecError
 
 
 def load_function(path: str, function: str) -> Callable[[], Any]:

@@ -23,13 +23,13 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from passes.analyses.blocks import find_blocks, module_path
-from passes.analyses.params import node_params, param_table
-from passes.captured_graph import CapturedGraph, LayerRow
-from passes.errors import CaptureError
-from passes.fake_run import fake_run
-from passes.node_info import META_KEY, NodeInfo, ParamInfo, RepeatedBlock, cast_dtype
-from passes.tracer import trace
+from fxplan.passes.analyses.blocks import find_blocks, module_path
+from fxplan.passes.analyses.params import node_params, param_table
+from fxplan.passes.captured_graph import CapturedGraph, LayerRow
+from fxplan.passes.errors import CaptureError
+from fxplan.passes.fake_run import fake_run
+from fxplan.passes.node_info import META_KEY, NodeInfo, ParamInfo, RepeatedBlock, cast_dtype
+from fxplan.passes.tracer import trace
 
 __all__ = ["capture", "CapturedGraph", "NodeInfo", "ParamInfo", "RepeatedBlock", "LayerRow",
            "CaptureError"]
@@ -76,7 +76,7 @@ def _model_and_inputs(model: Any, inputs: Any, batch: int | None, seq: int | Non
                       dtype: torch.dtype | None) -> tuple[torch.nn.Module, Any, str]:
     """Resolve a spec string or bundle to (meta model, example inputs, name)."""
     if isinstance(model, str):
-        from examples.model_spec import resolve_model  # lazy: passes does not need examples
+        from fxplan.examples.model_spec import resolve_model  # lazy: passes does not need examples
 
         model = resolve_model(model)
     if isinstance(model, torch.nn.Module):

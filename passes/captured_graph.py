@@ -23,8 +23,8 @@ from typing import Any, Iterable
 import torch
 import torch.fx
 
-from passes.analyses.params import unique_numel
-from passes.node_info import (MATMUL_CLASSES, META_KEY, NodeInfo, ParamInfo, RepeatedBlock,
+from fxplan.passes.analyses.params import unique_numel
+from fxplan.passes.node_info import (MATMUL_CLASSES, META_KEY, NodeInfo, ParamInfo, RepeatedBlock,
                               target_name)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fxplan.core.errors import UserError
+
 import linecache
 import os
 import traceback
@@ -19,7 +21,7 @@ REMEDIES = ("mark the module as a leaf (capture(..., leaf_modules=[{leaf!r}]) or
             "helper function with torch.fx.wrap so fx calls it instead of tracing it")
 
 
-class CaptureError(ValueError):
+class CaptureError(UserError, ValueError):
     """The model could not be captured; the message names the module, the source line and
     what to do. ``module_path`` and ``location`` (``file:line``) are kept as attributes."""
 

@@ -20,11 +20,11 @@ import torch.fx
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from passes.analyses.blocks import module_path
-from passes.analyses.ops import OpCall, Price, op_key, price, rule_for
-from passes.analyses.saved_activations import FusedDropout, SavedTensorRecorder
-from passes.errors import CaptureError, location_of, user_frame
-from passes.node_info import NodeInfo, cast_dtype
+from fxplan.passes.analyses.blocks import module_path
+from fxplan.passes.analyses.ops import OpCall, Price, op_key, price, rule_for
+from fxplan.passes.analyses.saved_activations import FusedDropout, SavedTensorRecorder
+from fxplan.passes.errors import CaptureError, location_of, user_frame
+from fxplan.passes.node_info import NodeInfo, cast_dtype
 
 _EXECUTED = ("call_module", "call_function", "call_method")
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
-from passes.errors import REMEDIES, CaptureError, location_of, user_frame
+from fxplan.passes.errors import REMEDIES, CaptureError, location_of, user_frame
 
 #: Known fx failure messages → what they mean in the user's terms.
 _REASONS = (

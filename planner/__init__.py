@@ -1,16 +1,54 @@
-"""fxplan's planner.
+"""fxplan: an auto-parallel planner and distributed-graph compiler for PyTorch.
+
+    import fxplan
+    plan = fxplan.search("gpt-1.7b", "dgx-a100-80g:nodes=4", batch=512)   # -> Plan
+    sharded = fxplan.plan(model, "local-cpu:devices=4", inputs=..., batch=16)
+    plan = fxplan.load_plan("plan.json")
 
 * :func:`search` — the inter-op search of a captured graph on a cluster for a :class:`Plan`
-  (:mod:`planner.inter_op`, with the intra-op placement solver in :mod:`planner.intra_op`);
-* :func:`plan` — capture, search and apply in one call, returning a sharded module when
-  torch.distributed is initialised (:mod:`planner.api`);
-* :class:`Plan` and :func:`load_plan` — the plan and its versioned JSON (:mod:`planner.plan_spec`).
+  (:mod:`fxplan.inter_op`, with the intra-op placement solver in :mod:`fxplan.intra_op`);
+* :func:`plan` — capture, search and apply in one call (:mod:`fxplan.api`);
+* :class:`Plan` and :func:`load_plan` — the plan and its versioned JSON (:mod:`fxplan.core.plan`);
+* :class:`UserError` — the root of every error a user can fix.
+
+The repository's folders are the sub-packages: ``planner/`` is this package itself,
+``cluster_specs/``, ``passes/``, ``cost_model/`` and ``examples/`` are mapped to
+:mod:`fxplan.cluster_specs`, :mod:`fxplan.passes`, :mod:`fxplan.cost_model` and
+:mod:`fxplan.examples`. The public names are imported on first use, so importing a leaf
+package (``fxplan.cluster_specs``) does not pull in torch, OR-Tools or the search.
 """
 
 from __future__ import annotations
 
-from planner.api import plan
-from planner.inter_op import search
-from planner.plan_spec import Plan, PlanError, load_plan
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Plan", "PlanError", "load_plan", "plan", "search"]
+from fxplan.core.errors import UserError
+
+__version__ = "0.1.0"
+
+#: public name -> module that defines it
+_PUBLIC: dict[str, str] = {
+    "plan": "fxplan.api",
+    "search": "fxplan.inter_op",
+    "Plan": "fxplan.core.plan",
+    "PlanError": "fxplan.core.plan",
+    "load_plan": "fxplan.core.plan",
+}
+
+__all__ = ["Plan", "PlanError", "UserError", "__version__", "load_plan", "plan", "search"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.api import plan
+    from fxplan.inter_op import search
+    from fxplan.core.plan import Plan, PlanError, load_plan
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first access (PEP 562)."""
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fxplan' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,11 +1,11 @@
-"""``planner.plan(model, cluster, *, inputs, batch, plan=None, …)``: plan, then apply.
+"""``fxplan.plan(model, cluster, *, inputs, batch, plan=None, …)``: plan, then apply.
 
-    sharded = planner.plan(model, "local-cpu:devices=4", inputs=(tokens,), batch=8)
+    sharded = fxplan.plan(model, "local-cpu:devices=4", inputs=(tokens,), batch=8)
     optimizer = sharded.optimizer(torch.optim.AdamW, lr=1e-3)
     loss = sharded.train_step((tokens, targets), lm_loss); optimizer.step(); optimizer.zero_grad()
 
-1. The plan: ``plan=`` when given (a :class:`~planner.plan_spec.Plan`, e.g. from ``load_plan``),
-   otherwise :func:`planner.search` on the model captured at one sample of ``inputs`` in the
+1. The plan: ``plan=`` when given (a :class:`~fxplan.core.plan.Plan`, e.g. from ``load_plan``),
+   otherwise :func:`fxplan.search` on the model captured at one sample of ``inputs`` in the
    cluster's training dtype (as ``fxplan plan`` captures). A given plan made by this function
    (its ``model`` is the module's class name) is refused when the module, captured the same way,
    has another graph fingerprint; a plan made from a model spec (``fxplan plan gpt-…``) cannot
@@ -13,8 +13,8 @@
    and loss), so only its world size is checked, and a log line says so.
 2. Without ``torch.distributed`` initialised there is no mesh to apply it on: the Plan is
    returned and a message says so (plan and report only).
-3. Otherwise every process applies it (:func:`planner.runtime.apply.apply_plan`) and gets its
-   :class:`~planner.runtime.sharded_module.ShardedModule`; the world size must be the plan's.
+3. Otherwise every process applies it (:func:`fxplan.runtime.apply.apply_plan`) and gets its
+   :class:`~fxplan.runtime.sharded_module.ShardedModule`; the world size must be the plan's.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
-from planner.plan_spec import Plan, PlanError
+from fxplan.core.plan import Plan, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from planner.runtime.sharded_module import ShardedModule
+    from fxplan.runtime.sharded_module import ShardedModule
 
 __all__ = ["plan"]
 
@@ -39,22 +39,22 @@ def _capture(model: "torch.nn.Module", cluster: Any, inputs: tuple) -> Any:
     """The module at one sample of ``inputs`` in ``cluster``'s training dtype (as the CLI)."""
     import torch
 
-    from passes.capture import capture
-    from planner.inter_op import training_dtype
+    from fxplan.passes.capture import capture
+    from fxplan.inter_op import training_dtype
 
     one_sample = tuple(x[:1] for x in inputs)
     return capture(model, inputs=one_sample, dtype=getattr(torch, training_dtype(cluster)))
 
 
 def _load_cluster(cluster: Any) -> Any:
-    from cluster_specs import Cluster
+    from fxplan.cluster_specs import Cluster
 
     return Cluster.load(cluster) if isinstance(cluster, str) else cluster
 
 
 def _search(model: "torch.nn.Module", cluster: Any, inputs: tuple, batch: int,
             seq: int | None, search_options: dict[str, Any]) -> Plan:
-    from planner.inter_op import search
+    from fxplan.inter_op import search
 
     cluster = _load_cluster(cluster)
     graph = _capture(model, cluster, inputs)
@@ -102,6 +102,6 @@ def plan(model: "torch.nn.Module", cluster: Any, *, inputs: Any, batch: int,
     world = dist.get_world_size()
     needed = len(ranks) if ranks is not None else world
     chosen.check_matches(world_size=needed, source="plan")
-    from planner.runtime.apply import apply_plan
+    from fxplan.runtime.apply import apply_plan
 
     return apply_plan(model, chosen, inputs, ranks=ranks, debug=debug)

@@ -1,6 +1,6 @@
 """Plots of a chosen plan: its pipeline timeline and its memory per stage.
 
-A :class:`~planner.plan_spec.Plan` carries its estimate as JSON, not the simulated timeline,
+A :class:`~fxplan.core.plan.Plan` carries its estimate as JSON, not the simulated timeline,
 so the very configuration the plan's step time priced (:meth:`Plan.priced_config`) is
 estimated again with :func:`cost_model.estimate` on the same graph and cluster; that gives
 the timeline and the per-stage memory breakdown the plots draw.
@@ -16,9 +16,9 @@ __all__ = ["plot_plan"]
 
 def plot_plan(plan: Any, graph: Any, cluster: Any, prefix: str | Path) -> tuple[Path, Path]:
     """Write ``PREFIX-timeline.png`` and ``PREFIX-memory.png`` for ``plan``; return both paths."""
-    from cost_model import estimate
-    from cost_model.memory_plot import plot_memory
-    from cost_model.timeline_plot import plot_timeline
+    from fxplan.cost_model import estimate
+    from fxplan.cost_model.memory_plot import plot_memory
+    from fxplan.cost_model.timeline_plot import plot_timeline
 
     result = estimate(graph, cluster, plan.priced_config(), batch=plan.batch, seq=plan.seq)
     title = f"{plan.model} on {plan.cluster}, batch {plan.batch}\n{plan.summary}"

@@ -1,4 +1,4 @@
-"""Human and machine views of a :class:`~planner.plan_spec.Plan`.
+"""Human and machine views of a :class:`~fxplan.core.plan.Plan`.
 
 :func:`plan_summary` is the flat dictionary ``fxplan plan --json`` prints: ``summary``,
 ``degrees``, ``zero_stage``, ``schedule``, ``microbatch_size``, ``num_microbatches``,
@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from planner.plan_spec import Plan
+from fxplan.core.plan import Plan
 
 __all__ = ["plan_summary", "render_report"]
 

@@ -16,8 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from examples.bundle import InputSpec
-from examples.models.validation import require_no_seq, require_positive
+from fxplan.examples.bundle import InputSpec
+from fxplan.examples.models.validation import require_no_seq, require_positive
 
 
 @dataclass

@@ -24,8 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from examples.models.lm import init_lm_weights, lm_loss
-from examples.models.validation import require_divisible, require_positive
+from fxplan.examples.models.lm import init_lm_weights, lm_loss
+from fxplan.examples.models.validation import require_divisible, require_positive
 
 
 @dataclass

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from examples.bundle import InputSpec
-from examples.models.validation import check_seq
+from fxplan.examples.bundle import InputSpec
+from fxplan.examples.models.validation import check_seq
 
 
 def init_lm_weights(model: torch.nn.Module, std: float = 0.02) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from passes.node_info import NodeInfo, ParamInfo, RepeatedBlock, target_name
+from fxplan.passes.node_info import NodeInfo, ParamInfo, RepeatedBlock, target_name
 
 
 def module_path(node: torch.fx.Node) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from passes.analyses.ops import OpCall, nbytes, register, tensors
+from fxplan.passes.analyses.ops import OpCall, nbytes, register, tensors
 
 # --- matrix products ---------------------------------------------------------------------
 

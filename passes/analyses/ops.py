@@ -144,7 +144,7 @@ def register(*keys: str, op_class: str, bytes_read: FlopFn | None = None
 
 def rule_for(key: str) -> OpRule | None:
     """The registered rule for ``key`` (the rules module registers on import)."""
-    import passes.analyses.flops  # noqa: F401  (registers the rules)
+    import fxplan.passes.analyses.flops  # noqa: F401  (registers the rules)
 
     return _RULES.get(key)
 

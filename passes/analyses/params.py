@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from passes.node_info import ParamInfo, cast_dtype
+from fxplan.passes.node_info import ParamInfo, cast_dtype
 
 
 def param_table(model: torch.nn.Module, dtype: torch.dtype | None = None

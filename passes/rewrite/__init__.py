@@ -6,13 +6,13 @@ the runtime runs them: :class:`OutlineLayers`, :class:`SplitStages`, :class:`Dis
 :class:`InsertReshards`, :class:`Recompute`; :func:`emit_program` prints the result.
 """
 
-from passes.rewrite.base import PassError, PassManager, PassResult, RewritePass
-from passes.rewrite.distribute import DistributeParameters
-from passes.rewrite.emit import emit_program
-from passes.rewrite.layers import OutlineLayers
-from passes.rewrite.recompute import Recompute
-from passes.rewrite.reshard import InsertReshards
-from passes.rewrite.stages import SplitStages, StagedProgram
+from fxplan.passes.rewrite.base import PassError, PassManager, PassResult, RewritePass
+from fxplan.passes.rewrite.distribute import DistributeParameters
+from fxplan.passes.rewrite.emit import emit_program
+from fxplan.passes.rewrite.layers import OutlineLayers
+from fxplan.passes.rewrite.recompute import Recompute
+from fxplan.passes.rewrite.reshard import InsertReshards
+from fxplan.passes.rewrite.stages import SplitStages, StagedProgram
 
 __all__ = ["PassError", "PassManager", "PassResult", "RewritePass", "DistributeParameters",
            "emit_program", "OutlineLayers", "Recompute", "InsertReshards", "SplitStages",

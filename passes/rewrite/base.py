@@ -1,12 +1,12 @@
 """The one contract every rewrite pass follows, and the manager that runs them in order.
 
 A rewrite pass is a callable ``pass_(gm, plan) -> PassResult``: it takes a
-:class:`torch.fx.GraphModule` and the :class:`~planner.plan_spec.Plan` it realises, and returns the
+:class:`torch.fx.GraphModule` and the :class:`~fxplan.core.plan.Plan` it realises, and returns the
 (possibly new) module and whether it changed anything. Context a pass needs beyond the graph and
 the plan (a device mesh, the ranks of this process) is given to its constructor, never read from
 globals. A pass that cannot do its job raises :class:`PassError`, which names the pass and, when
 one is to blame, the fx node: ``[insert-reshards] node 'view_3': cannot …``. It is a
-:class:`~planner.cli.errors.UserError` (the plan asks for something this runtime cannot do: one
+:class:`~fxplan.core.errors.UserError` (the plan asks for something this runtime cannot do: one
 line, exit 2), so passes raise it only for failures a user can act on. Any other exception
 is a bug: :class:`PassInternalError` (not a ``UserError``) names the pass and, when known, the
 node or parameter it was at, and keeps the original exception and traceback as ``__cause__``.
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 import torch
 from torch import fx
 
-from planner.cli.errors import UserError
+from fxplan.core.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan_spec import Plan
+    from fxplan.core.plan import Plan
 
 __all__ = ["PassError", "PassInternalError", "PassResult", "RewritePass", "PassManager"]
 

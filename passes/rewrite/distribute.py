@@ -26,11 +26,11 @@ from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 
-from passes.rewrite.base import PassResult, RewritePass
-from passes.rewrite.placements import axis_placement, normalize
+from fxplan.passes.rewrite.base import PassResult, RewritePass
+from fxplan.passes.rewrite.placements import axis_placement, normalize
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan_spec import Plan
+    from fxplan.core.plan import Plan
 
 __all__ = ["DistributeParameters"]
 

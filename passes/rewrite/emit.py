@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 from torch import fx, nn
 
-from passes.rewrite.layers import OutlineLayers
-from passes.rewrite.stages import StagedProgram
+from fxplan.passes.rewrite.layers import OutlineLayers
+from fxplan.passes.rewrite.stages import StagedProgram
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan_spec import Plan
+    from fxplan.core.plan import Plan
 
 __all__ = ["emit_program"]
 
@@ -58,7 +58,7 @@ def _outlined(module: nn.Module, plan: "Plan") -> nn.Module:
     elif isinstance(module, StagedProgram):
         return module
     else:
-        from planner.runtime.trace import trace_model
+        from fxplan.runtime.trace import trace_model
 
         gm = trace_model(module, 1)
     return OutlineLayers()(gm, plan).module

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING
 from torch import fx
 from torch.fx.passes.split_module import split_module
 
-from passes.rewrite.base import PassResult, RewritePass
+from fxplan.passes.rewrite.base import PassResult, RewritePass
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan_spec import Plan
+    from fxplan.core.plan import Plan
 
 __all__ = ["OutlineLayers", "node_layers", "layer_submodule_names", "EMBED", "HEAD"]
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cost_model.placements import Placement, Replicate, Shard, parse_placements
+from fxplan.core.placements import Placement, Replicate, Shard, parse_placements
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan_spec import Plan
+    from fxplan.core.plan import Plan
 
 __all__ = ["axis_placement", "normalize"]
 

@@ -25,10 +25,10 @@ from torch import fx, nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from passes.rewrite.base import PassResult, RewritePass
+from fxplan.passes.rewrite.base import PassResult, RewritePass
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan_spec import Plan
+    from fxplan.core.plan import Plan
 
 __all__ = ["Recompute", "attention_core"]
 

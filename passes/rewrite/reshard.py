@@ -42,12 +42,12 @@ from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.placement_types import Placement
 from torch.utils._pytree import tree_map
 
-from cost_model.placements import format_placements
-from passes.rewrite.base import PassResult, RewritePass, logger
-from passes.rewrite.placements import axis_placement, normalize
+from fxplan.core.placements import format_placements
+from fxplan.passes.rewrite.base import PassResult, RewritePass, logger
+from fxplan.passes.rewrite.placements import axis_placement, normalize
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan_spec import Plan
+    from fxplan.core.plan import Plan
 
 __all__ = ["InsertReshards", "Reshard", "EnterSPMD", "ExitSPMD"]
 

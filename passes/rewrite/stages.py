@@ -34,11 +34,11 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
-from passes.rewrite.base import PassResult, RewritePass
-from passes.rewrite.layers import EMBED, HEAD
+from fxplan.passes.rewrite.base import PassResult, RewritePass
+from fxplan.passes.rewrite.layers import EMBED, HEAD
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan_spec import Plan
+    from fxplan.core.plan import Plan
 
 __all__ = ["SplitStages", "StagedProgram", "StageIO"]
 

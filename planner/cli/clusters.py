@@ -15,7 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from cluster_specs import Cluster
+    from fxplan.cluster_specs import Cluster
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -66,7 +66,7 @@ def _console() -> Any:
 def _list(as_json: bool) -> None:
     from rich.table import Table
 
-    from cluster_specs import Cluster, available_specs
+    from fxplan.cluster_specs import Cluster, available_specs
 
     rows = [_row(Cluster.load(name)) for name in available_specs()]
     if as_json:
@@ -92,7 +92,7 @@ def _list(as_json: bool) -> None:
 def _show(spec: str, as_json: bool) -> None:
     import yaml
 
-    from cluster_specs import Cluster
+    from fxplan.cluster_specs import Cluster
 
     cluster = Cluster.load(spec)
     if as_json:

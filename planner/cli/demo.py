@@ -34,12 +34,12 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from cluster_specs import Cluster
-    from cluster_specs.summary import renderable
-    from planner.cli.graph import _print as print_graph
-    from planner.report import render_report
-    from planner.inter_op import capture_for_search, search, training_dtype
-    from planner.inter_op.progress import PhaseTimer
+    from fxplan.cluster_specs import Cluster
+    from fxplan.cluster_specs.summary import renderable
+    from fxplan.cli.graph import _print as print_graph
+    from fxplan.report import render_report
+    from fxplan.inter_op import capture_for_search, search, training_dtype
+    from fxplan.inter_op.progress import PhaseTimer
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
     console = Console(width=None if sys.stdout.isatty() else 140, highlight=False)

@@ -21,7 +21,7 @@ import json
 import sys
 from typing import Any
 
-from planner.cli.arguments import (
+from fxplan.cli.arguments import (
     DTYPES, add_cluster_argument, add_dtype_argument, add_model_argument, add_workload_arguments,
 )
 
@@ -85,16 +85,16 @@ def _print(result: dict[str, Any], model: str, cluster: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from cluster_specs import Cluster
-    from cost_model import ParallelConfig, estimate
-    from passes.capture import capture
+    from fxplan.cluster_specs import Cluster
+    from fxplan.cost_model import ParallelConfig, estimate
+    from fxplan.passes.capture import capture
 
     config = ParallelConfig.parse(args.config)
     cluster = Cluster.load(args.cluster)
     graph = capture(args.model, batch=1, seq=args.seq, dtype=getattr(torch, DTYPES[args.dtype]))
     result = estimate(graph, cluster, config, batch=args.batch, seq=args.seq)
     if args.plot:
-        from cost_model.timeline_plot import plot_timeline
+        from fxplan.cost_model.timeline_plot import plot_timeline
 
         plot_timeline(result.timeline(), args.plot, title=f"{args.model} · {result.config.summary()}")
     data = result.to_dict()

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from planner.cli.arguments import DTYPES, add_dtype_argument, add_model_argument, add_workload_arguments
+from fxplan.cli.arguments import DTYPES, add_dtype_argument, add_model_argument, add_workload_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -111,8 +111,8 @@ def _print(summary: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from examples.model_spec import resolve_model
-    from passes.capture import capture
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.passes.capture import capture
 
     bundle = resolve_model(args.model)
     graph = capture(bundle, batch=args.batch, seq=args.seq, leaf_modules=args.leaf,

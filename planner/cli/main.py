@@ -1,12 +1,12 @@
-"""The ``fxplan`` command line: one sub-command per module in :mod:`planner.cli`.
+"""The ``fxplan`` command line: one sub-command per module in :mod:`fxplan.cli`.
 
 Each verb module exposes ``register(subparsers) -> argparse.ArgumentParser`` and sets
 ``run(args) -> int`` as the parser's ``func`` default. Verb modules keep heavy imports
 (torch, ortools) inside ``run`` so that ``fxplan --help`` stays instant.
 
 Errors a user can fix (a malformed cluster file, an unknown model, a configuration whose
-degrees do not multiply out) derive from :class:`planner.cli.errors.UserError` or are listed
-in :data:`planner.cli.errors.user_error_types`; they end the command with exit code 2 and a
+degrees do not multiply out) derive from :class:`fxplan.core.errors.UserError`; they end the
+command with exit code 2 and a
 one-paragraph message. ``--debug`` shows the traceback instead.
 """
 
@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Sequence
 
-#: Verb modules under ``planner.cli``, in the order ``fxplan --help`` lists them.
+#: Verb modules under ``fxplan.cli``, in the order ``fxplan --help`` lists them.
 VERBS: tuple[str, ...] = (
     "demo",
     "graph",
@@ -38,13 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for verb in VERBS:
-        module = importlib.import_module(f"planner.cli.{verb}")
+        module = importlib.import_module(f"fxplan.cli.{verb}")
         module.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from planner.cli.errors import user_error_types
+    from fxplan.core.errors import UserError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `fxplan ... | head` closed the pipe: not an error; silence the flush at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except user_error_types() as err:  # type: ignore[misc]
+    except (UserError, FileNotFoundError) as err:
         if args.debug:
             raise
         print(f"fxplan {args.verb}: error: {err}", file=sys.stderr)

@@ -6,11 +6,11 @@
     fxplan plan gpt-1.7b --cluster dgx-a100-80g:nodes=4 --batch 512 --emit program.py
     fxplan plan gpt-tiny --cluster local-cpu:devices=4 --batch 16 --plot tiny
 
-Prints the report (:mod:`planner.report`) or, with ``--json``, the flat summary; ``-o`` writes
+Prints the report (:mod:`fxplan.report`) or, with ``--json``, the flat summary; ``-o`` writes
 the full plan JSON; ``--time-budget`` bounds the search; ``--emit`` writes the distributed
 program (:func:`passes.rewrite.emit.emit_program`, when that module is present); ``--plot
 PREFIX`` draws ``PREFIX-timeline.png`` and ``PREFIX-memory.png`` of the chosen plan
-(:func:`planner.plots.plot_plan`). A model that fits in no configuration ends with exit code 2
+(:func:`fxplan.plots.plot_plan`). A model that fits in no configuration ends with exit code 2
 and the memory it needs.
 """
 
@@ -23,7 +23,7 @@ import logging
 import sys
 from pathlib import Path
 
-from planner.cli.arguments import add_cluster_argument, add_model_argument, add_workload_arguments
+from fxplan.cli.arguments import add_cluster_argument, add_model_argument, add_workload_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _emit(plan: object, graph: object, path: str) -> str:
     try:
-        from passes.rewrite.emit import emit_program
+        from fxplan.passes.rewrite.emit import emit_program
     except ImportError:
         return (f"--emit {path}: the program emitter (passes.rewrite.emit.emit_program) is not "
                 "available yet; nothing written")
@@ -57,10 +57,10 @@ def _emit(plan: object, graph: object, path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cluster_specs import Cluster
-    from planner.report import plan_summary, render_report
-    from planner.inter_op import capture_for_search, search, training_dtype
-    from planner.inter_op.progress import PhaseTimer
+    from fxplan.cluster_specs import Cluster
+    from fxplan.report import plan_summary, render_report
+    from fxplan.inter_op import capture_for_search, search, training_dtype
+    from fxplan.inter_op.progress import PhaseTimer
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
     if args.json:
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         plan.save(args.output)
     emitted = _emit(plan, graph, args.emit) if args.emit else None
     if args.plot:
-        from planner.plots import plot_plan
+        from fxplan.plots import plot_plan
 
         plotted = " and ".join(map(str, plot_plan(plan, graph, cluster, args.plot)))
         emitted = "\n".join(filter(None, [emitted, f"plots written to {plotted}"]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.cli.errors import UserError
+from fxplan.core.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -38,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cost_model.op_database import OPS, default_database_path
-    from cost_model.profiler import profile
+    from fxplan.cost_model.op_database import OPS, default_database_path
+    from fxplan.cost_model.profiler import profile
 
     ops = [op.strip() for op in args.ops.split(",") if op.strip()] if args.ops else None
     unknown = sorted(set(ops or ()) - set(OPS))

@@ -1,5 +1,5 @@
-"""``planner.search(graph, cluster, batch=…) -> Plan``: the inter-op search (see
-:mod:`planner.inter_op.driver` for the formulation). ``planner`` re-exports :func:`search`.
+"""``fxplan.search(graph, cluster, batch=…) -> Plan``: the inter-op search (see
+:mod:`fxplan.inter_op.driver` for the formulation). ``planner`` re-exports :func:`search`.
 """
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Mapping
 
-from planner.plan_spec import Plan
-from planner.inter_op.constraints import ConstraintError
-from planner.inter_op.infeasible import InfeasibleError
-from planner.inter_op.progress import PhaseTimer
+from fxplan.core.plan import Plan
+from fxplan.inter_op.constraints import ConstraintError
+from fxplan.inter_op.infeasible import InfeasibleError
+from fxplan.inter_op.progress import PhaseTimer
 
 __all__ = ["search", "ConstraintError", "InfeasibleError", "capture_for_search",
            "training_dtype"]
@@ -27,7 +27,7 @@ def training_dtype(cluster: Any) -> str:
 def _capture(model: str, seq: int | None, dtype: str) -> Any:
     import torch
 
-    from passes.capture import capture
+    from fxplan.passes.capture import capture
 
     return capture(model, batch=1, seq=seq, dtype=getattr(torch, dtype))
 
@@ -41,7 +41,7 @@ def capture_for_search(model: Any, *, seq: int | None = None, dtype: str = "bflo
     """
     import torch
 
-    from passes.capture import capture
+    from fxplan.passes.capture import capture
 
     timer = timer or PhaseTimer()
     with timer("capture"):
@@ -62,17 +62,17 @@ def search(graph: Any, cluster: Any, *, batch: int, seq: int | None = None,
     sequence dimension, as :func:`cost_model.estimate.estimate` does). ``constraints`` fixes
     fields of the candidates, each to a value or a collection of values: ``tp, pp, dp,
     microbatch_size, schedule, recompute, sequence_parallel, zero_stage``
-    (:mod:`planner.inter_op.constraints`).
+    (:mod:`fxplan.inter_op.constraints`).
     ``finalists``: how many candidates the step simulator prices (default 8).
     ``time_budget_s`` bounds the whole search after capture (ranking, intra-op solves and
     simulation; see ``docs/planner.md``).
     Raises :class:`InfeasibleError` (a ``UserError``) when nothing fits and
     :class:`ConstraintError` (a ``UserError``) for invalid or over-restrictive constraints.
     """
-    from cluster_specs import Cluster
-    from cost_model.layer_costs import graph_segments
-    from planner.cli.errors import UserError
-    from planner.inter_op.driver import DEFAULT_FINALISTS, run_search
+    from fxplan.cluster_specs import Cluster
+    from fxplan.cost_model.layer_costs import graph_segments
+    from fxplan.core.errors import UserError
+    from fxplan.inter_op.driver import DEFAULT_FINALISTS, run_search
 
     timer = PhaseTimer()
     if isinstance(cluster, str):

@@ -11,7 +11,7 @@ microbatch variant is tried.
 
 **Time** of a candidate: every microbatch passes every layer on some rank, and a rank's step
 is at least its busy time, so with ``W`` the whole model's per-microbatch work on one tp rank
-(:attr:`planner.inter_op.profile.SegmentProfile.total_work`)
+(:attr:`fxplan.inter_op.profile.SegmentProfile.total_work`)
 
     T ≥ m · max_s w_s ≥ m · W / pp
 
@@ -21,10 +21,10 @@ estimate found so far, no later candidate can enter the top ``K`` and the search
 
 from __future__ import annotations
 
-from cost_model.memory import GIB
-from planner.inter_op.profile import SegmentProfile
-from planner.inter_op.space import Candidate, Family
-from planner.inter_op.stage_memory import DeviceMemory, state_bytes_per_param
+from fxplan.cost_model.memory import GIB
+from fxplan.inter_op.profile import SegmentProfile
+from fxplan.inter_op.space import Candidate, Family
+from fxplan.inter_op.stage_memory import DeviceMemory, state_bytes_per_param
 
 __all__ = ["memory_lower_bound", "memory_reason", "time_lower_bound"]
 

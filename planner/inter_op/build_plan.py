@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from cost_model.estimate import Estimate
-from cost_model.memory import GIB
-from cost_model.mesh import LogicalMesh
-from planner.plan_spec import Plan, StageAssignment
-from planner.inter_op.pricing import Priced
-from planner.inter_op.space import Candidate
+from fxplan.cost_model.estimate import Estimate
+from fxplan.cost_model.memory import GIB
+from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.core.plan import Plan, StageAssignment
+from fxplan.inter_op.pricing import Priced
+from fxplan.inter_op.space import Candidate
 
 __all__ = ["build_plan", "estimate_summary"]
 

@@ -1,13 +1,13 @@
 """Constraints on the search's candidates: validated up front, then a membership test.
 
-``constraints`` maps a field of :class:`planner.inter_op.space.Candidate` to one value or a
+``constraints`` maps a field of :class:`fxplan.inter_op.space.Candidate` to one value or a
 collection (list, tuple, set, frozenset) of values. Allowed keys and values:
 
 =====================  =========================================================
 ``tp``, ``pp``, ``dp``  divisors of the world size
 ``microbatch_size``     positive integers
 ``schedule``            ``1f1b``, ``gpipe``, ``interleaved:v`` (``v`` in
-                        :data:`planner.inter_op.space.INTERLEAVE_CHUNKS`)
+                        :data:`fxplan.inter_op.space.INTERLEAVE_CHUNKS`)
 ``recompute``           ``none``, ``selective``, ``full``
 ``sequence_parallel``   ``True``, ``False``
 ``zero_stage``          ``0``–``3``
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from planner.cli.errors import UserError
-from planner.inter_op.space import INTERLEAVE_CHUNKS, RECOMPUTE, Candidate, divisors
+from fxplan.core.errors import UserError
+from fxplan.inter_op.space import INTERLEAVE_CHUNKS, RECOMPUTE, Candidate, divisors
 
 __all__ = ["ConstraintError", "CONSTRAINT_FIELDS", "allowed", "allowed_values",
            "describe", "validate_constraints"]

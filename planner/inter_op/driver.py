@@ -9,26 +9,26 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
 
 **Method** (branch and bound over an enumerated space):
 
-1. *Families* ``(tp, pp, dp)`` (:func:`planner.inter_op.space.families`), invalid ones pruned
+1. *Families* ``(tp, pp, dp)`` (:func:`fxplan.inter_op.space.families`), invalid ones pruned
    with their reason.
-2. *Memory bound per (family, zero)* (:func:`planner.inter_op.bounds.memory_lower_bound`):
+2. *Memory bound per (family, zero)* (:func:`fxplan.inter_op.bounds.memory_lower_bound`):
    ``k_z(dp)·Ψ/pp + reserved > C`` prunes the pair before any microbatch variant is tried;
    the lowest surviving ZeRO stage ``z_min`` is where each candidate starts.
-3. *Candidates* inside the families (:func:`planner.inter_op.space.options`), sorted by the
-   time bound ``m·W/pp`` (:func:`planner.inter_op.bounds.time_lower_bound`).
+3. *Candidates* inside the families (:func:`fxplan.inter_op.space.options`), sorted by the
+   time bound ``m·W/pp`` (:func:`fxplan.inter_op.bounds.time_lower_bound`).
 4. For each in order, until its bound reaches the ``K``-th best estimate (then nothing later
    can enter the top ``K``) or the time budget ends (once at least one candidate fits): for
    ``z = z_min … 3`` (those the constraints allow) partition the layers by the DP of
-   :mod:`planner.inter_op.partition` under the memory cap, check the per-rank memory with the
-   estimate's own formula (:mod:`planner.inter_op.stage_memory`) and rank the first stage
-   that fits by the closed form ``T̂`` (:mod:`planner.inter_op.surrogate`). Higher ZeRO stages
+   :mod:`fxplan.inter_op.partition` under the memory cap, check the per-rank memory with the
+   estimate's own formula (:mod:`fxplan.inter_op.stage_memory`) and rank the first stage
+   that fits by the closed form ``T̂`` (:mod:`fxplan.inter_op.surrogate`). Higher ZeRO stages
    are not tried once one fits: at equal everything else they move at least as many bytes.
 5. *Placements*: the intra-op solver places the graph (repeated blocks sharing variables) on
    the ``(1, tp)`` slice of the stage mesh once per distinct tp degree of the ``K`` best by
-   ``T̂`` (:mod:`planner.inter_op.placements`).
+   ``T̂`` (:mod:`fxplan.inter_op.placements`).
 6. *Finalists*: each is priced by the step simulator with the placements it would carry,
    ``T(x, π)``, against the default Megatron layout ``T(x, μ)``, keeping the cheaper
-   (:mod:`planner.inter_op.pricing`); the fastest that fits wins, the next three are the
+   (:mod:`fxplan.inter_op.pricing`); the fastest that fits wins, the next three are the
    runners-up. So the plan's step time is the price of the placements the plan carries.
 
 Nothing is dropped silently: every pruned family or candidate group carries its reason with
@@ -42,23 +42,23 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from cost_model.config import CostModelError, ParallelConfig
-from cost_model.memory import GIB, MemoryBreakdown
-from planner.plan_spec import Plan
-from planner.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
-from planner.inter_op.build_plan import build_plan
-from planner.inter_op.constraints import (ConstraintError, allowed, describe,
+from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.cost_model.memory import GIB, MemoryBreakdown
+from fxplan.core.plan import Plan
+from fxplan.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
+from fxplan.inter_op.build_plan import build_plan
+from fxplan.inter_op.constraints import (ConstraintError, allowed, describe,
                                           validate_constraints)
-from planner.inter_op.infeasible import InfeasibleError, infeasible_message
-from planner.inter_op.partition import balanced_counts, partition_layers
-from planner.inter_op.placements import IntraOpCache
-from planner.inter_op.pricing import Priced, price_finalist
-from planner.inter_op.profile import ModelProfile
-from planner.inter_op.progress import Budget, PhaseTimer, progress_bar
-from planner.inter_op.space import MAX_MICROBATCH, Candidate, Family, families, options
-from planner.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
+from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message
+from fxplan.inter_op.partition import balanced_counts, partition_layers
+from fxplan.inter_op.placements import IntraOpCache
+from fxplan.inter_op.pricing import Priced, price_finalist
+from fxplan.inter_op.profile import ModelProfile
+from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
+from fxplan.inter_op.space import MAX_MICROBATCH, Candidate, Family, families, options
+from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
                                          stage_totals)
-from planner.inter_op.surrogate import surrogate_step_s
+from fxplan.inter_op.surrogate import surrogate_step_s
 
 __all__ = ["search", "DEFAULT_FINALISTS"]
 
@@ -222,7 +222,7 @@ class _Search:
             self.intra_op.solve(tp)
 
     def finalists(self, ranked: list[_Scored]) -> list[Priced]:
-        """Steps 5–6b: price each finalist with its placements (:mod:`planner.inter_op.pricing`);
+        """Steps 5–6b: price each finalist with its placements (:mod:`fxplan.inter_op.pricing`);
         the fitting ones, fastest first, one per distinct plan."""
         out: list[Priced] = []
         seen: dict[str, str] = {}
@@ -343,7 +343,7 @@ class _Search:
 def run_search(graph: Any, cluster: Any, *, batch: int, model: str, time_budget_s: float | None,
                progress: bool, constraints: Mapping[str, Any], finalists: int,
                timer: PhaseTimer) -> Plan:
-    """Steps 1–6 on a captured graph (the public wrapper is :func:`planner.inter_op.search`)."""
+    """Steps 1–6 on a captured graph (the public wrapper is :func:`fxplan.inter_op.search`)."""
     budget = Budget(time_budget_s)
     state = _Search(graph, cluster, batch, constraints, finalists, timer, budget, progress)
     with timer("inter-op"):

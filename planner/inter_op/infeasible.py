@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 
-from cost_model.memory import GIB, MemoryBreakdown
-from planner.cli.errors import UserError
+from fxplan.cost_model.memory import GIB, MemoryBreakdown
+from fxplan.core.errors import UserError
 
 __all__ = ["InfeasibleError", "infeasible_message"]
 

@@ -1,6 +1,6 @@
 """Per-node and per-parameter placements of a candidate on its ``(dp, tp)`` stage mesh.
 
-The intra-op solver (:func:`planner.intra_op.solve_intra_op`, repeated blocks sharing one set
+The intra-op solver (:func:`fxplan.intra_op.solve_intra_op`, repeated blocks sharing one set
 of variables) places the graph on the ``(1, tp)`` slice of the stage mesh at the captured
 microbatch, once per tensor-parallel degree (:class:`IntraOpCache`); the ``dp`` token is the
 search's data parallelism (the batch ``S(0)`` for activations, ``S(0)`` for parameters under
@@ -32,12 +32,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from cost_model.megatron_layout import CONST, REPL, nodes_by_name, tp_layout, used_params
-from cost_model.mesh import LogicalMesh
-from cost_model.placements import format_placements, parse_placements
-from cost_model.priced_layout import PARAM_PREFIX, edge_key
-from planner.plan_spec import SolverInfo
-from planner.inter_op.space import Candidate
+from fxplan.cost_model.megatron_layout import CONST, REPL, nodes_by_name, tp_layout, used_params
+from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.core.placements import format_placements, parse_placements
+from fxplan.cost_model.priced_layout import PARAM_PREFIX, edge_key
+from fxplan.core.plan import SolverInfo
+from fxplan.inter_op.space import Candidate
 
 __all__ = ["IntraOpCache", "Placements", "megatron_placements", "priced_map"]
 
@@ -178,14 +178,14 @@ class IntraOpCache:
         return SOLVER_TIME_LIMIT_S if left is None else min(SOLVER_TIME_LIMIT_S, left)
 
     def solve(self, tp: int) -> Any:
-        """The :class:`~planner.intra_op.IntraOpSolution` for ``tp``, or the reason (a string)
+        """The :class:`~fxplan.intra_op.IntraOpSolution` for ``tp``, or the reason (a string)
         why the solver could not run: not importable, no placement fits
         (``IntraOpInfeasible``), or the time budget left it no time or it found no placement
         within what was left (``IntraOpTimeLimit``). Any other error is a bug and raises."""
         if tp in self._solved:
             return self._solved[tp]
         try:
-            from planner.intra_op import IntraOpInfeasible, IntraOpTimeLimit, solve_intra_op
+            from fxplan.intra_op import IntraOpInfeasible, IntraOpTimeLimit, solve_intra_op
         except ImportError as err:
             self._solved[tp] = f"{type(err).__name__}: {err}"
             return self._solved[tp]

@@ -1,7 +1,7 @@
 """Price a finalist with the placements it will carry.
 
 For a finalist ``c`` the intra-op solver's placements ``π`` for its tp degree
-(:class:`planner.inter_op.placements.IntraOpCache`) go into
+(:class:`fxplan.inter_op.placements.IntraOpCache`) go into
 ``ParallelConfig.placements`` and the step simulator prices them
 (:func:`cost_model.estimate.estimate`, :mod:`cost_model.priced_layout`): compute split as
 ``π`` splits it, activation memory as ``π`` shards it, tensor-parallel communication as the
@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cost_model.config import CostModelError, ParallelConfig
-from cost_model.estimate import Estimate, estimate
-from planner.inter_op.placements import IntraOpCache, Placements, megatron_placements
-from planner.inter_op.space import Candidate
+from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.cost_model.estimate import Estimate, estimate
+from fxplan.inter_op.placements import IntraOpCache, Placements, megatron_placements
+from fxplan.inter_op.space import Candidate
 
 __all__ = ["Priced", "price_finalist", "INTRA_OP", "MEGATRON"]
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from cost_model.collectives import collective_time_s
-from cost_model.layer_costs import graph_segments, segment_cost
+from fxplan.cost_model.collectives import collective_time_s
+from fxplan.cost_model.layer_costs import graph_segments, segment_cost
 
 __all__ = ["ShapeKey", "SegmentProfile", "ModelProfile"]
 

@@ -1,6 +1,6 @@
 """Per-phase wall-clock timings, a time budget and a rich progress bar for the search.
 
-Phases: ``capture`` (tracing the model, when :func:`planner.search` is given a model spec),
+Phases: ``capture`` (tracing the model, when :func:`fxplan.search` is given a model spec),
 ``intra-op`` (placements of the repeated block), ``inter-op`` (enumeration, lower bounds,
 stage partitions, closed-form ranking) and ``simulate`` (step simulator on the finalists).
 The progress bar draws on stderr only when it is a terminal and ``enabled``.

@@ -21,7 +21,7 @@ memory (tested to 1e-6); the finalists' estimates price each stage on its own de
 their placements.
 
 :func:`partition_inputs` linearises the same sum for the stage-partition DP
-(:mod:`planner.inter_op.partition`): per virtual stage the fixed bytes, the in-flight count
+(:mod:`fxplan.inter_op.partition`): per virtual stage the fixed bytes, the in-flight count
 and the cap. It is an approximation, conservative in the activations (each chunk at its own
 in-flight peak ``n̂_{s,c} = max_τ n_{s,c}(τ)``, never below the peak of the sum), the buffers
 (the model's largest output and segment on every rank) and, for ``interleaved:v``, giving each
@@ -35,11 +35,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from cost_model.memory import GIB, MemoryBreakdown, model_state_bytes
-from cost_model.pipeline_schedules import ScheduleOrder, schedule_order
-from cost_model.stage_costs import buffer_bytes, rank_memory
-from planner.inter_op.profile import SegmentProfile
-from planner.inter_op.space import Candidate
+from fxplan.cost_model.memory import GIB, MemoryBreakdown, model_state_bytes
+from fxplan.cost_model.pipeline_schedules import ScheduleOrder, schedule_order
+from fxplan.cost_model.stage_costs import buffer_bytes, rank_memory
+from fxplan.inter_op.profile import SegmentProfile
+from fxplan.inter_op.space import Candidate
 
 __all__ = ["DeviceMemory", "PartitionInputs", "inflight", "partition_inputs", "stage_memory",
            "stage_totals", "state_bytes_per_param"]
@@ -90,7 +90,7 @@ class PartitionInputs:
 
 
 def partition_inputs(c: Candidate, prof: SegmentProfile, mem: DeviceMemory) -> PartitionInputs:
-    """Inputs of :func:`planner.inter_op.partition.partition_layers` for candidate ``c``
+    """Inputs of :func:`fxplan.inter_op.partition.partition_layers` for candidate ``c``
     (the conservative linearisation of the module docstring)."""
     S, v = c.pp * c.v, c.v
     k = state_bytes_per_param(c.dp, c.zero_stage)

@@ -1,6 +1,6 @@
 """Closed-form step time the search ranks candidates by (the simulator prices the finalists).
 
-From the per-layer profile (:mod:`planner.inter_op.profile`), for virtual stage ``j`` holding
+From the per-layer profile (:mod:`fxplan.inter_op.profile`), for virtual stage ``j`` holding
 layers ``[k_j, k_{j+1})`` (embedding on ``j = 0``, head on ``j = S−1``), per microbatch::
 
     u_j = Σ_{i ∈ j} t_i + pre[j = 0] + post[j = S−1] + p2p_j + z_j
@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from cost_model.collectives import collective_time_s
-from cost_model.memory import ADAM_MIXED
-from planner.inter_op.profile import SegmentProfile
-from planner.inter_op.space import Candidate
+from fxplan.cost_model.collectives import collective_time_s
+from fxplan.cost_model.memory import ADAM_MIXED
+from fxplan.inter_op.profile import SegmentProfile
+from fxplan.inter_op.space import Candidate
 
 __all__ = ["surrogate_step_s"]
 

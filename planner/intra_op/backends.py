@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from planner.intra_op.brute import solve_brute_force
-from planner.intra_op.cpsat import solve_cpsat
-from planner.intra_op.dp import solve_chain_dp
-from planner.intra_op.highs import solve_highs
-from planner.intra_op.problem import Problem
-from planner.intra_op.result import SolverResult
+from fxplan.intra_op.brute import solve_brute_force
+from fxplan.intra_op.cpsat import solve_cpsat
+from fxplan.intra_op.dp import solve_chain_dp
+from fxplan.intra_op.highs import solve_highs
+from fxplan.intra_op.problem import Problem
+from fxplan.intra_op.result import SolverResult
 
 __all__ = ["BACKENDS", "solve_problem"]
 

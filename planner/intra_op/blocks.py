@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Mapping, Sequence
 
-from passes.captured_graph import CapturedGraph
-from planner.sharding.api import NodeStrategies
+from fxplan.passes.captured_graph import CapturedGraph
+from fxplan.sharding.api import NodeStrategies
 
 __all__ = ["layer_representatives", "representatives"]
 

@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 
-from planner.intra_op.problem import IntraOpInfeasible, Problem
-from planner.intra_op.result import OPTIMAL, SolverResult
+from fxplan.intra_op.problem import IntraOpInfeasible, Problem
+from fxplan.intra_op.result import OPTIMAL, SolverResult
 
 __all__ = ["solve_brute_force", "MAX_CHOICES"]
 

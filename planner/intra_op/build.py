@@ -1,6 +1,6 @@
-"""From a captured graph to the numeric :class:`~planner.intra_op.problem.Problem`.
+"""From a captured graph to the numeric :class:`~fxplan.intra_op.problem.Problem`.
 
-1. every tensor node gets its strategies from the sharding rules (:mod:`planner.sharding`);
+1. every tensor node gets its strategies from the sharding rules (:mod:`fxplan.sharding`);
 2. nodes of repeated layers are mapped to their representative (:mod:`.blocks`);
 3. each representative becomes a problem node priced ``count ×`` the cost model's node price;
 4. each producer→consumer operand becomes an edge priced by the cost model's reshard price,
@@ -17,13 +17,13 @@ from typing import Sequence
 
 import numpy as np
 
-from passes.captured_graph import CapturedGraph
-from planner.intra_op.blocks import layer_representatives, representatives
-from planner.intra_op.costs import CostModel
-from planner.intra_op.problem import Problem
-from planner.sharding.api import NodeStrategies, node_strategies
-from planner.sharding.context import Operand
-from planner.sharding.strategy import OpStrategy
+from fxplan.passes.captured_graph import CapturedGraph
+from fxplan.intra_op.blocks import layer_representatives, representatives
+from fxplan.intra_op.costs import CostModel
+from fxplan.intra_op.problem import Problem
+from fxplan.sharding.api import NodeStrategies, node_strategies
+from fxplan.sharding.context import Operand
+from fxplan.sharding.strategy import OpStrategy
 
 __all__ = ["OpGraph", "op_graph", "BuiltProblem", "build_problem"]
 

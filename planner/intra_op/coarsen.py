@@ -26,7 +26,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from planner.intra_op.problem import Problem
+from fxplan.intra_op.problem import Problem
 
 __all__ = ["Coarsened", "coarsen"]
 

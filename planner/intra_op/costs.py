@@ -1,5 +1,5 @@
 """The prices the intra-op solver needs, as a protocol: any object with these two methods can
-drive :func:`~planner.intra_op.solve.solve_intra_op` (tests use synthetic ones).
+drive :func:`~fxplan.intra_op.solve.solve_intra_op` (tests use synthetic ones).
 
 * ``node_price(op, strategy, …)`` — seconds of the op's own work under a strategy (forward
   and, when training, backward), seconds of the communication the strategy implies (the op's
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from planner.sharding.api import NodeStrategies
-from planner.sharding.context import Operand
-from planner.sharding.strategy import OpStrategy, Placements
+from fxplan.sharding.api import NodeStrategies
+from fxplan.sharding.context import Operand
+from fxplan.sharding.strategy import OpStrategy, Placements
 
 __all__ = ["NodePrice", "CostModel"]
 
@@ -36,7 +36,7 @@ class NodePrice:
 
 
 class CostModel(Protocol):
-    """What :func:`~planner.intra_op.solve.solve_intra_op` asks about prices."""
+    """What :func:`~fxplan.intra_op.solve.solve_intra_op` asks about prices."""
 
     def node_price(self, op: NodeStrategies, strategy: OpStrategy, *, requires_grad: bool,
                    owned_params: Sequence[int]) -> NodePrice:

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
-from planner.intra_op.ilp import Terms, encode, read_choice
-from planner.intra_op.problem import IntraOpInfeasible, IntraOpTimeLimit, Problem
-from planner.intra_op.result import FEASIBLE, OPTIMAL, SolverResult
+from fxplan.intra_op.ilp import Terms, encode, read_choice
+from fxplan.intra_op.problem import IntraOpInfeasible, IntraOpTimeLimit, Problem
+from fxplan.intra_op.result import FEASIBLE, OPTIMAL, SolverResult
 
 __all__ = ["solve_cpsat", "PRICE_RESOLUTION"]
 
@@ -29,7 +29,7 @@ MEMORY_RESOLUTION = 10**9  # integer units given to the memory budget (1e12 brok
 
 
 class _CpSatModel:
-    """:class:`~planner.intra_op.ilp.LinearModel` over a ``cp_model.CpModel``."""
+    """:class:`~fxplan.intra_op.ilp.LinearModel` over a ``cp_model.CpModel``."""
 
     def __init__(self, price_unit: float, memory_unit: float) -> None:
         self.model = cp_model.CpModel()

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.intra_op.problem import IntraOpInfeasible, Problem
-from planner.intra_op.result import OPTIMAL, SolverResult
+from fxplan.intra_op.problem import IntraOpInfeasible, Problem
+from fxplan.intra_op.result import OPTIMAL, SolverResult
 
 __all__ = ["solve_chain_dp", "NotAChain"]
 

@@ -1,6 +1,6 @@
 """HiGHS through ``ortools.math_opt``: the default intra-op backend.
 
-The program is the one of :mod:`planner.intra_op.ilp` with continuous edge variables. HiGHS is
+The program is the one of :mod:`fxplan.intra_op.ilp` with continuous edge variables. HiGHS is
 run with its default thread setting: passing ``threads=`` through math_opt fails on OR-Tools
 9.15 with a misleading ``'StatusNotOk' object has no attribute 'canonical_code'``.
 """
@@ -13,9 +13,9 @@ from typing import Any
 
 from ortools.math_opt.python import mathopt
 
-from planner.intra_op.ilp import Terms, encode, read_choice
-from planner.intra_op.problem import IntraOpInfeasible, IntraOpTimeLimit, Problem
-from planner.intra_op.result import FEASIBLE, OPTIMAL, SolverResult
+from fxplan.intra_op.ilp import Terms, encode, read_choice
+from fxplan.intra_op.problem import IntraOpInfeasible, IntraOpTimeLimit, Problem
+from fxplan.intra_op.result import FEASIBLE, OPTIMAL, SolverResult
 
 __all__ = ["solve_highs"]
 
@@ -24,7 +24,7 @@ _FEASIBLE = {mathopt.TerminationReason.FEASIBLE, mathopt.TerminationReason.NO_SO
 
 
 class _MathOptModel:
-    """:class:`~planner.intra_op.ilp.LinearModel` over a ``mathopt.Model``."""
+    """:class:`~fxplan.intra_op.ilp.LinearModel` over a ``mathopt.Model``."""
 
     def __init__(self) -> None:
         self.model = mathopt.Model(name="fxplan-intra-op")

@@ -1,6 +1,6 @@
 r"""The intra-op placement integer program (one-hot strategies, one-hot edges).
 
-Given a :class:`~planner.intra_op.problem.Problem` (node prices ``c_v``, edge prices ``R_uv``,
+Given a :class:`~fxplan.intra_op.problem.Problem` (node prices ``c_v``, edge prices ``R_uv``,
 memories ``m_v``, budget ``M``), the program is
 
     minimise    Σ_v Σ_s c_v[s]·x_{v,s}  +  Σ_{(u,v)} Σ_{i,j} R_uv[i,j]·e_{uv,ij}  +  const
@@ -35,7 +35,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from planner.intra_op.problem import Problem
+from fxplan.intra_op.problem import Problem
 
 __all__ = ["LinearModel", "Encoding", "encode", "reduce_edge"]
 

@@ -42,15 +42,15 @@ from typing import Any, Sequence
 
 import torch
 
-from cost_model.compute import node_time_s
-from cost_model.edge_reshard import gradient_placements
-from cost_model.mesh import LogicalMesh
-from cost_model.placements import Partial, Replicate, local_shape
-from cost_model.reshard import reshard_cost
-from planner.intra_op.costs import NodePrice
-from planner.sharding.api import NodeStrategies
-from planner.sharding.context import Operand, tensor_shape
-from planner.sharding.strategy import Comm, OpStrategy, P, R, S, Placements
+from fxplan.cost_model.compute import node_time_s
+from fxplan.cost_model.edge_reshard import gradient_placements
+from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.core.placements import Partial, Replicate, local_shape
+from fxplan.cost_model.reshard import reshard_cost
+from fxplan.intra_op.costs import NodePrice
+from fxplan.sharding.api import NodeStrategies
+from fxplan.sharding.context import Operand, tensor_shape
+from fxplan.sharding.strategy import Comm, OpStrategy, P, R, S, Placements
 
 __all__ = ["MeshCost", "ADAM_STATE_FACTOR"]
 
@@ -61,7 +61,7 @@ _COLLECTIVE_AS_RESHARD = {"all_reduce": (P, R), "reduce_scatter": (P, S(0)), "al
 
 
 class MeshCost:
-    """:class:`~planner.intra_op.costs.CostModel` from ``cost_model`` (module docstring).
+    """:class:`~fxplan.intra_op.costs.CostModel` from ``cost_model`` (module docstring).
 
     ``training``: price backward passes and gradients; ``param_grad_sync``: include the
     all-reduce of partial parameter gradients (turn off when the caller prices data-parallel

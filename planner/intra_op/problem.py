@@ -12,7 +12,7 @@ the price of every (producer strategy, consumer strategy) pair on an edge (resha
 finite and ``memory(s) ≤ memory_budget``. The backends minimise ``cost`` over feasible choices.
 
 The problem is purely numeric: which placements a strategy index stands for is kept by the
-caller (:mod:`planner.intra_op.build`).
+caller (:mod:`fxplan.intra_op.build`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a backend returns for a :class:`~planner.intra_op.problem.Problem`."""
+"""What a backend returns for a :class:`~fxplan.intra_op.problem.Problem`."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from cost_model.placements import Partial, Replicate, Shard, format_placements
-from planner.sharding.strategy import OpStrategy, Placements
+from fxplan.core.placements import Partial, Replicate, Shard, format_placements
+from fxplan.sharding.strategy import OpStrategy, Placements
 
 __all__ = ["IntraOpSolution", "Reshard"]
 

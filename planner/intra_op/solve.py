@@ -7,14 +7,14 @@ and output on every mesh axis — minimising the predicted step time
 
 where ``c_v`` is compute plus the communication the strategy implies, ``R_uv`` the reshard
 of the tensor on edge ``(u, v)`` (and of its gradient), ``m_v`` the bytes kept (see
-:mod:`planner.intra_op.mesh_cost` for the prices). The steps:
+:mod:`fxplan.intra_op.mesh_cost` for the prices). The steps:
 
 1. strategies from the sharding rules; repeated layers share variables
-   (:mod:`~planner.intra_op.build`, :mod:`~planner.intra_op.blocks`);
+   (:mod:`~fxplan.intra_op.build`, :mod:`~fxplan.intra_op.blocks`);
 2. coarsening: follow-the-producer ops merged, leaves eliminated exactly
-   (:mod:`~planner.intra_op.coarsen`);
-3. a backend: the integer program of :mod:`~planner.intra_op.ilp` through HiGHS (default) or
-   CP-SAT, the exact DP of :mod:`~planner.intra_op.dp` when the coarse problem is a chain,
+   (:mod:`~fxplan.intra_op.coarsen`);
+3. a backend: the integer program of :mod:`~fxplan.intra_op.ilp` through HiGHS (default) or
+   CP-SAT, the exact DP of :mod:`~fxplan.intra_op.dp` when the coarse problem is a chain,
    or brute force for tiny problems (``backend="auto"`` takes the DP on chains, else HiGHS).
 """
 
@@ -24,15 +24,15 @@ import logging
 import time
 from typing import Optional
 
-from cost_model.mesh import LogicalMesh
-from cost_model.placements import format_placements
-from passes.captured_graph import CapturedGraph
-from planner.intra_op.backends import solve_problem
-from planner.intra_op.build import build_problem, op_graph, strategy_of
-from planner.intra_op.coarsen import coarsen
-from planner.intra_op.costs import CostModel
-from planner.intra_op.mesh_cost import MeshCost
-from planner.intra_op.solution import IntraOpSolution, Reshard
+from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.core.placements import format_placements
+from fxplan.passes.captured_graph import CapturedGraph
+from fxplan.intra_op.backends import solve_problem
+from fxplan.intra_op.build import build_problem, op_graph, strategy_of
+from fxplan.intra_op.coarsen import coarsen
+from fxplan.intra_op.costs import CostModel
+from fxplan.intra_op.mesh_cost import MeshCost
+from fxplan.intra_op.solution import IntraOpSolution, Reshard
 
 __all__ = ["IntraOpSolution", "Reshard", "solve_intra_op"]
 
@@ -44,7 +44,7 @@ def solve_intra_op(graph: CapturedGraph, mesh: LogicalMesh, *, cost: Optional[Co
                    time_limit_s: float = 30.0, merge_followers: bool = True) -> IntraOpSolution:
     """Choose a strategy for every tensor node of ``graph`` on ``mesh`` (module docstring).
 
-    ``cost`` defaults to :class:`~planner.intra_op.mesh_cost.MeshCost` on ``mesh``;
+    ``cost`` defaults to :class:`~fxplan.intra_op.mesh_cost.MeshCost` on ``mesh``;
     ``memory_budget_bytes`` caps the per-rank bytes the strategies keep; ``backend`` is one of
     ``auto``, ``highs``, ``cpsat``, ``dp``, ``brute``; ``merge_followers=False`` keeps every
     node a decision (exact but larger).

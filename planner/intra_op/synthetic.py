@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.intra_op.problem import Problem
+from fxplan.intra_op.problem import Problem
 
 __all__ = ["random_chain", "random_dag"]
 

@@ -2,11 +2,11 @@
 
 ``apply_plan(model, plan, inputs)`` returns this process's :class:`ShardedModule`
 (``train_step``, ``optimizer``, ``state_dict``/``save``/``load``, ``.plan``); the worker that
-``fxplan launch`` starts under torchrun is :mod:`planner.runtime.worker`.
+``fxplan launch`` starts under torchrun is :mod:`fxplan.runtime.worker`.
 """
 
-from planner.runtime.apply import apply_plan, staged_program
-from planner.runtime.build import meta_parameters
-from planner.runtime.sharded_module import ShardedModule
+from fxplan.runtime.apply import apply_plan, staged_program
+from fxplan.runtime.build import meta_parameters
+from fxplan.runtime.sharded_module import ShardedModule
 
 __all__ = ["apply_plan", "staged_program", "meta_parameters", "ShardedModule"]

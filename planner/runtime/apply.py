@@ -12,7 +12,7 @@ the line lands in ``ShardedModule.fallbacks``.
 
 Every process of the default group calls :func:`apply_plan` (process groups are created
 collectively); a process outside the plan's ranks gets ``None``. The model may live on ``meta``
-(see :mod:`planner.runtime.build`): then only this rank's stages get storage.
+(see :mod:`fxplan.runtime.build`): then only this rank's stages get storage.
 """
 
 from __future__ import annotations
@@ -24,22 +24,22 @@ import torch
 import torch.distributed as dist
 from torch import fx, nn
 
-from passes.rewrite.base import PassManager
-from passes.rewrite.distribute import DistributeParameters
-from passes.rewrite.layers import OutlineLayers
-from passes.rewrite.recompute import Recompute
-from passes.rewrite.reshard import InsertReshards
-from passes.rewrite.stages import SplitStages, StagedProgram
-from planner.runtime.build import InitSource, has_meta, init_values, materialize
-from planner.runtime.data_parallel import apply_data_parallel
-from planner.runtime.mesh import build_mesh, device_type
-from planner.runtime.pipeline import local_stage_indices
-from planner.runtime.sharded_module import LocalStage, ShardedModule
-from planner.runtime.tied import TiedGradSync
-from planner.runtime.trace import trace_model
+from fxplan.passes.rewrite.base import PassManager
+from fxplan.passes.rewrite.distribute import DistributeParameters
+from fxplan.passes.rewrite.layers import OutlineLayers
+from fxplan.passes.rewrite.recompute import Recompute
+from fxplan.passes.rewrite.reshard import InsertReshards
+from fxplan.passes.rewrite.stages import SplitStages, StagedProgram
+from fxplan.runtime.build import InitSource, has_meta, init_values, materialize
+from fxplan.runtime.data_parallel import apply_data_parallel
+from fxplan.runtime.mesh import build_mesh, device_type
+from fxplan.runtime.pipeline import local_stage_indices
+from fxplan.runtime.sharded_module import LocalStage, ShardedModule
+from fxplan.runtime.tied import TiedGradSync
+from fxplan.runtime.trace import trace_model
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan_spec import Plan
+    from fxplan.core.plan import Plan
 
 __all__ = ["apply_plan", "staged_program"]
 
@@ -81,7 +81,7 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     ``checkpoint`` (a path saved by :meth:`ShardedModule.save` under any plan) is loaded.
     """
     if plan.pp == 1 and plan.virtual_stages > 1:
-        from passes.rewrite.base import PassError
+        from fxplan.passes.rewrite.base import PassError
 
         raise PassError("split-stages", f"schedule {plan.schedule!r} needs pp ≥ 2")
     names: dict[int, str] = {}

@@ -112,7 +112,7 @@ def materialize(module: nn.Module, names: dict[int, str], device: torch.device,
                     full = None if values is None else values.get(fqn)
                     if full is None and not is_param:
                         raise ValueError(f"buffer {fqn!r} is on meta and no value is given: build "
-                                         "the model under planner.runtime.build.meta_parameters()")
+                                         "the model under fxplan.runtime.build.meta_parameters()")
                     new = _real(tensor, full, device)
                     if is_param:
                         new = nn.Parameter(new, requires_grad=tensor.requires_grad)

@@ -7,7 +7,7 @@ A checkpoint holds, keyed by the parameter names of the original model whatever 
                                                                     exp_avg, exp_avg_sq, step)
     optim.param_groups.h.0.attn.qkv.weight.<hp>  object             lr, momentum, betas, …
 
-(``optim.*`` when saved with an optimizer; see :mod:`planner.runtime.optim_state`). DCP records
+(``optim.*`` when saved with an optimizer; see :mod:`fxplan.runtime.optim_state`). DCP records
 each DTensor's global shape and the chunk each rank holds, and every rank writes only its own
 chunks (replicated tensors are written once). Loading under another plan — another mesh, tp
 degree, ZeRO stage or pipeline split — asks each rank's *new* state dict for the chunks it holds
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from planner.runtime.optim_state import optimizer_state, set_optimizer_state
+from fxplan.runtime.optim_state import optimizer_state, set_optimizer_state
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.runtime.sharded_module import ShardedModule
+    from fxplan.runtime.sharded_module import ShardedModule
 
 __all__ = ["save_sharded", "load_sharded"]
 

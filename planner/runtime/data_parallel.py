@@ -31,10 +31,10 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from passes.rewrite.base import logger
+from fxplan.passes.rewrite.base import logger
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan_spec import Plan
+    from fxplan.core.plan import Plan
 
 __all__ = ["apply_data_parallel", "make_optimizer", "zero1_fallback"]
 

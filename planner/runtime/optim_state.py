@@ -32,10 +32,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optim
                                                      set_optimizer_state_dict)
 from torch.distributed.tensor import DTensor
 
-from planner.runtime.mesh import gather_merged
+from fxplan.runtime.mesh import gather_merged
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.runtime.sharded_module import ShardedModule
+    from fxplan.runtime.sharded_module import ShardedModule
 
 __all__ = ["name_view", "local_optimizer", "optimizer_state", "set_optimizer_state",
            "full_optimizer_state"]

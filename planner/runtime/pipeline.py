@@ -27,10 +27,10 @@ from torch.distributed import ProcessGroup
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                           ScheduleInterleaved1F1B)
 
-from passes.rewrite.stages import StageIO
+from fxplan.passes.rewrite.stages import StageIO
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.plan_spec import Plan
+    from fxplan.core.plan import Plan
 
 __all__ = ["local_stage_indices", "build_schedule"]
 

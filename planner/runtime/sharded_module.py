@@ -30,14 +30,14 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from planner.runtime.data_parallel import make_optimizer
-from planner.runtime.mesh import gather_merged
-from planner.runtime.pipeline import build_schedule
-from planner.runtime.tied import TiedGradSync
+from fxplan.runtime.data_parallel import make_optimizer
+from fxplan.runtime.mesh import gather_merged
+from fxplan.runtime.pipeline import build_schedule
+from fxplan.runtime.tied import TiedGradSync
 
 if TYPE_CHECKING:  # pragma: no cover
-    from passes.rewrite.stages import StageIO
-    from planner.plan_spec import Plan
+    from fxplan.passes.rewrite.stages import StageIO
+    from fxplan.core.plan import Plan
 
 __all__ = ["LocalStage", "ShardedModule"]
 
@@ -54,7 +54,7 @@ class LocalStage:
 
 
 class ShardedModule:
-    """See the module docstring. Built by :func:`planner.runtime.apply.apply_plan`."""
+    """See the module docstring. Built by :func:`fxplan.runtime.apply.apply_plan`."""
 
     def __init__(self, plan: "Plan", mesh: DeviceMesh, stages: Sequence[LocalStage],
                  stage_io: Sequence["StageIO"], tied: TiedGradSync, group: dist.ProcessGroup,
@@ -73,7 +73,7 @@ class ShardedModule:
     def fallbacks(self) -> list[str]:
         """Where this rank departs from the plan: build-time lines (passes, data parallelism)
         and reshards to a partial placement met while training; deduplicated, in order."""
-        from passes.rewrite.reshard import Reshard
+        from fxplan.passes.rewrite.reshard import Reshard
 
         lines = list(self._built_fallbacks)
         for stage in self.stages:
@@ -172,14 +172,14 @@ class ShardedModule:
 
     def save(self, path: str, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Sharded checkpoint of the parameters (and ``optimizer``'s state): every rank writes
-        its shards (see :mod:`planner.runtime.checkpoint`)."""
-        from planner.runtime.checkpoint import save_sharded
+        its shards (see :mod:`fxplan.runtime.checkpoint`)."""
+        from fxplan.runtime.checkpoint import save_sharded
 
         save_sharded(self, path, optimizer)
 
     def load(self, path: str, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Load a checkpoint saved under any plan, resharding into this one (parameters, and
         ``optimizer``'s state when given)."""
-        from planner.runtime.checkpoint import load_sharded
+        from fxplan.runtime.checkpoint import load_sharded
 
         load_sharded(self, path, optimizer)

@@ -1,4 +1,4 @@
-"""The process ``fxplan launch`` starts on every rank (``torchrun -m planner.runtime.worker``).
+"""The process ``fxplan launch`` starts on every rank (``torchrun -m fxplan.runtime.worker``).
 
 Builds the plan's model on ``meta`` and materialises only this rank's stages and shards
 (values from the seeded single-device initialisation, or from ``--resume CKPT``, a sharded
@@ -58,7 +58,7 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="planner.runtime.worker")
+    parser = argparse.ArgumentParser(prog="fxplan.runtime.worker")
     parser.add_argument("plan")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -81,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace) -> None:
-    from examples.model_spec import resolve_model
-    from planner.plan_spec import load_plan
-    from planner.runtime.apply import apply_plan
-    from planner.runtime.build import meta_parameters
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.core.plan import load_plan
+    from fxplan.runtime.apply import apply_plan
+    from fxplan.runtime.build import meta_parameters
 
     plan = load_plan(args.plan)
     rank = dist.get_rank()

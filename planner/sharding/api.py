@@ -1,4 +1,4 @@
-"""Strategies of one fx node on a mesh: the entry point of :mod:`planner.sharding`."""
+"""Strategies of one fx node on a mesh: the entry point of :mod:`fxplan.sharding`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Optional, Sequence
 import torch
 import torch.fx
 
-from planner.sharding.context import OpContext, make_context, tensor_shape
-from planner.sharding.expand import expand_options
-from planner.sharding.registry import find_rule, replicate_fallback
-from planner.sharding.strategy import OpStrategy
+from fxplan.sharding.context import OpContext, make_context, tensor_shape
+from fxplan.sharding.expand import expand_options
+from fxplan.sharding.registry import find_rule, replicate_fallback
+from fxplan.sharding.strategy import OpStrategy
 
 __all__ = ["NodeStrategies", "node_strategies", "is_tensor_node", "describe", "describe_module"]
 
@@ -84,7 +84,7 @@ def describe_module(module: torch.nn.Module, mesh_shape: Sequence[int],
                     **input_shapes: Sequence[int]) -> dict[str, list[str]]:
     """:func:`describe` of ``module`` captured on meta tensors of the given input shapes
     (keyword: the ``forward`` parameter name)."""
-    from passes.capture import capture  # capture imports nothing of the planner
+    from fxplan.passes.capture import capture  # capture imports nothing of the planner
 
     inputs = {name: torch.empty(*shape, device="meta") for name, shape in input_shapes.items()}
     return describe(capture(module, inputs=inputs).gm, mesh_shape)

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from passes.node_info import META_KEY
+from fxplan.passes.node_info import META_KEY
 
 __all__ = ["Operand", "OpContext", "op_identity", "make_context", "tensor_shape"]
 

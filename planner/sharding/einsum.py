@@ -10,12 +10,12 @@ For an equation ``"btk,nk->btn"`` every index letter yields one single-axis opti
   sum, so the output is ``Partial`` (``S(2),S(1) -> P``: row parallel);
 
 plus the all-replicated option. Which of these survive depends on the shapes (a dim must
-divide by the axis size), checked later by :func:`~planner.sharding.expand.expand_options`.
+divide by the axis size), checked later by :func:`~fxplan.sharding.expand.expand_options`.
 """
 
 from __future__ import annotations
 
-from planner.sharding.strategy import P, R, S, AxisOption
+from fxplan.sharding.strategy import P, R, S, AxisOption
 
 __all__ = ["parse_equation", "einsum_options"]
 

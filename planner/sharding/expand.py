@@ -1,7 +1,7 @@
 """From one-axis options to full strategies on a mesh.
 
 Mesh axes are independent, so the strategies of an op on a mesh of shape ``(n_0 … n_{k-1})``
-are the products of one :class:`~planner.sharding.strategy.AxisOption` per axis, kept when
+are the products of one :class:`~fxplan.sharding.strategy.AxisOption` per axis, kept when
 every sharded tensor dim divides evenly:
 
     for each tensor t and dim d:   t.shape[d]  mod  Π_{a : t sharded on d over a} n_a  = 0
@@ -15,9 +15,9 @@ from __future__ import annotations
 import itertools
 from typing import Any, Sequence
 
-from cost_model.placements import Replicate, Shard
-from planner.sharding.context import tensor_shape
-from planner.sharding.strategy import AxisOption, OpStrategy, Placements
+from fxplan.core.placements import Replicate, Shard
+from fxplan.sharding.context import tensor_shape
+from fxplan.sharding.strategy import AxisOption, OpStrategy, Placements
 
 __all__ = ["expand_options", "divides", "normalise"]
 

@@ -1,8 +1,8 @@
 """The rule registry: ``@register_rule(op, …)`` maps op identities to short rule functions.
 
-A rule takes an :class:`~planner.sharding.context.OpContext` and returns the
-:class:`~planner.sharding.strategy.AxisOption` list for one mesh axis. Keys are what
-:func:`~planner.sharding.context.op_identity` returns: a ``torch.nn`` module class (found
+A rule takes an :class:`~fxplan.sharding.context.OpContext` and returns the
+:class:`~fxplan.sharding.strategy.AxisOption` list for one mesh axis. Keys are what
+:func:`~fxplan.sharding.context.op_identity` returns: a ``torch.nn`` module class (found
 through the class's MRO, so subclasses share the rule), a function, or a method name.
 ``follows=True`` marks follow-the-producer ops (unary pointwise, views) that the solver may
 merge into their producer. An op without a rule gets :func:`replicate_fallback`, is logged,
@@ -16,8 +16,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from planner.sharding.context import OpContext
-from planner.sharding.strategy import R, AxisOption
+from fxplan.sharding.context import OpContext
+from fxplan.sharding.strategy import R, AxisOption
 
 __all__ = ["Rule", "register_rule", "find_rule", "replicate_fallback"]
 
@@ -54,7 +54,7 @@ def _load() -> None:
     global _LOADED
     if not _LOADED:
         _LOADED = True
-        importlib.import_module("planner.sharding.rules")
+        importlib.import_module("fxplan.sharding.rules")
 
 
 def find_rule(op: Any) -> Optional[Rule]:

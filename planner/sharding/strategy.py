@@ -4,7 +4,7 @@ A sharding rule speaks about *one* mesh axis at a time: an :class:`AxisOption` s
 single axis, the placement each tensor operand must have, the placement of the output and the
 communication the op itself runs over that axis (e.g. the all-reduces of a vocab-parallel
 loss). Axes are independent, so a full :class:`OpStrategy` on an ``k``-D mesh is one option
-per axis (:mod:`planner.sharding.expand`), printed per tensor in mesh-axis order, compactly::
+per axis (:mod:`fxplan.sharding.expand`), printed per tensor in mesh-axis order, compactly::
 
     S(0)R, RS(0) -> S(0)S(2)        # operand 0, operand 1 -> output, on a (dp, tp) mesh
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from cost_model.placements import Partial, Placement, Replicate, Shard, format_placements
+from fxplan.core.placements import Partial, Placement, Replicate, Shard, format_placements
 
 __all__ = ["Placements", "Comm", "AxisOption", "OpStrategy", "R", "P", "S"]
 

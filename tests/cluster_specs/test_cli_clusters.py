@@ -6,8 +6,8 @@ import json
 
 import yaml
 
-from cluster_specs import available_specs
-from planner.cli.main import main
+from fxplan.cluster_specs import available_specs
+from fxplan.cli.main import main
 
 
 def test_table_lists_every_builtin(capsys):

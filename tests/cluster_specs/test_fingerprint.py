@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from cluster_specs import Cluster
+from fxplan.cluster_specs import Cluster
 
 
 def test_stable_across_loads_and_processes():

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster_specs import Cluster, ClusterSpecError, available_specs
-from cluster_specs import local_cpu
+from fxplan.cluster_specs import Cluster, ClusterSpecError, available_specs
+from fxplan.cluster_specs import local_cpu
 
 
 def test_nodes_override_scales_a_builtin():

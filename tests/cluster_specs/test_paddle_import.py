@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_specs import Cluster, ClusterSpecError
+from fxplan.cluster_specs import Cluster, ClusterSpecError
 
 SAMPLE = Path(__file__).parent / "data" / "paddle_a100_2x4.json"
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cluster_specs import Cluster
+from fxplan.cluster_specs import Cluster
 
 
 @pytest.fixture

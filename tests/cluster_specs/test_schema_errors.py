@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import pytest
 
-from cluster_specs import Cluster, ClusterSpecError
+from fxplan.cluster_specs import Cluster, ClusterSpecError
 
 
 def _set(path: str, value: Any) -> Callable[[dict], None]:

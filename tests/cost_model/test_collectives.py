@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster_specs import Cluster
-from cost_model.collectives import ALGORITHMS, bus_factor, collective_cost, collective_time_s
+from fxplan.cluster_specs import Cluster
+from fxplan.cost_model.collectives import ALGORITHMS, bus_factor, collective_cost, collective_time_s
 
 GiB = 2**30
 US = 1e-6

@@ -13,10 +13,10 @@ import dataclasses
 import pytest
 import torch
 
-from cluster_specs import Cluster
-from cost_model.compute import BACKWARD, backward_time_s, node_time_s, op_time_s, roofline_time_s
-from cost_model.op_database import OpDatabase, Record
-from passes.node_info import NodeInfo
+from fxplan.cluster_specs import Cluster
+from fxplan.cost_model.compute import BACKWARD, backward_time_s, node_time_s, op_time_s, roofline_time_s
+from fxplan.cost_model.op_database import OpDatabase, Record
+from fxplan.passes.node_info import NodeInfo
 
 LAUNCH = 5e-6
 

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from cluster_specs import Cluster
-from cost_model import CostModelError, Estimate, ParallelConfig, estimate
-from cost_model.megatron_layout import REPL, SHARD, tp_layout
-from passes.capture import capture
+from fxplan.cluster_specs import Cluster
+from fxplan.cost_model import CostModelError, Estimate, ParallelConfig, estimate
+from fxplan.cost_model.megatron_layout import REPL, SHARD, tp_layout
+from fxplan.passes.capture import capture
 
 SPEC = "gpt:layers=8,hidden=256,heads=8,vocab=1024,seq=128"
 BATCH = 64
@@ -65,7 +65,7 @@ def test_tensor_parallel_communication(graph, cluster) -> None:  # type: ignore[
 
 
 def test_data_parallel_sync_overlaps_backward(graph, cluster) -> None:  # type: ignore[no-untyped-def]
-    from cost_model.collectives import collective_time_s
+    from fxplan.cost_model.collectives import collective_time_s
 
     e = run(graph, cluster, "dp=16,mb=1")
     whole = collective_time_s("all_reduce", 2 * graph.num_params, range(16), cluster)
@@ -112,7 +112,7 @@ def test_invalid_inputs(graph, cluster) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_cli_json_and_plot(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from planner.cli.main import main
+    from fxplan.cli.main import main
 
     plot = tmp_path / "timeline.png"
     code = main(["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
@@ -126,7 +126,7 @@ def test_cli_json_and_plot(tmp_path, capsys) -> None:  # type: ignore[no-untyped
 
 
 def test_cli_tables_and_user_errors(capsys) -> None:  # type: ignore[no-untyped-def]
-    from planner.cli.main import main
+    from fxplan.cli.main import main
 
     assert main(["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
                  "--config", "dp=4,tp=2"]) == 0

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import cost_model
-from cluster_specs import OP_CLASSES as SCHEMA_KEYS
-from cost_model.compute import BACKWARD
-from passes.node_info import OP_CLASSES
+from fxplan import cost_model
+from fxplan.cluster_specs import OP_CLASSES as SCHEMA_KEYS
+from fxplan.cost_model.compute import BACKWARD
+from fxplan.passes.node_info import OP_CLASSES
 
 #: Schema keys that name families of classes rather than a class (``memory_bound`` covers every
 #: memory-bound class; ``memory`` is its short form).

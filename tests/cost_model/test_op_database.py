@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from cost_model.op_database import OPS, OpDatabase, Record, find_database
+from fxplan.cost_model.op_database import OPS, OpDatabase, Record, find_database
 
 
 def linear_record(m: int, k: int, n: int, family: str, seconds: float) -> Record:

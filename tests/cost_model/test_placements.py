@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cost_model.placements import (
+from fxplan.core.placements import (
     Partial, Replicate, Shard, format_placements, local_shape, parse_placements, shard_factor,
 )
 

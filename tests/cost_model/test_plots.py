@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cost_model.memory_plot import PARTS, plot_memory
-from cost_model.plotting import is_png
-from cost_model.timeline_plot import plot_timeline
+from fxplan.cost_model.memory_plot import PARTS, plot_memory
+from fxplan.cost_model.plotting import is_png
+from fxplan.cost_model.timeline_plot import plot_timeline
 
 
 def assert_png(path: Path) -> None:
@@ -35,7 +35,7 @@ def test_memory_breakdown_is_a_png(tmp_path: Path) -> None:
 
 
 def test_estimate_cli_plot_still_writes_the_timeline(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from planner.cli.main import main
+    from fxplan.cli.main import main
 
     out = tmp_path / "timeline.png"
     assert main(["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",

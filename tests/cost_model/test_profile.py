@@ -16,9 +16,9 @@ import json
 import statistics
 import time
 
-from cost_model.op_database import OPS, OpDatabase
-from cost_model.profiler import make_call, measure, profile
-from planner.cli.main import main
+from fxplan.cost_model.op_database import OPS, OpDatabase
+from fxplan.cost_model.profiler import make_call, measure, profile
+from fxplan.cli.main import main
 
 #: Shapes not in the quick grid: between two of its scales, or of another aspect. Chosen in the
 #: smooth parts of the CPU's time curves (see docs/cost_model.md on cache cliffs).
@@ -83,8 +83,8 @@ def test_cpu_database_model_is_the_local_cpu_spec_model(monkeypatch) -> None:  #
     import platform
     from pathlib import Path
 
-    from cluster_specs import Cluster
-    from cost_model.profiler import local_device_model
+    from fxplan.cluster_specs import Cluster
+    from fxplan.cost_model.profiler import local_device_model
 
     real_exists = Path.exists
     monkeypatch.setattr(Path, "exists",

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from cluster_specs import Cluster
-from cost_model.mesh import LogicalMesh
-from cost_model.placements import Partial, Replicate, Shard
-from cost_model.reshard import reshard_cost
+from fxplan.cluster_specs import Cluster
+from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.core.placements import Partial, Replicate, Shard
+from fxplan.cost_model.reshard import reshard_cost
 
 SHAPE = (8192, 4096)
 FULL = 8192 * 4096 * 2

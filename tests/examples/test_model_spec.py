@@ -7,7 +7,7 @@ import textwrap
 import pytest
 import torch
 
-from examples.model_spec import InputSpec, ModelSpecError, resolve_model
+from fxplan.examples.model_spec import InputSpec, ModelSpecError, resolve_model
 
 
 def test_preset_family_and_overrides():

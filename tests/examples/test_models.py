@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from examples.model_spec import resolve_model
-from examples.models.gpt import GPT, GPTConfig
-from examples.models.llama import LlamaConfig
+from fxplan.examples.model_spec import resolve_model
+from fxplan.examples.models.gpt import GPT, GPTConfig
+from fxplan.examples.models.llama import LlamaConfig
 
 
 def _real_inputs(bundle, batch: int) -> dict[str, torch.Tensor]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from examples.model_spec import resolve_model
-from examples.presets import PRESETS
+from fxplan.examples.model_spec import resolve_model
+from fxplan.examples.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE1 = REPO.parent / "shared" / "reference" / "megatron_sc21_table1.csv"

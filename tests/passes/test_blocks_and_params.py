@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from passes.capture import capture
-from passes.node_info import OP_CLASSES
+from fxplan.passes.capture import capture
+from fxplan.passes.node_info import OP_CLASSES
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from examples.model_spec import InputSpec, resolve_model
-from passes.capture import CaptureError, capture
+from fxplan.examples.model_spec import InputSpec, resolve_model
+from fxplan.passes.capture import CaptureError, capture
 
 
 class Inner(nn.Module):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from planner.cli.main import main
+from fxplan.cli.main import main
 
 
 def test_graph_json(capsys):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from examples.model_spec import resolve_model
-from passes.capture import capture
+from fxplan.examples.model_spec import resolve_model
+from fxplan.passes.capture import capture
 
 
 def _measured_forward_flops(spec: str, batch: int) -> int:

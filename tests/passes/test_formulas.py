@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from examples.model_spec import resolve_model
-from passes.capture import capture
+from fxplan.examples.model_spec import resolve_model
+from fxplan.passes.capture import capture
 
 BATCH = 2
 PRESETS = ["gpt-1.7b", "gpt-39.1b", "gpt3-175b", "gpt-1t"]

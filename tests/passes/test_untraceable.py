@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from passes.capture import CaptureError, capture
+from fxplan.passes.capture import CaptureError, capture
 
 
 class DataDependent(nn.Module):

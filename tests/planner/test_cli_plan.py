@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 
-from planner import load_plan
-from planner.cli.main import main
+from fxplan import load_plan
+from fxplan.cli.main import main
 
 TINY = ["plan", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16"]
 JSON_KEYS = {"summary", "degrees", "zero_stage", "schedule", "microbatch_size",
@@ -46,7 +46,7 @@ def test_emit_writes_the_program_or_says_it_cannot(capsys, tmp_path) -> None:  #
     target = tmp_path / "program.py"
     assert main([*TINY, "--json", "--emit", str(target)]) == 0
     data = json.loads(capsys.readouterr().out)
-    if importlib.util.find_spec("passes.rewrite.emit") is None:
+    if importlib.util.find_spec("fxplan.passes.rewrite.emit") is None:
         assert "not available yet" in data["emit"] and not target.exists()
     else:
         assert data["emit"] == f"program written to {target}"
@@ -62,7 +62,7 @@ def test_demo_prints_graph_cluster_and_plan(capsys) -> None:  # type: ignore[no-
 
 
 def test_plot_writes_timeline_and_memory_pngs(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from cost_model.plotting import is_png
+    from fxplan.cost_model.plotting import is_png
 
     prefix = tmp_path / "tiny"
     assert main([*TINY, "--plot", str(prefix)]) == 0

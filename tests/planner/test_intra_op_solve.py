@@ -9,11 +9,11 @@ from typing import Sequence
 
 import pytest
 
-from cluster_specs import Cluster
-from cost_model.mesh import LogicalMesh
-from passes.capture import capture
-from planner.intra_op import NodePrice, solve_intra_op
-from planner.sharding import NodeStrategies, OpStrategy, Operand, Placements
+from fxplan.cluster_specs import Cluster
+from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.passes.capture import capture
+from fxplan.intra_op import NodePrice, solve_intra_op
+from fxplan.sharding import NodeStrategies, OpStrategy, Operand, Placements
 
 
 def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> LogicalMesh:

@@ -10,10 +10,10 @@ from functools import lru_cache
 import pytest
 import torch
 
-from cluster_specs import Cluster
-from cost_model.mesh import LogicalMesh
-from passes.capture import CapturedGraph, capture
-from planner.intra_op import IntraOpInfeasible, IntraOpSolution, solve_intra_op
+from fxplan.cluster_specs import Cluster
+from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.passes.capture import CapturedGraph, capture
+from fxplan.intra_op import IntraOpInfeasible, IntraOpSolution, solve_intra_op
 
 WIDE_GPT = "gpt:layers=2,hidden=4096,heads=32,vocab=51200,seq=2048"
 

@@ -3,7 +3,7 @@ the published configuration, estimated by the same cost model, and fits in memor
 
 The published configuration (t, p, d = n/(t·p), the row's batch, s = 2048, full recompute,
 interleaving and microbatch by the fixed rule) is priced by the cost-model engineer's helper,
-``benchmarks/megatron_table.py:predict``; the plan by :func:`planner.search` on
+``benchmarks/megatron_table.py:predict``; the plan by :func:`fxplan.search` on
 ``dgx-a100-80g:nodes=gpus/8``. One capture per model, reused by both.
 """
 
@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from cluster_specs import Cluster
-from planner import search
-from planner.inter_op import capture_for_search
+from fxplan.cluster_specs import Cluster
+from fxplan import search
+from fxplan.inter_op import capture_for_search
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "megatron_table.py"
 megatron_table = SimpleNamespace(**runpy.run_path(str(SCRIPT), run_name="megatron_table_for_plans"))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from planner.plan_spec import Plan, PlanError, SolverInfo, StageAssignment, load_plan
+from fxplan.core.plan import Plan, PlanError, SolverInfo, StageAssignment, load_plan
 
 
 def make_plan(**overrides) -> Plan:

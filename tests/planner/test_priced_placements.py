@@ -7,16 +7,16 @@ import re
 import pytest
 import torch
 
-from cluster_specs import Cluster
-from cost_model import ParallelConfig, estimate
-from cost_model.collectives import collective_time_s
-from cost_model.edge_reshard import edge_collectives
-from cost_model.megatron_layout import tp_layout
-from cost_model.mesh import LogicalMesh
-from passes.capture import capture
-from planner import search
-from planner.inter_op.placements import IntraOpCache, priced_map
-from planner.inter_op.space import Candidate
+from fxplan.cluster_specs import Cluster
+from fxplan.cost_model import ParallelConfig, estimate
+from fxplan.cost_model.collectives import collective_time_s
+from fxplan.cost_model.edge_reshard import edge_collectives
+from fxplan.cost_model.megatron_layout import tp_layout
+from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.passes.capture import capture
+from fxplan import search
+from fxplan.inter_op.placements import IntraOpCache, priced_map
+from fxplan.inter_op.space import Candidate
 
 MODEL = "gpt:layers=4,hidden=4096,heads=32,vocab=51200,seq=2048"
 TP8 = "dp=1,tp=8,pp=1,mb=1,schedule=1f1b,zero=0,recompute=selective,sp=on"

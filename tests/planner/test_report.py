@@ -7,13 +7,13 @@ import re
 
 from rich.console import Console
 
-import planner
-from planner.report import render_report
+import fxplan
+from fxplan.report import render_report
 
 
 def test_memory_rows_are_numbered_by_stage_even_when_stages_are_identical():
     # pp=8 over 24 identical layers: the middle stages have equal memory breakdowns.
-    plan = planner.search("gpt-1.7b", "dgx-a100-80g:nodes=4", batch=512, progress=False,
+    plan = fxplan.search("gpt-1.7b", "dgx-a100-80g:nodes=4", batch=512, progress=False,
                           constraints={"pp": 8, "schedule": "gpipe"})
     out = io.StringIO()
     render_report(plan, Console(file=out, width=200))

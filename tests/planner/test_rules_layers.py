@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from planner.sharding import describe_module
+from fxplan.sharding import describe_module
 
 
 class _Pointwise(nn.Module):
@@ -70,8 +70,8 @@ class _Embed(nn.Module):
 
 
 def test_embedding_and_loss_offer_vocabulary_parallelism() -> None:
-    from passes.capture import capture
-    from planner.sharding import node_strategies
+    from fxplan.passes.capture import capture
+    from fxplan.sharding import node_strategies
 
     inputs = {"tokens": torch.zeros(4, 8, dtype=torch.long, device="meta"),
               "targets": torch.zeros(4, 8, dtype=torch.long, device="meta")}

@@ -7,8 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from planner.sharding import OpStrategy, describe_module, einsum_options
-from planner.sharding.rules.matmul import matmul_equation
+from fxplan.sharding import OpStrategy, describe_module, einsum_options
+from fxplan.sharding.rules.matmul import matmul_equation
 
 
 class _Wrap(nn.Module):

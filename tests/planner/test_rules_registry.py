@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from passes.capture import capture
-from planner.sharding import (AxisOption, OpContext, describe, describe_module, find_rule,
+from fxplan.passes.capture import capture
+from fxplan.sharding import (AxisOption, OpContext, describe, describe_module, find_rule,
                               node_strategies, register_rule)
-from planner.sharding.expand import divides, expand_options
-from planner.sharding.strategy import P, R, S
+from fxplan.sharding.expand import divides, expand_options
+from fxplan.sharding.strategy import P, R, S
 
 
 def _swish_like(x: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from planner.sharding import describe_module
-from planner.sharding.rules.indexing import INTERLEAVED
-from planner.sharding.rules.views import reshape_dim_map
+from fxplan.sharding import describe_module
+from fxplan.sharding.rules.indexing import INTERLEAVED
+from fxplan.sharding.rules.views import reshape_dim_map
 
 
 def test_reshape_dim_map_pairs_dims_with_equal_prefix_products() -> None:
@@ -62,8 +62,8 @@ class _Split(nn.Module):
 
 
 def test_split_of_the_sharded_dim_is_interleaved_and_cat_keeps_other_dims() -> None:
-    from passes.capture import capture
-    from planner.sharding import node_strategies
+    from fxplan.passes.capture import capture
+    from fxplan.sharding import node_strategies
 
     graph = capture(_Split(), inputs={"x": torch.empty(2, 8, 16, device="meta")})
     split = next(n for n in graph.gm.graph.nodes if n.target == "split")

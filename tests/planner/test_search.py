@@ -8,12 +8,12 @@ import itertools
 import numpy as np
 import pytest
 
-from cluster_specs import Cluster
-from planner import Plan, load_plan, search
-from planner.cli.errors import UserError
-from planner.inter_op import InfeasibleError, capture_for_search
-from planner.inter_op.partition import partition_layers
-from planner.inter_op.space import Family, families, options
+from fxplan.cluster_specs import Cluster
+from fxplan import Plan, load_plan, search
+from fxplan.core.errors import UserError
+from fxplan.inter_op import InfeasibleError, capture_for_search
+from fxplan.inter_op.partition import partition_layers
+from fxplan.inter_op.space import Family, families, options
 
 SMALL = "gpt:layers=4,hidden=256,heads=8,vocab=4096,seq=256"
 

@@ -11,21 +11,21 @@ import pytest
 import torch
 import torch.nn as nn
 
-import planner.intra_op
-from cluster_specs import Cluster
-from cost_model import ParallelConfig, estimate
-from cost_model.config import CostModelError
-from passes.capture import capture
-from planner import search
-from planner.cli.errors import UserError
-from planner.inter_op import ConstraintError, InfeasibleError, capture_for_search
-from planner.inter_op import driver
-from planner.inter_op.partition import balanced_counts
-from planner.inter_op.placements import IntraOpCache, _tp_token, megatron_placements
-from planner.inter_op.profile import ModelProfile
-from planner.inter_op.progress import Budget
-from planner.inter_op.space import Candidate
-from planner.inter_op.stage_memory import DeviceMemory, stage_totals
+import fxplan.intra_op
+from fxplan.cluster_specs import Cluster
+from fxplan.cost_model import ParallelConfig, estimate
+from fxplan.core.config import CostModelError
+from fxplan.passes.capture import capture
+from fxplan import search
+from fxplan.core.errors import UserError
+from fxplan.inter_op import ConstraintError, InfeasibleError, capture_for_search
+from fxplan.inter_op import driver
+from fxplan.inter_op.partition import balanced_counts
+from fxplan.inter_op.placements import IntraOpCache, _tp_token, megatron_placements
+from fxplan.inter_op.profile import ModelProfile
+from fxplan.inter_op.progress import Budget
+from fxplan.inter_op.space import Candidate
+from fxplan.inter_op.stage_memory import DeviceMemory, stage_totals
 
 SMALL = "gpt:layers=4,hidden=256,heads=8,vocab=4096,seq=256"
 CLUSTER = "dgx-a100-80g:nodes=4"
@@ -170,7 +170,7 @@ def test_solver_bugs_raise_instead_of_falling_back(monkeypatch) -> None:  # type
     def bug(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise TypeError("a bug in a sharding rule")
 
-    monkeypatch.setattr(planner.intra_op, "solve_intra_op", bug)
+    monkeypatch.setattr(fxplan.intra_op, "solve_intra_op", bug)
     with pytest.raises(TypeError, match="a bug"):
         IntraOpCache(graph, Cluster.load("dgx-a100-80g")).solve(2)
 
@@ -179,9 +179,9 @@ def test_infeasible_solve_falls_back_with_its_reason(monkeypatch) -> None:  # ty
     graph = capture_for_search(SMALL)
 
     def infeasible(*args, **kwargs):  # type: ignore[no-untyped-def]
-        raise planner.intra_op.IntraOpInfeasible("nothing fits")
+        raise fxplan.intra_op.IntraOpInfeasible("nothing fits")
 
-    monkeypatch.setattr(planner.intra_op, "solve_intra_op", infeasible)
+    monkeypatch.setattr(fxplan.intra_op, "solve_intra_op", infeasible)
     cache = IntraOpCache(graph, Cluster.load("dgx-a100-80g"))
     c = Candidate(2, 1, 4, 1, 2, "1f1b", "none", False, 0)
     placed = cache.placements(c)
@@ -212,5 +212,5 @@ def test_time_budget_bounds_the_intra_op_solves() -> None:
 
 def test_docs_name_errors_that_exist() -> None:
     text = (Path(__file__).parents[2] / "docs" / "planner.md").read_text()
-    assert "planner.search.InfeasibleError" not in text
-    assert "planner.inter_op.InfeasibleError" in text and "planner.inter_op.ConstraintError" in text
+    assert "fxplan.search.InfeasibleError" not in text
+    assert "fxplan.inter_op.InfeasibleError" in text and "fxplan.inter_op.ConstraintError" in text

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from planner.intra_op import IntraOpInfeasible, Problem, solve_problem
-from planner.intra_op.dp import NotAChain, solve_chain_dp
-from planner.intra_op.synthetic import random_chain, random_dag
+from fxplan.intra_op import IntraOpInfeasible, Problem, solve_problem
+from fxplan.intra_op.dp import NotAChain, solve_chain_dp
+from fxplan.intra_op.synthetic import random_chain, random_dag
 
 SEEDS = range(12)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.intra_op import Problem, solve_problem
-from planner.intra_op.coarsen import coarsen
-from planner.intra_op.ilp import reduce_edge
-from planner.intra_op.synthetic import random_dag
+from fxplan.intra_op import Problem, solve_problem
+from fxplan.intra_op.coarsen import coarsen
+from fxplan.intra_op.ilp import reduce_edge
+from fxplan.intra_op.synthetic import random_dag
 
 
 def _with_leaves(seed: int) -> Problem:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from cluster_specs import Cluster
-from planner import search
-from planner.inter_op import capture_for_search, training_dtype
+from fxplan.cluster_specs import Cluster
+from fxplan import search
+from fxplan.inter_op import capture_for_search, training_dtype
 
 
 def _plan(model: str, cluster_spec: str, batch: int, **kwargs):  # type: ignore[no-untyped-def]

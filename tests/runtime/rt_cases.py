@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from examples.models.lm import lm_loss
-from planner.plan_spec import Plan
-from planner.runtime.apply import apply_plan, staged_program
-from planner.runtime.pipeline import local_stage_indices
+from fxplan.examples.models.lm import lm_loss
+from fxplan.core.plan import Plan
+from fxplan.runtime.apply import apply_plan, staged_program
+from fxplan.runtime.pipeline import local_stage_indices
 from torch.distributed.tensor import DTensor
 from rt_plans import build_model, fixed_batch, make_plan
 
@@ -134,10 +134,10 @@ def tp_passes_alone() -> dict[str, Any] | None:
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.experimental import implicit_replication
 
-    from passes.rewrite.base import PassManager
-    from passes.rewrite.distribute import DistributeParameters
-    from passes.rewrite.reshard import InsertReshards
-    from planner.runtime.trace import trace_model
+    from fxplan.passes.rewrite.base import PassManager
+    from fxplan.passes.rewrite.distribute import DistributeParameters
+    from fxplan.passes.rewrite.reshard import InsertReshards
+    from fxplan.runtime.trace import trace_model
 
     mesh = DeviceMesh("cpu", torch.tensor([0, 1]), mesh_dim_names=("tp",))
     if mesh.get_coordinate() is None:
@@ -162,8 +162,8 @@ def tp_passes_alone() -> dict[str, Any] | None:
 
 
 def api_applies_plan() -> dict[str, Any] | None:
-    """``planner.plan(..., plan=…)`` under an initialised process group, on ranks 0 and 1."""
-    from planner.api import plan as plan_api
+    """``fxplan.plan(..., plan=…)`` under an initialised process group, on ranks 0 and 1."""
+    from fxplan.api import plan as plan_api
 
     plan = make_plan(dp=2, zero=2)
     tokens, targets = fixed_batch(plan)
@@ -184,7 +184,7 @@ def unknown_node_is_a_fallback() -> dict[str, Any]:
     import logging
     from types import SimpleNamespace
 
-    from planner.runtime.worker import _print_fallbacks
+    from fxplan.runtime.worker import _print_fallbacks
 
     plan = make_plan(tp=2)
     plan = dataclasses.replace(plan, node_placements={**plan.node_placements,

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from examples.models.lm import lm_loss
-from planner.runtime.apply import apply_plan
-from planner.runtime.optim_state import full_optimizer_state
+from fxplan.examples.models.lm import lm_loss
+from fxplan.runtime.apply import apply_plan
+from fxplan.runtime.optim_state import full_optimizer_state
 from rt_cases import OPTIMIZERS, reference, relative_error
 from rt_plans import build_model, fixed_batch, make_plan
 

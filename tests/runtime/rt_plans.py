@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from planner.plan_spec import Plan, StageAssignment
+from fxplan.core.plan import Plan, StageAssignment
 
 MODEL = "gpt-tiny:dropout=0,seq=16"
 SEQ, VOCAB = 16, 512
@@ -28,8 +28,8 @@ def build_model(layers: int = 2, seed: int = 0, attention: str = "math", meta: b
     """The tiny GPT, seeded; ``meta``: parameters on meta (buffers real), for per-stage builds."""
     import contextlib
 
-    from examples.model_spec import resolve_model
-    from planner.runtime.build import meta_parameters
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.build import meta_parameters
 
     torch.manual_seed(seed)
     with meta_parameters() if meta else contextlib.nullcontext():

@@ -1,13 +1,13 @@
-"""``planner.plan``: plan-and-report without torch.distributed, apply with it."""
+"""``fxplan.plan``: plan-and-report without torch.distributed, apply with it."""
 
 from __future__ import annotations
 
-from planner.plan_spec import Plan
+from fxplan.core.plan import Plan
 from rt_plans import build_model, fixed_batch, make_plan
 
 
 def test_without_distributed_returns_the_plan_with_a_message(capsys):
-    from planner import plan as plan_api
+    from fxplan import plan as plan_api
 
     plan = make_plan(dp=2)
     tokens, _ = fixed_batch(plan)
@@ -18,7 +18,7 @@ def test_without_distributed_returns_the_plan_with_a_message(capsys):
 
 
 def test_without_plan_it_searches(capsys):
-    from planner import plan as plan_api
+    from fxplan import plan as plan_api
 
     tokens = fixed_batch(make_plan(dp=2, microbatch_size=4))[0]
     result = plan_api(build_model(2), "local-cpu:devices=2", inputs=(tokens,), batch=8)
@@ -51,8 +51,8 @@ def test_a_planned_node_missing_from_the_program_is_a_reported_fallback(rank_poo
 def _gpt_plan_for_this_module(**changes):
     import dataclasses
 
-    from cluster_specs import Cluster
-    from planner.api import _capture
+    from fxplan.cluster_specs import Cluster
+    from fxplan.api import _capture
 
     model = build_model(2)
     plan = make_plan(dp=2)
@@ -65,8 +65,8 @@ def _gpt_plan_for_this_module(**changes):
 def test_a_given_plan_for_another_graph_is_refused():
     import pytest
 
-    from planner import plan as plan_api
-    from planner.plan_spec import PlanError
+    from fxplan import plan as plan_api
+    from fxplan.core.plan import PlanError
 
     model, plan, tokens = _gpt_plan_for_this_module()
     assert plan_api(model, "local-cpu:devices=2", inputs=(tokens,), batch=plan.batch,
@@ -77,9 +77,9 @@ def test_a_given_plan_for_another_graph_is_refused():
 
 
 def test_search_captures_in_the_training_dtype(monkeypatch):
-    import planner.inter_op
-    from cluster_specs import Cluster
-    from planner import plan as plan_api
+    import fxplan.inter_op
+    from fxplan.cluster_specs import Cluster
+    from fxplan import plan as plan_api
 
     seen = {}
 
@@ -87,19 +87,19 @@ def test_search_captures_in_the_training_dtype(monkeypatch):
         seen["dtype"] = graph.dtype
         raise RuntimeError("stop")
 
-    monkeypatch.setattr(planner.inter_op, "search", fake_search)
+    monkeypatch.setattr(fxplan.inter_op, "search", fake_search)
     tokens = fixed_batch(make_plan(dp=2, microbatch_size=4))[0]
     cluster = "dgx-a100-80g"
     try:
         plan_api(build_model(2), cluster, inputs=(tokens,), batch=8)
     except RuntimeError:
         pass
-    expected = planner.inter_op.training_dtype(Cluster.load(cluster))
+    expected = fxplan.inter_op.training_dtype(Cluster.load(cluster))
     assert str(seen["dtype"]) == f"torch.{expected}" == "torch.bfloat16"
 
 
 def test_schedule_is_built_once_per_equal_loss_function(monkeypatch):
-    import planner.runtime.sharded_module as sm
+    import fxplan.runtime.sharded_module as sm
 
     built = []
     monkeypatch.setattr(sm, "build_schedule", lambda *args: built.append(args[-1]) or object())

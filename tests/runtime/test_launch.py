@@ -17,14 +17,14 @@ MODEL = "gpt-tiny:dropout=0,seq=16"
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory):
     """The planner's plan for gpt-tiny on 4 local CPU ranks."""
-    import planner
+    import fxplan
 
-    plan = planner.search(MODEL, "local-cpu:devices=4", batch=8, seq=16, progress=False)
+    plan = fxplan.search(MODEL, "local-cpu:devices=4", batch=8, seq=16, progress=False)
     return plan.save(tmp_path_factory.mktemp("launch") / "plan.json")
 
 
 def fxplan(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", "launch", *args],
+    return subprocess.run([sys.executable, "-m", "fxplan.cli.main", "launch", *args],
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -46,7 +46,7 @@ def test_dry_run_prints_torchrun_command(plan_file):
     assert done.returncode == 0, done.stderr
     assert "--nproc-per-node=2" in done.stdout and "--node-rank=1" in done.stdout
     assert "--rdzv-endpoint=host0:29500" in done.stdout
-    assert "planner.runtime.worker" in done.stdout
+    assert "fxplan.runtime.worker" in done.stdout
 
 
 def test_world_size_mismatch_refused_before_start(plan_file):
@@ -82,7 +82,7 @@ def test_training_goes_on_after_a_replan_for_fewer_devices(plan_file, tmp_path):
     new mesh: its first loss is below the first run's last printed loss (which was measured
     before that run's last update), not back at the initial loss.
     """
-    import planner
+    import fxplan
 
     ckpt = tmp_path / "ckpt"
     first = fxplan(str(plan_file), "--steps", "3", "--save", str(ckpt))
@@ -90,7 +90,7 @@ def test_training_goes_on_after_a_replan_for_fewer_devices(plan_file, tmp_path):
     before = [float(x) for x in re.findall(r"^step +\d+ +loss (\S+)", first.stdout, re.M)]
     assert "saved parameters and optimizer state" in first.stdout
 
-    smaller = planner.search(MODEL, "local-cpu:devices=2", batch=8, seq=16, progress=False)
+    smaller = fxplan.search(MODEL, "local-cpu:devices=2", batch=8, seq=16, progress=False)
     second_plan = smaller.save(tmp_path / "plan2.json")
     second = fxplan(str(second_plan), "--steps", "2", "--resume", str(ckpt))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]

@@ -41,9 +41,9 @@ def test_matches_single_process(rank_pool, name):
 
 def test_planner_found_local_cpu_plan(rank_pool):
     """The plan the search finds for gpt-tiny on ``local-cpu:devices=4`` trains like one process."""
-    import planner
+    import fxplan
 
-    plan = planner.search("gpt-tiny:dropout=0,seq=16", "local-cpu:devices=4", batch=8, seq=16,
+    plan = fxplan.search("gpt-tiny:dropout=0,seq=16", "local-cpu:devices=4", batch=8, seq=16,
                           progress=False)
     results = rank_pool.run("rt_cases:train_matches_reference", plan_json=plan.to_json())
     report = results[0]

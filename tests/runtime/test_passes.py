@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from passes.rewrite.base import (PassError, PassInternalError, PassManager, PassResult,
+from fxplan.passes.rewrite.base import (PassError, PassInternalError, PassManager, PassResult,
                                  RewritePass)
-from passes.rewrite.emit import emit_program
-from passes.rewrite.layers import OutlineLayers
-from passes.rewrite.recompute import Recompute
-from passes.rewrite.stages import SplitStages
-from planner.runtime.trace import trace_model
+from fxplan.passes.rewrite.emit import emit_program
+from fxplan.passes.rewrite.layers import OutlineLayers
+from fxplan.passes.rewrite.recompute import Recompute
+from fxplan.passes.rewrite.stages import SplitStages
+from fxplan.runtime.trace import trace_model
 from rt_plans import build_model, fixed_batch, make_plan
 
 
@@ -48,7 +48,7 @@ def test_split_stages_chain_to_the_model(schedule, pp):
 def test_split_stages_refuses_stages_that_do_not_tile():
     import dataclasses
 
-    from planner.plan_spec import StageAssignment
+    from fxplan.core.plan import StageAssignment
 
     _, result = _outlined()
     plan = dataclasses.replace(make_plan(pp=2, num_microbatches=2), stages=(
@@ -102,7 +102,7 @@ def test_pass_manager_names_the_failing_pass():
     with pytest.raises(PassError, match=r"^\[refusing-pass\] node 'view_3': cannot do that"):
         PassManager([Refuses()]).run(result.module, make_plan())
     # a bug is not a user error: not a PassError/UserError, names pass and node, keeps the cause
-    from planner.cli.errors import UserError
+    from fxplan.core.errors import UserError
 
     with pytest.raises(PassInternalError, match=r"^\[broken-pass\] internal error at node "
                        r"'view_3': KeyError") as info:

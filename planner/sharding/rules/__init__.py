@@ -1,6 +1,6 @@
 """The sharding rules, one module per op family; importing this package registers them."""
 
-from planner.sharding.rules import (  # noqa: F401
+from fxplan.sharding.rules import (  # noqa: F401
     attention,
     conv,
     embedding,

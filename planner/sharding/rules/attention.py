@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from planner.sharding.context import OpContext
-from planner.sharding.registry import register_rule
-from planner.sharding.rules.common import broadcast_to_operand
-from planner.sharding.strategy import R, S, AxisOption
+from fxplan.sharding.context import OpContext
+from fxplan.sharding.registry import register_rule
+from fxplan.sharding.rules.common import broadcast_to_operand
+from fxplan.sharding.strategy import R, S, AxisOption
 
 
 @register_rule(F.scaled_dot_product_attention)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cost_model.placements import Placement, Shard
-from planner.sharding.strategy import P, R, S, AxisOption
+from fxplan.core.placements import Placement, Shard
+from fxplan.sharding.strategy import P, R, S, AxisOption
 
 __all__ = ["broadcast_to_operand", "follow_options", "pointwise_options"]
 

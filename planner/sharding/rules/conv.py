@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cost_model.placements import Placement
-from planner.sharding.context import OpContext
-from planner.sharding.registry import register_rule
-from planner.sharding.strategy import P, R, S, AxisOption
+from fxplan.core.placements import Placement
+from fxplan.sharding.context import OpContext
+from fxplan.sharding.registry import register_rule
+from fxplan.sharding.strategy import P, R, S, AxisOption
 
 POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
          nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool2d,

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from planner.sharding.context import OpContext
-from planner.sharding.registry import register_rule
-from planner.sharding.rules.common import follow_options
-from planner.sharding.strategy import P, R, S, AxisOption
+from fxplan.sharding.context import OpContext
+from fxplan.sharding.registry import register_rule
+from fxplan.sharding.rules.common import follow_options
+from fxplan.sharding.strategy import P, R, S, AxisOption
 
 INTERLEAVED = "split of a sharded dim: producer laid out interleaved"
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch.nn as nn
 import torch.nn.functional as F
 
-from planner.sharding.context import OpContext
-from planner.sharding.registry import register_rule
-from planner.sharding.strategy import P, R, S, AxisOption, Comm
+from fxplan.sharding.context import OpContext
+from fxplan.sharding.registry import register_rule
+from fxplan.sharding.strategy import P, R, S, AxisOption, Comm
 
 
 @register_rule(F.cross_entropy, nn.CrossEntropyLoss)

@@ -18,12 +18,12 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from cost_model.placements import Shard
-from planner.sharding.context import OpContext
-from planner.sharding.einsum import einsum_options
-from planner.sharding.registry import register_rule
-from planner.sharding.rules.common import broadcast_to_operand
-from planner.sharding.strategy import R, S, AxisOption
+from fxplan.core.placements import Shard
+from fxplan.sharding.context import OpContext
+from fxplan.sharding.einsum import einsum_options
+from fxplan.sharding.registry import register_rule
+from fxplan.sharding.rules.common import broadcast_to_operand
+from fxplan.sharding.strategy import R, S, AxisOption
 
 _LETTERS = string.ascii_lowercase
 

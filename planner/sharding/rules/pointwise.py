@@ -20,10 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from planner.sharding.context import OpContext
-from planner.sharding.registry import register_rule
-from planner.sharding.rules.common import follow_options, pointwise_options
-from planner.sharding.strategy import AxisOption
+from fxplan.sharding.context import OpContext
+from fxplan.sharding.registry import register_rule
+from fxplan.sharding.rules.common import follow_options, pointwise_options
+from fxplan.sharding.strategy import AxisOption
 
 ACTIVATIONS = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Dropout, nn.LeakyReLU, nn.Mish,
                F.gelu, F.relu, F.silu, F.tanh, F.sigmoid, F.dropout, F.leaky_relu, F.mish,

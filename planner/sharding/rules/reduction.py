@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from planner.sharding.context import OpContext
-from planner.sharding.registry import register_rule
-from planner.sharding.strategy import P, R, S, AxisOption
+from fxplan.sharding.context import OpContext
+from fxplan.sharding.registry import register_rule
+from fxplan.sharding.strategy import P, R, S, AxisOption
 
 SUMS = (torch.sum, torch.mean, "sum", "mean")
 EXTREMES = (torch.amax, torch.amin, "amax", "amin")

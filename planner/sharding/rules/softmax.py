@@ -6,9 +6,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from planner.sharding.context import OpContext
-from planner.sharding.registry import register_rule
-from planner.sharding.strategy import R, S, AxisOption
+from fxplan.sharding.context import OpContext
+from fxplan.sharding.registry import register_rule
+from fxplan.sharding.strategy import R, S, AxisOption
 
 
 @register_rule(F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, nn.Softmax, nn.LogSoftmax,

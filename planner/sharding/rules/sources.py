@@ -7,9 +7,9 @@ reshards on the edges decide.
 
 from __future__ import annotations
 
-from planner.sharding.context import OpContext, tensor_shape
-from planner.sharding.registry import register_rule
-from planner.sharding.strategy import R, S, AxisOption
+from fxplan.sharding.context import OpContext, tensor_shape
+from fxplan.sharding.registry import register_rule
+from fxplan.sharding.strategy import R, S, AxisOption
 
 
 @register_rule("placeholder", "get_attr")

@@ -20,9 +20,9 @@ import math
 
 import torch
 
-from planner.sharding.context import OpContext
-from planner.sharding.registry import register_rule
-from planner.sharding.strategy import P, R, S, AxisOption
+from fxplan.sharding.context import OpContext
+from fxplan.sharding.registry import register_rule
+from fxplan.sharding.strategy import P, R, S, AxisOption
 
 __all__ = ["reshape_dim_map"]
 

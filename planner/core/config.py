@@ -28,6 +28,8 @@ raises :class:`CostModelError` with the arithmetic::
 
 from __future__ import annotations
 
+from fxplan.core.errors import UserError
+
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -55,7 +57,7 @@ _KEYS: dict[str, str] = {
 }
 
 
-class CostModelError(ValueError):
+class CostModelError(UserError, ValueError):
     """A configuration the cost model cannot price; the message shows the arithmetic."""
 
 

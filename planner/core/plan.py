@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from planner.cli.errors import UserError
+from fxplan.core.errors import UserError
 
 PLAN_FORMAT_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b")  # plus "interleaved:v" with integer v ≥ 2
@@ -133,8 +133,8 @@ class Plan:
         """The :class:`cost_model.ParallelConfig` whose estimate is this plan's step time: the
         estimated configuration, with the plan's own placements when the step time priced
         them (``estimate["layout"] == "intra-op"``), else the default Megatron layout."""
-        from cost_model.config import ParallelConfig
-        from planner.inter_op.placements import priced_map
+        from fxplan.core.config import ParallelConfig
+        from fxplan.inter_op.placements import priced_map
 
         config = ParallelConfig.parse(self.estimate["config"])
         if self.estimate.get("layout") != "intra-op":
