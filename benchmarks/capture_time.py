@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from fxplan.passes.capture import capture
+from fxplan.api import capture
 
 
 def main() -> None:

@@ -138,7 +138,7 @@ def _overhead_worker(rank: int, world: int, port: int, repeats: int, out: str) -
     from fxplan.cluster_specs import Cluster
     from fxplan.examples.model_spec import resolve_model
     from fxplan.runtime.apply import apply_plan
-    from fxplan.runtime.worker import loss_fn, synthetic_batch
+    from fxplan.worker import loss_fn, synthetic_batch
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

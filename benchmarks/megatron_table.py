@@ -133,7 +133,7 @@ def predict(row: Row, graph: Any, cluster: Any = None) -> Prediction:
 def capture_row(row: Row) -> Any:
     import torch
 
-    from fxplan.passes.capture import capture
+    from fxplan.api import capture
 
     return capture(row.preset, batch=1, seq=SEQ, dtype=torch.bfloat16)
 

@@ -36,7 +36,7 @@ TARGETS = {("gpt3-175b", 1024): 10.0, ("gpt-1t", 3072): 30.0}
 def measure(preset: str, gpus: int, batch: int) -> dict:
     from fxplan.cluster_specs import Cluster
     from fxplan import search
-    from fxplan.inter_op import capture_for_search
+    from fxplan.api import capture_for_search
 
     start = time.perf_counter()
     graph = capture_for_search(preset, seq=2048)

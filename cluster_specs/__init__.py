@@ -11,7 +11,7 @@ from fxplan.cluster_specs.cluster import Cluster, GroupLinks
 from fxplan.cluster_specs.devices import DTYPES, DeviceGroup
 from fxplan.cluster_specs.errors import ClusterSpecError
 from fxplan.cluster_specs.links import LinkLevel
-from fxplan.cluster_specs.loader import available_specs, load
+from fxplan.cluster_specs.loader import available_specs
 from fxplan.cluster_specs.schema import OP_CLASSES, SCHEMA_VERSION
 
 __all__ = [
@@ -26,3 +26,6 @@ __all__ = [
     "available_specs",
     "load",
 ]
+
+#: ``fxplan.cluster_specs.load(spec)`` is :meth:`Cluster.load`.
+load = Cluster.load

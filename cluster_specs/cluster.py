@@ -86,10 +86,14 @@ class Cluster:
     # -- construction ---------------------------------------------------------------------
     @classmethod
     def load(cls, spec: "str | os.PathLike[str] | Cluster") -> "Cluster":
-        """A built-in name, a path (YAML, or Paddle JSON), or ``name:key=value,...``."""
-        from fxplan.cluster_specs.loader import load
+        """A built-in name, a path (YAML, or Paddle JSON), or ``name:key=value,...``
+        (:mod:`fxplan.cluster_specs.loader`); a ``Cluster`` is returned as it is."""
+        if isinstance(spec, Cluster):
+            return spec
+        from fxplan.cluster_specs.loader import load_spec
 
-        return load(spec)
+        canonical, source = load_spec(spec)
+        return cls(canonical, source=source)
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any], *, source: str = "<dict>") -> "Cluster":
@@ -99,9 +103,10 @@ class Cluster:
     @classmethod
     def from_paddle_json(cls, path: "str | os.PathLike[str]") -> "Cluster":
         """Import a PaddlePaddle auto-parallel cluster JSON file."""
-        from fxplan.cluster_specs.paddle_import import load_paddle_json
+        from fxplan.cluster_specs.paddle_import import read_paddle_json
 
-        return load_paddle_json(path)
+        source = os.fspath(path)
+        return cls(read_paddle_json(source), source=source)
 
     # -- ranks and nodes ------------------------------------------------------------------
     def _check_rank(self, rank: int) -> int:

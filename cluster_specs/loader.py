@@ -14,20 +14,15 @@ Files are read with a ``yaml.SafeLoader`` that also refuses duplicate keys.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
-from fxplan.cluster_specs.cluster import Cluster
+from fxplan.cluster_specs.documents import BUILTIN_DIR, read_document
 from fxplan.cluster_specs.errors import ClusterSpecError
 from fxplan.cluster_specs.local_cpu import GENERATOR_PARAMS, local_cpu_spec
 from fxplan.cluster_specs.overrides import apply_overrides, parse_overrides, positive_int
 from fxplan.cluster_specs.schema import validate
-
-BUILTIN_DIR = Path(__file__).with_name("builtin")
 
 #: Built-ins generated at load time: name → (generator, the override keys it takes).
 GENERATED: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
@@ -35,40 +30,9 @@ GENERATED: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
 }
 
 
-class _StrictSafeLoader(yaml.SafeLoader):
-    """``SafeLoader`` that refuses a key given twice in one mapping."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: set = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                mark = key_node.start_mark
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"found the key {key!r} twice in one mapping", mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def available_specs() -> list[str]:
     """Names of the built-in specs (files and generated), sorted."""
     return sorted({path.stem for path in BUILTIN_DIR.glob("*.yaml")} | set(GENERATED))
-
-
-def read_document(path: Path, source: str) -> Any:
-    """Parse a YAML or JSON file; syntax errors become ``ClusterSpecError`` with the position."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ClusterSpecError(source, message=f"not valid JSON: {err}") from None
-    try:
-        return yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as err:
-        detail = " ".join(str(err).split())
-        raise ClusterSpecError(source, message=f"not valid YAML: {detail}") from None
 
 
 def _document_to_spec(document: Any, source: str) -> dict[str, Any]:
@@ -118,10 +82,3 @@ def load_spec(spec: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
         canonical = validate(canonical, text)
     return canonical, text
 
-
-def load(spec: "str | os.PathLike[str] | Cluster") -> Cluster:
-    """Load a cluster (see the module docstring for what ``spec`` may be)."""
-    if isinstance(spec, Cluster):
-        return spec
-    canonical, source = load_spec(spec)
-    return Cluster(canonical, source=source)

@@ -37,13 +37,11 @@ import re
 from collections import Counter
 from itertools import groupby
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from fxplan.cluster_specs.documents import BUILTIN_DIR, read_document
 from fxplan.cluster_specs.errors import ClusterSpecError
 from fxplan.cluster_specs.schema import validate
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.cluster_specs.cluster import Cluster
 
 ACCELERATOR_TYPES = ("GPU", "XPU", "NPU", "DCU")
 #: Paddle's CommContext defaults (µs) for link types named in ``alpha_latency``.
@@ -85,8 +83,6 @@ def _list(container: Any, key: str, source: str, path: str, *, required: bool = 
 
 def _known_devices() -> list[dict[str, Any]]:
     """Device groups of the built-in YAML specs (their numbers fill what Paddle lacks)."""
-    from fxplan.cluster_specs.loader import BUILTIN_DIR, read_document
-
     out = []
     for path in sorted(BUILTIN_DIR.glob("*.yaml")):
         out.extend(read_document(path, str(path))["device_groups"])
@@ -227,10 +223,7 @@ def paddle_to_spec(document: Any, source: str, *, name: str | None = None) -> di
     return validate(spec, source)
 
 
-def load_paddle_json(path: str | os.PathLike[str]) -> "Cluster":
-    """Read and import a Paddle cluster JSON file into a ``Cluster``."""
-    from fxplan.cluster_specs.cluster import Cluster
-    from fxplan.cluster_specs.loader import read_document
-
+def read_paddle_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a Paddle cluster JSON file and import it into our schema (validated)."""
     source = os.fspath(path)
-    return Cluster(paddle_to_spec(read_document(Path(source), source), source), source=source)
+    return paddle_to_spec(read_document(Path(source), source), source)

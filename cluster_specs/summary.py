@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol, Sequence
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.cluster_specs.cluster import Cluster
+from fxplan.cluster_specs.devices import DeviceGroup
+from fxplan.cluster_specs.links import LinkLevel
+
+
+class Described(Protocol):
+    """What a summary shows of a cluster (:class:`~fxplan.cluster_specs.Cluster` is one)."""
+
+    name: str
+    description: str
+    num_devices: int
+    num_nodes: int
+    device_groups: Sequence[DeviceGroup]
+    levels: Sequence[LinkLevel]
+
+    def fingerprint(self) -> str: ...
 
 
 def _num(value: float | None) -> str:
@@ -27,7 +40,7 @@ def _table(title: str, columns: tuple[str, ...]) -> Any:
     return table
 
 
-def renderable(cluster: "Cluster") -> Any:
+def renderable(cluster: Described) -> Any:
     """A ``rich`` renderable: a heading, the device-group table and the level table."""
     from rich.console import Group
     from rich.text import Text
@@ -71,7 +84,7 @@ def renderable(cluster: "Cluster") -> Any:
     return Group(*parts)
 
 
-def render(cluster: "Cluster", width: int = 120) -> str:
+def render(cluster: Described, width: int = 120) -> str:
     """The summary as plain text (no colour codes)."""
     from rich.console import Console
 

@@ -41,7 +41,7 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
             device: str = "cpu") -> CapturedGraph:
     """Capture ``model`` and annotate every node of its fx graph.
 
-    ``model``: a model spec string (``"gpt-1.7b"``), a ``ModelBundle`` (built on ``meta``;
+    ``model``: a ``ModelBundle`` (built on ``meta``;
     its example inputs for ``batch`` (default 1) and ``seq``) or an ``nn.Module`` with
     ``inputs``. ``inputs``: a dict keyed by ``forward`` parameter name, a tuple in parameter
     order or one value; each a tensor (any device, meta included) or an ``InputSpec``-like
@@ -74,11 +74,11 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
 
 def _model_and_inputs(model: Any, inputs: Any, batch: int | None, seq: int | None,
                       dtype: torch.dtype | None) -> tuple[torch.nn.Module, Any, str]:
-    """Resolve a spec string or bundle to (meta model, example inputs, name)."""
+    """A module with its inputs, or a bundle built on ``meta``: (model, example inputs, name).
+    Spec strings are resolved above this layer (:func:`fxplan.capture`)."""
     if isinstance(model, str):
-        from fxplan.examples.model_spec import resolve_model  # lazy: passes does not need examples
-
-        model = resolve_model(model)
+        raise CaptureError(f"capture() takes an nn.Module with inputs= or a model bundle, got the "
+                           f"string {model!r}; for a model spec use fxplan.capture({model!r}, …)")
     if isinstance(model, torch.nn.Module):
         if inputs is None:
             raise CaptureError(f"capture({type(model).__name__}) needs inputs=...: example "

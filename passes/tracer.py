@@ -11,6 +11,7 @@ traceback.
 from __future__ import annotations
 
 import fnmatch
+import inspect
 from typing import Any, Sequence
 
 import torch
@@ -101,3 +102,18 @@ def _example_path(model: torch.nn.Module) -> str:
     """A qualified submodule name to show in a message, preferably one inside a layer."""
     names = [n for n, _ in model.named_modules() if n]
     return next((n for n in names if n.count(".") >= 2), names[0] if names else "submodule")
+
+
+def trace_model(model: torch.nn.Module, num_inputs: int) -> torch.fx.GraphModule:
+    """Flat graph of ``model.forward`` over its first ``num_inputs`` parameters, for the
+    rewrite passes: every later parameter that defaults to ``None`` is fixed to ``None``
+    (``targets=None`` in the example GPT), so the program is ``inputs → outputs`` with no
+    data-dependent branch left open. Node names are those capture gives, so a plan's node
+    placements apply."""
+    signature = inspect.signature(model.forward)
+    concrete = {
+        name: None
+        for i, (name, param) in enumerate(signature.parameters.items())
+        if i >= num_inputs and param.default is None
+    }
+    return torch.fx.symbolic_trace(model, concrete_args=concrete or None)

@@ -5,8 +5,9 @@
     sharded = fxplan.plan(model, "local-cpu:devices=4", inputs=..., batch=16)
     plan = fxplan.load_plan("plan.json")
 
-* :func:`search` — the inter-op search of a captured graph on a cluster for a :class:`Plan`
-  (:mod:`fxplan.inter_op`, with the intra-op placement solver in :mod:`fxplan.intra_op`);
+* :func:`capture` — a model spec or module as an annotated fx graph (:mod:`fxplan.passes`);
+* :func:`search` — the search of a model on a cluster for a :class:`Plan` (:mod:`fxplan.inter_op`,
+  with the intra-op placement solver in :mod:`fxplan.intra_op`);
 * :func:`plan` — capture, search and apply in one call (:mod:`fxplan.api`);
 * :class:`Plan` and :func:`load_plan` — the plan and its versioned JSON (:mod:`fxplan.core.plan`);
 * :class:`UserError` — the root of every error a user can fix.
@@ -29,18 +30,19 @@ __version__ = "0.1.0"
 
 #: public name -> module that defines it
 _PUBLIC: dict[str, str] = {
+    "capture": "fxplan.api",
     "plan": "fxplan.api",
-    "search": "fxplan.inter_op",
+    "search": "fxplan.api",
     "Plan": "fxplan.core.plan",
     "PlanError": "fxplan.core.plan",
     "load_plan": "fxplan.core.plan",
 }
 
-__all__ = ["Plan", "PlanError", "UserError", "__version__", "load_plan", "plan", "search"]
+__all__ = ["Plan", "PlanError", "UserError", "__version__", "capture", "load_plan", "plan",
+           "search"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.api import plan
-    from fxplan.inter_op import search
+    from fxplan.api import capture, plan, search
     from fxplan.core.plan import Plan, PlanError, load_plan
 
 

@@ -1,6 +1,15 @@
-"""``fxplan.plan(model, cluster, *, inputs, batch, plan=None, …)``: plan, then apply.
+"""The public Python API: ``fxplan.capture``, ``fxplan.search`` and ``fxplan.plan``.
 
-    sharded = fxplan.plan(model, "local-cpu:devices=4", inputs=(tokens,), batch=8)
+Model specs (``"gpt-1.7b"``, ``"gpt:layers=48,…"``, ``"path/model.py:build"``) are resolved
+here, at the edge (:mod:`fxplan.examples.model_spec`); the layers below take modules, bundles
+and captured graphs.
+
+    graph = fxplan.capture("gpt-1.7b", batch=1)                      # -> CapturedGraph
+    plan = fxplan.search("gpt-1.7b", "dgx-a100-80g:nodes=4", batch=512)   # -> Plan
+
+``fxplan.plan(model, cluster, *, inputs, batch, plan=None, …)``: plan, then apply.
+
+    sharded = fxplan.plan(model, "local-cpu:devices=4", inputs=(tokens,), batch=8).module
     optimizer = sharded.optimizer(torch.optim.AdamW, lr=1e-3)
     loss = sharded.train_step((tokens, targets), lm_loss); optimizer.step(); optimizer.zero_grad()
 
@@ -11,35 +20,99 @@
    has another graph fingerprint; a plan made from a model spec (``fxplan plan gpt-…``) cannot
    be compared with a module captured from ``inputs`` (the spec's capture includes the targets
    and loss), so only its world size is checked, and a log line says so.
-2. Without ``torch.distributed`` initialised there is no mesh to apply it on: the Plan is
-   returned and a message says so (plan and report only).
-3. Otherwise every process applies it (:func:`fxplan.runtime.apply.apply_plan`) and gets its
-   :class:`~fxplan.runtime.sharded_module.ShardedModule`; the world size must be the plan's.
+2. Without ``torch.distributed`` initialised there is no mesh to apply it on: the result holds
+   the plan alone, with ``status="not-distributed"`` and a logged message (plan and report).
+3. Otherwise every process applies it (:func:`fxplan.runtime.apply.apply_plan`) and the
+   result holds its :class:`~fxplan.runtime.sharded_module.ShardedModule`; the world size
+   must be the plan's. Every case returns one type, :class:`PlanResult`.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from fxplan.core.plan import Plan, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from fxplan.cluster_specs import Cluster
+    from fxplan.examples.bundle import ModelBundle
+    from fxplan.inter_op.progress import PhaseTimer
+    from fxplan.passes.captured_graph import CapturedGraph
     from fxplan.runtime.sharded_module import ShardedModule
 
-__all__ = ["plan"]
+__all__ = ["PlanResult", "capture", "capture_for_search", "plan", "search"]
 
-logger = logging.getLogger("fxplan.planner")
+logger = logging.getLogger("fxplan.api")
+
+
+def capture(model: "str | ModelBundle | torch.nn.Module", **options: Any) -> "CapturedGraph":
+    """:func:`fxplan.passes.capture.capture` that also takes a model spec string (resolved
+    with :func:`~fxplan.examples.model_spec.resolve_model`); ``options`` as there
+    (``inputs``, ``batch``, ``seq``, ``leaf_modules``, ``dtype``, …)."""
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.passes.capture import capture as capture_module
+
+    return capture_module(resolve_model(model) if isinstance(model, str) else model, **options)
+
+
+@lru_cache(maxsize=8)
+def _capture_spec(spec: str, seq: int | None, dtype: str) -> "CapturedGraph":
+    import torch
+
+    return capture(spec, batch=1, seq=seq, dtype=getattr(torch, dtype))
+
+
+def capture_for_search(model: "str | ModelBundle", *, seq: int | None = None,
+                       dtype: str = "bfloat16", timer: "PhaseTimer | None" = None
+                       ) -> "CapturedGraph":
+    """Capture ``model`` (a spec string or bundle) at microbatch 1 for the search.
+
+    The cost model scales every segment by ``microbatch / 1``, so one capture serves every
+    microbatch size the search tries. Captures of spec strings are cached (8 most recent).
+    """
+    import torch
+
+    from fxplan.inter_op.progress import PhaseTimer
+
+    timer = timer or PhaseTimer()
+    with timer("capture"):
+        if isinstance(model, str):
+            return _capture_spec(model, seq, dtype)
+        return capture(model, batch=1, seq=seq, dtype=getattr(torch, dtype))
+
+
+def search(model: "str | ModelBundle | CapturedGraph", cluster: "str | Cluster", *, batch: int,
+           seq: int | None = None, **options: Any) -> Plan:
+    """The fastest plan of ``model`` on ``cluster`` for global ``batch`` that fits.
+
+    ``model``: a model spec or bundle, captured here at microbatch 1 in the cluster's training
+    dtype (phase ``capture`` of the plan's timings), or a graph captured already. ``options``
+    are those of :func:`fxplan.inter_op.search` (``constraints``, ``time_budget_s``,
+    ``finalists``, ``progress``, ``model``).
+    """
+    from fxplan.cluster_specs import Cluster
+    from fxplan.inter_op import search as search_graph
+    from fxplan.inter_op import training_dtype
+    from fxplan.inter_op.progress import PhaseTimer
+
+    cluster = Cluster.load(cluster)
+    timer = PhaseTimer()
+    if isinstance(model, str):
+        options.setdefault("model", model)
+    if not hasattr(model, "gm"):
+        model = capture_for_search(model, seq=seq, dtype=training_dtype(cluster), timer=timer)
+    return search_graph(model, cluster, batch=batch, seq=seq, timer=timer, **options)
 
 
 def _capture(model: "torch.nn.Module", cluster: Any, inputs: tuple) -> Any:
     """The module at one sample of ``inputs`` in ``cluster``'s training dtype (as the CLI)."""
     import torch
 
-    from fxplan.passes.capture import capture
     from fxplan.inter_op import training_dtype
 
     one_sample = tuple(x[:1] for x in inputs)
@@ -54,11 +127,11 @@ def _load_cluster(cluster: Any) -> Any:
 
 def _search(model: "torch.nn.Module", cluster: Any, inputs: tuple, batch: int,
             seq: int | None, search_options: dict[str, Any]) -> Plan:
-    from fxplan.inter_op import search
+    from fxplan.inter_op import search as search_graph
 
     cluster = _load_cluster(cluster)
     graph = _capture(model, cluster, inputs)
-    return search(graph, cluster, batch=batch, seq=seq, progress=False,
+    return search_graph(graph, cluster, batch=batch, seq=seq, progress=False,
                   model=type(model).__name__, **search_options)
 
 
@@ -74,13 +147,35 @@ def _check_graph(model: "torch.nn.Module", chosen: Plan, cluster: Any, inputs: t
                                 "captured at one sample of inputs=)")
 
 
-def plan(model: "torch.nn.Module", cluster: Any, *, inputs: Any, batch: int,
+@dataclass(frozen=True)
+class PlanResult:
+    """What :func:`plan` gives every process: the plan, and this process's sharded module
+    when the plan was applied here.
+
+    ``status``: ``"applied"`` (``module`` trains like the original); ``"not-distributed"``
+    (``torch.distributed`` is not initialised, so there is no mesh to apply on: the plan is
+    for reporting, ``module`` is ``None``); ``"not-a-member"`` (this process is outside the
+    ``ranks`` the plan was applied on, ``module`` is ``None``). ``message`` says the same in
+    words (also logged).
+    """
+
+    plan: Plan
+    module: "ShardedModule | None"
+    status: Literal["applied", "not-distributed", "not-a-member"]
+    message: str
+
+    @property
+    def applied(self) -> bool:
+        return self.status == "applied"
+
+
+def plan(model: "torch.nn.Module", cluster: "str | Cluster", *, inputs: Any, batch: int,
          plan: Plan | None = None, seq: int | None = None, ranks: Sequence[int] | None = None,
-         debug: bool = False, **search_options: Any) -> "ShardedModule | Plan | None":
+         debug: bool = False, **search_options: Any) -> PlanResult:
     """Search (or take ``plan``) and apply it on the current process group.
 
-    Returns the :class:`ShardedModule` of this process, ``None`` on a process outside
-    ``ranks``, or — without ``torch.distributed`` initialised — the :class:`Plan` itself.
+    Returns a :class:`PlanResult` on every process: the plan, and this process's
+    :class:`~fxplan.runtime.sharded_module.ShardedModule` where it was applied.
     """
     import torch.distributed as dist
 
@@ -92,16 +187,20 @@ def plan(model: "torch.nn.Module", cluster: Any, *, inputs: Any, batch: int,
     if chosen.batch != batch:
         raise PlanError(f"plan is for global batch {chosen.batch}, but batch={batch} was given")
     if not dist.is_available() or not dist.is_initialized():
-        print(
-            f"fxplan: torch.distributed is not initialised, so the plan is reported, not "
-            f"applied: {chosen.summary} (needs {chosen.world_size} ranks). Run under torchrun "
-            "(or `fxplan launch plan.json`) to train with it.",
-            file=sys.stderr,
-        )
-        return chosen
+        message = (f"torch.distributed is not initialised, so the plan is reported, not applied: "
+                   f"{chosen.summary} (needs {chosen.world_size} ranks). Run under torchrun (or "
+                   "`fxplan launch plan.json`) to train with it.")
+        logger.info(message)
+        return PlanResult(chosen, None, "not-distributed", message)
     world = dist.get_world_size()
     needed = len(ranks) if ranks is not None else world
     chosen.check_matches(world_size=needed, source="plan")
     from fxplan.runtime.apply import apply_plan
 
-    return apply_plan(model, chosen, inputs, ranks=ranks, debug=debug)
+    module = apply_plan(model, chosen, inputs, ranks=ranks, debug=debug)
+    if module is None:
+        message = (f"rank {dist.get_rank()} is outside the ranks {list(ranks or [])} the plan "
+                   "was applied on")
+        logger.info(message)
+        return PlanResult(chosen, None, "not-a-member", message)
+    return PlanResult(chosen, module, "applied", f"applied on {needed} ranks: {chosen.summary}")

@@ -143,9 +143,8 @@ def register(*keys: str, op_class: str, bytes_read: FlopFn | None = None
 
 
 def rule_for(key: str) -> OpRule | None:
-    """The registered rule for ``key`` (the rules module registers on import)."""
-    import fxplan.passes.analyses.flops  # noqa: F401  (registers the rules)
-
+    """The registered rule for ``key`` (:mod:`fxplan.passes.analyses.flops` registers the
+    rules; the package imports it, so they are in place before any module of it is used)."""
     return _RULES.get(key)
 
 

@@ -25,6 +25,7 @@ from torch import fx, nn
 
 from fxplan.passes.rewrite.layers import OutlineLayers
 from fxplan.passes.rewrite.stages import StagedProgram
+from fxplan.passes.tracer import trace_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -58,8 +59,6 @@ def _outlined(module: nn.Module, plan: "Plan") -> nn.Module:
     elif isinstance(module, StagedProgram):
         return module
     else:
-        from fxplan.runtime.trace import trace_model
-
         gm = trace_model(module, 1)
     return OutlineLayers()(gm, plan).module
 

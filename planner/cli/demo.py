@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.cluster_specs.summary import renderable
     from fxplan.cli.graph import _print as print_graph
     from fxplan.report import render_report
-    from fxplan.inter_op import capture_for_search, search, training_dtype
+    from fxplan.api import capture_for_search
+    from fxplan.inter_op import search, training_dtype
     from fxplan.inter_op.progress import PhaseTimer
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)

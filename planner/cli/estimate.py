@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
     from fxplan.cluster_specs import Cluster
     from fxplan.cost_model import ParallelConfig, estimate
-    from fxplan.passes.capture import capture
+    from fxplan.api import capture
 
     config = ParallelConfig.parse(args.config)
     cluster = Cluster.load(args.cluster)

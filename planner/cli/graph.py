@@ -111,11 +111,9 @@ def _print(summary: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from fxplan.examples.model_spec import resolve_model
-    from fxplan.passes.capture import capture
+    from fxplan.api import capture
 
-    bundle = resolve_model(args.model)
-    graph = capture(bundle, batch=args.batch, seq=args.seq, leaf_modules=args.leaf,
+    graph = capture(args.model, batch=args.batch, seq=args.seq, leaf_modules=args.leaf,
                     dtype=getattr(torch, DTYPES[args.dtype]))
     summary = graph.summary()
     if args.json:

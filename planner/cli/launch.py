@@ -10,7 +10,7 @@ Before any process starts the plan is checked against what it will run on: the m
 plan (``--model`` to run another spec) captured as the search captured it, and the cluster
 (``--cluster`` to name another), must have the plan's fingerprints, and ``nnodes ×
 nproc-per-node`` must be the plan's world size ``pp·dp·tp`` — otherwise the command ends with a
-message saying which and exit code 2. Then ``torchrun -m fxplan.runtime.worker`` runs on every
+message saying which and exit code 2. Then ``torchrun -m fxplan.worker`` runs on every
 rank (gloo on CPUs, nccl on GPUs); rank 0 prints the per-step loss, step time, tokens/s and peak
 memory, then predicted against measured step time and memory.
 """
@@ -52,7 +52,8 @@ def check_plan(args: argparse.Namespace):
     """Load the plan and refuse it for another model, cluster or world size (no process yet)."""
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import PlanError, load_plan
-    from fxplan.inter_op import capture_for_search, training_dtype
+    from fxplan.api import capture_for_search
+    from fxplan.inter_op import training_dtype
 
     plan = load_plan(args.plan)
     if args.resume and not os.path.isdir(args.resume):
@@ -82,7 +83,7 @@ def torchrun_command(args: argparse.Namespace, nproc: int) -> list[str]:
         cmd += ["--standalone"]
     if args.node_rank is not None:
         cmd += [f"--node-rank={args.node_rank}"]
-    cmd += ["-m", "fxplan.runtime.worker", os.path.abspath(args.plan),
+    cmd += ["-m", "fxplan.worker", os.path.abspath(args.plan),
             "--steps", str(args.steps), "--lr", str(args.lr)]
     for flag in ("model", "resume", "save"):
         value = getattr(args, flag)

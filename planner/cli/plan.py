@@ -7,8 +7,9 @@
     fxplan plan gpt-tiny --cluster local-cpu:devices=4 --batch 16 --plot tiny
 
 Prints the report (:mod:`fxplan.report`) or, with ``--json``, the flat summary; ``-o`` writes
-the full plan JSON; ``--time-budget`` bounds the search; ``--emit`` writes the distributed
-program (:func:`passes.rewrite.emit.emit_program`, when that module is present); ``--plot
+the full plan JSON; ``--time-budget`` bounds the search; ``--emit`` writes the planned
+program as a listing: the model's fx code per stage with every planned placement annotated
+(:func:`fxplan.passes.rewrite.emit.emit_program`; to read, not to run); ``--plot
 PREFIX`` draws ``PREFIX-timeline.png`` and ``PREFIX-memory.png`` of the chosen plan
 (:func:`fxplan.plots.plot_plan`). A model that fits in no configuration ends with exit code 2
 and the memory it needs.
@@ -22,8 +23,13 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fxplan.cli.arguments import add_cluster_argument, add_model_argument, add_workload_arguments
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.core.plan import Plan
+    from fxplan.passes.captured_graph import CapturedGraph
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -39,27 +45,26 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--time-budget", type=float, default=None, metavar="S",
                         help="stop the search after S seconds and keep the best found")
-    parser.add_argument("--emit", metavar="PROGRAM.py", help="write the distributed program")
+    parser.add_argument("--emit", metavar="PROGRAM.py", help="write the planned program as a listing (fx code per stage, "
+                        "placements annotated; to read, not to run)")
     parser.add_argument("--plot", metavar="PREFIX",
                         help="draw PREFIX-timeline.png and PREFIX-memory.png for the chosen plan")
     parser.set_defaults(func=run)
     return parser
 
 
-def _emit(plan: object, graph: object, path: str) -> str:
-    try:
-        from fxplan.passes.rewrite.emit import emit_program
-    except ImportError:
-        return (f"--emit {path}: the program emitter (passes.rewrite.emit.emit_program) is not "
-                "available yet; nothing written")
-    Path(path).write_text(emit_program(graph.gm, plan))  # type: ignore[attr-defined]
-    return f"program written to {path}"
+def _emit(plan: Plan, graph: CapturedGraph, path: str) -> str:
+    from fxplan.passes.rewrite.emit import emit_program
+
+    Path(path).write_text(emit_program(graph.gm, plan))
+    return f"program listing written to {path}"
 
 
 def run(args: argparse.Namespace) -> int:
     from fxplan.cluster_specs import Cluster
     from fxplan.report import plan_summary, render_report
-    from fxplan.inter_op import capture_for_search, search, training_dtype
+    from fxplan.api import capture_for_search
+    from fxplan.inter_op import search, training_dtype
     from fxplan.inter_op.progress import PhaseTimer
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)

@@ -1,10 +1,10 @@
-"""``fxplan.search(graph, cluster, batch=…) -> Plan``: the inter-op search (see
-:mod:`fxplan.inter_op.driver` for the formulation). ``planner`` re-exports :func:`search`.
+"""``search(graph, cluster, batch=…) -> Plan``: the inter-op search of a captured graph (see
+:mod:`fxplan.inter_op.driver` for the formulation). :func:`fxplan.search` is the public entry
+that also takes a model spec and captures it first.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any, Mapping
 
 from fxplan.core.plan import Plan
@@ -12,8 +12,7 @@ from fxplan.inter_op.constraints import ConstraintError
 from fxplan.inter_op.infeasible import InfeasibleError
 from fxplan.inter_op.progress import PhaseTimer
 
-__all__ = ["search", "ConstraintError", "InfeasibleError", "capture_for_search",
-           "training_dtype"]
+__all__ = ["search", "ConstraintError", "InfeasibleError", "training_dtype"]
 
 
 def training_dtype(cluster: Any) -> str:
@@ -23,41 +22,16 @@ def training_dtype(cluster: Any) -> str:
     return "bfloat16" if "bf16" in peaks else "float16" if "fp16" in peaks else "float32"
 
 
-@lru_cache(maxsize=8)
-def _capture(model: str, seq: int | None, dtype: str) -> Any:
-    import torch
-
-    from fxplan.passes.capture import capture
-
-    return capture(model, batch=1, seq=seq, dtype=getattr(torch, dtype))
-
-
-def capture_for_search(model: Any, *, seq: int | None = None, dtype: str = "bfloat16",
-                       timer: PhaseTimer | None = None) -> Any:
-    """Capture ``model`` (a spec string or bundle) at microbatch 1 for the search.
-
-    The cost model scales every segment by ``microbatch / 1``, so one capture serves every
-    microbatch size the search tries. Captures of spec strings are cached (8 most recent).
-    """
-    import torch
-
-    from fxplan.passes.capture import capture
-
-    timer = timer or PhaseTimer()
-    with timer("capture"):
-        if isinstance(model, str):
-            return _capture(model, seq, dtype)
-        return capture(model, batch=1, seq=seq, dtype=getattr(torch, dtype))
-
-
 def search(graph: Any, cluster: Any, *, batch: int, seq: int | None = None,
            time_budget_s: float | None = None, progress: bool = True,
            constraints: Mapping[str, Any] | None = None, finalists: int | None = None,
-           model: str | None = None) -> Plan:
+           model: str | None = None, timer: PhaseTimer | None = None) -> Plan:
     """The fastest configuration of ``graph`` on ``cluster`` for global ``batch`` that fits.
 
-    ``graph``: a :class:`passes.capture.CapturedGraph` or a model spec (``"gpt-1.7b"``),
-    captured here (phase ``capture``). ``cluster``: a ``Cluster`` or a spec string.
+    ``graph``: a :class:`~fxplan.passes.captured_graph.CapturedGraph` (capture it with
+    :func:`fxplan.capture`, or call :func:`fxplan.search` with a model spec).
+    ``cluster``: a ``Cluster`` or a spec string. ``timer``: the phase timer of a caller
+    that captured the graph, so its ``capture`` phase shows in the plan's timings.
     ``seq`` must match the captured sequence when given (ignored for a graph without a
     sequence dimension, as :func:`cost_model.estimate.estimate` does). ``constraints`` fixes
     fields of the candidates, each to a value or a collection of values: ``tp, pp, dp,
@@ -74,12 +48,12 @@ def search(graph: Any, cluster: Any, *, batch: int, seq: int | None = None,
     from fxplan.core.errors import UserError
     from fxplan.inter_op.driver import DEFAULT_FINALISTS, run_search
 
-    timer = PhaseTimer()
-    if isinstance(cluster, str):
-        cluster = Cluster.load(cluster)
-    name = model or (graph if isinstance(graph, str) else getattr(graph, "name", "model"))
+    timer = timer or PhaseTimer()
+    cluster = Cluster.load(cluster)
     if not hasattr(graph, "gm"):
-        graph = capture_for_search(graph, seq=seq, dtype=training_dtype(cluster), timer=timer)
+        raise UserError(f"search() takes a captured graph, got {type(graph).__name__}; "
+                        "fxplan.search takes a model spec or module and captures it")
+    name = model or graph.name
     # The cost model's reading of the graph (raises CostModelError, a user error, for a graph
     # without a batched input); ``seq`` is checked as cost_model.estimate checks it.
     captured_seq = graph_segments(graph).seq

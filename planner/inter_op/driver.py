@@ -60,7 +60,7 @@ from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_
                                          stage_totals)
 from fxplan.inter_op.surrogate import surrogate_step_s
 
-__all__ = ["search", "DEFAULT_FINALISTS"]
+__all__ = ["DEFAULT_FINALISTS", "run_search"]
 
 log = logging.getLogger("fxplan.planner")
 

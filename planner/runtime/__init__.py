@@ -2,7 +2,7 @@
 
 ``apply_plan(model, plan, inputs)`` returns this process's :class:`ShardedModule`
 (``train_step``, ``optimizer``, ``state_dict``/``save``/``load``, ``.plan``); the worker that
-``fxplan launch`` starts under torchrun is :mod:`fxplan.runtime.worker`.
+``fxplan launch`` starts under torchrun is :mod:`fxplan.worker`.
 """
 
 from fxplan.runtime.apply import apply_plan, staged_program

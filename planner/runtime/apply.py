@@ -36,7 +36,7 @@ from fxplan.runtime.mesh import build_mesh, device_type
 from fxplan.runtime.pipeline import local_stage_indices
 from fxplan.runtime.sharded_module import LocalStage, ShardedModule
 from fxplan.runtime.tied import TiedGradSync
-from fxplan.runtime.trace import trace_model
+from fxplan.passes.tracer import trace_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan

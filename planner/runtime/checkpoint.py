@@ -20,34 +20,40 @@ ranks (tied embedding/LM head) are saved under one name and loaded into both cop
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
 
-from fxplan.runtime.optim_state import optimizer_state, set_optimizer_state
+from fxplan.runtime.optim_state import ShardedParameters, optimizer_state, set_optimizer_state
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.runtime.sharded_module import ShardedModule
+
+class ShardedState(ShardedParameters, Protocol):
+    """A sharded model whose state dict DCP can fill in place
+    (:class:`~fxplan.runtime.sharded_module.ShardedModule` is one)."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
 __all__ = ["save_sharded", "load_sharded"]
 
 
-def _state(module: "ShardedModule", optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def _state(module: ShardedState, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     state: dict[str, Any] = {"model": module.state_dict()}
     if optimizer is not None:
         state["optim"] = optimizer_state(module, optimizer)
     return state
 
 
-def save_sharded(module: "ShardedModule", path: str,
+def save_sharded(module: ShardedState, path: str,
                  optimizer: torch.optim.Optimizer | None = None) -> None:
     """Every member rank writes its shards of the parameters (and of ``optimizer``'s state)
     under ``path``."""
     dcp.save(_state(module, optimizer), checkpoint_id=path, process_group=module.group)
 
 
-def load_sharded(module: "ShardedModule", path: str,
+def load_sharded(module: ShardedState, path: str,
                  optimizer: torch.optim.Optimizer | None = None) -> None:
     """Fill ``module``'s parameters (and ``optimizer``'s state) in place from a checkpoint saved
     under any plan."""

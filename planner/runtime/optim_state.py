@@ -24,7 +24,7 @@ change), and DCP then overwrites those tensors in place.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol
 
 import torch
 from torch import nn
@@ -34,10 +34,17 @@ from torch.distributed.tensor import DTensor
 
 from fxplan.runtime.mesh import gather_merged
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.runtime.sharded_module import ShardedModule
 
-__all__ = ["name_view", "local_optimizer", "optimizer_state", "set_optimizer_state",
+class ShardedParameters(Protocol):
+    """What optimizer state and checkpoints need of a sharded model
+    (:class:`~fxplan.runtime.sharded_module.ShardedModule` is one): its parameters under the
+    original model's names, and the process group of its ranks."""
+
+    group: Any
+
+    def named_parameters(self) -> Mapping[str, nn.Parameter]: ...
+
+__all__ = ["ShardedParameters", "name_view", "local_optimizer", "optimizer_state", "set_optimizer_state",
            "full_optimizer_state"]
 
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -64,20 +71,20 @@ def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
 
 
-def optimizer_state(module: "ShardedModule", optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def optimizer_state(module: ShardedParameters, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """This rank's optimizer state, flat and keyed by original names (module docstring)."""
     view = name_view(module.named_parameters())
     return get_optimizer_state_dict(view, local_optimizer(optimizer), options=_OPTIONS)
 
 
-def set_optimizer_state(module: "ShardedModule", optimizer: torch.optim.Optimizer,
+def set_optimizer_state(module: ShardedParameters, optimizer: torch.optim.Optimizer,
                         state: dict[str, Any]) -> None:
     """Put a state from :func:`optimizer_state` (e.g. filled by ``dcp.load``) into ``optimizer``."""
     view = name_view(module.named_parameters())
     set_optimizer_state_dict(view, local_optimizer(optimizer), state, options=_OPTIONS)
 
 
-def full_optimizer_state(module: "ShardedModule", optimizer: torch.optim.Optimizer
+def full_optimizer_state(module: ShardedParameters, optimizer: torch.optim.Optimizer
                          ) -> dict[str, Any]:
     """Every rank's state, gathered and unsharded, on every member rank (collective; tests)."""
     local = {}

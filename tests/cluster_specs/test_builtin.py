@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fxplan.cluster_specs import Cluster, available_specs
-from fxplan.cluster_specs.loader import BUILTIN_DIR
+from fxplan.cluster_specs.documents import BUILTIN_DIR
 
 REQUIRED = {
     "dgx1-v100-16g", "dgx1-v100-32g", "dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "hgx-h200",

@@ -11,7 +11,7 @@ import torch
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import CostModelError, Estimate, ParallelConfig, estimate
 from fxplan.cost_model.megatron_layout import REPL, SHARD, tp_layout
-from fxplan.passes.capture import capture
+from fxplan.api import capture
 
 SPEC = "gpt:layers=8,hidden=256,heads=8,vocab=1024,seq=128"
 BATCH = 64

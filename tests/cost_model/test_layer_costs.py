@@ -11,7 +11,7 @@ from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import ParallelConfig, estimate
 from fxplan.cost_model.compute import node_time_s
 from fxplan.cost_model.layer_costs import graph_segments, segment_cost
-from fxplan.passes.capture import capture
+from fxplan.api import capture
 
 
 class MaxHead(nn.Module):

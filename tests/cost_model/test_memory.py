@@ -14,7 +14,7 @@ from fxplan.cost_model.layer_costs import graph_segments, segment_cost
 from fxplan.cost_model.megatron_layout import tp_layout
 from fxplan.cost_model.memory import ADAM_MIXED, model_state_bytes
 from fxplan.cost_model.pipeline_schedules import schedule_order
-from fxplan.passes.capture import capture
+from fxplan.api import capture
 
 S, B, H, A, V, L = 32, 2, 64, 4, 512, 8
 SPEC = f"gpt:layers={L},hidden={H},heads={A},vocab={V},seq={S}"

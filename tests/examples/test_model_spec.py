@@ -128,7 +128,7 @@ def test_user_file_fingerprint_is_stable_across_processes(tmp_path):
         def build():
             return Net(), torch.randn(2, 8)
     """))
-    code = (f"from passes.capture import capture; "
+    code = (f"from fxplan import capture; "
             f"print(capture({str(model) + ':build'!r}).fingerprint())")
     prints = set()
     for seed in ("1", "2"):  # str hashes differ between these processes

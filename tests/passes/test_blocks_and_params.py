@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fxplan.passes.capture import capture
+from fxplan.api import capture
 from fxplan.passes.node_info import OP_CLASSES
 
 

@@ -7,7 +7,8 @@ import torch
 import torch.nn as nn
 
 from fxplan.examples.model_spec import InputSpec, resolve_model
-from fxplan.passes.capture import CaptureError, capture
+from fxplan.passes.capture import CaptureError
+from fxplan.api import capture
 
 
 class Inner(nn.Module):

@@ -6,7 +6,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxplan.examples.model_spec import resolve_model
-from fxplan.passes.capture import capture
+from fxplan.api import capture
 
 
 def _measured_forward_flops(spec: str, batch: int) -> int:

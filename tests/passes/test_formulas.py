@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fxplan.examples.model_spec import resolve_model
-from fxplan.passes.capture import capture
+from fxplan.api import capture
 
 BATCH = 2
 PRESETS = ["gpt-1.7b", "gpt-39.1b", "gpt3-175b", "gpt-1t"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fxplan.passes.capture import capture
+from fxplan.api import capture
 
 S, B, H, A = 32, 3, 48, 4
 SPEC = f"gpt:layers=3,hidden={H},heads={A},vocab=128,seq={S},dropout=0.1,attention=math"

@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from fxplan.passes.capture import CaptureError, capture
+from fxplan.passes.capture import CaptureError
+
+from fxplan.api import capture
 
 
 class DataDependent(nn.Module):

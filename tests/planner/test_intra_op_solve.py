@@ -11,7 +11,7 @@ import pytest
 
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model.mesh import LogicalMesh
-from fxplan.passes.capture import capture
+from fxplan.api import capture
 from fxplan.intra_op import NodePrice, solve_intra_op
 from fxplan.sharding import NodeStrategies, OpStrategy, Operand, Placements
 

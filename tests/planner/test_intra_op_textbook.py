@@ -12,7 +12,8 @@ import torch
 
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model.mesh import LogicalMesh
-from fxplan.passes.capture import CapturedGraph, capture
+from fxplan.passes.capture import CapturedGraph
+from fxplan.api import capture
 from fxplan.intra_op import IntraOpInfeasible, IntraOpSolution, solve_intra_op
 
 WIDE_GPT = "gpt:layers=2,hidden=4096,heads=32,vocab=51200,seq=2048"

@@ -17,7 +17,7 @@ import pytest
 
 from fxplan.cluster_specs import Cluster
 from fxplan import search
-from fxplan.inter_op import capture_for_search
+from fxplan.api import capture_for_search
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "megatron_table.py"
 megatron_table = SimpleNamespace(**runpy.run_path(str(SCRIPT), run_name="megatron_table_for_plans"))

@@ -13,7 +13,7 @@ from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.edge_reshard import edge_collectives
 from fxplan.cost_model.megatron_layout import tp_layout
 from fxplan.cost_model.mesh import LogicalMesh
-from fxplan.passes.capture import capture
+from fxplan.api import capture
 from fxplan import search
 from fxplan.inter_op.placements import IntraOpCache, priced_map
 from fxplan.inter_op.space import Candidate

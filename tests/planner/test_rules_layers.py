@@ -70,7 +70,7 @@ class _Embed(nn.Module):
 
 
 def test_embedding_and_loss_offer_vocabulary_parallelism() -> None:
-    from fxplan.passes.capture import capture
+    from fxplan.api import capture
     from fxplan.sharding import node_strategies
 
     inputs = {"tokens": torch.zeros(4, 8, dtype=torch.long, device="meta"),

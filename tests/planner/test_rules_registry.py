@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from fxplan.passes.capture import capture
+from fxplan.api import capture
 from fxplan.sharding import (AxisOption, OpContext, describe, describe_module, find_rule,
                               node_strategies, register_rule)
 from fxplan.sharding.expand import divides, expand_options

@@ -62,7 +62,7 @@ class _Split(nn.Module):
 
 
 def test_split_of_the_sharded_dim_is_interleaved_and_cat_keeps_other_dims() -> None:
-    from fxplan.passes.capture import capture
+    from fxplan.api import capture
     from fxplan.sharding import node_strategies
 
     graph = capture(_Split(), inputs={"x": torch.empty(2, 8, 16, device="meta")})

@@ -11,7 +11,8 @@ import pytest
 from fxplan.cluster_specs import Cluster
 from fxplan import Plan, load_plan, search
 from fxplan.core.errors import UserError
-from fxplan.inter_op import InfeasibleError, capture_for_search
+from fxplan.api import capture_for_search
+from fxplan.inter_op import InfeasibleError
 from fxplan.inter_op.partition import partition_layers
 from fxplan.inter_op.space import Family, families, options
 

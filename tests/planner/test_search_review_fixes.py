@@ -15,7 +15,7 @@ import fxplan.intra_op
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import ParallelConfig, estimate
 from fxplan.core.config import CostModelError
-from fxplan.passes.capture import capture
+from fxplan.api import capture
 from fxplan import search
 from fxplan.core.errors import UserError
 from fxplan.inter_op import ConstraintError, InfeasibleError, capture_for_search

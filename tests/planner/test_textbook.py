@@ -13,7 +13,8 @@ import pytest
 
 from fxplan.cluster_specs import Cluster
 from fxplan import search
-from fxplan.inter_op import capture_for_search, training_dtype
+from fxplan.api import capture_for_search
+from fxplan.inter_op import training_dtype
 
 
 def _plan(model: str, cluster_spec: str, batch: int, **kwargs):  # type: ignore[no-untyped-def]

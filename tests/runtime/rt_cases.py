@@ -137,7 +137,7 @@ def tp_passes_alone() -> dict[str, Any] | None:
     from fxplan.passes.rewrite.base import PassManager
     from fxplan.passes.rewrite.distribute import DistributeParameters
     from fxplan.passes.rewrite.reshard import InsertReshards
-    from fxplan.runtime.trace import trace_model
+    from fxplan.passes.tracer import trace_model
 
     mesh = DeviceMesh("cpu", torch.tensor([0, 1]), mesh_dim_names=("tp",))
     if mesh.get_coordinate() is None:
@@ -167,10 +167,13 @@ def api_applies_plan() -> dict[str, Any] | None:
 
     plan = make_plan(dp=2, zero=2)
     tokens, targets = fixed_batch(plan)
-    sharded = plan_api(build_model(2), "local-cpu:devices=2", inputs=(tokens,),
-                           batch=plan.batch, plan=plan, ranks=[0, 1])
-    if sharded is None:
+    result = plan_api(build_model(2), "local-cpu:devices=2", inputs=(tokens,),
+                      batch=plan.batch, plan=plan, ranks=[0, 1])
+    if result.module is None:
+        assert result.status == "not-a-member", result
         return None
+    assert result.status == "applied"
+    sharded = result.module
     loss = sharded.train_step((tokens, targets), lm_loss)
     return dict(type=type(sharded).__name__, plan=sharded.plan.summary, loss=float(loss))
 
@@ -184,7 +187,7 @@ def unknown_node_is_a_fallback() -> dict[str, Any]:
     import logging
     from types import SimpleNamespace
 
-    from fxplan.runtime.worker import _print_fallbacks
+    from fxplan.worker import _print_fallbacks
 
     plan = make_plan(tp=2)
     plan = dataclasses.replace(plan, node_placements={**plan.node_placements,

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+
 from fxplan.core.plan import Plan
 from rt_plans import build_model, fixed_batch, make_plan
 
 
-def test_without_distributed_returns_the_plan_with_a_message(capsys):
+def test_without_distributed_returns_the_plan_with_a_message(caplog):
     from fxplan import plan as plan_api
+    from fxplan.api import PlanResult
 
     plan = make_plan(dp=2)
     tokens, _ = fixed_batch(plan)
-    result = plan_api(build_model(2), "local-cpu:devices=2", inputs=(tokens,),
+    with caplog.at_level(logging.INFO, logger="fxplan.api"):
+        result = plan_api(build_model(2), "local-cpu:devices=2", inputs=(tokens,),
                           batch=plan.batch, plan=plan)
-    assert result is plan
-    assert "torch.distributed is not initialised" in capsys.readouterr().err
+    assert isinstance(result, PlanResult)
+    assert result.plan is plan and result.module is None and result.status == "not-distributed"
+    assert not result.applied
+    assert "torch.distributed is not initialised" in result.message
+    assert result.message in caplog.messages
 
 
 def test_without_plan_it_searches(capsys):
@@ -22,8 +29,9 @@ def test_without_plan_it_searches(capsys):
 
     tokens = fixed_batch(make_plan(dp=2, microbatch_size=4))[0]
     result = plan_api(build_model(2), "local-cpu:devices=2", inputs=(tokens,), batch=8)
-    assert isinstance(result, Plan) and result.world_size <= 2
-    assert "reported, not applied" in capsys.readouterr().err
+    assert isinstance(result.plan, Plan) and result.plan.world_size <= 2
+    assert "reported, not applied" in result.message
+    assert capsys.readouterr().err == ""  # the library logs; it does not print
 
 
 def test_with_distributed_returns_a_sharded_module(rank_pool):
@@ -70,7 +78,7 @@ def test_a_given_plan_for_another_graph_is_refused():
 
     model, plan, tokens = _gpt_plan_for_this_module()
     assert plan_api(model, "local-cpu:devices=2", inputs=(tokens,), batch=plan.batch,
-                    plan=plan) is plan
+                    plan=plan).plan is plan
     model, plan, tokens = _gpt_plan_for_this_module(graph_fingerprint="0" * 64)
     with pytest.raises(PlanError, match=r"compared with the GPT module.*made for model 'GPT'"):
         plan_api(model, "local-cpu:devices=2", inputs=(tokens,), batch=plan.batch, plan=plan)

@@ -46,7 +46,7 @@ def test_dry_run_prints_torchrun_command(plan_file):
     assert done.returncode == 0, done.stderr
     assert "--nproc-per-node=2" in done.stdout and "--node-rank=1" in done.stdout
     assert "--rdzv-endpoint=host0:29500" in done.stdout
-    assert "fxplan.runtime.worker" in done.stdout
+    assert "fxplan.worker" in done.stdout
 
 
 def test_world_size_mismatch_refused_before_start(plan_file):

@@ -11,7 +11,7 @@ from fxplan.passes.rewrite.emit import emit_program
 from fxplan.passes.rewrite.layers import OutlineLayers
 from fxplan.passes.rewrite.recompute import Recompute
 from fxplan.passes.rewrite.stages import SplitStages
-from fxplan.runtime.trace import trace_model
+from fxplan.passes.tracer import trace_model
 from rt_plans import build_model, fixed_batch, make_plan
 
 

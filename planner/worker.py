@@ -1,4 +1,4 @@
-"""The process ``fxplan launch`` starts on every rank (``torchrun -m fxplan.runtime.worker``).
+"""The process ``fxplan launch`` starts on every rank (``torchrun -m fxplan.worker``).
 
 Builds the plan's model on ``meta`` and materialises only this rank's stages and shards
 (values from the seeded single-device initialisation, or from ``--resume CKPT``, a sharded
@@ -58,7 +58,7 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fxplan.runtime.worker")
+    parser = argparse.ArgumentParser(prog="fxplan.worker")
     parser.add_argument("plan")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-3)

@@ -1,0 +1,160 @@
+"""Imports run one way: shared types → cluster specs, capture → cost model → search → rewrite →
+runtime → API/CLI, with the model zoo (``examples``) used only at the top, where model specs
+are resolved (``docs/architecture.md``, "Layers").
+
+Every ``import`` and ``from … import`` in the package is read with :mod:`ast` — module level,
+inside functions and under ``TYPE_CHECKING`` alike, since a lazy or type-only import that runs
+up a layer is still a dependency that runs up — and mapped to the layer of the module it
+names. A test fails on any import into a layer its own layer may not use, and on any cycle
+among modules (strongly connected components of the import graph).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Repository folder → the dotted package it is installed as (pyproject.toml's package-dir).
+FOLDERS: dict[str, str] = {
+    "planner": "fxplan",
+    "cluster_specs": "fxplan.cluster_specs",
+    "cost_model": "fxplan.cost_model",
+    "passes": "fxplan.passes",
+    "examples": "fxplan.examples",
+}
+
+#: Components by module prefix (the longest prefix wins), bottom to top.
+COMPONENTS: dict[str, str] = {
+    "fxplan.core": "core",
+    "fxplan.cluster_specs": "cluster_specs",
+    "fxplan.passes": "capture",
+    "fxplan.examples": "models",
+    "fxplan.cost_model": "cost_model",
+    "fxplan.sharding": "search",
+    "fxplan.intra_op": "search",
+    "fxplan.inter_op": "search",
+    "fxplan.passes.rewrite": "rewrite",
+    "fxplan.runtime": "runtime",
+    "fxplan": "api_cli",
+}
+
+#: The layers, bottom to top: a component may import the components of the layers below its
+#: own. Cluster specs and capture are independent of each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("core",), ("cluster_specs", "capture"), ("cost_model",), ("search",), ("rewrite",),
+    ("runtime",), ("api_cli",),
+)
+ALLOWED: dict[str, frozenset[str]] = {}
+_below: set[str] = set()
+for _layer in LAYERS:
+    for _component in _layer:
+        ALLOWED[_component] = frozenset(_below)
+    _below |= set(_layer)
+#: The model zoo (models, presets, the model-spec resolver) uses only the shared types, and
+#: only the API/CLI layer uses it: model specs are strings, resolved at the edge.
+ALLOWED["models"] = frozenset({"core"})
+ALLOWED["api_cli"] |= {"models"}
+
+#: Cycles that are the design: none today (the sharding rule registry imports its rules by
+#: name through importlib, which is not an import statement).
+ALLOWED_CYCLES: list[set[str]] = []
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = path.relative_to(REPO / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def component(module: str) -> str:
+    best = max((p for p in COMPONENTS if module == p or module.startswith(p + ".")), key=len)
+    return COMPONENTS[best]
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, int]]:
+    """``(imported fxplan module, line)`` for every import in ``path``; ``from X import y``
+    names ``X.y`` when that is a module, else ``X``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            for alias in node.names:
+                sub = f"{name}.{alias.name}"
+                out.append((sub if sub in MODULES else name, node.lineno))
+    return [(name, line) for name, line in out if name == "fxplan" or name.startswith("fxplan.")]
+
+
+def import_graph() -> nx.DiGraph:
+    graph = nx.DiGraph()
+    for module, path in MODULES.items():
+        graph.add_node(module)
+        for target, line in _imports(module, path):
+            while target not in MODULES and "." in target:
+                target = target.rpartition(".")[0]
+            if target != module:
+                graph.add_edge(module, target, line=line)
+    return graph
+
+
+GRAPH = import_graph()
+
+
+def test_every_module_has_a_component() -> None:
+    assert component("fxplan.passes.rewrite.base") == "rewrite"
+    assert component("fxplan.passes.capture") == "capture"
+    assert component("fxplan.inter_op.driver") == "search"
+    assert component("fxplan.cli.main") == "api_cli"
+    assert {component(m) for m in MODULES} == set(ALLOWED)
+
+
+def test_no_import_runs_up_a_layer() -> None:
+    upward = []
+    for source, target, data in GRAPH.edges(data=True):
+        a, b = component(source), component(target)
+        if a != b and b not in ALLOWED[a]:
+            upward.append(f"{MODULES[source].relative_to(REPO)}:{data['line']} "
+                          f"({a}) imports {target} ({b})")
+    assert not upward, "imports that run up a layer:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycles() -> None:
+    cycles = [c for c in nx.strongly_connected_components(GRAPH) if len(c) > 1]
+    unexpected = [sorted(c) for c in cycles if c not in ALLOWED_CYCLES]
+    assert not unexpected, f"import cycles: {unexpected}"
+
+
+def test_the_checker_sees_lazy_and_type_only_imports(tmp_path: Path) -> None:
+    source = tmp_path / "probe.py"
+    source.write_text("from typing import TYPE_CHECKING\n"
+                      "if TYPE_CHECKING:\n    from fxplan.runtime import apply\n"
+                      "def f():\n    import fxplan.cli.main as m\n"
+                      "    from ..core.plan import Plan\n")
+    names = {name for name, _ in _imports("fxplan.cost_model.probe", source)}
+    assert names == {"fxplan.runtime.apply", "fxplan.cli.main", "fxplan.core.plan"}
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_layers_are_ordered(layer: str) -> None:
+    """No component may import one that may import it back (the table itself is a DAG)."""
+    for other in ALLOWED[layer]:
+        assert layer not in ALLOWED[other]
