@@ -28,6 +28,8 @@ from fxplan.core.plan import Plan, PlanError
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from fxplan.cluster_specs import Cluster
+    from fxplan.passes.captured_graph import CapturedGraph
     from fxplan.runtime.sharded_module import ShardedModule
 
 __all__ = ["plan"]
@@ -35,7 +37,7 @@ __all__ = ["plan"]
 logger = logging.getLogger("fxplan.planner")
 
 
-def _capture(model: "torch.nn.Module", cluster: Any, inputs: tuple) -> Any:
+def _capture(model: "torch.nn.Module", cluster: Cluster, inputs: tuple) -> CapturedGraph:
     """The module at one sample of ``inputs`` in ``cluster``'s training dtype (as the CLI)."""
     import torch
 
@@ -46,13 +48,13 @@ def _capture(model: "torch.nn.Module", cluster: Any, inputs: tuple) -> Any:
     return capture(model, inputs=one_sample, dtype=getattr(torch, training_dtype(cluster)))
 
 
-def _load_cluster(cluster: Any) -> Any:
+def _load_cluster(cluster: str | Cluster) -> Cluster:
     from fxplan.cluster_specs import Cluster
 
     return Cluster.load(cluster) if isinstance(cluster, str) else cluster
 
 
-def _search(model: "torch.nn.Module", cluster: Any, inputs: tuple, batch: int,
+def _search(model: "torch.nn.Module", cluster: str | Cluster, inputs: tuple, batch: int,
             seq: int | None, search_options: dict[str, Any]) -> Plan:
     from fxplan.inter_op import search
 
@@ -62,7 +64,8 @@ def _search(model: "torch.nn.Module", cluster: Any, inputs: tuple, batch: int,
                   model=type(model).__name__, **search_options)
 
 
-def _check_graph(model: "torch.nn.Module", chosen: Plan, cluster: Any, inputs: tuple) -> None:
+def _check_graph(model: "torch.nn.Module", chosen: Plan, cluster: str | Cluster,
+                 inputs: tuple) -> None:
     """Refuse a given plan for another graph when the module can be captured as it was."""
     if chosen.model != type(model).__name__:
         logger.info("plan for model %r (not made from this %s module): its graph fingerprint "
@@ -74,7 +77,7 @@ def _check_graph(model: "torch.nn.Module", chosen: Plan, cluster: Any, inputs: t
                                 "captured at one sample of inputs=)")
 
 
-def plan(model: "torch.nn.Module", cluster: Any, *, inputs: Any, batch: int,
+def plan(model: "torch.nn.Module", cluster: str | Cluster, *, inputs: Any, batch: int,
          plan: Plan | None = None, seq: int | None = None, ranks: Sequence[int] | None = None,
          debug: bool = False, **search_options: Any) -> "ShardedModule | Plan | None":
     """Search (or take ``plan``) and apply it on the current process group.

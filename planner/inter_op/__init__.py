@@ -5,18 +5,23 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from fxplan.core.plan import Plan
 from fxplan.inter_op.constraints import ConstraintError
 from fxplan.inter_op.infeasible import InfeasibleError
 from fxplan.inter_op.progress import PhaseTimer
 
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.examples.bundle import ModelBundle
+    from fxplan.passes.captured_graph import CapturedGraph
+
 __all__ = ["search", "ConstraintError", "InfeasibleError", "capture_for_search",
            "training_dtype"]
 
 
-def training_dtype(cluster: Any) -> str:
+def training_dtype(cluster: Cluster) -> str:
     """``bfloat16`` where the device has a bf16 peak, else ``float16`` where it has fp16 (V100),
     else ``float32``: the precision mixed-precision training would use there."""
     peaks = cluster.device(0).peak_tflops
@@ -24,7 +29,7 @@ def training_dtype(cluster: Any) -> str:
 
 
 @lru_cache(maxsize=8)
-def _capture(model: str, seq: int | None, dtype: str) -> Any:
+def _capture(model: str, seq: int | None, dtype: str) -> CapturedGraph:
     import torch
 
     from fxplan.passes.capture import capture
@@ -32,8 +37,8 @@ def _capture(model: str, seq: int | None, dtype: str) -> Any:
     return capture(model, batch=1, seq=seq, dtype=getattr(torch, dtype))
 
 
-def capture_for_search(model: Any, *, seq: int | None = None, dtype: str = "bfloat16",
-                       timer: PhaseTimer | None = None) -> Any:
+def capture_for_search(model: str | ModelBundle, *, seq: int | None = None,
+                       dtype: str = "bfloat16", timer: PhaseTimer | None = None) -> CapturedGraph:
     """Capture ``model`` (a spec string or bundle) at microbatch 1 for the search.
 
     The cost model scales every segment by ``microbatch / 1``, so one capture serves every
@@ -50,14 +55,14 @@ def capture_for_search(model: Any, *, seq: int | None = None, dtype: str = "bflo
         return capture(model, batch=1, seq=seq, dtype=getattr(torch, dtype))
 
 
-def search(graph: Any, cluster: Any, *, batch: int, seq: int | None = None,
-           time_budget_s: float | None = None, progress: bool = True,
+def search(graph: CapturedGraph | str | ModelBundle, cluster: Cluster | str, *, batch: int,
+           seq: int | None = None, time_budget_s: float | None = None, progress: bool = True,
            constraints: Mapping[str, Any] | None = None, finalists: int | None = None,
            model: str | None = None) -> Plan:
     """The fastest configuration of ``graph`` on ``cluster`` for global ``batch`` that fits.
 
-    ``graph``: a :class:`passes.capture.CapturedGraph` or a model spec (``"gpt-1.7b"``),
-    captured here (phase ``capture``). ``cluster``: a ``Cluster`` or a spec string.
+    ``graph``: a :class:`passes.capture.CapturedGraph`, or a model spec (``"gpt-1.7b"``) or
+    ``ModelBundle`` captured here (phase ``capture``). ``cluster``: a ``Cluster`` or a spec string.
     ``seq`` must match the captured sequence when given (ignored for a graph without a
     sequence dimension, as :func:`cost_model.estimate.estimate` does). ``constraints`` fixes
     fields of the candidates, each to a value or a collection of values: ``tp, pp, dp,
