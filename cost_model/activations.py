@@ -32,11 +32,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import torch
 
-from fxplan.cost_model.megatron_layout import SHARD, TPLayout, nodes_by_name
+from fxplan.cost_model.megatron_layout import SHARD, TPLayout
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch.fx
+
+    from fxplan.passes.captured_graph import CapturedGraph
+    from fxplan.passes.node_info import NodeInfo
 
 __all__ = ["ActivationBytes", "attention_core", "itemsize", "segment_activations", "tensor_bytes"]
 
@@ -50,7 +56,7 @@ class ActivationBytes:
     working: float
 
 
-def tensor_bytes(info: Any) -> int:
+def tensor_bytes(info: NodeInfo) -> int:
     """Bytes of a node's value from its shape and dtype (0 for non-tensors)."""
     shape, dtype = info.shape, info.dtype
     if shape is None or dtype is None:
@@ -65,7 +71,7 @@ def itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype, device="meta").element_size()
 
 
-def _is_free_product(node: Any, info: Any, layout: TPLayout) -> bool:
+def _is_free_product(node: torch.fx.Node, info: NodeInfo, layout: TPLayout) -> bool:
     """A matrix product of two activations (no parameter), or a fused attention node."""
     if info.op_class == "attention":
         return True
@@ -73,9 +79,10 @@ def _is_free_product(node: Any, info: Any, layout: TPLayout) -> bool:
             and len(layout.inputs.get(node.name, ())) >= 2)
 
 
-def attention_core(graph: Any, names: Sequence[str], layout: TPLayout) -> frozenset[str]:
+def attention_core(graph: CapturedGraph, names: Sequence[str],
+                   layout: TPLayout) -> frozenset[str]:
     """Nodes of ``names`` between parameter-free matrix products (module docstring)."""
-    nodes = nodes_by_name(graph)
+    nodes = graph.nodes_by_name
     members = set(names)
     products = {n for n in names if _is_free_product(nodes[n], graph.info(nodes[n]), layout)}
     fused = {n for n in products if graph.info(nodes[n]).op_class == "attention"}
@@ -91,25 +98,27 @@ def attention_core(graph: Any, names: Sequence[str], layout: TPLayout) -> frozen
     return frozenset(fused | (products & (after | before)) | (after & before))
 
 
-def _base(name: str, graph: Any, nodes: dict[str, Any], layout: TPLayout) -> str:
+def _base(name: str, graph: CapturedGraph, nodes: dict[str, torch.fx.Node],
+          layout: TPLayout) -> str:
     """Follow views back to the node that owns the storage."""
     while graph.info(nodes[name]).op_class == "view" and layout.inputs.get(name):
         name = layout.inputs[name][0]
     return name
 
 
-def _inputs_bytes(graph: Any, group: set[str], layout: TPLayout, divisor: Any) -> float:
-    nodes = nodes_by_name(graph)
+def _inputs_bytes(graph: CapturedGraph, group: set[str], layout: TPLayout,
+                  divisor: Callable[..., int]) -> float:
+    nodes = graph.nodes_by_name
     bases = {_base(i, graph, nodes, layout) for n in group for i in layout.inputs.get(n, ())
              if i not in group}
     bases -= group
     return sum(tensor_bytes(graph.info(nodes[b])) / divisor(b, output=True) for b in bases)
 
 
-def segment_activations(graph: Any, names: Sequence[str], layout: TPLayout, *, tp: int,
-                        sequence_parallel: bool, recompute: str) -> ActivationBytes:
+def segment_activations(graph: CapturedGraph, names: Sequence[str], layout: TPLayout, *,
+                        tp: int, sequence_parallel: bool, recompute: str) -> ActivationBytes:
     """:class:`ActivationBytes` of the segment ``names`` (graph order) under ``recompute``."""
-    nodes = nodes_by_name(graph)
+    nodes = graph.nodes_by_name
 
     def divisor(name: str, output: bool = False) -> int:
         """``t`` when the saved tensors of ``name`` (its output, if ``output``) are split."""
@@ -119,7 +128,7 @@ def segment_activations(graph: Any, names: Sequence[str], layout: TPLayout, *, t
             split = name in layout.saves_sharded
         return tp if split or sequence_parallel else 1
 
-    def saved(group: Any) -> float:
+    def saved(group: Iterable[str]) -> float:
         return sum(graph.info(nodes[n]).saved_bytes / divisor(n) for n in group)
 
     everything = saved(names)

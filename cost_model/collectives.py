@@ -48,7 +48,10 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
 
 __all__ = ["CollectiveCost", "KINDS", "ALGORITHMS", "collective_cost", "collective_time_s",
            "normalise_kind", "bus_factor"]
@@ -121,7 +124,7 @@ class _Group:
 
 
 @lru_cache(maxsize=4096)
-def _describe(ranks: tuple[int, ...], cluster: Any) -> _Group:
+def _describe(ranks: tuple[int, ...], cluster: Cluster) -> _Group:
     by_node: dict[int, list[int]] = {}
     for rank in ranks:
         by_node.setdefault(cluster.node_of(rank), []).append(rank)
@@ -187,7 +190,7 @@ def _algorithm_time(kind: str, algorithm: str, size: float, g: _Group) -> tuple[
     raise ValueError(f"unknown algorithm {algorithm!r}")
 
 
-def collective_cost(kind: str, nbytes: float, ranks: Iterable[int], cluster: Any, *,
+def collective_cost(kind: str, nbytes: float, ranks: Iterable[int], cluster: Cluster, *,
                     algorithm: str = "auto") -> CollectiveCost:
     """Cost of collective ``kind`` on ``nbytes`` (nccl-tests size) over ``ranks`` of ``cluster``.
 
@@ -204,7 +207,8 @@ def collective_cost(kind: str, nbytes: float, ranks: Iterable[int], cluster: Any
 
 
 @lru_cache(maxsize=65536)
-def _cost(kind: str, nbytes: float, group: tuple[int, ...], cluster: Any, algorithm: str) -> CollectiveCost:
+def _cost(kind: str, nbytes: float, group: tuple[int, ...], cluster: Cluster,
+          algorithm: str) -> CollectiveCost:
     if len(group) <= 1 or nbytes <= 0:
         return CollectiveCost(0.0, "none", math.inf, 0.0)
     g = _describe(group, cluster)
@@ -221,7 +225,7 @@ def _cost(kind: str, nbytes: float, group: tuple[int, ...], cluster: Any, algori
     return CollectiveCost(time_s, name, busbw, latency)
 
 
-def collective_time_s(kind: str, nbytes: float, ranks: Iterable[int], cluster: Any, *,
+def collective_time_s(kind: str, nbytes: float, ranks: Iterable[int], cluster: Cluster, *,
                       algorithm: str = "auto") -> float:
     """Seconds of :func:`collective_cost`."""
     return collective_cost(kind, nbytes, ranks, cluster, algorithm=algorithm).time_s

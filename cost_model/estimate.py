@@ -21,7 +21,7 @@ For a GPT, ``3·M + M_r`` under full recompute is ``96·B·s·l·h²·(1 + s/(6h
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.efficiency import dtype_key
@@ -30,6 +30,10 @@ from fxplan.cost_model.memory import ADAM_MIXED, MemoryBreakdown, OptimizerSpec
 from fxplan.cost_model.pipeline_schedules import schedule_order
 from fxplan.cost_model.simulator import StepSimulation, TimelineEvent, simulate_step
 from fxplan.cost_model.stage_costs import StagePlan, build_stages, stage_memory
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["Estimate", "estimate"]
 
@@ -98,7 +102,7 @@ class Estimate:
         }
 
 
-def _check(graph: Any, cluster: Any, config: ParallelConfig, batch: int,
+def _check(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, batch: int,
            seq: int | None) -> tuple[GraphSegments, ParallelConfig]:
     segments = graph_segments(graph)
     if seq is not None and segments.seq is not None and seq != segments.seq:
@@ -115,7 +119,7 @@ def _check(graph: Any, cluster: Any, config: ParallelConfig, batch: int,
     return segments, config.resolve(batch)
 
 
-def _peak_flops(plan: StagePlan, graph: Any) -> float:
+def _peak_flops(plan: StagePlan, graph: CapturedGraph) -> float:
     dtype = graph.dtype
     if dtype is None:
         dtype = next((i.dtype for _, i in graph.nodes() if i.op_class == "matmul"), "fp32")
@@ -123,7 +127,7 @@ def _peak_flops(plan: StagePlan, graph: Any) -> float:
     return device.peak(dtype_key(dtype)) * 1e12
 
 
-def estimate(graph: Any, cluster: Any, config: ParallelConfig, *, batch: int,
+def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, batch: int,
              seq: int | None = None, optimizer: OptimizerSpec = ADAM_MIXED) -> Estimate:
     """Predict one training step of ``graph`` on ``cluster`` under ``config``.
 

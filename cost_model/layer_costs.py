@@ -35,7 +35,7 @@ replicated ops run on ``1/t`` of the sequence too):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,8 +46,12 @@ from fxplan.core.config import CostModelError
 from fxplan.cost_model.edge_reshard import edge_collectives
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.passes.node_info import MATMUL_CLASSES
-from fxplan.cost_model.megatron_layout import (CONST, SHARD, TPLayout, graph_cache, infos_by_name,
-                                       nodes_by_name, tp_layout, used_params)
+from fxplan.cost_model.megatron_layout import CONST, SHARD, TPLayout, used_params
+from fxplan.cost_model.tp_layout import tp_layout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster, DeviceGroup
+    from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["GraphSegments", "SegmentCost", "graph_segments", "segment_cost"]
 
@@ -101,15 +105,14 @@ class SegmentCost:
         return sum(self.params.values())
 
 
-def graph_segments(graph: Any) -> GraphSegments:
-    """Segments and facts of ``graph`` (cached on the graph)."""
-    cache = graph_cache(graph)
-    if "segments" not in cache:
-        cache["segments"] = _segments(graph)
-    return cache["segments"]
+def graph_segments(graph: CapturedGraph) -> GraphSegments:
+    """Segments and facts of ``graph`` (memoised in ``graph.memo``)."""
+    if "segments" not in graph.memo:
+        graph.memo["segments"] = _segments(graph)
+    return graph.memo["segments"]
 
 
-def _segments(graph: Any) -> GraphSegments:
+def _segments(graph: CapturedGraph) -> GraphSegments:
     pre: list[str] = []
     post: list[str] = []
     by_layer: dict[int, list[str]] = {}
@@ -133,7 +136,7 @@ def _segments(graph: Any) -> GraphSegments:
     batch = batched[0][0][0]
     seq = _token_seq(batched)
     layout = tp_layout(graph)
-    infos = infos_by_name(graph)
+    infos = graph.infos_by_name
     heads, widths = None, {}
     for name in layout.column:
         info = infos[name]
@@ -160,15 +163,14 @@ def _token_seq(batched: list[tuple[tuple[int, ...], Any]]) -> int | None:
     return None
 
 
-def segment_cost(graph: Any, key: str, *, tp: int, sequence_parallel: bool, recompute: str,
-                 microbatch: int, device: Any,
+def segment_cost(graph: CapturedGraph, key: str, *, tp: int, sequence_parallel: bool,
+                 recompute: str, microbatch: int, device: DeviceGroup,
                  placements: tuple[tuple[str, str], ...] | None = None,
-                 cluster: Any = None) -> SegmentCost:
+                 cluster: Cluster | None = None) -> SegmentCost:
     """The cached :class:`SegmentCost` of segment ``key`` (``"pre"``, ``"post"`` or a layer key).
 
     ``cluster`` prices the reshards of priced placements (:mod:`cost_model.priced_layout`) on
     the tp group ``0 … tp−1``; the other layouts do not need it."""
-    cache = graph_cache(graph)
     sp = sequence_parallel and tp > 1
     policy = recompute if key not in ("pre", "post") else "none"
     mesh = None
@@ -177,10 +179,10 @@ def segment_cost(graph: Any, key: str, *, tp: int, sequence_parallel: bool, reco
             raise CostModelError("priced placements need the cluster to price their reshards")
         mesh = LogicalMesh(cluster, (tp,), ("tp",))
     cache_key = ("segment", key, tp, sp, policy, microbatch, device, placements, mesh)
-    hit = cache.get(cache_key)
+    hit = graph.memo.get(cache_key)
     if hit is None:
-        hit = cache[cache_key] = _segment_cost(graph, key, tp, sp, policy, microbatch, device,
-                                               placements, mesh)
+        hit = graph.memo[cache_key] = _segment_cost(graph, key, tp, sp, policy, microbatch,
+                                                    device, placements, mesh)
     return hit
 
 
@@ -195,14 +197,15 @@ def _divisor(name: str, layout: TPLayout, tp: int, sp: bool) -> int:
     return tp if sp and layout.state.get(name) != CONST else 1
 
 
-def _segment_cost(graph: Any, key: str, tp: int, sp: bool, policy: str, microbatch: int,
-                  device: Any, placements: tuple[tuple[str, str], ...] | None,
+def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str,
+                  microbatch: int, device: DeviceGroup,
+                  placements: tuple[tuple[str, str], ...] | None,
                   mesh: LogicalMesh | None) -> SegmentCost:
     segments = graph_segments(graph)
     names = segments.names(key)
     layout = tp_layout(graph, placements)
     scale = microbatch / segments.batch
-    infos = infos_by_name(graph)
+    infos = graph.infos_by_name
     recomputed: set[str] = set()
     if policy == "full":
         recomputed = set(names)
@@ -229,7 +232,7 @@ def _segment_cost(graph: Any, key: str, tp: int, sp: bool, policy: str, microbat
             _edge_collectives(graph, name, layout, scale, mesh, tp_fwd, tp_bwd)
         elif tp > 1:
             _tp_collectives(graph, name, layout, scale, sp, tp_fwd, tp_bwd)
-        for param in used_params(nodes_by_name(graph)[name], graph):
+        for param in used_params(graph.nodes_by_name[name], graph):
             canonical = graph.params[param].tied_to or param
             split = tp if param in layout.sharded_params else 1
             params[canonical] = graph.params[param].numel / split
@@ -244,11 +247,12 @@ def _segment_cost(graph: Any, key: str, tp: int, sp: bool, policy: str, microbat
                        params, output, flops, recompute_flops)
 
 
-def _edge_collectives(graph: Any, name: str, layout: TPLayout, scale: float, mesh: LogicalMesh,
-                      fwd: list[tuple[str, float]], bwd: list[tuple[str, float]]) -> None:
+def _edge_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: float,
+                      mesh: LogicalMesh, fwd: list[tuple[str, float]],
+                      bwd: list[tuple[str, float]]) -> None:
     """Append the reshards of priced placements into node ``name``
     (:func:`cost_model.edge_reshard.edge_collectives`), scaled to the microbatch."""
-    infos = infos_by_name(graph)
+    infos = graph.infos_by_name
     for edge in layout.edges.get(name, ()):
         info = infos[edge.producer]
         shape = info.shape if isinstance(info.shape[0], int) else info.shape[0]
@@ -260,10 +264,10 @@ def _edge_collectives(graph: Any, name: str, layout: TPLayout, scale: float, mes
         bwd.extend((kind, nbytes * scale) for kind, nbytes in backward)
 
 
-def _tp_collectives(graph: Any, name: str, layout: TPLayout, scale: float, sp: bool,
+def _tp_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: float, sp: bool,
                     fwd: list[tuple[str, float]], bwd: list[tuple[str, float]]) -> None:
     """Append the tp collectives node ``name`` implies (module docstring)."""
-    infos = infos_by_name(graph)
+    infos = graph.infos_by_name
     out_bytes = tensor_bytes(infos[name]) * scale
     if name in layout.row or name in layout.vocab:
         fwd.append(("reduce_scatter" if sp else "all_reduce", out_bytes))

@@ -39,15 +39,17 @@ intra-op solver's answer) is priced edge by edge instead (:mod:`cost_model.price
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from fxplan.core.placements import Partial, Replicate, Shard, parse_placements
 
-__all__ = ["CONST", "REPL", "SHARD", "TPLayout", "graph_cache", "infos_by_name", "nodes_by_name",
-           "tp_layout",
-           "used_params"]
+if TYPE_CHECKING:  # pragma: no cover
+    import torch.fx
+
+    from fxplan.passes.captured_graph import CapturedGraph
+
+__all__ = ["CONST", "REPL", "SHARD", "TPLayout", "megatron_tp_layout", "used_params"]
 
 CONST, REPL, SHARD = 0, 1, 2
 
@@ -78,7 +80,7 @@ class TPLayout:
         return self.state.get(name, CONST) != CONST
 
 
-def used_params(node: Any, graph: Any) -> list[str]:
+def used_params(node: torch.fx.Node, graph: CapturedGraph) -> list[str]:
     """Parameters a node uses: its own (``call_module``) and those of its ``get_attr`` inputs."""
     names = list(graph.info(node).params)
     for arg in node.all_input_nodes:
@@ -87,7 +89,7 @@ def used_params(node: Any, graph: Any) -> list[str]:
     return names
 
 
-def _weight(names: list[str], graph: Any) -> str | None:
+def _weight(names: list[str], graph: CapturedGraph) -> str | None:
     for name in names:
         if len(graph.params[name].shape) == 2:
             return name
@@ -111,7 +113,7 @@ def _tp_state(text: str) -> int | str:
     raise ValueError(f"unknown placement {text!r}")
 
 
-def _build(graph: Any, placements: Mapping[str, str]) -> TPLayout:
+def megatron_tp_layout(graph: CapturedGraph, placements: Mapping[str, str]) -> TPLayout:
     state: dict[str, int] = {}
     inputs: dict[str, tuple[str, ...]] = {}
     column, row, vocab, gathers, saves, sharded_params = set(), set(), set(), set(), set(), set()
@@ -157,47 +159,3 @@ def _build(graph: Any, placements: Mapping[str, str]) -> TPLayout:
         state[node.name] = s
     return TPLayout(state, frozenset(column), frozenset(row - gathers), frozenset(vocab),
                     frozenset(gathers), frozenset(saves), frozenset(sharded_params), inputs)
-
-
-_CACHES: dict[int, tuple[weakref.ref, dict]] = {}
-
-
-def graph_cache(graph: Any) -> dict:
-    """A dict that lives as long as ``graph`` (captured graphs are unhashable dataclasses,
-    so the cache is keyed on identity and dropped when the graph is collected)."""
-    key = id(graph)
-    entry = _CACHES.get(key)
-    if entry is None or entry[0]() is not graph:
-        entry = (weakref.ref(graph, lambda _: _CACHES.pop(key, None)), {})
-        _CACHES[key] = entry
-    return entry[1]
-
-
-def nodes_by_name(graph: Any) -> dict[str, Any]:
-    """``{name: fx node}`` of ``graph`` (cached)."""
-    cache = graph_cache(graph)
-    if "nodes_by_name" not in cache:
-        cache["nodes_by_name"] = {n.name: n for n in graph.gm.graph.nodes}
-    return cache["nodes_by_name"]
-
-
-def infos_by_name(graph: Any) -> dict[str, Any]:
-    """``{name: NodeInfo}`` of ``graph`` (cached; ``CapturedGraph.info(str)`` rebuilds a map
-    on every call)."""
-    cache = graph_cache(graph)
-    if "infos_by_name" not in cache:
-        cache["infos_by_name"] = {n.name: graph.info(n) for n in graph.gm.graph.nodes}
-    return cache["infos_by_name"]
-
-
-def tp_layout(graph: Any, placements: tuple[tuple[str, str], ...] | None = None) -> TPLayout:
-    """The layout of ``graph`` (default Megatron layout when ``placements`` is ``None``),
-    cached per graph and placements."""
-    per_graph = graph_cache(graph)
-    key = ("tp_layout", placements or ())
-    if key not in per_graph:
-        from fxplan.cost_model.priced_layout import build_priced, is_priced
-
-        given = dict(placements or ())
-        per_graph[key] = build_priced(graph, given) if is_priced(given) else _build(graph, given)
-    return per_graph[key]

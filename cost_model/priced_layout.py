@@ -29,10 +29,13 @@ A tensor needs a gradient when a parameter is among its ancestors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from fxplan.cost_model.megatron_layout import CONST, REPL, SHARD, TPLayout, tp_placement, used_params
 from fxplan.core.placements import Placement, Replicate, Shard
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["PARAM_PREFIX", "PricedEdge", "build_priced", "edge_key", "is_priced"]
 
@@ -60,7 +63,7 @@ def is_priced(placements: Mapping[str, str]) -> bool:
     return any("<" in key or key.startswith(PARAM_PREFIX) for key in placements)
 
 
-def build_priced(graph: Any, placements: Mapping[str, str]) -> TPLayout:
+def build_priced(graph: CapturedGraph, placements: Mapping[str, str]) -> TPLayout:
     """The :class:`TPLayout` of priced placements (module docstring)."""
     tp = {key: tp_placement(text) for key, text in placements.items()}
     out = {key: p for key, p in tp.items() if "<" not in key and not key.startswith(PARAM_PREFIX)}

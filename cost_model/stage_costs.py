@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -45,6 +45,10 @@ from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, Optimize
                                model_state_bytes)
 from fxplan.cost_model.pipeline_schedules import ScheduleOrder
 from fxplan.cost_model.simulator import StageCosts
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster, DeviceGroup
+    from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["StagePlan", "buffer_bytes", "build_stages", "rank_memory", "stage_memory",
            "stage_ranks"]
@@ -64,7 +68,7 @@ class StagePlan:
     costs: StageCosts
     chunks: tuple[tuple[tuple[SegmentCost, ...], ...], ...]   # [s][c] → segments in order
     params: tuple[dict[str, float], ...]                       # [s] canonical name → local numel
-    devices: tuple[Any, ...]
+    devices: tuple[DeviceGroup, ...]
 
 
 def _chunk_keys(segments: GraphSegments, config: ParallelConfig) -> list[list[list[tuple[str, str]]]]:
@@ -87,24 +91,26 @@ def _chunk_keys(segments: GraphSegments, config: ParallelConfig) -> list[list[li
 
 
 @lru_cache(maxsize=1 << 16)
-def _collective(kind: str, nbytes: float, group: tuple[int, ...], cluster: Any) -> float:
+def _collective(kind: str, nbytes: float, group: tuple[int, ...], cluster: Cluster) -> float:
     """:func:`collective_time_s`, memoised on the exact arguments (the planner's hot path)."""
     return collective_time_s(kind, nbytes, group, cluster)
 
 
 @lru_cache(maxsize=1 << 12)
-def _optimizer_s(optimizer: OptimizerSpec, params: float, device: Any) -> float:
+def _optimizer_s(optimizer: OptimizerSpec, params: float, device: DeviceGroup) -> float:
     """Memory-bound optimizer step over ``params`` local parameters, plus the device's fixed
     host cost per step: ``op_time(12·Ψ FLOPs, 28·Ψ bytes) + step_overhead_us``."""
     return op_time_s("elementwise", optimizer.step_flops * params, optimizer.step_bytes * params,
                      torch.float32, device) + device.step_overhead_us * 1e-6
 
 
-def _price(events: Any, group: tuple[int, ...], cluster: Any) -> float:
+def _price(events: Iterable[tuple[str, float]], group: tuple[int, ...],
+           cluster: Cluster) -> float:
     return sum(_collective(kind, nbytes, group, cluster) for kind, nbytes in events)
 
 
-def build_stages(graph: Any, segments: GraphSegments, cluster: Any, config: ParallelConfig,
+def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster,
+                 config: ParallelConfig,
                  optimizer: OptimizerSpec) -> StagePlan:
     """Per-(stage, chunk) costs (module docstring) for the simulator."""
     p, v, tp = config.pp, config.virtual_stages, config.tp
@@ -144,7 +150,7 @@ def build_stages(graph: Any, segments: GraphSegments, cluster: Any, config: Para
 
 
 def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
-                 dp_group: tuple[int, ...], cluster: Any, config: ParallelConfig,
+                 dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
                  optimizer: OptimizerSpec) -> tuple[list[float], list[float]]:
     """``[compute, tp, zero]`` seconds of one chunk's forward and backward."""
     f = [0.0, 0.0, 0.0]
@@ -164,7 +170,7 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
 
 
 def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dict[str, float],
-             dp_group: tuple[int, ...], cluster: Any, config: ParallelConfig,
+             dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
              optimizer: OptimizerSpec) -> tuple[tuple[float, float], ...]:
     """Gradient buckets of one chunk as ``(fraction of its last backward, seconds)``; also
     collects the chunk's parameters into ``stage_params`` (a layer's under its label, the
@@ -184,7 +190,7 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
 
 
 def _p2p(chunks: list, forward: np.ndarray, backward: np.ndarray, config: ParallelConfig,
-         cluster: Any) -> None:
+         cluster: Cluster) -> None:
     """Fill row 3 (blocking sends) of ``forward``/``backward`` (module docstring)."""
     p, v, tp = config.pp, config.virtual_stages, config.tp
     last = p * v - 1
@@ -204,7 +210,7 @@ def _p2p(chunks: list, forward: np.ndarray, backward: np.ndarray, config: Parall
 
 
 def _tied_sync(params: list[dict[str, float]], post: np.ndarray, config: ParallelConfig,
-               cluster: Any, optimizer: OptimizerSpec) -> None:
+               cluster: Cluster, optimizer: OptimizerSpec) -> None:
     """All-reduce the gradient of a weight held by several stages among them."""
     holders: dict[str, list[int]] = {}
     for s, stage_params in enumerate(params):

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from functools import cached_property
+from typing import Any, Hashable, Iterable
 
 import torch
 import torch.fx
@@ -54,6 +55,11 @@ class CapturedGraph:
     ``leaf_modules`` maps module paths kept opaque at the user's request to their class.
     ``unpriced_ops`` counts nodes whose op had no FLOP rule (priced by measurement).
     ``layer_names`` maps a layer index to its module path (``h.3``).
+
+    The graph is not changed after capture, so its name indexes (:attr:`nodes_by_name`,
+    :attr:`infos_by_name`) are built once, and ``memo`` holds what later stages derive from
+    it (the cost model's segments, layouts and segment costs), keyed by the stage that
+    computes them; both live and die with the graph.
     """
 
     gm: torch.fx.GraphModule
@@ -66,21 +72,30 @@ class CapturedGraph:
     unpriced_ops: dict[str, int] = field(default_factory=dict)
     layer_names: dict[int, str] = field(default_factory=dict)
     capture_seconds: float = 0.0
+    memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False,
+                                      compare=False)
 
     # --- nodes ---------------------------------------------------------------------------
 
     def info(self, node: torch.fx.Node | str) -> NodeInfo:
         """The annotation of ``node`` (a node or its name): ``node.meta["fxplan"]``."""
         if isinstance(node, str):
-            node = self._by_name()[node]
+            return self.infos_by_name[node]
         return node.meta[META_KEY]
 
     def nodes(self) -> Iterable[tuple[torch.fx.Node, NodeInfo]]:
         """``(node, info)`` in graph order."""
         return ((n, n.meta[META_KEY]) for n in self.gm.graph.nodes)
 
-    def _by_name(self) -> dict[str, torch.fx.Node]:
+    @cached_property
+    def nodes_by_name(self) -> dict[str, torch.fx.Node]:
+        """``{name: fx node}``, built on first use."""
         return {n.name: n for n in self.gm.graph.nodes}
+
+    @cached_property
+    def infos_by_name(self) -> dict[str, NodeInfo]:
+        """``{name: NodeInfo}``, built on first use."""
+        return {n.name: n.meta[META_KEY] for n in self.gm.graph.nodes}
 
     # --- totals ----------------------------------------------------------------------------
 

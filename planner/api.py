@@ -50,7 +50,7 @@ __all__ = ["PlanResult", "capture", "capture_for_search", "plan", "search"]
 logger = logging.getLogger("fxplan.api")
 
 
-def capture(model: "str | ModelBundle | torch.nn.Module", **options: Any) -> "CapturedGraph":
+def capture(model: "str | ModelBundle | torch.nn.Module", **options: Any) -> CapturedGraph:
     """:func:`fxplan.passes.capture.capture` that also takes a model spec string (resolved
     with :func:`~fxplan.examples.model_spec.resolve_model`); ``options`` as there
     (``inputs``, ``batch``, ``seq``, ``leaf_modules``, ``dtype``, …)."""
@@ -61,15 +61,15 @@ def capture(model: "str | ModelBundle | torch.nn.Module", **options: Any) -> "Ca
 
 
 @lru_cache(maxsize=8)
-def _capture_spec(spec: str, seq: int | None, dtype: str) -> "CapturedGraph":
+def _capture_spec(spec: str, seq: int | None, dtype: str) -> CapturedGraph:
     import torch
 
     return capture(spec, batch=1, seq=seq, dtype=getattr(torch, dtype))
 
 
 def capture_for_search(model: "str | ModelBundle", *, seq: int | None = None,
-                       dtype: str = "bfloat16", timer: "PhaseTimer | None" = None
-                       ) -> "CapturedGraph":
+                       dtype: str = "bfloat16", timer: PhaseTimer | None = None
+                       ) -> CapturedGraph:
     """Capture ``model`` (a spec string or bundle) at microbatch 1 for the search.
 
     The cost model scales every segment by ``microbatch / 1``, so one capture serves every
@@ -109,7 +109,7 @@ def search(model: "str | ModelBundle | CapturedGraph", cluster: "str | Cluster",
     return search_graph(model, cluster, batch=batch, seq=seq, timer=timer, **options)
 
 
-def _capture(model: "torch.nn.Module", cluster: Any, inputs: tuple) -> Any:
+def _capture(model: "torch.nn.Module", cluster: Cluster, inputs: tuple) -> CapturedGraph:
     """The module at one sample of ``inputs`` in ``cluster``'s training dtype (as the CLI)."""
     import torch
 
@@ -119,13 +119,13 @@ def _capture(model: "torch.nn.Module", cluster: Any, inputs: tuple) -> Any:
     return capture(model, inputs=one_sample, dtype=getattr(torch, training_dtype(cluster)))
 
 
-def _load_cluster(cluster: Any) -> Any:
+def _load_cluster(cluster: str | Cluster) -> Cluster:
     from fxplan.cluster_specs import Cluster
 
     return Cluster.load(cluster) if isinstance(cluster, str) else cluster
 
 
-def _search(model: "torch.nn.Module", cluster: Any, inputs: tuple, batch: int,
+def _search(model: "torch.nn.Module", cluster: str | Cluster, inputs: tuple, batch: int,
             seq: int | None, search_options: dict[str, Any]) -> Plan:
     from fxplan.inter_op import search as search_graph
 
@@ -135,7 +135,8 @@ def _search(model: "torch.nn.Module", cluster: Any, inputs: tuple, batch: int,
                   model=type(model).__name__, **search_options)
 
 
-def _check_graph(model: "torch.nn.Module", chosen: Plan, cluster: Any, inputs: tuple) -> None:
+def _check_graph(model: "torch.nn.Module", chosen: Plan, cluster: str | Cluster,
+                 inputs: tuple) -> None:
     """Refuse a given plan for another graph when the module can be captured as it was."""
     if chosen.model != type(model).__name__:
         logger.info("plan for model %r (not made from this %s module): its graph fingerprint "

@@ -9,12 +9,18 @@ the timeline and the per-stage memory breakdown the plots draw.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.core.plan import Plan
+    from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["plot_plan"]
 
 
-def plot_plan(plan: Any, graph: Any, cluster: Any, prefix: str | Path) -> tuple[Path, Path]:
+def plot_plan(plan: Plan, graph: CapturedGraph, cluster: Cluster,
+              prefix: str | Path) -> tuple[Path, Path]:
     """Write ``PREFIX-timeline.png`` and ``PREFIX-memory.png`` for ``plan``; return both paths."""
     from fxplan.cost_model import estimate
     from fxplan.cost_model.memory_plot import plot_memory

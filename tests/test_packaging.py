@@ -10,6 +10,7 @@ imports it from a directory that has packages of its own named ``examples`` and 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -63,9 +64,14 @@ print(json.dumps({
 
 @pytest.mark.slow
 def test_wheel_installs_only_fxplan_and_imports_beside_user_packages(tmp_path: Path) -> None:
+    # Build from a copy of the sources: setuptools' in-tree build/ folder would otherwise keep
+    # files deleted since the last build and put them into the wheel.
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache"))
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(wheels), str(REPO)], check=True, capture_output=True)
+                    "-q", "-w", str(wheels), str(source)], check=True, capture_output=True)
     (wheel,) = wheels.glob("fxplan-*.whl")
 
     env_dir = tmp_path / "env"

@@ -5,25 +5,29 @@ that also takes a model spec and captures it first.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from fxplan.core.plan import Plan
 from fxplan.inter_op.constraints import ConstraintError
 from fxplan.inter_op.infeasible import InfeasibleError
 from fxplan.inter_op.progress import PhaseTimer
 
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.passes.captured_graph import CapturedGraph
+
 __all__ = ["search", "ConstraintError", "InfeasibleError", "training_dtype"]
 
 
-def training_dtype(cluster: Any) -> str:
+def training_dtype(cluster: Cluster) -> str:
     """``bfloat16`` where the device has a bf16 peak, else ``float16`` where it has fp16 (V100),
     else ``float32``: the precision mixed-precision training would use there."""
     peaks = cluster.device(0).peak_tflops
     return "bfloat16" if "bf16" in peaks else "float16" if "fp16" in peaks else "float32"
 
 
-def search(graph: Any, cluster: Any, *, batch: int, seq: int | None = None,
-           time_budget_s: float | None = None, progress: bool = True,
+def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
+           seq: int | None = None, time_budget_s: float | None = None, progress: bool = True,
            constraints: Mapping[str, Any] | None = None, finalists: int | None = None,
            model: str | None = None, timer: PhaseTimer | None = None) -> Plan:
     """The fastest configuration of ``graph`` on ``cluster`` for global ``batch`` that fits.

@@ -11,7 +11,7 @@ so ``Plan.priced_config()`` rebuilds exactly the configuration that was estimate
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from fxplan.cost_model.estimate import Estimate
 from fxplan.cost_model.memory import GIB
@@ -19,6 +19,10 @@ from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.core.plan import Plan, StageAssignment
 from fxplan.inter_op.pricing import Priced
 from fxplan.inter_op.space import Candidate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["build_plan", "estimate_summary"]
 
@@ -44,7 +48,7 @@ def _runner(runner: Priced, best: Estimate) -> dict[str, Any]:
             "layout": runner.layout}
 
 
-def _axis_levels(cluster: Any, c: Candidate) -> tuple[str, ...]:
+def _axis_levels(cluster: Cluster, c: Candidate) -> tuple[str, ...]:
     mesh = LogicalMesh(cluster, (c.pp, c.dp, c.tp), AXES)
     return tuple(mesh.axis_level(a).name if mesh.axis_size(a) > 1 else "-" for a in AXES)
 
@@ -58,7 +62,7 @@ def _stages(c: Candidate) -> tuple[StageAssignment, ...]:
     return tuple(out)
 
 
-def build_plan(graph: Any, cluster: Any, *, model: str, batch: int, best: Priced,
+def build_plan(graph: CapturedGraph, cluster: Cluster, *, model: str, batch: int, best: Priced,
                runners_up: Sequence[Priced], pruned: Sequence[str], fallbacks: Sequence[str],
                search_time_s: float, timings: dict[str, float], visited: int) -> Plan:
     """The :class:`Plan` of the search's winner (module docstring)."""

@@ -40,7 +40,7 @@ from __future__ import annotations
 import heapq
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.memory import GIB, MemoryBreakdown
@@ -59,6 +59,10 @@ from fxplan.inter_op.space import MAX_MICROBATCH, Candidate, Family, families, o
 from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
                                          stage_totals)
 from fxplan.inter_op.surrogate import surrogate_step_s
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["DEFAULT_FINALISTS", "run_search"]
 
@@ -80,8 +84,9 @@ def _zeros(family: Family) -> tuple[int, ...]:
 class _Search:
     """State of one search (see the module docstring for the steps)."""
 
-    def __init__(self, graph: Any, cluster: Any, batch: int, constraints: Mapping[str, Any],
-                 finalists: int, timer: PhaseTimer, budget: Budget, progress: bool) -> None:
+    def __init__(self, graph: CapturedGraph, cluster: Cluster, batch: int,
+                 constraints: Mapping[str, Any], finalists: int, timer: PhaseTimer,
+                 budget: Budget, progress: bool) -> None:
         self.graph, self.cluster, self.batch = graph, cluster, batch
         self.constraints = validate_constraints(constraints, cluster.num_devices)
         self.K = finalists
@@ -340,9 +345,9 @@ class _Search:
         return self.infeasible(self.mesh_allowed, model)
 
 
-def run_search(graph: Any, cluster: Any, *, batch: int, model: str, time_budget_s: float | None,
-               progress: bool, constraints: Mapping[str, Any], finalists: int,
-               timer: PhaseTimer) -> Plan:
+def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str,
+               time_budget_s: float | None, progress: bool, constraints: Mapping[str, Any],
+               finalists: int, timer: PhaseTimer) -> Plan:
     """Steps 1–6 on a captured graph (the public wrapper is :func:`fxplan.inter_op.search`)."""
     budget = Budget(time_budget_s)
     state = _Search(graph, cluster, batch, constraints, finalists, timer, budget, progress)

@@ -13,7 +13,7 @@ replicates (layer norms, the residual stream) is sharded over tp.
 Where the solver is not importable, finds no feasible placement, or the search's time budget
 leaves it no time (its limit is the smaller of :data:`SOLVER_TIME_LIMIT_S` and the budget
 left), the placements come from the cost
-model's default Megatron layout (:func:`cost_model.megatron_layout.tp_layout`, derived from
+model's default Megatron layout (:func:`fxplan.cost_model.tp_layout.tp_layout`, derived from
 dataflow), priced by that layout's rules, and the fallback is logged and recorded in
 ``Plan.fallbacks`` — never silently:
 
@@ -30,14 +30,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from fxplan.cost_model.megatron_layout import CONST, REPL, nodes_by_name, tp_layout, used_params
+from fxplan.cost_model.megatron_layout import CONST, REPL, used_params
+from fxplan.cost_model.tp_layout import tp_layout
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.core.placements import format_placements, parse_placements
 from fxplan.cost_model.priced_layout import PARAM_PREFIX, edge_key
 from fxplan.core.plan import SolverInfo
 from fxplan.inter_op.space import Candidate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.inter_op.progress import Budget
+    from fxplan.intra_op import IntraOpSolution
+    from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["IntraOpCache", "Placements", "megatron_placements", "priced_map"]
 
@@ -89,15 +96,15 @@ def _tp_sharded(text: str) -> bool:
     return parse_placements(text)[-1].is_shard()
 
 
-def _sequence_parallel(graph: Any, nodes: Mapping[str, str]) -> bool:
+def _sequence_parallel(graph: CapturedGraph, nodes: Mapping[str, str]) -> bool:
     """Whether an activation the Megatron layout replicates is sharded over tp."""
     layout = tp_layout(graph)
-    by_name = nodes_by_name(graph)
+    by_name = graph.nodes_by_name
     return any(layout.state.get(name) == REPL and by_name[name].op != "placeholder"
                and _tp_sharded(text) for name, text in nodes.items())
 
 
-def _from_solver(graph: Any, result: Any, c: Candidate) -> Placements:
+def _from_solver(graph: CapturedGraph, result: IntraOpSolution, c: Candidate) -> Placements:
     """The solver's answer for ``c``'s tp degree on ``c``'s stage mesh: the dp token is the
     inter-op search's data parallelism (batch ``S(0)`` for activations, parameters ``S(0)``
     under ZeRO-3, else ``R``)."""
@@ -122,14 +129,14 @@ def _from_solver(graph: Any, result: Any, c: Candidate) -> Placements:
     return out
 
 
-def _megatron(graph: Any, c: Candidate) -> Placements:
+def _megatron(graph: CapturedGraph, c: Candidate) -> Placements:
     """The default Megatron layout (module docstring); the dp token as in
     :func:`_from_solver`: the batch ``S(0)`` when ``dp > 1``, else ``R``."""
     layout = tp_layout(graph)
     batch = "S(0)" if c.dp > 1 else "R"
     dp_param = "S(0)" if c.zero_stage == 3 and c.dp > 1 else "R"
     params = {name: dp_param + "R" for name in graph.params}
-    by_name = {node.name: node for node in graph.gm.graph.nodes}
+    by_name = graph.nodes_by_name
     if c.tp == 1:
         layout_nodes: tuple = ()
     else:
@@ -158,7 +165,7 @@ def _megatron(graph: Any, c: Candidate) -> Placements:
     return Placements(nodes, params, SolverInfo(backend="megatron-default", status="not-run"))
 
 
-def megatron_placements(graph: Any, c: Candidate) -> Placements:
+def megatron_placements(graph: CapturedGraph, c: Candidate) -> Placements:
     """The default Megatron layout of ``c`` as placements (priced by the layout's own rules)."""
     return _megatron(graph, c)
 
@@ -168,16 +175,17 @@ class IntraOpCache:
     microbatching, ZeRO or recompute: the solver sees the ``(1, tp)`` slice at the captured
     microbatch); a solver that cannot run is remembered as its reason."""
 
-    def __init__(self, graph: Any, cluster: Any, budget: Any = None) -> None:
+    def __init__(self, graph: CapturedGraph, cluster: Cluster,
+                 budget: Budget | None = None) -> None:
         self.graph, self.cluster, self.budget = graph, cluster, budget
-        self._solved: dict[int, Any] = {}
+        self._solved: dict[int, IntraOpSolution | str] = {}
 
     def time_limit_s(self) -> float:
         """:data:`SOLVER_TIME_LIMIT_S`, or what is left of the search's time budget if less."""
         left = self.budget.remaining() if self.budget is not None else None
         return SOLVER_TIME_LIMIT_S if left is None else min(SOLVER_TIME_LIMIT_S, left)
 
-    def solve(self, tp: int) -> Any:
+    def solve(self, tp: int) -> IntraOpSolution | str:
         """The :class:`~fxplan.intra_op.IntraOpSolution` for ``tp``, or the reason (a string)
         why the solver could not run: not importable, no placement fits
         (``IntraOpInfeasible``), or the time budget left it no time or it found no placement

@@ -21,12 +21,16 @@ and, when ``μ`` wins, in ``Plan.fallbacks``). Nothing is chosen silently.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.estimate import Estimate, estimate
 from fxplan.inter_op.placements import IntraOpCache, Placements, megatron_placements
 from fxplan.inter_op.space import Candidate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["Priced", "price_finalist", "INTRA_OP", "MEGATRON"]
 
@@ -46,7 +50,7 @@ class Priced:
     fallback: bool = False
 
 
-def _estimate(graph: Any, cluster: Any, c: Candidate, batch: int,
+def _estimate(graph: CapturedGraph, cluster: Cluster, c: Candidate, batch: int,
               placements: dict[str, str] | None) -> Estimate:
     config = ParallelConfig.parse(c.to_config_string())
     if placements is not None:
@@ -58,7 +62,7 @@ def _key(p: Priced) -> tuple[bool, float, int]:
     return (not p.est.fits, p.est.step_time_s, 0 if p.layout == INTRA_OP else 1)
 
 
-def price_finalist(graph: Any, cluster: Any, c: Candidate, batch: int,
+def price_finalist(graph: CapturedGraph, cluster: Cluster, c: Candidate, batch: int,
                    cache: IntraOpCache) -> Priced:
     """The cheaper of the solver's placements and the default layout (module docstring).
     Raises :class:`CostModelError` when the cost model refuses both."""

@@ -24,12 +24,16 @@ dozen of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fxplan.cost_model.collectives import collective_time_s
-from fxplan.cost_model.layer_costs import graph_segments, segment_cost
+from fxplan.cost_model.layer_costs import SegmentCost, graph_segments, segment_cost
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["ShapeKey", "SegmentProfile", "ModelProfile"]
 
@@ -77,7 +81,7 @@ class SegmentProfile:
 class ModelProfile:
     """The graph's segments priced on ``cluster`` for each shape key (cached)."""
 
-    def __init__(self, graph: Any, cluster: Any) -> None:
+    def __init__(self, graph: CapturedGraph, cluster: Cluster) -> None:
         self.graph = graph
         self.cluster = cluster
         self.device = cluster.device(0)
@@ -107,7 +111,7 @@ class ModelProfile:
         ranks = tuple(range(tp))
         return sum(collective_time_s(kind, nbytes, ranks, self.cluster) for kind, nbytes in items)
 
-    def _segment(self, key: str, tp: int, sp: bool, recompute: str, mb: int) -> Any:
+    def _segment(self, key: str, tp: int, sp: bool, recompute: str, mb: int) -> SegmentCost:
         return segment_cost(self.graph, key, tp=tp, sequence_parallel=sp, recompute=recompute,
                             microbatch=mb, device=self.device)
 

@@ -23,7 +23,7 @@ ZeRO-3 all-gathers (forward and backward) of the chunk's weights over dp. Then::
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,21 +32,25 @@ from fxplan.cost_model.memory import ADAM_MIXED
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.inter_op.space import Candidate
 
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+
 __all__ = ["surrogate_step_s"]
 
 
 @lru_cache(maxsize=1 << 15)
-def _coll(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Any) -> float:
+def _coll(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Cluster) -> float:
     return collective_time_s(kind, nbytes, ranks, cluster)
 
 
-def _per_layer(kind: str, params: np.ndarray, ranks: tuple[int, ...], cluster: Any) -> np.ndarray:
+def _per_layer(kind: str, params: np.ndarray, ranks: tuple[int, ...],
+               cluster: Cluster) -> np.ndarray:
     """``kind`` over ``ranks`` of ``2ψ_i`` bytes for each layer (priced once per distinct ψ)."""
     values, inverse = np.unique(params, return_inverse=True)
     return np.array([_coll(kind, 2.0 * float(x), ranks, cluster) for x in values])[inverse]
 
 
-def surrogate_step_s(c: Candidate, prof: SegmentProfile, cluster: Any) -> float:
+def surrogate_step_s(c: Candidate, prof: SegmentProfile, cluster: Cluster) -> float:
     """``T̂`` of the module docstring, seconds."""
     p, v, S, m = c.pp, c.v, c.pp * c.v, c.num_microbatches
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)

@@ -10,7 +10,8 @@ import torch
 
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import CostModelError, Estimate, ParallelConfig, estimate
-from fxplan.cost_model.megatron_layout import REPL, SHARD, tp_layout
+from fxplan.cost_model.megatron_layout import REPL, SHARD
+from fxplan.cost_model.tp_layout import tp_layout
 from fxplan.api import capture
 
 SPEC = "gpt:layers=8,hidden=256,heads=8,vocab=1024,seq=128"

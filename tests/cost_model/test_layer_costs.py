@@ -73,3 +73,15 @@ def test_sequence_parallel_is_not_checked_against_channels() -> None:
     graph = capture("convnet-small", batch=2)
     cluster = Cluster.load("dgx-a100-80g")
     estimate(graph, cluster, ParallelConfig.parse("dp=4,tp=2,mb=1,sp=on"), batch=8)
+
+
+def test_name_indexes_and_memo_belong_to_the_graph() -> None:
+    """The cost model memoises in the graph's own ``memo`` (a new capture starts empty), and
+    the graph's name indexes agree with ``info``."""
+    first = capture(MaxHead(), inputs=torch.randn(8, 32))
+    segments = graph_segments(first)
+    assert graph_segments(first) is segments and first.memo["segments"] is segments
+    assert capture(MaxHead(), inputs=torch.randn(8, 32)).memo == {}
+    assert first.nodes_by_name is first.nodes_by_name
+    for name, node in first.nodes_by_name.items():
+        assert first.info(name) is first.infos_by_name[name] is node.meta["fxplan"]

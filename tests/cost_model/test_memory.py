@@ -11,7 +11,7 @@ from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import ParallelConfig, estimate
 from fxplan.cost_model.activations import segment_activations
 from fxplan.cost_model.layer_costs import graph_segments, segment_cost
-from fxplan.cost_model.megatron_layout import tp_layout
+from fxplan.cost_model.tp_layout import tp_layout
 from fxplan.cost_model.memory import ADAM_MIXED, model_state_bytes
 from fxplan.cost_model.pipeline_schedules import schedule_order
 from fxplan.api import capture

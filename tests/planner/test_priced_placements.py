@@ -11,7 +11,7 @@ from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import ParallelConfig, estimate
 from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.edge_reshard import edge_collectives
-from fxplan.cost_model.megatron_layout import tp_layout
+from fxplan.cost_model.tp_layout import tp_layout
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.api import capture
 from fxplan import search

@@ -18,7 +18,8 @@ from fxplan.core.config import CostModelError
 from fxplan.api import capture
 from fxplan import search
 from fxplan.core.errors import UserError
-from fxplan.inter_op import ConstraintError, InfeasibleError, capture_for_search
+from fxplan.api import capture_for_search
+from fxplan.inter_op import ConstraintError, InfeasibleError
 from fxplan.inter_op import driver
 from fxplan.inter_op.partition import balanced_counts
 from fxplan.inter_op.placements import IntraOpCache, _tp_token, megatron_placements
