@@ -28,8 +28,9 @@ A saved tensor is split if the node that saves it reads a ``SHARD`` activation (
 saves its input, softmax its output — the same state, a dropout its mask); under sequence
 parallelism every saved activation is split.
 
-**Explicit placements** (``ParallelConfig.placements``: node name → placement string on the
-``(dp, tp)`` mesh or on ``tp`` alone) override the state of the nodes they name (``S(d)`` on
+**Explicit placements** (``ParallelConfig.placements``, a
+:class:`~fxplan.core.placements.PlacementMap` on the ``(dp, tp)`` mesh or on ``tp`` alone: its
+node outputs) override the state of the nodes they name (``S(d)`` on
 tp → ``SHARD``, ``R`` → ``REPL``, ``P`` → a partial sum, all-reduced to ``REPL`` like a
 row-parallel output); a node that turns a ``SHARD`` input into a ``REPL`` output without
 being a reduction point all-gathers its output. These maps name outputs only; a map that
@@ -43,7 +44,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from fxplan.core.placements import Partial, Replicate, Shard, parse_placements
+from fxplan.core.placements import Partial, Placement, PlacementMap, Replicate, Shard
 
 __all__ = ["CONST", "REPL", "SHARD", "TPLayout", "graph_cache", "infos_by_name", "nodes_by_name",
            "tp_layout",
@@ -94,24 +95,19 @@ def _weight(names: list[str], graph: Any) -> str | None:
     return None
 
 
-def tp_placement(text: str) -> Any:
-    """The tp entry (last token) of a placement string."""
-    return parse_placements(text)[-1]
-
-
-def _tp_state(text: str) -> int | str:
-    """State of a placement string's tp entry (its last token): SHARD, REPL or 'P'."""
-    last = tp_placement(text)
-    if isinstance(last, Shard):
+def _tp_state(tp: Placement) -> int | str:
+    """State of a tp placement: SHARD, REPL or 'P'."""
+    if isinstance(tp, Shard):
         return SHARD
-    if isinstance(last, Replicate):
+    if isinstance(tp, Replicate):
         return REPL
-    if isinstance(last, Partial):
+    if isinstance(tp, Partial):
         return "P"
-    raise ValueError(f"unknown placement {text!r}")
+    raise ValueError(f"unknown placement {tp!r}")
 
 
-def _build(graph: Any, placements: Mapping[str, str]) -> TPLayout:
+def _build(graph: Any, placements: Mapping[str, Placement]) -> TPLayout:
+    """The default layout with the tp placements ``placements`` (node → tp entry) imposed."""
     state: dict[str, int] = {}
     inputs: dict[str, tuple[str, ...]] = {}
     column, row, vocab, gathers, saves, sharded_params = set(), set(), set(), set(), set(), set()
@@ -190,14 +186,17 @@ def infos_by_name(graph: Any) -> dict[str, Any]:
     return cache["infos_by_name"]
 
 
-def tp_layout(graph: Any, placements: tuple[tuple[str, str], ...] | None = None) -> TPLayout:
+def tp_layout(graph: Any, placements: PlacementMap | None = None) -> TPLayout:
     """The layout of ``graph`` (default Megatron layout when ``placements`` is ``None``),
     cached per graph and placements."""
     per_graph = graph_cache(graph)
-    key = ("tp_layout", placements or ())
+    key = ("tp_layout", placements)
     if key not in per_graph:
         from fxplan.cost_model.priced_layout import build_priced, is_priced
 
-        given = dict(placements or ())
-        per_graph[key] = build_priced(graph, given) if is_priced(given) else _build(graph, given)
+        if placements is not None and is_priced(placements):
+            per_graph[key] = build_priced(graph, placements)
+        else:
+            given = {} if placements is None else {n: p[-1] for n, p in placements.nodes.items()}
+            per_graph[key] = _build(graph, given)
     return per_graph[key]

@@ -30,7 +30,7 @@ import numpy as np
 from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.memory import ADAM_MIXED
 from fxplan.inter_op.profile import SegmentProfile
-from fxplan.inter_op.space import Candidate
+from fxplan.core.config import ParallelConfig
 
 __all__ = ["surrogate_step_s"]
 
@@ -46,9 +46,9 @@ def _per_layer(kind: str, params: np.ndarray, ranks: tuple[int, ...], cluster: A
     return np.array([_coll(kind, 2.0 * float(x), ranks, cluster) for x in values])[inverse]
 
 
-def surrogate_step_s(c: Candidate, prof: SegmentProfile, cluster: Any) -> float:
+def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Any) -> float:
     """``T̂`` of the module docstring, seconds."""
-    p, v, S, m = c.pp, c.v, c.pp * c.v, c.num_microbatches
+    p, v, S, m = c.pp, c.virtual_stages, c.pp * c.virtual_stages, c.num_microbatches
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
     dp_ranks = tuple(range(0, c.dp * c.tp, c.tp))
     P_t = np.concatenate([[0.0], np.cumsum(prof.layer_time)])

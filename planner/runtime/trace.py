@@ -3,7 +3,7 @@
 ``torch.fx.symbolic_trace`` with every ``forward`` parameter beyond the given inputs that
 defaults to ``None`` fixed to ``None`` (``targets=None`` in the example GPT), so the traced
 program is ``inputs → outputs`` with no data-dependent branch left open. Node names are those
-capture gives, so a plan's ``node_placements`` apply.
+capture gives, so a plan's ``placements.nodes`` apply.
 """
 
 from __future__ import annotations
