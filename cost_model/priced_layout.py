@@ -3,16 +3,16 @@
 ``ParallelConfig.placements`` carries the solver's answer as one
 :class:`~fxplan.core.placements.PlacementMap` on the ``(dp, tp)`` stage mesh (or on tp alone):
 
-    ``nodes[v]``            the placements of ``v``'s output
-    ``inputs[Edge(v, u)]``  what ``v`` needs of its input ``u`` (listed where it differs from
-                            ``u``'s output)
-    ``params[name]``        the placements of parameter ``name``
+    ``nodes[v]``                the placements of ``v``'s output
+    ``inputs[DataEdge(v, u)]``  what ``v`` needs of its input ``u`` (listed where it differs
+                                from ``u``'s output)
+    ``params[name]``            the placements of parameter ``name``
 
 A map with inputs or parameters is *priced* here (a map of outputs alone keeps the rules of
 :mod:`cost_model.megatron_layout`). Only the tp entry (the last) matters; a missing output is
 ``R``. For node ``v`` with activation inputs ``u`` (``π`` the tp placements)::
 
-    dst_u   = π(Edge(v, u)) if given, else π(u)           what v reads
+    dst_u   = π(DataEdge(v, u)) if given, else π(u)       what v reads
     split_v = π(v) ∈ {S, P}  or  some dst_u ∈ {S, P}      v's work is divided over tp
     state_v = SHARD if π(v) = S(d) else REPL              (CONST as in the default layout)
     saves_v split  ⇔  some u with state_u = SHARD or dst_u = S(d)
@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fxplan.core.placements import Edge, Placement, PlacementMap, Replicate, Shard
+from fxplan.core.placements import DataEdge, Placement, PlacementMap, Replicate, Shard
 from fxplan.cost_model.megatron_layout import CONST, REPL, SHARD, TPLayout, used_params
 
 __all__ = ["PricedEdge", "build_priced", "is_priced"]
@@ -73,7 +73,7 @@ def build_priced(graph: Any, placements: PlacementMap) -> TPLayout:
             continue
         mine = out.get(node.name, Replicate())
         state[node.name] = SHARD if isinstance(mine, Shard) else REPL
-        dst = {a: needs.get(Edge(node.name, a), out.get(a, Replicate())) for a in acts}
+        dst = {a: needs.get(DataEdge(node.name, a), out.get(a, Replicate())) for a in acts}
         is_split = not isinstance(mine, Replicate) or any(not isinstance(d, Replicate)
                                                           for d in dst.values())
         if is_split:

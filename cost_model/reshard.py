@@ -83,8 +83,8 @@ def _as_placements(value: PlacementsLike, ndim: int) -> tuple[Placement, ...]:
     return placements
 
 
-def reshard_cost(src: PlacementsLike, dst: PlacementsLike, global_shape: Sequence[int], dtype_bytes: int,
-                 mesh: LogicalMesh) -> ReshardCost:
+def reshard_cost(src: PlacementsLike, dst: PlacementsLike, global_shape: Sequence[int],
+                 dtype_bytes: int, mesh: LogicalMesh) -> ReshardCost:
     """Cheapest sequence of per-axis steps taking a tensor of ``global_shape`` (elements of
     ``dtype_bytes`` bytes) from placements ``src`` to ``dst`` (``"S(0)R"`` or placement
     objects, one per mesh axis). See the module docstring for the cases."""

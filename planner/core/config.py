@@ -87,7 +87,7 @@ def _parse_int(name: str, text: str) -> int:
         raise CostModelError(f"{name}={text!r}: expected an integer") from None
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Schedule:
     """A pipeline schedule: ``kind`` (:data:`SCHEDULE_KINDS`) and ``chunks``, the ``v`` model
     chunks per pipeline stage of ``interleaved:v`` (``v ≥ 2``; ``interleaved:1`` would be

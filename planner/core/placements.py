@@ -17,7 +17,7 @@ of size ``n_a`` (ceil division, as torch pads uneven shards).
 :data:`Placements` is one placement per mesh axis; :class:`PlacementMap` is what a plan (and the
 cost model, :attr:`fxplan.core.config.ParallelConfig.placements`) says about a whole graph on
 the stage mesh: node outputs, what a consumer needs of one of its inputs where that differs
-from the producer's output (keyed by the typed :class:`Edge`), and parameters. The map is typed
+from the producer's output (keyed by the typed :class:`DataEdge`), and parameters. The map is typed
 throughout; it becomes strings only in :meth:`PlacementMap.to_json` / :meth:`PlacementMap.from_json`.
 """
 
@@ -33,7 +33,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
 __all__ = [
-    "Edge",
+    "DataEdge",
     "Placement",
     "PlacementMap",
     "Placements",
@@ -116,14 +116,11 @@ def local_shape(
 
 
 @dataclass(frozen=True, order=True)
-class Edge:
+class DataEdge:
     """The data edge from ``producer`` into its consumer node ``consumer`` (fx node names)."""
 
     consumer: str
     producer: str
-
-    def __str__(self) -> str:
-        return f"{self.producer} → {self.consumer}"
 
 
 def _frozen(items: Mapping[Any, Placements], axes: tuple[str, ...], what: str
@@ -144,7 +141,7 @@ class PlacementMap:
     """Placements chosen for a graph on the stage mesh whose axes are ``axes``.
 
     ``nodes``   node name → the placements of its output;
-    ``inputs``  :class:`Edge` ``(consumer, producer)`` → what ``consumer`` reads of
+    ``inputs``  :class:`DataEdge` ``(consumer, producer)`` → what ``consumer`` reads of
                 ``producer``, listed only where it differs from ``nodes[producer]`` (each such
                 edge is a reshard);
     ``params``  parameter name (its fully qualified name) → its placements.
@@ -158,7 +155,7 @@ class PlacementMap:
     """
 
     nodes: Mapping[str, Placements] = field(default_factory=dict)
-    inputs: Mapping[Edge, Placements] = field(default_factory=dict)
+    inputs: Mapping[DataEdge, Placements] = field(default_factory=dict)
     params: Mapping[str, Placements] = field(default_factory=dict)
     axes: tuple[str, ...] = ("dp", "tp")
 
@@ -167,8 +164,8 @@ class PlacementMap:
         object.__setattr__(self, "axes", axes)
         object.__setattr__(self, "nodes", _frozen(self.nodes, axes, "node"))
         for edge in self.inputs:
-            if not isinstance(edge, Edge):
-                raise ValueError(f"inputs are keyed by Edge(consumer, producer), got {edge!r}")
+            if not isinstance(edge, DataEdge):
+                raise ValueError(f"inputs are keyed by DataEdge(consumer, producer), got {edge!r}")
         object.__setattr__(self, "inputs", _frozen(self.inputs, axes, "input"))
         object.__setattr__(self, "params", _frozen(self.params, axes, "parameter"))
 
@@ -209,13 +206,13 @@ class PlacementMap:
         inputs = data.get("inputs", [])
         if not isinstance(inputs, list):
             raise ValueError(f"placements.inputs must be a list, got {type(inputs).__name__}")
-        edges: dict[Edge, Placements] = {}
+        edges: dict[DataEdge, Placements] = {}
         for i, item in enumerate(inputs):
             where = f"placements.inputs[{i}]"
             if not isinstance(item, Mapping) or set(item) != {"consumer", "producer", "placements"}:
                 raise ValueError(f"{where} must be an object with keys consumer, producer, "
                                  f"placements, got {item!r}")
-            edges[Edge(str(item["consumer"]), str(item["producer"]))] = \
+            edges[DataEdge(str(item["consumer"]), str(item["producer"]))] = \
                 _parsed(item["placements"], where)
         return cls(nodes, edges, params, tuple(axes))
 

@@ -14,7 +14,7 @@ A plan holds
   config's policy is stored as ``None``; a uniform one that differs is refused (set the
   config's policy instead);
 * ``placements``: per fx node output, per consumer input (keyed by
-  :class:`~fxplan.core.placements.Edge`, where it differs from the producer's output: the
+  :class:`~fxplan.core.placements.DataEdge`, where it differs from the producer's output: the
   reshards the step time priced) and per parameter, over the stage-local axes
   ``placements.axes`` (``("dp", "tp")``);
 * provenance: the model, cluster and their fingerprints, ``batch`` and ``seq``, the cluster link

@@ -7,7 +7,7 @@ search's data parallelism (the batch ``S(0)`` for activations, ``S(0)`` for para
 ZeRO-3). :meth:`PlacementChoice.priced` placements are what :func:`cost_model.estimate.estimate`
 prices (:mod:`cost_model.priced_layout`): a :class:`~fxplan.core.placements.PlacementMap` of every
 node's output, what each consumer needs where it differs from its producer's output (keyed by
-the :class:`~fxplan.core.placements.Edge`), every parameter.
+the :class:`~fxplan.core.placements.DataEdge`), every parameter.
 Sequence parallelism is read off the answer: it is on when an activation the Megatron layout
 replicates (layer norms, the residual stream) is sharded over tp.
 
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from fxplan.core.config import ParallelConfig
-from fxplan.core.placements import (Edge, Placement, PlacementMap, Placements, Replicate, Shard,
-                                    parse_placements)
+from fxplan.core.placements import (DataEdge, Placement, PlacementMap, Placements, Replicate,
+                                    Shard, parse_placements)
 from fxplan.core.plan import SolverInfo
 from fxplan.cost_model.megatron_layout import CONST, REPL, nodes_by_name, tp_layout, used_params
 from fxplan.cost_model.mesh import LogicalMesh
@@ -94,7 +94,7 @@ def _from_solver(graph: Any, result: Any, c: ParallelConfig) -> PlacementChoice:
         return (batch if layout.state.get(name) != CONST else Replicate(), tp)
 
     nodes = {name: act(name, s.output[-1]) for name, s in result.placements.items()}
-    inputs = {Edge(r.consumer, r.producer): act(r.producer, r.dst[-1]) for r in result.reshards}
+    inputs = {DataEdge(r.consumer, r.producer): act(r.producer, r.dst[-1]) for r in result.reshards}
     params = {name: (weights, parse_placements(p)[-1])
               for name, p in result.param_placements.items()}
     out = PlacementChoice(PlacementMap(nodes, inputs, params),

@@ -131,10 +131,10 @@ def test_per_block_recompute_overrides_the_config_policy():
 
 
 def test_typed_placements_round_trip_and_derived_keys_are_checked():
-    from fxplan.core.placements import Edge
+    from fxplan.core.placements import DataEdge
 
     placements = PlacementMap(nodes={"ln": parse_placements("S(0)S(1)")},
-                              inputs={Edge("qkv", "ln"): parse_placements("S(0)R")},
+                              inputs={DataEdge("qkv", "ln"): parse_placements("S(0)R")},
                               params={"w": parse_placements("RS(0)")})
     plan = make_plan(placements=placements)
     data = json.loads(plan.to_json())

@@ -13,7 +13,7 @@ from fxplan.cost_model.megatron_layout import tp_layout
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.passes.capture import capture
 from fxplan import search
-from fxplan.core.placements import Edge, PlacementMap, Replicate, Shard
+from fxplan.core.placements import DataEdge, PlacementMap, Replicate, Shard
 from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import priced_config
 
@@ -51,7 +51,7 @@ def test_plan_step_time_is_the_price_of_its_own_placements(graph) -> None:  # ty
     # the placements shard the residual stream over tp, and the plan says so
     assert plan.sequence_parallel
     assert plan.placements.nodes["h_0_ln1"][-1] == Shard(1)
-    assert plan.placements.inputs[Edge("h_0_attn_qkv", "h_0_ln1")][-1] == Replicate()
+    assert plan.placements.inputs[DataEdge("h_0_attn_qkv", "h_0_ln1")][-1] == Replicate()
 
 
 def test_ilp_placements_price_like_the_megatron_layout_at_tp8(graph, node, solved) -> None:  # type: ignore[no-untyped-def]
