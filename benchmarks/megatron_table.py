@@ -110,6 +110,7 @@ class Prediction:
 def predict(row: Row, graph: Any, cluster: Any = None) -> Prediction:
     """Estimate ``row``'s published configuration (module docstring) on ``graph``."""
     from fxplan.cluster_specs import Cluster
+    from fxplan.core.config import Schedule
     from fxplan.cost_model import ParallelConfig, estimate
 
     cluster = cluster or Cluster.load(f"dgx-a100-80g:nodes={row.gpus // 8}")
@@ -119,7 +120,7 @@ def predict(row: Row, graph: Any, cluster: Any = None) -> Prediction:
         if row.batch % (row.dp * mb):
             continue
         v = chunks_for(row, row.batch // (row.dp * mb))
-        schedule = f"interleaved:{v}" if v > 1 else "1f1b"
+        schedule = Schedule("interleaved", v) if v > 1 else Schedule("1f1b")
         config = ParallelConfig(dp=row.dp, tp=row.tp, pp=row.pp, microbatch_size=mb,
                                 schedule=schedule, zero_stage=0, recompute="full")
         result = estimate(graph, cluster, config, batch=row.batch, seq=SEQ)

@@ -138,8 +138,8 @@ def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, 
     segments, config = _check(graph, cluster, config, batch, seq)
     plan = build_stages(graph, segments, cluster, config, optimizer)
     m = config.num_microbatches or 1
-    sim = simulate_step(plan.costs, config.schedule_kind, m)
-    order = schedule_order(config.schedule_kind, config.pp, config.virtual_stages, m)
+    sim = simulate_step(plan.costs, config.schedule.kind, m)
+    order = schedule_order(config.schedule.kind, config.pp, config.virtual_stages, m)
     memory = stage_memory(plan, order, config, optimizer)
     forward = sum(seg.matmul_flops for row in plan.chunks for segs in row for seg in segs)
     recomputed = sum(seg.recompute_flops for row in plan.chunks for segs in row for seg in segs)

@@ -43,6 +43,7 @@ from fxplan.cost_model.activations import (ActivationBytes, attention_core, item
                                     segment_activations, tensor_bytes)
 from fxplan.cost_model.compute import node_time_s
 from fxplan.core.config import CostModelError
+from fxplan.core.placements import PlacementMap
 from fxplan.cost_model.edge_reshard import edge_collectives
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.passes.node_info import MATMUL_CLASSES
@@ -165,7 +166,7 @@ def _token_seq(batched: list[tuple[tuple[int, ...], Any]]) -> int | None:
 
 def segment_cost(graph: CapturedGraph, key: str, *, tp: int, sequence_parallel: bool,
                  recompute: str, microbatch: int, device: DeviceGroup,
-                 placements: tuple[tuple[str, str], ...] | None = None,
+                 placements: PlacementMap | None = None,
                  cluster: Cluster | None = None) -> SegmentCost:
     """The cached :class:`SegmentCost` of segment ``key`` (``"pre"``, ``"post"`` or a layer key).
 
@@ -199,7 +200,7 @@ def _divisor(name: str, layout: TPLayout, tp: int, sp: bool) -> int:
 
 def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str,
                   microbatch: int, device: DeviceGroup,
-                  placements: tuple[tuple[str, str], ...] | None,
+                  placements: PlacementMap | None,
                   mesh: LogicalMesh | None) -> SegmentCost:
     segments = graph_segments(graph)
     names = segments.names(key)

@@ -28,8 +28,9 @@ A saved tensor is split if the node that saves it reads a ``SHARD`` activation (
 saves its input, softmax its output — the same state, a dropout its mask); under sequence
 parallelism every saved activation is split.
 
-**Explicit placements** (``ParallelConfig.placements``: node name → placement string on the
-``(dp, tp)`` mesh or on ``tp`` alone) override the state of the nodes they name (``S(d)`` on
+**Explicit placements** (``ParallelConfig.placements``, a
+:class:`~fxplan.core.placements.PlacementMap` on the ``(dp, tp)`` mesh or on ``tp`` alone: its
+node outputs) override the state of the nodes they name (``S(d)`` on
 tp → ``SHARD``, ``R`` → ``REPL``, ``P`` → a partial sum, all-reduced to ``REPL`` like a
 row-parallel output); a node that turns a ``SHARD`` input into a ``REPL`` output without
 being a reduction point all-gathers its output. These maps name outputs only; a map that
@@ -42,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from fxplan.core.placements import Partial, Replicate, Shard, parse_placements
+from fxplan.core.placements import Partial, Placement, Replicate, Shard
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.fx
@@ -96,24 +97,19 @@ def _weight(names: list[str], graph: CapturedGraph) -> str | None:
     return None
 
 
-def tp_placement(text: str) -> Any:
-    """The tp entry (last token) of a placement string."""
-    return parse_placements(text)[-1]
-
-
-def _tp_state(text: str) -> int | str:
-    """State of a placement string's tp entry (its last token): SHARD, REPL or 'P'."""
-    last = tp_placement(text)
-    if isinstance(last, Shard):
+def _tp_state(tp: Placement) -> int | str:
+    """State of a tp placement: SHARD, REPL or 'P'."""
+    if isinstance(tp, Shard):
         return SHARD
-    if isinstance(last, Replicate):
+    if isinstance(tp, Replicate):
         return REPL
-    if isinstance(last, Partial):
+    if isinstance(tp, Partial):
         return "P"
-    raise ValueError(f"unknown placement {text!r}")
+    raise ValueError(f"unknown placement {tp!r}")
 
 
-def megatron_tp_layout(graph: CapturedGraph, placements: Mapping[str, str]) -> TPLayout:
+def megatron_tp_layout(graph: CapturedGraph, placements: Mapping[str, Placement]) -> TPLayout:
+    """The default layout with the tp placements ``placements`` (node → tp entry) imposed."""
     state: dict[str, int] = {}
     inputs: dict[str, tuple[str, ...]] = {}
     column, row, vocab, gathers, saves, sharded_params = set(), set(), set(), set(), set(), set()

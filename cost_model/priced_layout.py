@@ -1,18 +1,18 @@
 """Priced placements: a tensor-parallel layout read from an intra-op solution, edge by edge.
 
-``ParallelConfig.placements`` carries the solver's answer as one map of placement strings on
-the ``(dp, tp)`` stage mesh (or the tp token alone), with three kinds of key:
+``ParallelConfig.placements`` carries the solver's answer as one
+:class:`~fxplan.core.placements.PlacementMap` on the ``(dp, tp)`` stage mesh (or on tp alone):
 
-    ``node``             the placement of ``node``'s output
-    ``node<producer``    the placement ``node`` needs of its input ``producer`` (listed where it
-                         differs from ``producer``'s output; fx names never contain ``<``)
-    ``param:name``       the placement of parameter ``name``
+    ``nodes[v]``                the placements of ``v``'s output
+    ``inputs[DataEdge(v, u)]``  what ``v`` needs of its input ``u`` (listed where it differs
+                                from ``u``'s output)
+    ``params[name]``            the placements of parameter ``name``
 
-A map with an edge or a parameter key is *priced* here (a map of outputs alone keeps the
-rules of :mod:`cost_model.megatron_layout`). Only the tp token matters; a missing output is
+A map with inputs or parameters is *priced* here (a map of outputs alone keeps the rules of
+:mod:`cost_model.megatron_layout`). Only the tp entry (the last) matters; a missing output is
 ``R``. For node ``v`` with activation inputs ``u`` (``π`` the tp placements)::
 
-    dst_u   = π(v<u) if given, else π(u)                  what v reads
+    dst_u   = π(DataEdge(v, u)) if given, else π(u)       what v reads
     split_v = π(v) ∈ {S, P}  or  some dst_u ∈ {S, P}      v's work is divided over tp
     state_v = SHARD if π(v) = S(d) else REPL              (CONST as in the default layout)
     saves_v split  ⇔  some u with state_u = SHARD or dst_u = S(d)
@@ -29,17 +29,15 @@ A tensor needs a gradient when a parameter is among its ancestors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
-from fxplan.cost_model.megatron_layout import CONST, REPL, SHARD, TPLayout, tp_placement, used_params
-from fxplan.core.placements import Placement, Replicate, Shard
+from fxplan.core.placements import DataEdge, Placement, PlacementMap, Replicate, Shard
+from fxplan.cost_model.megatron_layout import CONST, REPL, SHARD, TPLayout, used_params
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["PARAM_PREFIX", "PricedEdge", "build_priced", "edge_key", "is_priced"]
-
-PARAM_PREFIX = "param:"
+__all__ = ["PricedEdge", "build_priced", "is_priced"]
 
 
 @dataclass(frozen=True)
@@ -53,20 +51,15 @@ class PricedEdge:
     requires_grad: bool
 
 
-def edge_key(consumer: str, producer: str) -> str:
-    """The map key of what ``consumer`` needs of ``producer``."""
-    return f"{consumer}<{producer}"
+def is_priced(placements: PlacementMap) -> bool:
+    """Whether ``placements`` names inputs or parameters (module docstring)."""
+    return bool(placements.inputs or placements.params)
 
 
-def is_priced(placements: Mapping[str, str]) -> bool:
-    """Whether ``placements`` names edges or parameters (module docstring)."""
-    return any("<" in key or key.startswith(PARAM_PREFIX) for key in placements)
-
-
-def build_priced(graph: CapturedGraph, placements: Mapping[str, str]) -> TPLayout:
+def build_priced(graph: CapturedGraph, placements: PlacementMap) -> TPLayout:
     """The :class:`TPLayout` of priced placements (module docstring)."""
-    tp = {key: tp_placement(text) for key, text in placements.items()}
-    out = {key: p for key, p in tp.items() if "<" not in key and not key.startswith(PARAM_PREFIX)}
+    out = {name: p[-1] for name, p in placements.nodes.items()}
+    needs = {edge: p[-1] for edge, p in placements.inputs.items()}
     state: dict[str, int] = {}
     inputs: dict[str, tuple[str, ...]] = {}
     split, saves, grad = set(), set(), set()
@@ -83,7 +76,7 @@ def build_priced(graph: CapturedGraph, placements: Mapping[str, str]) -> TPLayou
             continue
         mine = out.get(node.name, Replicate())
         state[node.name] = SHARD if isinstance(mine, Shard) else REPL
-        dst = {a: tp.get(edge_key(node.name, a), out.get(a, Replicate())) for a in acts}
+        dst = {a: needs.get(DataEdge(node.name, a), out.get(a, Replicate())) for a in acts}
         is_split = not isinstance(mine, Replicate) or any(not isinstance(d, Replicate)
                                                           for d in dst.values())
         if is_split:
@@ -96,8 +89,7 @@ def build_priced(graph: CapturedGraph, placements: Mapping[str, str]) -> TPLayou
                       for a, d in dst.items() if d != out.get(a, Replicate()))
         if moved:
             edges[node.name] = moved
-    params = frozenset(key[len(PARAM_PREFIX):] for key, p in tp.items()
-                       if key.startswith(PARAM_PREFIX) and isinstance(p, Shard))
+    params = frozenset(name for name, p in placements.params.items() if isinstance(p[-1], Shard))
     empty: frozenset[str] = frozenset()
     return TPLayout(state, empty, empty, empty, empty, frozenset(saves), params, inputs,
                     priced=True, split=frozenset(split), edges=edges)

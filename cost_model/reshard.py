@@ -47,7 +47,8 @@ from fxplan.core.placements import Partial, Placement, Replicate, Shard, format_
 
 __all__ = ["ReshardStep", "ReshardCost", "reshard_cost"]
 
-Placements = Union[str, Sequence[Placement]]
+#: A compact placement string (``"S(0)R"``) or one placement per mesh axis.
+PlacementsLike = Union[str, Sequence[Placement]]
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class ReshardCost:
     steps: tuple[ReshardStep, ...]
 
 
-def _as_placements(value: Placements, ndim: int) -> tuple[Placement, ...]:
+def _as_placements(value: PlacementsLike, ndim: int) -> tuple[Placement, ...]:
     placements = parse_placements(value) if isinstance(value, str) else tuple(value)
     if len(placements) != ndim:
         raise ValueError(f"{format_placements(placements)!r} has {len(placements)} placements for a "
@@ -82,8 +83,8 @@ def _as_placements(value: Placements, ndim: int) -> tuple[Placement, ...]:
     return placements
 
 
-def reshard_cost(src: Placements, dst: Placements, global_shape: Sequence[int], dtype_bytes: int,
-                 mesh: LogicalMesh) -> ReshardCost:
+def reshard_cost(src: PlacementsLike, dst: PlacementsLike, global_shape: Sequence[int],
+                 dtype_bytes: int, mesh: LogicalMesh) -> ReshardCost:
     """Cheapest sequence of per-axis steps taking a tensor of ``global_shape`` (elements of
     ``dtype_bytes`` bytes) from placements ``src`` to ``dst`` (``"S(0)R"`` or placement
     objects, one per mesh axis). See the module docstring for the cases."""

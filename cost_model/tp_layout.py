@@ -3,7 +3,7 @@
 Two ways to read a layout, chosen by the placement map a configuration carries:
 
 - no map, or a map of node outputs alone → the default Megatron layout with those outputs
-  overridden (:func:`fxplan.cost_model.megatron_layout.megatron_tp_layout`);
+  tp placements imposed (:func:`fxplan.cost_model.megatron_layout.megatron_tp_layout`);
 - a map that also names consumer inputs or parameters (the intra-op solver's answer) →
   priced edge by edge (:func:`fxplan.cost_model.priced_layout.build_priced`).
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fxplan.core.placements import PlacementMap
 from fxplan.cost_model.megatron_layout import TPLayout, megatron_tp_layout
 from fxplan.cost_model.priced_layout import build_priced, is_priced
 
@@ -23,12 +24,14 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["tp_layout"]
 
 
-def tp_layout(graph: CapturedGraph,
-              placements: tuple[tuple[str, str], ...] | None = None) -> TPLayout:
-    """The layout of ``graph`` under ``placements`` (the default Megatron layout for ``None``)."""
-    key = ("tp_layout", placements or ())
+def tp_layout(graph: CapturedGraph, placements: PlacementMap | None = None) -> TPLayout:
+    """The layout of ``graph`` under ``placements`` (the default Megatron layout for ``None``;
+    of a map of outputs alone, the tp entry — the last axis — of each output counts)."""
+    key = ("tp_layout", placements)
     if key not in graph.memo:
-        given = dict(placements or ())
-        graph.memo[key] = (build_priced(graph, given) if is_priced(given)
-                           else megatron_tp_layout(graph, given))
+        if placements is not None and is_priced(placements):
+            graph.memo[key] = build_priced(graph, placements)
+        else:
+            given = {} if placements is None else {n: p[-1] for n, p in placements.nodes.items()}
+            graph.memo[key] = megatron_tp_layout(graph, given)
     return graph.memo[key]

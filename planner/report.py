@@ -31,7 +31,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     return {
         "model": plan.model, "cluster": plan.cluster, "batch": plan.batch, "seq": plan.seq,
         "summary": plan.summary, "degrees": plan.degrees, "axis_levels": list(plan.axis_levels),
-        "zero_stage": plan.zero_stage, "schedule": plan.schedule,
+        "zero_stage": plan.zero_stage, "schedule": str(plan.schedule),
         "microbatch_size": plan.microbatch_size, "num_microbatches": plan.num_microbatches,
         "recompute": plan.recompute_summary, "sequence_parallel": plan.sequence_parallel,
         "stage_layers": [s.num_layers for s in plan.stages],

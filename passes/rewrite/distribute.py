@@ -1,7 +1,7 @@
 """Parameters become DTensors on the tensor-parallel mesh axis, with their planned placements.
 
-For every parameter ``p`` with original name ``fqn`` the plan gives ``param_placements[fqn]``
-over ``placement_axes``; its ``tp`` token ``π`` (``S(d)`` or ``R``) is realised as
+For every parameter ``p`` with original name ``fqn`` the plan gives ``placements.params[fqn]``
+over ``placements.axes``; its ``tp`` entry ``π`` (``S(d)`` or ``R``) is realised as
 
     p  ←  nn.Parameter(distribute_tensor(p, tp_mesh, [π]))
 
@@ -26,6 +26,7 @@ from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 
+from fxplan.core.placements import format_placements
 from fxplan.passes.rewrite.base import PassResult, RewritePass
 from fxplan.passes.rewrite.placements import axis_placement, normalize
 
@@ -75,17 +76,15 @@ class DistributeParameters(RewritePass):
         self.at = f"parameter {fqn!r}" if fqn else None
         if fqn is None:
             raise self.error(f"parameter of shape {tuple(param.shape)} has no name in the model")
-        text = plan.param_placements.get(fqn)
-        if text is None:
+        planned = plan.placements.params.get(fqn)
+        if planned is None:
             self.defaulted.append(fqn)
             placement = Replicate()
         else:
-            try:
-                placement = normalize(axis_placement(text, plan, "tp"), param.ndim)
-            except ValueError as err:
-                raise self.error(f"parameter {fqn!r}: {err}") from err
+            placement = normalize(axis_placement(plan, planned, "tp"), param.ndim)
         if isinstance(placement, Partial):
-            raise self.error(f"parameter {fqn!r} is planned {text!r}: a parameter cannot be partial")
+            raise self.error(f"parameter {fqn!r} is planned {format_placements(planned)!r}: a "
+                             "parameter cannot be partial")
         with torch.no_grad():
             # a meta parameter (per-stage build) has no data to send: every rank slices alone
             src = None if param.is_meta else 0

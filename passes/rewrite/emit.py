@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from torch import fx, nn
 
+from fxplan.core.placements import format_placements
 from fxplan.passes.rewrite.layers import OutlineLayers
 from fxplan.passes.rewrite.stages import StagedProgram
 from fxplan.passes.tracer import trace_model
@@ -39,10 +40,10 @@ def _annotate(code: str, plan: "Plan") -> str:
     lines = []
     for line in code.strip("\n").splitlines():
         match = _ASSIGN.match(line)
-        placement = plan.node_placements.get(match.group(2)) if match else None
+        placement = plan.placements.nodes.get(match.group(2)) if match else None
         if placement is not None:
             statement = line.split(";")[0]
-            line = f"{statement:<72} # planned {placement}"
+            line = f"{statement:<72} # planned {format_placements(placement)}"
         lines.append(line)
     return "\n".join(lines)
 
@@ -73,15 +74,15 @@ def _stage_lines(plan: "Plan") -> list[str]:
 
 
 def _param_lines(module: nn.Module, plan: "Plan") -> list[str]:
-    axes = ",".join(plan.placement_axes)
+    axes = ",".join(plan.placements.axes)
     lines = [f"# parameters (placements over {axes}; unlisted: replicated):"]
     names = {id(p): n for n, p in module.named_parameters(remove_duplicate=False)}
     seen = set()
-    for name, placement in plan.param_placements.items():
+    for name, placement in plan.placements.params.items():
         if name not in seen:
-            lines.append(f"#   {name:<36} {placement}")
+            lines.append(f"#   {name:<36} {format_placements(placement)}")
             seen.add(name)
-    if not plan.param_placements:
+    if not plan.placements.params:
         lines += [f"#   {n}" for n in sorted(set(names.values()))]
     return lines
 

@@ -22,7 +22,6 @@ distinct indices (``h`` or ``transformer.h`` in a GPT).
 from __future__ import annotations
 
 import re
-from collections import Counter
 from typing import TYPE_CHECKING
 
 from torch import fx

@@ -1,17 +1,18 @@
-"""Read one mesh axis out of a plan's compact placement strings.
+"""Read one mesh axis out of a plan's placements.
 
-A plan writes placements over ``plan.placement_axes`` (``("dp", "tp")`` by default), e.g.
-``"S(0)S(1)"`` = batch-sharded over dp, dim 1 sharded over tp. The runtime realises each axis
-with a different PyTorch piece (tp → DTensor placements, dp → DDP/ZeRO/FSDP over the batch), so
-passes ask for the token of one axis: ``axis_placement("S(0)S(1)", plan, "tp") == Shard(1)``.
-An axis missing from ``placement_axes`` reads as ``Replicate()``.
+A plan's :class:`~fxplan.core.placements.PlacementMap` holds one placement per axis of
+``plan.placements.axes`` (``("dp", "tp")`` by default), e.g. ``(Shard(0), Shard(1))`` =
+batch-sharded over dp, dim 1 sharded over tp. The runtime realises each axis with a different
+PyTorch piece (tp → DTensor placements, dp → DDP/ZeRO/FSDP over the batch), so passes ask for
+the entry of one axis: ``axis_placement(plan, (Shard(0), Shard(1)), "tp") == Shard(1)``. An axis
+the map does not name reads as ``Replicate()``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fxplan.core.placements import Placement, Replicate, Shard, parse_placements
+from fxplan.core.placements import Placement, Placements, Replicate, Shard
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -19,17 +20,11 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["axis_placement", "normalize"]
 
 
-def axis_placement(text: str, plan: "Plan", axis: str) -> Placement:
-    """The placement of mesh ``axis`` in ``text`` (one token per ``plan.placement_axes``)."""
-    placements = parse_placements(text)
-    if len(placements) != len(plan.placement_axes):
-        raise ValueError(
-            f"placement {text!r} has {len(placements)} tokens but placement_axes "
-            f"{plan.placement_axes} has {len(plan.placement_axes)}"
-        )
-    if axis not in plan.placement_axes:
+def axis_placement(plan: "Plan", placements: Placements, axis: str) -> Placement:
+    """The placement of mesh ``axis`` in ``placements`` (a value of ``plan.placements``)."""
+    if axis not in plan.placements.axes:
         return Replicate()
-    return placements[plan.placement_axes.index(axis)]
+    return placements[plan.placements.axis(axis)]
 
 
 def normalize(placement: Placement, ndim: int) -> Placement:

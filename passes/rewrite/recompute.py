@@ -1,6 +1,6 @@
 """Activation recompute per repeated block, as planned.
 
-``plan.recompute[i]`` for block ``i``:
+``plan.recompute(i)`` for block ``i`` (the config's policy, or the plan's per-block override):
 
     none       keep every activation autograd saves
     full       wrap ``layer_i`` in ``checkpoint_wrapper`` (non-reentrant): only the block's
@@ -74,7 +74,7 @@ class Recompute(RewritePass):
             if not name.startswith("layer_"):
                 continue
             index = int(name.split("_", 1)[1])
-            policy = plan.recompute[index] if index < len(plan.recompute) else "none"
+            policy = plan.recompute(index)
             if policy == "full":
                 setattr(gm, name, checkpoint_wrapper(block))
                 changed = True

@@ -2,7 +2,7 @@
 
 The graph runs on DTensors: every op propagates sharding by DTensor's own rules, so the result
 equals the single-device one for *any* placement. What the plan adds is *where* activations
-live; at each node ``v`` the plan annotates (``node_placements[v]``, tp token ``π_v``) this pass
+live; at each node ``v`` the plan annotates (``placements.nodes[v]``, tp token ``π_v``) this pass
 inserts after ``v``
 
     v' = Reshard(π_v)(v)        # = v.redistribute(tp_mesh, [π_v]) when v's placement ≠ π_v
@@ -143,7 +143,7 @@ class InsertReshards(RewritePass):
         known = self.known_nodes
         if known is None:
             known = {node.name for sub in graphs for node in sub.graph.nodes}
-        unknown = [name for name in plan.node_placements if name not in known]
+        unknown = [name for name in plan.placements.nodes if name not in known]
         new = [name for name in unknown if name not in self.skipped]
         if not new:
             return
@@ -155,13 +155,10 @@ class InsertReshards(RewritePass):
     def _insert_reshards(self, gm: fx.GraphModule, plan: "Plan") -> None:
         for node in list(gm.graph.nodes):
             self.at = f"node {node.name!r}"
-            text = plan.node_placements.get(node.name)
-            if text is None or node.op in ("placeholder", "output", "get_attr"):
+            planned = plan.placements.nodes.get(node.name)
+            if planned is None or node.op in ("placeholder", "output", "get_attr"):
                 continue
-            try:
-                placement = axis_placement(text, plan, "tp")
-            except ValueError as err:
-                raise self.error(str(err), node) from err
+            placement = axis_placement(plan, planned, "tp")
             target = f"reshard_{node.name}"
             gm.add_submodule(target, Reshard(self.tp_mesh, placement, node.name, self.debug))
             with gm.graph.inserting_after(node):

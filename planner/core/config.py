@@ -1,23 +1,26 @@
-"""``ParallelConfig``: one point of the strategy space the cost model prices.
+"""``ParallelConfig``: the one description of "what to run", the point of the strategy space
+that the search enumerates, the cost model prices and a plan carries.
 
 A configuration fixes the degrees ``dp × tp × pp`` (their product is the world size), the
 microbatching (``microbatch_size`` sequences per microbatch, ``num_microbatches`` per step
 and pipeline, so that ``batch = dp · microbatch_size · num_microbatches``), the pipeline
-schedule (``gpipe``, ``1f1b`` or ``interleaved:v`` with ``v`` model chunks per stage), the
-ZeRO stage (0–3), the recompute policy (``none``, ``selective`` = the attention core,
-``full`` = whole layers), sequence parallelism, optionally explicit layer counts per
-(virtual) stage and per-node placements chosen by the planner.
+:class:`Schedule` (``gpipe``, ``1f1b`` or ``interleaved:v`` with ``v ≥ 2`` model chunks per
+stage), the ZeRO stage (0–3), the recompute policy (:data:`RECOMPUTE_POLICIES`: ``none``,
+``selective`` = the attention core, ``full`` = whole layers), sequence parallelism,
+optionally explicit layer counts per (virtual) stage and the placements to price
+(:class:`~fxplan.core.placements.PlacementMap`).
 
-The one-line form is what ``fxplan estimate --config`` takes and what :meth:`parse` reads::
+The one-line form is the edge to text: what ``fxplan estimate --config`` takes, what
+:meth:`ParallelConfig.parse` reads and :meth:`ParallelConfig.to_string` writes::
 
     dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off
     [,m=96][,stages=3/3/2/2]
 
-and :meth:`summary` prints ``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 |
+and :meth:`ParallelConfig.summary` prints ``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 |
 recompute=full | sp=off``.
 
-:meth:`check` validates the configuration against the facts of a model and a cluster and
-raises :class:`CostModelError` with the arithmetic::
+:meth:`ParallelConfig.check` validates the configuration against the facts of a model and a
+cluster and raises :class:`CostModelError` with the arithmetic::
 
     dp·tp·pp = 24·8·8 = 1536 ≠ 3072 devices
     tp=8 does not divide heads=12 (12 mod 8 = 4)
@@ -28,16 +31,18 @@ raises :class:`CostModelError` with the arithmetic::
 
 from __future__ import annotations
 
-from fxplan.core.errors import UserError
-
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["CostModelError", "ParallelConfig", "RECOMPUTE_POLICIES", "SCHEDULES"]
+from fxplan.core.errors import UserError
+from fxplan.core.placements import PlacementMap
 
-#: Pipeline schedule kinds; ``interleaved`` is written ``interleaved:v``.
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+__all__ = ["CostModelError", "ParallelConfig", "RECOMPUTE_POLICIES", "SCHEDULE_KINDS",
+           "Schedule"]
+
+#: Pipeline schedule kinds; ``interleaved`` is written ``interleaved:v`` (``v ≥ 2``).
+SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
 
 #: Activation recompute policies.
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
@@ -83,15 +88,67 @@ def _parse_int(name: str, text: str) -> int:
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """A pipeline schedule: ``kind`` (:data:`SCHEDULE_KINDS`) and ``chunks``, the ``v`` model
+    chunks per pipeline stage of ``interleaved:v`` (``v ≥ 2``; ``interleaved:1`` would be
+    1F1B, so it is written ``1f1b``); ``gpipe`` and ``1f1b`` have ``chunks = 1``."""
+
+    kind: str = "1f1b"
+    chunks: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCHEDULE_KINDS:
+            raise CostModelError(_schedule_message(str(self)))
+        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int):
+            raise CostModelError(f"schedule chunks must be an integer, got {self.chunks!r}")
+        if self.kind == "interleaved" and self.chunks < 2:
+            raise CostModelError(_schedule_message(
+                f"interleaved:{self.chunks}", "interleaved needs its chunk count v ≥ 2, e.g. "
+                "interleaved:2 (interleaved:1 is 1f1b)"))
+        if self.kind != "interleaved" and self.chunks != 1:
+            raise CostModelError(_schedule_message(f"{self.kind}:{self.chunks}",
+                                                   "only interleaved takes ':v'"))
+
+    @classmethod
+    def parse(cls, text: str) -> "Schedule":
+        """``"gpipe"``, ``"1f1b"`` or ``"interleaved:v"`` (case and spaces ignored)."""
+        kind, sep, chunks = str(text).strip().lower().partition(":")
+        if kind not in SCHEDULE_KINDS:
+            raise CostModelError(_schedule_message(text))
+        if kind != "interleaved":
+            if sep:
+                raise CostModelError(_schedule_message(text, "only interleaved takes ':v'"))
+            return cls(kind)
+        if not chunks.isdigit():
+            raise CostModelError(_schedule_message(
+                text, "interleaved needs its chunk count v ≥ 2, e.g. interleaved:2"))
+        return cls(kind, int(chunks))
+
+    @property
+    def interleaved(self) -> bool:
+        return self.kind == "interleaved"
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.chunks}" if self.interleaved else self.kind
+
+
+def _schedule_message(text: str, why: str = "") -> str:
+    return (f"schedule {text!r} is not one of gpipe, 1f1b, interleaved:v"
+            + (f": {why}" if why else " (v an integer ≥ 2)"))
+
+
+@dataclass(frozen=True)
 class ParallelConfig:
     """Degrees, microbatching, schedule, ZeRO stage, recompute and sequence parallelism.
 
     ``num_microbatches`` may be left ``None`` and is then derived from the global batch by
     :meth:`resolve`. ``stage_layers`` lists the layer count of each virtual stage in
     pipeline order (``pp · v`` entries); ``None`` splits the layers evenly.
-    ``placements`` maps a graph node name to its output placement on the ``(dp, tp)`` mesh of
-    one stage (``"S(0)S(2)"``, see :mod:`cost_model.placements`); ``None`` uses the default
-    Megatron layout derived from the graph (:mod:`cost_model.megatron_layout`).
+    ``placements`` are the placements the cost model prices on the ``(dp, tp)`` mesh of one
+    stage (:class:`~fxplan.core.placements.PlacementMap`: outputs only override the default
+    layout's node states, a map with edges or parameters is priced edge by edge, see
+    :mod:`fxplan.cost_model.priced_layout`); ``None`` uses the default Megatron layout derived
+    from the graph (:mod:`fxplan.cost_model.megatron_layout`).
     """
 
     dp: int = 1
@@ -99,41 +156,30 @@ class ParallelConfig:
     pp: int = 1
     microbatch_size: int = 1
     num_microbatches: int | None = None
-    schedule: str = "1f1b"
+    schedule: Schedule = Schedule()
     zero_stage: int = 0
     recompute: str = "none"
     sequence_parallel: bool = False
     stage_layers: tuple[int, ...] | None = None
-    placements: tuple[tuple[str, str], ...] | None = None
+    placements: PlacementMap | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "microbatch_size"):
             _positive_int(name, getattr(self, name))
         if self.num_microbatches is not None:
             _positive_int("num_microbatches", self.num_microbatches)
-        schedule = str(self.schedule).strip().lower()
-        kind, _, chunks = schedule.partition(":")
-        if kind not in SCHEDULES:
-            raise CostModelError(
-                f"schedule={self.schedule!r}: expected one of gpipe, 1f1b, interleaved:v"
-            )
-        if kind == "interleaved":
-            if not chunks.isdigit() or int(chunks) < 1:
-                raise CostModelError(
-                    f"schedule={self.schedule!r}: interleaved needs its chunk count, e.g. "
-                    "interleaved:2 (v ≥ 1 model chunks per pipeline stage)"
-                )
-            schedule = f"interleaved:{int(chunks)}"
-        elif chunks:
-            raise CostModelError(f"schedule={self.schedule!r}: only interleaved takes ':v'")
-        object.__setattr__(self, "schedule", schedule)
+        if not isinstance(self.schedule, Schedule):
+            raise CostModelError(f"schedule must be a Schedule (Schedule.parse reads text), got "
+                                 f"{self.schedule!r}")
         if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
             raise CostModelError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.recompute not in RECOMPUTE_POLICIES:
             raise CostModelError(
                 f"recompute={self.recompute!r}: expected one of {', '.join(RECOMPUTE_POLICIES)}"
             )
-        object.__setattr__(self, "sequence_parallel", bool(self.sequence_parallel))
+        if not isinstance(self.sequence_parallel, bool):
+            raise CostModelError(f"sequence_parallel must be True or False, got "
+                                 f"{self.sequence_parallel!r}")
         if self.stage_layers is not None:
             layers = tuple(self.stage_layers)
             for count in layers:
@@ -144,9 +190,9 @@ class ParallelConfig:
                     f"pp·v = {self.pp}·{self.virtual_stages} = {self.pp * self.virtual_stages}"
                 )
             object.__setattr__(self, "stage_layers", layers)
-        if self.placements is not None:
-            items = self.placements.items() if isinstance(self.placements, Mapping) else self.placements
-            object.__setattr__(self, "placements", tuple(sorted((str(k), str(v)) for k, v in items)))
+        if self.placements is not None and not isinstance(self.placements, PlacementMap):
+            raise CostModelError(f"placements must be a PlacementMap, got "
+                                 f"{type(self.placements).__name__}")
 
     # -- derived ------------------------------------------------------------------------
     @property
@@ -155,15 +201,9 @@ class ParallelConfig:
         return self.dp * self.tp * self.pp
 
     @property
-    def schedule_kind(self) -> str:
-        """``gpipe``, ``1f1b`` or ``interleaved``."""
-        return self.schedule.partition(":")[0]
-
-    @property
     def virtual_stages(self) -> int:
         """Model chunks per pipeline stage: ``v`` for ``interleaved:v``, else 1."""
-        kind, _, chunks = self.schedule.partition(":")
-        return int(chunks) if kind == "interleaved" else 1
+        return self.schedule.chunks
 
     def replace(self, **changes: Any) -> "ParallelConfig":
         """A copy with some fields changed (validated again)."""
@@ -194,7 +234,9 @@ class ParallelConfig:
                 values[name] = _parse_bool(key, value)
             elif name == "stage_layers":
                 values[name] = tuple(_parse_int(key, v) for v in value.split("/"))
-            elif name in ("schedule", "recompute"):
+            elif name == "schedule":
+                values[name] = Schedule.parse(value)
+            elif name == "recompute":
                 values[name] = value.lower()
             else:
                 values[name] = _parse_int(key, value)
@@ -202,7 +244,7 @@ class ParallelConfig:
 
     def to_string(self) -> str:
         """The :meth:`parse` form; round-trips every field but ``placements``, which it
-        drops (they are a node → placement map, not part of the text form)."""
+        drops (they are a placement map, not part of the text form)."""
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}", f"mb={self.microbatch_size}"]
         if self.num_microbatches is not None:
             parts.append(f"m={self.num_microbatches}")
@@ -212,11 +254,14 @@ class ParallelConfig:
             parts.append("stages=" + "/".join(map(str, self.stage_layers)))
         return ",".join(parts)
 
-    def summary(self) -> str:
-        """``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 | recompute=full | sp=off``."""
+    def summary(self, *, recompute: str | None = None) -> str:
+        """``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 | recompute=full | sp=off``
+        (``mb=1×?`` while ``num_microbatches`` is not resolved). ``recompute`` replaces the
+        policy's name: a plan whose blocks recompute differently prints ``mixed``."""
         m = "?" if self.num_microbatches is None else str(self.num_microbatches)
         return (f"pp={self.pp} dp={self.dp} tp={self.tp} | zero={self.zero_stage} | "
-                f"{self.schedule} mb={self.microbatch_size}×{m} | recompute={self.recompute} | "
+                f"{self.schedule} mb={self.microbatch_size}×{m} | "
+                f"recompute={recompute or self.recompute} | "
                 f"sp={'on' if self.sequence_parallel else 'off'}")
 
     def __str__(self) -> str:
@@ -277,7 +322,7 @@ class ParallelConfig:
         if batch is not None:
             resolved = self.resolve(batch)
             m = resolved.num_microbatches or 0
-            if self.schedule_kind == "interleaved" and self.pp > 1 and m % self.pp:
+            if self.schedule.interleaved and self.pp > 1 and m % self.pp:
                 raise CostModelError(
                     f"{self.schedule} needs the microbatch count to be a multiple of pp: "
                     f"m = batch / (dp·mb) = {batch} / ({self.dp}·{self.microbatch_size}) = {m}, "

@@ -1,41 +1,59 @@
-"""The Plan: everything the search decided, as a frozen value with a versioned JSON form.
+"""The Plan: what to run (a :class:`ParallelConfig`), where every tensor lives (a
+:class:`PlacementMap`) and how the search got there, as a frozen value with a versioned JSON form.
 
-A plan fixes
+A plan holds
 
-* the device mesh ``pp × dp × tp`` (``mesh_axes``/``mesh_shape``) and the cluster link level
-  each axis runs over (``axis_levels``), ranks laid out row-major with ``tp`` fastest;
-* the pipeline: ``stages`` (repeated-block ranges ``[start, stop)`` per stage, the embedding on
-  the first and the head on the last), the ``schedule`` (``gpipe``, ``1f1b``,
-  ``interleaved:v``) and microbatching (``microbatch_size × num_microbatches`` per data-parallel
-  replica, so ``batch = dp · microbatch_size · num_microbatches``);
-* data parallelism with ``zero_stage`` 0–3, ``recompute`` per repeated block
-  (``none``/``selective``/``full``) and ``sequence_parallel``;
-* placements: per fx node (its output) and per parameter, as compact strings over the
-  stage-local ``placement_axes`` (``("dp", "tp")`` by default), e.g. ``"S(0)S(1)"``, and in
-  ``input_placements`` (keys ``consumer<producer``) what a consumer needs where it differs
-  from its producer's output — the reshards the step time priced;
-* the predicted ``estimate`` (step time and breakdown, MFU, per-stage peak memory), the
-  solver's status, search time and its per-phase ``timings``, runners-up, pruning reasons
-  and fallbacks.
+* ``config``: the :class:`~fxplan.core.config.ParallelConfig` to run: the degrees of the device
+  mesh ``pp × dp × tp`` (axes :data:`MESH_AXES`, ranks laid out row-major with ``tp``
+  fastest), the schedule, microbatching (``batch = dp · microbatch_size · num_microbatches``),
+  ZeRO stage, recompute policy and sequence parallelism. ``config.placements`` is always
+  ``None`` in a plan: the placements are ``placements``;
+* ``block_recompute``: an optional per-repeated-block override of ``config.recompute`` (one
+  policy per block, for hand-written plans; the search leaves it ``None`` = every block runs
+  ``config.recompute``, the policy the estimate priced). A uniform override equal to the
+  config's policy is stored as ``None``; a uniform one that differs is refused (set the
+  config's policy instead);
+* ``placements``: per fx node output, per consumer input (keyed by
+  :class:`~fxplan.core.placements.DataEdge`, where it differs from the producer's output: the
+  reshards the step time priced) and per parameter, over the stage-local axes
+  ``placements.axes`` (``("dp", "tp")``);
+* provenance: the model, cluster and their fingerprints, ``batch`` and ``seq``, the cluster link
+  level each mesh axis runs over (``axis_levels``), the pipeline ``stages`` (repeated-block
+  ranges ``[start, stop)`` per virtual stage, the embedding on the first and the head on the
+  last), the predicted ``estimate`` (step time and breakdown, MFU, per-stage peak memory,
+  ``estimate["config"]`` the priced configuration as text and ``estimate["layout"]`` which
+  placements it priced), the solver's status, search time and per-phase ``timings``,
+  runners-up, pruning reasons and fallbacks.
 
-``to_json``/``from_json`` carry ``format_version`` and the fingerprints of the captured graph and
-of the cluster; :func:`load_plan` refuses a plan made for another graph or cluster and says which.
+Convenience properties (``plan.dp``, ``plan.schedule``, ``plan.summary``, …) read the config.
+
+``to_json``/``from_json`` carry ``format_version`` (:data:`PLAN_FORMAT_VERSION`); strings appear
+only there (``config`` as the one-line :meth:`ParallelConfig.to_string` form, placements as
+``"S(0)R"``). :func:`load_plan` refuses a plan made for another graph or cluster and says which.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Generic, Mapping, TypeVar
 
+from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
 from fxplan.core.errors import UserError
+from fxplan.core.placements import PlacementMap
 
-PLAN_FORMAT_VERSION = 1
-SCHEDULES = ("gpipe", "1f1b")  # plus "interleaved:v" with integer v ≥ 2
-RECOMPUTE_POLICIES = ("none", "selective", "full")
+__all__ = ["MESH_AXES", "PLAN_FORMAT_VERSION", "Plan", "PlanError", "SolverInfo",
+           "StageAssignment", "load_plan"]
+
+T = TypeVar("T")
+
+#: Version 2: ``config`` is one :class:`ParallelConfig` (text form), placements a typed map.
+PLAN_FORMAT_VERSION = 2
+
+#: The device mesh's axes, slowest first: ``rank = (pp_i · dp + dp_i) · tp + tp_i``.
+MESH_AXES: tuple[str, ...] = ("pp", "dp", "tp")
 
 
 class PlanError(UserError):
@@ -68,28 +86,37 @@ class SolverInfo:
     time_s: float = 0.0
 
 
+class _FromConfig(Generic[T]):
+    """A read-only attribute of :class:`Plan` that is the same-named field (or property) of
+    ``plan.config``."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, plan: "Plan | None", owner: type | None = None) -> T:
+        if plan is None:
+            return self  # type: ignore[return-value]  # class access: the descriptor itself
+        return getattr(plan.config, self.name)
+
+
 @dataclass(frozen=True)
 class Plan:
+    """A configuration, its placements and its provenance (module docstring)."""
+
     model: str
     cluster: str
     graph_fingerprint: str
     cluster_fingerprint: str
     batch: int
     seq: int | None
-    mesh_shape: tuple[int, ...]
-    mesh_axes: tuple[str, ...] = ("pp", "dp", "tp")
+    config: ParallelConfig
+    placements: PlacementMap = PlacementMap()
+    block_recompute: tuple[str, ...] | None = None
     axis_levels: tuple[str, ...] = ()
     stages: tuple[StageAssignment, ...] = ()
-    schedule: str = "1f1b"
-    microbatch_size: int = 1
-    num_microbatches: int = 1
-    zero_stage: int = 0
-    recompute: tuple[str, ...] = ()
-    sequence_parallel: bool = False
-    placement_axes: tuple[str, ...] = ("dp", "tp")
-    node_placements: Mapping[str, str] = field(default_factory=dict)
-    param_placements: Mapping[str, str] = field(default_factory=dict)
-    input_placements: Mapping[str, str] = field(default_factory=dict)
     estimate: Mapping[str, Any] = field(default_factory=dict)
     solver: SolverInfo = SolverInfo()
     search_time_s: float = 0.0
@@ -100,20 +127,17 @@ class Plan:
     fxplan_version: str = "0.1.0"
 
     def __post_init__(self) -> None:
-        if len(self.mesh_shape) != len(self.mesh_axes):
-            raise PlanError(
-                f"mesh_shape {self.mesh_shape} has {len(self.mesh_shape)} axes but mesh_axes "
-                f"{self.mesh_axes} names {len(self.mesh_axes)}"
-            )
-        for axis in ("pp", "dp", "tp"):
-            if axis not in self.mesh_axes:
-                raise PlanError(f"mesh_axes {self.mesh_axes} must include {axis!r}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise PlanError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        _check_schedule(self.schedule)
-        for policy in self.recompute:
-            if policy not in RECOMPUTE_POLICIES:
-                raise PlanError(f"recompute policy {policy!r} is not one of {RECOMPUTE_POLICIES}")
+        config = self.config
+        if not isinstance(config, ParallelConfig):
+            raise PlanError(f"config must be a ParallelConfig, got {type(config).__name__}")
+        if config.num_microbatches is None:
+            raise PlanError(f"config {config.to_string()!r} must give num_microbatches "
+                            "(ParallelConfig.resolve(batch) fills it in)")
+        if config.placements is not None:
+            raise PlanError("a plan's config carries no placements: they are Plan.placements")
+        if not isinstance(self.placements, PlacementMap):
+            raise PlanError(f"placements must be a PlacementMap, got "
+                            f"{type(self.placements).__name__}")
         expected = self.dp * self.microbatch_size * self.num_microbatches
         if self.batch != expected:
             raise PlanError(
@@ -125,79 +149,109 @@ class Plan:
             if len(self.stages) != self.pp * per_rank:
                 raise PlanError(
                     f"{len(self.stages)} stages given but pp·v = {self.pp}·{per_rank} = "
-                    f"{self.pp * per_rank} expected for schedule {self.schedule!r}"
+                    f"{self.pp * per_rank} expected for schedule {str(self.schedule)!r}"
                 )
+            counts = tuple(s.num_layers for s in self.stages)
+            if config.stage_layers is not None and config.stage_layers != counts:
+                raise PlanError(f"stages hold {'/'.join(map(str, counts))} layers but the "
+                                f"config says stages={'/'.join(map(str, config.stage_layers))}")
+        if self.axis_levels and len(self.axis_levels) != len(MESH_AXES):
+            raise PlanError(f"axis_levels {self.axis_levels} must name one level per mesh axis "
+                            f"{MESH_AXES}")
+        self._check_block_recompute()
 
-    # -- degrees and summary ------------------------------------------------------------
-    def priced_config(self) -> Any:
-        """The :class:`cost_model.ParallelConfig` whose estimate is this plan's step time: the
-        estimated configuration, with the plan's own placements when the step time priced
-        them (``estimate["layout"] == "intra-op"``), else the default Megatron layout."""
-        from fxplan.core.config import ParallelConfig
-        from fxplan.inter_op.placements import priced_map
+    def _check_block_recompute(self) -> None:
+        if self.block_recompute is None:
+            return
+        policies = tuple(self.block_recompute)
+        for policy in policies:
+            if policy not in RECOMPUTE_POLICIES:
+                raise PlanError(f"recompute policy {policy!r} is not one of {RECOMPUTE_POLICIES}")
+        blocks = sum(s.num_layers for s in self.stages)
+        if self.stages and len(policies) != blocks:
+            raise PlanError(f"block_recompute lists {len(policies)} policies but the stages hold "
+                            f"{blocks} repeated blocks")
+        if not policies or set(policies) == {self.config.recompute}:
+            policies = None
+        elif len(set(policies)) == 1:
+            raise PlanError(f"block_recompute is {policies[0]!r} for every block but the config's "
+                            f"recompute is {self.config.recompute!r}: set config.recompute instead")
+        object.__setattr__(self, "block_recompute", policies)
 
-        config = ParallelConfig.parse(self.estimate["config"])
-        if self.estimate.get("layout") != "intra-op":
-            return config
-        return config.replace(placements=priced_map(self.node_placements, self.input_placements,
-                                                    self.param_placements))
-
-    def degree(self, axis: str) -> int:
-        return self.mesh_shape[self.mesh_axes.index(axis)]
+    # -- the configuration, read through ------------------------------------------------
+    dp = _FromConfig[int]("data-parallel degree")
+    tp = _FromConfig[int]("tensor-parallel degree")
+    pp = _FromConfig[int]("pipeline-parallel degree")
+    world_size = _FromConfig[int]("``pp · dp · tp``")
+    schedule = _FromConfig[Schedule]("the pipeline schedule")
+    virtual_stages = _FromConfig[int]("``v`` of ``interleaved:v``; 1 otherwise")
+    microbatch_size = _FromConfig[int]("sequences per microbatch")
+    num_microbatches = _FromConfig[int]("microbatches per step and pipeline")
+    zero_stage = _FromConfig[int]("ZeRO stage 0–3")
+    sequence_parallel = _FromConfig[bool]("sequence parallelism on tp")
 
     @property
-    def dp(self) -> int:
-        return self.degree("dp")
+    def mesh_axes(self) -> tuple[str, ...]:
+        return MESH_AXES
 
     @property
-    def tp(self) -> int:
-        return self.degree("tp")
-
-    @property
-    def pp(self) -> int:
-        return self.degree("pp")
-
-    @property
-    def world_size(self) -> int:
-        return math.prod(self.mesh_shape)
+    def mesh_shape(self) -> tuple[int, ...]:
+        """``(pp, dp, tp)``, the sizes of :data:`MESH_AXES`."""
+        return (self.pp, self.dp, self.tp)
 
     @property
     def degrees(self) -> dict[str, int]:
-        return {axis: n for axis, n in zip(self.mesh_axes, self.mesh_shape)}
+        return dict(zip(MESH_AXES, self.mesh_shape))
 
-    @property
-    def virtual_stages(self) -> int:
-        """``v`` of ``interleaved:v``; 1 otherwise."""
-        return int(self.schedule.split(":")[1]) if self.schedule.startswith("interleaved:") else 1
+    def recompute(self, block: int) -> str:
+        """The recompute policy of repeated block ``block``: ``block_recompute[block]`` when
+        the plan overrides per block, else ``config.recompute``."""
+        if self.block_recompute is not None and block < len(self.block_recompute):
+            return self.block_recompute[block]
+        return self.config.recompute
 
     @property
     def recompute_summary(self) -> str:
-        policies = set(self.recompute) or {"none"}
-        return policies.pop() if len(policies) == 1 else "mixed"
+        """``config.recompute``, or ``mixed`` when blocks recompute differently."""
+        return "mixed" if self.block_recompute is not None else self.config.recompute
 
     @property
     def summary(self) -> str:
         """``pp=8 dp=24 tp=8 | zero=1 | interleaved:2 mb=1×96 | recompute=selective | sp=on``."""
-        mesh = " ".join(f"{a}={n}" for a, n in zip(self.mesh_axes, self.mesh_shape))
-        return (
-            f"{mesh} | zero={self.zero_stage} | {self.schedule} "
-            f"mb={self.microbatch_size}×{self.num_microbatches} | "
-            f"recompute={self.recompute_summary} | sp={'on' if self.sequence_parallel else 'off'}"
-        )
+        return self.config.summary(recompute=self.recompute_summary)
 
     def __str__(self) -> str:
         return self.summary
 
     # -- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["format_version"] = PLAN_FORMAT_VERSION
-        data["summary"] = self.summary
-        data["degrees"] = self.degrees
-        return data
+        """The JSON object of format :data:`PLAN_FORMAT_VERSION` (``summary``, ``degrees``,
+        ``mesh_shape`` and ``mesh_axes`` are derived from ``config`` and checked on load)."""
+        return {
+            "format_version": PLAN_FORMAT_VERSION,
+            "summary": self.summary,
+            "degrees": self.degrees,
+            "model": self.model, "cluster": self.cluster,
+            "graph_fingerprint": self.graph_fingerprint,
+            "cluster_fingerprint": self.cluster_fingerprint,
+            "batch": self.batch, "seq": self.seq,
+            "config": self.config.to_string(),
+            "block_recompute": None if self.block_recompute is None else list(self.block_recompute),
+            "mesh_shape": list(self.mesh_shape), "mesh_axes": list(MESH_AXES),
+            "axis_levels": list(self.axis_levels),
+            "stages": [dataclasses.asdict(s) for s in self.stages],
+            "placements": self.placements.to_json(),
+            "estimate": dict(self.estimate),
+            "solver": dataclasses.asdict(self.solver),
+            "search_time_s": self.search_time_s,
+            "runners_up": [dict(r) for r in self.runners_up],
+            "pruned": list(self.pruned), "fallbacks": list(self.fallbacks),
+            "timings": dict(self.timings),
+            "fxplan_version": self.fxplan_version,
+        }
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=False, default=_json_default)
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -212,26 +266,40 @@ class Plan:
                 f"{source}: plan format_version {version!r} is not supported; this fxplan reads "
                 f"format_version {PLAN_FORMAT_VERSION} (re-run `fxplan plan` to make a new one)"
             )
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING and f.name not in data]
+        missing = [k for k in _REQUIRED if k not in data]
         if missing:
             raise PlanError(f"{source}: plan is missing required keys {missing}")
-        kwargs = {k: v for k, v in data.items() if k in names}
+        unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL) - set(_DERIVED))
+        if unknown:
+            raise PlanError(f"{source}: plan has unknown keys {unknown}")
         key: str | None = None
         try:
-            for key in _INT_FIELDS:
-                if key in kwargs and not (key == "seq" and kwargs[key] is None):
-                    kwargs[key] = _integer(kwargs[key], key)
-            for key in ("mesh_shape", "mesh_axes", "axis_levels", "recompute", "placement_axes",
-                        "pruned", "fallbacks", "runners_up"):
+            kwargs: dict[str, Any] = {k: data[k] for k in _REQUIRED + _OPTIONAL if k in data}
+            for key in ("model", "cluster", "graph_fingerprint", "cluster_fingerprint"):
+                if not isinstance(kwargs[key], str):
+                    raise PlanError(f"{key} must be a string, got {kwargs[key]!r}")
+            key = "batch"
+            kwargs[key] = _integer(kwargs[key], key)
+            key = "seq"
+            if kwargs[key] is not None:
+                kwargs[key] = _integer(kwargs[key], key)
+            key = "config"
+            if not isinstance(kwargs[key], str):
+                raise PlanError(f"config must be the one-line text form, got {kwargs[key]!r}")
+            kwargs[key] = ParallelConfig.parse(kwargs[key])
+            _check_mesh(data, kwargs["config"])
+            for key in ("axis_levels", "pruned", "fallbacks", "runners_up"):
                 if key in kwargs:
                     kwargs[key] = tuple(_sequence(kwargs[key], key))
-            key = "mesh_shape"
-            kwargs[key] = tuple(_integer(n, f"{key}[{i}]") for i, n in enumerate(kwargs[key]))
+            key = "block_recompute"
+            if kwargs.get(key) is not None:
+                kwargs[key] = tuple(_sequence(kwargs[key], key))
             key = "stages"
             kwargs[key] = tuple(_stage(s, i) for i, s in enumerate(_sequence(kwargs.get(key, ()),
                                                                                 key)))
+            key = "placements"
+            if key in kwargs:
+                kwargs[key] = PlacementMap.from_json(kwargs[key])
             key = "solver"
             if key in kwargs:
                 kwargs[key] = _dataclass_from(SolverInfo, kwargs[key], key)
@@ -277,7 +345,28 @@ class Plan:
             )
 
 
-_INT_FIELDS = ("batch", "seq", "microbatch_size", "num_microbatches", "zero_stage")
+#: JSON keys a plan file must have, those it may have, and those derived from ``config``.
+_REQUIRED = ("model", "cluster", "graph_fingerprint", "cluster_fingerprint", "batch", "seq",
+             "config")
+_OPTIONAL = ("placements", "block_recompute", "axis_levels", "stages", "estimate", "solver",
+             "search_time_s", "runners_up", "pruned", "fallbacks", "timings", "fxplan_version")
+_DERIVED = ("format_version", "summary", "degrees", "mesh_shape", "mesh_axes")
+
+
+def _check_mesh(data: Mapping[str, Any], config: ParallelConfig) -> None:
+    """``mesh_shape``, ``mesh_axes`` and ``degrees``, when present, must be integers and agree
+    with the config's ``(pp, dp, tp)``."""
+    want = {"pp": config.pp, "dp": config.dp, "tp": config.tp}
+    if "mesh_axes" in data and list(_sequence(data["mesh_axes"], "mesh_axes")) != list(MESH_AXES):
+        raise PlanError(f"mesh_axes {data['mesh_axes']} must be {list(MESH_AXES)}")
+    if "mesh_shape" in data:
+        shape = [_integer(n, f"mesh_shape[{i}]")
+                 for i, n in enumerate(_sequence(data["mesh_shape"], "mesh_shape"))]
+        if shape != [want[a] for a in MESH_AXES]:
+            raise PlanError(f"mesh_shape {shape} disagrees with the config's pp·dp·tp = "
+                            f"{config.pp}·{config.dp}·{config.tp}")
+    if "degrees" in data and data["degrees"] != want:
+        raise PlanError(f"degrees {data['degrees']} disagree with the config's {want}")
 
 
 def _integer(value: Any, key: str) -> int:
@@ -321,26 +410,6 @@ def _stage(value: Any, i: int) -> StageAssignment:
                                    _integer(layers[1], f"{key}.layers[1]")),
                            has_embedding=bool(value.get("has_embedding", False)),
                            has_head=bool(value.get("has_head", False)))
-
-
-def _check_schedule(schedule: str) -> None:
-    if schedule in SCHEDULES:
-        return
-    if schedule.startswith("interleaved:"):
-        tail = schedule.split(":", 1)[1]
-        if tail.isdigit() and int(tail) >= 2:
-            return
-    raise PlanError(
-        f"schedule {schedule!r} is not one of gpipe, 1f1b, interleaved:v (v an integer ≥ 2)"
-    )
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    raise TypeError(f"cannot write {type(value).__name__} into a plan file")
 
 
 def load_plan(path: str | Path, *, graph_fingerprint: str | None = None,

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from fxplan.cost_model.memory import GIB
 from fxplan.inter_op.profile import SegmentProfile
-from fxplan.inter_op.space import Candidate, Family
+from fxplan.core.config import ParallelConfig
+from fxplan.inter_op.space import Family
 from fxplan.inter_op.stage_memory import DeviceMemory, state_bytes_per_param
 
 __all__ = ["memory_lower_bound", "memory_reason", "time_lower_bound"]
@@ -47,6 +48,6 @@ def memory_reason(family: Family, zero: int, needed: float, lightest: SegmentPro
             f"{mem.reserved / GIB:.1f} GiB reserved)")
 
 
-def time_lower_bound(c: Candidate, prof: SegmentProfile) -> float:
+def time_lower_bound(c: ParallelConfig, prof: SegmentProfile) -> float:
     """``m · W / pp`` seconds (module docstring)."""
     return c.num_microbatches * prof.total_work / c.pp

@@ -1,6 +1,6 @@
 """Constraints on the search's candidates: validated up front, then a membership test.
 
-``constraints`` maps a field of :class:`fxplan.inter_op.space.Candidate` to one value or a
+``constraints`` maps a field of :class:`fxplan.core.config.ParallelConfig` to one value or a
 collection (list, tuple, set, frozenset) of values. Allowed keys and values:
 
 =====================  =========================================================
@@ -14,15 +14,17 @@ collection (list, tuple, set, frozenset) of values. Allowed keys and values:
 =====================  =========================================================
 
 Anything else raises :class:`ConstraintError` (a ``UserError``) naming the allowed keys or
-values, before any work is done.
+values, before any work is done. Schedules are given as text (``"interleaved:2"``) and read
+into :class:`~fxplan.core.config.Schedule` values by :func:`validate_constraints`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
 from fxplan.core.errors import UserError
-from fxplan.inter_op.space import INTERLEAVE_CHUNKS, RECOMPUTE, Candidate, divisors
+from fxplan.inter_op.space import INTERLEAVE_CHUNKS, divisors
 
 __all__ = ["ConstraintError", "CONSTRAINT_FIELDS", "allowed", "allowed_values",
            "describe", "validate_constraints"]
@@ -45,7 +47,7 @@ def allowed_values(world: int) -> dict[str, str]:
             "pp": f"{degrees} (divisors of the {world} devices)",
             "dp": f"{degrees} (divisors of the {world} devices)",
             "microbatch_size": "positive integers",
-            "schedule": schedules, "recompute": ", ".join(RECOMPUTE),
+            "schedule": schedules, "recompute": ", ".join(RECOMPUTE_POLICIES),
             "sequence_parallel": "True, False", "zero_stage": "0, 1, 2, 3"}
 
 
@@ -58,14 +60,15 @@ def _valid(key: str, value: Any, world: int) -> bool:
         return value in ("1f1b", "gpipe") or value in {f"interleaved:{v}"
                                                       for v in INTERLEAVE_CHUNKS}
     if key == "recompute":
-        return value in RECOMPUTE
+        return value in RECOMPUTE_POLICIES
     if key == "sequence_parallel":
         return isinstance(value, bool)
     return not isinstance(value, bool) and value in (0, 1, 2, 3)   # zero_stage
 
 
 def validate_constraints(constraints: Mapping[str, Any] | None, world: int) -> dict[str, Any]:
-    """``constraints`` checked against :func:`allowed_values`; raises :class:`ConstraintError`."""
+    """``constraints`` checked against :func:`allowed_values`, schedules read into
+    :class:`Schedule` values; raises :class:`ConstraintError`."""
     constraints = dict(constraints or {})
     table = allowed_values(world)
     unknown = sorted(set(constraints) - set(CONSTRAINT_FIELDS))
@@ -81,10 +84,14 @@ def validate_constraints(constraints: Mapping[str, Any] | None, world: int) -> d
         if bad:
             raise ConstraintError(f"constraint {key}={bad[0]!r} is not allowed; {key} takes "
                                   f"{table[key]} (a value or a collection of values)")
+    if "schedule" in constraints:
+        want = constraints["schedule"]
+        constraints["schedule"] = (tuple(map(Schedule.parse, want))
+                                   if isinstance(want, _COLLECTIONS) else Schedule.parse(want))
     return constraints
 
 
-def allowed(c: Candidate, constraints: Mapping[str, Any]) -> bool:
+def allowed(c: ParallelConfig, constraints: Mapping[str, Any]) -> bool:
     """Whether ``c`` satisfies every constraint (validated ones)."""
     for key, want in constraints.items():
         have = getattr(c, key)

@@ -55,7 +55,7 @@ from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import Priced, price_finalist
 from fxplan.inter_op.profile import ModelProfile
 from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
-from fxplan.inter_op.space import MAX_MICROBATCH, Candidate, Family, families, options
+from fxplan.inter_op.space import MAX_MICROBATCH, Family, families, options
 from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
                                          stage_totals)
 from fxplan.inter_op.surrogate import surrogate_step_s
@@ -73,12 +73,17 @@ DEFAULT_FINALISTS = 8
 
 @dataclass
 class _Scored:
-    candidate: Candidate
+    config: ParallelConfig
     surrogate_s: float
 
 
 def _zeros(family: Family) -> tuple[int, ...]:
     return (0, 1, 2, 3) if family.dp > 1 else (0,)
+
+
+def _probe(family: Family, zero_stage: int = 0) -> ParallelConfig:
+    """A configuration of ``family`` to test the mesh and ZeRO constraints on."""
+    return ParallelConfig(dp=family.dp, tp=family.tp, pp=family.pp, zero_stage=zero_stage)
 
 
 class _Search:
@@ -113,8 +118,7 @@ class _Search:
                         heads=prof.heads, tp_widths=prof.tp_widths(), pruned=self.pruned)
         out: dict[Family, int] = {}
         for fam in fams:
-            probe = Candidate(fam.tp, fam.pp, fam.dp, 1, 1, "1f1b", "none", False)
-            if not allowed(probe, {k: v for k, v in self.constraints.items()
+            if not allowed(_probe(fam), {k: v for k, v in self.constraints.items()
                                    if k in ("tp", "pp", "dp")}):
                 continue
             self.mesh_allowed.append(fam)
@@ -128,10 +132,10 @@ class _Search:
         return out
 
     # -- step 4 ---------------------------------------------------------------------------
-    def _partition(self, c: Candidate) -> Candidate | None:
+    def _partition(self, c: ParallelConfig) -> ParallelConfig | None:
         prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
         inputs = partition_inputs(c, prof, self.mem)
-        key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.pp, c.v,
+        key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.pp, c.virtual_stages,
                inputs.cap, inputs.extra_time.tobytes(), inputs.fixed_bytes.tobytes(),
                inputs.inflight.tobytes(), inputs.layer_state[:1].tobytes())
         if key not in self.partitions:
@@ -143,9 +147,9 @@ class _Search:
         # The DP's memory rows are conservative (stage_memory docstring); the per-rank check
         # decides, and the most even split is the second chance when the DP found none.
         tries = ([part.counts] if part is not None else []) + \
-            [balanced_counts(prof.layers, c.pp * c.v)]
+            [balanced_counts(prof.layers, c.pp * c.virtual_stages)]
         for counts in tries:
-            placed = c.with_(stage_layers=counts)
+            placed = c.replace(stage_layers=counts)
             if stage_totals(placed, prof, self.mem).max() <= self.mem.capacity:
                 return placed
         return None
@@ -153,11 +157,11 @@ class _Search:
     def rank(self, fams: dict[Family, int]) -> list[_Scored]:
         """Steps 3–4: the ``K`` best candidates by ``T̂``."""
         prof = self.profile
-        queue: list[tuple[float, int, Candidate]] = []
+        queue: list[tuple[float, int, ParallelConfig]] = []
         for fam, zmin in fams.items():
             for c in options(fam, batch=self.batch, layers=prof.num_layers,
                              seq=prof.segments.seq):
-                c = c.with_(zero_stage=zmin)
+                c = c.replace(zero_stage=zmin)
                 if allowed(c, {k: v for k, v in self.constraints.items() if k != "zero_stage"}):
                     lb = time_lower_bound(c, prof.get(c.tp, c.sequence_parallel, c.recompute,
                                                       c.microbatch_size))
@@ -189,27 +193,28 @@ class _Search:
     def _zeros(self, fam: Family) -> list[int]:
         """The ZeRO stages of ``fam`` the constraints allow, lowest first."""
         want = self.constraints.get("zero_stage")
-        probe = Candidate(fam.tp, fam.pp, fam.dp, 1, 1, "1f1b", "none", False)
         return [z for z in _zeros(fam)
-                if want is None or allowed(probe.with_(zero_stage=z), {"zero_stage": want})]
+                if want is None or allowed(_probe(fam, z), {"zero_stage": want})]
 
-    def _score(self, c: Candidate) -> _Scored | None:
-        zeros = [z for z in self._zeros(c.family) if z >= c.zero_stage]
+    def _score(self, c: ParallelConfig) -> _Scored | None:
+        family = Family.of(c)
+        zeros = [z for z in self._zeros(family) if z >= c.zero_stage]
         for zero in zeros:
-            placed = self._partition(c.with_(zero_stage=zero))
+            placed = self._partition(c.replace(zero_stage=zero))
             if placed is not None:
                 prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute,
                                         c.microbatch_size)
-                self.fitted.add(c.family)
+                self.fitted.add(family)
                 return _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
-        heaviest = c.with_(zero_stage=zeros[-1] if zeros else c.zero_stage,
-                           stage_layers=balanced_counts(self.profile.num_layers, c.pp * c.v))
+        heaviest = c.replace(zero_stage=zeros[-1] if zeros else c.zero_stage,
+                             stage_layers=balanced_counts(self.profile.num_layers,
+                                                          c.pp * c.virtual_stages))
         prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
         worst = max(stage_memory(heaviest, prof, self.mem), key=lambda m: m.total)
-        count, least, which = self.unfit.get(c.family, (0, None, ""))
+        count, least, which = self.unfit.get(family, (0, None, ""))
         if least is None or worst.total < least.total:
             least, which = worst, heaviest.summary()
-        self.unfit[c.family] = (count + 1, least, which)
+        self.unfit[family] = (count + 1, least, which)
         return None
 
     def _budget_fallback(self, index: int, total: int) -> None:
@@ -223,16 +228,16 @@ class _Search:
         """Step 6a: one intra-op solve per distinct tp degree of the finalists, each limited to
         what is left of the time budget (a solve it leaves no time falls back to the default
         layout, recorded by :meth:`IntraOpCache.placements`)."""
-        for tp in dict.fromkeys(s.candidate.tp for s in ranked):
+        for tp in dict.fromkeys(s.config.tp for s in ranked):
             self.intra_op.solve(tp)
 
     def finalists(self, ranked: list[_Scored]) -> list[Priced]:
         """Steps 5–6b: price each finalist with its placements (:mod:`fxplan.inter_op.pricing`);
         the fitting ones, fastest first, one per distinct plan."""
         out: list[Priced] = []
-        seen: dict[str, str] = {}
+        seen: dict[tuple[ParallelConfig, str], str] = {}
         for index, scored in enumerate(ranked):
-            c = scored.candidate
+            c = scored.config
             if out and self.budget.expired():
                 text = (f"time budget {self.budget.seconds:g} s reached after pricing {index} of "
                         f"{len(ranked)} finalists; the best priced so far is kept")
@@ -247,13 +252,13 @@ class _Search:
             if not priced.est.fits:
                 worst = max(m.total for m in priced.est.memory)
                 self.failed_finalists.append(
-                    f"{priced.candidate.summary()}: simulated peak {worst / GIB:.1f} GiB > "
+                    f"{priced.config.summary()}: simulated peak {worst / GIB:.1f} GiB > "
                     f"{self.mem.capacity / GIB:.0f} GiB")
                 continue
-            key = f"{priced.candidate.to_config_string()} {priced.layout}"
+            key = (priced.config, priced.layout)
             if key in seen:
                 self.pruned.append(f"{c.summary()}: priced with its placements it is "
-                                   f"{priced.candidate.summary()}, already a finalist "
+                                   f"{priced.config.summary()}, already a finalist "
                                    f"(as {seen[key]})")
                 continue
             seen[key] = c.summary()
@@ -276,7 +281,7 @@ class _Search:
                 self.pruned.append(f"{fam}: none of {count} microbatch/recompute/schedule "
                                    f"variants fits at any allowed ZeRO stage; {lightest}")
 
-    def lightest(self, fam: Family) -> tuple[Candidate, MemoryBreakdown] | None:
+    def lightest(self, fam: Family) -> tuple[ParallelConfig, MemoryBreakdown] | None:
         """The lightest candidate of ``fam`` the constraints allow (evenly split, the highest
         allowed ZeRO stage, the smallest allowed microbatch) and its heaviest rank's memory;
         ``None`` when the constraints allow none."""
@@ -284,7 +289,7 @@ class _Search:
         prof = self.profile
         found = [c for c in options(fam, batch=self.batch, layers=prof.num_layers,
                                     seq=prof.segments.seq)
-                 if zeros and allowed(c.with_(zero_stage=zeros[-1]), self.constraints)]
+                 if zeros and allowed(c.replace(zero_stage=zeros[-1]), self.constraints)]
         if not found:
             return None
         mb = min(c.microbatch_size for c in found)
@@ -292,8 +297,8 @@ class _Search:
         for c in found:
             if c.microbatch_size != mb:
                 continue
-            c = c.with_(zero_stage=zeros[-1],
-                        stage_layers=balanced_counts(prof.num_layers, c.pp * c.v))
+            c = c.replace(zero_stage=zeros[-1],
+                          stage_layers=balanced_counts(prof.num_layers, c.pp * c.virtual_stages))
             seg = prof.get(c.tp, c.sequence_parallel, c.recompute, mb)
             worst = max(stage_memory(c, seg, self.mem), key=lambda m: m.total)
             if best is None or worst.total < best[1].total:

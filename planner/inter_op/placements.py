@@ -1,12 +1,13 @@
-"""Per-node and per-parameter placements of a candidate on its ``(dp, tp)`` stage mesh.
+"""The placements of a candidate on its ``(dp, tp)`` stage mesh, and where they came from.
 
 The intra-op solver (:func:`fxplan.intra_op.solve_intra_op`, repeated blocks sharing one set
 of variables) places the graph on the ``(1, tp)`` slice of the stage mesh at the captured
 microbatch, once per tensor-parallel degree (:class:`IntraOpCache`); the ``dp`` token is the
 search's data parallelism (the batch ``S(0)`` for activations, ``S(0)`` for parameters under
-ZeRO-3). :meth:`Placements.priced_map` is what :func:`cost_model.estimate.estimate` prices
-(:mod:`cost_model.priced_layout`): every node's output, what each consumer needs where it
-differs from its producer's output (``consumer<producer``), every parameter (``param:name``).
+ZeRO-3). :meth:`PlacementChoice.priced` placements are what :func:`cost_model.estimate.estimate`
+prices (:mod:`cost_model.priced_layout`): a :class:`~fxplan.core.placements.PlacementMap` of every
+node's output, what each consumer needs where it differs from its producer's output (keyed by
+the :class:`~fxplan.core.placements.DataEdge`), every parameter.
 Sequence parallelism is read off the answer: it is on when an activation the Megatron layout
 replicates (layer norms, the residual stream) is sharded over tp.
 
@@ -32,13 +33,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
+from fxplan.core.config import ParallelConfig
+from fxplan.core.placements import (DataEdge, Placement, PlacementMap, Placements, Replicate,
+                                    Shard, parse_placements)
+from fxplan.core.plan import SolverInfo
 from fxplan.cost_model.megatron_layout import CONST, REPL, used_params
 from fxplan.cost_model.tp_layout import tp_layout
 from fxplan.cost_model.mesh import LogicalMesh
-from fxplan.core.placements import format_placements, parse_placements
-from fxplan.cost_model.priced_layout import PARAM_PREFIX, edge_key
-from fxplan.core.plan import SolverInfo
-from fxplan.inter_op.space import Candidate
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -46,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.intra_op import IntraOpSolution
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["IntraOpCache", "Placements", "megatron_placements", "priced_map"]
+__all__ = ["IntraOpCache", "PlacementChoice", "megatron_placements"]
 
 log = logging.getLogger("fxplan.planner")
 
@@ -55,102 +56,80 @@ SOLVER_TIME_LIMIT_S = 30.0
 
 
 @dataclass
-class Placements:
-    """Outputs (``nodes``), consumers' needs (``inputs``, keys ``consumer<producer``) and
-    parameters on the ``(dp, tp)`` stage mesh; ``priced`` when they came from the solver and
-    are what the estimate prices (else the default Megatron layout is)."""
+class PlacementChoice:
+    """The ``placements`` chosen for a candidate on its ``(dp, tp)`` stage mesh, the solver that
+    chose them (or the fallback that did), and whether they are ``priced``: from the solver and
+    what the estimate prices (else the default Megatron layout is)."""
 
-    nodes: dict[str, str] = field(default_factory=dict)
-    params: dict[str, str] = field(default_factory=dict)
+    placements: PlacementMap
     solver: SolverInfo = SolverInfo()
     fallbacks: list[str] = field(default_factory=list)
-    inputs: dict[str, str] = field(default_factory=dict)
     priced: bool = False
     sequence_parallel: bool = False
     objective_s: float = float("nan")
 
-    def priced_map(self) -> dict[str, str] | None:
-        """``ParallelConfig.placements`` for :func:`cost_model.estimate.estimate`; ``None``
-        for the default Megatron layout."""
-        if not self.priced:
-            return None
-        return priced_map(self.nodes, self.inputs, self.params)
+    def priced_placements(self) -> PlacementMap | None:
+        """``ParallelConfig.placements`` for :func:`cost_model.estimate.estimate`: the map when
+        it is priced, ``None`` (the default Megatron layout) otherwise."""
+        return self.placements if self.priced else None
 
 
-def priced_map(nodes: Mapping[str, str], inputs: Mapping[str, str],
-               params: Mapping[str, str]) -> dict[str, str]:
-    """One map of outputs, needs and ``param:``-prefixed parameters
-    (:mod:`cost_model.priced_layout`)."""
-    out = {**nodes, **inputs}
-    out.update((PARAM_PREFIX + name, text) for name, text in params.items())
-    return out
-
-
-def _tp_token(text: str) -> str:
-    """The tp (last) token of a ``(dp, tp)`` or ``(1, tp)`` placement string (strict parse:
-    junk raises ``ValueError``)."""
-    return format_placements(parse_placements(text)[-1:])
-
-
-def _tp_sharded(text: str) -> bool:
-    return parse_placements(text)[-1].is_shard()
-
-
-def _sequence_parallel(graph: CapturedGraph, nodes: Mapping[str, str]) -> bool:
+def _sequence_parallel(graph: CapturedGraph, nodes: Mapping[str, Placements]) -> bool:
     """Whether an activation the Megatron layout replicates is sharded over tp."""
     layout = tp_layout(graph)
     by_name = graph.nodes_by_name
     return any(layout.state.get(name) == REPL and by_name[name].op != "placeholder"
-               and _tp_sharded(text) for name, text in nodes.items())
+               and p[-1].is_shard() for name, p in nodes.items())
 
 
-def _from_solver(graph: CapturedGraph, result: IntraOpSolution, c: Candidate) -> Placements:
-    """The solver's answer for ``c``'s tp degree on ``c``'s stage mesh: the dp token is the
-    inter-op search's data parallelism (batch ``S(0)`` for activations, parameters ``S(0)``
-    under ZeRO-3, else ``R``)."""
+def _dp_placements(c: ParallelConfig) -> tuple[Placement, Placement]:
+    """The dp entry of activations (the batch ``S(0)`` when ``dp > 1``, else ``R``) and of
+    parameters (``S(0)`` under ZeRO-3 with ``dp > 1``, else ``R``)."""
+    batch: Placement = Shard(0) if c.dp > 1 else Replicate()
+    weights: Placement = Shard(0) if c.zero_stage == 3 and c.dp > 1 else Replicate()
+    return batch, weights
+
+
+def _from_solver(graph: CapturedGraph, result: IntraOpSolution, c: ParallelConfig) -> PlacementChoice:
+    """The solver's answer for ``c``'s tp degree on ``c``'s stage mesh: the tp entry is the
+    solver's (the last entry of its ``(1, tp)`` placements), the dp entry the inter-op
+    search's data parallelism (:func:`_dp_placements`)."""
     layout = tp_layout(graph)
-    batch = "S(0)" if c.dp > 1 else "R"
-    weights = "S(0)" if c.zero_stage == 3 and c.dp > 1 else "R"
+    batch, weights = _dp_placements(c)
 
-    def act(name: str, text: str) -> str:
-        return (batch if layout.state.get(name) != CONST else "R") + _tp_token(text)
+    def act(name: str, tp: Placement) -> Placements:
+        return (batch if layout.state.get(name) != CONST else Replicate(), tp)
 
-    nodes = {name: act(name, p) for name, p in result.node_placements.items()}
-    inputs = {edge_key(r.consumer, r.producer): act(r.producer, format_placements(r.dst))
-              for r in result.reshards}
-    params = {name: weights + _tp_token(p) for name, p in result.param_placements.items()}
-    out = Placements(nodes, params, SolverInfo(backend=result.backend, status=result.status,
-                                               gap=float(result.gap),
-                                               time_s=float(result.solve_time_s)),
-                     inputs=inputs, priced=True,
-                     sequence_parallel=_sequence_parallel(graph, nodes),
-                     objective_s=float(result.objective_s))
+    nodes = {name: act(name, s.output[-1]) for name, s in result.placements.items()}
+    inputs = {DataEdge(r.consumer, r.producer): act(r.producer, r.dst[-1]) for r in result.reshards}
+    params = {name: (weights, parse_placements(p)[-1])
+              for name, p in result.param_placements.items()}
+    out = PlacementChoice(PlacementMap(nodes, inputs, params),
+                          SolverInfo(backend=result.backend, status=result.status,
+                                     gap=float(result.gap), time_s=float(result.solve_time_s)),
+                          priced=True, sequence_parallel=_sequence_parallel(graph, nodes),
+                          objective_s=float(result.objective_s))
     out.fallbacks.extend(f"intra-op: {f}" for f in result.fallbacks)
     return out
 
 
-def _megatron(graph: CapturedGraph, c: Candidate) -> Placements:
-    """The default Megatron layout (module docstring); the dp token as in
-    :func:`_from_solver`: the batch ``S(0)`` when ``dp > 1``, else ``R``."""
+def _megatron(graph: CapturedGraph, c: ParallelConfig) -> PlacementChoice:
+    """The default Megatron layout (module docstring); the dp entry as in
+    :func:`_from_solver`."""
     layout = tp_layout(graph)
-    batch = "S(0)" if c.dp > 1 else "R"
-    dp_param = "S(0)" if c.zero_stage == 3 and c.dp > 1 else "R"
-    params = {name: dp_param + "R" for name in graph.params}
+    batch, dp_param = _dp_placements(c)
+    params: dict[str, Placements] = {name: (dp_param, Replicate()) for name in graph.params}
     by_name = graph.nodes_by_name
-    if c.tp == 1:
-        layout_nodes: tuple = ()
-    else:
-        layout_nodes = ((layout.column, "S(0)"), (layout.vocab, "S(0)"))
-    for names, token in layout_nodes:
-        for name in names:
+    if c.tp > 1:
+        for name in layout.column | layout.vocab:
             for param in used_params(by_name[name], graph):
-                params[param] = dp_param + token
-    for name in (layout.row if c.tp > 1 else ()):
-        for param in used_params(by_name[name], graph):
-            if graph.params[param].shape and len(graph.params[param].shape) == 2:
-                params[param] = dp_param + "S(1)"
-    nodes: dict[str, str] = {}
-    replicated = "S(1)" if c.sequence_parallel and c.tp > 1 else "R"
+                params[param] = (dp_param, Shard(0))
+        for name in layout.row:
+            for param in used_params(by_name[name], graph):
+                if graph.params[param].shape and len(graph.params[param].shape) == 2:
+                    params[param] = (dp_param, Shard(1))
+    nodes: dict[str, Placements] = {}
+    replicated = Shard(1) if c.sequence_parallel and c.tp > 1 else Replicate()
     for node, info in graph.nodes():
         shape = info.shape
         if not isinstance(shape, tuple) or not shape or not isinstance(shape[0], int):
@@ -159,13 +138,14 @@ def _megatron(graph: CapturedGraph, c: Candidate) -> Placements:
         if state == CONST or node.op == "output":
             continue
         if node.name in layout.column and c.tp > 1:
-            nodes[node.name] = f"{batch}S({len(shape) - 1})"
+            nodes[node.name] = (batch, Shard(len(shape) - 1))
         elif state == REPL or c.tp == 1:
-            nodes[node.name] = batch + (replicated if len(shape) > 1 else "R")
-    return Placements(nodes, params, SolverInfo(backend="megatron-default", status="not-run"))
+            nodes[node.name] = (batch, replicated if len(shape) > 1 else Replicate())
+    return PlacementChoice(PlacementMap(nodes, {}, params),
+                           SolverInfo(backend="megatron-default", status="not-run"))
 
 
-def megatron_placements(graph: CapturedGraph, c: Candidate) -> Placements:
+def megatron_placements(graph: CapturedGraph, c: ParallelConfig) -> PlacementChoice:
     """The default Megatron layout of ``c`` as placements (priced by the layout's own rules)."""
     return _megatron(graph, c)
 
@@ -210,7 +190,7 @@ class IntraOpCache:
             return f"{type(err).__name__}: {err}"
         return self._solved[tp]
 
-    def placements(self, c: Candidate) -> Placements:
+    def placements(self, c: ParallelConfig) -> PlacementChoice:
         """The solver's placements for ``c``'s stage mesh, or the logged Megatron fallback."""
         result = self.solve(c.tp)
         if not isinstance(result, str):

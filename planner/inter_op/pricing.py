@@ -16,6 +16,9 @@ Megatron layout ``μ``. Both are priced and the plan keeps
 
 recording which, and why, in the result's ``note`` (the driver puts it in ``Plan.estimate``
 and, when ``μ`` wins, in ``Plan.fallbacks``). Nothing is chosen silently.
+
+:func:`priced_config` rebuilds, from a plan, the configuration whose estimate is the plan's
+step time.
 """
 
 from __future__ import annotations
@@ -24,45 +27,53 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.placements import PlacementMap
+from fxplan.core.plan import Plan
 from fxplan.cost_model.estimate import Estimate, estimate
-from fxplan.inter_op.placements import IntraOpCache, Placements, megatron_placements
-from fxplan.inter_op.space import Candidate
+from fxplan.inter_op.placements import IntraOpCache, PlacementChoice, megatron_placements
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["Priced", "price_finalist", "INTRA_OP", "MEGATRON"]
+__all__ = ["Priced", "price_finalist", "priced_config", "INTRA_OP", "MEGATRON"]
 
 INTRA_OP, MEGATRON = "intra-op", "megatron-default"
 
 
 @dataclass
 class Priced:
-    """A finalist as it will be planned: the candidate (``sp`` as its placements say), its
-    estimate, the placements that estimate priced, which layout they are, and why."""
+    """A finalist as it will be planned: its configuration (``sp`` as its placements say, no
+    placements of its own), its estimate, the placements the plan will carry, which layout the
+    estimate priced, and why."""
 
-    candidate: Candidate
+    config: ParallelConfig
     est: Estimate
-    placements: Placements
+    placements: PlacementChoice
     layout: str
     note: str
     fallback: bool = False
 
 
-def _estimate(graph: CapturedGraph, cluster: Cluster, c: Candidate, batch: int,
-              placements: dict[str, str] | None) -> Estimate:
-    config = ParallelConfig.parse(c.to_config_string())
-    if placements is not None:
-        config = config.replace(placements=placements)
-    return estimate(graph, cluster, config, batch=batch)
+def priced_config(plan: Plan) -> ParallelConfig:
+    """The configuration whose estimate is ``plan``'s step time: the plan's config with its
+    placements when the step time priced them (``estimate["layout"] == INTRA_OP``), else with
+    the default Megatron layout (no placements)."""
+    if plan.estimate.get("layout") != INTRA_OP:
+        return plan.config
+    return plan.config.replace(placements=plan.placements)
+
+
+def _estimate(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, batch: int,
+              placements: PlacementMap | None) -> Estimate:
+    return estimate(graph, cluster, c.replace(placements=placements), batch=batch)
 
 
 def _key(p: Priced) -> tuple[bool, float, int]:
     return (not p.est.fits, p.est.step_time_s, 0 if p.layout == INTRA_OP else 1)
 
 
-def price_finalist(graph: CapturedGraph, cluster: Cluster, c: Candidate, batch: int,
+def price_finalist(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, batch: int,
                    cache: IntraOpCache) -> Priced:
     """The cheaper of the solver's placements and the default layout (module docstring).
     Raises :class:`CostModelError` when the cost model refuses both."""
@@ -70,9 +81,9 @@ def price_finalist(graph: CapturedGraph, cluster: Cluster, c: Candidate, batch: 
     errors: list[str] = []
     solved = cache.placements(c)
     if solved.priced:
-        c_pi = c.with_(sequence_parallel=solved.sequence_parallel)
+        c_pi = c.replace(sequence_parallel=solved.sequence_parallel)
         try:
-            est = _estimate(graph, cluster, c_pi, batch, solved.priced_map())
+            est = _estimate(graph, cluster, c_pi, batch, solved.priced_placements())
             options.append(Priced(c_pi, est, solved, INTRA_OP, ""))
         except CostModelError as err:
             errors.append(f"intra-op placements: {err}")
@@ -90,7 +101,7 @@ def price_finalist(graph: CapturedGraph, cluster: Cluster, c: Candidate, batch: 
     return best
 
 
-def _why(best: Priced, options: list[Priced], solved: Placements, errors: list[str]) -> str:
+def _why(best: Priced, options: list[Priced], solved: PlacementChoice, errors: list[str]) -> str:
     if not solved.priced:
         return ("intra-op solver not used (see Plan.fallbacks): priced with the default "
                 "Megatron layout")
@@ -106,5 +117,5 @@ def _why(best: Priced, options: list[Priced], solved: Placements, errors: list[s
         why = (f"{best.est.step_time_s:.6g} s < {other.est.step_time_s:.6g} s with the "
                "intra-op placements (the solver prices one block at the captured microbatch, "
                "without the pipeline)")
-    return (f"{best.candidate.summary()}: the default Megatron layout is kept: {why}; the plan "
+    return (f"{best.config.summary()}: the default Megatron layout is kept: {why}; the plan "
             "carries the Megatron layout")

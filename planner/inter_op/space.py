@@ -8,23 +8,27 @@ collective model). A family is **invalid**, with the reason recorded, when
     tp ∤ heads,  tp ∤ a width tensor parallelism splits (vocabulary, projections),
     pp > L (a stage needs a layer),  dp ∤ batch.
 
-Inside a family a **candidate** fixes the microbatch size ``b`` (a divisor of ``batch/dp``
-up to :data:`MAX_MICROBATCH`; ``m = batch/(dp·b)``), the schedule (``gpipe``, and ``1f1b`` when ``m ≥ pp``;
-``interleaved:v`` for ``v ∈ {2, 4}`` when ``m mod pp = 0`` and ``L ≥ pp·v``; no pipeline:
-``1f1b`` only), recompute (``none``/``selective``/``full``), sequence parallelism (``tp > 1``,
-``tp | seq``) and the ZeRO stage (0–3; 0 when ``dp = 1``).
+Inside a family a **candidate**, a :class:`~fxplan.core.config.ParallelConfig`, fixes the
+microbatch size ``b`` (a divisor of ``batch/dp`` up to :data:`MAX_MICROBATCH`;
+``m = batch/(dp·b)``), the schedule (``gpipe``, and ``1f1b`` when ``m ≥ pp``; ``interleaved:v``
+for ``v ∈`` :data:`INTERLEAVE_CHUNKS` when ``m mod pp = 0`` and ``L ≥ pp·v``; no pipeline:
+``1f1b`` only), recompute (:data:`~fxplan.core.config.RECOMPUTE_POLICIES`), sequence
+parallelism (``tp > 1``, ``tp | seq``) and the ZeRO stage (0–3; 0 when ``dp = 1``); the
+search fills in ``stage_layers`` (the partition).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-__all__ = ["Candidate", "Family", "MAX_MICROBATCH", "divisors", "families", "options"]
+from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
+
+__all__ = ["Family", "INTERLEAVE_CHUNKS", "MAX_MICROBATCH", "divisors", "families", "options"]
 
 MAX_MICROBATCH = 16
+#: The ``v`` of ``interleaved:v`` the search offers.
 INTERLEAVE_CHUNKS = (2, 4)
-RECOMPUTE = ("none", "selective", "full")
 
 
 def divisors(n: int) -> list[int]:
@@ -33,57 +37,18 @@ def divisors(n: int) -> list[int]:
 
 @dataclass(frozen=True, order=True)
 class Family:
+    """A mesh factorisation ``pp · dp · tp = N`` (ordered by ``(tp, pp, dp)``)."""
+
     tp: int
     pp: int
     dp: int
+
+    @classmethod
+    def of(cls, config: ParallelConfig) -> "Family":
+        return cls(config.tp, config.pp, config.dp)
 
     def __str__(self) -> str:
         return f"tp={self.tp}, pp={self.pp}, dp={self.dp}"
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One point of the space; ``stage_layers`` is filled in by the partition."""
-
-    tp: int
-    pp: int
-    dp: int
-    microbatch_size: int
-    num_microbatches: int
-    schedule: str
-    recompute: str
-    sequence_parallel: bool
-    zero_stage: int = 0
-    stage_layers: tuple[int, ...] = ()
-
-    @property
-    def family(self) -> Family:
-        return Family(self.tp, self.pp, self.dp)
-
-    @property
-    def v(self) -> int:
-        return int(self.schedule.split(":")[1]) if self.schedule.startswith("interleaved:") else 1
-
-    @property
-    def schedule_kind(self) -> str:
-        return self.schedule.split(":")[0]
-
-    def with_(self, **changes: object) -> "Candidate":
-        return replace(self, **changes)
-
-    def summary(self) -> str:
-        return (f"pp={self.pp} dp={self.dp} tp={self.tp} | zero={self.zero_stage} | "
-                f"{self.schedule} mb={self.microbatch_size}×{self.num_microbatches} | "
-                f"recompute={self.recompute} | sp={'on' if self.sequence_parallel else 'off'}")
-
-    def to_config_string(self) -> str:
-        """The :meth:`cost_model.config.ParallelConfig.parse` form."""
-        text = (f"dp={self.dp},tp={self.tp},pp={self.pp},mb={self.microbatch_size},"
-                f"m={self.num_microbatches},schedule={self.schedule},zero={self.zero_stage},"
-                f"recompute={self.recompute},sp={'on' if self.sequence_parallel else 'off'}")
-        if self.stage_layers:
-            text += ",stages=" + "/".join(map(str, self.stage_layers))
-        return text
 
 
 def families(world: int, *, batch: int, layers: int, heads: int | None,
@@ -110,7 +75,8 @@ def families(world: int, *, batch: int, layers: int, heads: int | None,
     return out
 
 
-def options(family: Family, *, batch: int, layers: int, seq: int | None) -> Iterator[Candidate]:
+def options(family: Family, *, batch: int, layers: int, seq: int | None
+            ) -> Iterator[ParallelConfig]:
     """Every candidate of ``family`` at ZeRO stage 0 (the search raises the stage as needed)."""
     tp, pp, dp = family.tp, family.pp, family.dp
     per_replica = batch // dp
@@ -119,12 +85,14 @@ def options(family: Family, *, batch: int, layers: int, seq: int | None) -> Iter
         m = per_replica // mb
         # With m < pp, 1F1B never reaches its steady state and runs GPipe's order (torch's
         # Schedule1F1B refuses it): offer it under the name of the schedule that will run.
-        schedules = ["1f1b"] if pp == 1 or m >= pp else []
+        schedules = [Schedule("1f1b")] if pp == 1 or m >= pp else []
         if pp > 1:
-            schedules.append("gpipe")
-            schedules += [f"interleaved:{v}" for v in INTERLEAVE_CHUNKS
+            schedules.append(Schedule("gpipe"))
+            schedules += [Schedule("interleaved", v) for v in INTERLEAVE_CHUNKS
                           if m % pp == 0 and layers >= pp * v]
         for schedule in schedules:
-            for recompute in RECOMPUTE:
+            for recompute in RECOMPUTE_POLICIES:
                 for sp in sps:
-                    yield Candidate(tp, pp, dp, mb, m, schedule, recompute, sp)
+                    yield ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=mb,
+                                         num_microbatches=m, schedule=schedule,
+                                         recompute=recompute, sequence_parallel=sp)

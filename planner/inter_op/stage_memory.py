@@ -39,7 +39,7 @@ from fxplan.cost_model.memory import GIB, MemoryBreakdown, model_state_bytes
 from fxplan.cost_model.pipeline_schedules import ScheduleOrder, schedule_order
 from fxplan.cost_model.stage_costs import buffer_bytes, rank_memory
 from fxplan.inter_op.profile import SegmentProfile
-from fxplan.inter_op.space import Candidate
+from fxplan.core.config import ParallelConfig
 
 __all__ = ["DeviceMemory", "PartitionInputs", "inflight", "partition_inputs", "stage_memory",
            "stage_totals", "state_bytes_per_param"]
@@ -63,17 +63,17 @@ def state_bytes_per_param(dp: int, zero: int) -> float:
     return model_state_bytes(1.0, dp, zero).total
 
 
-def order(c: Candidate) -> ScheduleOrder:
+def order(c: ParallelConfig) -> ScheduleOrder:
     """The schedule's op order (cached by :func:`schedule_order`)."""
-    return schedule_order(c.schedule_kind, c.pp, c.v, c.num_microbatches)
+    return schedule_order(c.schedule.kind, c.pp, c.virtual_stages, c.num_microbatches)
 
 
-def inflight(c: Candidate) -> np.ndarray:
+def inflight(c: ParallelConfig) -> np.ndarray:
     """``(p, v)``: the most microbatches of each chunk held at once on each stage."""
     return order(c).inflight_peak.astype(float)
 
 
-def _buffers(c: Candidate, max_output: float, max_params: float) -> float:
+def _buffers(c: ParallelConfig, max_output: float, max_params: float) -> float:
     return buffer_bytes(max_output, max_params, pp=c.pp, tp=c.tp, dp=c.dp,
                         zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel)
 
@@ -89,10 +89,10 @@ class PartitionInputs:
     cap: float
 
 
-def partition_inputs(c: Candidate, prof: SegmentProfile, mem: DeviceMemory) -> PartitionInputs:
+def partition_inputs(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> PartitionInputs:
     """Inputs of :func:`fxplan.inter_op.partition.partition_layers` for candidate ``c``
     (the conservative linearisation of the module docstring)."""
-    S, v = c.pp * c.v, c.v
+    S, v = c.pp * c.virtual_stages, c.virtual_stages
     k = state_bytes_per_param(c.dp, c.zero_stage)
     n = inflight(c)
     max_output = max(float(prof.out_bytes.max()), *prof.end_out_bytes)
@@ -110,9 +110,9 @@ def partition_inputs(c: Candidate, prof: SegmentProfile, mem: DeviceMemory) -> P
     return PartitionInputs(extra, fixed, counts, k * prof.params, mem.capacity / v)
 
 
-def _rank_inputs(c: Candidate, prof: SegmentProfile) -> dict[str, object]:
+def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
     """Per pipeline rank aggregates of :func:`cost_model.stage_costs.rank_memory`."""
-    p, v = c.pp, c.v
+    p, v = c.pp, c.virtual_stages
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
     starts = edges[:-1]
     P_psi = np.concatenate([[0.0], np.cumsum(prof.params)])
@@ -138,13 +138,13 @@ def _rank_inputs(c: Candidate, prof: SegmentProfile) -> dict[str, object]:
                 max_segment_params=big.reshape(v, p).max(axis=0))
 
 
-def stage_memory(c: Candidate, prof: SegmentProfile, mem: DeviceMemory) -> list[MemoryBreakdown]:
+def stage_memory(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> list[MemoryBreakdown]:
     """Peak bytes of each pipeline rank by kind (module docstring)."""
     return rank_memory(order(c), **_rank_inputs(c, prof), reserved=[mem.reserved] * c.pp,
                        capacity=[mem.capacity] * c.pp, tp=c.tp, dp=c.dp,
                        zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel)
 
 
-def stage_totals(c: Candidate, prof: SegmentProfile, mem: DeviceMemory) -> np.ndarray:
+def stage_totals(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> np.ndarray:
     """``total_s`` of every pipeline rank, bytes (the search's hot path)."""
     return np.array([m.total for m in stage_memory(c, prof, mem)])

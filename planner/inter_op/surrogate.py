@@ -30,7 +30,7 @@ import numpy as np
 from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.memory import ADAM_MIXED
 from fxplan.inter_op.profile import SegmentProfile
-from fxplan.inter_op.space import Candidate
+from fxplan.core.config import ParallelConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -50,9 +50,9 @@ def _per_layer(kind: str, params: np.ndarray, ranks: tuple[int, ...],
     return np.array([_coll(kind, 2.0 * float(x), ranks, cluster) for x in values])[inverse]
 
 
-def surrogate_step_s(c: Candidate, prof: SegmentProfile, cluster: Cluster) -> float:
+def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster) -> float:
     """``T̂`` of the module docstring, seconds."""
-    p, v, S, m = c.pp, c.v, c.pp * c.v, c.num_microbatches
+    p, v, S, m = c.pp, c.virtual_stages, c.pp * c.virtual_stages, c.num_microbatches
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
     dp_ranks = tuple(range(0, c.dp * c.tp, c.tp))
     P_t = np.concatenate([[0.0], np.cumsum(prof.layer_time)])

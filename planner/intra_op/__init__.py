@@ -10,9 +10,9 @@ from fxplan.intra_op.costs import CostModel, NodePrice
 from fxplan.intra_op.mesh_cost import MeshCost
 from fxplan.intra_op.problem import IntraOpInfeasible, IntraOpTimeLimit, Problem
 from fxplan.intra_op.result import SolverResult
-from fxplan.intra_op.solution import IntraOpSolution, Reshard
+from fxplan.intra_op.solution import IntraOpSolution, EdgeReshard
 from fxplan.intra_op.solve import solve_intra_op
 
-__all__ = ["solve_intra_op", "IntraOpSolution", "Reshard", "CostModel", "NodePrice", "MeshCost",
+__all__ = ["solve_intra_op", "IntraOpSolution", "EdgeReshard", "CostModel", "NodePrice", "MeshCost",
            "Problem", "IntraOpInfeasible", "IntraOpTimeLimit", "SolverResult", "BACKENDS",
            "solve_problem"]

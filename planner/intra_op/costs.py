@@ -17,7 +17,8 @@ from typing import Protocol, Sequence
 
 from fxplan.sharding.api import NodeStrategies
 from fxplan.sharding.context import Operand
-from fxplan.sharding.strategy import OpStrategy, Placements
+from fxplan.core.placements import Placements
+from fxplan.sharding.strategy import OpStrategy
 
 __all__ = ["NodePrice", "CostModel"]
 

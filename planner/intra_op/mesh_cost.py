@@ -45,12 +45,12 @@ import torch
 from fxplan.cost_model.compute import node_time_s
 from fxplan.cost_model.edge_reshard import gradient_placements
 from fxplan.cost_model.mesh import LogicalMesh
-from fxplan.core.placements import Partial, Replicate, local_shape
+from fxplan.core.placements import Partial, Placements, Replicate, local_shape
 from fxplan.cost_model.reshard import reshard_cost
 from fxplan.intra_op.costs import NodePrice
 from fxplan.sharding.api import NodeStrategies
 from fxplan.sharding.context import Operand, tensor_shape
-from fxplan.sharding.strategy import Comm, OpStrategy, P, R, S, Placements
+from fxplan.sharding.strategy import Comm, OpStrategy, P, R, S
 
 __all__ = ["MeshCost", "ADAM_STATE_FACTOR"]
 

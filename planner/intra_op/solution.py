@@ -5,15 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from fxplan.core.placements import Partial, Replicate, Shard, format_placements
-from fxplan.sharding.strategy import OpStrategy, Placements
+from fxplan.core.placements import Partial, Placements, Replicate, Shard, format_placements
+from fxplan.sharding.strategy import OpStrategy
 
-__all__ = ["IntraOpSolution", "Reshard"]
+__all__ = ["IntraOpSolution", "EdgeReshard"]
 
 
 @dataclass(frozen=True)
-class Reshard:
-    """The output of ``producer`` changes placements ``src → dst`` before operand ``operand``
+class EdgeReshard:
+    """A reshard the solver chose on a data edge (the runtime module that performs one is
+    :class:`fxplan.passes.rewrite.reshard.Reshard`): the output of ``producer`` changes placements ``src → dst`` before operand ``operand``
     of ``consumer``; ``time_s`` per step (forward, and the gradient's way back)."""
 
     producer: str
@@ -74,7 +75,7 @@ class IntraOpSolution:
     build_time_s: float = 0.0
     problem_size: str = ""
     notes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    reshards: tuple[Reshard, ...] = ()
+    reshards: tuple[EdgeReshard, ...] = ()
 
     @property
     def node_placements(self) -> dict[str, str]:

@@ -32,9 +32,9 @@ from fxplan.intra_op.build import build_problem, op_graph, strategy_of
 from fxplan.intra_op.coarsen import coarsen
 from fxplan.intra_op.costs import CostModel
 from fxplan.intra_op.mesh_cost import MeshCost
-from fxplan.intra_op.solution import IntraOpSolution, Reshard
+from fxplan.intra_op.solution import IntraOpSolution, EdgeReshard
 
-__all__ = ["IntraOpSolution", "Reshard", "solve_intra_op"]
+__all__ = ["IntraOpSolution", "EdgeReshard", "solve_intra_op"]
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def solve_intra_op(graph: CapturedGraph, mesh: LogicalMesh, *, cost: Optional[Co
             if src != dst:
                 seconds = cost.edge_price(operand, src, dst, chosen[op.name].split,
                                           opg.requires_grad[opg.index[operand.producer.name]])
-                reshards.append(Reshard(operand.producer.name, op.name, slot, src, dst, seconds))
+                reshards.append(EdgeReshard(operand.producer.name, op.name, slot, src, dst, seconds))
     return IntraOpSolution(
         mesh=str(mesh), placements=chosen, param_placements=params, objective_s=objective,
         comm_s=objective - compute, compute_s=compute, memory_bytes=memory, status=result.status,

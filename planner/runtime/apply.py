@@ -83,7 +83,7 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     if plan.pp == 1 and plan.virtual_stages > 1:
         from fxplan.passes.rewrite.base import PassError
 
-        raise PassError("split-stages", f"schedule {plan.schedule!r} needs pp ≥ 2")
+        raise PassError("split-stages", f"schedule {str(plan.schedule)!r} needs pp ≥ 2")
     names: dict[int, str] = {}
     for fqn, tensor in [*model.named_parameters(remove_duplicate=False),
                         *model.named_buffers(remove_duplicate=False)]:

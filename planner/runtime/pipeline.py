@@ -54,10 +54,10 @@ def build_schedule(plan: "Plan", modules: Sequence[tuple[int, nn.Module]],
         for index, module in modules
     ]
     n = plan.num_microbatches
-    if plan.schedule.startswith("interleaved:"):
+    if plan.schedule.interleaved:
         return ScheduleInterleaved1F1B(stages, n, loss_fn=loss_fn)
     (stage,) = stages
-    schedule_class = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
+    schedule_class = ScheduleGPipe if plan.schedule.kind == "gpipe" else Schedule1F1B
     if schedule_class is Schedule1F1B and n < plan.pp:
         # 1F1B with m < pp never reaches its steady state: its order is GPipe's, which torch
         # runs while Schedule1F1B refuses m < pp.

@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Iterable, Mapping
 
-import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh

@@ -7,8 +7,8 @@ from fxplan.sharding.api import NodeStrategies, describe, describe_module, is_te
 from fxplan.sharding.context import OpContext, Operand, op_identity
 from fxplan.sharding.einsum import einsum_options
 from fxplan.sharding.registry import find_rule, register_rule, replicate_fallback
-from fxplan.sharding.strategy import AxisOption, Comm, OpStrategy, Placements
+from fxplan.sharding.strategy import AxisOption, Comm, OpStrategy
 
 __all__ = ["NodeStrategies", "node_strategies", "is_tensor_node", "describe", "describe_module", "OpContext", "Operand",
            "op_identity", "einsum_options", "find_rule", "register_rule", "replicate_fallback",
-           "AxisOption", "Comm", "OpStrategy", "Placements"]
+           "AxisOption", "Comm", "OpStrategy"]

@@ -15,9 +15,9 @@ from __future__ import annotations
 import itertools
 from typing import Any, Sequence
 
-from fxplan.core.placements import Replicate, Shard
+from fxplan.core.placements import Placements, Replicate, Shard
 from fxplan.sharding.context import tensor_shape
-from fxplan.sharding.strategy import AxisOption, OpStrategy, Placements
+from fxplan.sharding.strategy import AxisOption, OpStrategy
 
 __all__ = ["expand_options", "divides", "normalise"]
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from fxplan.core.placements import Partial, Placement, Replicate, Shard, format_placements
+from fxplan.core.placements import (Partial, Placement, Placements, Replicate, Shard,
+                                    format_placements)
 
-__all__ = ["Placements", "Comm", "AxisOption", "OpStrategy", "R", "P", "S"]
+__all__ = ["Comm", "AxisOption", "OpStrategy", "R", "P", "S"]
 
-Placements = tuple[Placement, ...]
 R: Placement = Replicate()
 P: Placement = Partial()
 

@@ -12,7 +12,7 @@ TEXT = "dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off
 def test_parse_reads_every_key() -> None:
     c = ParallelConfig.parse(TEXT)
     assert (c.dp, c.tp, c.pp, c.microbatch_size) == (24, 8, 8, 1)
-    assert (c.schedule, c.schedule_kind, c.virtual_stages) == ("interleaved:2", "interleaved", 2)
+    assert (str(c.schedule), c.schedule.kind, c.virtual_stages) == ("interleaved:2", "interleaved", 2)
     assert (c.zero_stage, c.recompute, c.sequence_parallel) == (0, "full", False)
     assert c.world_size == 1536
 
@@ -31,7 +31,8 @@ def test_resolve_derives_microbatches() -> None:
 @pytest.mark.parametrize("text,message", [
     ("dp=2,foo=3", "cannot read 'foo=3'"),
     ("dp=2,dp=3", "dp is given twice"),
-    ("schedule=zigzag", "expected one of gpipe, 1f1b, interleaved:v"),
+    ("schedule=zigzag", "is not one of gpipe, 1f1b, interleaved:v"),
+    ("schedule=interleaved:1", "interleaved:1 is 1f1b"),
     ("schedule=interleaved", "interleaved needs its chunk count"),
     ("schedule=1f1b:2", "only interleaved takes ':v'"),
     ("zero=4", "zero_stage must be 0, 1, 2 or 3"),

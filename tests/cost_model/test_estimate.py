@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fxplan.cluster_specs import Cluster
+from fxplan.core.placements import Partial, PlacementMap, Replicate, Shard
 from fxplan.cost_model import CostModelError, Estimate, ParallelConfig, estimate
 from fxplan.cost_model.megatron_layout import REPL, SHARD
 from fxplan.cost_model.tp_layout import tp_layout
@@ -94,13 +95,14 @@ def test_explicit_placements_reproduce_the_default_layout(graph, cluster) -> Non
     placements = {}
     for name, state in layout.state.items():
         if name in layout.row:
-            placements[name] = "S(0)P"
+            placements[name] = (Shard(0), Partial())
         elif state == SHARD:
-            placements[name] = "S(0)S(2)"
+            placements[name] = (Shard(0), Shard(2))
         elif state == REPL:
-            placements[name] = "S(0)R"
+            placements[name] = (Shard(0), Replicate())
     default = run(graph, cluster, "dp=2,tp=8")
-    explicit = estimate(graph, cluster, ParallelConfig(dp=2, tp=8, placements=placements), batch=BATCH)
+    explicit = estimate(graph, cluster, ParallelConfig(dp=2, tp=8, placements=PlacementMap(placements)),
+                        batch=BATCH)
     assert explicit.step_time_s == pytest.approx(default.step_time_s)
     assert explicit.peak_memory_gib == pytest.approx(default.peak_memory_gib)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fxplan.cluster_specs import Cluster
+from fxplan.core.config import Schedule
 from fxplan.cost_model import ParallelConfig, estimate
 from fxplan.cost_model.activations import segment_activations
 from fxplan.cost_model.layer_costs import graph_segments, segment_cost
@@ -105,7 +106,7 @@ def _chunk_saved(result, graph, cluster, config) -> list[float]:  # type: ignore
 
 @pytest.mark.parametrize("schedule,m", [("1f1b", 8), ("1f1b", 2), ("gpipe", 8)])
 def test_inflight_microbatches(graph, cluster, schedule: str, m: int) -> None:  # type: ignore[no-untyped-def]
-    config = ParallelConfig(dp=2, tp=1, pp=4, microbatch_size=1, schedule=schedule)
+    config = ParallelConfig(dp=2, tp=1, pp=4, microbatch_size=1, schedule=Schedule(schedule))
     result = estimate(graph, cluster, config, batch=2 * m)
     chunk = _chunk_saved(result, graph, cluster, config)
     held = [min(4 - s, m) if schedule == "1f1b" else m for s in range(4)]
@@ -115,7 +116,8 @@ def test_inflight_microbatches(graph, cluster, schedule: str, m: int) -> None:  
 
 def test_interleaved_inflight_factor(graph, cluster) -> None:  # type: ignore[no-untyped-def]
     """Stage 1 of p=4, v=2 (no embedding, no head) holds 2(p−2) + (v−1)p + 1 = 9 chunks."""
-    config = ParallelConfig(dp=2, tp=1, pp=4, microbatch_size=1, schedule="interleaved:2")
+    config = ParallelConfig(dp=2, tp=1, pp=4, microbatch_size=1,
+                            schedule=Schedule("interleaved", 2))
     result = estimate(graph, cluster, config, batch=16)
     layer = segment_cost(graph, graph_segments(graph).layers[0][0], tp=1, sequence_parallel=False,
                          recompute="none", microbatch=1, device=cluster.device(0))

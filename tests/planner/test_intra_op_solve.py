@@ -13,7 +13,8 @@ from fxplan.cluster_specs import Cluster
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.api import capture
 from fxplan.intra_op import NodePrice, solve_intra_op
-from fxplan.sharding import NodeStrategies, OpStrategy, Operand, Placements
+from fxplan.core.placements import Placements
+from fxplan.sharding import NodeStrategies, OpStrategy, Operand
 
 
 def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> LogicalMesh:

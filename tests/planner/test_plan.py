@@ -6,10 +6,18 @@ import json
 
 import pytest
 
+from fxplan.core.config import ParallelConfig, Schedule
+from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan, PlanError, SolverInfo, StageAssignment, load_plan
+
+CONFIG = dict(pp=2, dp=2, tp=1, schedule="1f1b", microbatch_size=2, num_microbatches=4,
+              zero_stage=1, recompute="none", sequence_parallel=True)
 
 
 def make_plan(**overrides) -> Plan:
+    """The test plan; ``overrides`` may name config fields (``schedule`` as text)."""
+    config = {k: overrides.pop(k, v) for k, v in CONFIG.items()}
+    config["schedule"] = Schedule.parse(config["schedule"])
     fields = dict(
         model="gpt-tiny",
         cluster="local-cpu:devices=4",
@@ -17,15 +25,10 @@ def make_plan(**overrides) -> Plan:
         cluster_fingerprint="b" * 64,
         batch=16,
         seq=64,
-        mesh_shape=(2, 2, 1),
+        config=ParallelConfig(**config),
         stages=(StageAssignment(0, (0, 2), has_embedding=True), StageAssignment(1, (2, 4), has_head=True)),
-        schedule="1f1b",
-        microbatch_size=2,
-        num_microbatches=4,
-        zero_stage=1,
-        recompute=("none", "none", "selective", "selective"),
-        sequence_parallel=True,
-        param_placements={"blocks.0.attn.qkv.weight": "RS(0)"},
+        block_recompute=("none", "none", "selective", "selective"),
+        placements=PlacementMap(params={"blocks.0.attn.qkv.weight": parse_placements("RS(0)")}),
         solver=SolverInfo(backend="highs", status="optimal", gap=0.0, time_s=0.12),
     )
     fields.update(overrides)
@@ -44,7 +47,7 @@ def test_json_round_trip_is_identity(tmp_path):
                      stages=tuple(StageAssignment(i, (i, i + 1), i == 0, i == 3) for i in range(4)))
     path = plan.save(tmp_path / "plan.json")
     data = json.loads(path.read_text())
-    assert data["format_version"] == 1
+    assert data["format_version"] == 2
     assert data["summary"].startswith("pp=2 dp=2 tp=1")
     assert load_plan(path) == plan
 
@@ -61,8 +64,10 @@ def test_interleaved_needs_pp_times_v_stages():
 
 @pytest.mark.parametrize("schedule", ["zigzag", "interleaved:1", "interleaved:x"])
 def test_unknown_schedule_is_refused(schedule):
+    data = make_plan().to_dict()   # a schedule is text only in a plan file
+    data["config"] = data["config"].replace("schedule=1f1b", f"schedule={schedule}")
     with pytest.raises(PlanError, match="is not one of gpipe, 1f1b, interleaved:v"):
-        make_plan(schedule=schedule)
+        Plan.from_dict(data)
 
 
 def test_plan_for_another_graph_or_cluster_or_world_size_is_refused(tmp_path):
@@ -104,3 +109,45 @@ def test_malformed_fields_are_plan_errors_naming_the_key(change, message):
     change(data)
     with pytest.raises(PlanError, match=r"^plan\.json: " + message):
         Plan.from_dict(data, source="plan.json")
+
+
+def test_format_version_1_files_are_refused_with_a_re_plan_hint():
+    data = make_plan().to_dict()
+    data["format_version"] = 1
+    with pytest.raises(PlanError, match=r"format_version 1 is not supported.*re-run `fxplan plan`"):
+        Plan.from_dict(data)
+
+
+def test_per_block_recompute_overrides_the_config_policy():
+    plan = make_plan()
+    assert [plan.recompute(i) for i in range(4)] == ["none", "none", "selective", "selective"]
+    uniform = make_plan(block_recompute=("none",) * 4)
+    assert uniform.block_recompute is None and uniform.recompute_summary == "none"
+    with pytest.raises(PlanError, match="block_recompute is 'full' for every block but the "
+                                        "config's recompute is 'none'"):
+        make_plan(block_recompute=("full",) * 4)
+    with pytest.raises(PlanError, match="lists 3 policies but the stages hold 4"):
+        make_plan(block_recompute=("none", "full", "none"))
+
+
+def test_typed_placements_round_trip_and_derived_keys_are_checked():
+    from fxplan.core.placements import DataEdge
+
+    placements = PlacementMap(nodes={"ln": parse_placements("S(0)S(1)")},
+                              inputs={DataEdge("qkv", "ln"): parse_placements("S(0)R")},
+                              params={"w": parse_placements("RS(0)")})
+    plan = make_plan(placements=placements)
+    data = json.loads(plan.to_json())
+    assert data["placements"]["inputs"] == [{"consumer": "qkv", "producer": "ln",
+                                             "placements": "S(0)R"}]
+    assert data["degrees"] == {"pp": 2, "dp": 2, "tp": 1} and data["mesh_shape"] == [2, 2, 1]
+    assert Plan.from_dict(data) == plan
+    data["mesh_shape"] = [1, 4, 1]
+    with pytest.raises(PlanError, match=r"mesh_shape \[1, 4, 1\] disagrees with the config's "
+                                        r"pp·dp·tp = 2·2·1"):
+        Plan.from_dict(data)
+    bad = json.loads(plan.to_json())
+    bad["placements"]["nodes"]["ln"] = "S(0)"
+    with pytest.raises(PlanError, match=r"key 'placements'.*must be one torch Placement per mesh "
+                                        r"axis \('dp', 'tp'\)"):
+        Plan.from_dict(bad)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
@@ -15,8 +13,9 @@ from fxplan.cost_model.tp_layout import tp_layout
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.api import capture
 from fxplan import search
-from fxplan.inter_op.placements import IntraOpCache, priced_map
-from fxplan.inter_op.space import Candidate
+from fxplan.core.placements import DataEdge, PlacementMap, Replicate, Shard
+from fxplan.inter_op.placements import IntraOpCache
+from fxplan.inter_op.pricing import priced_config
 
 MODEL = "gpt:layers=4,hidden=4096,heads=32,vocab=51200,seq=2048"
 TP8 = "dp=1,tp=8,pp=1,mb=1,schedule=1f1b,zero=0,recompute=selective,sp=on"
@@ -36,7 +35,7 @@ def node() -> Cluster:
 def solved(graph, node):  # type: ignore[no-untyped-def]
     """The solver's placements for tp=8 on one DGX node, as the search would carry them."""
     cache = IntraOpCache(graph, node)
-    c = Candidate(8, 1, 1, 1, 8, "1f1b", "selective", True)
+    c = ParallelConfig.parse(TP8 + ",m=8")
     return cache.solve(8), cache.placements(c)
 
 
@@ -45,15 +44,14 @@ def test_plan_step_time_is_the_price_of_its_own_placements(graph) -> None:  # ty
     plan = search(graph, cluster, batch=32, progress=False, constraints={"tp": 2})
     assert plan.estimate["layout"] == "intra-op", plan.estimate["layout_note"]
     assert plan.solver.status == "optimal"
-    config = ParallelConfig.parse(plan.estimate["config"]).replace(
-        placements=priced_map(plan.node_placements, plan.input_placements, plan.param_placements))
-    assert config == plan.priced_config()
+    config = ParallelConfig.parse(plan.estimate["config"]).replace(placements=plan.placements)
+    assert config == priced_config(plan)
     again = estimate(graph, cluster, config, batch=32)
     assert again.step_time_s == pytest.approx(plan.estimate["step_time_s"], rel=1e-12)
     # the placements shard the residual stream over tp, and the plan says so
     assert plan.sequence_parallel
-    assert plan.node_placements["h_0_ln1"].endswith("S(1)")
-    assert plan.input_placements["h_0_attn_qkv<h_0_ln1"].endswith("R")
+    assert plan.placements.nodes["h_0_ln1"][-1] == Shard(1)
+    assert plan.placements.inputs[DataEdge("h_0_attn_qkv", "h_0_ln1")][-1] == Replicate()
 
 
 def test_ilp_placements_price_like_the_megatron_layout_at_tp8(graph, node, solved) -> None:  # type: ignore[no-untyped-def]
@@ -61,7 +59,8 @@ def test_ilp_placements_price_like_the_megatron_layout_at_tp8(graph, node, solve
     assert placements.sequence_parallel
     config = ParallelConfig.parse(TP8)
     default = estimate(graph, node, config, batch=8)
-    priced = estimate(graph, node, config.replace(placements=placements.priced_map()), batch=8)
+    priced = estimate(graph, node, config.replace(placements=placements.priced_placements()),
+                      batch=8)
     assert priced.step_time_s == pytest.approx(default.step_time_s, rel=0.01)
     assert priced.breakdown["tp_comm"] == pytest.approx(default.breakdown["tp_comm"], rel=0.01)
     assert max(priced.peak_memory_gib) == pytest.approx(max(default.peak_memory_gib), rel=0.05)
@@ -70,7 +69,7 @@ def test_ilp_placements_price_like_the_megatron_layout_at_tp8(graph, node, solve
 def test_estimate_prices_edges_as_the_solver_does(graph, node, solved) -> None:  # type: ignore[no-untyped-def]
     """Every reshard of the solution costs in the estimate what it cost the solver."""
     solution, placements = solved
-    layout = tp_layout(graph, ParallelConfig(tp=8, placements=placements.priced_map()).placements)
+    layout = tp_layout(graph, placements.priced_placements())
     mesh = LogicalMesh(node, (8,), ("tp",))
     infos = {n.name: i for n, i in graph.nodes()}
     assert solution.reshards
@@ -86,8 +85,10 @@ def test_estimate_prices_edges_as_the_solver_does(graph, node, solved) -> None: 
 
 def test_a_worse_placement_costs_more(graph, node, solved) -> None:  # type: ignore[no-untyped-def]
     _, placements = solved
-    best = placements.priced_map()
-    replicated = {k: "".join(_tokens(v)[:-1]) + "R" for k, v in best.items() if "<" not in k}
+    best = placements.priced_placements()
+    replicated = PlacementMap(
+        nodes={k: v[:-1] + (Replicate(),) for k, v in best.nodes.items()},
+        params={k: v[:-1] + (Replicate(),) for k, v in best.params.items()})
     config = ParallelConfig.parse(TP8.replace("sp=on", "sp=off"))
     worse = estimate(graph, node, config.replace(placements=replicated), batch=8)
     good = estimate(graph, node, ParallelConfig.parse(TP8).replace(placements=best), batch=8)
@@ -95,6 +96,3 @@ def test_a_worse_placement_costs_more(graph, node, solved) -> None:  # type: ign
     assert worse.breakdown["tp_comm"] == 0.0
     assert max(worse.peak_memory_gib) > max(good.peak_memory_gib)
 
-
-def _tokens(text: str) -> list[str]:
-    return re.findall(r"S\(-?\d+\)|R|P", text)

@@ -72,8 +72,8 @@ def test_families_record_reasons_with_arithmetic() -> None:
 def test_options_respect_batch_identity_and_schedule_rules() -> None:
     for c in options(Family(2, 4, 4), batch=64, layers=8, seq=256):
         assert c.dp * c.microbatch_size * c.num_microbatches == 64
-        if c.schedule.startswith("interleaved:"):
-            assert c.num_microbatches % c.pp == 0 and 8 >= c.pp * c.v
+        if c.schedule.interleaved:
+            assert c.num_microbatches % c.pp == 0 and 8 >= c.pp * c.virtual_stages
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_plan_is_complete_and_round_trips(small_plan: Plan, tmp_path) -> None:  
     assert plan.stages[0].has_embedding and plan.stages[-1].has_head
     assert plan.estimate["fits"] and plan.estimate["step_time_s"] > 0
     assert {"inter-op", "simulate", "intra-op"} <= set(plan.timings)
-    assert plan.param_placements and plan.node_placements
+    assert plan.placements.params and plan.placements.nodes
     assert plan.solver.status in ("optimal", "feasible", "time-limit", "not-run")
     if plan.solver.status == "not-run":
         assert any("intra-op" in f for f in plan.fallbacks), "the fallback must be recorded"

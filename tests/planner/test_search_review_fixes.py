@@ -22,14 +22,22 @@ from fxplan.api import capture_for_search
 from fxplan.inter_op import ConstraintError, InfeasibleError
 from fxplan.inter_op import driver
 from fxplan.inter_op.partition import balanced_counts
-from fxplan.inter_op.placements import IntraOpCache, _tp_token, megatron_placements
+from fxplan.core.config import Schedule
+from fxplan.core.placements import PlacementMap, Replicate, Shard
+from fxplan.inter_op.placements import IntraOpCache, megatron_placements
 from fxplan.inter_op.profile import ModelProfile
 from fxplan.inter_op.progress import Budget
-from fxplan.inter_op.space import Candidate
 from fxplan.inter_op.stage_memory import DeviceMemory, stage_totals
 
 SMALL = "gpt:layers=4,hidden=256,heads=8,vocab=4096,seq=256"
 CLUSTER = "dgx-a100-80g:nodes=4"
+
+
+def _config(tp: int, pp: int, dp: int, mb: int, m: int, schedule: str, recompute: str,
+            sp: bool, zero: int) -> ParallelConfig:
+    return ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=mb, num_microbatches=m,
+                          schedule=Schedule.parse(schedule), recompute=recompute,
+                          sequence_parallel=sp, zero_stage=zero)
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +64,13 @@ def test_search_memory_is_the_estimates(gpt17, cfg) -> None:  # type: ignore[no-
     graph, cluster = gpt17
     tp, pp, dp, mb, m, schedule, recompute, sp, zero, uneven = cfg
     prof = ModelProfile(graph, cluster)
-    c = Candidate(tp, pp, dp, mb, m, schedule, recompute, sp, zero)
-    counts = list(balanced_counts(prof.num_layers, pp * c.v))
+    c = _config(tp, pp, dp, mb, m, schedule, recompute, sp, zero)
+    counts = list(balanced_counts(prof.num_layers, pp * c.virtual_stages))
     if uneven:
         counts[0], counts[-1] = counts[0] - 1, counts[-1] + 1
-    c = c.with_(stage_layers=tuple(counts))
+    c = c.replace(stage_layers=tuple(counts))
     got = stage_totals(c, prof.get(tp, sp, recompute, mb), DeviceMemory.of(cluster.device(0)))
-    est = estimate(graph, cluster, ParallelConfig.parse(c.to_config_string()), batch=dp * mb * m)
+    est = estimate(graph, cluster, c, batch=dp * mb * m)
     want = [mem.total for mem in est.memory]
     assert list(got) == pytest.approx(want, rel=1e-6)
 
@@ -184,20 +192,20 @@ def test_infeasible_solve_falls_back_with_its_reason(monkeypatch) -> None:  # ty
 
     monkeypatch.setattr(fxplan.intra_op, "solve_intra_op", infeasible)
     cache = IntraOpCache(graph, Cluster.load("dgx-a100-80g"))
-    c = Candidate(2, 1, 4, 1, 2, "1f1b", "none", False, 0)
+    c = _config(2, 1, 4, 1, 2, "1f1b", "none", False, 0)
     placed = cache.placements(c)
     assert not placed.priced and any("nothing fits" in f for f in placed.fallbacks)
 
 
 def test_megatron_fallback_writes_r_for_dp_1_and_parsing_is_strict() -> None:
     graph = capture_for_search(SMALL)
-    alone = megatron_placements(graph, Candidate(2, 1, 1, 1, 8, "1f1b", "none", False, 0))
-    assert alone.nodes and all(text.startswith("R") for text in alone.nodes.values())
-    shared = megatron_placements(graph, Candidate(2, 1, 4, 1, 2, "1f1b", "none", False, 0))
-    assert all(text.startswith("S(0)") for text in shared.nodes.values())
-    assert _tp_token("S(0)S(2)") == "S(2)" and _tp_token("RP") == "P"
+    alone = megatron_placements(graph, _config(2, 1, 1, 1, 8, "1f1b", "none", False, 0)).placements
+    assert alone.nodes and all(p[0] == Replicate() for p in alone.nodes.values())
+    shared = megatron_placements(graph, _config(2, 1, 4, 1, 2, "1f1b", "none", False, 0)).placements
+    assert all(p[0] == Shard(0) for p in shared.nodes.values())
+    assert PlacementMap.from_json({"nodes": {"x": "S(0)S(2)"}}).nodes["x"] == (Shard(0), Shard(2))
     with pytest.raises(ValueError, match="bad placement string"):
-        _tp_token("S(0)X")
+        PlacementMap.from_json({"nodes": {"x": "S(0)X"}})
 
 
 def test_time_budget_bounds_the_intra_op_solves() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from fxplan.cluster_specs import Cluster
+from fxplan.core.placements import Shard
 from fxplan import search
 from fxplan.api import capture_for_search
 from fxplan.inter_op import training_dtype
@@ -45,11 +46,11 @@ def test_wide_model_gets_megatron_tensor_parallelism_inside_a_node() -> None:
     assert 1 < plan.tp <= cluster.devices_per_node(), plan.summary
     levels = dict(zip(plan.mesh_axes, plan.axis_levels))
     assert levels["tp"] == cluster.device(0).intra_node_level
-    tp_tokens = {p[len("R"):] if p.startswith("R") else p[len("S(0)"):]
-                 for p in plan.param_placements.values()}
-    assert {"S(0)", "S(1)"} <= tp_tokens, "column (S(0)) and row (S(1)) parallel weights"
-    column = [n for n, p in plan.param_placements.items() if p.endswith("S(0)") and "fc1" in n]
-    row = [n for n, p in plan.param_placements.items() if p.endswith("S(1)") and "fc2" in n]
+    params = plan.placements.params
+    tp_entries = {p[plan.placements.axis("tp")] for p in params.values()}
+    assert {Shard(0), Shard(1)} <= tp_entries, "column (S(0)) and row (S(1)) parallel weights"
+    column = [n for n, p in params.items() if p[-1] == Shard(0) and "fc1" in n]
+    row = [n for n, p in params.items() if p[-1] == Shard(1) and "fc2" in n]
     assert column and row
 
 

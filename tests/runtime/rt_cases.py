@@ -187,11 +187,13 @@ def unknown_node_is_a_fallback() -> dict[str, Any]:
     import logging
     from types import SimpleNamespace
 
+    from fxplan.core.placements import Replicate, Shard
     from fxplan.worker import _print_fallbacks
 
     plan = make_plan(tp=2)
-    plan = dataclasses.replace(plan, node_placements={**plan.node_placements,
-                                                      "no_such_node": "S(0)R"})
+    placements = plan.placements
+    plan = dataclasses.replace(plan, placements=dataclasses.replace(
+        placements, nodes={**placements.nodes, "no_such_node": (Shard(0), Replicate())}))
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]

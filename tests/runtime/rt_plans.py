@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from fxplan.core.config import ParallelConfig, Schedule
+from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan, StageAssignment
 
 MODEL = "gpt-tiny:dropout=0,seq=16"
@@ -37,6 +39,7 @@ def build_model(layers: int = 2, seed: int = 0, attention: str = "math", meta: b
 
 
 def param_placements(model: torch.nn.Module, tp: int) -> dict[str, str]:
+    """Parameter → compact placement string over ``("dp", "tp")``."""
     placements = {}
     for name, _ in model.named_parameters(remove_duplicate=False):
         tp_token = "R"
@@ -49,6 +52,7 @@ def param_placements(model: torch.nn.Module, tp: int) -> dict[str, str]:
 
 
 def node_placements(model: torch.nn.Module, sequence_parallel: bool) -> dict[str, str]:
+    """Node → compact placement string over ``("dp", "tp")``."""
     gm = torch.fx.symbolic_trace(model, concrete_args={"targets": None})
     placements = {}
     for node in gm.graph.nodes:
@@ -72,14 +76,17 @@ def make_plan(*, pp: int = 1, dp: int = 1, tp: int = 1, zero: int = 0, schedule:
               microbatch_size: int = 2, num_microbatches: int = 1, sp: bool = False,
               layers: int = 2, recompute: str = "none", **extra: Any) -> Plan:
     model = build_model(layers)
-    v = int(schedule.split(":")[1]) if schedule.startswith("interleaved:") else 1
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=microbatch_size,
+                            num_microbatches=num_microbatches, schedule=Schedule.parse(schedule),
+                            zero_stage=zero, recompute=recompute, sequence_parallel=sp)
+    nodes = node_placements(model, sp) if tp > 1 else {}
+    placements = PlacementMap(
+        nodes={name: parse_placements(text) for name, text in nodes.items()},
+        params={name: parse_placements(text) for name, text in param_placements(model, tp).items()})
     return Plan(
         model=MODEL, cluster="local-cpu", graph_fingerprint="test", cluster_fingerprint="test",
-        batch=dp * microbatch_size * num_microbatches, seq=SEQ, mesh_shape=(pp, dp, tp),
-        stages=stages_for(layers, pp, v), schedule=schedule, microbatch_size=microbatch_size,
-        num_microbatches=num_microbatches, zero_stage=zero, recompute=(recompute,) * layers,
-        sequence_parallel=sp, param_placements=param_placements(model, tp),
-        node_placements=node_placements(model, sp) if tp > 1 else {}, **extra,
+        batch=dp * microbatch_size * num_microbatches, seq=SEQ, config=config,
+        stages=stages_for(layers, pp, config.virtual_stages), placements=placements, **extra,
     )
 
 
