@@ -69,7 +69,8 @@ TORCH_DEFAULT_TF32: dict[str, bool] = {"matmul": False, "attention": False, "con
 
 def dtype_key(dtype: Any) -> str:
     """``torch.bfloat16`` / ``"bfloat16"`` / ``"bf16"`` → ``"bf16"``; integers and bools →
-    ``"int"``; float8 variants → ``"fp8"``; ``float64`` → ``"fp64"``."""
+    ``"int"``; float8 variants → ``"fp8"``; ``float64`` → ``"fp64"``; complex numbers → the
+    precision of their parts (``complex64`` → ``"fp32"``)."""
     text = str(dtype).lower().removeprefix("torch.")
     if text in _DTYPE_ALIASES:
         return _DTYPE_ALIASES[text]
@@ -79,6 +80,8 @@ def dtype_key(dtype: Any) -> str:
         return "fp64"
     if text.startswith(("int", "uint", "bool", "long")):
         return "int"
+    if text.startswith("complex"):  # pairs of reals (rotary embeddings written with complex)
+        return {"complex32": "fp16", "complex64": "fp32"}.get(text, "fp64")
     raise ValueError(f"unknown dtype {dtype!r}: expected a torch dtype or one of {sorted(_DTYPE_ALIASES)}")
 
 

@@ -142,8 +142,9 @@ def _segments(graph: CapturedGraph) -> GraphSegments:
     for name in layout.column:
         info = infos[name]
         widths[f"{name}.out_features"] = info.shape[-1]
-    for name in layout.vocab:
-        weight = next(p for p in infos[name].params)
+    nodes = graph.nodes_by_name
+    for name in layout.vocab:  # its own table (nn.Embedding) or a get_attr input (ATen)
+        weight = next(p for p in used_params(nodes[name], graph))
         widths["vocab"] = graph.params[weight].shape[0]
     for _, names in layers[:1]:
         for name in attention_core(graph, names, layout):

@@ -52,7 +52,10 @@ InputsFn = Callable[[int, "int | None", bool], "dict[str, InputSpec]"]
 class ModelBundle:
     """A model ready for capture: its name, family, config, builder and example inputs.
 
-    ``config`` is the model's config dataclass (``None`` for a user file).
+    ``config`` is the model's config dataclass (``None`` for a user file; a
+    ``transformers`` config for ``hf:``). ``capture_method`` is how capture should obtain
+    the graph by default: ``"auto"`` (``symbolic_trace``, falling back to ``torch.export``)
+    or ``"export"`` (Hugging Face models).
     """
 
     name: str
@@ -60,6 +63,7 @@ class ModelBundle:
     config: Any
     _build: BuildFn = field(repr=False, compare=False)
     _inputs: InputsFn = field(repr=False, compare=False)
+    capture_method: str = "auto"
 
     def build(self, device: str | torch.device = "meta") -> torch.nn.Module:
         """Construct the model with its parameters on ``device`` (``"meta"``: no memory)."""

@@ -6,6 +6,8 @@ Forms::
     gpt-1.7b:layers=2,seq=512                  a preset with overrides
     gpt:layers=48,hidden=6144,heads=64         a family (examples.families) from its defaults
     path/to/model.py:build                     a user file; build() -> (model, example_inputs)
+    hf:llama-2-7b / hf:llama:num_hidden_layers=2 / hf:path/config.json
+                                               a Hugging Face config (examples.hf; no weights)
 
 Override keys are the fields of the family's config dataclass; values are parsed to the
 field's type (``int``, ``float``, ``bool``, ``str``, ``none`` for optional fields). Every
@@ -17,22 +19,41 @@ from __future__ import annotations
 import dataclasses
 import re
 import typing
+from pathlib import Path
 from typing import Any
 
 from fxplan.examples.bundle import InputSpec, ModelBundle, ModelSpecError
 from fxplan.examples.families import FAMILIES, Family
+from fxplan.examples.hf_presets import HF_PRESETS
 from fxplan.examples.presets import PRESETS
 from fxplan.examples.user_model import user_file_bundle
 
-__all__ = ["resolve_model", "ModelSpecError", "ModelBundle", "InputSpec", "known_models"]
+__all__ = ["resolve_model", "ModelSpecError", "ModelBundle", "InputSpec", "known_models",
+           "canonical_spec"]
 
 _FILE_SPEC = re.compile(r"^(?P<path>.+\.py)(?::(?P<function>[A-Za-z_]\w*))?$")
 _TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
 
 
 def known_models() -> list[str]:
-    """Preset names, then family names (each usable with ``:key=value`` overrides)."""
-    return [*PRESETS, *FAMILIES]
+    """Preset names, family names (each usable with ``:key=value`` overrides), then the
+    Hugging Face presets (``hf:llama-2-7b``; any ``hf:<model_type>`` works too)."""
+    return [*PRESETS, *FAMILIES, *(f"hf:{name}" for name in HF_PRESETS)]
+
+
+def canonical_spec(spec: str) -> str:
+    """The spec a plan stores: a user file or a Hugging Face config file by absolute path
+    (``model.py:build`` → ``/abs/model.py:build``), any other spec unchanged, so that the
+    plan names the model wherever it is read."""
+    spec = spec.strip()
+    if spec.startswith("hf:"):
+        from fxplan.examples.hf import canonical_hf_spec
+
+        return canonical_hf_spec(spec)
+    match = _FILE_SPEC.match(spec)
+    if match:
+        return f"{Path(match['path']).resolve()}:{match['function'] or 'build'}"
+    return spec
 
 
 def resolve_model(spec: str | ModelBundle) -> ModelBundle:
@@ -42,6 +63,10 @@ def resolve_model(spec: str | ModelBundle) -> ModelBundle:
     if not isinstance(spec, str) or not spec.strip():
         raise ModelSpecError(f"model spec must be a non-empty string, got {spec!r}")
     spec = spec.strip()
+    if spec.startswith("hf:"):
+        from fxplan.examples.hf import hf_bundle  # imports transformers only when asked
+
+        return hf_bundle(spec)
     file_match = _FILE_SPEC.match(spec)
     if file_match:
         return user_file_bundle(file_match["path"], file_match["function"] or "build")
@@ -53,7 +78,8 @@ def resolve_model(spec: str | ModelBundle) -> ModelBundle:
         family, values = FAMILIES[name], {}
     else:
         raise ModelSpecError(f"unknown model {name!r}; known models: {', '.join(known_models())}"
-                             f"; or a user file path/to/model.py:build")
+                             f"; or a user file path/to/model.py:build, or hf:<model_type> for a Hugging "
+                             f"Face config")
     values.update(_parse_overrides(family, override_text, spec))
     try:
         config = family.config_cls(**values)

@@ -3,9 +3,14 @@
 Steps (each in its own module):
 
 1. build the model on the ``meta`` device (a bundle) and cast it to ``dtype``;
-2. trace it with :class:`~passes.tracer.CaptureTracer` (user leaf modules, clear errors);
-   forward parameters without an example input are fixed to their defaults through
-   ``concrete_args`` (so ``targets=None`` traces the logits path, not a silent guess);
+2. obtain the fx graph by one of two methods (recorded in ``CapturedGraph.method``):
+   ``"symbolic_trace"`` with :class:`~passes.tracer.CaptureTracer` (user leaf modules, clear
+   errors; forward parameters without an example input are fixed to their defaults through
+   ``concrete_args``, so ``targets=None`` traces the logits path, not a silent guess), or
+   ``"export"``: :func:`torch.export.export` (non-strict) on fake tensors, ATen ops
+   (:mod:`passes.exporter`). ``method="auto"`` (the default) tries ``symbolic_trace`` and
+   falls back to ``export`` when tracing fails (the reason is kept in ``method_note``);
+   a bundle may prefer ``export`` (Hugging Face models, whose forwards take ``**kwargs``);
 3. run the graph on fake tensors with autograd on (:mod:`passes.fake_run`): shape, dtype,
    op class, FLOPs, bytes and saved activations of every node;
 4. parameters, tied by identity (:mod:`passes.analyses.params`), module paths, layers and
@@ -18,6 +23,7 @@ A 96-layer GPT-3 175B or a 128-layer 1T model captures in a few seconds on a lap
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from typing import Any, Mapping, Sequence
 
@@ -27,18 +33,24 @@ from fxplan.passes.analyses.blocks import find_blocks, module_path
 from fxplan.passes.analyses.params import node_params, param_table
 from fxplan.passes.captured_graph import CapturedGraph, LayerRow
 from fxplan.passes.errors import CaptureError
+from fxplan.passes.exporter import export_graph
 from fxplan.passes.fake_run import fake_run
 from fxplan.passes.node_info import META_KEY, NodeInfo, ParamInfo, RepeatedBlock, cast_dtype
 from fxplan.passes.tracer import trace
 
 __all__ = ["capture", "CapturedGraph", "NodeInfo", "ParamInfo", "RepeatedBlock", "LayerRow",
-           "CaptureError"]
+           "CaptureError", "METHODS"]
+
+#: How capture obtains the graph: ``auto`` tries ``symbolic_trace``, then ``export``.
+METHODS = ("auto", "symbolic_trace", "export")
+
+log = logging.getLogger(__name__)
 
 
 def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
             seq: int | None = None, leaf_modules: Sequence[Any] = (),
             concrete_args: Mapping[str, Any] | None = None, dtype: torch.dtype | None = None,
-            device: str = "cpu") -> CapturedGraph:
+            device: str = "cpu", method: str = "auto") -> CapturedGraph:
     """Capture ``model`` and annotate every node of its fx graph.
 
     ``model``: a ``ModelBundle`` (built on ``meta``;
@@ -46,17 +58,45 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
     ``inputs``. ``inputs``: a dict keyed by ``forward`` parameter name, a tuple in parameter
     order or one value; each a tensor (any device, meta included) or an ``InputSpec``-like
     object with ``shape`` and ``dtype``. ``leaf_modules``: classes, class names, module
-    paths or patterns to keep opaque (reported in ``leaf_modules``). ``concrete_args``:
-    fixed values for forward parameters. ``dtype``: cast floating parameters and inputs
-    (e.g. ``torch.bfloat16``). ``device``: the fake device ops run on.
+    paths or patterns to keep opaque (reported in ``leaf_modules``; ``symbolic_trace``
+    only). ``concrete_args``: fixed values for forward parameters. ``dtype``: cast floating
+    parameters and inputs (e.g. ``torch.bfloat16``). ``device``: the fake device ops run
+    on. ``method``: one of :data:`METHODS`; ``auto`` takes the bundle's preference
+    (``capture_method``) when it has one.
     """
     start = time.perf_counter()
+    if method not in METHODS:
+        raise CaptureError(f"capture method {method!r} is not one of {', '.join(METHODS)}")
+    preferred = getattr(model, "capture_method", "auto")
     model, example, name = _model_and_inputs(model, inputs, batch, seq, dtype)
-    named = _name_inputs(model, example)
-    fixed = _concrete_args(model, named, dict(concrete_args or {}))
-    gm, leaves = trace(model, concrete_args=fixed, leaf_modules=leaf_modules)
-    order = [p for p in _forward_params(model) if p in named or p in fixed]
-    args = [named[p] if p in named else fixed[p] for p in order]
+    if method == "auto":
+        method = preferred
+    if method == "export" and leaf_modules:
+        raise CaptureError("leaf_modules need method='symbolic_trace' (torch.export records "
+                           "every op; it cannot keep a module opaque)")
+    note = ""
+    traced: CaptureError | None = None
+    if method in ("auto", "symbolic_trace"):
+        try:
+            gm, leaves, args, named = _symbolic(model, example, concrete_args, leaf_modules)
+            method = "symbolic_trace"
+        except CaptureError as err:
+            if method == "symbolic_trace" or leaf_modules:
+                raise
+            traced = err
+            reason = str(err).split(" To capture it")[0]  # the remedies concern fx only
+            note = f"symbolic_trace failed, so torch.export was used: {reason}"
+            log.info("%s: %s", type(model).__name__, note)
+            method = "export"
+    if method == "export":
+        try:
+            gm, args, named = _exported(model, example, concrete_args)
+        except CaptureError as err:
+            if traced is None:
+                raise
+            raise CaptureError(f"{traced} torch.export failed too: {err}",
+                               module_path=traced.module_path, location=traced.location) from err
+        leaves = {}
     run = fake_run(gm, args, device=device, dtype=dtype)
     params = param_table(model, dtype)
     infos = run.infos
@@ -66,10 +106,46 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
     blocks, layer_names = find_blocks(gm, model, infos, params)
     for node in gm.graph.nodes:
         node.meta[META_KEY] = infos[node.name]
-    shapes = {k: (tuple(v.shape), cast_dtype(v.dtype, dtype)) for k, v in named.items()}
+    shapes = {k: (tuple(v.shape), cast_dtype(v.dtype, dtype)) for k, v in named.items()
+              if _is_tensor_like(v)}
     return CapturedGraph(gm=gm, params=params, blocks=blocks, leaf_modules=leaves,
                          inputs=shapes, name=name, dtype=dtype, unpriced_ops=run.unpriced,
-                         layer_names=layer_names, capture_seconds=time.perf_counter() - start)
+                         layer_names=layer_names, capture_seconds=time.perf_counter() - start,
+                         method=method, method_note=note)
+
+
+def _symbolic(model: torch.nn.Module, example: Any, concrete_args: Mapping[str, Any] | None,
+              leaf_modules: Sequence[Any]) -> tuple[Any, dict[str, str], list[Any], dict]:
+    """``symbolic_trace``: (graph module, user leaves, placeholder values, named inputs)."""
+    named = _name_inputs(model, example)
+    fixed = _concrete_args(model, named, dict(concrete_args or {}))
+    gm, leaves = trace(model, concrete_args=fixed, leaf_modules=leaf_modules)
+    order = [p for p in _forward_params(model) if p in named or p in fixed]
+    return gm, leaves, [named[p] if p in named else fixed[p] for p in order], named
+
+
+def _exported(model: torch.nn.Module, example: Any, concrete_args: Mapping[str, Any] | None
+              ) -> tuple[Any, list[Any], dict]:
+    """``torch.export``: (graph module, placeholder values, named inputs). Inputs are keyword
+    arguments (``**kwargs`` forwards welcome); ``concrete_args`` join them as constants."""
+    named = _name_inputs(model, example, allow_var_kwargs=True)
+    clash = sorted(set(named) & set(concrete_args or {}))
+    if clash:
+        raise CaptureError(f"{clash} given both as inputs and as concrete_args")
+    kwargs = {**named, **dict(concrete_args or {})}
+    gm = export_graph(model, kwargs)
+    args = [v for v in kwargs.values() if _is_tensor_like(v)]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(args):
+        raise CaptureError(f"torch.export of {type(model).__name__} gave {len(placeholders)} "
+                           f"graph inputs for {len(args)} tensor inputs; give tensors (or "
+                           f"shape/dtype specs) as inputs and other values as concrete_args")
+    return gm, args, named
+
+
+def _is_tensor_like(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or (
+        hasattr(value, "shape") and isinstance(getattr(value, "dtype", None), torch.dtype))
 
 
 def _model_and_inputs(model: Any, inputs: Any, batch: int | None, seq: int | None,
@@ -106,9 +182,17 @@ def _forward_params(model: torch.nn.Module) -> list[str]:
     return [p.name for p in params]
 
 
-def _name_inputs(model: torch.nn.Module, inputs: Any) -> dict[str, Any]:
-    """Inputs keyed by forward parameter name."""
-    names = _forward_params(model)
+def _name_inputs(model: torch.nn.Module, inputs: Any, *,
+                 allow_var_kwargs: bool = False) -> dict[str, Any]:
+    """Inputs keyed by forward parameter name (any name when ``allow_var_kwargs`` and the
+    forward takes ``**kwargs``)."""
+    if allow_var_kwargs:
+        params = inspect.signature(model.forward).parameters.values()
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if isinstance(inputs, Mapping) and any(p.kind == p.VAR_KEYWORD for p in params):
+            return dict(inputs)
+    else:
+        names = _forward_params(model)
     if isinstance(inputs, Mapping):
         unknown = [k for k in inputs if k not in names]
         if unknown:

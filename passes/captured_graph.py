@@ -54,7 +54,10 @@ class CapturedGraph:
     tied aliases included. ``blocks`` groups the layers by structural signature.
     ``leaf_modules`` maps module paths kept opaque at the user's request to their class.
     ``unpriced_ops`` counts nodes whose op had no FLOP rule (priced by measurement).
-    ``layer_names`` maps a layer index to its module path (``h.3``).
+    ``layer_names`` maps a layer index to its module path (``h.3``). ``method`` says how
+    the graph was obtained: ``"symbolic_trace"`` (``torch.fx`` ops, ``call_module`` leaves)
+    or ``"export"`` (``torch.export``, ATen ops, parameters as ``get_attr``);
+    ``method_note`` why export was used when ``symbolic_trace`` was tried first.
 
     The graph is not changed after capture, so its name indexes (:attr:`nodes_by_name`,
     :attr:`infos_by_name`) are built once, and ``memo`` holds what later stages derive from
@@ -72,6 +75,8 @@ class CapturedGraph:
     unpriced_ops: dict[str, int] = field(default_factory=dict)
     layer_names: dict[int, str] = field(default_factory=dict)
     capture_seconds: float = 0.0
+    method: str = "symbolic_trace"
+    method_note: str = ""
     memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False,
                                       compare=False)
 
@@ -180,6 +185,8 @@ class CapturedGraph:
         """Everything ``fxplan graph --json`` prints, as JSON-ready values."""
         return {
             "model": self.name,
+            "method": self.method,
+            "method_note": self.method_note,
             "dtype": str(self.dtype).removeprefix("torch.") if self.dtype else None,
             "inputs": {k: {"shape": list(s), "dtype": str(d).removeprefix("torch.")}
                        for k, (s, d) in self.inputs.items()},

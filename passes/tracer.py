@@ -53,9 +53,15 @@ class CaptureTracer(torch.fx.Tracer):
         return False
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        """User leaves; ``torch.nn`` modules without submodules (``Linear``, ``LayerNorm``).
+        Composite ``torch.nn`` modules (``TransformerEncoderLayer``, ``MultiheadAttention``)
+        are traced into, so their linears, attention and norms are nodes the planner can
+        shard; where that fails, capture falls back to ``torch.export``."""
         if module_qualified_name and self._user_leaf(m, module_qualified_name):
             self.user_leaves[module_qualified_name] = type(m).__name__
             return True
+        if next(m.children(), None) is not None:
+            return False
         return super().is_leaf_module(m, module_qualified_name)
 
     def call_module(self, m: torch.nn.Module, forward: Any, args: tuple, kwargs: dict) -> Any:

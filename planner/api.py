@@ -61,19 +61,23 @@ def capture(model: "str | ModelBundle | torch.nn.Module", **options: Any) -> Cap
 
 
 @lru_cache(maxsize=8)
-def _capture_spec(spec: str, seq: int | None, dtype: str) -> CapturedGraph:
+def _capture_spec(spec: str, seq: int | None, dtype: str, leaf_modules: tuple[str, ...],
+                  method: str) -> CapturedGraph:
     import torch
 
-    return capture(spec, batch=1, seq=seq, dtype=getattr(torch, dtype))
+    return capture(spec, batch=1, seq=seq, dtype=getattr(torch, dtype),
+                   leaf_modules=leaf_modules, method=method)
 
 
 def capture_for_search(model: "str | ModelBundle", *, seq: int | None = None,
-                       dtype: str = "bfloat16", timer: PhaseTimer | None = None
+                       dtype: str = "bfloat16", timer: PhaseTimer | None = None,
+                       leaf_modules: Sequence[str] = (), method: str = "auto"
                        ) -> CapturedGraph:
     """Capture ``model`` (a spec string or bundle) at microbatch 1 for the search.
 
     The cost model scales every segment by ``microbatch / 1``, so one capture serves every
     microbatch size the search tries. Captures of spec strings are cached (8 most recent).
+    ``leaf_modules`` and ``method`` as in :func:`fxplan.passes.capture.capture`.
     """
     import torch
 
@@ -82,8 +86,9 @@ def capture_for_search(model: "str | ModelBundle", *, seq: int | None = None,
     timer = timer or PhaseTimer()
     with timer("capture"):
         if isinstance(model, str):
-            return _capture_spec(model, seq, dtype)
-        return capture(model, batch=1, seq=seq, dtype=getattr(torch, dtype))
+            return _capture_spec(model, seq, dtype, tuple(leaf_modules), method)
+        return capture(model, batch=1, seq=seq, dtype=getattr(torch, dtype),
+                       leaf_modules=leaf_modules, method=method)
 
 
 def search(model: "str | ModelBundle | CapturedGraph", cluster: "str | Cluster", *, batch: int,
@@ -103,6 +108,9 @@ def search(model: "str | ModelBundle | CapturedGraph", cluster: "str | Cluster",
     cluster = Cluster.load(cluster)
     timer = PhaseTimer()
     if isinstance(model, str):
+        from fxplan.examples.model_spec import canonical_spec
+
+        model = canonical_spec(model)
         options.setdefault("model", model)
     if not hasattr(model, "gm"):
         model = capture_for_search(model, seq=seq, dtype=training_dtype(cluster), timer=timer)

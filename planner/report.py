@@ -51,7 +51,7 @@ def _console(console: Any = None) -> Any:
         return console
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 140, highlight=False)
+    return Console(width=None if sys.stdout.isatty() else 140, highlight=False, emoji=False)
 
 
 def _memory_table(plan: Plan) -> Any:

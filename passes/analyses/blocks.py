@@ -1,7 +1,9 @@
 """Module paths, layers and repeated blocks.
 
-A *layer container* is a ``ModuleList``/``Sequential`` of two or more child modules that are
-not ``torch.nn`` leaves (transformer blocks, residual blocks), outermost only. Each child is
+A *layer container* is a ``ModuleList``/``Sequential``/``ModuleDict`` of two or more child modules that are
+not ``torch.nn`` leaves (transformer blocks, residual blocks, ``nn.TransformerEncoderLayer``
+in ``nn.TransformerEncoder.layers``), outermost only: ``model.layers.N`` (Llama),
+``transformer.h.N`` (GPT-2), ``bert.encoder.layer.N`` (BERT). Each child is
 a layer; layers are numbered in the order the graph first runs them, across containers.
 
 A layer's *signature* hashes, in graph order, every node's op, its target with the layer's
@@ -34,11 +36,16 @@ def module_path(node: torch.fx.Node) -> str:
     return next(reversed(stack.values()))[0] if stack else ""
 
 
+#: Modules whose children may be layers, numbered ``layers.N`` (a ``ModuleDict`` with integer keys,
+#: as torchtitan's ``layers["N"]``).
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
+
+
 def layer_containers(model: torch.nn.Module) -> list[str]:
     """Qualified names of the outermost containers whose children are layers."""
     found: list[str] = []
     for name, m in model.named_modules():
-        if not isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) or len(m) < 2:
+        if not isinstance(m, _CONTAINERS) or len(m) < 2:
             continue
         if any(c == "" or name.startswith(f"{c}.") for c in found):
             continue  # nested in a layer: part of that layer
@@ -48,8 +55,9 @@ def layer_containers(model: torch.nn.Module) -> list[str]:
 
 
 def _is_torch_leaf(m: torch.nn.Module) -> bool:
-    return m.__module__.startswith("torch.nn") and not isinstance(
-        m, (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict))
+    """A ``torch.nn`` module without submodules (``Linear``, ``ReLU``): never a layer. A
+    composite one (``nn.TransformerEncoderLayer``) is a layer like a user's block."""
+    return m.__module__.startswith("torch.nn") and next(m.children(), None) is None
 
 
 def assign_layers(gm: torch.fx.GraphModule, containers: list[str],

@@ -47,7 +47,9 @@ def linear(call: OpCall) -> int:
     return 2 * call.out_numel * weight.shape[-1] + (call.out_numel if bias is not None else 0)
 
 
-@register("scaled_dot_product_attention", op_class="attention")
+@register("scaled_dot_product_attention", "scaled_dot_product_flash_attention",
+          "scaled_dot_product_flash_attention_for_cpu", "scaled_dot_product_efficient_attention",
+          "scaled_dot_product_cudnn_attention", op_class="attention")
 def sdpa(call: OpCall) -> int:
     """``2·(B·Lq)·Lk·(E + Ev)``: the ``QKᵀ`` and ``P·V`` products."""
     q, k, v = call.arg(0, "query"), call.arg(1, "key"), call.arg(2, "value")
@@ -70,7 +72,9 @@ def _embedding_bytes(call: OpCall) -> int:
     """Only the gathered rows of the table are read, plus the indices — never the whole
     table, whether it is a module parameter (``nn.Embedding``) or an argument
     (``F.embedding(idx, weight)``)."""
-    index = call.arg(0, "input")
+    # F.embedding(input, weight) and aten.embedding(weight, indices): the integer operand
+    index = next((t for t in tensors(call.args[:2]) if not t.is_floating_point()),
+                 call.arg(0, "input"))
     return call.out_numel * call.outputs[0].element_size() + sum(map(nbytes, tensors(index)))
 
 
@@ -92,23 +96,30 @@ register("add", "sub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "exp", "log"
          "tanh", "sigmoid", "relu", "gelu", "silu", "masked_fill", "where", "clamp", "maximum",
          "minimum", "reciprocal", "sin", "cos", "floor_divide", "remainder", "eq", "ne", "lt",
          "le", "gt", "ge", "bitwise_not", "logical_not", "logical_and", "logical_or", "triu",
-         "tril", op_class="elementwise")(_per_output(1))
+         "tril", "rsub", "diff", "and", "or", "xor", "bitwise_and", "bitwise_or", "erf",
+         op_class="elementwise")(_per_output(1))
 register("contiguous", "clone", "cat", "concat", "stack", "to", "float", "half", "bfloat16",
-         "double", "type", "type_as", "repeat", "repeat_interleave", "copy",
+         "double", "type", "type_as", "repeat", "repeat_interleave", "copy", "to_copy",
+         "index", "gather", "index_select", "lift_fresh_copy", "pad", "constant_pad_nd",
          op_class="elementwise")(zero)
 register("dropout", "dropout1d", "dropout2d", "native_dropout", op_class="dropout")(_per_output(1))
-register("layer_norm", "group_norm", op_class="norm")(_per_output(5))
-register("rms_norm", "batch_norm", op_class="norm")(_per_output(4))
+register("layer_norm", "group_norm", "native_layer_norm", "native_group_norm",
+         op_class="norm")(_per_input(5))
+register("rms_norm", "batch_norm", "fused_rms_norm", "native_batch_norm",
+         op_class="norm")(_per_input(4))
 register("softmax", "log_softmax", op_class="softmax")(_per_input(5))
 register("sum", "mean", "amax", "amin", "max", "min", "var", "std", "norm", "argmax", "argmin",
          "logsumexp", "cumsum", op_class="reduction")(_per_input(1))
 register("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool", "max_pool2d",
          "avg_pool2d", "adaptive_avg_pool2d", op_class="pool")(_per_input(1))
-register("cross_entropy", op_class="loss")(_per_input(5))
-register("nll_loss", "mse_loss", "l1_loss", op_class="loss")(_per_input(2))
+register("cross_entropy", "cross_entropy_loss", op_class="loss")(_per_input(5))
+register("nll_loss", "nll_loss_forward", "nll_loss2d", "mse_loss", "l1_loss",
+         op_class="loss")(_per_input(2))
 register("view", "reshape", "transpose", "permute", "t", "flatten", "unflatten", "unsqueeze",
          "squeeze", "expand", "expand_as", "narrow", "split", "chunk", "unbind", "getitem",
-         "select", "identity", "view_as", "movedim", "swapaxes", op_class="view")(zero)
+         "select", "identity", "view_as", "movedim", "swapaxes", "slice", "alias",
+         "unsafe_view", "detach", "split_with_sizes", "as_strided", op_class="view")(zero)
 register("placeholder", "get_attr", "output", "size", "dim", "getattr", "assert_is_none",
          "assert", "arange", "zeros", "ones", "full", "empty", "zeros_like", "ones_like",
-         "full_like", "empty_like", "tensor", op_class="other")(zero)
+         "full_like", "empty_like", "tensor", "new_ones", "new_zeros", "new_empty",
+         "new_full", "scalar_tensor", "empty_strided", "sym_size", op_class="other")(zero)

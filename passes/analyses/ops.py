@@ -49,11 +49,26 @@ def op_key(node: torch.fx.Node, module: nn.Module | None = None) -> str:
         return f"module:{type(module).__name__}"
     if node.op == "call_function":
         target = node.target
+        if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            return aten_key(target)
         return _OPERATOR_KEYS.get(target) or getattr(target, "__name__", str(target)).lstrip("_")
     if node.op == "call_method":
         name = str(node.target)  # in-place methods (add_) price like their out-of-place twin
         return name[:-1] if name.endswith("_") and not name.startswith("_") else name
     return node.op  # placeholder, get_attr, output
+
+
+def aten_key(op: "torch._ops.OpOverload | torch._ops.OpOverloadPacket") -> str:
+    """The key of an ATen op as ``torch.export`` records it: its packet name without leading
+    underscores (``aten.linear.default`` → ``"linear"``, ``aten._softmax.default`` →
+    ``"softmax"``, ``aten.add_.Tensor`` → ``"add"``), so ATen and ``torch`` spellings of one
+    op share a rule."""
+    packet = op.overloadpacket if isinstance(op, torch._ops.OpOverload) else op
+    name = packet.__name__
+    if name.startswith("__") and name.endswith("__"):  # aten.__and__ → "and"
+        return name[2:-2]
+    name = name.lstrip("_")
+    return name[:-1] if name.endswith("_") else name
 
 
 def tensors(tree: Any) -> list[torch.Tensor]:

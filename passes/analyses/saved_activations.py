@@ -50,11 +50,16 @@ class SavedTensorRecorder:
 
 
 class FusedDropout(TorchFunctionMode):
-    """``F.dropout(x, p, training=True)`` → ``torch.native_dropout`` (the GPU's fused op)."""
+    """``F.dropout(x, p, training=True)`` and export's ``aten.dropout(x, p, train=True)`` →
+    ``torch.native_dropout`` (the GPU's fused op)."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func is torch.ops.aten.dropout.default or func is torch.dropout:  # export's ATen op
+            x, p, training = (*args, *kwargs.values())[:3]
+            if training and 0.0 < p < 1.0:
+                return torch.native_dropout(x, p, True)[0]
         if func is F.dropout:
             x = args[0]
             p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)

@@ -11,8 +11,19 @@ DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float1
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model", metavar="MODEL",
-        help="model spec: a preset (gpt-1.7b), family:key=value,... (gpt:layers=4,hidden=1024) "
-        "or path/to/model.py:build")
+        help="model spec: a preset (gpt-1.7b), family:key=value,... (gpt:layers=4,hidden=1024), "
+        "path/to/model.py:build, or a Hugging Face config: hf:llama-2-7b, "
+        "hf:llama:num_hidden_layers=2, hf:path/to/config.json (no weights, no download)")
+
+
+def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--leaf MODULE`` (repeatable) and ``--method auto|symbolic_trace|export``."""
+    parser.add_argument("--leaf", action="append", default=[], metavar="MODULE",
+                        help="keep this module (class name, path or pattern such as 'h.*.attn') "
+                        "opaque; repeatable; implies --method symbolic_trace")
+    parser.add_argument("--method", choices=("auto", "symbolic_trace", "export"), default="auto",
+                        help="how to capture the graph: auto (symbolic_trace, falling back to "
+                        "torch.export when tracing fails; export for hf: models), or one of them")
 
 
 def add_cluster_argument(parser: argparse.ArgumentParser, *, required: bool = True) -> None:

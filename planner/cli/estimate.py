@@ -59,7 +59,7 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> Any:
 def _print(result: dict[str, Any], model: str, cluster: str) -> None:
     from rich.console import Console
 
-    console = Console(width=None if sys.stdout.isatty() else 140, highlight=False)
+    console = Console(width=None if sys.stdout.isatty() else 140, highlight=False, emoji=False)
     r = result
     verdict = "[green]fits[/green]" if r["fits"] else "[red]does not fit[/red]"
     console.print(f"[bold]{model}[/bold] on {cluster} · batch {r['batch']} × seq {r['seq']} · "

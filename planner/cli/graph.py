@@ -4,8 +4,11 @@
     fxplan graph gpt:layers=4,hidden=1024 --batch 8 --seq 512
     fxplan graph path/to/model.py:build --leaf MyBlock
     fxplan graph gpt3-175b --json               the same as JSON
+    fxplan graph hf:llama:num_hidden_layers=2   a Hugging Face model from its config
+    fxplan graph model.py:build --method export torch.export instead of symbolic_trace
 
-Prints parameters (tied weights counted once), FLOPs per step (forward; training with and
+Prints how the graph was obtained (``symbolic_trace``, or ``export`` with the reason when
+tracing failed first), parameters (tied weights counted once), FLOPs per step (forward; training with and
 without activation recompute, Megatron's convention), the activation bytes autograd saves,
 the repeated blocks, the leaf modules kept opaque, ops priced by measurement, and a
 per-layer table in which runs of identical layers are folded into one row.
@@ -18,7 +21,8 @@ import json
 import sys
 from typing import Any
 
-from fxplan.cli.arguments import DTYPES, add_dtype_argument, add_model_argument, add_workload_arguments
+from fxplan.cli.arguments import (DTYPES, add_capture_arguments, add_dtype_argument,
+                                  add_model_argument, add_workload_arguments)
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -31,8 +35,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_model_argument(parser)
     add_workload_arguments(parser, batch_default=1)
     add_dtype_argument(parser, what="parameter and activation precision")
-    parser.add_argument("--leaf", action="append", default=[], metavar="MODULE",
-                        help="keep this module (class name or path) opaque; repeatable")
+    add_capture_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(func=run)
     return parser
@@ -71,7 +74,7 @@ def _print(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 140, highlight=False)
+    console = Console(width=None if sys.stdout.isatty() else 140, highlight=False, emoji=False)
     s = summary
     inputs = ", ".join(f"{k} {'×'.join(map(str, v['shape']))} {v['dtype']}"
                        for k, v in s["inputs"].items())
@@ -80,6 +83,8 @@ def _print(summary: dict[str, Any]) -> None:
     acts = s["saved_activation_bytes"]
     console.print(f"[bold]{s['model']}[/bold]  {s['dtype'] or 'model dtype'} · inputs {inputs} · "
                   f"{s['nodes']} nodes · captured in {s['capture_seconds']:.2f} s")
+    console.print(f"capture method  {s['method']}"
+                  + (f" ({s['method_note']})" if s["method_note"] else ""), markup=False)
     console.print(f"parameters      {s['num_params']:,} ({_bytes(s['param_bytes'])}); "
                   f"tied: {tied}")
     console.print(f"FLOPs per step  forward {_si(s['forward_flops'], 'FLOP')} (matrix products "
@@ -114,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.api import capture
 
     graph = capture(args.model, batch=args.batch, seq=args.seq, leaf_modules=args.leaf,
-                    dtype=getattr(torch, DTYPES[args.dtype]))
+                    dtype=getattr(torch, DTYPES[args.dtype]), method=args.method)
     summary = graph.summary()
     if args.json:
         print(json.dumps(summary, indent=2))

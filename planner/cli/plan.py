@@ -5,14 +5,21 @@
     fxplan plan gpt-7.5b --cluster aws-p3-v100:nodes=4 --batch 256 --json
     fxplan plan gpt-1.7b --cluster dgx-a100-80g:nodes=4 --batch 512 --emit program.py
     fxplan plan gpt-tiny --cluster local-cpu:devices=4 --batch 16 --plot tiny
+    fxplan plan hf:llama-2-7b --cluster dgx-a100-80g:nodes=4 --batch 512 --seq 4096
+    fxplan plan model.py:build --cluster local-cpu:devices=4 --batch 8 --leaf Attention
+    fxplan plan gpt-1.7b --cluster dgx-a100-80g:nodes=4 --batch 512 --constrain "tp=8,zero=1"
 
 Prints the report (:mod:`fxplan.report`) or, with ``--json``, the flat summary; ``-o`` writes
 the full plan JSON; ``--time-budget`` bounds the search; ``--emit`` writes the planned
 program as a listing: the model's fx code per stage with every planned placement annotated
 (:func:`fxplan.passes.rewrite.emit.emit_program`; to read, not to run); ``--plot
 PREFIX`` draws ``PREFIX-timeline.png`` and ``PREFIX-memory.png`` of the chosen plan
-(:func:`fxplan.plots.plot_plan`). A model that fits in no configuration ends with exit code 2
-and the memory it needs.
+(:func:`fxplan.plots.plot_plan`). ``--leaf`` and ``--method`` capture as ``fxplan graph``
+does; ``--constrain`` restricts the search as the API's ``constraints=``
+(:mod:`fxplan.cli.constraint_text`). The plan names its model as a spec that resolves from
+anywhere: a user file or a Hugging Face config file by absolute path
+(:func:`~fxplan.examples.model_spec.canonical_spec`), next to the graph's fingerprint. A
+model that fits in no configuration ends with exit code 2 and the memory it needs.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fxplan.cli.arguments import add_cluster_argument, add_model_argument, add_workload_arguments
+from fxplan.cli.arguments import (add_capture_arguments, add_cluster_argument,
+                                  add_model_argument, add_workload_arguments)
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -41,6 +49,11 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_model_argument(parser)
     add_cluster_argument(parser)
     add_workload_arguments(parser)
+    add_capture_arguments(parser)
+    parser.add_argument("--constrain", metavar="K=V,...", default=None,
+                        help="restrict the search, e.g. \"tp=8,pp=2,zero=1\" (keys: tp, pp, dp, "
+                        "microbatch_size|mb, schedule, recompute, sequence_parallel|sp, "
+                        "zero_stage|zero; alternatives with |, e.g. tp=4|8)")
     parser.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan here")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--time-budget", type=float, default=None, metavar="S",
@@ -64,18 +77,22 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.cluster_specs import Cluster
     from fxplan.report import plan_summary, render_report
     from fxplan.api import capture_for_search
+    from fxplan.cli.constraint_text import parse_constraints
+    from fxplan.examples.model_spec import canonical_spec
     from fxplan.inter_op import search, training_dtype
     from fxplan.inter_op.progress import PhaseTimer
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
     if args.json:
         logging.getLogger("fxplan.planner").setLevel(logging.ERROR)  # fallbacks are in the JSON
+    constraints = parse_constraints(args.constrain)
     cluster = Cluster.load(args.cluster)
+    model = canonical_spec(args.model)
     timer = PhaseTimer()
-    graph = capture_for_search(args.model, seq=args.seq, dtype=training_dtype(cluster),
-                               timer=timer)
-    plan = search(graph, cluster, batch=args.batch, seq=args.seq,
-                  time_budget_s=args.time_budget, progress=not args.json, model=args.model)
+    graph = capture_for_search(model, seq=args.seq, dtype=training_dtype(cluster), timer=timer,
+                               leaf_modules=tuple(args.leaf), method=args.method)
+    plan = search(graph, cluster, batch=args.batch, seq=args.seq, constraints=constraints,
+                  time_budget_s=args.time_budget, progress=not args.json, model=model)
     plan = dataclasses.replace(plan, timings={**timer.rounded(), **plan.timings})
     if args.output:
         plan.save(args.output)

@@ -19,6 +19,7 @@ import torch
 import torch.fx
 
 from fxplan.passes.node_info import META_KEY
+from fxplan.sharding.aten import aten_identity, is_aten
 
 __all__ = ["Operand", "OpContext", "op_identity", "make_context", "tensor_shape"]
 
@@ -81,9 +82,12 @@ class OpContext:
 
 
 def op_identity(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
-    """The module class, the function, the method name, or ``node.op`` for sources."""
+    """The module class, the function, the method name, or ``node.op`` for sources; an ATen
+    op (``torch.export``) is named as its ``torch`` spelling (:mod:`fxplan.sharding.aten`)."""
     if node.op == "call_module":
         return type(gm.get_submodule(str(node.target)))
+    if node.op == "call_function" and is_aten(node.target):
+        return aten_identity(node.target)  # export's ATen ops share the torch rules
     if node.op in ("call_function", "call_method"):
         return node.target
     return node.op

@@ -10,6 +10,7 @@ from fxplan.sharding.rules import (  # noqa: F401
     norm,
     pointwise,
     reduction,
+    slicing,
     softmax,
     sources,
     views,

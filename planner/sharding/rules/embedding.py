@@ -16,6 +16,8 @@ from fxplan.sharding.context import OpContext
 from fxplan.sharding.registry import register_rule
 from fxplan.sharding.strategy import P, R, S, AxisOption
 
+import torch
+
 
 @register_rule(nn.Embedding, F.embedding)
 def embedding_rule(ctx: OpContext) -> list[AxisOption]:
@@ -24,4 +26,14 @@ def embedding_rule(ctx: OpContext) -> list[AxisOption]:
     options = [AxisOption((R, R), R), AxisOption((R, S(1)), S(idx_ndim)),
                AxisOption((R, S(0)), P, note="vocab-parallel lookup (masked ids)")]
     options += [AxisOption((S(d), R), S(d)) for d in range(idx_ndim)]
+    return options
+
+
+@register_rule(torch.ops.aten.embedding.default)
+def aten_embedding_rule(ctx: OpContext) -> list[AxisOption]:
+    """``aten.embedding(weight, indices)``: the same lookups, operands in ATen's order."""
+    idx_ndim = ctx.operands[1].ndim
+    options = [AxisOption((R, R), R), AxisOption((S(1), R), S(idx_ndim)),
+               AxisOption((S(0), R), P, note="vocab-parallel lookup (masked ids)")]
+    options += [AxisOption((R, S(d)), S(d)) for d in range(idx_ndim)]
     return options

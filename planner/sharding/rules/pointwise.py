@@ -29,9 +29,12 @@ ACTIVATIONS = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Dropout, nn.Le
                F.gelu, F.relu, F.silu, F.tanh, F.sigmoid, F.dropout, F.leaky_relu, F.mish,
                torch.relu, torch.tanh, torch.sigmoid, torch.exp, torch.rsqrt, torch.sqrt, torch.pow,
                torch.square, "relu", "gelu", "tanh", "sigmoid", "exp", "rsqrt", "sqrt", "pow",
-               "square", "masked_fill", operator.pow, torch.nn.Identity)
+               "square", "masked_fill", operator.pow, torch.nn.Identity,
+               # ATen names (torch.export graphs; fxplan.sharding.aten)
+               "silu", "dropout", "erf", "sin", "cos", "abs", "log", "reciprocal", "clamp")
 LINEAR_UNARY = (operator.neg, torch.neg, "neg", "contiguous", "float", "half", "bfloat16", "to",
-                "type", "type_as", "clone", "detach", torch.clone)
+                "type", "type_as", "clone", "detach", torch.clone, "alias", "to_copy",
+                "lift_fresh_copy")
 ADDITIVE = (operator.add, operator.sub, torch.add, torch.sub, "add", "sub")
 MULTIPLICATIVE = (operator.mul, torch.mul, "mul")
 DIVISION = (operator.truediv, torch.div, "div")

@@ -1,0 +1,210 @@
+"""Hugging Face models from a config, offline: ``hf:<model_type>[:key=value,...]``,
+``hf:<preset>[:key=value,...]`` and ``hf:path/to/config.json``.
+
+The config comes from ``transformers.AutoConfig.for_model(model_type, **overrides)`` (or a
+local ``config.json`` read as JSON, never through the hub), and the model from
+``AutoModelForMaskedLM`` when the model type has a masked-LM head (BERT, RoBERTa, …),
+else ``AutoModelForCausalLM`` (GPT-2, Llama, Mistral, Qwen2, any decoder of that shape);
+``task=causal`` or ``task=masked`` picks one explicitly. No model-specific code: what works
+for one decoder type works for the others. The model is built on the bundle's device
+(``meta`` for capture: no weights, no memory) with ``HF_HUB_OFFLINE=1``, so nothing ever
+reaches the network; its KV cache is off (training). Needs ``pip install 'fxplan[hf]'``.
+
+Example inputs: ``input_ids`` and ``labels`` of shape ``(batch, seq)``, int64; ``seq``
+defaults to the config's ``max_position_embeddings`` and may not exceed it. With labels,
+the model's forward ends in its own loss. Captured with ``torch.export`` (the forwards take
+``**kwargs`` and build masks with Python control flow that ``symbolic_trace`` cannot follow).
+
+Override values are parsed to the type of the config's default for that key (``int``,
+``float``, ``bool``, ``str``; ``none``); keys must be attributes of the config
+(``num_hidden_layers`` works for GPT-2 too, through the config's ``attribute_map``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fxplan.examples.bundle import InputSpec, ModelBundle, ModelSpecError
+from fxplan.examples.hf_presets import HF_PRESETS
+
+__all__ = ["hf_bundle", "hf_model_class", "canonical_hf_spec"]
+
+_TASKS = ("causal", "masked")
+_TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
+
+
+def _transformers() -> Any:
+    """``transformers``, imported offline, quiet; a clear error when it is missing."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        import transformers
+    except ImportError as err:
+        raise ModelSpecError("hf: model specs need the transformers package: "
+                             "pip install 'fxplan[hf]'") from err
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def _model_types() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return sorted(CONFIG_MAPPING_NAMES)
+
+
+def hf_model_class(model_type: str, task: str | None = None) -> Any:
+    """``AutoModelForMaskedLM`` or ``AutoModelForCausalLM`` for ``model_type`` (module
+    docstring); ``task`` forces one."""
+    transformers = _transformers()
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    has = {"masked": model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+           "causal": model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES}
+    if task is None:
+        task = "masked" if has["masked"] else "causal"
+    if not has[task]:
+        heads = [t for t in _TASKS if has[t]]
+        raise ModelSpecError(f"Hugging Face model type {model_type!r} has no {task} language-"
+                             f"model head; it has: {', '.join(heads) or 'neither'} (fxplan "
+                             f"builds AutoModelForCausalLM or AutoModelForMaskedLM)")
+    return (transformers.AutoModelForMaskedLM if task == "masked"
+            else transformers.AutoModelForCausalLM)
+
+
+def _parse_value(raw: str, default: Any, where: str) -> Any:
+    """``raw`` as the type of ``default`` (any of int/float/bool/str when it is ``None``)."""
+    text = raw.strip()
+    if text.lower() == "none":
+        return None
+    kind = type(default)
+    try:
+        if kind is bool:
+            if text.lower() not in _TRUE | _FALSE:
+                raise ValueError(text)
+            return text.lower() in _TRUE
+        if kind is int:
+            return int(text.replace("_", ""))
+        if kind is float:
+            return float(text)
+        if default is None:
+            for parse in (lambda t: int(t.replace("_", "")), float):
+                try:
+                    return parse(text)
+                except ValueError:
+                    pass
+            return text.lower() in _TRUE if text.lower() in _TRUE | _FALSE else text
+        return text
+    except ValueError:
+        expected = {bool: "true or false", int: "an integer", float: "a number"}[kind]
+        raise ModelSpecError(f"{where}={raw!r} is not valid: expected {expected}") from None
+
+
+def _overrides(model_type: str, text: str, spec: str) -> tuple[dict[str, Any], str | None]:
+    """``k=v,...`` → typed config overrides, and the ``task`` if one is given."""
+    base = _transformers().AutoConfig.for_model(model_type)
+    values: dict[str, Any] = {}
+    task = None
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        key, eq, raw = (p.strip() for p in item.partition("="))
+        if not eq or not key:
+            raise ModelSpecError(f"model {spec!r}: override {item!r} is not key=value (keys "
+                                 f"are attributes of the {model_type} config, e.g. "
+                                 f"num_hidden_layers=2,hidden_size=64; or task=causal|masked)")
+        if key == "task":
+            if raw not in _TASKS:
+                raise ModelSpecError(f"model {spec!r}: task={raw!r}; expected causal or masked")
+            task = raw
+            continue
+        if not hasattr(base, key):
+            known = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                 "num_key_value_heads", "intermediate_size", "vocab_size",
+                                 "max_position_embeddings") if hasattr(base, k)]
+            raise ModelSpecError(f"model {spec!r}: {key!r} is not a field of the {model_type} "
+                                 f"config; fields include {', '.join(known)}")
+        values[key] = _parse_value(raw, getattr(base, key), f"model {spec!r}: {key}")
+    return values, task
+
+
+def _config_from_file(path: str, spec: str) -> tuple[str, dict[str, Any]]:
+    """(model_type, the file's values) from a local ``config.json``."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    if not file.is_file():
+        raise ModelSpecError(f"model {spec!r}: config file {str(file)!r} does not exist "
+                             f"(hf:path/to/config.json reads a local Hugging Face config)")
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise ModelSpecError(f"model {spec!r}: cannot read {str(file)!r} as JSON: {err}") from err
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise ModelSpecError(f"model {spec!r}: {str(file)!r} has no \"model_type\"; a Hugging "
+                             f"Face config.json names it (e.g. \"llama\")")
+    values = {k: v for k, v in data.items() if k not in ("model_type", "transformers_version",
+                                                        "architectures", "_name_or_path")}
+    return data["model_type"], values
+
+
+def _is_file_spec(body: str) -> bool:
+    return body.endswith(".json") or os.sep in body or "/" in body
+
+
+def canonical_hf_spec(spec: str) -> str:
+    """``hf:relative/config.json`` → ``hf:/absolute/config.json``; other specs unchanged."""
+    body = spec[3:]
+    return f"hf:{Path(body).resolve()}" if _is_file_spec(body) else spec
+
+
+def hf_bundle(spec: str) -> ModelBundle:
+    """Resolve ``hf:…`` (module docstring) to a bundle built on any device, captured by
+    ``torch.export``."""
+    body = spec[3:].strip()
+    if not body:
+        raise ModelSpecError(f"model {spec!r}: expected hf:<model_type>, hf:<preset> or "
+                             f"hf:path/to/config.json; presets: {', '.join(HF_PRESETS)}")
+    transformers = _transformers()
+    if _is_file_spec(body):
+        model_type, values = _config_from_file(body, spec)
+        task = None
+    else:
+        name, _, text = body.partition(":")
+        if name in HF_PRESETS:
+            model_type, values = HF_PRESETS[name].model_type, dict(HF_PRESETS[name].values)
+        elif name in _model_types():
+            model_type, values = name, {}
+        else:
+            raise ModelSpecError(f"model {spec!r}: {name!r} is neither an fxplan Hugging Face "
+                                 f"preset ({', '.join(HF_PRESETS)}) nor a transformers model "
+                                 f"type (such as gpt2, llama, bert, mistral, qwen2)")
+        extra, task = _overrides(model_type, text, spec)
+        values.update(extra)
+    try:
+        config = transformers.AutoConfig.for_model(model_type, **values)
+    except (ValueError, TypeError, KeyError) as err:
+        raise ModelSpecError(f"model {spec!r}: transformers refused the config: {err}") from err
+    config.use_cache = False  # training: no KV cache in the graph
+    model_cls = hf_model_class(model_type, task)
+    max_seq = getattr(config, "max_position_embeddings", None)
+
+    def build() -> torch.nn.Module:
+        return model_cls.from_config(config)
+
+    def inputs(batch: int, seq: int | None, with_targets: bool) -> dict[str, InputSpec]:
+        seq = max_seq if seq is None else seq
+        if not isinstance(seq, int) or seq < 1:
+            raise ModelSpecError(f"{spec}: seq must be a positive integer (the config has no "
+                                 f"max_position_embeddings to default to); got {seq!r}")
+        if max_seq is not None and seq > max_seq:
+            raise ModelSpecError(f"{spec}: seq={seq} exceeds the config's "
+                                 f"max_position_embeddings={max_seq}")
+        ids = InputSpec((batch, seq), torch.int64)
+        return {"input_ids": ids, "labels": ids} if with_targets else {"input_ids": ids}
+
+    return ModelBundle(name=spec, family="hf", config=config, _build=build, _inputs=inputs,
+                       capture_method="export")
