@@ -3,11 +3,12 @@
     python benchmarks/collectives_table.py            # published rows + 2-rank gloo on loopback
     python benchmarks/collectives_table.py --no-gloo  # published rows only
 
-Published numbers: ``shared/reference/hardware.md`` (nccl-tests bus bandwidths, NCCL
+Published numbers: ``benchmarks/data/hardware.md`` (nccl-tests bus bandwidths, NCCL
 maintainers' statements). Predictions: :func:`cost_model.collectives.collective_cost` on the
 built-in cluster specs. The gloo rows time ``all_reduce`` between real processes on this
 machine and compare with the ``local-cpu`` spec, whose loopback level was itself set from
-such measurements (shared/notes/torch-2.13-cpu.md), so they check the formulas, not the data.
+such measurements (``benchmarks/local_cpu_calibration.py``, see :mod:`cluster_specs.local_cpu`), so
+they check the formulas, not the data.
 """
 
 from __future__ import annotations

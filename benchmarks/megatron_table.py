@@ -5,7 +5,7 @@
                                                    # docs/benchmarks.md
     python benchmarks/megatron_table.py --speed    # time estimates of GPT 1T on 3072 GPUs
 
-Published: ``shared/reference/megatron_sc21_table1.csv`` (Narayanan et al., 2021, Table 1:
+Published: ``benchmarks/data/megatron_sc21_table1.csv`` (Narayanan et al., 2021, Table 1:
 GPT weak scaling on DGX A100 80GB, mixed precision, s = 2048, V = 51200, activation
 recompute, interleaved schedule). The measured X TFLOP/s per GPU implies the step time
 ``T = F / (n·X)`` with ``F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``.
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-TABLE1 = REPO.parent / "shared" / "reference" / "megatron_sc21_table1.csv"
+TABLE1 = REPO / "benchmarks" / "data" / "megatron_sc21_table1.csv"
 DOC = REPO / "docs" / "benchmarks.md"
 SEQ, VOCAB = 2048, 51200
 MICROBATCHES = (1, 2, 4, 8, 16)

@@ -19,7 +19,7 @@ of a device mesh — that every device of the node takes part in a group of the 
 the same time (the other ``d_n − k_n`` devices run sibling groups over the other rails of a
 rail-optimised node). A ring crosses each node boundary once per direction, so the node's
 ranks of one group do not divide the NICs among themselves further. Checks against
-``shared/reference/hardware.md``: a full-node ring over 2 DGX A100 nodes gets
+``benchmarks/data/hardware.md``: a full-node ring over 2 DGX A100 nodes gets
 8 × 25 × 0.96 = 192 GB/s, the measured cross-node all-reduce bus bandwidth; one rank per node
 gets one rail, 24 GB/s. A single-rank group has no link: ``B = inf``, latency 0.
 

@@ -147,7 +147,7 @@ def local_cpu_spec(devices: int | None = None) -> dict[str, Any]:
                 "efficiency": 1.0,
             },
             {
-                # Only used with nodes=N > 1. shared/reference/hardware.md: Ethernet 100 Gb/s =
+                # Only used with nodes=N > 1. benchmarks/data/hardware.md: Ethernet 100 Gb/s =
                 # 12.5 GB/s, "typical single-NIC cloud node"; efficiency and latency assumed.
                 "name": "ethernet",
                 "kind": "ethernet",

@@ -4,7 +4,7 @@ The ``gpt-*`` presets are the rows of Table 1 of Narayanan et al., "Efficient La
 Language Model Training on GPU Clusters Using Megatron-LM" (SC'21), with the paper's
 vocabulary 51,200 and sequence length 2,048; ``gpt3-175b`` is GPT-3 (Brown et al., 2020).
 They are written out here (not read from the CSV); ``tests/examples/test_presets.py`` checks
-them against ``shared/reference/megatron_sc21_table1.csv``.
+them against ``benchmarks/data/megatron_sc21_table1.csv``.
 """
 
 from __future__ import annotations

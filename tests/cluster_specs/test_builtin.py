@@ -1,4 +1,4 @@
-"""Every built-in spec loads and carries the numbers of shared/reference/hardware.md."""
+"""Every built-in spec loads and carries the numbers of benchmarks/data/hardware.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,15 @@
 """Rank layout and group queries (level, ring bandwidth, latency) on a two-level cluster, the
-heterogeneous built-in, and a 3072-GPU cluster (speed)."""
+heterogeneous built-in, and a 3072-GPU cluster (built once, queries cached)."""
 
 from __future__ import annotations
 
 import math
-import time
+from collections import Counter
 
 import pytest
 
 from fxplan.cluster_specs import Cluster
+from fxplan.cluster_specs import cluster as cluster_module
 
 
 @pytest.fixture
@@ -119,20 +120,26 @@ def test_hetero_with_a_fast_network_the_v100_nvlink_binds():
     assert cluster.group_bandwidth_gb_per_s(range(16, 32)) == pytest.approx(231)  # A100 NVSwitch
 
 
-def test_huge_cluster_is_cheap_to_build_and_query():
-    start = time.perf_counter()
+def test_huge_cluster_builds_once_and_caches_group_queries(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A 3072-GPU cluster stays cheap by construction: loading builds nothing, the graph and
+    the per-node summaries are built once, on first use, and a repeated group query is a
+    cache hit. Counted, not timed (``benchmarks/cluster_queries.py`` prints the times)."""
+    calls: Counter[str] = Counter()
+
+    def counted(name: str, fn):  # type: ignore[no-untyped-def]
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(cluster_module, "build_graph", counted("graph", cluster_module.build_graph))
+    monkeypatch.setattr(cluster_module, "node_links", counted("node_links", cluster_module.node_links))
+    monkeypatch.setattr(Cluster, "_compute_group_links", counted("group", Cluster._compute_group_links))
     cluster = Cluster.load("dgx-a100-80g:nodes=384")
-    graph = cluster.graph
-    built = time.perf_counter() - start
-    assert cluster.num_devices == 3072 and graph.number_of_nodes() == 3072 + 384 + 3072 + 1
-    start = time.perf_counter()
+    assert cluster.num_devices == 3072 and not calls
+    assert cluster.graph.number_of_nodes() == 3072 + 384 + 3072 + 1
     assert cluster.group_bandwidth_gb_per_s(range(3072)) == pytest.approx(192)
     assert cluster.group_bandwidth_gb_per_s(range(0, 3072, 8)) == pytest.approx(24)
-    first = time.perf_counter() - start
-    start = time.perf_counter()
     for _ in range(1000):
-        cluster.group_links(range(0, 3072, 8))
-    repeated = (time.perf_counter() - start) / 1000
-    # Measured ≈ 0.1 s to build (networkx already imported), ≈ 7 ms for the first queries,
-    # ≈ 10 µs per cached query; the bounds leave room for slow CI machines.
-    assert built < 2.0 and first < 0.2 and repeated < 1e-3, (built, first, repeated)
+        assert cluster.group_links(range(0, 3072, 8)).bandwidth_gb_per_s == pytest.approx(24)
+    assert calls == {"graph": 1, "node_links": 1, "group": 2}

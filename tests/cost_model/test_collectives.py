@@ -1,4 +1,4 @@
-"""Collective times: the published numbers of shared/reference/hardware.md, and the α-β
+"""Collective times: the published numbers of benchmarks/data/hardware.md, and the α-β
 formulas of cost_model/collectives.py worked by hand from the built-in spec values."""
 
 from __future__ import annotations

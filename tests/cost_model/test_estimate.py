@@ -1,5 +1,5 @@
-"""``cost_model.estimate`` and ``fxplan estimate``: the surface, its accounting, and the
-effects each part of a configuration must have."""
+"""``cost_model.estimate``: the surface, its accounting, and the effects each part of a
+configuration must have (``fxplan estimate`` itself: ``tests/cli/test_estimate.py``)."""
 
 from __future__ import annotations
 
@@ -112,29 +112,3 @@ def test_invalid_inputs(graph, cluster) -> None:  # type: ignore[no-untyped-def]
         run(graph, cluster, "dp=1,tp=16")
     with pytest.raises(CostModelError, match="captured at seq=128"):
         estimate(graph, cluster, ParallelConfig(dp=16), batch=BATCH, seq=256)
-
-
-def test_cli_json_and_plot(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from fxplan.cli.main import main
-
-    plot = tmp_path / "timeline.png"
-    code = main(["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
-                 "--config", "dp=2,tp=2,pp=2,mb=1,schedule=1f1b,zero=1,recompute=full,sp=on",
-                 "--json", "--plot", str(plot)])
-    assert code == 0
-    data = json.loads(capsys.readouterr().out)
-    assert set(data["breakdown"]) == {"compute", "tp_comm", "zero_comm", "p2p", "bubble",
-                                      "dp_comm", "optimizer"}
-    assert len(data["peak_memory_gib"]) == 2 and plot.stat().st_size > 0
-
-
-def test_cli_tables_and_user_errors(capsys) -> None:  # type: ignore[no-untyped-def]
-    from fxplan.cli.main import main
-
-    assert main(["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
-                 "--config", "dp=4,tp=2"]) == 0
-    out = capsys.readouterr().out
-    assert "step time" in out and "memory per rank" in out
-    assert main(["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
-                 "--config", "dp=3,tp=2"]) == 2
-    assert "dp·tp·pp = 3·2·1 = 6 ≠ 8 devices" in capsys.readouterr().err

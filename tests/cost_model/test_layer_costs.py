@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fxplan.cluster_specs import Cluster
-from fxplan.cost_model import ParallelConfig, estimate
+from fxplan.cost_model import CostModelError, ParallelConfig, estimate
 from fxplan.cost_model.compute import node_time_s
 from fxplan.cost_model.layer_costs import graph_segments, segment_cost
 from fxplan.api import capture
@@ -68,11 +68,20 @@ def test_seq_is_read_from_a_token_input_only(spec, seq) -> None:  # type: ignore
         assert data["tokens_per_s"] == pytest.approx(data["samples_per_s"] * seq)
 
 
-def test_sequence_parallel_is_not_checked_against_channels() -> None:
-    # convnet-small's input is (batch, 3, H, W): 3 channels are no sequence to split over tp=2
-    graph = capture("convnet-small", batch=2)
+def test_sequence_parallel_is_checked_against_the_sequence_not_channels() -> None:
+    # convnet-small's input is (batch, 3, H, W): 3 channels are no sequence to split over tp=2,
+    # so sp=on is accepted there and priced (its tp collectives differ from sp=off's) ...
     cluster = Cluster.load("dgx-a100-80g")
-    estimate(graph, cluster, ParallelConfig.parse("dp=4,tp=2,mb=1,sp=on"), batch=8)
+    graph = capture("convnet-small", batch=2)
+    on = estimate(graph, cluster, ParallelConfig.parse("dp=4,tp=2,mb=1,sp=on"), batch=8)
+    off = estimate(graph, cluster, ParallelConfig.parse("dp=4,tp=2,mb=1,sp=off"), batch=8)
+    assert on.to_dict()["seq"] is None and on.fits
+    assert on.config.sequence_parallel and not off.config.sequence_parallel
+    assert on.breakdown["tp_comm"] != off.breakdown["tp_comm"]
+    # ... while a token sequence that tp does not divide is refused, with the arithmetic
+    odd = capture("gpt:layers=2,hidden=64,heads=4,vocab=128,seq=63", batch=2)
+    with pytest.raises(CostModelError, match=r"splits seq=63 over tp=2 \(63 mod 2 = 1\)"):
+        estimate(odd, cluster, ParallelConfig.parse("dp=4,tp=2,mb=1,sp=on"), batch=8)
 
 
 def test_name_indexes_and_memo_belong_to_the_graph() -> None:

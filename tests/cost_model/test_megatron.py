@@ -21,12 +21,10 @@ megatron_table = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type
 sys.modules.setdefault("megatron_table", megatron_table)
 _spec.loader.exec_module(megatron_table)  # type: ignore[union-attr]
 
-ROWS = megatron_table.load_rows() if megatron_table.TABLE1.is_file() else []
+ROWS = megatron_table.load_rows()
 TOLERANCE = 0.10
 
 
-@pytest.mark.skipif(not ROWS, reason=f"reference table {megatron_table.TABLE1} is absent "
-                    "(it lives in the shared workspace, outside the repository)")
 @pytest.mark.parametrize("row", ROWS, ids=[r.preset for r in ROWS])
 def test_published_step_time_within_ten_percent(row) -> None:  # type: ignore[no-untyped-def]
     prediction = megatron_table.predict(row, megatron_table.capture_row(row))

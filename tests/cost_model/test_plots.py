@@ -32,13 +32,3 @@ def test_memory_breakdown_is_a_png(tmp_path: Path) -> None:
     over = dict(stage, activations=60.0)
     stages = [dict(stage, capacity=80.0), dict(over, capacity=80.0)]  # the second does not fit
     assert_png(plot_memory(stages, tmp_path / "m.png"))
-
-
-def test_estimate_cli_plot_still_writes_the_timeline(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from fxplan.cli.main import main
-
-    out = tmp_path / "timeline.png"
-    assert main(["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
-                 "--config", "dp=2,tp=2,pp=2,mb=2,schedule=1f1b,zero=0,recompute=none,sp=off",
-                 "--plot", str(out)]) == 0
-    assert_png(out)

@@ -11,7 +11,7 @@ from fxplan.examples.model_spec import resolve_model
 from fxplan.examples.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
-TABLE1 = REPO.parent / "shared" / "reference" / "megatron_sc21_table1.csv"
+TABLE1 = REPO / "benchmarks" / "data" / "megatron_sc21_table1.csv"
 
 
 def _preset_name(params_billion: float) -> str:
@@ -24,8 +24,6 @@ def _megatron_params(layers: int, hidden: int, vocab: int, seq: int) -> float:
     return 12 * l * h**2 * (1 + 13 / (12 * h) + (vocab + seq) / (12 * l * h))
 
 
-@pytest.mark.skipif(not TABLE1.is_file(), reason=f"reference table {TABLE1} is absent "
-                    "(it lives in the shared workspace, outside the repository)")
 def test_presets_match_megatron_table1_csv():
     rows = list(csv.DictReader(TABLE1.open()))
     assert len(rows) == 10

@@ -1,4 +1,6 @@
-"""Fixtures for the multi-rank runtime tests: one gloo worker pool per test session."""
+"""Shared test set-up: ``tests/helpers`` on ``sys.path`` (the ``rt_*`` modules the runtime,
+API and rewrite-pass tests import, and the gloo workers load by name), and the multi-rank
+tests' one gloo worker pool per test session."""
 
 from __future__ import annotations
 
@@ -7,9 +9,9 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+HELPERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers")
+if HELPERS not in sys.path:
+    sys.path.insert(0, HELPERS)
 
 from rt_pool import RankPool  # noqa: E402
 

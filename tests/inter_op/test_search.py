@@ -90,9 +90,10 @@ def test_plan_is_complete_and_round_trips(small_plan: Plan, tmp_path) -> None:  
     assert plan.estimate["fits"] and plan.estimate["step_time_s"] > 0
     assert {"inter-op", "simulate", "intra-op"} <= set(plan.timings)
     assert plan.placements.params and plan.placements.nodes
-    assert plan.solver.status in ("optimal", "feasible", "time-limit", "not-run")
-    if plan.solver.status == "not-run":
-        assert any("intra-op" in f for f in plan.fallbacks), "the fallback must be recorded"
+    # no time budget: the intra-op solve of this small graph (well under a second against its
+    # 30 s limit) is proven optimal, and nothing fell back
+    assert (plan.solver.backend, plan.solver.status, plan.solver.gap) == ("highs", "optimal", 0.0)
+    assert plan.fallbacks == ()
     deltas = [r["delta_s"] for r in plan.runners_up]
     assert len(plan.runners_up) == 3 and deltas == sorted(deltas) and deltas[0] >= 0
     path = plan.save(tmp_path / "plan.json")

@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from fxplan.cluster_specs import available_specs
+from fxplan.cluster_specs import Cluster, available_specs
 from fxplan.cli.main import main
 
 
@@ -42,9 +42,11 @@ def test_show_json(capsys):
     assert shown["spec"]["levels"][2]["name"] == "ib-hdr" and len(shown["fingerprint"]) == 64
 
 
-def test_bad_file_exits_2_with_the_message(two_level, write_spec, capsys):
-    two_level["levels"][1]["bandwidth_gb_per_s"] = -25
-    path = write_spec(two_level, "broken.yaml")
+def test_bad_file_exits_2_with_the_message(tmp_path, capsys):
+    spec = Cluster.load("dgx-a100-80g").to_dict()
+    spec["levels"][1]["bandwidth_gb_per_s"] = -25
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     assert main(["clusters", "--show", str(path)]) == 2
     captured = capsys.readouterr()
     assert f"fxplan clusters: error: {path}: levels[1].bandwidth_gb_per_s: found -25" in captured.err

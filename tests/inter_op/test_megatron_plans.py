@@ -22,11 +22,9 @@ from fxplan.api import capture_for_search
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "megatron_table.py"
 megatron_table = SimpleNamespace(**runpy.run_path(str(SCRIPT), run_name="megatron_table_for_plans"))
 
-ROWS = megatron_table.load_rows() if megatron_table.TABLE1.is_file() else []
+ROWS = megatron_table.load_rows()
 
 
-@pytest.mark.skipif(not ROWS, reason=f"reference table {megatron_table.TABLE1} is absent "
-                    "(it lives in the shared workspace, outside the repository)")
 @pytest.mark.parametrize("row", ROWS, ids=[r.preset for r in ROWS])
 def test_plan_at_least_as_fast_as_published(row) -> None:  # type: ignore[no-untyped-def]
     graph = capture_for_search(row.preset, seq=megatron_table.SEQ)

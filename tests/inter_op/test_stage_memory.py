@@ -1,0 +1,50 @@
+"""The search's per-rank memory model (``inter_op.stage_memory``) is the estimate's: one
+memory model, stage by stage, over schedules, recompute, sequence parallelism, ZeRO stages
+and uneven stages."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxplan.core.config import Schedule
+from fxplan.cost_model import ParallelConfig, estimate
+from fxplan.inter_op.partition import balanced_counts
+from fxplan.inter_op.profile import ModelProfile
+from fxplan.inter_op.stage_memory import DeviceMemory, stage_totals
+
+
+# (tp, pp, dp, mb, m, schedule, recompute, sp, zero, uneven)
+CONFIGS = [
+    (1, 4, 8, 2, 32, "interleaved:2", "none", False, 0, False),   # the review's example
+    (1, 4, 8, 2, 32, "interleaved:2", "none", False, 0, True),
+    (1, 4, 8, 1, 8, "interleaved:4", "selective", False, 1, False),
+    (1, 4, 8, 2, 32, "1f1b", "none", False, 0, True),
+    (4, 4, 2, 1, 8, "gpipe", "selective", True, 3, False),
+    (4, 2, 4, 4, 4, "interleaved:2", "full", True, 1, False),
+    (2, 1, 16, 4, 8, "1f1b", "none", True, 3, False),
+    (1, 2, 16, 2, 16, "1f1b", "full", False, 2, True),
+]
+
+
+def _config(tp: int, pp: int, dp: int, mb: int, m: int, schedule: str, recompute: str,
+            sp: bool, zero: int) -> ParallelConfig:
+    return ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=mb, num_microbatches=m,
+                          schedule=Schedule.parse(schedule), recompute=recompute,
+                          sequence_parallel=sp, zero_stage=zero)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"tp{c[0]}pp{c[1]}-{c[5]}-{c[6]}-z{c[8]}")
+def test_search_memory_is_the_estimates(gpt17, cfg) -> None:  # type: ignore[no-untyped-def]
+    """The search's per-rank memory is cost_model.estimate's peak memory, stage by stage."""
+    graph, cluster = gpt17
+    tp, pp, dp, mb, m, schedule, recompute, sp, zero, uneven = cfg
+    prof = ModelProfile(graph, cluster)
+    c = _config(tp, pp, dp, mb, m, schedule, recompute, sp, zero)
+    counts = list(balanced_counts(prof.num_layers, pp * c.virtual_stages))
+    if uneven:
+        counts[0], counts[-1] = counts[0] - 1, counts[-1] + 1
+    c = c.replace(stage_layers=tuple(counts))
+    got = stage_totals(c, prof.get(tp, sp, recompute, mb), DeviceMemory.of(cluster.device(0)))
+    est = estimate(graph, cluster, c, batch=dp * mb * m)
+    want = [mem.total for mem in est.memory]
+    assert list(got) == pytest.approx(want, rel=1e-6)
