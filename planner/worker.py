@@ -3,45 +3,30 @@
 Builds the plan's model on ``meta`` and materialises only this rank's stages and shards
 (values from the seeded single-device initialisation, or from ``--resume CKPT``, a sharded
 checkpoint saved under any plan — that is how training goes on after a re-plan for a changed
-cluster), applies the plan, and trains ``--steps`` steps on one synthetic batch (random tokens,
-fixed across steps, so the loss must fall); ``--save CKPT`` writes parameters and optimizer
-state at the end. Rank 0 prints per step ``loss``, step time, tokens/s and peak memory, and at the end the
-plan's predicted step time and per-rank memory against the measured ones (median step time after
-the first step; memory: the largest peak over ranks — CUDA allocator peak on GPUs, peak resident
-set size of the process on CPUs, which includes the Python runtime). After the first step (when
-reshards have run) rank 0 prints every rank's runtime fallbacks (``ShardedModule.fallbacks``:
-where the plan is realised other than as planned), each once.
+cluster), applies the plan, and trains with :func:`fxplan.runtime.trainer.train` on ``--data``
+(a token file, ``synthetic`` or a ``data.py:build`` hook; :mod:`fxplan.runtime.data`): AdamW or
+SGD, warm-up + cosine learning rate, global-norm clipping. ``--save CKPT`` writes parameters and
+optimizer state at the end.
+
+Rank 0 logs every ``--log-every`` steps (:mod:`fxplan.runtime.metrics`: loss, grad norm, lr,
+tokens/s, TFLOP/s and MFU per device, peak memory and its share of the device) to the terminal
+and to ``RUN_DIR/metrics.jsonl``, prints every rank's runtime fallbacks once after the first
+step, and at the end the plan's predicted step time, MFU and memory against the measured ones,
+also written to ``RUN_DIR/summary.json`` (with the resolved settings in ``run_config.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import resource
-import statistics
-import time
+import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-GIB = 2**30
-
-
-def synthetic_batch(bundle: Any, plan: Any, seed: int = 0) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """Model inputs and targets for the plan's global batch: integers below the vocabulary."""
-    generator = torch.Generator().manual_seed(seed)
-    specs = bundle.example_inputs(plan.batch, plan.seq)
-    high = getattr(bundle.config, "vocab", 2)
-    made = {}
-    for name, spec in specs.items():
-        if spec.dtype.is_floating_point:
-            made[name] = torch.randn(spec.shape, generator=generator, dtype=spec.dtype)
-        else:
-            made[name] = torch.randint(0, high, spec.shape, generator=generator, dtype=spec.dtype)
-    targets = made.pop("targets")
-    return tuple(made.values()), targets
+from fxplan.runtime.metrics import GIB, peak_memory_gib  # noqa: F401  (re-exported)
 
 
 def loss_fn(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -51,25 +36,34 @@ def loss_fn(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(output.reshape(-1, output.size(-1)), targets.reshape(-1))
 
 
-def peak_memory_gib(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / GIB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fxplan.worker")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="fxplan.worker",
+                                     description="one rank of `fxplan launch` (run under torchrun)")
     parser.add_argument("plan")
+    parser.add_argument("--data", required=True, help="token file, 'synthetic' or FILE.py:FUNCTION")
+    parser.add_argument("--token-dtype", default="auto", choices=("auto", "uint16", "uint32"))
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--min-lr", type=float, default=None)
+    parser.add_argument("--warmup-steps", type=int, default=0)
+    parser.add_argument("--weight-decay", type=float, default=0.1)
+    parser.add_argument("--beta1", type=float, default=0.9)
+    parser.add_argument("--beta2", type=float, default=0.95)
+    parser.add_argument("--grad-clip", type=float, default=1.0)
+    parser.add_argument("--log-every", type=int, default=1)
+    parser.add_argument("--run-dir", required=True)
     parser.add_argument("--model", default=None, help="model spec (default: the plan's)")
     parser.add_argument("--resume", default=None, help="sharded checkpoint to start from")
     parser.add_argument("--save", default=None, help="write a sharded checkpoint at the end")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
-        import os
-
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend)
     try:
@@ -80,15 +74,60 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, stop: int) -> Any:
+    """The ``--data`` source for this rank (:mod:`fxplan.runtime.data`)."""
+    from fxplan.runtime.data import DataError, HookData, SyntheticData, TokenFile, token_dtype
+
+    vocab = getattr(bundle.config, "vocab", None)
+    specs = bundle.example_inputs(plan.batch, plan.seq)
+    if args.data == "synthetic":
+        return SyntheticData(specs, high=vocab or 2, seed=args.seed)
+    path, sep, function = args.data.rpartition(":")
+    if sep and path.endswith(".py"):
+        return HookData(args.data, seq=plan.seq, global_batch=plan.batch, start=start, stop=stop,
+                        seed=args.seed, dp_rank=start * plan.dp // plan.batch, dp_size=plan.dp)
+    inputs = {k: v for k, v in specs.items() if k != "targets"}
+    shapes = [(tuple(v.shape), v.dtype) for v in inputs.values()]
+    if len(inputs) != 1 or shapes[0][1].is_floating_point or len(shapes[0][0]) != 2:
+        raise DataError(f"--data {args.data}: a token file feeds a language model (one integer "
+                        f"input of shape (batch, seq)); {plan.model} takes {shapes}")
+    return TokenFile(args.data, seq=plan.seq, global_batch=plan.batch,
+                     dtype=token_dtype(args.token_dtype, vocab), vocab=vocab, seed=args.seed)
+
+
+def flop_counts(plan: Any, cluster: Any) -> tuple[Any, str | None]:
+    """FLOPs of a step from the plan's estimate and the device peak, or ``None`` and why."""
+    from fxplan.cost_model.efficiency import dtype_key
+    from fxplan.inter_op import training_dtype
+    from fxplan.runtime.metrics import FlopCounts
+
+    model, hardware = plan.estimate.get("model_flops"), plan.estimate.get("hardware_flops")
+    if model is None or hardware is None:
+        return None, "the plan has no FLOP estimate (model_flops): TFLOP/s and MFU not computed"
+    dtype = training_dtype(cluster)
+    peak = cluster.device(0).peak(dtype_key(dtype)) * 1e12
+    return FlopCounts(float(model), float(hardware), peak, plan.world_size), None
+
+
 def _train(args: argparse.Namespace) -> None:
-    from fxplan.examples.model_spec import resolve_model
+    import dataclasses
+    import json
+
+    from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import load_plan
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.inter_op import training_dtype
     from fxplan.runtime.apply import apply_plan
     from fxplan.runtime.build import meta_parameters
+    from fxplan.runtime.metrics import MetricsLog
+    from fxplan.runtime.optim import build_optimizer
+    from fxplan.runtime.trainer import TrainConfig, train
 
     plan = load_plan(args.plan)
     rank = dist.get_rank()
     bundle = resolve_model(args.model or plan.model)
+    cluster = Cluster.load(plan.cluster)
+    torch.manual_seed(args.seed)
 
     def seeded_model() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -96,52 +135,83 @@ def _train(args: argparse.Namespace) -> None:
 
     with meta_parameters():
         model = bundle.build("cpu")
-    inputs, targets = synthetic_batch(bundle, plan)
+    example = tuple(v for k, v in _example_batch(bundle, plan).items() if k != "targets")
     if args.resume:
-        sharded = apply_plan(model, plan, inputs, checkpoint=args.resume)
+        sharded = apply_plan(model, plan, example, checkpoint=args.resume)
     else:
-        sharded = apply_plan(model, plan, inputs, init=seeded_model)
-    optimizer = sharded.optimizer(torch.optim.AdamW, lr=args.lr)
+        sharded = apply_plan(model, plan, example, init=seeded_model)
+    config = TrainConfig(
+        steps=args.steps, optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr,
+        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, beta1=args.beta1,
+        beta2=args.beta2, grad_clip=args.grad_clip, log_every=args.log_every)
+    optimizer = build_optimizer(sharded, config.optimizer, lr=config.lr,
+                                weight_decay=config.weight_decay, betas=(config.beta1, config.beta2))
     if args.resume:
         sharded.load(args.resume, optimizer)
-        if rank == 0:
-            print(f"resumed parameters and optimizer state from {args.resume}", flush=True)
-    tokens = targets.numel()
-    if rank == 0:
-        print(f"fxplan launch: {plan.model} on {plan.cluster} | {plan.summary} | "
-              f"{dist.get_world_size()} ranks, backend {dist.get_backend()}", flush=True)
-    if args.steps == 0:
-        _print_fallbacks(sharded, rank)
-    times = []
-    for step in range(1, args.steps + 1):
-        start = time.perf_counter()
-        loss = sharded.train_step((inputs, targets), loss_fn)
-        optimizer.step()
-        optimizer.zero_grad()
-        if sharded.device.type == "cuda":
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
-        times.append(elapsed)
-        if rank == 0:
-            print(f"step {step:>4}  loss {float(loss):.4f}  time {elapsed * 1e3:8.1f} ms  "
-                  f"tokens/s {tokens / elapsed:10.1f}  peak mem "
-                  f"{peak_memory_gib(sharded.device):.3f} GiB", flush=True)
-        if step == 1:
-            _print_fallbacks(sharded, rank)
+    start, stop = sharded.replica_slice()
+    data = data_source(args, bundle, plan, start, stop)
+    flops, no_flops = flop_counts(plan, cluster)
+    capacity = plan.estimate.get("capacity_gib")
+    log = MetricsLog(args.run_dir, args.steps) if rank == 0 else None
+    if log is not None:
+        log.write_json("run_config.json", {k: v for k, v in vars(args).items()})
+        log.print(f"fxplan launch: {plan.model} on {plan.cluster} | {plan.summary} | "
+                  f"{dist.get_world_size()} ranks, backend {dist.get_backend()} | data {args.data}")
+        if args.resume:
+            log.print(f"resumed parameters and optimizer state from {args.resume}")
+        dtype = training_dtype(cluster)
+        if dtype != "float32":
+            log.print(f"precision: the plan was priced in {dtype}; this runtime trains in float32 "
+                      "(mixed precision is not implemented yet), so expect slower steps and more "
+                      "memory than predicted")
+        if no_flops:
+            log.print(no_flops)
+    tokens = plan.batch * (plan.seq or 1)
+    result, optimizer = train(
+        sharded, data, loss_fn, config, tokens_per_step=tokens, optimizer=optimizer, flops=flops,
+        capacity_gib=capacity, log=log,
+        on_step=lambda step: _print_fallbacks(sharded, rank) if step == 1 else None)
     if args.save:
         sharded.save(args.save, optimizer)
-        if rank == 0:
-            print(f"saved parameters and optimizer state to {args.save}", flush=True)
-    peak = torch.tensor(peak_memory_gib(sharded.device), device=sharded.device)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        measured = statistics.median(times[1:] if len(times) > 1 else times)
-        predicted_time = _number(plan.estimate.get("step_time_s"))
-        predicted_mem = _number(plan.estimate.get("peak_memory_gib"))
-        print(f"step time  predicted {_show(predicted_time, 'ms', 1e3)}  measured "
-              f"{measured * 1e3:.3f} ms (median)", flush=True)
-        print(f"peak memory per rank  predicted {_show(predicted_mem, 'GiB')}  measured "
-              f"{float(peak):.3f} GiB (max over ranks)", flush=True)
+        if log is not None:
+            log.print(f"saved parameters and optimizer state to {args.save}")
+    if log is None:
+        return
+    measured = result.median_step_time_s
+    summary = {
+        "plan": plan.summary, "model": plan.model, "cluster": plan.cluster,
+        "world_size": plan.world_size, "batch": plan.batch, "seq": plan.seq,
+        "steps": args.steps, "final_loss": result.losses[-1],
+        "predicted_step_time_s": _number(plan.estimate.get("step_time_s")),
+        "measured_step_time_s": measured,
+        "predicted_peak_memory_gib": _number(plan.estimate.get("peak_memory_gib")),
+        "measured_peak_memory_gib": result.peak_memory_gib,
+        "predicted_mfu": _number(plan.estimate.get("mfu")),
+        "measured_mfu": None if flops is None else flops.mfu(measured),
+        "predicted_tokens_per_s": _number(plan.estimate.get("tokens_per_s")),
+        "measured_tokens_per_s": tokens / measured,
+        "capacity_gib": capacity,
+        "memory_measured_as": ("torch.cuda.max_memory_allocated" if sharded.device.type == "cuda"
+                               else "peak resident set size of the process (getrusage)"),
+        "step_time_measured_as": "median over steps 2… of the slowest rank's step",
+        "config": dataclasses.asdict(config),
+    }
+    log.write_json("summary.json", summary)
+    rows = [("step time", "predicted_step_time_s", "measured_step_time_s", 1e3, "ms"),
+            ("peak memory per rank", "predicted_peak_memory_gib", "measured_peak_memory_gib", 1,
+             "GiB"),
+            ("MFU", "predicted_mfu", "measured_mfu", 100, "%"),
+            ("tokens/s", "predicted_tokens_per_s", "measured_tokens_per_s", 1, "")]
+    log.print(f"{'':<22}{'predicted':>14}{'measured':>14}")
+    for label, p, m, scale, unit in rows:
+        log.print(f"{label:<22}{_show(summary[p], scale):>14}{_show(summary[m], scale):>14} {unit}")
+    log.print(f"wrote {log.path} and {log.dir / 'summary.json'}")
+
+
+def _example_batch(bundle: Any, plan: Any) -> dict[str, torch.Tensor]:
+    """Zero tensors of the plan's global batch: shapes for tracing and stage metadata."""
+    return {name: torch.zeros(spec.shape, dtype=spec.dtype)
+            for name, spec in bundle.example_inputs(plan.batch, plan.seq).items()}
 
 
 def _print_fallbacks(sharded: Any, rank: int) -> None:
@@ -162,8 +232,8 @@ def _number(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def _show(value: float | None, unit: str, scale: float = 1.0) -> str:
-    return "n/a (no estimate in the plan)" if value is None else f"{value * scale:.3f} {unit}"
+def _show(value: float | None, scale: float = 1.0) -> str:
+    return "n/a" if value is None else f"{value * scale:.4g}"
 
 
 if __name__ == "__main__":  # pragma: no cover

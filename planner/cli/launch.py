@@ -1,18 +1,25 @@
-"""``fxplan launch plan.json [--steps N] [--dry-run]``: train a plan's model under torchrun.
+"""``fxplan launch plan.json --data …``: train a plan's model under torchrun.
 
-    fxplan launch plan.json --steps 20
-    fxplan launch plan.json --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29500
-    fxplan launch plan.json --dry-run          # print the torchrun command only
-    fxplan launch plan.json --steps 20 --save ckpt/
-    fxplan launch new-plan.json --resume ckpt/  # after a re-plan: reshard and go on
+    fxplan launch plan.json --data tokens.bin --steps 1000 --run-dir runs/a
+    fxplan launch plan.json --data synthetic --steps 20          # smoke test: one batch, repeated
+    fxplan launch plan.json --config run.toml --lr 1e-4          # flags override the run config
+    fxplan launch plan.json --data tokens.bin --print-command     # print exactly what would run
+    fxplan launch plan.json --data tokens.bin --rdzv-endpoint node0:29500   # on every node
+    fxplan launch plan.json --data tokens.bin --slurm train.sbatch          # write an sbatch script
+    fxplan launch plan.json --data tokens.bin -- --max-restarts=0 --log-dir=logs  # torchrun flags
 
 Before any process starts the plan is checked against what it will run on: the model of the
 plan (``--model`` to run another spec) captured as the search captured it, and the cluster
-(``--cluster`` to name another), must have the plan's fingerprints, and ``nnodes ×
-nproc-per-node`` must be the plan's world size ``pp·dp·tp`` — otherwise the command ends with a
-message saying which and exit code 2. Then ``torchrun -m fxplan.worker`` runs on every
-rank (gloo on CPUs, nccl on GPUs); rank 0 prints the per-step loss, step time, tokens/s and peak
-memory, then predicted against measured step time and memory.
+(``--cluster`` to name another), must have the plan's fingerprints; the node count and the
+processes per node come from that cluster (``--nnodes``/``--nproc-per-node`` given by the user
+must agree), and their product must be the plan's world size ``pp·dp·tp``. A launch over more
+than one node needs ``--rdzv-endpoint HOST:PORT`` (or ``--slurm``). Any refusal is one message
+with exit code 2.
+
+Single-node runs rendezvous on ``127.0.0.1`` at a free port and nothing listens beyond loopback:
+``python -m fxplan.runtime.torchrun`` (torchrun with its store servers bound to loopback) and
+``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` set to the loopback interface. The command is
+printed before it runs (``--print-command``: printed, not run).
 """
 
 from __future__ import annotations
@@ -20,71 +27,208 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fxplan.cli.run_config import SETTINGS, LaunchError, RunSettings, resolve_settings
+
+#: torchrun flags ``fxplan launch`` sets itself: refused after ``--`` (with the flag to use).
+OWN_TORCHRUN_FLAGS = {
+    "--nnodes": "the plan's cluster gives the node count (--nnodes to check it)",
+    "--nproc-per-node": "the plan's cluster gives the processes per node",
+    "--standalone": "single-node runs rendezvous on loopback by themselves",
+    "--rdzv-backend": "fxplan uses the c10d rendezvous",
+    "--rdzv-endpoint": "use fxplan's --rdzv-endpoint HOST:PORT",
+    "--node-rank": "use fxplan's --node-rank",
+    "--master-addr": "the rendezvous endpoint decides it",
+    "--master-port": "the rendezvous endpoint decides it",
+    "--local-addr": "fxplan sets it for single-node runs",
+    "--module": "fxplan runs -m fxplan.worker",
+    "-m": "fxplan runs -m fxplan.worker",
+    "--no-python": "fxplan runs -m fxplan.worker",
+    "--run-path": "fxplan runs -m fxplan.worker",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "launch", help="train a plan's model under torchrun",
-        description="Start the plan's model under torchrun with the plan's world size and train "
-        "it for a few steps on synthetic data, printing loss, speed, memory and the estimate.")
+        description="Start the plan's model under torchrun on the plan's nodes and processes and "
+        "train it on a token file (or synthetic data or a hook), logging loss, gradient norm, "
+        "learning rate, throughput, MFU and memory; compare with the plan's estimate at the end.")
     parser.add_argument("plan", metavar="PLAN.json", help="plan file written by `fxplan plan -o`")
-    parser.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
-    parser.add_argument("--dry-run", action="store_true", help="print the torchrun command only")
+    train = parser.add_argument_group("training (flags override --config)")
+    train.add_argument("--config", metavar="RUN.toml", help="run config (TOML); see docs/runtime.md")
+    train.add_argument("--data", help="tokens.bin (flat uint16/uint32 token ids, memory-mapped), "
+                       "'synthetic' (one random batch, repeated) or data.py:build (a hook)")
+    train.add_argument("--token-dtype", choices=("auto", "uint16", "uint32"),
+                       help="token file element type (default auto: uint16 if the vocabulary fits)")
+    train.add_argument("--steps", type=int, help="training steps (default 10)")
+    train.add_argument("--seed", type=int, help="seed of the data order (default 0)")
+    train.add_argument("--optimizer", choices=("adamw", "sgd"), help="default adamw")
+    train.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
+    train.add_argument("--min-lr", type=float, help="end of the cosine decay (default lr/10)")
+    train.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default 0)")
+    train.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.1)")
+    train.add_argument("--beta1", type=float, help="AdamW β1 (default 0.9)")
+    train.add_argument("--beta2", type=float, help="AdamW β2 (default 0.95)")
+    train.add_argument("--grad-clip", type=float,
+                       help="max global gradient norm (default 1.0; 0: no clipping)")
+    train.add_argument("--log-every", type=int, help="log every N steps (default 1)")
+    train.add_argument("--run-dir", help="metrics.jsonl, summary.json, run_config.json "
+                       "(default runs/PLAN-TIME)")
     parser.add_argument("--model", help="model spec to run (default: the plan's)")
     parser.add_argument("--resume", metavar="CKPT",
                         help="start from a sharded checkpoint saved under any plan (resharded)")
     parser.add_argument("--save", metavar="CKPT",
                         help="write parameters and optimizer state as a sharded checkpoint at the end")
     parser.add_argument("--cluster", help="cluster spec to check against (default: the plan's)")
-    parser.add_argument("--nnodes", type=int, default=1, help="machines (torchrun --nnodes)")
-    parser.add_argument("--node-rank", type=int, default=None, help="torchrun --node-rank")
-    parser.add_argument("--rdzv-endpoint", default=None, help="torchrun --rdzv-endpoint HOST:PORT")
-    parser.add_argument("--nproc-per-node", type=int, default=None,
-                        help="processes per machine (default: world size / nnodes)")
-    parser.set_defaults(func=run)
+    where = parser.add_argument_group("where it runs")
+    where.add_argument("--print-command", "--dry-run", dest="print_command", action="store_true",
+                       help="print exactly the command that would run, and stop")
+    where.add_argument("--slurm", metavar="FILE", help="write an sbatch script running the plan "
+                       "on its nodes (one torchrun per node under srun), and stop")
+    where.add_argument("--nnodes", type=int, default=None,
+                       help="machines; must equal the plan's cluster (default: from the cluster)")
+    where.add_argument("--nproc-per-node", type=int, default=None,
+                       help="processes per machine (default: the cluster's devices per node)")
+    where.add_argument("--node-rank", type=int, default=None, help="torchrun --node-rank")
+    where.add_argument("--rdzv-endpoint", default=None,
+                       help="HOST:PORT every node reaches (required for more than one node)")
+    parser.set_defaults(func=run, torchrun_args=[])
+    parser.epilog = ("torchrun flags go after `--`: fxplan launch plan.json --data tokens.bin "
+                     "-- --max-restarts=0 --log-dir=logs")
     return parser
 
 
-def check_plan(args: argparse.Namespace):
-    """Load the plan and refuse it for another model, cluster or world size (no process yet)."""
+def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
+    """Load the plan and refuse it for another model, cluster or world size (no process yet).
+    Returns ``(plan, nnodes, nproc_per_node, cluster)``."""
+    from fxplan.api import capture_for_search
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import PlanError, load_plan
-    from fxplan.api import capture_for_search
     from fxplan.inter_op import training_dtype
 
     plan = load_plan(args.plan)
     if args.resume and not os.path.isdir(args.resume):
         raise PlanError(f"--resume {args.resume}: no such checkpoint directory (expected one "
                         "written by `fxplan launch … --save DIR`)")
-    nproc = args.nproc_per_node
-    if nproc is None:
-        if plan.world_size % args.nnodes:
-            raise PlanError(f"{args.plan} needs world size {plan.world_size}, which {args.nnodes} "
-                            "nodes cannot split evenly; give --nproc-per-node")
-        nproc = plan.world_size // args.nnodes
-    plan.check_matches(world_size=args.nnodes * nproc, source=args.plan)
     cluster = Cluster.load(args.cluster or plan.cluster)
+    nnodes, nproc = node_layout(args, plan, cluster)
     plan.check_matches(cluster_fingerprint=cluster.fingerprint(), source=args.plan)
     graph = capture_for_search(args.model or plan.model, seq=plan.seq,
                                dtype=training_dtype(cluster))
     plan.check_matches(graph_fingerprint=graph.fingerprint(), source=args.plan)
-    return plan, nproc
+    return plan, nnodes, nproc, cluster
 
 
-def torchrun_command(args: argparse.Namespace, nproc: int) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nnodes}",
-           f"--nproc-per-node={nproc}"]
-    if args.rdzv_endpoint:
-        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
-    elif args.nnodes == 1:
-        cmd += ["--standalone"]
-    if args.node_rank is not None:
-        cmd += [f"--node-rank={args.node_rank}"]
-    cmd += ["-m", "fxplan.worker", os.path.abspath(args.plan),
-            "--steps", str(args.steps), "--lr", str(args.lr)]
+def node_layout(args: argparse.Namespace, plan: Any, cluster: Any) -> tuple[int, int]:
+    """Nodes and processes per node from the plan's cluster; user values must agree."""
+    per_node = {cluster.devices_per_node(n) for n in range(cluster.num_nodes)}
+    if len(per_node) > 1:
+        raise LaunchError(f"cluster {cluster.name} has nodes with {sorted(per_node)} devices: "
+                          "torchrun starts the same number of processes on every node, so it "
+                          "cannot run this plan (re-plan on a cluster of equal nodes)")
+    nnodes, nproc = cluster.num_nodes, per_node.pop()
+    for flag, value in (("--nnodes", args.nnodes), ("--nproc-per-node", args.nproc_per_node),
+                        ("--node-rank", args.node_rank)):
+        if value is not None and value < (0 if flag == "--node-rank" else 1):
+            raise LaunchError(f"{flag} {value}: expected an integer ≥ "
+                              f"{0 if flag == '--node-rank' else 1}")
+    if args.nnodes is not None and args.nnodes != nnodes:
+        raise LaunchError(f"--nnodes {args.nnodes}: the plan's cluster {cluster.name} has "
+                          f"{nnodes} node(s) of {nproc} device(s) and the plan uses all "
+                          f"{plan.world_size} ranks; leave --nnodes out, or re-plan for "
+                          f"{args.nnodes} node(s)")
+    user_nnodes = nnodes if args.nnodes is None else args.nnodes
+    user_nproc = nproc if args.nproc_per_node is None else args.nproc_per_node
+    plan.check_matches(world_size=user_nnodes * user_nproc, source=args.plan)
+    if (user_nnodes, user_nproc) != (nnodes, nproc):
+        raise LaunchError(f"--nnodes {user_nnodes} × --nproc-per-node {user_nproc}: the plan's "
+                          f"cluster {cluster.name} is {nnodes} node(s) × {nproc} device(s); "
+                          "leave them out, or re-plan for the cluster you have")
+    if args.node_rank is not None and args.node_rank >= nnodes:
+        raise LaunchError(f"--node-rank {args.node_rank}: the plan runs on {nnodes} node(s), "
+                          f"ranks 0–{nnodes - 1}")
+    return nnodes, nproc
+
+
+def check_endpoint(endpoint: str) -> str:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise LaunchError(f"--rdzv-endpoint {endpoint!r}: expected HOST:PORT with a port in "
+                          "1–65535 (e.g. node0:29500)")
+    return endpoint
+
+
+def passthrough(args: argparse.Namespace) -> list[str]:
+    """The torchrun flags given after ``--``, refusing those fxplan sets itself."""
+    extra = list(args.torchrun_args)
+    if extra and not extra[0].startswith("-"):
+        raise LaunchError(f"after `--`: {extra[0]!r} is not a torchrun flag (expected e.g. "
+                          "-- --max-restarts=0 --log-dir=logs)")
+    for token in extra:
+        if not token.startswith("-"):
+            continue
+        name = token.split("=", 1)[0].replace("_", "-")
+        if name in OWN_TORCHRUN_FLAGS:
+            raise LaunchError(f"torchrun flag {token} after `--`: {OWN_TORCHRUN_FLAGS[name]}")
+    return extra
+
+
+def loopback_interface() -> str:
+    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    names = [name for _, name in socket.if_nameindex()]
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    raise LaunchError(f"no loopback interface among {names}: a single-node launch binds its "
+                      "sockets to loopback; give --rdzv-endpoint HOST:PORT to use another")
+
+
+def free_loopback_port() -> int:
+    """A port free on 127.0.0.1 now (torchrun binds it a moment later)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def settings_for(args: argparse.Namespace) -> RunSettings:
+    flags = {name: getattr(args, name, None) for name in SETTINGS}
+    stem = Path(args.plan).stem
+    default = os.path.join("runs", f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    settings = resolve_settings(flags, args.config, default_run_dir=default)
+    data = settings.data
+    if data != "synthetic":
+        path, sep, function = data.rpartition(":")
+        if sep and path.endswith(".py"):
+            if not os.path.isfile(path) or not function.isidentifier():
+                raise LaunchError(f"--data {data}: expected FILE.py:FUNCTION with an existing "
+                                  "file and a function name")
+            data = f"{os.path.abspath(path)}:{function}"
+        elif os.path.isdir(data):
+            raise LaunchError(f"--data {data} is a directory: Hugging Face datasets directories "
+                              "are not supported yet; write the tokens to a flat binary file "
+                              "(uint16/uint32 ids, nanoGPT's format) or use a data.py:build hook")
+        elif not os.path.isfile(data):
+            raise LaunchError(f"--data {data}: no such file (expected a token file, 'synthetic' "
+                              "or FILE.py:FUNCTION)")
+        else:
+            data = os.path.abspath(data)
+    return RunSettings(**{**settings.to_dict(), "data": data,
+                          "run_dir": os.path.abspath(settings.run_dir)})
+
+
+def worker_command(args: argparse.Namespace, settings: RunSettings) -> list[str]:
+    """``-m fxplan.worker PLAN --flag value …``: every setting explicit."""
+    cmd = ["-m", "fxplan.worker", os.path.abspath(args.plan)]
+    for name, value in settings.to_dict().items():
+        if value is not None:
+            cmd += ["--" + name.replace("_", "-"), str(value)]
     for flag in ("model", "resume", "save"):
         value = getattr(args, flag)
         if value:
@@ -92,12 +236,65 @@ def torchrun_command(args: argparse.Namespace, nproc: int) -> list[str]:
     return cmd
 
 
+def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: RunSettings
+                   ) -> tuple[dict[str, str], list[str]]:
+    """``(environment added, argv)`` of the torchrun that runs the plan on this node."""
+    env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"}
+    extra = passthrough(args)
+    if nnodes > 1 and not args.rdzv_endpoint:
+        raise LaunchError(
+            f"{args.plan} runs on {nnodes} nodes × {nproc} processes: a multi-node launch needs "
+            "--rdzv-endpoint HOST:PORT, a host and port every node reaches (e.g. the first "
+            "node), given the same on every node — or --slurm FILE to write an sbatch script")
+    cmd = [sys.executable, "-m"]
+    if args.rdzv_endpoint:
+        cmd += ["torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={check_endpoint(args.rdzv_endpoint)}"]
+        if args.node_rank is not None:
+            cmd += [f"--node-rank={args.node_rank}"]
+    else:
+        loopback = loopback_interface()
+        for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if key not in os.environ:
+                env[key] = loopback
+        cmd += ["fxplan.runtime.torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_loopback_port()}",
+                "--local-addr=127.0.0.1"]
+    return env, cmd + extra + worker_command(args, settings)
+
+
+def shell_line(env: dict[str, str], cmd: list[str]) -> str:
+    return shlex.join([f"{k}={v}" for k, v in env.items()] + cmd)
+
+
+def write_slurm(args: argparse.Namespace, plan: Any, cluster: Any, nnodes: int, nproc: int,
+                settings: RunSettings) -> int:
+    from fxplan.cli.slurm import sbatch_script
+
+    if args.rdzv_endpoint or args.node_rank is not None:
+        raise LaunchError("--slurm puts the rendezvous on the allocation's first node and lets "
+                          "it number the nodes: leave out --rdzv-endpoint and --node-rank")
+    gpus = cluster.device(0).kind == "gpu"
+    env = {"OMP_NUM_THREADS": "1"} if not gpus else {}
+    text = sbatch_script(
+        job_name=f"fxplan-{Path(args.plan).stem}", nnodes=nnodes, nproc_per_node=nproc, gpus=gpus,
+        torchrun=[sys.executable, "-m", "torch.distributed.run", *passthrough(args)],
+        worker=worker_command(args, settings), env=env, run_dir=settings.run_dir)
+    Path(args.slurm).write_text(text)
+    print(f"wrote {args.slurm}: {nnodes} node(s) × {nproc} process(es) of {plan.summary}; "
+          f"submit it with `sbatch {args.slurm}`")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    plan, nproc = check_plan(args)
-    cmd = torchrun_command(args, nproc)
-    if args.dry_run:
-        print(shlex.join(cmd))
+    settings = settings_for(args)
+    plan, nnodes, nproc, cluster = check_plan(args)
+    if args.slurm:
+        return write_slurm(args, plan, cluster, nnodes, nproc, settings)
+    env, cmd = launch_command(args, nnodes, nproc, settings)
+    line = shell_line(env, cmd)
+    if args.print_command:
+        print(line)
         return 0
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.call(cmd, env=env)
+    print(f"running: {line}", flush=True)
+    return subprocess.call(cmd, env={**os.environ, **env})

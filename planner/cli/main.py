@@ -47,7 +47,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fxplan.core.errors import UserError
 
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    after: list[str] | None = None
+    if "--" in argv:  # `fxplan launch plan.json … -- TORCHRUN_FLAGS`: the rest is passed on
+        cut = argv.index("--")
+        argv, after = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if after is not None:
+        if not hasattr(args, "torchrun_args"):
+            parser.error(f"arguments after `--` ({' '.join(after)}): only `fxplan launch` takes "
+                         "them (torchrun flags)")
+        args.torchrun_args = after
     if not getattr(args, "func", None):
         parser.print_help()
         return 1

@@ -122,15 +122,25 @@ class ShardedModule:
     def _local(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.chunk(self.plan.dp)[self.coordinate["dp"]].to(self.device)
 
+    def replica_slice(self) -> tuple[int, int]:
+        """This replica's samples ``[start, stop)`` of the global batch: ``d·B/dp … (d+1)·B/dp``."""
+        size = self.plan.batch // self.plan.dp
+        start = self.coordinate["dp"] * size
+        return start, start + size
+
     def train_step(self, batch: tuple[Any, torch.Tensor],
-                   loss_fn: Callable[[Any, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                   loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], *,
+                   local: bool = False) -> torch.Tensor:
         """Forward and backward over the microbatches of this replica's slice of ``batch``;
-        returns the mean loss over the global batch (same value on every member rank)."""
+        returns the mean loss over the global batch (same value on every member rank).
+        ``local``: ``batch`` is already this replica's slice (:meth:`replica_slice`); ranks
+        that run neither the first nor the last stage may then pass ``((), None)``."""
         inputs, targets = batch
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-        args = tuple(self._local(x) for x in inputs) if self.is_first else ()
+        place = (lambda x: x.to(self.device)) if local else self._local
+        args = tuple(place(x) for x in inputs) if self.is_first else ()
         losses: list[torch.Tensor] = []
-        kwargs = dict(target=self._local(targets), losses=losses) if self.is_last else {}
+        kwargs = dict(target=place(targets), losses=losses) if self.is_last else {}
         schedule = self._schedule(loss_fn)
         with self._spmd():
             schedule.step(*args, **kwargs)

@@ -37,6 +37,9 @@ class TiedGradSync:
 
     def __init__(self, plan: "Plan", mesh: DeviceMesh, users: Mapping[str, Iterable[int]]) -> None:
         self.groups: dict[str, dist.ProcessGroup] = {}
+        #: tied weights whose copy here is not the one on their first pipeline rank (a global
+        #: gradient norm counts each weight once: on its first stage)
+        self.not_first: set[str] = set()
         coordinate = mesh.get_coordinate()
         names = mesh.mesh_dim_names or ()
         mine = dict(zip(names, coordinate)) if coordinate is not None else None
@@ -49,6 +52,8 @@ class TiedGradSync:
                 group = dist.new_group(ranks)
                 if mine is not None and mine["dp"] == dp and mine["tp"] == tp and mine["pp"] in pp_ranks:
                     self.groups[fqn] = group
+                    if mine["pp"] != pp_ranks[0]:
+                        self.not_first.add(fqn)
 
     def __call__(self, params: Mapping[str, nn.Parameter]) -> None:
         for fqn, group in self.groups.items():

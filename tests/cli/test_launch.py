@@ -1,12 +1,15 @@
-"""``fxplan launch``: a real torchrun of a GPT plan on 4 CPU ranks, and the refusals that
-happen before any process starts."""
+"""``fxplan launch``: real torchruns of a GPT plan on 4 CPU ranks (training from a token file,
+resuming after a re-plan), and the refusals that happen before any process starts. Command
+and argument checks without torchrun: ``tests/planner/test_cli_launch.py``."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -27,25 +30,81 @@ def launch(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_launch_trains_gpt_on_4_cpu_ranks(plan_file):
-    done = launch(str(plan_file), "--steps", "4")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    losses = [float(x) for x in re.findall(r"^step +\d+ +loss (\S+)", done.stdout, re.M)]
-    assert len(losses) == 4, done.stdout
-    assert losses[-1] < losses[0], losses
-    assert "tokens/s" in done.stdout and "peak mem" in done.stdout
-    assert re.search(r"step time +predicted .* measured", done.stdout)
-    assert re.search(r"peak memory per rank +predicted .* measured", done.stdout)
-    assert "terminate called" not in done.stderr  # clean exits
+def _descendants(pid: int) -> set[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    parents[int(entry)] = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    found, grew = {pid}, True
+    while grew:
+        new = {child for child, parent in parents.items() if parent in found} - found
+        found |= new
+        grew = bool(new)
+    return found
 
 
-def test_dry_run_prints_torchrun_command(plan_file):
-    done = launch(str(plan_file), "--dry-run", "--nnodes", "2", "--node-rank", "1",
-                  "--rdzv-endpoint", "host0:29500")
-    assert done.returncode == 0, done.stderr
-    assert "--nproc-per-node=2" in done.stdout and "--node-rank=1" in done.stdout
-    assert "--rdzv-endpoint=host0:29500" in done.stdout
-    assert "fxplan.worker" in done.stdout
+def _listening(pids: set[int]) -> set[str]:
+    """``ADDR:PORT`` (hex, as /proc/net/tcp{,6} write them) of LISTEN sockets of ``pids``."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found.add(fields[1])
+    return found
+
+
+LOOPBACK = ("0100007F:", "00000000000000000000000001000000:")  # 127.0.0.1, ::1
+
+
+def test_launch_trains_50_steps_from_a_token_file_on_loopback_only(plan_file, tmp_path):
+    """A real torchrun on 4 CPU ranks: 50 steps from a token file; the loss falls, every
+    metric is logged, the summary is written, and while it runs every listening socket of the
+    launch's processes is bound to loopback (read from /proc/net/tcp and tcp6)."""
+    from rt_trainer_cases import make_token_file
+
+    tokens = make_token_file(str(tmp_path / "tokens.bin"))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fxplan.cli.main", "launch", str(plan_file), "--data", tokens,
+         "--steps", "50", "--lr", "3e-3", "--warmup-steps", "5", "--log-every", "10",
+         "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sockets: set[str] = set()
+    while proc.poll() is None:
+        sockets |= _listening(_descendants(proc.pid))
+        time.sleep(0.1)
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert sockets, "no listening socket seen while the launch ran"
+    assert all(address.startswith(LOOPBACK) for address in sockets), sockets
+    assert stdout.startswith("running: ") and "fxplan.runtime.torchrun" in stdout.splitlines()[0]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [10, 20, 30, 40, 50]
+    for key in ("step", "loss", "grad_norm", "lr", "tokens_per_s_per_device",
+                "tflops_per_device", "mfu", "peak_memory_gib", "memory_pct"):
+        assert all(isinstance(row[key], (int, float)) for row in rows), key
+    assert rows[-1]["loss"] < rows[0]["loss"], rows
+    assert rows[-1]["lr"] == pytest.approx(3e-4)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("predicted_step_time_s", "measured_step_time_s", "predicted_peak_memory_gib",
+                "measured_peak_memory_gib", "plan"):
+        assert summary[key] is not None, key
+    assert re.search(r"^step time +[\d.]+ +[\d.]+ ms$", stdout, re.M), stdout
+    assert re.search(r"^step +50 +loss \S+ +grad_norm \S+ +lr \S+ .* MFU \S+%", stdout, re.M)
+    assert "terminate called" not in stderr  # clean exits
 
 
 def test_world_size_mismatch_refused_before_start(plan_file, monkeypatch, capsys):
@@ -53,14 +112,14 @@ def test_world_size_mismatch_refused_before_start(plan_file, monkeypatch, capsys
 
     started = []
     monkeypatch.setattr(subprocess, "Popen", lambda *args, **kwargs: started.append(args))
-    assert main(["launch", str(plan_file), "--nproc-per-node", "2"]) == 2
+    assert main(["launch", str(plan_file), "--data", "synthetic", "--nproc-per-node", "2"]) == 2
     assert started == []  # refused before any process was started
     pp, dp, tp = json.loads(plan_file.read_text())["mesh_shape"]
     assert f"needs world size pp·dp·tp = {pp}·{dp}·{tp} = 4, but 2 processes" in capsys.readouterr().err
 
 
 def test_plan_for_another_model_refused(plan_file):
-    done = launch(str(plan_file), "--model", MODEL + ",layers=3", "--dry-run")
+    done = launch(str(plan_file), "--data", "synthetic", "--model", MODEL + ",layers=3", "--dry-run")
     assert done.returncode == 2
     assert "was made for model" in done.stderr and "re-plan" in done.stderr
 
@@ -70,7 +129,7 @@ def test_plan_for_another_cluster_refused(plan_file, tmp_path):
     data["cluster_fingerprint"] = "0" * 64
     other = tmp_path / "other.json"
     other.write_text(json.dumps(data))
-    done = launch(str(other), "--dry-run")
+    done = launch(str(other), "--data", "synthetic", "--dry-run")
     assert done.returncode == 2
     assert "was made for cluster" in done.stderr
 
@@ -85,14 +144,16 @@ def test_training_goes_on_after_a_replan_for_fewer_devices(plan_file, tmp_path):
     from fxplan import search
 
     ckpt = tmp_path / "ckpt"
-    first = launch(str(plan_file), "--steps", "3", "--save", str(ckpt))
+    first = launch(str(plan_file), "--data", "synthetic", "--steps", "3", "--save", str(ckpt),
+                   "--run-dir", str(tmp_path / "run1"))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     before = [float(x) for x in re.findall(r"^step +\d+ +loss (\S+)", first.stdout, re.M)]
     assert "saved parameters and optimizer state" in first.stdout
 
     smaller = search(MODEL, "local-cpu:devices=2", batch=8, seq=16, progress=False)
     second_plan = smaller.save(tmp_path / "plan2.json")
-    second = launch(str(second_plan), "--steps", "2", "--resume", str(ckpt))
+    second = launch(str(second_plan), "--data", "synthetic", "--steps", "2", "--resume", str(ckpt),
+                    "--run-dir", str(tmp_path / "run2"))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     after = [float(x) for x in re.findall(r"^step +\d+ +loss (\S+)", second.stdout, re.M)]
     assert "resumed parameters and optimizer state" in second.stdout
@@ -101,6 +162,7 @@ def test_training_goes_on_after_a_replan_for_fewer_devices(plan_file, tmp_path):
 
 
 def test_resume_from_a_missing_checkpoint_is_refused_before_start(plan_file, tmp_path):
-    done = launch(str(plan_file), "--resume", str(tmp_path / "nowhere"), "--dry-run")
+    done = launch(str(plan_file), "--data", "synthetic", "--resume", str(tmp_path / "nowhere"),
+                  "--dry-run")
     assert done.returncode == 2
     assert "no such checkpoint directory" in done.stderr

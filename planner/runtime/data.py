@@ -1,0 +1,148 @@
+"""Training data for ``fxplan launch``: a token file, synthetic batches, or a user hook.
+
+Every source answers ``batch(step, start, stop)``: the samples ``start … stop-1`` of the global
+batch of ``step`` (0-based), as ``(inputs, targets)``. A rank asks only for its data-parallel
+replica's slice ``[d·B/dp, (d+1)·B/dp)`` and only when it runs the first or the last pipeline
+stage (which consume inputs and targets); the other ranks read nothing.
+
+**Token file** (nanoGPT's / Megatron's flat ``.bin``: token ids as ``uint16`` or ``uint32``,
+memory-mapped, never read whole). It is cut into ``W = ⌊(N − 1) / s⌋`` windows of ``s + 1``
+tokens starting at multiples of ``s`` (input ``t[0:s]``, target ``t[1:s+1]``). Global sample
+``g = step·B + b`` is window ``π_e(g mod W)`` of epoch ``e = ⌊g / W⌋``, where ``π_e`` is the
+permutation of ``0 … W-1`` drawn by ``numpy.random.default_rng([seed, e])``. The order depends
+only on ``(seed, step, g)``, so every plan — any dp, tp, pp, microbatching — trains on the same
+global batches in the same order as one process, and each epoch sees every window once.
+
+**Synthetic** (``--data synthetic``): one random global batch (seeded), the same every step —
+a smoke test whose loss must fall by memorisation, not a training run.
+
+**Hook** (``--data data.py:build``): ``build(**context)`` returns an iterable; each ``next()``
+is this rank's ``(inputs, targets)`` slice for the next step. ``context``: ``seq``,
+``global_batch``, ``start``, ``stop`` (this rank's sample range), ``seed``, ``dp_rank``,
+``dp_size``. The hook owns its order; the shapes are checked against the slice.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, Iterator, Mapping, Protocol
+
+import numpy as np
+import torch
+
+from fxplan.core.errors import UserError
+
+__all__ = ["DataError", "DataSource", "TokenFile", "SyntheticData", "HookData", "token_dtype"]
+
+Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
+
+
+class DataError(UserError):
+    """Training data that does not fit the model or the plan."""
+
+
+class DataSource(Protocol):
+    def batch(self, step: int, start: int, stop: int) -> Batch:
+        """Samples ``start … stop-1`` of the global batch of ``step`` (0-based)."""
+
+
+def token_dtype(name: str, vocab: int | None) -> np.dtype:
+    """``uint16``/``uint32``; ``auto``: ``uint16`` when every id of the vocabulary fits."""
+    if name == "auto":
+        name = "uint16" if vocab is not None and vocab <= 2**16 else "uint32"
+    if name not in ("uint16", "uint32"):
+        raise DataError(f"token dtype {name!r}: expected uint16, uint32 or auto")
+    return np.dtype(name)
+
+
+class TokenFile:
+    """Windows of a flat token file in a seeded, plan-independent order (module docstring)."""
+
+    def __init__(self, path: str, *, seq: int, global_batch: int, dtype: np.dtype,
+                 vocab: int | None = None, seed: int = 0) -> None:
+        size = os.path.getsize(path)
+        if size % dtype.itemsize:
+            raise DataError(f"token file {path}: {size} bytes is not a whole number of "
+                            f"{dtype.name} ids ({dtype.itemsize} bytes each); wrong --token-dtype?")
+        self.tokens = np.memmap(path, dtype=dtype, mode="r")
+        self.path, self.seq, self.global_batch = path, seq, global_batch
+        self.vocab, self.seed = vocab, seed
+        self.windows = (len(self.tokens) - 1) // seq
+        if self.windows < 1:
+            raise DataError(f"token file {path}: {len(self.tokens)} tokens, fewer than one "
+                            f"sample of seq + 1 = {seq + 1}")
+        self._permutation: tuple[int, np.ndarray] | None = None
+
+    def window(self, g: int) -> int:
+        """The window of global sample ``g``."""
+        epoch, position = divmod(g, self.windows)
+        if self._permutation is None or self._permutation[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._permutation = (epoch, rng.permutation(self.windows))
+        return int(self._permutation[1][position])
+
+    def batch(self, step: int, start: int, stop: int) -> Batch:
+        first = step * self.global_batch
+        rows = [self.tokens[w * self.seq: w * self.seq + self.seq + 1]
+                for w in (self.window(first + b) for b in range(start, stop))]
+        block = torch.from_numpy(np.stack(rows).astype(np.int64))
+        if self.vocab is not None and block.numel() and int(block.max()) >= self.vocab:
+            raise DataError(f"token file {self.path}: id {int(block.max())} at step {step} is not "
+                            f"below the model's vocabulary {self.vocab} (wrong --token-dtype, or "
+                            "a file tokenised for another model?)")
+        return (block[:, :-1].contiguous(),), block[:, 1:].contiguous()
+
+
+class SyntheticData:
+    """One seeded random global batch, repeated every step (a memorisation smoke test)."""
+
+    def __init__(self, specs: Mapping[str, Any], *, high: int, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        made: dict[str, torch.Tensor] = {}
+        for name, spec in specs.items():
+            if spec.dtype.is_floating_point:
+                made[name] = torch.randn(spec.shape, generator=generator, dtype=spec.dtype)
+            else:
+                made[name] = torch.randint(0, high, spec.shape, generator=generator,
+                                           dtype=spec.dtype)
+        self.targets = made.pop("targets")
+        self.inputs = tuple(made.values())
+
+    def batch(self, step: int, start: int, stop: int) -> Batch:
+        return tuple(x[start:stop] for x in self.inputs), self.targets[start:stop]
+
+
+class HookData:
+    """This rank's batches from a user's ``build(**context)`` (module docstring)."""
+
+    def __init__(self, spec: str, **context: Any) -> None:
+        path, _, function = spec.rpartition(":")
+        module_spec = importlib.util.spec_from_file_location("fxplan_user_data", path)
+        if module_spec is None or module_spec.loader is None:
+            raise DataError(f"--data {spec}: cannot import {path}")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        build = getattr(module, function, None)
+        if not callable(build):
+            raise DataError(f"--data {spec}: {path} has no function {function!r}")
+        self.spec, self.rows = spec, context["stop"] - context["start"]
+        self._iterator: Iterator[Any] = iter(build(**context))
+
+    def batch(self, step: int, start: int, stop: int) -> Batch:
+        try:
+            item = next(self._iterator)
+        except StopIteration:
+            raise DataError(f"--data {self.spec}: the iterable ended before step {step + 1}") from None
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise DataError(f"--data {self.spec}: expected (inputs, targets) per step, got "
+                            f"{type(item).__name__}")
+        inputs, targets = item
+        inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        for tensor in (*inputs, targets):
+            if not isinstance(tensor, torch.Tensor) or tensor.shape[:1] != (stop - start,):
+                shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor)
+                raise DataError(f"--data {self.spec}: step {step + 1} gave {shape}; expected "
+                                f"tensors of {stop - start} rows (this rank's samples "
+                                f"{start}–{stop - 1} of the global batch)")
+        return inputs, targets

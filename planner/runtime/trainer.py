@@ -1,0 +1,127 @@
+"""The training loop of ``fxplan launch``: data → schedule → clip → schedule the lr → update.
+
+One step ``t = 1 … T`` on every rank of a :class:`ShardedModule`:
+
+1. this replica's slice of the global batch of step ``t`` (:mod:`fxplan.runtime.data`), read
+   only by ranks that run the first or the last pipeline stage;
+2. ``train_step``: the plan's schedule over its microbatches — forward, loss, backward, with
+   gradient accumulation over the microbatches and the dp reduction (DDP / FSDP2);
+3. the global gradient norm over every shard and stage, and clipping to ``grad_clip``
+   (:func:`fxplan.runtime.optim.clip_grad_norm`);
+4. the learning rate of step ``t`` (warm-up + cosine), the optimizer step, zeroed gradients.
+
+Every ``log_every`` steps (and at the last) the slowest rank's step time and the largest peak
+memory over ranks are gathered (one all-reduce) and rank 0 logs :class:`StepMetrics`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from fxplan.runtime.metrics import FlopCounts, MetricsLog, StepMetrics, peak_memory_gib
+from fxplan.runtime.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.runtime.data import DataSource
+    from fxplan.runtime.sharded_module import ShardedModule
+
+__all__ = ["TrainConfig", "TrainResult", "train"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings of a run (``fxplan launch`` flags / run config)."""
+
+    steps: int
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    min_lr: float | None = None
+    warmup_steps: int = 0
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    log_every: int = 1
+
+    def lr_at(self, step: int) -> float:
+        return lr_at(step, lr=self.lr, steps=self.steps, warmup=self.warmup_steps,
+                     min_lr=self.min_lr)
+
+
+@dataclass
+class TrainResult:
+    """Per-step values (the same on every rank) and the measured step time and memory."""
+
+    losses: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    step_times_s: list[float] = field(default_factory=list)  # slowest rank's, per step
+    peak_memory_gib: float = 0.0                              # largest over ranks
+
+    @property
+    def median_step_time_s(self) -> float:
+        """Median over steps 2… (step 1 builds the schedule and warms caches)."""
+        times = self.step_times_s[1:] or self.step_times_s
+        return statistics.median(times)
+
+
+def train(sharded: "ShardedModule", data: "DataSource", loss_fn: Callable[..., torch.Tensor],
+          config: TrainConfig, *, tokens_per_step: int, optimizer: torch.optim.Optimizer | None = None,
+          flops: FlopCounts | None = None, capacity_gib: float | None = None,
+          log: MetricsLog | None = None, on_step: Callable[[int], Any] | None = None
+          ) -> tuple[TrainResult, torch.optim.Optimizer]:
+    """Train ``config.steps`` steps (collective over the plan's ranks); ``log`` on rank 0 only.
+    ``on_step(t)`` runs after each update (e.g. printing fallbacks after the first)."""
+    if optimizer is None:
+        optimizer = build_optimizer(sharded, config.optimizer, lr=config.lr,
+                                    weight_decay=config.weight_decay,
+                                    betas=(config.beta1, config.beta2))
+    start, stop = sharded.replica_slice()
+    reads = sharded.is_first or sharded.is_last
+    devices = dist.get_world_size(sharded.group)
+    result = TrainResult()
+    local_times: list[float] = []
+    for step in range(1, config.steps + 1):
+        began = time.perf_counter()
+        batch = data.batch(step - 1, start, stop) if reads else ((), None)
+        loss = float(sharded.train_step(batch, loss_fn, local=True))
+        norm = clip_grad_norm(sharded, config.grad_clip)
+        lr = config.lr_at(step)
+        set_lr(optimizer, lr)
+        optimizer.step()
+        optimizer.zero_grad()
+        if sharded.device.type == "cuda":
+            torch.cuda.synchronize(sharded.device)
+        elapsed = time.perf_counter() - began
+        local_times.append(elapsed)
+        result.losses.append(loss)
+        result.grad_norms.append(norm)
+        result.lrs.append(lr)
+        if step % config.log_every == 0 or step == config.steps:
+            slowest = torch.tensor([elapsed, peak_memory_gib(sharded.device)],
+                                   dtype=torch.float64, device=sharded.device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=sharded.group)
+            if log is not None:
+                log.log(StepMetrics.make(
+                    step=step, loss=loss, grad_norm=norm, lr=lr, step_time_s=float(slowest[0]),
+                    tokens=tokens_per_step, devices=devices, flops=flops,
+                    peak_memory_gib=float(slowest[1]), capacity_gib=capacity_gib))
+        elif log is not None:
+            log.progress(step, loss, elapsed)
+        if on_step is not None:
+            on_step(step)
+    times = torch.tensor(local_times, dtype=torch.float64, device=sharded.device)
+    peak = torch.tensor(peak_memory_gib(sharded.device), dtype=torch.float64, device=sharded.device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=sharded.group)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=sharded.group)
+    result.step_times_s = times.tolist()
+    result.peak_memory_gib = float(peak)
+    if log is not None:
+        log.close()
+    return result, optimizer

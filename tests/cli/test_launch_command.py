@@ -1,0 +1,140 @@
+"""``fxplan launch`` arguments, run config, torchrun command and sbatch script: in-process,
+no torchrun started (the real launch is ``tests/runtime/test_launch.py``)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+import pytest
+
+from fxplan.cli.main import main
+
+MODEL = "gpt-tiny:dropout=0,seq=16"
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """Plans for one node of 4 CPU ranks and for 2 nodes of 2."""
+    import fxplan
+
+    folder = tmp_path_factory.mktemp("plans")
+    one = fxplan.search(MODEL, "local-cpu:devices=4", batch=8, seq=16, progress=False)
+    two = fxplan.search(MODEL, "local-cpu:devices=2,nodes=2", batch=8, seq=16, progress=False)
+    return str(one.save(folder / "one.json")), str(two.save(folder / "two.json"))
+
+
+def launch(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["launch", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_single_node_command_rendezvous_on_loopback(plans, capsys, tmp_path):
+    code, out, err = launch(capsys, plans[0], "--data", "synthetic", "--steps", "3",
+                            "--run-dir", str(tmp_path / "run"), "--print-command")
+    assert code == 0, err
+    words = shlex.split(out)
+    assert "OMP_NUM_THREADS=1" in words and "GLOO_SOCKET_IFNAME=lo" in words
+    assert words[words.index("-m") + 1] == "fxplan.runtime.torchrun"
+    assert "--nnodes=1" in words and "--nproc-per-node=4" in words
+    assert "--local-addr=127.0.0.1" in words and "--standalone" not in words
+    assert any(w.startswith("--rdzv-endpoint=127.0.0.1:") for w in words)
+    worker = words[words.index("fxplan.worker"):]
+    assert worker[worker.index("--steps") + 1] == "3"
+    assert not (tmp_path / "run").exists()  # printing runs nothing
+
+
+def test_nodes_and_processes_come_from_the_plans_cluster(plans, capsys):
+    code, out, err = launch(capsys, plans[1], "--data", "synthetic", "--rdzv-endpoint",
+                            "node0:29500", "--node-rank", "1", "--print-command")
+    assert code == 0, err
+    assert "--nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=node0:29500 " \
+           "--node-rank=1" in out
+    assert "-m torch.distributed.run" in out
+
+
+def test_multi_node_without_endpoint_is_refused(plans, capsys):
+    code, out, err = launch(capsys, plans[1], "--data", "synthetic", "--print-command")
+    assert code == 2 and out == ""
+    assert "runs on 2 nodes × 2 processes: a multi-node launch needs --rdzv-endpoint" in err
+    code, _, err = launch(capsys, plans[1], "--data", "synthetic", "--nnodes", "2")
+    assert code == 2 and "multi-node launch needs --rdzv-endpoint" in err
+
+
+def test_nnodes_that_disagree_with_the_plan_are_refused(plans, capsys):
+    code, _, err = launch(capsys, plans[0], "--data", "synthetic", "--nnodes", "2",
+                          "--print-command")
+    assert code == 2
+    assert "--nnodes 2: the plan's cluster local-cpu:devices=4 has 1 node(s)" in err
+
+
+def test_torchrun_flags_pass_after_double_dash(plans, capsys):
+    code, out, err = launch(capsys, plans[0], "--data", "synthetic", "--print-command", "--",
+                            "--max-restarts=0", "--log-dir", "logs")
+    assert code == 0, err
+    words = shlex.split(out)
+    assert words.index("--max-restarts=0") < words.index("fxplan.worker")
+    assert words[words.index("--log-dir") + 1] == "logs"
+    code, _, err = launch(capsys, plans[0], "--data", "synthetic", "--print-command", "--",
+                          "--nproc_per_node=8")
+    assert code == 2 and "torchrun flag --nproc_per_node=8 after `--`" in err
+
+
+def test_slurm_script_passes_bash_n(plans, capsys, tmp_path):
+    script = tmp_path / "train.sbatch"
+    code, out, err = launch(capsys, plans[1], "--data", "synthetic", "--steps", "5",
+                            "--slurm", str(script), "--", "--max-restarts=0")
+    assert code == 0, err
+    assert f"sbatch {script}" in out
+    text = script.read_text()
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text
+    assert "--nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d" in text
+    assert '--rdzv-endpoint="${head_node}:${rdzv_port}"' in text and "srun " in text
+    assert "--max-restarts=0" in text and "--steps 5" in text
+    checked = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--steps", "0"], "--steps = 0: expected an integer ≥ 1"),
+    (["--steps", "-3"], "--steps = -3: expected an integer ≥ 1"),
+    (["--lr", "nan"], "--lr = nan: expected a finite number > 0"),
+    (["--lr=-1e-3"], "--lr = -0.001: expected a finite number > 0"),
+    (["--grad-clip", "-1"], "--grad-clip = -1.0: expected a finite number ≥ 0"),
+    (["--warmup-steps", "10", "--steps", "5"], "warmup_steps = 10 ≥ steps = 5"),
+    (["--min-lr", "1", "--lr", "0.1"], "is above the learning rate 0.1"),
+])
+def test_bad_training_values_are_refused(plans, capsys, args, expected):
+    code, _, err = launch(capsys, plans[0], "--data", "synthetic", "--print-command", *args)
+    assert code == 2 and expected in err, err
+
+
+def test_data_is_required_and_checked(plans, capsys, tmp_path):
+    code, _, err = launch(capsys, plans[0], "--print-command")
+    assert code == 2 and "no training data" in err
+    code, _, err = launch(capsys, plans[0], "--data", str(tmp_path / "none.bin"), "--print-command")
+    assert code == 2 and "no such file" in err
+    code, _, err = launch(capsys, plans[0], "--data", str(tmp_path), "--print-command")
+    assert code == 2 and "is a directory" in err
+
+
+def test_run_config_then_flags(plans, capsys, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[data]\npath = "synthetic"\n[training]\nsteps = 7\nseed = 4\n'
+                      '[optimizer]\nname = "sgd"\nlr = 0.05\n[lr_scheduler]\nwarmup_steps = 2\n')
+    code, out, err = launch(capsys, plans[0], "--config", str(config), "--lr", "0.2",
+                            "--print-command")
+    assert code == 0, err
+    worker = shlex.split(out)
+    flags = dict(zip(worker[::1], worker[1::1]))
+    assert flags["--steps"] == "7" and flags["--seed"] == "4" and flags["--optimizer"] == "sgd"
+    assert flags["--lr"] == "0.2" and flags["--warmup-steps"] == "2" and flags["--data"] == "synthetic"
+    config.write_text("[training]\nstep = 3\n")
+    code, _, err = launch(capsys, plans[0], "--config", str(config), "--data", "synthetic",
+                          "--print-command")
+    assert code == 2 and "unknown key 'step' in [training]" in err
+    config.write_text('[training]\nsteps = "ten"\n')
+    code, _, err = launch(capsys, plans[0], "--config", str(config), "--data", "synthetic",
+                          "--print-command")
+    assert code == 2 and f"steps in {config} = 'ten': expected an integer ≥ 1" in err
