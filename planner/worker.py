@@ -26,8 +26,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from fxplan.runtime.metrics import GIB, peak_memory_gib  # noqa: F401  (re-exported)
-
 
 def loss_fn(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over every position (integer targets), else mean squared error."""
@@ -111,7 +109,6 @@ def flop_counts(plan: Any, cluster: Any) -> tuple[Any, str | None]:
 
 def _train(args: argparse.Namespace) -> None:
     import dataclasses
-    import json
 
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import load_plan
