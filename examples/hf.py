@@ -31,11 +31,11 @@ import torch
 
 from fxplan.examples.bundle import InputSpec, ModelBundle, ModelSpecError
 from fxplan.examples.hf_presets import HF_PRESETS
+from fxplan.examples.values import parse_value
 
 __all__ = ["hf_bundle", "hf_model_class", "canonical_hf_spec"]
 
 _TASKS = ("causal", "masked")
-_TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
 
 
 def _transformers() -> Any:
@@ -79,30 +79,8 @@ def hf_model_class(model_type: str, task: str | None = None) -> Any:
 
 def _parse_value(raw: str, default: Any, where: str) -> Any:
     """``raw`` as the type of ``default`` (any of int/float/bool/str when it is ``None``)."""
-    text = raw.strip()
-    if text.lower() == "none":
-        return None
-    kind = type(default)
-    try:
-        if kind is bool:
-            if text.lower() not in _TRUE | _FALSE:
-                raise ValueError(text)
-            return text.lower() in _TRUE
-        if kind is int:
-            return int(text.replace("_", ""))
-        if kind is float:
-            return float(text)
-        if default is None:
-            for parse in (lambda t: int(t.replace("_", "")), float):
-                try:
-                    return parse(text)
-                except ValueError:
-                    pass
-            return text.lower() in _TRUE if text.lower() in _TRUE | _FALSE else text
-        return text
-    except ValueError:
-        expected = {bool: "true or false", int: "an integer", float: "a number"}[kind]
-        raise ModelSpecError(f"{where}={raw!r} is not valid: expected {expected}") from None
+    kinds = (int, float, bool, str) if default is None else (type(default),)
+    return parse_value(raw, kinds, where, nullable=True)
 
 
 def _overrides(model_type: str, text: str, spec: str) -> tuple[dict[str, Any], str | None]:

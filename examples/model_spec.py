@@ -27,12 +27,12 @@ from fxplan.examples.families import FAMILIES, Family
 from fxplan.examples.hf_presets import HF_PRESETS
 from fxplan.examples.presets import PRESETS
 from fxplan.examples.user_model import user_file_bundle
+from fxplan.examples.values import parse_value
 
 __all__ = ["resolve_model", "ModelSpecError", "ModelBundle", "InputSpec", "known_models",
            "canonical_spec"]
 
 _FILE_SPEC = re.compile(r"^(?P<path>.+\.py)(?::(?P<function>[A-Za-z_]\w*))?$")
-_TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
 
 
 def known_models() -> list[str]:
@@ -110,19 +110,5 @@ def _parse_overrides(family: Family, text: str, spec: str) -> dict[str, Any]:
 def _parse_value(raw: str, annotation: Any, where: str) -> Any:
     """Parse ``raw`` as ``annotation`` (``int``, ``float``, ``bool``, ``str``, ``X | None``)."""
     options = typing.get_args(annotation) or (annotation,)
-    if type(None) in options and raw.lower() == "none":
-        return None
-    kind = next(t for t in options if t is not type(None))
-    try:
-        if kind is bool:
-            if raw.lower() not in _TRUE | _FALSE:
-                raise ValueError(raw)
-            return raw.lower() in _TRUE
-        if kind is int:
-            return int(raw.replace("_", ""))
-        return kind(raw)
-    except ValueError:
-        names = {int: "an integer", float: "a number", bool: "true or false"}
-        expected = names.get(kind, kind.__name__)
-        raise ModelSpecError(f"{where}={raw!r} is not valid: expected {expected}"
-                             + (" or none" if type(None) in options else "")) from None
+    kinds = tuple(t for t in options if t is not type(None))
+    return parse_value(raw, kinds[:1], where, nullable=type(None) in options)
