@@ -158,6 +158,7 @@ class PlacementMap:
     inputs: Mapping[DataEdge, Placements] = field(default_factory=dict)
     params: Mapping[str, Placements] = field(default_factory=dict)
     axes: tuple[str, ...] = ("dp", "tp")
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         axes = tuple(self.axes)
@@ -168,10 +169,14 @@ class PlacementMap:
                 raise ValueError(f"inputs are keyed by DataEdge(consumer, producer), got {edge!r}")
         object.__setattr__(self, "inputs", _frozen(self.inputs, axes, "input"))
         object.__setattr__(self, "params", _frozen(self.params, axes, "parameter"))
+        # The map is immutable and the cost model looks layouts up by it many times per
+        # search: hash it once (thousands of torch Placement hashes per call otherwise).
+        object.__setattr__(self, "_hash", hash((
+            axes, frozenset(self.nodes.items()), frozenset(self.inputs.items()),
+            frozenset(self.params.items()))))
 
     def __hash__(self) -> int:
-        return hash((self.axes, frozenset(self.nodes.items()), frozenset(self.inputs.items()),
-                     frozenset(self.params.items())))
+        return self._hash
 
     def axis(self, name: str) -> int:
         """The index of mesh axis ``name`` in every value of the map."""
