@@ -26,6 +26,7 @@ VERBS: tuple[str, ...] = (
     "profile",
     "estimate",
     "plan",
+    "export",
     "launch",
 )
 

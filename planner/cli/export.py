@@ -1,0 +1,58 @@
+"""``fxplan export PLAN.json --to megatron|torchtitan|deepspeed``: the plan in another
+framework's configuration.
+
+    fxplan export plan.json --to megatron              Megatron-LM arguments
+    fxplan export plan.json --to torchtitan -o job.toml
+    fxplan export plan.json --to deepspeed --json      {"target", "text", "notes"}
+
+Prints the text on stdout (or writes it to ``-o FILE``) and what the target cannot express on
+stderr, one ``note:`` line each (:mod:`fxplan.export`). An unknown target or a missing plan
+file ends with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+#: Listed here rather than imported so that ``fxplan --help`` stays instant; the test checks
+#: it against :data:`fxplan.export.TARGETS`.
+TARGET_NAMES = ("megatron", "torchtitan", "deepspeed")
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "export", help="write a plan as Megatron-LM, torchtitan or DeepSpeed configuration",
+        description="Write PLAN as Megatron-LM arguments, a torchtitan job TOML or a DeepSpeed "
+        "JSON; notes on stderr say what the target cannot express.")
+    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `fxplan plan -o`")
+    parser.add_argument("--to", required=True, metavar="TARGET",
+                        help=f"target framework: {', '.join(TARGET_NAMES)}")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write the text here")
+    parser.add_argument("--json", action="store_true",
+                        help="print {\"target\", \"text\", \"notes\"} as JSON")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from fxplan.core.plan import load_plan
+    from fxplan.export import export_plan
+
+    plan = load_plan(args.plan)
+    result = export_plan(plan, args.to)
+    if args.json:
+        text = json.dumps({"target": result.target, "text": result.text,
+                           "notes": list(result.notes)}, indent=2) + "\n"
+    else:
+        text = result.text
+        for note in result.notes:
+            print(f"note: {note}", file=sys.stderr)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

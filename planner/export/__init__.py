@@ -1,0 +1,71 @@
+"""Export a plan to the configuration of another training framework.
+
+    from fxplan.export import export_plan, parse_export
+    result = export_plan(plan, "megatron")      # Export(target, text, notes)
+    parse_export(result.text, "megatron", world_size=plan.world_size)   # -> TargetConfig
+
+Targets (:data:`TARGETS`): ``megatron`` (Megatron-LM command-line arguments,
+:mod:`fxplan.export.megatron`), ``torchtitan`` (a job-config TOML,
+:mod:`fxplan.export.torchtitan`) and ``deepspeed`` (a ``ds_config`` JSON,
+:mod:`fxplan.export.deepspeed`). Each writes the plan's :class:`TargetConfig` and returns
+notes on what the target cannot express (uneven stages, per-block recompute, a ZeRO stage or
+schedule it lacks, what is set in code rather than configuration); each also reads its own
+format back, so a round trip checks that the degrees survive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from fxplan.core.plan import Plan
+from fxplan.export import deepspeed, megatron, torchtitan
+from fxplan.export.errors import ExportError
+from fxplan.export.target_config import TargetConfig
+
+__all__ = ["Export", "ExportError", "TARGETS", "TargetConfig", "export_plan", "parse_export"]
+
+
+class _Format(Protocol):
+    export: Callable[[TargetConfig], tuple[str, list[str]]]
+    parse: Callable[..., TargetConfig]
+
+
+#: Target name → its format module (``export(target)``, ``parse(text, world_size=, layers=)``).
+_FORMATS: dict[str, _Format] = {"megatron": megatron, "torchtitan": torchtitan,
+                                "deepspeed": deepspeed}
+
+#: The export targets, in the order ``fxplan export --help`` lists them.
+TARGETS: tuple[str, ...] = tuple(_FORMATS)
+
+
+@dataclass(frozen=True)
+class Export:
+    """``text`` in the ``target``'s format and ``notes`` on what it approximates or omits."""
+
+    target: str
+    text: str
+    notes: tuple[str, ...]
+
+
+def _format(target: str) -> _Format:
+    name = target.strip().lower()
+    if name not in _FORMATS:
+        raise ExportError(f"unknown export target {target!r}: expected one of "
+                          f"{', '.join(TARGETS)}")
+    return _FORMATS[name]
+
+
+def export_plan(plan: Plan, target: str) -> Export:
+    """``plan`` written for ``target`` (:data:`TARGETS`), with the notes of approximations."""
+    fmt = _format(target)
+    config, notes = TargetConfig.from_plan(plan)
+    text, own = fmt.export(config)
+    return Export(target.strip().lower(), text, tuple(notes + own))
+
+
+def parse_export(text: str, target: str, *, world_size: int | None = None,
+                 layers: int | None = None) -> TargetConfig:
+    """Read ``text`` written for ``target`` back; ``None`` marks what the format does not say.
+    ``world_size`` gives Megatron's data-parallel degree, ``layers`` torchtitan's stages."""
+    return _format(target).parse(text, world_size=world_size, layers=layers)

@@ -1,0 +1,186 @@
+"""The Megatron-LM format: command-line arguments of ``pretrain_gpt.py``
+(``megatron/training/arguments.py``), one per line with shell continuations.
+
+:func:`export` writes them from a :class:`TargetConfig`; :func:`parse` reads them back. What
+Megatron cannot say comes back as notes:
+
+* the GPipe schedule: Megatron runs 1F1B (interleaved 1F1B with virtual stages);
+* ZeRO-2/3: ``--use-distributed-optimizer`` shards the optimizer state only (ZeRO-1);
+* uneven stages beyond the first and last (``--decoder-first-pipeline-num-layers``,
+  ``--decoder-last-pipeline-num-layers``), and uneven virtual stages.
+
+Megatron takes the world size from the launcher, so the data-parallel degree is
+``world / (tp · pp)`` and the microbatch count ``global / (mb · dp)``: :func:`parse` needs the
+world size.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from fxplan.export.errors import ExportError
+from fxplan.export.target_config import TargetConfig
+
+__all__ = ["export", "parse"]
+
+#: Options that take a value (the rest are switches).
+_VALUED = frozenset({
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers",
+    "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size",
+    "--seq-length", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+})
+_SWITCHES = frozenset({"--sequence-parallel", "--recompute-activations",
+                       "--use-distributed-optimizer", "--bf16", "--fp16"})
+_DTYPE_FLAGS = {"bfloat16": "--bf16", "float16": "--fp16"}
+
+
+def export(target: TargetConfig) -> tuple[str, list[str]]:
+    """Megatron-LM arguments for ``target`` and the notes on what they approximate."""
+    notes: list[str] = []
+    args: list[tuple[str, object | None]] = [
+        ("--tensor-model-parallel-size", target.tp),
+        ("--pipeline-model-parallel-size", target.pp),
+    ]
+    if target.layers is not None:
+        args.append(("--num-layers", target.layers))
+    args += _pipeline_layout(target, notes)
+    args += [("--micro-batch-size", target.microbatch_size),
+             ("--global-batch-size", target.global_batch)]
+    if target.seq is not None:
+        args.append(("--seq-length", target.seq))
+    if target.sequence_parallel:
+        args.append(("--sequence-parallel", None))
+    if target.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
+    elif target.recompute == "full":
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                 ("--recompute-num-layers", 1)]
+    if target.zero_stage:
+        args.append(("--use-distributed-optimizer", None))
+        if target.zero_stage > 1:
+            notes.append(f"approximated: Megatron-LM has no ZeRO-{target.zero_stage}; "
+                         "--use-distributed-optimizer shards the optimizer state only "
+                         "(ZeRO-1), so gradients"
+                         + (" and parameters" if target.zero_stage == 3 else "")
+                         + " stay replicated over data parallelism and use more memory than "
+                         "planned")
+    if target.dtype in _DTYPE_FLAGS:
+        args.append((_DTYPE_FLAGS[target.dtype], None))
+    lines = [flag if value is None else f"{flag} {value}" for flag, value in args]
+    return " \\\n".join(lines) + "\n", notes
+
+
+def _pipeline_layout(target: TargetConfig, notes: list[str]) -> list[tuple[str, object]]:
+    """Virtual stages, uneven first/last stages, and the notes on the schedule."""
+    pp, v = target.pp or 1, target.virtual_stages or 1
+    if pp == 1:
+        return []
+    if target.schedule == "gpipe":
+        notes.append("approximated: Megatron-LM has no GPipe schedule; it runs 1F1B over the "
+                     "same microbatches (same bubble, less activation memory)")
+    counts = target.stage_layers
+    if v > 1:
+        if counts is not None:
+            notes.append(f"approximated: Megatron-LM splits layers evenly over virtual stages; "
+                         f"the planned stages {_slashed(counts)} are not exported (Megatron "
+                         f"needs num-layers divisible by pp·v = {pp}·{v})")
+            return []
+        if target.layers is None:
+            notes.append(f"not exported: --num-layers-per-virtual-pipeline-stage needs the "
+                         f"layer count, which the plan does not record (layers / (pp·v) with "
+                         f"pp·v = {pp}·{v})")
+            return []
+        return [("--num-layers-per-virtual-pipeline-stage", target.layers_per_virtual_stage)]
+    if counts is None:
+        return []
+    first, middle, last = counts[0], counts[1:-1], counts[-1]
+    if len(set(middle)) > 1:
+        notes.append(f"approximated: Megatron-LM lets only the first and last pipeline stage "
+                     f"differ; the planned stages {_slashed(counts)} are not exported and "
+                     "Megatron splits the layers evenly")
+        return []
+    even = middle[0] if middle else None
+    layout: list[tuple[str, object]] = []
+    if first != even:
+        layout.append(("--decoder-first-pipeline-num-layers", first))
+    if middle and last != even:
+        layout.append(("--decoder-last-pipeline-num-layers", last))
+    return layout
+
+
+def parse(text: str, *, world_size: int | None = None,
+          layers: int | None = None) -> TargetConfig:
+    """Read Megatron-LM arguments back into a :class:`TargetConfig`.
+
+    ``world_size`` (the launcher's process count) gives ``dp`` and the microbatch count;
+    ``layers`` is used when the text has no ``--num-layers``. Unknown options are errors.
+    """
+    values: dict[str, str] = {}
+    switches: set[str] = set()
+    tokens = shlex.split(text.replace("\\\n", " "), comments=True)  # line continuations
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token in _SWITCHES:
+            switches.add(token)
+            i += 1
+        elif token in _VALUED and i + 1 < len(tokens):
+            values[token] = tokens[i + 1]
+            i += 2
+        else:
+            raise ExportError(f"Megatron-LM arguments: cannot read {token!r}; expected one of "
+                              f"{', '.join(sorted(_VALUED | _SWITCHES))}")
+
+    def number(flag: str, default: int | None = None) -> int | None:
+        if flag not in values:
+            return default
+        try:
+            return int(values[flag])
+        except ValueError:
+            raise ExportError(f"Megatron-LM arguments: {flag} {values[flag]!r} is not an "
+                              "integer") from None
+
+    tp = number("--tensor-model-parallel-size") or 1
+    pp = number("--pipeline-model-parallel-size") or 1
+    layers = number("--num-layers", layers)
+    per_virtual = number("--num-layers-per-virtual-pipeline-stage")
+    v = layers // (pp * per_virtual) if per_virtual and layers else 1
+    dp = world_size // (tp * pp) if world_size else None
+    mb, batch = number("--micro-batch-size"), number("--global-batch-size")
+    granularity = values.get("--recompute-granularity")
+    if "--recompute-activations" in switches:
+        granularity = "selective"
+    dtype = next((d for d, f in _DTYPE_FLAGS.items() if f in switches), "float32")
+    return TargetConfig(
+        dp=dp, tp=tp, pp=pp,
+        schedule=(f"interleaved:{v}" if v > 1 else "1f1b"), virtual_stages=v,
+        microbatch_size=mb,
+        num_microbatches=batch // (mb * dp) if batch and mb and dp else None,
+        global_batch=batch,
+        sequence_parallel="--sequence-parallel" in switches and tp > 1,
+        recompute=granularity or "none",
+        zero_stage=1 if "--use-distributed-optimizer" in switches else 0,
+        layers=layers,
+        stage_layers=_stage_layers(layers, pp, number("--decoder-first-pipeline-num-layers"),
+                                   number("--decoder-last-pipeline-num-layers")),
+        seq=number("--seq-length"),
+        dtype=dtype,
+    )
+
+
+def _stage_layers(layers: int | None, pp: int, first: int | None,
+                  last: int | None) -> tuple[int, ...] | None:
+    """Per-stage layer counts from Megatron's first/last overrides (``None`` when even)."""
+    if layers is None or (first is None and last is None):
+        return None
+    rest = pp - (first is not None) - (last is not None)
+    left = layers - (first or 0) - (last or 0)
+    middle = (left // rest,) * rest if rest else ()
+    counts = (((first,) if first is not None else ()) + middle
+              + ((last,) if last is not None else ()))
+    return counts if len(set(counts)) > 1 else None
+
+
+def _slashed(counts: tuple[int, ...]) -> str:
+    return "/".join(map(str, counts))

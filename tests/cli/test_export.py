@@ -1,0 +1,188 @@
+"""``fxplan export``: Megatron-LM arguments, torchtitan TOML and DeepSpeed JSON that parse, keep
+the plan's degrees through a round trip, and say what they approximate."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fxplan.cli.export import TARGET_NAMES
+from fxplan.cli.main import main
+from fxplan.core.config import ParallelConfig
+from fxplan.core.plan import Plan, StageAssignment
+from fxplan.export import TARGETS, TargetConfig, export_plan, parse_export
+
+CLUSTER = "dgx-a100-80g:nodes=1"  # 8 devices with a bf16 peak: the plans train in bfloat16
+
+
+def make_plan(config: str, *, batch: int, layers: tuple[int, ...],
+              block_recompute: tuple[str, ...] | None = None,
+              cluster: str = CLUSTER) -> Plan:
+    """A plan for ``config`` (text form) with ``layers`` repeated blocks per virtual stage."""
+    starts = [sum(layers[:i]) for i in range(len(layers))]
+    stages = tuple(StageAssignment(i, (start, start + n), i == 0, i == len(layers) - 1)
+                   for i, (start, n) in enumerate(zip(starts, layers)))
+    return Plan(model="gpt-tiny:layers=8", cluster=cluster, graph_fingerprint="a" * 64,
+                cluster_fingerprint="b" * 64, batch=batch, seq=64,
+                config=ParallelConfig.parse(config).resolve(batch), stages=stages,
+                block_recompute=block_recompute)
+
+
+#: The round-trip plans: data parallel only, tp+sp, interleaved pipeline, ZeRO-3, uneven stages.
+PLANS = {
+    "dp-only": make_plan("dp=8,tp=1,pp=1,mb=2,schedule=1f1b,zero=0,recompute=none,sp=off",
+                         batch=32, layers=(8,)),
+    "tp-sp": make_plan("dp=2,tp=4,pp=1,mb=1,schedule=1f1b,zero=1,recompute=selective,sp=on",
+                       batch=16, layers=(8,)),
+    "pp-interleaved": make_plan("dp=2,tp=2,pp=2,mb=1,schedule=interleaved:2,zero=1,"
+                                "recompute=full,sp=on", batch=16, layers=(2, 2, 2, 2)),
+    "zero3": make_plan("dp=4,tp=2,pp=1,mb=2,schedule=1f1b,zero=3,recompute=full,sp=on",
+                       batch=16, layers=(8,)),
+    "pp-uneven": make_plan("dp=2,tp=1,pp=4,mb=1,schedule=1f1b,zero=0,recompute=none,sp=off,"
+                           "stages=1/3/3/1", batch=8, layers=(1, 3, 3, 1)),
+}
+
+#: What each format expresses (and so must round-trip exactly).
+ROUND_TRIP = {
+    "megatron": ("dp", "tp", "pp", "schedule", "virtual_stages", "microbatch_size",
+                 "num_microbatches", "global_batch", "sequence_parallel", "recompute", "layers",
+                 "stage_layers", "seq", "dtype"),
+    "torchtitan": ("dp", "tp", "pp", "schedule", "virtual_stages", "microbatch_size",
+                   "num_microbatches", "global_batch", "sequence_parallel", "recompute",
+                   "stage_layers", "seq", "dtype"),
+    "deepspeed": ("dp", "microbatch_size", "num_microbatches", "global_batch", "zero_stage",
+                  "dtype"),
+}
+
+
+@pytest.mark.parametrize("name", PLANS)
+@pytest.mark.parametrize("target", TARGETS)
+def test_round_trip_keeps_the_degrees(name: str, target: str) -> None:
+    plan = PLANS[name]
+    expected, _ = TargetConfig.from_plan(plan)
+    result = export_plan(plan, target)
+    if target == "torchtitan":
+        tomllib.loads(result.text)   # parses as TOML
+    elif target == "deepspeed":
+        json.loads(result.text)      # parses as JSON
+    back = parse_export(result.text, target, world_size=plan.world_size, layers=expected.layers)
+    for field in ROUND_TRIP[target]:
+        assert getattr(back, field) == getattr(expected, field), (name, target, field)
+    assert (back.dp, back.microbatch_size, back.num_microbatches) == \
+        (plan.dp, plan.microbatch_size, plan.num_microbatches)
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_zero_stage_reads_back_as_the_closest_the_target_has(name: str) -> None:
+    plan = PLANS[name]
+    zero = plan.zero_stage
+    megatron = parse_export(export_plan(plan, "megatron").text, "megatron",
+                            world_size=plan.world_size)
+    titan = parse_export(export_plan(plan, "torchtitan").text, "torchtitan", layers=8)
+    assert megatron.zero_stage == min(zero, 1)                 # the distributed optimizer
+    assert titan.zero_stage == {0: 0, 1: 2, 2: 2, 3: 3}[zero]  # DDP, FSDP never/always reshard
+
+
+def test_megatron_arguments_name_the_real_options() -> None:
+    text = export_plan(PLANS["pp-interleaved"], "megatron").text
+    for option in ("--tensor-model-parallel-size 2", "--pipeline-model-parallel-size 2",
+                   "--num-layers-per-virtual-pipeline-stage 2", "--micro-batch-size 1",
+                   "--global-batch-size 16", "--sequence-parallel",
+                   "--recompute-granularity full", "--recompute-method uniform",
+                   "--recompute-num-layers 1", "--use-distributed-optimizer", "--bf16"):
+        assert option in text
+    uneven = export_plan(PLANS["pp-uneven"], "megatron").text
+    assert "--decoder-first-pipeline-num-layers 1" in uneven
+    assert "--decoder-last-pipeline-num-layers 1" in uneven
+    selective = export_plan(PLANS["tp-sp"], "megatron").text
+    assert "--recompute-granularity selective" in selective and "--recompute-method" not in selective
+
+
+def test_torchtitan_sections_and_data_parallel_mapping() -> None:
+    dp_only = tomllib.loads(export_plan(PLANS["dp-only"], "torchtitan").text)
+    assert dp_only["parallelism"]["data_parallel_replicate_degree"] == 8
+    assert dp_only["parallelism"]["data_parallel_shard_degree"] == 1
+    assert dp_only["activation_checkpoint"] == {"mode": "none"}
+    assert dp_only["training"] == {"local_batch_size": 2, "global_batch_size": 32, "seq_len": 64,
+                                   "mixed_precision_param": "bfloat16"}
+    zero3 = tomllib.loads(export_plan(PLANS["zero3"], "torchtitan").text)["parallelism"]
+    assert (zero3["data_parallel_shard_degree"], zero3["fsdp_reshard_after_forward"]) == (4, "always")
+    assert zero3["enable_async_tensor_parallel"] is False
+    pipe = tomllib.loads(export_plan(PLANS["pp-interleaved"], "torchtitan").text)
+    assert pipe["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert pipe["training"]["local_batch_size"] == 8   # mb·m per dp rank, split into microbatches
+
+
+def test_deepspeed_batch_arithmetic() -> None:
+    data = json.loads(export_plan(PLANS["zero3"], "deepspeed").text)
+    assert data == {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                    "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 3},
+                    "bf16": {"enabled": True}}
+    assert data["train_batch_size"] == (data["train_micro_batch_size_per_gpu"]
+                                        * data["gradient_accumulation_steps"] * 4)
+
+
+def test_notes_say_what_is_approximated() -> None:
+    notes = export_plan(PLANS["zero3"], "megatron").notes
+    assert any("no ZeRO-3" in n and "--use-distributed-optimizer" in n for n in notes)
+    gpipe = make_plan("dp=2,tp=1,pp=4,mb=1,schedule=gpipe,zero=0,recompute=none,sp=off",
+                      batch=8, layers=(2, 2, 2, 2))
+    assert any("no GPipe schedule" in n for n in export_plan(gpipe, "megatron").notes)
+    ragged = make_plan("dp=2,tp=1,pp=4,mb=1,schedule=1f1b,zero=0,recompute=none,sp=off,"
+                       "stages=2/3/1/2", batch=8, layers=(2, 3, 1, 2))
+    megatron = export_plan(ragged, "megatron")
+    assert "decoder-first" not in megatron.text
+    assert any("2/3/1/2" in n and "only the first and last" in n for n in megatron.notes)
+    assert any("2/3/1/2" in n for n in export_plan(ragged, "torchtitan").notes)
+    deepspeed = export_plan(PLANS["pp-interleaved"], "deepspeed").notes
+    assert any("tensor parallelism (tp=2" in n for n in deepspeed)
+    assert any("num_stages=2" in n and "interleaved:2" in n for n in deepspeed)
+    assert any("ZeRO-1" in n for n in export_plan(PLANS["tp-sp"], "torchtitan").notes)
+
+
+def test_per_block_recompute_exports_the_strongest_policy_with_a_note() -> None:
+    plan = make_plan("dp=2,tp=1,pp=4,mb=1,schedule=1f1b,zero=0,recompute=none,sp=off",
+                     batch=8, layers=(2, 2, 2, 2),
+                     block_recompute=("none",) * 4 + ("selective",) * 3 + ("full",))
+    result = export_plan(plan, "megatron")
+    assert "--recompute-granularity full" in result.text
+    assert any("none×4, selective×3, full×1" in n for n in result.notes)
+
+
+def test_precision_is_omitted_with_a_note_when_the_cluster_is_unknown(tmp_path: Path) -> None:
+    plan = make_plan("dp=8,tp=1,pp=1,mb=2,schedule=1f1b,zero=0,recompute=none,sp=off",
+                     batch=32, layers=(8,), cluster=str(tmp_path / "gone.yaml"))
+    result = export_plan(plan, "deepspeed")
+    assert "bf16" not in result.text and "fp16" not in result.text
+    assert any(n.startswith("precision omitted") for n in result.notes)
+
+
+def test_cli_prints_text_and_notes(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path = PLANS["zero3"].save(tmp_path / "plan.json")
+    assert main(["export", str(path), "--to", "megatron"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("--tensor-model-parallel-size 2 \\\n")
+    assert err.startswith("note: approximated: Megatron-LM has no ZeRO-3")
+    toml = tmp_path / "job.toml"
+    assert main(["export", str(path), "--to", "torchtitan", "-o", str(toml)]) == 0
+    assert tomllib.loads(toml.read_text())["parallelism"]["tensor_parallel_degree"] == 2
+    assert main(["export", str(path), "--to", "DeepSpeed", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["target"] == "deepspeed" and json.loads(data["text"])["zero_optimization"]
+    assert any("tensor parallelism" in n for n in data["notes"])
+
+
+def test_cli_bad_inputs_exit_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path = PLANS["dp-only"].save(tmp_path / "plan.json")
+    assert main(["export", str(path), "--to", "nemo"]) == 2
+    assert "unknown export target 'nemo': expected one of megatron, torchtitan, deepspeed" \
+        in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "missing.json"), "--to", "megatron"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_help_lists_the_targets_the_package_has() -> None:
+    assert TARGET_NAMES == TARGETS
