@@ -5,8 +5,13 @@ Builds the plan's model on ``meta`` and materialises only this rank's stages and
 checkpoint saved under any plan — that is how training goes on after a re-plan for a changed
 cluster), applies the plan, and trains with :func:`fxplan.runtime.trainer.train` on ``--data``
 (a token file, ``synthetic`` or a ``data.py:build`` hook; :mod:`fxplan.runtime.data`): AdamW or
-SGD, warm-up + cosine learning rate, global-norm clipping. ``--save CKPT`` writes parameters and
-optimizer state at the end.
+SGD, warm-up + cosine learning rate, global-norm clipping. ``--checkpoint-every K`` writes a
+training checkpoint (parameters, optimizer state, step and data position, every rank's random
+generators) to ``RUN_DIR/checkpoints/step-N/`` every K steps and after the last;
+``--resume DIR`` (a run directory, its ``checkpoints/`` or one ``step-N``) verifies the
+checkpoint's manifest before anything is unpickled and goes on at exactly the next sample, up to
+``--steps`` in all (:mod:`fxplan.runtime.train_checkpoint`). ``--save CKPT`` writes the same
+checkpoint at the end to a directory of the user's choosing.
 
 Rank 0 logs every ``--log-every`` steps (:mod:`fxplan.runtime.metrics`: loss, grad norm, lr,
 tokens/s, TFLOP/s and MFU per device, peak memory and its share of the device) to the terminal
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,8 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=1)
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--model", default=None, help="model spec (default: the plan's)")
-    parser.add_argument("--resume", default=None, help="sharded checkpoint to start from")
-    parser.add_argument("--save", default=None, help="write a sharded checkpoint at the end")
+    parser.add_argument("--resume", default=None,
+                        help="checkpoint to go on from: run dir, its checkpoints/ or a step-N dir")
+    parser.add_argument("--save", default=None, help="write a training checkpoint at the end")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="checkpoint to RUN_DIR/checkpoints/step-N every N steps and at the "
+                        "end (0: none)")
     return parser.parse_args(argv)
 
 
@@ -118,6 +128,9 @@ def _train(args: argparse.Namespace) -> None:
     from fxplan.runtime.build import meta_parameters
     from fxplan.runtime.metrics import MetricsLog
     from fxplan.runtime.optim import build_optimizer
+    from fxplan.runtime.train_checkpoint import (TrainPosition, data_identity,
+                                                 load_training_checkpoint, locate_checkpoint,
+                                                 save_training_checkpoint)
     from fxplan.runtime.trainer import TrainConfig, train
 
     plan = load_plan(args.plan)
@@ -133,8 +146,10 @@ def _train(args: argparse.Namespace) -> None:
     with meta_parameters():
         model = bundle.build("cpu")
     example = tuple(v for k, v in _example_batch(bundle, plan).items() if k != "targets")
-    if args.resume:
-        sharded = apply_plan(model, plan, example, checkpoint=args.resume)
+    resume = None
+    if args.resume:  # verified (manifest and hashes) before DCP unpickles anything
+        resume = locate_checkpoint(args.resume)
+        sharded = apply_plan(model, plan, example, checkpoint=str(resume[0]))
     else:
         sharded = apply_plan(model, plan, example, init=seeded_model)
     config = TrainConfig(
@@ -143,19 +158,29 @@ def _train(args: argparse.Namespace) -> None:
         beta2=args.beta2, grad_clip=args.grad_clip, log_every=args.log_every)
     optimizer = build_optimizer(sharded, config.optimizer, lr=config.lr,
                                 weight_decay=config.weight_decay, betas=(config.beta1, config.beta2))
-    if args.resume:
-        sharded.load(args.resume, optimizer)
     start, stop = sharded.replica_slice()
     data = data_source(args, bundle, plan, start, stop)
     flops, no_flops = flop_counts(plan, cluster)
     capacity = plan.estimate.get("capacity_gib")
-    log = MetricsLog(args.run_dir, args.steps) if rank == 0 else None
+    position, notes = None, []
+    if resume is not None:  # last before training: the generators are restored here
+        position, notes = load_training_checkpoint(sharded, optimizer, *resume)
+        notes += resume_notes(position, args, plan)
+        if hasattr(data, "skip"):
+            data.skip(position.step)
+    start_step = 0 if position is None else position.step
+    log = MetricsLog(args.run_dir, args.steps, resume_after=start_step if position else None
+                     ) if rank == 0 else None
     if log is not None:
         log.write_json("run_config.json", {k: v for k, v in vars(args).items()})
         log.print(f"fxplan launch: {plan.model} on {plan.cluster} | {plan.summary} | "
                   f"{dist.get_world_size()} ranks, backend {dist.get_backend()} | data {args.data}")
-        if args.resume:
-            log.print(f"resumed parameters and optimizer state from {args.resume}")
+        if position is not None and resume is not None:
+            log.print(f"resumed parameters, optimizer state and data position from {resume[0]}: "
+                      f"step {position.step} done, going on at step {position.step + 1} "
+                      f"(global sample {position.next_sample}) up to step {args.steps}")
+        for line in notes:
+            log.print(f"resume: {line}")
         dtype = training_dtype(cluster)
         if dtype != "float32":
             log.print(f"precision: the plan was priced in {dtype}; this runtime trains in float32 "
@@ -164,14 +189,29 @@ def _train(args: argparse.Namespace) -> None:
         if no_flops:
             log.print(no_flops)
     tokens = plan.batch * (plan.seq or 1)
+
+    def here(step: int) -> TrainPosition:
+        return TrainPosition(step=step, seed=args.seed, global_batch=plan.batch,
+                             data=data_identity(args.data), optimizer=args.optimizer,
+                             world_size=dist.get_world_size(sharded.group), plan=plan.summary)
+
+    def on_step(step: int) -> None:
+        if step == start_step + 1:
+            _print_fallbacks(sharded, rank)
+        every = args.checkpoint_every
+        if every and (step % every == 0 or step == args.steps):
+            final = Path(args.run_dir) / "checkpoints" / f"step-{step}"
+            save_training_checkpoint(sharded, optimizer, here(step), final)
+            if log is not None:
+                log.print(f"checkpoint: step {step} saved to {final}")
+
     result, optimizer = train(
         sharded, data, loss_fn, config, tokens_per_step=tokens, optimizer=optimizer, flops=flops,
-        capacity_gib=capacity, log=log,
-        on_step=lambda step: _print_fallbacks(sharded, rank) if step == 1 else None)
+        capacity_gib=capacity, log=log, on_step=on_step, start_step=start_step)
     if args.save:
-        sharded.save(args.save, optimizer)
+        save_training_checkpoint(sharded, optimizer, here(args.steps), args.save, latest=False)
         if log is not None:
-            log.print(f"saved parameters and optimizer state to {args.save}")
+            log.print(f"saved parameters, optimizer state and data position to {args.save}")
     if log is None:
         return
     measured = result.median_step_time_s
@@ -203,6 +243,34 @@ def _train(args: argparse.Namespace) -> None:
     for label, p, m, scale, unit in rows:
         log.print(f"{label:<22}{_show(summary[p], scale):>14}{_show(summary[m], scale):>14} {unit}")
     log.print(f"wrote {log.path} and {log.dir / 'summary.json'}")
+
+
+def resume_notes(position: Any, args: argparse.Namespace, plan: Any) -> list[str]:
+    """What differs between the checkpoint's run and this one, as lines to print; refuses a
+    checkpoint already at or past ``--steps``."""
+    from fxplan.runtime.ckpt_manifest import CheckpointError
+    from fxplan.runtime.train_checkpoint import data_identity
+
+    if position.step >= args.steps:
+        raise CheckpointError(f"--resume: the checkpoint has done {position.step} steps and "
+                              f"--steps is {args.steps} (the total): nothing to train; give "
+                              f"--steps > {position.step}")
+    notes = []
+    if data_identity(args.data) != position.data:
+        notes.append(f"the data source differs from the checkpoint's ({position.data} → "
+                     f"{data_identity(args.data)}): its order continues at step "
+                     f"{position.step + 1}, not at the saved position")
+    if args.seed != position.seed:
+        notes.append(f"--seed {args.seed} differs from the checkpoint's {position.seed}: the "
+                     "data order is another one from here")
+    if plan.batch != position.global_batch:
+        notes.append(f"the global batch changed ({position.global_batch} → {plan.batch}): "
+                     f"step {position.step + 1} reads samples from {position.step * plan.batch}, "
+                     f"not from the saved next sample {position.next_sample}")
+    if args.optimizer != position.optimizer:
+        notes.append(f"--optimizer {args.optimizer} differs from the checkpoint's "
+                     f"{position.optimizer}")
+    return notes
 
 
 def _example_batch(bundle: Any, plan: Any) -> dict[str, torch.Tensor]:

@@ -7,6 +7,8 @@
     fxplan launch plan.json --data tokens.bin --rdzv-endpoint node0:29500   # on every node
     fxplan launch plan.json --data tokens.bin --slurm train.sbatch          # write an sbatch script
     fxplan launch plan.json --data tokens.bin -- --max-restarts=0 --log-dir=logs  # torchrun flags
+    fxplan launch plan.json --data tokens.bin --steps 1000 --run-dir runs/a --checkpoint-every 100
+    fxplan launch plan.json --data tokens.bin --steps 1000 --run-dir runs/a --resume runs/a
 
 Before any process starts the plan is checked against what it will run on: the model of the
 plan (``--model`` to run another spec) captured as the search captured it, and the cluster
@@ -14,7 +16,9 @@ plan (``--model`` to run another spec) captured as the search captured it, and t
 processes per node come from that cluster (``--nnodes``/``--nproc-per-node`` given by the user
 must agree), and their product must be the plan's world size ``pp·dp·tp``. A launch over more
 than one node needs ``--rdzv-endpoint HOST:PORT`` (or ``--slurm``). Any refusal is one message
-with exit code 2.
+with exit code 2. So is a ``--resume`` directory that is not a complete fxplan checkpoint
+(manifest and sha256 of every file, checked before anything is unpickled: checkpoints are
+trusted input, docs/runtime.md "Checkpoints and the trust boundary").
 
 Single-node runs rendezvous on ``127.0.0.1`` at a free port and nothing listens beyond loopback:
 ``python -m fxplan.runtime.torchrun`` (torchrun with its store servers bound to loopback) and
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -79,13 +84,20 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--grad-clip", type=float,
                        help="max global gradient norm (default 1.0; 0: no clipping)")
     train.add_argument("--log-every", type=int, help="log every N steps (default 1)")
-    train.add_argument("--run-dir", help="metrics.jsonl, summary.json, run_config.json "
-                       "(default runs/PLAN-TIME)")
+    train.add_argument("--run-dir", help="metrics.jsonl, summary.json, run_config.json, "
+                       "checkpoints/ (default runs/PLAN-TIME)")
+    train.add_argument("--checkpoint-every", type=int, metavar="K",
+                       help="write RUN_DIR/checkpoints/step-N every K steps and at the end "
+                       "(default 0: none)")
     parser.add_argument("--model", help="model spec to run (default: the plan's)")
-    parser.add_argument("--resume", metavar="CKPT",
-                        help="start from a sharded checkpoint saved under any plan (resharded)")
+    parser.add_argument("--resume", metavar="DIR",
+                        help="go on from a checkpoint (a run dir, its checkpoints/ or a step-N "
+                        "dir; the latest complete one), saved under any plan, at the next "
+                        "sample, up to --steps in all. Checkpoints are trusted input: see "
+                        "docs/runtime.md")
     parser.add_argument("--save", metavar="CKPT",
-                        help="write parameters and optimizer state as a sharded checkpoint at the end")
+                        help="write a training checkpoint (parameters, optimizer state, data "
+                        "position) to a new directory CKPT at the end")
     parser.add_argument("--cluster", help="cluster spec to check against (default: the plan's)")
     where = parser.add_argument_group("where it runs")
     where.add_argument("--print-command", "--dry-run", dest="print_command", action="store_true",
@@ -110,13 +122,10 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     Returns ``(plan, nnodes, nproc_per_node, cluster)``."""
     from fxplan.api import capture_for_search
     from fxplan.cluster_specs import Cluster
-    from fxplan.core.plan import PlanError, load_plan
+    from fxplan.core.plan import load_plan
     from fxplan.inter_op import training_dtype
 
     plan = load_plan(args.plan)
-    if args.resume and not os.path.isdir(args.resume):
-        raise PlanError(f"--resume {args.resume}: no such checkpoint directory (expected one "
-                        "written by `fxplan launch … --save DIR`)")
     cluster = Cluster.load(args.cluster or plan.cluster)
     nnodes, nproc = node_layout(args, plan, cluster)
     plan.check_matches(cluster_fingerprint=cluster.fingerprint(), source=args.plan)
@@ -124,6 +133,34 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
                                dtype=training_dtype(cluster))
     plan.check_matches(graph_fingerprint=graph.fingerprint(), source=args.plan)
     return plan, nnodes, nproc, cluster
+
+
+def check_checkpoints(args: argparse.Namespace, settings: RunSettings) -> str | None:
+    """Before any process starts: ``--resume`` names a complete, unaltered fxplan checkpoint
+    (manifest and sha256 of every file, checked before anything is unpickled) that has done
+    fewer than ``--steps`` steps, and ``--save`` names no existing directory. Returns the
+    checkpoint directory ``--resume`` resolves to."""
+    from fxplan.runtime.ckpt_manifest import CheckpointError, read_json_file, resolve_checkpoint
+
+    if args.save and os.path.exists(args.save):
+        raise LaunchError(f"--save {args.save} exists: a checkpoint is written to a new "
+                          "directory and never over another; give a new path")
+    if not args.resume:
+        return None
+    found, manifest = resolve_checkpoint(args.resume)
+    step = read_json_file(found, "train_state.json").get("step", manifest.get("step"))
+    if not isinstance(step, int) or step >= settings.steps:
+        raise CheckpointError(f"--resume {found}: the checkpoint has done {step} steps and "
+                              f"--steps is {settings.steps} (the total a resumed run trains "
+                              f"to): nothing to train; give --steps > {step}")
+    later = sorted(int(m.group(1)) for entry in Path(settings.run_dir, "checkpoints").glob("step-*")
+                   if (m := re.fullmatch(r"step-(\d+)", entry.name)) and int(m.group(1)) > step)
+    if settings.checkpoint_every and later:
+        raise LaunchError(f"--run-dir {settings.run_dir} already holds checkpoints after step "
+                          f"{step} (step-{later[0]} …), which this run would write again and a "
+                          "committed checkpoint is never overwritten: resume from the latest, "
+                          "or give another --run-dir")
+    return str(found)
 
 
 def node_layout(args: argparse.Namespace, plan: Any, cluster: Any) -> tuple[int, int]:
@@ -288,6 +325,9 @@ def write_slurm(args: argparse.Namespace, plan: Any, cluster: Any, nnodes: int, 
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_for(args)
+    resume = check_checkpoints(args, settings)
+    if resume is not None:
+        print(f"resume: {resume} (manifest and file hashes verified)", flush=True)
     plan, nnodes, nproc, cluster = check_plan(args)
     if args.slurm:
         return write_slurm(args, plan, cluster, nnodes, nproc, settings)

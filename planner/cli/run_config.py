@@ -27,6 +27,9 @@ needs besides the plan; every key is optional and a flag given on the command li
     log_every = 10
     run_dir = "runs/gpt"       # metrics.jsonl, summary.json, run_config.json
 
+    [checkpoint]
+    every = 500                # RUN_DIR/checkpoints/step-N every N steps and at the end (0: none)
+
 Every value is checked here, before any process starts: a wrong type, a negative count, a
 non-finite or non-positive learning rate, an unknown section or key are :class:`LaunchError`
 (a :class:`~fxplan.core.errors.UserError`: one paragraph, exit 2) saying what was expected.
@@ -67,6 +70,7 @@ class RunSettings:
     warmup_steps: int = 0
     log_every: int = 1
     run_dir: str = ""
+    checkpoint_every: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,10 +120,12 @@ SETTINGS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "warmup_steps": ("lr_scheduler", _count, "an integer ≥ 0"),
     "log_every": ("logging", _positive_int, "an integer ≥ 1"),
     "run_dir": ("logging", _string, "a directory path"),
+    "checkpoint_every": ("checkpoint", _count, "an integer ≥ 0 (0: no periodic checkpoints)"),
 }
 SECTIONS = sorted({section for section, _, _ in SETTINGS.values()})
 #: TOML key names that differ from the setting's name.
-TOML_NAMES = {("data", "path"): "data", ("optimizer", "name"): "optimizer"}
+TOML_NAMES = {("data", "path"): "data", ("optimizer", "name"): "optimizer",
+              ("checkpoint", "every"): "checkpoint_every"}
 
 
 def toml_keys(section: str) -> dict[str, str]:

@@ -129,6 +129,16 @@ class HookData:
         self.spec, self.rows = spec, context["stop"] - context["start"]
         self._iterator: Iterator[Any] = iter(build(**context))
 
+    def skip(self, steps: int) -> None:
+        """Draw and drop the items of the first ``steps`` steps (a resumed run: the hook owns
+        its order, so its position is reached by replaying it)."""
+        for step in range(steps):
+            try:
+                next(self._iterator)
+            except StopIteration:
+                raise DataError(f"--data {self.spec}: the iterable ended at step {step + 1} "
+                                f"while skipping the {steps} steps a resumed run has done") from None
+
     def batch(self, step: int, start: int, stop: int) -> Batch:
         try:
             item = next(self._iterator)

@@ -105,12 +105,19 @@ class MetricsLog:
     redrawn after every step and each logged step is printed above it; otherwise only the
     logged steps are printed, one plain line each."""
 
-    def __init__(self, run_dir: str | Path, total_steps: int, stream: IO[str] | None = None
-                 ) -> None:
+    def __init__(self, run_dir: str | Path, total_steps: int, stream: IO[str] | None = None,
+                 *, resume_after: int | None = None) -> None:
+        """``resume_after=N`` (a run resumed after step ``N``): ``metrics.jsonl`` keeps its
+        lines of steps ≤ N (those after N, logged before an interruption, are dropped: they
+        are run again) and the new steps are appended; otherwise it starts empty."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        self.path.write_text("")
+        kept = ""
+        if resume_after is not None and self.path.is_file():
+            kept = "".join(line + "\n" for line in self.path.read_text().splitlines()
+                           if line.strip() and json.loads(line).get("step", 0) <= resume_after)
+        self.path.write_text(kept)
         self.total = total_steps
         self.stream = stream or sys.stdout
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())

@@ -74,10 +74,15 @@ class TrainResult:
 def train(sharded: "ShardedModule", data: "DataSource", loss_fn: Callable[..., torch.Tensor],
           config: TrainConfig, *, tokens_per_step: int, optimizer: torch.optim.Optimizer | None = None,
           flops: FlopCounts | None = None, capacity_gib: float | None = None,
-          log: MetricsLog | None = None, on_step: Callable[[int], Any] | None = None
-          ) -> tuple[TrainResult, torch.optim.Optimizer]:
-    """Train ``config.steps`` steps (collective over the plan's ranks); ``log`` on rank 0 only.
-    ``on_step(t)`` runs after each update (e.g. printing fallbacks after the first)."""
+          log: MetricsLog | None = None, on_step: Callable[[int], Any] | None = None,
+          start_step: int = 0) -> tuple[TrainResult, torch.optim.Optimizer]:
+    """Train steps ``start_step + 1 … config.steps`` (collective over the plan's ranks); ``log``
+    on rank 0 only. ``start_step``: updates already done (a resumed run; the data order and the
+    schedule are functions of the step, so step ``t`` reads and runs exactly as it would have
+    without the interruption). ``on_step(t)`` runs after each update (printing fallbacks after
+    the first, saving checkpoints). ``result`` holds the steps run here."""
+    if not 0 <= start_step < config.steps:
+        raise ValueError(f"start_step {start_step}: expected 0 ≤ start_step < {config.steps}")
     if optimizer is None:
         optimizer = build_optimizer(sharded, config.optimizer, lr=config.lr,
                                     weight_decay=config.weight_decay,
@@ -87,7 +92,7 @@ def train(sharded: "ShardedModule", data: "DataSource", loss_fn: Callable[..., t
     devices = dist.get_world_size(sharded.group)
     result = TrainResult()
     local_times: list[float] = []
-    for step in range(1, config.steps + 1):
+    for step in range(start_step + 1, config.steps + 1):
         began = time.perf_counter()
         batch = data.batch(step - 1, start, stop) if reads else ((), None)
         loss = float(sharded.train_step(batch, loss_fn, local=True))

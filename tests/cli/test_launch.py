@@ -135,7 +135,8 @@ def test_plan_for_another_cluster_refused(plan_file, tmp_path):
 
 
 def test_training_goes_on_after_a_replan_for_fewer_devices(plan_file, tmp_path):
-    """Train on 4 ranks and save; re-plan for 2 ranks (two devices gone); resume there.
+    """Train 3 steps on 4 ranks and save; re-plan for 2 ranks (two devices gone); resume there
+to step 5 (``--steps`` is the total).
 
     The resumed run starts from the saved parameters and optimizer state, resharded into the
     new mesh: its first loss is below the first run's last printed loss (which was measured
@@ -148,15 +149,17 @@ def test_training_goes_on_after_a_replan_for_fewer_devices(plan_file, tmp_path):
                    "--run-dir", str(tmp_path / "run1"))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     before = [float(x) for x in re.findall(r"^step +\d+ +loss (\S+)", first.stdout, re.M)]
-    assert "saved parameters and optimizer state" in first.stdout
+    assert "saved parameters, optimizer state and data position" in first.stdout
 
     smaller = search(MODEL, "local-cpu:devices=2", batch=8, seq=16, progress=False)
     second_plan = smaller.save(tmp_path / "plan2.json")
-    second = launch(str(second_plan), "--data", "synthetic", "--steps", "2", "--resume", str(ckpt),
+    second = launch(str(second_plan), "--data", "synthetic", "--steps", "5", "--resume", str(ckpt),
                     "--run-dir", str(tmp_path / "run2"))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     after = [float(x) for x in re.findall(r"^step +\d+ +loss (\S+)", second.stdout, re.M)]
-    assert "resumed parameters and optimizer state" in second.stdout
+    assert "resumed parameters, optimizer state and data position" in second.stdout
+    assert "random generators not restored" in second.stdout  # 4 ranks saved, 2 resume
+    assert len(after) == 2  # steps 4 and 5 of --steps 5 in all
     assert after[0] < before[-1] < before[0], (before, after)
     assert "terminate called" not in first.stderr + second.stderr
 
@@ -166,3 +169,34 @@ def test_resume_from_a_missing_checkpoint_is_refused_before_start(plan_file, tmp
                   "--dry-run")
     assert done.returncode == 2
     assert "no such checkpoint directory" in done.stderr
+
+
+def test_resumed_launch_continues_at_the_next_sample(plan_file, tmp_path):
+    """Two real launches: 4 steps with a checkpoint every 2, then a resume from ``step-2`` into
+    another run directory gives steps 3 and 4 with the first run's losses exactly (metrics.jsonl
+    holds full floats), and its metrics start at step 3."""
+    from rt_trainer_cases import make_token_file
+
+    tokens = make_token_file(str(tmp_path / "tokens.bin"))
+    common = ("--data", tokens, "--steps", "4", "--optimizer", "sgd", "--lr", "0.3",
+              "--checkpoint-every", "2")
+    first = launch(str(plan_file), *common, "--run-dir", str(tmp_path / "run1"))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    checkpoints = tmp_path / "run1" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step-2", "step-4"]
+    assert (checkpoints / "latest").read_text().strip() == "step-4"
+    second = launch(str(plan_file), *common, "--run-dir", str(tmp_path / "run2"),
+                    "--resume", str(checkpoints / "step-2"))
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "going on at step 3 (global sample 16)" in second.stdout
+
+    def losses(run: str) -> dict[int, float]:
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return {row["step"]: row["loss"] for row in map(json.loads, lines)}
+
+    whole, resumed = losses("run1"), losses("run2")
+    assert sorted(resumed) == [3, 4], resumed
+    print("max |Δloss| steps 3–4:", max(abs(whole[s] - resumed[s]) for s in (3, 4)))
+    assert [resumed[3], resumed[4]] == [whole[3], whole[4]], (whole, resumed)
+    assert sorted(p.name for p in (tmp_path / "run2" / "checkpoints").iterdir()) == \
+        ["latest", "step-4"]
