@@ -131,7 +131,8 @@ def _train(args: argparse.Namespace) -> None:
     from fxplan.runtime.train_checkpoint import (TrainPosition, data_identity,
                                                  load_training_checkpoint, locate_checkpoint,
                                                  save_training_checkpoint)
-    from fxplan.runtime.trainer import TrainConfig, train
+    from fxplan.core.training import TrainConfig
+    from fxplan.runtime.trainer import train
 
     plan = load_plan(args.plan)
     rank = dist.get_rank()

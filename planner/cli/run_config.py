@@ -39,11 +39,12 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from fxplan.core.errors import UserError
+from fxplan.core.training import TrainConfig
 
 __all__ = ["LaunchError", "RunSettings", "SETTINGS", "load_run_config", "resolve_settings"]
 
@@ -52,23 +53,15 @@ class LaunchError(UserError):
     """A launch that cannot start as asked (arguments, run config, cluster, rendezvous)."""
 
 
-@dataclass(frozen=True)
-class RunSettings:
-    """The resolved settings of one run (what the worker receives as flags)."""
+@dataclass(frozen=True, kw_only=True)
+class RunSettings(TrainConfig):
+    """The resolved settings of one run (what the worker receives as flags): the optimisation
+    settings of :class:`~fxplan.core.training.TrainConfig` and the run's data, seed and
+    directories."""
 
-    data: str
+    data: str = ""
     token_dtype: str = "auto"
-    steps: int = 10
     seed: int = 0
-    grad_clip: float = 1.0
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    min_lr: float | None = None
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    warmup_steps: int = 0
-    log_every: int = 1
     run_dir: str = ""
     checkpoint_every: int = 0
 
@@ -178,8 +171,7 @@ def resolve_settings(flags: Mapping[str, Any], config_path: str | None, *,
         if not check(value):
             raise LaunchError(f"{source[name]} = {value!r}: expected {expected}")
     merged.setdefault("run_dir", default_run_dir)
-    defaults = {f.name: f.default for f in fields(RunSettings) if f.name != "data"}
-    settings = RunSettings(**{**defaults, **merged})
+    settings = RunSettings(**merged)
     if settings.min_lr is not None and settings.min_lr > settings.lr:
         raise LaunchError(f"{source.get('min_lr', 'min_lr')} = {settings.min_lr} is above the "
                           f"learning rate {settings.lr}: the cosine decays from lr to min_lr ≤ lr")

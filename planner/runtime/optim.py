@@ -5,13 +5,7 @@ matrices (``ndim ≥ 2``: linear and embedding weights), none on biases and norm
 nanoGPT — built by :func:`~fxplan.runtime.data_parallel.make_optimizer`, so ZeRO-1 shards its
 state over dp. Parameters stay in fp32 (the master weights).
 
-**Schedule** for the update of step ``t = 1 … T`` with peak ``η``, floor ``η_min`` and ``W``
-warm-up steps::
-
-    η_t = η · t / W                                          t ≤ W
-    η_t = η_min + (η − η_min) · ½ (1 + cos(π · p)),  p = (t − W − 1) / max(1, T − W − 1)
-
-so the first step after the warm-up runs at ``η`` and the last at ``η_min``.
+**Schedule**: warm-up + cosine (:mod:`fxplan.core.training`).
 
 **Clipping** by the global norm ``‖g‖ = sqrt(Σ_params Σ_elements g²)`` of the *whole* model's
 gradient, as ``torch.nn.utils.clip_grad_norm_`` computes it in one process, then ``g ← g ·
@@ -29,7 +23,6 @@ min(1, c / (‖g‖ + 1e-6))``. Sharded, each element must be counted exactly on
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +35,7 @@ from fxplan.runtime.data_parallel import make_optimizer
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.runtime.sharded_module import ShardedModule
 
-__all__ = ["build_optimizer", "lr_at", "set_lr", "global_grad_norm", "clip_grad_norm"]
+__all__ = ["build_optimizer", "set_lr", "global_grad_norm", "clip_grad_norm"]
 
 
 def param_groups(named: dict[str, torch.nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:
@@ -69,16 +62,6 @@ def build_optimizer(sharded: "ShardedModule", name: str, *, lr: float, weight_de
     if name == "sgd":
         return make_optimizer(groups, sharded.plan, sharded.mesh, torch.optim.SGD, lr=lr)
     raise ValueError(f"optimizer {name!r}: expected adamw or sgd")
-
-
-def lr_at(step: int, *, lr: float, steps: int, warmup: int = 0, min_lr: float | None = None
-          ) -> float:
-    """The learning rate of update ``step`` (1-based; module docstring)."""
-    floor = lr / 10 if min_lr is None else min_lr
-    if step <= warmup:
-        return lr * step / warmup
-    progress = (step - warmup - 1) / max(1, steps - warmup - 1)
-    return floor + (lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

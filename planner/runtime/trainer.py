@@ -25,33 +25,14 @@ import torch
 import torch.distributed as dist
 
 from fxplan.runtime.metrics import FlopCounts, MetricsLog, StepMetrics, peak_memory_gib
-from fxplan.runtime.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
+from fxplan.core.training import TrainConfig
+from fxplan.runtime.optim import build_optimizer, clip_grad_norm, set_lr
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.runtime.data import DataSource
     from fxplan.runtime.sharded_module import ShardedModule
 
-__all__ = ["TrainConfig", "TrainResult", "train"]
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation settings of a run (``fxplan launch`` flags / run config)."""
-
-    steps: int
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    min_lr: float | None = None
-    warmup_steps: int = 0
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    log_every: int = 1
-
-    def lr_at(self, step: int) -> float:
-        return lr_at(step, lr=self.lr, steps=self.steps, warmup=self.warmup_steps,
-                     min_lr=self.min_lr)
+__all__ = ["TrainResult", "train"]
 
 
 @dataclass

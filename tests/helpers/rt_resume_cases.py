@@ -21,7 +21,8 @@ from fxplan.runtime.data import TokenFile
 from fxplan.runtime.optim import build_optimizer
 from fxplan.runtime.train_checkpoint import (TrainPosition, load_training_checkpoint,
                                              locate_checkpoint, save_training_checkpoint)
-from fxplan.runtime.trainer import TrainConfig, train
+from fxplan.core.training import TrainConfig
+from fxplan.runtime.trainer import train
 from rt_plans import SEQ, VOCAB, fixed_batch, make_plan
 
 DATA_SEED = 3

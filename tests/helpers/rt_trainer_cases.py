@@ -11,8 +11,10 @@ import torch
 from fxplan.examples.models.lm import lm_loss
 from fxplan.runtime.apply import apply_plan
 from fxplan.runtime.data import TokenFile
-from fxplan.runtime.optim import lr_at, param_groups
-from fxplan.runtime.trainer import TrainConfig, train
+from fxplan.core.training import lr_at
+from fxplan.runtime.optim import param_groups
+from fxplan.core.training import TrainConfig
+from fxplan.runtime.trainer import train
 from rt_plans import SEQ, VOCAB, build_model, fixed_batch, make_plan
 
 SEED = 3

@@ -11,7 +11,7 @@ import torch
 
 from fxplan.runtime.data import DataError, TokenFile
 from fxplan.runtime.metrics import FlopCounts, MetricsLog, StepMetrics
-from fxplan.runtime.optim import lr_at
+from fxplan.core.training import lr_at
 
 
 @pytest.fixture
