@@ -26,11 +26,16 @@ import argparse
 import gc
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.core.plan import Plan
+    from fxplan.runtime.metrics import FlopCounts
 
 
 def loss_fn(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -103,7 +108,7 @@ def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, st
                      dtype=token_dtype(args.token_dtype, vocab), vocab=vocab, seed=args.seed)
 
 
-def flop_counts(plan: Any, cluster: Any) -> tuple[Any, str | None]:
+def flop_counts(plan: Plan, cluster: Cluster) -> tuple[FlopCounts | None, str | None]:
     """FLOPs of a step from the plan's estimate and the device peak, or ``None`` and why."""
     from fxplan.cost_model.efficiency import dtype_key
     from fxplan.inter_op import training_dtype

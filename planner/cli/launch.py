@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fxplan.cli.run_config import SETTINGS, LaunchError, RunSettings, resolve_settings
 
@@ -57,6 +57,10 @@ OWN_TORCHRUN_FLAGS = {
     "--no-python": "fxplan runs -m fxplan.worker",
     "--run-path": "fxplan runs -m fxplan.worker",
 }
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.core.plan import Plan
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -163,7 +167,7 @@ def check_checkpoints(args: argparse.Namespace, settings: RunSettings) -> str | 
     return str(found)
 
 
-def node_layout(args: argparse.Namespace, plan: Any, cluster: Any) -> tuple[int, int]:
+def node_layout(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> tuple[int, int]:
     """Nodes and processes per node from the plan's cluster; user values must agree."""
     per_node = {cluster.devices_per_node(n) for n in range(cluster.num_nodes)}
     if len(per_node) > 1:
@@ -304,7 +308,7 @@ def shell_line(env: dict[str, str], cmd: list[str]) -> str:
     return shlex.join([f"{k}={v}" for k, v in env.items()] + cmd)
 
 
-def write_slurm(args: argparse.Namespace, plan: Any, cluster: Any, nnodes: int, nproc: int,
+def write_slurm(args: argparse.Namespace, plan: Plan, cluster: Cluster, nnodes: int, nproc: int,
                 settings: RunSettings) -> int:
     from fxplan.cli.slurm import sbatch_script
 
