@@ -40,7 +40,7 @@ from fxplan.cost_model.efficiency import dtype_key, normalise_model
 log = logging.getLogger(__name__)
 
 __all__ = ["OpKind", "OPS", "OP_ALIASES", "OP_CLASS_OPS", "Record", "OpDatabase", "find_database",
-           "search_dirs", "default_database_path", "element_bytes", "FORMAT_VERSION"]
+           "find_database_file", "search_dirs", "default_database_path", "element_bytes", "FORMAT_VERSION"]
 
 FORMAT = "fxplan-op-database"
 FORMAT_VERSION = 1
@@ -331,3 +331,13 @@ def _load_cached(path: str, mtime: float) -> OpDatabase | None:
     except (ValueError, KeyError, TypeError) as err:
         log.warning("ignoring %s: not a readable op database (%s)", path, err)
         return None
+
+
+def find_database_file(device_model: str) -> str | None:
+    """The file :func:`find_database` reads for ``device_model``, or ``None`` (for saying
+    where the prices come from, as ``fxplan doctor`` does)."""
+    for path, mtime in database_files():
+        db = _load_cached(path, mtime)
+        if db is not None and db.matches(device_model):
+            return path
+    return None

@@ -23,6 +23,7 @@ from typing import Any
 
 from fxplan.cli.arguments import (DTYPES, add_capture_arguments, add_dtype_argument,
                                   add_model_argument, add_workload_arguments)
+from fxplan.cli.units import binary_bytes, si
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -39,20 +40,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(func=run)
     return parser
-
-
-def _si(value: float, unit: str = "") -> str:
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}".rstrip()
-
-
-def _bytes(value: float) -> str:
-    for factor, unit in ((2 ** 40, "TiB"), (2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {unit}"
-    return f"{value:.0f} B"
 
 
 def _folded(rows: list[dict[str, Any]]) -> list[tuple[str, int, dict[str, Any]]]:
@@ -85,14 +72,14 @@ def _print(summary: dict[str, Any]) -> None:
                   f"{s['nodes']} nodes · captured in {s['capture_seconds']:.2f} s")
     console.print(f"capture method  {s['method']}"
                   + (f" ({s['method_note']})" if s["method_note"] else ""), markup=False)
-    console.print(f"parameters      {s['num_params']:,} ({_bytes(s['param_bytes'])}); "
+    console.print(f"parameters      {s['num_params']:,} ({binary_bytes(s['param_bytes'])}); "
                   f"tied: {tied}")
-    console.print(f"FLOPs per step  forward {_si(s['forward_flops'], 'FLOP')} (matrix products "
-                  f"{_si(s['forward_matmul_flops'], 'FLOP')}); training "
-                  f"{_si(train['recompute'], 'FLOP')} with recompute, "
-                  f"{_si(train['no_recompute'], 'FLOP')} without")
-    console.print(f"activations     {_bytes(acts['total'])} saved for backward "
-                  f"({_bytes(acts['outside_layers'])} outside the layers)")
+    console.print(f"FLOPs per step  forward {si(s['forward_flops'], 'FLOP')} (matrix products "
+                  f"{si(s['forward_matmul_flops'], 'FLOP')}); training "
+                  f"{si(train['recompute'], 'FLOP')} with recompute, "
+                  f"{si(train['no_recompute'], 'FLOP')} without")
+    console.print(f"activations     {binary_bytes(acts['total'])} saved for backward "
+                  f"({binary_bytes(acts['outside_layers'])} outside the layers)")
     blocks = "; ".join(f"{b['signature']} × {len(b['layers'])} layers "
                        f"({b['nodes_per_layer']} nodes each)" for b in s["blocks"]) or "none"
     console.print(f"repeated blocks {blocks}")
@@ -108,8 +95,8 @@ def _print(summary: dict[str, Any]) -> None:
         table.add_column(column, justify="left" if column in ("layers", "signature") else "right")
     for label, count, row in _folded(s["per_layer"]):
         table.add_row(label, str(count), row["signature"] or "–", str(row["nodes"]),
-                      f"{row['params']:,}", _si(row["flops"]), _si(row["matmul_flops"]),
-                      _bytes(row["saved_bytes"]))
+                      f"{row['params']:,}", si(row["flops"]), si(row["matmul_flops"]),
+                      binary_bytes(row["saved_bytes"]))
     console.print(table)
 
 

@@ -7,7 +7,11 @@ Each verb module exposes ``register(subparsers) -> argparse.ArgumentParser`` and
 Errors a user can fix (a malformed cluster file, an unknown model, a configuration whose
 degrees do not multiply out) derive from :class:`fxplan.core.errors.UserError`; they end the
 command with exit code 2 and a
-one-paragraph message. ``--debug`` shows the traceback instead.
+one-paragraph message. ``--debug`` shows the traceback instead; it is accepted anywhere
+before a ``--`` (``fxplan --debug plan …`` and ``fxplan plan … --debug``), while a ``--debug``
+after ``--`` belongs to torchrun (``fxplan launch … -- --debug``).
+
+``fxplan --version`` prints fxplan's, torch's and Python's versions without importing torch.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import platform
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 #: Verb modules under ``fxplan.cli``, in the order ``fxplan --help`` lists them.
 VERBS: tuple[str, ...] = (
@@ -28,7 +33,38 @@ VERBS: tuple[str, ...] = (
     "plan",
     "export",
     "launch",
+    "models",
+    "doctor",
 )
+
+_DEBUG_HELP = "show tracebacks for errors (anywhere on the line, before `--`)"
+
+
+def version_line() -> str:
+    """``fxplan 0.1.0 (torch 2.13.0+cpu, Python 3.11.7)``, read from the installed packages'
+    metadata, so that torch is not imported."""
+    from importlib import metadata
+
+    from fxplan import __version__
+
+    try:
+        torch = f"torch {metadata.version('torch')}"
+    except metadata.PackageNotFoundError:
+        torch = "torch not installed"
+    return f"fxplan {__version__} ({torch}, Python {platform.python_version()})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_line` and exit 0 (computed only when asked)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(version_line())
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,19 +72,26 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fxplan",
         description="Auto-parallel planner and distributed-graph compiler for PyTorch.",
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the versions of fxplan, torch and Python, and exit")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for verb in VERBS:
         module = importlib.import_module(f"fxplan.cli.{verb}")
-        module.register(sub)
+        verb_parser = module.register(sub)
+        # After the verb too. SUPPRESS: a verb that was not given --debug leaves the value
+        # the top-level parser set (`fxplan --debug plan …`) in place.
+        verb_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                 help=_DEBUG_HELP)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from fxplan.core.errors import UserError
-
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """``argv`` (without the program name) as a namespace; what follows ``--`` becomes
+    ``torchrun_args`` (only ``fxplan launch`` takes them) and is not parsed, so a ``--debug``
+    there is torchrun's."""
+    parser = parser or build_parser()
+    argv = list(argv)
     after: list[str] | None = None
     if "--" in argv:  # `fxplan launch plan.json … -- TORCHRUN_FLAGS`: the rest is passed on
         cut = argv.index("--")
@@ -59,6 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"arguments after `--` ({' '.join(after)}): only `fxplan launch` takes "
                          "them (torchrun flags)")
         args.torchrun_args = after
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from fxplan.core.errors import UserError
+
+    parser = build_parser()
+    args = parse_args(sys.argv[1:] if argv is None else argv, parser)
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
