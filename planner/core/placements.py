@@ -158,7 +158,7 @@ class PlacementMap:
     inputs: Mapping[DataEdge, Placements] = field(default_factory=dict)
     params: Mapping[str, Placements] = field(default_factory=dict)
     axes: tuple[str, ...] = ("dp", "tp")
-    _hash: int = field(init=False, repr=False, compare=False, default=0)
+    _text: tuple = field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
         axes = tuple(self.axes)
@@ -169,14 +169,23 @@ class PlacementMap:
                 raise ValueError(f"inputs are keyed by DataEdge(consumer, producer), got {edge!r}")
         object.__setattr__(self, "inputs", _frozen(self.inputs, axes, "input"))
         object.__setattr__(self, "params", _frozen(self.params, axes, "parameter"))
-        # The map is immutable and the cost model looks layouts up by it many times per
-        # search: hash it once (thousands of torch Placement hashes per call otherwise).
-        object.__setattr__(self, "_hash", hash((
-            axes, frozenset(self.nodes.items()), frozenset(self.inputs.items()),
-            frozenset(self.params.items()))))
+        # The map is immutable and the cost model memoises by it thousands of times per search,
+        # often with an equal map built anew: compare and hash its text form, made once
+        # (comparing torch Placement objects entry by entry made a search several times slower).
+        object.__setattr__(self, "_text", (
+            axes,
+            tuple(sorted((name, format_placements(p)) for name, p in self.nodes.items())),
+            tuple(sorted((e.consumer, e.producer, format_placements(p))
+                         for e, p in self.inputs.items())),
+            tuple(sorted((name, format_placements(p)) for name, p in self.params.items()))))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PlacementMap):
+            return NotImplemented
+        return self is other or self._text == other._text
 
     def __hash__(self) -> int:
-        return self._hash
+        return hash(self._text)
 
     def axis(self, name: str) -> int:
         """The index of mesh axis ``name`` in every value of the map."""
