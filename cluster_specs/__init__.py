@@ -12,6 +12,7 @@ from fxplan.cluster_specs.devices import DTYPES, DeviceGroup
 from fxplan.cluster_specs.errors import ClusterSpecError
 from fxplan.cluster_specs.links import LinkLevel
 from fxplan.cluster_specs.loader import available_specs
+from fxplan.cluster_specs.precision import check_precision, training_dtype, training_precision
 from fxplan.cluster_specs.schema import OP_CLASSES, SCHEMA_VERSION
 
 __all__ = [
@@ -24,7 +25,10 @@ __all__ = [
     "OP_CLASSES",
     "SCHEMA_VERSION",
     "available_specs",
+    "check_precision",
     "load",
+    "training_dtype",
+    "training_precision",
 ]
 
 #: ``fxplan.cluster_specs.load(spec)`` is :meth:`Cluster.load`.

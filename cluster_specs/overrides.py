@@ -6,6 +6,12 @@ Keys:
   group ``g`` gets ``N × nodes_g / Σ nodes``, which must be whole (``hetero-v100-a100`` has
   2 + 2 nodes, so ``nodes=8`` gives 4 + 4 and ``nodes=3`` is refused).
 - ``devices_per_node=N`` — for every device group.
+- ``devices=N`` — the number of devices in total, on a spec with one device group of ``d``
+  devices per node: ``N ≤ d`` is one node with ``N`` of its devices (a job on part of a node;
+  the node's links keep their level and bandwidth, the cluster-scope level then joins
+  nothing), ``N > d`` must be a multiple of ``d`` and is ``N / d`` whole nodes. Applied after
+  the other keys; with ``nodes=`` also given the two must agree. (``local-cpu`` takes
+  ``devices`` itself: its number of CPU ranks.)
 - ``NAME.KEY=VALUE`` — one key of the device group or level called ``NAME``
   (``a100.nodes=3``, ``ib-hdr.nics_per_node=4``, ``nvswitch.efficiency=0.7``).
 
@@ -24,7 +30,7 @@ import yaml
 
 from fxplan.cluster_specs.errors import ClusterSpecError
 
-_WHOLE_SPEC_KEYS = ("nodes", "devices_per_node")
+_WHOLE_SPEC_KEYS = ("nodes", "devices_per_node", "devices")
 
 
 def parse_overrides(text: str, source: str) -> list[tuple[str, Any]]:
@@ -68,12 +74,46 @@ def _scale_nodes(groups: list[dict], total_new: int, source: str) -> None:
         group["nodes"] = total_new * group["nodes"] // total
 
 
+def _set_devices(groups: list[dict], total: int, nodes: int | None, source: str) -> None:
+    """``devices=total`` on the one device group (module docstring); ``nodes`` is the
+    ``nodes=`` override given with it, if any, which must agree."""
+    if len(groups) != 1:
+        names = ", ".join(g["name"] for g in groups)
+        raise ClusterSpecError(
+            source, "devices", found=total,
+            expected=f"no devices= override on a spec with {len(groups)} device groups "
+            f"({names}): set GROUP.nodes=N and GROUP.devices_per_node=N for each")
+    group = groups[0]
+    per_node = group["devices_per_node"]
+    if total <= per_node:
+        new_nodes, new_per_node = 1, total
+    elif total % per_node:
+        raise ClusterSpecError(
+            source, "devices", found=total,
+            expected=f"at most {per_node} (part of one node) or a multiple of the "
+            f"{per_node} devices per node of {group['name']!r} (whole nodes): {total} = "
+            f"{total // per_node}·{per_node} + {total % per_node}")
+    else:
+        new_nodes, new_per_node = total // per_node, per_node
+    if nodes is not None and nodes != new_nodes:
+        raise ClusterSpecError(
+            source, "devices", found=total,
+            expected=f"a device count that agrees with nodes={nodes}: devices={total} with "
+            f"{per_node} devices per node is {new_nodes} node{'s' if new_nodes != 1 else ''}"
+            f" of {new_per_node}, not {nodes}; give one of nodes= and devices=")
+    group["nodes"], group["devices_per_node"] = new_nodes, new_per_node
+
+
 def apply_overrides(spec: dict[str, Any], items: list[tuple[str, Any]], source: str) -> dict[str, Any]:
     """A copy of ``spec`` (canonical) with ``items`` applied; validate the result afterwards."""
     out = copy.deepcopy(spec)
     groups, levels = out["device_groups"], out["levels"]
     by_name = {entry["name"]: entry for entry in [*groups, *levels]}
+    devices = [positive_int(k, v, source) for k, v in items if k == "devices"]
+    nodes = [positive_int(k, v, source) for k, v in items if k == "nodes"]
     for key, value in items:
+        if key == "devices":
+            continue
         if key == "nodes":
             _scale_nodes(groups, positive_int(key, value, source), source)
         elif key == "devices_per_node":
@@ -88,4 +128,6 @@ def apply_overrides(spec: dict[str, Any], items: list[tuple[str, Any]], source: 
                 source, key, message=f"found unknown override key {key!r}, expected one of "
                 f"{', '.join(_WHOLE_SPEC_KEYS)}, {names}",
             )
+    if devices:
+        _set_devices(groups, devices[-1], nodes[-1] if nodes else None, source)
     return out

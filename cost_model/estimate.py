@@ -105,6 +105,7 @@ class Estimate:
 def _check(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, batch: int,
            seq: int | None) -> tuple[GraphSegments, ParallelConfig]:
     segments = graph_segments(graph)
+    _check_precision(graph, cluster)
     if seq is not None and segments.seq is not None and seq != segments.seq:
         raise CostModelError(
             f"seq={seq} but the graph was captured at seq={segments.seq}; capture it at the "
@@ -119,10 +120,29 @@ def _check(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, batch
     return segments, config.resolve(batch)
 
 
-def _peak_flops(plan: StagePlan, graph: CapturedGraph) -> float:
+def _graph_dtype(graph: CapturedGraph) -> object:
+    """The graph's training dtype (its own, else its first matrix product's, else fp32)."""
     dtype = graph.dtype
     if dtype is None:
         dtype = next((i.dtype for _, i in graph.nodes() if i.op_class == "matmul"), "fp32")
+    return dtype
+
+
+def _check_precision(graph: CapturedGraph, cluster: Cluster) -> None:
+    """Every device group lists a peak for the graph's precision (else nothing can be priced)."""
+    dtype = _graph_dtype(graph)
+    key = dtype_key(dtype)
+    for group in cluster.device_groups:
+        if key not in group.peak_tflops:
+            raise CostModelError(
+                f"{group.model} lists no peak for {key!r} (it lists "
+                f"{', '.join(group.peak_tflops)}) but the graph was captured in {dtype}; "
+                "capture it in a precision the devices have "
+                f"(fxplan.cluster_specs.training_dtype(cluster) picks one)")
+
+
+def _peak_flops(plan: StagePlan, graph: CapturedGraph) -> float:
+    dtype = _graph_dtype(graph)
     device = plan.devices[0]
     return device.peak(dtype_key(dtype)) * 1e12
 

@@ -102,7 +102,7 @@ def search(model: "str | ModelBundle | CapturedGraph", cluster: "str | Cluster",
     """
     from fxplan.cluster_specs import Cluster
     from fxplan.inter_op import search as search_graph
-    from fxplan.inter_op import training_dtype
+    from fxplan.cluster_specs import training_dtype
     from fxplan.inter_op.progress import PhaseTimer
 
     cluster = Cluster.load(cluster)
@@ -121,7 +121,7 @@ def _capture(model: "torch.nn.Module", cluster: Cluster, inputs: tuple) -> Captu
     """The module at one sample of ``inputs`` in ``cluster``'s training dtype (as the CLI)."""
     import torch
 
-    from fxplan.inter_op import training_dtype
+    from fxplan.cluster_specs import training_dtype
 
     one_sample = tuple(x[:1] for x in inputs)
     return capture(model, inputs=one_sample, dtype=getattr(torch, training_dtype(cluster)))

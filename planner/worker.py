@@ -111,7 +111,7 @@ def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, st
 def flop_counts(plan: Plan, cluster: Cluster) -> tuple[FlopCounts | None, str | None]:
     """FLOPs of a step from the plan's estimate and the device peak, or ``None`` and why."""
     from fxplan.cost_model.efficiency import dtype_key
-    from fxplan.inter_op import training_dtype
+    from fxplan.cluster_specs import training_dtype
     from fxplan.runtime.metrics import FlopCounts
 
     model, hardware = plan.estimate.get("model_flops"), plan.estimate.get("hardware_flops")
@@ -128,7 +128,7 @@ def _train(args: argparse.Namespace) -> None:
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import load_plan
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.inter_op import training_dtype
+    from fxplan.cluster_specs import training_dtype
     from fxplan.runtime.apply import apply_plan
     from fxplan.runtime.build import meta_parameters
     from fxplan.runtime.metrics import MetricsLog

@@ -102,7 +102,7 @@ def test_search_captures_in_the_training_dtype(monkeypatch):
         plan_api(build_model(2), cluster, inputs=(tokens,), batch=8)
     except RuntimeError:
         pass
-    expected = fxplan.inter_op.training_dtype(Cluster.load(cluster))
+    expected = fxplan.cluster_specs.training_dtype(Cluster.load(cluster))
     assert str(seen["dtype"]) == f"torch.{expected}" == "torch.bfloat16"
 
 

@@ -42,6 +42,15 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, batch_default: in
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
 
 
-def add_dtype_argument(parser: argparse.ArgumentParser, *, what: str) -> None:
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
-                        help=f"{what} (default bf16)")
+def add_dtype_argument(parser: argparse.ArgumentParser, *, what: str,
+                       follow_cluster: bool = False) -> None:
+    """``--dtype fp32|bf16|fp16``: default bf16, or with ``follow_cluster`` ``None`` (the verb
+    takes the cluster's training precision, :func:`fxplan.cluster_specs.training_precision`:
+    bf16 where the devices have a bf16 peak, else fp16 where they have fp16, else fp32)."""
+    if follow_cluster:
+        parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                            help=f"{what} (default: the cluster's: bf16 where its devices have "
+                            "a bf16 peak, else fp16 where they have fp16 (V100), else fp32)")
+    else:
+        parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
+                            help=f"{what} (default bf16)")

@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.cli.graph import _print as print_graph
     from fxplan.report import render_report
     from fxplan.api import capture_for_search
-    from fxplan.inter_op import search, training_dtype
+    from fxplan.cluster_specs import training_dtype
+    from fxplan.inter_op import search
     from fxplan.inter_op.progress import PhaseTimer
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)

@@ -12,6 +12,8 @@ per device (Megatron's convention), MFU, and per stage the peak memory per rank 
 breakdown against the device's capacity. ``--json`` prints the same as JSON (keys
 ``step_time_s``, ``tflops_per_device``, ``mfu``, ``peak_memory_gib``, ``fits``,
 ``breakdown``, ``memory_breakdown_gib``, …); ``--plot FILE`` draws the pipeline timeline.
+``--dtype`` defaults to the cluster's training precision (bf16, else fp16 on V100, else fp32 on
+CPUs); a precision the devices list no peak for is refused (exit 2) naming the ones they do.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, metavar="CONFIG",
                         help='"dp=..,tp=..,pp=..,mb=..,schedule=gpipe|1f1b|interleaved:v,'
                         'zero=0-3,recompute=none|selective|full,sp=on|off[,stages=a/b/..]"')
-    add_dtype_argument(parser, what="training precision of weights and activations")
+    add_dtype_argument(parser, what="training precision of weights and activations",
+                       follow_cluster=True)
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--plot", metavar="FILE", help="draw the pipeline timeline to FILE (.png, .svg)")
     parser.set_defaults(func=run)
@@ -85,13 +88,15 @@ def _print(result: dict[str, Any], model: str, cluster: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from fxplan.cluster_specs import Cluster
+    from fxplan.cluster_specs import Cluster, check_precision, training_precision
     from fxplan.cost_model import ParallelConfig, estimate
     from fxplan.api import capture
 
     config = ParallelConfig.parse(args.config)
     cluster = Cluster.load(args.cluster)
-    graph = capture(args.model, batch=1, seq=args.seq, dtype=getattr(torch, DTYPES[args.dtype]))
+    dtype = args.dtype or training_precision(cluster)
+    check_precision(cluster, dtype)
+    graph = capture(args.model, batch=1, seq=args.seq, dtype=getattr(torch, DTYPES[dtype]))
     result = estimate(graph, cluster, config, batch=args.batch, seq=args.seq)
     if args.plot:
         from fxplan.cost_model.timeline_plot import plot_timeline

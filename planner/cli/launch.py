@@ -127,7 +127,7 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     from fxplan.api import capture_for_search
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import load_plan
-    from fxplan.inter_op import training_dtype
+    from fxplan.cluster_specs import training_dtype
 
     plan = load_plan(args.plan)
     cluster = Cluster.load(args.cluster or plan.cluster)

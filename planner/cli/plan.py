@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.api import capture_for_search
     from fxplan.cli.constraint_text import parse_constraints
     from fxplan.examples.model_spec import canonical_spec
-    from fxplan.inter_op import search, training_dtype
+    from fxplan.cluster_specs import training_dtype
+    from fxplan.inter_op import search
     from fxplan.inter_op.progress import PhaseTimer
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)

@@ -107,12 +107,12 @@ def _layer_counts(plan: Plan) -> tuple[int, ...] | None:
 
 def plan_dtype(plan: Plan) -> str | None:
     """The precision the plan was searched in: ``fxplan plan`` and :func:`fxplan.search`
-    capture in the cluster's training dtype (:func:`fxplan.inter_op.training_dtype`), so it
+    capture in the cluster's training dtype (:func:`fxplan.cluster_specs.training_dtype`), so it
     is derived from the plan's cluster spec; ``None`` when that spec cannot be loaded here
     (a YAML file that is not on this machine)."""
     from fxplan.cluster_specs import Cluster
     from fxplan.core.errors import UserError
-    from fxplan.inter_op import training_dtype
+    from fxplan.cluster_specs import training_dtype
 
     try:
         return training_dtype(Cluster.load(plan.cluster))

@@ -16,14 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["search", "ConstraintError", "InfeasibleError", "training_dtype"]
-
-
-def training_dtype(cluster: Cluster) -> str:
-    """``bfloat16`` where the device has a bf16 peak, else ``float16`` where it has fp16 (V100),
-    else ``float32``: the precision mixed-precision training would use there."""
-    peaks = cluster.device(0).peak_tflops
-    return "bfloat16" if "bf16" in peaks else "float16" if "fp16" in peaks else "float32"
+__all__ = ["search", "ConstraintError", "InfeasibleError"]
 
 
 def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,

@@ -30,6 +30,9 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
    ``T(x, π)``, against the default Megatron layout ``T(x, μ)``, keeping the cheaper
    (:mod:`fxplan.inter_op.pricing`); the fastest that fits wins, the next three are the
    runners-up. So the plan's step time is the price of the placements the plan carries.
+   A ``sequence_parallel`` constraint binds the placements too: solver placements whose
+   sequence parallelism it does not allow are replaced by the default Megatron layout with
+   the candidate's (allowed) ``sp``, recorded in ``Plan.fallbacks``.
 
 Nothing is dropped silently: every pruned family or candidate group carries its reason with
 the arithmetic, and fallbacks (time budget, intra-op solver) are logged and kept in the plan.
@@ -245,7 +248,9 @@ class _Search:
                 self.fallbacks.append(text)
                 break
             try:
-                priced = price_finalist(self.graph, self.cluster, c, self.batch, self.intra_op)
+                priced = price_finalist(
+                    self.graph, self.cluster, c, self.batch, self.intra_op,
+                    sequence_parallel=self.constraints.get("sequence_parallel"))
             except CostModelError as err:
                 self.failed_finalists.append(f"{c.summary()}: the cost model refused it: {err}")
                 continue

@@ -8,6 +8,12 @@ For a finalist ``c`` the intra-op solver's placements ``π`` for its tp degree
 reshards of ``π`` (``reshard_cost``, the function the solver priced them with). Sequence
 parallelism is what ``π`` says (``c_π = c`` with ``sp`` read off ``π``).
 
+A ``sequence_parallel`` constraint is binding: when ``π``'s sequence parallelism is not one
+the constraint allows, ``(c_π, π)`` is not a candidate and the finalist is priced with the
+default Megatron layout under ``c``'s own ``sp`` (which the search took from the allowed
+values), recorded as a fallback with the reason. So ``plan.config.sequence_parallel`` always
+satisfies the constraint and the step time prices the layout the plan carries.
+
 The solver minimises one block's time at the captured microbatch, without the pipeline, so
 its answer could in principle price worse in the full step than the cost model's default
 Megatron layout ``μ``. Both are priced and the plan keeps
@@ -24,7 +30,7 @@ step time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Collection
 
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.core.placements import PlacementMap
@@ -73,14 +79,38 @@ def _key(p: Priced) -> tuple[bool, float, int]:
     return (not p.est.fits, p.est.step_time_s, 0 if p.layout == INTRA_OP else 1)
 
 
+def _sp_refusal(solved: PlacementChoice, sequence_parallel: Any) -> str:
+    """Why the solver's placements break the ``sequence_parallel`` constraint (``None``: no
+    constraint; a bool or a collection of bools), or ``""`` when they keep it."""
+    if sequence_parallel is None or not solved.priced:
+        return ""
+    allowed_sp = (set(sequence_parallel) if isinstance(sequence_parallel, Collection)
+                  else {sequence_parallel})
+    if solved.sequence_parallel in allowed_sp:
+        return ""
+    have = "on" if solved.sequence_parallel else "off"
+    want = ", ".join(sorted("on" if v else "off" for v in allowed_sp))
+    return (f"the intra-op placements have sequence parallelism {have} (they "
+            f"{'shard' if solved.sequence_parallel else 'do not shard'} the replicated "
+            f"activations' sequence over tp) but the constraint sequence_parallel allows "
+            f"{want}")
+
+
 def price_finalist(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, batch: int,
-                   cache: IntraOpCache) -> Priced:
+                   cache: IntraOpCache, *, sequence_parallel: Any = None) -> Priced:
     """The cheaper of the solver's placements and the default layout (module docstring).
+
+    ``sequence_parallel``: the search's constraint on it (a bool or a collection of bools;
+    ``None`` when unconstrained); solver placements it does not allow are not priced and the
+    default layout under ``c.sequence_parallel`` is kept as a recorded fallback.
     Raises :class:`CostModelError` when the cost model refuses both."""
     options: list[Priced] = []
     errors: list[str] = []
     solved = cache.placements(c)
-    if solved.priced:
+    refusal = _sp_refusal(solved, sequence_parallel)
+    if refusal:
+        errors.append(refusal)
+    elif solved.priced:
         c_pi = c.replace(sequence_parallel=solved.sequence_parallel)
         try:
             est = _estimate(graph, cluster, c_pi, batch, solved.priced_placements())
@@ -96,12 +126,17 @@ def price_finalist(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, ba
     if not options:
         raise CostModelError("; ".join(errors))
     best = min(options, key=_key)
-    best.note = _why(best, options, solved, errors)
+    best.note = _why(best, options, solved, errors, refusal)
     best.fallback = best.layout == MEGATRON and solved.priced
     return best
 
 
-def _why(best: Priced, options: list[Priced], solved: PlacementChoice, errors: list[str]) -> str:
+def _why(best: Priced, options: list[Priced], solved: PlacementChoice, errors: list[str],
+         refusal: str = "") -> str:
+    if refusal:
+        return (f"{best.config.summary()}: the default Megatron layout is kept: {refusal}; "
+                f"the plan carries the Megatron layout with sequence parallelism "
+                f"{'on' if best.config.sequence_parallel else 'off'}, as constrained")
     if not solved.priced:
         return ("intra-op solver not used (see Plan.fallbacks): priced with the default "
                 "Megatron layout")

@@ -38,3 +38,33 @@ def test_plot_writes_the_timeline(tmp_path: Path, capsys) -> None:  # type: igno
                  "--config", "dp=2,tp=2,pp=2,mb=2,schedule=1f1b,zero=0,recompute=none,sp=off",
                  "--plot", str(out)]) == 0
     assert is_png(out) and out.stat().st_size > 2000
+
+
+def _estimate_json(capsys, cluster: str, *extra: str) -> dict:  # type: ignore[no-untyped-def]
+    code = main(["estimate", "gpt-1.7b", "--cluster", cluster, "--batch", "8",
+                 "--config", "dp=8,tp=1,pp=1,mb=1" if "devices=2" not in cluster
+                 else "dp=2,tp=1,pp=1,mb=1", "--json", *extra])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out)
+
+
+def test_default_dtype_follows_the_devices(capsys) -> None:  # type: ignore[no-untyped-def]
+    """No bf16 on a V100 or a CPU: the default is fp16 there, fp32 here (issue 12)."""
+    v100 = _estimate_json(capsys, "aws-p3-v100")
+    cpu = _estimate_json(capsys, "local-cpu:devices=2")
+    assert v100["step_time_s"] > 0 and cpu["step_time_s"] > 0
+    # the MFU is against the default precision's peak: fp16 on a V100 (125 TFLOP/s) ...
+    fp16 = _estimate_json(capsys, "aws-p3-v100", "--dtype", "fp16")
+    assert v100["mfu"] == fp16["mfu"] and v100["step_time_s"] == fp16["step_time_s"]
+    # ... and fp32 on CPU ranks (their only peak)
+    fp32 = _estimate_json(capsys, "local-cpu:devices=2", "--dtype", "fp32")
+    assert cpu["mfu"] == fp32["mfu"] and cpu["step_time_s"] == fp32["step_time_s"]
+
+
+def test_a_dtype_the_devices_lack_is_a_user_error(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["estimate", "gpt-1.7b", "--cluster", "aws-p3-v100", "--batch", "8",
+                 "--config", "dp=8,tp=1,pp=1,mb=1", "--dtype", "bf16"]) == 2
+    err = capsys.readouterr().err
+    assert "no bf16 peak" in err and "their dtypes are fp32, fp16" in err
+    assert "Traceback" not in err

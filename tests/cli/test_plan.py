@@ -66,3 +66,13 @@ def test_plot_writes_timeline_and_memory_pngs(capsys, tmp_path) -> None:  # type
     for suffix in ("timeline", "memory"):
         assert is_png(tmp_path / f"tiny-{suffix}.png")
     assert "plots written to" in capsys.readouterr().out
+
+
+def test_plans_for_part_of_a_node(capsys) -> None:  # type: ignore[no-untyped-def]
+    """A 4-GPU job on an 8-GPU V100 box (``devices=4``, issue 12)."""
+    assert main(["plan", "gpt-tiny", "--cluster", "aws-p3-v100:devices=4", "--batch", "8",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    degrees = data["degrees"]
+    assert degrees["dp"] * degrees["tp"] * degrees["pp"] == 4
+    assert data["fits"]

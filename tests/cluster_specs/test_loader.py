@@ -49,7 +49,7 @@ def test_override_values_are_validated_by_the_schema():
     [
         ("dgx-a100-80g:nodes=0", ["dgx-a100-80g:nodes=0: nodes: found 0, expected an integer ≥ 1"]),
         ("dgx-a100-80g:nodes", ["found override 'nodes', expected key=value"]),
-        ("dgx-a100-80g:gpus=4", ["found unknown override key 'gpus'", "nodes, devices_per_node, a100.KEY"]),
+        ("dgx-a100-80g:gpus=4", ["found unknown override key 'gpus'", "nodes, devices_per_node, devices, a100.KEY"]),
         ("local-cpu:devices=zero", ["devices: found 'zero' (a string), expected an integer ≥ 1"]),
     ],
 )

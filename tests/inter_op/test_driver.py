@@ -43,7 +43,7 @@ def test_unfit_reasons_say_none_fits_only_without_a_fit() -> None:
 
 
 def test_failed_finalists_are_quoted(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    def refuse(graph, cluster, c, batch, cache):  # type: ignore[no-untyped-def]
+    def refuse(graph, cluster, c, batch, cache, *, sequence_parallel=None):  # type: ignore[no-untyped-def]
         raise CostModelError("refused for the test")
 
     monkeypatch.setattr(driver, "price_finalist", refuse)

@@ -15,7 +15,7 @@ from fxplan.cluster_specs import Cluster
 from fxplan.core.placements import Shard
 from fxplan import search
 from fxplan.api import capture_for_search
-from fxplan.inter_op import training_dtype
+from fxplan.cluster_specs import training_dtype
 
 
 def _plan(model: str, cluster_spec: str, batch: int, **kwargs):  # type: ignore[no-untyped-def]
