@@ -159,6 +159,7 @@ class PlacementMap:
     params: Mapping[str, Placements] = field(default_factory=dict)
     axes: tuple[str, ...] = ("dp", "tp")
     _text: tuple = field(init=False, repr=False, compare=False, default=())
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         axes = tuple(self.axes)
@@ -178,6 +179,7 @@ class PlacementMap:
             tuple(sorted((e.consumer, e.producer, format_placements(p))
                          for e, p in self.inputs.items())),
             tuple(sorted((name, format_placements(p)) for name, p in self.params.items()))))
+        object.__setattr__(self, "_hash", hash(self._text))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PlacementMap):
@@ -185,7 +187,7 @@ class PlacementMap:
         return self is other or self._text == other._text
 
     def __hash__(self) -> int:
-        return hash(self._text)
+        return self._hash
 
     def axis(self, name: str) -> int:
         """The index of mesh axis ``name`` in every value of the map."""
