@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from fxplan.cli.arguments import (add_capture_arguments, add_cluster_argument,
                                   add_model_argument, add_workload_arguments)
+from fxplan.cli.report import add_output_arguments, write_artifacts
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -62,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "placements annotated; to read, not to run)")
     parser.add_argument("--plot", metavar="PREFIX",
                         help="draw PREFIX-timeline.png and PREFIX-memory.png for the chosen plan")
+    add_output_arguments(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -103,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
 
         plotted = " and ".join(map(str, plot_plan(plan, graph, cluster, args.plot)))
         emitted = "\n".join(filter(None, [emitted, f"plots written to {plotted}"]))
+    written = write_artifacts(plan, graph, cluster, html=args.html, trace=args.trace)
+    emitted = "\n".join(filter(None, [emitted, *written])) or None
     if args.json:
         data = plan_summary(plan)
         if emitted:
