@@ -105,8 +105,11 @@ def _draw_cut(ax: object, cut: Cut, scale: float, unit: str, stages: int) -> Non
             f"{unit}) of steady state not drawn ⋯", ha="center", va="bottom", fontsize=8,
             color="#444444")
     edge = (cut.at + cut.gap) * scale
-    ax.xaxis.set_major_formatter(FuncFormatter(
-        lambda x, _: f"{x + (cut.removed * scale if x > edge else 0):.3g}"))
+    def tick(x: float, _: object) -> str:
+        value = x + (cut.removed * scale if x > edge else 0.0)
+        return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+    ax.xaxis.set_major_formatter(FuncFormatter(tick))
 
 
 def plot_timeline(events: Iterable[Sequence], path: str | Path, *, title: str | None = None,

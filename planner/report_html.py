@@ -75,7 +75,8 @@ def _time(seconds: float | None) -> str:
     if seconds == 0:
         return "0"
     scale, unit = time_unit(abs(seconds))
-    return f"{seconds * scale:.3g} {unit}"
+    value = seconds * scale
+    return f"{value:.0f} {unit}" if abs(value) >= 100 else f"{value:.3g} {unit}"
 
 
 def _gib(value: float | None) -> str:
@@ -83,6 +84,12 @@ def _gib(value: float | None) -> str:
     from fxplan.cli.units import binary_bytes
 
     return "–" if value is None else binary_bytes(value * 2 ** 30)
+
+
+def _bytes(value: float) -> str:
+    from fxplan.cli.units import binary_bytes
+
+    return binary_bytes(value) if value else "0"
 
 
 def _pct(value: float | None) -> str:
@@ -184,6 +191,7 @@ def _placement_summary(names: Sequence[str], plan: Plan) -> str:
 
 
 def _layers(plan: Plan, result: Estimate, graph: CapturedGraph) -> str:
+    from fxplan.cli.units import count
     from fxplan.cost_model.layer_costs import graph_segments
 
     if result.stage_plan is None:
@@ -203,7 +211,7 @@ def _layers(plan: Plan, result: Estimate, graph: CapturedGraph) -> str:
             rows.append((label, st.index, st.index % p, st.index // p, _time(seg.forward_s),
                          _time(seg.backward_s), _time(seg.recompute_s) if seg.recompute_s else "–",
                          recompute, len(seg.tp_forward) + len(seg.tp_backward),
-                         f"{tp_bytes / 2 ** 20:.3g} MiB", f"{seg.param_count / 1e6:.3g} M",
+                         _bytes(tp_bytes), count(seg.param_count),
                          _placement_summary(nodes.get(label, ()), plan)))
     header = ("segment", "virtual stage", "pp rank", "chunk", "forward", "backward", "recompute",
               "recompute policy", "tp collectives", "tp bytes", "params per rank",
