@@ -31,6 +31,7 @@ VERBS: tuple[str, ...] = (
     "profile",
     "estimate",
     "plan",
+    "report",
     "export",
     "launch",
     "models",
