@@ -431,7 +431,7 @@ def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str
         raise state.failure(model)
     best = done[0]
     if best.fallback:
-        log.warning(best.note)
+        log.info(best.note)  # a layout decision, shown in the report with the fallbacks
     fallbacks = state.fallbacks + best.placements.fallbacks + ([best.note] if best.fallback else [])
     return build_plan(graph, cluster, model=model, batch=batch, best=best,
                       runners_up=done[1:4], pruned=state.pruned, fallbacks=fallbacks,
