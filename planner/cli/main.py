@@ -31,6 +31,8 @@ VERBS: tuple[str, ...] = (
     "profile",
     "estimate",
     "plan",
+    "explain",
+    "diff",
     "export",
     "launch",
     "models",

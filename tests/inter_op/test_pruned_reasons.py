@@ -18,7 +18,6 @@ ranked were not the family's lightest: the compute lower bound stopped the ranki
 from __future__ import annotations
 
 import pytest
-import torch
 
 from fxplan import search
 from fxplan.api import capture_for_search
