@@ -279,11 +279,12 @@ class _Search:
                 kept, dropped = ((priced, out[index_]) if priced.est.step_time_s
                                  < out[index_].est.step_time_s else (out[index_], priced))
                 out[index_] = kept
+                layouts = (f"; the {kept.layout} layout is kept ({kept.est.step_time_s:.4g} s "
+                           f"≤ {dropped.est.step_time_s:.4g} s with the {dropped.layout} layout)"
+                           if kept.layout != dropped.layout else "")
                 self.pruned.append(Reason(
                     f"{c.summary()}: priced with its placements it is "
-                    f"{priced.config.summary()}, already a finalist (as {first}); the "
-                    f"{kept.layout} layout is kept ({kept.est.step_time_s:.4g} s ≤ "
-                    f"{dropped.est.step_time_s:.4g} s with the {dropped.layout} layout)",
+                    f"{priced.config.summary()}, already a finalist (as {first}){layouts}",
                     DUPLICATE))
                 continue
             seen[key] = (len(out), c.summary())
