@@ -62,3 +62,11 @@ def test_report_prints_every_kind_with_the_closest_first() -> None:
     text = out.getvalue()
     assert text.index(MEMORY) < text.index(TIME_BOUND) < text.index(DIVIDE) < text.index(STAGES)
     assert text.index("40.5 GiB") < text.index("43.0 GiB") < text.index("102.4 GiB")
+
+
+def test_a_plan_file_without_pruned_detail_still_loads_and_groups() -> None:
+    plan = _plan(with_detail=True)
+    data = plan.to_dict()
+    del data["pruned_detail"]
+    old = Plan.from_dict(data)
+    assert old.pruned_detail == () and group_pruned(old) == group_pruned(plan)
