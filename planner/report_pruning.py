@@ -1,57 +1,74 @@
-"""The plan's pruning reasons grouped by kind, the useful kinds first.
+"""Pruning reasons grouped by kind, the useful near-misses first.
 
-Minimal version (the ``report-explain`` branch owns the full one, same interface). A reason is
-classified by its wording (the strings :mod:`fxplan.inter_op` writes): memory near-misses
-("needs 93.4 GiB > 80 GiB", "does not fit"), then the time bound, then finalists that priced
-as another, then anything else, then divisibility and stage-count rules. Inside a group,
-reasons naming a memory need are ordered by that need (the smallest — the closest to fitting —
-first); the others keep the search's order.
+The search records every pruned family or candidate group as a sentence (``Plan.pruned``) and,
+since :mod:`fxplan.inter_op.reasons`, its kind and numbers (``Plan.pruned_detail``, same
+order). :func:`group_pruned` groups the sentences by kind in the order of
+:data:`~fxplan.inter_op.reasons.KINDS` (memory near-misses, then candidates cut by the time
+bound, duplicates, cost-model refusals, and last the trivial ones: a degree that does not
+divide, more stages than layers), and orders the memory group by how close its candidate
+came, the ratio ``needed / capacity`` (1.01 before 2.6). A plan written before
+``pruned_detail`` existed is read from its sentences: the kind from their wording, the numbers
+from "needs [≥] X GiB > Y GiB" or "simulated peak X GiB > Y GiB".
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Mapping
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.core.plan import Plan
+from fxplan.core.plan import Plan
+from fxplan.inter_op.reasons import (DIVIDE, DUPLICATE, KINDS, MEMORY, REFUSED, STAGES,
+                                     TIME_BOUND)
 
-__all__ = ["PrunedGroup", "group_pruned"]
+__all__ = ["OTHER", "PrunedGroup", "group_pruned"]
+
+#: The kind of a sentence no rule recognises (a plan from another version).
+OTHER = "other"
+
+#: Old-plan sentences: (pattern, kind), first match wins.
+_WORDING: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"more stages than layers"), STAGES),
+    (re.compile(r"does not divide|not divisible"), DIVIDE),
+    (re.compile(r"compute lower bound"), TIME_BOUND),
+    (re.compile(r"already a finalist"), DUPLICATE),
+    (re.compile(r"refused"), REFUSED),
+    (re.compile(r"GiB >"), MEMORY),
+)
+_NEEDS = re.compile(r"(?:needs ≥?|simulated peak)\s*([\d.]+) GiB > ([\d.]+) GiB")
 
 
 @dataclass(frozen=True)
 class PrunedGroup:
-    """One kind of pruning reason and the plan's reasons of that kind, closest first."""
+    """The plan's pruned reasons of one ``kind``, closest candidate first."""
 
     kind: str
     reasons: tuple[str, ...]
 
 
-#: ``(kind, pattern)`` in the order the groups are shown; the first matching pattern wins.
-KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("does not fit in memory", re.compile(r"GiB >|does not fit|did not fit|fits at")),
-    ("slower than the best (time bound)", re.compile(r"lower bound")),
-    ("same as another finalist", re.compile(r"already a finalist")),
-    ("other", re.compile(r"(?!)")),
-    ("degree does not divide", re.compile(r"does not divide|not divisible")),
-    ("more stages than layers", re.compile(r"more stages than layers")),
-)
-
-_NEED = re.compile(r"needs? (?:≥ )?([0-9.]+) GiB|peak ([0-9.]+) GiB")
-
-
-def _need_gib(reason: str) -> float:
-    """The memory a reason says its candidate needs (GiB), ``inf`` when it names none."""
-    match = _NEED.search(reason)
-    return float(next(g for g in match.groups() if g)) if match else float("inf")
+def _detail(text: str, detail: Mapping[str, Any] | None) -> tuple[str, float]:
+    """``(kind, closeness)`` of one reason: ``needed / capacity`` for memory, else 0."""
+    if detail and "kind" in detail:
+        kind = str(detail["kind"])
+        needed, cap = detail.get("needed_gib"), detail.get("capacity_gib")
+    else:
+        kind = next((k for pattern, k in _WORDING if pattern.search(text)), OTHER)
+        match = _NEEDS.search(text)
+        needed, cap = (float(match[1]), float(match[2])) if match else (None, None)
+    closeness = needed / cap if needed is not None and cap else float("inf")
+    return kind, closeness if kind == MEMORY else 0.0
 
 
-def group_pruned(plan: "Plan") -> list[PrunedGroup]:
-    """Pruning reasons grouped by kind, most useful kind first (module docstring)."""
-    groups: dict[str, list[str]] = {kind: [] for kind, _ in KINDS}
-    for reason in plan.pruned:
-        kind = next((k for k, pattern in KINDS if pattern.search(reason)), "other")
-        groups[kind].append(reason)
-    return [PrunedGroup(kind, tuple(sorted(reasons, key=_need_gib)))
-            for kind, reasons in groups.items() if reasons]
+def group_pruned(plan: Plan) -> list[PrunedGroup]:
+    """Pruning reasons grouped by kind, most useful kind first (memory/time near-misses before
+    trivial divisibility), each group ordered by how close its candidate came."""
+    details: list[Mapping[str, Any] | None] = (
+        list(plan.pruned_detail) if len(plan.pruned_detail) == len(plan.pruned)
+        else [None] * len(plan.pruned))
+    groups: dict[str, list[tuple[float, int, str]]] = {}
+    for index, (text, detail) in enumerate(zip(plan.pruned, details)):
+        kind, closeness = _detail(text, detail)
+        groups.setdefault(kind, []).append((closeness, index, text))
+    order = {kind: i for i, kind in enumerate((*KINDS, OTHER))}
+    return [PrunedGroup(kind, tuple(text for _, _, text in sorted(groups[kind])))
+            for kind in sorted(groups, key=lambda k: order.get(k, len(order)))]

@@ -32,6 +32,8 @@ VERBS: tuple[str, ...] = (
     "estimate",
     "plan",
     "report",
+    "explain",
+    "diff",
     "export",
     "launch",
     "models",
