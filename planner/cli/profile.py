@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fxplan.cli.arguments import count, number, output_path
 from fxplan.core.errors import UserError
 
 
@@ -18,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "device model instead of the roofline.",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("-o", "--output", metavar="FILE",
+    parser.add_argument("-o", "--output", metavar="FILE", type=output_path(".json"),
                         help="where to write the database (default: the user cache, "
                         "~/.cache/fxplan/ops/<device model>.json, which the cost model searches)")
     parser.add_argument("--quick", action="store_true",
@@ -28,9 +29,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--device-model", metavar="NAME",
                         help="the device model to key the database by (default: 'cpu', or the "
                         "CUDA device name); must match the cluster spec's device model")
-    parser.add_argument("--min-run-time", type=float, metavar="S",
+    parser.add_argument("--min-run-time", type=number(0, 3600), metavar="S",
                         help="seconds of timing per shape (default 0.1, quick 0.05)")
-    parser.add_argument("--rounds", type=int, default=1, metavar="N",
+    parser.add_argument("--rounds", type=count(1, 1000), default=1, metavar="N",
                         help="measure the grid N times and keep each shape's median (noisy machines)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
     parser.set_defaults(func=run)

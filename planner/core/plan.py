@@ -42,6 +42,7 @@ from typing import Any, Generic, Mapping, TypeVar
 
 from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
 from fxplan.core.errors import UserError
+from fxplan.core.files import read_text
 from fxplan.core.placements import PlacementMap
 
 __all__ = ["MESH_AXES", "PLAN_FORMAT_VERSION", "Plan", "PlanError", "SolverInfo",
@@ -415,10 +416,11 @@ def _stage(value: Any, i: int) -> StageAssignment:
 def load_plan(path: str | Path, *, graph_fingerprint: str | None = None,
               cluster_fingerprint: str | None = None) -> Plan:
     """Read a plan file; with fingerprints given, refuse a plan for another graph/cluster."""
+    if not isinstance(path, (str, Path)):
+        raise PlanError(f"load_plan takes the path of a plan file (str or Path), got "
+                        f"{type(path).__name__}")
     path = Path(path)
-    if not path.exists():
-        raise PlanError(f"plan file {path} does not exist")
-    plan = Plan.from_json(path.read_text(), source=str(path))
+    plan = Plan.from_json(read_text(path, what="plan file", error=PlanError), source=str(path))
     plan.check_matches(graph_fingerprint=graph_fingerprint,
                        cluster_fingerprint=cluster_fingerprint, source=str(path))
     return plan

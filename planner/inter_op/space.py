@@ -32,7 +32,19 @@ INTERLEAVE_CHUNKS = (2, 4)
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n ≥ 1`` in increasing order, by trial division up to ``√n``:
+    each ``d ≤ √n`` that divides ``n`` pairs with ``n / d ≥ √n`` (cost ``O(√n)``, not ``O(n)``;
+    the inputs that reach here are bounded, :mod:`fxplan.core.bounds`)."""
+    small: list[int] = []
+    large: list[int] = []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 @dataclass(frozen=True, order=True)
