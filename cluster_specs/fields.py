@@ -69,12 +69,15 @@ def number(*, low: float, low_open: bool, high: float | None = None, unit: str) 
     return Field(check, expected)
 
 
-def integer(*, low: int, unit: str) -> Field:
-    """An integer ``≥ low`` (floats such as ``8.0`` are refused); canonical ``int``."""
-    expected = f"an integer ≥ {low} ({unit})"
+def integer(*, low: int, unit: str, high: int | None = None) -> Field:
+    """An integer ``≥ low`` (and ``≤ high``; floats such as ``8.0`` are refused); canonical
+    ``int``."""
+    expected = (f"an integer ≥ {low}" if high is None else f"an integer in {low} … {high:,}"
+                ) + f" ({unit})"
 
     def check(value: Any, source: str, path: str) -> int:
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= low
+                and (high is None or value <= high)):
             raise ClusterSpecError(source, path, found=value, expected=expected + _yaml_hint(value))
         return value
 

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fxplan.cli.arguments import output_path
 from fxplan.cli.run_config import SETTINGS, LaunchError, RunSettings, resolve_settings
 
 #: torchrun flags ``fxplan launch`` sets itself: refused after ``--`` (with the flag to use).
@@ -106,7 +107,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     where = parser.add_argument_group("where it runs")
     where.add_argument("--print-command", "--dry-run", dest="print_command", action="store_true",
                        help="print exactly the command that would run, and stop")
-    where.add_argument("--slurm", metavar="FILE", help="write an sbatch script running the plan "
+    where.add_argument("--slurm", metavar="FILE", type=output_path(), help="write an sbatch script running the plan "
                        "on its nodes (one torchrun per node under srun), and stop")
     where.add_argument("--nnodes", type=int, default=None,
                        help="machines; must equal the plan's cluster (default: from the cluster)")

@@ -42,7 +42,13 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.cost_model.op_database import OPS, default_database_path
     from fxplan.cost_model.profiler import profile
 
-    ops = [op.strip() for op in args.ops.split(",") if op.strip()] if args.ops else None
+    ops = [op.strip() for op in args.ops.split(",") if op.strip()] if args.ops is not None else None
+    if ops == []:
+        raise UserError(f"--ops {args.ops!r}: expected one or more op names separated by commas "
+                        f"({', '.join(OPS)})")
+    if args.device_model is not None and not args.device_model.strip():
+        raise UserError("--device-model '': expected a device model name (the cluster spec's "
+                        "device model, e.g. A100-SXM4-80GB)")
     unknown = sorted(set(ops or ()) - set(OPS))
     if unknown:
         raise UserError(f"unknown op(s) {', '.join(unknown)} in --ops; known ops: {', '.join(OPS)}")

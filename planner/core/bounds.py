@@ -62,7 +62,7 @@ def check_number(name: str, value: Any, *, low: float = 0.0, high: float | None 
     """``value`` as a float if it is a finite real number (not ``bool``, not text) with
     ``low < value`` (``low ≤ value`` when ``low_open`` is false) and ``value ≤ high``."""
     bound = f"> {low:g}" if low_open else f"≥ {low:g}"
-    expected = f"a finite number {bound}" + (f" and ≤ {high:g}" if high is not None else "")
+    expected = f"a finite number {bound}" + (f" and ≤ {high:,g}" if high is not None else "")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BoundsError(f"{name} = {value!r} ({type(value).__name__}): expected {expected}")
     number = float(value) if abs(value) < 1e308 else math.inf

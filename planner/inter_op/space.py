@@ -77,7 +77,10 @@ def families(world: int, *, batch: int, layers: int, heads: int | None,
             continue
         for pp in divisors(world // tp):
             dp = world // (tp * pp)
-            if pp > layers:
+            if layers == 0 and pp > 1:
+                pruned.append(f"tp={tp}, pp={pp}: no repeated layers found to split into "
+                              "pipeline stages (only pp=1 applies to this model)")
+            elif pp > max(layers, 1):
                 pruned.append(f"tp={tp}, pp={pp}: more stages than layers ({pp} > {layers})")
             elif batch % dp:
                 pruned.append(f"tp={tp}, pp={pp}, dp={dp}: batch={batch} not divisible by dp "

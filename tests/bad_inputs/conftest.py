@@ -28,7 +28,11 @@ def valid_plan(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 @pytest.fixture(scope="session")
 def bad_files(tmp_path_factory: pytest.TempPathFactory, valid_plan: dict) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("bad")
+    return make_bad_files(tmp_path_factory.mktemp("bad"), valid_plan)
+
+
+def make_bad_files(root: Path, valid_plan: dict) -> dict[str, str]:
+    """Write the broken files under ``root``; ``{name with _ for .}: path``."""
     files: dict[str, str] = {"dir": str(root / "adir"), "tmp": str(root)}
     (root / "adir").mkdir()
     (root / "adir" / "adir.py").mkdir()
