@@ -128,6 +128,7 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     from fxplan.api import capture_for_search
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import load_plan
+    from fxplan.cost_model.plan_check import check_plan as check_plan_against
     from fxplan.cluster_specs import training_dtype
 
     plan = load_plan(args.plan)
@@ -137,6 +138,7 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     graph = capture_for_search(args.model or plan.model, seq=plan.seq,
                                dtype=training_dtype(cluster))
     plan.check_matches(graph_fingerprint=graph.fingerprint(), source=args.plan)
+    check_plan_against(plan, cluster, graph, source=args.plan)
     return plan, nnodes, nproc, cluster
 
 
