@@ -33,13 +33,13 @@ import os
 import re
 import shlex
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fxplan.cli.arguments import output_path
+from fxplan.cli.child import run_foreground
 from fxplan.cli.run_config import SETTINGS, LaunchError, RunSettings, resolve_settings
 
 #: torchrun flags ``fxplan launch`` sets itself: refused after ``--`` (with the flag to use).
@@ -344,4 +344,4 @@ def run(args: argparse.Namespace) -> int:
         print(line)
         return 0
     print(f"running: {line}", flush=True)
-    return subprocess.call(cmd, env={**os.environ, **env})
+    return run_foreground(cmd, {**os.environ, **env})
