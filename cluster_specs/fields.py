@@ -55,7 +55,9 @@ def _yaml_hint(value: Any) -> str:
 def number(*, low: float, low_open: bool, high: float | None = None, unit: str) -> Field:
     """A number in ``(low, high]`` (``low_open``) or ``[low, high]``; canonical ``float``."""
     low_text = f"> {low:g}" if low_open else f"≥ {low:g}"
-    expected = f"a number {low_text}" + (f" and ≤ {high:g}" if high is not None else "")
+    high_text = "" if high is None else (f"{high:,.0f}" if high >= 1000 and high == int(high)
+                                         else f"{high:g}")
+    expected = f"a number {low_text}" + (f" and ≤ {high_text}" if high is not None else "")
     expected += f" ({unit})" if unit else ""
 
     def check(value: Any, source: str, path: str) -> float:
