@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from fxplan.cluster_specs.errors import ClusterSpecError
+from fxplan.core.files import read_text
 
 __all__ = ["BUILTIN_DIR", "read_document"]
 
@@ -39,7 +40,8 @@ class _StrictSafeLoader(yaml.SafeLoader):
 
 def read_document(path: Path, source: str) -> Any:
     """Parse a YAML or JSON file; syntax errors become ``ClusterSpecError`` with the position."""
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, what="cluster file",
+                     error=lambda message: ClusterSpecError(source, message=message))
     if path.suffix.lower() == ".json":
         try:
             return json.loads(text)

@@ -55,7 +55,9 @@ def _yaml_hint(value: Any) -> str:
 def number(*, low: float, low_open: bool, high: float | None = None, unit: str) -> Field:
     """A number in ``(low, high]`` (``low_open``) or ``[low, high]``; canonical ``float``."""
     low_text = f"> {low:g}" if low_open else f"≥ {low:g}"
-    expected = f"a number {low_text}" + (f" and ≤ {high:g}" if high is not None else "")
+    high_text = "" if high is None else (f"{high:,.0f}" if high >= 1000 and high == int(high)
+                                         else f"{high:g}")
+    expected = f"a number {low_text}" + (f" and ≤ {high_text}" if high is not None else "")
     expected += f" ({unit})" if unit else ""
 
     def check(value: Any, source: str, path: str) -> float:
@@ -69,12 +71,15 @@ def number(*, low: float, low_open: bool, high: float | None = None, unit: str) 
     return Field(check, expected)
 
 
-def integer(*, low: int, unit: str) -> Field:
-    """An integer ``≥ low`` (floats such as ``8.0`` are refused); canonical ``int``."""
-    expected = f"an integer ≥ {low} ({unit})"
+def integer(*, low: int, unit: str, high: int | None = None) -> Field:
+    """An integer ``≥ low`` (and ``≤ high``; floats such as ``8.0`` are refused); canonical
+    ``int``."""
+    expected = (f"an integer ≥ {low}" if high is None else f"an integer in {low} … {high:,}"
+                ) + f" ({unit})"
 
     def check(value: Any, source: str, path: str) -> int:
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= low
+                and (high is None or value <= high)):
             raise ClusterSpecError(source, path, found=value, expected=expected + _yaml_hint(value))
         return value
 

@@ -23,6 +23,7 @@ from fxplan.cluster_specs.errors import ClusterSpecError
 from fxplan.cluster_specs.local_cpu import GENERATOR_PARAMS, local_cpu_spec
 from fxplan.cluster_specs.overrides import apply_overrides, parse_overrides, positive_int
 from fxplan.cluster_specs.schema import validate
+from fxplan.core.bounds import MAX_DEVICES_PER_NODE
 
 #: Built-ins generated at load time: name → (generator, the override keys it takes).
 GENERATED: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
@@ -67,13 +68,25 @@ def _base_spec(base: str, generator_args: dict[str, Any], source: str) -> dict[s
 
 def load_spec(spec: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
     """The canonical spec dict for a spec string or path, and its source label."""
+    if not isinstance(spec, (str, os.PathLike)):
+        raise ClusterSpecError(repr(spec), message=f"found a {type(spec).__name__}, expected a "
+                               "cluster spec: a built-in name, a file path, name:key=value,... "
+                               "or a Cluster (Cluster.from_dict reads a dict)")
     text = os.fspath(spec)
+    if not text.strip():
+        raise ClusterSpecError(repr(text), message="found an empty cluster spec, expected a "
+                               f"built-in name ({', '.join(available_specs())}), a file path or "
+                               "name:key=value,...")
+    if Path(text).is_dir():
+        raise ClusterSpecError(text, message="is a directory; expected a cluster file (YAML or "
+                               "Paddle JSON) or a built-in name")
     if Path(text).is_file():
         return _document_to_spec(read_document(Path(text), text), text), text
     base, colon, override_text = text.partition(":")
     items = parse_overrides(override_text, text) if colon else []
     params = GENERATED[base][1] if base in GENERATED else ()
-    generator_args = {k: positive_int(k, v, text) for k, v in items if k in params}
+    generator_args = {k: positive_int(k, v, text, MAX_DEVICES_PER_NODE)
+                      for k, v in items if k in params}
     items = [(k, v) for k, v in items if k not in params]
     canonical = _base_spec(base, generator_args, text)
     if colon:

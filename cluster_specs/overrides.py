@@ -48,14 +48,19 @@ def parse_overrides(text: str, source: str) -> list[tuple[str, Any]]:
             value = yaml.safe_load(raw)
         except yaml.YAMLError:
             value = raw
+        if any(key == seen for seen, _ in items):
+            raise ClusterSpecError(source, message=f"found override {key!r} given twice, "
+                                   "expected each key once")
         items.append((key, value))
     return items
 
 
-def positive_int(key: str, value: Any, source: str) -> int:
-    """An override value that must be an integer ≥ 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ClusterSpecError(source, key, found=value, expected="an integer ≥ 1")
+def positive_int(key: str, value: Any, source: str, high: int | None = None) -> int:
+    """An override value that must be an integer ≥ 1 (and ≤ ``high``)."""
+    if (isinstance(value, bool) or not isinstance(value, int) or value < 1
+            or (high is not None and value > high)):
+        raise ClusterSpecError(source, key, found=value, expected="an integer ≥ 1" if high is None
+                               else f"an integer in 1 … {high:,}")
     return value
 
 

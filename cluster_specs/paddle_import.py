@@ -119,6 +119,32 @@ def _latency(alpha: dict, section: str, default: float, source: str) -> float:
     return _number(value, source, f"alpha_latency.{section}.ring", "µs, or NVL, PHB, NET", zero_ok=True)
 
 
+def _check_ids(devices: list, links: list, source: str, path: str) -> None:
+    """Every device of a machine has its own ``global_id`` and every link joins two of them:
+    a duplicate id or a link to a device the machine does not list is refused, as a negative
+    bandwidth is (dropping the link would silently change the intra-node level)."""
+    seen: dict[Any, int] = {}
+    for k, device in enumerate(devices):
+        if not isinstance(device, dict):
+            continue
+        gid = device.get("global_id")
+        if gid in seen:
+            raise ClusterSpecError(source, f"{path}.devices[{k}].global_id", found=gid,
+                                   expected=f"an id no other device has (devices[{seen[gid]}] "
+                                   "has it already)")
+        seen[gid] = k
+    for k, link in enumerate(links):
+        if not isinstance(link, dict):
+            raise ClusterSpecError(source, f"{path}.links[{k}]", found=link,
+                                   expected="an object with source_global_id, target_global_id, "
+                                   "type and bandwidth")
+        for end in ("source_global_id", "target_global_id"):
+            if link.get(end) not in seen:
+                raise ClusterSpecError(source, f"{path}.links[{k}].{end}", found=link.get(end),
+                                       expected="the global_id of a device listed in "
+                                       f"{path}.devices ({', '.join(map(str, seen))})")
+
+
 def _machine(machine: Any, i: int, alpha: dict, source: str) -> dict[str, Any]:
     """One machine's accelerators, intra-node link and NICs, as plain values."""
     path = f"machines[{i}]"
@@ -136,7 +162,9 @@ def _machine(machine: Any, i: int, alpha: dict, source: str) -> dict[str, Any]:
             raise ClusterSpecError(source, f"{path}.devices[{k}].model", found=other.get("model"),
                                    expected=f"{model!r} like the machine's other accelerators")
     ids = {d.get("global_id") for _, d in accel}
-    pairs = [(k, link) for k, link in enumerate(_list(machine, "links", source, path, required=False))
+    links = _list(machine, "links", source, path, required=False)
+    _check_ids(devices, links, source, path)
+    pairs = [(k, link) for k, link in enumerate(links)
              if isinstance(link, dict)
              and link.get("source_global_id") in ids and link.get("target_global_id") in ids]
     if pairs:

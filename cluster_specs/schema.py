@@ -38,6 +38,7 @@ from fxplan.cluster_specs.fields import (
     text,
 )
 from fxplan.cluster_specs.links import LEVEL_KINDS, SCOPES
+from fxplan.core.bounds import MAX_DEVICES, MAX_DEVICES_PER_NODE, MAX_MEMORY_GIB, MAX_NODES
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS: tuple[int, ...] = (1,)
@@ -51,6 +52,10 @@ OP_CLASSES: tuple[str, ...] = (
 )
 
 _ALL_LEVEL_KINDS = tuple(kind for kinds in LEVEL_KINDS.values() for kind in kinds)
+#: Rates (GB/s, TFLOP/s) and latencies (µs) beyond any device: 10⁶ GB/s is a thousand times
+#: HBM3e, 10⁶ TFLOP/s an exaflop per device, 10⁶ µs a second per hop or kernel.
+MAX_RATE = 1e6
+MAX_LATENCY_US = 1e6
 _FRACTION = number(low=0.0, low_open=True, high=1.0, unit="fraction")
 
 
@@ -87,22 +92,28 @@ GROUP_FIELDS: dict[str, Field] = {
     "name": text(what="the device group's name", name=True),
     "kind": choice(DEVICE_KINDS, what="device kind"),
     "model": text(what="device model, e.g. A100-SXM4-80GB"),
-    "nodes": integer(low=1, unit="nodes of this group"),
-    "devices_per_node": integer(low=1, unit="devices in each node"),
-    "memory_gib": number(low=0, low_open=True, unit="GiB per device"),
-    "reserved_memory_gib": optional(number(low=0, low_open=False, unit="GiB per device"), 0.0),
-    "memory_bandwidth_gb_per_s": number(low=0, low_open=True, unit="GB/s per device"),
+    "nodes": integer(low=1, high=MAX_NODES, unit="nodes of this group"),
+    "devices_per_node": integer(low=1, high=MAX_DEVICES_PER_NODE, unit="devices in each node"),
+    "memory_gib": number(low=0, low_open=True, high=MAX_MEMORY_GIB, unit="GiB per device"),
+    "reserved_memory_gib": optional(number(low=0, low_open=False, high=MAX_MEMORY_GIB,
+                                           unit="GiB per device"), 0.0),
+    "memory_bandwidth_gb_per_s": number(low=0, low_open=True, high=MAX_RATE,
+                                        unit="GB/s per device"),
     "peak_tflops": number_map(
-        DTYPES, number(low=0, low_open=True, unit="dense TFLOP/s"), what="peak per dtype",
+        DTYPES, number(low=0, low_open=True, high=MAX_RATE, unit="dense TFLOP/s"),
+        what="peak per dtype",
         nonempty=True,
     ),
     "intra_node_level": text(what="name of the scope: node level joining a node's devices"),
     "compute_efficiency": optional(
         number_map(OP_CLASSES, _FRACTION, what="fraction of peak per op class", nonempty=False), {}
     ),
-    "kernel_launch_us": optional(number(low=0, low_open=False, unit="µs per kernel"), 0.0),
-    "step_overhead_us": optional(number(low=0, low_open=False, unit="µs per training step"), 0.0),
-    "nics_per_node": optional(integer(low=1, unit="NICs per node, overriding the cluster-scope level's")),
+    "kernel_launch_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                        unit="µs per kernel"), 0.0),
+    "step_overhead_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                        unit="µs per training step"), 0.0),
+    "nics_per_node": optional(integer(low=1, high=MAX_DEVICES_PER_NODE,
+                                      unit="NICs per node, overriding the cluster-scope level's")),
 }
 
 LEVEL_FIELDS: dict[str, Field] = {
@@ -110,13 +121,15 @@ LEVEL_FIELDS: dict[str, Field] = {
     "kind": choice(_ALL_LEVEL_KINDS, what="link technology"),
     "scope": choice(SCOPES, what="node: inside a node; cluster: across nodes"),
     "bandwidth_gb_per_s": number(
-        low=0, low_open=True, unit="GB/s per direction, per device (node) or per NIC (cluster)"
+        low=0, low_open=True, high=MAX_RATE,
+        unit="GB/s per direction, per device (node) or per NIC (cluster)"
     ),
-    "latency_us": number(low=0, low_open=False, unit="µs per hop"),
+    "latency_us": number(low=0, low_open=False, high=MAX_LATENCY_US, unit="µs per hop"),
     "efficiency": _FRACTION,
-    "nics_per_node": optional(integer(low=1, unit="NICs per node")),
+    "nics_per_node": optional(integer(low=1, high=MAX_DEVICES_PER_NODE, unit="NICs per node")),
     "allreduce_bandwidth_gb_per_s": optional(
-        number(low=0, low_open=True, unit="GB/s all-reduce bus bandwidth with in-network reduction")
+        number(low=0, low_open=True, high=MAX_RATE,
+               unit="GB/s all-reduce bus bandwidth with in-network reduction")
     ),
 }
 
@@ -230,6 +243,12 @@ def _check_whole(spec: dict[str, Any], source: str) -> None:
                 f"(they name {', '.join(sorted(used))})",
             )
     nodes = [group["nodes"] for group in groups]
+    devices = sum(group["nodes"] * group["devices_per_node"] for group in groups)
+    if devices > MAX_DEVICES:
+        raise ClusterSpecError(
+            source, "device_groups",
+            message=f"found {devices:,} devices in all (Σ nodes × devices_per_node), expected at "
+            f"most {MAX_DEVICES:,} (fxplan.core.bounds: ten times the largest clusters built)")
     if sum(nodes) > 1 and not any(level["scope"] == "cluster" for level in levels):
         split = " + ".join(f"{n} ({g['name']})" for n, g in zip(nodes, groups))
         raise ClusterSpecError(

@@ -100,6 +100,9 @@ def _parse_overrides(family: Family, text: str, spec: str) -> dict[str, Any]:
         if not eq or not key:
             raise ModelSpecError(f"model {spec!r}: override {item!r} is not key=value "
                                  f"(allowed keys for {family.name}: {', '.join(allowed)})")
+        if key in values:
+            raise ModelSpecError(f"model {spec!r}: key {key!r} is given twice; give each key "
+                                 "once")
         if key not in allowed:
             raise ModelSpecError(f"model {spec!r}: unknown key {key!r} for {family.name}; "
                                  f"allowed keys: {', '.join(allowed)}")

@@ -38,6 +38,10 @@ def load_function(path: str, function: str) -> Callable[[], Any]:
     sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
     try:
         spec.loader.exec_module(module)
+    except SystemExit as err:
+        raise ModelSpecError(f"importing {path!r} failed: the file calls sys.exit({err.code!r}) "
+                             "at import; a model file defines its build function and does not "
+                             "exit") from None
     except Exception as err:
         raise ModelSpecError(f"importing {path!r} failed: {type(err).__name__}: {err}") from err
     fn = getattr(module, function, None)
@@ -72,7 +76,16 @@ def user_file_bundle(path: str, function: str = "build") -> ModelBundle:
     origin = f"{path}:{function}()"
 
     def call() -> tuple[torch.nn.Module, dict[str, InputSpec]]:
-        result = fn()
+        try:
+            result = fn()
+        except ModelSpecError:
+            raise
+        except SystemExit as err:
+            raise ModelSpecError(f"{origin} called sys.exit({err.code!r}); expected it to "
+                                 "return (model, example_inputs)") from None
+        except Exception as err:
+            raise ModelSpecError(f"{origin} raised {type(err).__name__}: {err} (in {path}; "
+                                 "expected it to return (model, example_inputs))") from err
         if not (isinstance(result, tuple) and len(result) == 2
                 and isinstance(result[0], torch.nn.Module)):
             raise ModelSpecError(f"{origin} must return (model, example_inputs); got "

@@ -34,6 +34,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
+import os
+
+from fxplan.core.bounds import MAX_BATCH, MAX_SEQ, check_count
+from fxplan.core.errors import UserError
 from fxplan.core.plan import Plan, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,7 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.passes.captured_graph import CapturedGraph
     from fxplan.runtime.sharded_module import ShardedModule
 
-__all__ = ["PlanResult", "capture", "capture_for_search", "plan", "search"]
+__all__ = ["ApiArgumentError", "PlanResult", "capture", "capture_for_search", "plan", "search"]
 
 logger = logging.getLogger("fxplan.api")
 
@@ -57,6 +61,11 @@ def capture(model: "str | ModelBundle | torch.nn.Module", **options: Any) -> Cap
     from fxplan.examples.model_spec import resolve_model
     from fxplan.passes.capture import capture as capture_module
 
+    _check_model(model, "capture")
+    if "batch" in options and options["batch"] is not None:
+        check_count("batch", options["batch"], high=MAX_BATCH)
+    if options.get("seq") is not None:
+        check_count("seq", options["seq"], high=MAX_SEQ)
     return capture_module(resolve_model(model) if isinstance(model, str) else model, **options)
 
 
@@ -100,12 +109,15 @@ def search(model: "str | ModelBundle | CapturedGraph", cluster: "str | Cluster",
     are those of :func:`fxplan.inter_op.search` (``constraints``, ``time_budget_s``,
     ``finalists``, ``progress``, ``model``).
     """
-    from fxplan.cluster_specs import Cluster
     from fxplan.inter_op import search as search_graph
     from fxplan.cluster_specs import training_dtype
+    from fxplan.inter_op import check_search_arguments
     from fxplan.inter_op.progress import PhaseTimer
 
-    cluster = Cluster.load(cluster)
+    _check_model(model, "search", graph_ok=True)
+    check_search_arguments(batch=batch, seq=seq, **{k: options[k] for k in (
+        "time_budget_s", "finalists", "constraints") if k in options})
+    cluster = _load_cluster(cluster)
     timer = PhaseTimer()
     if isinstance(model, str):
         from fxplan.examples.model_spec import canonical_spec
@@ -127,10 +139,48 @@ def _capture(model: "torch.nn.Module", cluster: Cluster, inputs: tuple) -> Captu
     return capture(model, inputs=one_sample, dtype=getattr(torch, training_dtype(cluster)))
 
 
-def _load_cluster(cluster: str | Cluster) -> Cluster:
+def _load_cluster(cluster: "str | Cluster") -> Cluster:
+    """A ``Cluster``, or one loaded from a spec string or path; anything else (``None``, a
+    dict) is a :class:`ApiArgumentError` saying what is expected."""
+    import os
+
     from fxplan.cluster_specs import Cluster
 
-    return Cluster.load(cluster) if isinstance(cluster, str) else cluster
+    if isinstance(cluster, Cluster):
+        return cluster
+    if isinstance(cluster, (str, os.PathLike)):
+        return Cluster.load(cluster)
+    hint = " (Cluster.from_dict(d) reads a dict)" if isinstance(cluster, dict) else ""
+    raise ApiArgumentError(f"cluster = {cluster!r:.60} ({type(cluster).__name__}): expected a "
+                           f"spec string such as 'dgx-a100-80g:nodes=4', a file path or a "
+                           f"fxplan Cluster{hint}")
+
+
+class ApiArgumentError(UserError, TypeError):
+    """An argument of the public API of the wrong type: the message names it and what is
+    expected."""
+
+
+def _check_model(model: Any, function: str, *, graph_ok: bool = False,
+                 module_only: bool = False) -> None:
+    """``model`` is what ``function`` takes: a spec string, a ModelBundle or an nn.Module
+    (``graph_ok``: also a captured graph; ``module_only``: an nn.Module alone)."""
+    import torch
+
+    from fxplan.examples.bundle import ModelBundle
+
+    if module_only:
+        kinds: tuple[type, ...] = (torch.nn.Module,)
+        expected = "a torch.nn.Module"
+    else:
+        kinds = (str, ModelBundle, torch.nn.Module)
+        expected = "a model spec string (e.g. 'gpt-1.7b'), a ModelBundle or a torch.nn.Module"
+    if isinstance(model, kinds) or (graph_ok and hasattr(model, "gm")):
+        return
+    if graph_ok:
+        expected += " or a captured graph"
+    raise ApiArgumentError(f"{function}(model={model!r:.60}): expected {expected}, got "
+                           f"{type(model).__name__}")
 
 
 def _search(model: "torch.nn.Module", cluster: str | Cluster, inputs: tuple, batch: int,
@@ -186,9 +236,26 @@ def plan(model: "torch.nn.Module", cluster: "str | Cluster", *, inputs: Any, bat
     Returns a :class:`PlanResult` on every process: the plan, and this process's
     :class:`~fxplan.runtime.sharded_module.ShardedModule` where it was applied.
     """
+    import torch
     import torch.distributed as dist
 
+    _check_model(model, "plan", module_only=True)
+    check_count("batch", batch, high=MAX_BATCH)
+    if seq is not None:
+        check_count("seq", seq, high=MAX_SEQ)
+    if plan is not None and not isinstance(plan, Plan):
+        hint = (" (fxplan.load_plan(path) reads a plan file)" if isinstance(plan, (str, os.PathLike))
+                else "")
+        raise ApiArgumentError(f"plan={plan!r:.60} ({type(plan).__name__}): expected a fxplan "
+                               f"Plan or None{hint}")
+    if inputs is None or (isinstance(inputs, (tuple, list)) and not inputs):
+        raise ApiArgumentError(f"inputs={inputs!r}: expected a tensor or a tuple of tensors "
+                               "(one batch of the model's example inputs)")
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    bad = [type(x).__name__ for x in inputs if not isinstance(x, torch.Tensor)]
+    if bad:
+        raise ApiArgumentError(f"inputs holds {', '.join(bad)}: expected tensors")
+    _load_cluster(cluster)
     if plan is not None:
         _check_graph(model, plan, cluster, inputs)
     chosen = plan if plan is not None else _search(model, cluster, inputs, batch, seq,

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from fxplan.examples.models.lm import init_lm_weights, lm_loss
 from fxplan.examples.models.validation import (require_choice, require_divisible, require_positive,
-                                        require_probability)
+                                        require_positive_float, require_probability)
 
 ATTENTION_KINDS = ("math", "sdpa")
 
@@ -56,6 +56,7 @@ class GPTConfig:
         require_positive(self, "layers", "hidden", "heads", "vocab", "seq")
         require_divisible(self, "hidden", "heads")
         require_probability(self, "dropout")
+        require_positive_float(self, "ln_eps")
         require_choice(self, "attention", ATTENTION_KINDS)
 
     @property

@@ -25,7 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fxplan.examples.models.lm import init_lm_weights, lm_loss
-from fxplan.examples.models.validation import require_divisible, require_positive
+from fxplan.examples.models.validation import (require_divisible, require_positive,
+                                               require_positive_float)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class LlamaConfig:
             self.ffn_hidden = self.multiple_of * -(-width // self.multiple_of)
         require_positive(self, "layers", "hidden", "heads", "kv_heads", "vocab", "seq",
                          "ffn_hidden", "multiple_of")
+        require_positive_float(self, "norm_eps", "rope_theta")
         require_divisible(self, "hidden", "heads")
         require_divisible(self, "heads", "kv_heads")
         if self.head_dim % 2:

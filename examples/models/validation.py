@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
+
+#: Upper bounds of model dimensions: a repeated-block count (layers, stages) above
+#: :data:`MAX_LAYERS` or a width above :data:`MAX_WIDTH` describes no trainable model, and
+#: building one would not finish (docs/cli.md "Input bounds").
+MAX_LAYERS = 10_000
+MAX_WIDTH = 2 ** 24
+_COUNTS = ("layers", "stages", "blocks_per_stage")
 
 
 def require_positive(config: Any, *names: str) -> None:
-    """Every named field is a positive ``int``."""
+    """Every named field is a positive ``int`` up to its bound (:data:`MAX_LAYERS` for block
+    counts, :data:`MAX_WIDTH` for widths and vocabularies)."""
     for name in names:
         value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{type(config).__name__}.{name} must be a positive integer, "
+        high = MAX_LAYERS if name in _COUNTS else MAX_WIDTH
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+            shown = repr(value) if len(repr(value)) < 24 else f"{repr(value)[:10]}…"
+            raise ValueError(f"{type(config).__name__}.{name} must be a positive integer "
+                             f"≤ {high:,}, got {shown}")
+
+
+def require_positive_float(config: Any, *names: str) -> None:
+    """Every named field is a finite number > 0 (an epsilon, a rotary base)."""
+    for name in names:
+        value = getattr(config, name)
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"{type(config).__name__}.{name} must be a finite number > 0, "
                              f"got {value!r}")
 
 
@@ -26,7 +47,7 @@ def require_divisible(config: Any, numerator: str, denominator: str) -> int:
 def require_probability(config: Any, name: str) -> None:
     """A dropout-like probability in [0, 1)."""
     value = getattr(config, name)
-    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
 
 

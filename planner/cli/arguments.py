@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
+from typing import Callable
+
+from fxplan.core.bounds import MAX_BATCH, MAX_SEQ, BoundsError, check_count, check_number
 
 #: ``--dtype`` choices → torch dtype names.
 DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -35,11 +40,13 @@ def add_cluster_argument(parser: argparse.ArgumentParser, *, required: bool = Tr
 def add_workload_arguments(parser: argparse.ArgumentParser, *, batch_default: int | None = None) -> None:
     """``--batch`` (required unless a default is given) and ``--seq``."""
     if batch_default is None:
-        parser.add_argument("--batch", type=int, required=True, help="global batch (samples per step)")
+        parser.add_argument("--batch", type=count(1, MAX_BATCH), required=True,
+                            help=f"global batch (samples per step, 1 … {MAX_BATCH:,})")
     else:
-        parser.add_argument("--batch", type=int, default=batch_default,
+        parser.add_argument("--batch", type=count(1, MAX_BATCH), default=batch_default,
                             help=f"samples per step (default {batch_default})")
-    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
+    parser.add_argument("--seq", type=count(1, MAX_SEQ), default=None,
+                        help="sequence length (default: the model's)")
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser, *, what: str,
@@ -54,3 +61,77 @@ def add_dtype_argument(parser: argparse.ArgumentParser, *, what: str,
     else:
         parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
                             help=f"{what} (default bf16)")
+
+
+def count(low: int = 1, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``[low, high]`` (:func:`fxplan.core.bounds.check_count`);
+    anything else is a usage error (exit 2) naming the flag and the range."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip().replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer (expected an integer "
+                                             f"{'≥ ' + str(low) if high is None else f'in {low:,} … {high:,}'})"
+                                             ) from None
+        try:
+            return check_count("value", value, low=low, high=high)
+        except BoundsError as err:
+            raise argparse.ArgumentTypeError(str(err).removeprefix("value = ")) from None
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(low: float = 0.0, high: float | None = None, *, low_open: bool = True
+           ) -> Callable[[str], float]:
+    """An argparse ``type``: a finite float in ``(low, high]`` (``[low, high]`` when not
+    ``low_open``); ``nan``, ``inf`` and out-of-range values are usage errors (exit 2)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        try:
+            return check_number("value", value, low=low, high=high, low_open=low_open)
+        except BoundsError as err:
+            raise argparse.ArgumentTypeError(str(err).removeprefix("value = ")) from None
+    parse.__name__ = "number"
+    return parse
+
+
+def output_path(*suffixes: str, prefix: bool = False) -> Callable[[str], str]:
+    """An argparse ``type`` for a file the command will write: checked when the line is parsed,
+    before any work, so that a long search is not lost to a bad path. The parent directory must
+    exist and be writable, the path must not be a directory, and with ``suffixes`` its suffix
+    must be one of them. ``prefix``: the value is a file-name prefix (``--plot PREFIX`` writes
+    ``PREFIX-timeline.png``), so only its directory is checked, and it takes no suffix."""
+    def parse(text: str) -> str:
+        check_output_path(text, suffixes, prefix=prefix)
+        return text
+    parse.__name__ = "output path"
+    return parse
+
+
+def check_output_path(text: str, suffixes: tuple[str, ...] = (), *, prefix: bool = False) -> None:
+    """Raise ``argparse.ArgumentTypeError`` unless ``text`` can be written (:func:`output_path`)."""
+    if not text or text.strip() != text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a file path")
+    path = Path(text)
+    if path.is_dir() or text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"{text} is a directory: expected a file path"
+                                         + (" prefix (e.g. out/tiny)" if prefix else ""))
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: directory {parent} does not exist (create it "
+                                         "first)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: directory {parent} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: the file exists and is not writable")
+    suffix = path.suffix.lower()
+    if prefix and suffix in (".png", ".svg", ".pdf", ".txt", ".json", ".html"):
+        raise argparse.ArgumentTypeError(
+            f"{text}: expected a prefix without a suffix (it writes {path.with_suffix('')}"
+            f"-timeline.png and {path.with_suffix('')}-memory.png)")
+    if suffixes and suffix not in suffixes:
+        raise argparse.ArgumentTypeError(f"{text}: expected a file ending in "
+                                         f"{' or '.join(suffixes)}, not {suffix or 'no suffix'!r}")

@@ -105,7 +105,7 @@ def _show(spec: str, as_json: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.show:
+    if args.show is not None:
         _show(args.show, args.json)
     else:
         _list(args.json)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 
+from fxplan.cli.arguments import count
+from fxplan.core.bounds import MAX_BATCH, MAX_SEQ
+
 DEFAULT_MODEL = "gpt-1.7b"
 DEFAULT_CLUSTER = "dgx-a100-80g:nodes=4"
 DEFAULT_BATCH = 512
@@ -20,9 +23,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
     parser.add_argument("--cluster", default=DEFAULT_CLUSTER,
                         help=f"cluster spec (default {DEFAULT_CLUSTER})")
-    parser.add_argument("--batch", type=int, default=DEFAULT_BATCH,
+    parser.add_argument("--batch", type=count(1, MAX_BATCH), default=DEFAULT_BATCH,
                         help=f"global batch (default {DEFAULT_BATCH})")
-    parser.add_argument("--seq", type=int, default=DEFAULT_SEQ,
+    parser.add_argument("--seq", type=count(1, MAX_SEQ), default=DEFAULT_SEQ,
                         help=f"sequence length (default {DEFAULT_SEQ})")
     parser.set_defaults(func=run)
     return parser

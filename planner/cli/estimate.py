@@ -25,6 +25,7 @@ from typing import Any
 
 from fxplan.cli.arguments import (
     DTYPES, add_cluster_argument, add_dtype_argument, add_model_argument, add_workload_arguments,
+    output_path,
 )
 
 
@@ -43,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_dtype_argument(parser, what="training precision of weights and activations",
                        follow_cluster=True)
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.add_argument("--plot", metavar="FILE", help="draw the pipeline timeline to FILE (.png, .svg)")
+    parser.add_argument("--plot", metavar="FILE", type=output_path(".png", ".svg", ".pdf"),
+                        help="draw the pipeline timeline to FILE (.png, .svg)")
     parser.set_defaults(func=run)
     return parser
 

@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from fxplan.cli.arguments import output_path
+
 #: Listed here rather than imported so that ``fxplan --help`` stays instant; the test checks
 #: it against :data:`fxplan.export.TARGETS`.
 TARGET_NAMES = ("megatron", "torchtitan", "deepspeed")
@@ -30,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `fxplan plan -o`")
     parser.add_argument("--to", required=True, metavar="TARGET",
                         help=f"target framework: {', '.join(TARGET_NAMES)}")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write the text here")
+    parser.add_argument("-o", "--output", metavar="FILE", type=output_path(),
+                        help="write the text here")
     parser.add_argument("--json", action="store_true",
                         help="print {\"target\", \"text\", \"notes\"} as JSON")
     parser.set_defaults(func=run)

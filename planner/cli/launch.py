@@ -39,12 +39,13 @@ import os
 import re
 import shlex
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fxplan.cli.arguments import output_path
+from fxplan.cli.child import run_foreground
 from fxplan.cli.run_config import SETTINGS, LaunchError, RunSettings, resolve_settings
 
 #: torchrun flags ``fxplan launch`` sets itself: refused after ``--`` (with the flag to use).
@@ -116,7 +117,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     where = parser.add_argument_group("where it runs")
     where.add_argument("--print-command", "--dry-run", dest="print_command", action="store_true",
                        help="print exactly the command that would run, and stop")
-    where.add_argument("--slurm", metavar="FILE", help="write an sbatch script running the plan "
+    where.add_argument("--slurm", metavar="FILE", type=output_path(), help="write an sbatch script running the plan "
                        "on its nodes (one torchrun per node under srun), and stop")
     where.add_argument("--nnodes", type=int, default=None,
                        help="machines; must equal the plan's cluster (default: from the cluster)")
@@ -137,6 +138,7 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     from fxplan.api import capture_for_search
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import load_plan
+    from fxplan.cost_model.plan_check import check_plan as check_plan_against
     from fxplan.cluster_specs import training_dtype
 
     plan = load_plan(args.plan)
@@ -146,6 +148,7 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     graph = capture_for_search(args.model or plan.model, seq=plan.seq,
                                dtype=training_dtype(cluster))
     plan.check_matches(graph_fingerprint=graph.fingerprint(), source=args.plan)
+    check_plan_against(plan, cluster, graph, source=args.plan)
     return plan, nnodes, nproc, cluster
 
 
@@ -374,4 +377,4 @@ def run(args: argparse.Namespace) -> int:
         written = write_predicted_trace(plan, cluster, args.model, trace_dir(args, settings))
         print(f"predicted trace written to {written}", flush=True)
     print(f"running: {line}", flush=True)
-    return subprocess.call(cmd, env={**os.environ, **env})
+    return run_foreground(cmd, {**os.environ, **env})

@@ -122,11 +122,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `fxplan ... | head` closed the pipe: not an error; silence the flush at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (UserError, FileNotFoundError) as err:
+    except KeyboardInterrupt:
         if args.debug:
             raise
-        print(f"fxplan {args.verb}: error: {err}", file=sys.stderr)
+        return interrupted(args.verb)
+    except (UserError, OSError, UnicodeError) as err:
+        if args.debug:
+            raise
+        print(f"fxplan {args.verb}: error: {file_error(err)}", file=sys.stderr)
         return 2
+
+
+def interrupted(verb: str) -> int:
+    """Ctrl-C: one line on stderr and exit code 130 (128 + SIGINT), no traceback; exit hooks
+    that would print one (a worker pool's atexit) are silenced by :func:`quiet_exit`."""
+    print(f"fxplan {verb}: interrupted", file=sys.stderr, flush=True)
+    quiet_exit()
+    return 130
+
+
+def quiet_exit() -> None:
+    """After an interrupt, the interpreter's exit hooks must not print a second traceback:
+    stderr goes to /dev/null from here on (the one line is already written)."""
+    try:
+        sys.stderr.flush()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+    except (OSError, ValueError):  # pragma: no cover - stderr already closed or replaced
+        pass
+
+
+def file_error(err: BaseException) -> str:
+    """A user error's message; for an operating-system or decoding error, the file and what
+    went wrong in words (``PermissionError`` → "permission denied: FILE")."""
+    from fxplan.core.errors import UserError
+
+    if isinstance(err, UserError):
+        return str(err)
+    if isinstance(err, UnicodeDecodeError):
+        return (f"a file is not UTF-8 text ({err.reason} at byte {err.start}): expected a "
+                "UTF-8 text file")
+    if isinstance(err, OSError):
+        name = err.filename if err.filename is not None else ""
+        what = {PermissionError: "permission denied", IsADirectoryError: "is a directory, "
+                "expected a file", NotADirectoryError: "a path component is not a directory",
+                FileNotFoundError: "no such file or directory",
+                FileExistsError: "already exists"}.get(type(err), err.strerror or str(err))
+        return f"{name}: {what}" if name else f"{what} ({err})"
+    return str(err)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fxplan.cli.arguments import (add_capture_arguments, add_cluster_argument,
-                                  add_model_argument, add_workload_arguments)
+                                  add_model_argument, add_workload_arguments, number,
+                                  output_path)
 from fxplan.cli.report import add_output_arguments, write_artifacts
+from fxplan.core.bounds import MAX_TIME_BUDGET_S
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -58,15 +60,17 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="restrict the search, e.g. \"tp=8,pp=2,zero=1\" (keys: tp, pp, dp, "
                         "microbatch_size|mb, schedule, recompute, sequence_parallel|sp, "
                         "zero_stage|zero; alternatives with |, e.g. tp=4|8)")
-    parser.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan here")
+    parser.add_argument("-o", "--output", metavar="PLAN.json", type=output_path(".json"),
+                        help="write the plan here")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--time-budget", type=float, default=None, metavar="S",
+    parser.add_argument("--time-budget", type=number(0, MAX_TIME_BUDGET_S), default=None,
+                        metavar="S",
                         help="stop the search after S seconds and keep the best found")
-    parser.add_argument("--emit", metavar="PROGRAM.py",
+    parser.add_argument("--emit", metavar="PROGRAM.py", type=output_path(".py"),
                         help="write a program that trains the plan like `fxplan launch` (run it "
                         "under torchrun on the plan's cluster), with the planned fx code per "
                         "stage, placements annotated, as comments")
-    parser.add_argument("--plot", metavar="PREFIX",
+    parser.add_argument("--plot", metavar="PREFIX", type=output_path(prefix=True),
                         help="draw PREFIX-timeline.png and PREFIX-memory.png for the chosen plan")
     add_output_arguments(parser)
     parser.set_defaults(func=run)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from fxplan.cli.units import seconds
+from fxplan.cli.arguments import count, number, output_path
 from fxplan.core.errors import UserError
 
 
@@ -19,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "device model instead of the roofline.",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("-o", "--output", metavar="FILE",
+    parser.add_argument("-o", "--output", metavar="FILE", type=output_path(".json"),
                         help="where to write the database (default: the user cache, "
                         "~/.cache/fxplan/ops/<device model>.json, which the cost model searches)")
     parser.add_argument("--quick", action="store_true",
@@ -29,9 +30,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--device-model", metavar="NAME",
                         help="the device model to key the database by (default: 'cpu', or the "
                         "CUDA device name); must match the cluster spec's device model")
-    parser.add_argument("--min-run-time", type=float, metavar="S",
+    parser.add_argument("--min-run-time", type=number(0, 3600), metavar="S",
                         help="seconds of timing per shape (default 0.1, quick 0.05)")
-    parser.add_argument("--rounds", type=int, default=1, metavar="N",
+    parser.add_argument("--rounds", type=count(1, 1000), default=1, metavar="N",
                         help="measure the grid N times and keep each shape's median (noisy machines)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
     parser.set_defaults(func=run)
@@ -42,7 +43,13 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.cost_model.op_database import OPS, default_database_path
     from fxplan.cost_model.profiler import profile
 
-    ops = [op.strip() for op in args.ops.split(",") if op.strip()] if args.ops else None
+    ops = [op.strip() for op in args.ops.split(",") if op.strip()] if args.ops is not None else None
+    if ops == []:
+        raise UserError(f"--ops {args.ops!r}: expected one or more op names separated by commas "
+                        f"({', '.join(OPS)})")
+    if args.device_model is not None and not args.device_model.strip():
+        raise UserError("--device-model '': expected a device model name (the cluster spec's "
+                        "device model, e.g. A100-SXM4-80GB)")
     unknown = sorted(set(ops or ()) - set(OPS))
     if unknown:
         raise UserError(f"unknown op(s) {', '.join(unknown)} in --ops; known ops: {', '.join(OPS)}")

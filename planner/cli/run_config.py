@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from fxplan.core.errors import UserError
+from fxplan.core.files import file_problem
 from fxplan.core.training import TrainConfig
 
 __all__ = ["LaunchError", "RunSettings", "SETTINGS", "load_run_config", "resolve_settings"]
@@ -135,6 +136,9 @@ def load_run_config(path: str | Path) -> dict[str, Any]:
             document = tomllib.load(handle)
     except FileNotFoundError:
         raise LaunchError(f"--config {path}: no such file (expected a TOML run config)") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise LaunchError(f"--config {path} {file_problem(path, err)} (expected a TOML run "
+                          "config)") from None
     except tomllib.TOMLDecodeError as err:
         raise LaunchError(f"--config {path}: not valid TOML ({err})") from None
     settings: dict[str, Any] = {}

@@ -217,6 +217,10 @@ class ParallelConfig:
         Keys: ``dp tp pp mb m schedule zero recompute sp stages`` (``stages=3/3/2/2``);
         unknown or repeated keys are errors.
         """
+        if not isinstance(text, str) or not text.strip():
+            raise CostModelError(f"config {text!r}: expected key=value,... with keys dp, tp, pp, "
+                                 "mb, m, schedule, zero, recompute, sp, stages (e.g. "
+                                 "\"dp=4,tp=2,mb=1\")")
         values: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in text.replace(" ", ",").split(","))):
             key, sep, value = item.partition("=")
@@ -313,6 +317,9 @@ class ParallelConfig:
                     f"tp={self.tp} does not divide {name}={width} ({width} mod {self.tp} = "
                     f"{width % self.tp})"
                 )
+        if self.sequence_parallel and self.tp == 1:
+            raise CostModelError("sp=on needs tp > 1: sequence parallelism splits the sequence "
+                                 "over the tensor-parallel ranks, and tp=1 has one")
         if self.sequence_parallel and seq is not None and seq % self.tp:
             raise CostModelError(
                 f"sequence parallelism splits seq={seq} over tp={self.tp} ({seq} mod {self.tp} = "

@@ -43,7 +43,9 @@ from pathlib import Path
 from typing import Any, Generic, Mapping, TypeVar
 
 from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
+from fxplan.core.bounds import MAX_BATCH, MAX_SEQ, BoundsError, check_count
 from fxplan.core.errors import UserError
+from fxplan.core.files import read_text
 from fxplan.core.placements import PlacementMap
 
 __all__ = ["MESH_AXES", "PLAN_FORMAT_VERSION", "Plan", "PlanError", "SolverInfo",
@@ -147,7 +149,12 @@ class Plan:
                 f"batch {self.batch} ≠ dp·microbatch_size·num_microbatches = "
                 f"{self.dp}·{self.microbatch_size}·{self.num_microbatches} = {expected}"
             )
+        for key in ("batch", "seq"):
+            value = getattr(self, key)
+            if value is not None:
+                check_count(key, value, high=MAX_BATCH if key == "batch" else MAX_SEQ)
         if self.stages:
+            _check_stage_ranges(self.stages)
             per_rank = self.virtual_stages
             if len(self.stages) != self.pp * per_rank:
                 raise PlanError(
@@ -308,9 +315,11 @@ class Plan:
             key = "solver"
             if key in kwargs:
                 kwargs[key] = _dataclass_from(SolverInfo, kwargs[key], key)
+            key = "estimate"
+            _check_estimate(kwargs.get(key, {}), kwargs["config"])
             key = None
             return cls(**kwargs)
-        except PlanError as err:
+        except (PlanError, BoundsError) as err:
             raise PlanError(f"{source}: {err}") from err
         except (TypeError, KeyError, ValueError, AttributeError) as err:
             where = f", key {key!r}" if key else ""
@@ -375,6 +384,45 @@ def _check_mesh(data: Mapping[str, Any], config: ParallelConfig) -> None:
         raise PlanError(f"degrees {data['degrees']} disagree with the config's {want}")
 
 
+def _check_stage_ranges(stages: tuple[StageAssignment, ...]) -> None:
+    """Stages numbered 0, 1, … in order, holding non-empty, contiguous layer ranges from layer
+    0; the embedding on the first stage only and the head on the last only."""
+    start = 0
+    last = len(stages) - 1
+    for i, stage in enumerate(stages):
+        if stage.index != i:
+            raise PlanError(f"stages[{i}].index is {stage.index}, expected {i}")
+        a, b = stage.layers
+        if a != start or b < a or (b == a and last > 0):
+            raise PlanError(f"stages[{i}].layers is [{a}, {b}], expected [{start}, stop] with "
+                            f"stop > {start} (stages hold contiguous, non-empty layer ranges "
+                            "from layer 0)")
+        start = b
+        if stage.has_embedding != (i == 0) or stage.has_head != (i == last):
+            raise PlanError(f"stages[{i}]: has_embedding={stage.has_embedding}, has_head="
+                            f"{stage.has_head}; expected the embedding on stage 0 and the head "
+                            f"on stage {last} only")
+
+
+def _check_estimate(estimate: Any, config: ParallelConfig) -> None:
+    """The prediction must be the one priced for the plan's configuration: a hand-edited
+    config (a dp edit) leaves a stale ``estimate.config``, which is refused rather than
+    re-priced here (``fxplan estimate --config`` prices the edited configuration)."""
+    if not isinstance(estimate, Mapping):
+        raise PlanError(f"estimate must be an object, got {type(estimate).__name__}")
+    priced = estimate.get("config")
+    if priced is None:
+        return
+    if not isinstance(priced, str):
+        raise PlanError(f"estimate.config must be the one-line text form, got {priced!r}")
+    if ParallelConfig.parse(priced) != config.replace(placements=None):
+        raise PlanError(
+            f"estimate.config {priced!r} is not the plan's config {config.to_string()!r}: the "
+            "prediction is stale (the plan was edited after the search). Expected them equal: "
+            "re-plan with `fxplan plan`, or price the edited configuration with `fxplan "
+            "estimate --config`")
+
+
 def _integer(value: Any, key: str) -> int:
     """``value`` if it is an integer (``bool`` and ``"4"`` are not), else a PlanError."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -411,20 +459,23 @@ def _stage(value: Any, i: int) -> StageAssignment:
     unknown = sorted(set(value) - {"index", "layers", "has_embedding", "has_head"})
     if unknown:
         raise PlanError(f"{key} has unknown keys {unknown}")
+    flags = {name: value.get(name, False) for name in ("has_embedding", "has_head")}
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise PlanError(f"{key}.{name} must be true or false, got {flag!r}")
     return StageAssignment(index=_integer(value["index"], f"{key}.index"),
                            layers=(_integer(layers[0], f"{key}.layers[0]"),
-                                   _integer(layers[1], f"{key}.layers[1]")),
-                           has_embedding=bool(value.get("has_embedding", False)),
-                           has_head=bool(value.get("has_head", False)))
+                                   _integer(layers[1], f"{key}.layers[1]")), **flags)
 
 
 def load_plan(path: str | Path, *, graph_fingerprint: str | None = None,
               cluster_fingerprint: str | None = None) -> Plan:
     """Read a plan file; with fingerprints given, refuse a plan for another graph/cluster."""
+    if not isinstance(path, (str, Path)):
+        raise PlanError(f"load_plan takes the path of a plan file (str or Path), got "
+                        f"{type(path).__name__}")
     path = Path(path)
-    if not path.exists():
-        raise PlanError(f"plan file {path} does not exist")
-    plan = Plan.from_json(path.read_text(), source=str(path))
+    plan = Plan.from_json(read_text(path, what="plan file", error=PlanError), source=str(path))
     plan.check_matches(graph_fingerprint=graph_fingerprint,
                        cluster_fingerprint=cluster_fingerprint, source=str(path))
     return plan

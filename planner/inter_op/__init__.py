@@ -46,6 +46,8 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     from fxplan.inter_op.driver import DEFAULT_FINALISTS, run_search
 
     timer = timer or PhaseTimer()
+    check_search_arguments(batch=batch, seq=seq, time_budget_s=time_budget_s,
+                           finalists=finalists, constraints=constraints)
     cluster = Cluster.load(cluster)
     if not hasattr(graph, "gm"):
         raise UserError(f"search() takes a captured graph, got {type(graph).__name__}; "
@@ -57,9 +59,29 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     if seq is not None and captured_seq is not None and seq != captured_seq:
         raise UserError(f"seq={seq} but the graph was captured at seq={captured_seq}; capture "
                         "it at the sequence length to plan for")
-    if batch < 1:
-        raise UserError(f"batch must be a positive integer, got {batch}")
     plan = run_search(graph, cluster, batch=batch, model=str(name), time_budget_s=time_budget_s,
                       progress=progress, constraints=constraints or {},
                       finalists=finalists or DEFAULT_FINALISTS, timer=timer)
     return plan
+
+
+def check_search_arguments(*, batch: Any, seq: Any = None, time_budget_s: Any = None,
+                           finalists: Any = None, constraints: Any = None) -> None:
+    """Types and physical ranges of :func:`search`'s arguments (:mod:`fxplan.core.bounds`),
+    checked before any work: ``batch`` an ``int`` in 1 … 2²⁴ (``16.0``, ``"16"`` and ``True``
+    are refused), ``seq`` ``None`` or an ``int`` in 1 … 2²⁴, ``time_budget_s`` ``None`` or a
+    finite number of seconds in (0, one week], ``finalists`` ``None`` or an ``int`` in
+    1 … 1000, ``constraints`` ``None`` or a mapping."""
+    from fxplan.core.bounds import (MAX_BATCH, MAX_SEQ, MAX_TIME_BUDGET_S, BoundsError,
+                                    check_count, check_number)
+
+    check_count("batch", batch, high=MAX_BATCH)
+    if seq is not None:
+        check_count("seq", seq, high=MAX_SEQ)
+    if time_budget_s is not None:
+        check_number("time_budget_s", time_budget_s, high=MAX_TIME_BUDGET_S)
+    if finalists is not None:
+        check_count("finalists", finalists, high=1000)
+    if constraints is not None and not isinstance(constraints, Mapping):
+        raise BoundsError(f"constraints = {constraints!r} ({type(constraints).__name__}): "
+                          "expected a mapping such as {'tp': 8, 'pp': [1, 2]}")

@@ -33,7 +33,19 @@ INTERLEAVE_CHUNKS = (2, 4)
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n ≥ 1`` in increasing order, by trial division up to ``√n``:
+    each ``d ≤ √n`` that divides ``n`` pairs with ``n / d ≥ √n`` (cost ``O(√n)``, not ``O(n)``;
+    the inputs that reach here are bounded, :mod:`fxplan.core.bounds`)."""
+    small: list[int] = []
+    large: list[int] = []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 @dataclass(frozen=True, order=True)
@@ -67,7 +79,10 @@ def families(world: int, *, batch: int, layers: int, heads: int | None,
             continue
         for pp in divisors(world // tp):
             dp = world // (tp * pp)
-            if pp > layers:
+            if layers == 0 and pp > 1:
+                pruned.append(Reason(f"tp={tp}, pp={pp}: no repeated layers found to split into "
+                                     "pipeline stages (only pp=1 applies to this model)", STAGES))
+            elif pp > max(layers, 1):
                 pruned.append(Reason(f"tp={tp}, pp={pp}: more stages than layers ({pp} > "
                                      f"{layers})", STAGES))
             elif batch % dp:

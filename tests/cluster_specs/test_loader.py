@@ -40,7 +40,7 @@ def test_override_values_are_validated_by_the_schema():
         Cluster.load("dgx-a100-80g:a100.memory_gib=-1")
     assert str(err.value) == (
         "dgx-a100-80g:a100.memory_gib=-1: device_groups[0].memory_gib: found -1, "
-        "expected a number > 0 (GiB per device)"
+        "expected a number > 0 and ≤ 1,048,576 (GiB per device)"
     )
 
 
@@ -50,7 +50,7 @@ def test_override_values_are_validated_by_the_schema():
         ("dgx-a100-80g:nodes=0", ["dgx-a100-80g:nodes=0: nodes: found 0, expected an integer ≥ 1"]),
         ("dgx-a100-80g:nodes", ["found override 'nodes', expected key=value"]),
         ("dgx-a100-80g:gpus=4", ["found unknown override key 'gpus'", "nodes, devices_per_node, devices, a100.KEY"]),
-        ("local-cpu:devices=zero", ["devices: found 'zero' (a string), expected an integer ≥ 1"]),
+        ("local-cpu:devices=zero", ["devices: found 'zero' (a string), expected an integer in 1 … 4,096"]),
     ],
 )
 def test_bad_overrides(spec, fragments):
