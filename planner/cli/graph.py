@@ -10,7 +10,8 @@
 Prints how the graph was obtained (``symbolic_trace``, or ``export`` with the reason when
 tracing failed first), parameters (tied weights counted once), FLOPs per step (forward; training with and
 without activation recompute, Megatron's convention), the activation bytes autograd saves,
-the repeated blocks, the leaf modules kept opaque, ops priced by measurement, and a
+the repeated blocks, the leaf modules kept opaque, ops priced by measurement, the ops whose
+sharding options come from DTensor's registered strategies or from no rule (replicated), and a
 per-layer table in which runs of identical layers are folded into one row.
 """
 
@@ -88,6 +89,12 @@ def _print(summary: dict[str, Any]) -> None:
     if s["unpriced_ops"]:
         console.print("priced by measurement (no FLOP rule): " +
                       ", ".join(f"{k} ×{n}" for k, n in s["unpriced_ops"].items()))
+    rules = s.get("sharding_rules")
+    if rules and (rules["dtensor"] or rules["fallback"]):
+        console.print("sharding rules  " + "; ".join(
+            f"{label}: " + ", ".join(f"{k} ×{n}" if n > 1 else k for k, n in rules[key].items())
+            for key, label in (("dtensor", "from DTensor's strategies"),
+                               ("fallback", "none (replicated)")) if rules[key]), markup=False)
     table = Table(title="per layer (forward; params: distinct elements used)",
                   title_justify="left")
     for column in ("layers", "×", "signature", "nodes", "params", "FLOPs", "matmul FLOPs",
@@ -104,10 +111,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from fxplan.api import capture
+    from fxplan.sharding.api import rule_sources
 
     graph = capture(args.model, batch=args.batch, seq=args.seq, leaf_modules=args.leaf,
                     dtype=getattr(torch, DTYPES[args.dtype]), method=args.method)
     summary = graph.summary()
+    summary["sharding_rules"] = rule_sources(graph.gm)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -8,18 +8,24 @@ from typing import Optional, Sequence
 import torch
 import torch.fx
 
-from fxplan.sharding.context import OpContext, make_context, tensor_shape
+from fxplan.sharding.context import OpContext, constant_args, make_context, tensor_shape
+from fxplan.sharding.dtensor_rules import dtensor_options
 from fxplan.sharding.expand import expand_options
 from fxplan.sharding.registry import find_rule, replicate_fallback
 from fxplan.sharding.strategy import OpStrategy
 
-__all__ = ["NodeStrategies", "node_strategies", "is_tensor_node", "describe", "describe_module"]
+__all__ = ["NodeStrategies", "node_strategies", "is_tensor_node", "describe", "describe_module", "rule_sources"]
+
+#: Rule name prefix of the options read from DTensor.
+DTENSOR_PREFIX = "dtensor:"
 
 
 @dataclass
 class NodeStrategies:
-    """The candidate strategies of ``ctx.node``; ``rule`` names the rule used, ``fallback``
-    is true when no rule matched and every tensor is replicated."""
+    """The candidate strategies of ``ctx.node``; ``rule`` names the rule used (a decorator
+    rule's function name, ``"dtensor:<overload>"`` for an ATen op whose options come from
+    DTensor's registered strategy, :mod:`fxplan.sharding.dtensor_rules`), ``fallback`` is
+    true when neither matched and every tensor is replicated."""
 
     ctx: OpContext
     strategies: list[OpStrategy]
@@ -30,6 +36,11 @@ class NodeStrategies:
     @property
     def name(self) -> str:
         return self.ctx.node.name
+
+    @property
+    def source(self) -> str:
+        """``"rule"`` (a decorator rule), ``"dtensor"`` or ``"fallback"``."""
+        return "fallback" if self.fallback else "dtensor" if self.rule.startswith(DTENSOR_PREFIX) else "rule"
 
 
 def is_tensor_node(node: torch.fx.Node) -> bool:
@@ -43,11 +54,6 @@ def is_tensor_node(node: torch.fx.Node) -> bool:
     return isinstance(shape, tuple) and bool(shape) and all(tensor_shape(s) is not None for s in shape)
 
 
-def _constants(node: torch.fx.Node) -> str:
-    """The node's arguments with every fx node blanked: what a rule may read besides shapes."""
-    return repr(torch.fx.node.map_arg((node.args, dict(node.kwargs)), lambda _: "%"))
-
-
 def node_strategies(gm: torch.fx.GraphModule, node: torch.fx.Node, mesh_shape: Sequence[int],
                     like: Optional[NodeStrategies] = None) -> Optional[NodeStrategies]:
     """All valid strategies of ``node`` on a mesh of ``mesh_shape``; ``None`` for a node that
@@ -58,15 +64,21 @@ def node_strategies(gm: torch.fx.GraphModule, node: torch.fx.Node, mesh_shape: S
         return None
     ctx = make_context(gm, node)
     if like is not None and like.ctx.op == ctx.op and like.ctx.shapes == ctx.shapes \
-            and like.ctx.out == ctx.out and _constants(like.ctx.node) == _constants(node):
+            and like.ctx.out == ctx.out and constant_args(like.ctx.node) == constant_args(node):
         return NodeStrategies(ctx, like.strategies, like.rule, like.follows, like.fallback)
     rule = find_rule(ctx.op)
-    options = rule.fn(ctx) if rule is not None else replicate_fallback(ctx)
+    derived = dtensor_options(ctx) if rule is None else None
+    if rule is not None:
+        options, name = rule.fn(ctx), rule.name
+    elif derived is not None:
+        options, name = derived, f"{DTENSOR_PREFIX}{ctx.node.target}"
+    else:
+        options, name = replicate_fallback(ctx), "replicate_fallback"
     strategies = expand_options(options, mesh_shape, ctx.shapes, ctx.out)
     if not strategies:  # nothing divides: replicate everything (always valid)
         strategies = expand_options(replicate_fallback(ctx), mesh_shape, ctx.shapes, ctx.out)
-    return NodeStrategies(ctx, strategies, rule.name if rule else "replicate_fallback",
-                          bool(rule and rule.follows), rule is None)
+    return NodeStrategies(ctx, strategies, name, bool(rule and rule.follows),
+                          rule is None and derived is None)
 
 
 def describe(gm: torch.fx.GraphModule, mesh_shape: Sequence[int]) -> dict[str, list[str]]:
@@ -88,3 +100,17 @@ def describe_module(module: torch.nn.Module, mesh_shape: Sequence[int],
 
     inputs = {name: torch.empty(*shape, device="meta") for name, shape in input_shapes.items()}
     return describe(capture(module, inputs=inputs).gm, mesh_shape)
+
+
+def rule_sources(gm: torch.fx.GraphModule) -> dict[str, dict[str, int]]:
+    """Where each op's options come from: ``{"rule": …, "dtensor": …, "fallback": …}``, each
+    op name (the ATen overload for ``torch.export`` graphs) → its number of nodes. The
+    source does not depend on the mesh (a 1-axis mesh of 2 is asked)."""
+    table: dict[str, dict[str, int]] = {"rule": {}, "dtensor": {}, "fallback": {}}
+    for node in gm.graph.nodes:
+        op = node_strategies(gm, node, (2,))
+        if op is not None and node.op not in ("placeholder", "get_attr"):
+            name = str(node.target) if node.op == "call_function" else str(getattr(op.ctx.op, "__name__", op.ctx.op))
+            counts = table[op.source]
+            counts[name] = counts.get(name, 0) + 1
+    return table

@@ -21,7 +21,7 @@ import torch.fx
 from fxplan.passes.node_info import META_KEY
 from fxplan.sharding.aten import aten_identity, is_aten
 
-__all__ = ["Operand", "OpContext", "op_identity", "make_context", "tensor_shape"]
+__all__ = ["Operand", "OpContext", "op_identity", "make_context", "tensor_shape", "constant_args"]
 
 Shape = tuple[int, ...]
 
@@ -91,6 +91,12 @@ def op_identity(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
     if node.op in ("call_function", "call_method"):
         return node.target
     return node.op
+
+
+def constant_args(node: torch.fx.Node) -> str:
+    """The node's arguments with every fx node blanked: what a rule may read besides shapes
+    (two nodes with equal op, shapes and constant arguments get the same options)."""
+    return repr(torch.fx.node.map_arg((node.args, dict(node.kwargs)), lambda _: "%"))
 
 
 def _info_shape(node: torch.fx.Node) -> Any:

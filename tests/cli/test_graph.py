@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from fxplan.cli.main import main
 
 
@@ -20,6 +22,18 @@ def test_graph_json(capsys):
                                                      "(after layers)"]
     assert out["saved_activation_bytes"]["total"] > 0
     assert len(out["fingerprint"]) == 64 and out["leaf_modules"] == {}
+    rules = out["sharding_rules"]  # symbolic_trace of an example model: decorator rules only
+    assert rules["rule"] and rules["dtensor"] == {} and rules["fallback"] == {}
+
+
+def test_graph_names_the_ops_that_take_dtensor_strategies(capsys):
+    pytest.importorskip("transformers")
+    spec = ("hf:llama:num_hidden_layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,"
+            "num_key_value_heads=4,vocab_size=128")
+    assert main(["graph", spec, "--batch", "2", "--seq", "16", "--json"]) == 0
+    rules = json.loads(capsys.readouterr().out)["sharding_rules"]
+    assert {"aten.eq.Tensor", "aten.cumsum.default", "aten.index.Tensor"} <= set(rules["dtensor"])
+    assert set(rules["fallback"]) <= {"aten.arange.default", "wrap_with_set_grad_enabled"}
 
 
 def test_graph_table(capsys):
