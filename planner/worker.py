@@ -319,7 +319,9 @@ def _number(value: Any) -> float | None:
 
 
 def _show(value: float | None, scale: float = 1.0) -> str:
-    return "n/a" if value is None else f"{value * scale:.4g}"
+    from fxplan.cli.units import plain
+
+    return "n/a" if value is None else plain(value * scale)
 
 
 if __name__ == "__main__":  # pragma: no cover

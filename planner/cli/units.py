@@ -21,6 +21,12 @@ def _number(value: float, digits: int) -> str:
     return f"{value:.0f}" if "e+" in text else text
 
 
+def plain(value: float, digits: int = 4) -> str:
+    """``digits`` significant digits and no exponent, for a number whose unit is printed
+    beside it: ``plain(1234.5)`` → ``"1234"``, ``plain(0.01234)`` → ``"0.01234"``."""
+    return _number(value, digits)
+
+
 def _scaled(value: float, units: tuple[tuple[float, str], ...], digits: int) -> tuple[str, str]:
     for factor, unit in units:
         if abs(value) >= factor:

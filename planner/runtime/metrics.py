@@ -89,7 +89,7 @@ class StepMetrics:
         )
 
     def line(self) -> str:
-        tflops = "n/a" if self.tflops_per_device is None else f"{self.tflops_per_device:.4g}"
+        tflops = "n/a" if self.tflops_per_device is None else f"{self.tflops_per_device:.4f}"
         mfu = "n/a" if self.mfu is None else f"{100 * self.mfu:.2f}%"
         pct = "" if self.memory_pct is None else f" ({self.memory_pct:.1f}%)"
         return (f"step {self.step:>5}  loss {self.loss:.4f}  grad_norm {self.grad_norm:.3f}  "
