@@ -116,7 +116,9 @@ def _check(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, batch
     layers = len(segments.layers)
     if config.pp > 1 and layers == 0:
         raise CostModelError(f"pp={config.pp} needs repeated layers to split; the graph has none")
-    config.check(world_size=cluster.num_devices, layers=max(layers, 1), heads=segments.heads,
+    # A model without repeated layers runs as one stage: stages=0 (as the search sets it) or none.
+    counted = layers if config.stage_layers is not None else max(layers, 1)
+    config.check(world_size=cluster.num_devices, layers=counted, heads=segments.heads,
                  seq=segments.seq, batch=batch,
                  tp_widths=segments.tp_widths if config.tp > 1 else None)
     return segments, config.resolve(batch)

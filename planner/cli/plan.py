@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("-o", "--output", metavar="PLAN.json", type=output_path(".json"),
                         help="write the plan here")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--time-budget", type=number(0, MAX_TIME_BUDGET_S), default=None,
+    parser.add_argument("--time-budget", type=number(0, MAX_TIME_BUDGET_S, low_open=False), default=None,
                         metavar="S",
                         help="stop the search after S seconds and keep the best found")
     parser.add_argument("--emit", metavar="PROGRAM.py", type=output_path(".py"),

@@ -182,8 +182,9 @@ class ParallelConfig:
                                  f"{self.sequence_parallel!r}")
         if self.stage_layers is not None:
             layers = tuple(self.stage_layers)
-            for count in layers:
-                _positive_int("each entry of stage_layers", count)
+            if layers != (0,):  # (0,): one stage of a model without repeated layers
+                for count in layers:
+                    _positive_int("each entry of stage_layers", count)
             if len(layers) != self.pp * self.virtual_stages:
                 raise CostModelError(
                     f"stages={'/'.join(map(str, layers))} lists {len(layers)} stages, expected "

@@ -70,7 +70,7 @@ def check_search_arguments(*, batch: Any, seq: Any = None, time_budget_s: Any = 
     """Types and physical ranges of :func:`search`'s arguments (:mod:`fxplan.core.bounds`),
     checked before any work: ``batch`` an ``int`` in 1 … 2²⁴ (``16.0``, ``"16"`` and ``True``
     are refused), ``seq`` ``None`` or an ``int`` in 1 … 2²⁴, ``time_budget_s`` ``None`` or a
-    finite number of seconds in (0, one week], ``finalists`` ``None`` or an ``int`` in
+    finite number of seconds in [0, one week] (0: keep the first plan found), ``finalists`` ``None`` or an ``int`` in
     1 … 1000, ``constraints`` ``None`` or a mapping."""
     from fxplan.core.bounds import (MAX_BATCH, MAX_SEQ, MAX_TIME_BUDGET_S, BoundsError,
                                     check_count, check_number)
@@ -79,7 +79,7 @@ def check_search_arguments(*, batch: Any, seq: Any = None, time_budget_s: Any = 
     if seq is not None:
         check_count("seq", seq, high=MAX_SEQ)
     if time_budget_s is not None:
-        check_number("time_budget_s", time_budget_s, high=MAX_TIME_BUDGET_S)
+        check_number("time_budget_s", time_budget_s, high=MAX_TIME_BUDGET_S, low_open=False)
     if finalists is not None:
         check_count("finalists", finalists, high=1000)
     if constraints is not None and not isinstance(constraints, Mapping):

@@ -95,9 +95,12 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory)
     S, v = c.pp * c.virtual_stages, c.virtual_stages
     k = state_bytes_per_param(c.dp, c.zero_stage)
     n = inflight(c)
-    max_output = max(float(prof.out_bytes.max()), *prof.end_out_bytes)
-    max_params = max(float(prof.params.max()), prof.pre[2], prof.post[2])
-    working = max(float(prof.working.max()), *prof.end_working)
+    def most(values: np.ndarray) -> float:  # a model without repeated layers has none
+        return float(values.max()) if values.size else 0.0
+
+    max_output = max(most(prof.out_bytes), *prof.end_out_bytes)
+    max_params = max(most(prof.params), prof.pre[2], prof.post[2])
+    working = max(most(prof.working), *prof.end_working)
     per_rank = mem.reserved + _buffers(c, max_output, max_params) + working
     extra = np.zeros(S)
     fixed = np.full(S, per_rank / v)
@@ -119,9 +122,12 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
     P_a = np.concatenate([[0.0], np.cumsum(prof.acts)])
     psi = P_psi[edges[1:]] - P_psi[edges[:-1]]
     saved = P_a[edges[1:]] - P_a[edges[:-1]]
-    out = np.maximum.reduceat(prof.out_bytes, starts)
-    big = np.maximum.reduceat(prof.params, starts)
-    work = np.maximum.reduceat(prof.working, starts)
+    def stage_max(values: np.ndarray) -> np.ndarray:  # 0 for a model without layers
+        return np.maximum.reduceat(values, starts) if values.size else np.zeros(len(starts))
+
+    out = stage_max(prof.out_bytes)
+    big = stage_max(prof.params)
+    work = stage_max(prof.working)
     psi[0] += prof.pre[2]
     saved[0] += prof.pre[3]
     out[0], big[0], work[0] = (max(out[0], prof.end_out_bytes[0]), max(big[0], prof.pre[2]),

@@ -96,11 +96,12 @@ def test_graph_with_a_1d_input_plans() -> None:
     assert plan.estimate["fits"]
 
 
-def test_graph_without_layers_quotes_the_arithmetic() -> None:
+def test_graph_without_layers_plans_without_pipelining_and_says_why() -> None:
     graph = capture(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)),
                     inputs=(torch.randn(8),))
-    with pytest.raises(InfeasibleError, match=r"more stages than layers \(1 > 0\)"):
-        search(graph, "dgx-a100-80g", batch=8, progress=False)
+    plan = search(graph, "dgx-a100-80g", batch=8, progress=False)
+    assert plan.config.pp == 1 and plan.config.dp * plan.config.tp == 8
+    assert any("no repeated layers found" in reason for reason in plan.pruned)
 
 
 def test_docs_name_errors_that_exist() -> None:
