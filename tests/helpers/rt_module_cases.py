@@ -106,7 +106,7 @@ def state_dict_round_trip(kind: str, plan_json: str) -> dict[str, Any] | None:
         return None
     (stage,) = sharded.stages
     full = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(stage.inner, saved, options=full)
+    set_model_state_dict(stage.inner, {k: v.clone() for k, v in saved.items()}, options=full)
     loaded = sharded.full_parameters()
     load_error = max(_error(loaded[k], saved[k]) for k in loaded)
     optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
