@@ -12,8 +12,8 @@ decides what else is split over ``dp`` (Rajbhandari et al., 2020):
                               keep the gathered parameters between forward and backward)
     stage 3  + parameters:    ``fully_shard(reshard_after_forward=True)``
 
-FSDP/replicate wrap every outlined block (``layer_i``, recompute wrapper included) and then
-the stage root, so parameters are gathered block by block. With ``tp > 1`` the parameters are
+FSDP/replicate wrap every block (the outlined ``layer_i`` of the graph rewrite, recompute
+wrapper included, or the user's ``model.layers.N`` at module level) and then the stage root, so parameters are gathered block by block. With ``tp > 1`` the parameters are
 already DTensors on the ``tp`` axis and FSDP2 shards them further on ``dp`` (2-D mesh).
 ZeRO-1 relies on ``ZeroRedundancyOptimizer``, which broadcasts plain tensors and cannot hold
 DTensor parameters; with ``tp > 1`` (Megatron's distributed optimizer with TP, which the planner

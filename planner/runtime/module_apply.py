@@ -140,12 +140,13 @@ def _check_chain(model: nn.Module, plan: "Plan", probe: ModuleProbe,
                              "more than embed before the first block")
 
 
-def module_level_plan(model: nn.Module, plan: "Plan", inputs: Sequence[torch.Tensor]
-                      ) -> ModuleLevel:
+def module_level_plan(model: nn.Module, plan: "Plan",
+                      inputs: torch.Tensor | Sequence[torch.Tensor]) -> ModuleLevel:
     """Decide (every process alike, no communication) whether ``plan`` runs on ``model`` at
     module level; :class:`NotExpressible` says why not (module docstring)."""
     if plan.config.recompute == "selective" or plan.block_recompute is not None:
         raise NotExpressible("selective or per-block recompute is realised on the graph")
+    inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     microbatch = tuple(x[: plan.microbatch_size] for x in inputs)
     try:
         probe = probe_module(model, microbatch)
