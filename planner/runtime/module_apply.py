@@ -214,7 +214,9 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             for block in blocks:
                 checkpoint(block)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks)
-        local_names = {n: n for n, _ in inner.named_parameters(remove_duplicate=False)}
+        first: dict[int, str] = {}  # a tied weight goes by its first name, as in the graph path
+        local_names = {n: first.setdefault(id(p), n)
+                       for n, p in inner.named_parameters(remove_duplicate=False)}
         stages.append(LocalStage(k, StageForward(wrapped), inner, local_names))
     return stages
 

@@ -91,9 +91,10 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe) -> dict[str, P
         if isinstance(module, (nn.Linear, nn.Embedding)):
             kind = _linear_kind(module, name, plan)
             if kind == "rep":
-                if sp and name in probe.post:
-                    raise NotExpressible(f"{name!r} is replicated over tp but sequence "
-                                         "parallelism leaves a sequence-sharded input to it")
+                if sp and block is None:
+                    raise NotExpressible(f"{name!r} is replicated over tp: with sequence "
+                                         "parallelism the embedding and the head must be split "
+                                         "to enter and leave the sequence-sharded stream")
                 continue
             if isinstance(module, nn.Embedding):
                 out = Shard(1) if sp else Replicate()
@@ -105,9 +106,12 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe) -> dict[str, P
                 cls = ColwiseParallel if kind == "col" else RowwiseParallel
                 styles[name] = cls(input_layouts=inp, output_layouts=Replicate())
             elif kind == "col":
-                styles[name] = ColwiseParallel()
-                region = name[len(block) + 1:].split(".")[0]
-                regions.add(f"{block}.{region}")
+                region = f"{block}.{name[len(block) + 1:].split('.')[0]}"
+                if region == name:  # a direct child of the block gathers its own input
+                    styles[name] = ColwiseParallel(input_layouts=Shard(1) if sp else None)
+                else:
+                    styles[name] = ColwiseParallel()
+                    regions.add(region)
             else:
                 styles[name] = (RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
                                 if sp else RowwiseParallel())
@@ -119,10 +123,28 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe) -> dict[str, P
                                  "Embedding weights have parallel styles")
         if sp and next(module.children(), None) is None:
             styles[name] = SequenceParallel()
+    if not any(isinstance(v, (ColwiseParallel, RowwiseParallel)) for v in styles.values()):
+        return {}  # nothing is split over tp: every rank runs the whole module
     if sp:
         for region in sorted(regions):
             styles[region] = _gather_input(region, probe)
+        _check_sequence_parallel(model, probe, styles)
     return styles
+
+
+def _check_sequence_parallel(model: nn.Module, probe: ModuleProbe,
+                             styles: dict[str, ParallelStyle]) -> None:
+    """Under sequence parallelism every block child with parameters must take the sequence-
+    sharded residual stream: a tp region (gathers it), a norm (``SequenceParallel``) or a
+    parallel Linear; anything else would mix plain parameters with sharded DTensors."""
+    for block in probe.blocks:
+        for key, child in model.get_submodule(block).named_children():
+            name = f"{block}.{key}"
+            if name in styles or next(child.parameters(), None) is None:
+                continue
+            raise NotExpressible(f"with sequence parallelism {type(child).__name__} {name!r} "
+                                 "holds replicated parameters outside any tensor-parallel "
+                                 "region: its sequence-sharded input has no style to gather it")
 
 
 def _gather_input(region: str, probe: ModuleProbe) -> PrepareModuleInput:

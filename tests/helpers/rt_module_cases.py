@@ -10,9 +10,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from fxplan.core.config import ParallelConfig
+from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan
 from fxplan.runtime.apply import apply_plan
 from fxplan.runtime.module_probe import model_output
+from rt_plans import stages_for
 
 LR = 0.1
 SEQ = 8
@@ -21,6 +24,29 @@ LLAMA = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_a
 ENCODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime",
                        "models", "encoder_lm.py:build")
 VOCAB = 64
+
+_MEGATRON = {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)",
+             "gate_proj": "S(0)", "up_proj": "S(0)", "down_proj": "S(1)", "wq": "S(0)",
+             "wk": "S(0)", "wv": "S(0)", "wo": "S(1)", "w1": "S(0)", "w3": "S(0)", "w2": "S(1)",
+             "embed_tokens": "S(0)", "lm_head": "S(0)", "tok_embeddings": "S(0)",
+             "output": "S(0)"}
+
+
+def plan_for(model: torch.nn.Module, *, tp: int = 1, pp: int = 1, dp: int = 1, sp: bool = False,
+             zero: int = 0, layers: int = 2, overrides: dict[str, str] | None = None) -> Plan:
+    """A hand-made plan with Megatron placements over ``("dp", "tp")`` for ``model``."""
+    params = {}
+    for name, _ in model.named_parameters():
+        module = name.rsplit(".", 2)[-2]
+        token = _MEGATRON.get(module, "R") if tp > 1 and name.endswith("weight") else "R"
+        params[name] = "R" + token
+    params.update(overrides or {})
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=2, num_microbatches=1,
+                            sequence_parallel=sp, zero_stage=zero)
+    return Plan(model="test", cluster="test", graph_fingerprint="t", cluster_fingerprint="t",
+                batch=2 * dp, seq=8, config=config, stages=stages_for(layers, pp, 1),
+                placements=PlacementMap(params={k: parse_placements(v) for k, v in params.items()}))
+
 
 
 def build(kind: str, seed: int = 0, meta: bool = False) -> torch.nn.Module:
@@ -120,3 +146,15 @@ def state_dict_round_trip(kind: str, plan_json: str) -> dict[str, Any] | None:
     return dict(path=sharded.path, keys_equal=sorted(gathered) == sorted(saved),
                 load_error=load_error, back_error=back_error,
                 changed=max(_error(trained[k], saved[k]) for k in trained))
+
+
+#: Tensor parallelism inside ``nn.TransformerEncoderLayer``'s MLP (``linear1`` column-,
+#: ``linear2`` row-parallel), its ``nn.MultiheadAttention`` replicated.
+ENCODER_MLP_TP = {f"encoder.layers.{i}.{name}": tp for i in range(2) for name, tp in (
+    ("linear1.weight", "RS(0)"), ("linear1.bias", "RS(0)"), ("linear2.weight", "RS(1)"))}
+
+
+def encoder_mlp_tp_plan(sp: bool = False) -> str:
+    """A 2×2 (dp, tp) ZeRO-3 plan for the encoder with :data:`ENCODER_MLP_TP` (JSON)."""
+    model = build("encoder")
+    return plan_for(model, tp=2, dp=2, zero=3, sp=sp, overrides=ENCODER_MLP_TP).to_json()

@@ -9,7 +9,7 @@ import functools
 
 import pytest
 
-from rt_module_cases import ENCODER, LLAMA
+from rt_module_cases import ENCODER, LLAMA, encoder_mlp_tp_plan
 
 pytest.importorskip("transformers")
 
@@ -55,6 +55,22 @@ def test_hf_llama_trains_like_one_process(rank_pool, name):
 def test_encoder_trains_like_one_process(rank_pool, name):
     report = rank_pool.run("rt_module_cases:train_matches_reference", kind="encoder",
                            plan_json=plan_json("encoder", name))[0]
+    _check(report)
+
+
+def test_hf_llama_built_on_meta(rank_pool):
+    """As ``fxplan launch`` builds it: parameters on meta, each rank materialising its stage
+    from the seeded builder (pipeline and data parallel)."""
+    report = rank_pool.run("rt_module_cases:train_matches_reference", kind="llama",
+                           plan_json=plan_json("llama", "pp_dp"), meta=True)[0]
+    _check(report)
+
+
+def test_encoder_mlp_tensor_parallel(rank_pool):
+    """A hand-written 2×2 ZeRO-3 plan sharding ``nn.TransformerEncoderLayer``'s MLP over tp
+    (the search keeps this model replicated over tp, see docs/runtime.md)."""
+    report = rank_pool.run("rt_module_cases:train_matches_reference", kind="encoder",
+                           plan_json=encoder_mlp_tp_plan())[0]
     _check(report)
 
 

@@ -10,39 +10,13 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                RowwiseParallel, SequenceParallel)
 
-from fxplan.core.config import ParallelConfig
-from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan
 from fxplan.passes.rewrite.base import PassError
 from fxplan.runtime.apply import apply_plan
 from fxplan.runtime.module_apply import module_level_plan
 from fxplan.runtime.module_stages import StageBlocks, stage_module
 from fxplan.runtime.tp_styles import NotExpressible
-from rt_module_cases import build
-from rt_plans import stages_for
-
-_MEGATRON = {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)",
-             "gate_proj": "S(0)", "up_proj": "S(0)", "down_proj": "S(1)", "wq": "S(0)",
-             "wk": "S(0)", "wv": "S(0)", "wo": "S(1)", "w1": "S(0)", "w3": "S(0)", "w2": "S(1)",
-             "embed_tokens": "S(0)", "lm_head": "S(0)", "tok_embeddings": "S(0)",
-             "output": "S(0)"}
-
-
-def plan_for(model: torch.nn.Module, *, tp: int = 1, pp: int = 1, dp: int = 1, sp: bool = False,
-             layers: int = 2, overrides: dict[str, str] | None = None) -> Plan:
-    """A hand-made plan with Megatron placements over ``("dp", "tp")`` for ``model``."""
-    params = {}
-    for name, _ in model.named_parameters():
-        module = name.rsplit(".", 2)[-2]
-        token = _MEGATRON.get(module, "R") if tp > 1 and name.endswith("weight") else "R"
-        params[name] = "R" + token
-    params.update(overrides or {})
-    config = ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=2, num_microbatches=1,
-                            sequence_parallel=sp)
-    return Plan(model="test", cluster="test", graph_fingerprint="t", cluster_fingerprint="t",
-                batch=2 * dp, seq=8, config=config, stages=stages_for(layers, pp, 1),
-                placements=PlacementMap(params={k: parse_placements(v) for k, v in params.items()}))
-
+from rt_module_cases import ENCODER_MLP_TP, build, plan_for
 
 TOKENS = torch.zeros(2, 8, dtype=torch.long)
 
@@ -91,12 +65,22 @@ def test_encoder_stage_cut_and_replicated_attention():
     plan = plan_for(model, tp=2, overrides={"encoder.layers.0.self_attn.in_proj_weight": "RS(0)"})
     with pytest.raises(NotExpressible, match="MultiheadAttention.*in_proj_weight"):
         module_level_plan(model, plan, TOKENS)
+    # the MLP alone can be split; with sequence parallelism the replicated attention cannot
+    # take the sequence-sharded stream
+    styles = module_level_plan(model, plan_for(model, tp=2, overrides=ENCODER_MLP_TP),
+                               TOKENS).styles
+    assert sorted(styles) == [f"encoder.layers.{i}.linear{j}" for i in (0, 1) for j in (1, 2)]
+    plan = plan_for(model, tp=2, sp=True, overrides={**ENCODER_MLP_TP, "emb.weight": "RS(0)",
+                                                     "head.weight": "RS(0)", "head.bias": "RS(0)"})
+    with pytest.raises(NotExpressible, match="MultiheadAttention 'encoder.layers.0.self_attn'"):
+        module_level_plan(model, plan, TOKENS)
 
 
 @pytest.mark.parametrize("case, reason", [
     ("gpt_tp", "tied weights"),
     ("llama_zoo_tp", "local shapes"),
     ("bias_mismatch", "not a column- or row-parallel layout"),
+    ("sp_replicated_head", "'emb' is replicated over tp: with sequence parallelism"),
     ("selective", "selective"),
 ])
 def test_module_level_refusals_name_the_reason(case, reason):
@@ -108,6 +92,9 @@ def test_module_level_refusals_name_the_reason(case, reason):
     elif case == "llama_zoo_tp":  # its attention views q as (b, t, self.heads, d): global heads
         model = resolve_model("llama-tiny:layers=2").build("cpu")
         plan = plan_for(model, tp=2)
+    elif case == "sp_replicated_head":
+        model = build("encoder")
+        plan = plan_for(model, tp=2, sp=True, overrides=ENCODER_MLP_TP)
     elif case == "bias_mismatch":
         model = build("encoder")
         plan = plan_for(model, tp=2, overrides={"encoder.layers.0.linear1.weight": "RS(0)",
