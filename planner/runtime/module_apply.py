@@ -4,6 +4,7 @@
         per local stage k:  cut at block boundaries (module_stages; pp > 1)
                             → parallelize_module with styles from the planned placements (tp)
                             → materialize (meta models) → checkpoint per block (recompute=full)
+                            → output hook (a tensor: ``.logits`` of an HF output)
                             → DDP / replicate / fully_shard per block + root (dp, ZeRO)
                             → PipelineStage + the plan's schedule (ShardedModule)
 
@@ -47,21 +48,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.passes.rewrite.stages import StageIO
     from fxplan.runtime.sharded_module import LocalStage
 
-__all__ = ["ModuleLevel", "StageForward", "module_level_plan", "build_module_stages"]
+__all__ = ["ModuleLevel", "module_level_plan", "build_module_stages"]
 
 #: Relative error allowed between the chain of stages and the whole model (one microbatch).
 SPLIT_TOLERANCE = 1e-4
 
 
-class StageForward(nn.Module):
-    """Calls the (wrapped) stage and returns its output tensor (``.logits`` of an HF output)."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, *args: Any) -> torch.Tensor:
-        return model_output(self.module(*args))
+def _output_tensor(module: nn.Module, args: Any, out: Any) -> torch.Tensor:
+    """Forward hook: the stage returns its output tensor (``.logits`` of an HF model output),
+    as ``PipelineStage`` needs; registered before DDP/FSDP so that they see the tensor and the
+    pipeline sees them (gradient sync once per step, not per microbatch)."""
+    return model_output(out)
 
 
 @dataclass
@@ -213,11 +210,12 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         if plan.config.recompute == "full":
             for block in blocks:
                 checkpoint(block)
+        inner.register_forward_hook(_output_tensor)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks)
         first: dict[int, str] = {}  # a tied weight goes by its first name, as in the graph path
         local_names = {n: first.setdefault(id(p), n)
                        for n, p in inner.named_parameters(remove_duplicate=False)}
-        stages.append(LocalStage(k, StageForward(wrapped), inner, local_names))
+        stages.append(LocalStage(k, wrapped, inner, local_names))
     return stages
 
 
