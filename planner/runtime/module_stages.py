@@ -64,6 +64,9 @@ def check_splittable(probe: ModuleProbe, model: nn.Module) -> None:
     if len(probe.containers) != 1:
         raise NotExpressible(f"pipeline split needs one layer container, found "
                              f"{probe.containers or 'none'}")
+    if probe.containers[0] == "":
+        raise NotExpressible("the model itself is the layer container: no embedding or head "
+                             "to keep around a cut")
     if probe.between:
         raise NotExpressible(f"module(s) {', '.join(probe.between)} with parameters run between "
                              "blocks")

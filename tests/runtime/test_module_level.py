@@ -23,6 +23,7 @@ CONSTRAINTS = {
     "tp_dp_zero0": dict(tp=2, dp=2, zero_stage=0, sequence_parallel=False),
     "pp_dp": dict(pp=2, dp=2, zero_stage=1),
     "pp_dp_zero3": dict(pp=2, dp=2, zero_stage=3, microbatch_size=1),
+    "pp_tp": dict(pp=2, tp=2, sequence_parallel=False),
 }
 
 
