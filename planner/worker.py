@@ -101,8 +101,8 @@ def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, st
     """The ``--data`` source for this rank (:mod:`fxplan.runtime.data`)."""
     from fxplan.runtime.data import DataError, HookData, SyntheticData, TokenFile, token_dtype
 
-    vocab = getattr(bundle.config, "vocab", None)
-    specs = bundle.example_inputs(plan.batch, plan.seq)
+    vocab = getattr(bundle.config, "vocab", None) or getattr(bundle.config, "vocab_size", None)
+    specs = _input_specs(bundle, plan)
     if args.data == "synthetic":
         return SyntheticData(specs, high=vocab or 2, seed=args.seed)
     path, sep, function = args.data.rpartition(":")
@@ -192,7 +192,8 @@ def _train(args: argparse.Namespace) -> None:
         log.write_json("run_config.json", {k: v for k, v in vars(args).items()
                                            if k != "plan_object"})
         log.print(f"fxplan launch: {plan.model} on {plan.cluster} | {plan.summary} | "
-                  f"{dist.get_world_size()} ranks, backend {dist.get_backend()} | data {args.data}")
+                  f"{dist.get_world_size()} ranks, backend {dist.get_backend()} | data {args.data} | "
+                  f"applied: {sharded.path} level")
         if position is not None and resume is not None:
             log.print(f"resumed parameters, optimizer state and data position from {resume[0]}: "
                       f"step {position.step} done, going on at step {position.step + 1} "
@@ -238,6 +239,7 @@ def _train(args: argparse.Namespace) -> None:
     measured = result.median_step_time_s
     summary = {
         "plan": plan.summary, "model": plan.model, "cluster": plan.cluster,
+        "applied": sharded.path,  # module (the user's module) or graph (the graph rewrite)
         "world_size": plan.world_size, "batch": plan.batch, "seq": plan.seq,
         "steps": args.steps, "final_loss": result.losses[-1],
         "predicted_step_time_s": _number(plan.estimate.get("step_time_s")),
@@ -294,10 +296,19 @@ def resume_notes(position: Any, args: argparse.Namespace, plan: Any) -> list[str
     return notes
 
 
+def _input_specs(bundle: Any, plan: Any) -> dict[str, Any]:
+    """The bundle's inputs at the plan's batch; an ``hf:`` model's ``labels`` become the
+    ``targets`` of the worker's loss (the model is run without them: logits out)."""
+    specs = dict(bundle.example_inputs(plan.batch, plan.seq))
+    if "labels" in specs and "targets" not in specs:
+        specs["targets"] = specs.pop("labels")
+    return specs
+
+
 def _example_batch(bundle: Any, plan: Any) -> dict[str, torch.Tensor]:
     """Zero tensors of the plan's global batch: shapes for tracing and stage metadata."""
     return {name: torch.zeros(spec.shape, dtype=spec.dtype)
-            for name, spec in bundle.example_inputs(plan.batch, plan.seq).items()}
+            for name, spec in _input_specs(bundle, plan).items()}
 
 
 def _print_fallbacks(sharded: Any, rank: int) -> None:

@@ -1,5 +1,12 @@
 """Apply a Plan to a model on the current process group: the pass pipeline plus the runtime.
 
+    Two paths (``path=``; :mod:`fxplan.runtime.module_apply` for the first, docs/runtime.md):
+
+* module level (default where the plan allows it): the user's module itself, cut at block
+  boundaries, ``parallelize_module`` styles, ``fully_shard``/DDP, ``PipelineStage``; names and
+  ``state_dict`` keys are the user's;
+* graph rewrite (fallback, with the reason in ``ShardedModule.fallbacks``):
+
     model ─trace─► flat graph ─outline-layers─► embed · layer_i · head ─split-stages─► stages
         per local stage k (this rank's pp coordinate, k mod pp):
             distribute-parameters (tp DTensors) → insert-reshards (tp) → recompute
@@ -33,9 +40,11 @@ from fxplan.passes.rewrite.stages import SplitStages, StagedProgram
 from fxplan.runtime.build import InitSource, has_meta, init_values, materialize
 from fxplan.runtime.data_parallel import apply_data_parallel
 from fxplan.runtime.mesh import build_mesh, device_type
+from fxplan.runtime.module_apply import ModuleLevel, build_module_stages, module_level_plan
 from fxplan.runtime.pipeline import local_stage_indices
 from fxplan.runtime.sharded_module import LocalStage, ShardedModule
 from fxplan.runtime.tied import TiedGradSync
+from fxplan.runtime.tp_styles import NotExpressible
 from fxplan.passes.tracer import trace_model
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,46 +78,105 @@ def _shared_users(model: nn.Module, program: StagedProgram) -> dict[str, list[in
     return users
 
 
+#: How :func:`apply_plan` realises a plan: ``auto`` tries the module level and falls back.
+PATHS = ("auto", "module", "graph")
+
+
 def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[int] | None = None,
-               debug: bool = False, init: InitSource = None, checkpoint: str | None = None
-               ) -> ShardedModule | None:
+               debug: bool = False, init: InitSource = None, checkpoint: str | None = None,
+               path: str = "auto") -> ShardedModule | None:
     """Turn ``model`` into this process's part of the plan's distributed program.
 
     ``inputs``: example model inputs (any batch size ≥ ``plan.microbatch_size``); ``ranks``: the
     global ranks of the plan's mesh (default ``0 … world-1``); ``debug``: reshards verify the
-    planned placement at run time. A model with parameters on ``meta`` is built per stage:
-    ``init`` (a builder of the full CPU model, or ``{fqn: tensor}``) gives the values, or
-    ``checkpoint`` (a path saved by :meth:`ShardedModule.save` under any plan) is loaded.
+    planned placement at run time (graph rewrite). A model with parameters on ``meta`` is built
+    per stage: ``init`` (a builder of the full CPU model, or ``{fqn: tensor}``) gives the
+    values, or ``checkpoint`` (a path saved by :meth:`ShardedModule.save` under any plan) is
+    loaded. ``path``: ``module`` applies the plan to the user's module with PyTorch's pieces
+    (:mod:`fxplan.runtime.module_apply`; a :class:`PassError` when it cannot), ``graph`` runs
+    the graph rewrite, ``auto`` (default) the module level where the plan allows it, else the
+    graph rewrite with the reason as a fallback line. ``ShardedModule.path`` says which ran.
     """
-    if plan.pp == 1 and plan.virtual_stages > 1:
-        from fxplan.passes.rewrite.base import PassError
+    from fxplan.passes.rewrite.base import PassError, logger
 
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if plan.pp == 1 and plan.virtual_stages > 1:
         raise PassError("split-stages", f"schedule {str(plan.schedule)!r} needs pp ≥ 2")
+    on_meta = has_meta(model)
+    if on_meta and init is None and checkpoint is None:
+        raise ValueError("a model on meta needs init= (a builder or values) or checkpoint=")
+    inputs = _as_tuple(inputs)
+    fallbacks: list[str] = []
+    decided = None
+    if path != "graph":
+        try:
+            decided = module_level_plan(model, plan, inputs)
+        except NotExpressible as why:
+            if path == "module":
+                raise PassError("module-apply", f"the plan cannot run on the module: {why}") from why
+            line = f"[module-apply] {why}: the plan runs as the graph rewrite"
+            logger.warning("fxplan runtime fallback: %s", line)
+            fallbacks.append(line)
+    if decided is not None:
+        sharded = _apply_module_level(model, plan, decided, ranks, init, on_meta, checkpoint)
+    else:
+        sharded = _apply_graph(model, plan, inputs, ranks, debug, init, on_meta, checkpoint,
+                               fallbacks)
+    if sharded is not None and checkpoint is not None:
+        sharded.load(checkpoint)
+    return sharded
+
+
+def _member_setup(plan: "Plan", ranks: Sequence[int] | None
+                  ) -> tuple[Any, dist.ProcessGroup, int | None, torch.device]:
+    """Mesh, the group of its members, this rank's pp coordinate (``None``: not a member), and
+    the device (collective: every process calls it)."""
+    mesh = build_mesh(plan, ranks)
+    members = [int(r) for r in mesh.mesh.flatten().tolist()]
+    group = dist.new_group(members)
+    coordinate = mesh.get_coordinate()
+    pp_rank = None if coordinate is None else dict(zip(mesh.mesh_dim_names, coordinate))["pp"]
+    device = torch.device(device_type(), torch.cuda.current_device()) if device_type() == "cuda" \
+        else torch.device("cpu")
+    return mesh, group, pp_rank, device
+
+
+def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
+                        ranks: Sequence[int] | None, init: InitSource, on_meta: bool,
+                        checkpoint: str | None) -> ShardedModule | None:
+    mesh, group, pp_rank, device = _member_setup(plan, ranks)
+    tied = TiedGradSync(plan, mesh, {})
+    if pp_rank is None:
+        return None
+    values = init_values(init) if on_meta and checkpoint is None else None
+    fallbacks: list[str] = []
+    stages = build_module_stages(model, plan, decided, mesh, local_stage_indices(plan, pp_rank),
+                                 device, values, fallbacks)
+    del values
+    return ShardedModule(plan, mesh, stages, decided.stage_io, tied, group, device,
+                         fallbacks=fallbacks, path="module")
+
+
+def _apply_graph(model: nn.Module, plan: "Plan", inputs: tuple, ranks: Sequence[int] | None,
+                 debug: bool, init: InitSource, on_meta: bool, checkpoint: str | None,
+                 fallbacks: list[str]) -> ShardedModule | None:
     names: dict[int, str] = {}
     for fqn, tensor in [*model.named_parameters(remove_duplicate=False),
                         *model.named_buffers(remove_duplicate=False)]:
         names.setdefault(id(tensor), fqn)
-    on_meta = has_meta(model)
-    if on_meta and init is None and checkpoint is None:
-        raise ValueError("a model on meta needs init= (a builder or values) or checkpoint=")
     program = staged_program(model, plan, inputs)
-    mesh = build_mesh(plan, ranks)
+    mesh, group, pp_rank, device = _member_setup(plan, ranks)
     tied = TiedGradSync(plan, mesh, _shared_users(model, program))
-    members = [int(r) for r in mesh.mesh.flatten().tolist()]
-    group = dist.new_group(members)
-    coordinate = mesh.get_coordinate()
-    if coordinate is None:
+    if pp_rank is None:
         return None
-    pp_rank = dict(zip(mesh.mesh_dim_names, coordinate))["pp"]
-    device = torch.device(device_type(), torch.cuda.current_device()) if device_type() == "cuda" \
-        else torch.device("cpu")
     values = init_values(init) if on_meta and checkpoint is None else None
     known_nodes = {node.name for m in program.modules() if isinstance(m, fx.GraphModule)
                    for node in m.graph.nodes}
     # one instance of each pass for all local stages: a fallback is logged once
     passes = [DistributeParameters(mesh["tp"], names),
               InsertReshards(mesh["tp"], debug=debug, known_nodes=known_nodes), Recompute()]
-    stages, fallbacks = [], []
+    stages = []
     for k in local_stage_indices(plan, pp_rank):
         module = program.stage(k) if on_meta else program.stage(k).to(device)
         manager = PassManager(passes)
@@ -120,8 +188,5 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks)
         stages.append(LocalStage(k, wrapped, inner, local_names))
     del values
-    sharded = ShardedModule(plan, mesh, stages, program.stage_io, tied, group, device,
-                            fallbacks=fallbacks)
-    if checkpoint is not None:
-        sharded.load(checkpoint)
-    return sharded
+    return ShardedModule(plan, mesh, stages, program.stage_io, tied, group, device,
+                         fallbacks=fallbacks, path="graph")

@@ -12,8 +12,8 @@ decides what else is split over ``dp`` (Rajbhandari et al., 2020):
                               keep the gathered parameters between forward and backward)
     stage 3  + parameters:    ``fully_shard(reshard_after_forward=True)``
 
-FSDP/replicate wrap every outlined block (``layer_i``, recompute wrapper included) and then
-the stage root, so parameters are gathered block by block. With ``tp > 1`` the parameters are
+FSDP/replicate wrap every block (the outlined ``layer_i`` of the graph rewrite, recompute
+wrapper included, or the user's ``model.layers.N`` at module level) and then the stage root, so parameters are gathered block by block. With ``tp > 1`` the parameters are
 already DTensors on the ``tp`` axis and FSDP2 shards them further on ``dp`` (2-D mesh).
 ZeRO-1 relies on ``ZeroRedundancyOptimizer``, which broadcasts plain tensors and cannot hold
 DTensor parameters; with ``tp > 1`` (Megatron's distributed optimizer with TP, which the planner
@@ -25,7 +25,7 @@ dp-sharded DTensors. That is a fallback: logged, and listed in ``ShardedModule.f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -54,9 +54,12 @@ def zero1_fallback(plan: "Plan") -> str | None:
 
 
 def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
-                        fallbacks: list[str] | None = None) -> nn.Module:
+                        fallbacks: list[str] | None = None,
+                        blocks: Sequence[nn.Module] | None = None) -> nn.Module:
     """Wrap ``stage`` for the plan's dp degree and ZeRO stage (table in the module docstring);
-    a fallback taken is logged and appended to ``fallbacks``."""
+    a fallback taken is logged and appended to ``fallbacks``. ``blocks``: the repeated blocks
+    to wrap one by one (default: the outlined ``layer_i`` children of a graph-rewrite stage;
+    the module-level path passes the user's ``model.layers.N``)."""
     if plan.dp == 1:
         return stage
     dp_mesh = mesh["dp"]
@@ -69,7 +72,7 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
         from torch.distributed.fsdp import fully_shard
 
         reshard = plan.zero_stage == 3  # ZeRO-1 with tp > 1 (fallback): False, as ZeRO-2
-        for block in _blocks(stage):
+        for block in _blocks(stage) if blocks is None else blocks:
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
         fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
         return stage
@@ -79,7 +82,7 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
         return DistributedDataParallel(stage, process_group=dp_mesh.get_group())
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
-    for block in _blocks(stage):
+    for block in _blocks(stage) if blocks is None else blocks:
         replicate(block, mesh=dp_mesh)
     replicate(stage, mesh=dp_mesh)
     return stage

@@ -10,6 +10,9 @@ between pipeline ranks, and returns the mean loss ``L = (1/dp) Σ_d (1/m) Σ_j l
 to ``loss_fn`` over the global batch when ``loss_fn`` is a mean. The caller steps the optimizer
 from :meth:`optimizer`.
 
+:attr:`path` says how the plan was applied: ``module`` (the user's own module with
+``parallelize_module`` / ``fully_shard`` / pipeline stages cut at block boundaries) or ``graph``
+(the graph rewrite; the reason is the first line of :attr:`fallbacks`).
 :attr:`fallbacks` lists, readably and without repeats, where this rank realises the plan other
 than as planned (each was also logged as a warning when it happened).
 
@@ -58,7 +61,8 @@ class ShardedModule:
 
     def __init__(self, plan: "Plan", mesh: DeviceMesh, stages: Sequence[LocalStage],
                  stage_io: Sequence["StageIO"], tied: TiedGradSync, group: dist.ProcessGroup,
-                 device: torch.device, fallbacks: Sequence[str] = ()) -> None:
+                 device: torch.device, fallbacks: Sequence[str] = (), path: str = "graph"
+                 ) -> None:
         self.plan, self.mesh, self.stages = plan, mesh, list(stages)
         self.stage_io, self.tied, self.group, self.device = stage_io, tied, group, device
         coordinate = mesh.get_coordinate()
@@ -67,6 +71,8 @@ class ShardedModule:
         self.is_first = any(s.index == 0 for s in self.stages)
         self.is_last = any(s.index == last for s in self.stages)
         self._built_fallbacks = list(dict.fromkeys(fallbacks))
+        #: ``module`` (the user's module, PyTorch's parallel pieces) or ``graph`` (the rewrite)
+        self.path = path
         self._schedule_for: tuple[Callable[..., torch.Tensor], Any] | None = None
 
     @property

@@ -1,0 +1,106 @@
+"""Pipeline stages cut from the user's module at block boundaries (torchtitan's way).
+
+Stage ``k`` with blocks ``[a_k, b_k)`` is a deep copy of the model (free on ``meta``) in which
+
+* the layer container keeps only blocks ``a_k … b_k-1``, *under their original indices*
+  (:class:`StageBlocks`: a ``ModuleList`` whose children are named ``"a_k"…``, so parameter
+  names stay ``model.layers.5.mlp.up_proj.weight``; iteration and slicing see the kept blocks,
+  so a forward that runs ``self.layers[: config.num_hidden_layers]`` runs exactly them);
+* on every stage but the first, the *pre* module (the input embedding) becomes ``Identity``:
+  the stage's input is the previous stage's hidden state, passed where the token ids were;
+* on every stage but the last, the *post* modules (final norm, LM head) become ``Identity``:
+  the stage returns the hidden state after its last block.
+
+So the user's forward, unchanged, computes ``x_{k+1} = f_{b_k-1} ∘ … ∘ f_{a_k}(x_k)`` on stage ``k``
+and the chain of stages computes the model. This holds when the forward does nothing between the
+embedding and the first block but what it also does to a hidden state (position ids, masks,
+rotary tables computed from shapes), which is not decidable from the structure: the runtime
+checks the split numerically (the chain against the whole model on one microbatch) whenever
+values are at hand. Refused here (the runtime then falls back to the graph rewrite): more than
+one layer container, a module with parameters between blocks, a pre part that is not exactly
+one ``nn.Embedding``, a stage without blocks.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Iterator
+
+from torch import nn
+
+from fxplan.runtime.module_probe import ModuleProbe
+from fxplan.runtime.tp_styles import NotExpressible
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.core.plan import Plan
+
+__all__ = ["StageBlocks", "check_splittable", "stage_module"]
+
+
+class StageBlocks(nn.ModuleList):
+    """A ``ModuleList`` of some blocks under their original indices (module docstring):
+    integer indexing, slicing, ``len`` and iteration are positional over the kept blocks."""
+
+    def __init__(self, blocks: dict[str, nn.Module]) -> None:
+        super().__init__()
+        for key, block in blocks.items():
+            self.add_module(key, block)
+
+    def __getitem__(self, idx: int | slice) -> nn.Module | nn.ModuleList:  # type: ignore[override]
+        values = list(self._modules.values())
+        if isinstance(idx, slice):
+            return nn.ModuleList(values[idx])
+        return values[idx]
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter(list(self._modules.values()))
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+
+def check_splittable(probe: ModuleProbe, model: nn.Module) -> None:
+    """Raise :class:`NotExpressible` when the model cannot be cut at block boundaries."""
+    if len(probe.containers) != 1:
+        raise NotExpressible(f"pipeline split needs one layer container, found "
+                             f"{probe.containers or 'none'}")
+    if probe.containers[0] == "":
+        raise NotExpressible("the model itself is the layer container: no embedding or head "
+                             "to keep around a cut")
+    if probe.between:
+        raise NotExpressible(f"module(s) {', '.join(probe.between)} with parameters run between "
+                             "blocks")
+    named = dict(model.named_modules())
+    if len(probe.pre) != 1 or not isinstance(named[probe.pre[0]], nn.Embedding):
+        raise NotExpressible(f"the part before the first block must be one nn.Embedding, found "
+                             f"{probe.pre or 'none'}: a later stage could not skip it")
+
+
+def _set(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, module)
+
+
+def stage_module(model: nn.Module, plan: "Plan", index: int, probe: ModuleProbe,
+                 copy_model: bool = True) -> nn.Module:
+    """Stage ``index`` of ``plan`` cut from ``model`` (a deep copy unless ``copy_model`` is
+    false: then ``model`` itself is cut)."""
+    stage = plan.stages[index]
+    first, last = stage.layers
+    if first >= last:
+        raise NotExpressible(f"stage {index} holds no block")
+    module = copy.deepcopy(model) if copy_model else model
+    container = probe.containers[0]
+    holder = module.get_submodule(container)
+    kept = {f"{container}.{key}" if container else key: child
+            for key, child in holder.named_children()}
+    keep = set(probe.blocks[first:last])
+    _set(module, container, StageBlocks({n.rpartition(".")[2]: m for n, m in kept.items()
+                                         if n in keep}))
+    if not stage.has_embedding:
+        for name in probe.pre:
+            _set(module, name, nn.Identity())
+    if not stage.has_head:
+        for name in probe.post:
+            _set(module, name, nn.Identity())
+    return module

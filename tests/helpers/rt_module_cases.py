@@ -1,0 +1,160 @@
+"""Jobs the rank pool runs for the module-level runtime: a tiny Hugging Face Llama and a user
+``nn.TransformerEncoder`` model train under a plan like one process, and their state dicts
+round-trip between the sharded and the unsharded model."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fxplan.core.config import ParallelConfig
+from fxplan.core.placements import PlacementMap, parse_placements
+from fxplan.core.plan import Plan
+from fxplan.runtime.apply import apply_plan
+from fxplan.runtime.module_probe import model_output
+from rt_plans import stages_for
+
+LR = 0.1
+SEQ = 8
+LLAMA = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_attention_heads=4,"
+         "num_key_value_heads=2,vocab_size=64,max_position_embeddings=16")
+ENCODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime",
+                       "models", "encoder_lm.py:build")
+VOCAB = 64
+
+_MEGATRON = {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)",
+             "gate_proj": "S(0)", "up_proj": "S(0)", "down_proj": "S(1)", "wq": "S(0)",
+             "wk": "S(0)", "wv": "S(0)", "wo": "S(1)", "w1": "S(0)", "w3": "S(0)", "w2": "S(1)",
+             "embed_tokens": "S(0)", "lm_head": "S(0)", "tok_embeddings": "S(0)",
+             "output": "S(0)"}
+
+
+def plan_for(model: torch.nn.Module, *, tp: int = 1, pp: int = 1, dp: int = 1, sp: bool = False,
+             zero: int = 0, layers: int = 2, overrides: dict[str, str] | None = None) -> Plan:
+    """A hand-made plan with Megatron placements over ``("dp", "tp")`` for ``model``."""
+    params = {}
+    for name, _ in model.named_parameters():
+        module = name.rsplit(".", 2)[-2]
+        token = _MEGATRON.get(module, "R") if tp > 1 and name.endswith("weight") else "R"
+        params[name] = "R" + token
+    params.update(overrides or {})
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=2, num_microbatches=1,
+                            sequence_parallel=sp, zero_stage=zero)
+    return Plan(model="test", cluster="test", graph_fingerprint="t", cluster_fingerprint="t",
+                batch=2 * dp, seq=8, config=config, stages=stages_for(layers, pp, 1),
+                placements=PlacementMap(params={k: parse_placements(v) for k, v in params.items()}))
+
+
+
+def build(kind: str, seed: int = 0, meta: bool = False) -> torch.nn.Module:
+    """The tiny model ``kind`` (``llama`` or ``encoder``), seeded; ``meta``: parameters on meta."""
+    import contextlib
+
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.build import meta_parameters
+
+    torch.manual_seed(seed)
+    with meta_parameters() if meta else contextlib.nullcontext():
+        return resolve_model(LLAMA if kind == "llama" else ENCODER).build("cpu")
+
+
+def batch(plan: Plan, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (plan.batch, SEQ + 1), generator=generator)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def reference(kind: str, plan: Plan, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses and parameters of one process after ``steps`` SGD steps."""
+    model = build(kind)
+    tokens, targets = batch(plan)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for _ in range(steps):
+        loss = lm_loss(model_output(model(tokens)), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def _error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+def train_matches_reference(kind: str, plan_json: str, steps: int = 3, meta: bool = False
+                            ) -> dict[str, Any] | None:
+    """Train ``steps`` SGD steps under the plan; errors against one process (every member
+    reports; rank 0's report is the one tests read)."""
+    plan = Plan.from_json(plan_json)
+    tokens, targets = batch(plan)
+    init = (lambda: build(kind)) if meta else None
+    sharded = apply_plan(build(kind, meta=meta), plan, tokens, init=init)
+    if sharded is None:
+        return None
+    optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
+    losses = []
+    for _ in range(steps):
+        losses.append(float(sharded.train_step((tokens, targets), lm_loss)))
+        optimizer.step()
+        optimizer.zero_grad()
+    params = sharded.full_parameters()
+    ref_losses, ref_params = reference(kind, plan, steps)
+    errors = {k: _error(params[k], ref_params[k]) for k in ref_params if k in params}
+    worst = max(errors, key=errors.get)
+    return dict(path=sharded.path, fallbacks=sharded.fallbacks, losses=losses,
+                ref_losses=ref_losses, missing=sorted(set(ref_params) - set(params)),
+                extra=sorted(set(params) - set(ref_params)),
+                loss_error=max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
+                param_error=errors[worst], worst=worst)
+
+
+def state_dict_round_trip(kind: str, plan_json: str) -> dict[str, Any] | None:
+    """HF-format (unsharded) state dict → sharded model → one step → gathered full state dict
+    (``get_model_state_dict(full_state_dict=True)``) → the unsharded model, ``strict=True``."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         set_model_state_dict)
+
+    plan = Plan.from_json(plan_json)
+    tokens, targets = batch(plan)
+    source = build(kind, seed=3)                     # "the checkpoint": other values than seed 0
+    saved = {k: v.clone() for k, v in source.state_dict().items()}
+    sharded = apply_plan(build(kind), plan, tokens)
+    if sharded is None:
+        return None
+    (stage,) = sharded.stages
+    full = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(stage.inner, {k: v.clone() for k, v in saved.items()}, options=full)
+    loaded = sharded.full_parameters()
+    load_error = max(_error(loaded[k], saved[k]) for k in loaded)
+    optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
+    sharded.train_step((tokens, targets), lm_loss)
+    optimizer.step()
+    gathered = get_model_state_dict(stage.inner, options=full)
+    trained = sharded.full_parameters()
+    unsharded = build(kind, seed=5)
+    unsharded.load_state_dict(gathered, strict=True)  # raises on any missing / unexpected key
+    back_error = max(_error(unsharded.state_dict()[k], trained[k]) for k in trained)
+    return dict(path=sharded.path, keys_equal=sorted(gathered) == sorted(saved),
+                load_error=load_error, back_error=back_error,
+                changed=max(_error(trained[k], saved[k]) for k in trained))
+
+
+#: Tensor parallelism inside ``nn.TransformerEncoderLayer``'s MLP (``linear1`` column-,
+#: ``linear2`` row-parallel), its ``nn.MultiheadAttention`` replicated.
+ENCODER_MLP_TP = {f"encoder.layers.{i}.{name}": tp for i in range(2) for name, tp in (
+    ("linear1.weight", "RS(0)"), ("linear1.bias", "RS(0)"), ("linear2.weight", "RS(1)"))}
+
+
+def encoder_mlp_tp_plan(sp: bool = False) -> str:
+    """A 2×2 (dp, tp) ZeRO-3 plan for the encoder with :data:`ENCODER_MLP_TP` (JSON)."""
+    model = build("encoder")
+    return plan_for(model, tp=2, dp=2, zero=3, sp=sp, overrides=ENCODER_MLP_TP).to_json()

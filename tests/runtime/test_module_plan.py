@@ -1,0 +1,110 @@
+"""Which path a plan takes, decided on one process before any process group exists: the
+tensor-parallel styles derived from placements, the pipeline cut at block boundaries, and the
+reasons the module level refuses a plan (the runtime then runs the graph rewrite)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                               RowwiseParallel, SequenceParallel)
+
+from fxplan.core.plan import Plan
+from fxplan.passes.rewrite.base import PassError
+from fxplan.runtime.apply import apply_plan
+from fxplan.runtime.module_apply import module_level_plan
+from fxplan.runtime.module_stages import StageBlocks, stage_module
+from fxplan.runtime.tp_styles import NotExpressible
+from rt_module_cases import ENCODER_MLP_TP, build, plan_for
+
+TOKENS = torch.zeros(2, 8, dtype=torch.long)
+
+
+def test_hf_llama_styles_follow_the_placements():
+    pytest.importorskip("transformers")
+    model = build("llama")
+    styles = module_level_plan(model, plan_for(model, tp=2, sp=True), TOKENS).styles
+    assert isinstance(styles["model.layers.0.self_attn.q_proj"], ColwiseParallel)
+    row = styles["model.layers.1.mlp.down_proj"]
+    assert isinstance(row, RowwiseParallel) and row.output_layouts == (Shard(1),)
+    assert isinstance(styles["model.embed_tokens"], RowwiseParallel)   # vocabulary-parallel
+    head = styles["lm_head"]
+    assert isinstance(head, ColwiseParallel) and head.output_layouts == (Replicate(),)
+    assert isinstance(styles["model.layers.0.input_layernorm"], SequenceParallel)
+    assert isinstance(styles["model.norm"], SequenceParallel)
+    gather = styles["model.layers.0.self_attn"]      # called with hidden_states=… (keyword)
+    assert isinstance(gather, PrepareModuleInput)
+    assert gather.input_kwarg_layouts == {"hidden_states": Shard(1)}
+    assert isinstance(styles["model.layers.0.mlp"], PrepareModuleInput)
+
+
+def test_hf_llama_pipeline_stage_keeps_the_users_names():
+    pytest.importorskip("transformers")
+    model = build("llama")
+    plan = plan_for(model, pp=2)
+    decided = module_level_plan(model, plan, TOKENS)   # checks the chain against the model
+    assert decided.probe.pre == ["model.embed_tokens"]
+    assert decided.probe.post == ["model.norm", "lm_head"]
+    last = stage_module(model, plan, 1, decided.probe)
+    names = [n for n, _ in last.named_parameters()]
+    assert names == ["model.layers.1." + n.split(".", 3)[3] for n in names[:-2]] + [
+        "model.norm.weight", "lm_head.weight"]
+    assert isinstance(last.model.layers, StageBlocks) and len(last.model.layers) == 1
+    assert isinstance(last.model.embed_tokens, torch.nn.Identity)
+    assert decided.stage_io[1].inputs[0].shape == (2, 8, 32)
+    assert decided.stage_io[0].outputs[0].shape == (2, 8, 32)
+    assert decided.stage_io[1].outputs[0].shape == (2, 8, 64)
+
+
+def test_encoder_stage_cut_and_replicated_attention():
+    model = build("encoder")
+    decided = module_level_plan(model, plan_for(model, pp=2), TOKENS[:, :8])
+    assert decided.probe.blocks == ["encoder.layers.0", "encoder.layers.1"]
+    # nn.MultiheadAttention's fused in_proj_weight has no style: sharding it is refused
+    plan = plan_for(model, tp=2, overrides={"encoder.layers.0.self_attn.in_proj_weight": "RS(0)"})
+    with pytest.raises(NotExpressible, match="MultiheadAttention.*in_proj_weight"):
+        module_level_plan(model, plan, TOKENS)
+    # the MLP alone can be split; with sequence parallelism the replicated attention cannot
+    # take the sequence-sharded stream
+    styles = module_level_plan(model, plan_for(model, tp=2, overrides=ENCODER_MLP_TP),
+                               TOKENS).styles
+    assert sorted(styles) == [f"encoder.layers.{i}.linear{j}" for i in (0, 1) for j in (1, 2)]
+    plan = plan_for(model, tp=2, sp=True, overrides={**ENCODER_MLP_TP, "emb.weight": "RS(0)",
+                                                     "head.weight": "RS(0)", "head.bias": "RS(0)"})
+    with pytest.raises(NotExpressible, match="MultiheadAttention 'encoder.layers.0.self_attn'"):
+        module_level_plan(model, plan, TOKENS)
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("gpt_tp", "tied weights"),
+    ("llama_zoo_tp", "local shapes"),
+    ("bias_mismatch", "not a column- or row-parallel layout"),
+    ("sp_replicated_head", "'emb' is replicated over tp: with sequence parallelism"),
+    ("selective", "selective"),
+])
+def test_module_level_refusals_name_the_reason(case, reason):
+    from fxplan.examples.model_spec import resolve_model
+
+    if case == "gpt_tp":
+        model = resolve_model("gpt-tiny:dropout=0,seq=16,layers=2").build("cpu")
+        plan = plan_for(model, tp=2)
+    elif case == "llama_zoo_tp":  # its attention views q as (b, t, self.heads, d): global heads
+        model = resolve_model("llama-tiny:layers=2").build("cpu")
+        plan = plan_for(model, tp=2)
+    elif case == "sp_replicated_head":
+        model = build("encoder")
+        plan = plan_for(model, tp=2, sp=True, overrides=ENCODER_MLP_TP)
+    elif case == "bias_mismatch":
+        model = build("encoder")
+        plan = plan_for(model, tp=2, overrides={"encoder.layers.0.linear1.weight": "RS(0)",
+                                                "encoder.layers.0.linear1.bias": "RR"})
+    else:
+        model = build("encoder")
+        plan = plan_for(model, dp=1)
+        plan = Plan.from_json(plan.to_json().replace("recompute=none", "recompute=selective"))
+    tokens = torch.zeros(2, 16 if case == "gpt_tp" else 8, dtype=torch.long)
+    with pytest.raises(NotExpressible, match=reason):
+        module_level_plan(model, plan, tokens)
+    with pytest.raises(PassError, match=rf"\[module-apply\].*{reason}"):
+        apply_plan(model, plan, tokens, path="module")
