@@ -24,7 +24,7 @@ cluster and raises :class:`CostModelError` with the arithmetic::
 
     dp·tp·pp = 24·8·8 = 1536 ≠ 3072 devices
     tp=8 does not divide heads=12 (12 mod 8 = 4)
-    pp=5 does not divide layers=24 (24 mod 5 = 4); give stages=… for uneven stages
+    pp=5 does not divide layers=24 (24 mod 5 = 4); or give stages=… (5 counts summing to 24) for uneven stages
     batch=512 is not divisible by dp·mb = 24·1 = 24 (512 mod 24 = 8)
     interleaved:2 needs layers divisible by pp·v = 8·2 = 16 (24 mod 16 = 8)
 """
@@ -346,15 +346,22 @@ class ParallelConfig:
                     f"{sum(self.stage_layers)} layers, the model has {layers}"
                 )
             return
-        if v > 1 and layers % (self.pp * v):
+        stages = self.pp * v
+        if stages > layers:  # uneven stages cannot help: every stage needs a layer
+            raise CostModelError(
+                f"pp·v = {self.pp}·{v} = {stages} stages for {layers} layers: every stage needs "
+                f"at least one layer; use pp·v ≤ {layers}"
+            )
+        uneven = f"; or give stages=… ({stages} counts summing to {layers}) for uneven stages"
+        if v > 1 and layers % stages:
             raise CostModelError(
                 f"{self.schedule} needs layers divisible by pp·v = {self.pp}·{v} = "
-                f"{self.pp * v} ({layers} mod {self.pp * v} = {layers % (self.pp * v)})"
+                f"{stages} ({layers} mod {stages} = {layers % stages}){uneven}"
             )
         if layers % self.pp:
             raise CostModelError(
                 f"pp={self.pp} does not divide layers={layers} ({layers} mod {self.pp} = "
-                f"{layers % self.pp}); give stages=… for uneven stages"
+                f"{layers % self.pp}){uneven}"
             )
 
     def layers_per_stage(self, layers: int) -> tuple[int, ...]:

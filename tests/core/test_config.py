@@ -55,7 +55,9 @@ def _check(text: str, **kwargs: int) -> None:
 @pytest.mark.parametrize("text,facts,message", [
     (TEXT, {"world_size": 3072}, "dp·tp·pp = 24·8·8 = 1536 ≠ 3072 devices"),
     (TEXT, {"heads": 12}, "tp=8 does not divide heads=12 (12 mod 8 = 4)"),
-    ("dp=24,tp=8,pp=8", {"layers": 20}, "pp=8 does not divide layers=20 (20 mod 8 = 4); give stages="),
+    ("dp=24,tp=8,pp=8", {"layers": 20},
+     "pp=8 does not divide layers=20 (20 mod 8 = 4); or give stages=… (8 counts summing to 20)"),
+    ("dp=24,tp=8,pp=8", {"layers": 6}, "8 stages for 6 layers: every stage needs at least one layer"),
     (TEXT, {"layers": 24}, "interleaved:2 needs layers divisible by pp·v = 8·2 = 16 (24 mod 16 = 8)"),
     (TEXT, {"batch": 500}, "batch=500 is not divisible by dp·mb = 24·1 = 24 (500 mod 24 = 20)"),
     (TEXT, {"batch": 24 * 12}, "m = batch / (dp·mb) = 288 / (24·1) = 12, 12 mod 8 = 4"),
