@@ -56,6 +56,7 @@ OWN_TORCHRUN_FLAGS = {
     "-m": "fxplan runs -m fxplan.worker",
     "--no-python": "fxplan runs -m fxplan.worker",
     "--run-path": "fxplan runs -m fxplan.worker",
+    "--rdzv-id": "fxplan gives every supervised attempt its own rendezvous id",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,6 +116,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     where.add_argument("--node-rank", type=int, default=None, help="torchrun --node-rank")
     where.add_argument("--rdzv-endpoint", default=None,
                        help="HOST:PORT every node reaches (required for more than one node)")
+    from fxplan.cli.elastic import add_elastic_arguments
+
+    add_elastic_arguments(parser)
     parser.set_defaults(func=run, torchrun_args=[])
     parser.epilog = ("torchrun flags go after `--`: fxplan launch plan.json --data tokens.bin "
                      "-- --max-restarts=0 --log-dir=logs")
@@ -180,18 +184,14 @@ def node_layout(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> tuple
         if value is not None and value < (0 if flag == "--node-rank" else 1):
             raise LaunchError(f"{flag} {value}: expected an integer ≥ "
                               f"{0 if flag == '--node-rank' else 1}")
-    if args.nnodes is not None and args.nnodes != nnodes:
-        raise LaunchError(f"--nnodes {args.nnodes}: the plan's cluster {cluster.name} has "
-                          f"{nnodes} node(s) of {nproc} device(s) and the plan uses all "
-                          f"{plan.world_size} ranks; leave --nnodes out, or re-plan for "
-                          f"{args.nnodes} node(s)")
-    user_nnodes = nnodes if args.nnodes is None else args.nnodes
-    user_nproc = nproc if args.nproc_per_node is None else args.nproc_per_node
-    plan.check_matches(world_size=user_nnodes * user_nproc, source=args.plan)
-    if (user_nnodes, user_nproc) != (nnodes, nproc):
-        raise LaunchError(f"--nnodes {user_nnodes} × --nproc-per-node {user_nproc}: the plan's "
-                          f"cluster {cluster.name} is {nnodes} node(s) × {nproc} device(s); "
-                          "leave them out, or re-plan for the cluster you have")
+    user = (nnodes if args.nnodes is None else args.nnodes,
+            nproc if args.nproc_per_node is None else args.nproc_per_node)
+    if user != (nnodes, nproc):  # the workers replan for the world they get (fxplan.replan)
+        print(f"{user[0]} node(s) × {user[1]} process(es) = {user[0] * user[1]} ranks, the "
+              f"plan's cluster {cluster.name} has {nnodes} × {nproc}: the workers replan for "
+              f"{user[0] * user[1]} ranks (same model and global batch) and go on from the "
+              "newest checkpoint (docs/elastic.md)", flush=True)
+        nnodes, nproc = user
     if args.node_rank is not None and args.node_rank >= nnodes:
         raise LaunchError(f"--node-rank {args.node_rank}: the plan runs on {nnodes} node(s), "
                           f"ranks 0–{nnodes - 1}")
@@ -274,12 +274,15 @@ def worker_command(args: argparse.Namespace, settings: RunSettings) -> list[str]
         value = getattr(args, flag)
         if value:
             cmd += [f"--{flag}", value if flag == "model" else os.path.abspath(value)]
+    if getattr(args, "elastic", None) or getattr(args, "max_restarts", 0):
+        cmd += ["--auto-resume"]  # a restarted or requeued attempt goes on from the newest
     return cmd
 
 
-def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: RunSettings
-                   ) -> tuple[dict[str, str], list[str]]:
-    """``(environment added, argv)`` of the torchrun that runs the plan on this node."""
+def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: RunSettings,
+                   attempt: int = 0) -> tuple[dict[str, str], list[str]]:
+    """``(environment added, argv)`` of the torchrun that runs the plan on this node (its
+    ``attempt``-th start under ``--max-restarts``: a fresh port and rendezvous id)."""
     env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"}
     extra = passthrough(args)
     if nnodes > 1 and not args.rdzv_endpoint:
@@ -287,9 +290,12 @@ def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: 
             f"{args.plan} runs on {nnodes} nodes × {nproc} processes: a multi-node launch needs "
             "--rdzv-endpoint HOST:PORT, a host and port every node reaches (e.g. the first "
             "node), given the same on every node — or --slurm FILE to write an sbatch script")
+    from fxplan.cli.elastic import elastic_torchrun_flags
+
+    nodes_flag, *elastic = elastic_torchrun_flags(args, nnodes, attempt, settings.run_dir, env)
     cmd = [sys.executable, "-m"]
     if args.rdzv_endpoint:
-        cmd += ["torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+        cmd += ["torch.distributed.run", nodes_flag, f"--nproc-per-node={nproc}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={check_endpoint(args.rdzv_endpoint)}"]
         if args.node_rank is not None:
             cmd += [f"--node-rank={args.node_rank}"]
@@ -298,10 +304,10 @@ def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: 
         for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             if key not in os.environ:
                 env[key] = loopback
-        cmd += ["fxplan.runtime.torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+        cmd += ["fxplan.runtime.torchrun", nodes_flag, f"--nproc-per-node={nproc}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_loopback_port()}",
                 "--local-addr=127.0.0.1"]
-    return env, cmd + extra + worker_command(args, settings)
+    return env, cmd + elastic + extra + worker_command(args, settings)
 
 
 def shell_line(env: dict[str, str], cmd: list[str]) -> str:
@@ -341,4 +347,9 @@ def run(args: argparse.Namespace) -> int:
         print(line)
         return 0
     print(f"running: {line}", flush=True)
+    if args.max_restarts or args.elastic:
+        from fxplan.cli.elastic import run_supervised
+
+        return run_supervised(args, settings.run_dir, lambda attempt: (
+            (env, cmd) if attempt == 0 else launch_command(args, nnodes, nproc, settings, attempt)))
     return subprocess.call(cmd, env={**os.environ, **env})
