@@ -63,8 +63,13 @@ class Replan:
         return lines
 
     def to_dict(self) -> dict[str, Any]:
+        """``old``/``new`` briefs, ``replan_time_s`` (the whole call: capture of the model —
+        cached in a process that captured it before — and search) with the search's own phase
+        times in ``timings_s``, and ``changes``."""
         return {"old": plan_brief(self.old), "new": plan_brief(self.new),
-                "replan_time_s": self.replan_time_s, "changes": self.changes()}
+                "replan_time_s": self.replan_time_s,
+                "timings_s": {k: float(v) for k, v in self.new.timings.items()},
+                "changes": self.changes()}
 
 
 def _split(brief: dict[str, Any]) -> str:

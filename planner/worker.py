@@ -305,7 +305,8 @@ def log_replan(log: Any, events: Any, found: Any) -> None:
     for line in found.changes():
         log.print(f"replan: {line}")
     events.log("replan", old=plan_brief(found.old), new=plan_brief(found.new),
-               replan_ms=round(found.replan_time_s * 1e3, 3), changes=found.changes())
+               replan_ms=round(found.replan_time_s * 1e3, 3),
+               timings_s=found.to_dict()["timings_s"], changes=found.changes())
 
 
 def log_resume(log: Any, events: Any, position: Any, checkpoint: Any, plan: Any) -> None:

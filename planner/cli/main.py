@@ -33,6 +33,7 @@ VERBS: tuple[str, ...] = (
     "plan",
     "export",
     "launch",
+    "replan",
     "models",
     "doctor",
 )

@@ -62,11 +62,44 @@ def test_multi_node_without_endpoint_is_refused(plans, capsys):
     assert code == 2 and "multi-node launch needs --rdzv-endpoint" in err
 
 
-def test_nnodes_that_disagree_with_the_plan_are_refused(plans, capsys):
-    code, _, err = launch(capsys, plans[0], "--data", "synthetic", "--nnodes", "2",
-                          "--print-command")
-    assert code == 2
-    assert "--nnodes 2: the plan's cluster local-cpu:devices=4 has 1 node(s)" in err
+def test_nnodes_other_than_the_plans_replan_in_the_workers(plans, capsys):
+    """More nodes than the plan's cluster: not refused; the workers replan for 2·4 ranks."""
+    code, out, err = launch(capsys, plans[0], "--data", "synthetic", "--nnodes", "2",
+                            "--rdzv-endpoint", "node0:29500", "--print-command")
+    assert code == 0, err
+    assert "2 node(s) × 4 process(es) = 8 ranks" in out and "the workers replan for 8" in out
+    assert "--nnodes=2 --nproc-per-node=4" in out
+
+
+def test_max_restarts_and_elastic_commands(plans, capsys, tmp_path):
+    """``--max-restarts``: torchrun's own restarts off, a rendezvous id per attempt, the
+    attempt number and --auto-resume for the workers; ``--elastic`` on many nodes:
+    ``--nnodes=MIN:MAX``."""
+    run = str(tmp_path / "run")
+    code, out, err = launch(capsys, plans[0], "--data", "synthetic", "--run-dir", run,
+                            "--max-restarts", "2", "--print-command")
+    assert code == 0, err
+    words = shlex.split(out)
+    assert "FXPLAN_ATTEMPT=0" in words and "--max-restarts=0" in words
+    assert [w for w in words if w.startswith("--rdzv-id=fxplan-")][0].endswith("-0")
+    assert words.index("--max-restarts=0") < words.index("fxplan.worker") < \
+        words.index("--auto-resume")
+    code, out, err = launch(capsys, plans[1], "--data", "synthetic", "--elastic", "1:4",
+                            "--rdzv-endpoint", "node0:29500", "--print-command")
+    assert code == 0, err
+    assert "--nnodes=1:4 --nproc-per-node=2" in out and "--auto-resume" in out
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--elastic", "2:4"], "the rendezvous is on loopback"),
+    (["--elastic", "4:2"], "expected MIN:MAX node counts with 1 ≤ MIN ≤ MAX"),
+    (["--elastic", "x"], "expected MIN:MAX node counts"),
+    (["--max-restarts", "-1"], "--max-restarts -1: expected an integer ≥ 0"),
+    (["--max-restarts", "1", "--", "--max-restarts=3"], "use fxplan's --max-restarts N"),
+])
+def test_bad_elastic_flags_are_refused(plans, capsys, args, expected):
+    code, _, err = launch(capsys, plans[0], "--data", "synthetic", "--print-command", *args)
+    assert code == 2 and expected in err, err
 
 
 def test_torchrun_flags_pass_after_double_dash(plans, capsys):
