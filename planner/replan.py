@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from fxplan.core.plan import Plan
 
-__all__ = ["Replan", "replan", "plan_brief"]
+__all__ = ["Replan", "replan", "plan_brief", "report_replan"]
 
 
 def plan_brief(plan: Plan) -> dict[str, Any]:
@@ -70,6 +70,23 @@ class Replan:
                 "replan_time_s": self.replan_time_s,
                 "timings_s": {k: float(v) for k, v in self.new.timings.items()},
                 "changes": self.changes()}
+
+
+def report_replan(found: Replan, say: Callable[[str], None], events: Any) -> None:
+    """Print the old and new plans and what changed, and log the ``replan`` event to
+    ``events`` (an :class:`~fxplan.runtime.events.EventLog`; ``None``: print only) — the
+    launcher's and the workers' one report."""
+    say(f"replan: the job has {found.new.world_size} ranks, its plan is for "
+        f"{found.old.world_size}: replanned in {found.replan_time_s * 1e3:.0f} ms for the same "
+        "model and global batch B = dp·microbatch·microbatches (the same training)")
+    for line in found.changes():
+        say(f"replan: {line}")
+    if events is None:
+        return
+    info = found.to_dict()
+    events.log("replan", old=info["old"], new=info["new"],
+               replan_ms=round(found.replan_time_s * 1e3, 3), timings_s=info["timings_s"],
+               changes=info["changes"])
 
 
 def _split(brief: dict[str, Any]) -> str:

@@ -190,7 +190,9 @@ def _train(args: argparse.Namespace) -> None:
         log.print(f"fxplan launch: {plan.model} on {plan.cluster} | {plan.summary} | "
                   f"{dist.get_world_size()} ranks, backend {dist.get_backend()} | data {args.data}")
         if replanned is not None:
-            log_replan(log, events, replanned)
+            from fxplan.replan import report_replan
+
+            report_replan(replanned, log.print, events)
         if position is not None and resume is not None:
             log.print(f"resumed parameters, optimizer state and data position from {resume[0]}: "
                       f"step {position.step} done, going on at step {position.step + 1} "
@@ -293,20 +295,6 @@ def plan_for_world(plan: "Plan", world: int, run_dir: str) -> "tuple[Plan, Any]"
 
     new = Plan.from_dict(box[0][0], source="replanned plan")
     return new, Replan(plan, new, box[0][1])
-
-
-def log_replan(log: Any, events: Any, found: Any) -> None:
-    """Rank 0: the old and new plans, what changed, and the ``replan`` event."""
-    from fxplan.replan import plan_brief
-
-    log.print(f"replan: this job got {found.new.world_size} ranks, its plan is for "
-              f"{found.old.world_size}: replanned in {found.replan_time_s * 1e3:.0f} ms for the "
-              "same model and global batch B = dp·microbatch·microbatches (the same training)")
-    for line in found.changes():
-        log.print(f"replan: {line}")
-    events.log("replan", old=plan_brief(found.old), new=plan_brief(found.new),
-               replan_ms=round(found.replan_time_s * 1e3, 3),
-               timings_s=found.to_dict()["timings_s"], changes=found.changes())
 
 
 def log_resume(log: Any, events: Any, position: Any, checkpoint: Any, plan: Any) -> None:

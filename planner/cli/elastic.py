@@ -9,6 +9,11 @@
   times. Each attempt's workers get ``FXPLAN_ATTEMPT=k`` and ``--auto-resume``: they go on from
   the newest committed checkpoint of the run directory and replan when the world they got is
   not the plan's.
+- A world other than the plan's that is known at launch (``--nproc-per-node``/``--nnodes``
+  other than the plan's cluster, without ``--elastic``): the launcher replans before any
+  process starts (:func:`replan_before_start`; the model is captured already for the plan
+  check, so this is the search alone) and the workers run the new plan. A replan that finds
+  nothing (e.g. 3 ranks for a batch of 8) is refused here, exit code 2.
 - ``--elastic MIN:MAX``: torchrun's ``--nnodes=MIN:MAX`` with the c10d rendezvous (needs
   ``--rdzv-endpoint``: nodes that join a loopback rendezvous are this machine alone, so on one
   node it is ``--nnodes=1``), and ``--auto-resume``. The workers replan for the nodes that
@@ -20,12 +25,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from fxplan.cli.run_config import LaunchError
 
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.core.plan import Plan
+
 __all__ = ["add_elastic_arguments", "parse_elastic", "elastic_torchrun_flags", "rdzv_id",
-           "run_supervised"]
+           "run_supervised", "replan_before_start"]
 
 
 def add_elastic_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,3 +102,30 @@ def run_supervised(args: argparse.Namespace, run_dir: str,
         print(f"fxplan launch: {text}", flush=True)
 
     return supervise(make_attempt, max_restarts=args.max_restarts, run_dir=run_dir, say=say)
+
+
+def replan_before_start(args: argparse.Namespace, plan: "Plan", world: int, run_dir: str
+                        ) -> argparse.Namespace:
+    """Replan ``plan`` for ``world`` ranks (:func:`fxplan.replan.replan`), report it, write the
+    new plan to ``RUN_DIR/plans/plan-world{N}.json`` and log the ``replan`` event; returns
+    ``args`` with ``plan`` naming the new file. With ``--print-command`` nothing is written and
+    ``args`` is returned as it is (the printed command's workers replan at start)."""
+    from pathlib import Path
+
+    from fxplan.replan import replan, report_replan
+    from fxplan.runtime.events import EventLog
+
+    found = replan(plan, world=world)
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+
+    if args.print_command:
+        report_replan(found, say, None)
+        return args
+    path = Path(run_dir) / "plans" / f"plan-world{world}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    found.new.save(path)
+    report_replan(found, say, EventLog(run_dir))
+    say(f"replan: new plan written to {path}")
+    return argparse.Namespace(**{**vars(args), "plan": str(path)})

@@ -9,12 +9,18 @@
     fxplan launch plan.json --data tokens.bin -- --max-restarts=0 --log-dir=logs  # torchrun flags
     fxplan launch plan.json --data tokens.bin --steps 1000 --run-dir runs/a --checkpoint-every 100
     fxplan launch plan.json --data tokens.bin --steps 1000 --run-dir runs/a --resume runs/a
+    fxplan launch plan.json --data tokens.bin --run-dir runs/a --checkpoint-every 100 \\
+        --max-restarts 3                                                 # restart on failure
+    fxplan launch plan4.json --data tokens.bin --nproc-per-node 2 --resume runs/a  # replanned
 
 Before any process starts the plan is checked against what it will run on: the model of the
 plan (``--model`` to run another spec) captured as the search captured it, and the cluster
 (``--cluster`` to name another), must have the plan's fingerprints; the node count and the
-processes per node come from that cluster (``--nnodes``/``--nproc-per-node`` given by the user
-must agree), and their product must be the plan's world size ``pp·dp·tp``. A launch over more
+processes per node come from that cluster. ``--nnodes``/``--nproc-per-node`` other than the
+cluster's make a world other than the plan's ``pp·dp·tp``: the job is replanned for it (same
+model and global batch; ``fxplan.cli.elastic``, docs/elastic.md). ``--max-restarts N`` restarts
+a failed job from its newest checkpoint; ``--elastic MIN:MAX`` lets the nodes that join decide
+the world. A launch over more
 than one node needs ``--rdzv-endpoint HOST:PORT`` (or ``--slurm``). Any refusal is one message
 with exit code 2. So is a ``--resume`` directory that is not a complete fxplan checkpoint
 (manifest and sha256 of every file, checked before anything is unpickled: checkpoints are
@@ -172,7 +178,8 @@ def check_checkpoints(args: argparse.Namespace, settings: RunSettings) -> str | 
 
 
 def node_layout(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> tuple[int, int]:
-    """Nodes and processes per node from the plan's cluster; user values must agree."""
+    """Nodes and processes per node: the plan's cluster's, or the user's (the job is then
+    replanned for them: docs/elastic.md)."""
     per_node = {cluster.devices_per_node(n) for n in range(cluster.num_nodes)}
     if len(per_node) > 1:
         raise LaunchError(f"cluster {cluster.name} has nodes with {sorted(per_node)} devices: "
@@ -186,11 +193,11 @@ def node_layout(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> tuple
                               f"{0 if flag == '--node-rank' else 1}")
     user = (nnodes if args.nnodes is None else args.nnodes,
             nproc if args.nproc_per_node is None else args.nproc_per_node)
-    if user != (nnodes, nproc):  # the workers replan for the world they get (fxplan.replan)
+    if user != (nnodes, nproc):  # replanned by run() (or the workers, --elastic)
         print(f"{user[0]} node(s) × {user[1]} process(es) = {user[0] * user[1]} ranks, the "
-              f"plan's cluster {cluster.name} has {nnodes} × {nproc}: the workers replan for "
-              f"{user[0] * user[1]} ranks (same model and global batch) and go on from the "
-              "newest checkpoint (docs/elastic.md)", flush=True)
+              f"plan's cluster {cluster.name} has {nnodes} × {nproc}: replanning for "
+              f"{user[0] * user[1]} ranks (same model and global batch; docs/elastic.md)",
+              flush=True)
         nnodes, nproc = user
     if args.node_rank is not None and args.node_rank >= nnodes:
         raise LaunchError(f"--node-rank {args.node_rank}: the plan runs on {nnodes} node(s), "
@@ -316,6 +323,7 @@ def shell_line(env: dict[str, str], cmd: list[str]) -> str:
 
 def write_slurm(args: argparse.Namespace, plan: Plan, cluster: Cluster, nnodes: int, nproc: int,
                 settings: RunSettings) -> int:
+    from fxplan.cli.elastic import parse_elastic
     from fxplan.cli.slurm import sbatch_script
 
     if args.rdzv_endpoint or args.node_rank is not None:
@@ -326,7 +334,8 @@ def write_slurm(args: argparse.Namespace, plan: Plan, cluster: Cluster, nnodes: 
     text = sbatch_script(
         job_name=f"fxplan-{Path(args.plan).stem}", nnodes=nnodes, nproc_per_node=nproc, gpus=gpus,
         torchrun=[sys.executable, "-m", "torch.distributed.run", *passthrough(args)],
-        worker=worker_command(args, settings), env=env, run_dir=settings.run_dir)
+        worker=worker_command(args, settings), env=env, run_dir=settings.run_dir,
+        requeue=args.max_restarts, elastic=parse_elastic(args.elastic) if args.elastic else None)
     Path(args.slurm).write_text(text)
     print(f"wrote {args.slurm}: {nnodes} node(s) × {nproc} process(es) of {plan.summary}; "
           f"submit it with `sbatch {args.slurm}`")
@@ -341,6 +350,10 @@ def run(args: argparse.Namespace) -> int:
     plan, nnodes, nproc, cluster = check_plan(args)
     if args.slurm:
         return write_slurm(args, plan, cluster, nnodes, nproc, settings)
+    if nnodes * nproc != plan.world_size and not args.elastic:  # known now: replan here
+        from fxplan.cli.elastic import replan_before_start
+
+        args = replan_before_start(args, plan, nnodes * nproc, settings.run_dir)
     env, cmd = launch_command(args, nnodes, nproc, settings)
     line = shell_line(env, cmd)
     if args.print_command:

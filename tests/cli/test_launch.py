@@ -109,13 +109,13 @@ def test_launch_trains_50_steps_from_a_token_file_on_loopback_only(plan_file, tm
 
 def test_fewer_processes_than_the_plan_replan_instead_of_refusal(plan_file, capsys):
     """``--nproc-per-node 2`` for a 4-rank plan: not refused; torchrun starts 2 processes and
-    the workers replan for them (docs/elastic.md; run for real in test_launch_elastic.py)."""
+    the launch replans for them (docs/elastic.md; run for real in test_launch_elastic.py)."""
     from fxplan.cli.main import main
 
     assert main(["launch", str(plan_file), "--data", "synthetic", "--nproc-per-node", "2",
                  "--print-command"]) == 0
     out = capsys.readouterr().out
-    assert "the workers replan for 2 ranks" in out
+    assert "replanning for 2 ranks" in out and "replan: degrees: dp 4→2" in out
     assert "--nproc-per-node=2" in out.splitlines()[-1]
 
 

@@ -67,7 +67,7 @@ def test_nnodes_other_than_the_plans_replan_in_the_workers(plans, capsys):
     code, out, err = launch(capsys, plans[0], "--data", "synthetic", "--nnodes", "2",
                             "--rdzv-endpoint", "node0:29500", "--print-command")
     assert code == 0, err
-    assert "2 node(s) × 4 process(es) = 8 ranks" in out and "the workers replan for 8" in out
+    assert "2 node(s) × 4 process(es) = 8 ranks" in out and "replanning for 8 ranks" in out
     assert "--nnodes=2 --nproc-per-node=4" in out
 
 
@@ -88,6 +88,20 @@ def test_max_restarts_and_elastic_commands(plans, capsys, tmp_path):
                             "--rdzv-endpoint", "node0:29500", "--print-command")
     assert code == 0, err
     assert "--nnodes=1:4 --nproc-per-node=2" in out and "--auto-resume" in out
+
+
+def test_slurm_script_requeues_and_takes_the_nodes_it_gets(plans, capsys, tmp_path):
+    script = tmp_path / "train.sbatch"
+    code, _, err = launch(capsys, plans[1], "--data", "synthetic", "--slurm", str(script),
+                          "--max-restarts", "3", "--elastic", "1:4")
+    assert code == 0, err
+    text = script.read_text()
+    assert "#SBATCH --nodes=1-4" in text and "#SBATCH --requeue" in text
+    assert '--nnodes="${SLURM_JOB_NUM_NODES}" --nproc-per-node=2' in text
+    assert '--rdzv-id="${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"' in text
+    assert '-lt 3 ]; then scontrol requeue "$SLURM_JOB_ID"' in text and "--auto-resume" in text
+    checked = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
 
 
 @pytest.mark.parametrize("args, expected", [

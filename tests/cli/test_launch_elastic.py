@@ -102,7 +102,7 @@ def test_b_sigkill_during_a_save_restarts_and_resumes_from_the_last_checkpoint(
 
 
 def _stopped(plan, tokens, run_dir, *extra: str) -> None:
-    """A run killed at step 3 (rank 0, after the update) with no restart: step-2 is committed."""
+    """A run killed at step 3 (rank 0, after the update), not restarted: step-2 is committed."""
     done = launch(str(plan), "--data", tokens, *STEPS, "--run-dir", str(run_dir), *extra,
                   fault="step:0:3:0")
     assert done.returncode != 0, done.stdout[-3000:]
@@ -112,15 +112,17 @@ def _stopped(plan, tokens, run_dir, *extra: str) -> None:
 
 def test_c_four_ranks_stopped_resume_on_two_replanned(plans, tokens, uninterrupted, tmp_path):
     """Case (c): two devices are gone. ``fxplan launch plan4.json --nproc-per-node 2`` is not
-    refused: the workers replan for 2 ranks (same global batch), load the 4-rank checkpoint
-    resharded, and go on at step 3 with the uninterrupted losses; metrics.jsonl steps go on."""
+    refused: the launch replans for 2 ranks (same global batch), the workers load the 4-rank
+    checkpoint resharded and go on at step 3 with the uninterrupted losses; metrics.jsonl steps
+    go on."""
     run_dir = tmp_path / "run"
     _stopped(plans[4], tokens, run_dir)
     done = launch(str(plans[4]), "--data", tokens, *STEPS, "--run-dir", str(run_dir),
                   "--nproc-per-node", "2", "--resume", str(run_dir))
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
-    assert "the workers replan for 2 ranks" in done.stdout
+    assert "replanning for 2 ranks" in done.stdout
+    assert "replan: new plan written to" in done.stdout  # by the launcher: the world is known
     replan, resume = events(run_dir)
     assert replan["kind"] == "replan" and resume["kind"] == "resume", (replan, resume)
     assert replan["old"]["world_size"] == 4 and replan["new"]["world_size"] == 2, replan
@@ -128,7 +130,7 @@ def test_c_four_ranks_stopped_resume_on_two_replanned(plans, tokens, uninterrupt
     assert replan["new"]["dp"] * replan["new"]["microbatch"] * \
         replan["new"]["num_microbatches"] == 8
     assert replan["replan_ms"] > 0 and replan["new"]["predicted_step_time_s"] > 0
-    print(f"replan 4→2 in the worker: {replan['replan_ms']:.0f} ms {replan['timings_s']}")
+    print(f"replan 4→2 in the launcher: {replan['replan_ms']:.0f} ms {replan['timings_s']}")
     assert resume["checkpoint_step"] == 2 and resume["samples_skipped"] == 0 \
         and resume["samples_replayed"] == 0, resume
     assert "random generators not restored" in out  # 4 ranks saved, 2 resume
@@ -136,11 +138,16 @@ def test_c_four_ranks_stopped_resume_on_two_replanned(plans, tokens, uninterrupt
 
 
 def test_d_two_ranks_stopped_resume_on_four(plans, tokens, uninterrupted, tmp_path):
-    """Case (d): devices are added. The 4-rank plan run on 2 ranks (replanned) is stopped, then
+    """Case (d): devices are added. The 4-rank plan run under ``--elastic`` on 2 ranks — the
+    workers read their world and replan (rank 0 searches, broadcasts) — is stopped, then
     launched on the 4 ranks of its plan: it loads the 2-rank checkpoint resharded to the 4-rank
     plan and goes on with the uninterrupted losses."""
     run_dir = tmp_path / "run"
-    _stopped(plans[4], tokens, run_dir, "--nproc-per-node", "2")
+    _stopped(plans[4], tokens, run_dir, "--nproc-per-node", "2", "--elastic", "1:1")
+    replan = events(run_dir)[0]
+    assert replan["kind"] == "replan" and replan["new"]["world_size"] == 2, replan
+    print(f"replan 4→2 in the worker: {replan['replan_ms']:.0f} ms {replan['timings_s']}")
+    assert (run_dir / "plans" / "plan-world2.json").is_file()  # written by rank 0
     done = launch(str(plans[4]), "--data", tokens, *STEPS, "--run-dir", str(run_dir),
                   "--resume", str(run_dir))
     out = done.stdout + done.stderr
