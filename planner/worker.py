@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend)
+    from fxplan.runtime.process_group import init_process_group
+
+    init_process_group(backend)  # a fresh store namespace per torchrun restart
     try:
         _train(args)
     finally:
@@ -144,12 +146,17 @@ def _train(args: argparse.Namespace) -> None:
 
     from fxplan.runtime.events import EventLog
 
+    from fxplan.runtime.process_group import restart_count
+
     rank = dist.get_rank()
-    events = EventLog(args.run_dir, int(os.environ.get("FXPLAN_ATTEMPT", "0")))
+    # attempt: fxplan's supervised attempts plus torchrun's own restarts within one
+    events = EventLog(args.run_dir, int(os.environ.get("FXPLAN_ATTEMPT", "0")) + restart_count())
+    if restart_count() and rank == 0:
+        events.log("restart", by="torchrun", restart_count=restart_count())
     plan, replanned = plan_for_world(load_plan(args.plan), dist.get_world_size(), args.run_dir)
     bundle = resolve_model(args.model or plan.model)
     cluster = Cluster.load(plan.cluster)
-    if args.auto_resume:
+    if args.auto_resume or restart_count():
         args.resume = newest_checkpoint(args.run_dir) or args.resume
     torch.manual_seed(args.seed)
 
@@ -284,7 +291,7 @@ def plan_for_world(plan: "Plan", world: int, run_dir: str) -> "tuple[Plan, Any]"
             path = Path(run_dir) / "plans" / f"plan-world{world}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             found.new.save(path)
-            box[0] = (found.new.to_dict(), found.replan_time_s)
+            box[0] = (found.new.to_dict(), found.replan_time_s, found.import_s)
         except Exception as err:  # every rank must hear of it, not wait in the broadcast
             box[0] = f"{type(err).__name__}: {err}"
     dist.broadcast_object_list(box, src=0)
@@ -294,7 +301,7 @@ def plan_for_world(plan: "Plan", world: int, run_dir: str) -> "tuple[Plan, Any]"
     from fxplan.replan import Replan
 
     new = Plan.from_dict(box[0][0], source="replanned plan")
-    return new, Replan(plan, new, box[0][1])
+    return new, Replan(plan, new, box[0][1], box[0][2])
 
 
 def log_resume(log: Any, events: Any, position: Any, checkpoint: Any, plan: Any) -> None:

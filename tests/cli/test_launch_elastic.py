@@ -156,3 +156,20 @@ def test_d_two_ranks_stopped_resume_on_four(plans, tokens, uninterrupted, tmp_pa
     assert kinds == ["replan", "resume"], kinds  # the first (2-rank) run's replan, the resume
     assert events(run_dir)[1]["checkpoint_step"] == 2
     same_losses(losses(run_dir), uninterrupted)
+
+
+def test_torchruns_own_restart_works_too(plans, tokens, uninterrupted, tmp_path):
+    """torchrun's own ``--max-restarts`` (after ``--``): the restarted workers meet on a store
+    namespace of their own (``fxplan.runtime.process_group``; without it they read the dead
+    workers' gloo addresses and fail in connectFullMesh), go on from the newest checkpoint and
+    give the uninterrupted losses."""
+    run_dir = tmp_path / "run"
+    done = launch(str(plans[2]), "--data", tokens, *STEPS, "--run-dir", str(run_dir),
+                  "--", "--max-restarts=1", fault="step:1:3:0")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "connectFullMesh" not in out
+    restart, resume = events(run_dir)
+    assert (restart["kind"], restart["by"], restart["attempt"]) == ("restart", "torchrun", 1)
+    assert resume["kind"] == "resume" and resume["checkpoint_step"] == 2, resume
+    same_losses(losses(run_dir), uninterrupted)
