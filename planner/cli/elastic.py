@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
 __all__ = ["add_elastic_arguments", "parse_elastic", "elastic_torchrun_flags", "rdzv_id",
-           "run_supervised", "replan_before_start"]
+           "run_supervised", "replan_before_start", "resume_newest"]
 
 
 def add_elastic_arguments(parser: argparse.ArgumentParser) -> None:
@@ -129,3 +129,14 @@ def replan_before_start(args: argparse.Namespace, plan: "Plan", world: int, run_
     report_replan(found, say, EventLog(run_dir))
     say(f"replan: new plan written to {path}")
     return argparse.Namespace(**{**vars(args), "plan": str(path)})
+
+
+def resume_newest(args: argparse.Namespace, run_dir: str) -> None:
+    """Under ``--max-restarts``/``--elastic`` without ``--resume``: a run directory that holds a
+    committed checkpoint is resumed from it (a re-run or requeued job goes on), checked by the
+    launch before any process starts like any ``--resume``."""
+    from fxplan.runtime.ckpt_manifest import newest_committed_step
+
+    if (args.max_restarts or args.elastic) and not args.resume and \
+            newest_committed_step(run_dir) is not None:
+        args.resume = run_dir

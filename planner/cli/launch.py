@@ -343,7 +343,10 @@ def write_slurm(args: argparse.Namespace, plan: Plan, cluster: Cluster, nnodes: 
 
 
 def run(args: argparse.Namespace) -> int:
+    from fxplan.cli.elastic import resume_newest
+
     settings = settings_for(args)
+    resume_newest(args, settings.run_dir)
     resume = check_checkpoints(args, settings)
     if resume is not None:
         print(f"resume: {resume} (manifest and file hashes verified)", flush=True)

@@ -90,6 +90,29 @@ def test_max_restarts_and_elastic_commands(plans, capsys, tmp_path):
     assert "--nnodes=1:4 --nproc-per-node=2" in out and "--auto-resume" in out
 
 
+def test_restartable_launch_resumes_a_run_dir_with_a_checkpoint(plans, capsys, tmp_path):
+    """Under --max-restarts, a run directory holding a committed checkpoint is resumed (a
+    re-run job goes on), checked before start as any --resume."""
+    import json
+
+    from fxplan.runtime.ckpt_manifest import commit_checkpoint
+
+    staging = tmp_path / "run" / "checkpoints" / "step-2.tmp-x"
+    staging.mkdir(parents=True)
+    (staging / "train_state.json").write_text(json.dumps({"step": 2}))
+    commit_checkpoint(staging, staging.with_name("step-2"), {"step": 2})
+    code, out, err = launch(capsys, plans[0], "--data", "synthetic", "--steps", "4",
+                            "--run-dir", str(tmp_path / "run"), "--max-restarts", "1",
+                            "--print-command")
+    assert code == 0, err
+    assert f"resume: {tmp_path / 'run' / 'checkpoints' / 'step-2'}" in out
+    words = shlex.split(out.splitlines()[-1])
+    assert words[words.index("--resume") + 1] == str(tmp_path / "run")
+    code, _, err = launch(capsys, plans[0], "--data", "synthetic", "--steps", "2",
+                          "--run-dir", str(tmp_path / "run"), "--max-restarts", "1")
+    assert code == 2 and "nothing to train" in err
+
+
 def test_slurm_script_requeues_and_takes_the_nodes_it_gets(plans, capsys, tmp_path):
     script = tmp_path / "train.sbatch"
     code, _, err = launch(capsys, plans[1], "--data", "synthetic", "--slurm", str(script),
