@@ -47,6 +47,7 @@ class Replan:
     new: Plan
     replan_time_s: float   # the search (and the capture, unless this process has it cached)
     import_s: float = 0.0  # loading the search's modules (solvers), once per process
+    cpu_s: float | None = None  # CPU time of the search in this process (what an idle core takes)
 
     def changes(self) -> list[str]:
         """What differs, one line each (degrees, batch split, predicted step time)."""
@@ -67,11 +68,13 @@ class Replan:
     def to_dict(self) -> dict[str, Any]:
         """``old``/``new`` briefs, ``replan_time_s`` (capture of the model — cached in a process
         that captured it before — and search) with the search's own phase times in
-        ``timings_s``, ``import_s`` (the first import of the search's modules and solvers in
+        ``timings_s``, ``replan_cpu_s`` (the CPU time of the same: the wall time on an idle
+        machine, whatever the load now), ``import_s`` (the first import of the search's modules and solvers in
         this process, not counted in ``replan_time_s``; 0 when they were loaded), and
         ``changes``."""
         return {"old": plan_brief(self.old), "new": plan_brief(self.new),
-                "replan_time_s": self.replan_time_s, "import_s": self.import_s,
+                "replan_time_s": self.replan_time_s, "replan_cpu_s": self.cpu_s,
+                "import_s": self.import_s,
                 "timings_s": {k: float(v) for k, v in self.new.timings.items()},
                 "changes": self.changes()}
 
@@ -81,9 +84,9 @@ def report_replan(found: Replan, say: Callable[[str], None], events: Any) -> Non
     ``events`` (an :class:`~fxplan.runtime.events.EventLog`; ``None``: print only) — the
     launcher's and the workers' one report."""
     say(f"replan: the job has {found.new.world_size} ranks, its plan is for "
-        f"{found.old.world_size}: replanned in {found.replan_time_s * 1e3:.0f} ms (+ "
-        f"{found.import_s * 1e3:.0f} ms loading the solvers) for the same model and global "
-        "batch B = dp·microbatch·microbatches (the same training)")
+        f"{found.old.world_size}: replanned in {found.replan_time_s * 1e3:.0f} ms "
+        f"({_ms(found.cpu_s)} CPU; + {found.import_s * 1e3:.0f} ms loading the solvers) for the "
+        "same model and global batch B = dp·microbatch·microbatches (the same training)")
     for line in found.changes():
         say(f"replan: {line}")
     if events is None:
@@ -91,6 +94,7 @@ def report_replan(found: Replan, say: Callable[[str], None], events: Any) -> Non
     info = found.to_dict()
     events.log("replan", old=info["old"], new=info["new"],
                replan_ms=round(found.replan_time_s * 1e3, 3),
+               replan_cpu_ms=None if found.cpu_s is None else round(found.cpu_s * 1e3, 3),
                import_ms=round(found.import_s * 1e3, 3), timings_s=info["timings_s"],
                changes=info["changes"])
 
@@ -119,6 +123,7 @@ def replan(plan: Plan, cluster: str | None = None, *, world: int | None = None,
     for module in ("fxplan.inter_op.driver", "fxplan.intra_op"):  # the solvers (ortools among
         importlib.import_module(module)  # them): loaded once per process, timed as import_s
 
-    loaded = time.perf_counter()
+    loaded, cpu = time.perf_counter(), time.process_time()
     new = search(plan.model, target, batch=plan.batch, seq=plan.seq, **search_options)
-    return Replan(plan, new, time.perf_counter() - loaded, loaded - began)
+    return Replan(plan, new, time.perf_counter() - loaded, loaded - began,
+                  time.process_time() - cpu)

@@ -291,7 +291,7 @@ def plan_for_world(plan: "Plan", world: int, run_dir: str) -> "tuple[Plan, Any]"
             path = Path(run_dir) / "plans" / f"plan-world{world}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             found.new.save(path)
-            box[0] = (found.new.to_dict(), found.replan_time_s, found.import_s)
+            box[0] = (found.new.to_dict(), found.replan_time_s, found.import_s, found.cpu_s)
         except Exception as err:  # every rank must hear of it, not wait in the broadcast
             box[0] = f"{type(err).__name__}: {err}"
     dist.broadcast_object_list(box, src=0)
@@ -301,7 +301,7 @@ def plan_for_world(plan: "Plan", world: int, run_dir: str) -> "tuple[Plan, Any]"
     from fxplan.replan import Replan
 
     new = Plan.from_dict(box[0][0], source="replanned plan")
-    return new, Replan(plan, new, box[0][1], box[0][2])
+    return new, Replan(plan, new, *box[0][1:])
 
 
 def log_resume(log: Any, events: Any, position: Any, checkpoint: Any, plan: Any) -> None:

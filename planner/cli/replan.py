@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for line in found.changes():
         print(line)
-    print(f"replanned in {found.replan_time_s * 1e3:.0f} ms (+ {found.import_s * 1e3:.0f} ms "
-          "loading the solvers)")
+    print(f"replanned in {found.replan_time_s * 1e3:.0f} ms ({found.cpu_s * 1e3:.0f} ms CPU; + "
+          f"{found.import_s * 1e3:.0f} ms loading the solvers)")
     if args.output:
         print(f"new plan written to {args.output}")
     return 0
