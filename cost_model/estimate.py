@@ -63,6 +63,8 @@ class Estimate:
     hardware_flops: float
     memory: tuple[MemoryBreakdown, ...]
     simulation: StepSimulation
+    #: the per-stage costs the simulation ran on (segments per chunk, op components)
+    stage_plan: StagePlan | None = None
 
     @property
     def peak_memory_gib(self) -> list[float]:
@@ -177,5 +179,5 @@ def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, 
         tflops_per_device=hardware_flops / (n * step) / 1e12,
         mfu=model_flops / (n * step * _peak_flops(plan, graph)),
         model_flops=model_flops, hardware_flops=hardware_flops,
-        memory=tuple(memory), simulation=sim,
+        memory=tuple(memory), simulation=sim, stage_plan=plan,
     )

@@ -4,14 +4,18 @@ One bar per stage, stacked in the order of :class:`cost_model.memory.MemoryBreak
 
     total_s = params + grads + optimizer + activations + recompute_working + buffers + reserved
 
-with a dashed line at the device's ``capacity`` (``memory_gib`` of the cluster spec) and the
-total and its share of the capacity, ``total_s / capacity``, written above each bar (red when
-it does not fit). Takes what ``Estimate.to_dict()["memory_breakdown_gib"]`` holds: one mapping
+with a dashed line at the device's ``capacity`` (``memory_gib`` of the cluster spec; on a
+heterogeneous cluster, where stages have different capacities, a dashed segment over each bar
+at its own capacity) and the total and its share of the capacity, ``total_s / capacity``,
+written above each bar (red when it does not fit) — above the capacity line when the bar ends
+just under it, so that the line never runs through the label. The title is the axes' own
+(wrapped), so the saved figure keeps it whole. Takes what ``Estimate.to_dict()["memory_breakdown_gib"]`` holds: one mapping
 per stage, GiB.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -46,22 +50,34 @@ def plot_memory(stages: Sequence[Mapping[str, float]], path: str | Path, *,
         ax.bar(xs, heights, bottom=bottom, color=color, label=name, width=0.65,
                edgecolor="white", linewidth=0.5)
         bottom = [b + h for b, h in zip(bottom, heights)]
-    capacity = max(float(s["capacity"]) for s in stages)
-    ax.axhline(capacity, color="#c44e52", linestyle="--", linewidth=1.2,
-               label=f"capacity {capacity:.3g} GiB")
-    for x, total, s in zip(xs, bottom, stages):
-        fits = total <= float(s["capacity"])
-        ax.text(x, total + capacity * 0.01, f"{total:.3g} GiB\n{total / float(s['capacity']):.0%}",
-                ha="center", va="bottom", fontsize=8, color="#222222" if fits else "#c44e52")
+    capacities = [float(s["capacity"]) for s in stages]
+    capacity = max(capacities)
+    top = max(capacity, max(bottom)) * 1.22
+    if len(set(capacities)) == 1:
+        cap_label = f"capacity {capacity:.3g} GiB"
+        ax.axhline(capacity, color="#c44e52", linestyle="--", linewidth=1.2, label=cap_label)
+    else:
+        cap_label = "capacity of the stage's devices"
+        for x, c in zip(xs, capacities):
+            ax.hlines(c, x - 0.45, x + 0.45, color="#c44e52", linestyles="--", linewidth=1.2,
+                      label=cap_label)
+    for x, total, cap in zip(xs, bottom, capacities):
+        fits = total <= cap
+        # a label that would start within 9 % of the axis under the capacity line goes above it
+        y = cap + 0.012 * top if fits and cap - total < 0.09 * top else total + 0.012 * top
+        ax.text(x, y, f"{total:.3g} GiB\n{total / cap:.0%}", ha="center", va="bottom",
+                fontsize=8, color="#222222" if fits else "#c44e52",
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.6, "alpha": 0.85})
     ax.set_xlim(-0.5 - 0.5 * (n < 3), n - 0.5 + 0.5 * (n < 3))
     ax.set_xticks(xs)
     ax.set_xticklabels([f"stage {i}" for i in xs], rotation=0 if n <= 12 else 90)
     ax.set_ylabel("memory per rank (GiB)")
-    ax.set_ylim(0, max(capacity, max(bottom)) * 1.18)
+    ax.set_ylim(0, top)
     ax.grid(axis="y", color="#e5e5e5", linewidth=0.6)
-    fig.suptitle(title or "peak memory per rank, by pipeline stage")
+    lines = (title or "peak memory per rank, by pipeline stage").splitlines()
+    ax.set_title("\n".join(textwrap.fill(line, 80) for line in lines), loc="left")
     by_label = dict(zip(*reversed(ax.get_legend_handles_labels())))
-    names = [f"capacity {capacity:.3g} GiB"] + [name for _, name, _ in reversed(PARTS)]
+    names = [cap_label] + [name for _, name, _ in reversed(PARTS)]
     ax.legend([by_label[n] for n in names], names, loc="upper left",  # as stacked, top first
               bbox_to_anchor=(1.01, 1.0), frameon=False)
     return save_figure(fig, path)

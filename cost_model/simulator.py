@@ -47,7 +47,7 @@ import numpy as np
 from fxplan.cost_model.pipeline_schedules import BACKWARD, FORWARD, ScheduleOrder, schedule_order
 
 __all__ = ["PipelineTimeline", "StageCosts", "StepSimulation", "TimelineEvent",
-           "comm_stream_end", "simulate_pipeline", "simulate_step"]
+           "comm_stream", "comm_stream_end", "simulate_pipeline", "simulate_step"]
 
 #: Components of an op's duration, in :class:`StageCosts` field order.
 COMPONENTS: tuple[str, ...] = ("compute", "tp_comm", "zero_comm", "p2p")
@@ -213,13 +213,24 @@ def simulate_pipeline(schedule: str, stages: int, chunks: int, microbatches: int
     return timeline
 
 
-def comm_stream_end(ready: Sequence[float], seconds: Sequence[float], start: float = 0.0) -> float:
-    """End of a first-come-first-served stream of transfers ready at ``ready`` taking
-    ``seconds`` each: ``e ← max(e, ready_i) + t_i`` over transfers sorted by readiness."""
+def comm_stream(ready: Sequence[float], seconds: Sequence[float],
+                start: float = 0.0) -> list[tuple[float, float]]:
+    """``(start, end)`` of each transfer of a first-come-first-served stream of transfers
+    ready at ``ready`` taking ``seconds`` each, in the order they run:
+    ``b_i = max(e_{i−1}, ready_i)``, ``e_i = b_i + t_i`` over transfers sorted by readiness."""
     end = start
+    spans = []
     for r, t in sorted(zip(ready, seconds)):
-        end = max(end, r) + t
-    return end
+        begin = max(end, r)
+        end = begin + t
+        spans.append((begin, end))
+    return spans
+
+
+def comm_stream_end(ready: Sequence[float], seconds: Sequence[float], start: float = 0.0) -> float:
+    """End of the stream :func:`comm_stream` runs (``start`` when it is empty)."""
+    spans = comm_stream(ready, seconds, start)
+    return spans[-1][1] if spans else start
 
 
 @dataclass(frozen=True, eq=False)
@@ -261,6 +272,9 @@ class StepSimulation:
     exposed_dp: np.ndarray            # (p,)
     critical_stage: int
     breakdown: dict[str, float] = field(default_factory=dict)
+    #: per stage, ``(start, end)`` of each data-parallel gradient-bucket reduction on the
+    #: communication stream (hidden behind the backward or exposed after it)
+    dp_transfers: tuple[tuple[tuple[float, float], ...], ...] = ()
 
     @property
     def step_time_s(self) -> float:
@@ -274,6 +288,7 @@ def simulate_step(costs: StageCosts, schedule: str, microbatches: int) -> StepSi
     lb_start, lb_end = timeline.last_backward()
     stage_end = timeline.stage_end
     exposed = np.zeros(p)
+    transfers: list[tuple[tuple[float, float], ...]] = []
     for s in range(p):
         ready, seconds = [], []
         for c in range(v):
@@ -281,8 +296,10 @@ def simulate_step(costs: StageCosts, schedule: str, microbatches: int) -> StepSi
             for fraction, t in costs.grad_buckets[s][c]:
                 ready.append(lb_start[s, c] + fraction * span)
                 seconds.append(t)
-        if seconds:
-            exposed[s] = max(0.0, comm_stream_end(ready, seconds) - stage_end[s])
+        spans = comm_stream(ready, seconds)
+        transfers.append(tuple((float(a), float(b)) for a, b in spans))
+        if spans:
+            exposed[s] = max(0.0, spans[-1][1] - stage_end[s])
     stage_time = stage_end + exposed + costs.post + costs.optimizer
     critical = int(np.argmax(stage_time))
     breakdown = {name: float(m * (costs.forward[i, critical].sum() + costs.backward[i, critical].sum()))
@@ -290,4 +307,4 @@ def simulate_step(costs: StageCosts, schedule: str, microbatches: int) -> StepSi
     breakdown["bubble"] = max(0.0, float(stage_end[critical] - timeline.busy[critical]))
     breakdown["dp_comm"] = float(exposed[critical] + costs.post[critical])
     breakdown["optimizer"] = float(costs.optimizer[critical])
-    return StepSimulation(timeline, stage_time, exposed, critical, breakdown)
+    return StepSimulation(timeline, stage_time, exposed, critical, breakdown, tuple(transfers))

@@ -34,6 +34,7 @@ from fxplan.passes.analyses.params import node_params, param_table
 from fxplan.passes.captured_graph import CapturedGraph, LayerRow
 from fxplan.passes.errors import CaptureError
 from fxplan.passes.exporter import export_graph
+from fxplan.passes.unroll import UNROLLED
 from fxplan.passes.fake_run import fake_run
 from fxplan.passes.node_info import META_KEY, NodeInfo, ParamInfo, RepeatedBlock, cast_dtype
 from fxplan.passes.tracer import trace
@@ -97,6 +98,8 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
             raise CaptureError(f"{traced} torch.export failed too: {err}",
                                module_path=traced.module_path, location=traced.location) from err
         leaves = {}
+        if UNROLLED in gm.meta:
+            note = "; ".join(filter(None, [note, gm.meta[UNROLLED]]))
     run = fake_run(gm, args, device=device, dtype=dtype)
     params = param_table(model, dtype)
     infos = run.infos

@@ -57,7 +57,8 @@ class CapturedGraph:
     ``layer_names`` maps a layer index to its module path (``h.3``). ``method`` says how
     the graph was obtained: ``"symbolic_trace"`` (``torch.fx`` ops, ``call_module`` leaves)
     or ``"export"`` (``torch.export``, ATen ops, parameters as ``get_attr``);
-    ``method_note`` why export was used when ``symbolic_trace`` was tried first.
+    ``method_note`` why export was used when ``symbolic_trace`` was tried first, and for
+    export which layers were traced and which repeated (:mod:`fxplan.passes.unroll`).
 
     The graph is not changed after capture, so its name indexes (:attr:`nodes_by_name`,
     :attr:`infos_by_name`) are built once, and ``memo`` holds what later stages derive from

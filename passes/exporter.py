@@ -26,6 +26,7 @@ What this module guarantees, so that the rest of capture treats both paths alike
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Mapping
 
@@ -35,10 +36,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
 from fxplan.passes.errors import CaptureError, location_of, user_frame
+from fxplan.passes.unroll import UNROLLED, NotUnrollable, export_unrolled
 
 __all__ = ["export_graph"]
 
 #: Nodes export inserts to check its own assumptions; capture removes them.
+log = logging.getLogger(__name__)
+
 _CHECKS = ("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size",
            "_assert_async")
 
@@ -75,13 +79,30 @@ def _fake_input(value: Any, mode: FakeTensorMode, device: torch.device) -> Any:
 
 
 def export_graph(model: torch.nn.Module, inputs: Mapping[str, Any], *,
-                 device: str = "cpu") -> torch.fx.GraphModule:
+                 device: str = "cpu", unroll: bool = True) -> torch.fx.GraphModule:
     """Export ``model`` called as ``model(**inputs)`` and return the cleaned graph module.
 
     ``inputs``: keyword inputs (tensors of any device, or shape/dtype specs); non-tensor
-    values are passed as they are and specialised. Raises :class:`CaptureError` naming the
-    user's source line when export fails.
+    values are passed as they are and specialised. ``unroll``: a model with many identical
+    layers is exported on its first three and the rest rebuilt
+    (:func:`fxplan.passes.unroll.export_unrolled`; the whole model is exported when that is
+    not exact, with a log line saying why). Raises :class:`CaptureError` naming the user's
+    source line when export fails.
     """
+    if unroll:
+        try:
+            return export_unrolled(model, lambda cut: _export_whole(cut, inputs, device))
+        except NotUnrollable as why:
+            log.info("%s is exported whole: %s", type(model).__name__, why)
+            if why.shallow_tried:
+                gm = _export_whole(model, inputs, device)
+                gm.meta[UNROLLED] = f"all layers traced (not repeated: {why})"
+                return gm
+    return _export_whole(model, inputs, device)
+
+
+def _export_whole(model: torch.nn.Module, inputs: Mapping[str, Any],
+                  device: str) -> torch.fx.GraphModule:
     dev = torch.device(device)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     state = _fake_state(model, mode, dev)

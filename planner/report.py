@@ -7,9 +7,12 @@
 ``search_time_s``, ``timings``, ``solver_status``, ``runners_up``, ``pruned``, ``fallbacks``.
 
 :func:`render_report` prints the rich report: the summary line, predicted step time,
-tokens/s, MFU, the step's breakdown, memory per pipeline rank against the capacity with its
-breakdown, the top three runners-up with their deltas, the pruning reasons, the fallbacks and
-the solver status.
+tokens/s, the achieved TFLOP/s per device (counting recompute, Megatron's convention) and the
+MFU (model FLOPs only, against the device's peak), the step's breakdown, memory per pipeline
+rank against the capacity with its breakdown, the top three runners-up with their deltas (one
+row per configuration), the pruning reasons grouped by kind with the near-misses first
+(:func:`fxplan.report_pruning.group_pruned`), the notes on fallbacks and the solver status.
+Every number goes through :mod:`fxplan.cli.units` (units, three significant digits).
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from fxplan.cli.units import count, gib, percent, seconds, si
 from fxplan.core.plan import Plan
+from fxplan.report_pruning import group_pruned
 
-__all__ = ["plan_summary", "render_report"]
+__all__ = ["plan_summary", "render_report", "rate_line", "unique_runners_up"]
 
-#: Pruning reasons printed in full; the rest are counted.
-SHOW_PRUNED = 12
+#: Pruning reasons printed per kind (closest first); the rest of the kind are counted.
+SHOW_PER_KIND = 4
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
@@ -42,7 +47,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "search_time_s": plan.search_time_s, "timings": dict(plan.timings),
         "solver_status": plan.solver.status, "solver_backend": plan.solver.backend,
         "solver_gap": plan.solver.gap, "runners_up": [dict(r) for r in plan.runners_up],
-        "pruned": list(plan.pruned), "fallbacks": list(plan.fallbacks),
+        "pruned": list(plan.pruned), "pruned_detail": [dict(d) for d in plan.pruned_detail],
+        "fallbacks": list(plan.fallbacks),
     }
 
 
@@ -59,7 +65,7 @@ def _memory_table(plan: Plan) -> Any:
 
     rows = plan.estimate.get("memory_breakdown_gib", [])
     cap = plan.estimate.get("capacity_gib", 0.0)
-    table = Table(title=f"memory per rank (GiB, capacity {cap:.0f})", title_justify="left")
+    table = Table(title=f"memory per rank (GiB, capacity {gib(cap)})", title_justify="left")
     for column in ("stage", "layers", "params", "grads", "optimizer", "activations",
                    "recompute", "buffers", "reserved", "total", "use"):
         table.add_column(column, justify="right")
@@ -72,31 +78,47 @@ def _memory_table(plan: Plan) -> Any:
                       *(f"{m[k]:.1f}" for k in ("params", "grads", "optimizer", "activations",
                                                "recompute_working", "buffers", "reserved",
                                                "total")),
-                      f"{100 * m['total'] / cap:.0f}%" if cap else "–")
+                      percent(m["total"] / cap, 2) if cap else "–")
     return table
+
+
+def unique_runners_up(plan: Plan) -> list[dict[str, Any]]:
+    """The runners-up, one per configuration and none equal to the chosen plan's (a plan file
+    from before the search deduplicated finalists by configuration may list one twice, priced
+    with two layouts: the faster is kept)."""
+    best: dict[str, dict[str, Any]] = {}
+    for r in plan.runners_up:
+        key = r.get("config", r["summary"])
+        if r["summary"] == plan.summary and key == plan.config.to_string():
+            continue
+        if key not in best or r["step_time_s"] < best[key]["step_time_s"]:
+            best[key] = dict(r)
+    return sorted(best.values(), key=lambda r: r["step_time_s"])
 
 
 def _runners_table(plan: Plan) -> Any:
     from rich.table import Table
 
     table = Table(title="runners-up", title_justify="left")
-    for column in ("configuration", "step s", "Δ", "MFU", "peak GiB"):
+    for column in ("configuration", "step time", "Δ", "MFU", "peak memory"):
         table.add_column(column, justify="left" if column == "configuration" else "right")
-    table.add_row(f"[bold]{plan.summary}[/bold] (chosen)", f"{plan.estimate['step_time_s']:.3f}",
-                  "–", f"{100 * plan.estimate['mfu']:.1f}%",
-                  f"{plan.estimate['max_memory_gib']:.1f}")
-    for r in plan.runners_up[:3]:
-        table.add_row(r["summary"], f"{r['step_time_s']:.3f}",
-                      f"+{r['delta_s']:.3f} s (+{r['delta_pct']:.1f}%)", f"{100 * r['mfu']:.1f}%",
-                      f"{r['peak_memory_gib']:.1f}")
+    table.add_row(f"[bold]{plan.summary}[/bold] (chosen)", seconds(plan.estimate["step_time_s"]),
+                  "–", percent(plan.estimate["mfu"]), gib(plan.estimate["max_memory_gib"]))
+    for r in unique_runners_up(plan)[:3]:
+        table.add_row(r["summary"], seconds(r["step_time_s"]),
+                      f"{seconds(r['delta_s'], sign=True)} ({percent(r['delta_pct'] / 100, 2, sign=True)})",
+                      percent(r["mfu"]), gib(r["peak_memory_gib"]))
     return table
 
 
-def _flops_rate(tflops: float) -> str:
-    """``127 TFLOP/s`` on accelerators, ``42.3 GFLOP/s`` on a CPU rank."""
-    if tflops >= 1:
-        return f"{tflops:.0f} TFLOP/s"
-    return f"{tflops * 1e3:.1f} GFLOP/s"
+def rate_line(est: Any) -> str:
+    """``8.72 s · 30.1 K tokens/s · 173 TFLOP/s per device (counting recompute) · MFU 55.5 %
+    (model FLOPs of the device's peak)`` from an estimate mapping."""
+    rate = (f"{count(est['tokens_per_s'])} tokens/s" if est.get("tokens_per_s") is not None
+            else f"{count(est.get('samples_per_s', 0.0))} samples/s")
+    return (f"{seconds(est['step_time_s'])} · {rate} · "
+            f"{si(est['tflops_per_device'] * 1e12, 'FLOP/s')} per device (counting recompute) · "
+            f"MFU {percent(est['mfu'])} (model FLOPs, without recompute, of the peak)")
 
 
 def render_report(plan: Plan, console: Any = None) -> None:
@@ -110,28 +132,36 @@ def render_report(plan: Plan, console: Any = None) -> None:
     console.print(f"plan            [bold green]{plan.summary}[/bold green]")
     console.print(f"mesh            {levels}; stages (layers) "
                   f"{'/'.join(str(s.num_layers) for s in plan.stages)}")
-    rate = (f"{est['tokens_per_s']:,.0f} tokens/s" if est.get("tokens_per_s") is not None
-            else f"{est.get('samples_per_s', 0):,.1f} samples/s")
-    console.print(f"step time       {est['step_time_s']:.3f} s · {rate}"
-                  f" · {_flops_rate(est['tflops_per_device'])} per device · MFU "
-                  f"{100 * est['mfu']:.1f}%")
-    parts = " · ".join(f"{k} {v:.3f}" for k, v in est.get("breakdown", {}).items() if v > 0)
-    console.print(f"breakdown (s)   {parts}")
-    console.print(f"memory          peak {est['max_memory_gib']:.1f} GiB of "
-                  f"{est['capacity_gib']:.0f} GiB per device ({'fits' if est['fits'] else 'DOES NOT FIT'})")
+    console.print(f"step time       {rate_line(est)}")
+    parts = " · ".join(f"{k} {seconds(v)}" for k, v in est.get("breakdown", {}).items()
+                       if v > 1e-9)
+    console.print(f"breakdown       {parts}")
+    console.print(f"memory          peak {gib(est['max_memory_gib'])} of "
+                  f"{gib(est['capacity_gib'])} per device ({'fits' if est['fits'] else 'DOES NOT FIT'})")
     console.print(_memory_table(plan))
-    if plan.runners_up:
+    if unique_runners_up(plan):
         console.print(_runners_table(plan))
-    timings = ", ".join(f"{k} {v:.2f} s" for k, v in plan.timings.items())
-    console.print(f"search          {plan.search_time_s:.2f} s ({timings}); "
+    timings = ", ".join(f"{k} {seconds(v)}" for k, v in plan.timings.items())
+    console.print(f"search          {seconds(plan.search_time_s)} ({timings}); "
                   f"{est.get('candidates_visited', '?')} candidates ranked")
     console.print(f"solver          {plan.solver.backend}: {plan.solver.status}"
-                  + (f", gap {plan.solver.gap:.2%}" if plan.solver.gap else ""))
-    if plan.pruned:
-        console.print(f"pruned ({len(plan.pruned)} reasons):")
-        for line in plan.pruned[:SHOW_PRUNED]:
+                  + (f", gap {percent(plan.solver.gap)}" if plan.solver.gap else ""))
+    render_pruned(plan, console)
+    if plan.fallbacks:
+        console.print("notes (where the search took another way than the first one tried):")
+        for line in plan.fallbacks:
             console.print(f"  · {line}", markup=False)
-        if len(plan.pruned) > SHOW_PRUNED:
-            console.print(f"  … {len(plan.pruned) - SHOW_PRUNED} more (in the plan's JSON)")
-    for line in plan.fallbacks:
-        console.print(f"[yellow]fallback[/yellow]: {line}")
+
+
+def render_pruned(plan: Plan, console: Any) -> None:
+    """The pruning reasons by kind, the closest :data:`SHOW_PER_KIND` of each kind."""
+    if not plan.pruned:
+        return
+    console.print(f"pruned ({len(plan.pruned)} reasons, by kind, closest first):")
+    for group in group_pruned(plan):
+        console.print(f"  {group.kind} ({len(group.reasons)})", markup=False)
+        for line in group.reasons[:SHOW_PER_KIND]:
+            console.print(f"    · {line}", markup=False)
+        if len(group.reasons) > SHOW_PER_KIND:
+            console.print(f"    … {len(group.reasons) - SHOW_PER_KIND} more of this kind "
+                          "(in the plan's JSON)")

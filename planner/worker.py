@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,14 +71,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="checkpoint to RUN_DIR/checkpoints/step-N every N steps and at the "
                         "end (0: none)")
+    parser.add_argument("--trace", default=None, metavar="DIR",
+                        help="record steps 2… (at most TRACE_STEPS) with torch.profiler and "
+                        "write DIR/measured-rank<R>.json (Chrome trace format)")
     parser.add_argument("--auto-resume", action="store_true",
                         help="go on from the newest committed checkpoint of RUN_DIR when there "
                         "is one (a restarted or requeued job; before --resume)")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
+    """One rank: ``argv`` as the flags above; ``plan`` given (a program ``fxplan plan --emit``
+    wrote, which embeds its plan) replaces the positional ``PLAN`` file, which is then left
+    out of ``argv``."""
+    if plan is not None:
+        argv = [os.path.abspath(sys.argv[0]), *(sys.argv[1:] if argv is None else argv)]
     args = parse_args(argv)
+    args.plan_object = plan
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -145,7 +155,6 @@ def _train(args: argparse.Namespace) -> None:
     from fxplan.runtime.trainer import train
 
     from fxplan.runtime.events import EventLog
-
     from fxplan.runtime.process_group import restart_count
 
     rank = dist.get_rank()
@@ -153,7 +162,8 @@ def _train(args: argparse.Namespace) -> None:
     events = EventLog(args.run_dir, int(os.environ.get("FXPLAN_ATTEMPT", "0")) + restart_count())
     if restart_count() and rank == 0:
         events.log("restart", by="torchrun", restart_count=restart_count())
-    plan, replanned = plan_for_world(load_plan(args.plan), dist.get_world_size(), args.run_dir)
+    plan, replanned = plan_for_world(args.plan_object or load_plan(args.plan),
+                                     dist.get_world_size(), args.run_dir)
     bundle = resolve_model(args.model or plan.model)
     cluster = Cluster.load(plan.cluster)
     if args.auto_resume or restart_count():
@@ -193,7 +203,8 @@ def _train(args: argparse.Namespace) -> None:
     log = MetricsLog(args.run_dir, args.steps, resume_after=start_step if position else None
                      ) if rank == 0 else None
     if log is not None:
-        log.write_json("run_config.json", {k: v for k, v in vars(args).items()})
+        log.write_json("run_config.json", {k: v for k, v in vars(args).items()
+                                           if k != "plan_object"})
         log.print(f"fxplan launch: {plan.model} on {plan.cluster} | {plan.summary} | "
                   f"{dist.get_world_size()} ranks, backend {dist.get_backend()} | data {args.data}")
         if replanned is not None:
@@ -233,9 +244,12 @@ def _train(args: argparse.Namespace) -> None:
             if log is not None:
                 log.print(f"checkpoint: step {step} saved to {final}")
 
+    trace = None if args.trace is None else Path(args.trace) / f"measured-rank{rank}.json"
     result, optimizer = train(
         sharded, data, loss_fn, config, tokens_per_step=tokens, optimizer=optimizer, flops=flops,
-        capacity_gib=capacity, log=log, on_step=on_step, start_step=start_step)
+        capacity_gib=capacity, log=log, on_step=on_step, start_step=start_step, trace=trace)
+    if trace is not None and log is not None:
+        log.print(f"measured trace of steps {start_step + 2}…: {trace.parent}/measured-rank*.json")
     if args.save:
         save_training_checkpoint(sharded, optimizer, here(args.steps), args.save, latest=False)
         if log is not None:

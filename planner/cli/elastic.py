@@ -105,11 +105,12 @@ def run_supervised(args: argparse.Namespace, run_dir: str,
 
 
 def replan_before_start(args: argparse.Namespace, plan: "Plan", world: int, run_dir: str
-                        ) -> argparse.Namespace:
+                        ) -> "tuple[argparse.Namespace, Plan]":
     """Replan ``plan`` for ``world`` ranks (:func:`fxplan.replan.replan`), report it, write the
     new plan to ``RUN_DIR/plans/plan-world{N}.json`` and log the ``replan`` event; returns
-    ``args`` with ``plan`` naming the new file. With ``--print-command`` nothing is written and
-    ``args`` is returned as it is (the printed command's workers replan at start)."""
+    ``args`` with ``plan`` naming the new file, and the new plan. With ``--print-command``
+    nothing is written and ``(args, plan)`` are returned as they are (the printed command's
+    workers replan at start)."""
     from pathlib import Path
 
     from fxplan.replan import replan, report_replan
@@ -122,13 +123,13 @@ def replan_before_start(args: argparse.Namespace, plan: "Plan", world: int, run_
 
     if args.print_command:
         report_replan(found, say, None)
-        return args
+        return args, plan
     path = Path(run_dir) / "plans" / f"plan-world{world}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     found.new.save(path)
     report_replan(found, say, EventLog(run_dir))
     say(f"replan: new plan written to {path}")
-    return argparse.Namespace(**{**vars(args), "plan": str(path)})
+    return argparse.Namespace(**{**vars(args), "plan": str(path)}), found.new
 
 
 def resume_newest(args: argparse.Namespace, run_dir: str) -> None:

@@ -8,7 +8,7 @@
 
 Prints the step time with its breakdown (compute, exposed tensor-parallel, ZeRO and
 data-parallel communication, pipeline send/recv and bubble, optimizer), tokens/s, TFLOP/s
-per device (Megatron's convention), MFU, and per stage the peak memory per rank with its
+per device (Megatron's convention: counting recompute), MFU (model FLOPs only), and per stage the peak memory per rank with its
 breakdown against the device's capacity. ``--json`` prints the same as JSON (keys
 ``step_time_s``, ``tflops_per_device``, ``mfu``, ``peak_memory_gib``, ``fits``,
 ``breakdown``, ``memory_breakdown_gib``, …); ``--plot FILE`` draws the pipeline timeline.
@@ -62,26 +62,25 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> Any:
 def _print(result: dict[str, Any], model: str, cluster: str) -> None:
     from rich.console import Console
 
+    from fxplan.cli.units import gib, percent, seconds
+    from fxplan.report import rate_line
+
     console = Console(width=None if sys.stdout.isatty() else 140, highlight=False, emoji=False)
     r = result
     verdict = "[green]fits[/green]" if r["fits"] else "[red]does not fit[/red]"
     console.print(f"[bold]{model}[/bold] on {cluster} · batch {r['batch']} × seq {r['seq']} · "
                   f"{r['num_devices']} devices")
     console.print(f"config      {r['summary']}")
-    rate = (f"{r['tokens_per_s']:,.0f} tokens/s" if r.get("tokens_per_s") is not None
-            else f"{r['samples_per_s']:,.1f} samples/s")
-    console.print(f"step time   {r['step_time_s']:.4g} s · {rate} · "
-                  f"{r['tflops_per_device']:.1f} TFLOP/s per device · MFU {r['mfu'] * 100:.1f}% · "
-                  f"{verdict}")
+    console.print(f"step time   {rate_line(r)} · {verdict}")
     step = r["step_time_s"]
     console.print(_table(f"step time on the critical stage ({r['critical_stage']})",
-                         ["part", "seconds", "share"],
-                         [[k, f"{v:.4g}", f"{v / step * 100:.1f}%"]
+                         ["part", "time", "share"],
+                         [[k, seconds(v), percent(v / step, 2)]
                           for k, v in r["breakdown"].items()]))
     names = ["params", "grads", "optimizer", "activations", "recompute_working", "buffers",
              "reserved", "total", "capacity"]
-    console.print(_table("memory per rank (GiB)", ["stage"] + names,
-                         [[str(s)] + [f"{m[n]:.2f}" for n in names]
+    console.print(_table("memory per rank", ["stage"] + names,
+                         [[str(s)] + [gib(m[n]) for n in names]
                           for s, m in enumerate(r["memory_breakdown_gib"])]))
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from fxplan.cli.arguments import (DTYPES, add_capture_arguments, add_dtype_argument,
                                   add_model_argument, add_workload_arguments)
-from fxplan.cli.units import binary_bytes, si
+from fxplan.cli.units import binary_bytes, seconds, si
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -69,7 +69,7 @@ def _print(summary: dict[str, Any]) -> None:
     train = s["training_flops"]
     acts = s["saved_activation_bytes"]
     console.print(f"[bold]{s['model']}[/bold]  {s['dtype'] or 'model dtype'} · inputs {inputs} · "
-                  f"{s['nodes']} nodes · captured in {s['capture_seconds']:.2f} s")
+                  f"{s['nodes']} nodes · captured in {seconds(s['capture_seconds'])}")
     console.print(f"capture method  {s['method']}"
                   + (f" ({s['method_note']})" if s["method_note"] else ""), markup=False)
     console.print(f"parameters      {s['num_params']:,} ({binary_bytes(s['param_bytes'])}); "

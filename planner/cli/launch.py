@@ -9,6 +9,7 @@
     fxplan launch plan.json --data tokens.bin -- --max-restarts=0 --log-dir=logs  # torchrun flags
     fxplan launch plan.json --data tokens.bin --steps 1000 --run-dir runs/a --checkpoint-every 100
     fxplan launch plan.json --data tokens.bin --steps 1000 --run-dir runs/a --resume runs/a
+    fxplan launch plan.json --data synthetic --steps 5 --run-dir runs/a --trace   # runs/a/trace/
     fxplan launch plan.json --data tokens.bin --run-dir runs/a --checkpoint-every 100 \\
         --max-restarts 3                                                 # restart on failure
     fxplan launch plan4.json --data tokens.bin --nproc-per-node 2 --resume runs/a  # replanned
@@ -30,6 +31,11 @@ Single-node runs rendezvous on ``127.0.0.1`` at a free port and nothing listens 
 ``python -m fxplan.runtime.torchrun`` (torchrun with its store servers bound to loopback) and
 ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` set to the loopback interface. The command is
 printed before it runs (``--print-command``: printed, not run).
+
+``--trace [DIR]`` writes ``DIR/predicted.json``, the plan's simulated step (:mod:`fxplan.trace`),
+before the run, and has every rank record a few steps with :mod:`torch.profiler` into
+``DIR/measured-rank<R>.json`` (:func:`fxplan.runtime.trainer.train`), in the same Chrome trace
+format, for a side-by-side look (default ``DIR``: ``RUN_DIR/trace``).
 """
 
 from __future__ import annotations
@@ -110,6 +116,10 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="write a training checkpoint (parameters, optimizer state, data "
                         "position) to a new directory CKPT at the end")
     parser.add_argument("--cluster", help="cluster spec to check against (default: the plan's)")
+    parser.add_argument("--trace", nargs="?", const="", default=None, metavar="DIR",
+                        help="record a few steps with torch.profiler: DIR/measured-rank<R>.json "
+                        "per rank, beside DIR/predicted.json, the plan's predicted step (Chrome "
+                        "trace format; default DIR: RUN_DIR/trace)")
     where = parser.add_argument_group("where it runs")
     where.add_argument("--print-command", "--dry-run", dest="print_command", action="store_true",
                        help="print exactly the command that would run, and stop")
@@ -283,7 +293,27 @@ def worker_command(args: argparse.Namespace, settings: RunSettings) -> list[str]
             cmd += [f"--{flag}", value if flag == "model" else os.path.abspath(value)]
     if getattr(args, "elastic", None) or getattr(args, "max_restarts", 0):
         cmd += ["--auto-resume"]  # a restarted or requeued attempt goes on from the newest
+    if getattr(args, "trace", None) is not None:
+        cmd += ["--trace", trace_dir(args, settings)]
     return cmd
+
+
+def trace_dir(args: argparse.Namespace, settings: RunSettings) -> str:
+    """Where ``--trace`` writes: its directory, or ``RUN_DIR/trace``."""
+    return os.path.abspath(args.trace or os.path.join(settings.run_dir, "trace"))
+
+
+def write_predicted_trace(plan: Plan, cluster: Cluster, model: str | None, directory: str) -> str:
+    """``DIR/predicted.json``: the plan's simulated step (:mod:`fxplan.trace`)."""
+    from fxplan.api import capture_for_search
+    from fxplan.cluster_specs import training_dtype
+    from fxplan.plots import plan_title, simulate_plan
+    from fxplan.trace import predicted_trace, write_trace
+
+    graph = capture_for_search(model or plan.model, seq=plan.seq, dtype=training_dtype(cluster))
+    result = simulate_plan(plan, graph, cluster)
+    return str(write_trace(predicted_trace(result, title=plan_title(plan)),
+                           Path(directory) / "predicted.json"))
 
 
 def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: RunSettings,
@@ -356,12 +386,15 @@ def run(args: argparse.Namespace) -> int:
     if nnodes * nproc != plan.world_size and not args.elastic:  # known now: replan here
         from fxplan.cli.elastic import replan_before_start
 
-        args = replan_before_start(args, plan, nnodes * nproc, settings.run_dir)
+        args, plan = replan_before_start(args, plan, nnodes * nproc, settings.run_dir)
     env, cmd = launch_command(args, nnodes, nproc, settings)
     line = shell_line(env, cmd)
     if args.print_command:
         print(line)
         return 0
+    if args.trace is not None:
+        written = write_predicted_trace(plan, cluster, args.model, trace_dir(args, settings))
+        print(f"predicted trace written to {written}", flush=True)
     print(f"running: {line}", flush=True)
     if args.max_restarts or args.elastic:
         from fxplan.cli.elastic import run_supervised

@@ -10,9 +10,11 @@
     fxplan plan gpt-1.7b --cluster dgx-a100-80g:nodes=4 --batch 512 --constrain "tp=8,zero=1"
 
 Prints the report (:mod:`fxplan.report`) or, with ``--json``, the flat summary; ``-o`` writes
-the full plan JSON; ``--time-budget`` bounds the search; ``--emit`` writes the planned
-program as a listing: the model's fx code per stage with every planned placement annotated
-(:func:`fxplan.passes.rewrite.emit.emit_program`; to read, not to run); ``--plot
+the full plan JSON; ``--time-budget`` bounds the search; ``--emit`` writes a program that
+embeds the plan and trains it like ``fxplan launch`` under torchrun (:mod:`fxplan.program`),
+with the model's fx code per stage, every planned placement annotated, as comments
+(:func:`fxplan.passes.rewrite.emit.emit_program`); ``--html``/``--trace`` write the report
+page and the predicted trace (:mod:`fxplan.cli.report`); ``--plot
 PREFIX`` draws ``PREFIX-timeline.png`` and ``PREFIX-memory.png`` of the chosen plan
 (:func:`fxplan.plots.plot_plan`). ``--leaf`` and ``--method`` capture as ``fxplan graph``
 does; ``--constrain`` restricts the search as the API's ``constraints=``
@@ -34,8 +36,10 @@ from typing import TYPE_CHECKING
 
 from fxplan.cli.arguments import (add_capture_arguments, add_cluster_argument,
                                   add_model_argument, add_workload_arguments)
+from fxplan.cli.report import add_output_arguments, write_artifacts
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import Plan
     from fxplan.passes.captured_graph import CapturedGraph
 
@@ -58,19 +62,27 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--time-budget", type=float, default=None, metavar="S",
                         help="stop the search after S seconds and keep the best found")
-    parser.add_argument("--emit", metavar="PROGRAM.py", help="write the planned program as a listing (fx code per stage, "
-                        "placements annotated; to read, not to run)")
+    parser.add_argument("--emit", metavar="PROGRAM.py",
+                        help="write a program that trains the plan like `fxplan launch` (run it "
+                        "under torchrun on the plan's cluster), with the planned fx code per "
+                        "stage, placements annotated, as comments")
     parser.add_argument("--plot", metavar="PREFIX",
                         help="draw PREFIX-timeline.png and PREFIX-memory.png for the chosen plan")
+    add_output_arguments(parser)
     parser.set_defaults(func=run)
     return parser
 
 
-def _emit(plan: Plan, graph: CapturedGraph, path: str) -> str:
+def _emit(plan: Plan, graph: CapturedGraph, cluster: Cluster, path: str) -> str:
     from fxplan.passes.rewrite.emit import emit_program
+    from fxplan.program import runnable_program
 
-    Path(path).write_text(emit_program(graph.gm, plan))
-    return f"program listing written to {path}"
+    nnodes = cluster.num_nodes
+    Path(path).write_text(runnable_program(plan, emit_program(graph.gm, plan),
+                                           name=Path(path).name, nnodes=nnodes,
+                                           nproc=cluster.devices_per_node(0)), encoding="utf-8")
+    return (f"program written to {path}: torchrun --nnodes={nnodes} "
+            f"--nproc-per-node={cluster.devices_per_node(0)} {path} --data synthetic")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,12 +109,14 @@ def run(args: argparse.Namespace) -> int:
     plan = dataclasses.replace(plan, timings={**timer.rounded(), **plan.timings})
     if args.output:
         plan.save(args.output)
-    emitted = _emit(plan, graph, args.emit) if args.emit else None
+    emitted = _emit(plan, graph, cluster, args.emit) if args.emit else None
     if args.plot:
         from fxplan.plots import plot_plan
 
         plotted = " and ".join(map(str, plot_plan(plan, graph, cluster, args.plot)))
         emitted = "\n".join(filter(None, [emitted, f"plots written to {plotted}"]))
+    written = write_artifacts(plan, graph, cluster, html=args.html, trace=args.trace)
+    emitted = "\n".join(filter(None, [emitted, *written])) or None
     if args.json:
         data = plan_summary(plan)
         if emitted:

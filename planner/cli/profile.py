@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fxplan.cli.units import seconds
 from fxplan.core.errors import UserError
 
 
@@ -62,5 +63,5 @@ def run(args: argparse.Namespace) -> int:
     path = db.save(args.output or default_database_path(db.device_model))
     print(f"{len(db.records)} measurements of {len(db.ops())} ops on {db.device_model!r} "
           f"({db.metadata['processor'] if args.device == 'cpu' else db.metadata['cuda_device']}) "
-          f"in {db.metadata['wall_time_s']:.1f} s → {path}", file=sys.stdout)
+          f"in {seconds(db.metadata['wall_time_s'])} → {path}", file=sys.stdout)
     return 0

@@ -23,7 +23,9 @@ A plan holds
   last), the predicted ``estimate`` (step time and breakdown, MFU, per-stage peak memory,
   ``estimate["config"]`` the priced configuration as text and ``estimate["layout"]`` which
   placements it priced), the solver's status, search time and per-phase ``timings``,
-  runners-up, pruning reasons and fallbacks.
+  runners-up, pruning reasons (``pruned``, sentences, and ``pruned_detail``, one JSON object
+  per sentence with its kind and numbers, :mod:`fxplan.inter_op.reasons`; empty in plans
+  written before it existed) and fallbacks.
 
 Convenience properties (``plan.dp``, ``plan.schedule``, ``plan.summary``, …) read the config.
 
@@ -122,6 +124,7 @@ class Plan:
     search_time_s: float = 0.0
     runners_up: tuple[Mapping[str, Any], ...] = ()
     pruned: tuple[str, ...] = ()
+    pruned_detail: tuple[Mapping[str, Any], ...] = ()
     fallbacks: tuple[str, ...] = ()
     timings: Mapping[str, float] = field(default_factory=dict)
     fxplan_version: str = "0.1.0"
@@ -245,7 +248,9 @@ class Plan:
             "solver": dataclasses.asdict(self.solver),
             "search_time_s": self.search_time_s,
             "runners_up": [dict(r) for r in self.runners_up],
-            "pruned": list(self.pruned), "fallbacks": list(self.fallbacks),
+            "pruned": list(self.pruned),
+            "pruned_detail": [dict(d) for d in self.pruned_detail],
+            "fallbacks": list(self.fallbacks),
             "timings": dict(self.timings),
             "fxplan_version": self.fxplan_version,
         }
@@ -288,7 +293,7 @@ class Plan:
                 raise PlanError(f"config must be the one-line text form, got {kwargs[key]!r}")
             kwargs[key] = ParallelConfig.parse(kwargs[key])
             _check_mesh(data, kwargs["config"])
-            for key in ("axis_levels", "pruned", "fallbacks", "runners_up"):
+            for key in ("axis_levels", "pruned", "pruned_detail", "fallbacks", "runners_up"):
                 if key in kwargs:
                     kwargs[key] = tuple(_sequence(kwargs[key], key))
             key = "block_recompute"
@@ -349,7 +354,8 @@ class Plan:
 _REQUIRED = ("model", "cluster", "graph_fingerprint", "cluster_fingerprint", "batch", "seq",
              "config")
 _OPTIONAL = ("placements", "block_recompute", "axis_levels", "stages", "estimate", "solver",
-             "search_time_s", "runners_up", "pruned", "fallbacks", "timings", "fxplan_version")
+             "search_time_s", "runners_up", "pruned", "pruned_detail", "fallbacks", "timings",
+             "fxplan_version")
 _DERIVED = ("format_version", "summary", "degrees", "mesh_shape", "mesh_axes")
 
 

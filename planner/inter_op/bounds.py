@@ -24,6 +24,7 @@ from __future__ import annotations
 from fxplan.cost_model.memory import GIB
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig
+from fxplan.inter_op.reasons import MEMORY, Reason
 from fxplan.inter_op.space import Family
 from fxplan.inter_op.stage_memory import DeviceMemory, state_bytes_per_param
 
@@ -39,13 +40,19 @@ def memory_lower_bound(family: Family, zero: int, lightest: SegmentProfile,
 
 
 def memory_reason(family: Family, zero: int, needed: float, lightest: SegmentProfile,
-                  mem: DeviceMemory) -> str:
-    """``needs ≥ 93.4 GiB > 80 GiB at zero=0, tp=4, pp=1, dp=8 (16.0 B/param × 5.62 G …)``."""
+                  mem: DeviceMemory, config: ParallelConfig | None = None) -> Reason:
+    """``needs ≥ 93.4 GiB > 80 GiB at zero=0, tp=4, pp=1, dp=8 (16.0 B/param × 5.62 G …)``.
+
+    ``config``: the family's lightest variant at ``zero`` (the bound holds for it, so its
+    estimated peak is at least ``needed``); kept in the reason for checking."""
     k = state_bytes_per_param(family.dp, zero)
-    return (f"needs ≥ {needed / GIB:.1f} GiB > {mem.capacity / GIB:.0f} GiB at zero={zero}, "
+    text = (f"needs ≥ {needed / GIB:.1f} GiB > {mem.capacity / GIB:.0f} GiB at zero={zero}, "
             f"tp={family.tp}, pp={family.pp}, dp={family.dp} (model states {k:.2f} B/param × "
             f"{lightest.total_params / family.pp / 1e9:.3g} G params per rank + "
             f"{mem.reserved / GIB:.1f} GiB reserved)")
+    return Reason(text, MEMORY, needed_gib=needed / GIB, capacity_gib=mem.capacity / GIB,
+                  bound=True, family_wide=True,
+                  config=config.to_string() if config is not None else None)
 
 
 def time_lower_bound(c: ParallelConfig, prof: SegmentProfile) -> float:

@@ -20,6 +20,7 @@ from fxplan.cost_model.estimate import Estimate
 from fxplan.cost_model.memory import GIB
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.inter_op.pricing import Priced
+from fxplan.inter_op.reasons import Reason
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -62,7 +63,7 @@ def _stages(c: ParallelConfig) -> tuple[StageAssignment, ...]:
 
 
 def build_plan(graph: CapturedGraph, cluster: Cluster, *, model: str, batch: int, best: Priced,
-               runners_up: Sequence[Priced], pruned: Sequence[str], fallbacks: Sequence[str],
+               runners_up: Sequence[Priced], pruned: Sequence[Reason], fallbacks: Sequence[str],
                search_time_s: float, timings: dict[str, float], visited: int) -> Plan:
     """The :class:`Plan` of the search's winner (module docstring)."""
     est, placements = best.est, best.placements
@@ -79,4 +80,5 @@ def build_plan(graph: CapturedGraph, cluster: Cluster, *, model: str, batch: int
         placements=placements.placements, axis_levels=_axis_levels(cluster, config),
         stages=_stages(config), estimate=summary, solver=placements.solver,
         search_time_s=search_time_s, runners_up=tuple(_runner(r, est) for r in runners_up),
-        pruned=tuple(pruned), fallbacks=tuple(fallbacks), timings=timings)
+        pruned=tuple(str(r) for r in pruned), pruned_detail=tuple(r.detail() for r in pruned),
+        fallbacks=tuple(fallbacks), timings=timings)

@@ -57,6 +57,7 @@ from fxplan.inter_op.partition import balanced_counts, partition_layers
 from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import Priced, price_finalist
 from fxplan.inter_op.profile import ModelProfile
+from fxplan.inter_op.reasons import DUPLICATE, MEMORY, REFUSED, TIME_BOUND, Reason
 from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
 from fxplan.inter_op.space import MAX_MICROBATCH, Family, families, options
 from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
@@ -101,16 +102,18 @@ class _Search:
         self.timer, self.budget, self.progress = timer, budget, progress
         self.profile = ModelProfile(graph, cluster)
         self.mem = DeviceMemory.of(cluster.device(0))
-        self.pruned: list[str] = []
+        self.pruned: list[Reason] = []
         self.fallbacks: list[str] = []
         self.partitions: dict[tuple, Any] = {}
         # family → (variants that fit at no allowed ZeRO stage, the lightest of them as
-        # (heaviest rank's breakdown, summary)); families with at least one fitting variant
-        self.unfit: dict[Family, tuple[int, MemoryBreakdown, str]] = {}
+        # (heaviest rank's breakdown, its config)); families with at least one fitting variant
+        self.unfit: dict[Family, tuple[int, MemoryBreakdown, ParallelConfig]] = {}
         self.fitted: set[Family] = set()
         self.mesh_allowed: list[Family] = []    # valid families the tp/pp/dp constraints allow
-        self.failed_finalists: list[str] = []
+        self.failed_finalists: list[Reason] = []
         self.visited = 0
+        # why the ranking stopped before the end of its queue ("" when it reached the end)
+        self.stopped = ""
         self.intra_op = IntraOpCache(graph, cluster, budget)
 
     # -- steps 1–2 ------------------------------------------------------------------------
@@ -131,7 +134,8 @@ class _Search:
                 if need <= self.mem.capacity:
                     out[fam] = zero
                     break
-                self.pruned.append(memory_reason(fam, zero, need, lightest, self.mem))
+                self.pruned.append(memory_reason(fam, zero, need, lightest, self.mem,
+                                                 self._lightest_at(fam, zero)))
         return out
 
     # -- step 4 ---------------------------------------------------------------------------
@@ -174,12 +178,16 @@ class _Search:
         with progress_bar(len(queue), "inter-op search", self.progress) as bar:
             for index, (lb, _, c) in enumerate(queue):
                 if len(best) >= self.K and lb >= -best[0][0]:
-                    self.pruned.append(
+                    self.pruned.append(Reason(
                         f"{len(queue) - index} candidates: compute lower bound m·W/pp ≥ "
-                        f"{lb:.4g} s ≥ the {self.K}-th best estimate {-best[0][0]:.4g} s")
+                        f"{lb:.4g} s ≥ the {self.K}-th best estimate {-best[0][0]:.4g} s",
+                        TIME_BOUND))
+                    self.stopped = (f"the search stopped before them: their compute lower "
+                                    f"bound reached the {self.K}-th best estimate")
                     break
                 if best and self.budget.expired():
                     self._budget_fallback(index, len(queue))
+                    self.stopped = "the time budget ran out before they were ranked"
                     break
                 self.visited += 1
                 bar.advance()
@@ -214,9 +222,9 @@ class _Search:
                                                           c.pp * c.virtual_stages))
         prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
         worst = max(stage_memory(heaviest, prof, self.mem), key=lambda m: m.total)
-        count, least, which = self.unfit.get(family, (0, None, ""))
+        count, least, which = self.unfit.get(family, (0, None, heaviest))
         if least is None or worst.total < least.total:
-            least, which = worst, heaviest.summary()
+            least, which = worst, heaviest
         self.unfit[family] = (count + 1, least, which)
         return None
 
@@ -238,7 +246,7 @@ class _Search:
         """Steps 5–6b: price each finalist with its placements (:mod:`fxplan.inter_op.pricing`);
         the fitting ones, fastest first, one per distinct plan."""
         out: list[Priced] = []
-        seen: dict[tuple[ParallelConfig, str], str] = {}
+        seen: dict[ParallelConfig, tuple[int, str]] = {}
         for index, scored in enumerate(ranked):
             c = scored.config
             if out and self.budget.expired():
@@ -252,39 +260,76 @@ class _Search:
                     self.graph, self.cluster, c, self.batch, self.intra_op,
                     sequence_parallel=self.constraints.get("sequence_parallel"))
             except CostModelError as err:
-                self.failed_finalists.append(f"{c.summary()}: the cost model refused it: {err}")
+                self.failed_finalists.append(Reason(
+                    f"{c.summary()}: the cost model refused it: {err}", REFUSED))
                 continue
             if not priced.est.fits:
                 worst = max(m.total for m in priced.est.memory)
-                self.failed_finalists.append(
+                self.failed_finalists.append(Reason(
                     f"{priced.config.summary()}: simulated peak {worst / GIB:.1f} GiB > "
-                    f"{self.mem.capacity / GIB:.0f} GiB")
+                    f"{self.mem.capacity / GIB:.0f} GiB", MEMORY, needed_gib=worst / GIB,
+                    capacity_gib=self.mem.capacity / GIB, config=priced.config.to_string(),
+                    layout=priced.layout))
                 continue
-            key = (priced.config, priced.layout)
+            # One entry per configuration: two candidates can price to the same configuration
+            # (one with the solver's placements, one with the default layout); the faster stays.
+            key = priced.config
             if key in seen:
-                self.pruned.append(f"{c.summary()}: priced with its placements it is "
-                                   f"{priced.config.summary()}, already a finalist "
-                                   f"(as {seen[key]})")
+                index_, first = seen[key]
+                kept, dropped = ((priced, out[index_]) if priced.est.step_time_s
+                                 < out[index_].est.step_time_s else (out[index_], priced))
+                out[index_] = kept
+                layouts = (f"; the {kept.layout} layout is kept ({kept.est.step_time_s:.4g} s "
+                           f"≤ {dropped.est.step_time_s:.4g} s with the {dropped.layout} layout)"
+                           if kept.layout != dropped.layout else "")
+                self.pruned.append(Reason(
+                    f"{c.summary()}: priced with its placements it is "
+                    f"{priced.config.summary()}, already a finalist (as {first}){layouts}",
+                    DUPLICATE))
                 continue
-            seen[key] = c.summary()
+            seen[key] = (len(out), c.summary())
             out.append(priced)
         self.pruned.extend(self.failed_finalists)
         out.sort(key=lambda p: p.est.step_time_s)
         return out
 
     def unfit_reasons(self) -> None:
-        """One reason per family with variants that fit at no allowed ZeRO stage: "none of N
-        … fits" where no variant of the family fit, else "N … did not fit"."""
-        cap = f"{self.mem.capacity / GIB:.0f} GiB"
+        """One reason per family with ranked variants that fit at no allowed ZeRO stage.
+
+        * some variant of the family fit: "N … did not fit; the lightest of them …";
+        * none of the ranked ones fit and neither does the family's lightest variant
+          (:meth:`lightest`, which the ranking may never have reached): "none of N … fits;
+          the family's lightest … needs X GiB" (a claim about the whole family);
+        * none of the ranked ones fit but the family's lightest does: the lighter variants
+          were not ranked (the compute lower bound or the time budget stopped the search
+          before them), and the reason says so with the lightest's memory: the family is not
+          "too big", it was slower than the plans found.
+        """
+        cap = self.mem.capacity / GIB
         for fam, (count, least, which) in sorted(self.unfit.items()):
-            lightest = (f"the lightest ({which}, even split) needs {least.total / GIB:.1f} GiB "
-                        f"> {cap}")
+            variant = dict(kind=MEMORY, capacity_gib=cap, needed_gib=least.total / GIB,
+                           config=which.to_string())
+            needs = f"needs {least.total / GIB:.1f} GiB > {cap:.0f} GiB"
+            found = None if fam in self.fitted else self.lightest(fam)
             if fam in self.fitted:
-                self.pruned.append(f"{fam}: {count} microbatch/recompute/schedule variants did "
-                                   f"not fit at any allowed ZeRO stage; {lightest}")
+                self.pruned.append(Reason(
+                    f"{fam}: {count} microbatch/recompute/schedule variants did not fit at any "
+                    f"allowed ZeRO stage; the lightest of them ({which.summary()}, even "
+                    f"split) {needs}", **variant))
+            elif found is None or found[1].total > self.mem.capacity:
+                c, m = found if found is not None else (which, least)
+                self.pruned.append(Reason(
+                    f"{fam}: none of {count} microbatch/recompute/schedule variants fits at any "
+                    f"allowed ZeRO stage; the family's lightest ({c.summary()}, even split) "
+                    f"needs {m.total / GIB:.1f} GiB > {cap:.0f} GiB", MEMORY, capacity_gib=cap,
+                    needed_gib=m.total / GIB, config=c.to_string(), family_wide=True))
             else:
-                self.pruned.append(f"{fam}: none of {count} microbatch/recompute/schedule "
-                                   f"variants fits at any allowed ZeRO stage; {lightest}")
+                stopped = self.stopped or "they were not ranked"
+                self.pruned.append(Reason(
+                    f"{fam}: the {count} microbatch/recompute/schedule variants ranked did not "
+                    f"fit at any allowed ZeRO stage (the lightest of them, {which.summary()} "
+                    f"with an even split, {needs}); lighter variants fit ({found[0].summary()} "
+                    f"needs {found[1].total / GIB:.1f} GiB) but {stopped}", **variant))
 
     def lightest(self, fam: Family) -> tuple[ParallelConfig, MemoryBreakdown] | None:
         """The lightest candidate of ``fam`` the constraints allow (evenly split, the highest
@@ -310,10 +355,24 @@ class _Search:
                 best = (c, worst)
         return best
 
+    def _lightest_at(self, fam: Family, zero: int) -> ParallelConfig | None:
+        """The variant of ``fam`` the memory bound at ``zero`` speaks of: the smallest
+        microbatch, full recompute, sequence parallelism where offered, evenly split (the
+        bound holds for every variant, this one is the lightest in activations)."""
+        prof = self.profile
+        found = list(options(fam, batch=self.batch, layers=prof.num_layers,
+                             seq=prof.segments.seq))
+        if not found:
+            return None
+        best = min(found, key=lambda c: (c.microbatch_size, c.recompute != "full",
+                                         not c.sequence_parallel))
+        return best.replace(zero_stage=zero, stage_layers=balanced_counts(
+            prof.num_layers, best.pp * best.virtual_stages))
+
     def infeasible(self, fams: list[Family], model: str) -> InfeasibleError:
         """Nothing fits in memory: the lightest configuration the constraints allow, among
         the variants the search tried and the lightest of each family it never tried."""
-        options_ = [(which, least) for _, least, which in self.unfit.values()]
+        options_ = [(which.summary(), least) for _, least, which in self.unfit.values()]
         for fam in fams:
             found = self.lightest(fam) if fam not in self.unfit else None
             if found is not None:
@@ -327,13 +386,13 @@ class _Search:
         """Why no finalist came out (``run_search`` raises it): the constraints exclude every
         candidate, nothing fits in memory, or every finalist failed when priced."""
         prof = self.profile
-        reasons: list[str] = []
+        reasons: list[Reason] = []
         valid = families(self.cluster.num_devices, batch=self.batch, layers=prof.num_layers,
                          heads=prof.heads, tp_widths=prof.tp_widths(), pruned=reasons)
         where = (f"{model} on {self.cluster.name} ({self.cluster.num_devices} devices, batch "
                  f"{self.batch})")
         if not valid:
-            shown = "; ".join(reasons[:4]) + (f"; … {len(reasons) - 4} more"
+            shown = "; ".join(map(str, reasons[:4])) + (f"; … {len(reasons) - 4} more"
                                               if len(reasons) > 4 else "")
             return InfeasibleError(f"{where}: no valid mesh factorisation pp·dp·tp = "
                                    f"{self.cluster.num_devices}: {shown}")
@@ -373,7 +432,7 @@ def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str
         raise state.failure(model)
     best = done[0]
     if best.fallback:
-        log.warning(best.note)
+        log.info(best.note)  # a layout decision, shown in the report with the fallbacks
     fallbacks = state.fallbacks + best.placements.fallbacks + ([best.note] if best.fallback else [])
     return build_plan(graph, cluster, model=model, batch=batch, best=best,
                       runners_up=done[1:4], pruned=state.pruned, fallbacks=fallbacks,

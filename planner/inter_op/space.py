@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
+from fxplan.inter_op.reasons import DIVIDE, STAGES, Reason
 
 __all__ = ["Family", "INTERLEAVE_CHUNKS", "MAX_MICROBATCH", "divisors", "families", "options"]
 
@@ -52,24 +53,26 @@ class Family:
 
 
 def families(world: int, *, batch: int, layers: int, heads: int | None,
-             tp_widths: Mapping[str, int], pruned: list[str]) -> list[Family]:
+             tp_widths: Mapping[str, int], pruned: list[Reason]) -> list[Family]:
     """Valid ``(tp, pp, dp)``; each invalid one appends its reason to ``pruned``."""
     out: list[Family] = []
     for tp in divisors(world):
         if heads is not None and heads % tp:
-            pruned.append(f"tp={tp}: does not divide heads={heads} ({heads} mod {tp} = {heads % tp})")
+            pruned.append(Reason(f"tp={tp}: does not divide heads={heads} ({heads} mod {tp} = "
+                                 f"{heads % tp})", DIVIDE))
             continue
         bad = [f"{name}={w}" for name, w in sorted(tp_widths.items()) if w % tp]
         if bad:
-            pruned.append(f"tp={tp}: does not divide {bad[0]}")
+            pruned.append(Reason(f"tp={tp}: does not divide {bad[0]}", DIVIDE))
             continue
         for pp in divisors(world // tp):
             dp = world // (tp * pp)
             if pp > layers:
-                pruned.append(f"tp={tp}, pp={pp}: more stages than layers ({pp} > {layers})")
+                pruned.append(Reason(f"tp={tp}, pp={pp}: more stages than layers ({pp} > "
+                                     f"{layers})", STAGES))
             elif batch % dp:
-                pruned.append(f"tp={tp}, pp={pp}, dp={dp}: batch={batch} not divisible by dp "
-                              f"({batch} mod {dp} = {batch % dp})")
+                pruned.append(Reason(f"tp={tp}, pp={pp}, dp={dp}: batch={batch} not divisible "
+                                     f"by dp ({batch} mod {dp} = {batch % dp})", DIVIDE))
             else:
                 out.append(Family(tp, pp, dp))
     return out

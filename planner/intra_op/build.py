@@ -39,8 +39,15 @@ class OpGraph:
 
     @property
     def fallbacks(self) -> list[str]:
-        return [f"{op.name} ({_op_name(op.ctx.op)}): no sharding rule, replicated"
-                for op in self.ops if op.fallback]
+        """One line per op without a sharding rule: ``arange ×5 (arange, arange_1, …):
+        no sharding rule, replicated`` (the nodes are all replicated, whatever the mesh)."""
+        nodes: dict[str, list[str]] = {}
+        for op in self.ops:
+            if op.fallback:
+                nodes.setdefault(_op_name(op.ctx.op), []).append(op.name)
+        return [f"{op}{f' ×{len(names)}' if len(names) > 1 else ''} "
+                f"({', '.join(names[:3])}{', …' if len(names) > 3 else ''}): "
+                f"no sharding rule, replicated" for op, names in nodes.items()]
 
 
 def _op_name(op: object) -> str:

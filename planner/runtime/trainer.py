@@ -12,12 +12,18 @@ One step ``t = 1 … T`` on every rank of a :class:`ShardedModule`:
 
 Every ``log_every`` steps (and at the last) the slowest rank's step time and the largest peak
 memory over ranks are gathered (one all-reduce) and rank 0 logs :class:`StepMetrics`.
+
+With ``trace=PATH`` every rank records up to :data:`TRACE_STEPS` steps after the first (the
+first builds the schedule and warms caches) with :mod:`torch.profiler` (CPU, and CUDA on
+GPUs) and writes them to ``PATH`` in the Chrome trace format, beside which the predicted trace
+(:mod:`fxplan.trace`) can be opened.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -32,7 +38,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.runtime.data import DataSource
     from fxplan.runtime.sharded_module import ShardedModule
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["TRACE_STEPS", "TrainResult", "train"]
+
+#: Steps a ``trace`` records (after the first).
+TRACE_STEPS = 3
 
 
 @dataclass
@@ -56,12 +65,14 @@ def train(sharded: "ShardedModule", data: "DataSource", loss_fn: Callable[..., t
           config: TrainConfig, *, tokens_per_step: int, optimizer: torch.optim.Optimizer | None = None,
           flops: FlopCounts | None = None, capacity_gib: float | None = None,
           log: MetricsLog | None = None, on_step: Callable[[int], Any] | None = None,
-          start_step: int = 0) -> tuple[TrainResult, torch.optim.Optimizer]:
+          start_step: int = 0, trace: str | Path | None = None
+          ) -> tuple[TrainResult, torch.optim.Optimizer]:
     """Train steps ``start_step + 1 … config.steps`` (collective over the plan's ranks); ``log``
     on rank 0 only. ``start_step``: updates already done (a resumed run; the data order and the
     schedule are functions of the step, so step ``t`` reads and runs exactly as it would have
     without the interruption). ``on_step(t)`` runs after each update (printing fallbacks after
-    the first, saving checkpoints). ``result`` holds the steps run here."""
+    the first, saving checkpoints). ``result`` holds the steps run here; ``trace``: the Chrome
+    trace file this rank writes (module docstring)."""
     if not 0 <= start_step < config.steps:
         raise ValueError(f"start_step {start_step}: expected 0 ≤ start_step < {config.steps}")
     if optimizer is None:
@@ -73,6 +84,9 @@ def train(sharded: "ShardedModule", data: "DataSource", loss_fn: Callable[..., t
     devices = dist.get_world_size(sharded.group)
     result = TrainResult()
     local_times: list[float] = []
+    profiler = _profiler(sharded.device, config.steps - start_step) if trace else None
+    if profiler is not None:
+        profiler.start()
     for step in range(start_step + 1, config.steps + 1):
         began = time.perf_counter()
         batch = data.batch(step - 1, start, stop) if reads else ((), None)
@@ -102,6 +116,12 @@ def train(sharded: "ShardedModule", data: "DataSource", loss_fn: Callable[..., t
             log.progress(step, loss, elapsed)
         if on_step is not None:
             on_step(step)
+        if profiler is not None:
+            profiler.step()
+    if profiler is not None and trace:
+        profiler.stop()
+        Path(trace).parent.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(trace))
     times = torch.tensor(local_times, dtype=torch.float64, device=sharded.device)
     peak = torch.tensor(peak_memory_gib(sharded.device), dtype=torch.float64, device=sharded.device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=sharded.group)
@@ -111,3 +131,15 @@ def train(sharded: "ShardedModule", data: "DataSource", loss_fn: Callable[..., t
     if log is not None:
         log.close()
     return result, optimizer
+
+
+def _profiler(device: torch.device, steps: int) -> Any:
+    """A :class:`torch.profiler.profile` that skips the first step and records the next
+    ``min(TRACE_STEPS, steps − 1)`` (the only one when one step runs)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    wait = 1 if steps > 1 else 0
+    active = max(1, min(TRACE_STEPS, steps - wait))
+    return profile(activities=activities, schedule=schedule(wait=wait, warmup=0, active=active,
+                                                             repeat=1))

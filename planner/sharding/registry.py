@@ -72,6 +72,7 @@ def find_rule(op: Any) -> Optional[Rule]:
 
 
 def replicate_fallback(ctx: OpContext) -> list[AxisOption]:
-    """Every operand and the output replicated: always valid, never cheap. Logged."""
-    log.warning("no sharding rule for %s (node %s): replicated", ctx.op, ctx.node.name)
+    """Every operand and the output replicated: always valid, never cheap. Logged (debug: the
+    search reports these nodes once, per op, among the plan's fallbacks)."""
+    log.debug("no sharding rule for %s (node %s): replicated", ctx.op, ctx.node.name)
     return [AxisOption(tuple(R for _ in ctx.operands), R)]

@@ -1,4 +1,5 @@
-"""``fxplan plan``: JSON keys, the plan file, the report, the infeasible exit code, ``--emit``."""
+"""``fxplan plan``: JSON keys, the plan file, the report, the infeasible exit code, ``--emit``
+(run under torchrun in tests/cli/test_emit_program.py)."""
 
 from __future__ import annotations
 
@@ -41,13 +42,15 @@ def test_infeasible_exits_2_with_the_memory_it_needs(capsys) -> None:  # type: i
     assert "smallest memory any configuration needs" in err and "16.0 GiB" in err
 
 
-def test_emit_writes_the_program_listing(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_emit_writes_a_program_with_the_listing(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
     target = tmp_path / "program.py"
     assert main([*TINY, "--json", "--emit", str(target)]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["emit"] == f"program listing written to {target}"
-    text = target.read_text()
+    assert data["emit"].startswith(f"program written to {target}: torchrun --nnodes=1 "
+                                   "--nproc-per-node=8")
+    text = target.read_text(encoding="utf-8")
     assert data["summary"] in text and "# planned " in text
+    compile(text, str(target), "exec")   # valid Python (it runs: tests/cli/test_emit_program.py)
 
 
 def test_demo_prints_graph_cluster_and_plan(capsys) -> None:  # type: ignore[no-untyped-def]

@@ -32,3 +32,25 @@ def test_memory_breakdown_is_a_png(tmp_path: Path) -> None:
     over = dict(stage, activations=60.0)
     stages = [dict(stage, capacity=80.0), dict(over, capacity=80.0)]  # the second does not fit
     assert_png(plot_memory(stages, tmp_path / "m.png"))
+
+
+def test_long_steady_state_is_cut_and_short_timelines_are_not() -> None:
+    """256 microbatches on 4 stages: the cut hides most ops; the kept ones cover the warm-up and
+    cool-down of every stage, and the shift is exactly what the cut removed. 8 microbatches:
+    nothing is cut."""
+    import numpy as np
+
+    from fxplan.cost_model.simulator import simulate_pipeline
+    from fxplan.cost_model.timeline_plot import compress_events
+
+    durations = np.tile([[[1.0, 2.0]]], (4, 1, 1))
+    long = simulate_pipeline("1f1b", 4, 1, 256, durations).events()
+    shown, cut = compress_events(long)
+    assert cut is not None and cut.hidden > 1500 and len(shown) < 250
+    makespan = max(e.end for e in long)
+    assert max(e[5] for e in shown) == pytest.approx(makespan - cut.removed)
+    for s in range(4):
+        mbs = {e[2] for e in shown if e[0] == s}
+        assert {0, 255} <= mbs
+    short = simulate_pipeline("1f1b", 4, 1, 8, durations).events()
+    assert compress_events(short) == ([tuple(e) for e in short], None)

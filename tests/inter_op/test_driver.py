@@ -29,17 +29,35 @@ def test_unfit_reasons_do_not_say_none_fits_for_a_family_that_fits(gpt17) -> Non
     assert mine and all("none of" not in r and "did not fit" in r for r in mine)
 
 
-def test_unfit_reasons_say_none_fits_only_without_a_fit() -> None:
+def _unfit_state(capacity_scale: float):  # type: ignore[no-untyped-def]
+    """A search whose first family had a fitting variant and whose second had none ranked;
+    the device capacity scaled by ``capacity_scale`` after the families were found."""
     graph = capture_for_search(SMALL)
     state = driver._Search(graph, Cluster.load("dgx-a100-80g"), 64, {}, 8, driver.PhaseTimer(),
                            Budget(None), False)
     fams = list(state.families())[:2]
-    lightest = state.lightest(fams[0])[1]
-    state.unfit = {fams[0]: (3, lightest, "a"), fams[1]: (5, lightest, "b")}
+    state.mem = driver.DeviceMemory(state.mem.capacity * capacity_scale, state.mem.reserved)
+    config, lightest = state.lightest(fams[0])
+    state.unfit = {fams[0]: (3, lightest, config), fams[1]: (5, lightest, config)}
     state.fitted = {fams[0]}
     state.unfit_reasons()
+    return state, fams
+
+
+def test_unfit_reasons_say_none_fits_only_without_a_fit() -> None:
+    # a capacity below every variant: the second family's lightest does not fit either
+    state, fams = _unfit_state(1e-4)
     assert any(r.startswith(f"{fams[0]}: 3 ") and "did not fit" in r for r in state.pruned)
-    assert any(r.startswith(f"{fams[1]}: none of 5 ") for r in state.pruned)
+    none = [r for r in state.pruned if r.startswith(f"{fams[1]}: none of 5 ")]
+    assert none and none[0].family_wide and none[0].needed_gib > none[0].capacity_gib
+
+
+def test_unfit_reasons_name_lighter_variants_that_fit_but_were_not_ranked() -> None:
+    # the real capacity: the second family's lightest fits, so "none fits" would be false
+    state, fams = _unfit_state(1.0)
+    mine = [r for r in state.pruned if r.startswith(f"{fams[1]}:")]
+    assert mine and "none of" not in mine[0] and "lighter variants fit" in mine[0]
+    assert not mine[0].family_wide
 
 
 def test_failed_finalists_are_quoted(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from fxplan.api import capture
+from fxplan.intra_op.build import op_graph
 from fxplan.sharding import (AxisOption, OpContext, describe, describe_module, find_rule,
                               node_strategies, register_rule)
 from fxplan.sharding.expand import divides, expand_options
@@ -45,11 +46,13 @@ class _MyLinear(nn.Linear):
 def test_an_op_without_rule_is_replicated_logged_and_listed(caplog: pytest.LogCaptureFixture) -> None:
     graph = capture(_Unruled(), inputs={"x": torch.empty(4, 8, device="meta")})
     node = next(n for n in graph.gm.graph.nodes if n.op == "call_function")
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.DEBUG, logger="fxplan.sharding.registry"):
         op = node_strategies(graph.gm, node, (4,))
     assert op.fallback and op.rule == "replicate_fallback"
     assert [str(s) for s in op.strategies] == ["R -> R"]
     assert "no sharding rule" in caplog.text
+    listed = op_graph(graph, (4,)).fallbacks  # reported once per op, with its nodes
+    assert len(listed) == 1 and "no sharding rule, replicated" in listed[0]
 
 
 def test_register_rule_adds_an_op_in_one_short_function() -> None:

@@ -1,0 +1,289 @@
+"""Export a deep model from a shallow copy: trace three layers, repeat the third.
+
+``torch.export`` costs time per traced op, and faster than linearly in the number of layers
+(tracing, stack-trace symbolisation, the recompiles of export's own passes): a 70B Llama
+(80 layers) takes ~20 s, while its blocks are identical. When the model's layers are one
+container (``model.layers``, ``transformer.h``, ``encoder.layer``: see
+:func:`~fxplan.passes.analyses.blocks.layer_containers`) of at least :data:`MIN_LAYERS`
+children of one class, :func:`export_unrolled` exports the model with the container cut to
+its first ``K = 3`` children and rebuilds the graph of all ``N`` layers from it:
+
+    embed · L0 · L1 · L2 · head   ─unroll─►   embed · L0 · L1 · L2 · L3 … L(N-1) · head
+
+Layer ``i ≥ 3`` is a copy of ``L2`` in which
+
+- a node of ``L2`` becomes its copy in layer ``i`` (same position in the layer);
+- a reference of ``L2`` to a node of ``L1`` (the residual stream, at position ``q``)
+  becomes the node at position ``q`` of layer ``i-1``;
+- a reference to a node outside the layers (rotary tables, masks) stays as it is;
+- ``get_attr`` targets, ``nn_module_stack`` paths and node names say ``i`` where they
+  said ``2``;
+
+and the nodes after the layers that read ``L2`` read layer ``N-1`` instead. Node names are
+then given afresh in graph order, as export names them.
+
+The copy is exact only when layer ``i`` would trace as ``L2`` does, so the rebuild checks
+first that ``L1`` and ``L2`` are *isomorphic* in that sense (same ops, targets up to the
+index, shapes and dtypes; ``L2``'s references into ``L1`` mirror ``L1``'s into ``L0``;
+the same outside references), that each layer's nodes are contiguous, and that nothing
+after the layers reads ``L0`` or ``L1`` (say, all hidden states returned). Layers that
+differ by index (alternating attention kinds, a dense first layer in a mixture of experts)
+fail the check: the caller exports the whole model and says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from fxplan.passes.analyses.blocks import layer_containers, module_path
+
+__all__ = ["MIN_LAYERS", "SHALLOW_LAYERS", "UNROLLED", "NotUnrollable", "export_unrolled"]
+
+#: Cut to this many layers: L0 (reads the embeddings), L1 and L2 (read a layer like themselves).
+SHALLOW_LAYERS = 3
+#: ``GraphModule.meta`` key of the line saying what was traced and what repeated.
+UNROLLED = "fxplan_unrolled"
+#: Models with fewer layers are exported whole (the saving would be small).
+MIN_LAYERS = 6
+
+
+class NotUnrollable(Exception):
+    """The model's layers cannot be rebuilt from a shallow export; the message says why.
+    ``shallow_tried``: a shallow export was made and found inexact (worth reporting), as
+    opposed to a model with no long layer container (nothing to report)."""
+
+    def __init__(self, message: str, *, shallow_tried: bool = True) -> None:
+        super().__init__(message)
+        self.shallow_tried = shallow_tried
+
+
+def _container(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
+    """The one layer container of ``model`` and its path, or :class:`NotUnrollable`."""
+    found = layer_containers(model)
+    if len(found) != 1:
+        raise NotUnrollable(f"{len(found)} layer containers ({', '.join(found) or 'none'})", shallow_tried=False)
+    path = found[0]
+    container = model.get_submodule(path)
+    if not isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)):
+        raise NotUnrollable(f"{path} is a {type(container).__name__}, not a ModuleList", shallow_tried=False)
+    if len(container) < MIN_LAYERS:
+        raise NotUnrollable(f"{path} has {len(container)} layers (< {MIN_LAYERS})", shallow_tried=False)
+    kinds = {type(child) for child in container}
+    if len(kinds) != 1:
+        raise NotUnrollable(f"{path} holds {len(kinds)} layer classes", shallow_tried=False)
+    return path, container
+
+
+def export_unrolled(model: torch.nn.Module,
+                    export: Callable[[torch.nn.Module], torch.fx.GraphModule]
+                    ) -> torch.fx.GraphModule:
+    """``export(model)`` of all layers, traced on the first :data:`SHALLOW_LAYERS` only.
+
+    ``export``: exports a module and returns the cleaned graph module (state on ``meta``,
+    ``get_attr`` nodes before their first user). The model is cut in place for the export
+    and restored before returning, also on error. Raises :class:`NotUnrollable` when the
+    rebuild would not be exact (the caller then exports the whole model).
+    """
+    path, container = _container(model)
+    total = len(container)
+    parent_path, _, attr = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    shallow = type(container)(list(container)[:SHALLOW_LAYERS])
+    setattr(parent, attr, shallow)
+    try:
+        gm = export(model)
+    finally:
+        setattr(parent, attr, container)
+    _unroll(gm, path, total)
+    gm.meta[UNROLLED] = f"{path}: layers 0-{SHALLOW_LAYERS - 1} traced, {SHALLOW_LAYERS}-{total - 1} " \
+                        f"repeated from layer {SHALLOW_LAYERS - 1}"
+    return gm
+
+
+def _layer_of(node: torch.fx.Node, pattern: re.Pattern[str]) -> int | None:
+    match = pattern.match(module_path(node) if node.op != "get_attr" else str(node.target))
+    return int(match[1]) if match else None
+
+
+def _split_layers(gm: torch.fx.GraphModule, path: str) -> list[list[torch.fx.Node]]:
+    """The nodes of layers 0 … K-1, each contiguous in graph order, with nothing between."""
+    pattern = re.compile(rf"^{re.escape(path)}\.(\d+)(?:\.|$)")
+    layers: list[list[torch.fx.Node]] = [[] for _ in range(SHALLOW_LAYERS)]
+    order: list[int | None] = []
+    for node in gm.graph.nodes:
+        layer = _layer_of(node, pattern)
+        order.append(layer)
+        if layer is not None:
+            if layer >= SHALLOW_LAYERS:
+                raise NotUnrollable(f"node {node.name} is in layer {layer} of a cut model")
+            layers[layer].append(node)
+    runs = [k for i, k in enumerate(order) if k is not None and (i == 0 or order[i - 1] != k)]
+    if runs != list(range(SHALLOW_LAYERS)):
+        raise NotUnrollable("the layers' nodes are not contiguous in graph order")
+    return layers
+
+
+def _renamed(value: Any, path: str, old: int, new: int) -> Any:
+    """``value`` (a string or nested tuple/dict of strings) with ``path.old`` → ``path.new``."""
+    if isinstance(value, str):
+        return re.sub(rf"(^|[^\w.]|__){re.escape(path)}\.{old}(?=\.|$)", rf"\g<1>{path}.{new}", value)
+    if isinstance(value, tuple):
+        return tuple(_renamed(v, path, old, new) for v in value)
+    if isinstance(value, dict):
+        return {_renamed(k, path, old, new): _renamed(v, path, old, new) for k, v in value.items()}
+    return value
+
+
+def _stack_key(node: torch.fx.Node, path: str, index: int) -> Any:
+    stack = node.meta.get("nn_module_stack") or {}
+    return tuple((_renamed(p, path, index, 0), t if isinstance(t, str) else getattr(t, "__name__", t))
+                 for p, t in stack.values())
+
+
+def _signature(node: torch.fx.Node, path: str, index: int) -> Any:
+    val = node.meta.get("val")
+    shape = (tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else type(val).__name__
+    target = _renamed(str(node.target), path, index, 0) if node.op == "get_attr" else node.target
+    return node.op, target, shape, _stack_key(node, path, index)
+
+
+def _check_isomorphic(prev: list[torch.fx.Node], layer: list[torch.fx.Node],
+                      before: list[torch.fx.Node], path: str) -> None:
+    """``layer`` (index k) reads ``prev`` (k-1) as ``prev`` reads ``before`` (k-2)."""
+    if len(prev) != len(layer):
+        raise NotUnrollable(f"layers differ in size ({len(prev)} and {len(layer)} nodes)")
+    k = int(_layer_index(layer, path))
+    pos_prev = {n: i for i, n in enumerate(prev)}
+    pos_layer = {n: i for i, n in enumerate(layer)}
+    pos_before = {n: i for i, n in enumerate(before)}
+
+    def role(value: torch.fx.Node, own: dict, lower: dict) -> Any:
+        if value in own:
+            return ("own", own[value])
+        if value in lower:
+            return ("prev", lower[value])
+        return ("outside", value)
+
+    for a, b in zip(prev, layer):
+        if _signature(a, path, k - 1) != _signature(b, path, k):
+            raise NotUnrollable(f"{a.name} and {b.name} differ (layer {k - 1} vs {k})")
+        ra = torch.fx.node.map_aggregate((a.args, a.kwargs), lambda v: role(v, pos_prev, pos_before)
+                                         if isinstance(v, torch.fx.Node) else v)
+        rb = torch.fx.node.map_aggregate((b.args, b.kwargs), lambda v: role(v, pos_layer, pos_prev)
+                                         if isinstance(v, torch.fx.Node) else v)
+        if repr(ra) != repr(rb):
+            raise NotUnrollable(f"{a.name} and {b.name} read different inputs")
+
+
+def _layer_index(layer: list[torch.fx.Node], path: str) -> int:
+    pattern = re.compile(rf"^{re.escape(path)}\.(\d+)(?:\.|$)")
+    return next(i for i in map(lambda n: _layer_of(n, pattern), layer) if i is not None)
+
+
+def _unroll(gm: torch.fx.GraphModule, path: str, total: int) -> None:
+    """Grow ``gm`` (exported with :data:`SHALLOW_LAYERS` layers of ``path``) to ``total``."""
+    graph = gm.graph
+    layers = _split_layers(gm, path)
+    last = SHALLOW_LAYERS - 1
+    _check_isomorphic(layers[last - 1], layers[last], layers[last - 2], path)
+    in_layers = {n for layer in layers for n in layer}
+    template = layers[last]
+    early = {n for layer in layers[:last] for n in layer}
+    for node in template[-1].graph.nodes:
+        if node not in in_layers and any(a in early for a in node.all_input_nodes):
+            raise NotUnrollable(f"{node.name} (after the layers) reads an early layer")
+    position = {n: i for i, n in enumerate(template)}
+    previous_position = {n: i for i, n in enumerate(layers[last - 1])}
+    copies: list[torch.fx.Node] = template
+    first_copy: torch.fx.Node | None = None
+    anchor = template[-1]
+    owners = gm.get_submodule(path)
+    for index in range(SHALLOW_LAYERS, total):
+        owners.add_module(str(index), copy.deepcopy(owners.get_submodule(str(last))))
+        made: list[torch.fx.Node] = []
+        prior = copies
+
+        def arg(value: torch.fx.Node) -> torch.fx.Node:
+            if value in position:
+                return made[position[value]]
+            if value in previous_position:
+                return prior[previous_position[value]]
+            return value
+
+        for node in template:
+            with graph.inserting_after(anchor):
+                target = (_renamed(node.target, path, last, index) if node.op == "get_attr"
+                          else node.target)
+                name = None if node.op == "get_attr" else _base_name(node.name)
+                new = graph.create_node(node.op, target, *torch.fx.node.map_arg(
+                    (node.args, node.kwargs), arg), name=name, type_expr=node.type)
+            new.meta = {**node.meta, "nn_module_stack": _renamed(
+                node.meta.get("nn_module_stack", {}), path, last, index)}
+            made.append(new)
+            first_copy = first_copy or new
+            anchor = new
+        copies = made
+    for node in template:
+        for user in list(node.users):
+            if user not in in_layers and user.op != "placeholder" and not _is_copy(user, path):
+                user.replace_input_with(node, copies[position[node]])
+    gm.graph = _renamed_in_order(graph, first_copy) if first_copy else graph
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _is_copy(node: torch.fx.Node, path: str) -> bool:
+    pattern = re.compile(rf"^{re.escape(path)}\.(\d+)(?:\.|$)")
+    return _layer_of(node, pattern) is not None
+
+
+_SUFFIX = re.compile(r"_(\d+)$")
+
+
+def _take(numbers: dict[str, int], name: str) -> None:
+    """Record ``name`` (``base`` or ``base_N``) as taken in ``numbers``."""
+    match = _SUFFIX.search(name)
+    base, number = (name[:match.start()], int(match[1])) if match else (name, 0)
+    numbers[base] = max(numbers.get(base, -1), number)
+
+
+def _base_name(name: str) -> str:
+    return _SUFFIX.sub("", name)
+
+
+def _renamed_in_order(graph: torch.fx.Graph, first_copy: torch.fx.Node) -> torch.fx.Graph:
+    """A copy of ``graph`` in which the ``call_function`` nodes from ``first_copy`` on are
+    named afresh in graph order, continuing the numbering of the names before them
+    (``linear_20`` in layer 2, ``linear_21`` next), as export names a model traced whole. (A
+    graph's namespace never frees a name, so renaming in place would skip numbers.)"""
+    fresh = torch.fx.Graph(owning_module=graph.owning_module, tracer_cls=graph._tracer_cls,
+                           tracer_extras=graph._tracer_extras)
+    fresh._codegen = copy.deepcopy(graph._codegen)
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    renaming = False
+    numbers: dict[str, int] = {}  # base → highest number taken (0: the bare base)
+    for sub in graph.owning_module.modules():  # export numbered their nodes with the root's
+        if isinstance(sub, torch.fx.GraphModule) and sub.graph is not graph:
+            for node in sub.graph.nodes:
+                _take(numbers, node.name)
+    for node in graph.nodes:
+        renaming = renaming or node is first_copy
+        if renaming and node.op == "call_function":
+            base = _base_name(node.name)
+            numbers[base] = numbers[base] + 1 if base in numbers else 0
+            name = f"{base}_{numbers[base]}" if numbers[base] else base
+        else:
+            name = node.name
+            if not renaming:
+                _take(numbers, name)
+        made = fresh.create_node(node.op, node.target,
+                                 *torch.fx.node.map_arg((node.args, node.kwargs), env.__getitem__),
+                                 name=name, type_expr=node.type)
+        made.meta = node.meta
+        env[node] = made
+    return fresh

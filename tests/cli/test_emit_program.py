@@ -1,0 +1,49 @@
+"""``fxplan plan --emit program.py`` writes a program that trains like ``fxplan launch``: both
+run 2 steps of the same plan on 2 CPU ranks (same seed, synthetic data) and log the same
+losses. The launch also records its measured trace (``--trace``) beside the predicted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from fxplan.cli.main import main
+from fxplan.cli.launch import free_loopback_port, loopback_interface
+
+
+def _losses(run_dir) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["loss"] for row in rows if "loss" in row]
+
+
+def test_emitted_program_trains_like_launch(tmp_path, capsys):
+    plan, program = tmp_path / "plan.json", tmp_path / "program.py"
+    assert main(["plan", "gpt-tiny", "--cluster", "local-cpu:devices=2", "--batch", "4",
+                 "--constrain", "pp=2,mb=2", "--json", "-o", str(plan),
+                 "--emit", str(program)]) == 0
+    capsys.readouterr()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": loopback_interface()}
+    common = ["--data", "synthetic", "--steps", "2", "--seed", "3"]
+    ran = subprocess.run(
+        [sys.executable, "-m", "fxplan.runtime.torchrun", "--nnodes=1", "--nproc-per-node=2",
+         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_loopback_port()}",
+         "--local-addr=127.0.0.1", str(program), *common, "--run-dir", str(tmp_path / "prog")],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    launched = subprocess.run(
+        [sys.executable, "-m", "fxplan.cli.main", "launch", str(plan), *common,
+         "--run-dir", str(tmp_path / "launch"), "--trace"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    program_losses, launch_losses = _losses(tmp_path / "prog"), _losses(tmp_path / "launch")
+    assert len(program_losses) == 2 and program_losses == launch_losses
+    summary = json.loads((tmp_path / "prog" / "summary.json").read_text())
+    assert summary["plan"] == json.loads(plan.read_text())["summary"]
+    trace_dir = tmp_path / "launch" / "trace"
+    predicted = json.loads((trace_dir / "predicted.json").read_text())
+    assert {e["pid"] for e in predicted["traceEvents"] if e["ph"] == "X"} == {0, 1}
+    for rank in (0, 1):
+        measured = json.loads((trace_dir / f"measured-rank{rank}.json").read_text())
+        assert any(e.get("ph") == "X" for e in measured["traceEvents"])
