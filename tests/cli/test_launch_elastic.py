@@ -95,6 +95,7 @@ def test_b_sigkill_during_a_save_restarts_and_resumes_from_the_last_checkpoint(
     assert restart["steps_redone"] == 2  # at most one interval lost
     assert resume["checkpoint_step"] == 2 and resume["next_sample"] == 16, resume
     assert resume["samples_skipped"] == 0 and resume["samples_replayed"] == 0, resume
+    assert "resumed parameters, optimizer state and data position from" in out
     assert "random generators not restored" not in out  # same ranks: RNG restored too
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()
                   if not p.name.startswith("step-4.tmp")) == ["latest", "step-2", "step-4"]
