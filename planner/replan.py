@@ -66,12 +66,11 @@ class Replan:
         return lines
 
     def to_dict(self) -> dict[str, Any]:
-        """``old``/``new`` briefs, ``replan_time_s`` (capture of the model — cached in a process
-        that captured it before — and search) with the search's own phase times in
-        ``timings_s``, ``replan_cpu_s`` (the CPU time of the same: the wall time on an idle
-        machine, whatever the load now), ``import_s`` (the first import of the search's modules and solvers in
-        this process, not counted in ``replan_time_s``; 0 when they were loaded), and
-        ``changes``."""
+        """``old``/``new`` briefs; ``replan_time_s``: capture of the model (cached in a process
+        that captured it before) and search, with the search's phase times in ``timings_s``;
+        ``replan_cpu_s``: the CPU time of the same (the wall time on an idle machine, whatever
+        the load now); ``import_s``: the first import of the search's modules and solvers in
+        this process, not counted in ``replan_time_s`` (0 once loaded); ``changes``."""
         return {"old": plan_brief(self.old), "new": plan_brief(self.new),
                 "replan_time_s": self.replan_time_s, "replan_cpu_s": self.cpu_s,
                 "import_s": self.import_s,
