@@ -30,6 +30,8 @@ import yaml
 
 from fxplan.cluster_specs.errors import ClusterSpecError
 
+__all__ = ["parse_overrides", "positive_int", "apply_overrides", "with_devices"]
+
 _WHOLE_SPEC_KEYS = ("nodes", "devices_per_node", "devices")
 
 
@@ -136,3 +138,16 @@ def apply_overrides(spec: dict[str, Any], items: list[tuple[str, Any]], source: 
     if devices:
         _set_devices(groups, devices[-1], nodes[-1] if nodes else None, source)
     return out
+
+
+def with_devices(spec: str, devices: int) -> str:
+    """The spec string ``spec`` resized to ``devices`` devices in all: its ``nodes=``,
+    ``devices_per_node=`` and ``devices=`` overrides dropped and ``devices=N`` appended (part of
+    one node, or whole nodes; see the module docstring). What a job replans for when the
+    world it got is not its plan's: ``local-cpu:devices=4`` → ``local-cpu:devices=2``,
+    ``dgx-a100-80g:nodes=4`` → ``dgx-a100-80g:devices=24`` (3 nodes of 8)."""
+    positive_int("devices", devices, spec)
+    base, colon, text = spec.partition(":")
+    kept = [part.strip() for part in text.split(",") if colon and part.strip()
+            and part.partition("=")[0].strip() not in _WHOLE_SPEC_KEYS]
+    return f"{base}:{','.join([*kept, f'devices={devices}'])}"

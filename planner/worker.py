@@ -74,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trace", default=None, metavar="DIR",
                         help="record steps 2… (at most TRACE_STEPS) with torch.profiler and "
                         "write DIR/measured-rank<R>.json (Chrome trace format)")
+    parser.add_argument("--auto-resume", action="store_true",
+                        help="go on from the newest committed checkpoint of RUN_DIR when there "
+                        "is one (a restarted or requeued job; before --resume)")
     return parser.parse_args(argv)
 
 
@@ -88,7 +91,9 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend)
+    from fxplan.runtime.process_group import init_process_group
+
+    init_process_group(backend)  # a fresh store namespace per torchrun restart
     try:
         _train(args)
     finally:
@@ -149,11 +154,20 @@ def _train(args: argparse.Namespace) -> None:
     from fxplan.core.training import TrainConfig
     from fxplan.runtime.trainer import train
 
-    plan = args.plan_object or load_plan(args.plan)
-    plan.check_matches(world_size=dist.get_world_size(), source=args.plan)
+    from fxplan.runtime.events import EventLog
+    from fxplan.runtime.process_group import restart_count
+
     rank = dist.get_rank()
+    # attempt: fxplan's supervised attempts plus torchrun's own restarts within one
+    events = EventLog(args.run_dir, int(os.environ.get("FXPLAN_ATTEMPT", "0")) + restart_count())
+    if restart_count() and rank == 0:
+        events.log("restart", by="torchrun", restart_count=restart_count())
+    plan, replanned = plan_for_world(args.plan_object or load_plan(args.plan),
+                                     dist.get_world_size(), args.run_dir)
     bundle = resolve_model(args.model or plan.model)
     cluster = Cluster.load(plan.cluster)
+    if args.auto_resume or restart_count():
+        args.resume = newest_checkpoint(args.run_dir) or args.resume
     torch.manual_seed(args.seed)
 
     def seeded_model() -> torch.nn.Module:
@@ -194,10 +208,15 @@ def _train(args: argparse.Namespace) -> None:
         log.print(f"fxplan launch: {plan.model} on {plan.cluster} | {plan.summary} | "
                   f"{dist.get_world_size()} ranks, backend {dist.get_backend()} | data {args.data} | "
                   f"applied: {sharded.path} level")
+        if replanned is not None:
+            from fxplan.replan import report_replan
+
+            report_replan(replanned, log.print, events)
         if position is not None and resume is not None:
             log.print(f"resumed parameters, optimizer state and data position from {resume[0]}: "
                       f"step {position.step} done, going on at step {position.step + 1} "
                       f"(global sample {position.next_sample}) up to step {args.steps}")
+            log_resume(log, events, position, resume[0], plan)
         for line in notes:
             log.print(f"resume: {line}")
         dtype = training_dtype(cluster)
@@ -217,9 +236,11 @@ def _train(args: argparse.Namespace) -> None:
     def on_step(step: int) -> None:
         if step == start_step + 1:
             _print_fallbacks(sharded, rank)
+        inject_fault(step, rank, events.attempt, "step")
         every = args.checkpoint_every
         if every and (step % every == 0 or step == args.steps):
             final = Path(args.run_dir) / "checkpoints" / f"step-{step}"
+            inject_fault(step, rank, events.attempt, "save")
             save_training_checkpoint(sharded, optimizer, here(step), final)
             if log is not None:
                 log.print(f"checkpoint: step {step} saved to {final}")
@@ -266,6 +287,76 @@ def _train(args: argparse.Namespace) -> None:
     for label, p, m, scale, unit in rows:
         log.print(f"{label:<22}{_show(summary[p], scale):>14}{_show(summary[m], scale):>14} {unit}")
     log.print(f"wrote {log.path} and {log.dir / 'summary.json'}")
+
+
+def plan_for_world(plan: "Plan", world: int, run_dir: str) -> "tuple[Plan, Any]":
+    """``plan`` when the world this job got is the plan's (case b: a restart, no replanning);
+    otherwise the plan :func:`fxplan.replan.replan` finds for the plan's cluster resized to
+    ``world`` devices — computed by rank 0, saved to ``RUN_DIR/plans/``, broadcast to every
+    rank (collective). Returns ``(plan, Replan or None)``; a failed search ends every rank
+    with rank 0's message."""
+    from fxplan.core.plan import Plan
+    from fxplan.replan import replan
+
+    if world == plan.world_size:
+        return plan, None
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            found = replan(plan, world=world)
+            path = Path(run_dir) / "plans" / f"plan-world{world}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            found.new.save(path)
+            box[0] = (found.new.to_dict(), found.replan_time_s, found.import_s, found.cpu_s)
+        except Exception as err:  # every rank must hear of it, not wait in the broadcast
+            box[0] = f"{type(err).__name__}: {err}"
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], str):
+        raise RuntimeError(f"replanning {plan.summary} for a world of {world} failed on rank 0: "
+                           f"{box[0]}")
+    from fxplan.replan import Replan
+
+    new = Plan.from_dict(box[0][0], source="replanned plan")
+    return new, Replan(plan, new, *box[0][1:])
+
+
+def log_resume(log: Any, events: Any, position: Any, checkpoint: Any, plan: Any) -> None:
+    """Rank 0: the checkpoint resumed from and the samples skipped or replayed, from the data
+    position: the checkpoint's next sample against the first global sample this run's first
+    step reads (``step · B`` of this plan; :mod:`fxplan.runtime.data`)."""
+    first = position.step * plan.batch
+    skipped, replayed = max(0, first - position.next_sample), max(0, position.next_sample - first)
+    log.print(f"resume: checkpoint step {position.step}, next sample {position.next_sample}, "
+              f"first sample read {first}: {skipped} skipped, {replayed} replayed")
+    events.log("resume", checkpoint_step=position.step, checkpoint=str(checkpoint),
+               next_sample=position.next_sample, first_sample=first,
+               samples_skipped=skipped, samples_replayed=replayed)
+
+
+def newest_checkpoint(run_dir: str) -> str | None:
+    """``run_dir`` when it holds a committed checkpoint (``--resume`` finds the newest)."""
+    from fxplan.runtime.ckpt_manifest import newest_committed_step
+
+    return run_dir if newest_committed_step(run_dir) is not None else None
+
+
+#: ``FXPLAN_FAULT=WHERE:RANK:STEP:ATTEMPT`` (tests only): rank RANK SIGKILLs itself at step STEP
+#: of attempt ATTEMPT, after the update (``step``) or as the checkpoint save begins (``save``).
+FAULT_ENV = "FXPLAN_FAULT"
+
+
+def inject_fault(step: int, rank: int, attempt: int, where: str) -> None:
+    """Test fault injection (:data:`FAULT_ENV`): kill this process as a failing node would."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    at, *numbers = spec.split(":")
+    if at == where and [int(n) for n in numbers] == [rank, step, attempt]:
+        import signal
+
+        print(f"{FAULT_ENV}: rank {rank} kills itself at step {step} ({where}) of attempt "
+              f"{attempt}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def resume_notes(position: Any, args: argparse.Namespace, plan: Any) -> list[str]:

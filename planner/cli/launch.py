@@ -10,12 +10,18 @@
     fxplan launch plan.json --data tokens.bin --steps 1000 --run-dir runs/a --checkpoint-every 100
     fxplan launch plan.json --data tokens.bin --steps 1000 --run-dir runs/a --resume runs/a
     fxplan launch plan.json --data synthetic --steps 5 --run-dir runs/a --trace   # runs/a/trace/
+    fxplan launch plan.json --data tokens.bin --run-dir runs/a --checkpoint-every 100 \\
+        --max-restarts 3                                                 # restart on failure
+    fxplan launch plan4.json --data tokens.bin --nproc-per-node 2 --resume runs/a  # replanned
 
 Before any process starts the plan is checked against what it will run on: the model of the
 plan (``--model`` to run another spec) captured as the search captured it, and the cluster
 (``--cluster`` to name another), must have the plan's fingerprints; the node count and the
-processes per node come from that cluster (``--nnodes``/``--nproc-per-node`` given by the user
-must agree), and their product must be the plan's world size ``pp·dp·tp``. A launch over more
+processes per node come from that cluster. ``--nnodes``/``--nproc-per-node`` other than the
+cluster's make a world other than the plan's ``pp·dp·tp``: the job is replanned for it (same
+model and global batch; ``fxplan.cli.elastic``, docs/elastic.md). ``--max-restarts N`` restarts
+a failed job from its newest checkpoint; ``--elastic MIN:MAX`` lets the nodes that join decide
+the world. A launch over more
 than one node needs ``--rdzv-endpoint HOST:PORT`` (or ``--slurm``). Any refusal is one message
 with exit code 2. So is a ``--resume`` directory that is not a complete fxplan checkpoint
 (manifest and sha256 of every file, checked before anything is unpickled: checkpoints are
@@ -63,6 +69,7 @@ OWN_TORCHRUN_FLAGS = {
     "-m": "fxplan runs -m fxplan.worker",
     "--no-python": "fxplan runs -m fxplan.worker",
     "--run-path": "fxplan runs -m fxplan.worker",
+    "--rdzv-id": "fxplan gives every supervised attempt its own rendezvous id",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,6 +133,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     where.add_argument("--node-rank", type=int, default=None, help="torchrun --node-rank")
     where.add_argument("--rdzv-endpoint", default=None,
                        help="HOST:PORT every node reaches (required for more than one node)")
+    from fxplan.cli.elastic import add_elastic_arguments
+
+    add_elastic_arguments(parser)
     parser.set_defaults(func=run, torchrun_args=[])
     parser.epilog = ("torchrun flags go after `--`: fxplan launch plan.json --data tokens.bin "
                      "-- --max-restarts=0 --log-dir=logs")
@@ -181,7 +191,8 @@ def check_checkpoints(args: argparse.Namespace, settings: RunSettings) -> str | 
 
 
 def node_layout(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> tuple[int, int]:
-    """Nodes and processes per node from the plan's cluster; user values must agree."""
+    """Nodes and processes per node: the plan's cluster's, or the user's (the job is then
+    replanned for them: docs/elastic.md)."""
     per_node = {cluster.devices_per_node(n) for n in range(cluster.num_nodes)}
     if len(per_node) > 1:
         raise LaunchError(f"cluster {cluster.name} has nodes with {sorted(per_node)} devices: "
@@ -193,18 +204,14 @@ def node_layout(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> tuple
         if value is not None and value < (0 if flag == "--node-rank" else 1):
             raise LaunchError(f"{flag} {value}: expected an integer ≥ "
                               f"{0 if flag == '--node-rank' else 1}")
-    if args.nnodes is not None and args.nnodes != nnodes:
-        raise LaunchError(f"--nnodes {args.nnodes}: the plan's cluster {cluster.name} has "
-                          f"{nnodes} node(s) of {nproc} device(s) and the plan uses all "
-                          f"{plan.world_size} ranks; leave --nnodes out, or re-plan for "
-                          f"{args.nnodes} node(s)")
-    user_nnodes = nnodes if args.nnodes is None else args.nnodes
-    user_nproc = nproc if args.nproc_per_node is None else args.nproc_per_node
-    plan.check_matches(world_size=user_nnodes * user_nproc, source=args.plan)
-    if (user_nnodes, user_nproc) != (nnodes, nproc):
-        raise LaunchError(f"--nnodes {user_nnodes} × --nproc-per-node {user_nproc}: the plan's "
-                          f"cluster {cluster.name} is {nnodes} node(s) × {nproc} device(s); "
-                          "leave them out, or re-plan for the cluster you have")
+    user = (nnodes if args.nnodes is None else args.nnodes,
+            nproc if args.nproc_per_node is None else args.nproc_per_node)
+    if user != (nnodes, nproc):  # replanned by run() (or the workers, --elastic)
+        print(f"{user[0]} node(s) × {user[1]} process(es) = {user[0] * user[1]} ranks, the "
+              f"plan's cluster {cluster.name} has {nnodes} × {nproc}: replanning for "
+              f"{user[0] * user[1]} ranks (same model and global batch; docs/elastic.md)",
+              flush=True)
+        nnodes, nproc = user
     if args.node_rank is not None and args.node_rank >= nnodes:
         raise LaunchError(f"--node-rank {args.node_rank}: the plan runs on {nnodes} node(s), "
                           f"ranks 0–{nnodes - 1}")
@@ -287,6 +294,8 @@ def worker_command(args: argparse.Namespace, settings: RunSettings) -> list[str]
         value = getattr(args, flag)
         if value:
             cmd += [f"--{flag}", value if flag == "model" else os.path.abspath(value)]
+    if getattr(args, "elastic", None) or getattr(args, "max_restarts", 0):
+        cmd += ["--auto-resume"]  # a restarted or requeued attempt goes on from the newest
     if getattr(args, "trace", None) is not None:
         cmd += ["--trace", trace_dir(args, settings)]
     return cmd
@@ -310,9 +319,10 @@ def write_predicted_trace(plan: Plan, cluster: Cluster, model: str | None, direc
                            Path(directory) / "predicted.json"))
 
 
-def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: RunSettings
-                   ) -> tuple[dict[str, str], list[str]]:
-    """``(environment added, argv)`` of the torchrun that runs the plan on this node."""
+def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: RunSettings,
+                   attempt: int = 0) -> tuple[dict[str, str], list[str]]:
+    """``(environment added, argv)`` of the torchrun that runs the plan on this node (its
+    ``attempt``-th start under ``--max-restarts``: a fresh port and rendezvous id)."""
     env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"}
     extra = passthrough(args)
     if nnodes > 1 and not args.rdzv_endpoint:
@@ -320,9 +330,12 @@ def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: 
             f"{args.plan} runs on {nnodes} nodes × {nproc} processes: a multi-node launch needs "
             "--rdzv-endpoint HOST:PORT, a host and port every node reaches (e.g. the first "
             "node), given the same on every node — or --slurm FILE to write an sbatch script")
+    from fxplan.cli.elastic import elastic_torchrun_flags
+
+    nodes_flag, *elastic = elastic_torchrun_flags(args, nnodes, attempt, settings.run_dir, env)
     cmd = [sys.executable, "-m"]
     if args.rdzv_endpoint:
-        cmd += ["torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+        cmd += ["torch.distributed.run", nodes_flag, f"--nproc-per-node={nproc}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={check_endpoint(args.rdzv_endpoint)}"]
         if args.node_rank is not None:
             cmd += [f"--node-rank={args.node_rank}"]
@@ -331,10 +344,10 @@ def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: 
         for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             if key not in os.environ:
                 env[key] = loopback
-        cmd += ["fxplan.runtime.torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+        cmd += ["fxplan.runtime.torchrun", nodes_flag, f"--nproc-per-node={nproc}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_loopback_port()}",
                 "--local-addr=127.0.0.1"]
-    return env, cmd + extra + worker_command(args, settings)
+    return env, cmd + elastic + extra + worker_command(args, settings)
 
 
 def shell_line(env: dict[str, str], cmd: list[str]) -> str:
@@ -343,6 +356,7 @@ def shell_line(env: dict[str, str], cmd: list[str]) -> str:
 
 def write_slurm(args: argparse.Namespace, plan: Plan, cluster: Cluster, nnodes: int, nproc: int,
                 settings: RunSettings) -> int:
+    from fxplan.cli.elastic import parse_elastic
     from fxplan.cli.slurm import sbatch_script
 
     if args.rdzv_endpoint or args.node_rank is not None:
@@ -353,7 +367,8 @@ def write_slurm(args: argparse.Namespace, plan: Plan, cluster: Cluster, nnodes: 
     text = sbatch_script(
         job_name=f"fxplan-{Path(args.plan).stem}", nnodes=nnodes, nproc_per_node=nproc, gpus=gpus,
         torchrun=[sys.executable, "-m", "torch.distributed.run", *passthrough(args)],
-        worker=worker_command(args, settings), env=env, run_dir=settings.run_dir)
+        worker=worker_command(args, settings), env=env, run_dir=settings.run_dir,
+        requeue=args.max_restarts, elastic=parse_elastic(args.elastic) if args.elastic else None)
     Path(args.slurm).write_text(text)
     print(f"wrote {args.slurm}: {nnodes} node(s) × {nproc} process(es) of {plan.summary}; "
           f"submit it with `sbatch {args.slurm}`")
@@ -361,13 +376,20 @@ def write_slurm(args: argparse.Namespace, plan: Plan, cluster: Cluster, nnodes: 
 
 
 def run(args: argparse.Namespace) -> int:
+    from fxplan.cli.elastic import resume_newest
+
     settings = settings_for(args)
+    resume_newest(args, settings.run_dir)
     resume = check_checkpoints(args, settings)
     if resume is not None:
         print(f"resume: {resume} (manifest and file hashes verified)", flush=True)
     plan, nnodes, nproc, cluster = check_plan(args)
     if args.slurm:
         return write_slurm(args, plan, cluster, nnodes, nproc, settings)
+    if nnodes * nproc != plan.world_size and not args.elastic:  # known now: replan here
+        from fxplan.cli.elastic import replan_before_start
+
+        args, plan = replan_before_start(args, plan, nnodes * nproc, settings.run_dir)
     env, cmd = launch_command(args, nnodes, nproc, settings)
     line = shell_line(env, cmd)
     if args.print_command:
@@ -377,4 +399,9 @@ def run(args: argparse.Namespace) -> int:
         written = write_predicted_trace(plan, cluster, args.model, trace_dir(args, settings))
         print(f"predicted trace written to {written}", flush=True)
     print(f"running: {line}", flush=True)
+    if args.max_restarts or args.elastic:
+        from fxplan.cli.elastic import run_supervised
+
+        return run_supervised(args, settings.run_dir, lambda attempt: (
+            (env, cmd) if attempt == 0 else launch_command(args, nnodes, nproc, settings, attempt)))
     return run_foreground(cmd, {**os.environ, **env})

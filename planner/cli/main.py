@@ -36,6 +36,7 @@ VERBS: tuple[str, ...] = (
     "diff",
     "export",
     "launch",
+    "replan",
     "models",
     "doctor",
 )

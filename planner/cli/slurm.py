@@ -6,6 +6,14 @@ hostnames``), run id the Slurm job id, so node ranks are assigned by the rendezv
 command is exactly the one ``fxplan launch --print-command`` shows, with the endpoint replaced.
 The user submits it (``sbatch FILE``); nothing is submitted here. It assumes the same Python
 environment and paths on every node (a shared file system), as torchrun does.
+
+``requeue=N`` (``fxplan launch --slurm … --max-restarts N``): ``#SBATCH --requeue`` (Slurm
+requeues the job when a node fails) and, when the job step ends non-zero,
+``scontrol requeue`` while ``SLURM_RESTART_COUNT`` < N. Each run of the script is a fresh set of
+torchrun agents with rendezvous id ``JOBID-RESTARTCOUNT``; the workers (``--auto-resume``) go on
+from the newest checkpoint of the run directory and replan if the nodes they got differ.
+``elastic=(MIN, MAX)`` (``--elastic MIN:MAX``): ``#SBATCH --nodes=MIN-MAX``, and srun and torchrun
+use the ``$SLURM_JOB_NUM_NODES`` nodes Slurm granted (the workers replan for them).
 """
 
 from __future__ import annotations
@@ -19,17 +27,20 @@ __all__ = ["sbatch_script"]
 
 def sbatch_script(*, job_name: str, nnodes: int, nproc_per_node: int, gpus: bool,
                   torchrun: Sequence[str], worker: Sequence[str], env: dict[str, str],
-                  run_dir: str, port: int = 29500) -> str:
+                  run_dir: str, port: int = 29500, requeue: int = 0,
+                  elastic: tuple[int, int] | None = None) -> str:
     """The script's text. ``torchrun``: the launcher's argv up to (not including) the
     rendezvous flags; ``worker``: ``-m fxplan.worker …``; ``env``: variables to export."""
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --nodes={nnodes}",
+        f"#SBATCH --nodes={nnodes if elastic is None else '{}-{}'.format(*elastic)}",
         "#SBATCH --ntasks-per-node=1",
     ]
     if gpus:
         lines.append(f"#SBATCH --gpus-per-node={nproc_per_node}")
+    if requeue:
+        lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
     lines += [
         f"#SBATCH --output={Path(run_dir) / 'slurm-%j.out'}",
         "# written by `fxplan launch --slurm`; submit with: sbatch THIS_FILE",
@@ -41,14 +52,20 @@ def sbatch_script(*, job_name: str, nnodes: int, nproc_per_node: int, gpus: bool
         f"mkdir -p {shlex.quote(run_dir)}",
     ]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+    nodes = nnodes if elastic is None else '"${SLURM_JOB_NUM_NODES}"'
     command = [
-        f"srun --nodes={nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1",
+        f"srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1",
         shlex.join(torchrun),
-        f"--nnodes={nnodes} --nproc-per-node={nproc_per_node} --rdzv-backend=c10d",
-        '--rdzv-endpoint="${head_node}:${rdzv_port}" --rdzv-id="${SLURM_JOB_ID}"',
+        f"--nnodes={nodes} --nproc-per-node={nproc_per_node} --rdzv-backend=c10d",
+        '--rdzv-endpoint="${head_node}:${rdzv_port}" --rdzv-id="${SLURM_JOB_ID}'
+        + ('-${SLURM_RESTART_COUNT:-0}"' if requeue else '"'),
         *_flag_lines(worker),
     ]
-    lines += ["", " \\\n    ".join(command), ""]
+    lines += ["", " \\\n    ".join(command)]
+    if requeue:
+        lines[-1] += (f' || {{ if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {requeue} ]; then '
+                      'scontrol requeue "$SLURM_JOB_ID"; fi; exit 1; }')
+    lines.append("")
     return "\n".join(lines)
 
 

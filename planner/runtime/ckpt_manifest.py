@@ -35,7 +35,8 @@ from typing import Any
 from fxplan.core.errors import UserError
 
 __all__ = ["CheckpointError", "MANIFEST", "FORMAT", "VERSION", "commit_checkpoint",
-           "verify_checkpoint", "resolve_checkpoint", "read_json_file", "staging_dir"]
+           "verify_checkpoint", "resolve_checkpoint", "read_json_file", "staging_dir",
+           "newest_committed_step"]
 
 MANIFEST = "fxplan-manifest.json"
 FORMAT = "fxplan-checkpoint"
@@ -152,6 +153,13 @@ def _step_dirs(checkpoints: Path) -> list[tuple[int, Path]]:
         if match and entry.is_dir() and (entry / MANIFEST).is_file():
             found.append((int(match.group(1)), entry))
     return sorted(found, reverse=True)
+
+
+def newest_committed_step(run_dir: str | Path) -> int | None:
+    """The highest ``N`` of a committed ``run_dir/checkpoints/step-N`` (one with a manifest;
+    not verified here), or ``None``: what a restarted attempt will resume from."""
+    steps = _step_dirs(Path(run_dir) / "checkpoints")
+    return steps[0][0] if steps else None
 
 
 def resolve_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:

@@ -107,15 +107,16 @@ def test_launch_trains_50_steps_from_a_token_file_on_loopback_only(plan_file, tm
     assert "terminate called" not in stderr  # clean exits
 
 
-def test_world_size_mismatch_refused_before_start(plan_file, monkeypatch, capsys):
+def test_fewer_processes_than_the_plan_replan_instead_of_refusal(plan_file, capsys):
+    """``--nproc-per-node 2`` for a 4-rank plan: not refused; torchrun starts 2 processes and
+    the launch replans for them (docs/elastic.md; run for real in test_launch_elastic.py)."""
     from fxplan.cli.main import main
 
-    started = []
-    monkeypatch.setattr(subprocess, "Popen", lambda *args, **kwargs: started.append(args))
-    assert main(["launch", str(plan_file), "--data", "synthetic", "--nproc-per-node", "2"]) == 2
-    assert started == []  # refused before any process was started
-    pp, dp, tp = json.loads(plan_file.read_text())["mesh_shape"]
-    assert f"needs world size pp·dp·tp = {pp}·{dp}·{tp} = 4, but 2 processes" in capsys.readouterr().err
+    assert main(["launch", str(plan_file), "--data", "synthetic", "--nproc-per-node", "2",
+                 "--print-command"]) == 0
+    out = capsys.readouterr().out
+    assert "replanning for 2 ranks" in out and "replan: degrees: dp 4→2" in out
+    assert "--nproc-per-node=2" in out.splitlines()[-1]
 
 
 def test_plan_for_another_model_refused(plan_file):

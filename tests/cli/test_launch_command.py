@@ -62,11 +62,81 @@ def test_multi_node_without_endpoint_is_refused(plans, capsys):
     assert code == 2 and "multi-node launch needs --rdzv-endpoint" in err
 
 
-def test_nnodes_that_disagree_with_the_plan_are_refused(plans, capsys):
-    code, _, err = launch(capsys, plans[0], "--data", "synthetic", "--nnodes", "2",
-                          "--print-command")
-    assert code == 2
-    assert "--nnodes 2: the plan's cluster local-cpu:devices=4 has 1 node(s)" in err
+def test_nnodes_other_than_the_plans_replan_in_the_workers(plans, capsys):
+    """More nodes than the plan's cluster: not refused; the workers replan for 2·4 ranks."""
+    code, out, err = launch(capsys, plans[0], "--data", "synthetic", "--nnodes", "2",
+                            "--rdzv-endpoint", "node0:29500", "--print-command")
+    assert code == 0, err
+    assert "2 node(s) × 4 process(es) = 8 ranks" in out and "replanning for 8 ranks" in out
+    assert "--nnodes=2 --nproc-per-node=4" in out
+
+
+def test_max_restarts_and_elastic_commands(plans, capsys, tmp_path):
+    """``--max-restarts``: torchrun's own restarts off, a rendezvous id per attempt, the
+    attempt number and --auto-resume for the workers; ``--elastic`` on many nodes:
+    ``--nnodes=MIN:MAX``."""
+    run = str(tmp_path / "run")
+    code, out, err = launch(capsys, plans[0], "--data", "synthetic", "--run-dir", run,
+                            "--max-restarts", "2", "--print-command")
+    assert code == 0, err
+    words = shlex.split(out)
+    assert "FXPLAN_ATTEMPT=0" in words and "--max-restarts=0" in words
+    assert [w for w in words if w.startswith("--rdzv-id=fxplan-")][0].endswith("-0")
+    assert words.index("--max-restarts=0") < words.index("fxplan.worker") < \
+        words.index("--auto-resume")
+    code, out, err = launch(capsys, plans[1], "--data", "synthetic", "--elastic", "1:4",
+                            "--rdzv-endpoint", "node0:29500", "--print-command")
+    assert code == 0, err
+    assert "--nnodes=1:4 --nproc-per-node=2" in out and "--auto-resume" in out
+
+
+def test_restartable_launch_resumes_a_run_dir_with_a_checkpoint(plans, capsys, tmp_path):
+    """Under --max-restarts, a run directory holding a committed checkpoint is resumed (a
+    re-run job goes on), checked before start as any --resume."""
+    import json
+
+    from fxplan.runtime.ckpt_manifest import commit_checkpoint
+
+    staging = tmp_path / "run" / "checkpoints" / "step-2.tmp-x"
+    staging.mkdir(parents=True)
+    (staging / "train_state.json").write_text(json.dumps({"step": 2}))
+    commit_checkpoint(staging, staging.with_name("step-2"), {"step": 2})
+    code, out, err = launch(capsys, plans[0], "--data", "synthetic", "--steps", "4",
+                            "--run-dir", str(tmp_path / "run"), "--max-restarts", "1",
+                            "--print-command")
+    assert code == 0, err
+    assert f"resume: {tmp_path / 'run' / 'checkpoints' / 'step-2'}" in out
+    words = shlex.split(out.splitlines()[-1])
+    assert words[words.index("--resume") + 1] == str(tmp_path / "run")
+    code, _, err = launch(capsys, plans[0], "--data", "synthetic", "--steps", "2",
+                          "--run-dir", str(tmp_path / "run"), "--max-restarts", "1")
+    assert code == 2 and "nothing to train" in err
+
+
+def test_slurm_script_requeues_and_takes_the_nodes_it_gets(plans, capsys, tmp_path):
+    script = tmp_path / "train.sbatch"
+    code, _, err = launch(capsys, plans[1], "--data", "synthetic", "--slurm", str(script),
+                          "--max-restarts", "3", "--elastic", "1:4")
+    assert code == 0, err
+    text = script.read_text()
+    assert "#SBATCH --nodes=1-4" in text and "#SBATCH --requeue" in text
+    assert '--nnodes="${SLURM_JOB_NUM_NODES}" --nproc-per-node=2' in text
+    assert '--rdzv-id="${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"' in text
+    assert '-lt 3 ]; then scontrol requeue "$SLURM_JOB_ID"' in text and "--auto-resume" in text
+    checked = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--elastic", "2:4"], "the rendezvous is on loopback"),
+    (["--elastic", "4:2"], "expected MIN:MAX node counts with 1 ≤ MIN ≤ MAX"),
+    (["--elastic", "x"], "expected MIN:MAX node counts"),
+    (["--max-restarts", "-1"], "--max-restarts -1: expected an integer ≥ 0"),
+    (["--max-restarts", "1", "--", "--max-restarts=3"], "use fxplan's --max-restarts N"),
+])
+def test_bad_elastic_flags_are_refused(plans, capsys, args, expected):
+    code, _, err = launch(capsys, plans[0], "--data", "synthetic", "--print-command", *args)
+    assert code == 2 and expected in err, err
 
 
 def test_torchrun_flags_pass_after_double_dash(plans, capsys):
