@@ -206,16 +206,26 @@ def node_layout(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> tuple
                               f"{0 if flag == '--node-rank' else 1}")
     user = (nnodes if args.nnodes is None else args.nnodes,
             nproc if args.nproc_per_node is None else args.nproc_per_node)
-    if user != (nnodes, nproc):  # replanned by run() (or the workers, --elastic)
-        print(f"{user[0]} node(s) × {user[1]} process(es) = {user[0] * user[1]} ranks, the "
-              f"plan's cluster {cluster.name} has {nnodes} × {nproc}: replanning for "
-              f"{user[0] * user[1]} ranks (same model and global batch; docs/elastic.md)",
-              flush=True)
-        nnodes, nproc = user
+    resized = user != (nnodes, nproc)  # replanned by run() (or the workers, --elastic)
+    planned = (nnodes, nproc)
+    nnodes, nproc = user
     if args.node_rank is not None and args.node_rank >= nnodes:
         raise LaunchError(f"--node-rank {args.node_rank}: the plan runs on {nnodes} node(s), "
                           f"ranks 0–{nnodes - 1}")
+    if nnodes > 1 and not args.rdzv_endpoint and not args.slurm:
+        raise LaunchError(_needs_endpoint(args, nnodes, nproc))
+    if resized:
+        print(f"{nnodes} node(s) × {nproc} process(es) = {nnodes * nproc} ranks, the plan's "
+              f"cluster {cluster.name} has {planned[0]} × {planned[1]}: replanning for "
+              f"{nnodes * nproc} ranks (same model and global batch; docs/elastic.md)", flush=True)
     return nnodes, nproc
+
+
+def _needs_endpoint(args: argparse.Namespace, nnodes: int, nproc: int) -> str:
+    given = f" (--nnodes {args.nnodes})" if args.nnodes is not None else ""
+    return (f"{args.plan} runs on {nnodes} nodes × {nproc} processes{given}: a multi-node "
+            "launch needs --rdzv-endpoint HOST:PORT, a host and port every node reaches (e.g. the "
+            "first node), given the same on every node — or --slurm FILE to write an sbatch script")
 
 
 def check_endpoint(endpoint: str) -> str:
@@ -326,10 +336,7 @@ def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: 
     env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"}
     extra = passthrough(args)
     if nnodes > 1 and not args.rdzv_endpoint:
-        raise LaunchError(
-            f"{args.plan} runs on {nnodes} nodes × {nproc} processes: a multi-node launch needs "
-            "--rdzv-endpoint HOST:PORT, a host and port every node reaches (e.g. the first "
-            "node), given the same on every node — or --slurm FILE to write an sbatch script")
+        raise LaunchError(_needs_endpoint(args, nnodes, nproc))
     from fxplan.cli.elastic import elastic_torchrun_flags
 
     nodes_flag, *elastic = elastic_torchrun_flags(args, nnodes, attempt, settings.run_dir, env)

@@ -88,8 +88,9 @@ CASES: list[tuple[str, Callable[[dict], None], list[str], bool]] = [
     ("config-dp-neg", _config(dp="-4"), ["dp", "positive"], True),
     ("config-dp-2-tp-2-stale", _config(dp="2", tp="2", mb="4"), ["stale", "estimate.config"],
      True),
-    ("config-world-8", _both(_config(dp="8", mb="1"), _no_estimate), ["world size", "8"], False),
-    ("config-tp-3", _both(_config(dp="1", tp="3", mb="8"), _no_estimate), ["world size"],
+    ("config-world-8", _both(_config(dp="8", mb="1"), _no_estimate), ["8 ranks", "has 4 devices"],
+     False),
+    ("config-tp-3", _both(_config(dp="1", tp="3", mb="8"), _no_estimate), ["3 ranks", "has 4 devices"],
      False),
     ("config-pp-4-layers", _both(_config(dp="1", pp="4", mb="8", stages="1/1/1/1"),
                                  _no_estimate, _set("stages", [
