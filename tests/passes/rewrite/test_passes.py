@@ -48,11 +48,14 @@ def test_split_stages_chain_to_the_model(schedule, pp):
 def test_split_stages_refuses_stages_that_do_not_tile():
     import dataclasses
 
-    from fxplan.core.plan import StageAssignment
+    from fxplan.core.plan import PlanError, StageAssignment
 
     _, result = _outlined()
-    plan = dataclasses.replace(make_plan(pp=2, num_microbatches=2), stages=(
-        StageAssignment(0, (0, 1), True), StageAssignment(1, (0, 2), has_head=True)))
+    plan = make_plan(pp=2, num_microbatches=2)
+    overlapping = (StageAssignment(0, (0, 1), True), StageAssignment(1, (0, 2), has_head=True))
+    with pytest.raises(PlanError, match="contiguous"):  # a Plan refuses them when made …
+        dataclasses.replace(plan, stages=overlapping)
+    object.__setattr__(plan, "stages", overlapping)  # … and the pass, should one get through
     with pytest.raises(PassError, match=r"^\[split-stages\].*do not tile"):
         SplitStages((torch.zeros(2, 16, dtype=torch.long),))(result.module, plan)
 
