@@ -172,5 +172,29 @@ def file_error(err: BaseException) -> str:
     return str(err)
 
 
+def run_program() -> None:
+    """The ``fxplan`` program (console script and ``python -m fxplan.cli.main``): :func:`main`,
+    then exit with its code. After Ctrl-C (130) the process leaves at once (``os._exit``, the
+    streams flushed): an interrupt that lands again while the interpreter shuts down (an exit
+    hook, a solver's thread) would otherwise end it by SIGINT with a traceback instead of one
+    line and 130. No child is running by then: ``launch`` ends its torchrun before returning."""
+    import signal
+
+    try:
+        code = main()
+    except KeyboardInterrupt:  # between the verb's return and here
+        verb = next((a for a in sys.argv[1:] if a in VERBS), "")
+        code = interrupted(verb) if verb else 130
+    if code == 130:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # pragma: no cover - closed or redirected
+                pass
+        os._exit(130)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run_program()

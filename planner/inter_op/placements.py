@@ -175,6 +175,8 @@ class IntraOpCache:
         try:
             from fxplan.intra_op import IntraOpInfeasible, IntraOpTimeLimit, solve_intra_op
         except ImportError as err:
+            if _interrupted(err):  # Ctrl-C during a compiled module's init: not a missing solver
+                raise KeyboardInterrupt from err
             self._solved[tp] = f"{type(err).__name__}: {err}"
             return self._solved[tp]
         limit = self.time_limit_s()
@@ -203,3 +205,15 @@ class IntraOpCache:
         out = _megatron(self.graph, c)
         out.fallbacks.append(reason)
         return out
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Whether a ``KeyboardInterrupt`` is in ``err``'s chain: a compiled extension interrupted
+    while it initialises raises ``ImportError("initialization failed")`` from it (pybind11)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
