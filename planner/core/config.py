@@ -347,10 +347,11 @@ class ParallelConfig:
                 )
             return
         stages = self.pp * v
-        if stages > layers:  # uneven stages cannot help: every stage needs a layer
+        if stages > max(layers, 1):  # uneven stages cannot help: every stage needs a layer
+            # (a model without repeated layers runs as one stage: layers = 0, pp·v = 1)
             raise CostModelError(
                 f"pp·v = {self.pp}·{v} = {stages} stages for {layers} layers: every stage needs "
-                f"at least one layer; use pp·v ≤ {layers}"
+                f"at least one layer; use pp·v ≤ {max(layers, 1)}"
             )
         uneven = f"; or give stages=… ({stages} counts summing to {layers}) for uneven stages"
         if v > 1 and layers % stages:
