@@ -105,6 +105,11 @@ def export_unrolled(model: torch.nn.Module,
     return gm
 
 
+def _layer_pattern(path: str) -> re.Pattern[str]:
+    """Matches a module path or ``get_attr`` target inside layer N of ``path``; group 1 is N."""
+    return re.compile(rf"^{re.escape(path)}\.(\d+)(?:\.|$)")
+
+
 def _layer_of(node: torch.fx.Node, pattern: re.Pattern[str]) -> int | None:
     match = pattern.match(module_path(node) if node.op != "get_attr" else str(node.target))
     return int(match[1]) if match else None
@@ -112,7 +117,7 @@ def _layer_of(node: torch.fx.Node, pattern: re.Pattern[str]) -> int | None:
 
 def _split_layers(gm: torch.fx.GraphModule, path: str) -> list[list[torch.fx.Node]]:
     """The nodes of layers 0 … K-1, each contiguous in graph order, with nothing between."""
-    pattern = re.compile(rf"^{re.escape(path)}\.(\d+)(?:\.|$)")
+    pattern = _layer_pattern(path)
     layers: list[list[torch.fx.Node]] = [[] for _ in range(SHALLOW_LAYERS)]
     order: list[int | None] = []
     for node in gm.graph.nodes:
@@ -153,11 +158,10 @@ def _signature(node: torch.fx.Node, path: str, index: int) -> Any:
 
 
 def _check_isomorphic(prev: list[torch.fx.Node], layer: list[torch.fx.Node],
-                      before: list[torch.fx.Node], path: str) -> None:
+                      before: list[torch.fx.Node], path: str, k: int) -> None:
     """``layer`` (index k) reads ``prev`` (k-1) as ``prev`` reads ``before`` (k-2)."""
     if len(prev) != len(layer):
         raise NotUnrollable(f"layers differ in size ({len(prev)} and {len(layer)} nodes)")
-    k = int(_layer_index(layer, path))
     pos_prev = {n: i for i, n in enumerate(prev)}
     pos_layer = {n: i for i, n in enumerate(layer)}
     pos_before = {n: i for i, n in enumerate(before)}
@@ -180,26 +184,22 @@ def _check_isomorphic(prev: list[torch.fx.Node], layer: list[torch.fx.Node],
             raise NotUnrollable(f"{a.name} and {b.name} read different inputs")
 
 
-def _layer_index(layer: list[torch.fx.Node], path: str) -> int:
-    pattern = re.compile(rf"^{re.escape(path)}\.(\d+)(?:\.|$)")
-    return next(i for i in map(lambda n: _layer_of(n, pattern), layer) if i is not None)
-
-
 def _unroll(gm: torch.fx.GraphModule, path: str, total: int) -> None:
     """Grow ``gm`` (exported with :data:`SHALLOW_LAYERS` layers of ``path``) to ``total``."""
     graph = gm.graph
     layers = _split_layers(gm, path)
     last = SHALLOW_LAYERS - 1
-    _check_isomorphic(layers[last - 1], layers[last], layers[last - 2], path)
+    _check_isomorphic(layers[last - 1], layers[last], layers[last - 2], path, last)
     in_layers = {n for layer in layers for n in layer}
     template = layers[last]
     early = {n for layer in layers[:last] for n in layer}
-    for node in template[-1].graph.nodes:
+    for node in graph.nodes:
         if node not in in_layers and any(a in early for a in node.all_input_nodes):
             raise NotUnrollable(f"{node.name} (after the layers) reads an early layer")
     position = {n: i for i, n in enumerate(template)}
     previous_position = {n: i for i, n in enumerate(layers[last - 1])}
     copies: list[torch.fx.Node] = template
+    copied: set[torch.fx.Node] = set()
     first_copy: torch.fx.Node | None = None
     anchor = template[-1]
     owners = gm.get_submodule(path)
@@ -225,21 +225,17 @@ def _unroll(gm: torch.fx.GraphModule, path: str, total: int) -> None:
             new.meta = {**node.meta, "nn_module_stack": _renamed(
                 node.meta.get("nn_module_stack", {}), path, last, index)}
             made.append(new)
+            copied.add(new)
             first_copy = first_copy or new
             anchor = new
         copies = made
     for node in template:
         for user in list(node.users):
-            if user not in in_layers and user.op != "placeholder" and not _is_copy(user, path):
+            if user not in in_layers and user not in copied:  # a node after the layers
                 user.replace_input_with(node, copies[position[node]])
     gm.graph = _renamed_in_order(graph, first_copy) if first_copy else graph
     gm.graph.lint()
     gm.recompile()
-
-
-def _is_copy(node: torch.fx.Node, path: str) -> bool:
-    pattern = re.compile(rf"^{re.escape(path)}\.(\d+)(?:\.|$)")
-    return _layer_of(node, pattern) is not None
 
 
 _SUFFIX = re.compile(r"_(\d+)$")
