@@ -129,7 +129,7 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         row = tuple(tuple(segment_cost(graph, key, tp=tp, sequence_parallel=config.sequence_parallel,
                                        recompute=config.recompute, microbatch=config.microbatch_size,
                                        device=device, placements=config.placements,
-                                       cluster=cluster)
+                                       cluster=cluster, fp8=config.fp8)
                           for key, _ in keys[s][c]) for c in range(v))
         chunks.append(row)
         stage_params: dict[str, float] = {}

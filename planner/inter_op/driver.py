@@ -44,7 +44,7 @@ from __future__ import annotations
 import heapq
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.memory import GIB, MemoryBreakdown
@@ -54,7 +54,7 @@ from fxplan.inter_op.build_plan import build_plan
 from fxplan.inter_op.constraints import (ConstraintError, allowed, describe,
                                           validate_constraints)
 from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message
-from fxplan.inter_op.offload import Rung, host_fits, host_missing, memory_rungs
+from fxplan.inter_op.offload import Rung, fp8_choices, host_fits, host_missing, memory_rungs
 from fxplan.inter_op.partition import balanced_counts, partition_layers
 from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import Priced, price_finalist
@@ -117,6 +117,7 @@ class _Search:
         # why the ranking stopped before the end of its queue ("" when it reached the end)
         self.stopped = ""
         self.intra_op = IntraOpCache(graph, cluster, budget)
+        self.fp8_choices = fp8_choices(self.constraints, cluster)
         self.no_offload = host_missing(cluster)
         if self.no_offload and self.constraints.get("offload") not in (None, "none"):
             raise ConstraintError(f"constraint offload={self.constraints['offload']}: "
@@ -147,7 +148,8 @@ class _Search:
 
     # -- step 4 ---------------------------------------------------------------------------
     def _partition(self, c: ParallelConfig) -> ParallelConfig | None:
-        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
+        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size,
+                                        c.fp8)
         inputs = partition_inputs(c, prof, self.mem)
         key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.pp, c.virtual_stages,
                inputs.cap, inputs.extra_time.tobytes(), inputs.fixed_bytes.tobytes(),
@@ -174,12 +176,11 @@ class _Search:
         prof = self.profile
         queue: list[tuple[float, int, ParallelConfig]] = []
         for fam, (zmin, off) in fams.items():
-            for c in options(fam, batch=self.batch, layers=prof.num_layers,
-                             seq=prof.segments.seq):
+            for c in self._options(fam):
                 c = c.replace(zero_stage=zmin, offload=off)
                 if allowed(c, {k: v for k, v in self.constraints.items() if k not in _RUNG_KEYS}):
                     lb = time_lower_bound(c, prof.get(c.tp, c.sequence_parallel, c.recompute,
-                                                      c.microbatch_size))
+                                                      c.microbatch_size, c.fp8))
                     queue.append((lb, len(queue), c))
         queue.sort()
         best: list[tuple[float, int, _Scored]] = []   # max-heap of the K best by T̂ (negated)
@@ -209,6 +210,14 @@ class _Search:
                     heapq.heapreplace(best, item)
         return [s for _, _, s in sorted(best, key=lambda t: -t[0])]
 
+    def _options(self, fam: Family) -> Iterator[ParallelConfig]:
+        """The candidates of ``fam`` (:func:`fxplan.inter_op.space.options`), each with every
+        FP8 choice the constraints allow (FP8 only when allowed: it changes the numerics)."""
+        prof = self.profile
+        for c in options(fam, batch=self.batch, layers=prof.num_layers, seq=prof.segments.seq):
+            for fp8 in self.fp8_choices:
+                yield c.replace(fp8=fp8) if fp8 else c
+
     def _rungs(self, fam: Family) -> list[Rung]:
         """The (ZeRO stage, offload) rungs of ``fam`` the constraints allow, in order
         (:func:`fxplan.inter_op.offload.memory_rungs`)."""
@@ -223,14 +232,15 @@ class _Search:
             placed = self._partition(c.replace(zero_stage=zero, offload=off))
             if placed is not None:
                 prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute,
-                                        c.microbatch_size)
+                                        c.microbatch_size, c.fp8)
                 self.fitted.add(family)
                 return _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
         zero, off = rungs[-1] if rungs else (c.zero_stage, c.offload)
         heaviest = c.replace(zero_stage=zero, offload=off,
                              stage_layers=balanced_counts(self.profile.num_layers,
                                                           c.pp * c.virtual_stages))
-        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
+        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size,
+                                        c.fp8)
         worst = max(stage_memory(heaviest, prof, self.mem), key=lambda m: m.total)
         count, least, which = self.unfit.get(family, (0, None, heaviest))
         if least is None or worst.total < least.total:
@@ -347,8 +357,7 @@ class _Search:
         ``None`` when the constraints allow none."""
         rungs = self._rungs(fam)
         prof = self.profile
-        found = [c for c in options(fam, batch=self.batch, layers=prof.num_layers,
-                                    seq=prof.segments.seq)
+        found = [c for c in self._options(fam)
                  if rungs and allowed(c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1]),
                                       self.constraints)]
         if not found:
@@ -360,7 +369,7 @@ class _Search:
                 continue
             c = c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1],
                           stage_layers=balanced_counts(prof.num_layers, c.pp * c.virtual_stages))
-            seg = prof.get(c.tp, c.sequence_parallel, c.recompute, mb)
+            seg = prof.get(c.tp, c.sequence_parallel, c.recompute, mb, c.fp8)
             worst = max(stage_memory(c, seg, self.mem), key=lambda m: m.total)
             if best is None or worst.total < best[1].total:
                 best = (c, worst)
@@ -371,8 +380,7 @@ class _Search:
         microbatch, full recompute, sequence parallelism where offered, evenly split (the
         bound holds for every variant, this one is the lightest in activations)."""
         prof = self.profile
-        found = list(options(fam, batch=self.batch, layers=prof.num_layers,
-                             seq=prof.segments.seq))
+        found = list(self._options(fam))
         if not found:
             return None
         best = min(found, key=lambda c: (c.microbatch_size, c.recompute != "full",

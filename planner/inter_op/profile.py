@@ -100,8 +100,10 @@ class ModelProfile:
     def tp_widths(self) -> dict[str, int]:
         return dict(self.segments.tp_widths)
 
-    def get(self, tp: int, sp: bool, recompute: str, microbatch: int) -> SegmentProfile:
-        key = (tp, bool(sp and tp > 1), recompute, microbatch)
+    def get(self, tp: int, sp: bool, recompute: str, microbatch: int,
+            fp8: bool = False) -> SegmentProfile:
+        """The profile of one shape key; ``fp8`` prices the linear layers in FP8."""
+        key = (tp, bool(sp and tp > 1), recompute, microbatch, fp8)
         hit = self._cache.get(key)
         if hit is None:
             hit = self._cache[key] = self._build(*key)
@@ -111,20 +113,21 @@ class ModelProfile:
         ranks = tuple(range(tp))
         return sum(collective_time_s(kind, nbytes, ranks, self.cluster) for kind, nbytes in items)
 
-    def _segment(self, key: str, tp: int, sp: bool, recompute: str, mb: int) -> SegmentCost:
+    def _segment(self, key: str, tp: int, sp: bool, recompute: str, mb: int,
+                 fp8: bool = False) -> SegmentCost:
         return segment_cost(self.graph, key, tp=tp, sequence_parallel=sp, recompute=recompute,
-                            microbatch=mb, device=self.device)
+                            microbatch=mb, device=self.device, fp8=fp8)
 
-    def _build(self, tp: int, sp: bool, recompute: str, mb: int) -> SegmentProfile:
+    def _build(self, tp: int, sp: bool, recompute: str, mb: int, fp8: bool) -> SegmentProfile:
         per_key: dict[str, tuple[float, ...]] = {}
         for key in dict.fromkeys(self.keys):
-            c = self._segment(key, tp, sp, recompute, mb)
+            c = self._segment(key, tp, sp, recompute, mb, fp8)
             per_key[key] = (c.forward_s, c.backward_s + c.recompute_s,
                             self._comm(c.tp_forward, tp), self._comm(c.tp_backward, tp),
                             c.param_count, c.activations.saved, c.activations.working,
                             c.output_bytes)
         rows = np.array([per_key[k] for k in self.keys], dtype=float).reshape(-1, 8)
-        ends = [self._segment(key, tp, sp, recompute, mb) for key in ("pre", "post")]
+        ends = [self._segment(key, tp, sp, recompute, mb, fp8) for key in ("pre", "post")]
         pre, post = ((c.forward_s + self._comm(c.tp_forward, tp),
                       c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp),
                       c.param_count, c.activations.saved) for c in ends)
