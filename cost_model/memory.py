@@ -20,15 +20,18 @@ microbatch (:mod:`cost_model.activations`), plus the *working* bytes of one reco
 **Buffers**: pipeline send and receive buffers (two boundary activations), the all-gathered
 input of a column-parallel linear under sequence parallelism, and under ZeRO-3 the
 gathered weights and unsharded gradients of two layers (the one running and the one
-prefetched). **Reserved**: ``DeviceGroup.reserved_memory_gib`` (CUDA context, NCCL,
-allocator slack). A stage fits when the sum is at most ``memory_gib``.
+prefetched). **Runtime** (GPU only, :mod:`cost_model.runtime_memory`): the CUDA context, the
+NCCL buffers of the communicators the plan creates, and the caching allocator's
+fragmentation of the transient bytes. **Reserved**: ``DeviceGroup.reserved_memory_gib``,
+whatever else the device spec sets aside. A stage fits when the sum leaves the requested
+headroom free (:mod:`cost_model.memory_headroom`): ``total + headroom ≤ memory_gib``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["ADAM_MIXED", "GIB", "MemoryBreakdown", "ModelStates", "OptimizerSpec",
+__all__ = ["ADAM_MIXED", "GIB", "MEMORY_ROWS", "MemoryBreakdown", "ModelStates", "OptimizerSpec",
            "model_state_bytes"]
 
 GIB = float(1 << 30)
@@ -81,9 +84,19 @@ def model_state_bytes(num_params: float, dp: int, zero_stage: int,
     )
 
 
+#: The terms of :attr:`MemoryBreakdown.total`, in report order, with the words tables use.
+MEMORY_ROWS: dict[str, str] = {
+    "params": "params", "grads": "grads", "optimizer": "optimizer",
+    "activations": "activations", "recompute_working": "recompute", "buffers": "buffers",
+    "cuda_context": "CUDA context", "nccl": "NCCL buffers", "fragmentation": "fragmentation",
+    "reserved": "reserved",
+}
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Peak bytes on one rank of a stage, by kind, and the device's capacity."""
+    """Peak bytes on one rank of a stage, by kind, the device's capacity and the headroom the
+    plan must leave free (not part of ``total``)."""
 
     params: float
     grads: float
@@ -93,22 +106,33 @@ class MemoryBreakdown:
     buffers: float
     reserved: float
     capacity: float
+    cuda_context: float = 0.0
+    nccl: float = 0.0
+    fragmentation: float = 0.0
+    headroom: float = 0.0
 
     @property
     def total(self) -> float:
-        """Everything but the capacity."""
-        return sum(getattr(self, f.name) for f in fields(self) if f.name != "capacity")
+        """The sum of the :data:`MEMORY_ROWS` terms (capacity and headroom excluded)."""
+        return sum(getattr(self, name) for name in MEMORY_ROWS)
+
+    @property
+    def free(self) -> float:
+        """``capacity − total``: what the plan leaves free (negative when it overflows)."""
+        return self.capacity - self.total
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.capacity
+        """``total + headroom ≤ capacity``."""
+        return self.total + self.headroom <= self.capacity
 
     @property
     def total_gib(self) -> float:
         return self.total / GIB
 
     def to_gib(self) -> dict[str, float]:
-        """Every field and the total in GiB (for reports and JSON)."""
+        """Every field, the total and what is left free in GiB (for reports and JSON)."""
         out = {f.name: getattr(self, f.name) / GIB for f in fields(self)}
         out["total"] = self.total_gib
+        out["free"] = self.free / GIB
         return out

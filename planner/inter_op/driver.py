@@ -5,14 +5,15 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
 ``pp·dp·tp = N`` and ``B = dp·b·m`` to
 
     minimise  T(x)     (the step simulator, :func:`cost_model.estimate.estimate`)
-    s.t.      M_s(x) ≤ C  for every pipeline rank s        (:mod:`cost_model.memory`)
+    s.t.      M_s(x) + H ≤ C  for every pipeline rank s    (:mod:`cost_model.memory`; ``H``
+                                  the headroom, :mod:`cost_model.memory_headroom`)
 
 **Method** (branch and bound over an enumerated space):
 
 1. *Families* ``(tp, pp, dp)`` (:func:`fxplan.inter_op.space.families`), invalid ones pruned
    with their reason.
 2. *Memory bound per (family, zero)* (:func:`fxplan.inter_op.bounds.memory_lower_bound`):
-   ``k_z(dp)·Ψ/pp + reserved > C`` prunes the pair before any microbatch variant is tried;
+   ``k_z(dp)·Ψ/pp + reserved + runtime > C − H`` prunes the pair before any microbatch variant is tried;
    the lowest surviving ZeRO stage ``z_min`` is where each candidate starts.
 3. *Candidates* inside the families (:func:`fxplan.inter_op.space.options`), sorted by the
    time bound ``m·W/pp`` (:func:`fxplan.inter_op.bounds.time_lower_bound`).
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.memory import GIB, MemoryBreakdown
+from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.core.plan import Plan
 from fxplan.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
 from fxplan.inter_op.build_plan import build_plan
@@ -95,13 +97,15 @@ class _Search:
 
     def __init__(self, graph: CapturedGraph, cluster: Cluster, batch: int,
                  constraints: Mapping[str, Any], finalists: int, timer: PhaseTimer,
-                 budget: Budget, progress: bool) -> None:
+                 budget: Budget, progress: bool,
+                 headroom: MemoryHeadroom = DEFAULT_HEADROOM) -> None:
         self.graph, self.cluster, self.batch = graph, cluster, batch
+        self.headroom = headroom
         self.constraints = validate_constraints(constraints, cluster.num_devices)
         self.K = finalists
         self.timer, self.budget, self.progress = timer, budget, progress
         self.profile = ModelProfile(graph, cluster)
-        self.mem = DeviceMemory.of(cluster.device(0))
+        self.mem = DeviceMemory.of(cluster.device(0), headroom)
         self.pruned: list[Reason] = []
         self.fallbacks: list[str] = []
         self.partitions: dict[tuple, Any] = {}
@@ -131,7 +135,7 @@ class _Search:
             lightest = prof.get(fam.tp, True, "full", 1)
             for zero in self._zeros(fam):
                 need = memory_lower_bound(fam, zero, lightest, self.mem)
-                if need <= self.mem.capacity:
+                if need <= self.mem.limit:
                     out[fam] = zero
                     break
                 self.pruned.append(memory_reason(fam, zero, need, lightest, self.mem,
@@ -147,7 +151,7 @@ class _Search:
                inputs.inflight.tobytes(), inputs.layer_state[:1].tobytes())
         if key not in self.partitions:
             self.partitions[key] = partition_layers(prof.layer_time, inputs.layer_state,
-                                                    prof.acts, inputs.extra_time,
+                                                    inputs.layer_acts, inputs.extra_time,
                                                     inputs.fixed_bytes, inputs.inflight,
                                                     inputs.cap)
         part = self.partitions[key]
@@ -157,7 +161,7 @@ class _Search:
             [balanced_counts(prof.layers, c.pp * c.virtual_stages)]
         for counts in tries:
             placed = c.replace(stage_layers=counts)
-            if stage_totals(placed, prof, self.mem).max() <= self.mem.capacity:
+            if stage_totals(placed, prof, self.mem).max() <= self.mem.limit:
                 return placed
         return None
 
@@ -258,7 +262,8 @@ class _Search:
             try:
                 priced = price_finalist(
                     self.graph, self.cluster, c, self.batch, self.intra_op,
-                    sequence_parallel=self.constraints.get("sequence_parallel"))
+                    sequence_parallel=self.constraints.get("sequence_parallel"),
+                    memory_headroom=self.headroom)
             except CostModelError as err:
                 self.failed_finalists.append(Reason(
                     f"{c.summary()}: the cost model refused it: {err}", REFUSED))
@@ -267,8 +272,8 @@ class _Search:
                 worst = max(m.total for m in priced.est.memory)
                 self.failed_finalists.append(Reason(
                     f"{priced.config.summary()}: simulated peak {worst / GIB:.1f} GiB > "
-                    f"{self.mem.capacity / GIB:.0f} GiB", MEMORY, needed_gib=worst / GIB,
-                    capacity_gib=self.mem.capacity / GIB, config=priced.config.to_string(),
+                    f"{self.mem.limit_text()}", MEMORY, needed_gib=worst / GIB,
+                    capacity_gib=self.mem.limit / GIB, config=priced.config.to_string(),
                     layout=priced.layout))
                 continue
             # One entry per configuration: two candidates can price to the same configuration
@@ -305,23 +310,23 @@ class _Search:
           before them), and the reason says so with the lightest's memory: the family is not
           "too big", it was slower than the plans found.
         """
-        cap = self.mem.capacity / GIB
+        cap, limit = self.mem.limit / GIB, self.mem.limit_text()
         for fam, (count, least, which) in sorted(self.unfit.items()):
             variant = dict(kind=MEMORY, capacity_gib=cap, needed_gib=least.total / GIB,
                            config=which.to_string())
-            needs = f"needs {least.total / GIB:.1f} GiB > {cap:.0f} GiB"
+            needs = f"needs {least.total / GIB:.1f} GiB > {limit}"
             found = None if fam in self.fitted else self.lightest(fam)
             if fam in self.fitted:
                 self.pruned.append(Reason(
                     f"{fam}: {count} microbatch/recompute/schedule variants did not fit at any "
                     f"allowed ZeRO stage; the lightest of them ({which.summary()}, even "
                     f"split) {needs}", **variant))
-            elif found is None or found[1].total > self.mem.capacity:
+            elif found is None or found[1].total > self.mem.limit:
                 c, m = found if found is not None else (which, least)
                 self.pruned.append(Reason(
                     f"{fam}: none of {count} microbatch/recompute/schedule variants fits at any "
                     f"allowed ZeRO stage; the family's lightest ({c.summary()}, even split) "
-                    f"needs {m.total / GIB:.1f} GiB > {cap:.0f} GiB", MEMORY, capacity_gib=cap,
+                    f"needs {m.total / GIB:.1f} GiB > {limit}", MEMORY, capacity_gib=cap,
                     needed_gib=m.total / GIB, config=c.to_string(), family_wide=True))
             else:
                 stopped = self.stopped or "they were not ranked"
@@ -416,10 +421,12 @@ class _Search:
 
 def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str,
                time_budget_s: float | None, progress: bool, constraints: Mapping[str, Any],
-               finalists: int, timer: PhaseTimer) -> Plan:
+               finalists: int, timer: PhaseTimer,
+               memory_headroom: MemoryHeadroom = DEFAULT_HEADROOM) -> Plan:
     """Steps 1–6 on a captured graph (the public wrapper is :func:`fxplan.inter_op.search`)."""
     budget = Budget(time_budget_s)
-    state = _Search(graph, cluster, batch, constraints, finalists, timer, budget, progress)
+    state = _Search(graph, cluster, batch, constraints, finalists, timer, budget, progress,
+                    memory_headroom)
     with timer("inter-op"):
         fams = state.families()
         ranked = state.rank(fams)

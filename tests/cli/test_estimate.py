@@ -17,7 +17,7 @@ def test_json_and_plot(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data["breakdown"]) == {"compute", "tp_comm", "zero_comm", "p2p", "bubble",
-                                      "dp_comm", "optimizer"}
+                                      "stage_imbalance", "dp_comm", "optimizer"}
     assert len(data["peak_memory_gib"]) == 2
     assert is_png(plot) and plot.stat().st_size > 2000  # a drawing, not a blank image
 
