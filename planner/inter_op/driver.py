@@ -21,9 +21,11 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
    can enter the top ``K``) or the time budget ends (once at least one candidate fits): for
    ``z = z_min … 3`` (those the constraints allow) partition the layers by the DP of
    :mod:`fxplan.inter_op.partition` under the memory cap, check the per-rank memory with the
-   estimate's own formula (:mod:`fxplan.inter_op.stage_memory`) and rank the first stage
-   that fits by the closed form ``T̂`` (:mod:`fxplan.inter_op.surrogate`). Higher ZeRO stages
-   are not tried once one fits: at equal everything else they move at least as many bytes.
+   estimate's own formula (:mod:`fxplan.inter_op.stage_memory`), price every stage that fits
+   by the closed form ``T̂`` (:mod:`fxplan.inter_op.surrogate`) and keep the cheapest
+   (ties → the lower stage). No rule such as "the lowest ZeRO stage that fits" stands in for
+   the cost model: a higher stage moves more bytes but may also shrink the optimizer step,
+   the gradient sync or the memory that forces recompute, and only the model can weigh them.
 5. *Placements*: the intra-op solver places the graph (repeated blocks sharing variables) on
    the ``(1, tp)`` slice of the stage mesh once per distinct tp degree of the ``K`` best by
    ``T̂`` (:mod:`fxplan.inter_op.placements`).
@@ -212,15 +214,22 @@ class _Search:
                 if want is None or allowed(_probe(fam, z), {"zero_stage": want})]
 
     def _score(self, c: ParallelConfig) -> _Scored | None:
+        """The cheapest by ``T̂`` of ``c`` at each allowed ZeRO stage that fits (ties → the
+        lower stage), or ``None`` (and the family's unfit record) when none fits."""
         family = Family.of(c)
         zeros = [z for z in self._zeros(family) if z >= c.zero_stage]
+        best: _Scored | None = None
         for zero in zeros:
             placed = self._partition(c.replace(zero_stage=zero))
             if placed is not None:
                 prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute,
                                         c.microbatch_size)
-                self.fitted.add(family)
-                return _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
+                scored = _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
+                if best is None or scored.surrogate_s < best.surrogate_s:
+                    best = scored
+        if best is not None:
+            self.fitted.add(family)
+            return best
         heaviest = c.replace(zero_stage=zeros[-1] if zeros else c.zero_stage,
                              stage_layers=balanced_counts(self.profile.num_layers,
                                                           c.pp * c.virtual_stages))
