@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["ADAM_MIXED", "GIB", "MEMORY_ROWS", "MemoryBreakdown", "ModelStates", "OptimizerSpec",
+__all__ = ["ADAM_MIXED", "GIB", "MEMORY_LEGEND", "MEMORY_ROWS", "MemoryBreakdown", "ModelStates", "OptimizerSpec",
            "model_state_bytes"]
 
 GIB = float(1 << 30)
@@ -84,13 +84,19 @@ def model_state_bytes(num_params: float, dp: int, zero_stage: int,
     )
 
 
-#: The terms of :attr:`MemoryBreakdown.total`, in report order, with the words tables use.
+#: The terms of :attr:`MemoryBreakdown.total`, in report order, with the column titles tables
+#: use (:data:`MEMORY_LEGEND` spells the short ones out).
 MEMORY_ROWS: dict[str, str] = {
     "params": "params", "grads": "grads", "optimizer": "optimizer",
     "activations": "activations", "recompute_working": "recompute", "buffers": "buffers",
-    "cuda_context": "CUDA context", "nccl": "NCCL buffers", "fragmentation": "fragmentation",
+    "cuda_context": "CUDA", "nccl": "NCCL", "fragmentation": "frag.",
     "reserved": "reserved",
 }
+
+
+#: What the short column titles of :data:`MEMORY_ROWS` stand for (a table's caption).
+MEMORY_LEGEND = ("CUDA: CUDA context; NCCL: NCCL communicator buffers; frag.: caching-allocator "
+                 "fragmentation; reserved: set aside by the device spec")
 
 
 @dataclass(frozen=True)

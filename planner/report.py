@@ -22,7 +22,7 @@ from typing import Any
 
 from fxplan.cli.units import count, gib, percent, seconds, si
 from fxplan.core.plan import Plan
-from fxplan.cost_model.memory import MEMORY_ROWS
+from fxplan.cost_model.memory import MEMORY_LEGEND, MEMORY_ROWS
 from fxplan.cost_model.memory_headroom import parse_headroom
 from fxplan.report_pruning import group_pruned
 
@@ -68,7 +68,8 @@ def _memory_table(plan: Plan) -> Any:
 
     rows = plan.estimate.get("memory_breakdown_gib", [])
     cap = plan.estimate.get("capacity_gib", 0.0)
-    table = Table(title=f"memory per rank (GiB, capacity {gib(cap)})", title_justify="left")
+    table = Table(title=f"memory per rank (GiB, capacity {gib(cap)})", title_justify="left",
+                  caption=MEMORY_LEGEND, caption_justify="left")
     for column in ("stage", "layers", *MEMORY_ROWS.values(), "total", "use"):
         table.add_column(column, justify="right")
     layers = [s.num_layers for s in plan.stages]

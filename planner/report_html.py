@@ -147,7 +147,7 @@ def _summary(plan: Plan, result: Estimate) -> str:
 
 
 def _memory(plan: Plan, result: Estimate, png: Path) -> str:
-    from fxplan.cost_model.memory import MEMORY_ROWS
+    from fxplan.cost_model.memory import MEMORY_LEGEND, MEMORY_ROWS
     from fxplan.report import headroom_text
 
     devices = result.stage_plan.devices if result.stage_plan is not None else ()
@@ -163,7 +163,7 @@ def _memory(plan: Plan, result: Estimate, png: Path) -> str:
             "its own device group.</p>" if hetero else "")
     return ("<section id='memory'><h2>Memory per pipeline stage (per device)</h2>" + note
             + _img(png, "peak memory per stage against capacity")
-            + f"<p>Memory {_e(headroom_text(result.to_dict()))}.</p>"
+            + f"<p>Memory {_e(headroom_text(result.to_dict()))}. {_e(MEMORY_LEGEND)}.</p>"
             + _table(("stage", "device group", *MEMORY_ROWS.values(), "total", "capacity",
                       "free", "use"), rows, left=2) + "</section>")
 

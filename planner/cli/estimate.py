@@ -67,7 +67,7 @@ def _print(result: dict[str, Any], model: str, cluster: str) -> None:
     from rich.console import Console
 
     from fxplan.cli.units import gib, percent, seconds
-    from fxplan.cost_model.memory import MEMORY_ROWS
+    from fxplan.cost_model.memory import MEMORY_LEGEND, MEMORY_ROWS
     from fxplan.report import headroom_text, rate_line
 
     console = Console(width=None if sys.stdout.isatty() else 140, highlight=False, emoji=False)
@@ -85,6 +85,7 @@ def _print(result: dict[str, Any], model: str, cluster: str) -> None:
     names = [*MEMORY_ROWS, "total", "capacity", "free"]
     labels = [*MEMORY_ROWS.values(), "total", "capacity", "free"]
     console.print(f"memory      {headroom_text(r)}")
+    console.print(MEMORY_LEGEND)
     console.print(_table("memory per rank", ["stage"] + labels,
                          [[str(s)] + [gib(m[n]) for n in names]
                           for s, m in enumerate(r["memory_breakdown_gib"])]))

@@ -77,7 +77,7 @@ def test_memory_headroom_decides_fits(capsys) -> None:  # type: ignore[no-untype
     data = json.loads(capsys.readouterr().out)
     assert data["fits"] and data["memory_headroom"] == "4GiB"
     assert data["memory_breakdown_gib"][0]["headroom"] == 4.0
-    assert main([*base, "--memory-headroom", "0.99"]) == 0
+    assert main([*base, "--memory-headroom", "79.9GiB"]) == 0
     assert json.loads(capsys.readouterr().out)["fits"] is False
     assert main([*base, "--memory-headroom", "lots"]) == 2
     assert "memory headroom 'lots'" in capsys.readouterr().err

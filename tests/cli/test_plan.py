@@ -91,7 +91,7 @@ def test_memory_headroom_is_kept_shown_and_checked(capsys, tmp_path) -> None:  #
     assert main(["report", str(out)]) == 0
     text = capsys.readouterr().out
     assert "headroom, 10 % required" in text and "fits with" in text
-    for row in ("CUDA context", "NCCL buffers", "fragmentation"):
+    for row in ("CUDA context", "NCCL communicator buffers", "fragmentation", "frag."):
         assert row in text, row
 
 

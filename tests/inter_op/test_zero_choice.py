@@ -48,3 +48,17 @@ def test_zero_constraint_still_binds(state) -> None:  # type: ignore[no-untyped-
     c = next(options(family, batch=16, layers=pinned.profile.num_layers,
                      seq=pinned.profile.segments.seq))
     assert pinned._score(c.replace(zero_stage=zmin)).config.zero_stage == 1
+
+
+def test_plan_is_the_model_cheapest_zero_stage(state) -> None:  # type: ignore[no-untyped-def]
+    """Issue 12's example (dp=4 on local-cpu:devices=4, gpt-tiny): the plan's step time is at
+    most the estimate of the same configuration at any other ZeRO stage."""
+    from fxplan import search
+    from fxplan.cost_model import estimate
+    from fxplan.inter_op.pricing import priced_config
+
+    plan = search(state.graph, state.cluster, batch=16, progress=False, constraints={"dp": 4})
+    config = priced_config(plan)
+    for z in range(4):
+        other = estimate(state.graph, state.cluster, config.replace(zero_stage=z), batch=16)
+        assert plan.estimate["step_time_s"] <= other.step_time_s * (1 + 1e-9) or not other.fits
