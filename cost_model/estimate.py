@@ -27,7 +27,8 @@ from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.efficiency import dtype_key
 from fxplan.cost_model.fp8 import check_fp8
 from fxplan.cost_model.layer_costs import GraphSegments, graph_segments
-from fxplan.cost_model.memory import ADAM_MIXED, MemoryBreakdown, OptimizerSpec
+from fxplan.cost_model.memory import ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec
+from fxplan.cost_model.memory_headroom import MemoryHeadroom, parse_headroom
 from fxplan.cost_model.pipeline_schedules import schedule_order
 from fxplan.cost_model.simulator import StepSimulation, TimelineEvent, simulate_step
 from fxplan.cost_model.stage_costs import StagePlan, build_stages, stage_memory
@@ -44,9 +45,12 @@ class Estimate:
     """The predicted step of one configuration (module docstring for the formulas).
 
     ``breakdown`` (seconds, critical stage, sums to ``step_time_s``): ``compute``,
-    ``tp_comm``, ``zero_comm``, ``p2p``, ``bubble``, ``dp_comm``, ``optimizer`` (and
-    ``offload`` when the configuration offloads).
-    ``memory`` has one :class:`MemoryBreakdown` per pipeline stage.
+    ``tp_comm``, ``zero_comm``, ``p2p``, ``bubble`` (the schedule's: what a balanced pipeline
+    would idle), ``stage_imbalance`` (idle beyond it, waiting for slower stages;
+    :mod:`cost_model.simulator`), ``dp_comm``, ``optimizer`` (and ``offload`` when the
+    configuration offloads).
+    ``memory`` has one :class:`MemoryBreakdown` per pipeline stage; ``fits`` when each leaves
+    ``memory_headroom`` free.
     """
 
     config: ParallelConfig
@@ -67,6 +71,7 @@ class Estimate:
     simulation: StepSimulation
     #: the per-stage costs the simulation ran on (segments per chunk, op components)
     stage_plan: StagePlan | None = None
+    memory_headroom: MemoryHeadroom | None = None
 
     @property
     def peak_memory_gib(self) -> list[float]:
@@ -101,6 +106,10 @@ class Estimate:
             "critical_stage": self.critical_stage,
             "memory_breakdown_gib": [m.to_gib() for m in self.memory],
             "bubble_fraction": self.breakdown["bubble"] / self.step_time_s,
+            "stage_imbalance_fraction": self.breakdown.get("stage_imbalance", 0.0) / self.step_time_s,
+            "memory_headroom": (self.memory_headroom.to_json()
+                                if self.memory_headroom is not None else None),
+            "min_free_gib": min(m.free for m in self.memory) / GIB,
             "model_flops": self.model_flops,
             "hardware_flops": self.hardware_flops,
         }
@@ -156,19 +165,22 @@ def _peak_flops(plan: StagePlan, graph: CapturedGraph) -> float:
 
 
 def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, batch: int,
-             seq: int | None = None, optimizer: OptimizerSpec = ADAM_MIXED) -> Estimate:
+             seq: int | None = None, optimizer: OptimizerSpec = ADAM_MIXED,
+             memory_headroom: "MemoryHeadroom | str | float | None" = None) -> Estimate:
     """Predict one training step of ``graph`` on ``cluster`` under ``config``.
 
     ``batch`` is the global batch in samples; ``seq`` (optional) must equal the captured
-    sequence length. Raises :class:`CostModelError` for a configuration that does not fit
+    sequence length. ``memory_headroom``: what each device must leave free for ``fits``
+    (:func:`cost_model.memory_headroom.parse_headroom`; ``None``: the default 5 %). Raises :class:`CostModelError` for a configuration that does not fit
     the model or the cluster, with the arithmetic.
     """
+    headroom = parse_headroom(memory_headroom)
     segments, config = _check(graph, cluster, config, batch, seq)
     plan = build_stages(graph, segments, cluster, config, optimizer)
     m = config.num_microbatches or 1
     sim = simulate_step(plan.costs, config.schedule.kind, m)
     order = schedule_order(config.schedule.kind, config.pp, config.virtual_stages, m)
-    memory = stage_memory(plan, order, config, optimizer, cluster)
+    memory = stage_memory(plan, order, config, optimizer, cluster=cluster, headroom=headroom)
     forward = sum(seg.matmul_flops for row in plan.chunks for segs in row for seg in segs)
     recomputed = sum(seg.recompute_flops for row in plan.chunks for segs in row for seg in segs)
     pipelines = m * config.dp
@@ -185,5 +197,5 @@ def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, 
         tflops_per_device=hardware_flops / (n * step) / 1e12,
         mfu=model_flops / (n * step * _peak_flops(plan, graph)),
         model_flops=model_flops, hardware_flops=hardware_flops,
-        memory=tuple(memory), simulation=sim, stage_plan=plan,
+        memory=tuple(memory), simulation=sim, stage_plan=plan, memory_headroom=headroom,
     )

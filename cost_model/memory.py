@@ -30,15 +30,18 @@ microbatch (:mod:`cost_model.activations`), plus the *working* bytes of one reco
 **Buffers**: pipeline send and receive buffers (two boundary activations), the all-gathered
 input of a column-parallel linear under sequence parallelism, and under ZeRO-3 the
 gathered weights and unsharded gradients of two layers (the one running and the one
-prefetched). **Reserved**: ``DeviceGroup.reserved_memory_gib`` (CUDA context, NCCL,
-allocator slack). A stage fits when the sum is at most ``memory_gib``.
+prefetched). **Runtime** (GPU only, :mod:`cost_model.runtime_memory`): the CUDA context, the
+NCCL buffers of the communicators the plan creates, and the caching allocator's
+fragmentation of the transient bytes. **Reserved**: ``DeviceGroup.reserved_memory_gib``,
+whatever else the device spec sets aside. A stage fits when the sum leaves the requested
+headroom free (:mod:`cost_model.memory_headroom`): ``total + headroom ≤ memory_gib``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["ADAM_MIXED", "GIB", "MemoryBreakdown", "ModelStates", "OptimizerSpec",
+__all__ = ["ADAM_MIXED", "GIB", "MEMORY_LEGEND", "MEMORY_ROWS", "MemoryBreakdown", "ModelStates", "OptimizerSpec",
            "model_state_bytes"]
 
 GIB = float(1 << 30)
@@ -106,9 +109,25 @@ def model_state_bytes(num_params: float, dp: int, zero_stage: int,
     return states
 
 
+#: The terms of :attr:`MemoryBreakdown.total`, in report order, with the column titles tables
+#: use (:data:`MEMORY_LEGEND` spells the short ones out).
+MEMORY_ROWS: dict[str, str] = {
+    "params": "params", "grads": "grads", "optimizer": "optimizer",
+    "activations": "activations", "recompute_working": "recompute", "buffers": "buffers",
+    "cuda_context": "CUDA", "nccl": "NCCL", "fragmentation": "frag.",
+    "reserved": "reserved",
+}
+
+
+#: What the short column titles of :data:`MEMORY_ROWS` stand for (a table's caption).
+MEMORY_LEGEND = ("CUDA: CUDA context; NCCL: NCCL communicator buffers; frag.: caching-allocator "
+                 "fragmentation; reserved: set aside by the device spec")
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Peak bytes on one rank of a stage, by kind, and the device's capacity."""
+    """Peak bytes on one rank of a stage, by kind, the device's capacity and the headroom the
+    plan must leave free (not part of ``total``)."""
 
     params: float
     grads: float
@@ -118,6 +137,10 @@ class MemoryBreakdown:
     buffers: float
     reserved: float
     capacity: float
+    cuda_context: float = 0.0
+    nccl: float = 0.0
+    fragmentation: float = 0.0
+    headroom: float = 0.0
     #: bytes this rank keeps in its node's host memory (offload; not device memory)
     host: float = 0.0
     #: the node's host memory and what all its ranks keep there (0: nothing offloaded)
@@ -126,14 +149,20 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> float:
-        """Device bytes: everything but the capacity and the host fields."""
-        return sum(getattr(self, f.name) for f in fields(self) if f.name not in _NOT_DEVICE)
+        """Device bytes: the sum of the :data:`MEMORY_ROWS` terms (capacity, headroom and the
+        host fields excluded)."""
+        return sum(getattr(self, name) for name in MEMORY_ROWS)
+
+    @property
+    def free(self) -> float:
+        """``capacity − total``: what the plan leaves free (negative when it overflows)."""
+        return self.capacity - self.total
 
     @property
     def fits(self) -> bool:
-        """Device memory within capacity, and the node's host memory within its capacity
+        """``total + headroom ≤ capacity``, and the node's host memory within its capacity
         when anything is offloaded."""
-        return self.total <= self.capacity and self.host_fits
+        return self.total + self.headroom <= self.capacity and self.host_fits
 
     @property
     def host_fits(self) -> bool:
@@ -144,12 +173,14 @@ class MemoryBreakdown:
         return self.total / GIB
 
     def to_gib(self) -> dict[str, float]:
-        """Every field and the total in GiB (for reports and JSON)."""
+        """Every field (the host ones only when something is offloaded), the total and what
+        is left free in GiB (for reports and JSON)."""
         out = {f.name: getattr(self, f.name) / GIB for f in fields(self)
-               if f.name not in _NOT_DEVICE[1:] or self.host_node_total}
+               if f.name not in _HOST_FIELDS or self.host_node_total}
         out["total"] = self.total_gib
+        out["free"] = self.free / GIB
         return out
 
 
-#: :class:`MemoryBreakdown` fields that are not device bytes (the capacity first).
-_NOT_DEVICE = ("capacity", "host", "host_capacity", "host_node_total")
+#: :class:`MemoryBreakdown` fields about the node's host memory (offload), not device bytes.
+_HOST_FIELDS = ("host", "host_capacity", "host_node_total")

@@ -2,7 +2,8 @@
 
 One bar per stage, stacked in the order of :class:`cost_model.memory.MemoryBreakdown`::
 
-    total_s = params + grads + optimizer + activations + recompute_working + buffers + reserved
+    total_s = params + grads + optimizer + activations + recompute_working + buffers
+              + cuda_context + nccl + fragmentation + reserved
 
 with a dashed line at the device's ``capacity`` (``memory_gib`` of the cluster spec; on a
 heterogeneous cluster, where stages have different capacities, a dashed segment over each bar
@@ -31,7 +32,10 @@ PARTS: tuple[tuple[str, str, str], ...] = (
     ("activations", "activations", "#dd8452"),
     ("recompute_working", "recompute working", "#ccb974"),
     ("buffers", "buffers", "#64b5cd"),
-    ("reserved", "reserved (runtime)", "#b0b0b0"),
+    ("cuda_context", "CUDA context", "#937860"),
+    ("nccl", "NCCL buffers", "#da8bc3"),
+    ("fragmentation", "allocator fragmentation", "#8c8c8c"),
+    ("reserved", "reserved (device spec)", "#b0b0b0"),
 )
 
 

@@ -31,10 +31,24 @@ that op); one communication stream reduces them first come, first served, so onl
 that cannot hide behind the remaining backward is exposed:
 ``exposed_dp_s = max(0, comm_end_s − end_s)``. ``post_s`` is communication that must follow
 the whole backward (tied-embedding gradient sync, ZeRO-1/2 parameter all-gather).
-The breakdown of the critical stage sums to ``T``: compute, exposed TP comm, ZeRO comm, p2p,
-bubble ``= end_s − busy_s``, exposed DP comm, optimizer, and ``offload`` (the host↔device
-copies and CPU optimizer step that are not hidden, :mod:`cost_model.offload`) when the
-configuration offloads.
+The breakdown of the critical stage ``c`` sums to ``T``: compute, exposed TP comm, ZeRO comm,
+p2p, idle time ``end_c − busy_c`` split in two, exposed DP comm, optimizer, and ``offload``
+(the host↔device copies and CPU optimizer step that are not hidden, :mod:`cost_model.offload`)
+when the configuration offloads.
+
+**Bubble versus stage imbalance.** The idle time of the critical stage has two causes: the
+schedule itself (a balanced pipeline idles while it fills and drains: ``(p−1)/m`` of the
+busy time for 1F1B, ``(p−1)/(m·v)`` interleaved) and unequal stages (a stage waits for a
+slower neighbour). The reference is the same schedule with every stage running the critical
+stage's own op durations, ``d'[s] = d[c]`` for all ``s`` — a perfectly balanced pipeline
+with the same per-stage work — whose idle ``I_bal = end'_c − busy_c`` is the schedule's::
+
+    bubble          = min(I, I_bal)            I = end_c − busy_c
+    stage_imbalance = I − bubble               (≥ 0; 0 for a balanced pipeline)
+
+so ``bubble + stage_imbalance = I`` and the breakdown still sums to ``T``. (A critical stage
+whose neighbours are faster than itself can idle *less* than ``I_bal``; then all of ``I`` is
+bubble.)
 """
 
 from __future__ import annotations
@@ -49,7 +63,7 @@ import numpy as np
 from fxplan.cost_model.pipeline_schedules import BACKWARD, FORWARD, ScheduleOrder, schedule_order
 
 __all__ = ["PipelineTimeline", "StageCosts", "StepSimulation", "TimelineEvent",
-           "comm_stream", "comm_stream_end", "simulate_pipeline", "simulate_step"]
+           "balanced_idle", "comm_stream", "comm_stream_end", "simulate_pipeline", "simulate_step"]
 
 #: Components of an op's duration, in :class:`StageCosts` field order.
 COMPONENTS: tuple[str, ...] = ("compute", "tp_comm", "zero_comm", "p2p")
@@ -285,6 +299,17 @@ class StepSimulation:
         return float(self.stage_time[self.critical_stage])
 
 
+def balanced_idle(durations: np.ndarray, stage: int, schedule: str, microbatches: int) -> float:
+    """Idle seconds of ``stage`` when every stage runs ``stage``'s op durations (the
+    balanced reference of the module docstring, ``I_bal``); 0 without a pipeline."""
+    p, v = durations.shape[0], durations.shape[1]
+    if p == 1:
+        return 0.0
+    balanced = np.broadcast_to(durations[stage], durations.shape)
+    timeline = simulate_pipeline(schedule, p, v, microbatches, balanced)
+    return max(0.0, float(timeline.stage_end[stage] - timeline.busy[stage]))
+
+
 def simulate_step(costs: StageCosts, schedule: str, microbatches: int) -> StepSimulation:
     """Simulate one step (module docstring) and break the critical stage's time down."""
     p, v, m = costs.stages, costs.chunks, microbatches
@@ -310,7 +335,9 @@ def simulate_step(costs: StageCosts, schedule: str, microbatches: int) -> StepSi
     critical = int(np.argmax(stage_time))
     breakdown = {name: float(m * (costs.forward[i, critical].sum() + costs.backward[i, critical].sum()))
                  for i, name in enumerate(COMPONENTS)}
-    breakdown["bubble"] = max(0.0, float(stage_end[critical] - timeline.busy[critical]))
+    idle = max(0.0, float(stage_end[critical] - timeline.busy[critical]))
+    breakdown["bubble"] = min(idle, balanced_idle(costs.durations(), critical, schedule, m))
+    breakdown["stage_imbalance"] = idle - breakdown["bubble"]
     breakdown["dp_comm"] = float(exposed[critical] + costs.post[critical])
     breakdown["optimizer"] = float(costs.optimizer[critical])
     if costs.offload is not None:

@@ -46,7 +46,10 @@ from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
 from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
                                model_state_bytes)
+from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.cost_model.offload import offload_segment_s, offload_step_s, with_host_check
+from fxplan.cost_model.runtime_memory import (cuda_context_bytes, fragmentation_bytes,
+                                              nccl_bytes)
 from fxplan.cost_model.pipeline_schedules import ScheduleOrder
 from fxplan.cost_model.simulator import StageCosts
 
@@ -258,8 +261,9 @@ def rank_memory(order: ScheduleOrder, *, params: Sequence[float], saved: np.ndar
                 max_segment_params: Sequence[float], reserved: Sequence[float],
                 capacity: Sequence[float], tp: int, dp: int, zero_stage: int,
                 sequence_parallel: bool,
-                optimizer: OptimizerSpec = ADAM_MIXED,
-                offload: str = "none") -> list[MemoryBreakdown]:
+                optimizer: OptimizerSpec = ADAM_MIXED, offload: str = "none",
+                kinds: Sequence[str] | None = None,
+                headroom: Sequence[float] | None = None) -> list[MemoryBreakdown]:
     """Peak memory of each pipeline rank ``s`` from its aggregates (the one formula
     :func:`stage_memory` and the planner's search both use):
 
@@ -267,26 +271,39 @@ def rank_memory(order: ScheduleOrder, *, params: Sequence[float], saved: np.ndar
         acts_s    = peak over time of Σ_c n_c(τ)·saved[s, c]   (``order.peak_inflight``)
         working_s = working[s]        (largest recompute working set of a segment on s)
         buffers_s = :func:`buffer_bytes` of the rank's largest output and segment
+        runtime_s = CUDA context + NCCL buffers + fragmentation·(acts_s + working_s + buffers_s)
+                    on a ``gpu`` rank (:mod:`cost_model.runtime_memory`), 0 on a ``cpu`` one
 
-    ``saved[s, c]`` is the saved bytes per microbatch of chunk ``c`` of rank ``s``."""
+    ``saved[s, c]`` is the saved bytes per microbatch of chunk ``c`` of rank ``s``;
+    ``kinds[s]`` the device kind of rank ``s`` (``gpu`` when not given), ``headroom[s]`` the
+    bytes it must leave free (0 when not given)."""
     inflight = order.peak_inflight(np.asarray(saved, dtype=float))
+    p = order.stages
+    kinds = kinds if kinds is not None else ["gpu"] * p
     out = []
-    for s in range(order.stages):
+    for s in range(p):
         states = model_state_bytes(float(params[s]), dp, zero_stage, optimizer, offload)
         buffers = buffer_bytes(float(max_output_bytes[s]), float(max_segment_params[s]),
-                               pp=order.stages, tp=tp, dp=dp, zero_stage=zero_stage,
+                               pp=p, tp=tp, dp=dp, zero_stage=zero_stage,
                                sequence_parallel=sequence_parallel, optimizer=optimizer)
-        out.append(MemoryBreakdown(states.params, states.grads, states.optimizer,
-                                   float(inflight[s]), float(working[s]), buffers,
-                                   float(reserved[s]), float(capacity[s]), host=states.host))
+        acts, work = float(inflight[s]), float(working[s])
+        out.append(MemoryBreakdown(
+            states.params, states.grads, states.optimizer, acts, work, buffers,
+            float(reserved[s]), float(capacity[s]),
+            cuda_context=cuda_context_bytes(kinds[s]),
+            nccl=nccl_bytes(kinds[s], pp=p, dp=dp, tp=tp),
+            fragmentation=fragmentation_bytes(kinds[s], acts + work + buffers),
+            headroom=float(headroom[s]) if headroom is not None else 0.0, host=states.host))
     return out
 
 
 def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
-                 optimizer: OptimizerSpec, cluster: Cluster | None = None) -> list[MemoryBreakdown]:
-    """Peak memory per stage (:func:`rank_memory`, :mod:`cost_model.memory`); under offload,
-    with the host memory of each stage's fullest node against its capacity
-    (:func:`cost_model.offload.with_host_check`, needs ``cluster``)."""
+                 optimizer: OptimizerSpec, cluster: Cluster | None = None,
+                 headroom: MemoryHeadroom = DEFAULT_HEADROOM) -> list[MemoryBreakdown]:
+    """Peak memory per stage (:func:`rank_memory`, :mod:`cost_model.memory`), each stage on
+    its own devices (kind, capacity, reserve, headroom); under offload, with the host memory of
+    each stage's fullest node against its capacity (:func:`cost_model.offload.with_host_check`,
+    needs ``cluster``)."""
     p, v = config.pp, config.virtual_stages
     saved = np.array([[sum(seg.activations.saved for seg in plan.chunks[s][c]) for c in range(v)]
                       for s in range(p)])
@@ -299,7 +316,9 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
         reserved=[device.reserved_memory_gib * GIB for device in plan.devices],
         capacity=[device.memory_gib * GIB for device in plan.devices],
         tp=config.tp, dp=config.dp, zero_stage=config.zero_stage,
-        sequence_parallel=config.sequence_parallel, optimizer=optimizer, offload=config.offload)
+        sequence_parallel=config.sequence_parallel, optimizer=optimizer, offload=config.offload,
+        kinds=[device.kind for device in plan.devices],
+        headroom=[headroom.bytes(device.memory_gib * GIB) for device in plan.devices])
     if config.offload == "none" or cluster is None:
         return memory
     return with_host_check(memory, config, cluster)

@@ -1,8 +1,9 @@
 """Plot a pipeline timeline (``Estimate.timeline()``) as one row of bars per stage.
 
 Forward ops are blue, backward ops orange; with an interleaved schedule each model chunk ``c``
-gets its own shade (darker for later chunks). Gaps are bubbles. The legend names kind and
-chunk; microbatch numbers are written into the bars that are wide enough to hold them (a bar
+gets its own shade (darker for later chunks). Gaps are idle time: the schedule's bubble and
+waits for slower stages (the estimate's ``bubble`` and ``stage_imbalance``). The legend names
+kind and chunk; microbatch numbers are written into the bars that are wide enough to hold them (a bar
 gets a label when its width is at least ``LABEL_MIN_FRACTION`` of the plotted span, and only
 while there are at most ``label_limit`` ops). Each stage's busy fraction ``busy / makespan``
 is shown at the right end of its row.
@@ -90,7 +91,7 @@ def _legend(ax: object, chunks: int) -> None:
     handles = [Patch(facecolor=_shade(kind, c)[0], edgecolor="white",
                      label=_NAMES[kind] + (f", chunk {c}" if chunks > 1 else ""))
                for kind in ("F", "B") for c in range(chunks)]
-    handles.append(Patch(facecolor="white", edgecolor="#bbbbbb", label="idle (bubble)"))
+    handles.append(Patch(facecolor="white", edgecolor="#bbbbbb", label="idle (bubble, stage imbalance)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 if chunks > 1 else -0.28),
               ncol=min(len(handles), 5), frameon=False)
 

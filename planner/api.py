@@ -107,7 +107,7 @@ def search(model: "str | ModelBundle | CapturedGraph", cluster: "str | Cluster",
     ``model``: a model spec or bundle, captured here at microbatch 1 in the cluster's training
     dtype (phase ``capture`` of the plan's timings), or a graph captured already. ``options``
     are those of :func:`fxplan.inter_op.search` (``constraints``, ``time_budget_s``,
-    ``finalists``, ``progress``, ``model``).
+    ``finalists``, ``progress``, ``model``, ``memory_headroom`` — also spelled ``headroom``).
     """
     from fxplan.inter_op import search as search_graph
     from fxplan.cluster_specs import training_dtype
@@ -115,6 +115,7 @@ def search(model: "str | ModelBundle | CapturedGraph", cluster: "str | Cluster",
     from fxplan.inter_op.progress import PhaseTimer
 
     _check_model(model, "search", graph_ok=True)
+    options = _headroom_alias(options)
     check_search_arguments(batch=batch, seq=seq, **{k: options[k] for k in (
         "time_budget_s", "finalists", "constraints") if k in options})
     cluster = _load_cluster(cluster)
@@ -127,6 +128,22 @@ def search(model: "str | ModelBundle | CapturedGraph", cluster: "str | Cluster",
     if not hasattr(model, "gm"):
         model = capture_for_search(model, seq=seq, dtype=training_dtype(cluster), timer=timer)
     return search_graph(model, cluster, batch=batch, seq=seq, timer=timer, **options)
+
+
+def _headroom_alias(options: dict[str, Any]) -> dict[str, Any]:
+    """``headroom=`` is ``memory_headroom=`` (parsed, so a bad value fails before capture);
+    both at once is an :class:`ApiArgumentError`."""
+    from fxplan.cost_model.memory_headroom import parse_headroom
+
+    options = dict(options)
+    if "headroom" in options:
+        if "memory_headroom" in options:
+            raise ApiArgumentError("give headroom= or memory_headroom=, not both (they are "
+                                   "the same option)")
+        options["memory_headroom"] = options.pop("headroom")
+    if "memory_headroom" in options:
+        options["memory_headroom"] = parse_headroom(options["memory_headroom"])
+    return options
 
 
 def _capture(model: "torch.nn.Module", cluster: Cluster, inputs: tuple) -> CapturedGraph:
@@ -235,11 +252,15 @@ def plan(model: "torch.nn.Module", cluster: "str | Cluster", *, inputs: Any, bat
 
     Returns a :class:`PlanResult` on every process: the plan, and this process's
     :class:`~fxplan.runtime.sharded_module.ShardedModule` where it was applied.
+    ``search_options`` go to the search (:func:`search`): ``constraints``, ``time_budget_s``,
+    ``finalists``, ``memory_headroom`` (or ``headroom``: a fraction such as ``0.1``/``"10%"``
+    or ``"4GiB"`` each device must leave free; default 5 %).
     """
     import torch
     import torch.distributed as dist
 
     _check_model(model, "plan", module_only=True)
+    search_options = _headroom_alias(search_options)
     check_count("batch", batch, high=MAX_BATCH)
     if seq is not None:
         check_count("seq", seq, high=MAX_SEQ)

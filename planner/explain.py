@@ -12,7 +12,7 @@ fingerprint), cluster and global batch:
 
 The difference is reported term by term, with ``T = Σ_k t_k`` on each side's critical stage
 (``breakdown``: compute, exposed tensor-parallel, ZeRO and data-parallel communication,
-pipeline send/recv, bubble, optimizer), ``Δ_k = t_k(alt) − t_k(plan)``; the stage imbalance
+pipeline send/recv, schedule bubble, stage imbalance, optimizer), ``Δ_k = t_k(alt) − t_k(plan)``; the stage imbalance
 ``max_s T_s / mean_s T_s − 1`` over the pipeline ranks' busy times ``T_s``; and per pipeline
 rank the peak memory against the capacity. One sentence says what decided (:func:`verdict`):
 the alternative is invalid (the cost model's refusal, with its arithmetic), does not fit (the
@@ -29,6 +29,7 @@ from fxplan.cli.units import gib, seconds
 from fxplan.core.config import CostModelError, ParallelConfig, Schedule
 from fxplan.core.errors import UserError
 from fxplan.core.plan import Plan, PlanError
+from fxplan.cost_model.memory import MEMORY_ROWS
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -44,13 +45,12 @@ TERMS: dict[str, str] = {
     "tp_comm": "tensor-parallel communication (exposed)",
     "zero_comm": "ZeRO gathers and reduce-scatters (exposed)",
     "p2p": "pipeline send/recv",
-    "bubble": "pipeline bubble",
+    "bubble": "pipeline bubble (schedule: a balanced pipeline idles as much)",
+    "stage_imbalance": "stage imbalance (idle waiting for slower stages)",
     "dp_comm": "data-parallel gradient reduction (exposed)",
     "optimizer": "optimizer step",
     "offload": "offload: host↔device copies and CPU optimizer step (exposed)",
 }
-_MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "recompute_working", "buffers",
-                 "reserved")
 
 
 class ExplainError(UserError):
@@ -236,11 +236,12 @@ class Comparison:
 
 
 def _price(graph: "CapturedGraph", cluster: "Cluster", label: str, config: ParallelConfig,
-           batch: int) -> Side:
+           batch: int, headroom: Any = None) -> Side:
     from fxplan.cost_model import estimate
 
     try:
-        return Side(label, config, estimate(graph, cluster, config, batch=batch))
+        return Side(label, config, estimate(graph, cluster, config, batch=batch,
+                                            memory_headroom=headroom))
     except CostModelError as err:
         return Side(label, config, error=str(err))
 
@@ -269,11 +270,12 @@ def compare(plan: Plan, *, vs_plan: Plan | None = None, changes: Mapping[str, An
     else:
         alt_config, notes = alternative_config(plan, changes or {})
         label = "alternative"
-    mine = _price(graph, cluster, "plan", priced_config(plan), plan.batch)
+    headroom = plan.estimate.get("memory_headroom")   # both sides against the plan's
+    mine = _price(graph, cluster, "plan", priced_config(plan), plan.batch, headroom)
     if mine.est is None:
         raise ExplainError(f"the plan itself cannot be priced by this fxplan's cost model: "
                            f"{mine.error}")
-    other = _price(graph, cluster, label, alt_config, plan.batch)
+    other = _price(graph, cluster, label, alt_config, plan.batch, headroom)
     recorded = plan.estimate.get("step_time_s")
     return Comparison(mine, other, notes, recorded if isinstance(recorded, (int, float)) else None)
 
@@ -293,10 +295,12 @@ def verdict(c: Comparison) -> str:
         return f"the alternative is not a valid configuration: {alt.error}"
     over = [(s, m) for s, m in enumerate(alt.est.memory) if not m.fits]
     if over:
-        s, m = max(over, key=lambda sm: sm[1].total - sm[1].capacity)
-        part = max(_MEMORY_PARTS, key=lambda k: getattr(m, k))
-        return (f"the alternative does not fit: pipeline rank {s} needs {_gib(m.total)} of "
-                f"{_gib(m.capacity)} (+{_gib(m.total - m.capacity)}; its largest part is "
+        s, m = max(over, key=lambda sm: sm[1].total + sm[1].headroom - sm[1].capacity)
+        part = max(MEMORY_ROWS, key=lambda k: getattr(m, k))
+        room = f" + {_gib(m.headroom)} headroom" if m.headroom else ""
+        return (f"the alternative does not fit: pipeline rank {s} needs {_gib(m.total)}{room} "
+                f"of {_gib(m.capacity)} (+{_gib(m.total + m.headroom - m.capacity)}; its "
+                f"largest part is "
                 f"{part.replace('_', ' ')}, {_gib(getattr(m, part))})")
     assert mine.est is not None
     t, delta = mine.est.step_time_s, alt.est.step_time_s - mine.est.step_time_s

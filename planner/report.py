@@ -22,9 +22,12 @@ from typing import Any
 
 from fxplan.cli.units import count, gib, percent, seconds, si
 from fxplan.core.plan import Plan
+from fxplan.cost_model.memory import MEMORY_LEGEND, MEMORY_ROWS
+from fxplan.cost_model.memory_headroom import parse_headroom
 from fxplan.report_pruning import group_pruned
 
-__all__ = ["offload_line", "plan_summary", "render_report", "rate_line", "unique_runners_up"]
+__all__ = ["headroom_text", "offload_line", "plan_summary", "render_report", "rate_line",
+           "unique_runners_up"]
 
 #: Pruning reasons printed per kind (closest first); the rest of the kind are counted.
 SHOW_PER_KIND = 4
@@ -44,7 +47,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "step_time_s": est.get("step_time_s"), "tokens_per_s": est.get("tokens_per_s"),
         "tflops_per_device": est.get("tflops_per_device"), "mfu": est.get("mfu"),
         "peak_memory_gib": est.get("max_memory_gib"), "capacity_gib": est.get("capacity_gib"),
-        "fits": est.get("fits"), "breakdown": est.get("breakdown"),
+        "fits": est.get("fits"), "memory_headroom": est.get("memory_headroom"),
+        "min_free_gib": est.get("min_free_gib"), "breakdown": est.get("breakdown"),
         "search_time_s": plan.search_time_s, "timings": dict(plan.timings),
         "solver_status": plan.solver.status, "solver_backend": plan.solver.backend,
         "solver_gap": plan.solver.gap, "runners_up": [dict(r) for r in plan.runners_up],
@@ -66,9 +70,9 @@ def _memory_table(plan: Plan) -> Any:
 
     rows = plan.estimate.get("memory_breakdown_gib", [])
     cap = plan.estimate.get("capacity_gib", 0.0)
-    table = Table(title=f"memory per rank (GiB, capacity {gib(cap)})", title_justify="left")
-    for column in ("stage", "layers", "params", "grads", "optimizer", "activations",
-                   "recompute", "buffers", "reserved", "total", "use"):
+    table = Table(title=f"memory per rank (GiB, capacity {gib(cap)})", title_justify="left",
+                  caption=MEMORY_LEGEND, caption_justify="left")
+    for column in ("stage", "layers", *MEMORY_ROWS.values(), "total", "use"):
         table.add_column(column, justify="right")
     layers = [s.num_layers for s in plan.stages]
     per_rank = [sum(layers[j] for j in range(s, len(layers), plan.pp)) for s in range(plan.pp)]
@@ -76,9 +80,7 @@ def _memory_table(plan: Plan) -> Any:
     shown = indexed if len(indexed) <= 8 else indexed[:4] + indexed[-4:]
     for s, m in shown:
         table.add_row(str(s), str(per_rank[s] if s < len(per_rank) else "?"),
-                      *(f"{m[k]:.1f}" for k in ("params", "grads", "optimizer", "activations",
-                                               "recompute_working", "buffers", "reserved",
-                                               "total")),
+                      *(f"{m.get(k, 0.0):.1f}" for k in (*MEMORY_ROWS, "total")),
                       percent(m["total"] / cap, 2) if cap else "–")
     return table
 
@@ -140,6 +142,26 @@ def rate_line(est: Any) -> str:
             f"MFU {percent(est['mfu'])} (model FLOPs, without recompute, of the peak)")
 
 
+def headroom_text(est: Any) -> str:
+    """``fits with 8.80 GiB (11.0 %) headroom (5 % required)`` for the rank with the least
+    free memory of an estimate mapping; ``does not leave the 5 % headroom: …`` or ``DOES NOT
+    FIT: over by …`` otherwise (a plan file from before the headroom says fits / DOES NOT FIT)."""
+    rows = est.get("memory_breakdown_gib") or []
+    if not rows or "free" not in rows[0]:
+        return "fits" if est.get("fits") else "DOES NOT FIT"
+    worst = min(rows, key=lambda m: m["free"])
+    free, cap, need = worst["free"], worst["capacity"], worst.get("headroom", 0.0)
+    required = (parse_headroom(est["memory_headroom"]).describe()
+                if est.get("memory_headroom") else gib(need))
+    share = percent(free / cap) if cap else "–"
+    if free < 0:
+        return f"DOES NOT FIT: over by {gib(-free)}"
+    if est.get("fits"):
+        return f"fits with {gib(free)} ({share}) headroom, {required} required"
+    return (f"DOES NOT LEAVE the {required} headroom ({gib(need)}): only {gib(free)} "
+            f"({share}) free")
+
+
 def render_report(plan: Plan, console: Any = None) -> None:
     """Print the rich report of ``plan`` (module docstring)."""
     console = _console(console)
@@ -156,7 +178,7 @@ def render_report(plan: Plan, console: Any = None) -> None:
                        if v > 1e-9)
     console.print(f"breakdown       {parts}")
     console.print(f"memory          peak {gib(est['max_memory_gib'])} of "
-                  f"{gib(est['capacity_gib'])} per device ({'fits' if est['fits'] else 'DOES NOT FIT'})")
+                  f"{gib(est['capacity_gib'])} per device ({headroom_text(est)})")
     if plan.offload != "none":
         console.print(f"offload         {offload_line(plan)}")
     console.print(_memory_table(plan))

@@ -150,24 +150,25 @@ def _summary(plan: Plan, result: Estimate) -> str:
 
 
 def _memory(plan: Plan, result: Estimate, png: Path) -> str:
+    from fxplan.cost_model.memory import MEMORY_LEGEND, MEMORY_ROWS
+    from fxplan.report import headroom_text
+
     devices = result.stage_plan.devices if result.stage_plan is not None else ()
     rows = []
     for s, m in enumerate(result.memory):
         g = m.to_gib()
         group = devices[s].name if s < len(devices) else "–"
-        rows.append((s, group, *(_gib(g[k]) for k in ("params", "grads", "optimizer",
-                                                      "activations", "recompute_working",
-                                                      "buffers", "reserved", "total",
-                                                      "capacity")),
+        rows.append((s, group, *(_gib(g[k]) for k in (*MEMORY_ROWS, "total", "capacity",
+                                                      "free")),
                      f"{100 * g['total'] / g['capacity']:.0f} %"))
     hetero = len({d.name for d in devices}) > 1
     note = ("<p>The cluster is heterogeneous: each stage is measured against the capacity of "
             "its own device group.</p>" if hetero else "")
     return ("<section id='memory'><h2>Memory per pipeline stage (per device)</h2>" + note
             + _img(png, "peak memory per stage against capacity")
-            + _table(("stage", "device group", "params", "grads", "optimizer", "activations",
-                      "recompute", "buffers", "reserved", "total", "capacity", "use"),
-                     rows, left=2) + "</section>")
+            + f"<p>Memory {_e(headroom_text(result.to_dict()))}. {_e(MEMORY_LEGEND)}.</p>"
+            + _table(("stage", "device group", *MEMORY_ROWS.values(), "total", "capacity",
+                      "free", "use"), rows, left=2) + "</section>")
 
 
 def _timeline(plan: Plan, result: Estimate, png: Path) -> str:

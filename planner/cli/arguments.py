@@ -63,6 +63,15 @@ def add_dtype_argument(parser: argparse.ArgumentParser, *, what: str,
                             help=f"{what} (default bf16)")
 
 
+def add_headroom_argument(parser: argparse.ArgumentParser) -> None:
+    """``--memory-headroom``: kept as text and parsed by the command
+    (:func:`fxplan.cost_model.memory_headroom.parse_headroom`), so a bad value is a one-paragraph
+    user error (exit 2)."""
+    parser.add_argument("--memory-headroom", metavar="H", default=None,
+                        help="memory every device must leave free beyond the estimate: a "
+                        "fraction (0.1), a percentage (10%%) or GiB (4GiB); default 5%%")
+
+
 def count(low: int = 1, high: int | None = None) -> Callable[[str], int]:
     """An argparse ``type``: an integer in ``[low, high]`` (:func:`fxplan.core.bounds.check_count`);
     anything else is a usage error (exit 2) naming the flag and the range."""

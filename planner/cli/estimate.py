@@ -24,7 +24,8 @@ import sys
 from typing import Any
 
 from fxplan.cli.arguments import (
-    DTYPES, add_cluster_argument, add_dtype_argument, add_model_argument, add_workload_arguments,
+    DTYPES, add_cluster_argument, add_dtype_argument, add_headroom_argument, add_model_argument,
+    add_workload_arguments,
     output_path,
 )
 
@@ -46,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--plot", metavar="FILE", type=output_path(".png", ".svg", ".pdf"),
                         help="draw the pipeline timeline to FILE (.png, .svg)")
+    add_headroom_argument(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -65,7 +67,8 @@ def _print(result: dict[str, Any], model: str, cluster: str) -> None:
     from rich.console import Console
 
     from fxplan.cli.units import gib, percent, seconds
-    from fxplan.report import rate_line
+    from fxplan.cost_model.memory import MEMORY_LEGEND, MEMORY_ROWS
+    from fxplan.report import headroom_text, rate_line
 
     console = Console(width=None if sys.stdout.isatty() else 140, highlight=False, emoji=False)
     r = result
@@ -79,9 +82,11 @@ def _print(result: dict[str, Any], model: str, cluster: str) -> None:
                          ["part", "time", "share"],
                          [[k, seconds(v), percent(v / step, 2)]
                           for k, v in r["breakdown"].items()]))
-    names = ["params", "grads", "optimizer", "activations", "recompute_working", "buffers",
-             "reserved", "total", "capacity"]
-    console.print(_table("memory per rank", ["stage"] + names,
+    names = [*MEMORY_ROWS, "total", "capacity", "free"]
+    labels = [*MEMORY_ROWS.values(), "total", "capacity", "free"]
+    console.print(f"memory      {headroom_text(r)}")
+    console.print(MEMORY_LEGEND)
+    console.print(_table("memory per rank", ["stage"] + labels,
                          [[str(s)] + [gib(m[n]) for n in names]
                           for s, m in enumerate(r["memory_breakdown_gib"])]))
 
@@ -93,12 +98,16 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.cost_model import ParallelConfig, estimate
     from fxplan.api import capture
 
+    from fxplan.cost_model.memory_headroom import parse_headroom
+
     config = ParallelConfig.parse(args.config)
+    headroom = parse_headroom(args.memory_headroom)
     cluster = Cluster.load(args.cluster)
     dtype = args.dtype or training_precision(cluster)
     check_precision(cluster, dtype)
     graph = capture(args.model, batch=1, seq=args.seq, dtype=getattr(torch, DTYPES[dtype]))
-    result = estimate(graph, cluster, config, batch=args.batch, seq=args.seq)
+    result = estimate(graph, cluster, config, batch=args.batch, seq=args.seq,
+                      memory_headroom=headroom)
     if args.plot:
         from fxplan.cost_model.timeline_plot import plot_timeline
 

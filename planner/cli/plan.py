@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fxplan.cli.arguments import (add_capture_arguments, add_cluster_argument,
+from fxplan.cli.arguments import (add_capture_arguments, add_cluster_argument, add_headroom_argument,
                                   add_model_argument, add_workload_arguments, number,
                                   output_path)
 from fxplan.cli.report import add_output_arguments, write_artifacts
@@ -79,6 +79,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "stage, placements annotated, as comments")
     parser.add_argument("--plot", metavar="PREFIX", type=output_path(prefix=True),
                         help="draw PREFIX-timeline.png and PREFIX-memory.png for the chosen plan")
+    add_headroom_argument(parser)
     add_output_arguments(parser)
     parser.set_defaults(func=run)
     return parser
@@ -109,16 +110,20 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
     if args.json:
         logging.getLogger("fxplan.planner").setLevel(logging.ERROR)  # fallbacks are in the JSON
+    from fxplan.cost_model.memory_headroom import parse_headroom
+
     constraints = parse_constraints(args.constrain)
     if args.allow_fp8 and "fp8" not in constraints:
         constraints["fp8"] = [False, True]
+    headroom = parse_headroom(args.memory_headroom)
     cluster = Cluster.load(args.cluster)
     model = canonical_spec(args.model)
     timer = PhaseTimer()
     graph = capture_for_search(model, seq=args.seq, dtype=training_dtype(cluster), timer=timer,
                                leaf_modules=tuple(args.leaf), method=args.method)
     plan = search(graph, cluster, batch=args.batch, seq=args.seq, constraints=constraints,
-                  time_budget_s=args.time_budget, progress=not args.json, model=model)
+                  time_budget_s=args.time_budget, progress=not args.json, model=model,
+                  memory_headroom=headroom)
     plan = dataclasses.replace(plan, timings={**timer.rounded(), **plan.timings})
     if args.output:
         plan.save(args.output)

@@ -22,7 +22,8 @@ __all__ = ["search", "ConstraintError", "InfeasibleError"]
 def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
            seq: int | None = None, time_budget_s: float | None = None, progress: bool = True,
            constraints: Mapping[str, Any] | None = None, finalists: int | None = None,
-           model: str | None = None, timer: PhaseTimer | None = None) -> Plan:
+           model: str | None = None, timer: PhaseTimer | None = None,
+           memory_headroom: Any = None) -> Plan:
     """The fastest configuration of ``graph`` on ``cluster`` for global ``batch`` that fits.
 
     ``graph``: a :class:`~fxplan.passes.captured_graph.CapturedGraph` (capture it with
@@ -37,6 +38,9 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     ``finalists``: how many candidates the step simulator prices (default 8).
     ``time_budget_s`` bounds the whole search after capture (ranking, intra-op solves and
     simulation; see ``docs/planner.md``).
+    ``memory_headroom``: what every device must leave free — a fraction (``0.1``, ``"10%"``)
+    or GiB (``"4GiB"``); ``None``: 5 % (:mod:`fxplan.cost_model.memory_headroom`). A plan
+    whose estimated peak does not leave it is refused, and the pruning reasons say so.
     Raises :class:`InfeasibleError` (a ``UserError``) when nothing fits and
     :class:`ConstraintError` (a ``UserError``) for invalid or over-restrictive constraints.
     """
@@ -46,8 +50,11 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     from fxplan.inter_op.driver import DEFAULT_FINALISTS, run_search
 
     timer = timer or PhaseTimer()
+    from fxplan.cost_model.memory_headroom import parse_headroom
+
     check_search_arguments(batch=batch, seq=seq, time_budget_s=time_budget_s,
                            finalists=finalists, constraints=constraints)
+    headroom = parse_headroom(memory_headroom)
     cluster = Cluster.load(cluster)
     if not hasattr(graph, "gm"):
         raise UserError(f"search() takes a captured graph, got {type(graph).__name__}; "
@@ -61,7 +68,8 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
                         "it at the sequence length to plan for")
     plan = run_search(graph, cluster, batch=batch, model=str(name), time_budget_s=time_budget_s,
                       progress=progress, constraints=constraints or {},
-                      finalists=finalists or DEFAULT_FINALISTS, timer=timer)
+                      finalists=finalists or DEFAULT_FINALISTS, timer=timer,
+                      memory_headroom=headroom)
     return plan
 
 

@@ -3,10 +3,11 @@
 **Memory** of a family ``(tp, pp, dp)`` at ZeRO stage ``z``: some pipeline rank holds at least
 the average share of the (tp-local) parameters, and activations are never negative, so
 
-    M ≥ k_z(dp) · Ψ_tp / pp + reserved          k_0 = 16, k_1 = 4 + 12/dp, k_2 = 2 + 14/dp,
+    M ≥ k_z(dp) · Ψ_tp / pp + reserved + C_ctx + NCCL    k_0 = 16, k_1 = 4 + 12/dp, k_2 = 2 + 14/dp,
                                                  k_3 = 16/dp  bytes per parameter
 
-If this exceeds the capacity every candidate of the family at that stage is pruned before any
+(the runtime terms of :mod:`cost_model.runtime_memory` that do not depend on the split). If
+this exceeds the capacity less the headroom, ``C − H``, every candidate of the family at that stage is pruned before any
 microbatch variant is tried.
 
 **Time** of a candidate: every microbatch passes every layer on some rank, and a rank's step
@@ -37,23 +38,27 @@ def memory_lower_bound(family: Family, zero: int, lightest: SegmentProfile,
     the host); ``lightest`` is the profile with full recompute, microbatch 1 and sequence
     parallelism where possible."""
     k = state_bytes_per_param(family.dp, zero, offload)
-    return k * lightest.total_params / family.pp + mem.reserved
+    probe = ParallelConfig(dp=family.dp, tp=family.tp, pp=family.pp)
+    return k * lightest.total_params / family.pp + mem.reserved + mem.fixed_runtime(probe)
 
 
 def memory_reason(family: Family, zero: int, needed: float, lightest: SegmentProfile,
                   mem: DeviceMemory, config: ParallelConfig | None = None,
                   offload: str = "none") -> Reason:
-    """``needs ≥ 93.4 GiB > 80 GiB at zero=0, tp=4, pp=1, dp=8 (16.0 B/param × 5.62 G …)``.
+    """``needs ≥ 93.4 GiB > 76.0 GiB (80 GiB less 4.0 GiB headroom) at zero=0, tp=4, pp=1,
+    dp=8 (16.0 B/param × 5.62 G …)``.
 
     ``config``: the family's lightest variant at ``zero`` (the bound holds for it, so its
     estimated peak is at least ``needed``); kept in the reason for checking."""
     k = state_bytes_per_param(family.dp, zero, offload)
+    probe = ParallelConfig(dp=family.dp, tp=family.tp, pp=family.pp)
     where = f"zero={zero}" + (f" with offload={offload}" if offload != "none" else "")
-    text = (f"needs ≥ {needed / GIB:.1f} GiB > {mem.capacity / GIB:.0f} GiB at {where}, "
+    text = (f"needs ≥ {needed / GIB:.1f} GiB > {mem.limit_text()} at {where}, "
             f"tp={family.tp}, pp={family.pp}, dp={family.dp} (model states {k:.2f} B/param × "
             f"{lightest.total_params / family.pp / 1e9:.3g} G params per rank + "
-            f"{mem.reserved / GIB:.1f} GiB reserved)")
-    return Reason(text, MEMORY, needed_gib=needed / GIB, capacity_gib=mem.capacity / GIB,
+            f"{mem.reserved / GIB:.1f} GiB reserved + "
+            f"{mem.fixed_runtime(probe) / GIB:.2f} GiB CUDA context and NCCL buffers)")
+    return Reason(text, MEMORY, needed_gib=needed / GIB, capacity_gib=mem.limit / GIB,
                   bound=True, family_wide=True,
                   config=config.to_string() if config is not None else None)
 

@@ -5,25 +5,28 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
 ``pp·dp·tp = N`` and ``B = dp·b·m`` to
 
     minimise  T(x)     (the step simulator, :func:`cost_model.estimate.estimate`)
-    s.t.      M_s(x) ≤ C  for every pipeline rank s        (:mod:`cost_model.memory`)
+    s.t.      M_s(x) + H ≤ C  for every pipeline rank s    (:mod:`cost_model.memory`; ``H``
+                                  the headroom, :mod:`cost_model.memory_headroom`)
 
 **Method** (branch and bound over an enumerated space):
 
 1. *Families* ``(tp, pp, dp)`` (:func:`fxplan.inter_op.space.families`), invalid ones pruned
    with their reason.
 2. *Memory bound per (family, zero)* (:func:`fxplan.inter_op.bounds.memory_lower_bound`):
-   ``k_z(dp)·Ψ/pp + reserved > C`` prunes the pair before any microbatch variant is tried;
-   the lowest surviving *memory rung* (ZeRO stage, offload; :mod:`fxplan.inter_op.offload`)
-   is where each candidate starts.
+   ``k_z(dp)·Ψ/pp + reserved + runtime > C − H`` prunes the pair before any microbatch variant
+   is tried; the lowest surviving *memory rung* (ZeRO stage, offload;
+   :mod:`fxplan.inter_op.offload`) is where each candidate starts.
 3. *Candidates* inside the families (:func:`fxplan.inter_op.space.options`), sorted by the
    time bound ``m·W/pp`` (:func:`fxplan.inter_op.bounds.time_lower_bound`).
 4. For each in order, until its bound reaches the ``K``-th best estimate (then nothing later
    can enter the top ``K``) or the time budget ends (once at least one candidate fits): for
    each rung from there (ZeRO 0–3, then with offload; those the constraints allow) partition the layers by the DP of
    :mod:`fxplan.inter_op.partition` under the memory cap, check the per-rank memory with the
-   estimate's own formula (:mod:`fxplan.inter_op.stage_memory`) and rank the first stage
-   that fits by the closed form ``T̂`` (:mod:`fxplan.inter_op.surrogate`). Higher ZeRO stages
-   are not tried once one fits: at equal everything else they move at least as many bytes.
+   estimate's own formula (:mod:`fxplan.inter_op.stage_memory`), price every stage that fits
+   by the closed form ``T̂`` (:mod:`fxplan.inter_op.surrogate`) and keep the cheapest
+   (ties → the lower stage). No rule such as "the lowest ZeRO stage that fits" stands in for
+   the cost model: a higher stage moves more bytes but may also shrink the optimizer step,
+   the gradient sync or the memory that forces recompute, and only the model can weigh them.
 5. *Placements*: the intra-op solver places the graph (repeated blocks sharing variables) on
    the ``(1, tp)`` slice of the stage mesh once per distinct tp degree of the ``K`` best by
    ``T̂`` (:mod:`fxplan.inter_op.placements`).
@@ -48,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.memory import GIB, MemoryBreakdown
+from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.core.plan import Plan
 from fxplan.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
 from fxplan.inter_op.build_plan import build_plan
@@ -97,13 +101,15 @@ class _Search:
 
     def __init__(self, graph: CapturedGraph, cluster: Cluster, batch: int,
                  constraints: Mapping[str, Any], finalists: int, timer: PhaseTimer,
-                 budget: Budget, progress: bool) -> None:
+                 budget: Budget, progress: bool,
+                 headroom: MemoryHeadroom = DEFAULT_HEADROOM) -> None:
         self.graph, self.cluster, self.batch = graph, cluster, batch
+        self.headroom = headroom
         self.constraints = validate_constraints(constraints, cluster.num_devices)
         self.K = finalists
         self.timer, self.budget, self.progress = timer, budget, progress
         self.profile = ModelProfile(graph, cluster)
-        self.mem = DeviceMemory.of(cluster.device(0))
+        self.mem = DeviceMemory.of(cluster.device(0), headroom)
         self.pruned: list[Reason] = []
         self.fallbacks: list[str] = []
         self.partitions: dict[tuple, Any] = {}
@@ -139,7 +145,7 @@ class _Search:
             lightest = prof.get(fam.tp, True, "full", 1)
             for zero, off in self._rungs(fam):
                 need = memory_lower_bound(fam, zero, lightest, self.mem, off)
-                if need <= self.mem.capacity:
+                if need <= self.mem.limit:
                     out[fam] = (zero, off)
                     break
                 self.pruned.append(memory_reason(fam, zero, need, lightest, self.mem,
@@ -156,7 +162,7 @@ class _Search:
                inputs.inflight.tobytes(), inputs.layer_state[:1].tobytes())
         if key not in self.partitions:
             self.partitions[key] = partition_layers(prof.layer_time, inputs.layer_state,
-                                                    prof.acts, inputs.extra_time,
+                                                    inputs.layer_acts, inputs.extra_time,
                                                     inputs.fixed_bytes, inputs.inflight,
                                                     inputs.cap)
         part = self.partitions[key]
@@ -166,7 +172,7 @@ class _Search:
             [balanced_counts(prof.layers, c.pp * c.virtual_stages)]
         for counts in tries:
             placed = c.replace(stage_layers=counts)
-            if stage_totals(placed, prof, self.mem).max() <= self.mem.capacity and \
+            if stage_totals(placed, prof, self.mem).max() <= self.mem.limit and \
                     host_fits(placed, prof, self.mem, self.cluster):
                 return placed
         return None
@@ -225,22 +231,31 @@ class _Search:
                             self.constraints.get("offload"), not self.no_offload)
 
     def _score(self, c: ParallelConfig) -> _Scored | None:
+        """The cheapest by ``T̂`` of ``c`` at each allowed ZeRO stage that fits (ties → the
+        lower stage), or ``None`` (and the family's unfit record) when none fits."""
         family = Family.of(c)
         rungs = self._rungs(family)
         rungs = rungs[rungs.index((c.zero_stage, c.offload)):]
+        best: _Scored | None = None
         for zero, off in rungs:
+            if best is not None and off != "none":
+                break                     # offload only where no on-device rung fits
             placed = self._partition(c.replace(zero_stage=zero, offload=off))
             if placed is not None:
                 prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute,
                                         c.microbatch_size, c.fp8)
-                self.fitted.add(family)
-                return _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
+                scored = _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
+                if best is None or scored.surrogate_s < best.surrogate_s:
+                    best = scored
+        if best is not None:
+            self.fitted.add(family)
+            return best
         zero, off = rungs[-1] if rungs else (c.zero_stage, c.offload)
         heaviest = c.replace(zero_stage=zero, offload=off,
                              stage_layers=balanced_counts(self.profile.num_layers,
                                                           c.pp * c.virtual_stages))
         prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size,
-                                        c.fp8)
+                                c.fp8)
         worst = max(stage_memory(heaviest, prof, self.mem), key=lambda m: m.total)
         count, least, which = self.unfit.get(family, (0, None, heaviest))
         if least is None or worst.total < least.total:
@@ -278,7 +293,8 @@ class _Search:
             try:
                 priced = price_finalist(
                     self.graph, self.cluster, c, self.batch, self.intra_op,
-                    sequence_parallel=self.constraints.get("sequence_parallel"))
+                    sequence_parallel=self.constraints.get("sequence_parallel"),
+                    memory_headroom=self.headroom)
             except CostModelError as err:
                 self.failed_finalists.append(Reason(
                     f"{c.summary()}: the cost model refused it: {err}", REFUSED))
@@ -287,8 +303,8 @@ class _Search:
                 worst = max(m.total for m in priced.est.memory)
                 self.failed_finalists.append(Reason(
                     f"{priced.config.summary()}: simulated peak {worst / GIB:.1f} GiB > "
-                    f"{self.mem.capacity / GIB:.0f} GiB", MEMORY, needed_gib=worst / GIB,
-                    capacity_gib=self.mem.capacity / GIB, config=priced.config.to_string(),
+                    f"{self.mem.limit_text()}", MEMORY, needed_gib=worst / GIB,
+                    capacity_gib=self.mem.limit / GIB, config=priced.config.to_string(),
                     layout=priced.layout))
                 continue
             # One entry per configuration: two candidates can price to the same configuration
@@ -325,23 +341,23 @@ class _Search:
           before them), and the reason says so with the lightest's memory: the family is not
           "too big", it was slower than the plans found.
         """
-        cap = self.mem.capacity / GIB
+        cap, limit = self.mem.limit / GIB, self.mem.limit_text()
         for fam, (count, least, which) in sorted(self.unfit.items()):
             variant = dict(kind=MEMORY, capacity_gib=cap, needed_gib=least.total / GIB,
                            config=which.to_string())
-            needs = f"needs {least.total / GIB:.1f} GiB > {cap:.0f} GiB"
+            needs = f"needs {least.total / GIB:.1f} GiB > {limit}"
             found = None if fam in self.fitted else self.lightest(fam)
             if fam in self.fitted:
                 self.pruned.append(Reason(
                     f"{fam}: {count} microbatch/recompute/schedule variants did not fit at any "
                     f"allowed ZeRO stage; the lightest of them ({which.summary()}, even "
                     f"split) {needs}", **variant))
-            elif found is None or found[1].total > self.mem.capacity:
+            elif found is None or found[1].total > self.mem.limit:
                 c, m = found if found is not None else (which, least)
                 self.pruned.append(Reason(
                     f"{fam}: none of {count} microbatch/recompute/schedule variants fits at any "
                     f"allowed ZeRO stage; the family's lightest ({c.summary()}, even split) "
-                    f"needs {m.total / GIB:.1f} GiB > {cap:.0f} GiB", MEMORY, capacity_gib=cap,
+                    f"needs {m.total / GIB:.1f} GiB > {limit}", MEMORY, capacity_gib=cap,
                     needed_gib=m.total / GIB, config=c.to_string(), family_wide=True))
             else:
                 stopped = self.stopped or "they were not ranked"
@@ -435,10 +451,12 @@ class _Search:
 
 def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str,
                time_budget_s: float | None, progress: bool, constraints: Mapping[str, Any],
-               finalists: int, timer: PhaseTimer) -> Plan:
+               finalists: int, timer: PhaseTimer,
+               memory_headroom: MemoryHeadroom = DEFAULT_HEADROOM) -> Plan:
     """Steps 1–6 on a captured graph (the public wrapper is :func:`fxplan.inter_op.search`)."""
     budget = Budget(time_budget_s)
-    state = _Search(graph, cluster, batch, constraints, finalists, timer, budget, progress)
+    state = _Search(graph, cluster, batch, constraints, finalists, timer, budget, progress,
+                    memory_headroom)
     with timer("inter-op"):
         fams = state.families()
         ranked = state.rank(fams)

@@ -3,7 +3,8 @@
 The smallest memory any configuration needs, ``M_min``, is the lightest candidate's peak
 over the pipeline ranks: ZeRO-3 (ZeRO-0 without data parallelism), full recompute,
 microbatch 1, sequence parallelism where tensor parallelism is on, 1F1B, the most even
-split, minimised over every valid mesh family. Against a capacity ``C`` per device:
+split, minimised over every valid mesh family. Against a capacity ``C`` per device (less the
+memory headroom the plan must leave free):
 
 - model states dominate when ``M_min`` is mostly weights, gradients and optimizer state;
   they shrink as ``1/N`` with the device count under ZeRO-3 and pipeline splitting, so about
@@ -33,16 +34,20 @@ def infeasible_message(model: str, cluster: str, world: int, batch: int,
     if lightest is None:
         return (f"{model} on {cluster} ({world} devices, batch {batch}): no valid mesh "
                 "factorisation (see the pruned reasons: tp must divide the heads, dp the batch)")
-    need, cap = lightest.total, lightest.capacity
+    need, cap = lightest.total, lightest.capacity - lightest.headroom
     states = lightest.params + lightest.grads + lightest.optimizer
     rest = need - states
+    runtime = lightest.cuda_context + lightest.nccl + lightest.fragmentation
     scope = f" allowed by the constraints {constraints}" if constraints else ""
+    room = (f" less the {lightest.headroom / GIB:.1f} GiB memory headroom, "
+            f"{cap / GIB:.1f} GiB" if lightest.headroom else "")
     text = (f"{model} does not fit on {cluster} ({world} devices) with batch {batch}: the "
             f"smallest memory any configuration{scope} needs is {need / GIB:.1f} GiB per device "
             f"({lightest_config}: model states {states / GIB:.1f} GiB, activations "
             f"{(lightest.activations + lightest.recompute_working) / GIB:.1f} GiB, buffers "
-            f"{lightest.buffers / GIB:.1f} GiB, reserved {lightest.reserved / GIB:.1f} GiB) "
-            f"but a device holds {cap / GIB:.1f} GiB.")
+            f"{lightest.buffers / GIB:.1f} GiB, CUDA context, NCCL and fragmentation "
+            f"{runtime / GIB:.1f} GiB, reserved {lightest.reserved / GIB:.1f} GiB) "
+            f"but a device holds {lightest.capacity / GIB:.1f} GiB{room}.")
     if constraints:
         text += f" Relax the constraints ({constraints}) or use devices with more memory."
     elif rest < cap:

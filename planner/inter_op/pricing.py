@@ -36,6 +36,7 @@ from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.core.placements import PlacementMap
 from fxplan.core.plan import Plan
 from fxplan.cost_model.estimate import Estimate, estimate
+from fxplan.cost_model.memory_headroom import MemoryHeadroom
 from fxplan.cost_model.plotting import time_unit
 from fxplan.inter_op.placements import IntraOpCache, PlacementChoice, megatron_placements
 
@@ -72,8 +73,9 @@ def priced_config(plan: Plan) -> ParallelConfig:
 
 
 def _estimate(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, batch: int,
-              placements: PlacementMap | None) -> Estimate:
-    return estimate(graph, cluster, c.replace(placements=placements), batch=batch)
+              placements: PlacementMap | None, headroom: MemoryHeadroom | None) -> Estimate:
+    return estimate(graph, cluster, c.replace(placements=placements), batch=batch,
+                    memory_headroom=headroom)
 
 
 def _key(p: Priced) -> tuple[bool, float, int]:
@@ -98,12 +100,14 @@ def _sp_refusal(solved: PlacementChoice, sequence_parallel: Any) -> str:
 
 
 def price_finalist(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, batch: int,
-                   cache: IntraOpCache, *, sequence_parallel: Any = None) -> Priced:
+                   cache: IntraOpCache, *, sequence_parallel: Any = None,
+                   memory_headroom: MemoryHeadroom | None = None) -> Priced:
     """The cheaper of the solver's placements and the default layout (module docstring).
 
     ``sequence_parallel``: the search's constraint on it (a bool or a collection of bools;
     ``None`` when unconstrained); solver placements it does not allow are not priced and the
     default layout under ``c.sequence_parallel`` is kept as a recorded fallback.
+    ``memory_headroom``: what each device must leave free for the estimate to fit.
     Raises :class:`CostModelError` when the cost model refuses both."""
     options: list[Priced] = []
     errors: list[str] = []
@@ -114,13 +118,14 @@ def price_finalist(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, ba
     elif solved.priced:
         c_pi = c.replace(sequence_parallel=solved.sequence_parallel)
         try:
-            est = _estimate(graph, cluster, c_pi, batch, solved.priced_placements())
+            est = _estimate(graph, cluster, c_pi, batch, solved.priced_placements(),
+                            memory_headroom)
             options.append(Priced(c_pi, est, solved, INTRA_OP, ""))
         except CostModelError as err:
             errors.append(f"intra-op placements: {err}")
     try:
         default = megatron_placements(graph, c) if solved.priced else solved
-        est = _estimate(graph, cluster, c, batch, None)
+        est = _estimate(graph, cluster, c, batch, None, memory_headroom)
         options.append(Priced(c, est, default, MEGATRON, ""))
     except CostModelError as err:
         errors.append(f"default layout: {err}")

@@ -14,7 +14,10 @@ plus ``pre`` on ``j = 0`` and ``post`` on ``j = S−1``. Per rank ``s``::
     working_s = max_{segments on s} w         (one segment re-run at a time; 0 without recompute)
     buffers_s = :func:`cost_model.stage_costs.buffer_bytes` of the rank's largest output and
                 largest segment (ZeRO-3 gathers)
-    total_s   = states_s + acts_s + working_s + buffers_s + reserved ≤ memory_gib
+    runtime_s = CUDA context + NCCL buffers + f·(acts_s + working_s + buffers_s)   (GPU only,
+                :mod:`cost_model.runtime_memory`)
+    total_s   = states_s + acts_s + working_s + buffers_s + runtime_s + reserved
+    fits:       total_s + headroom ≤ memory_gib          (:mod:`cost_model.memory_headroom`)
 
 On a homogeneous cluster and the default layout this *is* the estimate's per-stage peak
 memory (tested to 1e-6); the finalists' estimates price each stage on its own devices and with
@@ -25,7 +28,8 @@ their placements.
 and the cap. It is an approximation, conservative in the activations (each chunk at its own
 in-flight peak ``n̂_{s,c} = max_τ n_{s,c}(τ)``, never below the peak of the sum), the buffers
 (the model's largest output and segment on every rank) and, for ``interleaved:v``, giving each
-chunk ``1/v`` of the rank's reserve, buffers and cap; the exact check above decides.
+chunk ``1/v`` of the rank's reserve, runtime terms, buffers and cap (``C − headroom``); the
+activations enter as ``(1 + f)·a_i`` (their fragmentation); the exact check above decides.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from functools import lru_cache
 import numpy as np
 
 from fxplan.cost_model.memory import GIB, MemoryBreakdown, model_state_bytes
+from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
+from fxplan.cost_model.runtime_memory import (cuda_context_bytes, fragmentation_bytes,
+                                              nccl_bytes)
 from fxplan.cost_model.pipeline_schedules import ScheduleOrder, schedule_order
 from fxplan.cost_model.stage_costs import buffer_bytes, rank_memory
 from fxplan.inter_op.profile import SegmentProfile
@@ -47,14 +54,34 @@ __all__ = ["DeviceMemory", "PartitionInputs", "inflight", "partition_inputs", "s
 
 @dataclass(frozen=True)
 class DeviceMemory:
-    """Capacity and reserve of one device, bytes."""
+    """Capacity, reserve and required headroom of one device, bytes, and its kind."""
 
     capacity: float
     reserved: float
+    headroom: float = 0.0
+    kind: str = "gpu"
+
+    @property
+    def limit(self) -> float:
+        """``capacity − headroom``: the most a rank may hold."""
+        return self.capacity - self.headroom
 
     @classmethod
-    def of(cls, device: object) -> "DeviceMemory":
-        return cls(float(device.memory_gib) * GIB, float(device.reserved_memory_gib) * GIB)
+    def of(cls, device: object, headroom: MemoryHeadroom = DEFAULT_HEADROOM) -> "DeviceMemory":
+        capacity = float(device.memory_gib) * GIB
+        return cls(capacity, float(device.reserved_memory_gib) * GIB, headroom.bytes(capacity),
+                   str(device.kind))
+
+    def limit_text(self) -> str:
+        """``"76.0 GiB (80 GiB less 4.0 GiB headroom)"`` — how pruning reasons name the cap."""
+        if not self.headroom:
+            return f"{self.capacity / GIB:.1f} GiB (no headroom)"
+        return (f"{self.limit / GIB:.1f} GiB ({self.capacity / GIB:g} GiB less "
+                f"{self.headroom / GIB:.1f} GiB headroom)")
+
+    def fixed_runtime(self, c: ParallelConfig) -> float:
+        """CUDA context and NCCL buffers of a rank of ``c`` (0 on a CPU device)."""
+        return cuda_context_bytes(self.kind) + nccl_bytes(self.kind, pp=c.pp, dp=c.dp, tp=c.tp)
 
 
 @lru_cache(maxsize=4096)
@@ -81,13 +108,15 @@ def _buffers(c: ParallelConfig, max_output: float, max_params: float) -> float:
 
 @dataclass(frozen=True)
 class PartitionInputs:
-    """Per virtual stage: extra time, fixed bytes, in-flight microbatches; layer state bytes."""
+    """Per virtual stage: extra time, fixed bytes, in-flight microbatches; per layer state
+    and saved activation bytes (fragmentation included)."""
 
     extra_time: np.ndarray
     fixed_bytes: np.ndarray
     inflight: np.ndarray
     layer_state: np.ndarray
     cap: float
+    layer_acts: np.ndarray
 
 
 def partition_inputs(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> PartitionInputs:
@@ -102,16 +131,20 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory)
     max_output = max(most(prof.out_bytes), *prof.end_out_bytes)
     max_params = max(most(prof.params), prof.pre[2], prof.post[2])
     working = max(most(prof.working), *prof.end_working)
-    per_rank = mem.reserved + _buffers(c, max_output, max_params) + working
+    transient = _buffers(c, max_output, max_params) + working
+    per_rank = (mem.reserved + transient + mem.fixed_runtime(c)
+                + fragmentation_bytes(mem.kind, transient))
+    grow = 1.0 + fragmentation_bytes(mem.kind, 1.0)
     extra = np.zeros(S)
     fixed = np.full(S, per_rank / v)
     counts = np.array([n[j % c.pp, j // c.pp] for j in range(S)])
     extra[0] += prof.pre[0] + prof.pre[1]
     extra[-1] += prof.post[0] + prof.post[1]
-    fixed[0] += k * prof.pre[2] + counts[0] * prof.pre[3]
+    fixed[0] += k * prof.pre[2] + counts[0] * prof.pre[3] * grow
     fixed[-1] += k * (prof.post[2] - (prof.tied_params if S == 1 or c.pp == 1 else 0.0))
-    fixed[-1] += counts[-1] * prof.post[3]
-    return PartitionInputs(extra, fixed, counts, k * prof.params, mem.capacity / v)
+    fixed[-1] += counts[-1] * prof.post[3] * grow
+    return PartitionInputs(extra, fixed, counts, k * prof.params, mem.limit / v,
+                           prof.acts * grow)
 
 
 def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
@@ -150,7 +183,8 @@ def stage_memory(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> 
     return rank_memory(order(c), **_rank_inputs(c, prof), reserved=[mem.reserved] * c.pp,
                        capacity=[mem.capacity] * c.pp, tp=c.tp, dp=c.dp,
                        zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel,
-                       offload=c.offload)
+                       offload=c.offload, kinds=[mem.kind] * c.pp,
+                       headroom=[mem.headroom] * c.pp)
 
 
 def stage_totals(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> np.ndarray:

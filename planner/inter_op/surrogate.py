@@ -8,7 +8,13 @@ layers ``[k_j, k_{j+1})`` (embedding on ``j = 0``, head on ``j = S−1``), per m
 
 with ``p2p_j`` the blocking sends of the chunk's output forward (``j < S−1``) and of its input
 gradient backward (``j > 0``), ``send_recv`` between ranks ``dp·tp`` apart, and ``z_j`` the
-ZeRO-3 all-gathers (forward and backward) of the chunk's weights over dp. Then::
+exposed ZeRO-3 traffic of the chunk's segments, as :mod:`cost_model.stage_costs` prices it
+(each segment's weights all-gathered over dp before its forward and its backward, its
+gradients reduce-scattered after, prefetched one segment ahead)::
+
+    z_j = Σ_{i ∈ j} max(0, AG(2ψ_i) − f_i) + max(0, AG(2ψ_i) + RS(2ψ_i) − b_i)
+
+(``pre``/``post`` likewise on the first/last virtual stage). Then::
 
     T̂ = max_s ( m·w_s + (p−1)/v · max_s w_s + exposed_s + post_s + opt_s )
     exposed_s = max(0, Σ_{i on s} AR/RS(2ψ_i) − b_s)      gradient buckets behind one backward
@@ -50,6 +56,22 @@ def _per_layer(kind: str, params: np.ndarray, ranks: tuple[int, ...],
     return np.array([_coll(kind, 2.0 * float(x), ranks, cluster) for x in values])[inverse]
 
 
+def _zero3_exposed(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray,
+                   dp_ranks: tuple[int, ...], cluster: Cluster) -> np.ndarray:
+    """``z_j`` of every virtual stage (module docstring), seconds per microbatch."""
+    gather = _per_layer("all_gather", prof.params, dp_ranks, cluster)
+    scatter = _per_layer("reduce_scatter", prof.params, dp_ranks, cluster)
+    z = (np.maximum(0.0, gather - prof.fwd)
+         + np.maximum(0.0, gather + scatter - prof.bwd))
+    P_z = np.concatenate([[0.0], np.cumsum(z)])
+    out = P_z[edges[1:]] - P_z[edges[:-1]]
+    for j, (f, b, psi) in ((0, prof.pre[:3]), (-1, prof.post[:3])):
+        ag = _coll("all_gather", 2.0 * float(psi), dp_ranks, cluster)
+        rs = _coll("reduce_scatter", 2.0 * float(psi), dp_ranks, cluster)
+        out[j] += max(0.0, ag - f) + max(0.0, ag + rs - b)
+    return out
+
+
 def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster) -> float:
     """``T̂`` of the module docstring, seconds."""
     p, v, S, m = c.pp, c.virtual_stages, c.pp * c.virtual_stages, c.num_microbatches
@@ -73,7 +95,7 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster) 
         u[:-1] += [_coll("send_recv", float(x), pair, cluster) for x in out[:-1]]
         u[1:] += [_coll("send_recv", float(x), pair, cluster) for x in out[:-1]]
     if c.zero_stage == 3 and c.dp > 1:
-        u += 2.0 * np.array([_coll("all_gather", 2.0 * float(x), dp_ranks, cluster) for x in psi])
+        u += _zero3_exposed(c, prof, edges, dp_ranks, cluster)
     stage = np.arange(S) % p
     w = np.bincount(stage, weights=u, minlength=p)
     b_s = np.bincount(stage, weights=back, minlength=p) / v

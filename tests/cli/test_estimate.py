@@ -17,7 +17,7 @@ def test_json_and_plot(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data["breakdown"]) == {"compute", "tp_comm", "zero_comm", "p2p", "bubble",
-                                      "dp_comm", "optimizer"}
+                                      "stage_imbalance", "dp_comm", "optimizer"}
     assert len(data["peak_memory_gib"]) == 2
     assert is_png(plot) and plot.stat().st_size > 2000  # a drawing, not a blank image
 
@@ -68,3 +68,16 @@ def test_a_dtype_the_devices_lack_is_a_user_error(capsys) -> None:  # type: igno
     err = capsys.readouterr().err
     assert "no bf16 peak" in err and "their dtypes are fp32, fp16" in err
     assert "Traceback" not in err
+
+
+def test_memory_headroom_decides_fits(capsys) -> None:  # type: ignore[no-untyped-def]
+    base = ["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
+            "--config", "dp=8", "--json"]
+    assert main([*base, "--memory-headroom", "4GiB"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fits"] and data["memory_headroom"] == "4GiB"
+    assert data["memory_breakdown_gib"][0]["headroom"] == 4.0
+    assert main([*base, "--memory-headroom", "79.9GiB"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"] is False
+    assert main([*base, "--memory-headroom", "lots"]) == 2
+    assert "memory headroom 'lots'" in capsys.readouterr().err

@@ -81,3 +81,30 @@ def test_plans_for_part_of_a_node(capsys) -> None:  # type: ignore[no-untyped-de
     degrees = data["degrees"]
     assert degrees["dp"] * degrees["tp"] * degrees["pp"] == 4
     assert data["fits"]
+
+
+def test_memory_headroom_is_kept_shown_and_checked(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "plan.json"
+    assert main([*TINY, "--memory-headroom", "10%", "--json", "-o", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["memory_headroom"] == "10%" and data["fits"]
+    assert data["min_free_gib"] >= 0.1 * data["capacity_gib"]
+    assert load_plan(out).estimate["memory_headroom"] == "10%"
+    assert main(["report", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "headroom, 10 % required" in text and "fits with" in text
+    for row in ("CUDA context", "NCCL communicator buffers", "fragmentation", "frag."):
+        assert row in text, row
+
+
+def test_bad_memory_headroom_is_one_paragraph_exit_2(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main([*TINY, "--memory-headroom", "120%"]) == 2
+    err = capsys.readouterr().err
+    assert "memory headroom '120%'" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_headroom_nothing_leaves_is_refused_with_the_headroom_named(capsys) -> None:  # type: ignore[no-untyped-def]
+    code = main([*TINY, "--memory-headroom", "79.9GiB"])
+    err = capsys.readouterr().err
+    assert code == 2 and "headroom" in err

@@ -146,11 +146,59 @@ def test_tied_embedding_is_held_by_first_and_last_stage(graph, cluster) -> None:
 
 
 def test_recompute_shrinks_activations_and_fits_flips(graph, cluster) -> None:  # type: ignore[no-untyped-def]
-    small = Cluster.load("dgx-a100-80g:a100.memory_gib=2.04")  # 41 MiB left after the 2 GiB reserve
     config = ParallelConfig(dp=8, microbatch_size=64)
-    results = {rc: estimate(graph, small, config.replace(recompute=rc), batch=512)
-               for rc in ("none", "selective", "full")}
-    acts = [results[rc].memory[0].activations for rc in ("none", "selective", "full")]
+    roomy = {rc: estimate(graph, cluster, config.replace(recompute=rc), batch=512,
+                          memory_headroom=0)
+             for rc in ("none", "selective", "full")}
+    acts = [roomy[rc].memory[0].activations for rc in ("none", "selective", "full")]
     assert acts[0] > acts[1] > acts[2]
+    # a device between the two peaks: full recompute fits, none does not
+    between = (roomy["none"].peak_memory_gib[0] + roomy["full"].peak_memory_gib[0]) / 2
+    small = Cluster.load(f"dgx-a100-80g:a100.memory_gib={between:.6f}")
+    results = {rc: estimate(graph, small, config.replace(recompute=rc), batch=512,
+                            memory_headroom=0) for rc in ("none", "full")}
     assert not results["none"].fits and results["full"].fits
-    assert results["none"].peak_memory_gib[0] > 2.04 >= results["full"].peak_memory_gib[0]
+    assert results["none"].peak_memory_gib[0] > between >= results["full"].peak_memory_gib[0]
+
+
+def test_runtime_terms_are_gpu_only_and_named() -> None:
+    """CUDA context and NCCL per communicator on a GPU; nothing of either on a CPU device."""
+    from fxplan.cost_model.runtime_memory import (CUDA_CONTEXT_BYTES, NCCL_BUFFSIZE,
+                                                  communicators, cuda_context_bytes,
+                                                  fragmentation_bytes, nccl_bytes)
+
+    assert communicators(pp=1, dp=1, tp=1) == 0
+    assert communicators(pp=2, dp=4, tp=8) == 4     # world, tp, dp, pp
+    assert nccl_bytes("gpu", pp=1, dp=8, tp=1) == 2 * 16 * 2 * NCCL_BUFFSIZE
+    assert cuda_context_bytes("gpu") == CUDA_CONTEXT_BYTES > 0
+    assert fragmentation_bytes("gpu", 1e9) == pytest.approx(1e8)
+    assert (cuda_context_bytes("cpu"), nccl_bytes("cpu", pp=2, dp=2, tp=2),
+            fragmentation_bytes("cpu", 1e9)) == (0.0, 0.0, 0.0)
+
+
+def test_estimate_memory_rows_include_runtime_terms(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    est = estimate(graph, cluster, ParallelConfig(dp=2, tp=2, pp=2), batch=8)
+    for m in est.memory:
+        transient = m.activations + m.recompute_working + m.buffers
+        assert m.cuda_context > 0 and m.nccl > 0
+        assert m.fragmentation == pytest.approx(0.1 * transient)
+        assert m.total == pytest.approx(m.params + m.grads + m.optimizer + transient
+                                        + m.cuda_context + m.nccl + m.fragmentation
+                                        + m.reserved)
+    fp32 = capture(SPEC, batch=B, dtype=torch.float32)     # the CPU spec lists fp32 only
+    cpu = estimate(fp32, Cluster.load("local-cpu:devices=8"), ParallelConfig(dp=2, tp=2, pp=2),
+                   batch=8, memory_headroom=0)
+    assert all(m.cuda_context == m.nccl == m.fragmentation == 0 for m in cpu.memory)
+
+
+def test_headroom_decides_fits(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    config = ParallelConfig(dp=8)
+    peak = estimate(graph, cluster, config, batch=8, memory_headroom=0).memory[0].total
+    free_gib = (80 * 2 ** 30 - peak) / 2 ** 30
+    assert estimate(graph, cluster, config, batch=8,
+                    memory_headroom=f"{free_gib * 0.99:.6f}GiB").fits
+    assert not estimate(graph, cluster, config, batch=8,
+                        memory_headroom=f"{free_gib * 1.01:.6f}GiB").fits
+    default = estimate(graph, cluster, config, batch=8)
+    assert default.memory[0].headroom == pytest.approx(0.05 * 80 * 2 ** 30)
+    assert default.to_dict()["memory_headroom"] == "5%"

@@ -116,3 +116,29 @@ def test_breakdown_sums_to_step_time() -> None:
     assert sum(sim.breakdown.values()) == pytest.approx(sim.step_time_s)
     assert sim.breakdown["bubble"] > 0
 
+
+
+def test_balanced_pipeline_has_no_stage_imbalance() -> None:
+    """Uniform stages: all idle is the schedule's, ``(p−1)·(f+b)`` for 1F1B."""
+    sim = simulate_step(_costs(4, 1, 0.0), "1f1b", 8)
+    assert sim.breakdown["stage_imbalance"] == pytest.approx(0.0, abs=1e-12)
+    assert sim.breakdown["bubble"] == pytest.approx(3 * (1.0 + 2.0))
+    assert sum(sim.breakdown.values()) == pytest.approx(sim.step_time_s)
+
+
+@pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2)])
+def test_uneven_stages_split_idle_into_bubble_and_imbalance(schedule: str, v: int) -> None:
+    """One stage twice as slow: the others wait for it beyond the schedule's own bubble, and
+    bubble + imbalance is still all the idle time (the breakdown sums to the step)."""
+    even = _costs(4, v, 0.0)
+    forward, backward = even.forward.copy(), even.backward.copy()
+    forward[0, 2], backward[0, 2] = 2.0, 4.0
+    uneven = StageCosts(forward, backward, even.grad_buckets, even.post, even.optimizer)
+    sim = simulate_step(uneven, schedule, 8)
+    balanced = simulate_step(even, schedule, 8)
+    c = sim.critical_stage
+    assert sim.breakdown["stage_imbalance"] > 0.5
+    assert sim.breakdown["bubble"] <= balanced.breakdown["bubble"] * (2 if c == 2 else 1) + 1e-9
+    idle = sim.timeline.stage_end[c] - sim.timeline.busy[c]
+    assert sim.breakdown["bubble"] + sim.breakdown["stage_imbalance"] == pytest.approx(idle)
+    assert sum(sim.breakdown.values()) == pytest.approx(sim.step_time_s)

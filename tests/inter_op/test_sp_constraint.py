@@ -106,3 +106,21 @@ def test_unconstrained_search_still_reads_sp_off_the_solver(cpu4) -> None:  # ty
         assert plan.config.sequence_parallel == _shards_replicated(graph, plan)
     assert not any("sequence_parallel allows" in f for f in plan.fallbacks)
     _check_priced(graph, cluster, plan, 8)
+
+
+def test_api_plan_honours_sp_off_for_dp_by_tp_and_keeps_the_headroom() -> None:
+    """``fxplan.plan(..., constraints={"tp": 2, "sequence_parallel": False}, headroom=…)`` on
+    4 CPU ranks, on the model whose solver placements shard the sequence: dp×tp with sp off
+    (issue 12), the headroom stored in the plan."""
+    import fxplan
+    from fxplan.examples.model_spec import resolve_model
+
+    bundle = resolve_model(WIDER)
+    model = bundle.build("cpu")
+    inputs = bundle.example_inputs(batch=8)
+    result = fxplan.plan(model, "local-cpu:devices=4", inputs=inputs, batch=8,
+                         constraints={"tp": 2, "sequence_parallel": False}, headroom="10%")
+    plan = result.plan
+    assert (plan.tp, plan.dp) == (2, 2)
+    assert not plan.config.sequence_parallel and not plan.sequence_parallel
+    assert plan.estimate["memory_headroom"] == "10%"
