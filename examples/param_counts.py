@@ -9,6 +9,9 @@ Families (``examples/models``), with ``l`` layers, hidden size ``h``, vocabulary
 
 - ``gpt``: per layer ``12h² + 13h`` (QKV and projection with biases, 4h MLP with biases,
   two LayerNorms); learned positions ``s·h``; tied LM head; final LayerNorm ``2h``.
+- ``moe``: as ``gpt`` with feed-forward width ``f = ffn_mult·h``: per layer ``4h² + 8h``
+  (attention, two LayerNorms) plus, for a dense layer, ``2fh² + fh + h``, for an MoE layer
+  (``E`` experts) the router ``hE`` and ``E·(2fh² + fh + h)``.
 - ``llama``: per layer ``h·(a + 2k)·d + a·d·h + 3·h·f + 2h`` (``a`` heads, ``k`` KV heads of
   width ``d``, SwiGLU width ``f``, no biases, two RMSNorms); final RMSNorm; head untied unless
   ``tie_embeddings``.
@@ -31,6 +34,14 @@ __all__ = ["family_params", "hf_params"]
 def _gpt(c: Any) -> int:
     h = c.hidden
     return c.layers * (12 * h * h + 13 * h) + (c.vocab + c.seq) * h + 2 * h
+
+
+def _moe(c: Any) -> int:
+    h, f = c.hidden, c.ffn_mult * c.hidden
+    ffn = 2 * f * h + f + h
+    moe = c.moe_layers
+    return (c.layers * (4 * h * h + 8 * h) + (c.layers - moe) * ffn
+            + moe * (h * c.experts + c.experts * ffn) + (c.vocab + c.seq) * h + 2 * h)
 
 
 def _llama_like(*, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int,
@@ -73,7 +84,7 @@ def _convnet(c: Any) -> int:
     return total + _linear(cin, c.classes)
 
 
-_FAMILY_COUNTS = {"gpt": _gpt, "llama": _llama, "mlp": _mlp, "convnet": _convnet}
+_FAMILY_COUNTS = {"gpt": _gpt, "moe": _moe, "llama": _llama, "mlp": _mlp, "convnet": _convnet}
 
 
 def family_params(family: str, config: Any) -> int | None:
