@@ -2,7 +2,8 @@
 
 Matrix products (what Megatron's formulas count):
 
-- ``matmul``/``bmm``/``mm``/``@``: ``2·numel(out)·K`` with ``K`` the contracted size.
+- ``matmul``/``bmm``/``mm``/``@``/``grouped_mm`` (experts of a mixture, Hugging Face's
+  Mixtral/Qwen-MoE): ``2·numel(out)·K`` with ``K`` the contracted size.
 - ``addmm``/``baddbmm``: the product plus ``numel(out)`` for the added term.
 - ``linear``: ``2·M·N·K`` (+ ``M·N`` with a bias), ``M·N = numel(out)``, ``K`` = in features.
 - ``scaled_dot_product_attention``: ``QKᵀ`` and ``P·V``, ``2·B·Lq·Lk·E + 2·B·Lq·Lk·Ev``
@@ -29,9 +30,10 @@ from fxplan.passes.analyses.ops import OpCall, nbytes, register, tensors
 # --- matrix products ---------------------------------------------------------------------
 
 
-@register("matmul", "bmm", "mm", op_class="matmul")
+@register("matmul", "bmm", "mm", "grouped_mm", op_class="matmul")
 def matmul(call: OpCall) -> int:
-    """``2·numel(out)·K``; ``K`` = last dim of the first operand."""
+    """``2·numel(out)·K``; ``K`` = last dim of the first operand (``grouped_mm``: tokens
+    ``[T, K]`` against experts ``[E, K, N]``, each row by its group's matrix: ``2·T·N·K``)."""
     a = call.args[0]
     return 2 * call.out_numel * a.shape[-1]
 
@@ -113,7 +115,7 @@ register("rms_norm", "batch_norm", "fused_rms_norm", "native_batch_norm",
          op_class="norm")(_per_input(4))
 register("softmax", "log_softmax", op_class="softmax")(_per_input(5))
 register("sum", "mean", "amax", "amin", "max", "min", "var", "std", "norm", "argmax", "argmin",
-         "logsumexp", "cumsum", "topk", "sort", op_class="reduction")(_per_input(1))
+         "logsumexp", "cumsum", "topk", "sort", "histc", op_class="reduction")(_per_input(1))
 register("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool", "max_pool2d",
          "avg_pool2d", "adaptive_avg_pool2d", op_class="pool")(_per_input(1))
 register("cross_entropy", "cross_entropy_loss", op_class="loss")(_per_input(5))
