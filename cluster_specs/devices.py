@@ -32,6 +32,13 @@ class DeviceGroup:
     NIC count for this group's nodes (``None``: the level's). ``step_overhead_us`` is a fixed
     cost per training step on each device beyond its kernels and collectives (host work of the
     training loop: the optimizer's per-tensor loop, data-parallel hooks, the schedule).
+
+    Host side, for offload (all optional; ``None``: not given, and then nothing is offloaded
+    to this group's hosts): ``host_memory_gib`` is the host (CPU) memory of one node,
+    ``host_memory_bandwidth_gb_per_s`` its memory bandwidth (all sockets; the CPU optimizer
+    step of a node's devices shares it) and ``host_link_gb_per_s`` the host↔device bandwidth
+    of one device per direction while every device of the node copies at once (PCIe lanes
+    shared behind a switch count once).
     """
 
     name: str
@@ -48,6 +55,9 @@ class DeviceGroup:
     kernel_launch_us: float = 0.0
     step_overhead_us: float = 0.0
     nics_per_node: int | None = None
+    host_memory_gib: float | None = None
+    host_memory_bandwidth_gb_per_s: float | None = None
+    host_link_gb_per_s: float | None = None
     first_rank: int = 0
     first_node: int = 0
 

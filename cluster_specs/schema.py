@@ -114,6 +114,12 @@ GROUP_FIELDS: dict[str, Field] = {
                                         unit="µs per training step"), 0.0),
     "nics_per_node": optional(integer(low=1, high=MAX_DEVICES_PER_NODE,
                                       unit="NICs per node, overriding the cluster-scope level's")),
+    "host_memory_gib": optional(number(low=0, low_open=True, high=MAX_MEMORY_GIB,
+                                       unit="GiB of host memory per node")),
+    "host_memory_bandwidth_gb_per_s": optional(number(low=0, low_open=True, high=MAX_RATE,
+                                                      unit="GB/s of host memory per node")),
+    "host_link_gb_per_s": optional(number(low=0, low_open=True, high=MAX_RATE,
+                                          unit="GB/s host↔device per device and direction")),
 }
 
 LEVEL_FIELDS: dict[str, Field] = {

@@ -164,7 +164,7 @@ def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, 
     m = config.num_microbatches or 1
     sim = simulate_step(plan.costs, config.schedule.kind, m)
     order = schedule_order(config.schedule.kind, config.pp, config.virtual_stages, m)
-    memory = stage_memory(plan, order, config, optimizer)
+    memory = stage_memory(plan, order, config, optimizer, cluster)
     forward = sum(seg.matmul_flops for row in plan.chunks for segs in row for seg in segs)
     recomputed = sum(seg.recompute_flops for row in plan.chunks for segs in row for seg in segs)
     pipelines = m * config.dp

@@ -11,6 +11,16 @@ weights, momentum, variance)::
     ZeRO-2   k_p·Ψ + (k_g + k_o)·Ψ/N      = 2Ψ + 14Ψ/N
     ZeRO-3   (k_p + k_g + k_o)·Ψ/N        = 16Ψ/N
 
+**Offload** (:mod:`cost_model.offload`): ``offload=optimizer`` keeps the weights and gradients
+on the device as above and the ``k_o`` optimizer bytes on the host, with an fp32 copy of the
+gradients there (``k_h = k_o + 4 = 16`` host bytes per parameter the rank updates, ``Ψ/N`` under
+ZeRO ≥ 1, else ``Ψ``); ``offload=optimizer+params`` (ZeRO-3 only) keeps no model states on the
+device between layers (the gathered layers are buffers) and ``k_h·Ψ/N`` on the host (fp32
+shard, fp32 gradient, two fp32 moments: FSDP2's CPU offload)::
+
+    offload=optimizer         k_p·Ψ/(N if z=3) + k_g·Ψ/(N if z≥2)   device;  16·Ψ/(N if z≥1) host
+    offload=optimizer+params  0                                    device;  16·Ψ/N          host
+
 **Activations** of stage ``s``: the peak over the schedule of ``Σ_c n_c(τ)·A_c``, where
 ``n_c(τ)`` counts the microbatches of chunk ``c`` forwarded but not yet backwarded at time
 ``τ`` (from the schedule's op order: 1F1B keeps ``min(p−s, m)``, GPipe ``m``, interleaved
@@ -41,6 +51,8 @@ class OptimizerSpec:
     ``step_bytes`` = read and write the fp32 master weight, momentum and variance (2·12),
     read the 16-bit gradient (2), write the 16-bit weight (2) = 28 for mixed-precision Adam.
     ``step_flops`` ≈ 12 per parameter (moments, bias correction, update); negligible.
+    ``host_bytes``: what an offloaded parameter's optimizer keeps in host memory (fp32 master
+    weight, momentum, variance and the fp32 gradient it reads: 16).
     """
 
     name: str = "adam-mixed"
@@ -49,6 +61,7 @@ class OptimizerSpec:
     state_bytes: float = 12.0
     step_bytes: float = 28.0
     step_flops: float = 12.0
+    host_bytes: float = 16.0
 
 
 #: Adam with 16-bit weights and gradients and fp32 master weights and moments: 2 + 2 + 12.
@@ -57,11 +70,13 @@ ADAM_MIXED = OptimizerSpec()
 
 @dataclass(frozen=True)
 class ModelStates:
-    """Bytes of weights, gradients and optimizer states on one rank."""
+    """Bytes of weights, gradients and optimizer states on one rank's device, and of the
+    states offloaded to its host (``host``, not part of :attr:`total`)."""
 
     params: float
     grads: float
     optimizer: float
+    host: float = 0.0
 
     @property
     def total(self) -> float:
@@ -69,16 +84,26 @@ class ModelStates:
 
 
 def model_state_bytes(num_params: float, dp: int, zero_stage: int,
-                      optimizer: OptimizerSpec = ADAM_MIXED) -> ModelStates:
-    """ZeRO model states of ``num_params`` parameters (module docstring table)."""
+                      optimizer: OptimizerSpec = ADAM_MIXED,
+                      offload: str = "none") -> ModelStates:
+    """ZeRO model states of ``num_params`` parameters, with ``offload`` moving some of them
+    to the host (module docstring tables)."""
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0–3, got {zero_stage}")
     psi, n = float(num_params), dp
-    return ModelStates(
+    updated = psi / (n if zero_stage >= 1 else 1)   # the parameters this rank's optimizer steps
+    if offload == "optimizer+params":
+        return ModelStates(0.0, 0.0, 0.0, host=optimizer.host_bytes * updated)
+    states = ModelStates(
         params=optimizer.param_bytes * psi / (n if zero_stage >= 3 else 1),
         grads=optimizer.grad_bytes * psi / (n if zero_stage >= 2 else 1),
-        optimizer=optimizer.state_bytes * psi / (n if zero_stage >= 1 else 1),
+        optimizer=optimizer.state_bytes * updated,
     )
+    if offload == "optimizer":
+        return ModelStates(states.params, states.grads, 0.0, host=optimizer.host_bytes * updated)
+    if offload != "none":
+        raise ValueError(f"offload must be none, optimizer or optimizer+params, got {offload!r}")
+    return states
 
 
 @dataclass(frozen=True)
@@ -93,15 +118,26 @@ class MemoryBreakdown:
     buffers: float
     reserved: float
     capacity: float
+    #: bytes this rank keeps in its node's host memory (offload; not device memory)
+    host: float = 0.0
+    #: the node's host memory and what all its ranks keep there (0: nothing offloaded)
+    host_capacity: float = 0.0
+    host_node_total: float = 0.0
 
     @property
     def total(self) -> float:
-        """Everything but the capacity."""
-        return sum(getattr(self, f.name) for f in fields(self) if f.name != "capacity")
+        """Device bytes: everything but the capacity and the host fields."""
+        return sum(getattr(self, f.name) for f in fields(self) if f.name not in _NOT_DEVICE)
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.capacity
+        """Device memory within capacity, and the node's host memory within its capacity
+        when anything is offloaded."""
+        return self.total <= self.capacity and self.host_fits
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_node_total <= self.host_capacity or self.host_node_total == 0.0
 
     @property
     def total_gib(self) -> float:
@@ -109,6 +145,11 @@ class MemoryBreakdown:
 
     def to_gib(self) -> dict[str, float]:
         """Every field and the total in GiB (for reports and JSON)."""
-        out = {f.name: getattr(self, f.name) / GIB for f in fields(self)}
+        out = {f.name: getattr(self, f.name) / GIB for f in fields(self)
+               if f.name not in _NOT_DEVICE[1:] or self.host_node_total}
         out["total"] = self.total_gib
         return out
+
+
+#: :class:`MemoryBreakdown` fields that are not device bytes (the capacity first).
+_NOT_DEVICE = ("capacity", "host", "host_capacity", "host_node_total")

@@ -23,7 +23,7 @@ an event-driven simulation gives (``tests/cost_model/test_simulator.py`` checks 
 **The step.** After its last backward a stage finishes its data-parallel gradient sync and
 runs the optimizer::
 
-    T_s    = end_s + exposed_dp_s + post_s + optimizer_s,      T = max_s T_s
+    T_s    = end_s + exposed_dp_s + post_s + optimizer_s + offload_s,      T = max_s T_s
 
 Gradient buckets become ready as the backward of the *last* microbatch of each model chunk
 passes their layers (bucket ``i`` of a chunk is ready at ``start + f_i·(end − start)`` of
@@ -32,7 +32,9 @@ that cannot hide behind the remaining backward is exposed:
 ``exposed_dp_s = max(0, comm_end_s − end_s)``. ``post_s`` is communication that must follow
 the whole backward (tied-embedding gradient sync, ZeRO-1/2 parameter all-gather).
 The breakdown of the critical stage sums to ``T``: compute, exposed TP comm, ZeRO comm, p2p,
-bubble ``= end_s − busy_s``, exposed DP comm, optimizer.
+bubble ``= end_s − busy_s``, exposed DP comm, optimizer, and ``offload`` (the host↔device
+copies and CPU optimizer step that are not hidden, :mod:`cost_model.offload`) when the
+configuration offloads.
 """
 
 from __future__ import annotations
@@ -241,7 +243,8 @@ class StageCosts:
     :data:`COMPONENTS` order (compute incl. recompute, exposed TP comm, exposed ZeRO-3 comm,
     blocking p2p send). ``grad_buckets[s][c]`` lists ``(f, seconds)``: a bucket ready after
     fraction ``f`` of the last backward of chunk ``c`` on stage ``s`` and the time its
-    data-parallel reduction takes. ``post`` and ``optimizer`` are ``(p,)`` seconds.
+    data-parallel reduction takes. ``post``, ``optimizer`` and ``offload`` (``None``: no
+    offload) are ``(p,)`` seconds.
     """
 
     forward: np.ndarray
@@ -249,6 +252,7 @@ class StageCosts:
     grad_buckets: tuple[tuple[tuple[tuple[float, float], ...], ...], ...]
     post: np.ndarray
     optimizer: np.ndarray
+    offload: np.ndarray | None = None
 
     @property
     def stages(self) -> int:
@@ -301,10 +305,14 @@ def simulate_step(costs: StageCosts, schedule: str, microbatches: int) -> StepSi
         if spans:
             exposed[s] = max(0.0, spans[-1][1] - stage_end[s])
     stage_time = stage_end + exposed + costs.post + costs.optimizer
+    if costs.offload is not None:
+        stage_time = stage_time + costs.offload
     critical = int(np.argmax(stage_time))
     breakdown = {name: float(m * (costs.forward[i, critical].sum() + costs.backward[i, critical].sum()))
                  for i, name in enumerate(COMPONENTS)}
     breakdown["bubble"] = max(0.0, float(stage_end[critical] - timeline.busy[critical]))
     breakdown["dp_comm"] = float(exposed[critical] + costs.post[critical])
     breakdown["optimizer"] = float(costs.optimizer[critical])
+    if costs.offload is not None:
+        breakdown["offload"] = float(costs.offload[critical])
     return StepSimulation(timeline, stage_time, exposed, critical, breakdown, tuple(transfers))

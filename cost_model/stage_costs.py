@@ -25,7 +25,10 @@ chunk has passed it (fractions of that op's time, in backward order ``post``, la
 first, ``pre``), all-reduced (ZeRO-0) or reduce-scattered (ZeRO-1/2) over dp. After the
 backward: ZeRO-1/2 all-gather the updated 16-bit weights; a weight tied across stages
 (embedding and LM head) all-reduces its gradient between them. The optimizer step reads and
-writes ``step_bytes`` per local parameter (``Ψ/N`` under ZeRO ≥ 1) at memory speed.
+writes ``step_bytes`` per local parameter (``Ψ/N`` under ZeRO ≥ 1) at memory speed; under
+offload it runs on the host instead (:mod:`cost_model.offload`: the ``offload`` row, the
+device keeping only its fixed ``step_overhead_us``), and ``offload=optimizer+params`` adds
+the host↔device copies of each segment's shard to the ZeRO-3 prefetch term.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
 from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
                                model_state_bytes)
+from fxplan.cost_model.offload import offload_segment_s, offload_step_s, with_host_check
 from fxplan.cost_model.pipeline_schedules import ScheduleOrder
 from fxplan.cost_model.simulator import StageCosts
 
@@ -117,7 +121,7 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
     keys = _chunk_keys(segments, config)
     forward, backward = np.zeros((4, p, v)), np.zeros((4, p, v))
     chunks, params, devices, buckets = [], [], [], []
-    post, opt_time = np.zeros(p), np.zeros(p)
+    post, opt_time, off_time = np.zeros(p), np.zeros(p), np.zeros(p)
     for s in range(p):
         tp_group, dp_group = stage_ranks(config, s)
         device = cluster.device(tp_group[0])
@@ -131,7 +135,7 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         stage_params: dict[str, float] = {}
         stage_buckets = []
         for c, segs in enumerate(row):
-            f_c, b_c = _chunk_times(segs, tp_group, dp_group, cluster, config, optimizer)
+            f_c, b_c = _chunk_times(segs, tp_group, dp_group, cluster, config, optimizer, device)
             forward[:3, s, c], backward[:3, s, c] = f_c, b_c
             labels = [label for _, label in keys[s][c]]
             stage_buckets.append(_buckets(segs, labels, stage_params, dp_group, cluster, config,
@@ -140,18 +144,24 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         buckets.append(tuple(stage_buckets))
         psi = sum(stage_params.values())
         local = psi / config.dp if config.zero_stage >= 1 else psi
-        opt_time[s] = _optimizer_s(optimizer, local, device)
+        opt_time[s] = (_optimizer_s(optimizer, local, device) if config.offload == "none"
+                       else device.step_overhead_us * 1e-6)
         if config.zero_stage in (1, 2):
             post[s] += _collective("all_gather", optimizer.param_bytes * psi, dp_group, cluster)
     _p2p(chunks, forward, backward, config, cluster)
     _tied_sync(params, post, config, cluster, optimizer)
-    costs = StageCosts(forward, backward, tuple(buckets), post, opt_time)
+    if config.offload != "none":
+        for s in range(p):
+            off_time[s] = offload_step_s(config, sum(params[s].values()),
+                                         float(backward[:, s].sum()), devices[s], optimizer)
+    costs = StageCosts(forward, backward, tuple(buckets), post, opt_time,
+                       off_time if config.offload != "none" else None)
     return StagePlan(costs, tuple(chunks), tuple(params), tuple(devices))
 
 
 def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
                  dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
-                 optimizer: OptimizerSpec) -> tuple[list[float], list[float]]:
+                 optimizer: OptimizerSpec, device: DeviceGroup) -> tuple[list[float], list[float]]:
     """``[compute, tp, zero]`` seconds of one chunk's forward and backward."""
     f = [0.0, 0.0, 0.0]
     b = [0.0, 0.0, 0.0]
@@ -164,6 +174,8 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
             psi = seg.param_count
             gather = _collective("all_gather", optimizer.param_bytes * psi, dp_group, cluster)
             scatter = _collective("reduce_scatter", optimizer.grad_bytes * psi, dp_group, cluster)
+            h2d, d2h = offload_segment_s(config, psi, device)
+            gather, scatter = gather + h2d, scatter + d2h
             f[2] += max(0.0, gather - seg.forward_s)
             b[2] += max(0.0, gather + scatter - seg.backward_s - seg.recompute_s)
     return f, b
@@ -246,11 +258,12 @@ def rank_memory(order: ScheduleOrder, *, params: Sequence[float], saved: np.ndar
                 max_segment_params: Sequence[float], reserved: Sequence[float],
                 capacity: Sequence[float], tp: int, dp: int, zero_stage: int,
                 sequence_parallel: bool,
-                optimizer: OptimizerSpec = ADAM_MIXED) -> list[MemoryBreakdown]:
+                optimizer: OptimizerSpec = ADAM_MIXED,
+                offload: str = "none") -> list[MemoryBreakdown]:
     """Peak memory of each pipeline rank ``s`` from its aggregates (the one formula
     :func:`stage_memory` and the planner's search both use):
 
-        states_s  = ZeRO(params[s], dp, zero)
+        states_s  = ZeRO(params[s], dp, zero), less what ``offload`` keeps on the host
         acts_s    = peak over time of Σ_c n_c(τ)·saved[s, c]   (``order.peak_inflight``)
         working_s = working[s]        (largest recompute working set of a segment on s)
         buffers_s = :func:`buffer_bytes` of the rank's largest output and segment
@@ -259,24 +272,26 @@ def rank_memory(order: ScheduleOrder, *, params: Sequence[float], saved: np.ndar
     inflight = order.peak_inflight(np.asarray(saved, dtype=float))
     out = []
     for s in range(order.stages):
-        states = model_state_bytes(float(params[s]), dp, zero_stage, optimizer)
+        states = model_state_bytes(float(params[s]), dp, zero_stage, optimizer, offload)
         buffers = buffer_bytes(float(max_output_bytes[s]), float(max_segment_params[s]),
                                pp=order.stages, tp=tp, dp=dp, zero_stage=zero_stage,
                                sequence_parallel=sequence_parallel, optimizer=optimizer)
         out.append(MemoryBreakdown(states.params, states.grads, states.optimizer,
                                    float(inflight[s]), float(working[s]), buffers,
-                                   float(reserved[s]), float(capacity[s])))
+                                   float(reserved[s]), float(capacity[s]), host=states.host))
     return out
 
 
 def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
-                 optimizer: OptimizerSpec) -> list[MemoryBreakdown]:
-    """Peak memory per stage (:func:`rank_memory`, :mod:`cost_model.memory`)."""
+                 optimizer: OptimizerSpec, cluster: Cluster | None = None) -> list[MemoryBreakdown]:
+    """Peak memory per stage (:func:`rank_memory`, :mod:`cost_model.memory`); under offload,
+    with the host memory of each stage's fullest node against its capacity
+    (:func:`cost_model.offload.with_host_check`, needs ``cluster``)."""
     p, v = config.pp, config.virtual_stages
     saved = np.array([[sum(seg.activations.saved for seg in plan.chunks[s][c]) for c in range(v)]
                       for s in range(p)])
     segs = [[seg for c in range(v) for seg in plan.chunks[s][c]] for s in range(p)]
-    return rank_memory(
+    memory = rank_memory(
         order, params=[sum(plan.params[s].values()) for s in range(p)], saved=saved,
         working=[max(seg.activations.working for seg in row) for row in segs],
         max_output_bytes=[max(seg.output_bytes for seg in row) for row in segs],
@@ -284,4 +299,7 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
         reserved=[device.reserved_memory_gib * GIB for device in plan.devices],
         capacity=[device.memory_gib * GIB for device in plan.devices],
         tp=config.tp, dp=config.dp, zero_stage=config.zero_stage,
-        sequence_parallel=config.sequence_parallel, optimizer=optimizer)
+        sequence_parallel=config.sequence_parallel, optimizer=optimizer, offload=config.offload)
+    if config.offload == "none" or cluster is None:
+        return memory
+    return with_host_check(memory, config, cluster)

@@ -24,7 +24,7 @@ from fxplan.cli.units import count, gib, percent, seconds, si
 from fxplan.core.plan import Plan
 from fxplan.report_pruning import group_pruned
 
-__all__ = ["plan_summary", "render_report", "rate_line", "unique_runners_up"]
+__all__ = ["offload_line", "plan_summary", "render_report", "rate_line", "unique_runners_up"]
 
 #: Pruning reasons printed per kind (closest first); the rest of the kind are counted.
 SHOW_PER_KIND = 4
@@ -36,7 +36,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     return {
         "model": plan.model, "cluster": plan.cluster, "batch": plan.batch, "seq": plan.seq,
         "summary": plan.summary, "degrees": plan.degrees, "axis_levels": list(plan.axis_levels),
-        "zero_stage": plan.zero_stage, "schedule": str(plan.schedule),
+        "zero_stage": plan.zero_stage, "offload": plan.offload, "fp8": plan.config.fp8,
+        "schedule": str(plan.schedule),
         "microbatch_size": plan.microbatch_size, "num_microbatches": plan.num_microbatches,
         "recompute": plan.recompute_summary, "sequence_parallel": plan.sequence_parallel,
         "stage_layers": [s.num_layers for s in plan.stages],
@@ -80,6 +81,24 @@ def _memory_table(plan: Plan) -> Any:
                                                "total")),
                       percent(m["total"] / cap, 2) if cap else "–")
     return table
+
+
+def offload_line(plan: Plan) -> str:
+    """``optimizer states on the host: 14 GiB per rank, 112 GiB of 512 GiB per node; PCIe
+    copies and CPU step 3.43 s per step`` ("" without offload)."""
+    if plan.offload == "none":
+        return ""
+    est = plan.estimate
+    rows = est.get("memory_breakdown_gib", [])
+    worst = max(rows, key=lambda m: m.get("host_node_total", 0.0), default={})
+    what = ("optimizer states" if plan.offload == "optimizer"
+            else "optimizer states and parameter shards")
+    seconds_ = est.get("breakdown", {}).get("offload")
+    return (f"{what} on the host: {gib(worst.get('host', 0.0))} per rank, "
+            f"{gib(worst.get('host_node_total', 0.0))} of {gib(worst.get('host_capacity', 0.0))} "
+            "host memory per node"
+            + (f"; host↔device copies and CPU optimizer step {seconds(seconds_)} per step "
+               "(not hidden)" if seconds_ is not None else ""))
 
 
 def unique_runners_up(plan: Plan) -> list[dict[str, Any]]:
@@ -138,6 +157,8 @@ def render_report(plan: Plan, console: Any = None) -> None:
     console.print(f"breakdown       {parts}")
     console.print(f"memory          peak {gib(est['max_memory_gib'])} of "
                   f"{gib(est['capacity_gib'])} per device ({'fits' if est['fits'] else 'DOES NOT FIT'})")
+    if plan.offload != "none":
+        console.print(f"offload         {offload_line(plan)}")
     console.print(_memory_table(plan))
     if unique_runners_up(plan):
         console.print(_runners_table(plan))

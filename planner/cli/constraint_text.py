@@ -3,8 +3,9 @@
 Items are ``key=value`` separated by commas; ``value`` may list alternatives with ``|``
 (``tp=4|8``). Keys are the fields of :mod:`fxplan.inter_op.constraints` or their short
 forms: ``zero`` → ``zero_stage``, ``sp`` → ``sequence_parallel``, ``mb`` and ``microbatch``
-→ ``microbatch_size``. Degrees, microbatch sizes and ZeRO stages are integers,
-``sequence_parallel`` is true/false, ``schedule`` and ``recompute`` are words. The parsed
+→ ``microbatch_size``. Degrees (``cp``, ``ep`` included), microbatch sizes and ZeRO stages
+are integers, ``sequence_parallel`` and ``fp8`` are true/false, ``schedule``, ``recompute``
+and ``offload`` (``none``, ``optimizer``, ``optimizer+params``) are words. The parsed
 mapping is validated by :func:`fxplan.inter_op.constraints.validate_constraints` inside the
 search, against the cluster's world size.
 """
@@ -19,7 +20,7 @@ __all__ = ["parse_constraints", "ALIASES"]
 
 ALIASES = {"zero": "zero_stage", "sp": "sequence_parallel", "mb": "microbatch_size",
            "microbatch": "microbatch_size"}
-_INTEGERS = {"tp", "pp", "dp", "microbatch_size", "zero_stage"}
+_INTEGERS = {"tp", "pp", "dp", "microbatch_size", "zero_stage", "cp", "ep"}
 _TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
 
 
@@ -30,7 +31,7 @@ def _value(key: str, raw: str, item: str) -> Any:
         except ValueError:
             raise ConstraintError(f"--constrain {item!r}: {key} takes integers, got "
                                   f"{raw!r}") from None
-    if key == "sequence_parallel":
+    if key in ("sequence_parallel", "fp8"):
         if raw.lower() not in _TRUE | _FALSE:
             raise ConstraintError(f"--constrain {item!r}: {key} takes true or false, got {raw!r}")
         return raw.lower() in _TRUE

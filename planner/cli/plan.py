@@ -59,7 +59,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--constrain", metavar="K=V,...", default=None,
                         help="restrict the search, e.g. \"tp=8,pp=2,zero=1\" (keys: tp, pp, dp, "
                         "microbatch_size|mb, schedule, recompute, sequence_parallel|sp, "
-                        "zero_stage|zero; alternatives with |, e.g. tp=4|8)")
+                        "zero_stage|zero, offload (none|optimizer|optimizer+params), fp8 "
+                        "(true|false), cp, ep (1 only: not searched yet); alternatives with |, "
+                        "e.g. tp=4|8)")
     parser.add_argument("-o", "--output", metavar="PLAN.json", type=output_path(".json"),
                         help="write the plan here")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")

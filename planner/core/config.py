@@ -14,7 +14,12 @@ The one-line form is the edge to text: what ``fxplan estimate --config`` takes, 
 :meth:`ParallelConfig.parse` reads and :meth:`ParallelConfig.to_string` writes::
 
     dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off
-    [,m=96][,stages=3/3/2/2]
+    [,m=96][,stages=3/3/2/2][,offload=optimizer][,fp8=on][,cp=1][,ep=1]
+
+``offload`` (:data:`OFFLOAD_POLICIES`) puts the optimizer states, or the optimizer states and
+the ZeRO-3 parameter shards, in host memory; ``fp8`` runs the matrix products in FP8 (the cost
+model's :mod:`fxplan.cost_model.fp8` says what that assumes); ``cp`` and ``ep`` (context and
+expert parallelism) are in the schema at 1 and refused otherwise until they are searched.
 
 and :meth:`ParallelConfig.summary` prints ``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 |
 recompute=full | sp=off``.
@@ -38,14 +43,22 @@ from typing import Any, Mapping
 from fxplan.core.errors import UserError
 from fxplan.core.placements import PlacementMap
 
-__all__ = ["CostModelError", "ParallelConfig", "RECOMPUTE_POLICIES", "SCHEDULE_KINDS",
-           "Schedule"]
+__all__ = ["CostModelError", "OFFLOAD_POLICIES", "ParallelConfig", "RECOMPUTE_POLICIES",
+           "SCHEDULE_KINDS", "Schedule", "check_unsearched_degree"]
 
 #: Pipeline schedule kinds; ``interleaved`` is written ``interleaved:v`` (``v ≥ 2``).
 SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
 
 #: Activation recompute policies.
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
+
+#: What lives in host memory instead of the device's: nothing, the optimizer states (ZeRO-Offload:
+#: gradients to the host, the optimizer step on the CPU, the updated 16-bit weights back), or
+#: the optimizer states and the (sharded) parameters (ZeRO-3 only: FSDP2's CPU offload).
+OFFLOAD_POLICIES: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
+
+#: Degrees the schema carries but the search, cost model and runtime do not handle yet.
+UNSEARCHED_DEGREES: dict[str, str] = {"cp": "context parallelism", "ep": "expert parallelism"}
 
 _ON = ("on", "true", "yes", "1")
 _OFF = ("off", "false", "no", "0")
@@ -58,7 +71,7 @@ _KEYS: dict[str, str] = {
     "num_microbatches": "num_microbatches",
     "schedule": "schedule", "zero": "zero_stage", "zero_stage": "zero_stage",
     "recompute": "recompute", "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel",
-    "stages": "stage_layers",
+    "stages": "stage_layers", "cp": "cp", "ep": "ep", "offload": "offload", "fp8": "fp8",
 }
 
 
@@ -78,6 +91,15 @@ def _parse_bool(name: str, text: str) -> bool:
     if text.lower() in _OFF:
         return False
     raise CostModelError(f"{name}={text!r}: expected on or off")
+
+
+def check_unsearched_degree(name: str, value: Any) -> None:
+    """``cp`` and ``ep`` are in the schema (1 = unused) but not searched, priced or run yet:
+    any other value is a :class:`CostModelError` saying so."""
+    if value != 1 or isinstance(value, bool):
+        raise CostModelError(
+            f"{name}={value!r}: {UNSEARCHED_DEGREES[name]} is not searched yet (nor priced or "
+            f"run); {name} must be 1 in this version of fxplan")
 
 
 def _parse_int(name: str, text: str) -> int:
@@ -139,7 +161,8 @@ def _schedule_message(text: str, why: str = "") -> str:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Degrees, microbatching, schedule, ZeRO stage, recompute and sequence parallelism.
+    """Degrees, microbatching, schedule, ZeRO stage, recompute, sequence parallelism,
+    offload and FP8.
 
     ``num_microbatches`` may be left ``None`` and is then derived from the global batch by
     :meth:`resolve`. ``stage_layers`` lists the layer count of each virtual stage in
@@ -162,8 +185,24 @@ class ParallelConfig:
     sequence_parallel: bool = False
     stage_layers: tuple[int, ...] | None = None
     placements: PlacementMap | None = None
+    cp: int = 1
+    ep: int = 1
+    offload: str = "none"
+    fp8: bool = False
 
     def __post_init__(self) -> None:
+        for name in UNSEARCHED_DEGREES:
+            check_unsearched_degree(name, getattr(self, name))
+        if self.offload not in OFFLOAD_POLICIES:
+            raise CostModelError(f"offload={self.offload!r}: expected one of "
+                                 f"{', '.join(OFFLOAD_POLICIES)}")
+        if self.offload == "optimizer+params" and self.zero_stage != 3:
+            raise CostModelError(
+                f"offload=optimizer+params needs zero=3 (got zero={self.zero_stage}): parameters "
+                "live on the host only as ZeRO-3 shards, gathered onto the device layer by "
+                "layer (FSDP2's CPU offload, DeepSpeed's offload_param)")
+        if not isinstance(self.fp8, bool):
+            raise CostModelError(f"fp8 must be True or False, got {self.fp8!r}")
         for name in ("dp", "tp", "pp", "microbatch_size"):
             _positive_int(name, getattr(self, name))
         if self.num_microbatches is not None:
@@ -215,12 +254,14 @@ class ParallelConfig:
     def parse(cls, text: str) -> "ParallelConfig":
         """Read ``"dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off"``.
 
-        Keys: ``dp tp pp mb m schedule zero recompute sp stages`` (``stages=3/3/2/2``);
-        unknown or repeated keys are errors.
+        Keys: ``dp tp pp mb m schedule zero recompute sp stages`` (``stages=3/3/2/2``),
+        and ``cp ep offload fp8`` (``offload=optimizer``, ``fp8=on``; absent: 1, 1, ``none``,
+        off); unknown or repeated keys are errors.
         """
         if not isinstance(text, str) or not text.strip():
             raise CostModelError(f"config {text!r}: expected key=value,... with keys dp, tp, pp, "
-                                 "mb, m, schedule, zero, recompute, sp, stages (e.g. "
+                                 "mb, m, schedule, zero, recompute, sp, stages, cp, ep, offload, "
+                                 "fp8 (e.g. "
                                  "\"dp=4,tp=2,mb=1\")")
         values: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in text.replace(" ", ",").split(","))):
@@ -229,14 +270,17 @@ class ParallelConfig:
             if not sep or key not in _KEYS:
                 raise CostModelError(
                     f"config {text!r}: cannot read {item!r}; expected key=value with keys "
-                    "dp, tp, pp, mb, m, schedule, zero, recompute, sp, stages"
+                    "dp, tp, pp, mb, m, schedule, zero, recompute, sp, stages, cp, ep, offload, "
+                    "fp8"
                 )
             name = _KEYS[key]
             if name in values:
                 raise CostModelError(f"config {text!r}: {key} is given twice")
             value = value.strip()
-            if name == "sequence_parallel":
+            if name in ("sequence_parallel", "fp8"):
                 values[name] = _parse_bool(key, value)
+            elif name == "offload":
+                values[name] = value.lower()
             elif name == "stage_layers":
                 values[name] = tuple(_parse_int(key, v) for v in value.split("/"))
             elif name == "schedule":
@@ -249,7 +293,9 @@ class ParallelConfig:
 
     def to_string(self) -> str:
         """The :meth:`parse` form; round-trips every field but ``placements``, which it
-        drops (they are a placement map, not part of the text form)."""
+        drops (they are a placement map, not part of the text form). ``cp``, ``ep``,
+        ``offload`` and ``fp8`` are written only when they differ from their defaults, so the
+        text of a configuration without them is what it was before they existed."""
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}", f"mb={self.microbatch_size}"]
         if self.num_microbatches is not None:
             parts.append(f"m={self.num_microbatches}")
@@ -257,17 +303,33 @@ class ParallelConfig:
                   f"recompute={self.recompute}", f"sp={'on' if self.sequence_parallel else 'off'}"]
         if self.stage_layers is not None:
             parts.append("stages=" + "/".join(map(str, self.stage_layers)))
+        parts += [f"{k}={v}" for k, v in self.extras().items()]
         return ",".join(parts)
+
+    def extras(self) -> dict[str, str]:
+        """The fields beyond the classic ones that differ from their defaults, as text:
+        ``{"offload": "optimizer", "fp8": "on"}`` (``cp``/``ep`` are always 1 for now)."""
+        out: dict[str, str] = {}
+        for name in UNSEARCHED_DEGREES:
+            if getattr(self, name) != 1:
+                out[name] = str(getattr(self, name))
+        if self.offload != "none":
+            out["offload"] = self.offload
+        if self.fp8:
+            out["fp8"] = "on"
+        return out
 
     def summary(self, *, recompute: str | None = None) -> str:
         """``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 | recompute=full | sp=off``
-        (``mb=1×?`` while ``num_microbatches`` is not resolved). ``recompute`` replaces the
-        policy's name: a plan whose blocks recompute differently prints ``mixed``."""
+        (``mb=1×?`` while ``num_microbatches`` is not resolved), then ``| offload=optimizer``
+        and ``| fp8=on`` when set. ``recompute`` replaces the policy's name: a plan whose
+        blocks recompute differently prints ``mixed``."""
         m = "?" if self.num_microbatches is None else str(self.num_microbatches)
+        extras = "".join(f" | {k}={v}" for k, v in self.extras().items())
         return (f"pp={self.pp} dp={self.dp} tp={self.tp} | zero={self.zero_stage} | "
                 f"{self.schedule} mb={self.microbatch_size}×{m} | "
                 f"recompute={recompute or self.recompute} | "
-                f"sp={'on' if self.sequence_parallel else 'off'}")
+                f"sp={'on' if self.sequence_parallel else 'off'}{extras}")
 
     def __str__(self) -> str:
         return self.summary()

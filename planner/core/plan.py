@@ -211,7 +211,14 @@ class Plan:
 
     @property
     def degrees(self) -> dict[str, int]:
-        return dict(zip(MESH_AXES, self.mesh_shape))
+        """``{"pp", "dp", "tp", "cp", "ep"}``: the mesh's sizes, then the context- and
+        expert-parallel degrees (1 when unused)."""
+        return {**dict(zip(MESH_AXES, self.mesh_shape)), **_extra_degrees(self.config)}
+
+    @property
+    def offload(self) -> str:
+        """What lives in host memory (:data:`~fxplan.core.config.OFFLOAD_POLICIES`)."""
+        return self.config.offload
 
     def recompute(self, block: int) -> str:
         """The recompute policy of repeated block ``block``: ``block_recompute[block]`` when
@@ -241,6 +248,7 @@ class Plan:
             "format_version": PLAN_FORMAT_VERSION,
             "summary": self.summary,
             "degrees": self.degrees,
+            "offload": self.offload,
             "model": self.model, "cluster": self.cluster,
             "graph_fingerprint": self.graph_fingerprint,
             "cluster_fingerprint": self.cluster_fingerprint,
@@ -365,12 +373,17 @@ _REQUIRED = ("model", "cluster", "graph_fingerprint", "cluster_fingerprint", "ba
 _OPTIONAL = ("placements", "block_recompute", "axis_levels", "stages", "estimate", "solver",
              "search_time_s", "runners_up", "pruned", "pruned_detail", "fallbacks", "timings",
              "fxplan_version")
-_DERIVED = ("format_version", "summary", "degrees", "mesh_shape", "mesh_axes")
+_DERIVED = ("format_version", "summary", "degrees", "offload", "mesh_shape", "mesh_axes")
+
+
+def _extra_degrees(config: ParallelConfig) -> dict[str, int]:
+    return {"cp": config.cp, "ep": config.ep}
 
 
 def _check_mesh(data: Mapping[str, Any], config: ParallelConfig) -> None:
-    """``mesh_shape``, ``mesh_axes`` and ``degrees``, when present, must be integers and agree
-    with the config's ``(pp, dp, tp)``."""
+    """``mesh_shape``, ``mesh_axes``, ``degrees`` and ``offload``, when present, must agree
+    with the config's ``(pp, dp, tp)``, ``cp``, ``ep`` and ``offload``; plans written before
+    ``cp``, ``ep`` and ``offload`` existed lack them and read as 1, 1 and ``none``."""
     want = {"pp": config.pp, "dp": config.dp, "tp": config.tp}
     if "mesh_axes" in data and list(_sequence(data["mesh_axes"], "mesh_axes")) != list(MESH_AXES):
         raise PlanError(f"mesh_axes {data['mesh_axes']} must be {list(MESH_AXES)}")
@@ -380,8 +393,16 @@ def _check_mesh(data: Mapping[str, Any], config: ParallelConfig) -> None:
         if shape != [want[a] for a in MESH_AXES]:
             raise PlanError(f"mesh_shape {shape} disagrees with the config's pp·dp·tp = "
                             f"{config.pp}·{config.dp}·{config.tp}")
-    if "degrees" in data and data["degrees"] != want:
-        raise PlanError(f"degrees {data['degrees']} disagree with the config's {want}")
+    if "degrees" in data:
+        degrees = data["degrees"]
+        if isinstance(degrees, Mapping):
+            degrees = {**_extra_degrees(ParallelConfig()), **degrees}
+        want = {**want, **_extra_degrees(config)}
+        if degrees != want:
+            raise PlanError(f"degrees {data['degrees']} disagree with the config's {want}")
+    if "offload" in data and data["offload"] != config.offload:
+        raise PlanError(f"offload {data['offload']!r} disagrees with the config's "
+                        f"{config.offload!r}")
 
 
 def _check_stage_ranges(stages: tuple[StageAssignment, ...]) -> None:

@@ -32,21 +32,24 @@ __all__ = ["memory_lower_bound", "memory_reason", "time_lower_bound"]
 
 
 def memory_lower_bound(family: Family, zero: int, lightest: SegmentProfile,
-                       mem: DeviceMemory) -> float:
-    """Bytes some rank needs at least (module docstring); ``lightest`` is the profile with
-    full recompute, microbatch 1 and sequence parallelism where possible."""
-    k = state_bytes_per_param(family.dp, zero)
+                       mem: DeviceMemory, offload: str = "none") -> float:
+    """Bytes some rank needs at least (module docstring; ``k`` less what ``offload`` keeps on
+    the host); ``lightest`` is the profile with full recompute, microbatch 1 and sequence
+    parallelism where possible."""
+    k = state_bytes_per_param(family.dp, zero, offload)
     return k * lightest.total_params / family.pp + mem.reserved
 
 
 def memory_reason(family: Family, zero: int, needed: float, lightest: SegmentProfile,
-                  mem: DeviceMemory, config: ParallelConfig | None = None) -> Reason:
+                  mem: DeviceMemory, config: ParallelConfig | None = None,
+                  offload: str = "none") -> Reason:
     """``needs ≥ 93.4 GiB > 80 GiB at zero=0, tp=4, pp=1, dp=8 (16.0 B/param × 5.62 G …)``.
 
     ``config``: the family's lightest variant at ``zero`` (the bound holds for it, so its
     estimated peak is at least ``needed``); kept in the reason for checking."""
-    k = state_bytes_per_param(family.dp, zero)
-    text = (f"needs ≥ {needed / GIB:.1f} GiB > {mem.capacity / GIB:.0f} GiB at zero={zero}, "
+    k = state_bytes_per_param(family.dp, zero, offload)
+    where = f"zero={zero}" + (f" with offload={offload}" if offload != "none" else "")
+    text = (f"needs ≥ {needed / GIB:.1f} GiB > {mem.capacity / GIB:.0f} GiB at {where}, "
             f"tp={family.tp}, pp={family.pp}, dp={family.dp} (model states {k:.2f} B/param × "
             f"{lightest.total_params / family.pp / 1e9:.3g} G params per rank + "
             f"{mem.reserved / GIB:.1f} GiB reserved)")

@@ -11,6 +11,10 @@ collection (list, tuple, set, frozenset) of values. Allowed keys and values:
 ``recompute``           ``none``, ``selective``, ``full``
 ``sequence_parallel``   ``True``, ``False``
 ``zero_stage``          ``0``–``3``
+``offload``             ``none``, ``optimizer``, ``optimizer+params``
+``fp8``                 ``True``, ``False`` (the search offers FP8 only when allowed)
+``cp``, ``ep``          ``1`` (context and expert parallelism are not searched yet:
+                        any other value is refused with that sentence)
 =====================  =========================================================
 
 Anything else raises :class:`ConstraintError` (a ``UserError``) naming the allowed keys or
@@ -22,7 +26,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
+from fxplan.core.config import (OFFLOAD_POLICIES, RECOMPUTE_POLICIES, CostModelError,
+                                ParallelConfig, Schedule, check_unsearched_degree)
 from fxplan.core.errors import UserError
 from fxplan.inter_op.space import INTERLEAVE_CHUNKS, divisors
 
@@ -30,7 +35,7 @@ __all__ = ["ConstraintError", "CONSTRAINT_FIELDS", "allowed", "allowed_values",
            "describe", "validate_constraints"]
 
 CONSTRAINT_FIELDS = ("tp", "pp", "dp", "microbatch_size", "schedule", "recompute",
-                     "sequence_parallel", "zero_stage")
+                     "sequence_parallel", "zero_stage", "offload", "fp8", "cp", "ep")
 _COLLECTIONS = (list, tuple, set, frozenset)
 
 
@@ -48,7 +53,10 @@ def allowed_values(world: int) -> dict[str, str]:
             "dp": f"{degrees} (divisors of the {world} devices)",
             "microbatch_size": "positive integers",
             "schedule": schedules, "recompute": ", ".join(RECOMPUTE_POLICIES),
-            "sequence_parallel": "True, False", "zero_stage": "0, 1, 2, 3"}
+            "sequence_parallel": "True, False", "zero_stage": "0, 1, 2, 3",
+            "offload": ", ".join(OFFLOAD_POLICIES), "fp8": "True, False",
+            "cp": "1 (context parallelism is not searched yet)",
+            "ep": "1 (expert parallelism is not searched yet)"}
 
 
 def _valid(key: str, value: Any, world: int) -> bool:
@@ -61,8 +69,12 @@ def _valid(key: str, value: Any, world: int) -> bool:
                                                       for v in INTERLEAVE_CHUNKS}
     if key == "recompute":
         return value in RECOMPUTE_POLICIES
-    if key == "sequence_parallel":
+    if key in ("sequence_parallel", "fp8"):
         return isinstance(value, bool)
+    if key == "offload":
+        return value in OFFLOAD_POLICIES
+    if key in ("cp", "ep"):
+        return not isinstance(value, bool) and value == 1
     return not isinstance(value, bool) and value in (0, 1, 2, 3)   # zero_stage
 
 
@@ -81,6 +93,11 @@ def validate_constraints(constraints: Mapping[str, Any] | None, world: int) -> d
             raise ConstraintError(f"constraint {key} is an empty collection; allowed values: "
                                   f"{table[key]}")
         bad = [v for v in values if not _valid(key, v, world)]
+        if bad and key in ("cp", "ep"):
+            try:
+                check_unsearched_degree(key, bad[0])
+            except CostModelError as err:
+                raise ConstraintError(f"constraint {err}") from None
         if bad:
             raise ConstraintError(f"constraint {key}={bad[0]!r} is not allowed; {key} takes "
                                   f"{table[key]} (a value or a collection of values)")

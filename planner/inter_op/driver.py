@@ -13,12 +13,13 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
    with their reason.
 2. *Memory bound per (family, zero)* (:func:`fxplan.inter_op.bounds.memory_lower_bound`):
    ``k_z(dp)·Ψ/pp + reserved > C`` prunes the pair before any microbatch variant is tried;
-   the lowest surviving ZeRO stage ``z_min`` is where each candidate starts.
+   the lowest surviving *memory rung* (ZeRO stage, offload; :mod:`fxplan.inter_op.offload`)
+   is where each candidate starts.
 3. *Candidates* inside the families (:func:`fxplan.inter_op.space.options`), sorted by the
    time bound ``m·W/pp`` (:func:`fxplan.inter_op.bounds.time_lower_bound`).
 4. For each in order, until its bound reaches the ``K``-th best estimate (then nothing later
    can enter the top ``K``) or the time budget ends (once at least one candidate fits): for
-   ``z = z_min … 3`` (those the constraints allow) partition the layers by the DP of
+   each rung from there (ZeRO 0–3, then with offload; those the constraints allow) partition the layers by the DP of
    :mod:`fxplan.inter_op.partition` under the memory cap, check the per-rank memory with the
    estimate's own formula (:mod:`fxplan.inter_op.stage_memory`) and rank the first stage
    that fits by the closed form ``T̂`` (:mod:`fxplan.inter_op.surrogate`). Higher ZeRO stages
@@ -53,6 +54,7 @@ from fxplan.inter_op.build_plan import build_plan
 from fxplan.inter_op.constraints import (ConstraintError, allowed, describe,
                                           validate_constraints)
 from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message
+from fxplan.inter_op.offload import Rung, host_fits, host_missing, memory_rungs
 from fxplan.inter_op.partition import balanced_counts, partition_layers
 from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import Priced, price_finalist
@@ -81,13 +83,13 @@ class _Scored:
     surrogate_s: float
 
 
-def _zeros(family: Family) -> tuple[int, ...]:
-    return (0, 1, 2, 3) if family.dp > 1 else (0,)
+def _probe(family: Family) -> ParallelConfig:
+    """A configuration of ``family`` to test the mesh constraints on."""
+    return ParallelConfig(dp=family.dp, tp=family.tp, pp=family.pp)
 
 
-def _probe(family: Family, zero_stage: int = 0) -> ParallelConfig:
-    """A configuration of ``family`` to test the mesh and ZeRO constraints on."""
-    return ParallelConfig(dp=family.dp, tp=family.tp, pp=family.pp, zero_stage=zero_stage)
+#: Constraints the memory rungs apply (:mod:`fxplan.inter_op.offload`), not the candidates.
+_RUNG_KEYS = ("zero_stage", "offload")
 
 
 class _Search:
@@ -115,27 +117,32 @@ class _Search:
         # why the ranking stopped before the end of its queue ("" when it reached the end)
         self.stopped = ""
         self.intra_op = IntraOpCache(graph, cluster, budget)
+        self.no_offload = host_missing(cluster)
+        if self.no_offload and self.constraints.get("offload") not in (None, "none"):
+            raise ConstraintError(f"constraint offload={self.constraints['offload']}: "
+                                  f"{self.no_offload}")
 
     # -- steps 1–2 ------------------------------------------------------------------------
-    def families(self) -> dict[Family, int]:
-        """Valid families and their lowest ZeRO stage passing the memory bound."""
+    def families(self) -> dict[Family, Rung]:
+        """Valid families and their first memory rung (ZeRO stage, offload) passing the memory
+        bound."""
         prof = self.profile
         fams = families(self.cluster.num_devices, batch=self.batch, layers=prof.num_layers,
                         heads=prof.heads, tp_widths=prof.tp_widths(), pruned=self.pruned)
-        out: dict[Family, int] = {}
+        out: dict[Family, Rung] = {}
         for fam in fams:
             if not allowed(_probe(fam), {k: v for k, v in self.constraints.items()
                                    if k in ("tp", "pp", "dp")}):
                 continue
             self.mesh_allowed.append(fam)
             lightest = prof.get(fam.tp, True, "full", 1)
-            for zero in self._zeros(fam):
-                need = memory_lower_bound(fam, zero, lightest, self.mem)
+            for zero, off in self._rungs(fam):
+                need = memory_lower_bound(fam, zero, lightest, self.mem, off)
                 if need <= self.mem.capacity:
-                    out[fam] = zero
+                    out[fam] = (zero, off)
                     break
                 self.pruned.append(memory_reason(fam, zero, need, lightest, self.mem,
-                                                 self._lightest_at(fam, zero)))
+                                                 self._lightest_at(fam, (zero, off)), off))
         return out
 
     # -- step 4 ---------------------------------------------------------------------------
@@ -157,7 +164,8 @@ class _Search:
             [balanced_counts(prof.layers, c.pp * c.virtual_stages)]
         for counts in tries:
             placed = c.replace(stage_layers=counts)
-            if stage_totals(placed, prof, self.mem).max() <= self.mem.capacity:
+            if stage_totals(placed, prof, self.mem).max() <= self.mem.capacity and \
+                    host_fits(placed, prof, self.mem, self.cluster):
                 return placed
         return None
 
@@ -165,11 +173,11 @@ class _Search:
         """Steps 3–4: the ``K`` best candidates by ``T̂``."""
         prof = self.profile
         queue: list[tuple[float, int, ParallelConfig]] = []
-        for fam, zmin in fams.items():
+        for fam, (zmin, off) in fams.items():
             for c in options(fam, batch=self.batch, layers=prof.num_layers,
                              seq=prof.segments.seq):
-                c = c.replace(zero_stage=zmin)
-                if allowed(c, {k: v for k, v in self.constraints.items() if k != "zero_stage"}):
+                c = c.replace(zero_stage=zmin, offload=off)
+                if allowed(c, {k: v for k, v in self.constraints.items() if k not in _RUNG_KEYS}):
                     lb = time_lower_bound(c, prof.get(c.tp, c.sequence_parallel, c.recompute,
                                                       c.microbatch_size))
                     queue.append((lb, len(queue), c))
@@ -201,23 +209,25 @@ class _Search:
                     heapq.heapreplace(best, item)
         return [s for _, _, s in sorted(best, key=lambda t: -t[0])]
 
-    def _zeros(self, fam: Family) -> list[int]:
-        """The ZeRO stages of ``fam`` the constraints allow, lowest first."""
-        want = self.constraints.get("zero_stage")
-        return [z for z in _zeros(fam)
-                if want is None or allowed(_probe(fam, z), {"zero_stage": want})]
+    def _rungs(self, fam: Family) -> list[Rung]:
+        """The (ZeRO stage, offload) rungs of ``fam`` the constraints allow, in order
+        (:func:`fxplan.inter_op.offload.memory_rungs`)."""
+        return memory_rungs(fam.dp, self.constraints.get("zero_stage"),
+                            self.constraints.get("offload"), not self.no_offload)
 
     def _score(self, c: ParallelConfig) -> _Scored | None:
         family = Family.of(c)
-        zeros = [z for z in self._zeros(family) if z >= c.zero_stage]
-        for zero in zeros:
-            placed = self._partition(c.replace(zero_stage=zero))
+        rungs = self._rungs(family)
+        rungs = rungs[rungs.index((c.zero_stage, c.offload)):]
+        for zero, off in rungs:
+            placed = self._partition(c.replace(zero_stage=zero, offload=off))
             if placed is not None:
                 prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute,
                                         c.microbatch_size)
                 self.fitted.add(family)
                 return _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
-        heaviest = c.replace(zero_stage=zeros[-1] if zeros else c.zero_stage,
+        zero, off = rungs[-1] if rungs else (c.zero_stage, c.offload)
+        heaviest = c.replace(zero_stage=zero, offload=off,
                              stage_layers=balanced_counts(self.profile.num_layers,
                                                           c.pp * c.virtual_stages))
         prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
@@ -335,11 +345,12 @@ class _Search:
         """The lightest candidate of ``fam`` the constraints allow (evenly split, the highest
         allowed ZeRO stage, the smallest allowed microbatch) and its heaviest rank's memory;
         ``None`` when the constraints allow none."""
-        zeros = self._zeros(fam)
+        rungs = self._rungs(fam)
         prof = self.profile
         found = [c for c in options(fam, batch=self.batch, layers=prof.num_layers,
                                     seq=prof.segments.seq)
-                 if zeros and allowed(c.replace(zero_stage=zeros[-1]), self.constraints)]
+                 if rungs and allowed(c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1]),
+                                      self.constraints)]
         if not found:
             return None
         mb = min(c.microbatch_size for c in found)
@@ -347,7 +358,7 @@ class _Search:
         for c in found:
             if c.microbatch_size != mb:
                 continue
-            c = c.replace(zero_stage=zeros[-1],
+            c = c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1],
                           stage_layers=balanced_counts(prof.num_layers, c.pp * c.virtual_stages))
             seg = prof.get(c.tp, c.sequence_parallel, c.recompute, mb)
             worst = max(stage_memory(c, seg, self.mem), key=lambda m: m.total)
@@ -355,7 +366,7 @@ class _Search:
                 best = (c, worst)
         return best
 
-    def _lightest_at(self, fam: Family, zero: int) -> ParallelConfig | None:
+    def _lightest_at(self, fam: Family, rung: Rung) -> ParallelConfig | None:
         """The variant of ``fam`` the memory bound at ``zero`` speaks of: the smallest
         microbatch, full recompute, sequence parallelism where offered, evenly split (the
         bound holds for every variant, this one is the lightest in activations)."""
@@ -366,7 +377,7 @@ class _Search:
             return None
         best = min(found, key=lambda c: (c.microbatch_size, c.recompute != "full",
                                          not c.sequence_parallel))
-        return best.replace(zero_stage=zero, stage_layers=balanced_counts(
+        return best.replace(zero_stage=rung[0], offload=rung[1], stage_layers=balanced_counts(
             prof.num_layers, best.pp * best.virtual_stages))
 
     def infeasible(self, fams: list[Family], model: str) -> InfeasibleError:

@@ -5,7 +5,7 @@ reports as ``peak_memory_gib``) fed from the search's per-layer profile.
 Virtual stage ``j = c·p + s`` (chunk ``c`` of pipeline rank ``s``) holds layers ``[k_j, k_{j+1})``,
 plus ``pre`` on ``j = 0`` and ``post`` on ``j = S−1``. Per rank ``s``::
 
-    states_s  = ZeRO(Ψ_s, dp, zero)     Ψ_s = Σ_{j on s} Σ_{i ∈ j} ψ_i  (+ ψ_pre, + ψ_post,
+    states_s  = ZeRO(Ψ_s, dp, zero)     (less what ``offload`` keeps on the host) Ψ_s = Σ_{j on s} Σ_{i ∈ j} ψ_i  (+ ψ_pre, + ψ_post,
                                          tied weights once per rank)
     acts_s    = max over time τ of Σ_c n_{s,c}(τ) · A_{s,c}
                 A_{s,c} = Σ_{i ∈ j} a_i + a_pre[j = 0] + a_post[j = S−1]   (saved bytes, one
@@ -58,9 +58,10 @@ class DeviceMemory:
 
 
 @lru_cache(maxsize=4096)
-def state_bytes_per_param(dp: int, zero: int) -> float:
-    """Bytes of weights, gradients and optimizer state per local parameter (``16`` at ZeRO-0)."""
-    return model_state_bytes(1.0, dp, zero).total
+def state_bytes_per_param(dp: int, zero: int, offload: str = "none") -> float:
+    """Device bytes of weights, gradients and optimizer state per local parameter (``16`` at
+    ZeRO-0; less what ``offload`` keeps on the host)."""
+    return model_state_bytes(1.0, dp, zero, offload=offload).total
 
 
 def order(c: ParallelConfig) -> ScheduleOrder:
@@ -93,7 +94,7 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory)
     """Inputs of :func:`fxplan.inter_op.partition.partition_layers` for candidate ``c``
     (the conservative linearisation of the module docstring)."""
     S, v = c.pp * c.virtual_stages, c.virtual_stages
-    k = state_bytes_per_param(c.dp, c.zero_stage)
+    k = state_bytes_per_param(c.dp, c.zero_stage, c.offload)
     n = inflight(c)
     def most(values: np.ndarray) -> float:  # a model without repeated layers has none
         return float(values.max()) if values.size else 0.0
@@ -148,7 +149,8 @@ def stage_memory(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> 
     """Peak bytes of each pipeline rank by kind (module docstring)."""
     return rank_memory(order(c), **_rank_inputs(c, prof), reserved=[mem.reserved] * c.pp,
                        capacity=[mem.capacity] * c.pp, tp=c.tp, dp=c.dp,
-                       zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel)
+                       zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel,
+                       offload=c.offload)
 
 
 def stage_totals(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> np.ndarray:

@@ -20,7 +20,7 @@ def test_json_has_the_promised_keys(capsys, tmp_path) -> None:  # type: ignore[n
     assert main([*TINY, "--json", "-o", str(out)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert JSON_KEYS <= set(data)
-    assert set(data["degrees"]) == {"dp", "tp", "pp"}
+    assert set(data["degrees"]) == {"dp", "tp", "pp", "cp", "ep"} and data["offload"] == "none"
     assert data["degrees"]["dp"] * data["microbatch_size"] * data["num_microbatches"] == 16
     assert data["fits"] and data["step_time_s"] > 0
     plan = load_plan(out)
@@ -36,7 +36,9 @@ def test_report_prints_summary_memory_and_runners_up(capsys) -> None:  # type: i
 
 
 def test_infeasible_exits_2_with_the_memory_it_needs(capsys) -> None:  # type: ignore[no-untyped-def]
-    code = main(["plan", "gpt-18.4b", "--cluster", "aws-p3-v100", "--batch", "8"])
+    # with offload gpt-18.4b trains on these 8 V100s (16 B/param of host memory, 488 GiB)
+    code = main(["plan", "gpt-18.4b", "--cluster", "aws-p3-v100", "--batch", "8",
+                 "--constrain", "offload=none"])
     err = capsys.readouterr().err
     assert code == 2
     assert "smallest memory any configuration needs" in err and "16.0 GiB" in err

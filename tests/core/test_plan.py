@@ -38,7 +38,7 @@ def make_plan(**overrides) -> Plan:
 def test_summary_line_names_every_dimension():
     plan = make_plan()
     assert plan.summary == "pp=2 dp=2 tp=1 | zero=1 | 1f1b mb=2×4 | recompute=mixed | sp=on"
-    assert plan.degrees == {"pp": 2, "dp": 2, "tp": 1}
+    assert plan.degrees == {"pp": 2, "dp": 2, "tp": 1, "cp": 1, "ep": 1}
     assert plan.world_size == 4
 
 
@@ -140,7 +140,8 @@ def test_typed_placements_round_trip_and_derived_keys_are_checked():
     data = json.loads(plan.to_json())
     assert data["placements"]["inputs"] == [{"consumer": "qkv", "producer": "ln",
                                              "placements": "S(0)R"}]
-    assert data["degrees"] == {"pp": 2, "dp": 2, "tp": 1} and data["mesh_shape"] == [2, 2, 1]
+    assert data["degrees"] == {"pp": 2, "dp": 2, "tp": 1, "cp": 1, "ep": 1}
+    assert data["mesh_shape"] == [2, 2, 1] and data["offload"] == "none"
     assert Plan.from_dict(data) == plan
     data["mesh_shape"] = [1, 4, 1]
     with pytest.raises(PlanError, match=r"mesh_shape \[1, 4, 1\] disagrees with the config's "

@@ -1,0 +1,77 @@
+"""Offload as a search dimension: the *memory rungs* a candidate climbs, and the host check.
+
+A candidate of a family is tried at ``(zero, offload)`` rungs in order of decreasing device
+memory, and the first rung at which it fits is kept (higher rungs move more bytes at equal
+everything else)::
+
+    (0, none) (1, none) (2, none) (3, none)              ZeRO alone
+    (1, optimizer) (2, optimizer) (3, optimizer)          ZeRO-Offload, dp > 1
+    (0, optimizer)                                        ZeRO-Offload, dp = 1
+    (3, optimizer+params)                                 FSDP2's CPU offload, dp > 1
+
+so offload is offered only where no ZeRO stage fits without it, and then competes with the
+other families' candidates on its priced step time. ``(0, optimizer)`` with ``dp > 1`` is
+left out: ``(1, optimizer)`` keeps the same device bytes with ``1/dp`` of the host bytes and
+of the CPU step. Only the rungs the ``zero_stage`` and ``offload`` constraints allow are
+tried, and offload rungs only when every device group's spec gives its host side
+(:class:`fxplan.cost_model.offload.HostSide`). A rung fits when the device memory fits and
+every node's host memory holds its ranks' offloaded states
+(:func:`fxplan.cost_model.offload.with_host_check`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Collection
+
+from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.cost_model.offload import HostSide, with_host_check
+from fxplan.inter_op.profile import SegmentProfile
+from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+
+__all__ = ["Rung", "host_fits", "host_missing", "memory_rungs"]
+
+#: ``(zero_stage, offload)``.
+Rung = tuple[int, str]
+
+
+def _allows(want: Any, value: Any) -> bool:
+    if want is None:
+        return True
+    return value in want if isinstance(want, Collection) and not isinstance(want, str) \
+        else value == want
+
+
+def memory_rungs(dp: int, zero_want: Any = None, offload_want: Any = None,
+                 offload_ok: bool = True) -> list[Rung]:
+    """The rungs of a family with ``dp`` replicas, in order (module docstring), that the
+    constraints ``zero_want`` / ``offload_want`` (a value, a collection or ``None``) allow;
+    no offload rung when ``offload_ok`` is false (a device group without its host side)."""
+    zeros = (0, 1, 2, 3) if dp > 1 else (0,)
+    rungs: list[Rung] = [(z, "none") for z in zeros]
+    if offload_ok:
+        rungs += ([(z, "optimizer") for z in (1, 2, 3)] + [(3, "optimizer+params")]
+                  if dp > 1 else [(0, "optimizer")])
+    return [(z, o) for z, o in rungs if _allows(zero_want, z) and _allows(offload_want, o)]
+
+
+def host_missing(cluster: Cluster) -> str:
+    """Why offload cannot be priced on ``cluster`` (the first group without its host side),
+    or ``""``."""
+    for group in cluster.device_groups:
+        try:
+            HostSide.of(group)
+        except CostModelError as err:
+            return str(err)
+    return ""
+
+
+def host_fits(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory,
+              cluster: Cluster) -> bool:
+    """Whether every node's host memory holds the offloaded states of ``c`` (always true
+    without offload)."""
+    if c.offload == "none":
+        return True
+    return all(m.host_fits for m in with_host_check(stage_memory(c, prof, mem), c, cluster))

@@ -1,0 +1,61 @@
+"""``cp``, ``ep``, ``offload`` and ``fp8`` in ``ParallelConfig``, the plan JSON and the
+constraints: defaults, text forms, old plans, and the "not searched yet" refusal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fxplan.cli.constraint_text import parse_constraints
+from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.plan import Plan
+from fxplan.inter_op.constraints import ConstraintError, validate_constraints
+from tests.core.test_plan import make_plan
+
+
+def test_defaults_keep_the_old_text_and_new_fields_round_trip() -> None:
+    c = ParallelConfig(dp=2, tp=4)
+    assert (c.cp, c.ep, c.offload, c.fp8) == (1, 1, "none", False)
+    assert "offload" not in c.to_string() and "fp8" not in c.summary()
+    d = ParallelConfig.parse("dp=2,tp=4,zero=3,offload=optimizer+params,fp8=on")
+    assert d.offload == "optimizer+params" and d.fp8
+    assert ParallelConfig.parse(d.to_string()) == d
+    assert d.summary().endswith("| offload=optimizer+params | fp8=on")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("dp=2,cp=2", r"cp=2: context parallelism is not searched yet"),
+    ("dp=2,ep=4", r"ep=4: expert parallelism is not searched yet"),
+    ("dp=2,offload=disk", r"offload='disk': expected one of none, optimizer"),
+    ("dp=2,zero=1,offload=optimizer+params", r"offload=optimizer\+params needs zero=3"),
+])
+def test_bad_values_are_refused(text: str, message: str) -> None:
+    with pytest.raises(CostModelError, match=message):
+        ParallelConfig.parse(text)
+
+
+def test_plan_json_carries_cp_ep_offload_and_old_plans_load() -> None:
+    plan = make_plan()
+    data = json.loads(plan.to_json())
+    assert data["degrees"]["cp"] == 1 and data["degrees"]["ep"] == 1
+    assert data["offload"] == "none"
+    old = dict(data)
+    old["degrees"] = {k: v for k, v in data["degrees"].items() if k not in ("cp", "ep")}
+    del old["offload"]
+    assert Plan.from_dict(old) == plan
+    data["offload"] = "optimizer"
+    with pytest.raises(Exception, match="offload 'optimizer' disagrees"):
+        Plan.from_dict(data)
+
+
+def test_constraints_accept_the_new_keys_and_refuse_cp_ep_beyond_one() -> None:
+    assert parse_constraints("cp=1,ep=1,offload=optimizer|none,fp8=true") == {
+        "cp": 1, "ep": 1, "offload": ["optimizer", "none"], "fp8": True}
+    assert validate_constraints({"offload": "optimizer", "fp8": False, "cp": 1}, 8)
+    with pytest.raises(ConstraintError, match="context parallelism is not searched yet"):
+        validate_constraints(parse_constraints("cp=2"), 8)
+    with pytest.raises(ConstraintError, match="expert parallelism is not searched yet"):
+        validate_constraints({"ep": 8}, 8)
+    with pytest.raises(ConstraintError, match="offload='nvme' is not allowed"):
+        validate_constraints({"offload": "nvme"}, 8)
