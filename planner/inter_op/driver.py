@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.memory import GIB, MemoryBreakdown
 from fxplan.core.plan import Plan
+from fxplan.cost_model.expert_parallel import num_experts
 from fxplan.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
 from fxplan.inter_op.build_plan import build_plan
 from fxplan.inter_op.constraints import (ConstraintError, allowed, describe,
@@ -61,7 +62,7 @@ from fxplan.inter_op.pricing import Priced, price_finalist
 from fxplan.inter_op.profile import ModelProfile
 from fxplan.inter_op.reasons import DUPLICATE, MEMORY, REFUSED, TIME_BOUND, Reason
 from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
-from fxplan.inter_op.space import MAX_MICROBATCH, Family, families, options
+from fxplan.inter_op.space import MAX_MICROBATCH, Family, expert_degrees, families, options
 from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
                                          stage_totals)
 from fxplan.inter_op.surrogate import surrogate_step_s
@@ -81,6 +82,11 @@ DEFAULT_FINALISTS = 8
 class _Scored:
     config: ParallelConfig
     surrogate_s: float
+
+
+def _probe_ep(ep: int) -> ParallelConfig:
+    """A configuration to test an ``ep`` constraint on."""
+    return ParallelConfig(dp=ep, ep=ep)
 
 
 def _probe(family: Family) -> ParallelConfig:
@@ -103,6 +109,7 @@ class _Search:
         self.K = finalists
         self.timer, self.budget, self.progress = timer, budget, progress
         self.profile = ModelProfile(graph, cluster)
+        self.experts = num_experts(graph)   # E of a mixture of experts (ep is searched), or None
         self.mem = DeviceMemory.of(cluster.device(0))
         self.pruned: list[Reason] = []
         self.fallbacks: list[str] = []
@@ -135,7 +142,7 @@ class _Search:
                                    if k in ("tp", "pp", "dp")}):
                 continue
             self.mesh_allowed.append(fam)
-            lightest = prof.get(fam.tp, True, "full", 1)
+            lightest = prof.get(fam.tp, True, "full", 1, max(self.eps(fam.dp)))
             for zero, off in self._rungs(fam):
                 need = memory_lower_bound(fam, zero, lightest, self.mem, off)
                 if need <= self.mem.capacity:
@@ -147,7 +154,7 @@ class _Search:
 
     # -- step 4 ---------------------------------------------------------------------------
     def _partition(self, c: ParallelConfig) -> ParallelConfig | None:
-        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
+        prof = self.profile.of(c)
         inputs = partition_inputs(c, prof, self.mem)
         key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.pp, c.virtual_stages,
                inputs.cap, inputs.extra_time.tobytes(), inputs.fixed_bytes.tobytes(),
@@ -175,11 +182,10 @@ class _Search:
         queue: list[tuple[float, int, ParallelConfig]] = []
         for fam, (zmin, off) in fams.items():
             for c in options(fam, batch=self.batch, layers=prof.num_layers,
-                             seq=prof.segments.seq):
+                             seq=prof.segments.seq, eps=self.eps(fam.dp)):
                 c = c.replace(zero_stage=zmin, offload=off)
                 if allowed(c, {k: v for k, v in self.constraints.items() if k not in _RUNG_KEYS}):
-                    lb = time_lower_bound(c, prof.get(c.tp, c.sequence_parallel, c.recompute,
-                                                      c.microbatch_size))
+                    lb = time_lower_bound(c, prof.of(c))
                     queue.append((lb, len(queue), c))
         queue.sort()
         best: list[tuple[float, int, _Scored]] = []   # max-heap of the K best by T̂ (negated)
@@ -209,6 +215,14 @@ class _Search:
                     heapq.heapreplace(best, item)
         return [s for _, _, s in sorted(best, key=lambda t: -t[0])]
 
+    def eps(self, dp: int) -> tuple[int, ...]:
+        """The expert-parallel degrees of a family with ``dp`` data-parallel ranks the
+        constraints allow (``(1,)`` for a dense model)."""
+        out = expert_degrees(dp, self.experts)
+        return tuple(e for e in out if allowed(_probe_ep(e), {k: v for k, v in
+                                                             self.constraints.items()
+                                                             if k == "ep"})) or (1,)
+
     def _rungs(self, fam: Family) -> list[Rung]:
         """The (ZeRO stage, offload) rungs of ``fam`` the constraints allow, in order
         (:func:`fxplan.inter_op.offload.memory_rungs`)."""
@@ -222,15 +236,14 @@ class _Search:
         for zero, off in rungs:
             placed = self._partition(c.replace(zero_stage=zero, offload=off))
             if placed is not None:
-                prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute,
-                                        c.microbatch_size)
+                prof = self.profile.of(c)
                 self.fitted.add(family)
                 return _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
         zero, off = rungs[-1] if rungs else (c.zero_stage, c.offload)
         heaviest = c.replace(zero_stage=zero, offload=off,
                              stage_layers=balanced_counts(self.profile.num_layers,
                                                           c.pp * c.virtual_stages))
-        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
+        prof = self.profile.of(c)
         worst = max(stage_memory(heaviest, prof, self.mem), key=lambda m: m.total)
         count, least, which = self.unfit.get(family, (0, None, heaviest))
         if least is None or worst.total < least.total:
@@ -348,7 +361,7 @@ class _Search:
         rungs = self._rungs(fam)
         prof = self.profile
         found = [c for c in options(fam, batch=self.batch, layers=prof.num_layers,
-                                    seq=prof.segments.seq)
+                                    seq=prof.segments.seq, eps=self.eps(fam.dp))
                  if rungs and allowed(c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1]),
                                       self.constraints)]
         if not found:
@@ -360,7 +373,7 @@ class _Search:
                 continue
             c = c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1],
                           stage_layers=balanced_counts(prof.num_layers, c.pp * c.virtual_stages))
-            seg = prof.get(c.tp, c.sequence_parallel, c.recompute, mb)
+            seg = prof.of(c)
             worst = max(stage_memory(c, seg, self.mem), key=lambda m: m.total)
             if best is None or worst.total < best[1].total:
                 best = (c, worst)
@@ -372,7 +385,7 @@ class _Search:
         bound holds for every variant, this one is the lightest in activations)."""
         prof = self.profile
         found = list(options(fam, batch=self.batch, layers=prof.num_layers,
-                             seq=prof.segments.seq))
+                             seq=prof.segments.seq, eps=self.eps(fam.dp)))
         if not found:
             return None
         best = min(found, key=lambda c: (c.microbatch_size, c.recompute != "full",
