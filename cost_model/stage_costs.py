@@ -34,9 +34,8 @@ the host↔device copies of each segment's shard to the ZeRO-3 prefetch term.
 layer holds ``1/ep`` of its expert parameters; its dispatch and combine all-to-alls over the
 stage's EP group join the tp row (2 forward, 2 backward, +2 under full recompute); expert
 gradients, ZeRO-1/2's all-gather of updated expert weights and the optimizer's expert share
-use the ``dp/ep`` expert-data-parallel group. ZeRO-3's per-segment gathers still price the
-whole (local) segment over ``dp``: an approximation for expert weights, which gather over
-``dp/ep``.
+(ZeRO-3: their per-segment gathers and scatters too) use the ``dp/ep`` expert-data-parallel
+group.
 """
 
 from __future__ import annotations
@@ -151,7 +150,8 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         stage_params: dict[str, float] = {}
         stage_buckets = []
         for c, segs in enumerate(row):
-            f_c, b_c = _chunk_times(segs, tp_group, dp_group, cluster, config, optimizer, device)
+            f_c, b_c = _chunk_times(segs, tp_group, dp_group, cluster, config, optimizer, device,
+                                    experts, edp_group)
             for key, _ in keys[s][c]:
                 if key in moe:
                     a2a = alltoall_seconds(moe[key], scale=config.microbatch_size / segments.batch,
@@ -189,8 +189,11 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
 
 def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
                  dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
-                 optimizer: OptimizerSpec, device: DeviceGroup) -> tuple[list[float], list[float]]:
-    """``[compute, tp, zero]`` seconds of one chunk's forward and backward."""
+                 optimizer: OptimizerSpec, device: DeviceGroup,
+                 experts: frozenset[str] = frozenset(),
+                 edp_group: tuple[int, ...] = ()) -> tuple[list[float], list[float]]:
+    """``[compute, tp, zero]`` seconds of one chunk's forward and backward (ZeRO-3 gathers
+    and scatters expert weights over their ``edp_group`` under expert parallelism)."""
     f = [0.0, 0.0, 0.0]
     b = [0.0, 0.0, 0.0]
     for seg in segs:
@@ -200,8 +203,16 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
         b[1] += _price(seg.tp_backward, tp_group, cluster)
         if config.zero_stage == 3 and config.dp > 1:
             psi = seg.param_count
-            gather = _collective("all_gather", optimizer.param_bytes * psi, dp_group, cluster)
-            scatter = _collective("reduce_scatter", optimizer.grad_bytes * psi, dp_group, cluster)
+            mine = sum(n for k, n in seg.params.items() if k in experts)
+            gather = _collective("all_gather", optimizer.param_bytes * (psi - mine), dp_group,
+                                 cluster)
+            scatter = _collective("reduce_scatter", optimizer.grad_bytes * (psi - mine),
+                                  dp_group, cluster)
+            if mine:
+                gather += _collective("all_gather", optimizer.param_bytes * mine, edp_group,
+                                      cluster)
+                scatter += _collective("reduce_scatter", optimizer.grad_bytes * mine, edp_group,
+                                       cluster)
             h2d, d2h = offload_segment_s(config, psi, device)
             gather, scatter = gather + h2d, scatter + d2h
             f[2] += max(0.0, gather - seg.forward_s)
