@@ -132,6 +132,11 @@ def local_cpu_spec(devices: int | None = None) -> dict[str, Any]:
                 "intra_node_level": "loopback",
                 "kernel_launch_us": round(EAGER_OP_US / share, 3),
                 "step_overhead_us": round(STEP_OVERHEAD_US / share, 1),
+                # Host and device are the same memory: "offloaded" states stay in this RAM
+                # (the code path runs; the copies are memory-to-memory at the ranks' bandwidth).
+                "host_memory_gib": round(total, 3),
+                "host_memory_bandwidth_gb_per_s": round(MEMORY_GB_PER_S_PER_CORE * cores, 4),
+                "host_link_gb_per_s": round(MEMORY_GB_PER_S_PER_CORE * share, 4),
                 # The fp32 peak is itself a measured matmul rate, hence matmul 1.0.
                 "compute_efficiency": {"matmul": 1.0, "attention": 0.6, "memory_bound": 0.8,
                                        "dropout": DROPOUT_BANDWIDTH_FRACTION},

@@ -47,6 +47,7 @@ TERMS: dict[str, str] = {
     "bubble": "pipeline bubble",
     "dp_comm": "data-parallel gradient reduction (exposed)",
     "optimizer": "optimizer step",
+    "offload": "offload: host↔device copies and CPU optimizer step (exposed)",
 }
 _MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "recompute_working", "buffers",
                  "reserved")
@@ -82,7 +83,8 @@ def _largest_divisor(n: int, at_most: int) -> int:
 def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[ParallelConfig, list[str]]:
     """The plan's configuration with ``changes`` (parsed ``--constrain`` text: ``tp``, ``pp``,
     ``dp``, ``microbatch_size``, ``schedule``, ``recompute``, ``sequence_parallel``,
-    ``zero_stage``, one value each) applied, and notes on what had to follow.
+    ``zero_stage``, ``offload``, ``fp8``, one value each) applied, and notes on what had to
+    follow.
 
     What follows, in order: the degree not given (``dp = N/(tp·pp)``, or ``pp = N/(dp·tp)``
     when ``dp`` is given without ``pp``); the microbatch size (the plan's, else the largest
@@ -141,6 +143,13 @@ def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[Parallel
     zero = changes.get("zero_stage", base.zero_stage if dp > 1 else 0)
     if zero != base.zero_stage and "zero_stage" not in changes:
         notes.append("ZeRO follows: 0 without data parallelism")
+    offload = changes.get("offload", base.offload)
+    if offload == "optimizer+params" and zero != 3:
+        if "offload" in changes:
+            raise ExplainError(f"offload=optimizer+params needs zero=3 (the alternative has "
+                               f"zero={zero})")
+        offload = "optimizer"
+        notes.append("offload follows: optimizer (parameters are offloaded only under ZeRO-3)")
     sp = changes.get("sequence_parallel", base.sequence_parallel and tp > 1)
     if sp != base.sequence_parallel and "sequence_parallel" not in changes:
         notes.append("sequence parallelism follows: off without tensor parallelism")
@@ -148,7 +157,8 @@ def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[Parallel
     keep_layout = (dp, tp, sp) == (base.dp, base.tp, base.sequence_parallel)
     config = base.replace(
         dp=dp, tp=tp, pp=pp, microbatch_size=mb, num_microbatches=m, schedule=schedule,
-        zero_stage=zero, recompute=changes.get("recompute", base.recompute),
+        zero_stage=zero, offload=offload, fp8=changes.get("fp8", base.fp8),
+        recompute=changes.get("recompute", base.recompute),
         sequence_parallel=sp, stage_layers=base.stage_layers if keep_split else None,
         placements=base.placements if keep_layout else None)
     if base.placements is not None and not keep_layout:

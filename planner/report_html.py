@@ -130,10 +130,13 @@ def _summary(plan: Plan, result: Estimate) -> str:
               "peak memory per device", "" if fits else "bad"),
         _card("fits" if fits else "does NOT fit", "memory", "ok" if fits else "bad"),
     ]
+    from fxplan.report import offload_line
+
     rows = [("plan", plan.summary), ("degrees", ", ".join(f"{k}={v}" for k, v in plan.degrees.items())),
             ("mesh levels", ", ".join(f"{a} over {lv}" for a, lv in
                                       zip(plan.mesh_axes, plan.axis_levels) if lv != "-") or "one device"),
-            ("ZeRO stage", plan.zero_stage), ("schedule", plan.schedule),
+            ("ZeRO stage", plan.zero_stage), ("offload", offload_line(plan) or "none"),
+            ("fp8", "on" if plan.config.fp8 else "off"), ("schedule", plan.schedule),
             ("microbatches", f"{plan.num_microbatches} × {plan.microbatch_size} samples"),
             ("recompute", plan.recompute_summary),
             ("sequence parallel", "on" if plan.sequence_parallel else "off"),

@@ -172,10 +172,12 @@ def _train(args: argparse.Namespace) -> None:
 
     def seeded_model() -> torch.nn.Module:
         torch.manual_seed(0)
-        return bundle.build("cpu")
+        return apply_fp8(bundle.build("cpu"), plan)
+
+    from fxplan.runtime.fp8 import apply_fp8
 
     with meta_parameters():
-        model = bundle.build("cpu")
+        model = apply_fp8(bundle.build("cpu"), plan)
     example = tuple(v for k, v in _example_batch(bundle, plan).items() if k != "targets")
     resume = None
     if args.resume:  # verified (manifest and hashes) before DCP unpickles anything

@@ -159,6 +159,9 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
                                dtype=training_dtype(cluster))
     plan.check_matches(graph_fingerprint=graph.fingerprint(), source=args.plan)
     check_plan_against(plan, cluster, graph, source=args.plan)
+    from fxplan.runtime.offload import check_runnable
+
+    check_runnable(plan, cluster.device(0).kind)   # offload layout, fp8 on CPU
     return plan, nnodes, nproc, cluster
 
 

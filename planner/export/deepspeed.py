@@ -7,7 +7,9 @@
 code and comes back as notes: tensor (and sequence) parallelism comes from the model's
 ``mpu`` (Megatron-DeepSpeed's ``--tensor-model-parallel-size``), pipelining from
 ``deepspeed.pipe.PipelineModule(num_stages=…)``, activation checkpointing from
-``deepspeed.checkpointing.checkpoint`` calls in the model. DeepSpeed computes
+``deepspeed.checkpointing.checkpoint`` calls in the model. Offload is
+``zero_optimization.offload_optimizer`` (and ``offload_param`` for ``optimizer+params``,
+ZeRO-3 only) with ``"device": "cpu"``; FP8 is Transformer Engine in the model code (a note). DeepSpeed computes
 ``train_batch_size = micro · accumulation · dp`` with ``dp = world / (tp · pp)``.
 """
 
@@ -33,8 +35,16 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
         "gradient_accumulation_steps": target.num_microbatches,
         "zero_optimization": {"stage": target.zero_stage or 0},
     }
+    if target.offload not in (None, "none"):
+        zero = config["zero_optimization"]
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if target.offload == "optimizer+params":
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if target.dtype in _DTYPE_KEYS:
         config[_DTYPE_KEYS[target.dtype]] = {"enabled": True}
+    if target.fp8:
+        notes.append("not in ds_config: FP8 matrix products come from Transformer Engine "
+                     "layers in the model code (te.Linear under te.fp8_autocast)")
     tp, pp = target.tp or 1, target.pp or 1
     if tp > 1:
         notes.append(f"not in ds_config: tensor parallelism (tp={tp}"
@@ -88,8 +98,17 @@ def parse(text: str, *, world_size: int | None = None,
                           ) from None
     dtype = next((d for d, key in _DTYPE_KEYS.items()
                   if data.get(key, {}).get("enabled")), "float32")
+    zero = data.get("zero_optimization", {})
+    offload = ("optimizer+params" if _on_cpu(zero, "offload_param")
+               else "optimizer" if _on_cpu(zero, "offload_optimizer") else "none")
     return TargetConfig(
         dp=batch // (mb * steps), microbatch_size=mb, num_microbatches=steps,
         global_batch=batch, zero_stage=int(data.get("zero_optimization", {}).get("stage", 0)),
-        dtype=dtype,
+        dtype=dtype, offload=offload,
     )
+
+
+def _on_cpu(zero: Any, key: str) -> bool:
+    """Whether ``zero_optimization[key]`` offloads to the host (``"device": "cpu"``)."""
+    entry = zero.get(key) if isinstance(zero, dict) else None
+    return isinstance(entry, dict) and entry.get("device") == "cpu"

@@ -7,7 +7,13 @@ Megatron cannot say comes back as notes:
 * the GPipe schedule: Megatron runs 1F1B (interleaved 1F1B with virtual stages);
 * ZeRO-2/3: ``--use-distributed-optimizer`` shards the optimizer state only (ZeRO-1);
 * uneven stages beyond the first and last (``--decoder-first-pipeline-num-layers``,
-  ``--decoder-last-pipeline-num-layers``), and uneven virtual stages.
+  ``--decoder-last-pipeline-num-layers``), and uneven virtual stages;
+* parameter offload: ``--optimizer-cpu-offload`` moves the optimizer states (and the
+  optimizer step) to the host, the parameters stay on the device.
+
+Context and expert parallelism are ``--context-parallel-size`` and
+``--expert-model-parallel-size``; FP8 is ``--fp8-format hybrid`` (Transformer Engine: E4M3
+forward, E5M2 gradients).
 
 Megatron takes the world size from the launcher, so the data-parallel degree is
 ``world / (tp · pp)`` and the microbatch count ``global / (mb · dp)``: :func:`parse` needs the
@@ -29,9 +35,11 @@ _VALUED = frozenset({
     "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size",
     "--seq-length", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+    "--context-parallel-size", "--expert-model-parallel-size", "--fp8-format",
 })
 _SWITCHES = frozenset({"--sequence-parallel", "--recompute-activations",
-                       "--use-distributed-optimizer", "--bf16", "--fp16"})
+                       "--use-distributed-optimizer", "--bf16", "--fp16",
+                       "--optimizer-cpu-offload"})
 _DTYPE_FLAGS = {"bfloat16": "--bf16", "float16": "--fp16"}
 
 
@@ -41,6 +49,8 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
     args: list[tuple[str, object | None]] = [
         ("--tensor-model-parallel-size", target.tp),
         ("--pipeline-model-parallel-size", target.pp),
+        ("--context-parallel-size", target.cp or 1),
+        ("--expert-model-parallel-size", target.ep or 1),
     ]
     if target.layers is not None:
         args.append(("--num-layers", target.layers))
@@ -65,8 +75,18 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
                          + (" and parameters" if target.zero_stage == 3 else "")
                          + " stay replicated over data parallelism and use more memory than "
                          "planned")
+    if target.offload not in (None, "none"):
+        args.append(("--optimizer-cpu-offload", None))
+        if not target.zero_stage:
+            args.append(("--use-distributed-optimizer", None))  # Megatron offloads its shards
+        if target.offload == "optimizer+params":
+            notes.append("approximated: Megatron-LM's --optimizer-cpu-offload moves the "
+                         "optimizer states and step to the host; the parameters stay on the "
+                         "device (more device memory than the plan's optimizer+params)")
     if target.dtype in _DTYPE_FLAGS:
         args.append((_DTYPE_FLAGS[target.dtype], None))
+    if target.fp8:
+        args.append(("--fp8-format", "hybrid"))
     lines = [flag if value is None else f"{flag} {value}" for flag, value in args]
     return " \\\n".join(lines) + "\n", notes
 
@@ -166,6 +186,9 @@ def parse(text: str, *, world_size: int | None = None,
                                    number("--decoder-last-pipeline-num-layers")),
         seq=number("--seq-length"),
         dtype=dtype,
+        cp=number("--context-parallel-size", 1), ep=number("--expert-model-parallel-size", 1),
+        offload="optimizer" if "--optimizer-cpu-offload" in switches else "none",
+        fp8="--fp8-format" in values,
     )
 
 

@@ -34,7 +34,9 @@ class TargetConfig:
     ``global_batch = dp · microbatch_size · num_microbatches``; ``virtual_stages`` is ``v``
     of ``interleaved:v`` (1 otherwise); ``layers`` counts the repeated blocks;
     ``stage_layers`` lists the layers of each virtual stage when they differ; ``dtype`` is a
-    torch dtype name (``bfloat16``, ``float16``, ``float32``).
+    torch dtype name (``bfloat16``, ``float16``, ``float32``); ``cp``/``ep`` the context- and
+    expert-parallel degrees, ``offload`` what lives in host memory (``none``, ``optimizer``,
+    ``optimizer+params``) and ``fp8`` whether the matrix products run in FP8.
     """
 
     dp: int | None = None
@@ -52,6 +54,10 @@ class TargetConfig:
     stage_layers: tuple[int, ...] | None = None
     seq: int | None = None
     dtype: str | None = None
+    cp: int | None = None
+    ep: int | None = None
+    offload: str | None = None
+    fp8: bool | None = None
 
     @classmethod
     def from_plan(cls, plan: Plan) -> tuple["TargetConfig", list[str]]:
@@ -87,6 +93,7 @@ class TargetConfig:
             stage_layers=layers if layers and len(set(layers)) > 1 else None,
             seq=plan.seq,
             dtype=dtype,
+            cp=config.cp, ep=config.ep, offload=config.offload, fp8=config.fp8,
         ), notes
 
     @property

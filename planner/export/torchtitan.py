@@ -13,6 +13,10 @@
 * batching: ``local_batch_size`` is per data-parallel rank; with pipelining it is split into
   microbatches of ``pipeline_parallel_microbatch_size``, without it the step accumulates
   ``global_batch_size / (dp · local_batch_size)`` gradients;
+* context and expert parallelism: ``context_parallel_degree``, ``expert_parallel_degree``;
+* offload: ``[training] enable_cpu_offload`` (FSDP2's ``CPUOffloadPolicy``: parameters,
+  gradients and optimizer states on the host, i.e. ``optimizer+params``);
+* FP8: ``[model] converters = ["float8"]`` (torchao's float8 training);
 * stages: ``pipeline_parallel_layers_per_stage`` with the embedding and head counted as no
   layers (``pipeline_parallel_first/last_stage_less_layers``), which also expresses a first or
   last stage lighter than the rest.
@@ -59,6 +63,14 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
                      "(sp=off), so torchtitan uses less activation memory and other "
                      "collectives than planned")
     parallelism["pipeline_parallel_degree"] = pp
+    parallelism["context_parallel_degree"] = target.cp or 1
+    parallelism["expert_parallel_degree"] = target.ep or 1
+    if target.offload not in (None, "none"):
+        training["enable_cpu_offload"] = True
+        if target.offload == "optimizer":
+            notes.append("approximated: torchtitan's enable_cpu_offload is FSDP2's CPU offload, "
+                         "which keeps the parameter shards on the host too (less device memory, "
+                         "more host↔device copies than the plan's offload=optimizer)")
     if pp > 1:
         parallelism["pipeline_parallel_schedule"] = _SCHEDULES[(target.schedule or "1f1b")
                                                                .partition(":")[0]]
@@ -72,6 +84,8 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
                      "(selective_ac_option = \"op\") saves by its own op policy")
     sections = [("training", training), ("parallelism", parallelism),
                 ("activation_checkpoint", checkpoint)]
+    if target.fp8:
+        sections.insert(0, ("model", {"converters": ["float8"]}))
     text = "\n".join(_section(name, body, tp) for name, body in sections)
     return text, notes
 
@@ -138,6 +152,8 @@ def _toml_value(value: Any) -> str:
         return str(value)
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"no TOML form for {value!r}")
 
 
@@ -184,6 +200,9 @@ def parse(text: str, *, world_size: int | None = None,
         if shard > 1 else 0,
         layers=layers, stage_layers=counts, seq=train.get("seq_len"),
         dtype=train.get("mixed_precision_param", "bfloat16"),
+        cp=par.get("context_parallel_degree", 1), ep=par.get("expert_parallel_degree", 1),
+        offload="optimizer+params" if train.get("enable_cpu_offload") else "none",
+        fp8="float8" in data.get("model", {}).get("converters", []),
     )
 
 

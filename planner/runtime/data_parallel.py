@@ -10,7 +10,8 @@ decides what else is split over ``dp`` (Rajbhandari et al., 2020):
     stage 1  optimizer state: as stage 0 + ``ZeroRedundancyOptimizer`` over the dp group
     stage 2  + gradients:     ``fully_shard(reshard_after_forward=False)`` (reduce-scatter grads,
                               keep the gathered parameters between forward and backward)
-    stage 3  + parameters:    ``fully_shard(reshard_after_forward=True)``
+    stage 3  + parameters:    ``fully_shard(reshard_after_forward=True)``; with offload,
+                              ``offload_policy=CPUOffloadPolicy()`` (:mod:`fxplan.runtime.offload`)
 
 FSDP/replicate wrap every block (the outlined ``layer_i`` of the graph rewrite, recompute
 wrapper included, or the user's ``model.layers.N`` at module level) and then the stage root, so parameters are gathered block by block. With ``tp > 1`` the parameters are
@@ -32,6 +33,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from fxplan.passes.rewrite.base import logger
+from fxplan.runtime.offload import offload_fallback, offload_policy
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -64,17 +66,19 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
         return stage
     dp_mesh = mesh["dp"]
     line = zero1_fallback(plan)
-    if line is not None:
-        logger.warning("fxplan runtime fallback: %s", line)
-        if fallbacks is not None and line not in fallbacks:
-            fallbacks.append(line)
+    for text in (line, offload_fallback(plan)):
+        if text is not None:
+            logger.warning("fxplan runtime fallback: %s", text)
+            if fallbacks is not None and text not in fallbacks:
+                fallbacks.append(text)
     if plan.zero_stage in (2, 3) or line is not None:
         from torch.distributed.fsdp import fully_shard
 
         reshard = plan.zero_stage == 3  # ZeRO-1 with tp > 1 (fallback): False, as ZeRO-2
+        extra = {} if plan.offload == "none" else {"offload_policy": offload_policy(plan)}
         for block in _blocks(stage) if blocks is None else blocks:
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, **extra)
+        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, **extra)
         return stage
     if plan.tp == 1:
         from torch.nn.parallel import DistributedDataParallel

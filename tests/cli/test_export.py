@@ -43,16 +43,29 @@ PLANS = {
                        batch=16, layers=(8,)),
     "pp-uneven": make_plan("dp=2,tp=1,pp=4,mb=1,schedule=1f1b,zero=0,recompute=none,sp=off,"
                            "stages=1/3/3/1", batch=8, layers=(1, 3, 3, 1)),
+    "offload-fp8": make_plan("dp=8,tp=1,pp=1,mb=1,schedule=1f1b,zero=3,recompute=full,sp=off,"
+                             "offload=optimizer+params,fp8=on", batch=16, layers=(8,)),
+    "offload-optimizer": make_plan("dp=4,tp=2,pp=1,mb=1,schedule=1f1b,zero=1,recompute=none,"
+                                   "sp=on,offload=optimizer", batch=16, layers=(8,)),
 }
+
+#: ``offload`` as each format reads it back: Megatron offloads the optimizer only, torchtitan
+#: (FSDP2's CPU offload) the parameters too, DeepSpeed either.
+OFFLOAD_BACK = {"megatron": {"none": "none", "optimizer": "optimizer",
+                             "optimizer+params": "optimizer"},
+                "torchtitan": {"none": "none", "optimizer": "optimizer+params",
+                               "optimizer+params": "optimizer+params"},
+                "deepspeed": {"none": "none", "optimizer": "optimizer",
+                              "optimizer+params": "optimizer+params"}}
 
 #: What each format expresses (and so must round-trip exactly).
 ROUND_TRIP = {
     "megatron": ("dp", "tp", "pp", "schedule", "virtual_stages", "microbatch_size",
                  "num_microbatches", "global_batch", "sequence_parallel", "recompute", "layers",
-                 "stage_layers", "seq", "dtype"),
+                 "stage_layers", "seq", "dtype", "cp", "ep", "fp8"),
     "torchtitan": ("dp", "tp", "pp", "schedule", "virtual_stages", "microbatch_size",
                    "num_microbatches", "global_batch", "sequence_parallel", "recompute",
-                   "stage_layers", "seq", "dtype"),
+                   "stage_layers", "seq", "dtype", "cp", "ep", "fp8"),
     "deepspeed": ("dp", "microbatch_size", "num_microbatches", "global_batch", "zero_stage",
                   "dtype"),
 }
@@ -73,6 +86,7 @@ def test_round_trip_keeps_the_degrees(name: str, target: str) -> None:
         assert getattr(back, field) == getattr(expected, field), (name, target, field)
     assert (back.dp, back.microbatch_size, back.num_microbatches) == \
         (plan.dp, plan.microbatch_size, plan.num_microbatches)
+    assert back.offload == OFFLOAD_BACK[target][plan.offload], (name, target)
 
 
 @pytest.mark.parametrize("name", PLANS)
@@ -82,7 +96,8 @@ def test_zero_stage_reads_back_as_the_closest_the_target_has(name: str) -> None:
     megatron = parse_export(export_plan(plan, "megatron").text, "megatron",
                             world_size=plan.world_size)
     titan = parse_export(export_plan(plan, "torchtitan").text, "torchtitan", layers=8)
-    assert megatron.zero_stage == min(zero, 1)                 # the distributed optimizer
+    offload = plan.offload != "none"   # Megatron offloads the distributed optimizer's shards
+    assert megatron.zero_stage == (1 if offload else min(zero, 1))
     assert titan.zero_stage == {0: 0, 1: 2, 2: 2, 3: 3}[zero]  # DDP, FSDP never/always reshard
 
 
@@ -186,3 +201,21 @@ def test_cli_bad_inputs_exit_2(tmp_path: Path, capsys) -> None:  # type: ignore[
 
 def test_help_lists_the_targets_the_package_has() -> None:
     assert TARGET_NAMES == TARGETS
+
+
+def test_offload_fp8_cp_ep_use_each_frameworks_options() -> None:
+    plan = PLANS["offload-fp8"]
+    megatron = export_plan(plan, "megatron")
+    for option in ("--context-parallel-size 1", "--expert-model-parallel-size 1",
+                   "--optimizer-cpu-offload", "--fp8-format hybrid"):
+        assert option in megatron.text, option
+    assert any("parameters stay on the device" in n for n in megatron.notes)
+    titan = tomllib.loads(export_plan(plan, "torchtitan").text)
+    assert titan["model"]["converters"] == ["float8"]
+    assert titan["training"]["enable_cpu_offload"] is True
+    assert titan["parallelism"]["context_parallel_degree"] == 1
+    assert titan["parallelism"]["expert_parallel_degree"] == 1
+    ds = export_plan(plan, "deepspeed")
+    zero = json.loads(ds.text)["zero_optimization"]
+    assert zero["offload_optimizer"]["device"] == zero["offload_param"]["device"] == "cpu"
+    assert any("Transformer Engine" in n for n in ds.notes)

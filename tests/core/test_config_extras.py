@@ -59,3 +59,15 @@ def test_constraints_accept_the_new_keys_and_refuse_cp_ep_beyond_one() -> None:
         validate_constraints({"ep": 8}, 8)
     with pytest.raises(ConstraintError, match="offload='nvme' is not allowed"):
         validate_constraints({"offload": "nvme"}, 8)
+
+
+def test_explain_alternatives_change_offload_and_fp8() -> None:
+    from fxplan.explain import ExplainError, alternative_config
+
+    plan = make_plan()   # pp=2 dp=2 tp=1, zero=1
+    config, _ = alternative_config(plan, {"offload": "optimizer", "fp8": True})
+    assert config.offload == "optimizer" and config.fp8 and config.zero_stage == 1
+    with pytest.raises(ExplainError, match="optimizer\\+params needs zero=3"):
+        alternative_config(plan, {"offload": "optimizer+params"})
+    config, _ = alternative_config(plan, {"offload": "optimizer+params", "zero_stage": 3})
+    assert config.offload == "optimizer+params"

@@ -10,6 +10,9 @@ CASES = {
     "zero1": dict(dp=2, zero=1),
     "zero2": dict(dp=2, zero=2),
     "zero3": dict(dp=2, zero=3),
+    "zero3_offload": dict(dp=2, zero=3, offload="optimizer+params"),   # FSDP2 CPUOffloadPolicy
+    "zero3_offload_optimizer": dict(dp=2, zero=3, offload="optimizer"),  # the same (fallback)
+    "dp_tp_zero3_offload": dict(dp=2, tp=2, zero=3, offload="optimizer+params"),
     "tp": dict(tp=2),
     "tp_sp": dict(tp=2, sp=True),
     "pp_gpipe": dict(pp=2, schedule="gpipe", num_microbatches=2),
@@ -37,6 +40,8 @@ def test_matches_single_process(rank_pool, name):
     assert report["losses"][-1] < report["losses"][0]
     zero1_as_fsdp = [f for f in report["fallbacks"] if "ZeRO-1 with tp=2 runs as FSDP2" in f]
     assert len(zero1_as_fsdp) == (name == "dp_tp_zero1"), report["fallbacks"]
+    offload_as_fsdp = [f for f in report["fallbacks"] if "offload=optimizer runs as FSDP2" in f]
+    assert len(offload_as_fsdp) == (name == "zero3_offload_optimizer"), report["fallbacks"]
 
 
 def test_planner_found_local_cpu_plan(rank_pool):
