@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 import fxplan
 from fxplan.cluster_specs import Cluster
