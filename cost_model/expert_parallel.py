@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Mapping
 from fxplan.core.config import CostModelError
 from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.layer_costs import SegmentCost, graph_segments
+from fxplan.cost_model.megatron_layout import used_params
 from fxplan.cost_model.memory import ModelStates, OptimizerSpec, ADAM_MIXED, model_state_bytes
 from fxplan.passes.node_info import MATMUL_CLASSES
 
@@ -84,8 +85,7 @@ def _expert_params(graph: CapturedGraph, names: tuple[str, ...]) -> dict[str, in
     """Expert parameters (3-D) the segment's nodes use, canonical name → leading dim."""
     out: dict[str, int] = {}
     for name in names:
-        node = graph.nodes_by_name[name]
-        for param in graph.info(node).params or ():
+        for param in used_params(graph.nodes_by_name[name], graph):
             info = graph.params.get(param)
             if info is not None and len(info.shape) == 3:
                 out[info.tied_to or param] = int(info.shape[0])

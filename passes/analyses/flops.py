@@ -30,9 +30,10 @@ from fxplan.passes.analyses.ops import OpCall, nbytes, register, tensors
 # --- matrix products ---------------------------------------------------------------------
 
 
-@register("matmul", "bmm", "mm", "grouped_mm", op_class="matmul")
+@register("matmul", "bmm", "mm", "grouped_mm", "grouped_mm_fallback", op_class="matmul")
 def matmul(call: OpCall) -> int:
-    """``2·numel(out)·K``; ``K`` = last dim of the first operand (``grouped_mm``: tokens
+    """``2·numel(out)·K``; ``K`` = last dim of the first operand (``grouped_mm``, and
+    ``transformers``' ``grouped_mm_fallback`` where torch has no kernel for the dtype: tokens
     ``[T, K]`` against experts ``[E, K, N]``, each row by its group's matrix: ``2·T·N·K``)."""
     a = call.args[0]
     return 2 * call.out_numel * a.shape[-1]

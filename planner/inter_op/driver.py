@@ -110,6 +110,7 @@ class _Search:
         self.timer, self.budget, self.progress = timer, budget, progress
         self.profile = ModelProfile(graph, cluster)
         self.experts = num_experts(graph)   # E of a mixture of experts (ep is searched), or None
+        self._check_ep_constraint()
         self.mem = DeviceMemory.of(cluster.device(0))
         self.pruned: list[Reason] = []
         self.fallbacks: list[str] = []
@@ -214,6 +215,23 @@ class _Search:
                 elif item > best[0]:
                     heapq.heapreplace(best, item)
         return [s for _, _, s in sorted(best, key=lambda t: -t[0])]
+
+    def _check_ep_constraint(self) -> None:
+        """An ``ep`` constraint only ``ep > 1`` satisfies needs experts that ``ep`` divides."""
+        want = self.constraints.get("ep")
+        if want is None:
+            return
+        values = set(want) if isinstance(want, (list, tuple, set, frozenset)) else {want}
+        if 1 in values:
+            return
+        if self.experts is None:
+            raise ConstraintError(f"constraint {describe({'ep': want})} needs a mixture of "
+                                  f"experts, and the model has no expert "
+                                  f"parameters (3-D [E, ·, ·] batched expert weights); allow "
+                                  f"ep=1")
+        if all(self.experts % v for v in values):
+            raise ConstraintError(f"constraint ep: none of {sorted(values)} divides the "
+                                  f"model's {self.experts} experts")
 
     def eps(self, dp: int) -> tuple[int, ...]:
         """The expert-parallel degrees of a family with ``dp`` data-parallel ranks the

@@ -53,8 +53,12 @@ def test_captures_with_layers_and_prices_the_experts(spec, moe_layers):
     assert "grouped_mm" not in graph.unpriced_ops
 
 
-def test_mixtral_plans_on_local_cpu():
+def test_mixtral_plans_on_local_cpu_with_expert_parallelism():
+    from fxplan.cost_model.expert_parallel import moe_layers
+
     graph = fxplan.capture(MIXTRAL, batch=1, seq=16, dtype=torch.float32)
-    plan = fxplan.search(graph, "local-cpu:devices=2", batch=4, seq=16)
-    assert plan.estimate["step_time_s"] > 0
+    (layer,) = moe_layers(graph).values()          # both layers share one signature
+    assert layer.experts == 4 and layer.dispatch_bytes == 16 * 2 * 64 * 4   # k·T rows of h, fp32
+    plan = fxplan.search(graph, "local-cpu:devices=2", batch=4, seq=16, constraints={"ep": 2})
+    assert plan.estimate["step_time_s"] > 0 and plan.config.ep == 2
     assert plan.config.dp * plan.config.pp * plan.config.tp == 2

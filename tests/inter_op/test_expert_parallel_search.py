@@ -9,7 +9,7 @@ import fxplan
 from fxplan.api import capture_for_search
 from fxplan.cli.constraint_text import parse_constraints
 from fxplan.cluster_specs import Cluster
-from fxplan.inter_op import search
+from fxplan.inter_op import ConstraintError, search
 from fxplan.inter_op.space import expert_degrees
 
 
@@ -27,6 +27,10 @@ def test_search_offers_ep_for_experts_only():
     assert "ep=2" in plan.summary
     dense = fxplan.capture("gpt-tiny", batch=1)
     assert search(dense, cluster, batch=8).config.ep == 1
+    with pytest.raises(ConstraintError, match="ep=2 needs a mixture of experts"):
+        search(dense, cluster, batch=8, constraints={"ep": 2})
+    with pytest.raises(ConstraintError, match=r"none of \[3\] divides the model's 4 experts"):
+        search(moe, Cluster.load("local-cpu:devices=3"), batch=6, constraints={"ep": 3})
 
 
 @pytest.fixture(scope="module")
