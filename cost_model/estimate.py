@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.efficiency import dtype_key
 from fxplan.cost_model.expert_parallel import check_ep
+from fxplan.cost_model.fp8 import check_fp8
 from fxplan.cost_model.layer_costs import GraphSegments, graph_segments
 from fxplan.cost_model.memory import ADAM_MIXED, MemoryBreakdown, OptimizerSpec
 from fxplan.cost_model.pipeline_schedules import schedule_order
@@ -44,7 +45,8 @@ class Estimate:
     """The predicted step of one configuration (module docstring for the formulas).
 
     ``breakdown`` (seconds, critical stage, sums to ``step_time_s``): ``compute``,
-    ``tp_comm``, ``zero_comm``, ``p2p``, ``bubble``, ``dp_comm``, ``optimizer``.
+    ``tp_comm``, ``zero_comm``, ``p2p``, ``bubble``, ``dp_comm``, ``optimizer`` (and
+    ``offload`` when the configuration offloads).
     ``memory`` has one :class:`MemoryBreakdown` per pipeline stage.
     """
 
@@ -109,6 +111,8 @@ def _check(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, batch
            seq: int | None) -> tuple[GraphSegments, ParallelConfig]:
     segments = graph_segments(graph)
     _check_precision(graph, cluster)
+    if config.fp8:
+        check_fp8(cluster)
     if seq is not None and segments.seq is not None and seq != segments.seq:
         raise CostModelError(
             f"seq={seq} but the graph was captured at seq={segments.seq}; capture it at the "

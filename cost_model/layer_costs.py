@@ -20,6 +20,7 @@ replicated ops run on ``1/t`` of the sequence too):
 - tensor-parallel collectives per microbatch, as ``(kind, bytes)`` in nccl-tests sizes:
   forward — all-reduce of each row-parallel output and vocab-parallel embedding output
   (sequence parallel: reduce-scatter, plus an all-gather of each column-parallel input);
+  under ``fp8`` the linear layers' products are priced by :mod:`cost_model.fp8` instead;
   backward — all-reduce of each column-parallel input gradient (sequence parallel:
   reduce-scatter, plus an all-gather of each row-parallel output gradient); full recompute
   repeats the forward ones. Priced placements (:mod:`cost_model.priced_layout`) instead
@@ -45,6 +46,7 @@ from fxplan.cost_model.compute import node_time_s
 from fxplan.core.config import CostModelError
 from fxplan.core.placements import PlacementMap
 from fxplan.cost_model.edge_reshard import edge_collectives
+from fxplan.cost_model.fp8 import converted, fp8_node_time_s, fp8_working_bytes
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.passes.node_info import MATMUL_CLASSES
 from fxplan.cost_model.megatron_layout import CONST, SHARD, TPLayout, used_params
@@ -168,8 +170,10 @@ def _token_seq(batched: list[tuple[tuple[int, ...], Any]]) -> int | None:
 def segment_cost(graph: CapturedGraph, key: str, *, tp: int, sequence_parallel: bool,
                  recompute: str, microbatch: int, device: DeviceGroup,
                  placements: PlacementMap | None = None,
-                 cluster: Cluster | None = None) -> SegmentCost:
+                 cluster: Cluster | None = None, fp8: bool = False) -> SegmentCost:
     """The cached :class:`SegmentCost` of segment ``key`` (``"pre"``, ``"post"`` or a layer key).
+
+    ``fp8`` prices the linear layers' matrix products in FP8 (:mod:`cost_model.fp8`).
 
     ``cluster`` prices the reshards of priced placements (:mod:`cost_model.priced_layout`) on
     the tp group ``0 … tp−1``; the other layouts do not need it."""
@@ -180,11 +184,11 @@ def segment_cost(graph: CapturedGraph, key: str, *, tp: int, sequence_parallel: 
         if cluster is None:
             raise CostModelError("priced placements need the cluster to price their reshards")
         mesh = LogicalMesh(cluster, (tp,), ("tp",))
-    cache_key = ("segment", key, tp, sp, policy, microbatch, device, placements, mesh)
+    cache_key = ("segment", key, tp, sp, policy, microbatch, device, placements, mesh, fp8)
     hit = graph.memo.get(cache_key)
     if hit is None:
         hit = graph.memo[cache_key] = _segment_cost(graph, key, tp, sp, policy, microbatch,
-                                                    device, placements, mesh)
+                                                    device, placements, mesh, fp8)
     return hit
 
 
@@ -202,7 +206,7 @@ def _divisor(name: str, layout: TPLayout, tp: int, sp: bool) -> int:
 def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str,
                   microbatch: int, device: DeviceGroup,
                   placements: PlacementMap | None,
-                  mesh: LogicalMesh | None) -> SegmentCost:
+                  mesh: LogicalMesh | None, fp8: bool = False) -> SegmentCost:
     segments = graph_segments(graph)
     names = segments.names(key)
     layout = tp_layout(graph, placements)
@@ -213,7 +217,7 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
         recomputed = set(names)
     elif policy == "selective":
         recomputed = set(attention_core(graph, names, layout))
-    forward = backward = recompute = flops = recompute_flops = 0.0
+    forward = backward = recompute = flops = recompute_flops = fp8_working = 0.0
     tp_fwd: list[tuple[str, float]] = []
     tp_bwd: list[tuple[str, float]] = []
     params: dict[str, float] = {}
@@ -221,9 +225,14 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
         info = infos[name]
         # One pricing path with the intra-op solver: node_time_s on this rank's share.
         shard = _divisor(name, layout, tp, sp) / scale
-        fwd = node_time_s(info, device, shard_factor=shard)
+        if fp8 and converted(info):
+            fwd = fp8_node_time_s(info, device, shard_factor=shard, backward=False)
+            backward += fp8_node_time_s(info, device, shard_factor=shard, backward=True)
+            fp8_working = max(fp8_working, fp8_working_bytes(info, shard))
+        else:
+            fwd = node_time_s(info, device, shard_factor=shard)
+            backward += node_time_s(info, device, shard_factor=shard, backward=True)
         forward += fwd
-        backward += node_time_s(info, device, shard_factor=shard, backward=True)
         if name in recomputed:
             recompute += fwd
         if info.op_class in MATMUL_CLASSES:
@@ -242,7 +251,8 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
         tp_bwd = tp_fwd + tp_bwd
     activations = segment_activations(graph, names, layout, tp=tp,
                                       sequence_parallel=sp and not layout.priced, recompute=policy)
-    activations = ActivationBytes(activations.saved * scale, activations.working * scale)
+    activations = ActivationBytes(activations.saved * scale,
+                                  activations.working * scale + fp8_working)
     split_output = layout.is_sharded(names[-1]) if layout.priced and names else sp
     output = tensor_bytes(infos[names[-1]]) * scale / (tp if split_output else 1) if names else 0.0
     return SegmentCost(forward, backward, recompute, tuple(tp_fwd), tuple(tp_bwd), activations,

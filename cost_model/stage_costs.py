@@ -144,7 +144,8 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                                                   recompute=config.recompute,
                                                   microbatch=config.microbatch_size,
                                                   device=device, placements=config.placements,
-                                                  cluster=cluster), moe.get(key), config.ep)
+                                                  cluster=cluster, fp8=config.fp8),
+                                     moe.get(key), config.ep)
                           for key, _ in keys[s][c]) for c in range(v))
         chunks.append(row)
         stage_params: dict[str, float] = {}

@@ -172,12 +172,10 @@ def _train(args: argparse.Namespace) -> None:
 
     def seeded_model() -> torch.nn.Module:
         torch.manual_seed(0)
-        return apply_fp8(bundle.build("cpu"), plan)
-
-    from fxplan.runtime.fp8 import apply_fp8
+        return bundle.build("cpu")
 
     with meta_parameters():
-        model = apply_fp8(bundle.build("cpu"), plan)
+        model = bundle.build("cpu")
     example = tuple(v for k, v in _example_batch(bundle, plan).items() if k != "targets")
     resume = None
     if args.resume:  # verified (manifest and hashes) before DCP unpickles anything

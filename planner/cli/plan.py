@@ -18,7 +18,8 @@ page and the predicted trace (:mod:`fxplan.cli.report`); ``--plot
 PREFIX`` draws ``PREFIX-timeline.png`` and ``PREFIX-memory.png`` of the chosen plan
 (:func:`fxplan.plots.plot_plan`). ``--leaf`` and ``--method`` capture as ``fxplan graph``
 does; ``--constrain`` restricts the search as the API's ``constraints=``
-(:mod:`fxplan.cli.constraint_text`). The plan names its model as a spec that resolves from
+(:mod:`fxplan.cli.constraint_text`); ``--allow-fp8`` lets it try FP8 linear layers. The plan
+names its model as a spec that resolves from
 anywhere: a user file or a Hugging Face config file by absolute path
 (:func:`~fxplan.examples.model_spec.canonical_spec`), next to the graph's fingerprint. A
 model that fits in no configuration ends with exit code 2 and the memory it needs.
@@ -62,6 +63,10 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "zero_stage|zero, offload (none|optimizer|optimizer+params), fp8 "
                         "(true|false), cp, ep (1 only: not searched yet); alternatives with |, "
                         "e.g. tp=4|8)")
+    parser.add_argument("--allow-fp8", action="store_true",
+                        help="let the search run the linear layers in FP8 where it is faster "
+                        "(devices with an fp8 peak: H100, H200; it changes the numerics, so it "
+                        "is off unless asked; the same as --constrain \"fp8=false|true\")")
     parser.add_argument("-o", "--output", metavar="PLAN.json", type=output_path(".json"),
                         help="write the plan here")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -105,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         logging.getLogger("fxplan.planner").setLevel(logging.ERROR)  # fallbacks are in the JSON
     constraints = parse_constraints(args.constrain)
+    if args.allow_fp8 and "fp8" not in constraints:
+        constraints["fp8"] = [False, True]
     cluster = Cluster.load(args.cluster)
     model = canonical_spec(args.model)
     timer = PhaseTimer()

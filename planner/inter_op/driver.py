@@ -44,7 +44,7 @@ from __future__ import annotations
 import heapq
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.memory import GIB, MemoryBreakdown
@@ -55,7 +55,7 @@ from fxplan.inter_op.build_plan import build_plan
 from fxplan.inter_op.constraints import (ConstraintError, allowed, describe,
                                           validate_constraints)
 from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message
-from fxplan.inter_op.offload import Rung, host_fits, host_missing, memory_rungs
+from fxplan.inter_op.offload import Rung, fp8_choices, host_fits, host_missing, memory_rungs
 from fxplan.inter_op.partition import balanced_counts, partition_layers
 from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import Priced, price_finalist
@@ -125,6 +125,7 @@ class _Search:
         # why the ranking stopped before the end of its queue ("" when it reached the end)
         self.stopped = ""
         self.intra_op = IntraOpCache(graph, cluster, budget)
+        self.fp8_choices = fp8_choices(self.constraints, cluster)
         self.no_offload = host_missing(cluster)
         if self.no_offload and self.constraints.get("offload") not in (None, "none"):
             raise ConstraintError(f"constraint offload={self.constraints['offload']}: "
@@ -143,7 +144,7 @@ class _Search:
                                    if k in ("tp", "pp", "dp")}):
                 continue
             self.mesh_allowed.append(fam)
-            lightest = prof.get(fam.tp, True, "full", 1, max(self.eps(fam.dp)))
+            lightest = prof.get(fam.tp, True, "full", 1, ep=max(self.eps(fam.dp)))
             for zero, off in self._rungs(fam):
                 need = memory_lower_bound(fam, zero, lightest, self.mem, off)
                 if need <= self.mem.capacity:
@@ -182,8 +183,7 @@ class _Search:
         prof = self.profile
         queue: list[tuple[float, int, ParallelConfig]] = []
         for fam, (zmin, off) in fams.items():
-            for c in options(fam, batch=self.batch, layers=prof.num_layers,
-                             seq=prof.segments.seq, eps=self.eps(fam.dp)):
+            for c in self._options(fam):
                 c = c.replace(zero_stage=zmin, offload=off)
                 if allowed(c, {k: v for k, v in self.constraints.items() if k not in _RUNG_KEYS}):
                     lb = time_lower_bound(c, prof.of(c))
@@ -240,6 +240,16 @@ class _Search:
         return tuple(e for e in out if allowed(_probe_ep(e), {k: v for k, v in
                                                              self.constraints.items()
                                                              if k == "ep"})) or (1,)
+
+    def _options(self, fam: Family) -> Iterator[ParallelConfig]:
+        """The candidates of ``fam`` (:func:`fxplan.inter_op.space.options`, with the
+        expert-parallel degrees of :meth:`eps`), each with every FP8 choice the constraints
+        allow (FP8 only when allowed: it changes the numerics)."""
+        prof = self.profile
+        for c in options(fam, batch=self.batch, layers=prof.num_layers, seq=prof.segments.seq,
+                         eps=self.eps(fam.dp)):
+            for fp8 in self.fp8_choices:
+                yield c.replace(fp8=fp8) if fp8 else c
 
     def _rungs(self, fam: Family) -> list[Rung]:
         """The (ZeRO stage, offload) rungs of ``fam`` the constraints allow, in order
@@ -378,8 +388,7 @@ class _Search:
         ``None`` when the constraints allow none."""
         rungs = self._rungs(fam)
         prof = self.profile
-        found = [c for c in options(fam, batch=self.batch, layers=prof.num_layers,
-                                    seq=prof.segments.seq, eps=self.eps(fam.dp))
+        found = [c for c in self._options(fam)
                  if rungs and allowed(c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1]),
                                       self.constraints)]
         if not found:
@@ -402,8 +411,7 @@ class _Search:
         microbatch, full recompute, sequence parallelism where offered, evenly split (the
         bound holds for every variant, this one is the lightest in activations)."""
         prof = self.profile
-        found = list(options(fam, batch=self.batch, layers=prof.num_layers,
-                             seq=prof.segments.seq, eps=self.eps(fam.dp)))
+        found = list(self._options(fam))
         if not found:
             return None
         best = min(found, key=lambda c: (c.microbatch_size, c.recompute != "full",

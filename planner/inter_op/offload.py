@@ -1,4 +1,11 @@
-"""Offload as a search dimension: the *memory rungs* a candidate climbs, and the host check.
+"""Offload and FP8 as search dimensions: the *memory rungs* a candidate climbs, the host
+check, and the FP8 choices.
+
+**FP8** is offered only when the constraints allow it (``fp8=True`` or ``[False, True]``;
+``fxplan plan --allow-fp8``): it changes the numerics. Allowed on a cluster whose devices have
+no FP8 peak it is a :class:`~fxplan.inter_op.constraints.ConstraintError`.
+
+**Offload**:
 
 A candidate of a family is tried at ``(zero, offload)`` rungs in order of decreasing device
 memory, and the first rung at which it fits is kept (higher rungs move more bytes at equal
@@ -21,17 +28,19 @@ every node's host memory holds its ranks' offloaded states
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Collection
+from typing import TYPE_CHECKING, Any, Collection, Mapping
 
 from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.cost_model.fp8 import check_fp8
 from fxplan.cost_model.offload import HostSide, with_host_check
+from fxplan.inter_op.constraints import ConstraintError
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["Rung", "host_fits", "host_missing", "memory_rungs"]
+__all__ = ["Rung", "fp8_choices", "host_fits", "host_missing", "memory_rungs"]
 
 #: ``(zero_stage, offload)``.
 Rung = tuple[int, str]
@@ -75,3 +84,17 @@ def host_fits(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory,
     if c.offload == "none":
         return True
     return all(m.host_fits for m in with_host_check(stage_memory(c, prof, mem), c, cluster))
+
+
+def fp8_choices(constraints: Mapping[str, Any], cluster: Cluster) -> tuple[bool, ...]:
+    """The ``fp8`` values the search tries: ``(False,)`` unless the constraints allow FP8;
+    :class:`ConstraintError` when they allow it on devices without an FP8 peak."""
+    want = constraints.get("fp8")
+    choices = (False,) if want is None else tuple(
+        sorted(set(want) if isinstance(want, Collection) else {want}))
+    if True in choices:
+        try:
+            check_fp8(cluster)
+        except CostModelError as err:
+            raise ConstraintError(f"constraint fp8: {err}") from None
+    return choices

@@ -44,8 +44,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["ShapeKey", "SegmentProfile", "ModelProfile"]
 
-#: ``(tp, sequence_parallel, recompute, microbatch, ep)``.
-ShapeKey = tuple[int, bool, str, int, int]
+#: ``(tp, sequence_parallel, recompute, microbatch, fp8, ep)``.
+ShapeKey = tuple[int, bool, str, int, bool, int]
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,10 @@ class ModelProfile:
         return dict(self.segments.tp_widths)
 
     def get(self, tp: int, sp: bool, recompute: str, microbatch: int,
-            ep: int = 1) -> SegmentProfile:
-        key = (tp, bool(sp and tp > 1), recompute, microbatch, ep)
+            fp8: bool = False, ep: int = 1) -> SegmentProfile:
+        """The profile of one shape key; ``fp8`` prices the linear layers in FP8, ``ep``
+        splits a mixture of experts' experts (module docstring)."""
+        key = (tp, bool(sp and tp > 1), recompute, microbatch, fp8, ep)
         hit = self._cache.get(key)
         if hit is None:
             hit = self._cache[key] = self._build(*key)
@@ -121,20 +123,23 @@ class ModelProfile:
         ranks = tuple(range(tp))
         return sum(collective_time_s(kind, nbytes, ranks, self.cluster) for kind, nbytes in items)
 
-    def _segment(self, key: str, tp: int, sp: bool, recompute: str, mb: int) -> SegmentCost:
+    def _segment(self, key: str, tp: int, sp: bool, recompute: str, mb: int,
+                 fp8: bool = False) -> SegmentCost:
         return segment_cost(self.graph, key, tp=tp, sequence_parallel=sp, recompute=recompute,
-                            microbatch=mb, device=self.device)
+                            microbatch=mb, device=self.device, fp8=fp8)
 
     def of(self, c: "ParallelConfig") -> SegmentProfile:
         """The profile of candidate ``c``'s shape key."""
-        return self.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.ep)
+        return self.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8,
+                        c.ep)
 
-    def _build(self, tp: int, sp: bool, recompute: str, mb: int, ep: int) -> SegmentProfile:
+    def _build(self, tp: int, sp: bool, recompute: str, mb: int, fp8: bool,
+               ep: int) -> SegmentProfile:
         per_key: dict[str, tuple[float, ...]] = {}
         moe = moe_layers(self.graph) if ep > 1 else {}
         group = tuple(j * tp for j in range(ep))
         for key in dict.fromkeys(self.keys):
-            c = ep_segment(self._segment(key, tp, sp, recompute, mb), moe.get(key), ep)
+            c = ep_segment(self._segment(key, tp, sp, recompute, mb, fp8), moe.get(key), ep)
             a2a = (alltoall_seconds(moe[key], scale=mb / self.segments.batch, tp=tp,
                                     ep_group=group, cluster=self.cluster,
                                     recompute_full=recompute == "full")
@@ -147,7 +152,7 @@ class ModelProfile:
                             c.param_count, c.activations.saved, c.activations.working,
                             c.output_bytes, experts)
         rows = np.array([per_key[k] for k in self.keys], dtype=float).reshape(-1, 9)
-        ends = [self._segment(key, tp, sp, recompute, mb) for key in ("pre", "post")]
+        ends = [self._segment(key, tp, sp, recompute, mb, fp8) for key in ("pre", "post")]
         pre, post = ((c.forward_s + self._comm(c.tp_forward, tp),
                       c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp),
                       c.param_count, c.activations.saved) for c in ends)

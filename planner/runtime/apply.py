@@ -96,6 +96,8 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     (:mod:`fxplan.runtime.module_apply`; a :class:`PassError` when it cannot), ``graph`` runs
     the graph rewrite, ``auto`` (default) the module level where the plan allows it, else the
     graph rewrite with the reason as a fallback line. ``ShardedModule.path`` says which ran.
+    A plan whose offload layout or FP8 this runtime cannot run here is refused first
+    (:func:`fxplan.runtime.offload.check_runnable`); FP8 converts the linears with torchao.
     """
     from fxplan.passes.rewrite.base import PassError, logger
 
@@ -106,6 +108,11 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     check_expert_parallel(plan)
     if plan.pp == 1 and plan.virtual_stages > 1:
         raise PassError("split-stages", f"schedule {str(plan.schedule)!r} needs pp ≥ 2")
+    from fxplan.runtime.fp8 import apply_fp8
+    from fxplan.runtime.offload import check_runnable
+
+    check_runnable(plan, "gpu" if torch.cuda.is_available() else "cpu")   # offload, fp8
+    model = apply_fp8(model, plan)   # FP8 linears keep the parameters' names (init, checkpoints)
     on_meta = has_meta(model)
     if on_meta and init is None and checkpoint is None:
         raise ValueError("a model on meta needs init= (a builder or values) or checkpoint=")
