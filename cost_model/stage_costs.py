@@ -29,6 +29,13 @@ writes ``step_bytes`` per local parameter (``Ψ/N`` under ZeRO ≥ 1) at memory 
 offload it runs on the host instead (:mod:`cost_model.offload`: the ``offload`` row, the
 device keeping only its fixed ``step_overhead_us``), and ``offload=optimizer+params`` adds
 the host↔device copies of each segment's shard to the ZeRO-3 prefetch term.
+
+**Expert parallelism** (``ep > 1``, :mod:`cost_model.expert_parallel`): a mixture of experts'
+layer holds ``1/ep`` of its expert parameters; its dispatch and combine all-to-alls over the
+stage's EP group join the tp row (2 forward, 2 backward, +2 under full recompute); expert
+gradients, ZeRO-1/2's all-gather of updated expert weights and the optimizer's expert share
+(ZeRO-3: their per-segment gathers and scatters too) use the ``dp/ep`` expert-data-parallel
+group.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ import torch
 
 from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.compute import op_time_s
+from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_groups, ep_segment,
+                                               expert_share, model_states, moe_layers)
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
 from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
@@ -76,6 +85,7 @@ class StagePlan:
     chunks: tuple[tuple[tuple[SegmentCost, ...], ...], ...]   # [s][c] → segments in order
     params: tuple[dict[str, float], ...]                       # [s] canonical name → local numel
     devices: tuple[DeviceGroup, ...]
+    expert_params: tuple[float, ...] = ()                      # [s] local expert numel (ep > 1)
 
 
 def _chunk_keys(segments: GraphSegments, config: ParallelConfig) -> list[list[list[tuple[str, str]]]]:
@@ -125,32 +135,51 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
     forward, backward = np.zeros((4, p, v)), np.zeros((4, p, v))
     chunks, params, devices, buckets = [], [], [], []
     post, opt_time, off_time = np.zeros(p), np.zeros(p), np.zeros(p)
+    moe = moe_layers(graph) if config.ep > 1 else {}     # expert parallelism: expert_parallel.py
+    experts, ep_share = frozenset().union(*(m.expert_params for m in moe.values())), []
     for s in range(p):
         tp_group, dp_group = stage_ranks(config, s)
+        ep_group, edp_group = ep_groups(dp_group, config.ep)
         device = cluster.device(tp_group[0])
         devices.append(device)
-        row = tuple(tuple(segment_cost(graph, key, tp=tp, sequence_parallel=config.sequence_parallel,
-                                       recompute=config.recompute, microbatch=config.microbatch_size,
-                                       device=device, placements=config.placements,
-                                       cluster=cluster, fp8=config.fp8)
+        row = tuple(tuple(ep_segment(segment_cost(graph, key, tp=tp,
+                                                  sequence_parallel=config.sequence_parallel,
+                                                  recompute=config.recompute,
+                                                  microbatch=config.microbatch_size,
+                                                  device=device, placements=config.placements,
+                                                  cluster=cluster, fp8=config.fp8),
+                                     moe.get(key), config.ep)
                           for key, _ in keys[s][c]) for c in range(v))
         chunks.append(row)
         stage_params: dict[str, float] = {}
         stage_buckets = []
         for c, segs in enumerate(row):
-            f_c, b_c = _chunk_times(segs, tp_group, dp_group, cluster, config, optimizer, device)
+            f_c, b_c = _chunk_times(segs, tp_group, dp_group, cluster, config, optimizer, device,
+                                    experts, edp_group)
+            for key, _ in keys[s][c]:
+                if key in moe:
+                    a2a = alltoall_seconds(moe[key], scale=config.microbatch_size / segments.batch,
+                                           tp=tp, ep_group=ep_group, cluster=cluster,
+                                           recompute_full=config.recompute == "full")
+                    f_c[1], b_c[1] = f_c[1] + a2a[0], b_c[1] + a2a[1]
             forward[:3, s, c], backward[:3, s, c] = f_c, b_c
             labels = [label for _, label in keys[s][c]]
             stage_buckets.append(_buckets(segs, labels, stage_params, dp_group, cluster, config,
-                                          optimizer))
+                                          optimizer, experts, edp_group))
         params.append(stage_params)
         buckets.append(tuple(stage_buckets))
         psi = sum(stage_params.values())
-        local = psi / config.dp if config.zero_stage >= 1 else psi
+        psi_e = expert_share(stage_params, moe)
+        ep_share.append(psi_e)
+        # ZeRO ≥ 1: the others sharded over dp, the experts over their dp/ep replicas
+        local = (psi - psi_e) / config.dp + psi_e * config.ep / config.dp \
+            if config.zero_stage >= 1 else psi
         opt_time[s] = (_optimizer_s(optimizer, local, device) if config.offload == "none"
                        else device.step_overhead_us * 1e-6)
         if config.zero_stage in (1, 2):
-            post[s] += _collective("all_gather", optimizer.param_bytes * psi, dp_group, cluster)
+            post[s] += _collective("all_gather", optimizer.param_bytes * (psi - psi_e), dp_group,
+                                   cluster)
+            post[s] += _collective("all_gather", optimizer.param_bytes * psi_e, edp_group, cluster)
     _p2p(chunks, forward, backward, config, cluster)
     _tied_sync(params, post, config, cluster, optimizer)
     if config.offload != "none":
@@ -159,13 +188,16 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                                          float(backward[:, s].sum()), devices[s], optimizer)
     costs = StageCosts(forward, backward, tuple(buckets), post, opt_time,
                        off_time if config.offload != "none" else None)
-    return StagePlan(costs, tuple(chunks), tuple(params), tuple(devices))
+    return StagePlan(costs, tuple(chunks), tuple(params), tuple(devices), tuple(ep_share))
 
 
 def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
                  dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
-                 optimizer: OptimizerSpec, device: DeviceGroup) -> tuple[list[float], list[float]]:
-    """``[compute, tp, zero]`` seconds of one chunk's forward and backward."""
+                 optimizer: OptimizerSpec, device: DeviceGroup,
+                 experts: frozenset[str] = frozenset(),
+                 edp_group: tuple[int, ...] = ()) -> tuple[list[float], list[float]]:
+    """``[compute, tp, zero]`` seconds of one chunk's forward and backward (ZeRO-3 gathers
+    and scatters expert weights over their ``edp_group`` under expert parallelism)."""
     f = [0.0, 0.0, 0.0]
     b = [0.0, 0.0, 0.0]
     for seg in segs:
@@ -175,8 +207,16 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
         b[1] += _price(seg.tp_backward, tp_group, cluster)
         if config.zero_stage == 3 and config.dp > 1:
             psi = seg.param_count
-            gather = _collective("all_gather", optimizer.param_bytes * psi, dp_group, cluster)
-            scatter = _collective("reduce_scatter", optimizer.grad_bytes * psi, dp_group, cluster)
+            mine = sum(n for k, n in seg.params.items() if k in experts)
+            gather = _collective("all_gather", optimizer.param_bytes * (psi - mine), dp_group,
+                                 cluster)
+            scatter = _collective("reduce_scatter", optimizer.grad_bytes * (psi - mine),
+                                  dp_group, cluster)
+            if mine:
+                gather += _collective("all_gather", optimizer.param_bytes * mine, edp_group,
+                                      cluster)
+                scatter += _collective("reduce_scatter", optimizer.grad_bytes * mine, edp_group,
+                                       cluster)
             h2d, d2h = offload_segment_s(config, psi, device)
             gather, scatter = gather + h2d, scatter + d2h
             f[2] += max(0.0, gather - seg.forward_s)
@@ -186,10 +226,12 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
 
 def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dict[str, float],
              dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
-             optimizer: OptimizerSpec) -> tuple[tuple[float, float], ...]:
+             optimizer: OptimizerSpec, experts: frozenset[str] = frozenset(),
+             edp_group: tuple[int, ...] = ()) -> tuple[tuple[float, float], ...]:
     """Gradient buckets of one chunk as ``(fraction of its last backward, seconds)``; also
     collects the chunk's parameters into ``stage_params`` (a layer's under its label, the
-    others' — embeddings, head, possibly tied — under their canonical names)."""
+    others' — embeddings, head, possibly tied — under their canonical names). Under expert
+    parallelism the gradients of ``experts`` are reduced over their ``edp_group`` instead."""
     total = sum(seg.backward_s + seg.recompute_s for seg in segs) or 1.0
     elapsed, out = 0.0, []
     kind = "all_reduce" if config.zero_stage == 0 else "reduce_scatter"
@@ -199,7 +241,11 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
         new = {prefix + k: n for k, n in seg.params.items() if prefix + k not in stage_params}
         stage_params.update(new)
         if config.zero_stage < 3 and config.dp > 1 and new:
-            seconds = _collective(kind, optimizer.grad_bytes * sum(new.values()), dp_group, cluster)
+            mine = sum(n for k, n in new.items() if k.rpartition(":")[2] in experts)
+            seconds = _collective(kind, optimizer.grad_bytes * (sum(new.values()) - mine),
+                                  dp_group, cluster)
+            if mine:
+                seconds += _collective(kind, optimizer.grad_bytes * mine, edp_group, cluster)
             out.append((elapsed / total, seconds))
     return tuple(out)
 
@@ -263,11 +309,14 @@ def rank_memory(order: ScheduleOrder, *, params: Sequence[float], saved: np.ndar
                 sequence_parallel: bool,
                 optimizer: OptimizerSpec = ADAM_MIXED, offload: str = "none",
                 kinds: Sequence[str] | None = None,
-                headroom: Sequence[float] | None = None) -> list[MemoryBreakdown]:
+                headroom: Sequence[float] | None = None,
+                expert_params: Sequence[float] = (), ep: int = 1) -> list[MemoryBreakdown]:
     """Peak memory of each pipeline rank ``s`` from its aggregates (the one formula
     :func:`stage_memory` and the planner's search both use):
 
-        states_s  = ZeRO(params[s], dp, zero), less what ``offload`` keeps on the host
+        states_s  = ZeRO(params[s], dp, zero), less what ``offload`` keeps on the host;
+                    with ``ep > 1``, ZeRO(params[s] − e_s, dp, zero) + ZeRO(e_s, dp/ep, zero)
+                    for the rank's ``e_s = expert_params[s]`` (:mod:`cost_model.expert_parallel`)
         acts_s    = peak over time of Σ_c n_c(τ)·saved[s, c]   (``order.peak_inflight``)
         working_s = working[s]        (largest recompute working set of a segment on s)
         buffers_s = :func:`buffer_bytes` of the rank's largest output and segment
@@ -282,7 +331,10 @@ def rank_memory(order: ScheduleOrder, *, params: Sequence[float], saved: np.ndar
     kinds = kinds if kinds is not None else ["gpu"] * p
     out = []
     for s in range(p):
-        states = model_state_bytes(float(params[s]), dp, zero_stage, optimizer, offload)
+        states = (model_states(float(params[s]), float(expert_params[s]), dp=dp, ep=ep,
+                               zero_stage=zero_stage, optimizer=optimizer, offload=offload)
+                  if ep > 1 and len(expert_params) else
+                  model_state_bytes(float(params[s]), dp, zero_stage, optimizer, offload))
         buffers = buffer_bytes(float(max_output_bytes[s]), float(max_segment_params[s]),
                                pp=p, tp=tp, dp=dp, zero_stage=zero_stage,
                                sequence_parallel=sequence_parallel, optimizer=optimizer)
@@ -318,7 +370,8 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
         tp=config.tp, dp=config.dp, zero_stage=config.zero_stage,
         sequence_parallel=config.sequence_parallel, optimizer=optimizer, offload=config.offload,
         kinds=[device.kind for device in plan.devices],
-        headroom=[headroom.bytes(device.memory_gib * GIB) for device in plan.devices])
+        headroom=[headroom.bytes(device.memory_gib * GIB) for device in plan.devices],
+        expert_params=plan.expert_params, ep=config.ep)
     if config.offload == "none" or cluster is None:
         return memory
     return with_host_check(memory, config, cluster)

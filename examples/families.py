@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch.nn as nn
 
 from fxplan.examples.bundle import InputSpec, ModelBundle
-from fxplan.examples.models import convnet, gpt, llama, mlp
+from fxplan.examples.models import convnet, gpt, llama, mlp, moe
 from fxplan.examples.models.lm import lm_example_inputs
 
 
@@ -39,6 +39,9 @@ FAMILIES: dict[str, Family] = {
     f.name: f for f in (
         Family("gpt", gpt.GPTConfig, gpt.GPT, lm_example_inputs,
                "decoder-only transformer, learned positions, tied LM head"),
+        Family("moe", moe.MoEConfig, moe.MoEGPT, lm_example_inputs,
+               "GPT with mixture-of-experts feed-forward layers (top-k router, capacity, "
+               "auxiliary load-balancing loss)"),
         Family("llama", llama.LlamaConfig, llama.Llama, lm_example_inputs,
                "RMSNorm, rotary embeddings, SwiGLU, grouped-query attention"),
         Family("mlp", mlp.MLPConfig, mlp.MLP, mlp.example_inputs,

@@ -9,12 +9,16 @@ Families (``examples/models``), with ``l`` layers, hidden size ``h``, vocabulary
 
 - ``gpt``: per layer ``12h² + 13h`` (QKV and projection with biases, 4h MLP with biases,
   two LayerNorms); learned positions ``s·h``; tied LM head; final LayerNorm ``2h``.
+- ``moe``: as ``gpt`` with feed-forward width ``f = ffn_mult·h``: per layer ``4h² + 8h``
+  (attention, two LayerNorms) plus, for a dense layer, ``2fh² + fh + h``, for an MoE layer
+  (``E`` experts) the router ``hE`` and ``E·(2fh² + fh + h)``.
 - ``llama``: per layer ``h·(a + 2k)·d + a·d·h + 3·h·f + 2h`` (``a`` heads, ``k`` KV heads of
   width ``d``, SwiGLU width ``f``, no biases, two RMSNorms); final RMSNorm; head untied unless
   ``tie_embeddings``.
 - ``mlp``, ``convnet``: the layers as written in their modules.
 
-Hugging Face presets (``hf:…``) of the model types ``llama``, ``gpt2`` and ``bert`` are counted
+Hugging Face presets (``hf:…``) of the model types ``llama``, ``gpt2``, ``bert``, ``mixtral`` and
+``qwen2_moe`` are counted
 as ``transformers`` builds them (``AutoModelForCausalLM``; ``AutoModelForMaskedLM`` for BERT);
 other model types return ``None``.
 """
@@ -33,11 +37,23 @@ def _gpt(c: Any) -> int:
     return c.layers * (12 * h * h + 13 * h) + (c.vocab + c.seq) * h + 2 * h
 
 
+def _moe(c: Any) -> int:
+    h, f = c.hidden, c.ffn_mult * c.hidden
+    ffn = 2 * f * h + f + h
+    moe = c.moe_layers
+    return (c.layers * (4 * h * h + 8 * h) + (c.layers - moe) * ffn
+            + moe * (h * c.experts + c.experts * ffn) + (c.vocab + c.seq) * h + 2 * h)
+
+
+def _attention(hidden: int, heads: int, kv_heads: int, qkv_bias: bool = False) -> int:
+    """Grouped-query attention without output bias: Q, K, V (``a + 2k`` heads of ``d``), O."""
+    d = hidden // heads
+    return (hidden + qkv_bias) * (heads + 2 * kv_heads) * d + heads * d * hidden
+
+
 def _llama_like(*, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int,
                 tied: bool) -> int:
-    d = hidden // heads
-    attention = hidden * (heads + 2 * kv_heads) * d + heads * d * hidden
-    layer = attention + 3 * hidden * ffn + 2 * hidden
+    layer = _attention(hidden, heads, kv_heads) + 3 * hidden * ffn + 2 * hidden
     return layers * layer + vocab * hidden * (1 if tied else 2) + hidden
 
 
@@ -73,7 +89,7 @@ def _convnet(c: Any) -> int:
     return total + _linear(cin, c.classes)
 
 
-_FAMILY_COUNTS = {"gpt": _gpt, "llama": _llama, "mlp": _mlp, "convnet": _convnet}
+_FAMILY_COUNTS = {"gpt": _gpt, "moe": _moe, "llama": _llama, "mlp": _mlp, "convnet": _convnet}
 
 
 def family_params(family: str, config: Any) -> int | None:
@@ -106,7 +122,28 @@ def _hf_bert(v: dict[str, Any]) -> int:
     return embeddings + v["num_hidden_layers"] * layer + mlm_head
 
 
-_HF_COUNTS = {"llama": _hf_llama, "gpt2": _hf_gpt2, "bert": _hf_bert}
+def _hf_moe(v: dict[str, Any]) -> int:
+    """Mixtral and Qwen2-MoE: Llama's layer with the SwiGLU replaced, on its sparse layers, by
+    a router (``E·h``) and ``E`` SwiGLU experts of width ``f_e`` (``3·h·f_e`` each); Qwen2-MoE
+    adds a shared SwiGLU expert and its one-output gate, biases on Q/K/V, and keeps dense
+    layers where ``(i + 1) mod decoder_sparse_step ≠ 0`` or ``i`` is in ``mlp_only_layers``."""
+    h, heads = v["hidden_size"], v["num_attention_heads"]
+    qwen = "num_experts" in v
+    experts = v["num_experts"] if qwen else v["num_local_experts"]
+    expert_ffn = v["moe_intermediate_size"] if qwen else v["intermediate_size"]
+    attention = _attention(h, heads, v.get("num_key_value_heads") or heads, qkv_bias=qwen)
+    sparse = h * experts + experts * 3 * h * expert_ffn
+    if qwen:
+        sparse += 3 * h * v["shared_expert_intermediate_size"] + h
+    step, dense_only = v.get("decoder_sparse_step", 1) or 1, set(v.get("mlp_only_layers") or ())
+    total = 0
+    for i in range(v["num_hidden_layers"]):
+        moe = (i + 1) % step == 0 and i not in dense_only
+        total += attention + 2 * h + (sparse if moe else 3 * h * v["intermediate_size"])
+    return total + v["vocab_size"] * h * (1 if v.get("tie_word_embeddings") else 2) + h
+
+
+_HF_COUNTS = {"mixtral": _hf_moe, "qwen2_moe": _hf_moe, "llama": _hf_llama, "gpt2": _hf_gpt2, "bert": _hf_bert}
 
 
 def hf_params(preset: HFPreset) -> int | None:

@@ -44,6 +44,14 @@ PRESETS: dict[str, Preset] = {
     "gpt3-175b": _megatron_gpt(96, 12288, 96, "GPT-3 175B (Brown et al., 2020)"),
     "gpt-tiny": Preset("gpt", dict(layers=2, hidden=64, heads=4, vocab=512, seq=64),
                        "tiny GPT for tests"),
+    # Alpa (Zheng et al., OSDI'22) Table 4's GShard MoE 27B, as its benchmark builds it
+    # (alpa-projects/alpa benchmark/alpa/paper_manual_moe_suite.py moe_specs["27B"]: S=1024,
+    # H=2048, L=16, 16 heads, V=32000, E=48; MoE every other layer, top-2, C = 2·S/E, FFN 8H)
+    "moe-27b": Preset("moe", dict(layers=16, hidden=2048, heads=16, vocab=32000, seq=1024,
+                                  experts=48, top_k=2, capacity_factor=1.0, moe_every=2,
+                                  ffn_mult=8), "GShard-style MoE 27B of Alpa's evaluation"),
+    "moe-tiny": Preset("moe", dict(layers=2, hidden=64, heads=4, vocab=512, seq=64, experts=4,
+                                   top_k=2), "tiny mixture-of-experts GPT for tests"),
     "llama-7b": Preset("llama", {}, "Llama-2 7B"),
     "llama-tiny": Preset("llama", dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=512,
                                        seq=64, multiple_of=32),

@@ -103,13 +103,15 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """``h → 4h → h`` with GeLU and a dropout after the second projection."""
+    """``h → w → h`` (``w = 4h`` unless given) with GeLU and a dropout after the second
+    projection."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, width: int | None = None) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(config.hidden, 4 * config.hidden)
+        width = 4 * config.hidden if width is None else width
+        self.fc1 = nn.Linear(config.hidden, width)
         self.act = nn.GELU()
-        self.fc2 = nn.Linear(4 * config.hidden, config.hidden)
+        self.fc2 = nn.Linear(width, config.hidden)
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -117,14 +119,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-LN transformer layer."""
+    """One pre-LN transformer layer; ``mlp`` replaces the feed-forward part (a mixture of
+    experts, :mod:`examples.models.moe`)."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(config.hidden, eps=config.ln_eps)
         self.attn = CausalSelfAttention(config)
         self.ln2 = nn.LayerNorm(config.hidden, eps=config.ln_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config) if mlp is None else mlp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -140,12 +143,16 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.vocab, config.hidden)
         self.wpe = nn.Embedding(config.seq, config.hidden)
         self.drop = nn.Dropout(config.dropout)
-        self.h = nn.ModuleList(Block(config) for _ in range(config.layers))
+        self.h = nn.ModuleList(self.block(config, i) for i in range(config.layers))
         self.ln_f = nn.LayerNorm(config.hidden, eps=config.ln_eps)
         self.lm_head = nn.Linear(config.hidden, config.vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one Parameter, two modules
         self.register_buffer("positions", torch.arange(config.seq), persistent=False)
         init_lm_weights(self)
+
+    def block(self, config: GPTConfig, index: int) -> nn.Module:
+        """Layer ``index`` (a subclass may vary the layers: :class:`examples.models.moe.MoEGPT`)."""
+        return Block(config)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         t = tokens.size(1)

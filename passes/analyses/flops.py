@@ -2,7 +2,8 @@
 
 Matrix products (what Megatron's formulas count):
 
-- ``matmul``/``bmm``/``mm``/``@``: ``2·numel(out)·K`` with ``K`` the contracted size.
+- ``matmul``/``bmm``/``mm``/``@``/``grouped_mm`` (experts of a mixture, Hugging Face's
+  Mixtral/Qwen-MoE): ``2·numel(out)·K`` with ``K`` the contracted size.
 - ``addmm``/``baddbmm``: the product plus ``numel(out)`` for the added term.
 - ``linear``: ``2·M·N·K`` (+ ``M·N`` with a bias), ``M·N = numel(out)``, ``K`` = in features.
 - ``scaled_dot_product_attention``: ``QKᵀ`` and ``P·V``, ``2·B·Lq·Lk·E + 2·B·Lq·Lk·Ev``
@@ -14,7 +15,10 @@ Everything else, by convention (memory-bound, priced by bytes in the cost model)
 elementwise ops 1 FLOP per output element (``gelu``/``silu`` included), copies and casts 0,
 dropout 1/element, ``layer_norm``/``group_norm`` 5/element, ``rms_norm``/``batch_norm``
 4/element, ``softmax``/``log_softmax`` 5/element, reductions and pooling 1 per input
-element, ``cross_entropy`` 5 per logit, views and embedding lookups 0.
+element (``topk``/``sort`` included), ``cross_entropy`` 5 per logit, views, embedding
+lookups and the index copies of a mixture of experts' dispatch (``one_hot``,
+``index_copy``, ``scatter``) 0; so are :mod:`examples.models.moe`'s traced helpers
+(``expert_capacity``, an int; ``add_auxiliary_loss``, ``x`` passed on).
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ from fxplan.passes.analyses.ops import OpCall, nbytes, register, tensors
 # --- matrix products ---------------------------------------------------------------------
 
 
-@register("matmul", "bmm", "mm", op_class="matmul")
+@register("matmul", "bmm", "mm", "grouped_mm", "grouped_mm_fallback", op_class="matmul")
 def matmul(call: OpCall) -> int:
-    """``2·numel(out)·K``; ``K`` = last dim of the first operand."""
+    """``2·numel(out)·K``; ``K`` = last dim of the first operand (``grouped_mm``, and
+    ``transformers``' ``grouped_mm_fallback`` where torch has no kernel for the dtype: tokens
+    ``[T, K]`` against experts ``[E, K, N]``, each row by its group's matrix: ``2·T·N·K``)."""
     a = call.args[0]
     return 2 * call.out_numel * a.shape[-1]
 
@@ -101,6 +107,7 @@ register("add", "sub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "exp", "log"
 register("contiguous", "clone", "cat", "concat", "stack", "to", "float", "half", "bfloat16",
          "double", "type", "type_as", "repeat", "repeat_interleave", "copy", "to_copy",
          "index", "gather", "index_select", "lift_fresh_copy", "pad", "constant_pad_nd",
+         "one_hot", "index_copy", "index_add", "scatter", "scatter_add", "index_put",
          op_class="elementwise")(zero)
 register("dropout", "dropout1d", "dropout2d", "native_dropout", op_class="dropout")(_per_output(1))
 register("layer_norm", "group_norm", "native_layer_norm", "native_group_norm",
@@ -109,7 +116,7 @@ register("rms_norm", "batch_norm", "fused_rms_norm", "native_batch_norm",
          op_class="norm")(_per_input(4))
 register("softmax", "log_softmax", op_class="softmax")(_per_input(5))
 register("sum", "mean", "amax", "amin", "max", "min", "var", "std", "norm", "argmax", "argmin",
-         "logsumexp", "cumsum", op_class="reduction")(_per_input(1))
+         "logsumexp", "cumsum", "topk", "sort", "histc", op_class="reduction")(_per_input(1))
 register("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool", "max_pool2d",
          "avg_pool2d", "adaptive_avg_pool2d", op_class="pool")(_per_input(1))
 register("cross_entropy", "cross_entropy_loss", op_class="loss")(_per_input(5))
@@ -122,4 +129,7 @@ register("view", "reshape", "transpose", "permute", "t", "flatten", "unflatten",
 register("placeholder", "get_attr", "output", "size", "dim", "getattr", "assert_is_none",
          "assert", "arange", "zeros", "ones", "full", "empty", "zeros_like", "ones_like",
          "full_like", "empty_like", "tensor", "new_ones", "new_zeros", "new_empty",
-         "new_full", "scalar_tensor", "empty_strided", "sym_size", op_class="other")(zero)
+         "new_full", "scalar_tensor", "empty_strided", "sym_size",
+         "expert_capacity", op_class="other")(zero)
+# the mixture of experts' hook giving the auxiliary loss its gradient passes x on unchanged
+register("add_auxiliary_loss", op_class="view")(zero)

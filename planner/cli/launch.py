@@ -162,6 +162,9 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     from fxplan.runtime.offload import check_runnable
 
     check_runnable(plan, cluster.device(0).kind)   # offload layout, fp8 on CPU
+    from fxplan.runtime.expert_parallel import check_expert_parallel
+
+    check_expert_parallel(plan)                     # ep > 1: no runtime yet
     return plan, nnodes, nproc, cluster
 
 

@@ -18,8 +18,10 @@ The one-line form is the edge to text: what ``fxplan estimate --config`` takes, 
 
 ``offload`` (:data:`OFFLOAD_POLICIES`) puts the optimizer states, or the optimizer states and
 the ZeRO-3 parameter shards, in host memory; ``fp8`` runs the matrix products in FP8 (the cost
-model's :mod:`fxplan.cost_model.fp8` says what that assumes); ``cp`` and ``ep`` (context and
-expert parallelism) are in the schema at 1 and refused otherwise until they are searched.
+model's :mod:`fxplan.cost_model.fp8` says what that assumes); ``ep`` (expert parallelism, a
+divisor of ``dp``: :mod:`fxplan.cost_model.expert_parallel`) splits a mixture of experts'
+experts over ``ep`` of the data-parallel ranks; ``cp`` (context parallelism) is in the schema
+at 1 and refused otherwise until it is searched.
 
 and :meth:`ParallelConfig.summary` prints ``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 |
 recompute=full | sp=off``.
@@ -58,7 +60,7 @@ RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
 OFFLOAD_POLICIES: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
 
 #: Degrees the schema carries but the search, cost model and runtime do not handle yet.
-UNSEARCHED_DEGREES: dict[str, str] = {"cp": "context parallelism", "ep": "expert parallelism"}
+UNSEARCHED_DEGREES: dict[str, str] = {"cp": "context parallelism"}
 
 _ON = ("on", "true", "yes", "1")
 _OFF = ("off", "false", "no", "0")
@@ -203,8 +205,13 @@ class ParallelConfig:
                 "layer (FSDP2's CPU offload, DeepSpeed's offload_param)")
         if not isinstance(self.fp8, bool):
             raise CostModelError(f"fp8 must be True or False, got {self.fp8!r}")
-        for name in ("dp", "tp", "pp", "microbatch_size"):
+        for name in ("dp", "tp", "pp", "microbatch_size", "ep"):
             _positive_int(name, getattr(self, name))
+        if self.dp % self.ep:
+            raise CostModelError(
+                f"ep={self.ep} does not divide dp={self.dp} ({self.dp} mod {self.ep} = "
+                f"{self.dp % self.ep}): expert-parallel ranks are taken from the data-parallel "
+                "ones (Megatron-Core, DeepSpeed-MoE)")
         if self.num_microbatches is not None:
             _positive_int("num_microbatches", self.num_microbatches)
         if not isinstance(self.schedule, Schedule):
@@ -308,9 +315,9 @@ class ParallelConfig:
 
     def extras(self) -> dict[str, str]:
         """The fields beyond the classic ones that differ from their defaults, as text:
-        ``{"offload": "optimizer", "fp8": "on"}`` (``cp``/``ep`` are always 1 for now)."""
+        ``{"ep": "4", "offload": "optimizer", "fp8": "on"}`` (``cp`` is always 1 for now)."""
         out: dict[str, str] = {}
-        for name in UNSEARCHED_DEGREES:
+        for name in (*UNSEARCHED_DEGREES, "ep"):
             if getattr(self, name) != 1:
                 out[name] = str(getattr(self, name))
         if self.offload != "none":

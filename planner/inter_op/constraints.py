@@ -13,8 +13,10 @@ collection (list, tuple, set, frozenset) of values. Allowed keys and values:
 ``zero_stage``          ``0``–``3``
 ``offload``             ``none``, ``optimizer``, ``optimizer+params``
 ``fp8``                 ``True``, ``False`` (the search offers FP8 only when allowed)
-``cp``, ``ep``          ``1`` (context and expert parallelism are not searched yet:
-                        any other value is refused with that sentence)
+``ep``                  divisors of the world size (expert parallelism; a divisor of
+                        ``dp``, and of the experts, for a candidate to use it)
+``cp``                  ``1`` (context parallelism is not searched yet: any other
+                        value is refused with that sentence)
 =====================  =========================================================
 
 Anything else raises :class:`ConstraintError` (a ``UserError``) naming the allowed keys or
@@ -56,11 +58,11 @@ def allowed_values(world: int) -> dict[str, str]:
             "sequence_parallel": "True, False", "zero_stage": "0, 1, 2, 3",
             "offload": ", ".join(OFFLOAD_POLICIES), "fp8": "True, False",
             "cp": "1 (context parallelism is not searched yet)",
-            "ep": "1 (expert parallelism is not searched yet)"}
+            "ep": f"{degrees} (expert parallelism; divides dp)"}
 
 
 def _valid(key: str, value: Any, world: int) -> bool:
-    if key in ("tp", "pp", "dp", "microbatch_size"):
+    if key in ("tp", "pp", "dp", "microbatch_size", "ep"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return False
         return key == "microbatch_size" or world % value == 0
@@ -73,7 +75,7 @@ def _valid(key: str, value: Any, world: int) -> bool:
         return isinstance(value, bool)
     if key == "offload":
         return value in OFFLOAD_POLICIES
-    if key in ("cp", "ep"):
+    if key == "cp":
         return not isinstance(value, bool) and value == 1
     return not isinstance(value, bool) and value in (0, 1, 2, 3)   # zero_stage
 
@@ -93,7 +95,7 @@ def validate_constraints(constraints: Mapping[str, Any] | None, world: int) -> d
             raise ConstraintError(f"constraint {key} is an empty collection; allowed values: "
                                   f"{table[key]}")
         bad = [v for v in values if not _valid(key, v, world)]
-        if bad and key in ("cp", "ep"):
+        if bad and key == "cp":
             try:
                 check_unsearched_degree(key, bad[0])
             except CostModelError as err:

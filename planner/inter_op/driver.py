@@ -53,6 +53,7 @@ from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.memory import GIB, MemoryBreakdown
 from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.core.plan import Plan
+from fxplan.cost_model.expert_parallel import num_experts
 from fxplan.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
 from fxplan.inter_op.build_plan import build_plan
 from fxplan.inter_op.constraints import (ConstraintError, allowed, describe,
@@ -65,7 +66,7 @@ from fxplan.inter_op.pricing import Priced, price_finalist
 from fxplan.inter_op.profile import ModelProfile
 from fxplan.inter_op.reasons import DUPLICATE, MEMORY, REFUSED, TIME_BOUND, Reason
 from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
-from fxplan.inter_op.space import MAX_MICROBATCH, Family, families, options
+from fxplan.inter_op.space import MAX_MICROBATCH, Family, expert_degrees, families, options
 from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
                                          stage_totals)
 from fxplan.inter_op.surrogate import surrogate_step_s
@@ -85,6 +86,11 @@ DEFAULT_FINALISTS = 8
 class _Scored:
     config: ParallelConfig
     surrogate_s: float
+
+
+def _probe_ep(ep: int) -> ParallelConfig:
+    """A configuration to test an ``ep`` constraint on."""
+    return ParallelConfig(dp=ep, ep=ep)
 
 
 def _probe(family: Family) -> ParallelConfig:
@@ -109,6 +115,8 @@ class _Search:
         self.K = finalists
         self.timer, self.budget, self.progress = timer, budget, progress
         self.profile = ModelProfile(graph, cluster)
+        self.experts = num_experts(graph)   # E of a mixture of experts (ep is searched), or None
+        self._check_ep_constraint()
         self.mem = DeviceMemory.of(cluster.device(0), headroom)
         self.pruned: list[Reason] = []
         self.fallbacks: list[str] = []
@@ -142,7 +150,7 @@ class _Search:
                                    if k in ("tp", "pp", "dp")}):
                 continue
             self.mesh_allowed.append(fam)
-            lightest = prof.get(fam.tp, True, "full", 1)
+            lightest = prof.get(fam.tp, True, "full", 1, ep=max(self.eps(fam.dp)))
             for zero, off in self._rungs(fam):
                 need = memory_lower_bound(fam, zero, lightest, self.mem, off)
                 if need <= self.mem.limit:
@@ -154,8 +162,7 @@ class _Search:
 
     # -- step 4 ---------------------------------------------------------------------------
     def _partition(self, c: ParallelConfig) -> ParallelConfig | None:
-        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size,
-                                        c.fp8)
+        prof = self.profile.of(c)
         inputs = partition_inputs(c, prof, self.mem)
         key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.pp, c.virtual_stages,
                inputs.cap, inputs.extra_time.tobytes(), inputs.fixed_bytes.tobytes(),
@@ -185,8 +192,7 @@ class _Search:
             for c in self._options(fam):
                 c = c.replace(zero_stage=zmin, offload=off)
                 if allowed(c, {k: v for k, v in self.constraints.items() if k not in _RUNG_KEYS}):
-                    lb = time_lower_bound(c, prof.get(c.tp, c.sequence_parallel, c.recompute,
-                                                      c.microbatch_size, c.fp8))
+                    lb = time_lower_bound(c, prof.of(c))
                     queue.append((lb, len(queue), c))
         queue.sort()
         best: list[tuple[float, int, _Scored]] = []   # max-heap of the K best by T̂ (negated)
@@ -216,11 +222,38 @@ class _Search:
                     heapq.heapreplace(best, item)
         return [s for _, _, s in sorted(best, key=lambda t: -t[0])]
 
+    def _check_ep_constraint(self) -> None:
+        """An ``ep`` constraint only ``ep > 1`` satisfies needs experts that ``ep`` divides."""
+        want = self.constraints.get("ep")
+        if want is None:
+            return
+        values = set(want) if isinstance(want, (list, tuple, set, frozenset)) else {want}
+        if 1 in values:
+            return
+        if self.experts is None:
+            raise ConstraintError(f"constraint {describe({'ep': want})} needs a mixture of "
+                                  f"experts, and the model has no expert "
+                                  f"parameters (3-D [E, ·, ·] batched expert weights); allow "
+                                  f"ep=1")
+        if all(self.experts % v for v in values):
+            raise ConstraintError(f"constraint ep: none of {sorted(values)} divides the "
+                                  f"model's {self.experts} experts")
+
+    def eps(self, dp: int) -> tuple[int, ...]:
+        """The expert-parallel degrees of a family with ``dp`` data-parallel ranks the
+        constraints allow (``(1,)`` for a dense model)."""
+        out = expert_degrees(dp, self.experts)
+        return tuple(e for e in out if allowed(_probe_ep(e), {k: v for k, v in
+                                                             self.constraints.items()
+                                                             if k == "ep"})) or (1,)
+
     def _options(self, fam: Family) -> Iterator[ParallelConfig]:
-        """The candidates of ``fam`` (:func:`fxplan.inter_op.space.options`), each with every
-        FP8 choice the constraints allow (FP8 only when allowed: it changes the numerics)."""
+        """The candidates of ``fam`` (:func:`fxplan.inter_op.space.options`, with the
+        expert-parallel degrees of :meth:`eps`), each with every FP8 choice the constraints
+        allow (FP8 only when allowed: it changes the numerics)."""
         prof = self.profile
-        for c in options(fam, batch=self.batch, layers=prof.num_layers, seq=prof.segments.seq):
+        for c in options(fam, batch=self.batch, layers=prof.num_layers, seq=prof.segments.seq,
+                         eps=self.eps(fam.dp)):
             for fp8 in self.fp8_choices:
                 yield c.replace(fp8=fp8) if fp8 else c
 
@@ -242,8 +275,7 @@ class _Search:
                 break                     # offload only where no on-device rung fits
             placed = self._partition(c.replace(zero_stage=zero, offload=off))
             if placed is not None:
-                prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute,
-                                        c.microbatch_size, c.fp8)
+                prof = self.profile.of(c)
                 scored = _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
                 if best is None or scored.surrogate_s < best.surrogate_s:
                     best = scored
@@ -254,8 +286,7 @@ class _Search:
         heaviest = c.replace(zero_stage=zero, offload=off,
                              stage_layers=balanced_counts(self.profile.num_layers,
                                                           c.pp * c.virtual_stages))
-        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size,
-                                c.fp8)
+        prof = self.profile.of(c)
         worst = max(stage_memory(heaviest, prof, self.mem), key=lambda m: m.total)
         count, least, which = self.unfit.get(family, (0, None, heaviest))
         if least is None or worst.total < least.total:
@@ -385,7 +416,7 @@ class _Search:
                 continue
             c = c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1],
                           stage_layers=balanced_counts(prof.num_layers, c.pp * c.virtual_stages))
-            seg = prof.get(c.tp, c.sequence_parallel, c.recompute, mb, c.fp8)
+            seg = prof.of(c)
             worst = max(stage_memory(c, seg, self.mem), key=lambda m: m.total)
             if best is None or worst.total < best[1].total:
                 best = (c, worst)

@@ -17,6 +17,11 @@ and the segment keeps ``ψ_i`` parameters (locally, tied weights counted once pe
 output (pipeline message) bytes (``pre``/``post`` likewise: their ``w`` and ``o`` in
 ``end_working`` and ``end_out_bytes``).
 
+With expert parallelism (``ep > 1``, :mod:`cost_model.expert_parallel`) a mixture of experts'
+layer keeps ``1/ep`` of its expert parameters (``ψ^e_i``, the expert part of ``ψ_i``) and its
+dispatch and combine all-to-alls over the EP group of the first replica (dp ranks
+``0, tp, …, (ep−1)·tp``) join ``c^f_i`` and ``c^b_i``.
+
 Profiles are cached per shape key: the thousands of candidates the search visits share a few
 dozen of them.
 """
@@ -29,16 +34,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fxplan.cost_model.collectives import collective_time_s
+from fxplan.cost_model.expert_parallel import alltoall_seconds, ep_segment, moe_layers
 from fxplan.cost_model.layer_costs import SegmentCost, graph_segments, segment_cost
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
+    from fxplan.core.config import ParallelConfig
     from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["ShapeKey", "SegmentProfile", "ModelProfile"]
 
-#: ``(tp, sequence_parallel, recompute, microbatch)``.
-ShapeKey = tuple[int, bool, str, int]
+#: ``(tp, sequence_parallel, recompute, microbatch, fp8, ep)``.
+ShapeKey = tuple[int, bool, str, int, bool, int]
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,8 @@ class SegmentProfile:
     tied_params: float                        # ψ of weights shared by pre and post
     end_working: tuple[float, float]          # w of pre, post
     end_out_bytes: tuple[float, float]        # o of pre, post
+    expert_params: np.ndarray | None = None   # ψ^e_i (ep > 1; None: no expert parallelism)
+    ep: int = 1
 
     @property
     def layers(self) -> int:
@@ -101,9 +110,10 @@ class ModelProfile:
         return dict(self.segments.tp_widths)
 
     def get(self, tp: int, sp: bool, recompute: str, microbatch: int,
-            fp8: bool = False) -> SegmentProfile:
-        """The profile of one shape key; ``fp8`` prices the linear layers in FP8."""
-        key = (tp, bool(sp and tp > 1), recompute, microbatch, fp8)
+            fp8: bool = False, ep: int = 1) -> SegmentProfile:
+        """The profile of one shape key; ``fp8`` prices the linear layers in FP8, ``ep``
+        splits a mixture of experts' experts (module docstring)."""
+        key = (tp, bool(sp and tp > 1), recompute, microbatch, fp8, ep)
         hit = self._cache.get(key)
         if hit is None:
             hit = self._cache[key] = self._build(*key)
@@ -118,15 +128,30 @@ class ModelProfile:
         return segment_cost(self.graph, key, tp=tp, sequence_parallel=sp, recompute=recompute,
                             microbatch=mb, device=self.device, fp8=fp8)
 
-    def _build(self, tp: int, sp: bool, recompute: str, mb: int, fp8: bool) -> SegmentProfile:
+    def of(self, c: "ParallelConfig") -> SegmentProfile:
+        """The profile of candidate ``c``'s shape key."""
+        return self.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8,
+                        c.ep)
+
+    def _build(self, tp: int, sp: bool, recompute: str, mb: int, fp8: bool,
+               ep: int) -> SegmentProfile:
         per_key: dict[str, tuple[float, ...]] = {}
+        moe = moe_layers(self.graph) if ep > 1 else {}
+        group = tuple(j * tp for j in range(ep))
         for key in dict.fromkeys(self.keys):
-            c = self._segment(key, tp, sp, recompute, mb, fp8)
+            c = ep_segment(self._segment(key, tp, sp, recompute, mb, fp8), moe.get(key), ep)
+            a2a = (alltoall_seconds(moe[key], scale=mb / self.segments.batch, tp=tp,
+                                    ep_group=group, cluster=self.cluster,
+                                    recompute_full=recompute == "full")
+                   if key in moe else (0.0, 0.0))
+            experts = sum(n for k, n in c.params.items()
+                          if key in moe and k in moe[key].expert_params)
             per_key[key] = (c.forward_s, c.backward_s + c.recompute_s,
-                            self._comm(c.tp_forward, tp), self._comm(c.tp_backward, tp),
+                            self._comm(c.tp_forward, tp) + a2a[0],
+                            self._comm(c.tp_backward, tp) + a2a[1],
                             c.param_count, c.activations.saved, c.activations.working,
-                            c.output_bytes)
-        rows = np.array([per_key[k] for k in self.keys], dtype=float).reshape(-1, 8)
+                            c.output_bytes, experts)
+        rows = np.array([per_key[k] for k in self.keys], dtype=float).reshape(-1, 9)
         ends = [self._segment(key, tp, sp, recompute, mb, fp8) for key in ("pre", "post")]
         pre, post = ((c.forward_s + self._comm(c.tp_forward, tp),
                       c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp),
@@ -134,4 +159,5 @@ class ModelProfile:
         tied = sum(v for k, v in ends[0].params.items() if k in ends[1].params)
         return SegmentProfile(*(rows[:, i] for i in range(8)), pre, post, float(tied),
                               (ends[0].activations.working, ends[1].activations.working),
-                              (ends[0].output_bytes, ends[1].output_bytes))
+                              (ends[0].output_bytes, ends[1].output_bytes),
+                              rows[:, 8] if ep > 1 else None, ep)

@@ -13,8 +13,9 @@ microbatch size ``b`` (a divisor of ``batch/dp`` up to :data:`MAX_MICROBATCH`;
 ``m = batch/(dp·b)``), the schedule (``gpipe``, and ``1f1b`` when ``m ≥ pp``; ``interleaved:v``
 for ``v ∈`` :data:`INTERLEAVE_CHUNKS` when ``m mod pp = 0`` and ``L ≥ pp·v``; no pipeline:
 ``1f1b`` only), recompute (:data:`~fxplan.core.config.RECOMPUTE_POLICIES`), sequence
-parallelism (``tp > 1``, ``tp | seq``) and the ZeRO stage (0–3; 0 when ``dp = 1``); the
-search fills in ``stage_layers`` (the partition).
+parallelism (``tp > 1``, ``tp | seq``), the ZeRO stage (0–3; 0 when ``dp = 1``) and, for a
+mixture of experts, the expert-parallel degree ``ep`` (``ep | dp``, ``ep | E``); the search
+fills in ``stage_layers`` (the partition).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Iterator, Mapping
 from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
 from fxplan.inter_op.reasons import DIVIDE, STAGES, Reason
 
-__all__ = ["Family", "INTERLEAVE_CHUNKS", "MAX_MICROBATCH", "divisors", "families", "options"]
+__all__ = ["Family", "INTERLEAVE_CHUNKS", "MAX_MICROBATCH", "divisors", "expert_degrees",
+           "families", "options"]
 
 MAX_MICROBATCH = 16
 #: The ``v`` of ``interleaved:v`` the search offers.
@@ -93,9 +95,18 @@ def families(world: int, *, batch: int, layers: int, heads: int | None,
     return out
 
 
-def options(family: Family, *, batch: int, layers: int, seq: int | None
-            ) -> Iterator[ParallelConfig]:
-    """Every candidate of ``family`` at ZeRO stage 0 (the search raises the stage as needed)."""
+def expert_degrees(dp: int, experts: int | None) -> tuple[int, ...]:
+    """The ``ep`` a family of ``dp`` data-parallel ranks offers a mixture of ``experts``
+    experts: the common divisors of ``dp`` and ``E`` (``(1,)`` for a dense model)."""
+    if not experts:
+        return (1,)
+    return tuple(d for d in divisors(dp) if experts % d == 0)
+
+
+def options(family: Family, *, batch: int, layers: int, seq: int | None,
+            eps: tuple[int, ...] = (1,)) -> Iterator[ParallelConfig]:
+    """Every candidate of ``family`` at ZeRO stage 0 (the search raises the stage as needed),
+    for each expert-parallel degree of ``eps`` (:func:`expert_degrees`)."""
     tp, pp, dp = family.tp, family.pp, family.dp
     per_replica = batch // dp
     sps = [False] + ([True] if tp > 1 and (seq is None or seq % tp == 0) else [])
@@ -111,6 +122,7 @@ def options(family: Family, *, batch: int, layers: int, seq: int | None
         for schedule in schedules:
             for recompute in RECOMPUTE_POLICIES:
                 for sp in sps:
-                    yield ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=mb,
-                                         num_microbatches=m, schedule=schedule,
-                                         recompute=recompute, sequence_parallel=sp)
+                    for ep in eps:
+                        yield ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=mb,
+                                             num_microbatches=m, schedule=schedule,
+                                             recompute=recompute, sequence_parallel=sp, ep=ep)

@@ -5,7 +5,8 @@ reports as ``peak_memory_gib``) fed from the search's per-layer profile.
 Virtual stage ``j = c·p + s`` (chunk ``c`` of pipeline rank ``s``) holds layers ``[k_j, k_{j+1})``,
 plus ``pre`` on ``j = 0`` and ``post`` on ``j = S−1``. Per rank ``s``::
 
-    states_s  = ZeRO(Ψ_s, dp, zero)     (less what ``offload`` keeps on the host) Ψ_s = Σ_{j on s} Σ_{i ∈ j} ψ_i  (+ ψ_pre, + ψ_post,
+    states_s  = ZeRO(Ψ_s, dp, zero)     (less what ``offload`` keeps on the host; with expert
+                                         parallelism ZeRO(Ψ_s − Ψ^e_s, dp) + ZeRO(Ψ^e_s, dp/ep)) Ψ_s = Σ_{j on s} Σ_{i ∈ j} ψ_i  (+ ψ_pre, + ψ_post,
                                          tied weights once per rank)
     acts_s    = max over time τ of Σ_c n_{s,c}(τ) · A_{s,c}
                 A_{s,c} = Σ_{i ∈ j} a_i + a_pre[j = 0] + a_post[j = S−1]   (saved bytes, one
@@ -143,8 +144,11 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory)
     fixed[0] += k * prof.pre[2] + counts[0] * prof.pre[3] * grow
     fixed[-1] += k * (prof.post[2] - (prof.tied_params if S == 1 or c.pp == 1 else 0.0))
     fixed[-1] += counts[-1] * prof.post[3] * grow
-    return PartitionInputs(extra, fixed, counts, k * prof.params, mem.limit / v,
-                           prof.acts * grow)
+    layer_state = k * prof.params
+    if prof.expert_params is not None:   # experts: ZeRO over their dp/ep replicas
+        k_e = state_bytes_per_param(c.dp // c.ep, c.zero_stage, c.offload)
+        layer_state = layer_state + (k_e - k) * prof.expert_params
+    return PartitionInputs(extra, fixed, counts, layer_state, mem.limit / v, prof.acts * grow)
 
 
 def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
@@ -171,8 +175,11 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
     out[-1], big[-1], work[-1] = (max(out[-1], prof.end_out_bytes[1]),
                                   max(big[-1], prof.post[2]),
                                   max(work[-1], prof.end_working[1]))
+    experts = (np.zeros(len(psi)) if prof.expert_params is None else
+               np.diff(np.concatenate([[0.0], np.cumsum(prof.expert_params)])[edges]))
     # virtual stage j = c·p + s → [c, s]
     return dict(params=psi.reshape(v, p).sum(axis=0), saved=saved.reshape(v, p).T,
+                expert_params=experts.reshape(v, p).sum(axis=0),
                 working=work.reshape(v, p).max(axis=0),
                 max_output_bytes=out.reshape(v, p).max(axis=0),
                 max_segment_params=big.reshape(v, p).max(axis=0))
@@ -184,7 +191,7 @@ def stage_memory(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> 
                        capacity=[mem.capacity] * c.pp, tp=c.tp, dp=c.dp,
                        zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel,
                        offload=c.offload, kinds=[mem.kind] * c.pp,
-                       headroom=[mem.headroom] * c.pp)
+                       headroom=[mem.headroom] * c.pp, ep=c.ep)
 
 
 def stage_totals(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> np.ndarray:

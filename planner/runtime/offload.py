@@ -36,11 +36,12 @@ class RuntimeSupportError(UserError):
 def check_runnable(plan: "Plan", device_kind: str) -> None:
     """Refuse a plan whose offload or FP8 the runtime cannot run on ``device_kind``
     (``"cpu"`` or ``"gpu"``), with what would run it (module docstring)."""
-    if plan.offload != "none" and (plan.zero_stage != 3 or plan.dp == 1):
+    sharded = plan.zero_stage in (2, 3) or (plan.zero_stage == 1 and plan.tp > 1)
+    if plan.offload != "none" and (not sharded or plan.dp == 1):
         raise RuntimeSupportError(
-            f"offload={plan.offload} with zero={plan.zero_stage}, dp={plan.dp} is not runnable "
-            "by fxplan's runtime: it offloads with FSDP2's CPUOffloadPolicy, which needs "
-            "zero=3 over dp > 1; re-plan with --constrain \"zero=3,offload=optimizer+params\", "
+            f"offload={plan.offload} with zero={plan.zero_stage}, dp={plan.dp}, tp={plan.tp} is "
+            "not runnable by fxplan's runtime: it offloads with FSDP2's CPUOffloadPolicy, which "
+            "needs fully_shard over dp > 1 (zero=2 or 3, or zero=1 with tp > 1); re-plan with --constrain \"zero=3,offload=optimizer+params\", "
             "or run this plan with DeepSpeed (`fxplan export PLAN --to deepspeed`: "
             "offload_optimizer)")
     if plan.config.fp8:

@@ -52,7 +52,7 @@ def test_offload_the_runtime_cannot_run_is_refused(tmp_path, capsys) -> None:  #
     capsys.readouterr()
     assert main(["launch", plan, "--data", "synthetic", "--print-command"]) == 2
     err = capsys.readouterr().err
-    assert "offload=optimizer with zero=1, dp=2 is not runnable" in err
+    assert "offload=optimizer with zero=1, dp=2, tp=1 is not runnable" in err
     assert "zero=3,offload=optimizer+params" in err
 
 

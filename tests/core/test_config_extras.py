@@ -26,7 +26,7 @@ def test_defaults_keep_the_old_text_and_new_fields_round_trip() -> None:
 
 @pytest.mark.parametrize("text, message", [
     ("dp=2,cp=2", r"cp=2: context parallelism is not searched yet"),
-    ("dp=2,ep=4", r"ep=4: expert parallelism is not searched yet"),
+    ("dp=2,ep=4", r"ep=4 does not divide dp=2"),
     ("dp=2,offload=disk", r"offload='disk': expected one of none, optimizer"),
     ("dp=2,zero=1,offload=optimizer+params", r"offload=optimizer\+params needs zero=3"),
 ])
@@ -49,14 +49,15 @@ def test_plan_json_carries_cp_ep_offload_and_old_plans_load() -> None:
         Plan.from_dict(data)
 
 
-def test_constraints_accept_the_new_keys_and_refuse_cp_ep_beyond_one() -> None:
+def test_constraints_accept_the_new_keys_and_refuse_cp_beyond_one() -> None:
     assert parse_constraints("cp=1,ep=1,offload=optimizer|none,fp8=true") == {
         "cp": 1, "ep": 1, "offload": ["optimizer", "none"], "fp8": True}
     assert validate_constraints({"offload": "optimizer", "fp8": False, "cp": 1}, 8)
     with pytest.raises(ConstraintError, match="context parallelism is not searched yet"):
         validate_constraints(parse_constraints("cp=2"), 8)
-    with pytest.raises(ConstraintError, match="expert parallelism is not searched yet"):
-        validate_constraints({"ep": 8}, 8)
+    assert validate_constraints({"ep": 8}, 8) == {"ep": 8}     # searched (expert_parallel.py)
+    with pytest.raises(ConstraintError, match="ep=3 is not allowed"):
+        validate_constraints({"ep": 3}, 8)
     with pytest.raises(ConstraintError, match="offload='nvme' is not allowed"):
         validate_constraints({"offload": "nvme"}, 8)
 

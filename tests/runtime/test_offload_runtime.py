@@ -31,8 +31,9 @@ def test_offload_policy_only_when_offloading() -> None:
 
 def test_refusals_name_what_would_run_it() -> None:
     check_runnable(_plan(zero_stage=3, offload="optimizer"), "cpu")
+    check_runnable(_plan(zero_stage=2, offload="optimizer"), "gpu")   # fully_shard, no reshard
     with pytest.raises(RuntimeSupportError, match="zero=3,offload=optimizer\\+params"):
-        check_runnable(_plan(zero_stage=2, offload="optimizer"), "gpu")
+        check_runnable(_plan(zero_stage=1, offload="optimizer"), "gpu")   # tp=1: ZeroRedundancy
     with pytest.raises(RuntimeSupportError, match="fp8 is not runnable on CPU"):
         check_runnable(_plan(fp8=True), "cpu")
 

@@ -1,0 +1,209 @@
+"""Expert parallelism (EP): a mixture of experts' experts split over ``ep`` ranks, priced.
+
+**Which layers.** A layer is a mixture of experts when it holds *expert parameters*: the 3-D
+parameters ``[E, ·, ·]`` of batched expert weights (:mod:`examples.models.moe`'s
+``w1 [E, h, f]``; ``transformers`` ≥ 5's Mixtral/Qwen2-MoE ``gate_up_proj [E, 2f, h]``), all
+with the same ``E``. Experts kept as a ``ModuleList`` of 2-D linears are not recognised (the
+layer is then priced as a dense one). The *dispatch* is the token operand of the layer's first
+expert matrix product (``[E, C, h]`` with capacity, or ``[k·T, h]`` routed rows without) and
+the *combine* the output of its last one, both as captured (batch ``b₀``), scaled to the
+microbatch ``b`` by ``b / b₀`` as every other quantity of :mod:`cost_model.layer_costs`.
+
+**Layout** (Megatron-Core, DeepSpeed-MoE: EP ranks come out of the data-parallel dimension,
+``ep | dp``). The ``dp`` ranks of a stage, ``d_0 … d_{dp−1}`` (stride ``tp``), form
+``dp/ep`` *EP groups* of ``ep`` consecutive ones, ``{d_{g·ep} … d_{g·ep+ep−1}}`` (consecutive,
+so a group stays inside a node where it fits), and ``ep`` *expert-data-parallel* groups
+``{d_j, d_{j+ep}, …}`` of ``dp/ep`` ranks holding the same experts. ``E mod ep = 0``; each rank
+holds ``E/ep`` experts.
+
+**Communication** per MoE layer and microbatch. Each rank's dispatch buffer of ``S_d`` bytes
+goes out by one all-to-all over its EP group (the rows of expert ``e`` to the rank holding
+``e``; ``(ep−1)/ep`` of it leaves the rank) and the expert outputs come back by a second one of
+``S_c`` bytes (combine): 2 all-to-alls in the forward, 2 in the backward (the gradients of
+combine and of dispatch), 2 more when full recompute re-runs the forward. Under tensor
+parallelism each tp rank dispatches ``1/tp`` of the tokens (Megatron-Core splits them before
+the dispatch), so the sizes are ``S/tp``. An all-to-all of ``S`` bytes over ``n`` ranks on
+``m`` nodes, at most ``k`` per node, is :mod:`cost_model.collectives`' direct algorithm::
+
+    t_a2a(S) = α + (n − m)·h_i + (m − 1)·h_e + max((k−1)/n · S/B_i,  (n−k)/n · S/B_r)
+
+every rank sends ``S/n`` to each peer at once, so the transfer ends when the slowest link a
+rank crosses has carried its share: NVLink (``B_i``) for the ``k−1`` peers in its node, its
+share of the node's NICs (``B_r``) for the ``n−k`` outside. Inside one node only the first term
+is left; across nodes on 25 Gb/s Ethernet the second dominates by two orders of magnitude.
+The all-to-alls sit on the critical path (the experts wait for their tokens), priced with the
+tensor-parallel collectives.
+
+**Compute** per rank: ``E/ep`` experts, each over the ``ep·C`` slots the EP group routes to
+it, is ``E·C`` slots, the same as without EP: expert compute per rank = tokens routed ×
+capacity, priced from the captured graph unchanged.
+
+**Memory and gradients.** A rank holds ``Ψ_e/ep`` of a stage's ``Ψ_e`` expert parameters
+and all of its ``Ψ − Ψ_e`` others; ZeRO shards the others over ``dp`` and the experts over
+their expert-data-parallel group of ``dp/ep``::
+
+    states = ZeRO(Ψ − Ψ_e, dp, z) + ZeRO(Ψ_e/ep, dp/ep, z)
+
+(:func:`model_states`), and the experts' gradients (``k_g·Ψ_e/ep`` bytes) are reduced over
+the ``dp/ep`` ranks instead of ``dp``. With ``z = 3`` EP saves no memory (both forms hold
+``Ψ_e/dp``); its gain is the experts' gradient traffic and ZeRO-3's gathers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+from fxplan.core.config import CostModelError
+from fxplan.cost_model.collectives import collective_time_s
+from fxplan.cost_model.layer_costs import SegmentCost, graph_segments
+from fxplan.cost_model.megatron_layout import used_params
+from fxplan.cost_model.memory import ModelStates, OptimizerSpec, ADAM_MIXED, model_state_bytes
+from fxplan.passes.node_info import MATMUL_CLASSES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.passes.captured_graph import CapturedGraph
+
+__all__ = ["MoELayer", "moe_layers", "num_experts", "ep_groups", "alltoall_seconds",
+           "ep_segment", "model_states", "check_ep"]
+
+
+@dataclass(frozen=True)
+class MoELayer:
+    """One mixture-of-experts layer profile, at the capture's batch ``b₀`` (module docstring)."""
+
+    experts: int
+    expert_params: frozenset[str]
+    dispatch_bytes: float
+    combine_bytes: float
+
+
+def _expert_params(graph: CapturedGraph, names: tuple[str, ...]) -> dict[str, int]:
+    """Expert parameters (3-D) the segment's nodes use, canonical name → leading dim."""
+    out: dict[str, int] = {}
+    for name in names:
+        for param in used_params(graph.nodes_by_name[name], graph):
+            info = graph.params.get(param)
+            if info is not None and len(info.shape) == 3:
+                out[info.tied_to or param] = int(info.shape[0])
+    return out
+
+
+def _nbytes(node: object) -> float:
+    info = getattr(node, "meta", {}).get("fxplan")
+    if info is None or not isinstance(info.shape, tuple) or not all(
+            isinstance(d, int) for d in info.shape):
+        return 0.0
+    return float(math.prod(info.shape)) * _itemsize(info.dtype)
+
+
+def _itemsize(dtype: object) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else 4
+
+
+def _expert_matmuls(graph: CapturedGraph, names: tuple[str, ...], experts: int) -> list:
+    """The segment's matrix products over the experts: a 3-D output ``[E, ·, ·]`` (batched
+    experts) or a grouped product (``grouped_mm``), in graph order."""
+    nodes = graph.nodes_by_name
+    out = []
+    for name in names:
+        node = nodes[name]
+        info = graph.info(node)
+        if info.op_class not in MATMUL_CLASSES:
+            continue
+        grouped = "grouped_mm" in str(node.target)
+        batched = isinstance(info.shape, tuple) and len(info.shape) == 3 and info.shape[0] == experts
+        if grouped or batched:
+            out.append(node)
+    return out
+
+
+def moe_layers(graph: CapturedGraph) -> dict[str, MoELayer]:
+    """Profile key → :class:`MoELayer` for the graph's mixture-of-experts layers (memoised)."""
+    if "moe_layers" in graph.memo:
+        return graph.memo["moe_layers"]
+    found: dict[str, MoELayer] = {}
+    for key, names in graph_segments(graph).layers:
+        if key in found:
+            continue
+        params = _expert_params(graph, names)
+        counts = set(params.values())
+        if len(counts) != 1:
+            continue
+        experts = counts.pop()
+        matmuls = _expert_matmuls(graph, names, experts)
+        if not matmuls:
+            continue
+        first, last = matmuls[0], matmuls[-1]
+        token_side = first.args[0] if first.args else None
+        found[key] = MoELayer(experts, frozenset(params), _nbytes(token_side), _nbytes(last))
+    graph.memo["moe_layers"] = found
+    return found
+
+
+def num_experts(graph: CapturedGraph) -> int | None:
+    """``E`` of the graph's MoE layers (the smallest, should they differ), ``None`` without."""
+    layers = moe_layers(graph)
+    return min(layer.experts for layer in layers.values()) if layers else None
+
+
+def check_ep(graph: CapturedGraph, ep: int) -> None:
+    """``ep = 1``, or the graph has mixture-of-experts layers whose ``E`` it divides."""
+    if ep == 1:
+        return
+    experts = num_experts(graph)
+    if experts is None:
+        raise CostModelError(f"ep={ep} needs a mixture of experts, and the graph has no "
+                             "expert parameters (3-D [E, ·, ·] batched expert weights)")
+    if experts % ep:
+        raise CostModelError(f"ep={ep} does not divide the {experts} experts ({experts} mod "
+                             f"{ep} = {experts % ep}): each rank holds E/ep experts")
+
+
+def ep_groups(dp_group: tuple[int, ...], ep: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(EP group, expert-data-parallel group)`` of the first rank of ``dp_group``."""
+    return tuple(dp_group[:ep]), tuple(dp_group[::ep])
+
+
+def alltoall_seconds(layer: MoELayer, *, scale: float, tp: int, ep_group: tuple[int, ...],
+                     cluster: Cluster, recompute_full: bool) -> tuple[float, float]:
+    """``(forward, backward)`` seconds of one microbatch's all-to-alls in ``layer``: dispatch
+    and combine, ``scale = b/b₀`` of the captured sizes, ``1/tp`` per tp rank (module
+    docstring); the backward re-runs the forward's two under full recompute."""
+    if len(ep_group) <= 1:
+        return 0.0, 0.0
+    dispatch = collective_time_s("all_to_all", layer.dispatch_bytes * scale / tp, ep_group, cluster)
+    combine = collective_time_s("all_to_all", layer.combine_bytes * scale / tp, ep_group, cluster)
+    forward = dispatch + combine
+    return forward, forward * (2.0 if recompute_full else 1.0)
+
+
+def ep_segment(seg: SegmentCost, layer: MoELayer | None, ep: int) -> SegmentCost:
+    """``seg`` with its expert parameters at ``1/ep`` (what one rank holds)."""
+    if layer is None or ep == 1:
+        return seg
+    params = {k: (n / ep if k in layer.expert_params else n) for k, n in seg.params.items()}
+    return dataclasses.replace(seg, params=params)
+
+
+def model_states(params: float, expert_params: float, *, dp: int, ep: int, zero_stage: int,
+                 optimizer: OptimizerSpec = ADAM_MIXED, offload: str = "none") -> ModelStates:
+    """``ZeRO(Ψ − Ψ_e, dp, z) + ZeRO(Ψ_e, dp/ep, z)`` with ``params`` = ``Ψ`` and
+    ``expert_params`` = ``Ψ_e`` the rank's local counts (experts already ``1/ep``)."""
+    dense = model_state_bytes(params - expert_params, dp, zero_stage, optimizer, offload=offload)
+    if not expert_params:
+        return dense
+    experts = model_state_bytes(expert_params, dp // ep, zero_stage, optimizer, offload=offload)
+    return ModelStates(dense.params + experts.params, dense.grads + experts.grads,
+                       dense.optimizer + experts.optimizer, dense.host + experts.host)
+
+
+def expert_share(params: Mapping[str, float], layers: Mapping[str, MoELayer]) -> float:
+    """Local elements of ``params`` (canonical or ``L<i>:``-prefixed names) that are experts'."""
+    names = set().union(*(layer.expert_params for layer in layers.values())) if layers else set()
+    return sum(n for k, n in params.items() if k.rpartition(":")[2] in names)

@@ -1,0 +1,100 @@
+"""Expert parallelism priced: MoE layers found, all-to-alls over the topology, memory split."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import fxplan
+from fxplan.cluster_specs import Cluster
+from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.cost_model import estimate
+from fxplan.cost_model.collectives import collective_time_s
+from fxplan.cost_model.expert_parallel import (alltoall_seconds, check_ep, ep_groups,
+                                               model_states, moe_layers)
+from fxplan.cost_model.memory import ADAM_MIXED, model_state_bytes
+from fxplan.examples.models.moe import MoEConfig, expert_capacity
+from fxplan.examples.presets import PRESETS
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return fxplan.capture("moe-tiny", batch=2)
+
+
+def test_moe_layers_found_with_their_dispatch(tiny):
+    layers = moe_layers(tiny)
+    assert len(layers) == 1   # both layers share one block signature
+    layer = next(iter(layers.values()))
+    c = MoEConfig(**PRESETS["moe-tiny"].values)
+    slots = c.experts * expert_capacity(2 * c.seq, c.experts, c.top_k, c.capacity_factor)
+    assert layer.experts == c.experts
+    assert layer.dispatch_bytes == layer.combine_bytes == slots * c.hidden * 4   # fp32 capture
+    assert {name.rsplit(".", 1)[1] for name in layer.expert_params} == {"w1", "b1", "w2", "b2"}
+    assert moe_layers(fxplan.capture("gpt-tiny", batch=1)) == {}
+
+
+def test_ep_groups_take_consecutive_dp_ranks():
+    dp_group = tuple(range(0, 16, 2))   # tp=2: dp ranks stride 2
+    assert ep_groups(dp_group, 4) == ((0, 2, 4, 6), (0, 8))
+    assert ep_groups(dp_group, 1) == ((0,), dp_group)
+
+
+def test_alltoall_inside_a_node_vs_across_nodes(tiny):
+    """On 25 Gb/s Ethernet between nodes the all-to-all crossing nodes costs far more than
+    one inside a node's NVLink, and each is two α-β all-to-alls per direction."""
+    cluster = Cluster.load("aws-p3-v100:nodes=2")
+    layer = next(iter(moe_layers(tiny).values()))
+    inside = alltoall_seconds(layer, scale=64, tp=1, ep_group=tuple(range(8)), cluster=cluster,
+                              recompute_full=False)
+    across = alltoall_seconds(layer, scale=64, tp=1, ep_group=tuple(range(16)),
+                              cluster=cluster, recompute_full=False)
+    one = collective_time_s("all_to_all", layer.dispatch_bytes * 64, tuple(range(8)), cluster)
+    assert inside[0] == pytest.approx(2 * one) and inside[1] == pytest.approx(inside[0])
+    assert across[0] > 10 * inside[0]
+    full = alltoall_seconds(layer, scale=64, tp=1, ep_group=tuple(range(8)), cluster=cluster,
+                            recompute_full=True)
+    assert full[1] == pytest.approx(2 * full[0])
+
+
+def test_expert_states_sharded_over_their_replicas():
+    psi, experts = 1000.0, 600.0 / 4   # local counts, experts already 1/ep
+    for zero in (0, 1, 2, 3):
+        got = model_states(psi, experts, dp=8, ep=4, zero_stage=zero).total
+        want = (model_state_bytes(psi - experts, 8, zero).total
+                + model_state_bytes(experts, 2, zero).total)
+        assert got == pytest.approx(want)
+    # ZeRO-3: the experts' states are Ψ_e/dp with or without EP
+    with_ep = model_states(400 + 150, 150, dp=8, ep=4, zero_stage=3).total
+    without = model_state_bytes(400 + 600, 8, 3).total
+    assert with_ep == pytest.approx(without)
+
+
+def test_estimate_with_ep(tiny):
+    cluster = Cluster.load("local-cpu:devices=4")
+    base = ParallelConfig(dp=4, tp=1, pp=1, microbatch_size=2)
+    e1 = estimate(tiny, cluster, base, batch=8)
+    e2 = estimate(tiny, cluster, base.replace(ep=2), batch=8)
+    assert e2.breakdown["compute"] == pytest.approx(e1.breakdown["compute"])  # same slots/rank
+    assert e2.breakdown["tp_comm"] > e1.breakdown["tp_comm"] == 0
+    layer = next(iter(moe_layers(tiny).values()))
+    expert_numel = sum(tiny.params[n].numel for n in layer.expert_params) * 2  # two layers
+    saved = e1.memory[0].params - e2.memory[0].params
+    # the optimizer's 16-bit weights (ADAM_MIXED.param_bytes), half the experts
+    assert saved == pytest.approx(ADAM_MIXED.param_bytes * expert_numel / 2)
+    assert e2.config.to_string().endswith(",ep=2")
+
+
+def test_ep_refused_where_it_cannot_apply(tiny):
+    cluster = Cluster.load("local-cpu:devices=4")
+    dense = fxplan.capture("gpt-tiny", batch=1)
+    with pytest.raises(CostModelError, match="needs a mixture of experts"):
+        estimate(dense, cluster, ParallelConfig(dp=4, ep=2), batch=8)
+    with pytest.raises(CostModelError, match="does not divide dp=4"):
+        ParallelConfig(dp=4, ep=3)
+    odd = fxplan.capture("moe-tiny:experts=6", batch=1)
+    with pytest.raises(CostModelError, match="ep=4 does not divide the 6 experts"):
+        check_ep(odd, 4)
+    assert ParallelConfig.parse("dp=4,tp=1,pp=1,mb=1,ep=2").ep == 2
+    assert math.isclose(ParallelConfig(dp=4, ep=4).ep, 4)

@@ -1,0 +1,61 @@
+"""Expert parallelism in the search: offered for mixtures of experts (``ep | dp``, ``ep | E``),
+never for dense models, bound by ``--constrain ep=``; and the published MoE fact of Alpa."""
+
+from __future__ import annotations
+
+import pytest
+
+import fxplan
+from fxplan.api import capture_for_search
+from fxplan.cli.constraint_text import parse_constraints
+from fxplan.cluster_specs import Cluster
+from fxplan.inter_op import ConstraintError, search
+from fxplan.inter_op.space import expert_degrees
+
+
+def test_expert_degrees():
+    assert expert_degrees(8, None) == (1,)
+    assert expert_degrees(8, 4) == (1, 2, 4)
+    assert expert_degrees(6, 4) == (1, 2)
+
+
+def test_search_offers_ep_for_experts_only():
+    cluster = Cluster.load("local-cpu:devices=4")
+    moe = fxplan.capture("moe-tiny", batch=1)
+    plan = search(moe, cluster, batch=8, constraints=parse_constraints("ep=2"))
+    assert plan.config.ep == 2 and plan.degrees["ep"] == 2 and plan.dp % 2 == 0
+    assert "ep=2" in plan.summary
+    dense = fxplan.capture("gpt-tiny", batch=1)
+    assert search(dense, cluster, batch=8).config.ep == 1
+    with pytest.raises(ConstraintError, match="ep=2 needs a mixture of experts"):
+        search(dense, cluster, batch=8, constraints={"ep": 2})
+    with pytest.raises(ConstraintError, match=r"none of \[3\] divides the model's 4 experts"):
+        search(moe, Cluster.load("local-cpu:devices=3"), batch=6, constraints={"ep": 3})
+
+
+@pytest.fixture(scope="module")
+def moe27b():  # type: ignore[no-untyped-def]
+    return capture_for_search("moe-27b", dtype="float16")   # V100s have no bf16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_alpa_moe_pipelines_across_slow_nodes(moe27b, nodes):  # type: ignore[no-untyped-def]
+    """Alpa (Zheng et al., OSDI'22, §8.1 and Fig. 7b): the 27B GShard MoE of its Table 4
+    (``moe-27b``; S=1024, H=2048, L=16, E=48, batch 1024) on 2 and 4 p3.16xlarge nodes (8×
+    V100 16 GB, 25 Gb/s between nodes) trains 3.5× and 9.7× faster with pipeline stages
+    across the nodes and intra-op parallelism inside them than DeepSpeed's intra-op
+    (data + expert) parallelism alone. The planner must choose a pipeline that crosses the
+    nodes, and price the best plan without one well behind it. (Measured on this branch:
+    1.65× on 2 nodes, 2.25× on 4 — the direction and growth of the published gap, not its
+    size: the pp=1 plan fxplan finds keeps the experts' all-to-all inside a node and overlaps
+    ZeRO, where DeepSpeed's ran expert parallelism over the slow links.)"""
+    cluster = Cluster.load(f"aws-p3-v100:nodes={nodes}")
+    piped = search(moe27b, cluster, batch=1024)
+    flat = search(moe27b, cluster, batch=1024, constraints={"pp": 1})
+    assert piped.pp > 1 and piped.axis_levels[0] == "ethernet"     # stages across the nodes
+    assert piped.pp * piped.dp * piped.tp == 8 * nodes and piped.dp * piped.tp <= 8
+    speedup = flat.estimate["step_time_s"] / piped.estimate["step_time_s"]
+    print(f"moe-27b on {nodes} nodes: {piped.summary} {piped.estimate['step_time_s']:.1f} s; "
+          f"best pp=1: {flat.summary} {flat.estimate['step_time_s']:.1f} s; {speedup:.2f}×")
+    assert speedup > (1.3 if nodes == 2 else 1.8)
