@@ -16,8 +16,12 @@ everything else)::
     (0, optimizer)                                        ZeRO-Offload, dp = 1
     (3, optimizer+params)                                 FSDP2's CPU offload, dp > 1
 
-so offload is offered only where no ZeRO stage fits without it, and then competes with the
-other families' candidates on its priced step time. ``(0, optimizer)`` with ``dp > 1`` is
+so within a candidate offload is offered only where no ZeRO stage fits without it. The search
+offers the offload rungs at all only in a second pass, when its first pass found no candidate
+that fits without offload (:meth:`fxplan.inter_op.driver._Search.offload_pass`; or from the
+start when the ``offload`` constraint excludes ``none``): it keeps the search as fast as before
+for models that fit, and a plan that fits without offload is not traded for one that copies
+over PCIe every step. ``(0, optimizer)`` with ``dp > 1`` is
 left out: ``(1, optimizer)`` keeps the same device bytes with ``1/dp`` of the host bytes and
 of the CPU step. Only the rungs the ``zero_stage`` and ``offload`` constraints allow are
 tried, and offload rungs only when every device group's spec gives its host side
@@ -40,7 +44,8 @@ from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["Rung", "fp8_choices", "host_fits", "host_missing", "memory_rungs"]
+__all__ = ["Rung", "fp8_choices", "host_fits", "host_missing", "memory_rungs",
+           "offload_allows_none"]
 
 #: ``(zero_stage, offload)``.
 Rung = tuple[int, str]
@@ -51,6 +56,12 @@ def _allows(want: Any, value: Any) -> bool:
         return True
     return value in want if isinstance(want, Collection) and not isinstance(want, str) \
         else value == want
+
+
+def offload_allows_none(offload_want: Any) -> bool:
+    """Whether the ``offload`` constraint (a value, a collection or ``None``) allows
+    ``none``."""
+    return _allows(offload_want, "none")
 
 
 def memory_rungs(dp: int, zero_want: Any = None, offload_want: Any = None,
