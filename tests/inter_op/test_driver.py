@@ -61,7 +61,8 @@ def test_unfit_reasons_name_lighter_variants_that_fit_but_were_not_ranked() -> N
 
 
 def test_failed_finalists_are_quoted(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    def refuse(graph, cluster, c, batch, cache, *, sequence_parallel=None):  # type: ignore[no-untyped-def]
+    def refuse(graph, cluster, c, batch, cache, *, sequence_parallel=None,  # type: ignore[no-untyped-def]
+               memory_headroom=None):
         raise CostModelError("refused for the test")
 
     monkeypatch.setattr(driver, "price_finalist", refuse)
