@@ -108,3 +108,11 @@ def test_a_headroom_nothing_leaves_is_refused_with_the_headroom_named(capsys) ->
     code = main([*TINY, "--memory-headroom", "79.9GiB"])
     err = capsys.readouterr().err
     assert code == 2 and "headroom" in err
+
+
+def test_constrain_sp_off_is_honoured_for_dp_by_tp(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["plan", "gpt-tiny", "--cluster", "local-cpu:devices=4", "--batch", "16",
+                 "--constrain", "tp=2,sp=off", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["degrees"]["tp"] == 2 and data["degrees"]["dp"] == 2
+    assert data["sequence_parallel"] is False and "sp=off" in data["summary"]

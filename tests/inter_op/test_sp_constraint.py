@@ -115,9 +115,11 @@ def test_api_plan_honours_sp_off_for_dp_by_tp_and_keeps_the_headroom() -> None:
     import fxplan
     from fxplan.examples.model_spec import resolve_model
 
-    bundle = resolve_model(WIDER)
-    model = bundle.build("cpu")
-    inputs = bundle.example_inputs(batch=8)
+    import torch
+
+    model = resolve_model(WIDER).build("cpu")
+    tokens = torch.randint(0, 256, (8, 256))        # WIDER: vocab 256, seq 256
+    inputs = (tokens, tokens)                       # (idx, targets): the forward ends in the loss
     result = fxplan.plan(model, "local-cpu:devices=4", inputs=inputs, batch=8,
                          constraints={"tp": 2, "sequence_parallel": False}, headroom="10%")
     plan = result.plan

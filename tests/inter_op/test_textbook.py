@@ -27,7 +27,8 @@ def _plan(model: str, cluster_spec: str, batch: int, **kwargs):  # type: ignore[
 def test_small_model_gets_pure_data_parallelism() -> None:
     _, plan = _plan("gpt:layers=4,hidden=512,heads=8,vocab=8192,seq=512", "dgx-a100-80g", 64)
     assert (plan.dp, plan.tp, plan.pp) == (8, 1, 1), plan.summary
-    assert plan.zero_stage == 0, plan.summary
+    # the ZeRO stage is the one the cost model prices cheapest, not "the lowest that fits"
+    # (tests/inter_op/test_zero_choice.py)
     assert plan.estimate["fits"]
     assert plan.estimate["max_memory_gib"] < 0.5 * plan.estimate["capacity_gib"]
 
@@ -37,12 +38,15 @@ def test_zero_when_replicated_optimizer_state_does_not_fit() -> None:
     assert plan.zero_stage >= 1, plan.summary
     assert plan.estimate["fits"]
     reasons = [r for r in plan.pruned if "zero=0" in r and "tp=1, pp=1" in r]
-    assert reasons and "> 80 GiB" in reasons[0], plan.pruned[:5]
+    assert reasons and "> 76.0 GiB (80 GiB less 4.0 GiB headroom)" in reasons[0], plan.pruned[:5]
 
 
 def test_wide_model_gets_megatron_tensor_parallelism_inside_a_node() -> None:
+    # Weights replicated over dp (ZeRO ≤ 2): with ZeRO-3 allowed the cost model prices fully
+    # sharded data parallelism (dp=8, its gathers hidden behind these wide layers) about 3 %
+    # faster, and the search keeps the model's cheapest ZeRO stage (test_zero_choice.py).
     cluster, plan = _plan("gpt:layers=4,hidden=12288,heads=96,vocab=51200,seq=2048",
-                          "dgx-a100-80g", 16)
+                          "dgx-a100-80g", 16, constraints={"zero_stage": [0, 1, 2]})
     assert 1 < plan.tp <= cluster.devices_per_node(), plan.summary
     levels = dict(zip(plan.mesh_axes, plan.axis_levels))
     assert levels["tp"] == cluster.device(0).intra_node_level
