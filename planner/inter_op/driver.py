@@ -34,6 +34,12 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
    sequence parallelism it does not allow are replaced by the default Megatron layout with
    the candidate's (allowed) ``sp``, recorded in ``Plan.fallbacks``.
 
+**Heterogeneous clusters** (several device groups, :mod:`fxplan.inter_op.stage_devices`): a
+family whose pipeline stages straddle two groups is pruned (each stage on one device group);
+every pipeline rank's layers are priced on its own group's device and checked against its own
+capacity, so the partition of step 4 gives a slow or small group fewer layers, and the bounds
+of steps 2–3 use the pipeline's mean free memory and the fastest group's work.
+
 Nothing is dropped silently: every pruned family or candidate group carries its reason with
 the arithmetic, and fallbacks (time budget, intra-op solver) are logged and kept in the plan.
 """
@@ -44,6 +50,8 @@ import heapq
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
 
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.memory import GIB, MemoryBreakdown
@@ -56,12 +64,13 @@ from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message
 from fxplan.inter_op.partition import balanced_counts, partition_layers
 from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import Priced, price_finalist
-from fxplan.inter_op.profile import ModelProfile
-from fxplan.inter_op.reasons import DUPLICATE, MEMORY, REFUSED, TIME_BOUND, Reason
+from fxplan.inter_op.profile import ModelProfile, SegmentProfile
+from fxplan.inter_op.reasons import DIVIDE, DUPLICATE, MEMORY, REFUSED, TIME_BOUND, Reason
 from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
 from fxplan.inter_op.space import MAX_MICROBATCH, Family, families, options
-from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
-                                         stage_totals)
+from fxplan.inter_op.stage_devices import StageDevices, stage_devices, straddled_stage
+from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs, per_rank,
+                                         stage_memory, stage_totals)
 from fxplan.inter_op.surrogate import surrogate_step_s
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -105,6 +114,7 @@ class _Search:
         self.pruned: list[Reason] = []
         self.fallbacks: list[str] = []
         self.partitions: dict[tuple, Any] = {}
+        self.devices: dict[tuple[int, int], StageDevices] = {}
         # family → (variants that fit at no allowed ZeRO stage, the lightest of them as
         # (heaviest rank's breakdown, its config)); families with at least one fitting variant
         self.unfit: dict[Family, tuple[int, MemoryBreakdown, ParallelConfig]] = {}
@@ -127,26 +137,59 @@ class _Search:
             if not allowed(_probe(fam), {k: v for k, v in self.constraints.items()
                                    if k in ("tp", "pp", "dp")}):
                 continue
+            straddled = (straddled_stage(self.cluster, fam.pp, fam.dp * fam.tp)
+                         if len(self.cluster.device_groups) > 1 else None)
+            if straddled is not None:
+                s, a, b = straddled
+                self.pruned.append(Reason(
+                    f"{fam}: pipeline stage {s} ({fam.dp * fam.tp} ranks) spans device groups "
+                    f"{a} and {b}; each stage runs on one device group", DIVIDE))
+                continue
             self.mesh_allowed.append(fam)
             lightest = prof.get(fam.tp, True, "full", 1)
+            mem = self._stage_devices(fam.pp, fam.dp * fam.tp).mean_memory()
             for zero in self._zeros(fam):
-                need = memory_lower_bound(fam, zero, lightest, self.mem)
-                if need <= self.mem.capacity:
+                need = memory_lower_bound(fam, zero, lightest, mem)
+                if need <= mem.capacity:
                     out[fam] = zero
                     break
-                self.pruned.append(memory_reason(fam, zero, need, lightest, self.mem,
+                self.pruned.append(memory_reason(fam, zero, need, lightest, mem,
                                                  self._lightest_at(fam, zero)))
         return out
 
+    def _stage_devices(self, pp: int, per_stage: int) -> StageDevices:
+        key = (pp, per_stage)
+        if key not in self.devices:
+            self.devices[key] = stage_devices(self.cluster, pp, per_stage)
+        return self.devices[key]
+
+    def _profiles(self, c: ParallelConfig) -> tuple[SegmentProfile, list[SegmentProfile] | None,
+                                                    StageDevices]:
+        """``c``'s profile on rank 0's device, one per pipeline rank where the ranks are on
+        different device groups (``None`` on one kind of device), and the ranks' devices."""
+        devs = self._stage_devices(c.pp, c.dp * c.tp)
+        key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
+        prof = self.profile.get(*key)
+        if devs.uniform:
+            return prof, None, devs
+        return prof, [self.profile.get(*key, device=g) for g in devs.groups], devs
+
     # -- step 4 ---------------------------------------------------------------------------
     def _partition(self, c: ParallelConfig) -> ParallelConfig | None:
-        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
-        inputs = partition_inputs(c, prof, self.mem)
+        prof, profs, devs = self._profiles(c)
+        mems = devs.memory if profs is not None else self.mem
+        if profs is None:
+            inputs = partition_inputs(c, prof, mems)
+            time = prof.layer_time
+        else:   # each virtual stage j priced on its pipeline rank's group (stage_devices)
+            inputs = partition_inputs(c, prof, mems, ends=(profs[0], profs[-1]))
+            time = np.stack([profs[j % c.pp].layer_time for j in range(c.pp * c.virtual_stages)])
         key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.pp, c.virtual_stages,
-               inputs.cap, inputs.extra_time.tobytes(), inputs.fixed_bytes.tobytes(),
-               inputs.inflight.tobytes(), inputs.layer_state[:1].tobytes())
+               c.dp, inputs.cap.tobytes(), inputs.extra_time.tobytes(),
+               inputs.fixed_bytes.tobytes(), inputs.inflight.tobytes(),
+               inputs.layer_state[:1].tobytes())
         if key not in self.partitions:
-            self.partitions[key] = partition_layers(prof.layer_time, inputs.layer_state,
+            self.partitions[key] = partition_layers(time, inputs.layer_state,
                                                     prof.acts, inputs.extra_time,
                                                     inputs.fixed_bytes, inputs.inflight,
                                                     inputs.cap)
@@ -155,9 +198,10 @@ class _Search:
         # decides, and the most even split is the second chance when the DP found none.
         tries = ([part.counts] if part is not None else []) + \
             [balanced_counts(prof.layers, c.pp * c.virtual_stages)]
+        caps = np.array([m.capacity for m in per_rank(mems, c.pp)])
         for counts in tries:
             placed = c.replace(stage_layers=counts)
-            if stage_totals(placed, prof, self.mem).max() <= self.mem.capacity:
+            if (stage_totals(placed, prof, mems) <= caps).all():
                 return placed
         return None
 
@@ -170,8 +214,10 @@ class _Search:
                              seq=prof.segments.seq):
                 c = c.replace(zero_stage=zmin)
                 if allowed(c, {k: v for k, v in self.constraints.items() if k != "zero_stage"}):
-                    lb = time_lower_bound(c, prof.get(c.tp, c.sequence_parallel, c.recompute,
-                                                      c.microbatch_size))
+                    lb = min(time_lower_bound(c, prof.get(c.tp, c.sequence_parallel,
+                                                          c.recompute, c.microbatch_size,
+                                                          device=g))
+                             for g in self.cluster.device_groups)
                     queue.append((lb, len(queue), c))
         queue.sort()
         best: list[tuple[float, int, _Scored]] = []   # max-heap of the K best by T̂ (negated)
@@ -213,15 +259,15 @@ class _Search:
         for zero in zeros:
             placed = self._partition(c.replace(zero_stage=zero))
             if placed is not None:
-                prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute,
-                                        c.microbatch_size)
+                prof, profs, _ = self._profiles(c)
                 self.fitted.add(family)
-                return _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
+                return _Scored(placed, surrogate_step_s(placed, prof, self.cluster, profs))
         heaviest = c.replace(zero_stage=zeros[-1] if zeros else c.zero_stage,
                              stage_layers=balanced_counts(self.profile.num_layers,
                                                           c.pp * c.virtual_stages))
-        prof = self.profile.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
-        worst = max(stage_memory(heaviest, prof, self.mem), key=lambda m: m.total)
+        prof, profs, devs = self._profiles(c)
+        worst = max(stage_memory(heaviest, prof, self.mem if profs is None else devs.memory),
+                    key=lambda m: m.total)
         count, least, which = self.unfit.get(family, (0, None, heaviest))
         if least is None or worst.total < least.total:
             least, which = worst, heaviest

@@ -32,13 +32,13 @@ from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.layer_costs import SegmentCost, graph_segments, segment_cost
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.cluster_specs import Cluster
+    from fxplan.cluster_specs import Cluster, DeviceGroup
     from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["ShapeKey", "SegmentProfile", "ModelProfile"]
 
-#: ``(tp, sequence_parallel, recompute, microbatch)``.
-ShapeKey = tuple[int, bool, str, int]
+#: ``(tp, sequence_parallel, recompute, microbatch, device group name)``.
+ShapeKey = tuple[int, bool, str, int, str]
 
 
 @dataclass(frozen=True)
@@ -100,33 +100,39 @@ class ModelProfile:
     def tp_widths(self) -> dict[str, int]:
         return dict(self.segments.tp_widths)
 
-    def get(self, tp: int, sp: bool, recompute: str, microbatch: int) -> SegmentProfile:
-        key = (tp, bool(sp and tp > 1), recompute, microbatch)
+    def get(self, tp: int, sp: bool, recompute: str, microbatch: int,
+            device: DeviceGroup | None = None) -> SegmentProfile:
+        """The profile of one shape key on ``device``'s group (default: rank 0's)."""
+        group = device or self.device
+        key = (tp, bool(sp and tp > 1), recompute, microbatch, group.name)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = self._build(*key)
+            hit = self._cache[key] = self._build(*key[:4], group)
         return hit
 
-    def _comm(self, items: tuple[tuple[str, float], ...], tp: int) -> float:
-        ranks = tuple(range(tp))
+    def _comm(self, items: tuple[tuple[str, float], ...], tp: int, group: DeviceGroup) -> float:
+        ranks = tuple(range(group.first_rank, group.first_rank + tp))
         return sum(collective_time_s(kind, nbytes, ranks, self.cluster) for kind, nbytes in items)
 
-    def _segment(self, key: str, tp: int, sp: bool, recompute: str, mb: int) -> SegmentCost:
+    def _segment(self, key: str, tp: int, sp: bool, recompute: str, mb: int,
+                 group: DeviceGroup) -> SegmentCost:
         return segment_cost(self.graph, key, tp=tp, sequence_parallel=sp, recompute=recompute,
-                            microbatch=mb, device=self.device)
+                            microbatch=mb, device=group)
 
-    def _build(self, tp: int, sp: bool, recompute: str, mb: int) -> SegmentProfile:
+    def _build(self, tp: int, sp: bool, recompute: str, mb: int,
+               group: DeviceGroup) -> SegmentProfile:
         per_key: dict[str, tuple[float, ...]] = {}
         for key in dict.fromkeys(self.keys):
-            c = self._segment(key, tp, sp, recompute, mb)
+            c = self._segment(key, tp, sp, recompute, mb, group)
             per_key[key] = (c.forward_s, c.backward_s + c.recompute_s,
-                            self._comm(c.tp_forward, tp), self._comm(c.tp_backward, tp),
+                            self._comm(c.tp_forward, tp, group),
+                            self._comm(c.tp_backward, tp, group),
                             c.param_count, c.activations.saved, c.activations.working,
                             c.output_bytes)
         rows = np.array([per_key[k] for k in self.keys], dtype=float).reshape(-1, 8)
-        ends = [self._segment(key, tp, sp, recompute, mb) for key in ("pre", "post")]
-        pre, post = ((c.forward_s + self._comm(c.tp_forward, tp),
-                      c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp),
+        ends = [self._segment(key, tp, sp, recompute, mb, group) for key in ("pre", "post")]
+        pre, post = ((c.forward_s + self._comm(c.tp_forward, tp, group),
+                      c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp, group),
                       c.param_count, c.activations.saved) for c in ends)
         tied = sum(v for k, v in ends[0].params.items() if k in ends[1].params)
         return SegmentProfile(*(rows[:, i] for i in range(8)), pre, post, float(tied),

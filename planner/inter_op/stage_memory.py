@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 import numpy as np
 
@@ -41,7 +42,8 @@ from fxplan.cost_model.stage_costs import buffer_bytes, rank_memory
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig
 
-__all__ = ["DeviceMemory", "PartitionInputs", "inflight", "partition_inputs", "stage_memory",
+__all__ = ["DeviceMemory", "PartitionInputs", "inflight", "partition_inputs", "per_rank",
+           "stage_memory",
            "stage_totals", "state_bytes_per_param"]
 
 
@@ -80,37 +82,51 @@ def _buffers(c: ParallelConfig, max_output: float, max_params: float) -> float:
 
 @dataclass(frozen=True)
 class PartitionInputs:
-    """Per virtual stage: extra time, fixed bytes, in-flight microbatches; layer state bytes."""
+    """Per virtual stage: extra time, fixed bytes, in-flight microbatches, capacity; layer
+    state bytes."""
 
     extra_time: np.ndarray
     fixed_bytes: np.ndarray
     inflight: np.ndarray
     layer_state: np.ndarray
-    cap: float
+    cap: np.ndarray
 
 
-def partition_inputs(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> PartitionInputs:
+def per_rank(mem: DeviceMemory | Sequence[DeviceMemory], pp: int) -> tuple[DeviceMemory, ...]:
+    """``mem`` for each of ``pp`` pipeline ranks (one value: the same device on all)."""
+    return (mem,) * pp if isinstance(mem, DeviceMemory) else tuple(mem)
+
+
+def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
+                     mem: DeviceMemory | Sequence[DeviceMemory],
+                     ends: tuple[SegmentProfile, SegmentProfile] | None = None) -> PartitionInputs:
     """Inputs of :func:`fxplan.inter_op.partition.partition_layers` for candidate ``c``
-    (the conservative linearisation of the module docstring)."""
+    (the conservative linearisation of the module docstring). ``mem``: one device, or one per
+    pipeline rank (heterogeneous clusters); ``ends``: the profiles whose ``pre``/``post``
+    times the first/last stage pays (default ``prof``'s: the first/last stage's device)."""
     S, v = c.pp * c.virtual_stages, c.virtual_stages
     k = state_bytes_per_param(c.dp, c.zero_stage)
     n = inflight(c)
+    mems = per_rank(mem, c.pp)
+    first, last = ends or (prof, prof)
     def most(values: np.ndarray) -> float:  # a model without repeated layers has none
         return float(values.max()) if values.size else 0.0
 
     max_output = max(most(prof.out_bytes), *prof.end_out_bytes)
     max_params = max(most(prof.params), prof.pre[2], prof.post[2])
     working = max(most(prof.working), *prof.end_working)
-    per_rank = mem.reserved + _buffers(c, max_output, max_params) + working
+    shared = _buffers(c, max_output, max_params) + working
+    rank = np.arange(S) % c.pp
     extra = np.zeros(S)
-    fixed = np.full(S, per_rank / v)
+    fixed = np.array([(mems[s].reserved + shared) / v for s in rank])
     counts = np.array([n[j % c.pp, j // c.pp] for j in range(S)])
-    extra[0] += prof.pre[0] + prof.pre[1]
-    extra[-1] += prof.post[0] + prof.post[1]
+    extra[0] += first.pre[0] + first.pre[1]
+    extra[-1] += last.post[0] + last.post[1]
     fixed[0] += k * prof.pre[2] + counts[0] * prof.pre[3]
     fixed[-1] += k * (prof.post[2] - (prof.tied_params if S == 1 or c.pp == 1 else 0.0))
     fixed[-1] += counts[-1] * prof.post[3]
-    return PartitionInputs(extra, fixed, counts, k * prof.params, mem.capacity / v)
+    cap = np.array([mems[s].capacity / v for s in rank])
+    return PartitionInputs(extra, fixed, counts, k * prof.params, cap)
 
 
 def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
@@ -144,13 +160,17 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
                 max_segment_params=big.reshape(v, p).max(axis=0))
 
 
-def stage_memory(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> list[MemoryBreakdown]:
-    """Peak bytes of each pipeline rank by kind (module docstring)."""
-    return rank_memory(order(c), **_rank_inputs(c, prof), reserved=[mem.reserved] * c.pp,
-                       capacity=[mem.capacity] * c.pp, tp=c.tp, dp=c.dp,
+def stage_memory(c: ParallelConfig, prof: SegmentProfile,
+                 mem: DeviceMemory | Sequence[DeviceMemory]) -> list[MemoryBreakdown]:
+    """Peak bytes of each pipeline rank by kind (module docstring); ``mem`` one device or one
+    per pipeline rank."""
+    mems = per_rank(mem, c.pp)
+    return rank_memory(order(c), **_rank_inputs(c, prof), reserved=[m.reserved for m in mems],
+                       capacity=[m.capacity for m in mems], tp=c.tp, dp=c.dp,
                        zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel)
 
 
-def stage_totals(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> np.ndarray:
+def stage_totals(c: ParallelConfig, prof: SegmentProfile,
+                 mem: DeviceMemory | Sequence[DeviceMemory]) -> np.ndarray:
     """``total_s`` of every pipeline rank, bytes (the search's hot path)."""
     return np.array([m.total for m in stage_memory(c, prof, mem)])
