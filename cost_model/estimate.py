@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["Estimate", "estimate"]
+__all__ = ["Estimate", "estimate", "peak_flops"]
 
 
 @dataclass(frozen=True, eq=False)
