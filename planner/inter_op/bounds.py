@@ -7,7 +7,12 @@ the average share of the (tp-local) parameters, and activations are never negati
                                                  k_3 = 16/dp  bytes per parameter
 
 If this exceeds the capacity every candidate of the family at that stage is pruned before any
-microbatch variant is tried.
+microbatch variant is tried. With pipeline ranks on device groups of different capacities
+``C_s`` (and reserves ``r_s``) the stages may be uneven, so the bound is on the pipeline's
+total: ``k_z·Ψ_tp/pp + mean_s r_s > mean_s C_s`` (:mod:`fxplan.inter_op.stage_devices`).
+
+The time bound below takes ``W`` on the fastest device group (every layer runs somewhere, at
+best at that group's speed).
 
 **Time** of a candidate: every microbatch passes every layer on some rank, and a rank's step
 is at least its busy time, so with ``W`` the whole model's per-microbatch work on one tp rank
@@ -40,13 +45,17 @@ def memory_lower_bound(family: Family, zero: int, lightest: SegmentProfile,
 
 
 def memory_reason(family: Family, zero: int, needed: float, lightest: SegmentProfile,
-                  mem: DeviceMemory, config: ParallelConfig | None = None) -> Reason:
+                  mem: DeviceMemory, config: ParallelConfig | None = None,
+                  mean: bool = False) -> Reason:
     """``needs ≥ 93.4 GiB > 80 GiB at zero=0, tp=4, pp=1, dp=8 (16.0 B/param × 5.62 G …)``.
 
     ``config``: the family's lightest variant at ``zero`` (the bound holds for it, so its
-    estimated peak is at least ``needed``); kept in the reason for checking."""
+    estimated peak is at least ``needed``); kept in the reason for checking. ``mean``: ``mem``
+    is the mean over pipeline ranks on different device groups
+    (:meth:`fxplan.inter_op.stage_devices.StageDevices.mean_memory`), and the text says so."""
     k = state_bytes_per_param(family.dp, zero)
-    text = (f"needs ≥ {needed / GIB:.1f} GiB > {mem.capacity / GIB:.0f} GiB at zero={zero}, "
+    of = " (the mean capacity of its stages' devices)" if mean else ""
+    text = (f"needs ≥ {needed / GIB:.1f} GiB > {mem.capacity / GIB:.0f} GiB{of} at zero={zero}, "
             f"tp={family.tp}, pp={family.pp}, dp={family.dp} (model states {k:.2f} B/param × "
             f"{lightest.total_params / family.pp / 1e9:.3g} G params per rank + "
             f"{mem.reserved / GIB:.1f} GiB reserved)")

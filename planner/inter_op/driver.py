@@ -90,6 +90,12 @@ class _Scored:
     surrogate_s: float
 
 
+def _overflow(m: MemoryBreakdown) -> float:
+    """Bytes over the rank's own capacity (negative: room left); on one kind of device the
+    order of the totals."""
+    return m.total - m.capacity
+
+
 def _zeros(family: Family) -> tuple[int, ...]:
     return (0, 1, 2, 3) if family.dp > 1 else (0,)
 
@@ -147,14 +153,16 @@ class _Search:
                 continue
             self.mesh_allowed.append(fam)
             lightest = prof.get(fam.tp, True, "full", 1)
-            mem = self._stage_devices(fam.pp, fam.dp * fam.tp).mean_memory()
+            devs = self._stage_devices(fam.pp, fam.dp * fam.tp)
+            mem = devs.mean_memory()
             for zero in self._zeros(fam):
                 need = memory_lower_bound(fam, zero, lightest, mem)
                 if need <= mem.capacity:
                     out[fam] = zero
                     break
                 self.pruned.append(memory_reason(fam, zero, need, lightest, mem,
-                                                 self._lightest_at(fam, zero)))
+                                                 self._lightest_at(fam, zero),
+                                                 mean=not devs.uniform))
         return out
 
     def _stage_devices(self, pp: int, per_stage: int) -> StageDevices:
@@ -267,9 +275,9 @@ class _Search:
                                                           c.pp * c.virtual_stages))
         prof, profs, devs = self._profiles(c)
         worst = max(stage_memory(heaviest, prof, self.mem if profs is None else devs.memory),
-                    key=lambda m: m.total)
+                    key=_overflow)
         count, least, which = self.unfit.get(family, (0, None, heaviest))
-        if least is None or worst.total < least.total:
+        if least is None or _overflow(worst) < _overflow(least):
             least, which = worst, heaviest
         self.unfit[family] = (count + 1, least, which)
         return None
@@ -310,11 +318,12 @@ class _Search:
                     f"{c.summary()}: the cost model refused it: {err}", REFUSED))
                 continue
             if not priced.est.fits:
-                worst = max(m.total for m in priced.est.memory)
+                over = max(priced.est.memory, key=_overflow)   # against its own device's
+                worst, capacity = over.total, over.capacity
                 self.failed_finalists.append(Reason(
                     f"{priced.config.summary()}: simulated peak {worst / GIB:.1f} GiB > "
-                    f"{self.mem.capacity / GIB:.0f} GiB", MEMORY, needed_gib=worst / GIB,
-                    capacity_gib=self.mem.capacity / GIB, config=priced.config.to_string(),
+                    f"{capacity / GIB:.0f} GiB", MEMORY, needed_gib=worst / GIB,
+                    capacity_gib=capacity / GIB, config=priced.config.to_string(),
                     layout=priced.layout))
                 continue
             # One entry per configuration: two candidates can price to the same configuration
@@ -351,8 +360,8 @@ class _Search:
           before them), and the reason says so with the lightest's memory: the family is not
           "too big", it was slower than the plans found.
         """
-        cap = self.mem.capacity / GIB
         for fam, (count, least, which) in sorted(self.unfit.items()):
+            cap = least.capacity / GIB   # the device of the rank that overflows most
             variant = dict(kind=MEMORY, capacity_gib=cap, needed_gib=least.total / GIB,
                            config=which.to_string())
             needs = f"needs {least.total / GIB:.1f} GiB > {cap:.0f} GiB"
@@ -362,7 +371,7 @@ class _Search:
                     f"{fam}: {count} microbatch/recompute/schedule variants did not fit at any "
                     f"allowed ZeRO stage; the lightest of them ({which.summary()}, even "
                     f"split) {needs}", **variant))
-            elif found is None or found[1].total > self.mem.capacity:
+            elif found is None or found[1].total > found[1].capacity:
                 c, m = found if found is not None else (which, least)
                 self.pruned.append(Reason(
                     f"{fam}: none of {count} microbatch/recompute/schedule variants fits at any "
@@ -396,8 +405,10 @@ class _Search:
             c = c.replace(zero_stage=zeros[-1],
                           stage_layers=balanced_counts(prof.num_layers, c.pp * c.virtual_stages))
             seg = prof.get(c.tp, c.sequence_parallel, c.recompute, mb)
-            worst = max(stage_memory(c, seg, self.mem), key=lambda m: m.total)
-            if best is None or worst.total < best[1].total:
+            devs = self._stage_devices(c.pp, c.dp * c.tp)
+            worst = max(stage_memory(c, seg, self.mem if devs.uniform else devs.memory),
+                        key=_overflow)
+            if best is None or _overflow(worst) < _overflow(best[1]):
                 best = (c, worst)
         return best
 
