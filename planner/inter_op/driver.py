@@ -69,7 +69,7 @@ from fxplan.inter_op.reasons import DIVIDE, DUPLICATE, MEMORY, REFUSED, TIME_BOU
 from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
 from fxplan.inter_op.space import MAX_MICROBATCH, Family, families, options
 from fxplan.inter_op.stage_devices import StageDevices, stage_devices, straddled_stage
-from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs, per_rank,
+from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs,
                                          stage_memory, stage_totals)
 from fxplan.inter_op.surrogate import surrogate_step_s
 
@@ -206,7 +206,8 @@ class _Search:
         # decides, and the most even split is the second chance when the DP found none.
         tries = ([part.counts] if part is not None else []) + \
             [balanced_counts(prof.layers, c.pp * c.virtual_stages)]
-        caps = np.array([m.capacity for m in per_rank(mems, c.pp)])
+        caps = (mems.capacity if isinstance(mems, DeviceMemory)
+                else np.array([m.capacity for m in mems]))
         for counts in tries:
             placed = c.replace(stage_layers=counts)
             if (stage_totals(placed, prof, mems) <= caps).all():
@@ -217,6 +218,7 @@ class _Search:
         """Steps 3–4: the ``K`` best candidates by ``T̂``."""
         prof = self.profile
         queue: list[tuple[float, int, ParallelConfig]] = []
+        groups = (None,) if len(self.cluster.device_groups) == 1 else self.cluster.device_groups
         for fam, zmin in fams.items():
             for c in options(fam, batch=self.batch, layers=prof.num_layers,
                              seq=prof.segments.seq):
@@ -225,7 +227,7 @@ class _Search:
                     lb = min(time_lower_bound(c, prof.get(c.tp, c.sequence_parallel,
                                                           c.recompute, c.microbatch_size,
                                                           device=g))
-                             for g in self.cluster.device_groups)
+                             for g in groups)
                     queue.append((lb, len(queue), c))
         queue.sort()
         best: list[tuple[float, int, _Scored]] = []   # max-heap of the K best by T̂ (negated)

@@ -118,14 +118,17 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
     shared = _buffers(c, max_output, max_params) + working
     rank = np.arange(S) % c.pp
     extra = np.zeros(S)
-    fixed = np.array([(mems[s].reserved + shared) / v for s in rank])
+    if isinstance(mem, DeviceMemory):   # one kind of device (the search's hot path)
+        fixed, cap = np.full(S, (mem.reserved + shared) / v), np.full(S, mem.capacity / v)
+    else:
+        fixed = np.array([(mems[s].reserved + shared) / v for s in rank])
+        cap = np.array([mems[s].capacity / v for s in rank])
     counts = np.array([n[j % c.pp, j // c.pp] for j in range(S)])
     extra[0] += first.pre[0] + first.pre[1]
     extra[-1] += last.post[0] + last.post[1]
     fixed[0] += k * prof.pre[2] + counts[0] * prof.pre[3]
     fixed[-1] += k * (prof.post[2] - (prof.tied_params if S == 1 or c.pp == 1 else 0.0))
     fixed[-1] += counts[-1] * prof.post[3]
-    cap = np.array([mems[s].capacity / v for s in rank])
     return PartitionInputs(extra, fixed, counts, k * prof.params, cap)
 
 
