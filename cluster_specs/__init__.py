@@ -12,7 +12,8 @@ from fxplan.cluster_specs.devices import DTYPES, DeviceGroup
 from fxplan.cluster_specs.errors import ClusterSpecError
 from fxplan.cluster_specs.links import LinkLevel
 from fxplan.cluster_specs.loader import available_specs
-from fxplan.cluster_specs.precision import check_precision, training_dtype, training_precision
+from fxplan.cluster_specs.precision import (check_precision, group_precision, group_precisions,
+                                           training_dtype, training_precision)
 from fxplan.cluster_specs.schema import OP_CLASSES, SCHEMA_VERSION
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "available_specs",
     "check_precision",
+    "group_precision",
+    "group_precisions",
     "load",
     "training_dtype",
     "training_precision",

@@ -26,7 +26,9 @@ data file's ``devices`` contained in the normalised model name, else ``cpu`` for
 and ``default`` for the others).
 
 Peaks: tensor-core families (matmul, attention, conv) run at ``peak_tflops[dtype]``, with
-fp32 promoted to tf32 when TF32 is allowed and the device lists it. PyTorch's defaults are
+fp32 promoted to tf32 when TF32 is allowed and the device lists it, and a 16-bit dtype the
+device lacks priced at its 16-bit twin (:func:`fxplan.cluster_specs.group_precision`: a V100
+group of a heterogeneous cluster trains a bf16 model in fp16). PyTorch's defaults are
 made explicit here: ``torch.backends.cuda.matmul.allow_tf32`` is ``False`` (fp32 matmuls and
 attention use the fp32 peak) while ``torch.backends.cudnn.allow_tf32`` is ``True`` (fp32
 convolutions use tf32). Other families run on the vector units at the fp32 peak whatever
@@ -41,6 +43,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
+
+from fxplan.cluster_specs.precision import group_precision
 
 __all__ = [
     "Curve",
@@ -136,6 +140,8 @@ class EfficiencyModel:
             tf32 = TORCH_DEFAULT_TF32.get(family, False) if allow_tf32 is None else allow_tf32
             if tf32 and getattr(device, "kind", "gpu") == "gpu" and "tf32" in peaks:
                 key = "tf32"
+        if key not in peaks:
+            key = group_precision(device, key) or key   # a V100 trains a bf16 model in fp16
         if key not in peaks:
             listed = ", ".join(peaks)
             raise ValueError(

@@ -13,7 +13,12 @@ under ``none``)::
     samples/s             = B / T
     tokens/s              = B·s / T                        None when the graph has no token input (s unknown)
     tflops_per_device     = (3·M + M_r) / (n·T)            Megatron's convention (counts recompute)
-    mfu                   = 3·M / (n·T·P)                  P: the device's dense peak for the dtype
+    mfu                   = 3·M / (T·Σ_d P_d)              P_d: device d's dense peak in the precision
+                                                           its group trains in (n·P on one kind of device)
+
+The MFU is weighted by each device's own peak: on a V100 + A100 cluster ``Σ_d P_d`` counts
+125 TFLOP/s (fp16) per V100 and 312 (bf16) per A100, so the useful FLOPs are measured against
+what the whole park could do, not against the first device's peak.
 
 For a GPT, ``3·M + M_r`` under full recompute is ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fxplan.cluster_specs.precision import group_precisions
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.efficiency import dtype_key
 from fxplan.cost_model.expert_parallel import check_ep
@@ -38,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["Estimate", "estimate"]
+__all__ = ["Estimate", "estimate", "peak_flops"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,6 +79,8 @@ class Estimate:
     #: the per-stage costs the simulation ran on (segments per chunk, op components)
     stage_plan: StagePlan | None = None
     memory_headroom: MemoryHeadroom | None = None
+    #: device group name → the precision it trains in (``peak_tflops`` key)
+    precisions: dict[str, str] | None = None
 
     @property
     def peak_memory_gib(self) -> list[float]:
@@ -113,13 +121,13 @@ class Estimate:
             "min_free_gib": min(m.free for m in self.memory) / GIB,
             "model_flops": self.model_flops,
             "hardware_flops": self.hardware_flops,
+            "precision_per_group": dict(self.precisions or {}),
         }
 
 
 def _check(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, batch: int,
            seq: int | None) -> tuple[GraphSegments, ParallelConfig]:
     segments = graph_segments(graph)
-    _check_precision(graph, cluster)
     if config.fp8:
         check_fp8(cluster)
     if seq is not None and segments.seq is not None and seq != segments.seq:
@@ -147,23 +155,30 @@ def _graph_dtype(graph: CapturedGraph) -> object:
     return dtype
 
 
-def _check_precision(graph: CapturedGraph, cluster: Cluster) -> None:
-    """Every device group lists a peak for the graph's precision (else nothing can be priced)."""
+def _check_precision(graph: CapturedGraph, cluster: Cluster) -> dict[str, str]:
+    """The precision each device group trains the graph in
+    (:func:`fxplan.cluster_specs.group_precision`: the graph's own, or on a group that lacks
+    it its 16-bit twin — fp16 on the V100s of a V100 + A100 cluster); some group must list the
+    graph's precision itself and every group must be able to train it."""
     dtype = _graph_dtype(graph)
     key = dtype_key(dtype)
+    per_group = group_precisions(cluster, key)
+    native = any(key in group.peak_tflops for group in cluster.device_groups)
     for group in cluster.device_groups:
-        if key not in group.peak_tflops:
+        if not native or per_group[group.name] is None:
             raise CostModelError(
                 f"{group.model} lists no peak for {key!r} (it lists "
                 f"{', '.join(group.peak_tflops)}) but the graph was captured in {dtype}; "
                 "capture it in a precision the devices have "
                 f"(fxplan.cluster_specs.training_dtype(cluster) picks one)")
+    return {name: str(value) for name, value in per_group.items()}
 
 
-def _peak_flops(plan: StagePlan, graph: CapturedGraph) -> float:
-    dtype = _graph_dtype(graph)
-    device = plan.devices[0]
-    return device.peak(dtype_key(dtype)) * 1e12
+def peak_flops(cluster: Cluster, precisions: dict[str, str]) -> float:
+    """``Σ_d P_d`` FLOP/s: every device's dense peak in the precision its group trains in
+    (``precisions``, group name → ``peak_tflops`` key), the denominator of the MFU."""
+    return sum(group.num_devices * group.peak(precisions[group.name]) * 1e12
+               for group in cluster.device_groups)
 
 
 def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, batch: int,
@@ -173,11 +188,13 @@ def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, 
 
     ``batch`` is the global batch in samples; ``seq`` (optional) must equal the captured
     sequence length. ``memory_headroom``: what each device must leave free for ``fits``
-    (:func:`cost_model.memory_headroom.parse_headroom`; ``None``: the default 5 %). Raises :class:`CostModelError` for a configuration that does not fit
+    (:func:`cost_model.memory_headroom.parse_headroom`; ``None``: the default 5 %). Raises
+    :class:`CostModelError` for a configuration that does not fit
     the model or the cluster, with the arithmetic.
     """
     headroom = parse_headroom(memory_headroom)
     segments, config = _check(graph, cluster, config, batch, seq)
+    precisions = _check_precision(graph, cluster)
     plan = build_stages(graph, segments, cluster, config, optimizer)
     m = config.num_microbatches or 1
     sim = simulate_step(plan.costs, config.schedule.kind, m)
@@ -197,7 +214,8 @@ def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, 
         samples_per_s=batch / step,
         tokens_per_s=batch * segments.seq / step if segments.seq is not None else None,
         tflops_per_device=hardware_flops / (n * step) / 1e12,
-        mfu=model_flops / (n * step * _peak_flops(plan, graph)),
+        mfu=model_flops / (step * peak_flops(cluster, precisions)),
         model_flops=model_flops, hardware_flops=hardware_flops,
         memory=tuple(memory), simulation=sim, stage_plan=plan, memory_headroom=headroom,
+        precisions=precisions,
     )

@@ -6,8 +6,9 @@ One bar per stage, stacked in the order of :class:`cost_model.memory.MemoryBreak
               + cuda_context + nccl + fragmentation + reserved
 
 with a dashed line at the device's ``capacity`` (``memory_gib`` of the cluster spec; on a
-heterogeneous cluster, where stages have different capacities, a dashed segment over each bar
-at its own capacity) and the total and its share of the capacity, ``total_s / capacity``,
+heterogeneous cluster, where stages run on different device groups, a dashed segment over each
+bar at its own group's capacity, one legend entry and colour per group, and the group under
+each stage's name) and the total and its share of the capacity, ``total_s / capacity``,
 written above each bar (red when it does not fit) — above the capacity line when the bar ends
 just under it, so that the line never runs through the label. The title is the axes' own
 (wrapped), so the saved figure keeps it whole. Takes what ``Estimate.to_dict()["memory_breakdown_gib"]`` holds: one mapping
@@ -22,7 +23,7 @@ from typing import Mapping, Sequence
 
 from fxplan.cost_model.plotting import new_axes, save_figure
 
-__all__ = ["PARTS", "plot_memory"]
+__all__ = ["CAPACITY_COLOURS", "PARTS", "plot_memory"]
 
 #: Stacked parts, bottom to top, with their legend names and colours.
 PARTS: tuple[tuple[str, str, str], ...] = (
@@ -39,10 +40,15 @@ PARTS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+#: Capacity line colours, one per device group (the first is the single-group colour).
+CAPACITY_COLOURS: tuple[str, ...] = ("#c44e52", "#222222", "#9467bd", "#17becf")
+
+
 def plot_memory(stages: Sequence[Mapping[str, float]], path: str | Path, *,
-                title: str | None = None) -> Path:
+                title: str | None = None, devices: Sequence[str] | None = None) -> Path:
     """Draw the per-stage breakdowns (GiB, keys of :data:`PARTS` and ``capacity``) to ``path``
-    and return the path."""
+    and return the path. ``devices``: the device group of each stage (``v100``), drawn under
+    the stage and naming its capacity line when the stages are on several groups."""
     if not stages:
         raise ValueError("no memory breakdown to plot")
     n = len(stages)
@@ -57,14 +63,21 @@ def plot_memory(stages: Sequence[Mapping[str, float]], path: str | Path, *,
     capacities = [float(s["capacity"]) for s in stages]
     capacity = max(capacities)
     top = max(capacity, max(bottom)) * 1.22
-    if len(set(capacities)) == 1:
-        cap_label = f"capacity {capacity:.3g} GiB"
-        ax.axhline(capacity, color="#c44e52", linestyle="--", linewidth=1.2, label=cap_label)
+    groups = list(devices) if devices is not None and len(set(devices)) > 1 else None
+    if groups is None and len(set(capacities)) == 1:
+        cap_labels = [f"capacity {capacity:.3g} GiB"]
+        ax.axhline(capacity, color=CAPACITY_COLOURS[0], linestyle="--", linewidth=1.2,
+                   label=cap_labels[0])
     else:
-        cap_label = "capacity of the stage's devices"
-        for x, c in zip(xs, capacities):
-            ax.hlines(c, x - 0.45, x + 0.45, color="#c44e52", linestyles="--", linewidth=1.2,
-                      label=cap_label)
+        keys = groups if groups is not None else [f"{c:.3g} GiB" for c in capacities]
+        colours = {k: CAPACITY_COLOURS[i % len(CAPACITY_COLOURS)]
+                   for i, k in enumerate(dict.fromkeys(keys))}
+        labels = {k: (f"capacity of {k}: {c:.3g} GiB" if groups is not None else
+                      f"capacity {k}") for k, c in zip(keys, capacities)}
+        cap_labels = list(dict.fromkeys(labels[k] for k in keys))
+        for x, c, k in zip(xs, capacities, keys):
+            ax.hlines(c, x - 0.45, x + 0.45, color=colours[k], linestyles="--", linewidth=1.4,
+                      label=labels[k])
     for x, total, cap in zip(xs, bottom, capacities):
         fits = total <= cap
         # a label that would start within 9 % of the axis under the capacity line goes above it
@@ -74,14 +87,15 @@ def plot_memory(stages: Sequence[Mapping[str, float]], path: str | Path, *,
                 bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.6, "alpha": 0.85})
     ax.set_xlim(-0.5 - 0.5 * (n < 3), n - 0.5 + 0.5 * (n < 3))
     ax.set_xticks(xs)
-    ax.set_xticklabels([f"stage {i}" for i in xs], rotation=0 if n <= 12 else 90)
+    names = [f"stage {i}" + (f"\n{groups[i]}" if groups is not None else "") for i in xs]
+    ax.set_xticklabels(names, rotation=0 if n <= 12 else 90)
     ax.set_ylabel("memory per rank (GiB)")
     ax.set_ylim(0, top)
     ax.grid(axis="y", color="#e5e5e5", linewidth=0.6)
     lines = (title or "peak memory per rank, by pipeline stage").splitlines()
     ax.set_title("\n".join(textwrap.fill(line, 80) for line in lines), loc="left")
     by_label = dict(zip(*reversed(ax.get_legend_handles_labels())))
-    names = [cap_label] + [name for _, name, _ in reversed(PARTS)]
+    names = cap_labels + [name for _, name, _ in reversed(PARTS)]
     ax.legend([by_label[n] for n in names], names, loc="upper left",  # as stacked, top first
               bbox_to_anchor=(1.01, 1.0), frameon=False)
     return save_figure(fig, path)

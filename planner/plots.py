@@ -57,8 +57,10 @@ def plot_simulation(result: Estimate, prefix: str | Path, title: str) -> tuple[P
     from fxplan.cost_model.timeline_plot import plot_timeline
 
     timeline = plot_timeline(result.timeline(), f"{prefix}-timeline.png", title=title)
+    devices = ([f"{d.name} ({d.model})" for d in result.stage_plan.devices]
+               if result.stage_plan is not None else None)
     memory = plot_memory([m.to_gib() for m in result.memory], f"{prefix}-memory.png",
-                         title=f"peak memory per rank\n{title}")
+                         title=f"peak memory per rank\n{title}", devices=devices)
     return timeline, memory
 
 

@@ -8,8 +8,9 @@
 
 :func:`render_report` prints the rich report: the summary line, predicted step time,
 tokens/s, the achieved TFLOP/s per device (counting recompute, Megatron's convention) and the
-MFU (model FLOPs only, against the device's peak), the step's breakdown, memory per pipeline
-rank against the capacity with its breakdown, the top three runners-up with their deltas (one
+MFU (model FLOPs only, against the devices' peaks, each device its own), the step's breakdown, memory per pipeline
+rank against the capacity with its breakdown (on a heterogeneous cluster the mesh line, the
+capacity and the memory table per device group: :func:`stage_groups`), the top three runners-up with their deltas (one
 row per configuration), the pruning reasons grouped by kind with the near-misses first
 (:func:`fxplan.report_pruning.group_pruned`), the notes on fallbacks and the solver status.
 Every number goes through :mod:`fxplan.cli.units` (units, three significant digits).
@@ -26,8 +27,8 @@ from fxplan.cost_model.memory import MEMORY_LEGEND, MEMORY_ROWS
 from fxplan.cost_model.memory_headroom import parse_headroom
 from fxplan.report_pruning import group_pruned
 
-__all__ = ["headroom_text", "offload_line", "plan_summary", "render_report", "rate_line",
-           "unique_runners_up"]
+__all__ = ["capacity_text", "headroom_text", "mesh_levels", "offload_line", "plan_summary",
+           "rate_line", "render_report", "stage_groups", "unique_runners_up"]
 
 #: Pruning reasons printed per kind (closest first); the rest of the kind are counted.
 SHOW_PER_KIND = 4
@@ -49,6 +50,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "peak_memory_gib": est.get("max_memory_gib"), "capacity_gib": est.get("capacity_gib"),
         "fits": est.get("fits"), "memory_headroom": est.get("memory_headroom"),
         "min_free_gib": est.get("min_free_gib"), "breakdown": est.get("breakdown"),
+        "stage_groups": est.get("stage_groups"),
         "search_time_s": plan.search_time_s, "timings": dict(plan.timings),
         "solver_status": plan.solver.status, "solver_backend": plan.solver.backend,
         "solver_gap": plan.solver.gap, "runners_up": [dict(r) for r in plan.runners_up],
@@ -65,23 +67,74 @@ def _console(console: Any = None) -> Any:
     return Console(width=None if sys.stdout.isatty() else 140, highlight=False, emoji=False)
 
 
+def stage_groups(plan: Plan) -> list[dict[str, Any]]:
+    """The device group of each pipeline rank (``Plan.estimate["stage_groups"]``, written by
+    :func:`fxplan.inter_op.build_plan.stage_groups`) when the stages run on more than one
+    group; ``[]`` on one kind of device (and for plans from before it was recorded)."""
+    groups = plan.estimate.get("stage_groups") or []
+    return groups if len({g["group"] for g in groups}) > 1 else []
+
+
+def _by_group(groups: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """group name → its pipeline ranks, in pipeline order."""
+    out: dict[str, list[int]] = {}
+    for s, g in enumerate(groups):
+        out.setdefault(g["group"], []).append(s)
+    return out
+
+
+def _ranks(stages: list[int]) -> str:
+    return (f"stage {stages[0]}" if len(stages) == 1
+            else f"stages {stages[0]}–{stages[-1]}")
+
+
+def mesh_levels(plan: Plan) -> str:
+    """``pp over ib-hdr, dp over ib-hdr, tp over nvswitch-a100``; on a heterogeneous cluster
+    the pp level, then per device group its stages, device, dp/tp levels and precision
+    (``v100 (stage 0, V100-SXM2-32GB, fp16): tp over nvlink-v100``)."""
+    levels = {a: lv for a, lv in zip(plan.mesh_axes, plan.axis_levels)}
+    groups = stage_groups(plan)
+    if not groups:
+        return ", ".join(f"{a} over {lv}" for a, lv in levels.items() if lv != "-") or "one device"
+    parts = [f"pp over {levels['pp']}"] if levels.get("pp", "-") != "-" else []
+    for name, stages in _by_group(groups).items():
+        g = groups[stages[0]]
+        axes = ", ".join(f"{a} over {g[f'{a}_level']}" for a in ("dp", "tp")
+                         if g[f"{a}_level"] != "-") or "one device per stage"
+        parts.append(f"{name} ({_ranks(stages)}, {g['model']}, {g['precision']}): {axes}")
+    return "; ".join(parts)
+
+
+def capacity_text(plan: Plan) -> str:
+    """``80 GiB`` or, per device group, ``32 GiB (v100), 80 GiB (a100)``."""
+    groups = stage_groups(plan)
+    if not groups:
+        return gib(plan.estimate.get("capacity_gib", 0.0))
+    return ", ".join(f"{gib(groups[stages[0]]['capacity_gib'])} ({name})"
+                     for name, stages in _by_group(groups).items())
+
+
 def _memory_table(plan: Plan) -> Any:
     from rich.table import Table
 
     rows = plan.estimate.get("memory_breakdown_gib", [])
     cap = plan.estimate.get("capacity_gib", 0.0)
-    table = Table(title=f"memory per rank (GiB, capacity {gib(cap)})", title_justify="left",
-                  caption=MEMORY_LEGEND, caption_justify="left")
-    for column in ("stage", "layers", *MEMORY_ROWS.values(), "total", "use"):
+    groups = stage_groups(plan)
+    table = Table(title=f"memory per rank (GiB, capacity {capacity_text(plan)})",
+                  title_justify="left", caption=MEMORY_LEGEND, caption_justify="left")
+    for column in ("stage", *(("device",) if groups else ()), "layers", *MEMORY_ROWS.values(),
+                   "total", "use"):
         table.add_column(column, justify="right")
     layers = [s.num_layers for s in plan.stages]
     per_rank = [sum(layers[j] for j in range(s, len(layers), plan.pp)) for s in range(plan.pp)]
     indexed = list(enumerate(rows))
     shown = indexed if len(indexed) <= 8 else indexed[:4] + indexed[-4:]
     for s, m in shown:
-        table.add_row(str(s), str(per_rank[s] if s < len(per_rank) else "?"),
+        own = m.get("capacity", cap) if groups else cap   # each stage against its own group's
+        table.add_row(str(s), *((groups[s]["group"],) if groups else ()),
+                      str(per_rank[s] if s < len(per_rank) else "?"),
                       *(f"{m.get(k, 0.0):.1f}" for k in (*MEMORY_ROWS, "total")),
-                      percent(m["total"] / cap, 2) if cap else "–")
+                      percent(m["total"] / own, 2) if own else "–")
     return table
 
 
@@ -101,6 +154,19 @@ def offload_line(plan: Plan) -> str:
             "host memory per node"
             + (f"; host↔device copies and CPU optimizer step {seconds(seconds_)} per step "
                "(not hidden)" if seconds_ is not None else ""))
+
+
+def _memory_line(plan: Plan) -> str:
+    """``peak 27.9 GiB of 32 GiB per device (fits)``; per group on a heterogeneous cluster."""
+    est = plan.estimate
+    fits = headroom_text(est)
+    groups = stage_groups(plan)
+    if not groups:
+        return f"peak {gib(est['max_memory_gib'])} of {gib(est['capacity_gib'])} per device ({fits})"
+    rows = est.get("memory_breakdown_gib", [])
+    parts = [f"{name} peak {gib(max(rows[s]['total'] for s in stages))} of "
+             f"{gib(groups[stages[0]]['capacity_gib'])}" for name, stages in _by_group(groups).items()]
+    return f"{', '.join(parts)} per device ({fits})"
 
 
 def unique_runners_up(plan: Plan) -> list[dict[str, Any]]:
@@ -134,12 +200,16 @@ def _runners_table(plan: Plan) -> Any:
 
 def rate_line(est: Any) -> str:
     """``8.72 s · 30.1 K tokens/s · 173 TFLOP/s per device (counting recompute) · MFU 55.5 %
-    (model FLOPs of the device's peak)`` from an estimate mapping."""
+    (model FLOPs of the device's peak)`` from an estimate mapping; with devices of several
+    kinds (``precision_per_group`` names more than one group) the MFU is against the sum of
+    every device's own peak (:mod:`cost_model.estimate`) and the line says so."""
     rate = (f"{count(est['tokens_per_s'])} tokens/s" if est.get("tokens_per_s") is not None
             else f"{count(est.get('samples_per_s', 0.0))} samples/s")
+    peak = ("every device's own peak" if len(est.get("precision_per_group") or {}) > 1
+            else "the peak")
     return (f"{seconds(est['step_time_s'])} · {rate} · "
             f"{si(est['tflops_per_device'] * 1e12, 'FLOP/s')} per device (counting recompute) · "
-            f"MFU {percent(est['mfu'])} (model FLOPs, without recompute, of the peak)")
+            f"MFU {percent(est['mfu'])} (model FLOPs, without recompute, of {peak})")
 
 
 def headroom_text(est: Any) -> str:
@@ -166,8 +236,7 @@ def render_report(plan: Plan, console: Any = None) -> None:
     """Print the rich report of ``plan`` (module docstring)."""
     console = _console(console)
     est = plan.estimate
-    levels = ", ".join(f"{a} over {lv}" for a, lv in zip(plan.mesh_axes, plan.axis_levels)
-                       if lv != "-") or "one device"
+    levels = mesh_levels(plan)
     console.print(f"[bold]{plan.model}[/bold] on [bold]{plan.cluster}[/bold] ({plan.world_size} "
                   f"devices), batch {plan.batch} × seq {plan.seq}")
     console.print(f"plan            [bold green]{plan.summary}[/bold green]")
@@ -177,8 +246,7 @@ def render_report(plan: Plan, console: Any = None) -> None:
     parts = " · ".join(f"{k} {seconds(v)}" for k, v in est.get("breakdown", {}).items()
                        if v > 1e-9)
     console.print(f"breakdown       {parts}")
-    console.print(f"memory          peak {gib(est['max_memory_gib'])} of "
-                  f"{gib(est['capacity_gib'])} per device ({headroom_text(est)})")
+    console.print(f"memory          {_memory_line(plan)}")
     if plan.offload != "none":
         console.print(f"offload         {offload_line(plan)}")
     console.print(_memory_table(plan))

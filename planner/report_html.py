@@ -24,6 +24,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from fxplan.report import capacity_text, headroom_text, mesh_levels, offload_line
+
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
     from fxplan.cost_model.estimate import Estimate
@@ -123,18 +125,18 @@ def _summary(plan: Plan, result: Estimate) -> str:
     cards = [
         _card(_time(est.get("step_time_s")), "predicted step time"),
         _card(rate, "throughput"),
-        _card(_pct(est.get("mfu")), "MFU (model FLOPs ÷ peak, recompute not counted)"),
+        _card(_pct(est.get("mfu")), "MFU (model FLOPs ÷ peak, recompute not counted)"
+              if len(est.get("precision_per_group") or {}) < 2 else
+              "MFU (model FLOPs ÷ Σ each device's own peak, recompute not counted)"),
         _card(f"{est.get('tflops_per_device', 0):.3g} TFLOP/s",
               "hardware FLOP/s per device (counts recompute)"),
-        _card(f"{_gib(est.get('max_memory_gib'))} of {_gib(est.get('capacity_gib'))}",
+        _card(f"{_gib(est.get('max_memory_gib'))} of {capacity_text(plan)}",
               "peak memory per device", "" if fits else "bad"),
         _card("fits" if fits else "does NOT fit", "memory", "ok" if fits else "bad"),
     ]
-    from fxplan.report import offload_line
 
     rows = [("plan", plan.summary), ("degrees", ", ".join(f"{k}={v}" for k, v in plan.degrees.items())),
-            ("mesh levels", ", ".join(f"{a} over {lv}" for a, lv in
-                                      zip(plan.mesh_axes, plan.axis_levels) if lv != "-") or "one device"),
+            ("mesh levels", mesh_levels(plan)),
             ("ZeRO stage", plan.zero_stage), ("offload", offload_line(plan) or "none"),
             ("fp8", "on" if plan.config.fp8 else "off"), ("schedule", plan.schedule),
             ("microbatches", f"{plan.num_microbatches} × {plan.microbatch_size} samples"),
@@ -151,7 +153,6 @@ def _summary(plan: Plan, result: Estimate) -> str:
 
 def _memory(plan: Plan, result: Estimate, png: Path) -> str:
     from fxplan.cost_model.memory import MEMORY_LEGEND, MEMORY_ROWS
-    from fxplan.report import headroom_text
 
     devices = result.stage_plan.devices if result.stage_plan is not None else ()
     rows = []

@@ -124,16 +124,18 @@ def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, st
 
 
 def flop_counts(plan: Plan, cluster: Cluster) -> tuple[FlopCounts | None, str | None]:
-    """FLOPs of a step from the plan's estimate and the device peak, or ``None`` and why."""
-    from fxplan.cost_model.efficiency import dtype_key
-    from fxplan.cluster_specs import training_dtype
+    """FLOPs of a step from the plan's estimate and the devices' peak, or ``None`` and why.
+    The peak is the mean of every device's own (:func:`fxplan.cost_model.estimate.peak_flops`,
+    each group in its own precision), so the measured MFU is defined as the predicted one."""
+    from fxplan.cluster_specs import group_precisions, training_precision
+    from fxplan.cost_model.estimate import peak_flops
     from fxplan.runtime.metrics import FlopCounts
 
     model, hardware = plan.estimate.get("model_flops"), plan.estimate.get("hardware_flops")
     if model is None or hardware is None:
         return None, "the plan has no FLOP estimate (model_flops): TFLOP/s and MFU not computed"
-    dtype = training_dtype(cluster)
-    peak = cluster.device(0).peak(dtype_key(dtype)) * 1e12
+    precisions = group_precisions(cluster, training_precision(cluster))
+    peak = peak_flops(cluster, {k: str(v) for k, v in precisions.items()}) / cluster.num_devices
     return FlopCounts(float(model), float(hardware), peak, plan.world_size), None
 
 

@@ -7,8 +7,14 @@ the average share of the (tp-local) parameters, and activations are never negati
                                                  k_3 = 16/dp  bytes per parameter
 
 (the runtime terms of :mod:`cost_model.runtime_memory` that do not depend on the split). If
-this exceeds the capacity less the headroom, ``C − H``, every candidate of the family at that stage is pruned before any
-microbatch variant is tried.
+this exceeds the capacity less the headroom, ``C − H``, every candidate of the family at that
+stage is pruned before any microbatch variant is tried. With pipeline ranks on device groups
+of different capacities ``C_s`` (reserves ``r_s``, headrooms ``H_s``) the stages may be
+uneven, so the bound is on the pipeline's total: ``k_z·Ψ_tp/pp + mean_s r_s + runtime >
+mean_s (C_s − H_s)`` (:mod:`fxplan.inter_op.stage_devices`).
+
+The time bound below takes ``W`` on the fastest device group (every layer runs somewhere, at
+best at that group's speed).
 
 **Time** of a candidate: every microbatch passes every layer on some rank, and a rank's step
 is at least its busy time, so with ``W`` the whole model's per-microbatch work on one tp rank
@@ -44,16 +50,19 @@ def memory_lower_bound(family: Family, zero: int, lightest: SegmentProfile,
 
 def memory_reason(family: Family, zero: int, needed: float, lightest: SegmentProfile,
                   mem: DeviceMemory, config: ParallelConfig | None = None,
-                  offload: str = "none") -> Reason:
+                  offload: str = "none", mean: bool = False) -> Reason:
     """``needs ≥ 93.4 GiB > 76.0 GiB (80 GiB less 4.0 GiB headroom) at zero=0, tp=4, pp=1,
     dp=8 (16.0 B/param × 5.62 G …)``.
 
     ``config``: the family's lightest variant at ``zero`` (the bound holds for it, so its
-    estimated peak is at least ``needed``); kept in the reason for checking."""
+    estimated peak is at least ``needed``); kept in the reason for checking. ``mean``: ``mem``
+    is the mean over pipeline ranks on different device groups
+    (:meth:`fxplan.inter_op.stage_devices.StageDevices.mean_memory`), and the text says so."""
     k = state_bytes_per_param(family.dp, zero, offload)
     probe = ParallelConfig(dp=family.dp, tp=family.tp, pp=family.pp)
     where = f"zero={zero}" + (f" with offload={offload}" if offload != "none" else "")
-    text = (f"needs ≥ {needed / GIB:.1f} GiB > {mem.limit_text()} at {where}, "
+    of = " (the mean capacity of its stages' devices)" if mean else ""
+    text = (f"needs ≥ {needed / GIB:.1f} GiB > {mem.limit_text()}{of} at {where}, "
             f"tp={family.tp}, pp={family.pp}, dp={family.dp} (model states {k:.2f} B/param × "
             f"{lightest.total_params / family.pp / 1e9:.3g} G params per rank + "
             f"{mem.reserved / GIB:.1f} GiB reserved + "

@@ -19,6 +19,7 @@ from fxplan.core.plan import MESH_AXES, Plan, StageAssignment
 from fxplan.cost_model.estimate import Estimate
 from fxplan.cost_model.memory import GIB
 from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.cost_model.stage_costs import stage_ranks
 from fxplan.inter_op.pricing import Priced
 from fxplan.inter_op.reasons import Reason
 
@@ -26,16 +27,39 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["build_plan", "estimate_summary"]
+__all__ = ["build_plan", "estimate_summary", "stage_groups"]
 
 
-def estimate_summary(c: ParallelConfig, est: Estimate) -> dict[str, Any]:
-    """The plan's ``estimate`` mapping: the cost model's dict plus capacity and the peak."""
+def estimate_summary(c: ParallelConfig, est: Estimate,
+                     cluster: Cluster | None = None) -> dict[str, Any]:
+    """The plan's ``estimate`` mapping: the cost model's dict plus capacity and the peak, and
+    with ``cluster`` the device group of each pipeline rank (:func:`stage_groups`)."""
     data = est.to_dict()
     data["capacity_gib"] = est.memory[0].capacity / GIB
     data["max_memory_gib"] = max(m.total for m in est.memory) / GIB
     data["stage_layers"] = list(c.stage_layers)
+    if cluster is not None:
+        data["stage_groups"] = stage_groups(cluster, c, est)
     return data
+
+
+def stage_groups(cluster: Cluster, c: ParallelConfig, est: Estimate) -> list[dict[str, Any]]:
+    """Per pipeline rank: its device group, device model, capacity (GiB), the precision it
+    trains in with its peak (TFLOP/s), and the link levels of its own dp and tp groups (``-``
+    for a degree of 1): what the report shows per group on a heterogeneous cluster."""
+    out = []
+    precisions = est.precisions or {}
+    for s in range(c.pp):
+        tp_group, dp_group = stage_ranks(c, s)
+        device = cluster.device(tp_group[0])
+        precision = precisions.get(device.name)
+        out.append({
+            "group": device.name, "model": device.model,
+            "capacity_gib": est.memory[s].capacity / GIB, "precision": precision,
+            "peak_tflops": device.peak_tflops.get(precision) if precision else None,
+            "dp_level": cluster.group_level(dp_group).name if c.dp > 1 else "-",
+            "tp_level": cluster.group_level(tp_group).name if c.tp > 1 else "-"})
+    return out
 
 
 def _runner(runner: Priced, best: Estimate) -> dict[str, Any]:
@@ -67,7 +91,7 @@ def build_plan(graph: CapturedGraph, cluster: Cluster, *, model: str, batch: int
                search_time_s: float, timings: dict[str, float], visited: int) -> Plan:
     """The :class:`Plan` of the search's winner (module docstring)."""
     est, placements = best.est, best.placements
-    summary = estimate_summary(best.config, est)
+    summary = estimate_summary(best.config, est, cluster)
     summary["candidates_visited"] = visited
     summary["layout"] = best.layout
     summary["layout_note"] = best.note

@@ -40,6 +40,12 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
    sequence parallelism it does not allow are replaced by the default Megatron layout with
    the candidate's (allowed) ``sp``, recorded in ``Plan.fallbacks``.
 
+**Heterogeneous clusters** (several device groups, :mod:`fxplan.inter_op.stage_devices`): a
+family whose pipeline stages straddle two groups is pruned (each stage on one device group);
+every pipeline rank's layers are priced on its own group's device and checked against its own
+capacity, so the partition of step 4 gives a slow or small group fewer layers, and the bounds
+of steps 2–3 use the pipeline's mean free memory and the fastest group's work.
+
 Nothing is dropped silently: every pruned family or candidate group carries its reason with
 the arithmetic, and fallbacks (time budget, intra-op solver) are logged and kept in the plan.
 """
@@ -50,6 +56,8 @@ import heapq
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+import numpy as np
 
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.memory import GIB, MemoryBreakdown
@@ -66,12 +74,13 @@ from fxplan.inter_op.offload import (Rung, fp8_choices, host_fits, host_missing,
 from fxplan.inter_op.partition import balanced_counts, partition_layers
 from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import Priced, price_finalist
-from fxplan.inter_op.profile import ModelProfile
-from fxplan.inter_op.reasons import DUPLICATE, MEMORY, REFUSED, TIME_BOUND, Reason
+from fxplan.inter_op.profile import ModelProfile, SegmentProfile
+from fxplan.inter_op.reasons import DIVIDE, DUPLICATE, MEMORY, REFUSED, TIME_BOUND, Reason
 from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
 from fxplan.inter_op.space import MAX_MICROBATCH, Family, expert_degrees, families, options
-from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
-                                         stage_totals)
+from fxplan.inter_op.stage_devices import StageDevices, stage_devices, straddled_stage
+from fxplan.inter_op.stage_memory import (DeviceMemory, limit_text, partition_inputs,
+                                         stage_memory, stage_totals)
 from fxplan.inter_op.surrogate import surrogate_step_s
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -94,6 +103,12 @@ class _Scored:
 def _probe_ep(ep: int) -> ParallelConfig:
     """A configuration to test an ``ep`` constraint on."""
     return ParallelConfig(dp=ep, ep=ep)
+
+
+def _overflow(m: MemoryBreakdown) -> float:
+    """Bytes over the rank's own capacity less its headroom (negative: room left); on one
+    kind of device the order of the totals."""
+    return m.total + m.headroom - m.capacity
 
 
 def _probe(family: Family) -> ParallelConfig:
@@ -124,6 +139,7 @@ class _Search:
         self.pruned: list[Reason] = []
         self.fallbacks: list[str] = []
         self.partitions: dict[tuple, Any] = {}
+        self.devices: dict[tuple[int, int], StageDevices] = {}
         # family → (variants that fit at no allowed ZeRO stage, the lightest of them as
         # (heaviest rank's breakdown, its config)); families with at least one fitting variant
         self.unfit: dict[Family, tuple[int, MemoryBreakdown, ParallelConfig]] = {}
@@ -170,26 +186,60 @@ class _Search:
             if not allowed(_probe(fam), {k: v for k, v in self.constraints.items()
                                    if k in ("tp", "pp", "dp")}):
                 continue
+            straddled = (straddled_stage(self.cluster, fam.pp, fam.dp * fam.tp)
+                         if len(self.cluster.device_groups) > 1 else None)
+            if straddled is not None:
+                s, a, b = straddled
+                self.pruned.append(Reason(
+                    f"{fam}: pipeline stage {s} ({fam.dp * fam.tp} ranks) spans device groups "
+                    f"{a} and {b}; each stage runs on one device group", DIVIDE))
+                continue
             self.mesh_allowed.append(fam)
             lightest = prof.get(fam.tp, True, "full", 1, ep=max(self.eps(fam.dp)))
+            devs = self._stage_devices(fam.pp, fam.dp * fam.tp)
+            mem = devs.mean_memory()
             for zero, off in self._rungs(fam):
-                need = memory_lower_bound(fam, zero, lightest, self.mem, off)
-                if need <= self.mem.limit:
+                need = memory_lower_bound(fam, zero, lightest, mem, off)
+                if need <= mem.limit:
                     out[fam] = (zero, off)
                     break
-                self.pruned.append(memory_reason(fam, zero, need, lightest, self.mem,
-                                                 self._lightest_at(fam, (zero, off)), off))
+                self.pruned.append(memory_reason(fam, zero, need, lightest, mem,
+                                                 self._lightest_at(fam, (zero, off)), off,
+                                                 mean=not devs.uniform))
         return out
+
+    def _stage_devices(self, pp: int, per_stage: int) -> StageDevices:
+        key = (pp, per_stage)
+        if key not in self.devices:
+            self.devices[key] = stage_devices(self.cluster, pp, per_stage, self.headroom)
+        return self.devices[key]
+
+    def _profiles(self, c: ParallelConfig) -> tuple[SegmentProfile, list[SegmentProfile] | None,
+                                                    StageDevices]:
+        """``c``'s profile on rank 0's device, one per pipeline rank where the ranks are on
+        different device groups (``None`` on one kind of device), and the ranks' devices."""
+        devs = self._stage_devices(c.pp, c.dp * c.tp)
+        prof = self.profile.of(c)
+        if devs.uniform:
+            return prof, None, devs
+        return prof, [self.profile.of(c, g) for g in devs.groups], devs
 
     # -- step 4 ---------------------------------------------------------------------------
     def _partition(self, c: ParallelConfig) -> ParallelConfig | None:
-        prof = self.profile.of(c)
-        inputs = partition_inputs(c, prof, self.mem)
-        key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.pp, c.virtual_stages,
-               inputs.cap, inputs.extra_time.tobytes(), inputs.fixed_bytes.tobytes(),
-               inputs.inflight.tobytes(), inputs.layer_state[:1].tobytes())
+        prof, profs, devs = self._profiles(c)
+        mems = devs.memory if profs is not None else self.mem
+        if profs is None:
+            inputs = partition_inputs(c, prof, mems)
+            time = prof.layer_time
+        else:   # each virtual stage j priced on its pipeline rank's group (stage_devices)
+            inputs = partition_inputs(c, prof, mems, ends=(profs[0], profs[-1]))
+            time = np.stack([profs[j % c.pp].layer_time for j in range(c.pp * c.virtual_stages)])
+        key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8, c.ep, c.pp,
+               c.virtual_stages, c.dp, inputs.cap.tobytes(), inputs.extra_time.tobytes(),
+               inputs.fixed_bytes.tobytes(), inputs.inflight.tobytes(),
+               inputs.layer_state[:1].tobytes())
         if key not in self.partitions:
-            self.partitions[key] = partition_layers(prof.layer_time, inputs.layer_state,
+            self.partitions[key] = partition_layers(time, inputs.layer_state,
                                                     inputs.layer_acts, inputs.extra_time,
                                                     inputs.fixed_bytes, inputs.inflight,
                                                     inputs.cap)
@@ -198,9 +248,11 @@ class _Search:
         # decides, and the most even split is the second chance when the DP found none.
         tries = ([part.counts] if part is not None else []) + \
             [balanced_counts(prof.layers, c.pp * c.virtual_stages)]
+        caps = (mems.limit if isinstance(mems, DeviceMemory)
+                else np.array([m.limit for m in mems]))
         for counts in tries:
             placed = c.replace(stage_layers=counts)
-            if stage_totals(placed, prof, self.mem).max() <= self.mem.limit and \
+            if (stage_totals(placed, prof, mems) <= caps).all() and \
                     host_fits(placed, prof, self.mem, self.cluster):
                 return placed
         return None
@@ -209,11 +261,12 @@ class _Search:
         """Steps 3–4: the ``K`` best candidates by ``T̂``."""
         prof = self.profile
         queue: list[tuple[float, int, ParallelConfig]] = []
+        groups = (None,) if len(self.cluster.device_groups) == 1 else self.cluster.device_groups
         for fam, (zmin, off) in fams.items():
             for c in self._options(fam):
                 c = c.replace(zero_stage=zmin, offload=off)
                 if allowed(c, {k: v for k, v in self.constraints.items() if k not in _RUNG_KEYS}):
-                    lb = time_lower_bound(c, prof.of(c))
+                    lb = min(time_lower_bound(c, prof.of(c, g)) for g in groups)
                     queue.append((lb, len(queue), c))
         queue.sort()
         best: list[tuple[float, int, _Scored]] = []   # max-heap of the K best by T̂ (negated)
@@ -297,8 +350,8 @@ class _Search:
                 break                     # offload only where no on-device rung fits
             placed = self._partition(c.replace(zero_stage=zero, offload=off))
             if placed is not None:
-                prof = self.profile.of(c)
-                scored = _Scored(placed, surrogate_step_s(placed, prof, self.cluster))
+                prof, profs, _ = self._profiles(c)
+                scored = _Scored(placed, surrogate_step_s(placed, prof, self.cluster, profs))
                 if best is None or scored.surrogate_s < best.surrogate_s:
                     best = scored
         if best is not None:
@@ -308,10 +361,11 @@ class _Search:
         heaviest = c.replace(zero_stage=zero, offload=off,
                              stage_layers=balanced_counts(self.profile.num_layers,
                                                           c.pp * c.virtual_stages))
-        prof = self.profile.of(c)
-        worst = max(stage_memory(heaviest, prof, self.mem), key=lambda m: m.total)
+        prof, profs, devs = self._profiles(c)
+        worst = max(stage_memory(heaviest, prof, self.mem if profs is None else devs.memory),
+                    key=_overflow)
         count, least, which = self.unfit.get(family, (0, None, heaviest))
-        if least is None or worst.total < least.total:
+        if least is None or _overflow(worst) < _overflow(least):
             least, which = worst, heaviest
         self.unfit[family] = (count + 1, least, which)
         return None
@@ -353,11 +407,13 @@ class _Search:
                     f"{c.summary()}: the cost model refused it: {err}", REFUSED))
                 continue
             if not priced.est.fits:
-                worst = max(m.total for m in priced.est.memory)
+                over = max(priced.est.memory, key=_overflow)   # against its own device's
+                worst, capacity = over.total, over.capacity
                 self.failed_finalists.append(Reason(
                     f"{priced.config.summary()}: simulated peak {worst / GIB:.1f} GiB > "
-                    f"{self.mem.limit_text()}", MEMORY, needed_gib=worst / GIB,
-                    capacity_gib=self.mem.limit / GIB, config=priced.config.to_string(),
+                    f"{limit_text(capacity, over.headroom)}", MEMORY, needed_gib=worst / GIB,
+                    capacity_gib=(capacity - over.headroom) / GIB,
+                    config=priced.config.to_string(),
                     layout=priced.layout))
                 continue
             # One entry per configuration: two candidates can price to the same configuration
@@ -394,8 +450,10 @@ class _Search:
           before them), and the reason says so with the lightest's memory: the family is not
           "too big", it was slower than the plans found.
         """
-        cap, limit = self.mem.limit / GIB, self.mem.limit_text()
         for fam, (count, least, which) in sorted(self.unfit.items()):
+            # the device of the rank that overflows most
+            cap, limit = (least.capacity - least.headroom) / GIB, limit_text(least.capacity,
+                                                                             least.headroom)
             variant = dict(kind=MEMORY, capacity_gib=cap, needed_gib=least.total / GIB,
                            config=which.to_string())
             needs = f"needs {least.total / GIB:.1f} GiB > {limit}"
@@ -405,7 +463,7 @@ class _Search:
                     f"{fam}: {count} microbatch/recompute/schedule variants did not fit at any "
                     f"allowed ZeRO stage; the lightest of them ({which.summary()}, even "
                     f"split) {needs}", **variant))
-            elif found is None or found[1].total > self.mem.limit:
+            elif found is None or _overflow(found[1]) > 0:
                 c, m = found if found is not None else (which, least)
                 self.pruned.append(Reason(
                     f"{fam}: none of {count} microbatch/recompute/schedule variants fits at any "
@@ -439,8 +497,10 @@ class _Search:
             c = c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1],
                           stage_layers=balanced_counts(prof.num_layers, c.pp * c.virtual_stages))
             seg = prof.of(c)
-            worst = max(stage_memory(c, seg, self.mem), key=lambda m: m.total)
-            if best is None or worst.total < best[1].total:
+            devs = self._stage_devices(c.pp, c.dp * c.tp)
+            worst = max(stage_memory(c, seg, self.mem if devs.uniform else devs.memory),
+                        key=_overflow)
+            if best is None or _overflow(worst) < _overflow(best[1]):
                 best = (c, worst)
         return best
 

@@ -38,14 +38,14 @@ from fxplan.cost_model.expert_parallel import alltoall_seconds, ep_segment, moe_
 from fxplan.cost_model.layer_costs import SegmentCost, graph_segments, segment_cost
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.cluster_specs import Cluster
+    from fxplan.cluster_specs import Cluster, DeviceGroup
     from fxplan.core.config import ParallelConfig
     from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["ShapeKey", "SegmentProfile", "ModelProfile"]
 
-#: ``(tp, sequence_parallel, recompute, microbatch, fp8, ep)``.
-ShapeKey = tuple[int, bool, str, int, bool, int]
+#: ``(tp, sequence_parallel, recompute, microbatch, fp8, ep, device group name)``.
+ShapeKey = tuple[int, bool, str, int, bool, int, str]
 
 
 @dataclass(frozen=True)
@@ -110,51 +110,55 @@ class ModelProfile:
         return dict(self.segments.tp_widths)
 
     def get(self, tp: int, sp: bool, recompute: str, microbatch: int,
-            fp8: bool = False, ep: int = 1) -> SegmentProfile:
-        """The profile of one shape key; ``fp8`` prices the linear layers in FP8, ``ep``
-        splits a mixture of experts' experts (module docstring)."""
-        key = (tp, bool(sp and tp > 1), recompute, microbatch, fp8, ep)
+            fp8: bool = False, ep: int = 1,
+            device: DeviceGroup | None = None) -> SegmentProfile:
+        """The profile of one shape key on ``device``'s group (default: rank 0's); ``fp8``
+        prices the linear layers in FP8, ``ep`` splits a mixture of experts' experts (module
+        docstring)."""
+        group = device or self.device
+        key = (tp, bool(sp and tp > 1), recompute, microbatch, fp8, ep, group.name)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = self._build(*key)
+            hit = self._cache[key] = self._build(*key[:6], group)
         return hit
 
-    def _comm(self, items: tuple[tuple[str, float], ...], tp: int) -> float:
-        ranks = tuple(range(tp))
+    def _comm(self, items: tuple[tuple[str, float], ...], tp: int, group: DeviceGroup) -> float:
+        ranks = tuple(range(group.first_rank, group.first_rank + tp))
         return sum(collective_time_s(kind, nbytes, ranks, self.cluster) for kind, nbytes in items)
 
     def _segment(self, key: str, tp: int, sp: bool, recompute: str, mb: int,
-                 fp8: bool = False) -> SegmentCost:
+                 fp8: bool, group: DeviceGroup) -> SegmentCost:
         return segment_cost(self.graph, key, tp=tp, sequence_parallel=sp, recompute=recompute,
-                            microbatch=mb, device=self.device, fp8=fp8)
+                            microbatch=mb, device=group, fp8=fp8)
 
-    def of(self, c: "ParallelConfig") -> SegmentProfile:
-        """The profile of candidate ``c``'s shape key."""
+    def of(self, c: "ParallelConfig", device: DeviceGroup | None = None) -> SegmentProfile:
+        """The profile of candidate ``c``'s shape key (on ``device``'s group)."""
         return self.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8,
-                        c.ep)
+                        c.ep, device)
 
-    def _build(self, tp: int, sp: bool, recompute: str, mb: int, fp8: bool,
-               ep: int) -> SegmentProfile:
+    def _build(self, tp: int, sp: bool, recompute: str, mb: int, fp8: bool, ep: int,
+               group: DeviceGroup) -> SegmentProfile:
         per_key: dict[str, tuple[float, ...]] = {}
         moe = moe_layers(self.graph) if ep > 1 else {}
-        group = tuple(j * tp for j in range(ep))
+        ep_ranks = tuple(group.first_rank + j * tp for j in range(ep))
         for key in dict.fromkeys(self.keys):
-            c = ep_segment(self._segment(key, tp, sp, recompute, mb, fp8), moe.get(key), ep)
+            c = ep_segment(self._segment(key, tp, sp, recompute, mb, fp8, group), moe.get(key),
+                           ep)
             a2a = (alltoall_seconds(moe[key], scale=mb / self.segments.batch, tp=tp,
-                                    ep_group=group, cluster=self.cluster,
+                                    ep_group=ep_ranks, cluster=self.cluster,
                                     recompute_full=recompute == "full")
                    if key in moe else (0.0, 0.0))
             experts = sum(n for k, n in c.params.items()
                           if key in moe and k in moe[key].expert_params)
             per_key[key] = (c.forward_s, c.backward_s + c.recompute_s,
-                            self._comm(c.tp_forward, tp) + a2a[0],
-                            self._comm(c.tp_backward, tp) + a2a[1],
+                            self._comm(c.tp_forward, tp, group) + a2a[0],
+                            self._comm(c.tp_backward, tp, group) + a2a[1],
                             c.param_count, c.activations.saved, c.activations.working,
                             c.output_bytes, experts)
         rows = np.array([per_key[k] for k in self.keys], dtype=float).reshape(-1, 9)
-        ends = [self._segment(key, tp, sp, recompute, mb, fp8) for key in ("pre", "post")]
-        pre, post = ((c.forward_s + self._comm(c.tp_forward, tp),
-                      c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp),
+        ends = [self._segment(key, tp, sp, recompute, mb, fp8, group) for key in ("pre", "post")]
+        pre, post = ((c.forward_s + self._comm(c.tp_forward, tp, group),
+                      c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp, group),
                       c.param_count, c.activations.saved) for c in ends)
         tied = sum(v for k, v in ends[0].params.items() if k in ends[1].params)
         return SegmentProfile(*(rows[:, i] for i in range(8)), pre, post, float(tied),

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 import numpy as np
 
@@ -49,7 +50,8 @@ from fxplan.cost_model.stage_costs import buffer_bytes, rank_memory
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig
 
-__all__ = ["DeviceMemory", "PartitionInputs", "inflight", "partition_inputs", "stage_memory",
+__all__ = ["DeviceMemory", "PartitionInputs", "inflight", "partition_inputs", "per_rank",
+           "stage_memory",
            "stage_totals", "state_bytes_per_param"]
 
 
@@ -75,14 +77,19 @@ class DeviceMemory:
 
     def limit_text(self) -> str:
         """``"76.0 GiB (80 GiB less 4.0 GiB headroom)"`` — how pruning reasons name the cap."""
-        if not self.headroom:
-            return f"{self.capacity / GIB:.1f} GiB (no headroom)"
-        return (f"{self.limit / GIB:.1f} GiB ({self.capacity / GIB:g} GiB less "
-                f"{self.headroom / GIB:.1f} GiB headroom)")
+        return limit_text(self.capacity, self.headroom)
 
     def fixed_runtime(self, c: ParallelConfig) -> float:
         """CUDA context and NCCL buffers of a rank of ``c`` (0 on a CPU device)."""
         return cuda_context_bytes(self.kind) + nccl_bytes(self.kind, pp=c.pp, dp=c.dp, tp=c.tp)
+
+
+def limit_text(capacity: float, headroom: float) -> str:
+    """``capacity − headroom`` in words: ``"76.0 GiB (80 GiB less 4.0 GiB headroom)"``."""
+    if not headroom:
+        return f"{capacity / GIB:.1f} GiB (no headroom)"
+    return (f"{(capacity - headroom) / GIB:.1f} GiB ({capacity / GIB:g} GiB less "
+            f"{headroom / GIB:.1f} GiB headroom)")
 
 
 @lru_cache(maxsize=4096)
@@ -109,23 +116,34 @@ def _buffers(c: ParallelConfig, max_output: float, max_params: float) -> float:
 
 @dataclass(frozen=True)
 class PartitionInputs:
-    """Per virtual stage: extra time, fixed bytes, in-flight microbatches; per layer state
-    and saved activation bytes (fragmentation included)."""
+    """Per virtual stage: extra time, fixed bytes, in-flight microbatches, capacity less
+    headroom; per layer state and saved activation bytes (fragmentation included)."""
 
     extra_time: np.ndarray
     fixed_bytes: np.ndarray
     inflight: np.ndarray
     layer_state: np.ndarray
-    cap: float
+    cap: np.ndarray
     layer_acts: np.ndarray
 
 
-def partition_inputs(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> PartitionInputs:
+def per_rank(mem: DeviceMemory | Sequence[DeviceMemory], pp: int) -> tuple[DeviceMemory, ...]:
+    """``mem`` for each of ``pp`` pipeline ranks (one value: the same device on all)."""
+    return (mem,) * pp if isinstance(mem, DeviceMemory) else tuple(mem)
+
+
+def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
+                     mem: DeviceMemory | Sequence[DeviceMemory],
+                     ends: tuple[SegmentProfile, SegmentProfile] | None = None) -> PartitionInputs:
     """Inputs of :func:`fxplan.inter_op.partition.partition_layers` for candidate ``c``
-    (the conservative linearisation of the module docstring)."""
+    (the conservative linearisation of the module docstring). ``mem``: one device, or one per
+    pipeline rank (heterogeneous clusters); ``ends``: the profiles whose ``pre``/``post``
+    times the first/last stage pays (default ``prof``'s: the first/last stage's device)."""
     S, v = c.pp * c.virtual_stages, c.virtual_stages
     k = state_bytes_per_param(c.dp, c.zero_stage, c.offload)
     n = inflight(c)
+    mems = per_rank(mem, c.pp)
+    first, last = ends or (prof, prof)
     def most(values: np.ndarray) -> float:  # a model without repeated layers has none
         return float(values.max()) if values.size else 0.0
 
@@ -133,14 +151,22 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory)
     max_params = max(most(prof.params), prof.pre[2], prof.post[2])
     working = max(most(prof.working), *prof.end_working)
     transient = _buffers(c, max_output, max_params) + working
-    per_rank = (mem.reserved + transient + mem.fixed_runtime(c)
-                + fragmentation_bytes(mem.kind, transient))
-    grow = 1.0 + fragmentation_bytes(mem.kind, 1.0)
+    rank = np.arange(S) % c.pp
+
+    def fixed_of(m: DeviceMemory) -> float:
+        return (m.reserved + transient + m.fixed_runtime(c)
+                + fragmentation_bytes(m.kind, transient))
+
+    grow = 1.0 + fragmentation_bytes(mems[0].kind, 1.0)
     extra = np.zeros(S)
-    fixed = np.full(S, per_rank / v)
+    if isinstance(mem, DeviceMemory):   # one kind of device (the search's hot path)
+        fixed, cap = np.full(S, fixed_of(mem) / v), np.full(S, mem.limit / v)
+    else:
+        fixed = np.array([fixed_of(mems[s]) / v for s in rank])
+        cap = np.array([mems[s].limit / v for s in rank])
     counts = np.array([n[j % c.pp, j // c.pp] for j in range(S)])
-    extra[0] += prof.pre[0] + prof.pre[1]
-    extra[-1] += prof.post[0] + prof.post[1]
+    extra[0] += first.pre[0] + first.pre[1]
+    extra[-1] += last.post[0] + last.post[1]
     fixed[0] += k * prof.pre[2] + counts[0] * prof.pre[3] * grow
     fixed[-1] += k * (prof.post[2] - (prof.tied_params if S == 1 or c.pp == 1 else 0.0))
     fixed[-1] += counts[-1] * prof.post[3] * grow
@@ -148,7 +174,7 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory)
     if prof.expert_params is not None:   # experts: ZeRO over their dp/ep replicas
         k_e = state_bytes_per_param(c.dp // c.ep, c.zero_stage, c.offload)
         layer_state = layer_state + (k_e - k) * prof.expert_params
-    return PartitionInputs(extra, fixed, counts, layer_state, mem.limit / v, prof.acts * grow)
+    return PartitionInputs(extra, fixed, counts, layer_state, cap, prof.acts * grow)
 
 
 def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
@@ -185,15 +211,19 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
                 max_segment_params=big.reshape(v, p).max(axis=0))
 
 
-def stage_memory(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> list[MemoryBreakdown]:
-    """Peak bytes of each pipeline rank by kind (module docstring)."""
-    return rank_memory(order(c), **_rank_inputs(c, prof), reserved=[mem.reserved] * c.pp,
-                       capacity=[mem.capacity] * c.pp, tp=c.tp, dp=c.dp,
+def stage_memory(c: ParallelConfig, prof: SegmentProfile,
+                 mem: DeviceMemory | Sequence[DeviceMemory]) -> list[MemoryBreakdown]:
+    """Peak bytes of each pipeline rank by kind (module docstring); ``mem`` one device or one
+    per pipeline rank."""
+    mems = per_rank(mem, c.pp)
+    return rank_memory(order(c), **_rank_inputs(c, prof), reserved=[m.reserved for m in mems],
+                       capacity=[m.capacity for m in mems], tp=c.tp, dp=c.dp,
                        zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel,
-                       offload=c.offload, kinds=[mem.kind] * c.pp,
-                       headroom=[mem.headroom] * c.pp, ep=c.ep)
+                       offload=c.offload, kinds=[m.kind for m in mems],
+                       headroom=[m.headroom for m in mems], ep=c.ep)
 
 
-def stage_totals(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory) -> np.ndarray:
+def stage_totals(c: ParallelConfig, prof: SegmentProfile,
+                 mem: DeviceMemory | Sequence[DeviceMemory]) -> np.ndarray:
     """``total_s`` of every pipeline rank, bytes (the search's hot path)."""
     return np.array([m.total for m in stage_memory(c, prof, mem)])

@@ -29,7 +29,7 @@ gradients reduce-scattered after, prefetched one segment ahead)::
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -56,15 +56,21 @@ def _per_layer(kind: str, params: np.ndarray, ranks: tuple[int, ...],
     return np.array([_coll(kind, 2.0 * float(x), ranks, cluster) for x in values])[inverse]
 
 
+def _spans(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """``Σ_{i ∈ j} values_i`` for every virtual stage ``j`` (``edges``: its layer bounds)."""
+    P = np.concatenate([[0.0], np.cumsum(values)])
+    return P[edges[1:]] - P[edges[:-1]]
+
+
 def _zero3_exposed(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray,
                    dp_ranks: tuple[int, ...], cluster: Cluster) -> np.ndarray:
-    """``z_j`` of every virtual stage (module docstring), seconds per microbatch."""
+    """``z_j`` of every virtual stage (module docstring), seconds per microbatch (priced with
+    rank 0's profile on a heterogeneous cluster)."""
     gather = _per_layer("all_gather", prof.params, dp_ranks, cluster)
     scatter = _per_layer("reduce_scatter", prof.params, dp_ranks, cluster)
     z = (np.maximum(0.0, gather - prof.fwd)
          + np.maximum(0.0, gather + scatter - prof.bwd))
-    P_z = np.concatenate([[0.0], np.cumsum(z)])
-    out = P_z[edges[1:]] - P_z[edges[:-1]]
+    out = _spans(z, edges)
     for j, (f, b, psi) in ((0, prof.pre[:3]), (-1, prof.post[:3])):
         ag = _coll("all_gather", 2.0 * float(psi), dp_ranks, cluster)
         rs = _coll("reduce_scatter", 2.0 * float(psi), dp_ranks, cluster)
@@ -72,21 +78,29 @@ def _zero3_exposed(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray,
     return out
 
 
-def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster) -> float:
-    """``T̂`` of the module docstring, seconds."""
+def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
+                     stage_profs: Sequence[SegmentProfile] | None = None) -> float:
+    """``T̂`` of the module docstring, seconds. ``stage_profs``: one profile per pipeline rank
+    (its device group's) on a heterogeneous cluster; ``None``: ``prof`` on every rank."""
     p, v, S, m = c.pp, c.virtual_stages, c.pp * c.virtual_stages, c.num_microbatches
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
     dp_ranks = tuple(range(0, c.dp * c.tp, c.tp))
-    P_t = np.concatenate([[0.0], np.cumsum(prof.layer_time)])
-    P_b = np.concatenate([[0.0], np.cumsum(prof.bwd + prof.tp_bwd)])
+    stage = np.arange(S) % p
     P_psi = np.concatenate([[0.0], np.cumsum(prof.params)])
-    u = P_t[edges[1:]] - P_t[edges[:-1]]
-    back = P_b[edges[1:]] - P_b[edges[:-1]]
     psi = P_psi[edges[1:]] - P_psi[edges[:-1]]
-    u[0] += prof.pre[0] + prof.pre[1]
-    u[-1] += prof.post[0] + prof.post[1]
-    back[0] += prof.pre[1]
-    back[-1] += prof.post[1]
+    if stage_profs is None:
+        first = last = prof
+        u = _spans(prof.layer_time, edges)
+        back = _spans(prof.bwd + prof.tp_bwd, edges)
+    else:
+        first, last = stage_profs[0], stage_profs[stage[-1]]
+        u = np.array([_spans(stage_profs[s].layer_time, edges)[j] for j, s in enumerate(stage)])
+        back = np.array([_spans(stage_profs[s].bwd + stage_profs[s].tp_bwd, edges)[j]
+                         for j, s in enumerate(stage)])
+    u[0] += first.pre[0] + first.pre[1]
+    u[-1] += last.post[0] + last.post[1]
+    back[0] += first.pre[1]
+    back[-1] += last.post[1]
     psi[0] += prof.pre[2]
     psi[-1] += prof.post[2] - (prof.tied_params if p == 1 else 0.0)
     if p > 1:
@@ -96,7 +110,6 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster) 
         u[1:] += [_coll("send_recv", float(x), pair, cluster) for x in out[:-1]]
     if c.zero_stage == 3 and c.dp > 1:
         u += _zero3_exposed(c, prof, edges, dp_ranks, cluster)
-    stage = np.arange(S) % p
     w = np.bincount(stage, weights=u, minlength=p)
     b_s = np.bincount(stage, weights=back, minlength=p) / v
     psi_s = np.bincount(stage, weights=psi, minlength=p)
@@ -118,6 +131,8 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster) 
         tied = _coll("all_reduce", 2.0 * prof.tied_params, (0, (p - 1) * c.dp * c.tp), cluster)
         post[0] += tied
         post[-1] += tied
-    bandwidth = cluster.device(0).memory_bandwidth_gb_per_s * 1e9
+    bandwidth = np.array([cluster.device(s * c.dp * c.tp).memory_bandwidth_gb_per_s * 1e9
+                          for s in range(p)]) if stage_profs is not None else \
+        cluster.device(0).memory_bandwidth_gb_per_s * 1e9
     opt = ADAM_MIXED.step_bytes * psi_s / (c.dp if c.zero_stage >= 1 else 1) / bandwidth
     return float(np.max(m * w + (p - 1) / v * w.max() + exposed + post + opt))

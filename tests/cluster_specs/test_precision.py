@@ -36,3 +36,17 @@ def test_estimate_refuses_a_graph_in_a_precision_the_device_lacks() -> None:
     with pytest.raises(CostModelError, match=r"lists no peak for 'bf16'.*captured in") as err:
         estimate(graph, Cluster.load("aws-p3-v100"), ParallelConfig(dp=8), batch=8)
     assert isinstance(err.value, UserError)
+
+
+def test_a_mixed_cluster_trains_each_group_in_its_own_precision() -> None:
+    """V100 + A100: bf16 where the A100s have it, the V100s in their fp16 (issue 12)."""
+    from fxplan.cluster_specs import group_precisions
+
+    cluster = Cluster.load("hetero-v100-a100")
+    assert training_precision(cluster) == "bf16"
+    assert group_precisions(cluster, "bf16") == {"v100": "fp16", "a100": "bf16"}
+    assert group_precisions(cluster, "fp16") == {"v100": "fp16", "a100": "fp16"}
+    check_precision(cluster, "bf16")
+    check_precision(cluster, "fp16")
+    with pytest.raises(ClusterSpecError, match=r"no fp8 peak"):
+        check_precision(cluster, "fp8")

@@ -54,3 +54,30 @@ def test_long_steady_state_is_cut_and_short_timelines_are_not() -> None:
         assert {0, 255} <= mbs
     short = simulate_pipeline("1f1b", 4, 1, 8, durations).events()
     assert compress_events(short) == ([tuple(e) for e in short], None)
+
+
+def test_memory_plot_draws_one_capacity_line_per_device_group(tmp_path: Path,
+                                                              monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A V100 stage (32 GiB) and an A100 stage (80 GiB): one capacity line each, named by
+    group in the legend and under each stage."""
+    import fxplan.cost_model.memory_plot as memory_plot
+
+    drawn = {}
+    real = memory_plot.save_figure
+
+    def keep(fig, path):  # type: ignore[no-untyped-def]
+        ax = fig.axes[0]
+        drawn["legend"] = [t.get_text() for t in ax.get_legend().get_texts()]
+        drawn["ticks"] = [t.get_text() for t in ax.get_xticklabels()]
+        drawn["lines"] = sorted(float(seg[0][1]) for c in ax.collections
+                                if c.get_linestyle() and hasattr(c, "get_segments")
+                                for seg in c.get_segments())
+        return real(fig, path)
+
+    monkeypatch.setattr(memory_plot, "save_figure", keep)
+    stage = {key: 1.0 for key, _, _ in PARTS}
+    stages = [dict(stage, capacity=32.0), dict(stage, capacity=80.0)]
+    assert_png(plot_memory(stages, tmp_path / "m.png", devices=["v100", "a100"]))
+    assert drawn["legend"][:2] == ["capacity of v100: 32 GiB", "capacity of a100: 80 GiB"]
+    assert drawn["ticks"] == ["stage 0\nv100", "stage 1\na100"]
+    assert drawn["lines"] == [32.0, 80.0]

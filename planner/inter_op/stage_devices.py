@@ -1,0 +1,76 @@
+"""Which device group each pipeline rank runs on: heterogeneous clusters in the search.
+
+The mesh is ``pp × dp × tp`` row-major over the cluster's ranks
+(:mod:`cost_model.stage_costs`), so pipeline rank ``s`` holds ranks
+``[s·dp·tp, (s+1)·dp·tp)``. Device groups are contiguous rank ranges
+(:mod:`cluster_specs.devices`), so the stage lies in one group exactly when its first and last
+ranks do; on a cluster of several groups a family whose stages straddle a group boundary is
+pruned (each stage on one device group: a stage that spans a V100 and an A100 node would run
+at the V100's pace with the V100's memory, and the cost model prices a stage on one device).
+
+Per pipeline rank ``s`` the search then uses the group's own numbers:
+
+* time: the segment profile priced on that group's device (:class:`fxplan.inter_op.profile.
+  ModelProfile` keyed by group), so layer ``i`` costs ``t_{s,i}`` on stage ``s``;
+* memory: the group's capacity ``C_s`` and reserve ``r_s`` (:class:`DeviceMemory`).
+
+The stage partition (:mod:`fxplan.inter_op.partition`) then minimises
+``max_j (e_j + Σ_{i ∈ j} t_{s_j,i})`` under ``M_j ≤ C_{s_j}``: a slow or small group gets
+fewer layers. The family's memory bound (:mod:`fxplan.inter_op.bounds`) becomes
+``k_z·Ψ/pp ≤ mean_s (C_s − r_s)`` (the states must fit in the pipeline's total free memory),
+which is ``k_z·Ψ/pp + r ≤ C`` on one kind of device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
+from fxplan.inter_op.stage_memory import DeviceMemory
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster, DeviceGroup
+
+__all__ = ["StageDevices", "stage_devices", "straddled_stage"]
+
+
+@dataclass(frozen=True)
+class StageDevices:
+    """The device group of each pipeline rank, and its memory."""
+
+    groups: tuple[DeviceGroup, ...]
+    headroom: MemoryHeadroom = DEFAULT_HEADROOM
+
+    @property
+    def uniform(self) -> bool:
+        """All pipeline ranks on one device group (every homogeneous cluster)."""
+        return len({g.name for g in self.groups}) == 1
+
+    @property
+    def memory(self) -> tuple[DeviceMemory, ...]:
+        return tuple(DeviceMemory.of(g, self.headroom) for g in self.groups)
+
+    def mean_memory(self) -> DeviceMemory:
+        """``(mean_s C_s, mean_s r_s, mean_s H_s)``: the bound's capacity (module docstring)."""
+        mems = self.memory
+        return DeviceMemory(sum(m.capacity for m in mems) / len(mems),
+                            sum(m.reserved for m in mems) / len(mems),
+                            sum(m.headroom for m in mems) / len(mems), mems[0].kind)
+
+
+def straddled_stage(cluster: Cluster, pp: int, per_stage: int) -> tuple[int, str, str] | None:
+    """The first pipeline rank whose ``per_stage = dp·tp`` ranks span two device groups, with
+    the names of the groups of its first and last rank; ``None`` when every stage lies in one."""
+    for s in range(pp):
+        first, last = cluster.device(s * per_stage), cluster.device((s + 1) * per_stage - 1)
+        if first.name != last.name:
+            return s, first.name, last.name
+    return None
+
+
+def stage_devices(cluster: Cluster, pp: int, per_stage: int,
+                  headroom: MemoryHeadroom = DEFAULT_HEADROOM) -> StageDevices:
+    """The group of each pipeline rank (its first rank's; :func:`straddled_stage` says whether
+    that is the whole stage's)."""
+    return StageDevices(tuple(cluster.device(s * per_stage) for s in range(pp)), headroom)
