@@ -32,6 +32,10 @@ class DeviceGroup:
     NIC count for this group's nodes (``None``: the level's). ``step_overhead_us`` is a fixed
     cost per training step on each device beyond its kernels and collectives (host work of the
     training loop: the optimizer's per-tensor loop, data-parallel hooks, the schedule).
+    ``fused_attention`` says that attention runs as one fused (flash) kernel on these devices,
+    whatever the model's code spells out (:mod:`cost_model.attention_kernel` prices it so):
+    the training stack's choice (Megatron-Core / Transformer Engine, PyTorch SDPA on GPUs
+    with flash kernels), an explicit assumption of the spec.
     """
 
     name: str
@@ -47,6 +51,7 @@ class DeviceGroup:
     compute_efficiency: Mapping[str, float] = field(default_factory=dict)
     kernel_launch_us: float = 0.0
     step_overhead_us: float = 0.0
+    fused_attention: bool = False
     nics_per_node: int | None = None
     first_rank: int = 0
     first_node: int = 0

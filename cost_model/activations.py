@@ -41,6 +41,8 @@ from fxplan.cost_model.megatron_layout import SHARD, TPLayout
 if TYPE_CHECKING:  # pragma: no cover
     import torch.fx
 
+    from fxplan.cost_model.attention_kernel import FusedAttention
+
     from fxplan.passes.captured_graph import CapturedGraph
     from fxplan.passes.node_info import NodeInfo
 
@@ -116,8 +118,13 @@ def _inputs_bytes(graph: CapturedGraph, group: set[str], layout: TPLayout,
 
 
 def segment_activations(graph: CapturedGraph, names: Sequence[str], layout: TPLayout, *,
-                        tp: int, sequence_parallel: bool, recompute: str) -> ActivationBytes:
-    """:class:`ActivationBytes` of the segment ``names`` (graph order) under ``recompute``."""
+                        tp: int, sequence_parallel: bool, recompute: str,
+                        fused: FusedAttention | None = None) -> ActivationBytes:
+    """:class:`ActivationBytes` of the segment ``names`` (graph order) under ``recompute``.
+
+    ``fused``: the attention core runs as one fused kernel
+    (:mod:`cost_model.attention_kernel`), which saves ``fused.saved_bytes`` (``q, k, v, o``
+    and its statistics, no ``s×s`` tensor) in place of what the core's nodes save."""
     nodes = graph.nodes_by_name
 
     def divisor(name: str, output: bool = False) -> int:
@@ -129,7 +136,12 @@ def segment_activations(graph: CapturedGraph, names: Sequence[str], layout: TPLa
         return tp if split or sequence_parallel else 1
 
     def saved(group: Iterable[str]) -> float:
-        return sum(graph.info(nodes[n]).saved_bytes / divisor(n) for n in group)
+        group = list(group)
+        if fused is None or not fused.nodes.intersection(group):
+            return sum(graph.info(nodes[n]).saved_bytes / divisor(n) for n in group)
+        outside = sum(graph.info(nodes[n]).saved_bytes / divisor(n) for n in group
+                      if n not in fused.nodes)
+        return outside + fused.saved_bytes / divisor(fused.output)
 
     everything = saved(names)
     if recompute == "none":
