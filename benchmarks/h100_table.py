@@ -134,6 +134,12 @@ def predict(row: Row, graph: Any, cluster: Any = None) -> Prediction:
     from fxplan.cluster_specs import Cluster
     from fxplan.core.config import Schedule
     from fxplan.cost_model import ParallelConfig, estimate
+    from fxplan.cost_model.memory import OptimizerSpec
+
+    # Megatron with bf16 accumulates and reduces gradients in fp32 (arguments.py: "bfloat16
+    # requires gradient accumulation and all-reduce to be done in fp32"): 4-byte gradients;
+    # the step reads them (4) instead of 16-bit ones (2).
+    optimizer = OptimizerSpec(name="adam-megatron-bf16", grad_bytes=4.0, step_bytes=30.0)
 
     cluster = cluster or Cluster.load(f"dgx-h100:nodes={row.gpus // 8}")
     best = None
@@ -147,7 +153,8 @@ def predict(row: Row, graph: Any, cluster: Any = None) -> Prediction:
             config = ParallelConfig(dp=row.dp, tp=row.tp, pp=row.pp, microbatch_size=mb,
                                     schedule=schedule, zero_stage=1, recompute=recompute,
                                     sequence_parallel=row.tp > 1)
-            result = estimate(graph, cluster, config, batch=row.batch, seq=SEQ)
+            result = estimate(graph, cluster, config, batch=row.batch, seq=SEQ,
+                              optimizer=optimizer)
             if result.fits and (best is None or result.step_time_s < best[3].step_time_s):
                 best = (mb, v, recompute, result)
     if best is None:

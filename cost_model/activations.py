@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -40,8 +40,6 @@ from fxplan.cost_model.megatron_layout import SHARD, TPLayout
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.fx
-
-    from fxplan.cost_model.attention_kernel import FusedAttention
 
     from fxplan.passes.captured_graph import CapturedGraph
     from fxplan.passes.node_info import NodeInfo
@@ -119,11 +117,12 @@ def _inputs_bytes(graph: CapturedGraph, group: set[str], layout: TPLayout,
 
 def segment_activations(graph: CapturedGraph, names: Sequence[str], layout: TPLayout, *,
                         tp: int, sequence_parallel: bool, recompute: str,
-                        fused: FusedAttention | None = None) -> ActivationBytes:
+                        fused: Any = None) -> ActivationBytes:
     """:class:`ActivationBytes` of the segment ``names`` (graph order) under ``recompute``.
 
-    ``fused``: the attention core runs as one fused kernel
-    (:mod:`cost_model.attention_kernel`), which saves ``fused.saved_bytes`` (``q, k, v, o``
+    ``fused``: a :class:`cost_model.attention_kernel.FusedAttention` (``nodes``, ``output``,
+    ``saved_bytes``; not imported here, that module builds on this one): the attention core
+    runs as one fused kernel, which saves ``fused.saved_bytes`` (``q, k, v, o``
     and its statistics, no ``s×s`` tensor) in place of what the core's nodes save."""
     nodes = graph.nodes_by_name
 

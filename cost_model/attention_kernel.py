@@ -20,7 +20,11 @@ microbatch, as priced by :mod:`cost_model.compute` with op class ``attention``:
 - bytes, forward: ``q, k, v`` read, ``o`` written, and the log-sum-exp statistics
   (``b·a·s`` fp32) written — ``O(s·d)`` per head instead of ``O(s²)``.
 - backward: :data:`cost_model.compute.BACKWARD` ``["attention"]`` (one kernel, 2.5× the
-  FLOPs: it recomputes the scores, as flash does, then 4 more products; 2× the bytes).
+  FLOPs: it recomputes the scores, as flash does, then 4 more products; 2× the bytes), at
+  ``BACKWARD_SPEED = 0.83`` of the forward kernel's FLOP rate: measured on H100 SXM5, head
+  dim 128, s = 4096 (Shah et al. 2024, FlashAttention-3, forward/backward figures;
+  ``benchmarks/data/hardware.md``), backward/forward TFLOP/s is cuDNN 499/609 = 0.82,
+  FlashAttention-3 542/638 = 0.85, FlashAttention-2 310/368 = 0.84.
 - saved for the backward: ``q, k, v, o`` and the statistics — ``O(s)`` per head, no ``s²``
   term (Korthikanti et al.'s ``5·a·s²·b`` bytes disappear).
 
@@ -39,11 +43,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cost_model.megatron_layout import TPLayout
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["FusedAttention", "FLASH_TILE", "causal_fraction", "fused_attention_core",
+__all__ = ["BACKWARD_SPEED", "FusedAttention", "FLASH_TILE", "causal_fraction", "fused_attention_core",
            "prices_fused_attention"]
 
 #: Rows of the query (and key) tiles of FlashAttention-2/3's forward kernel at head dim 128.
 FLASH_TILE = 128
+
+#: Backward FLOP rate of a flash kernel relative to its forward (module docstring).
+BACKWARD_SPEED = 0.83
 
 #: Ops that mask the scores inside an attention core.
 _MASK_OPS = ("masked_fill", "where")

@@ -41,9 +41,9 @@ import torch
 
 from fxplan.cost_model.activations import (ActivationBytes, attention_core, itemsize,
                                     segment_activations, tensor_bytes)
-from fxplan.cost_model.attention_kernel import (FusedAttention, fused_attention_core,
-                                               prices_fused_attention)
-from fxplan.cost_model.compute import backward_time_s, node_time_s, op_time_s
+from fxplan.cost_model.attention_kernel import (BACKWARD_SPEED, FusedAttention,
+                                               fused_attention_core, prices_fused_attention)
+from fxplan.cost_model.compute import BACKWARD, node_time_s, op_time_s
 from fxplan.core.config import CostModelError
 from fxplan.core.placements import PlacementMap
 from fxplan.cost_model.edge_reshard import edge_collectives
@@ -266,8 +266,10 @@ def _fused_times(fused: FusedAttention, info: Any, device: DeviceGroup,
     ``1/shard`` of the core (:mod:`cost_model.attention_kernel`)."""
     dtype = info.dtype[0] if isinstance(info.dtype, tuple) else info.dtype
     flops, traffic = fused.flops / shard, fused.bytes_moved / shard
+    rule = BACKWARD["attention"]
     return (op_time_s("attention", flops, traffic, dtype, device),
-            backward_time_s("attention", flops, traffic, dtype, device))
+            op_time_s("attention", flops * rule.flops / BACKWARD_SPEED, traffic * rule.bytes,
+                      dtype, device))
 
 
 def _edge_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: float,
