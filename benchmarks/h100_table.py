@@ -129,8 +129,9 @@ class Prediction:
         return (self.estimate.mfu - self.row.mfu) * 100
 
 
-def predict(row: Row, graph: Any, cluster: Any = None) -> Prediction:
-    """Estimate ``row``'s published configuration (module docstring) on ``graph``."""
+def predict(row: Row, graph: Any, cluster: Any = None, *, fused: bool = True) -> Prediction:
+    """Estimate ``row``'s published configuration (module docstring) on ``graph``;
+    ``fused=False`` prices attention op by op (``h100.fused_attention=false``)."""
     from fxplan.cluster_specs import Cluster
     from fxplan.core.config import Schedule
     from fxplan.cost_model import ParallelConfig, estimate
@@ -141,7 +142,8 @@ def predict(row: Row, graph: Any, cluster: Any = None) -> Prediction:
     # the step reads them (4) instead of 16-bit ones (2).
     optimizer = OptimizerSpec(name="adam-megatron-bf16", grad_bytes=4.0, step_bytes=30.0)
 
-    cluster = cluster or Cluster.load(f"dgx-h100:nodes={row.gpus // 8}")
+    cluster = cluster or Cluster.load(f"dgx-h100:nodes={row.gpus // 8}"
+                                      + ("" if fused else ",h100.fused_attention=false"))
     best = None
     start = time.perf_counter()
     for recompute in RECOMPUTE:
@@ -170,24 +172,30 @@ def capture_row(row: Row) -> Any:
     return capture(row.spec, batch=1, seq=SEQ, dtype=torch.bfloat16)
 
 
-def markdown(predictions: list[Prediction]) -> str:
+def markdown(predictions: list[Prediction], unfused: list[Prediction] | None = None) -> str:
+    """The table; ``unfused`` (same rows, attention op by op) adds a column for comparison."""
+    extra = " predicted MFU, attention op by op |" if unfused else ""
     lines = [
         "| model | t | p | d | GPUs | batch | v | mb | recompute | published TF/s | "
-        "predicted TF/s | published MFU | predicted MFU | error (points) | peak GiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "predicted TF/s | published MFU | predicted MFU | error (points) | peak GiB |" + extra,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if unfused else ""),
     ]
-    for pr in predictions:
+    for i, pr in enumerate(predictions):
         r, e = pr.row, pr.estimate
+        tail = (f" {unfused[i].estimate.mfu * 100:.1f} % ({unfused[i].error_points:+.1f}) |"
+                if unfused else "")
         predicted_tflops = r.flops_per_step / (r.gpus * e.step_time_s) / 1e12
         lines.append(
             f"| {r.name} | {r.tp} | {r.pp} | {r.dp} | {r.gpus} | {r.batch} | {pr.chunks} | "
             f"{pr.microbatch} | {pr.recompute} | {r.tflops_per_gpu:.1f} | "
             f"{predicted_tflops:.1f} | {r.mfu * 100:.1f} % | {e.mfu * 100:.1f} % | "
-            f"{pr.error_points:+.1f} | {max(e.peak_memory_gib):.1f} |")
+            f"{pr.error_points:+.1f} | {max(e.peak_memory_gib):.1f} |" + tail)
     worst = max(abs(p.error_points) for p in predictions)
+    inside = sum(abs(p.error_points) <= TOLERANCE_POINTS for p in predictions)
     lines.append("")
-    lines.append(f"Worst row: {worst:.1f} points (bound ±{TOLERANCE_POINTS:g}). Reproduce with "
-                 "`python benchmarks/h100_table.py` (`--write` updates this section).")
+    lines.append(f"Rows within ±{TOLERANCE_POINTS:g} points: {inside} of {len(predictions)}; "
+                 f"worst row: {worst:.1f} points. Reproduce with "
+                 "`python benchmarks/h100_table.py --unfused` (`--write` updates this section).")
     return "\n".join(lines)
 
 
@@ -200,7 +208,17 @@ def write_section(table: str, path: Path = DOC) -> None:
                "`benchmarks/h100_table.py`. Attention priced as the fused (flash) kernel "
                "(`fused_attention: true` in `dgx-h100.yaml`). Predicted TF/s counts Megatron's "
                "FLOPs `72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))` over the predicted step time.\n\n"
-               f"{table}\n{END}")
+               f"{table}\n\n"
+               "Pricing attention as the fused kernel (`cost_model/attention_kernel.py`: no "
+               "`s×s` traffic, causal tiles skipped, backward at 0.83 of the forward rate) "
+               "moves every row up from the op-by-op column. Not closed: the two smallest "
+               "models are predicted far too fast and the three largest 5–6 points too fast, "
+               "while the mid-size rows with `t = 8` and no pipeline are slow through exposed "
+               "tensor-parallel communication (priced on the critical path; the published runs "
+               "overlap it, `--tp-comm-overlap`). No per-row constant was fitted to close it; "
+               "the rows outside ±5 are strict expected failures in "
+               "`tests/cost_model/test_h100_table.py`.\n"
+               f"{END}")
     text = path.read_text() if path.is_file() else "# Benchmarks\n"
     if START in text and END in text:
         text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: section, text,
@@ -214,18 +232,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write", action="store_true",
                         help="rewrite the table's section of docs/benchmarks.md (default: print only)")
+    parser.add_argument("--unfused", action="store_true",
+                        help="also price every row with attention op by op, for comparison")
     args = parser.parse_args()
-    predictions = []
+    predictions, unfused = [], []
     for row in load_rows():
-        pr = predict(row, capture_row(row))
+        graph = capture_row(row)
+        pr = predict(row, graph)
         predictions.append(pr)
+        if args.unfused:
+            unfused.append(predict(row, graph, fused=False))
         b = pr.estimate.breakdown
         print(f"{row.name:>10}  published MFU {row.mfu * 100:5.1f} %  predicted "
               f"{pr.estimate.mfu * 100:5.1f} %  ({pr.error_points:+5.1f} points; v={pr.chunks}, "
               f"mb={pr.microbatch}, recompute={pr.recompute}; "
               + ", ".join(f"{k} {v:.2f}" for k, v in b.items() if v > 0)
               + f" s; {pr.seconds:.1f} s)", flush=True)
-    table = markdown(predictions)
+    table = markdown(predictions, unfused or None)
     print()
     print(table)
     if args.write:
