@@ -34,6 +34,7 @@ The efficiency of the kernel is the device's ``attention`` curve (``compute_effi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -53,7 +54,7 @@ FLASH_TILE = 128
 BACKWARD_SPEED = 0.83
 
 #: Ops that mask the scores inside an attention core.
-_MASK_OPS = ("masked_fill", "where")
+_MASK_OPS = frozenset({"masked_fill", "where"})
 
 
 @dataclass(frozen=True)
@@ -87,16 +88,32 @@ def causal_fraction(seq: int, tile: int = FLASH_TILE) -> float:
     return (1 + tile / seq) / 2
 
 
-def _target_name(node: Any) -> str:
-    target = node.target
-    name = getattr(target, "__name__", None) or str(target)
-    return name.split(".")[-1].removesuffix("_")
+def _op_names(node: Any) -> set[str]:
+    """The words of a node's target: ``masked_fill`` (method), ``where`` (function),
+    ``aten.masked_fill.Scalar`` → {aten, masked_fill, scalar}; trailing ``_`` (in place) off."""
+    text = getattr(node.target, "__name__", None) or str(node.target)
+    return {w.rstrip("_") for w in re.split(r"[^a-z0-9_]+", text.lower()) if w}
+
+
+#: Position of ``is_causal`` among the positional arguments of each SDPA variant
+#: (``F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)``; ATen's
+#: flash variant ``(q, k, v, dropout_p, is_causal)``; its efficient and cuDNN variants
+#: ``(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal)``).
+_IS_CAUSAL_AT = {"scaled_dot_product_attention": 5,
+                 "scaled_dot_product_flash_attention": 4,
+                 "scaled_dot_product_flash_attention_for_cpu": 4,
+                 "scaled_dot_product_efficient_attention": 6,
+                 "scaled_dot_product_cudnn_attention": 6}
 
 
 def _is_causal_sdpa(node: Any) -> bool:
     if node.kwargs.get("is_causal"):
         return True
-    return len(node.args) > 5 and node.args[5] is True
+    names = {n.lstrip("_") for n in _op_names(node)}
+    for name, index in _IS_CAUSAL_AT.items():
+        if name in names:
+            return len(node.args) > index and node.args[index] is True
+    return False
 
 
 def fused_attention_core(graph: CapturedGraph, names: Sequence[str],
@@ -123,7 +140,7 @@ def fused_attention_core(graph: CapturedGraph, names: Sequence[str],
         traffic = float((info.bytes_read or 0) + (info.bytes_written or 0))
         saved = float(sum(infos[n].saved_bytes for n in ordered))
     else:
-        causal = any(_target_name(nodes[n]) in _MASK_OPS for n in ordered)
+        causal = any(_op_names(nodes[n]) & _MASK_OPS for n in ordered)
         seq = _query_rows(infos[output])
         inputs = _core_inputs(graph, core, layout)
         out_bytes = float(tensor_bytes(infos[output]))

@@ -64,3 +64,15 @@ def test_fused_pricing_is_faster_and_saves_no_scores(graph) -> None:  # type: ig
     scores = HEADS * SEQ * SEQ * 2                                # one bf16 s×s tensor
     assert unfused.activations.saved - fused.activations.saved > scores
     assert fused.activations.saved < 40 * SEQ * HIDDEN            # O(s·h), Korthikanti's 34·s·h + stats
+
+
+def test_causal_sdpa_node_skips_the_masked_tiles() -> None:
+    graph = capture("llama:layers=2,hidden=64,heads=4,kv_heads=2,vocab=512,seq=512,"
+                    "multiple_of=32", batch=1, seq=512, dtype=torch.bfloat16)
+    segments = graph_segments(graph)
+    _, names = segments.layers[0]
+    fused = fused_attention_core(graph, names, tp_layout(graph))
+    assert fused is not None and fused.causal
+    assert fused.flops == pytest.approx(fused.model_flops * causal_fraction(512))
+    assert fused.flops < fused.model_flops
+
