@@ -32,6 +32,10 @@ class DeviceGroup:
     NIC count for this group's nodes (``None``: the level's). ``step_overhead_us`` is a fixed
     cost per training step on each device beyond its kernels and collectives (host work of the
     training loop: the optimizer's per-tensor loop, data-parallel hooks, the schedule).
+    ``fused_attention`` says that attention runs as one fused (flash) kernel on these devices,
+    whatever the model's code spells out (:mod:`cost_model.attention_kernel` prices it so):
+    the training stack's choice (Megatron-Core / Transformer Engine, PyTorch SDPA on GPUs
+    with flash kernels), an explicit assumption of the spec.
 
     Host side, for offload (all optional; ``None``: not given, and then nothing is offloaded
     to this group's hosts): ``host_memory_gib`` is the host (CPU) memory of one node,
@@ -54,6 +58,7 @@ class DeviceGroup:
     compute_efficiency: Mapping[str, float] = field(default_factory=dict)
     kernel_launch_us: float = 0.0
     step_overhead_us: float = 0.0
+    fused_attention: bool = False
     nics_per_node: int | None = None
     host_memory_gib: float | None = None
     host_memory_bandwidth_gb_per_s: float | None = None

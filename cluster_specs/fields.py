@@ -101,6 +101,18 @@ def text(*, what: str, name: bool = False, empty_ok: bool = False) -> Field:
     return Field(check, expected)
 
 
+def boolean(*, what: str) -> Field:
+    """``true`` or ``false`` (YAML booleans only: ``0``/``"no"`` are refused)."""
+    expected = f"true or false ({what})"
+
+    def check(value: Any, source: str, path: str) -> bool:
+        if not isinstance(value, bool):
+            raise ClusterSpecError(source, path, found=value, expected=expected)
+        return value
+
+    return Field(check, expected)
+
+
 def choice(options: tuple[str, ...], *, what: str) -> Field:
     """One of ``options``."""
     expected = f"one of {', '.join(options)} ({what})"

@@ -30,6 +30,7 @@ from fxplan.cluster_specs.errors import ClusterSpecError
 from fxplan.cluster_specs.fields import (
     Field,
     check_mapping,
+    boolean,
     choice,
     integer,
     number,
@@ -112,6 +113,9 @@ GROUP_FIELDS: dict[str, Field] = {
                                         unit="µs per kernel"), 0.0),
     "step_overhead_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
                                         unit="µs per training step"), 0.0),
+    "fused_attention": optional(boolean(
+        what="whether attention runs as one fused (flash) kernel on these devices; "
+             "cost_model.attention_kernel prices it so"), False),
     "nics_per_node": optional(integer(low=1, high=MAX_DEVICES_PER_NODE,
                                       unit="NICs per node, overriding the cluster-scope level's")),
     "host_memory_gib": optional(number(low=0, low_open=True, high=MAX_MEMORY_GIB,

@@ -58,7 +58,8 @@ def renderable(cluster: Described) -> Any:
                                       "memory GiB (reserved)", "mem GB/s", "peak TFLOP/s",
                                       "intra-node level"))
     defaults = _table("cost-model starting values",
-                      ("group", "kernel launch µs", "compute efficiency (fraction of peak)"))
+                      ("group", "kernel launch µs", "compute efficiency (fraction of peak)",
+                       "attention"))
     for g in cluster.device_groups:
         last = g.first_rank + g.num_devices - 1
         groups.add_row(
@@ -66,7 +67,8 @@ def renderable(cluster: Described) -> Any:
             f"{g.nodes} × {g.devices_per_node}", f"{g.memory_gib:g} ({g.reserved_memory_gib:g})",
             f"{g.memory_bandwidth_gb_per_s:g}", _pairs(g.peak_tflops), g.intra_node_level,
         )
-        defaults.add_row(g.name, f"{g.kernel_launch_us:g}", _pairs(g.compute_efficiency))
+        defaults.add_row(g.name, f"{g.kernel_launch_us:g}", _pairs(g.compute_efficiency),
+                         "fused (flash) kernel" if g.fused_attention else "op by op")
     levels = _table("link levels (innermost first)",
                     ("level", "kind", "scope", "GB/s per dir.", "NICs/node", "efficiency",
                      "effective GB/s", "latency µs", "all-reduce GB/s"))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -116,8 +116,14 @@ def _inputs_bytes(graph: CapturedGraph, group: set[str], layout: TPLayout,
 
 
 def segment_activations(graph: CapturedGraph, names: Sequence[str], layout: TPLayout, *,
-                        tp: int, sequence_parallel: bool, recompute: str) -> ActivationBytes:
-    """:class:`ActivationBytes` of the segment ``names`` (graph order) under ``recompute``."""
+                        tp: int, sequence_parallel: bool, recompute: str,
+                        fused: Any = None) -> ActivationBytes:
+    """:class:`ActivationBytes` of the segment ``names`` (graph order) under ``recompute``.
+
+    ``fused``: a :class:`cost_model.attention_kernel.FusedAttention` (``nodes``, ``output``,
+    ``saved_bytes``; not imported here, that module builds on this one): the attention core
+    runs as one fused kernel, which saves ``fused.saved_bytes`` (``q, k, v, o``
+    and its statistics, no ``s×s`` tensor) in place of what the core's nodes save."""
     nodes = graph.nodes_by_name
 
     def divisor(name: str, output: bool = False) -> int:
@@ -129,7 +135,12 @@ def segment_activations(graph: CapturedGraph, names: Sequence[str], layout: TPLa
         return tp if split or sequence_parallel else 1
 
     def saved(group: Iterable[str]) -> float:
-        return sum(graph.info(nodes[n]).saved_bytes / divisor(n) for n in group)
+        group = list(group)
+        if fused is None or not fused.nodes.intersection(group):
+            return sum(graph.info(nodes[n]).saved_bytes / divisor(n) for n in group)
+        outside = sum(graph.info(nodes[n]).saved_bytes / divisor(n) for n in group
+                      if n not in fused.nodes)
+        return outside + fused.saved_bytes / divisor(fused.output)
 
     everything = saved(names)
     if recompute == "none":

@@ -42,7 +42,9 @@ import torch
 
 from fxplan.cost_model.activations import (ActivationBytes, attention_core, itemsize,
                                     segment_activations, tensor_bytes)
-from fxplan.cost_model.compute import node_time_s
+from fxplan.cost_model.attention_kernel import (BACKWARD_SPEED, FusedAttention,
+                                               fused_attention_core, prices_fused_attention)
+from fxplan.cost_model.compute import BACKWARD, node_time_s, op_time_s
 from fxplan.core.config import CostModelError
 from fxplan.core.placements import PlacementMap
 from fxplan.cost_model.edge_reshard import edge_collectives
@@ -218,23 +220,31 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     elif policy == "selective":
         recomputed = set(attention_core(graph, names, layout))
     forward = backward = recompute = flops = recompute_flops = fp8_working = 0.0
+    fused = fused_attention_core(graph, names, layout) if prices_fused_attention(device) else None
+    if fused is not None:
+        fwd, bwd = _fused_times(fused, infos[fused.output], device,
+                                _divisor(fused.output, layout, tp, sp) / scale)
+        forward, backward = fwd, bwd
+        if recomputed & fused.nodes:
+            recompute += fwd
     tp_fwd: list[tuple[str, float]] = []
     tp_bwd: list[tuple[str, float]] = []
     params: dict[str, float] = {}
     for name in names:
         info = infos[name]
-        # One pricing path with the intra-op solver: node_time_s on this rank's share.
-        shard = _divisor(name, layout, tp, sp) / scale
-        if fp8 and converted(info):
-            fwd = fp8_node_time_s(info, device, shard_factor=shard, backward=False)
-            backward += fp8_node_time_s(info, device, shard_factor=shard, backward=True)
-            fp8_working = max(fp8_working, fp8_working_bytes(info, shard))
-        else:
-            fwd = node_time_s(info, device, shard_factor=shard)
-            backward += node_time_s(info, device, shard_factor=shard, backward=True)
-        forward += fwd
-        if name in recomputed:
-            recompute += fwd
+        if fused is None or name not in fused.nodes:
+            # One pricing path with the intra-op solver: node_time_s on this rank's share.
+            shard = _divisor(name, layout, tp, sp) / scale
+            if fp8 and converted(info):
+                fwd = fp8_node_time_s(info, device, shard_factor=shard, backward=False)
+                backward += fp8_node_time_s(info, device, shard_factor=shard, backward=True)
+                fp8_working = max(fp8_working, fp8_working_bytes(info, shard))
+            else:
+                fwd = node_time_s(info, device, shard_factor=shard)
+                backward += node_time_s(info, device, shard_factor=shard, backward=True)
+            forward += fwd
+            if name in recomputed:
+                recompute += fwd
         if info.op_class in MATMUL_CLASSES:
             flops += float(info.flops) * scale
             if name in recomputed:
@@ -250,13 +260,26 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     if policy == "full":
         tp_bwd = tp_fwd + tp_bwd
     activations = segment_activations(graph, names, layout, tp=tp,
-                                      sequence_parallel=sp and not layout.priced, recompute=policy)
+                                      sequence_parallel=sp and not layout.priced, recompute=policy,
+                                      fused=fused)
     activations = ActivationBytes(activations.saved * scale,
                                   activations.working * scale + fp8_working)
     split_output = layout.is_sharded(names[-1]) if layout.priced and names else sp
     output = tensor_bytes(infos[names[-1]]) * scale / (tp if split_output else 1) if names else 0.0
     return SegmentCost(forward, backward, recompute, tuple(tp_fwd), tuple(tp_bwd), activations,
                        params, output, flops, recompute_flops)
+
+
+def _fused_times(fused: FusedAttention, info: Any, device: DeviceGroup,
+                 shard: float) -> tuple[float, float]:
+    """(forward, backward) seconds of the fused attention kernel on this rank's share
+    ``1/shard`` of the core (:mod:`cost_model.attention_kernel`)."""
+    dtype = info.dtype[0] if isinstance(info.dtype, tuple) else info.dtype
+    flops, traffic = fused.flops / shard, fused.bytes_moved / shard
+    rule = BACKWARD["attention"]
+    return (op_time_s("attention", flops, traffic, dtype, device),
+            op_time_s("attention", flops * rule.flops / BACKWARD_SPEED, traffic * rule.bytes,
+                      dtype, device))
 
 
 def _edge_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: float,

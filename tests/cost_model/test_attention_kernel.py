@@ -1,0 +1,78 @@
+"""Attention priced as one fused (flash) kernel where the device group says so."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from fxplan.api import capture
+from fxplan.cluster_specs import Cluster
+from fxplan.cost_model.attention_kernel import (causal_fraction, fused_attention_core,
+                                                prices_fused_attention)
+from fxplan.cost_model.layer_costs import graph_segments, segment_cost
+from fxplan.cost_model.tp_layout import tp_layout
+
+SEQ, HIDDEN, HEADS = 256, 128, 4
+
+
+@pytest.fixture(scope="module")
+def graph():  # type: ignore[no-untyped-def]
+    return capture(f"gpt:layers=2,hidden={HIDDEN},heads={HEADS},vocab=512,seq={SEQ}",
+                   batch=1, seq=SEQ, dtype=torch.bfloat16)
+
+
+def _devices():  # type: ignore[no-untyped-def]
+    fused = Cluster.load("dgx-h100").device_groups[0]
+    return fused, dataclasses.replace(fused, fused_attention=False)
+
+
+def test_builtin_specs_say_whether_attention_is_fused() -> None:
+    assert prices_fused_attention(Cluster.load("dgx-h100").device_groups[0])
+    assert prices_fused_attention(Cluster.load("hgx-h200").device_groups[0])
+    assert not prices_fused_attention(Cluster.load("dgx-a100-80g").device_groups[0])
+    off = Cluster.load("dgx-h100:h100.fused_attention=false").device_groups[0]
+    assert not prices_fused_attention(off)
+
+
+def test_causal_fraction() -> None:
+    assert causal_fraction(4096) == pytest.approx(33 / 64)
+    assert causal_fraction(128) == 1.0
+
+
+def test_fused_core_replaces_the_score_traffic(graph) -> None:  # type: ignore[no-untyped-def]
+    segments = graph_segments(graph)
+    _, names = segments.layers[0]
+    fused = fused_attention_core(graph, names, tp_layout(graph))
+    assert fused is not None and fused.causal
+    d = HIDDEN // HEADS
+    assert fused.model_flops == 4 * HEADS * SEQ * SEQ * d
+    assert fused.flops == pytest.approx(fused.model_flops * causal_fraction(SEQ))
+    # q, k, v (one qkv tensor) read, o written, fp32 statistics: no s×s term
+    assert fused.bytes_moved == 2 * (3 * SEQ * HIDDEN + SEQ * HIDDEN) + 4 * HEADS * SEQ
+
+
+def test_fused_pricing_is_faster_and_saves_no_scores(graph) -> None:  # type: ignore[no-untyped-def]
+    fused_dev, unfused_dev = _devices()
+    key = graph_segments(graph).layers[0][0]
+    args = dict(tp=1, sequence_parallel=False, recompute="none", microbatch=1)
+    fused = segment_cost(graph, key, device=fused_dev, **args)
+    unfused = segment_cost(graph, key, device=unfused_dev, **args)
+    assert fused.forward_s < unfused.forward_s and fused.backward_s < unfused.backward_s
+    assert fused.matmul_flops == unfused.matmul_flops          # MFU counts the full square
+    scores = HEADS * SEQ * SEQ * 2                                # one bf16 s×s tensor
+    assert unfused.activations.saved - fused.activations.saved > scores
+    assert fused.activations.saved < 40 * SEQ * HIDDEN            # O(s·h), Korthikanti's 34·s·h + stats
+
+
+def test_causal_sdpa_node_skips_the_masked_tiles() -> None:
+    graph = capture("llama:layers=2,hidden=64,heads=4,kv_heads=2,vocab=512,seq=512,"
+                    "multiple_of=32", batch=1, seq=512, dtype=torch.bfloat16)
+    segments = graph_segments(graph)
+    _, names = segments.layers[0]
+    fused = fused_attention_core(graph, names, tp_layout(graph))
+    assert fused is not None and fused.causal
+    assert fused.flops == pytest.approx(fused.model_flops * causal_fraction(512))
+    assert fused.flops < fused.model_flops
+
