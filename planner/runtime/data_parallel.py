@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from fxplan.passes.rewrite.base import logger
+from fxplan.runtime.precision import Precision, autocast_stage, mixed_precision_policy
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -55,13 +56,17 @@ def zero1_fallback(plan: "Plan") -> str | None:
 
 def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
                         fallbacks: list[str] | None = None,
-                        blocks: Sequence[nn.Module] | None = None) -> nn.Module:
+                        blocks: Sequence[nn.Module] | None = None,
+                        precision: Precision | None = None) -> nn.Module:
     """Wrap ``stage`` for the plan's dp degree and ZeRO stage (table in the module docstring);
     a fallback taken is logged and appended to ``fallbacks``. ``blocks``: the repeated blocks
     to wrap one by one (default: the outlined ``layer_i`` children of a graph-rewrite stage;
-    the module-level path passes the user's ``model.layers.N``)."""
+    the module-level path passes the user's ``model.layers.N``). ``precision``: mixed
+    precision (:mod:`fxplan.runtime.precision`): FSDP2's policy where FSDP2 wraps the stage,
+    autocast around its forward otherwise (default: fp32)."""
+    precision = precision or Precision()
     if plan.dp == 1:
-        return stage
+        return autocast_stage(stage, precision, mesh.device_type)
     dp_mesh = mesh["dp"]
     line = zero1_fallback(plan)
     if line is not None:
@@ -73,19 +78,29 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
 
         reshard = plan.zero_stage == 3  # ZeRO-1 with tp > 1 (fallback): False, as ZeRO-2
         for block in _blocks(stage) if blocks is None else blocks:
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard,
+                        **_fsdp_policies(precision))
+        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard,
+                    **_fsdp_policies(precision, root=True))
         return stage
     if plan.tp == 1:
         from torch.nn.parallel import DistributedDataParallel
 
+        stage = autocast_stage(stage, precision, mesh.device_type)
         return DistributedDataParallel(stage, process_group=dp_mesh.get_group())
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
     for block in _blocks(stage) if blocks is None else blocks:
-        replicate(block, mesh=dp_mesh)
-    replicate(stage, mesh=dp_mesh)
+        replicate(block, mesh=dp_mesh, **_fsdp_policies(precision))
+    replicate(stage, mesh=dp_mesh, **_fsdp_policies(precision, root=True))
     return stage
+
+
+def _fsdp_policies(precision: Precision, *, root: bool = False) -> dict[str, Any]:
+    """Keyword arguments of ``fully_shard``/``replicate`` beyond the mesh: the mixed-precision
+    policy (none when fp32)."""
+    policy = mixed_precision_policy(precision, root=root)
+    return {} if policy is None else {"mp_policy": policy}
 
 
 def make_optimizer(params: Iterable[nn.Parameter], plan: "Plan", mesh: DeviceMesh | None,
