@@ -164,6 +164,9 @@ def measure(name: str, steps: int, repeats: int, tokens: Path, tmp: Path) -> dic
                 lambda: theirs.append(handwritten_step(plan, tokens, steps, devices, tmp))]
         for run in pair if i % 2 == 0 else pair[::-1]:
             run()
+        print(f"{name} run {i + 1}: fxplan {ours[-1] * 1e3:.1f} ms, hand-written "
+              f"{theirs[-1] * 1e3:.1f} ms (load {os.getloadavg()[0]:.1f})", file=sys.stderr,
+              flush=True)
     return dict(case=name, hand=hand, devices=devices, plan=made.summary,
                 fxplan_ms=[t * 1e3 for t in ours], hand_ms=[t * 1e3 for t in theirs],
                 ratio=statistics.median(ours) / statistics.median(theirs), load=load)
@@ -198,8 +201,10 @@ def main() -> None:
         tmp = Path(name)
         tokens = tmp / "tokens.bin"
         np.random.default_rng(0).integers(0, 512, 200_000).astype(np.uint16).tofile(tokens)
-        rows = [measure(c, args.steps, args.repeats, tokens, tmp)
-                for c in args.cases.split(",")]
+        rows = []
+        for case in args.cases.split(","):
+            rows.append(measure(case, args.steps, args.repeats, tokens, tmp))
+            print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(rows))
     if not args.markdown:
         print(f"\n{os.cpu_count()} CPUs, load average now {os.getloadavg()[0]:.2f}; "

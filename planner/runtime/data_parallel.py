@@ -21,6 +21,10 @@ does pick) it runs as ``fully_shard(reshard_after_forward=False)`` on dp instead
 layout: optimizer state sharded as planned, gradients reduce-scattered as well, so the same
 values with less memory than the plan's ZeRO-1 estimate — with a plain optimizer over the
 dp-sharded DTensors. That is a fallback: logged, and listed in ``ShardedModule.fallbacks``.
+
+Mixed precision (:mod:`fxplan.runtime.precision`) rides on the same wrappers: FSDP2
+(``fully_shard``, ``replicate``) takes its ``MixedPrecisionPolicy``, a DDP or unwrapped stage
+runs its forward under ``torch.autocast``.
 """
 
 from __future__ import annotations

@@ -53,3 +53,17 @@ def test_fp32_is_untouched(rank_pool, token_file):
                            token_file=token_file, config={**ADAMW, "steps": 5}, dtype="fp32")[0]
     assert report["linear_dtypes"] == ["float32"], report
     assert report["loss_error"] <= 1e-5, report
+
+
+@pytest.mark.parametrize("name", ["tp_sp", "pp_zero3"])
+def test_bf16_hf_llama_at_module_level(rank_pool, token_file, name):
+    """The module-level path: ``parallelize_module`` + autocast (tp+sp) and FSDP2's policy on the
+    user's decoder layers inside pipeline stages (pp+ZeRO-3)."""
+    pytest.importorskip("transformers")
+    report = rank_pool.run("rt_trainer_cases:trainer_matches_reference", plan_kwargs=PLANS[name],
+                           token_file=token_file, config=ADAMW, dtype="bf16", model="llama")[0]
+    print(f"llama {name}: bf16 max relative loss difference {report['loss_error']:.3g}")
+    assert report["path"] == "module", report
+    assert report["linear_dtypes"] == ["bfloat16"], report
+    assert report["param_dtypes"] == ["float32"] and report["state_dtypes"] == ["float32"]
+    assert report["loss_error"] <= TOLERANCE, report
