@@ -11,7 +11,9 @@ twice under torchrun on the same token file (``OMP_NUM_THREADS=1``, gloo):
 * this file as a torchrun worker (``--worker``): the model as ``resolve_model`` builds it, made
   parallel by hand the way the PyTorch tutorials / torchtitan do — ``DistributedDataParallel``
   (dp), ``fully_shard`` per decoder layer and the root (ZeRO-3), ``parallelize_module`` with
-  Colwise q/k/v/gate/up and Rowwise o/down per layer (tp) — and a plain loop: the plan's
+  Colwise q/k/v/gate/up and Rowwise o/down per layer, a Rowwise (vocabulary-parallel) embedding
+  and a Colwise LM head (tp; torchtitan's layout without sequence parallelism, the one the
+  planner picks here) — and a plain loop: the plan's
   microbatches with gradient accumulation (``no_sync`` under DDP), ``clip_grad_norm_``,
   AdamW, ``zero_grad``.
 
@@ -76,6 +78,12 @@ def handwritten(plan_file: str, tokens_file: str, steps: int, out: str) -> None:
                   "mlp.down_proj": RowwiseParallel()}
         for layer in layers:
             parallelize_module(layer, mesh["tp"], styles)
+        from torch.distributed.tensor import Replicate
+
+        # vocabulary-parallel embedding and LM head, as the plans of this benchmark have them
+        parallelize_module(model, mesh["tp"], {
+            "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+            "lm_head": ColwiseParallel(output_layouts=Replicate())})
     stage: torch.nn.Module = model
     if dp > 1 and zero >= 2:
         from torch.distributed.fsdp import fully_shard
@@ -104,7 +112,7 @@ def handwritten(plan_file: str, tokens_file: str, steps: int, out: str) -> None:
                 logits = stage(x).logits
                 loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)) / m
                 loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        _clip(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
         times.append(time.perf_counter() - began)
@@ -113,6 +121,27 @@ def handwritten(plan_file: str, tokens_file: str, steps: int, out: str) -> None:
     if rank == 0:
         Path(out).write_text(json.dumps({"step_times_s": slowest.tolist(), "world": world}))
     dist.destroy_process_group()
+
+
+def _clip(params, max_norm: float) -> None:
+    """``clip_grad_norm_`` for a model whose gradients are partly DTensors (tp) and partly
+    plain tensors (replicated norms): ``get_total_norm`` per kind, combined, one coefficient."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    kinds = [[g for g in grads if isinstance(g, DTensor)],
+             [g for g in grads if not isinstance(g, DTensor)]]
+    norms = []
+    for kind in kinds:
+        if kind:
+            norm = torch.nn.utils.get_total_norm(kind)
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = float(torch.stack(norms).norm())
+    coef = min(1.0, max_norm / (total + 1e-6))
+    for kind in kinds:
+        if kind:
+            torch._foreach_mul_(kind, coef)
 
 
 def _null():
