@@ -207,7 +207,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         ours = statistics.median(r["fxplan_ms"])
         theirs = statistics.median(r["hand_ms"])
-        lines.append(f"| {r['case']} | `{r['plan']}` | {r['hand']} | {ours:.1f} "
+        lines.append(f"| {r['case']} | `{r['plan'].replace('|', '¦')}` | {r['hand']} | {ours:.1f} "
                      f"({', '.join(f'{t:.1f}' for t in r['fxplan_ms'])}) | {theirs:.1f} "
                      f"({', '.join(f'{t:.1f}' for t in r['hand_ms'])}) | {r['ratio']:.2f}× | "
                      f"{r['load']:.1f} |")
