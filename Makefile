@@ -1,6 +1,6 @@
 # Two entry points for a fresh clone:  make demo   and   make test.
 # Both create .venv at the repo root if it is missing, install torch==2.13.0 first
-# (the CPU build these machines carry, pinned by constraints.txt), then fxplan with its dev and hf extras.
+# (the CPU build these machines carry, pinned by constraints.txt), then fxplan with its dev, hf and data extras.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -14,7 +14,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e '.[dev,hf]'
+	$(PIP) install -q -c constraints.txt -e '.[dev,hf,data]'
 	touch $(STAMP)
 
 demo: $(STAMP)

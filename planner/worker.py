@@ -4,8 +4,10 @@ Builds the plan's model on ``meta`` and materialises only this rank's stages and
 (values from the seeded single-device initialisation, or from ``--resume CKPT``, a sharded
 checkpoint saved under any plan — that is how training goes on after a re-plan for a changed
 cluster), applies the plan, and trains with :func:`fxplan.runtime.trainer.train` on ``--data``
-(a token file, ``synthetic`` or a ``data.py:build`` hook; :mod:`fxplan.runtime.data`): AdamW or
-SGD, warm-up + cosine learning rate, global-norm clipping. ``--checkpoint-every K`` writes a
+(a token file, a Hugging Face datasets directory, ``synthetic`` or a ``data.py:build`` hook;
+:mod:`fxplan.runtime.data`) in the plan's dtype with fp32 master weights (``--dtype``;
+:mod:`fxplan.runtime.precision`): AdamW or SGD, warm-up + cosine learning rate, global-norm
+clipping. ``--checkpoint-every K`` writes a
 training checkpoint (parameters, optimizer state, step and data position, every rank's random
 generators) to ``RUN_DIR/checkpoints/step-N/`` every K steps and after the last;
 ``--resume DIR`` (a run directory, its ``checkpoints/`` or one ``step-N``) verifies the
@@ -50,10 +52,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="fxplan.worker",
                                      description="one rank of `fxplan launch` (run under torchrun)")
     parser.add_argument("plan")
-    parser.add_argument("--data", required=True, help="token file, 'synthetic' or FILE.py:FUNCTION")
+    parser.add_argument("--data", required=True, help="token file, datasets directory, "
+                        "'synthetic' or FILE.py:FUNCTION")
     parser.add_argument("--token-dtype", default="auto", choices=("auto", "uint16", "uint32"))
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="plan", choices=("plan", "bf16", "fp16", "fp32"),
+                        help="compute dtype (plan: the plan's; fp32: mixed precision off)")
     parser.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--min-lr", type=float, default=None)
@@ -105,6 +110,7 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
 def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, stop: int) -> Any:
     """The ``--data`` source for this rank (:mod:`fxplan.runtime.data`)."""
     from fxplan.runtime.data import DataError, HookData, SyntheticData, TokenFile, token_dtype
+    from fxplan.runtime.hf_data import HFDataset
 
     vocab = getattr(bundle.config, "vocab", None) or getattr(bundle.config, "vocab_size", None)
     specs = _input_specs(bundle, plan)
@@ -117,8 +123,11 @@ def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, st
     inputs = {k: v for k, v in specs.items() if k != "targets"}
     shapes = [(tuple(v.shape), v.dtype) for v in inputs.values()]
     if len(inputs) != 1 or shapes[0][1].is_floating_point or len(shapes[0][0]) != 2:
-        raise DataError(f"--data {args.data}: a token file feeds a language model (one integer "
+        raise DataError(f"--data {args.data}: token data feeds a language model (one integer "
                         f"input of shape (batch, seq)); {plan.model} takes {shapes}")
+    if os.path.isdir(args.data):
+        return HFDataset(args.data, seq=plan.seq, global_batch=plan.batch, vocab=vocab,
+                         seed=args.seed)
     return TokenFile(args.data, seq=plan.seq, global_batch=plan.batch,
                      dtype=token_dtype(args.token_dtype, vocab), vocab=vocab, seed=args.seed)
 
@@ -150,6 +159,7 @@ def _train(args: argparse.Namespace) -> None:
     from fxplan.runtime.build import meta_parameters
     from fxplan.runtime.metrics import MetricsLog
     from fxplan.runtime.optim import build_optimizer
+    from fxplan.runtime.precision import resolve_precision
     from fxplan.runtime.train_checkpoint import (TrainPosition, data_identity,
                                                  load_training_checkpoint, locate_checkpoint,
                                                  save_training_checkpoint)
@@ -179,12 +189,13 @@ def _train(args: argparse.Namespace) -> None:
     with meta_parameters():
         model = bundle.build("cpu")
     example = tuple(v for k, v in _example_batch(bundle, plan).items() if k != "targets")
+    precision = resolve_precision(args.dtype, training_dtype(cluster))
     resume = None
     if args.resume:  # verified (manifest and hashes) before DCP unpickles anything
         resume = locate_checkpoint(args.resume)
-        sharded = apply_plan(model, plan, example, checkpoint=str(resume[0]))
+        sharded = apply_plan(model, plan, example, checkpoint=str(resume[0]), precision=precision)
     else:
-        sharded = apply_plan(model, plan, example, init=seeded_model)
+        sharded = apply_plan(model, plan, example, init=seeded_model, precision=precision)
     config = TrainConfig(
         steps=args.steps, optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr,
         warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, beta1=args.beta1,
@@ -221,11 +232,7 @@ def _train(args: argparse.Namespace) -> None:
             log_resume(log, events, position, resume[0], plan)
         for line in notes:
             log.print(f"resume: {line}")
-        dtype = training_dtype(cluster)
-        if dtype != "float32":
-            log.print(f"precision: the plan was priced in {dtype}; this runtime trains in float32 "
-                      "(mixed precision is not implemented yet), so expect slower steps and more "
-                      "memory than predicted")
+        log_precision(log, precision, training_dtype(cluster))
         if no_flops:
             log.print(no_flops)
     tokens = plan.batch * (plan.seq or 1)
@@ -274,6 +281,7 @@ def _train(args: argparse.Namespace) -> None:
         "predicted_tokens_per_s": _number(plan.estimate.get("tokens_per_s")),
         "measured_tokens_per_s": tokens / measured,
         "capacity_gib": capacity,
+        "mixed_precision": precision.describe(), "compute_dtype": precision.name,
         "memory_measured_as": ("torch.cuda.max_memory_allocated" if sharded.device.type == "cuda"
                                else "peak resident set size of the process (getrusage)"),
         "step_time_measured_as": "median over steps 2… of the slowest rank's step",
@@ -289,6 +297,19 @@ def _train(args: argparse.Namespace) -> None:
     for label, p, m, scale, unit in rows:
         log.print(f"{label:<22}{_show(summary[p], scale):>14}{_show(summary[m], scale):>14} {unit}")
     log.print(f"wrote {log.path} and {log.dir / 'summary.json'}")
+
+
+def log_precision(log: Any, precision: Any, plan_dtype: str) -> None:
+    """Rank 0: the run's mixed precision (:mod:`fxplan.runtime.precision`), where it departs
+    from the dtype the plan was priced in, and its fallback (fp16 without a loss scaler)."""
+    from fxplan.runtime.precision import DTYPES
+
+    log.print(f"mixed precision: {precision.describe()} ({precision.source})")
+    if DTYPES.get(plan_dtype) != precision.compute:
+        log.print(f"precision: the plan was priced in {plan_dtype}, this run computes in "
+                  f"{precision.name}: expect step time and memory other than predicted")
+    if precision.fallback():
+        log.print(f"fallback: {precision.fallback()}")
 
 
 def plan_for_world(plan: "Plan", world: int, run_dir: str) -> "tuple[Plan, Any]":

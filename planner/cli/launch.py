@@ -2,6 +2,8 @@
 
     fxplan launch plan.json --data tokens.bin --steps 1000 --run-dir runs/a
     fxplan launch plan.json --data synthetic --steps 20          # smoke test: one batch, repeated
+    fxplan launch plan.json --data ds_dir --steps 1000           # Dataset.save_to_disk, input_ids
+    fxplan launch plan.json --data tokens.bin --dtype fp32       # mixed precision off
     fxplan launch plan.json --config run.toml --lr 1e-4          # flags override the run config
     fxplan launch plan.json --data tokens.bin --print-command     # print exactly what would run
     fxplan launch plan.json --data tokens.bin --rdzv-endpoint node0:29500   # on every node
@@ -87,7 +89,12 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train = parser.add_argument_group("training (flags override --config)")
     train.add_argument("--config", metavar="RUN.toml", help="run config (TOML); see docs/runtime.md")
     train.add_argument("--data", help="tokens.bin (flat uint16/uint32 token ids, memory-mapped), "
+                       "a Hugging Face datasets directory (save_to_disk, an input_ids column), "
                        "'synthetic' (one random batch, repeated) or data.py:build (a hook)")
+    train.add_argument("--dtype", choices=("plan", "bf16", "fp16", "fp32"),
+                       help="compute dtype (default plan: the plan's training dtype, with fp32 "
+                       "master weights, optimizer state and gradient reduction; fp32: mixed "
+                       "precision off)")
     train.add_argument("--token-dtype", choices=("auto", "uint16", "uint32"),
                        help="token file element type (default auto: uint16 if the vocabulary fits)")
     train.add_argument("--steps", type=int, help="training steps (default 10)")
@@ -288,9 +295,7 @@ def settings_for(args: argparse.Namespace) -> RunSettings:
                                   "file and a function name")
             data = f"{os.path.abspath(path)}:{function}"
         elif os.path.isdir(data):
-            raise LaunchError(f"--data {data} is a directory: Hugging Face datasets directories "
-                              "are not supported yet; write the tokens to a flat binary file "
-                              "(uint16/uint32 ids, nanoGPT's format) or use a data.py:build hook")
+            data = check_dataset_dir(data)
         elif not os.path.isfile(data):
             raise LaunchError(f"--data {data}: no such file (expected a token file, 'synthetic' "
                               "or FILE.py:FUNCTION)")
@@ -298,6 +303,21 @@ def settings_for(args: argparse.Namespace) -> RunSettings:
             data = os.path.abspath(data)
     return RunSettings(**{**settings.to_dict(), "data": data,
                           "run_dir": os.path.abspath(settings.run_dir)})
+
+
+def check_dataset_dir(path: str) -> str:
+    """A ``--data`` directory must be a saved Hugging Face dataset with an ``input_ids``
+    column (:mod:`fxplan.runtime.hf_data`), checked before any process starts; its absolute
+    path."""
+    from fxplan.runtime.hf_data import is_dataset_dir, load_token_column
+
+    if not is_dataset_dir(path):
+        raise LaunchError(f"--data {path} is a directory without the files "
+                          "Dataset.save_to_disk writes (state.json, dataset_info.json or "
+                          "dataset_dict.json): expected a Hugging Face datasets directory, a "
+                          "token file, 'synthetic' or FILE.py:FUNCTION")
+    load_token_column(path)
+    return os.path.abspath(path)
 
 
 def worker_command(args: argparse.Namespace, settings: RunSettings) -> list[str]:

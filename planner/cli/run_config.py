@@ -11,6 +11,7 @@ needs besides the plan; every key is optional and a flag given on the command li
     steps = 1000
     seed = 0
     grad_clip = 1.0            # max global gradient norm; 0 turns clipping off
+    dtype = "plan"             # compute dtype: plan (the plan's, e.g. bf16) | bf16 | fp16 | fp32
 
     [optimizer]
     name = "adamw"             # adamw | sgd
@@ -63,6 +64,7 @@ class RunSettings(TrainConfig):
     data: str = ""
     token_dtype: str = "auto"
     seed: int = 0
+    dtype: str = "plan"
     run_dir: str = ""
     checkpoint_every: int = 0
 
@@ -103,6 +105,8 @@ SETTINGS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "data": ("data", _string, "a token file path, 'synthetic' or 'file.py:function'"),
     "token_dtype": ("data", lambda v: v in ("auto", "uint16", "uint32"), "uint16, uint32 or auto"),
     "steps": ("training", _positive_int, "an integer ≥ 1"),
+    "dtype": ("training", lambda v: v in ("plan", "bf16", "fp16", "fp32"),
+              "plan, bf16, fp16 or fp32"),
     "seed": ("training", _count, "an integer ≥ 0"),
     "grad_clip": ("training", _non_negative, "a finite number ≥ 0 (0: no clipping)"),
     "optimizer": ("optimizer", lambda v: v in ("adamw", "sgd"), "adamw or sgd"),

@@ -42,6 +42,7 @@ from fxplan.runtime.data_parallel import apply_data_parallel
 from fxplan.runtime.mesh import build_mesh, device_type
 from fxplan.runtime.module_apply import ModuleLevel, build_module_stages, module_level_plan
 from fxplan.runtime.pipeline import local_stage_indices
+from fxplan.runtime.precision import Precision
 from fxplan.runtime.sharded_module import LocalStage, ShardedModule
 from fxplan.runtime.tied import TiedGradSync
 from fxplan.runtime.tp_styles import NotExpressible
@@ -84,7 +85,7 @@ PATHS = ("auto", "module", "graph")
 
 def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[int] | None = None,
                debug: bool = False, init: InitSource = None, checkpoint: str | None = None,
-               path: str = "auto") -> ShardedModule | None:
+               path: str = "auto", precision: Precision | None = None) -> ShardedModule | None:
     """Turn ``model`` into this process's part of the plan's distributed program.
 
     ``inputs``: example model inputs (any batch size ≥ ``plan.microbatch_size``); ``ranks``: the
@@ -98,6 +99,7 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     graph rewrite with the reason as a fallback line. ``ShardedModule.path`` says which ran.
     A plan whose offload layout or FP8 this runtime cannot run here is refused first
     (:func:`fxplan.runtime.offload.check_runnable`); FP8 converts the linears with torchao.
+    ``precision``: mixed precision (:mod:`fxplan.runtime.precision`; default fp32).
     """
     from fxplan.passes.rewrite.base import PassError, logger
 
@@ -129,10 +131,11 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
             logger.warning("fxplan runtime fallback: %s", line)
             fallbacks.append(line)
     if decided is not None:
-        sharded = _apply_module_level(model, plan, decided, ranks, init, on_meta, checkpoint)
+        sharded = _apply_module_level(model, plan, decided, ranks, init, on_meta, checkpoint,
+                                      precision)
     else:
         sharded = _apply_graph(model, plan, inputs, ranks, debug, init, on_meta, checkpoint,
-                               fallbacks)
+                               fallbacks, precision)
     if sharded is not None and checkpoint is not None:
         sharded.load(checkpoint)
     return sharded
@@ -154,7 +157,8 @@ def _member_setup(plan: "Plan", ranks: Sequence[int] | None
 
 def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                         ranks: Sequence[int] | None, init: InitSource, on_meta: bool,
-                        checkpoint: str | None) -> ShardedModule | None:
+                        checkpoint: str | None, precision: Precision | None
+                        ) -> ShardedModule | None:
     mesh, group, pp_rank, device = _member_setup(plan, ranks)
     tied = TiedGradSync(plan, mesh, {})
     if pp_rank is None:
@@ -162,7 +166,7 @@ def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
     values = init_values(init) if on_meta and checkpoint is None else None
     fallbacks: list[str] = []
     stages = build_module_stages(model, plan, decided, mesh, local_stage_indices(plan, pp_rank),
-                                 device, values, fallbacks)
+                                 device, values, fallbacks, precision)
     del values
     return ShardedModule(plan, mesh, stages, decided.stage_io, tied, group, device,
                          fallbacks=fallbacks, path="module")
@@ -170,7 +174,7 @@ def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
 
 def _apply_graph(model: nn.Module, plan: "Plan", inputs: tuple, ranks: Sequence[int] | None,
                  debug: bool, init: InitSource, on_meta: bool, checkpoint: str | None,
-                 fallbacks: list[str]) -> ShardedModule | None:
+                 fallbacks: list[str], precision: Precision | None) -> ShardedModule | None:
     names: dict[int, str] = {}
     for fqn, tensor in [*model.named_parameters(remove_duplicate=False),
                         *model.named_buffers(remove_duplicate=False)]:
@@ -195,7 +199,7 @@ def _apply_graph(model: nn.Module, plan: "Plan", inputs: tuple, ranks: Sequence[
         materialize(inner, names, device, values)
         local_names = {local: names[id(p)]
                        for local, p in inner.named_parameters(remove_duplicate=False)}
-        wrapped = apply_data_parallel(inner, plan, mesh, fallbacks)
+        wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, precision=precision)
         stages.append(LocalStage(k, wrapped, inner, local_names))
     del values
     return ShardedModule(plan, mesh, stages, program.stage_io, tied, group, device,

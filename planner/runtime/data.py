@@ -1,4 +1,5 @@
-"""Training data for ``fxplan launch``: a token file, synthetic batches, or a user hook.
+"""Training data for ``fxplan launch``: a token file, a Hugging Face ``datasets`` directory,
+synthetic batches, or a user hook.
 
 Every source answers ``batch(step, start, stop)``: the samples ``start … stop-1`` of the global
 batch of ``step`` (0-based), as ``(inputs, targets)``. A rank asks only for its data-parallel
@@ -12,6 +13,11 @@ tokens starting at multiples of ``s`` (input ``t[0:s]``, target ``t[1:s+1]``). G
 permutation of ``0 … W-1`` drawn by ``numpy.random.default_rng([seed, e])``. The order depends
 only on ``(seed, step, g)``, so every plan — any dp, tp, pp, microbatching — trains on the same
 global batches in the same order as one process, and each epoch sees every window once.
+
+**Hugging Face datasets directory** (``--data DIR``, written by ``Dataset.save_to_disk``;
+:mod:`fxplan.runtime.hf_data`, the ``data`` extra): the rows of its ``input_ids`` column, in
+row order, are one token stream, windowed and ordered exactly as a token file (Arrow's
+memory-mapped files, sliced per sample: a rank reads only its windows).
 
 **Synthetic** (``--data synthetic``): one random global batch (seeded), the same every step —
 a smoke test whose loss must fall by memorisation, not a training run.
@@ -33,7 +39,8 @@ import torch
 
 from fxplan.core.errors import UserError
 
-__all__ = ["DataError", "DataSource", "TokenFile", "SyntheticData", "HookData", "token_dtype"]
+__all__ = ["DataError", "DataSource", "TokenStream", "TokenFile", "SyntheticData", "HookData",
+           "token_dtype"]
 
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
 
@@ -56,21 +63,19 @@ def token_dtype(name: str, vocab: int | None) -> np.dtype:
     return np.dtype(name)
 
 
-class TokenFile:
-    """Windows of a flat token file in a seeded, plan-independent order (module docstring)."""
+class TokenStream:
+    """Windows of a flat stream of token ids in a seeded, plan-independent order (module
+    docstring). ``tokens``: anything with ``len`` whose slices ``tokens[a:b]`` are integer
+    arrays (a memory map, :class:`fxplan.runtime.hf_data.ArrowTokens`); ``name`` says where
+    they come from in messages."""
 
-    def __init__(self, path: str, *, seq: int, global_batch: int, dtype: np.dtype,
+    def __init__(self, tokens: Any, name: str, *, seq: int, global_batch: int,
                  vocab: int | None = None, seed: int = 0) -> None:
-        size = os.path.getsize(path)
-        if size % dtype.itemsize:
-            raise DataError(f"token file {path}: {size} bytes is not a whole number of "
-                            f"{dtype.name} ids ({dtype.itemsize} bytes each); wrong --token-dtype?")
-        self.tokens = np.memmap(path, dtype=dtype, mode="r")
-        self.path, self.seq, self.global_batch = path, seq, global_batch
+        self.tokens, self.path, self.seq, self.global_batch = tokens, name, seq, global_batch
         self.vocab, self.seed = vocab, seed
         self.windows = (len(self.tokens) - 1) // seq
         if self.windows < 1:
-            raise DataError(f"token file {path}: {len(self.tokens)} tokens, fewer than one "
+            raise DataError(f"{name}: {len(self.tokens)} tokens, fewer than one "
                             f"sample of seq + 1 = {seq + 1}")
         self._permutation: tuple[int, np.ndarray] | None = None
 
@@ -88,10 +93,23 @@ class TokenFile:
                 for w in (self.window(first + b) for b in range(start, stop))]
         block = torch.from_numpy(np.stack(rows).astype(np.int64))
         if self.vocab is not None and block.numel() and int(block.max()) >= self.vocab:
-            raise DataError(f"token file {self.path}: id {int(block.max())} at step {step} is not "
+            raise DataError(f"{self.path}: id {int(block.max())} at step {step} is not "
                             f"below the model's vocabulary {self.vocab} (wrong --token-dtype, or "
-                            "a file tokenised for another model?)")
+                            "data tokenised for another model?)")
         return (block[:, :-1].contiguous(),), block[:, 1:].contiguous()
+
+
+class TokenFile(TokenStream):
+    """A flat token file (``uint16``/``uint32`` ids), memory-mapped (module docstring)."""
+
+    def __init__(self, path: str, *, seq: int, global_batch: int, dtype: np.dtype,
+                 vocab: int | None = None, seed: int = 0) -> None:
+        size = os.path.getsize(path)
+        if size % dtype.itemsize:
+            raise DataError(f"token file {path}: {size} bytes is not a whole number of "
+                            f"{dtype.name} ids ({dtype.itemsize} bytes each); wrong --token-dtype?")
+        super().__init__(np.memmap(path, dtype=dtype, mode="r"), f"token file {path}", seq=seq,
+                         global_batch=global_batch, vocab=vocab, seed=seed)
 
 
 class SyntheticData:

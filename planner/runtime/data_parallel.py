@@ -22,6 +22,10 @@ does pick) it runs as ``fully_shard(reshard_after_forward=False)`` on dp instead
 layout: optimizer state sharded as planned, gradients reduce-scattered as well, so the same
 values with less memory than the plan's ZeRO-1 estimate — with a plain optimizer over the
 dp-sharded DTensors. That is a fallback: logged, and listed in ``ShardedModule.fallbacks``.
+
+Mixed precision (:mod:`fxplan.runtime.precision`) rides on the same wrappers: FSDP2
+(``fully_shard``, ``replicate``) takes its ``MixedPrecisionPolicy``, a DDP or unwrapped stage
+runs its forward under ``torch.autocast``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from fxplan.passes.rewrite.base import logger
 from fxplan.runtime.offload import offload_fallback, offload_policy
+from fxplan.runtime.precision import Precision, autocast_stage, mixed_precision_policy
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -57,13 +62,17 @@ def zero1_fallback(plan: "Plan") -> str | None:
 
 def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
                         fallbacks: list[str] | None = None,
-                        blocks: Sequence[nn.Module] | None = None) -> nn.Module:
+                        blocks: Sequence[nn.Module] | None = None,
+                        precision: Precision | None = None) -> nn.Module:
     """Wrap ``stage`` for the plan's dp degree and ZeRO stage (table in the module docstring);
     a fallback taken is logged and appended to ``fallbacks``. ``blocks``: the repeated blocks
     to wrap one by one (default: the outlined ``layer_i`` children of a graph-rewrite stage;
-    the module-level path passes the user's ``model.layers.N``)."""
+    the module-level path passes the user's ``model.layers.N``). ``precision``: mixed
+    precision (:mod:`fxplan.runtime.precision`): FSDP2's policy where FSDP2 wraps the stage,
+    autocast around its forward otherwise (default: fp32)."""
+    precision = precision or Precision()
     if plan.dp == 1:
-        return stage
+        return autocast_stage(stage, precision, mesh.device_type)
     dp_mesh = mesh["dp"]
     line = zero1_fallback(plan)
     for text in (line, offload_fallback(plan)):
@@ -75,21 +84,34 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
         from torch.distributed.fsdp import fully_shard
 
         reshard = plan.zero_stage == 3  # ZeRO-1 with tp > 1 (fallback): False, as ZeRO-2
-        extra = {} if plan.offload == "none" else {"offload_policy": offload_policy(plan)}
         for block in _blocks(stage) if blocks is None else blocks:
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, **extra)
-        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, **extra)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard,
+                        **_fsdp_policies(precision, plan))
+        fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard,
+                    **_fsdp_policies(precision, plan, root=True))
         return stage
     if plan.tp == 1:
         from torch.nn.parallel import DistributedDataParallel
 
+        stage = autocast_stage(stage, precision, mesh.device_type)
         return DistributedDataParallel(stage, process_group=dp_mesh.get_group())
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
     for block in _blocks(stage) if blocks is None else blocks:
-        replicate(block, mesh=dp_mesh)
-    replicate(stage, mesh=dp_mesh)
+        replicate(block, mesh=dp_mesh, **_fsdp_policies(precision))
+    replicate(stage, mesh=dp_mesh, **_fsdp_policies(precision, root=True))
     return stage
+
+
+def _fsdp_policies(precision: Precision, plan: "Plan | None" = None, *,
+                   root: bool = False) -> dict[str, Any]:
+    """Keyword arguments of ``fully_shard``/``replicate`` beyond the mesh: the mixed-precision
+    policy (none when fp32) and, when ``plan`` offloads, FSDP2's CPU offload policy."""
+    policy = mixed_precision_policy(precision, root=root)
+    out: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
+    if plan is not None and plan.offload != "none":
+        out["offload_policy"] = offload_policy(plan)
+    return out
 
 
 def make_optimizer(params: Iterable[nn.Parameter], plan: "Plan", mesh: DeviceMesh | None,

@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from fxplan.core.plan import Plan
     from fxplan.passes.rewrite.stages import StageIO
+    from fxplan.runtime.precision import Precision
     from fxplan.runtime.sharded_module import LocalStage
 
 __all__ = ["ModuleLevel", "module_level_plan", "build_module_stages"]
@@ -181,9 +182,10 @@ def module_level_plan(model: nn.Module, plan: "Plan",
 
 def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                         mesh: "DeviceMesh", indices: Sequence[int], device: torch.device,
-                        values: Mapping[str, torch.Tensor] | None, fallbacks: list[str]
-                        ) -> list["LocalStage"]:
-    """This rank's stages ``indices``, each parallelized as planned (module docstring)."""
+                        values: Mapping[str, torch.Tensor] | None, fallbacks: list[str],
+                        precision: "Precision | None" = None) -> list["LocalStage"]:
+    """This rank's stages ``indices``, each parallelized as planned (module docstring), in
+    ``precision`` (:mod:`fxplan.runtime.precision`; default fp32)."""
     from torch.distributed._composable import checkpoint
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -211,7 +213,8 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             for block in blocks:
                 checkpoint(block)
         inner.register_forward_hook(_output_tensor)
-        wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks)
+        wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks,
+                                      precision=precision)
         first: dict[int, str] = {}  # a tied weight goes by its first name, as in the graph path
         local_names = {n: first.setdefault(id(p), n)
                        for n, p in inner.named_parameters(remove_duplicate=False)}

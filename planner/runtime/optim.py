@@ -97,8 +97,7 @@ def _same_order_everywhere(item: tuple[tuple[Any, tuple[int, ...]], Any]) -> tup
 
 def global_grad_norm(sharded: "ShardedModule") -> torch.Tensor:
     """``‖g‖₂`` of the whole model's gradient, the same on every member rank (collective)."""
-    partial: dict[tuple[Any, tuple[int, ...]], torch.Tensor] = defaultdict(
-        lambda: torch.zeros((), dtype=torch.float64, device=sharded.device))
+    groups: dict[tuple[Any, tuple[int, ...]], list[torch.Tensor]] = defaultdict(list)
     for grad in _grads(sharded):
         if isinstance(grad, DTensor):
             local = grad.to_local()
@@ -106,7 +105,11 @@ def global_grad_norm(sharded: "ShardedModule") -> torch.Tensor:
             key = (grad.device_mesh, dims)
         else:
             local, key = grad, (None, ())
-        partial[key] = partial[key] + local.detach().double().pow(2).sum()
+        groups[key].append(local.detach())
+    # per group Σ‖g_i‖² in fp64 from the per-tensor norms of one fused kernel (as
+    # torch.nn.utils.clip_grad_norm_ computes them), not one cast + pow + sum per tensor
+    partial = {key: torch.stack(torch._foreach_norm(tensors)).double().pow(2).sum()
+               for key, tensors in groups.items()}
     total = torch.zeros((), dtype=torch.float64, device=sharded.device)
     for (mesh, dims), value in sorted(partial.items(), key=_same_order_everywhere):
         for dim in dims:
@@ -123,9 +126,12 @@ def clip_grad_norm(sharded: "ShardedModule", max_norm: float) -> float:
     norm = global_grad_norm(sharded)
     if max_norm > 0:
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
         for param in sharded.parameters():
             if param.grad is not None:
                 grad = param.grad
                 local = grad._local_tensor if isinstance(grad, DTensor) else grad
-                local.mul_(coef.to(local.dtype))
+                by_dtype[local.dtype].append(local)
+        for dtype, locals_ in by_dtype.items():  # one fused multiply per dtype
+            torch._foreach_mul_(locals_, coef.to(dtype))
     return float(norm)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fxplan.core.config import ParallelConfig
+from fxplan.core.config import ParallelConfig, Schedule
 from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan
 from fxplan.runtime.apply import apply_plan
@@ -33,7 +33,9 @@ _MEGATRON = {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(
 
 
 def plan_for(model: torch.nn.Module, *, tp: int = 1, pp: int = 1, dp: int = 1, sp: bool = False,
-             zero: int = 0, layers: int = 2, overrides: dict[str, str] | None = None) -> Plan:
+             zero: int = 0, layers: int = 2, overrides: dict[str, str] | None = None,
+             microbatch_size: int = 2, num_microbatches: int = 1, schedule: str = "1f1b",
+             seq: int = SEQ) -> Plan:
     """A hand-made plan with Megatron placements over ``("dp", "tp")`` for ``model``."""
     params = {}
     for name, _ in model.named_parameters():
@@ -41,10 +43,11 @@ def plan_for(model: torch.nn.Module, *, tp: int = 1, pp: int = 1, dp: int = 1, s
         token = _MEGATRON.get(module, "R") if tp > 1 and name.endswith("weight") else "R"
         params[name] = "R" + token
     params.update(overrides or {})
-    config = ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=2, num_microbatches=1,
-                            sequence_parallel=sp, zero_stage=zero)
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=microbatch_size,
+                            num_microbatches=num_microbatches, sequence_parallel=sp,
+                            zero_stage=zero, schedule=Schedule.parse(schedule))
     return Plan(model="test", cluster="test", graph_fingerprint="t", cluster_fingerprint="t",
-                batch=2 * dp, seq=8, config=config, stages=stages_for(layers, pp, 1),
+                batch=microbatch_size * num_microbatches * dp, seq=seq, config=config, stages=stages_for(layers, pp, 1),
                 placements=PlacementMap(params={k: parse_placements(v) for k, v in params.items()}))
 
 

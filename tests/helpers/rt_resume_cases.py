@@ -32,16 +32,20 @@ class Interrupted(Exception):
     """Raised by a test's ``on_step`` to stop a run as a crash would."""
 
 
-def _model(layers: int, dropout: float, meta: bool) -> torch.nn.Module:
+def _model(layers: int, dropout: float, meta: bool, kind: str | None = None) -> torch.nn.Module:
+    """The tiny GPT (``kind`` None) or the tiny ``hf:llama`` of :mod:`rt_trainer_cases`."""
+    from rt_trainer_cases import LLAMA
+
     torch.manual_seed(0)
-    spec = f"gpt-tiny:dropout={dropout},seq={SEQ},layers={layers},attention=math"
+    spec = LLAMA if kind == "llama" else \
+        f"gpt-tiny:dropout={dropout},seq={SEQ},layers={layers},attention=math"
     with meta_parameters() if meta else contextlib.nullcontext():
         return resolve_model(spec).build("cpu")
 
 
 def _run(plan: Any, token_file: str, config: TrainConfig, run_dir: Path, *, every: int,
          dropout: float, rng_seed: int, resume: Path | None = None,
-         stop_after: int | None = None) -> list[float] | None:
+         stop_after: int | None = None, kind: str | None = None) -> list[float] | None:
     """One run as the launch worker does it: build (seeded or from ``resume``), train with a
     checkpoint every ``every`` steps, optionally stop right after step ``stop_after``'s
     checkpoint. ``rng_seed`` seeds every rank's generators differently per run, so only a
@@ -50,10 +54,10 @@ def _run(plan: Any, token_file: str, config: TrainConfig, run_dir: Path, *, ever
     example = fixed_batch(plan)[0]
     found = locate_checkpoint(resume) if resume is not None else None
     if found is None:
-        sharded = apply_plan(_model(layers, dropout, True), plan, example,
-                             init=lambda: _model(layers, dropout, False))
+        sharded = apply_plan(_model(layers, dropout, True, kind), plan, example,
+                             init=lambda: _model(layers, dropout, False, kind))
     else:
-        sharded = apply_plan(_model(layers, dropout, True), plan, example,
+        sharded = apply_plan(_model(layers, dropout, True, kind), plan, example,
                              checkpoint=str(found[0]))
     if sharded is None:
         return None
@@ -89,19 +93,22 @@ def _run(plan: Any, token_file: str, config: TrainConfig, run_dir: Path, *, ever
 
 def resume_matches_uninterrupted(plan_kwargs: dict[str, Any], token_file: str,
                                  config: dict[str, Any], tmp: str, dropout: float = 0.0,
-                                 every: int = 10) -> dict[str, Any] | None:
+                                 every: int = 10, model: str | None = None
+                                 ) -> dict[str, Any] | None:
     """The uninterrupted run; the same run stopped after step ``every``'s checkpoint; a
     resumed run from that checkpoint (other RNG seeds, fresh model and optimizer) to the end.
-    Rank 0 reports both loss curves."""
-    plan = make_plan(**plan_kwargs)
+    Rank 0 reports both loss curves. ``model``: ``"llama"`` for the tiny ``hf:llama``."""
+    from rt_trainer_cases import llama_plan
+
+    plan = make_plan(**plan_kwargs) if model is None else llama_plan(**plan_kwargs)
     cfg = TrainConfig(**config)
     root = Path(tmp)
     whole = _run(plan, token_file, cfg, root / "whole", every=every, dropout=dropout,
-                 rng_seed=100)
+                 rng_seed=100, kind=model)
     _run(plan, token_file, cfg, root / "cut", every=every, dropout=dropout, rng_seed=100,
-         stop_after=every)
+         stop_after=every, kind=model)
     resumed = _run(plan, token_file, cfg, root / "cut2", every=every, dropout=dropout,
-                   rng_seed=555, resume=root / "cut")
+                   rng_seed=555, resume=root / "cut", kind=model)
     if whole is None or dist.get_rank() != 0:
         return None
     tail = whole[every:]

@@ -11,13 +11,34 @@ import torch
 from fxplan.examples.models.lm import lm_loss
 from fxplan.runtime.apply import apply_plan
 from fxplan.runtime.data import TokenFile
+from fxplan.runtime.module_probe import model_output
+from fxplan.runtime.precision import DTYPES, Precision, fp32_outputs
 from fxplan.core.training import lr_at
 from fxplan.runtime.optim import param_groups
 from fxplan.core.training import TrainConfig
 from fxplan.runtime.trainer import train
+from fxplan.core.plan import Plan
 from rt_plans import SEQ, VOCAB, build_model, fixed_batch, make_plan
 
 SEED = 3
+#: A tiny ``hf:llama`` reading the tiny GPT's token file (vocabulary 512, sequence 16).
+LLAMA = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_attention_heads=4,"
+         f"num_key_value_heads=2,vocab_size={VOCAB},max_position_embeddings={SEQ}")
+
+
+def llama_model() -> torch.nn.Module:
+    """The tiny Llama, seeded as the tiny GPT is (:func:`rt_plans.build_model`)."""
+    from fxplan.examples.model_spec import resolve_model
+
+    torch.manual_seed(0)
+    return resolve_model(LLAMA).build("cpu")
+
+
+def llama_plan(**kwargs: Any) -> Plan:
+    """A hand-made Megatron-placement plan for :func:`llama_model` at sequence length 16."""
+    from rt_module_cases import plan_for
+
+    return plan_for(llama_model(), seq=SEQ, **kwargs)
 
 
 def make_token_file(path: str, tokens: int = 6000) -> str:
@@ -37,11 +58,14 @@ def _data(path: str, batch: int) -> TokenFile:
                      seed=SEED)
 
 
-def reference(token_file: str, batch: int, config: TrainConfig, layers: int = 2
+def reference(token_file: str, batch: int, config: TrainConfig, layers: int = 2,
+              dtype: str = "fp32", model: torch.nn.Module | None = None
               ) -> tuple[list[float], list[float]]:
     """Losses and gradient norms of one process: same data order, optimizer groups, clipping
-    (``torch.nn.utils.clip_grad_norm_``) and schedule."""
-    model = build_model(layers)
+    (``torch.nn.utils.clip_grad_norm_``) and schedule; ``dtype`` bf16: the forward under
+    ``torch.autocast("cpu", bfloat16)``, the loss on fp32 logits, fp32 parameters."""
+    model = build_model(layers) if model is None else model
+    compute = DTYPES[dtype]
     data = _data(token_file, batch)
     groups = param_groups(dict(model.named_parameters()), config.weight_decay)
     if config.optimizer == "adamw":
@@ -51,7 +75,9 @@ def reference(token_file: str, batch: int, config: TrainConfig, layers: int = 2
     losses, norms = [], []
     for step in range(1, config.steps + 1):
         (tokens,), targets = data.batch(step - 1, 0, batch)
-        loss = lm_loss(model(tokens), targets)
+        with torch.autocast("cpu", dtype=compute, enabled=compute != torch.float32):
+            logits = model(tokens)
+        loss = lm_loss(fp32_outputs(model_output(logits)), targets)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or float("inf"))
         for group in optimizer.param_groups:
@@ -64,22 +90,52 @@ def reference(token_file: str, batch: int, config: TrainConfig, layers: int = 2
     return losses, norms
 
 
+def linear_output_dtypes(sharded: Any) -> tuple[set[str], list[Any]]:
+    """Forward hooks on every ``nn.Linear`` of this rank's stages recording the dtypes their
+    outputs have (a matmul run in bf16 writes bf16); returns the set and the hook handles."""
+    seen: set[str] = set()
+
+    def record(module: torch.nn.Module, args: Any, out: Any) -> None:
+        seen.add(str(out.dtype).removeprefix("torch."))
+
+    handles = [m.register_forward_hook(record) for stage in sharded.stages
+               for m in stage.inner.modules() if isinstance(m, torch.nn.Linear)]
+    return seen, handles
+
+
+def precision_facts(sharded: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Dtypes of the parameters (the fp32 masters) and of the optimizer's state tensors."""
+    params = {str(p.dtype).removeprefix("torch.") for p in sharded.parameters()}
+    states = {str(v.dtype).removeprefix("torch.") for state in optimizer.state.values()
+              for v in state.values() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    return dict(param_dtypes=sorted(params), state_dtypes=sorted(states))
+
+
 def trainer_matches_reference(plan_kwargs: dict[str, Any], token_file: str,
-                              config: dict[str, Any]) -> dict[str, Any] | None:
-    """Train under the plan with :func:`fxplan.runtime.trainer.train`; rank 0 reports the
-    curves of both and the largest relative differences."""
-    plan = make_plan(**plan_kwargs)
+                              config: dict[str, Any], dtype: str = "fp32",
+                              model: str | None = None) -> dict[str, Any] | None:
+    """Train under the plan with :func:`fxplan.runtime.trainer.train` in ``dtype``
+    (:mod:`fxplan.runtime.precision`); rank 0 reports the curves of both, the largest relative
+    differences, and the dtypes seen (Linear outputs, parameters, optimizer state). ``model``:
+    ``"llama"`` for the tiny ``hf:llama`` of :mod:`rt_module_cases` (default the tiny GPT)."""
+    plan = make_plan(**plan_kwargs) if model is None else llama_plan(**plan_kwargs)
     layers = plan_kwargs.get("layers", 2)
     cfg = TrainConfig(**config)
-    sharded = apply_plan(build_model(layers), plan, fixed_batch(plan)[0], ranks=None)
+    build = (lambda: build_model(layers)) if model is None else llama_model
+    sharded = apply_plan(build(), plan, fixed_batch(plan)[0], ranks=None,
+                         precision=Precision(DTYPES[dtype]))
     if sharded is None:
         return None
-    result, _ = train(sharded, _data(token_file, plan.batch), lm_loss, cfg,
-                      tokens_per_step=plan.batch * SEQ)
-    ref_losses, ref_norms = reference(token_file, plan.batch, cfg, layers)
+    seen, handles = linear_output_dtypes(sharded)
+    result, optimizer = train(sharded, _data(token_file, plan.batch), lm_loss, cfg,
+                              tokens_per_step=plan.batch * SEQ)
+    for handle in handles:
+        handle.remove()
+    ref_losses, ref_norms = reference(token_file, plan.batch, cfg, layers, dtype, build())
     rel = lambda a, b: max(abs(x - y) / abs(y) for x, y in zip(a, b))  # noqa: E731
     return dict(losses=result.losses, ref_losses=ref_losses, norms=result.grad_norms,
-                ref_norms=ref_norms, lrs=result.lrs, batch=plan.batch,
+                ref_norms=ref_norms, lrs=result.lrs, batch=plan.batch, path=sharded.path,
                 loss_error=rel(result.losses, ref_losses),
-                norm_error=rel(result.grad_norms, ref_norms),
-                step_times=len(result.step_times_s), peak=result.peak_memory_gib)
+                norm_error=rel(result.grad_norms, ref_norms), linear_dtypes=sorted(seen),
+                step_times=len(result.step_times_s), peak=result.peak_memory_gib,
+                **precision_facts(sharded, optimizer))
