@@ -154,7 +154,17 @@ ENCODER_MLP_TP = {f"encoder.layers.{i}.{name}": tp for i in range(2) for name, t
     ("linear1.weight", "RS(0)"), ("linear1.bias", "RS(0)"), ("linear2.weight", "RS(1)"))}
 
 
-def encoder_mlp_tp_plan(sp: bool = False) -> str:
-    """A 2×2 (dp, tp) ZeRO-3 plan for the encoder with :data:`ENCODER_MLP_TP` (JSON)."""
+#: Head-parallel ``nn.MultiheadAttention`` (fused ``in_proj`` rows per head group, ``out_proj``
+#: row-parallel) on top of :data:`ENCODER_MLP_TP`.
+ENCODER_TP = {**ENCODER_MLP_TP, **{f"encoder.layers.{i}.self_attn.{name}": tp for i in range(2)
+                                   for name, tp in (("in_proj_weight", "RS(0)"),
+                                                    ("in_proj_bias", "RS(0)"),
+                                                    ("out_proj.weight", "RS(1)"))}}
+
+
+def encoder_mlp_tp_plan(sp: bool = False, attention: bool = False, zero: int = 3) -> str:
+    """A 2×2 (dp, tp) plan for the encoder with :data:`ENCODER_MLP_TP` (:data:`ENCODER_TP`
+    with ``attention``), JSON."""
     model = build("encoder")
-    return plan_for(model, tp=2, dp=2, zero=3, sp=sp, overrides=ENCODER_MLP_TP).to_json()
+    overrides = ENCODER_TP if attention else ENCODER_MLP_TP
+    return plan_for(model, tp=2, dp=2, zero=zero, sp=sp, overrides=overrides).to_json()

@@ -43,7 +43,7 @@ def _check(report: dict) -> None:
     assert report["path"] == "module", report["fallbacks"]
     assert not report["missing"] and not report["extra"], report
     assert report["loss_error"] <= TOL, report
-    assert report["param_error"] <= TOL, report
+    assert report["param_error"] <= TOL, (report["worst"], report)
     assert report["losses"][-1] < report["losses"][0], report
 
 
@@ -74,6 +74,15 @@ def test_encoder_mlp_tensor_parallel(rank_pool):
     (the search keeps this model replicated over tp, see docs/runtime.md)."""
     report = rank_pool.run("rt_module_cases:train_matches_reference", kind="encoder",
                            plan_json=encoder_mlp_tp_plan())[0]
+    _check(report)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_encoder_attention_tensor_parallel(rank_pool, zero):
+    """``nn.MultiheadAttention`` head-parallel (its fused ``in_proj_weight`` split per head
+    group, ``out_proj`` row-parallel) and the MLP split, on a 2×2 (dp, tp) mesh."""
+    report = rank_pool.run("rt_module_cases:train_matches_reference", kind="encoder",
+                           plan_json=encoder_mlp_tp_plan(attention=True, zero=zero))[0]
     _check(report)
 
 
