@@ -11,7 +11,10 @@ rows of its head group ``h ∈ [r·H/t, (r+1)·H/t)`` in each of the three block
     in_proj_bias_r   = the same rows of the bias                     ((3E/t,))
 
 which is DTensor's ``_StridedShard(0, split_factor=3)`` (split into 3 pieces, each piece
-sharded over tp), and ``out_proj`` is row-parallel (``weight`` ``Shard(1)``, ``bias``
+sharded over tp). The bias (``3E`` values) is stored whole (``Replicate`` over tp) and sliced to
+its rows in the forward (``redistribute`` to the strided shard; its backward all-gathers the
+gradient): FSDP2 shards a parameter over dp on another dim than the tp one when that one is
+strided (:func:`fxplan.runtime.data_parallel.fsdp_shard_dim`), and a 1-D one has none. And ``out_proj`` is row-parallel (``weight`` ``Shard(1)``, ``bias``
 ``Replicate``). The forward on rank ``r`` (``x`` replicated, as for a column-parallel Linear):
 
     q, k, v = split₃(x · in_proj_weight_rᵀ + in_proj_bias_r)         (H/t heads each)
@@ -96,8 +99,8 @@ class HeadParallelAttention(ParallelStyle):
             raise ValueError(f"nn.MultiheadAttention cannot run head-parallel: {reason}")
         rank = self.src_data_rank
         module.in_proj_weight = _shard(module.in_proj_weight, device_mesh, QKV, rank)
-        if module.in_proj_bias is not None:
-            module.in_proj_bias = _shard(module.in_proj_bias, device_mesh, QKV, rank)
+        if module.in_proj_bias is not None:  # kept whole: see the module docstring
+            module.in_proj_bias = _shard(module.in_proj_bias, device_mesh, Replicate(), rank)
         out = module.out_proj
         out.weight = _shard(out.weight, device_mesh, Shard(1), rank)
         if out.bias is not None:
@@ -136,7 +139,10 @@ def _head_parallel_forward(self: nn.MultiheadAttention, query: torch.Tensor, key
         grad_placements=[Partial()])                             # backward: all-reduce dx
     n, length, _ = x.shape
     heads = self.num_heads // mesh.size()
-    qkv = F.linear(x, _local(self.in_proj_weight), _local(self.in_proj_bias))
+    bias = self.in_proj_bias
+    if isinstance(bias, DTensor):  # this head group's rows; backward: all-gather the gradient
+        bias = bias.redistribute(mesh, [QKV]).to_local()
+    qkv = F.linear(x, _local(self.in_proj_weight), bias)
     q, k, v = qkv.unflatten(-1, (3, heads, self.head_dim)).permute(2, 0, 3, 1, 4)  # (N, h, L, d)
     mask = _float_mask(attn_mask, q.dtype)
     if mask is not None and mask.dim() == 3:
