@@ -23,6 +23,9 @@ LLAMA = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_a
          "num_key_value_heads=2,vocab_size=64,max_position_embeddings=16")
 ENCODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime",
                        "models", "encoder_lm.py:build")
+ENCODER_WIDE = ENCODER + "_wide"
+#: The model spec of each kind of test model.
+SPECS = {"llama": LLAMA, "encoder": ENCODER, "encoder-wide": ENCODER_WIDE}
 VOCAB = 64
 
 _MEGATRON = {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)",
@@ -50,7 +53,7 @@ def plan_for(model: torch.nn.Module, *, tp: int = 1, pp: int = 1, dp: int = 1, s
 
 
 def build(kind: str, seed: int = 0, meta: bool = False) -> torch.nn.Module:
-    """The tiny model ``kind`` (``llama`` or ``encoder``), seeded; ``meta``: parameters on meta."""
+    """The tiny model ``kind`` (a key of :data:`SPECS`), seeded; ``meta``: parameters on meta."""
     import contextlib
 
     from fxplan.examples.model_spec import resolve_model
@@ -58,7 +61,7 @@ def build(kind: str, seed: int = 0, meta: bool = False) -> torch.nn.Module:
 
     torch.manual_seed(seed)
     with meta_parameters() if meta else contextlib.nullcontext():
-        return resolve_model(LLAMA if kind == "llama" else ENCODER).build("cpu")
+        return resolve_model(SPECS[kind]).build("cpu")
 
 
 def batch(plan: Plan, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,7 @@ import functools
 
 import pytest
 
-from rt_module_cases import ENCODER, LLAMA, encoder_mlp_tp_plan
+from rt_module_cases import LLAMA, SPECS, encoder_mlp_tp_plan
 
 pytest.importorskip("transformers")
 
@@ -32,7 +32,7 @@ def plan_json(kind: str, name: str) -> str:
     """The search's plan for ``kind`` under constraint set ``name`` (searched once per session)."""
     import fxplan
 
-    model = LLAMA if kind == "llama" else ENCODER
+    model = SPECS[kind]
     seq = 8 if kind == "llama" else None
     plan = fxplan.search(model, CLUSTER, batch=4, seq=seq, constraints=CONSTRAINTS[name],
                          progress=False)
@@ -83,6 +83,22 @@ def test_encoder_attention_tensor_parallel(rank_pool, zero):
     group, ``out_proj`` row-parallel) and the MLP split, on a 2×2 (dp, tp) mesh."""
     report = rank_pool.run("rt_module_cases:train_matches_reference", kind="encoder",
                            plan_json=encoder_mlp_tp_plan(attention=True, zero=zero))[0]
+    _check(report)
+
+
+def test_encoder_searched_tensor_parallel(rank_pool):
+    """The search's own tp=2, dp=2 plan for a wider encoder splits the attention by heads
+    (``in_proj_weight`` ``S(0)``, ``out_proj.weight`` ``S(1)`` over tp) and the MLP, and runs
+    it at module level like one process."""
+    import fxplan
+
+    text = plan_json("encoder-wide", "tp_dp_zero0")
+    params = fxplan.Plan.from_json(text).placements.params
+    prefix = "encoder.layers.1.self_attn."
+    assert str(params[prefix + "in_proj_weight"][-1]) == "S(0)", params
+    assert str(params[prefix + "out_proj.weight"][-1]) == "S(1)", params
+    report = rank_pool.run("rt_module_cases:train_matches_reference", kind="encoder-wide",
+                           plan_json=text)[0]
     _check(report)
 
 
