@@ -24,6 +24,8 @@ CONSTRAINTS = {
     "pp_dp": dict(pp=2, dp=2, zero_stage=1),
     "pp_dp_zero3": dict(pp=2, dp=2, zero_stage=3, microbatch_size=1),
     "pp_tp": dict(pp=2, tp=2, sequence_parallel=False),
+    "tp_dp_selective": dict(tp=2, dp=2, sequence_parallel=False, recompute="selective"),
+    "pp_dp_selective": dict(pp=2, dp=2, zero_stage=1, recompute="selective"),
 }
 
 
