@@ -106,7 +106,7 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
     for node in gm.graph.nodes:
         infos[node.name].module_path = module_path(node)
         infos[node.name].params = node_params(gm, node, params)
-    blocks, layer_names = find_blocks(gm, model, infos, params)
+    blocks, layer_names, block_method = find_blocks(gm, model, infos, params)
     for node in gm.graph.nodes:
         node.meta[META_KEY] = infos[node.name]
     shapes = {k: (tuple(v.shape), cast_dtype(v.dtype, dtype)) for k, v in named.items()
@@ -114,7 +114,7 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
     return CapturedGraph(gm=gm, params=params, blocks=blocks, leaf_modules=leaves,
                          inputs=shapes, name=name, dtype=dtype, unpriced_ops=run.unpriced,
                          layer_names=layer_names, capture_seconds=time.perf_counter() - start,
-                         method=method, method_note=note)
+                         method=method, method_note=note, block_method=block_method)
 
 
 def _symbolic(model: torch.nn.Module, example: Any, concrete_args: Mapping[str, Any] | None,
