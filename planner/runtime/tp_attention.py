@@ -23,7 +23,9 @@ strided (:func:`fxplan.runtime.data_parallel.fsdp_shard_dim`), and a 1-D one has
 
 and in the backward the gradient of ``x`` is all-reduced (Megatron's ``f``/``g`` pair:
 ``from_local(Replicate).to_local(grad_placements=Partial)`` on the way in, ``Partial →
-Replicate`` on the way out). Attention weights (``need_weights=True``) are the head average,
+Replicate`` on the way out). Under sequence parallelism the input is a DTensor sharded on the
+sequence: it is all-gathered on the way in (its gradient reduce-scattered) and the output
+reduce-scattered back to the input's placements (a DTensor, as the residual stream). Attention weights (``need_weights=True``) are the head average,
 ``Σ_r Σ_{h∈r} A_h / H``, all-reduced the same way.
 
 A plan asks for it with the tp tokens ``in_proj_weight S(0)`` (``in_proj_bias S(0)``) and
@@ -132,11 +134,18 @@ def _head_parallel_forward(self: nn.MultiheadAttention, query: torch.Tensor, key
                                   "(query, key and value the same tensor)")
     mesh = self._fxplan_tp_mesh
     batched = query.dim() == 3
-    x = query if batched else query.unsqueeze(1 if not self.batch_first else 0)
+    sharded = query.placements if isinstance(query, DTensor) else None
+    if sharded is not None:  # sequence parallel: all-gather (backward: reduce-scatter dx)
+        if not batched:
+            raise NotImplementedError("head-parallel nn.MultiheadAttention under sequence "
+                                      "parallelism takes batched inputs")
+        x = query.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+    else:                    # replicated: backward all-reduces dx
+        x = DTensor.from_local(query, mesh, [Replicate()], run_check=False).to_local(
+            grad_placements=[Partial()])
+    x = x if batched else x.unsqueeze(1 if not self.batch_first else 0)
     if not self.batch_first:
         x = x.transpose(0, 1)                                    # (N, L, E)
-    x = DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(
-        grad_placements=[Partial()])                             # backward: all-reduce dx
     n, length, _ = x.shape
     heads = self.num_heads // mesh.size()
     bias = self.in_proj_bias
@@ -168,16 +177,21 @@ def _head_parallel_forward(self: nn.MultiheadAttention, query: torch.Tensor, key
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                            is_causal=is_causal and mask is None)
     o = o.transpose(1, 2).reshape(n, length, heads * self.head_dim)
-    y = F.linear(o, _local(self.out_proj.weight))
-    y = DTensor.from_local(y, mesh, [Partial()], run_check=False).redistribute(
-        mesh, [Replicate()]).to_local()                         # forward: all-reduce
-    if self.out_proj.bias is not None:
-        y = y + _local(self.out_proj.bias)
-    if weights is not None:
-        weights = DTensor.from_local(weights, mesh, [Partial()], run_check=False).redistribute(
-            mesh, [Replicate()]).to_local()
+    y = F.linear(o, _local(self.out_proj.weight))               # a partial sum over tp
     if not self.batch_first:
         y = y.transpose(0, 1)
     if not batched:
         y = y.squeeze(1 if not self.batch_first else 0)
+    y = DTensor.from_local(y, mesh, [Partial()], run_check=False)
+    if sharded is not None:  # reduce-scatter back to the sequence shards (a DTensor)
+        y = y.redistribute(mesh, sharded)
+        if self.out_proj.bias is not None:
+            y = y + self.out_proj.bias
+    else:                    # all-reduce
+        y = y.redistribute(mesh, [Replicate()]).to_local()
+        if self.out_proj.bias is not None:
+            y = y + _local(self.out_proj.bias)
+    if weights is not None:
+        weights = DTensor.from_local(weights, mesh, [Partial()], run_check=False).redistribute(
+            mesh, [Replicate()]).to_local()
     return y, weights

@@ -169,10 +169,6 @@ def _attention_style(module: nn.MultiheadAttention, prefix: str, plan: "Plan") -
     if reason:
         raise NotExpressible(f"nn.MultiheadAttention {prefix!r} cannot run head-parallel: "
                              f"{reason}")
-    if plan.sequence_parallel:
-        raise NotExpressible(f"nn.MultiheadAttention {prefix!r} is head-parallel under sequence "
-                             "parallelism: its (query, key, value) input has no style to "
-                             "gather from the sequence shards")
     return True
 
 

@@ -165,9 +165,10 @@ ENCODER_TP = {**ENCODER_MLP_TP, **{f"encoder.layers.{i}.self_attn.{name}": tp fo
                                                     ("out_proj.weight", "RS(1)"))}}
 
 
-def encoder_mlp_tp_plan(sp: bool = False, attention: bool = False, zero: int = 3) -> str:
+def encoder_mlp_tp_plan(sp: bool = False, attention: bool = False, zero: int = 3,
+                        extra: dict[str, str] | None = None) -> str:
     """A 2×2 (dp, tp) plan for the encoder with :data:`ENCODER_MLP_TP` (:data:`ENCODER_TP`
-    with ``attention``), JSON."""
+    with ``attention``) and the ``extra`` placements, JSON."""
     model = build("encoder")
-    overrides = ENCODER_TP if attention else ENCODER_MLP_TP
+    overrides = {**(ENCODER_TP if attention else ENCODER_MLP_TP), **(extra or {})}
     return plan_for(model, tp=2, dp=2, zero=zero, sp=sp, overrides=overrides).to_json()

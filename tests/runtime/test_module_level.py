@@ -9,7 +9,7 @@ import functools
 
 import pytest
 
-from rt_module_cases import LLAMA, SPECS, encoder_mlp_tp_plan
+from rt_module_cases import SPECS, encoder_mlp_tp_plan
 
 pytest.importorskip("transformers")
 
@@ -85,6 +85,16 @@ def test_encoder_attention_tensor_parallel(rank_pool, zero):
     group, ``out_proj`` row-parallel) and the MLP split, on a 2×2 (dp, tp) mesh."""
     report = rank_pool.run("rt_module_cases:train_matches_reference", kind="encoder",
                            plan_json=encoder_mlp_tp_plan(attention=True, zero=zero))[0]
+    _check(report)
+
+
+def test_encoder_attention_sequence_parallel(rank_pool):
+    """Head-parallel attention under sequence parallelism: the sequence-sharded stream is
+    all-gathered into the attention and reduce-scattered out of it (ZeRO-3 on 2×2)."""
+    overrides = {"emb.weight": "RS(0)", "head.weight": "RS(0)", "head.bias": "RS(0)"}
+    report = rank_pool.run("rt_module_cases:train_matches_reference", kind="encoder",
+                           plan_json=encoder_mlp_tp_plan(attention=True, sp=True,
+                                                         extra=overrides))[0]
     _check(report)
 
 
