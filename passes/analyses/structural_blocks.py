@@ -14,7 +14,7 @@ tensors), the layers are found in the graph itself:
    its shape and dtype, never its name), its arguments (nodes of the segment by position,
    others by order of first use, constants by value), shape and dtype.
 3. **Repeats.** The run of ``k ≥ 2`` consecutive groups of ``p`` segments with equal
-   signatures that covers the most nodes (then the smallest ``p``, then the earliest) gives
+   signatures, each reading a parameter, that covers the most nodes (then the smallest ``p``, then the earliest) gives
    the layers: group ``j`` is layer ``j``, named by the longest module path its nodes share
    (``block_a``), else ``graph-layer-j``.
 """
@@ -92,12 +92,16 @@ def segment_signature(nodes: list[torch.fx.Node], infos: dict[str, NodeInfo],
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def _best_run(signatures: list[str], sizes: list[int]) -> tuple[int, int, int] | None:
-    """``(start, period, count)`` of the repeated run covering most nodes (step 3)."""
+def _best_run(signatures: list[str], sizes: list[int], weighted: list[bool]
+              ) -> tuple[int, int, int] | None:
+    """``(start, period, count)`` of the repeated run covering most nodes (step 3); a layer
+    must read a parameter (``weighted``), so repeated parameter-free ops are no layers."""
     m = len(signatures)
     best: tuple[int, int, int, int] | None = None  # (covered, -period, -start) ordering
     for period in range(1, m // 2 + 1):
         for start in range(0, m - 2 * period + 1):
+            if not any(weighted[start:start + period]):
+                continue
             unit = signatures[start:start + period]
             count = 1
             while signatures[start + count * period:start + (count + 1) * period] == unit:
@@ -125,7 +129,8 @@ def structural_layers(gm: torch.fx.GraphModule, infos: dict[str, NodeInfo],
     Empty when no segment run repeats."""
     segments = _segments(gm, _stream(gm, params))
     signatures = [segment_signature(s, infos, params) for s in segments]
-    run = _best_run(signatures, [len(s) for s in segments])
+    weighted = [any(infos[n.name].params for n in s) for s in segments]
+    run = _best_run(signatures, [len(s) for s in segments], weighted)
     if run is None:
         return {}
     start, period, count = run
