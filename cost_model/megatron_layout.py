@@ -82,9 +82,14 @@ class TPLayout:
 
 
 def used_params(node: torch.fx.Node, graph: CapturedGraph) -> list[str]:
-    """Parameters a node uses: its own (``call_module``) and those of its ``get_attr`` inputs."""
+    """Parameters a node uses: its own (``call_module``) and those of its ``get_attr`` inputs,
+    also when read through views of the parameter alone (the core ATen lowering's
+    ``aten.mm(x, aten.t(weight))``)."""
     names = list(graph.info(node).params)
     for arg in node.all_input_nodes:
+        while (arg.op == "call_function" and graph.info(arg).op_class == "view"
+               and len(arg.all_input_nodes) == 1):
+            arg = arg.all_input_nodes[0]
         if arg.op == "get_attr":
             names += graph.info(arg).params
     return names

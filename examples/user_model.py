@@ -95,11 +95,13 @@ def user_file_bundle(path: str, function: str = "build") -> ModelBundle:
     cache: dict[str, dict[str, InputSpec]] = {}
 
     def inputs(batch: int, seq: int | None, with_targets: bool) -> dict[str, InputSpec]:
-        if seq is not None:
-            raise ModelSpecError(f"{origin} fixes its own input shapes; seq cannot be set")
         if "specs" not in cache:
             with torch.device("meta"):
                 cache["specs"] = call()[1]
+        own = {s.shape[1] for s in cache["specs"].values() if len(s.shape) > 1}
+        if seq is not None and own != {seq}:  # its own length (a plan's stored seq) is fine
+            raise ModelSpecError(f"{origin} fixes its own input shapes; seq cannot be set "
+                                 f"(its inputs' dim 1: {', '.join(map(str, sorted(own))) or 'none'})")
         return {k: InputSpec((batch, *s.shape[1:]) if s.shape else s.shape, s.dtype)
                 for k, s in cache["specs"].items()}
 

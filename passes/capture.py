@@ -8,7 +8,7 @@ Steps (each in its own module):
    errors; forward parameters without an example input are fixed to their defaults through
    ``concrete_args``, so ``targets=None`` traces the logits path, not a silent guess), or
    ``"export"``: :func:`torch.export.export` (non-strict) on fake tensors, ATen ops
-   (:mod:`passes.exporter`). ``method="auto"`` (the default) tries ``symbolic_trace`` and
+   (:mod:`passes.exporter`); ``"export-core"`` the same lowered to the core ATen op set. ``method="auto"`` (the default) tries ``symbolic_trace`` and
    falls back to ``export`` when tracing fails (the reason is kept in ``method_note``);
    a bundle may prefer ``export`` (Hugging Face models, whose forwards take ``**kwargs``);
 3. run the graph on fake tensors with autograd on (:mod:`passes.fake_run`): shape, dtype,
@@ -42,8 +42,9 @@ from fxplan.passes.tracer import trace
 __all__ = ["capture", "CapturedGraph", "NodeInfo", "ParamInfo", "RepeatedBlock", "LayerRow",
            "CaptureError", "METHODS"]
 
-#: How capture obtains the graph: ``auto`` tries ``symbolic_trace``, then ``export``.
-METHODS = ("auto", "symbolic_trace", "export")
+#: How capture obtains the graph: ``auto`` tries ``symbolic_trace``, then ``export``;
+#: ``export-core`` is ``export`` lowered to the core ATen op set.
+METHODS = ("auto", "symbolic_trace", "export", "export-core")
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
     model, example, name = _model_and_inputs(model, inputs, batch, seq, dtype)
     if method == "auto":
         method = preferred
-    if method == "export" and leaf_modules:
+    if method in ("export", "export-core") and leaf_modules:
         raise CaptureError("leaf_modules need method='symbolic_trace' (torch.export records "
                            "every op; it cannot keep a module opaque)")
     note = ""
@@ -89,9 +90,10 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
             note = f"symbolic_trace failed, so torch.export was used: {reason}"
             log.info("%s: %s", type(model).__name__, note)
             method = "export"
-    if method == "export":
+    if method in ("export", "export-core"):
         try:
-            gm, args, named = _exported(model, example, concrete_args)
+            gm, args, named = _exported(model, example, concrete_args,
+                                        core=method == "export-core")
         except CaptureError as err:
             if traced is None:
                 raise
@@ -106,7 +108,7 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
     for node in gm.graph.nodes:
         infos[node.name].module_path = module_path(node)
         infos[node.name].params = node_params(gm, node, params)
-    blocks, layer_names = find_blocks(gm, model, infos, params)
+    blocks, layer_names, block_method = find_blocks(gm, model, infos, params)
     for node in gm.graph.nodes:
         node.meta[META_KEY] = infos[node.name]
     shapes = {k: (tuple(v.shape), cast_dtype(v.dtype, dtype)) for k, v in named.items()
@@ -114,7 +116,7 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
     return CapturedGraph(gm=gm, params=params, blocks=blocks, leaf_modules=leaves,
                          inputs=shapes, name=name, dtype=dtype, unpriced_ops=run.unpriced,
                          layer_names=layer_names, capture_seconds=time.perf_counter() - start,
-                         method=method, method_note=note)
+                         method=method, method_note=note, block_method=block_method)
 
 
 def _symbolic(model: torch.nn.Module, example: Any, concrete_args: Mapping[str, Any] | None,
@@ -127,16 +129,17 @@ def _symbolic(model: torch.nn.Module, example: Any, concrete_args: Mapping[str, 
     return gm, leaves, [named[p] if p in named else fixed[p] for p in order], named
 
 
-def _exported(model: torch.nn.Module, example: Any, concrete_args: Mapping[str, Any] | None
-              ) -> tuple[Any, list[Any], dict]:
+def _exported(model: torch.nn.Module, example: Any, concrete_args: Mapping[str, Any] | None,
+              core: bool = False) -> tuple[Any, list[Any], dict]:
     """``torch.export``: (graph module, placeholder values, named inputs). Inputs are keyword
-    arguments (``**kwargs`` forwards welcome); ``concrete_args`` join them as constants."""
+    arguments (``**kwargs`` forwards welcome); ``concrete_args`` join them as constants.
+    ``core``: lowered to the core ATen op set (``run_decompositions()``)."""
     named = _name_inputs(model, example, allow_var_kwargs=True)
     clash = sorted(set(named) & set(concrete_args or {}))
     if clash:
         raise CaptureError(f"{clash} given both as inputs and as concrete_args")
     kwargs = {**named, **dict(concrete_args or {})}
-    gm = export_graph(model, kwargs)
+    gm = export_graph(model, kwargs, core=core)
     args = [v for v in kwargs.values() if _is_tensor_like(v)]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(args):

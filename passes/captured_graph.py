@@ -57,6 +57,8 @@ class CapturedGraph:
     ``layer_names`` maps a layer index to its module path (``h.3``). ``method`` says how
     the graph was obtained: ``"symbolic_trace"`` (``torch.fx`` ops, ``call_module`` leaves)
     or ``"export"`` (``torch.export``, ATen ops, parameters as ``get_attr``);
+    ``block_method`` says how the repeated blocks were found (``module hierarchy``, ``graph
+    structure`` or ``none``: :func:`fxplan.passes.analyses.blocks.find_blocks`).
     ``method_note`` why export was used when ``symbolic_trace`` was tried first, and for
     export which layers were traced and which repeated (:mod:`fxplan.passes.unroll`).
 
@@ -78,6 +80,7 @@ class CapturedGraph:
     capture_seconds: float = 0.0
     method: str = "symbolic_trace"
     method_note: str = ""
+    block_method: str = "module hierarchy"
     memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False,
                                       compare=False)
 
@@ -202,6 +205,7 @@ class CapturedGraph:
             "saved_activation_bytes": {
                 "total": self.saved_bytes,
                 "outside_layers": self.saved_bytes_by_layer().get(None, 0)},
+            "block_method": self.block_method,
             "blocks": [{"signature": b.signature, "layers": b.layers,
                         "nodes_per_layer": len(b.nodes_per_layer[0])} for b in self.blocks],
             "leaf_modules": dict(self.leaf_modules),

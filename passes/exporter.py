@@ -79,30 +79,34 @@ def _fake_input(value: Any, mode: FakeTensorMode, device: torch.device) -> Any:
 
 
 def export_graph(model: torch.nn.Module, inputs: Mapping[str, Any], *,
-                 device: str = "cpu", unroll: bool = True) -> torch.fx.GraphModule:
+                 device: str = "cpu", unroll: bool = True, core: bool = False
+                 ) -> torch.fx.GraphModule:
     """Export ``model`` called as ``model(**inputs)`` and return the cleaned graph module.
 
     ``inputs``: keyword inputs (tensors of any device, or shape/dtype specs); non-tensor
     values are passed as they are and specialised. ``unroll``: a model with many identical
     layers is exported on its first three and the rest rebuilt
     (:func:`fxplan.passes.unroll.export_unrolled`; the whole model is exported when that is
-    not exact, with a log line saying why). Raises :class:`CaptureError` naming the user's
-    source line when export fails.
+    not exact, with a log line saying why). ``core``: the exported program is lowered to
+    the core ATen op set (``ExportedProgram.run_decompositions()`` with its default table:
+    ``aten.linear`` → ``aten.t`` + ``aten.addmm``/``aten.mm``, ``aten.layer_norm`` →
+    ``aten.native_layer_norm``, views → ``aten.view``…). Raises :class:`CaptureError` naming the
+    user's source line when export fails.
     """
     if unroll:
         try:
-            return export_unrolled(model, lambda cut: _export_whole(cut, inputs, device))
+            return export_unrolled(model, lambda cut: _export_whole(cut, inputs, device, core))
         except NotUnrollable as why:
             log.info("%s is exported whole: %s", type(model).__name__, why)
             if why.shallow_tried:
-                gm = _export_whole(model, inputs, device)
+                gm = _export_whole(model, inputs, device, core)
                 gm.meta[UNROLLED] = f"all layers traced (not repeated: {why})"
                 return gm
-    return _export_whole(model, inputs, device)
+    return _export_whole(model, inputs, device, core)
 
 
 def _export_whole(model: torch.nn.Module, inputs: Mapping[str, Any],
-                  device: str) -> torch.fx.GraphModule:
+                  device: str, core: bool = False) -> torch.fx.GraphModule:
     dev = torch.device(device)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     state = _fake_state(model, mode, dev)
@@ -111,6 +115,8 @@ def _export_whole(model: torch.nn.Module, inputs: Mapping[str, Any],
     try:
         with _reparametrize_module(model, state, tie_weights=True):
             program = torch.export.export(model, (), kwargs, strict=False)
+            if core:
+                program = program.run_decompositions()
         gm = program.module()
     except Exception as err:
         location, where = location_of(user_frame(err.__traceback__))

@@ -245,20 +245,29 @@ class PlanResult:
         return self.status == "applied"
 
 
+#: How :func:`plan` applies a plan (``fxplan.runtime.apply.apply_plan``'s ``path``).
+APPLY_PATHS = ("auto", "module", "graph")
+
+
 def plan(model: "torch.nn.Module", cluster: "str | Cluster", *, inputs: Any, batch: int,
          plan: Plan | None = None, seq: int | None = None, ranks: Sequence[int] | None = None,
-         debug: bool = False, **search_options: Any) -> PlanResult:
+         debug: bool = False, path: str = "auto", **search_options: Any) -> PlanResult:
     """Search (or take ``plan``) and apply it on the current process group.
 
-    Returns a :class:`PlanResult` on every process: the plan, and this process's
-    :class:`~fxplan.runtime.sharded_module.ShardedModule` where it was applied.
-    ``search_options`` go to the search (:func:`search`): ``constraints``, ``time_budget_s``,
-    ``finalists``, ``memory_headroom`` (or ``headroom``: a fraction such as ``0.1``/``"10%"``
-    or ``"4GiB"`` each device must leave free; default 5 %).
+    ``path``: ``module`` applies the plan to the user's module with PyTorch's pieces (a
+    ``PassError`` when it cannot), ``graph`` runs the graph rewrite, ``auto`` (default) the
+    module level where the plan allows it, else the graph rewrite (the reason in the sharded
+    module's ``fallbacks``). Returns a :class:`PlanResult` on every process: the plan, and this
+    process's :class:`~fxplan.runtime.sharded_module.ShardedModule` where it was applied
+    (``.path`` says which ran). ``search_options`` go to the search (:func:`search`):
+    ``constraints``, ``time_budget_s``, ``finalists``, ``memory_headroom`` (or ``headroom``: a
+    fraction such as ``0.1``/``"10%"`` or ``"4GiB"`` each device must leave free; default 5 %).
     """
     import torch
     import torch.distributed as dist
 
+    if path not in APPLY_PATHS:
+        raise ApiArgumentError(f"path={path!r}: expected one of {', '.join(APPLY_PATHS)}")
     _check_model(model, "plan", module_only=True)
     search_options = _headroom_alias(search_options)
     check_count("batch", batch, high=MAX_BATCH)
@@ -294,7 +303,7 @@ def plan(model: "torch.nn.Module", cluster: "str | Cluster", *, inputs: Any, bat
     chosen.check_matches(world_size=needed, source="plan")
     from fxplan.runtime.apply import apply_plan
 
-    module = apply_plan(model, chosen, inputs, ranks=ranks, debug=debug)
+    module = apply_plan(model, chosen, inputs, ranks=ranks, debug=debug, path=path)
     if module is None:
         message = (f"rank {dist.get_rank()} is outside the ranks {list(ranks or [])} the plan "
                    "was applied on")

@@ -412,10 +412,15 @@ def resume_notes(position: Any, args: argparse.Namespace, plan: Any) -> list[str
 
 def _input_specs(bundle: Any, plan: Any) -> dict[str, Any]:
     """The bundle's inputs at the plan's batch; an ``hf:`` model's ``labels`` become the
-    ``targets`` of the worker's loss (the model is run without them: logits out)."""
+    ``targets`` of the worker's loss (the model is run without them: logits out). A model
+    with one integer ``(batch, seq)`` input and no targets (a user file's language model)
+    gets targets of that shape: token ids, as a token file gives."""
     specs = dict(bundle.example_inputs(plan.batch, plan.seq))
     if "labels" in specs and "targets" not in specs:
         specs["targets"] = specs.pop("labels")
+    tokens = [v for v in specs.values() if len(v.shape) == 2 and not v.dtype.is_floating_point]
+    if "targets" not in specs and len(specs) == 1 and tokens:
+        specs["targets"] = tokens[0]
     return specs
 
 

@@ -40,6 +40,27 @@ def test_with_distributed_returns_a_sharded_module(rank_pool):
     assert results[0]["type"] == "ShardedModule" and results[0]["loss"] == results[1]["loss"]
 
 
+def test_path_picks_how_the_plan_is_applied(rank_pool):
+    """``path=`` reaches ``apply_plan``: ``graph`` runs the graph rewrite, ``module`` the
+    user's module, with the same loss."""
+    graph = rank_pool.run("rt_cases:api_applies_plan", path="graph")[0]
+    module = rank_pool.run("rt_cases:api_applies_plan", path="module")[0]
+    assert graph["path"] == "graph" and module["path"] == "module"
+    assert abs(graph["loss"] - module["loss"]) <= 1e-5 * abs(module["loss"])
+
+
+def test_unknown_path_is_refused():
+    import pytest
+
+    from fxplan import plan as plan_api
+    from fxplan.api import ApiArgumentError
+
+    plan = make_plan(dp=2)
+    with pytest.raises(ApiArgumentError, match="path='modules'"):
+        plan_api(build_model(2), "local-cpu:devices=2", inputs=(fixed_batch(plan)[0],),
+                 batch=plan.batch, plan=plan, path="modules")
+
+
 def test_tp_passes_alone(rank_pool):
     report = rank_pool.run("rt_cases:tp_passes_alone")[0]
     assert report["error"] <= 1e-5 and report["plain_output"] and report["qkv_sharded"], report

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from fxplan.passes.analyses.structural_blocks import segment_signature, structural_layers
 from fxplan.passes.node_info import NodeInfo, ParamInfo, RepeatedBlock, target_name
 
 
@@ -107,18 +108,33 @@ def layer_signature(gm: torch.fx.GraphModule, prefix: str, names: list[str],
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
+#: How :func:`find_blocks` found the layers (``CapturedGraph.block_method``).
+HIERARCHY, STRUCTURE, NONE = "module hierarchy", "graph structure", "none"
+
+
 def find_blocks(gm: torch.fx.GraphModule, model: torch.nn.Module, infos: dict[str, NodeInfo],
-                params: dict[str, ParamInfo]) -> tuple[list[RepeatedBlock], dict[int, str]]:
+                params: dict[str, ParamInfo]
+                ) -> tuple[list[RepeatedBlock], dict[int, str], str]:
     """Number layers, sign them and group layers with equal signatures (in layer order).
-    Returns the blocks and each layer's module path."""
-    layers = assign_layers(gm, layer_containers(model), infos)
+    Returns the blocks, each layer's module path (or name) and the method that found them:
+    the module hierarchy's layer containers, else the graph's structure
+    (:mod:`fxplan.passes.analyses.structural_blocks`: repeated segments between cuts of the
+    parameter-dependent stream), else none."""
+    containers = layer_containers(model)
+    layers = assign_layers(gm, containers, infos)
+    method = HIERARCHY if layers else NONE
+    if not layers:
+        layers = structural_layers(gm, infos, params)
+        method = STRUCTURE if layers else NONE
     groups: dict[str, tuple[list[int], list[list[str]]]] = {}
+    by_name = {n.name: n for n in gm.graph.nodes}
     for layer, (prefix, names) in sorted(layers.items()):
-        signature = layer_signature(gm, prefix, names, infos, params)
+        signature = (layer_signature(gm, prefix, names, infos, params) if method == HIERARCHY
+                     else segment_signature([by_name[n] for n in names], infos, params))
         for name in names:
             infos[name].block_signature = signature
         entry = groups.setdefault(signature, ([], []))
         entry[0].append(layer)
         entry[1].append(names)
     blocks = [RepeatedBlock(sig, ls, ns) for sig, (ls, ns) in groups.items()]
-    return blocks, {layer: prefix for layer, (prefix, _) in layers.items()}
+    return blocks, {layer: prefix for layer, (prefix, _) in layers.items()}, method

@@ -22,13 +22,16 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--leaf MODULE`` (repeatable) and ``--method auto|symbolic_trace|export``."""
+    """``--leaf MODULE`` (repeatable) and ``--method auto|symbolic_trace|export|export-core``."""
     parser.add_argument("--leaf", action="append", default=[], metavar="MODULE",
                         help="keep this module (class name, path or pattern such as 'h.*.attn') "
                         "opaque; repeatable; implies --method symbolic_trace")
-    parser.add_argument("--method", choices=("auto", "symbolic_trace", "export"), default="auto",
+    parser.add_argument("--method", choices=("auto", "symbolic_trace", "export", "export-core"),
+                        default="auto",
                         help="how to capture the graph: auto (symbolic_trace, falling back to "
-                        "torch.export when tracing fails; export for hf: models), or one of them")
+                        "torch.export when tracing fails; export for hf: models), or one of them; "
+                        "export-core: torch.export lowered to the core ATen op set "
+                        "(run_decompositions)")
 
 
 def add_cluster_argument(parser: argparse.ArgumentParser, *, required: bool = True) -> None:

@@ -83,7 +83,9 @@ def _print(summary: dict[str, Any]) -> None:
                   f"({binary_bytes(acts['outside_layers'])} outside the layers)")
     blocks = "; ".join(f"{b['signature']} × {len(b['layers'])} layers "
                        f"({b['nodes_per_layer']} nodes each)" for b in s["blocks"]) or "none"
-    console.print(f"repeated blocks {blocks}")
+    found = s.get("block_method")
+    console.print(f"repeated blocks {blocks}" + (f" (found by {found})" if found and s["blocks"]
+                                                 else ""), markup=False)
     leaves = ", ".join(f"{p} ({c})" for p, c in s["leaf_modules"].items()) or "none"
     console.print(f"leaf modules    {leaves}")
     if s["unpriced_ops"]:

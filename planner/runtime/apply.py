@@ -172,6 +172,26 @@ def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                          fallbacks=fallbacks, path="module")
 
 
+def _traced_program(model: nn.Module, plan: "Plan", inputs: tuple,
+                    fallbacks: Sequence[str]) -> StagedProgram:
+    """:func:`staged_program`, or a :class:`PassError` (one paragraph, before any process
+    group) when ``torch.fx.symbolic_trace`` cannot trace the model — an export-only model
+    (Hugging Face, ``nn.TransformerEncoder``) whose plan the module level refused."""
+    from fxplan.passes.rewrite.base import PassError
+
+    try:
+        return staged_program(model, plan, inputs)
+    except PassError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any trace failure ends here, named
+        text = (str(err).strip().splitlines() or [""])[0]
+        why = f" ({fallbacks[0]})" if fallbacks else ""
+        raise PassError("graph-rewrite", f"the plan cannot run on {type(model).__name__}: the "
+                        f"module level refused it{why}, and the graph rewrite needs a model "
+                        f"torch.fx.symbolic_trace can trace ({type(err).__name__}: {text}); "
+                        "re-plan with --constrain to avoid what was refused") from err
+
+
 def _apply_graph(model: nn.Module, plan: "Plan", inputs: tuple, ranks: Sequence[int] | None,
                  debug: bool, init: InitSource, on_meta: bool, checkpoint: str | None,
                  fallbacks: list[str], precision: Precision | None) -> ShardedModule | None:
@@ -179,7 +199,7 @@ def _apply_graph(model: nn.Module, plan: "Plan", inputs: tuple, ranks: Sequence[
     for fqn, tensor in [*model.named_parameters(remove_duplicate=False),
                         *model.named_buffers(remove_duplicate=False)]:
         names.setdefault(id(tensor), fqn)
-    program = staged_program(model, plan, inputs)
+    program = _traced_program(model, plan, inputs, fallbacks)
     mesh, group, pp_rank, device = _member_setup(plan, ranks)
     tied = TiedGradSync(plan, mesh, _shared_users(model, program))
     if pp_rank is None:

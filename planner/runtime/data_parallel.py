@@ -60,6 +60,20 @@ def zero1_fallback(plan: "Plan") -> str | None:
             "the plan's ZeRO-1 estimate")
 
 
+def fsdp_shard_dim(param: nn.Parameter) -> Any:
+    """FSDP2's dp shard of ``param``: ``Shard(0)`` (its default), except for a tensor-parallel
+    parameter strided over tp on dim 0 (``_StridedShard``: head-parallel attention's fused
+    ``in_proj_weight``), which FSDP2 would describe as a plain tp ``Shard(0)`` — its gathered
+    value would have the rows in the wrong order — so it is sharded over dp on its next dim."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if isinstance(param, DTensor) and param.ndim > 1 and any(
+            isinstance(p, _StridedShard) and p.dim == 0 for p in param.placements):
+        return Shard(1)
+    return None  # FSDP2's default, Shard(0)
+
+
 def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
                         fallbacks: list[str] | None = None,
                         blocks: Sequence[nn.Module] | None = None,
@@ -86,8 +100,9 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
         reshard = plan.zero_stage == 3  # ZeRO-1 with tp > 1 (fallback): False, as ZeRO-2
         for block in _blocks(stage) if blocks is None else blocks:
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard,
-                        **_fsdp_policies(precision, plan))
+                        shard_placement_fn=fsdp_shard_dim, **_fsdp_policies(precision, plan))
         fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard,
+                    shard_placement_fn=fsdp_shard_dim,
                     **_fsdp_policies(precision, plan, root=True))
         return stage
     if plan.tp == 1:

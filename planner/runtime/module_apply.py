@@ -3,7 +3,8 @@
     model ─probe (fake tensors)─► blocks, pre/post modules, call signatures
         per local stage k:  cut at block boundaries (module_stages; pp > 1)
                             → parallelize_module with styles from the planned placements (tp)
-                            → materialize (meta models) → checkpoint per block (recompute=full)
+                            → materialize (meta models) → checkpoint per block as planned
+                              (full, or selective: the attention core; module_recompute)
                             → output hook (a tensor: ``.logits`` of an HF output)
                             → DDP / replicate / fully_shard per block + root (dp, ZeRO)
                             → PipelineStage + the plan's schedule (ShardedModule)
@@ -16,8 +17,8 @@ model's keys.
 :func:`module_level_plan` decides, on every process alike and before any process group is
 created, whether the plan can run this way; if not it raises :class:`NotExpressible` with the
 reason and :func:`fxplan.runtime.apply.apply_plan` falls back to the graph rewrite. Refused:
-no repeated blocks in the module hierarchy or a different count than the plan's, selective or
-per-block recompute (needs the graph), tied weights split by tp or pp, placements without a
+no repeated blocks in the module hierarchy or a different count than the plan's, tied weights
+split by tp or pp, placements without a
 style (:mod:`fxplan.runtime.tp_styles`), a forward that fails with the tensor-parallel local
 shapes (a head count fixed in the code, a fused QKV split by size), a pipeline cut the model
 does not allow (:mod:`fxplan.runtime.module_stages`), sequence parallelism across pipeline
@@ -37,6 +38,7 @@ from torch import nn
 from fxplan.runtime.build import materialize
 from fxplan.runtime.data_parallel import apply_data_parallel
 from fxplan.runtime.module_probe import ModuleProbe, model_output, probe_module
+from fxplan.runtime.module_recompute import apply_recompute
 from fxplan.runtime.module_stages import check_splittable, stage_module
 from fxplan.runtime.tp_styles import NotExpressible, tp_styles
 
@@ -142,8 +144,6 @@ def module_level_plan(model: nn.Module, plan: "Plan",
                       inputs: torch.Tensor | Sequence[torch.Tensor]) -> ModuleLevel:
     """Decide (every process alike, no communication) whether ``plan`` runs on ``model`` at
     module level; :class:`NotExpressible` says why not (module docstring)."""
-    if plan.config.recompute == "selective" or plan.block_recompute is not None:
-        raise NotExpressible("selective or per-block recompute is realised on the graph")
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     microbatch = tuple(x[: plan.microbatch_size] for x in inputs)
     try:
@@ -186,7 +186,6 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                         precision: "Precision | None" = None) -> list["LocalStage"]:
     """This rank's stages ``indices``, each parallelized as planned (module docstring), in
     ``precision`` (:mod:`fxplan.runtime.precision`; default fp32)."""
-    from torch.distributed._composable import checkpoint
     from torch.distributed.tensor.parallel import parallelize_module
 
     from fxplan.runtime.sharded_module import LocalStage
@@ -198,9 +197,11 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         inner = stage_module(model, plan, k, decided.probe) if pipelined else model
         if not on_meta:
             inner = inner.to(device)
-        kept = set(decided.probe.blocks[slice(*plan.stages[k].layers)] if pipelined
-                   else decided.probe.blocks)
-        blocks = [m for n, m in inner.named_modules() if n in kept]
+        first_block = plan.stages[k].layers[0] if pipelined else 0
+        kept = decided.probe.blocks[slice(*plan.stages[k].layers)] if pipelined \
+            else decided.probe.blocks
+        modules = dict(inner.named_modules())
+        blocks = [modules[n] for n in kept if n in modules]
         if decided.styles:
             styles = {n: s for n, s in decided.styles.items() if _present(inner, n)}
             parallelize_module(inner, mesh["tp"], styles,
@@ -209,9 +210,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             names = {id(t): n for n, t in [*inner.named_parameters(remove_duplicate=False),
                                            *inner.named_buffers(remove_duplicate=False)]}
             materialize(inner, names, device, values)
-        if plan.config.recompute == "full":
-            for block in blocks:
-                checkpoint(block)
+        apply_recompute(blocks, [plan.recompute(first_block + i) for i in range(len(blocks))])
         inner.register_forward_hook(_output_tensor)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks,
                                       precision=precision)

@@ -12,6 +12,8 @@ Each module with parameters is read from the ``tp`` entry of its planned placeme
     nn.Embedding  weight S(0)  →  RowwiseParallel  vocabulary-parallel: rows outside the shard give 0,
                                                    the sum over ranks is the lookup
                   weight S(1)  →  ColwiseParallel  (output gathered)
+    nn.MultiheadAttention  in_proj_weight S(0), out_proj.weight S(1)  →  HeadParallelAttention
+                  (each rank its heads' rows of q, k and v; :mod:`fxplan.runtime.tp_attention`)
     other         every parameter R → nothing, or ``SequenceParallel`` for a leaf
                   (a norm) under sequence parallelism; anything sharded → not expressible
 
@@ -43,6 +45,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from fxplan.core.placements import format_placements
 from fxplan.passes.rewrite.placements import axis_placement, normalize
 from fxplan.runtime.module_probe import ModuleProbe
+from fxplan.runtime.tp_attention import HeadParallelAttention, attention_unsupported
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -83,7 +86,15 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe) -> dict[str, P
     sp = plan.sequence_parallel
     styles: dict[str, ParallelStyle] = {}
     regions: set[str] = set()
+    attention: list[str] = []
     for name, module in model.named_modules():
+        if any(name.startswith(f"{a}.") for a in attention):
+            continue  # out_proj: part of the head-parallel attention's style
+        if isinstance(module, nn.MultiheadAttention):
+            if _attention_style(module, name, plan):
+                styles[name] = HeadParallelAttention()
+                attention.append(name)
+                continue
         direct = [(k, p) for k, p in module._parameters.items() if p is not None]
         if not direct:
             continue
@@ -123,13 +134,42 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe) -> dict[str, P
                                  "Embedding weights have parallel styles")
         if sp and next(module.children(), None) is None:
             styles[name] = SequenceParallel()
-    if not any(isinstance(v, (ColwiseParallel, RowwiseParallel)) for v in styles.values()):
+    if not any(isinstance(v, (ColwiseParallel, RowwiseParallel, HeadParallelAttention))
+               for v in styles.values()):
         return {}  # nothing is split over tp: every rank runs the whole module
     if sp:
         for region in sorted(regions):
             styles[region] = _gather_input(region, probe)
         _check_sequence_parallel(model, probe, styles)
     return styles
+
+
+def _attention_style(module: nn.MultiheadAttention, prefix: str, plan: "Plan") -> bool:
+    """Whether ``module`` is planned head-parallel (``in_proj_weight`` ``S(0)``, ``out_proj``
+    ``S(1)``); ``False`` when replicated; :class:`NotExpressible` for any other layout."""
+    out = module.out_proj
+    tokens = {"in_proj_weight": _tp(plan, f"{prefix}.in_proj_weight", 2)
+              if module.in_proj_weight is not None else None,
+              "in_proj_bias": _tp(plan, f"{prefix}.in_proj_bias", 1)
+              if module.in_proj_bias is not None else None,
+              "out_proj.weight": _tp(plan, f"{prefix}.out_proj.weight", 2),
+              "out_proj.bias": _tp(plan, f"{prefix}.out_proj.bias", 1)
+              if out.bias is not None else None}
+    if module.in_proj_weight is None:
+        return False  # separate q/k/v_proj_weight parameters: the generic check below applies
+    if all(t in (None, "R") for t in tokens.values()):
+        return False
+    wanted = {"in_proj_weight": "S(0)", "in_proj_bias": "S(0)", "out_proj.weight": "S(1)",
+              "out_proj.bias": "R"}
+    layout = ", ".join(f"{k} {v}" for k, v in tokens.items() if v is not None)
+    if any(v is not None and v != wanted[k] for k, v in tokens.items()):
+        raise NotExpressible(f"nn.MultiheadAttention {prefix!r} is planned {layout}: not the "
+                             "head-parallel layout (in_proj S(0), out_proj.weight S(1))")
+    reason = attention_unsupported(module, plan.tp)
+    if reason:
+        raise NotExpressible(f"nn.MultiheadAttention {prefix!r} cannot run head-parallel: "
+                             f"{reason}")
+    return True
 
 
 def _check_sequence_parallel(model: nn.Module, probe: ModuleProbe,

@@ -161,21 +161,23 @@ def tp_passes_alone() -> dict[str, Any] | None:
     )
 
 
-def api_applies_plan() -> dict[str, Any] | None:
-    """``fxplan.plan(..., plan=…)`` under an initialised process group, on ranks 0 and 1."""
+def api_applies_plan(path: str = "auto") -> dict[str, Any] | None:
+    """``fxplan.plan(..., plan=…, path=…)`` under an initialised process group, on ranks 0
+    and 1."""
     from fxplan.api import plan as plan_api
 
     plan = make_plan(dp=2, zero=2)
     tokens, targets = fixed_batch(plan)
     result = plan_api(build_model(2), "local-cpu:devices=2", inputs=(tokens,),
-                      batch=plan.batch, plan=plan, ranks=[0, 1])
+                      batch=plan.batch, plan=plan, ranks=[0, 1], path=path)
     if result.module is None:
         assert result.status == "not-a-member", result
         return None
     assert result.status == "applied"
     sharded = result.module
     loss = sharded.train_step((tokens, targets), lm_loss)
-    return dict(type=type(sharded).__name__, plan=sharded.plan.summary, loss=float(loss))
+    return dict(type=type(sharded).__name__, plan=sharded.plan.summary, loss=float(loss),
+                path=sharded.path)
 
 
 def unknown_node_is_a_fallback() -> dict[str, Any]:

@@ -23,6 +23,9 @@ LLAMA = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_a
          "num_key_value_heads=2,vocab_size=64,max_position_embeddings=16")
 ENCODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime",
                        "models", "encoder_lm.py:build")
+ENCODER_WIDE = ENCODER + "_wide"
+#: The model spec of each kind of test model.
+SPECS = {"llama": LLAMA, "encoder": ENCODER, "encoder-wide": ENCODER_WIDE}
 VOCAB = 64
 
 _MEGATRON = {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)",
@@ -53,7 +56,7 @@ def plan_for(model: torch.nn.Module, *, tp: int = 1, pp: int = 1, dp: int = 1, s
 
 
 def build(kind: str, seed: int = 0, meta: bool = False) -> torch.nn.Module:
-    """The tiny model ``kind`` (``llama`` or ``encoder``), seeded; ``meta``: parameters on meta."""
+    """The tiny model ``kind`` (a key of :data:`SPECS`), seeded; ``meta``: parameters on meta."""
     import contextlib
 
     from fxplan.examples.model_spec import resolve_model
@@ -61,7 +64,7 @@ def build(kind: str, seed: int = 0, meta: bool = False) -> torch.nn.Module:
 
     torch.manual_seed(seed)
     with meta_parameters() if meta else contextlib.nullcontext():
-        return resolve_model(LLAMA if kind == "llama" else ENCODER).build("cpu")
+        return resolve_model(SPECS[kind]).build("cpu")
 
 
 def batch(plan: Plan, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,7 +160,18 @@ ENCODER_MLP_TP = {f"encoder.layers.{i}.{name}": tp for i in range(2) for name, t
     ("linear1.weight", "RS(0)"), ("linear1.bias", "RS(0)"), ("linear2.weight", "RS(1)"))}
 
 
-def encoder_mlp_tp_plan(sp: bool = False) -> str:
-    """A 2×2 (dp, tp) ZeRO-3 plan for the encoder with :data:`ENCODER_MLP_TP` (JSON)."""
+#: Head-parallel ``nn.MultiheadAttention`` (fused ``in_proj`` rows per head group, ``out_proj``
+#: row-parallel) on top of :data:`ENCODER_MLP_TP`.
+ENCODER_TP = {**ENCODER_MLP_TP, **{f"encoder.layers.{i}.self_attn.{name}": tp for i in range(2)
+                                   for name, tp in (("in_proj_weight", "RS(0)"),
+                                                    ("in_proj_bias", "RS(0)"),
+                                                    ("out_proj.weight", "RS(1)"))}}
+
+
+def encoder_mlp_tp_plan(sp: bool = False, attention: bool = False, zero: int = 3,
+                        extra: dict[str, str] | None = None) -> str:
+    """A 2×2 (dp, tp) plan for the encoder with :data:`ENCODER_MLP_TP` (:data:`ENCODER_TP`
+    with ``attention``) and the ``extra`` placements, JSON."""
     model = build("encoder")
-    return plan_for(model, tp=2, dp=2, zero=3, sp=sp, overrides=ENCODER_MLP_TP).to_json()
+    overrides = {**(ENCODER_TP if attention else ENCODER_MLP_TP), **(extra or {})}
+    return plan_for(model, tp=2, dp=2, zero=zero, sp=sp, overrides=overrides).to_json()

@@ -81,3 +81,43 @@ def test_every_node_is_annotated(gpt):
     assert gpt.info("h_0_mlp_fc1").dtype == torch.float32
     assert gpt.info("split").shape == ((2, 64, 64),) * 3
     assert gpt.info("size").shape is None
+
+
+UNNUMBERED = __import__("os").path.join(__import__("os").path.dirname(__file__), "models",
+                                        "unnumbered_blocks.py")
+
+
+@pytest.mark.parametrize("function, method, layers, names, per_layer", [
+    ("build", "symbolic_trace", 3, ["block_a", "block_b", "block_c"], 5),
+    ("build", "export", 3, ["block_a", "block_b", "block_c"], None),
+    ("build_functional", "symbolic_trace", 4, [f"graph-layer-{i}" for i in range(4)], 9),
+])
+def test_blocks_found_from_graph_structure(function, method, layers, names, per_layer):
+    """No numbered layer container: the layers are the repeated segments between cuts of the
+    parameter-dependent stream, named by their common module path, and the capture says so."""
+    graph = capture(f"{UNNUMBERED}:{function}", method=method)
+    assert graph.block_method == "graph structure"
+    assert len(graph.blocks) == 1
+    block = graph.blocks[0]
+    assert block.layers == list(range(layers))
+    assert [graph.layer_names[i] for i in block.layers] == names
+    sizes = {len(n) for n in block.nodes_per_layer}
+    assert len(sizes) == 1 and (per_layer is None or sizes == {per_layer})
+    # every parameter of a layer is read inside it; the embedding and head are outside
+    for layer, nodes in zip(block.layers, block.nodes_per_layer):
+        params = {p for n in nodes for p in graph.info(n).params}
+        if function == "build":
+            assert params and all(p.startswith(names[layer] + ".") for p in params), params
+        else:
+            assert params == {f"w1.{layer}", f"w2.{layer}"}, params
+
+
+def test_numbered_containers_are_the_module_hierarchy_method(gpt):
+    assert gpt.block_method == "module hierarchy"
+    assert capture("mlp-small", batch=2).block_method == "module hierarchy"
+
+
+def test_no_repeats_no_blocks():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+    graph = capture(model, inputs=torch.zeros(2, 4))
+    assert graph.blocks == [] and graph.block_method == "none"

@@ -110,3 +110,29 @@ def test_when_both_methods_fail_the_error_names_both():
     text = str(err.value)
     assert "control flow" in text and "torch.export failed too" in text
     assert "leaf_modules=" in text  # the fx remedies are kept
+
+
+def test_core_aten_lowering_keeps_layers_flops_and_the_megatron_layout():
+    """``method="export-core"``: export lowered to the core ATen op set (no ``aten.linear``;
+    ``aten.mm`` on ``aten.t(weight)``), the same layers and matrix-product FLOPs, the sharding
+    rules cover it (ops without one are listed, replicated), and the cost model's Megatron
+    layout sees the weights through ``aten.t`` (the same parameters split)."""
+    pytest.importorskip("transformers")
+    from fxplan.cost_model.tp_layout import tp_layout
+    from fxplan.sharding.api import rule_sources
+
+    spec = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,"
+            "num_attention_heads=4,num_key_value_heads=2,vocab_size=64,max_position_embeddings=16")
+    plain = capture(spec, batch=2, seq=8, method="export")
+    core = capture(spec, batch=2, seq=8, method="export-core")
+    assert core.method == "export-core"
+    ops = {str(n.target) for n in core.gm.graph.nodes if n.op == "call_function"}
+    assert "aten.linear.default" not in ops and "aten.mm.default" in ops
+    assert [b.layers for b in core.blocks] == [[0, 1]]
+    assert core.forward_matmul_flops == plain.forward_matmul_flops
+    assert tp_layout(core).sharded_params == tp_layout(plain).sharded_params
+    assert len(tp_layout(core).column) == len(tp_layout(plain).column) > 0
+    sources = rule_sources(core.gm)     # every op has a rule, DTensor's, or a listed fallback
+    fallback = set(sources["fallback"])
+    assert fallback <= {"aten.arange.start_step", "aten.full.default",
+                        "aten.scalar_tensor.default", "aten.arange.default"}, fallback

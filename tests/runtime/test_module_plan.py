@@ -10,13 +10,13 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                RowwiseParallel, SequenceParallel)
 
-from fxplan.core.plan import Plan
 from fxplan.passes.rewrite.base import PassError
 from fxplan.runtime.apply import apply_plan
 from fxplan.runtime.module_apply import module_level_plan
 from fxplan.runtime.module_stages import StageBlocks, stage_module
 from fxplan.runtime.tp_styles import NotExpressible
-from rt_module_cases import ENCODER_MLP_TP, build, plan_for
+from fxplan.runtime.tp_attention import HeadParallelAttention
+from rt_module_cases import ENCODER_MLP_TP, ENCODER_TP, build, plan_for
 
 TOKENS = torch.zeros(2, 8, dtype=torch.long)
 
@@ -61,10 +61,15 @@ def test_encoder_stage_cut_and_replicated_attention():
     model = build("encoder")
     decided = module_level_plan(model, plan_for(model, pp=2), TOKENS[:, :8])
     assert decided.probe.blocks == ["encoder.layers.0", "encoder.layers.1"]
-    # nn.MultiheadAttention's fused in_proj_weight has no style: sharding it is refused
+    # nn.MultiheadAttention's fused in_proj_weight split alone (not head-parallel) is refused
     plan = plan_for(model, tp=2, overrides={"encoder.layers.0.self_attn.in_proj_weight": "RS(0)"})
-    with pytest.raises(NotExpressible, match="MultiheadAttention.*in_proj_weight"):
+    with pytest.raises(NotExpressible, match="MultiheadAttention.*in_proj_weight S.0., "
+                                             "in_proj_bias R.*not the head-parallel layout"):
         module_level_plan(model, plan, TOKENS)
+    # in_proj S(0) with out_proj S(1) is head-parallel attention
+    styles = module_level_plan(model, plan_for(model, tp=2, overrides=ENCODER_TP), TOKENS).styles
+    assert isinstance(styles["encoder.layers.1.self_attn"], HeadParallelAttention)
+    assert "encoder.layers.1.self_attn.out_proj" not in styles
     # the MLP alone can be split; with sequence parallelism the replicated attention cannot
     # take the sequence-sharded stream
     styles = module_level_plan(model, plan_for(model, tp=2, overrides=ENCODER_MLP_TP),
@@ -81,7 +86,7 @@ def test_encoder_stage_cut_and_replicated_attention():
     ("llama_zoo_tp", "local shapes"),
     ("bias_mismatch", "not a column- or row-parallel layout"),
     ("sp_replicated_head", "'emb' is replicated over tp: with sequence parallelism"),
-    ("selective", "selective"),
+    ("sp_pp", "sequence parallelism across pipeline stages"),
 ])
 def test_module_level_refusals_name_the_reason(case, reason):
     from fxplan.examples.model_spec import resolve_model
@@ -100,11 +105,22 @@ def test_module_level_refusals_name_the_reason(case, reason):
         plan = plan_for(model, tp=2, overrides={"encoder.layers.0.linear1.weight": "RS(0)",
                                                 "encoder.layers.0.linear1.bias": "RR"})
     else:
-        model = build("encoder")
-        plan = plan_for(model, dp=1)
-        plan = Plan.from_json(plan.to_json().replace("recompute=none", "recompute=selective"))
+        pytest.importorskip("transformers")
+        model = build("llama")
+        plan = plan_for(model, pp=2, tp=2, sp=True)
     tokens = torch.zeros(2, 16 if case == "gpt_tp" else 8, dtype=torch.long)
     with pytest.raises(NotExpressible, match=reason):
         module_level_plan(model, plan, tokens)
     with pytest.raises(PassError, match=rf"\[module-apply\].*{reason}"):
         apply_plan(model, plan, tokens, path="module")
+
+
+def test_refused_plan_of_an_export_only_model_is_one_clear_error():
+    """A plan the module level refuses falls back to the graph rewrite, which cannot trace a
+    Hugging Face model: one ``PassError`` naming both reasons, before any process group."""
+    pytest.importorskip("transformers")
+    model = build("llama")
+    plan = plan_for(model, pp=2, tp=2, sp=True)
+    with pytest.raises(PassError, match=r"\[graph-rewrite\].*module level refused it \(.*sequence "
+                                        r"parallelism across pipeline stages.*symbolic_trace"):
+        apply_plan(model, plan, torch.zeros(2, 8, dtype=torch.long))

@@ -24,3 +24,9 @@ class EncoderLM(nn.Module):
 
 def build():
     return EncoderLM(), torch.zeros(4, SEQ, dtype=torch.long)
+
+
+def build_wide():
+    """The same model 8× wider (hidden 256, 4 heads): wide enough that the search splits it
+    over tp (at hidden 32 replicating it is cheaper than the tp collectives)."""
+    return EncoderLM(hidden=256), torch.zeros(4, SEQ, dtype=torch.long)

@@ -1,0 +1,67 @@
+"""Activation recompute per block at module level, as planned (``plan.recompute(i)``).
+
+    none       nothing
+    full       composable ``checkpoint(block)``: the block's input is saved, the whole block
+               is recomputed in the backward
+    selective  the same ``checkpoint`` with a selective-checkpoint policy
+               (``torch.utils.checkpoint.create_selective_checkpoint_contexts``): the ATen ops
+               of the attention core — fused scaled-dot-product attention, or the batched
+               products ``QKᵀ``, ``·V`` and the softmax between them — are recomputed, every
+               other op's output is kept (``MUST_SAVE``); the ``O(s²)`` scores and
+               probabilities are not saved (Korthikanti et al., 2022), as the graph rewrite's
+               ``attn_core`` checkpoint (:mod:`fxplan.passes.rewrite.recompute`)
+
+Parameter names and ``state_dict`` keys are unchanged; recompute changes memory and time,
+never values.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["ATTENTION_CORE", "apply_recompute"]
+
+_aten = torch.ops.aten
+#: The ATen overload packets of an attention core (recomputed under ``selective``).
+ATTENTION_CORE = frozenset(op for op in (
+    getattr(_aten, name, None) for name in (
+        "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_fused_attention_overrideable", "bmm", "baddbmm", "_softmax",
+        "_safe_softmax")) if op is not None)
+
+
+def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    packet = getattr(op, "overloadpacket", op)
+    return (CheckpointPolicy.PREFER_RECOMPUTE if packet in ATTENTION_CORE
+            else CheckpointPolicy.MUST_SAVE)
+
+
+def _selective_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_policy)
+
+
+def apply_recompute(blocks: Sequence[nn.Module], policies: Sequence[str]) -> None:
+    """Checkpoint ``blocks[i]`` as ``policies[i]`` says (module docstring)."""
+    from torch.distributed._composable import checkpoint
+
+    contexts: dict[str, Callable[[], Any] | None] = {"full": None,
+                                                     "selective": _selective_context}
+    for block, policy in zip(blocks, policies, strict=True):
+        if policy == "none":
+            continue
+        if policy not in contexts:
+            raise ValueError(f"unknown recompute policy {policy!r}")
+        context = contexts[policy]
+        if context is None:
+            checkpoint(block)
+        else:
+            checkpoint(block, context_fn=functools.partial(context))
