@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.efficiency import dtype_key
 from fxplan.cost_model.layer_costs import GraphSegments, graph_segments
-from fxplan.cost_model.memory import ADAM_MIXED, MemoryBreakdown, OptimizerSpec
+from fxplan.cost_model.memory import MemoryBreakdown, OptimizerSpec, adam_for
 from fxplan.cost_model.pipeline_schedules import schedule_order
 from fxplan.cost_model.simulator import StepSimulation, TimelineEvent, simulate_step
 from fxplan.cost_model.stage_costs import StagePlan, build_stages, stage_memory
@@ -152,14 +152,20 @@ def _peak_flops(plan: StagePlan, graph: CapturedGraph) -> float:
 
 
 def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, batch: int,
-             seq: int | None = None, optimizer: OptimizerSpec = ADAM_MIXED) -> Estimate:
+             seq: int | None = None, optimizer: OptimizerSpec | None = None) -> Estimate:
     """Predict one training step of ``graph`` on ``cluster`` under ``config``.
+
+    ``optimizer`` defaults to Adam in the graph's precision (:func:`cost_model.memory.adam_for`:
+    fp32 weights and gradients for an fp32 graph, mixed precision otherwise): it sets the
+    bytes that ZeRO's collectives and the gradient all-reduce move.
 
     ``batch`` is the global batch in samples; ``seq`` (optional) must equal the captured
     sequence length. Raises :class:`CostModelError` for a configuration that does not fit
     the model or the cluster, with the arithmetic.
     """
     segments, config = _check(graph, cluster, config, batch, seq)
+    if optimizer is None:
+        optimizer = adam_for(dtype_key(_graph_dtype(graph)))
     plan = build_stages(graph, segments, cluster, config, optimizer)
     m = config.num_microbatches or 1
     sim = simulate_step(plan.costs, config.schedule.kind, m)

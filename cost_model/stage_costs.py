@@ -13,8 +13,9 @@ the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
 - tp: the segments' collectives over the stage's tp group (on the critical path);
 - ZeRO-3: each segment all-gathers its weights (``k_p·Ψ_seg`` bytes) before its forward and
   again before its backward, and reduce-scatters its gradients (``k_g·Ψ_seg``) after it,
-  prefetched one segment ahead: exposed ``max(0, AG − f_seg)`` and
-  ``max(0, AG + RS − b_seg − r_seg)``;
+  prefetched one segment ahead; the first gather and the last reduce-scatter of a chunk
+  cannot hide, and only ``comm_overlap`` of the others can
+  (:func:`cost_model.host_overhead.zero3_exposed_s`);
 - p2p: the forward sends the chunk's output (``o`` bytes) to the next virtual stage, the
   backward sends the gradient of its input to the previous one; with tp, as Megatron's
   scatter/gather optimisation: each tp rank sends ``o/t`` and the receiver all-gathers
@@ -25,7 +26,9 @@ chunk has passed it (fractions of that op's time, in backward order ``post``, la
 first, ``pre``), all-reduced (ZeRO-0) or reduce-scattered (ZeRO-1/2) over dp. After the
 backward: ZeRO-1/2 all-gather the updated 16-bit weights; a weight tied across stages
 (embedding and LM head) all-reduces its gradient between them. The optimizer step reads and
-writes ``step_bytes`` per local parameter (``Ψ/N`` under ZeRO ≥ 1) at memory speed.
+writes ``step_bytes`` per local parameter (``Ψ/N`` under ZeRO ≥ 1) at memory speed, plus its
+per-tensor host loop; only ``comm_overlap`` of each bucket may overlap the backward
+(:mod:`cost_model.host_overhead`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ import torch
 from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.compute import op_time_s
 from fxplan.core.config import ParallelConfig
+from fxplan.cost_model.host_overhead import (dtensor_params, optimizer_host_s, overlapped_buckets,
+                                             zero3_exposed_s)
 from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
 from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
                                model_state_bytes)
@@ -97,11 +102,15 @@ def _collective(kind: str, nbytes: float, group: tuple[int, ...], cluster: Clust
 
 
 @lru_cache(maxsize=1 << 12)
-def _optimizer_s(optimizer: OptimizerSpec, params: float, device: DeviceGroup) -> float:
-    """Memory-bound optimizer step over ``params`` local parameters, plus the device's fixed
-    host cost per step: ``op_time(12·Ψ FLOPs, 28·Ψ bytes) + step_overhead_us``."""
-    return op_time_s("elementwise", optimizer.step_flops * params, optimizer.step_bytes * params,
-                     torch.float32, device) + device.step_overhead_us * 1e-6
+def _optimizer_s(optimizer: OptimizerSpec, params: float, tensors: int, dtensor: bool,
+                 device: DeviceGroup) -> float:
+    """Memory-bound optimizer step over ``params`` local parameters in ``tensors`` tensors,
+    its per-tensor host loop (:func:`~cost_model.host_overhead.optimizer_host_s`) and the
+    device's fixed host cost per step:
+    ``op_time(12·Ψ FLOPs, 28·Ψ bytes) + t_opt_host + step_overhead_us``."""
+    return (op_time_s("elementwise", optimizer.step_flops * params, optimizer.step_bytes * params,
+                      torch.float32, device)
+            + optimizer_host_s(tensors, device, dtensor=dtensor) + device.step_overhead_us * 1e-6)
 
 
 def _price(events: Iterable[tuple[str, float]], group: tuple[int, ...],
@@ -131,16 +140,22 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         stage_params: dict[str, float] = {}
         stage_buckets = []
         for c, segs in enumerate(row):
-            f_c, b_c = _chunk_times(segs, tp_group, dp_group, cluster, config, optimizer)
+            f_c, b_c = _chunk_times(segs, tp_group, dp_group, cluster, config, optimizer,
+                                    device.comm_overlap)
             forward[:3, s, c], backward[:3, s, c] = f_c, b_c
             labels = [label for _, label in keys[s][c]]
-            stage_buckets.append(_buckets(segs, labels, stage_params, dp_group, cluster, config,
-                                          optimizer))
+            stage_buckets.append(overlapped_buckets(
+                _buckets(segs, labels, stage_params, dp_group, cluster, config, optimizer),
+                device.comm_overlap))
         params.append(stage_params)
         buckets.append(tuple(stage_buckets))
         psi = sum(stage_params.values())
         local = psi / config.dp if config.zero_stage >= 1 else psi
-        opt_time[s] = _optimizer_s(optimizer, local, device)
+        # ZeRO-1 without FSDP steps only the tensors its rank owns (ZeroRedundancyOptimizer).
+        fsdp = dtensor_params(config) and config.tp == 1
+        owned = config.dp if config.zero_stage == 1 and not fsdp and config.tp == 1 else 1
+        tensors = -(-len(stage_params) // owned)
+        opt_time[s] = _optimizer_s(optimizer, local, tensors, dtensor_params(config), device)
         if config.zero_stage in (1, 2):
             post[s] += _collective("all_gather", optimizer.param_bytes * psi, dp_group, cluster)
     _p2p(chunks, forward, backward, config, cluster)
@@ -151,8 +166,10 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
 
 def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
                  dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
-                 optimizer: OptimizerSpec) -> tuple[list[float], list[float]]:
-    """``[compute, tp, zero]`` seconds of one chunk's forward and backward."""
+                 optimizer: OptimizerSpec, overlap: float) -> tuple[list[float], list[float]]:
+    """``[compute, tp, zero]`` seconds of one chunk's forward and backward; ZeRO-3's
+    exposed gathers and reduce-scatters by :func:`~cost_model.host_overhead.zero3_exposed_s`
+    with the device's ``comm_overlap``."""
     f = [0.0, 0.0, 0.0]
     b = [0.0, 0.0, 0.0]
     for seg in segs:
@@ -160,12 +177,14 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
         b[0] += seg.backward_s + seg.recompute_s
         f[1] += _price(seg.tp_forward, tp_group, cluster)
         b[1] += _price(seg.tp_backward, tp_group, cluster)
-        if config.zero_stage == 3 and config.dp > 1:
-            psi = seg.param_count
-            gather = _collective("all_gather", optimizer.param_bytes * psi, dp_group, cluster)
-            scatter = _collective("reduce_scatter", optimizer.grad_bytes * psi, dp_group, cluster)
-            f[2] += max(0.0, gather - seg.forward_s)
-            b[2] += max(0.0, gather + scatter - seg.backward_s - seg.recompute_s)
+    if config.zero_stage == 3 and config.dp > 1:
+        gather = [_collective("all_gather", optimizer.param_bytes * seg.param_count, dp_group,
+                              cluster) for seg in segs]
+        scatter = [_collective("reduce_scatter", optimizer.grad_bytes * seg.param_count,
+                               dp_group, cluster) for seg in segs]
+        f[2], b[2] = zero3_exposed_s([seg.forward_s for seg in segs],
+                                     [seg.backward_s + seg.recompute_s for seg in segs],
+                                     gather, scatter, overlap)
     return f, b
 
 
