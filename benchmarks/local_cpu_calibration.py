@@ -300,6 +300,54 @@ def time_sharing(iterations: int = 150) -> dict[str, float]:
             "efficiency": 2 * times[cores] / times[2 * cores]}
 
 
+def _contended_worker(rank: int, world: int, port: int, iterations: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    a = torch.randn(128, 128)
+    flag = torch.zeros(1)
+
+    def loop(collective: bool) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iterations):
+            for _ in range(4):
+                a @ a
+            if collective:
+                dist.all_reduce(flag)
+        elapsed = time.perf_counter() - start
+        dist.barrier()
+        return elapsed / iterations
+
+    loop(True)
+    samples = [(loop(False), loop(True)) for _ in range(5)]
+    if rank == 0:
+        Path(out).write_text(json.dumps(samples))
+    dist.destroy_process_group()
+
+
+def contended_collective_us(world: int, iterations: int = 300) -> dict[str, float]:
+    """A 4-byte gloo all-reduce between bursts of compute (µs): every rank loops ``4 × (128³
+    matmul); all_reduce`` and the same without the all-reduce, wall clock; the collective's
+    cost is the difference per iteration (medians of 5 alternating runs). With more ranks
+    than cores a rank waiting in a collective must be scheduled again while another rank
+    computes on its core, which the idle ranks of :func:`allreduce` do not see."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "contended.json")
+        mp.spawn(_contended_worker, args=(world, _free_port(), iterations, out), nprocs=world)
+        samples = json.loads(Path(out).read_text())
+    work = statistics.median(w for w, _ in samples)
+    both = statistics.median(b for _, b in samples)
+    return {"work_us": work * 1e6, "work_collective_us": both * 1e6,
+            "collective_us": (both - work) * 1e6}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -368,6 +416,10 @@ def main() -> None:
     print(f"| time-sharing, gpt-tiny fwd+bwd ×150: {share['cores']} / {2 * share['cores']} "
           f"processes on {share['cores']} cores | {share['t_c']:.2f} s / {share['t_2c']:.2f} s ⇒ "
           f"η = {share['efficiency']:.3f} |")
+    for world in (2, 4):
+        c = contended_collective_us(world)
+        print(f"| gloo all-reduce 4 B between compute, {world} ranks: (work + AR) − work | "
+              f"{c['work_collective_us']:.0f} − {c['work_us']:.0f} = {c['collective_us']:.0f} µs |")
     for world in (2, 4):
         r = allreduce(world)
         print(f"| gloo all-reduce {world} ranks: 4 B / 4 MiB / 16 MiB | {r['t_4B_us']:.0f} µs / "

@@ -280,16 +280,21 @@ def summary(cases: list[Case]) -> dict[str, float | str]:
     return out
 
 
-def table(cases: list[Case]) -> str:
-    """The cases as a Markdown table."""
-    lines = ["| case | ranks | plan | predicted step (ms) | measured step (ms) | launches (ms) | "
-             "error | predicted peak (GiB) | measured peak (GiB) | error | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+def table(cases: list[Case], before: bool = False) -> str:
+    """The cases as a Markdown table; ``before``: also the prediction stored in each plan
+    (the model that planned it) and its error."""
+    extra = " at planning (ms) | error |" if before else ""
+    lines = ["| case | ranks | plan | predicted step (ms) | measured step (ms) | error |" + extra
+             + " predicted peak (GiB) | measured peak (GiB) | error | load |",
+             "|---|---|---|---|---|---|" + ("---|---|" if before else "") + "---|---|---|---|"]
     for c in cases:
-        runs = ", ".join(f"{t * 1e3:.1f}" for t in c.measured_s)
+        old = ""
+        if before:
+            planned = float(c.plan["estimate"]["step_time_s"])
+            old = f" {planned * 1e3:.1f} | {planned / c.median_s - 1:+.0%} |"
         lines.append(
             f"| {c.label} | {c.devices} | `{c.plan_summary.replace('|', '¦')}` | "
-            f"{c.predicted_s * 1e3:.1f} | {c.median_s * 1e3:.1f} | {runs} | {c.time_error:+.0%} | "
+            f"{c.predicted_s * 1e3:.1f} | {c.median_s * 1e3:.1f} | {c.time_error:+.0%} |{old} "
             f"{c.predicted_gib:.3f} | {c.median_gib:.3f} | {c.memory_error:+.0%} | {c.load:.1f} |")
     return "\n".join(lines)
 
@@ -335,7 +340,7 @@ def main() -> None:
     if args.reprice:
         cases = load(args.reprice)
         reprice(cases)
-        print(table(cases))
+        print(table(cases, before=True))
         print(format_summary(summary(cases)))
         return
     wanted = set(args.only.split(",")) if args.only else None

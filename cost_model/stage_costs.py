@@ -23,8 +23,10 @@ the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
 
 **Data parallelism** (ZeRO 0–2): one bucket per segment, ready when the last backward of its
 chunk has passed it (fractions of that op's time, in backward order ``post``, layers last to
-first, ``pre``), all-reduced (ZeRO-0) or reduce-scattered (ZeRO-1/2) over dp. After the
-backward: ZeRO-1/2 all-gather the updated 16-bit weights; a weight tied across stages
+first, ``pre``), all-reduced (ZeRO-0, and ZeRO-1 without tp, which the runtime runs as DDP +
+``ZeroRedundancyOptimizer``) or reduce-scattered (ZeRO-2, ZeRO-1 as FSDP2) over dp. After the
+backward: ZeRO-2 all-gathers the updated 16-bit weights, ZeRO-1 without tp broadcasts each
+parameter tensor from its owner (one collective per tensor); a weight tied across stages
 (embedding and LM head) all-reduces its gradient between them. The optimizer step reads and
 writes ``step_bytes`` per local parameter (``Ψ/N`` under ZeRO ≥ 1) at memory speed, plus its
 per-tensor host loop; only ``comm_overlap`` of each bucket may overlap the backward
@@ -113,6 +115,13 @@ def _optimizer_s(optimizer: OptimizerSpec, params: float, tensors: int, dtensor:
             + optimizer_host_s(tensors, device, dtensor=dtensor) + device.step_overhead_us * 1e-6)
 
 
+def _zero1_broadcasts(config: ParallelConfig) -> bool:
+    """ZeRO-1 as the runtime runs it without tensor parallelism: DDP all-reduces the gradients
+    and ``ZeroRedundancyOptimizer`` broadcasts every parameter tensor from its owner after
+    the step (:mod:`fxplan.runtime.data_parallel`); with ``tp > 1`` it runs as FSDP2."""
+    return config.zero_stage == 1 and config.dp > 1 and not dtensor_params(config)
+
+
 def _price(events: Iterable[tuple[str, float]], group: tuple[int, ...],
            cluster: Cluster) -> float:
     return sum(_collective(kind, nbytes, group, cluster) for kind, nbytes in events)
@@ -156,7 +165,11 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         owned = config.dp if config.zero_stage == 1 and not fsdp and config.tp == 1 else 1
         tensors = -(-len(stage_params) // owned)
         opt_time[s] = _optimizer_s(optimizer, local, tensors, dtensor_params(config), device)
-        if config.zero_stage in (1, 2):
+        if _zero1_broadcasts(config):
+            # ZeroRedundancyOptimizer: each updated tensor broadcast from the rank that owns it
+            post[s] += sum(_collective("broadcast", optimizer.param_bytes * n, dp_group, cluster)
+                           for n in stage_params.values())
+        elif config.zero_stage in (1, 2):
             post[s] += _collective("all_gather", optimizer.param_bytes * psi, dp_group, cluster)
     _p2p(chunks, forward, backward, config, cluster)
     _tied_sync(params, post, config, cluster, optimizer)
@@ -196,7 +209,8 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
     others' — embeddings, head, possibly tied — under their canonical names)."""
     total = sum(seg.backward_s + seg.recompute_s for seg in segs) or 1.0
     elapsed, out = 0.0, []
-    kind = "all_reduce" if config.zero_stage == 0 else "reduce_scatter"
+    kind = ("all_reduce" if config.zero_stage == 0 or _zero1_broadcasts(config)
+            else "reduce_scatter")
     for seg, label in zip(reversed(segs), reversed(labels)):
         elapsed += seg.backward_s + seg.recompute_s
         prefix = f"{label}:" if label.startswith("L") else ""

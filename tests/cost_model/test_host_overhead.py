@@ -115,3 +115,15 @@ def test_tensor_parallel_pays_dtensor_dispatch(tiny) -> None:  # type: ignore[no
     # per-op DTensor dispatch and DTensor optimizer steps make tp's host work dominate here
     assert tp.breakdown["compute"] > dp.breakdown["compute"]
     assert tp.breakdown["optimizer"] > dp.breakdown["optimizer"]
+
+
+def test_zero1_without_tp_prices_ddp_and_one_broadcast_per_tensor(tiny) -> None:  # type: ignore[no-untyped-def]
+    from fxplan.cost_model.collectives import collective_time_s
+
+    cluster = Cluster.load("local-cpu:devices=2")
+    z0 = _estimate(tiny, "dp=2,mb=4")
+    z1 = _estimate(tiny, "dp=2,mb=4,zero=1")
+    tensors = len({p.tied_to or name for name, p in tiny.params.items()})
+    one = collective_time_s("broadcast", 4.0, range(2), cluster)  # latency of one collective
+    # the all-reduce of ZeRO-0 plus at least a latency per parameter tensor's broadcast
+    assert z1.breakdown["dp_comm"] >= z0.breakdown["dp_comm"] + 0.9 * tensors * one
