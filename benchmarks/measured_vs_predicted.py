@@ -36,8 +36,9 @@ autogroup of every launched process so that the ranks, not other sessions' jobs,
 cores (as ``nice`` would without autogroups).
 
 ``--reprice FILE`` re-prices the stored plans of a results file with the current cost model
-(no launch) and prints the table again: how a model change moves the predictions against the
-same measurements.
+(no launch) and prints the table again, beside the prediction each plan got when it was
+planned: how a model change moves the predictions against the same measurements (``--out``
+writes the re-priced results, keeping the planning-time summary).
 """
 
 from __future__ import annotations
@@ -342,6 +343,12 @@ def main() -> None:
         reprice(cases)
         print(table(cases, before=True))
         print(format_summary(summary(cases)))
+        if args.out:
+            data = json.loads(args.reprice.read_text())
+            data["planning_time_summary"] = data.get("planning_time_summary", data["summary"])
+            data.update(summary=summary(cases), cases=[asdict(c) for c in cases],
+                        repriced_with="this tree's cost model (--reprice)")
+            args.out.write_text(json.dumps(data, indent=1))
         return
     wanted = set(args.only.split(",")) if args.only else None
     cases = [Case(label, n, text) for label, n, text in CASES if wanted is None or label in wanted]

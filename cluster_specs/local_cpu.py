@@ -84,9 +84,15 @@ DROPOUT_BANDWIDTH_FRACTION = 0.12
 #: Calibration line "gloo N ranks: hop latency, bus bandwidth", four runs: 2 ranks 1.225,
 #: 0.926, 0.858, 1.175 GB/s; 4 ranks 1.203, 0.462, 0.797, 1.031 GB/s. The median of the eight.
 GLOO_BUS_GB_PER_S = 0.978
-#: 4-byte gloo all-reduce: (t − 6 µs α) / 2(n−1) hops. Four runs: 2 ranks 63.1, 31.7, 35.3,
-#: 68.4 µs; 4 ranks 66.0, 33.1, 48.8, 63.2 µs per hop. The median of the eight.
-GLOO_HOP_LATENCY_US = 56.0
+#: Per hop of a small gloo collective issued between bursts of compute, as training issues
+#: them: calibration line "gloo all-reduce 4 B between compute, N ranks" ((work + AR) − work,
+#: every rank computing ≈ 0.2–0.4 ms between all-reduces), (t − 6 µs α) / 2(n−1) hops. Two
+#: runs: 2 ranks 1327 and 759 µs → 660 and 376 µs per hop; 4 ranks 3182 and 3697 µs → 529 and
+#: 615 µs per hop; the median 572 µs. A waiting rank sleeps in gloo and must be woken and
+#: scheduled again while the machine's cores are busy; between idle ranks ("gloo N ranks: hop
+#: latency") the same all-reduce costs only 32–68 µs per hop, which priced every collective of
+#: a training step ~10× too cheap.
+GLOO_HOP_LATENCY_US = 572.0
 
 #: Override keys the generator takes itself (the others apply to the generated spec).
 GENERATOR_PARAMS: tuple[str, ...] = ("devices",)
