@@ -97,6 +97,80 @@ def eager_overhead_us(repeats: int) -> dict[str, float]:
             "forward_backward_us": fwd_bwd / CHAIN * 1e6}
 
 
+def _single_rank_group() -> None:
+    """A one-rank gloo group on a free loopback port (DTensor needs a device mesh)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+                                world_size=1)
+
+
+def dtensor_overhead_us(repeats: int) -> dict[str, float]:
+    """Extra host cost of an op on a ``DTensor`` over the same op on a plain tensor (µs): the
+    chain of :func:`eager_overhead_us` on 8×8 ``DTensor``s (``Replicate`` on a one-rank mesh,
+    so no communication), ``t_dtensor − t_plain`` per op, forward and backward; then AdamW's
+    ``step`` per parameter tensor on plain and on ``DTensor`` parameters (gpt-tiny's
+    shapes): the optimizer's host cost per tensor and what DTensor adds to it."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    from fxplan.examples.model_spec import resolve_model
+
+    _single_rank_group()
+    mesh = init_device_mesh("cpu", (1,))
+
+    def chain(make: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float]:
+        w = make(torch.randn(8, 8)).requires_grad_()
+        x0 = make(torch.randn(8, 8)).requires_grad_()
+        ops = (lambda x: x + 1.0, lambda x: x * w, torch.nn.functional.gelu, lambda x: x @ w,
+               lambda x: torch.nn.functional.layer_norm(x, (8,)))
+
+        def forward() -> torch.Tensor:
+            x = x0
+            for i in range(CHAIN):
+                x = ops[i % len(ops)](x)
+            return x
+
+        fwd = _median_thread_time(forward, repeats=repeats)
+        both = _median_thread_time(lambda: forward().sum().backward(), repeats=repeats)
+        return fwd / CHAIN, (both - fwd) / CHAIN
+
+    plain = chain(lambda t: t)
+    dtensor = chain(lambda t: DTensor.from_local(t, mesh, [Replicate()]))
+
+    def adamw(wrap: Callable[[torch.Tensor], torch.Tensor]) -> tuple[int, float]:
+        model = resolve_model("gpt-tiny").build("cpu")
+        params = [torch.nn.Parameter(wrap(p.detach().clone())) for p in model.parameters()]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        return len(params), _median_thread_time(opt.step, repeats=repeats) / len(params)
+
+    tensors, opt_plain = adamw(lambda t: t)
+    _, opt_dtensor = adamw(lambda t: DTensor.from_local(t, mesh, [Replicate()]))
+    return {"forward_us": (dtensor[0] - plain[0]) * 1e6,
+            "backward_us": (dtensor[1] - plain[1]) * 1e6,
+            "plain_forward_us": plain[0] * 1e6, "plain_backward_us": plain[1] * 1e6,
+            "adamw_tensors": tensors, "adamw_per_tensor_us": opt_plain * 1e6,
+            "adamw_dtensor_per_tensor_us": opt_dtensor * 1e6}
+
+
+def process_baseline_gib() -> float:
+    """Resident set of a process that imported torch and fxplan's runtime and joined a gloo
+    group, before any model exists: the fixed part of a rank's peak (``ru_maxrss``), GiB."""
+    import subprocess
+    import sys
+
+    code = ("import resource, torch, torch.distributed as dist, fxplan.worker, "
+            "fxplan.runtime.apply;"
+            f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{_free_port()}', "
+            "rank=0, world_size=1);"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1]) * 1024 / 2**30
+
+
 def memory_bound_gb_per_s(repeats: int) -> dict[str, float]:
     """Effective bandwidth (GB/s, read + written) of memory-bound ops on one thread."""
     x = torch.randn(4, 64, 256)
@@ -226,6 +300,54 @@ def time_sharing(iterations: int = 150) -> dict[str, float]:
             "efficiency": 2 * times[cores] / times[2 * cores]}
 
 
+def _contended_worker(rank: int, world: int, port: int, iterations: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    a = torch.randn(128, 128)
+    flag = torch.zeros(1)
+
+    def loop(collective: bool) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iterations):
+            for _ in range(4):
+                a @ a
+            if collective:
+                dist.all_reduce(flag)
+        elapsed = time.perf_counter() - start
+        dist.barrier()
+        return elapsed / iterations
+
+    loop(True)
+    samples = [(loop(False), loop(True)) for _ in range(5)]
+    if rank == 0:
+        Path(out).write_text(json.dumps(samples))
+    dist.destroy_process_group()
+
+
+def contended_collective_us(world: int, iterations: int = 300) -> dict[str, float]:
+    """A 4-byte gloo all-reduce between bursts of compute (µs): every rank loops ``4 × (128³
+    matmul); all_reduce`` and the same without the all-reduce, wall clock; the collective's
+    cost is the difference per iteration (medians of 5 alternating runs). With more ranks
+    than cores a rank waiting in a collective must be scheduled again while another rank
+    computes on its core, which the idle ranks of :func:`allreduce` do not see."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "contended.json")
+        mp.spawn(_contended_worker, args=(world, _free_port(), iterations, out), nprocs=world)
+        samples = json.loads(Path(out).read_text())
+    work = statistics.median(w for w, _ in samples)
+    both = statistics.median(b for _, b in samples)
+    return {"work_us": work * 1e6, "work_collective_us": both * 1e6,
+            "collective_us": (both - work) * 1e6}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -274,6 +396,15 @@ def main() -> None:
     for name, value in bandwidth.items():
         share = f" ({value / bandwidth['copy']:.3f} of copy)" if name != "copy" else ""
         print(f"| {name} 4×64×256 fp32, 1 thread | {value:.2f} GB/s{share} |")
+    dt = dtensor_overhead_us(repeats)
+    print(f"| eager tiny op, plain: forward / backward | {dt['plain_forward_us']:.2f} / "
+          f"{dt['plain_backward_us']:.2f} µs |")
+    print(f"| DTensor op extra (Replicate, 1-rank mesh): forward / backward | "
+          f"{dt['forward_us']:.2f} / {dt['backward_us']:.2f} µs |")
+    print(f"| AdamW step per tensor, gpt-tiny ({dt['adamw_tensors']} tensors): plain / DTensor | "
+          f"{dt['adamw_per_tensor_us']:.1f} / {dt['adamw_dtensor_per_tensor_us']:.1f} µs |")
+    print(f"| process baseline (torch + fxplan runtime + gloo group), ru_maxrss | "
+          f"{process_baseline_gib():.3f} GiB |")
     opt = optimizer_us(repeats)
     print(f"| AdamW step + zero, gpt-tiny ({opt['tensors']} tensors, {opt['elements']:,} el.) "
           f"| {opt['step_us']:.0f} µs ({opt['per_tensor_us']:.1f} µs/tensor) |")
@@ -285,6 +416,10 @@ def main() -> None:
     print(f"| time-sharing, gpt-tiny fwd+bwd ×150: {share['cores']} / {2 * share['cores']} "
           f"processes on {share['cores']} cores | {share['t_c']:.2f} s / {share['t_2c']:.2f} s ⇒ "
           f"η = {share['efficiency']:.3f} |")
+    for world in (2, 4):
+        c = contended_collective_us(world)
+        print(f"| gloo all-reduce 4 B between compute, {world} ranks: (work + AR) − work | "
+              f"{c['work_collective_us']:.0f} − {c['work_us']:.0f} = {c['collective_us']:.0f} µs |")
     for world in (2, 4):
         r = allreduce(world)
         print(f"| gloo all-reduce {world} ranks: 4 B / 4 MiB / 16 MiB | {r['t_4B_us']:.0f} µs / "

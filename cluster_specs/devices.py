@@ -31,7 +31,12 @@ class DeviceGroup:
     model may expect before profiling. ``nics_per_node`` overrides the cluster-scope level's
     NIC count for this group's nodes (``None``: the level's). ``step_overhead_us`` is a fixed
     cost per training step on each device beyond its kernels and collectives (host work of the
-    training loop: the optimizer's per-tensor loop, data-parallel hooks, the schedule).
+    training loop: data-parallel hooks, gradient clipping, the schedule).
+    ``dtensor_op_us``/``dtensor_backward_op_us`` are the extra host cost of an op (forward,
+    backward) on a DTensor, ``optimizer_tensor_us``/``dtensor_optimizer_tensor_us`` the
+    optimizer's host cost per plain / DTensor parameter tensor, ``comm_overlap`` the fraction
+    of a collective that can run concurrently with compute (1: GPUs; 0: one-thread CPU ranks);
+    :mod:`fxplan.cost_model.host_overhead` prices them.
     ``fused_attention`` says that attention runs as one fused (flash) kernel on these devices,
     whatever the model's code spells out (:mod:`cost_model.attention_kernel` prices it so):
     the training stack's choice (Megatron-Core / Transformer Engine, PyTorch SDPA on GPUs
@@ -59,6 +64,11 @@ class DeviceGroup:
     kernel_launch_us: float = 0.0
     step_overhead_us: float = 0.0
     fused_attention: bool = False
+    dtensor_op_us: float = 0.0
+    dtensor_backward_op_us: float = 0.0
+    optimizer_tensor_us: float = 0.0
+    dtensor_optimizer_tensor_us: float = 0.0
+    comm_overlap: float = 1.0
     nics_per_node: int | None = None
     host_memory_gib: float | None = None
     host_memory_bandwidth_gb_per_s: float | None = None

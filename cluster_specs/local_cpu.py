@@ -16,7 +16,13 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     peak_tflops.fp32           = FP32_TFLOPS_PER_CORE · s
     memory_bandwidth_gb_per_s  = MEMORY_GB_PER_S_PER_CORE · s
     kernel_launch_us           = EAGER_OP_US / s                 (dispatch + autograd per kernel)
+    dtensor_op_us              = DTENSOR_OP_US / s               (DTensor dispatch per op, fwd)
+    dtensor_backward_op_us     = DTENSOR_BACKWARD_OP_US / s      (… and its backward)
+    optimizer_tensor_us        = OPTIMIZER_TENSOR_US / s         (AdamW per plain tensor)
+    dtensor_optimizer_tensor_us = DTENSOR_OPTIMIZER_TENSOR_US / s (AdamW per DTensor tensor)
     step_overhead_us           = STEP_OVERHEAD_US / s            (training loop's host work)
+    comm_overlap               = 0                               (gloo needs the rank's core)
+    reserved_memory_gib        = PROCESS_BASELINE_GIB            (interpreter, torch, gloo)
 
 The loopback level (gloo) keeps its measured figures: they were measured with 2 and 4 ranks on
 this 2-core machine, i.e. already under the same time-sharing.
@@ -46,13 +52,26 @@ MEMORY_GB_PER_S_PER_CORE = 12.0
 #: 4.5–5.8 µs per kernel over the cost model's mean 1.4 backward kernels of that chain's ops
 #: (add, mul, gelu: 1; matmul, layer_norm: 2).
 EAGER_OP_US = 4.61
-#: Host cost of one training step beyond its kernels and the optimizer's memory traffic, on
-#: one core, µs. Calibration line "step overhead, 2 ranks" (gpt-tiny, batch 16, dp=2, AdamW),
-#: T_step − T_fb − t_opt in four runs: 4.76, 2.87, 4.04 and 3.64 ms; the median 3.84 ms.
-#: AdamW's per-tensor loop is most of it ("AdamW step + zero": 1.22–1.36 ms for gpt-tiny's 28
-#: tensors), then DDP's hooks and bucket copies and the schedule's bookkeeping. Measured on
-#: gpt-tiny: it grows with the number of parameter tensors, which schema v1 has no key for.
-STEP_OVERHEAD_US = 3840.0
+#: Host cost of one training step beyond its kernels, the optimizer's memory traffic and its
+#: per-tensor loop, on one core, µs. Calibration line "step overhead, 2 ranks" (gpt-tiny,
+#: batch 16, dp=2, AdamW), T_step − T_fb − t_opt in four runs: 4.76, 2.87, 4.04 and 3.64 ms,
+#: median 3.84 ms, measured when t_opt did not include AdamW's per-tensor loop; that loop is
+#: now priced by ``OPTIMIZER_TENSOR_US`` (28 tensors × 46.9 µs = 1.31 ms), so what is left —
+#: DDP's hooks and bucket copies, gradient clipping, the schedule — is 3.84 − 1.31 ms.
+STEP_OVERHEAD_US = 2527.0
+#: Extra host cost of an op on a DTensor over the same op on a plain tensor, µs. Calibration
+#: line "DTensor op extra (Replicate, 1-rank mesh): forward / backward" (200-op chain on 8×8
+#: DTensors minus the same chain on tensors): 34.7 / 19.7 µs (torch 2.13.0+cpu, one run).
+DTENSOR_OP_US = 34.7
+DTENSOR_BACKWARD_OP_US = 19.7
+#: AdamW ``step`` per parameter tensor (torch's per-tensor loop on CPU), µs. Calibration line
+#: "AdamW step per tensor, gpt-tiny (28 tensors): plain / DTensor": 46.9 / 232.2 µs (one run).
+OPTIMIZER_TENSOR_US = 46.9
+DTENSOR_OPTIMIZER_TENSOR_US = 232.2
+#: Resident set of a rank before its model exists (interpreter, torch, fxplan's runtime, a gloo
+#: group): calibration line "process baseline … ru_maxrss", 0.307 GiB. ``fxplan launch``
+#: reports a CPU rank's peak as its ``ru_maxrss``, so this is the fixed part of every peak.
+PROCESS_BASELINE_GIB = 0.307
 #: Time-sharing efficiency with more one-thread ranks than cores. Calibration line
 #: "time-sharing" (2 and 4 processes on 2 cores, gpt-tiny forward + backward):
 #: η = 2·T_C / T_2C = 0.866, 0.888 and 0.854 in three runs; the median.
@@ -65,9 +84,15 @@ DROPOUT_BANDWIDTH_FRACTION = 0.12
 #: Calibration line "gloo N ranks: hop latency, bus bandwidth", four runs: 2 ranks 1.225,
 #: 0.926, 0.858, 1.175 GB/s; 4 ranks 1.203, 0.462, 0.797, 1.031 GB/s. The median of the eight.
 GLOO_BUS_GB_PER_S = 0.978
-#: 4-byte gloo all-reduce: (t − 6 µs α) / 2(n−1) hops. Four runs: 2 ranks 63.1, 31.7, 35.3,
-#: 68.4 µs; 4 ranks 66.0, 33.1, 48.8, 63.2 µs per hop. The median of the eight.
-GLOO_HOP_LATENCY_US = 56.0
+#: Per hop of a small gloo collective issued between bursts of compute, as training issues
+#: them: calibration line "gloo all-reduce 4 B between compute, N ranks" ((work + AR) − work,
+#: every rank computing ≈ 0.2–0.4 ms between all-reduces), (t − 6 µs α) / 2(n−1) hops. Two
+#: runs: 2 ranks 1327 and 759 µs → 660 and 376 µs per hop; 4 ranks 3182 and 3697 µs → 529 and
+#: 615 µs per hop; the median 572 µs. A waiting rank sleeps in gloo and must be woken and
+#: scheduled again while the machine's cores are busy; between idle ranks ("gloo N ranks: hop
+#: latency") the same all-reduce costs only 32–68 µs per hop, which priced every collective of
+#: a training step ~10× too cheap.
+GLOO_HOP_LATENCY_US = 572.0
 
 #: Override keys the generator takes itself (the others apply to the generated spec).
 GENERATOR_PARAMS: tuple[str, ...] = ("devices",)
@@ -125,8 +150,8 @@ def local_cpu_spec(devices: int | None = None) -> dict[str, Any]:
                 "nodes": 1,
                 "devices_per_node": ranks,
                 "memory_gib": round(per_rank, 3),
-                # Python + torch take about half a GiB per process; never more than a quarter.
-                "reserved_memory_gib": round(min(0.5, per_rank / 4), 3),
+                # The process's own resident set (measured); never more than a quarter.
+                "reserved_memory_gib": round(min(PROCESS_BASELINE_GIB, per_rank / 4), 3),
                 "memory_bandwidth_gb_per_s": round(MEMORY_GB_PER_S_PER_CORE * share, 4),
                 "peak_tflops": {"fp32": round(FP32_TFLOPS_PER_CORE * share, 5)},
                 "intra_node_level": "loopback",
@@ -137,6 +162,12 @@ def local_cpu_spec(devices: int | None = None) -> dict[str, Any]:
                 "host_memory_gib": round(total, 3),
                 "host_memory_bandwidth_gb_per_s": round(MEMORY_GB_PER_S_PER_CORE * cores, 4),
                 "host_link_gb_per_s": round(MEMORY_GB_PER_S_PER_CORE * share, 4),
+                "dtensor_op_us": round(DTENSOR_OP_US / share, 3),
+                "dtensor_backward_op_us": round(DTENSOR_BACKWARD_OP_US / share, 3),
+                "optimizer_tensor_us": round(OPTIMIZER_TENSOR_US / share, 3),
+                "dtensor_optimizer_tensor_us": round(DTENSOR_OPTIMIZER_TENSOR_US / share, 3),
+                # One-thread ranks: gloo's threads need the core the compute runs on.
+                "comm_overlap": 0.0,
                 # The fp32 peak is itself a measured matmul rate, hence matmul 1.0.
                 "compute_efficiency": {"matmul": 1.0, "attention": 0.6, "memory_bound": 0.8,
                                        "dropout": DROPOUT_BANDWIDTH_FRACTION},

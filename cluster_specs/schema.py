@@ -116,6 +116,18 @@ GROUP_FIELDS: dict[str, Field] = {
     "fused_attention": optional(boolean(
         what="whether attention runs as one fused (flash) kernel on these devices; "
              "cost_model.attention_kernel prices it so"), False),
+    "dtensor_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                     unit="µs per forward op on a DTensor"), 0.0),
+    "dtensor_backward_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                              unit="µs per backward of an op on a DTensor"), 0.0),
+    "optimizer_tensor_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                           unit="µs per parameter tensor per optimizer step"),
+                                    0.0),
+    "dtensor_optimizer_tensor_us": optional(number(
+        low=0, low_open=False, high=MAX_LATENCY_US,
+        unit="µs per DTensor parameter tensor per optimizer step"), 0.0),
+    "comm_overlap": optional(number(low=0.0, low_open=False, high=1.0,
+                                    unit="fraction of a collective that overlaps compute"), 1.0),
     "nics_per_node": optional(integer(low=1, high=MAX_DEVICES_PER_NODE,
                                       unit="NICs per node, overriding the cluster-scope level's")),
     "host_memory_gib": optional(number(low=0, low_open=True, high=MAX_MEMORY_GIB,

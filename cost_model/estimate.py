@@ -34,7 +34,7 @@ from fxplan.cost_model.efficiency import dtype_key
 from fxplan.cost_model.expert_parallel import check_ep
 from fxplan.cost_model.fp8 import check_fp8
 from fxplan.cost_model.layer_costs import GraphSegments, graph_segments
-from fxplan.cost_model.memory import ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec
+from fxplan.cost_model.memory import GIB, MemoryBreakdown, OptimizerSpec, adam_for
 from fxplan.cost_model.memory_headroom import MemoryHeadroom, parse_headroom
 from fxplan.cost_model.pipeline_schedules import schedule_order
 from fxplan.cost_model.simulator import StepSimulation, TimelineEvent, simulate_step
@@ -182,9 +182,13 @@ def peak_flops(cluster: Cluster, precisions: dict[str, str]) -> float:
 
 
 def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, batch: int,
-             seq: int | None = None, optimizer: OptimizerSpec = ADAM_MIXED,
+             seq: int | None = None, optimizer: OptimizerSpec | None = None,
              memory_headroom: "MemoryHeadroom | str | float | None" = None) -> Estimate:
     """Predict one training step of ``graph`` on ``cluster`` under ``config``.
+
+    ``optimizer`` defaults to Adam in the graph's precision (:func:`cost_model.memory.adam_for`:
+    fp32 weights and gradients for an fp32 graph, mixed precision otherwise): it sets the
+    bytes that ZeRO's collectives and the gradient all-reduce move.
 
     ``batch`` is the global batch in samples; ``seq`` (optional) must equal the captured
     sequence length. ``memory_headroom``: what each device must leave free for ``fits``
@@ -195,6 +199,8 @@ def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, 
     headroom = parse_headroom(memory_headroom)
     segments, config = _check(graph, cluster, config, batch, seq)
     precisions = _check_precision(graph, cluster)
+    if optimizer is None:
+        optimizer = adam_for(dtype_key(_graph_dtype(graph)))
     plan = build_stages(graph, segments, cluster, config, optimizer)
     m = config.num_microbatches or 1
     sim = simulate_step(plan.costs, config.schedule.kind, m)

@@ -14,7 +14,9 @@ replicated ops run on ``1/t`` of the sequence too):
 
 - ``forward_s = Σ_n node_time(n)``, ``backward_s = Σ_n node_time(n, backward)``
   (:func:`cost_model.compute.node_time_s`, the function the intra-op solver prices nodes
-  with, on the rank's share ``k / divisor`` of the node's work), ``recompute_s`` = forward time of the recomputed nodes
+  with, on the rank's share ``k / divisor`` of the node's work), plus under ``tp > 1`` the
+  DTensor dispatch of every node that runs on DTensors (the split and vocabulary-parallel
+  ones, :mod:`cost_model.host_overhead`), ``recompute_s`` = forward time of the recomputed nodes
   (the attention core for ``selective``, the whole layer for ``full``; ``pre``/``post``
   are never recomputed, as in Megatron);
 - tensor-parallel collectives per microbatch, as ``(kind, bytes)`` in nccl-tests sizes:
@@ -49,6 +51,7 @@ from fxplan.core.config import CostModelError
 from fxplan.core.placements import PlacementMap
 from fxplan.cost_model.edge_reshard import edge_collectives
 from fxplan.cost_model.fp8 import converted, fp8_node_time_s, fp8_working_bytes
+from fxplan.cost_model.host_overhead import dtensor_dispatch_s, runs_kernel
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.passes.node_info import MATMUL_CLASSES
 from fxplan.cost_model.megatron_layout import CONST, SHARD, TPLayout, used_params
@@ -237,12 +240,17 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
             shard = _divisor(name, layout, tp, sp) / scale
             if fp8 and converted(info):
                 fwd = fp8_node_time_s(info, device, shard_factor=shard, backward=False)
-                backward += fp8_node_time_s(info, device, shard_factor=shard, backward=True)
+                bwd = fp8_node_time_s(info, device, shard_factor=shard, backward=True)
                 fp8_working = max(fp8_working, fp8_working_bytes(info, shard))
             else:
                 fwd = node_time_s(info, device, shard_factor=shard)
-                backward += node_time_s(info, device, shard_factor=shard, backward=True)
+                bwd = node_time_s(info, device, shard_factor=shard, backward=True)
+            if tp > 1 and runs_kernel(info) and (_divisor(name, layout, tp, sp) > 1
+                                                 or name in layout.vocab):
+                fwd += dtensor_dispatch_s(1, device)      # the op runs on DTensors
+                bwd += dtensor_dispatch_s(1, device, backward=True)
             forward += fwd
+            backward += bwd
             if name in recomputed:
                 recompute += fwd
         if info.op_class in MATMUL_CLASSES:

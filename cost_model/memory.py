@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["ADAM_MIXED", "GIB", "MEMORY_LEGEND", "MEMORY_ROWS", "MemoryBreakdown", "ModelStates", "OptimizerSpec",
-           "model_state_bytes"]
+__all__ = ["ADAM_FP32", "ADAM_MIXED", "GIB", "MEMORY_LEGEND", "MEMORY_ROWS", "MemoryBreakdown",
+           "ModelStates", "OptimizerSpec", "adam_for", "model_state_bytes"]
 
 GIB = float(1 << 30)
 
@@ -69,6 +69,16 @@ class OptimizerSpec:
 
 #: Adam with 16-bit weights and gradients and fp32 master weights and moments: 2 + 2 + 12.
 ADAM_MIXED = OptimizerSpec()
+#: Adam training in fp32 (no master copy): 4-byte weights and gradients, 8 bytes of moments;
+#: a step reads weight, gradient and both moments (16) and writes weight and moments (12).
+ADAM_FP32 = OptimizerSpec("adam-fp32", param_bytes=4.0, grad_bytes=4.0, state_bytes=8.0,
+                          step_bytes=28.0)
+
+
+def adam_for(dtype_key: str) -> OptimizerSpec:
+    """The Adam spec of a training precision: :data:`ADAM_FP32` for ``fp32``, else
+    :data:`ADAM_MIXED` (16-bit weights and gradients with fp32 master weights)."""
+    return ADAM_FP32 if dtype_key == "fp32" else ADAM_MIXED
 
 
 @dataclass(frozen=True)

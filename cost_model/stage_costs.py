@@ -13,8 +13,9 @@ the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
 - tp: the segments' collectives over the stage's tp group (on the critical path);
 - ZeRO-3: each segment all-gathers its weights (``k_p·Ψ_seg`` bytes) before its forward and
   again before its backward, and reduce-scatters its gradients (``k_g·Ψ_seg``) after it,
-  prefetched one segment ahead: exposed ``max(0, AG − f_seg)`` and
-  ``max(0, AG + RS − b_seg − r_seg)``;
+  prefetched one segment ahead; the first gather and the last reduce-scatter of a chunk
+  cannot hide, and only ``comm_overlap`` of the others can
+  (:func:`cost_model.host_overhead.zero3_exposed_s`);
 - p2p: the forward sends the chunk's output (``o`` bytes) to the next virtual stage, the
   backward sends the gradient of its input to the previous one; with tp, as Megatron's
   scatter/gather optimisation: each tp rank sends ``o/t`` and the receiver all-gathers
@@ -22,13 +23,17 @@ the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
 
 **Data parallelism** (ZeRO 0–2): one bucket per segment, ready when the last backward of its
 chunk has passed it (fractions of that op's time, in backward order ``post``, layers last to
-first, ``pre``), all-reduced (ZeRO-0) or reduce-scattered (ZeRO-1/2) over dp. After the
-backward: ZeRO-1/2 all-gather the updated 16-bit weights; a weight tied across stages
+first, ``pre``), all-reduced (ZeRO-0, and ZeRO-1 without tp, which the runtime runs as DDP +
+``ZeroRedundancyOptimizer``) or reduce-scattered (ZeRO-2, ZeRO-1 as FSDP2) over dp. After the
+backward: ZeRO-2 all-gathers the updated 16-bit weights, ZeRO-1 without tp broadcasts each
+parameter tensor from its owner (one collective per tensor); a weight tied across stages
 (embedding and LM head) all-reduces its gradient between them. The optimizer step reads and
 writes ``step_bytes`` per local parameter (``Ψ/N`` under ZeRO ≥ 1) at memory speed; under
 offload it runs on the host instead (:mod:`cost_model.offload`: the ``offload`` row, the
 device keeping only its fixed ``step_overhead_us``), and ``offload=optimizer+params`` adds
 the host↔device copies of each segment's shard to the ZeRO-3 prefetch term.
+Only ``comm_overlap`` of each gradient bucket may overlap the backward, and the step adds the
+optimizer's per-tensor host loop (:mod:`cost_model.host_overhead`).
 
 **Expert parallelism** (``ep > 1``, :mod:`cost_model.expert_parallel`): a mixture of experts'
 layer holds ``1/ep`` of its expert parameters; its dispatch and combine all-to-alls over the
@@ -52,6 +57,8 @@ from fxplan.cost_model.compute import op_time_s
 from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_groups, ep_segment,
                                                expert_share, model_states, moe_layers)
 from fxplan.core.config import ParallelConfig
+from fxplan.cost_model.host_overhead import (dtensor_params, optimizer_host_s, overlapped_buckets,
+                                             zero3_exposed_s)
 from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
 from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
                                model_state_bytes)
@@ -114,11 +121,22 @@ def _collective(kind: str, nbytes: float, group: tuple[int, ...], cluster: Clust
 
 
 @lru_cache(maxsize=1 << 12)
-def _optimizer_s(optimizer: OptimizerSpec, params: float, device: DeviceGroup) -> float:
-    """Memory-bound optimizer step over ``params`` local parameters, plus the device's fixed
-    host cost per step: ``op_time(12·Ψ FLOPs, 28·Ψ bytes) + step_overhead_us``."""
-    return op_time_s("elementwise", optimizer.step_flops * params, optimizer.step_bytes * params,
-                     torch.float32, device) + device.step_overhead_us * 1e-6
+def _optimizer_s(optimizer: OptimizerSpec, params: float, tensors: int, dtensor: bool,
+                 device: DeviceGroup) -> float:
+    """Memory-bound optimizer step over ``params`` local parameters in ``tensors`` tensors,
+    its per-tensor host loop (:func:`~cost_model.host_overhead.optimizer_host_s`) and the
+    device's fixed host cost per step:
+    ``op_time(12·Ψ FLOPs, 28·Ψ bytes) + t_opt_host + step_overhead_us``."""
+    return (op_time_s("elementwise", optimizer.step_flops * params, optimizer.step_bytes * params,
+                      torch.float32, device)
+            + optimizer_host_s(tensors, device, dtensor=dtensor) + device.step_overhead_us * 1e-6)
+
+
+def _zero1_broadcasts(config: ParallelConfig) -> bool:
+    """ZeRO-1 as the runtime runs it without tensor parallelism: DDP all-reduces the gradients
+    and ``ZeroRedundancyOptimizer`` broadcasts every parameter tensor from its owner after
+    the step (:mod:`fxplan.runtime.data_parallel`); with ``tp > 1`` it runs as FSDP2."""
+    return config.zero_stage == 1 and config.dp > 1 and not dtensor_params(config)
 
 
 def _price(events: Iterable[tuple[str, float]], group: tuple[int, ...],
@@ -164,8 +182,10 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                     f_c[1], b_c[1] = f_c[1] + a2a[0], b_c[1] + a2a[1]
             forward[:3, s, c], backward[:3, s, c] = f_c, b_c
             labels = [label for _, label in keys[s][c]]
-            stage_buckets.append(_buckets(segs, labels, stage_params, dp_group, cluster, config,
-                                          optimizer, experts, edp_group))
+            stage_buckets.append(overlapped_buckets(
+                _buckets(segs, labels, stage_params, dp_group, cluster, config, optimizer,
+                         experts, edp_group),
+                device.comm_overlap))
         params.append(stage_params)
         buckets.append(tuple(stage_buckets))
         psi = sum(stage_params.values())
@@ -174,9 +194,17 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         # ZeRO ≥ 1: the others sharded over dp, the experts over their dp/ep replicas
         local = (psi - psi_e) / config.dp + psi_e * config.ep / config.dp \
             if config.zero_stage >= 1 else psi
-        opt_time[s] = (_optimizer_s(optimizer, local, device) if config.offload == "none"
-                       else device.step_overhead_us * 1e-6)
-        if config.zero_stage in (1, 2):
+        # ZeRO-1 without FSDP steps only the tensors its rank owns (ZeroRedundancyOptimizer).
+        fsdp = dtensor_params(config) and config.tp == 1
+        owned = config.dp if config.zero_stage == 1 and not fsdp and config.tp == 1 else 1
+        tensors = -(-len(stage_params) // owned)
+        opt_time[s] = (_optimizer_s(optimizer, local, tensors, dtensor_params(config), device)
+                       if config.offload == "none" else device.step_overhead_us * 1e-6)
+        if _zero1_broadcasts(config):
+            # ZeroRedundancyOptimizer: each updated tensor broadcast from the rank that owns it
+            post[s] += sum(_collective("broadcast", optimizer.param_bytes * n, dp_group, cluster)
+                           for n in stage_params.values())
+        elif config.zero_stage in (1, 2):
             post[s] += _collective("all_gather", optimizer.param_bytes * (psi - psi_e), dp_group,
                                    cluster)
             post[s] += _collective("all_gather", optimizer.param_bytes * psi_e, edp_group, cluster)
@@ -196,8 +224,10 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
                  optimizer: OptimizerSpec, device: DeviceGroup,
                  experts: frozenset[str] = frozenset(),
                  edp_group: tuple[int, ...] = ()) -> tuple[list[float], list[float]]:
-    """``[compute, tp, zero]`` seconds of one chunk's forward and backward (ZeRO-3 gathers
-    and scatters expert weights over their ``edp_group`` under expert parallelism)."""
+    """``[compute, tp, zero]`` seconds of one chunk's forward and backward; ZeRO-3's
+    exposed gathers and reduce-scatters by :func:`~cost_model.host_overhead.zero3_exposed_s`
+    with the device's ``comm_overlap`` (expert weights over their ``edp_group`` under expert
+    parallelism, plus the host↔device copies of each shard under parameter offload)."""
     f = [0.0, 0.0, 0.0]
     b = [0.0, 0.0, 0.0]
     for seg in segs:
@@ -205,22 +235,24 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
         b[0] += seg.backward_s + seg.recompute_s
         f[1] += _price(seg.tp_forward, tp_group, cluster)
         b[1] += _price(seg.tp_backward, tp_group, cluster)
-        if config.zero_stage == 3 and config.dp > 1:
+    if config.zero_stage == 3 and config.dp > 1:
+        gather, scatter = [], []
+        for seg in segs:
             psi = seg.param_count
             mine = sum(n for k, n in seg.params.items() if k in experts)
-            gather = _collective("all_gather", optimizer.param_bytes * (psi - mine), dp_group,
-                                 cluster)
-            scatter = _collective("reduce_scatter", optimizer.grad_bytes * (psi - mine),
-                                  dp_group, cluster)
+            ag = _collective("all_gather", optimizer.param_bytes * (psi - mine), dp_group, cluster)
+            rs = _collective("reduce_scatter", optimizer.grad_bytes * (psi - mine), dp_group,
+                             cluster)
             if mine:
-                gather += _collective("all_gather", optimizer.param_bytes * mine, edp_group,
-                                      cluster)
-                scatter += _collective("reduce_scatter", optimizer.grad_bytes * mine, edp_group,
-                                       cluster)
+                ag += _collective("all_gather", optimizer.param_bytes * mine, edp_group, cluster)
+                rs += _collective("reduce_scatter", optimizer.grad_bytes * mine, edp_group,
+                                  cluster)
             h2d, d2h = offload_segment_s(config, psi, device)
-            gather, scatter = gather + h2d, scatter + d2h
-            f[2] += max(0.0, gather - seg.forward_s)
-            b[2] += max(0.0, gather + scatter - seg.backward_s - seg.recompute_s)
+            gather.append(ag + h2d)
+            scatter.append(rs + d2h)
+        f[2], b[2] = zero3_exposed_s([seg.forward_s for seg in segs],
+                                     [seg.backward_s + seg.recompute_s for seg in segs],
+                                     gather, scatter, device.comm_overlap)
     return f, b
 
 
@@ -234,7 +266,8 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
     parallelism the gradients of ``experts`` are reduced over their ``edp_group`` instead."""
     total = sum(seg.backward_s + seg.recompute_s for seg in segs) or 1.0
     elapsed, out = 0.0, []
-    kind = "all_reduce" if config.zero_stage == 0 else "reduce_scatter"
+    kind = ("all_reduce" if config.zero_stage == 0 or _zero1_broadcasts(config)
+            else "reduce_scatter")
     for seg, label in zip(reversed(segs), reversed(labels)):
         elapsed += seg.backward_s + seg.recompute_s
         prefix = f"{label}:" if label.startswith("L") else ""

@@ -1,0 +1,120 @@
+"""Host work of a training step that a kernel's roofline does not see, and how much of the
+communication can hide behind compute.
+
+Every term is priced from per-device parameters of :class:`~fxplan.cluster_specs.DeviceGroup`
+(µs, 0 by default: on GPUs the host runs ahead of asynchronous kernels and these costs hide
+unless the host is the bottleneck; ``local-cpu`` measures them, ``benchmarks/local_cpu_
+calibration.py``):
+
+**DTensor dispatch.** An op whose operand is a ``DTensor`` goes through sharding propagation
+and unwrap/re-wrap before its kernel runs; its backward again. The ops that run on DTensors
+under tensor parallelism (``parallelize_module`` styles, :mod:`fxplan.runtime.tp_styles`)
+are the ones the tp layout splits (column/row-parallel matmuls, and under sequence
+parallelism every op on the sequence-sharded residual stream) and the vocabulary-parallel
+ones. Per microbatch, with ``n_D`` such ops in a segment::
+
+    t_fwd += n_D · dtensor_op_us          t_bwd += n_D · dtensor_backward_op_us
+
+**Optimizer's per-tensor loop.** An optimizer that steps one parameter tensor at a time
+(PyTorch's default on CPU tensors: no ``foreach``, no fused kernel) pays a fixed host cost
+per tensor, larger when the parameter is a DTensor (every one of its ~10 ops dispatches
+through DTensor). With ``P`` plain and ``D`` DTensor parameter tensors on a rank::
+
+    t_opt_host = P · optimizer_tensor_us + D · dtensor_optimizer_tensor_us
+
+Parameters are DTensors under tensor parallelism (``tp > 1``: ``parallelize_module``
+distributes every parameter of the modules it parallelizes) and under FSDP2 (ZeRO-2/3, and
+ZeRO-1 with ``tp > 1``, which the runtime runs as FSDP2; :mod:`fxplan.runtime.data_parallel`).
+
+**Overlap of communication with compute.** ``comm_overlap`` ``ω ∈ [0, 1]`` is the fraction
+of a collective that can run while the device computes: 1 on GPUs (own streams and copy
+engines), 0 for one-thread CPU ranks, where gloo's threads need the same core as the
+compute. A data-parallel bucket of ``t`` seconds ready at fraction ``f`` of the backward
+becomes two transfers, ``ω·t`` ready at ``f`` and ``(1 − ω)·t`` ready at the backward's end
+(exposed). ZeRO-3's per-segment all-gathers ``AG_k`` and reduce-scatters ``RS_k`` are
+prefetched one segment ahead (:func:`zero3_exposed_s`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from fxplan.cost_model.efficiency import family_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import DeviceGroup
+    from fxplan.core.config import ParallelConfig
+
+__all__ = ["dtensor_dispatch_s", "dtensor_params", "optimizer_host_s", "overlapped_buckets",
+           "runs_kernel", "zero3_exposed_s"]
+
+
+def runs_kernel(info: Any) -> bool:
+    """Whether a captured node runs a kernel (a priced op class with FLOPs or bytes; views
+    and ops without work run none, as :func:`cost_model.compute.op_time_s` prices them)."""
+    moved = (info.bytes_read or 0) + (info.bytes_written or 0)
+    return family_of(info.op_class) is not None and ((info.flops or 0) > 0 or moved > 0)
+
+
+def dtensor_dispatch_s(ops: int, device: DeviceGroup, *, backward: bool = False) -> float:
+    """Host seconds of ``ops`` DTensor ops' forward (or backward) dispatch on ``device``."""
+    per_op = device.dtensor_backward_op_us if backward else device.dtensor_op_us
+    return ops * per_op * 1e-6
+
+
+def dtensor_params(config: ParallelConfig) -> bool:
+    """Whether the runtime holds this configuration's parameters as DTensors (module
+    docstring): tensor parallelism, or FSDP2 for the data-parallel sharding."""
+    fsdp = config.dp > 1 and (config.zero_stage >= 2 or (config.zero_stage == 1 and config.tp > 1))
+    return config.tp > 1 or fsdp
+
+
+def optimizer_host_s(tensors: int, device: DeviceGroup, *, dtensor: bool) -> float:
+    """``P·optimizer_tensor_us`` or ``D·dtensor_optimizer_tensor_us`` seconds for ``tensors``
+    parameter tensors stepped one at a time."""
+    per_tensor = device.dtensor_optimizer_tensor_us if dtensor else device.optimizer_tensor_us
+    return tensors * per_tensor * 1e-6
+
+
+def overlapped_buckets(buckets: Sequence[tuple[float, float]],
+                       overlap: float) -> tuple[tuple[float, float], ...]:
+    """Gradient buckets ``(f, t)`` with only ``ω = overlap`` of each able to overlap the
+    backward: ``(f, ω·t)`` and ``(1, (1 − ω)·t)`` (module docstring)."""
+    if overlap >= 1.0:
+        return tuple(buckets)
+    out = [(f, overlap * t) for f, t in buckets if overlap > 0]
+    out += [(1.0, (1.0 - overlap) * t) for _, t in buckets]
+    return tuple(out)
+
+
+def zero3_exposed_s(compute_fwd: Sequence[float], compute_bwd: Sequence[float],
+                    gather: Sequence[float], scatter: Sequence[float],
+                    overlap: float) -> tuple[float, float]:
+    """Exposed ZeRO-3 communication of one chunk's forward and backward, seconds.
+
+    Segments ``k = 0 … n−1`` in forward order with compute ``f_k`` / ``b_k`` and
+    all-gather / reduce-scatter times ``AG_k`` / ``RS_k``; ``ω = overlap``. The forward
+    gathers segment ``k+1`` while ``k`` computes; nothing runs before the first gather::
+
+        fwd = AG_0 + Σ_{k<n−1} [ (1−ω)·AG_{k+1} + max(0, ω·AG_{k+1} − f_k) ]
+
+    The backward runs the segments in reverse order ``j``; while ``j`` computes, the stream
+    gathers the next segment to run and reduce-scatters the previous one's gradients
+    (``c_j``); the first gather and the last reduce-scatter have nothing to hide behind::
+
+        bwd = AG_{n−1} + RS_0 + Σ_j [ (1−ω)·c_j + max(0, ω·c_j − b_j) ],
+        c_j = AG_{j−1} (j > 0) + RS_{j+1} (j < n−1)
+
+    With ``ω = 0`` (nothing overlaps) this is ``Σ AG`` forward and ``Σ (AG + RS)`` backward.
+    """
+    n = len(gather)
+    if n == 0:
+        return 0.0, 0.0
+    fwd = gather[0]
+    for k in range(n - 1):
+        fwd += (1 - overlap) * gather[k + 1] + max(0.0, overlap * gather[k + 1] - compute_fwd[k])
+    bwd = gather[n - 1] + scatter[0]
+    for j in range(n):
+        c = (gather[j - 1] if j > 0 else 0.0) + (scatter[j + 1] if j < n - 1 else 0.0)
+        bwd += (1 - overlap) * c + max(0.0, overlap * c - compute_bwd[j])
+    return fwd, bwd
