@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--vs", required=True, metavar="K=V,...|OTHER.json",
                         help="the alternative: the plan's configuration with these changes "
                         "(keys as for `fxplan plan --constrain`: tp, pp, dp, mb, schedule, "
-                        "recompute, sp, zero; one value each), or another plan file")
+                        "recompute, sp, zero, offload, fp8; one value each), or another plan "
+                        "file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(func=run)
     return parser

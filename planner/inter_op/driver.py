@@ -526,9 +526,24 @@ class _Search:
             if found is not None:
                 options_.append((found[0].summary(), found[1]))
         which, worst = min(options_, key=lambda o: o[1].total) if options_ else ("", None)
-        return InfeasibleError(infeasible_message(
+        text = infeasible_message(
             model, self.cluster.name, self.cluster.num_devices, self.batch, worst, which,
-            self.cluster.devices_per_node(), constraints=describe(self.constraints)))
+            self.cluster.devices_per_node(), constraints=describe(self.constraints))
+        return InfeasibleError(text + self._host_note())
+
+    def _host_note(self) -> str:
+        """When offload was tried: the host memory a node needs at least, 16 B per parameter
+        of the whole model over the nodes (every state on the host, sharded over every rank),
+        against the spec's host memory (the device figure above may then fit)."""
+        if not self.offloading or self.no_offload:
+            return ""
+        device = self.cluster.device(0)
+        need = 16.0 * self.graph.num_params * self.cluster.devices_per_node() \
+            / self.cluster.num_devices
+        return (f" Offload was tried as well: with every optimizer state and parameter shard "
+                f"in host memory a node needs at least 16 B/param × {self.graph.num_params / 1e9:.3g} G "
+                f"params / {self.cluster.num_nodes} node(s) = {need / GIB:.0f} GiB of host memory "
+                f"(it has {device.host_memory_gib:g} GiB).")
 
     def failure(self, model: str) -> Exception:
         """Why no finalist came out (``run_search`` raises it): the constraints exclude every

@@ -41,7 +41,8 @@ def test_infeasible_exits_2_with_the_memory_it_needs(capsys) -> None:  # type: i
                  "--constrain", "offload=none"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "smallest memory any configuration needs" in err and "16.0 GiB" in err
+    assert "smallest memory any configuration allowed by the constraints offload=none needs" \
+        in err and "16.0 GiB" in err
 
 
 def test_emit_writes_a_program_with_the_listing(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]

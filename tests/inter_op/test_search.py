@@ -120,13 +120,16 @@ def test_time_budget_is_recorded_not_silent() -> None:
 
 
 def test_infeasible_model_says_what_it_needs() -> None:
+    # gpt-18.4b trains on these 8 V100s with offload (its 16 B/param fit the 488 GiB host);
+    # a host of 64 GiB holds neither, and the error says both
     with pytest.raises(InfeasibleError) as info:
-        search(capture_for_search("gpt-18.4b", dtype="float16"), "aws-p3-v100", batch=8,
-               progress=False)
+        search(capture_for_search("gpt-18.4b", dtype="float16"),
+               "aws-p3-v100:v100.host_memory_gib=64", batch=8, progress=False)
     text = str(info.value)
     assert isinstance(info.value, UserError)
     assert "smallest memory any configuration needs is" in text and "16.0 GiB" in text
     assert "more devices" in text and "nodes" in text
+    assert "Offload was tried as well" in text and "(it has 64 GiB)" in text
 
 
 def test_seq_mismatch_is_a_user_error() -> None:
