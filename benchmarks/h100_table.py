@@ -17,9 +17,11 @@ batch ``B`` — and what the README says the runs used: bf16, the distributed op
 (ZeRO-1: ``--overlap-param-gather`` needs it), sequence parallelism with ``t > 1``
 (``--tp-comm-overlap`` needs it). The model is this repository's ``gpt`` family at the
 row's shape (its LM head is tied to the embedding, Megatron-Core's is not: the FLOPs are
-the same). Attention is priced as the device's fused kernel (``dgx-h100`` has
-``fused_attention: true``; :mod:`cost_model.attention_kernel`), which is what Megatron-Core
-runs on H100 (Transformer Engine's flash/cuDNN attention).
+the same); its loss is computed on the logits upcast to fp32, as Megatron's
+``vocab_parallel_cross_entropy`` does (:func:`capture_row`). Attention is priced as the
+device's fused kernel (``dgx-h100`` has ``fused_attention: true``;
+:mod:`cost_model.attention_kernel`), which is what Megatron-Core runs on H100 (Transformer
+Engine's flash/cuDNN attention).
 
 Not published, so chosen by a fixed rule, the same for every row:
 
@@ -165,11 +167,28 @@ def predict(row: Row, graph: Any, cluster: Any = None, *, fused: bool = True) ->
 
 
 def capture_row(row: Row) -> Any:
+    """The row's ``gpt`` model in bf16 with Megatron's loss: the logits upcast to fp32
+    before the cross-entropy (``VocabParallelCrossEntropy.calculate_logits_max`` starts
+    with ``vocab_parallel_logits.float()``), so the graph carries the ``s×V`` conversion
+    and an fp32 loss, forward and backward, as Megatron runs them."""
     import torch
+    import torch.nn.functional as F
 
     from fxplan.api import capture
+    from fxplan.examples.model_spec import resolve_model
 
-    return capture(row.spec, batch=1, seq=SEQ, dtype=torch.bfloat16)
+    class MegatronLoss(torch.nn.Module):
+        def __init__(self, lm: torch.nn.Module) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            logits = self.lm(tokens).float()
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    bundle = resolve_model(row.spec)
+    return capture(MegatronLoss(bundle.build()), inputs=bundle.example_inputs(1, SEQ),
+                   dtype=torch.bfloat16)
 
 
 def markdown(predictions: list[Prediction], unfused: list[Prediction] | None = None) -> str:
