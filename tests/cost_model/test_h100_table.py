@@ -68,3 +68,21 @@ def test_megatron_flops_formula() -> None:
     assert row.implied_step_time_s == pytest.approx(f / (48 * 408.8e12))
     big = h100_table.Row(462, 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9)
     assert (h100_table.chunks_for(big, 64), h100_table.chunks_for(big, 65)) == (7, 1)
+
+
+def test_capture_computes_the_loss_on_fp32_logits() -> None:
+    """Megatron's loss: the s×V logits upcast to fp32, then an fp32 cross-entropy."""
+    import torch
+
+    from fxplan.cost_model.layer_costs import graph_segments
+
+    small = h100_table.Row(0.1, 4, 256, 2, 1, 1, 8, 8, 8, 400.0)
+    graph = h100_table.capture_row(small)
+    segments = graph_segments(graph)
+    assert len(segments.layers) == 2
+    infos = [graph.infos_by_name[n] for n in segments.post]
+    loss = next(i for i in infos if i.op_class == "loss")
+    assert loss.dtype == torch.float32
+    upcast = [i for i in infos if i.op_class == "elementwise" and i.dtype == torch.float32
+              and i.shape == (1, h100_table.SEQ, h100_table.VOCAB)]
+    assert len(upcast) == 1
