@@ -25,6 +25,15 @@ microbatch, as priced by :mod:`cost_model.compute` with op class ``attention``:
   dim 128, s = 4096 (Shah et al. 2024, FlashAttention-3, forward/backward figures;
   ``benchmarks/data/hardware.md``), backward/forward TFLOP/s is cuDNN 499/609 = 0.82,
   FlashAttention-3 542/638 = 0.85, FlashAttention-2 310/368 = 0.84.
+- causal: the kernel runs its executed blocks at ``CAUSAL_SPEED = 0.88`` of the full-square
+  rate (the diagonal tiles are partly masked, the work per query tile is uneven, so the
+  last wave is ragged). Measured on H100 SXM5, head dim 128, s = 4096, forward (Shah et al.
+  2024, FlashAttention-3; ``benchmarks/data/hardware.md``), with the paper counting the
+  causal half ``F/2`` and this module the executed ``F·(1 + 128/s)/2``: cuDNN
+  518·(33/32)/609 = 0.88, FlashAttention-3 579·(33/32)/638 = 0.94, FlashAttention-2
+  319·(33/32)/368 = 0.89; the cuDNN figure (whose non-causal 609 the ``attention``
+  efficiency 0.6 stands for) is used. The paper gives no causal backward figures: the
+  backward is assumed to lose the same share.
 - saved for the backward: ``q, k, v, o`` and the statistics — ``O(s)`` per head, no ``s²``
   term (Korthikanti et al.'s ``5·a·s²·b`` bytes disappear).
 
@@ -44,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cost_model.megatron_layout import TPLayout
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["BACKWARD_SPEED", "FusedAttention", "FLASH_TILE", "causal_fraction", "fused_attention_core",
+__all__ = ["BACKWARD_SPEED", "CAUSAL_SPEED", "FusedAttention", "FLASH_TILE", "causal_fraction", "fused_attention_core",
            "prices_fused_attention"]
 
 #: Rows of the query (and key) tiles of FlashAttention-2/3's forward kernel at head dim 128.
@@ -52,6 +61,10 @@ FLASH_TILE = 128
 
 #: Backward FLOP rate of a flash kernel relative to its forward (module docstring).
 BACKWARD_SPEED = 0.83
+
+#: FLOP rate of a causal flash kernel (on the blocks it executes) relative to a full-square
+#: one (module docstring).
+CAUSAL_SPEED = 0.88
 
 #: Ops that mask the scores inside an attention core.
 _MASK_OPS = frozenset({"masked_fill", "where"})

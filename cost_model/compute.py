@@ -66,7 +66,10 @@ BACKWARD: dict[str, BackwardRule] = {
                              priced_as="elementwise"),
     "embedding": BackwardRule(1.0, 2.0, 2, "zero the weight gradient, scatter-add dY rows into it"),
     "reduction": BackwardRule(1.0, 1.0, 1, "broadcast dY back to the input's shape"),
-    "loss": BackwardRule(1.0, 1.0, 1, "softmax − one-hot over the logits"),
+    "loss": BackwardRule(1.0, 4.0, 2, "cross_entropy is nll_loss(log_softmax(x)) in ATen: "
+                         "nll_loss's backward writes a dense gradient of the log-probabilities, "
+                         "log_softmax's reads it and the saved log-probabilities and writes dX "
+                         "(4 passes over the logits vs the forward's 1 read)"),
     "pool": BackwardRule(1.0, 2.0, 1, "scatter dY to the pooled positions"),
     "other": BackwardRule(2.0, 2.0, 1, "assumed like an elementwise op"),
     "view": BackwardRule(0.0, 0.0, 0, "no kernel"),

@@ -44,7 +44,7 @@ import torch
 
 from fxplan.cost_model.activations import (ActivationBytes, attention_core, itemsize,
                                     segment_activations, tensor_bytes)
-from fxplan.cost_model.attention_kernel import (BACKWARD_SPEED, FusedAttention,
+from fxplan.cost_model.attention_kernel import (BACKWARD_SPEED, CAUSAL_SPEED, FusedAttention,
                                                fused_attention_core, prices_fused_attention)
 from fxplan.cost_model.compute import BACKWARD, node_time_s, op_time_s
 from fxplan.core.config import CostModelError
@@ -281,9 +281,11 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
 def _fused_times(fused: FusedAttention, info: Any, device: DeviceGroup,
                  shard: float) -> tuple[float, float]:
     """(forward, backward) seconds of the fused attention kernel on this rank's share
-    ``1/shard`` of the core (:mod:`cost_model.attention_kernel`)."""
+    ``1/shard`` of the core (:mod:`cost_model.attention_kernel`): a causal kernel runs at
+    ``CAUSAL_SPEED`` of the rate, priced as ``1/CAUSAL_SPEED`` times its executed FLOPs."""
     dtype = info.dtype[0] if isinstance(info.dtype, tuple) else info.dtype
-    flops, traffic = fused.flops / shard, fused.bytes_moved / shard
+    speed = CAUSAL_SPEED if fused.causal else 1.0
+    flops, traffic = fused.flops / shard / speed, fused.bytes_moved / shard
     rule = BACKWARD["attention"]
     return (op_time_s("attention", flops, traffic, dtype, device),
             op_time_s("attention", flops * rule.flops / BACKWARD_SPEED, traffic * rule.bytes,

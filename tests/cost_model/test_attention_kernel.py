@@ -76,3 +76,27 @@ def test_causal_sdpa_node_skips_the_masked_tiles() -> None:
     assert fused.flops == pytest.approx(fused.model_flops * causal_fraction(512))
     assert fused.flops < fused.model_flops
 
+
+
+def test_causal_kernel_runs_at_causal_speed(graph) -> None:  # type: ignore[no-untyped-def]
+    """A causal kernel costs its executed FLOPs at CAUSAL_SPEED of the rate: the same kernel
+    marked non-causal (same executed FLOPs) is faster by exactly that factor where the
+    compute leg dominates."""
+    from fxplan.cost_model.attention_kernel import CAUSAL_SPEED
+    from fxplan.cost_model.compute import op_time_s
+    from fxplan.cost_model.layer_costs import _fused_times
+
+    device, _ = _devices()
+    _, names = graph_segments(graph).layers[0]
+    core = fused_attention_core(graph, names, tp_layout(graph))
+    assert core is not None and core.causal
+    # s = 256 is memory-bound on an H100; with little traffic the compute leg prices it
+    causal = dataclasses.replace(core, bytes_moved=core.bytes_moved / 100)
+    plain = dataclasses.replace(causal, causal=False)
+    info = graph.infos_by_name[causal.output]
+    shard = 1 / 4096  # 4096 microbatches of the capture: a kernel far past the curve's knee
+    (f_c, b_c), (f_p, b_p) = (_fused_times(k, info, device, shard) for k in (causal, plain))
+    assert f_c > f_p and b_c > b_p
+    launch = op_time_s("attention", 0.0, 0.0, torch.bfloat16, device)
+    assert (f_p - launch) / (f_c - launch) == pytest.approx(CAUSAL_SPEED, rel=0.02)
+    assert 0.85 <= CAUSAL_SPEED <= 0.95  # cuDNN … FlashAttention-3 on H100 (module docstring)

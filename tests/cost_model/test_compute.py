@@ -93,6 +93,12 @@ def test_backward_rules(a100) -> None:  # type: ignore[no-untyped-def]
     nb = 2**28
     ew = backward_time_s("elementwise", nb / 2, nb, "bf16", a100, database=None)
     assert ew == pytest.approx(op_time_s("elementwise", nb, 2 * nb, "bf16", a100, database=None))
+    # cross-entropy backward: nll_loss's dense gradient, then log_softmax's (2 kernels, 4 passes)
+    logits = 2**30
+    loss = backward_time_s("loss", logits / 2, logits, "fp32", a100, database=None)
+    assert loss == pytest.approx(2 * op_time_s("loss", logits / 4, 2 * logits, "fp32", a100,
+                                               database=None))
+    assert loss > 3.5 * op_time_s("loss", logits / 2, logits, "fp32", a100, database=None)
     assert set(BACKWARD) >= {"matmul", "attention", "conv", "elementwise", "norm", "softmax",
                              "embedding", "dropout", "view", "other"}
 
