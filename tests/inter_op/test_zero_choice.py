@@ -22,12 +22,13 @@ def state():  # type: ignore[no-untyped-def]
 
 
 def test_score_keeps_the_cheapest_fitting_zero_stage(state) -> None:  # type: ignore[no-untyped-def]
-    (family, zmin), = state.families().items()
+    (family, (zmin, offload)), = state.families().items()
+    assert offload == "none"
     prof_ = state.profile
     checked = 0
     for c in options(family, batch=16, layers=prof_.num_layers, seq=prof_.segments.seq):
         scored = state._score(c.replace(zero_stage=zmin))
-        prof = prof_.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size)
+        prof = prof_.of(c)
         prices = {}
         for z in range(zmin, 4):
             placed = state._partition(c.replace(zero_stage=z))
@@ -44,7 +45,7 @@ def test_score_keeps_the_cheapest_fitting_zero_stage(state) -> None:  # type: ig
 def test_zero_constraint_still_binds(state) -> None:  # type: ignore[no-untyped-def]
     pinned = driver._Search(state.graph, state.cluster, 16, {"dp": 4, "zero_stage": 1}, 8,
                             PhaseTimer(), Budget(None), False)
-    (family, zmin), = pinned.families().items()
+    (family, (zmin, _offload)), = pinned.families().items()
     c = next(options(family, batch=16, layers=pinned.profile.num_layers,
                      seq=pinned.profile.segments.seq))
     assert pinned._score(c.replace(zero_stage=zmin)).config.zero_stage == 1

@@ -27,6 +27,7 @@ def build():
 
 
 def build_wide():
-    """The same model 8× wider (hidden 256, 4 heads): wide enough that the search splits it
-    over tp (at hidden 32 replicating it is cheaper than the tp collectives)."""
-    return EncoderLM(hidden=256), torch.zeros(4, SEQ, dtype=torch.long)
+    """The same model 16× wider (hidden 512, 4 heads): wide enough that the search splits it
+    over tp (at hidden 32, and at 256 since the cost model prices DTensor's per-op dispatch on
+    local-cpu, replicating it is cheaper than the tp collectives and dispatch)."""
+    return EncoderLM(hidden=512), torch.zeros(4, SEQ, dtype=torch.long)
