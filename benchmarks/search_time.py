@@ -15,6 +15,7 @@ GPUs ≤ 30 s, on a 2-core machine.
 from __future__ import annotations
 
 import argparse
+import os
 import logging
 import time
 from pathlib import Path
@@ -68,15 +69,16 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_section(table: str, path: Path = DOC) -> None:
+def write_section(table: str, load: float, path: Path = DOC) -> None:
     """Put this benchmark's section into ``docs/benchmarks.md``: in place of its previous
-    version if there is one, else at the end; every other section is kept as it is."""
+    version if there is one, else at the end; every other section is kept as it is. ``load``:
+    the machine's 1-minute load average before the run (other jobs slow every row)."""
     section = (f"{START}\n## Search time\n\n"
                "Wall-clock of `fxplan.search` (inter-op enumeration and bounds, stage DP, "
                "closed-form ranking, intra-op solve per tp degree of the finalists, step "
                "simulator on the finalists priced with their placements and with the default "
-               "layout) on a 2-core machine shared with other jobs, after capture (timed "
-               "apart). DGX A100 80GB nodes, s = 2048. Reproduce with "
+               f"layout) on a 2-core machine (1-minute load average {load:.1f} before the run), "
+               "after capture (timed apart). DGX A100 80GB nodes, s = 2048. Reproduce with "
                "`python benchmarks/search_time.py`.\n\n"
                f"{table}\n{END}")
     text = path.read_text() if path.is_file() else "# Benchmarks\n"
@@ -94,6 +96,7 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], metavar="PRESET")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    load = os.getloadavg()[0]
     rows = []
     for preset, gpus, batch in ROWS:
         if args.only and preset not in args.only:
@@ -105,7 +108,7 @@ def main() -> None:
     table = markdown(rows)
     print("\n" + table)
     if args.write and not args.no_write and not args.only:
-        write_section(table)
+        write_section(table, load)
         print(f"\nwrote the Search time section of {DOC}")
 
 
