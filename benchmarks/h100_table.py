@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,7 +219,7 @@ def markdown(predictions: list[Prediction], unfused: list[Prediction] | None = N
 
 def write_section(table: str, path: Path = DOC) -> None:
     """Replace this benchmark's section of ``docs/benchmarks.md`` (others keep theirs)."""
-    section = (f"{START}\n## Cost model vs the Megatron-Core H100 table\n\n"
+    section = ("## Cost model vs the Megatron-Core H100 table\n\n"
                "Predicted MFU of each published configuration (Megatron-LM README, Megatron-Core "
                "r0.8.0, GPT 1.7B–462B, s = 4096, V = 131072, DGX H100) by `cost_model.estimate` "
                "against the published one; `v`, `mb` and recompute by the rule in "
@@ -251,15 +250,10 @@ def write_section(table: str, path: Path = DOC) -> None:
                "32B 1.19, 119B 1.16, 177B 1.38, 462B 1.32): the model's compute is optimistic "
                "at every size, and the exposed communication hides it in the rows with t = 8 "
                "and a short pipeline. No per-row constant was fitted to close it; the rows outside "
-               "±5 are strict expected failures in `tests/cost_model/test_h100_table.py`.\n"
-               f"{END}")
-    text = path.read_text() if path.is_file() else "# Benchmarks\n"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: section, text,
-                      flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
+               "±5 are strict expected failures in `tests/cost_model/test_h100_table.py`.")
+    from doc_sections import replace_section  # benchmarks/, on sys.path when run as a script
+
+    replace_section(path, START, END, section)
 
 
 def main() -> int:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,19 +160,15 @@ def markdown(predictions: list[Prediction]) -> str:
 
 def write_section(table: str, path: Path = DOC) -> None:
     """Replace this benchmark's section of ``docs/benchmarks.md`` (others keep theirs)."""
-    section = (f"{START}\n## Cost model vs Megatron-LM SC'21 Table 1\n\n"
+    section = ("## Cost model vs Megatron-LM SC'21 Table 1\n\n"
                "Predicted step time of each published configuration by `cost_model.estimate` "
                "against the step time implied by the published TFLOP/s per GPU "
                "(`F/(n·X)`); `v` and `mb` by the rule in `benchmarks/megatron_table.py`. "
                "TF/s counts the recompute forward (Megatron's convention).\n\n"
-               f"{table}\n{END}")
-    text = path.read_text() if path.is_file() else "# Benchmarks\n"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: section, text,
-                      flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
+               f"{table}")
+    from doc_sections import replace_section  # benchmarks/, on sys.path when run as a script
+
+    replace_section(path, START, END, section)
 
 
 def speed(repeats: int = 8) -> None:

@@ -73,19 +73,17 @@ def write_section(table: str, load: float, path: Path = DOC) -> None:
     """Put this benchmark's section into ``docs/benchmarks.md``: in place of its previous
     version if there is one, else at the end; every other section is kept as it is. ``load``:
     the machine's 1-minute load average before the run (other jobs slow every row)."""
-    section = (f"{START}\n## Search time\n\n"
+    section = ("## Search time\n\n"
                "Wall-clock of `fxplan.search` (inter-op enumeration and bounds, stage DP, "
                "closed-form ranking, intra-op solve per tp degree of the finalists, step "
                "simulator on the finalists priced with their placements and with the default "
                f"layout) on a 2-core machine (1-minute load average {load:.1f} before the run), "
                "after capture (timed apart). DGX A100 80GB nodes, s = 2048. Reproduce with "
                "`python benchmarks/search_time.py`.\n\n"
-               f"{table}\n{END}")
-    text = path.read_text() if path.is_file() else "# Benchmarks\n"
-    before, found, rest = text.partition(START)
-    after = rest.partition(END)[2] if found else ""
-    path.write_text((before.rstrip() + "\n\n" if found else text.rstrip() + "\n\n")
-                    + section + (after if found else "\n"))
+               f"{table}")
+    from doc_sections import replace_section  # benchmarks/, on sys.path when run as a script
+
+    replace_section(path, START, END, section)
 
 
 def main() -> None:
