@@ -41,6 +41,16 @@ def llama_plan(**kwargs: Any) -> Plan:
     return plan_for(llama_model(), seq=SEQ, **kwargs)
 
 
+#: The three plan shapes of the trainer acceptance (issue 10: dp, tp+sp, pp+ZeRO) on 4 CPU
+#: ranks, as ``plan_kwargs`` of :func:`trainer_matches_reference`: the same global batch (8)
+#: under every plan, so all three train on the same samples.
+TRAINER_PLANS = {
+    "dp": dict(dp=2, microbatch_size=2, num_microbatches=2),
+    "tp_sp": dict(tp=2, sp=True, microbatch_size=4, num_microbatches=2),
+    "pp_zero3": dict(pp=2, dp=2, zero=3, microbatch_size=2, num_microbatches=2, schedule="gpipe"),
+}
+
+
 def make_token_file(path: str, tokens: int = 6000) -> str:
     """A learnable stream: ``t_{i+1} = 5·t_i + 3 mod V``, one id in ten replaced at random."""
     rng = np.random.default_rng(0)

@@ -16,25 +16,16 @@ from __future__ import annotations
 
 import pytest
 
-from rt_trainer_cases import make_token_file
+from rt_trainer_cases import TRAINER_PLANS
 
-PLANS = {
-    "dp": dict(dp=2, microbatch_size=2, num_microbatches=2),
-    "tp_sp": dict(tp=2, sp=True, microbatch_size=4, num_microbatches=2),
-    "pp_zero3": dict(pp=2, dp=2, zero=3, microbatch_size=2, num_microbatches=2, schedule="gpipe"),
-}
 ADAMW = dict(steps=20, optimizer="adamw", lr=1e-2, warmup_steps=3, grad_clip=1.0)
 TOLERANCE = 1e-2
 
 
-@pytest.fixture(scope="module")
-def token_file(tmp_path_factory):
-    return make_token_file(str(tmp_path_factory.mktemp("tokens") / "tokens.bin"))
-
-
-@pytest.mark.parametrize("name", list(PLANS))
+@pytest.mark.parametrize("name", list(TRAINER_PLANS))
 def test_bf16_curve_matches_one_process_under_autocast(rank_pool, token_file, name):
-    report = rank_pool.run("rt_trainer_cases:trainer_matches_reference", plan_kwargs=PLANS[name],
+    report = rank_pool.run("rt_trainer_cases:trainer_matches_reference",
+                           plan_kwargs=TRAINER_PLANS[name],
                            token_file=token_file, config=ADAMW, dtype="bf16")[0]
     losses = report["losses"]
     fall = 1 - sum(losses[-5:]) / sum(losses[:5])
@@ -49,7 +40,8 @@ def test_bf16_curve_matches_one_process_under_autocast(rank_pool, token_file, na
 
 def test_fp32_is_untouched(rank_pool, token_file):
     """``--dtype fp32``: no autocast, fp32 matmuls, and the fp32 curve of one process."""
-    report = rank_pool.run("rt_trainer_cases:trainer_matches_reference", plan_kwargs=PLANS["dp"],
+    report = rank_pool.run("rt_trainer_cases:trainer_matches_reference",
+                           plan_kwargs=TRAINER_PLANS["dp"],
                            token_file=token_file, config={**ADAMW, "steps": 5}, dtype="fp32")[0]
     assert report["linear_dtypes"] == ["float32"], report
     assert report["loss_error"] <= 1e-5, report
@@ -60,7 +52,8 @@ def test_bf16_hf_llama_at_module_level(rank_pool, token_file, name):
     """The module-level path: ``parallelize_module`` + autocast (tp+sp) and FSDP2's policy on the
     user's decoder layers inside pipeline stages (pp+ZeRO-3)."""
     pytest.importorskip("transformers")
-    report = rank_pool.run("rt_trainer_cases:trainer_matches_reference", plan_kwargs=PLANS[name],
+    report = rank_pool.run("rt_trainer_cases:trainer_matches_reference",
+                           plan_kwargs=TRAINER_PLANS[name],
                            token_file=token_file, config=ADAMW, dtype="bf16", model="llama")[0]
     print(f"llama {name}: bf16 max relative loss difference {report['loss_error']:.3g}")
     assert report["path"] == "module", report

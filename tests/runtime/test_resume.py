@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from rt_trainer_cases import make_token_file
 
 CASES = {
     "sgd_dp2": (dict(dp=2, microbatch_size=2, num_microbatches=2),
@@ -20,11 +19,6 @@ CASES = {
                                 dict(steps=20, optimizer="adamw", lr=3e-3, warmup_steps=3,
                                      grad_clip=1.0), 0.1),
 }
-
-
-@pytest.fixture(scope="module")
-def token_file(tmp_path_factory):
-    return make_token_file(str(tmp_path_factory.mktemp("tokens") / "tokens.bin"))
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -16,27 +16,16 @@ from __future__ import annotations
 
 import pytest
 
-from rt_trainer_cases import make_token_file
+from rt_trainer_cases import TRAINER_PLANS
 
-# the same global batch (8) under every plan, so all three train on the same samples
-PLANS = {
-    "dp": dict(dp=2, microbatch_size=2, num_microbatches=2),
-    "tp_sp": dict(tp=2, sp=True, microbatch_size=4, num_microbatches=2),
-    "pp_zero3": dict(pp=2, dp=2, zero=3, microbatch_size=2, num_microbatches=2, schedule="gpipe"),
-}
 SGD = dict(steps=50, optimizer="sgd", lr=0.5, warmup_steps=5, grad_clip=1.0, weight_decay=0.0)
 ADAMW = dict(steps=50, optimizer="adamw", lr=3e-3, warmup_steps=5, grad_clip=1.0)
 
 
-@pytest.fixture(scope="module")
-def token_file(tmp_path_factory):
-    return make_token_file(str(tmp_path_factory.mktemp("tokens") / "tokens.bin"))
-
-
-@pytest.mark.parametrize("name", list(PLANS))
+@pytest.mark.parametrize("name", list(TRAINER_PLANS))
 def test_sgd_curve_matches_one_process(rank_pool, token_file, name):
     report = rank_pool.run("rt_trainer_cases:trainer_matches_reference",
-                           plan_kwargs=PLANS[name], token_file=token_file, config=SGD)[0]
+                           plan_kwargs=TRAINER_PLANS[name], token_file=token_file, config=SGD)[0]
     assert report["batch"] == 8
     assert report["loss_error"] <= 1e-5, report
     first = [abs(a - b) / b for a, b in zip(report["norms"][:30], report["ref_norms"][:30])]
@@ -50,7 +39,8 @@ def test_sgd_curve_matches_one_process(rank_pool, token_file, name):
 
 def test_adamw_curve_decreases_and_matches_one_process(rank_pool, token_file):
     report = rank_pool.run("rt_trainer_cases:trainer_matches_reference",
-                           plan_kwargs=PLANS["pp_zero3"], token_file=token_file, config=ADAMW)[0]
+                           plan_kwargs=TRAINER_PLANS["pp_zero3"], token_file=token_file,
+                           config=ADAMW)[0]
     assert report["loss_error"] <= 1e-3, report
     losses = report["losses"]
     assert sum(losses[-5:]) / 5 < 0.95 * sum(losses[:5]) / 5, losses

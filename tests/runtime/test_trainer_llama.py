@@ -13,26 +13,17 @@ from __future__ import annotations
 
 import pytest
 
-from rt_trainer_cases import make_token_file
+from rt_trainer_cases import TRAINER_PLANS
 
 pytest.importorskip("transformers")
 
-PLANS = {
-    "dp": dict(dp=2, microbatch_size=2, num_microbatches=2),
-    "tp_sp": dict(tp=2, sp=True, microbatch_size=4, num_microbatches=2),
-    "pp_zero3": dict(pp=2, dp=2, zero=3, microbatch_size=2, num_microbatches=2, schedule="gpipe"),
-}
 SGD = dict(steps=50, optimizer="sgd", lr=0.5, warmup_steps=5, grad_clip=1.0, weight_decay=0.0)
 
 
-@pytest.fixture(scope="module")
-def token_file(tmp_path_factory):
-    return make_token_file(str(tmp_path_factory.mktemp("tokens") / "tokens.bin"))
-
-
-@pytest.mark.parametrize("name", list(PLANS))
+@pytest.mark.parametrize("name", list(TRAINER_PLANS))
 def test_llama_curve_matches_one_process(rank_pool, token_file, name):
-    report = rank_pool.run("rt_trainer_cases:trainer_matches_reference", plan_kwargs=PLANS[name],
+    report = rank_pool.run("rt_trainer_cases:trainer_matches_reference",
+                           plan_kwargs=TRAINER_PLANS[name],
                            token_file=token_file, config=SGD, model="llama")[0]
     losses = report["losses"]
     fall = 1 - sum(losses[-5:]) / sum(losses[:5])
@@ -46,7 +37,7 @@ def test_llama_curve_matches_one_process(rank_pool, token_file, name):
 
 def test_llama_resumed_at_step_20_gives_the_uninterrupted_curve(rank_pool, token_file, tmp_path):
     report = rank_pool.run("rt_resume_cases:resume_matches_uninterrupted",
-                           plan_kwargs=PLANS["pp_zero3"], token_file=token_file,
+                           plan_kwargs=TRAINER_PLANS["pp_zero3"], token_file=token_file,
                            config={**SGD, "optimizer": "adamw", "lr": 3e-3}, tmp=str(tmp_path),
                            every=20, model="llama")[0]
     assert len(report["whole"]) == 50 and len(report["resumed"]) == 30, report
