@@ -75,10 +75,12 @@ def matmul_tflops(n: int, repeats: int) -> float:
     return 2 * n**3 / t / 1e12
 
 
-def eager_overhead_us(repeats: int) -> dict[str, float]:
-    """Per-op forward and backward cost of tiny eager ops (µs): a chain of ``CHAIN`` ops."""
-    w = torch.randn(8, 8, requires_grad=True)
-    x0 = torch.randn(8, 8, requires_grad=True)
+def _op_chain_s(make: Callable[[torch.Tensor], torch.Tensor],
+                repeats: int) -> tuple[float, float]:
+    """Per-op forward and backward seconds of a chain of ``CHAIN`` tiny ops (add, mul, gelu,
+    matmul, layer norm on 8×8) whose tensors ``make`` builds (plain, or ``DTensor``)."""
+    w = make(torch.randn(8, 8)).requires_grad_()
+    x0 = make(torch.randn(8, 8)).requires_grad_()
     ops = (lambda x: x + 1.0, lambda x: x * w, torch.nn.functional.gelu, lambda x: x @ w,
            lambda x: torch.nn.functional.layer_norm(x, (8,)))
 
@@ -88,13 +90,16 @@ def eager_overhead_us(repeats: int) -> dict[str, float]:
             x = ops[i % len(ops)](x)
         return x
 
-    def both() -> None:
-        forward().sum().backward()
-
     fwd = _median_thread_time(forward, repeats=repeats)
-    fwd_bwd = _median_thread_time(both, repeats=repeats)
-    return {"forward_us": fwd / CHAIN * 1e6, "backward_us": (fwd_bwd - fwd) / CHAIN * 1e6,
-            "forward_backward_us": fwd_bwd / CHAIN * 1e6}
+    both = _median_thread_time(lambda: forward().sum().backward(), repeats=repeats)
+    return fwd / CHAIN, (both - fwd) / CHAIN
+
+
+def eager_overhead_us(repeats: int) -> dict[str, float]:
+    """Per-op forward and backward cost of tiny eager ops (µs): a chain of ``CHAIN`` ops."""
+    fwd, bwd = _op_chain_s(lambda t: t, repeats)
+    return {"forward_us": fwd * 1e6, "backward_us": bwd * 1e6,
+            "forward_backward_us": (fwd + bwd) * 1e6}
 
 
 def _single_rank_group() -> None:
@@ -108,7 +113,7 @@ def _single_rank_group() -> None:
 
 def dtensor_overhead_us(repeats: int) -> dict[str, float]:
     """Extra host cost of an op on a ``DTensor`` over the same op on a plain tensor (µs): the
-    chain of :func:`eager_overhead_us` on 8×8 ``DTensor``s (``Replicate`` on a one-rank mesh,
+    chain of :func:`_op_chain_s` on 8×8 ``DTensor``s (``Replicate`` on a one-rank mesh,
     so no communication), ``t_dtensor − t_plain`` per op, forward and backward; then AdamW's
     ``step`` per parameter tensor on plain and on ``DTensor`` parameters (gpt-tiny's
     shapes): the optimizer's host cost per tensor and what DTensor adds to it."""
@@ -120,24 +125,8 @@ def dtensor_overhead_us(repeats: int) -> dict[str, float]:
     _single_rank_group()
     mesh = init_device_mesh("cpu", (1,))
 
-    def chain(make: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float]:
-        w = make(torch.randn(8, 8)).requires_grad_()
-        x0 = make(torch.randn(8, 8)).requires_grad_()
-        ops = (lambda x: x + 1.0, lambda x: x * w, torch.nn.functional.gelu, lambda x: x @ w,
-               lambda x: torch.nn.functional.layer_norm(x, (8,)))
-
-        def forward() -> torch.Tensor:
-            x = x0
-            for i in range(CHAIN):
-                x = ops[i % len(ops)](x)
-            return x
-
-        fwd = _median_thread_time(forward, repeats=repeats)
-        both = _median_thread_time(lambda: forward().sum().backward(), repeats=repeats)
-        return fwd / CHAIN, (both - fwd) / CHAIN
-
-    plain = chain(lambda t: t)
-    dtensor = chain(lambda t: DTensor.from_local(t, mesh, [Replicate()]))
+    plain = _op_chain_s(lambda t: t, repeats)
+    dtensor = _op_chain_s(lambda t: DTensor.from_local(t, mesh, [Replicate()]), repeats)
 
     def adamw(wrap: Callable[[torch.Tensor], torch.Tensor]) -> tuple[int, float]:
         model = resolve_model("gpt-tiny").build("cpu")
