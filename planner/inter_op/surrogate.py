@@ -19,7 +19,14 @@ gradients reduce-scattered after, prefetched one segment ahead)::
     T̂ = max_s ( m·w_s + (p−1)/v · max_s w_s + exposed_s + post_s + opt_s )
     exposed_s = max(0, Σ_{i on s} AR/RS(2ψ_i) − b_s)      gradient buckets behind one backward
     post_s    = AG(2Ψ_s) [zero ∈ {1,2}] + AR(2ψ_tied) [tied weights on the first and last rank]
-    opt_s     = 28·Ψ_s / dp^{[zero ≥ 1]} / memory bandwidth
+    opt_s     = 28·Ψ_s / dp^{[zero ≥ 1]} / memory bandwidth          (offload = none)
+              = T_off(Ψ_s, B_s)   (:func:`cost_model.offload.offload_step_s`, ``B_s`` one
+                                   microbatch's backward on rank s)        (offload ≠ none)
+
+Under ``offload=optimizer+params`` each segment's fp32 shard is copied to the device before
+each of its all-gathers and its gradient back after the reduce-scatter
+(:func:`cost_model.offload.offload_segment_s`): ``AG`` and ``RS`` in ``z_j`` carry those
+copies.
 
 ``m·w_s + (p−1)/v·w_max`` is exact for the uniform 1F1B and interleaved timelines of
 :mod:`cost_model.simulator` and close for nearly balanced stages; the simulator, through
@@ -35,6 +42,7 @@ import numpy as np
 
 from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.memory import ADAM_MIXED
+from fxplan.cost_model.offload import offload_segment_s, offload_step_s
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig
 
@@ -68,12 +76,17 @@ def _zero3_exposed(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray,
     rank 0's profile on a heterogeneous cluster)."""
     gather = _per_layer("all_gather", prof.params, dp_ranks, cluster)
     scatter = _per_layer("reduce_scatter", prof.params, dp_ranks, cluster)
+    if c.offload == "optimizer+params":
+        copy = np.array([offload_segment_s(c, float(x), cluster.device(0))[0]
+                         for x in prof.params])
+        gather, scatter = gather + copy, scatter + copy
     z = (np.maximum(0.0, gather - prof.fwd)
          + np.maximum(0.0, gather + scatter - prof.bwd))
     out = _spans(z, edges)
     for j, (f, b, psi) in ((0, prof.pre[:3]), (-1, prof.post[:3])):
-        ag = _coll("all_gather", 2.0 * float(psi), dp_ranks, cluster)
-        rs = _coll("reduce_scatter", 2.0 * float(psi), dp_ranks, cluster)
+        copy = offload_segment_s(c, float(psi), cluster.device(0))[0]
+        ag = _coll("all_gather", 2.0 * float(psi), dp_ranks, cluster) + copy
+        rs = _coll("reduce_scatter", 2.0 * float(psi), dp_ranks, cluster) + copy
         out[j] += max(0.0, ag - f) + max(0.0, ag + rs - b)
     return out
 
@@ -134,5 +147,10 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
     bandwidth = np.array([cluster.device(s * c.dp * c.tp).memory_bandwidth_gb_per_s * 1e9
                           for s in range(p)]) if stage_profs is not None else \
         cluster.device(0).memory_bandwidth_gb_per_s * 1e9
-    opt = ADAM_MIXED.step_bytes * psi_s / (c.dp if c.zero_stage >= 1 else 1) / bandwidth
+    if c.offload == "none":
+        opt = ADAM_MIXED.step_bytes * psi_s / (c.dp if c.zero_stage >= 1 else 1) / bandwidth
+    else:
+        opt = np.array([offload_step_s(c, float(psi_s[s]), float(b_s[s] * v),
+                                       cluster.device(s * c.dp * c.tp), ADAM_MIXED)
+                        for s in range(p)])
     return float(np.max(m * w + (p - 1) / v * w.max() + exposed + post + opt))
