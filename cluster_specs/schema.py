@@ -123,6 +123,9 @@ GROUP_FIELDS: dict[str, Field] = {
     "optimizer_tensor_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
                                            unit="µs per parameter tensor per optimizer step"),
                                     0.0),
+    "queued_collective_us": optional(number(
+        low=0, low_open=False, high=MAX_LATENCY_US,
+        unit="µs per further collective of an async batch (0: a full collective)"), 0.0),
     "dtensor_optimizer_tensor_us": optional(number(
         low=0, low_open=False, high=MAX_LATENCY_US,
         unit="µs per DTensor parameter tensor per optimizer step"), 0.0),

@@ -46,6 +46,17 @@ of its segments' bytes (:func:`ddp_buckets`). A small model is one all-reduce (g
 0.55 MB), one latency instead of one per segment — which matters where a collective's latency
 is milliseconds (gloo between time-shared ranks). ``ddp_bucket_mib = 0`` (GPU specs) keeps
 one bucket per segment.
+
+**Async batches of collectives.** ZeRO-1 as the runtime runs it (``ZeroRedundancyOptimizer``
+``_sync_params``) issues one broadcast per parameter tensor with ``async_op=True`` and then
+waits for all of them. The ranks meet once, for the first; the others are queued behind it
+in gloo's worker and run back to back. With the collectives' α-β times ``t_i`` and their
+bandwidth terms ``t_i − ℓ_i`` (``ℓ_i``: the same collective of one byte), and ``q =
+queued_collective_us`` (measured)::
+
+    t_batch = t_1 + Σ_{i≥2} (t_i − ℓ_i + q)                  (q = 0: Σ t_i)
+
+(:func:`async_batch_s`).
 """
 
 from __future__ import annotations
@@ -58,7 +69,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import DeviceGroup
     from fxplan.core.config import ParallelConfig
 
-__all__ = ["DDP_FIRST_BUCKET_MIB", "ddp_buckets", "dtensor_dispatch_s", "dtensor_params", "optimizer_host_s", "overlapped_buckets",
+__all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "dtensor_dispatch_s", "dtensor_params", "optimizer_host_s", "overlapped_buckets",
            "runs_kernel", "zero3_exposed_s"]
 
 
@@ -82,6 +93,17 @@ def ddp_buckets(grads: Sequence[tuple[float, float]], cap_mib: float
     if size > 0:
         out.append((ready, size))
     return tuple(out)
+
+
+def async_batch_s(times: Sequence[float], latencies: Sequence[float], queued_s: float) -> float:
+    """Seconds of a batch of collectives issued async and then waited (module docstring):
+    ``times`` their α-β times, ``latencies`` the same collectives' times for one byte,
+    ``queued_s`` the cost of each further one beyond its bandwidth (0: ``Σ times``)."""
+    if not times:
+        return 0.0
+    if queued_s <= 0:
+        return float(sum(times))
+    return times[0] + sum(t - lat + queued_s for t, lat in zip(times[1:], latencies[1:]))
 
 
 def runs_kernel(info: Any) -> bool:

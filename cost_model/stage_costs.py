@@ -57,7 +57,7 @@ from fxplan.cost_model.compute import op_time_s
 from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_groups, ep_segment,
                                                expert_share, model_states, moe_layers)
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.host_overhead import (ddp_buckets, dtensor_params, optimizer_host_s,
+from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, dtensor_params, optimizer_host_s,
                                              overlapped_buckets, zero3_exposed_s)
 from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
 from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
@@ -201,9 +201,14 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         opt_time[s] = (_optimizer_s(optimizer, local, tensors, dtensor_params(config), device)
                        if config.offload == "none" else device.step_overhead_us * 1e-6)
         if _zero1_broadcasts(config):
-            # ZeroRedundancyOptimizer: each updated tensor broadcast from the rank that owns it
-            post[s] += sum(_collective("broadcast", optimizer.param_bytes * n, dp_group, cluster)
-                           for n in stage_params.values())
+            # ZeroRedundancyOptimizer: each updated tensor broadcast from the rank that owns it,
+            # all issued async, then waited
+            post[s] += async_batch_s(
+                [_collective("broadcast", optimizer.param_bytes * n, dp_group, cluster)
+                 for n in stage_params.values()],
+                # its latency: the same broadcast of one byte (0 bytes is priced 0)
+                [_collective("broadcast", 1.0, dp_group, cluster)] * len(stage_params),
+                device.queued_collective_us * 1e-6)
         elif config.zero_stage in (1, 2):
             post[s] += _collective("all_gather", optimizer.param_bytes * (psi - psi_e), dp_group,
                                    cluster)
