@@ -201,7 +201,7 @@ def _overhead_worker(rank: int, world: int, port: int, repeats: int, out: str) -
     from fxplan.cluster_specs import Cluster
     from fxplan.examples.model_spec import resolve_model
     from fxplan.runtime.apply import apply_plan
-    from fxplan.worker import loss_fn, synthetic_batch
+    from fxplan.worker import loss_fn
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -210,7 +210,9 @@ def _overhead_worker(rank: int, world: int, port: int, repeats: int, out: str) -
     plan = fxplan.search("gpt-tiny", cluster, batch=16, progress=False)
     bundle = resolve_model("gpt-tiny")
     torch.manual_seed(0)
-    inputs, targets = synthetic_batch(bundle, plan)
+    vocab = getattr(bundle.config, "vocab", None) or bundle.config.vocab_size
+    tokens, targets = (torch.randint(0, vocab, (16, plan.seq)) for _ in range(2))
+    inputs = (tokens,)
     sharded = apply_plan(bundle.build("cpu"), plan, inputs)
     optimizer = sharded.optimizer(torch.optim.AdamW, lr=1e-3)
     plain = bundle.build("cpu")
