@@ -201,7 +201,7 @@ def _overhead_worker(rank: int, world: int, port: int, repeats: int, out: str) -
     from fxplan.cluster_specs import Cluster
     from fxplan.examples.model_spec import resolve_model
     from fxplan.runtime.apply import apply_plan
-    from fxplan.worker import loss_fn, synthetic_batch
+    from fxplan.worker import loss_fn
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -210,7 +210,9 @@ def _overhead_worker(rank: int, world: int, port: int, repeats: int, out: str) -
     plan = fxplan.search("gpt-tiny", cluster, batch=16, progress=False)
     bundle = resolve_model("gpt-tiny")
     torch.manual_seed(0)
-    inputs, targets = synthetic_batch(bundle, plan)
+    vocab = getattr(bundle.config, "vocab", None) or bundle.config.vocab_size
+    tokens, targets = (torch.randint(0, vocab, (16, plan.seq)) for _ in range(2))
+    inputs = (tokens,)
     sharded = apply_plan(bundle.build("cpu"), plan, inputs)
     optimizer = sharded.optimizer(torch.optim.AdamW, lr=1e-3)
     plain = bundle.build("cpu")
@@ -289,7 +291,8 @@ def time_sharing(iterations: int = 150) -> dict[str, float]:
             "efficiency": 2 * times[cores] / times[2 * cores]}
 
 
-def _contended_worker(rank: int, world: int, port: int, iterations: int, out: str) -> None:
+def _contended_worker(rank: int, world: int, port: int, iterations: int, out: str,
+                      batch: int = 0) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -297,6 +300,16 @@ def _contended_worker(rank: int, world: int, port: int, iterations: int, out: st
                             world_size=world)
     a = torch.randn(128, 128)
     flag = torch.zeros(1)
+    flags = [torch.zeros(1) for _ in range(batch)]
+
+    def communicate() -> None:
+        if not batch:
+            dist.all_reduce(flag)
+            return
+        # as ZeroRedundancyOptimizer._sync_params: every broadcast issued async, then waited
+        handles = [dist.broadcast(f, src=i % world, async_op=True) for i, f in enumerate(flags)]
+        for handle in handles:
+            handle.wait()
 
     def loop(collective: bool) -> float:
         dist.barrier()
@@ -305,7 +318,7 @@ def _contended_worker(rank: int, world: int, port: int, iterations: int, out: st
             for _ in range(4):
                 a @ a
             if collective:
-                dist.all_reduce(flag)
+                communicate()
         elapsed = time.perf_counter() - start
         dist.barrier()
         return elapsed / iterations
@@ -317,24 +330,41 @@ def _contended_worker(rank: int, world: int, port: int, iterations: int, out: st
     dist.destroy_process_group()
 
 
-def contended_collective_us(world: int, iterations: int = 300) -> dict[str, float]:
+def contended_collective_us(world: int, iterations: int = 300,
+                            batch: int = 0) -> dict[str, float]:
     """A 4-byte gloo all-reduce between bursts of compute (µs): every rank loops ``4 × (128³
     matmul); all_reduce`` and the same without the all-reduce, wall clock; the collective's
     cost is the difference per iteration (medians of 5 alternating runs). With more ranks
     than cores a rank waiting in a collective must be scheduled again while another rank
-    computes on its core, which the idle ranks of :func:`allreduce` do not see."""
+    computes on its core, which the idle ranks of :func:`allreduce` do not see.
+
+    ``batch = k > 0``: instead of the all-reduce, ``k`` 4-byte broadcasts issued
+    asynchronously and then waited (sources round-robin), as ``ZeroRedundancyOptimizer``
+    syncs its parameters; ``(t_k − t_1)/(k − 1)`` is what each further collective of such a
+    batch costs once the ranks have met (:func:`queued_collective_us`)."""
     import tempfile
 
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "contended.json")
-        mp.spawn(_contended_worker, args=(world, _free_port(), iterations, out), nprocs=world)
+        mp.spawn(_contended_worker, args=(world, _free_port(), iterations, out, batch),
+                 nprocs=world)
         samples = json.loads(Path(out).read_text())
     work = statistics.median(w for w, _ in samples)
     both = statistics.median(b for _, b in samples)
     return {"work_us": work * 1e6, "work_collective_us": both * 1e6,
             "collective_us": (both - work) * 1e6}
+
+
+def queued_collective_us(world: int, batch: int = 28, iterations: int = 100) -> dict[str, float]:
+    """Cost of each further 4-byte broadcast of an async batch of ``batch`` between bursts of
+    compute: ``(t_batch − t_1)/(batch − 1)`` from :func:`contended_collective_us` (µs). 28 is
+    gpt-tiny's parameter tensor count (ZeRO-1 broadcasts each)."""
+    one = contended_collective_us(world, iterations, batch=1)["collective_us"]
+    many = contended_collective_us(world, iterations, batch=batch)["collective_us"]
+    return {"one_us": one, "batch_us": many, "batch": batch,
+            "queued_us": (many - one) / (batch - 1)}
 
 
 def _free_port() -> int:
@@ -409,6 +439,11 @@ def main() -> None:
         c = contended_collective_us(world)
         print(f"| gloo all-reduce 4 B between compute, {world} ranks: (work + AR) − work | "
               f"{c['work_collective_us']:.0f} − {c['work_us']:.0f} = {c['collective_us']:.0f} µs |")
+    for world in (2, 4):
+        q = queued_collective_us(world)
+        print(f"| gloo async broadcast batch between compute, {world} ranks: 1 / {q['batch']} × "
+              f"4 B ⇒ each further one | {q['one_us']:.0f} µs / {q['batch_us']:.0f} µs ⇒ "
+              f"{q['queued_us']:.0f} µs |")
     for world in (2, 4):
         r = allreduce(world)
         print(f"| gloo all-reduce {world} ranks: 4 B / 4 MiB / 16 MiB | {r['t_4B_us']:.0f} µs / "

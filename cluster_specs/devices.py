@@ -36,7 +36,13 @@ class DeviceGroup:
     backward) on a DTensor, ``optimizer_tensor_us``/``dtensor_optimizer_tensor_us`` the
     optimizer's host cost per plain / DTensor parameter tensor, ``comm_overlap`` the fraction
     of a collective that can run concurrently with compute (1: GPUs; 0: one-thread CPU ranks);
-    :mod:`fxplan.cost_model.host_overhead` prices them.
+    :mod:`fxplan.cost_model.host_overhead` prices them. ``ddp_bucket_mib`` is the gradient
+    bucket cap of the data-parallel wrapper the runtime runs on these devices (PyTorch DDP:
+    25 MiB, its first bucket 1 MiB; 0: one bucket per model segment, as Megatron's overlapped
+    buckets of the A100/V100 references are priced). ``queued_collective_us`` is what each
+    further collective of a batch issued asynchronously and then waited costs beyond its
+    bandwidth term, once the ranks have met for the first (0: each priced as a full
+    collective, latency included).
     ``fused_attention`` says that attention runs as one fused (flash) kernel on these devices,
     whatever the model's code spells out (:mod:`cost_model.attention_kernel` prices it so):
     the training stack's choice (Megatron-Core / Transformer Engine, PyTorch SDPA on GPUs
@@ -69,6 +75,8 @@ class DeviceGroup:
     optimizer_tensor_us: float = 0.0
     dtensor_optimizer_tensor_us: float = 0.0
     comm_overlap: float = 1.0
+    ddp_bucket_mib: float = 0.0
+    queued_collective_us: float = 0.0
     nics_per_node: int | None = None
     host_memory_gib: float | None = None
     host_memory_bandwidth_gb_per_s: float | None = None

@@ -22,6 +22,8 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     dtensor_optimizer_tensor_us = DTENSOR_OPTIMIZER_TENSOR_US / s (AdamW per DTensor tensor)
     step_overhead_us           = STEP_OVERHEAD_US / s            (training loop's host work)
     comm_overlap               = 0                               (gloo needs the rank's core)
+    ddp_bucket_mib             = 25                              (DDP's default bucket cap)
+    queued_collective_us       = QUEUED_COLLECTIVE_US            (async batch: each further one)
     reserved_memory_gib        = PROCESS_BASELINE_GIB            (interpreter, torch, gloo)
 
 The loopback level (gloo) keeps its measured figures: they were measured with 2 and 4 ranks on
@@ -93,6 +95,19 @@ GLOO_BUS_GB_PER_S = 0.978
 #: latency") the same all-reduce costs only 32–68 µs per hop, which priced every collective of
 #: a training step ~10× too cheap.
 GLOO_HOP_LATENCY_US = 572.0
+
+#: ``DistributedDataParallel``'s default ``bucket_cap_mb`` (torch 2.13), which the runtime
+#: keeps (:mod:`fxplan.runtime.data_parallel`); the first bucket is 1 MiB
+#: (:data:`fxplan.cost_model.host_overhead.DDP_FIRST_BUCKET_MIB`).
+DDP_BUCKET_MIB = 25.0
+
+#: Each further 4-byte broadcast of an async batch between bursts of compute (as
+#: ``ZeroRedundancyOptimizer`` syncs its parameters), µs. Calibration line "gloo async
+#: broadcast batch between compute, N ranks: 1 / 28 × 4 B ⇒ each further one", one run at load
+#: average 18–22 (other agents' jobs): 2 ranks 3773 / 21503 µs ⇒ 657 µs; 4 ranks 4682 /
+#: 18390 µs ⇒ 508 µs; the mean of the two, 582 µs. (The first of the batch — the ranks
+#: meeting — is a full collective, priced by ``GLOO_HOP_LATENCY_US``.)
+QUEUED_COLLECTIVE_US = 582.0
 
 #: Override keys the generator takes itself (the others apply to the generated spec).
 GENERATOR_PARAMS: tuple[str, ...] = ("devices",)
@@ -168,6 +183,9 @@ def local_cpu_spec(devices: int | None = None) -> dict[str, Any]:
                 "dtensor_optimizer_tensor_us": round(DTENSOR_OPTIMIZER_TENSOR_US / share, 3),
                 # One-thread ranks: gloo's threads need the core the compute runs on.
                 "comm_overlap": 0.0,
+                # The runtime's DDP (torch defaults: 25 MiB buckets, the first 1 MiB).
+                "ddp_bucket_mib": DDP_BUCKET_MIB,
+                "queued_collective_us": round(QUEUED_COLLECTIVE_US, 1),
                 # The fp32 peak is itself a measured matmul rate, hence matmul 1.0.
                 "compute_efficiency": {"matmul": 1.0, "attention": 0.6, "memory_bound": 0.8,
                                        "dropout": DROPOUT_BANDWIDTH_FRACTION},

@@ -123,11 +123,17 @@ GROUP_FIELDS: dict[str, Field] = {
     "optimizer_tensor_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
                                            unit="µs per parameter tensor per optimizer step"),
                                     0.0),
+    "queued_collective_us": optional(number(
+        low=0, low_open=False, high=MAX_LATENCY_US,
+        unit="µs per further collective of an async batch (0: a full collective)"), 0.0),
     "dtensor_optimizer_tensor_us": optional(number(
         low=0, low_open=False, high=MAX_LATENCY_US,
         unit="µs per DTensor parameter tensor per optimizer step"), 0.0),
     "comm_overlap": optional(number(low=0.0, low_open=False, high=1.0,
                                     unit="fraction of a collective that overlaps compute"), 1.0),
+    "ddp_bucket_mib": optional(number(low=0, low_open=False, high=MAX_MEMORY_GIB * 1024,
+                                      unit="MiB per DDP gradient bucket (0: one per segment)"),
+                               0.0),
     "nics_per_node": optional(integer(low=1, high=MAX_DEVICES_PER_NODE,
                                       unit="NICs per node, overriding the cluster-scope level's")),
     "host_memory_gib": optional(number(low=0, low_open=True, high=MAX_MEMORY_GIB,

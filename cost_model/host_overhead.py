@@ -33,6 +33,30 @@ compute. A data-parallel bucket of ``t`` seconds ready at fraction ``f`` of the 
 becomes two transfers, ``ω·t`` ready at ``f`` and ``(1 − ω)·t`` ready at the backward's end
 (exposed). ZeRO-3's per-segment all-gathers ``AG_k`` and reduce-scatters ``RS_k`` are
 prefetched one segment ahead (:func:`zero3_exposed_s`).
+
+**DDP's gradient buckets.** PyTorch's ``DistributedDataParallel`` (the runtime's wrapper for
+ZeRO-0 and ZeRO-1 without tensor parallelism) does not reduce one bucket per model segment:
+it packs the gradients, in backward order, into buckets of ``ddp_bucket_mib`` (25 MiB, the
+first one ``DDP_FIRST_BUCKET_MIB`` = 1 MiB, ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)
+and launches a bucket's all-reduce when its last gradient is ready. Over the per-segment
+gradients ``(f_i, S_i)`` in backward order, a bucket closes after segment ``i`` once its
+bytes reach the cap (``compute_bucket_assignment_by_size``: a tensor is added, then the
+bucket is closed if full); it is ready at the ``f`` of its last segment and moves the sum
+of its segments' bytes (:func:`ddp_buckets`). A small model is one all-reduce (gpt-tiny:
+0.55 MB), one latency instead of one per segment — which matters where a collective's latency
+is milliseconds (gloo between time-shared ranks). ``ddp_bucket_mib = 0`` (GPU specs) keeps
+one bucket per segment.
+
+**Async batches of collectives.** ZeRO-1 as the runtime runs it (``ZeroRedundancyOptimizer``
+``_sync_params``) issues one broadcast per parameter tensor with ``async_op=True`` and then
+waits for all of them. The ranks meet once, for the first; the others are queued behind it
+in gloo's worker and run back to back. With the collectives' α-β times ``t_i`` and their
+bandwidth terms ``t_i − ℓ_i`` (``ℓ_i``: the same collective of one byte), and ``q =
+queued_collective_us`` (measured)::
+
+    t_batch = t_1 + Σ_{i≥2} (t_i − ℓ_i + q)                  (q = 0: Σ t_i)
+
+(:func:`async_batch_s`).
 """
 
 from __future__ import annotations
@@ -45,8 +69,41 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import DeviceGroup
     from fxplan.core.config import ParallelConfig
 
-__all__ = ["dtensor_dispatch_s", "dtensor_params", "optimizer_host_s", "overlapped_buckets",
+__all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "dtensor_dispatch_s", "dtensor_params", "optimizer_host_s", "overlapped_buckets",
            "runs_kernel", "zero3_exposed_s"]
+
+
+#: DDP's first bucket, MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`` = 1024²).
+DDP_FIRST_BUCKET_MIB = 1.0
+
+
+def ddp_buckets(grads: Sequence[tuple[float, float]], cap_mib: float
+                ) -> tuple[tuple[float, float], ...]:
+    """DDP's buckets ``(ready fraction, bytes)`` from per-segment gradients ``(f_i, S_i)`` in
+    backward order (module docstring); ``cap_mib = 0``: unchanged, one per segment."""
+    if cap_mib <= 0:
+        return tuple(grads)
+    out: list[tuple[float, float]] = []
+    cap, size, ready = min(DDP_FIRST_BUCKET_MIB, cap_mib) * 2**20, 0.0, 0.0
+    for fraction, nbytes in grads:
+        size, ready = size + nbytes, fraction
+        if size >= cap:
+            out.append((ready, size))
+            cap, size = cap_mib * 2**20, 0.0
+    if size > 0:
+        out.append((ready, size))
+    return tuple(out)
+
+
+def async_batch_s(times: Sequence[float], latencies: Sequence[float], queued_s: float) -> float:
+    """Seconds of a batch of collectives issued async and then waited (module docstring):
+    ``times`` their α-β times, ``latencies`` the same collectives' times for one byte,
+    ``queued_s`` the cost of each further one beyond its bandwidth (0: ``Σ times``)."""
+    if not times:
+        return 0.0
+    if queued_s <= 0:
+        return float(sum(times))
+    return times[0] + sum(t - lat + queued_s for t, lat in zip(times[1:], latencies[1:]))
 
 
 def runs_kernel(info: Any) -> bool:

@@ -57,8 +57,8 @@ from fxplan.cost_model.compute import op_time_s
 from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_groups, ep_segment,
                                                expert_share, model_states, moe_layers)
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.host_overhead import (dtensor_params, optimizer_host_s, overlapped_buckets,
-                                             zero3_exposed_s)
+from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, dtensor_params, optimizer_host_s,
+                                             overlapped_buckets, zero3_exposed_s)
 from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
 from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
                                model_state_bytes)
@@ -201,9 +201,14 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         opt_time[s] = (_optimizer_s(optimizer, local, tensors, dtensor_params(config), device)
                        if config.offload == "none" else device.step_overhead_us * 1e-6)
         if _zero1_broadcasts(config):
-            # ZeroRedundancyOptimizer: each updated tensor broadcast from the rank that owns it
-            post[s] += sum(_collective("broadcast", optimizer.param_bytes * n, dp_group, cluster)
-                           for n in stage_params.values())
+            # ZeroRedundancyOptimizer: each updated tensor broadcast from the rank that owns it,
+            # all issued async, then waited
+            post[s] += async_batch_s(
+                [_collective("broadcast", optimizer.param_bytes * n, dp_group, cluster)
+                 for n in stage_params.values()],
+                # its latency: the same broadcast of one byte (0 bytes is priced 0)
+                [_collective("broadcast", 1.0, dp_group, cluster)] * len(stage_params),
+                device.queued_collective_us * 1e-6)
         elif config.zero_stage in (1, 2):
             post[s] += _collective("all_gather", optimizer.param_bytes * (psi - psi_e), dp_group,
                                    cluster)
@@ -268,6 +273,10 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
     elapsed, out = 0.0, []
     kind = ("all_reduce" if config.zero_stage == 0 or _zero1_broadcasts(config)
             else "reduce_scatter")
+    # PyTorch DDP (tp = 1, ZeRO-0 / ZeRO-1) packs the dense gradients into its own buckets.
+    ddp_cap = (cluster.device(dp_group[0]).ddp_bucket_mib
+               if kind == "all_reduce" and config.tp == 1 and not experts else 0.0)
+    dense: list[tuple[float, float]] = []
     for seg, label in zip(reversed(segs), reversed(labels)):
         elapsed += seg.backward_s + seg.recompute_s
         prefix = f"{label}:" if label.startswith("L") else ""
@@ -275,12 +284,13 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
         stage_params.update(new)
         if config.zero_stage < 3 and config.dp > 1 and new:
             mine = sum(n for k, n in new.items() if k.rpartition(":")[2] in experts)
-            seconds = _collective(kind, optimizer.grad_bytes * (sum(new.values()) - mine),
-                                  dp_group, cluster)
+            dense.append((elapsed / total, optimizer.grad_bytes * (sum(new.values()) - mine)))
             if mine:
-                seconds += _collective(kind, optimizer.grad_bytes * mine, edp_group, cluster)
-            out.append((elapsed / total, seconds))
-    return tuple(out)
+                out.append((elapsed / total,
+                            _collective(kind, optimizer.grad_bytes * mine, edp_group, cluster)))
+    out += [(f, _collective(kind, nbytes, dp_group, cluster))
+            for f, nbytes in ddp_buckets(dense, ddp_cap)]
+    return tuple(sorted(out))
 
 
 def _p2p(chunks: list, forward: np.ndarray, backward: np.ndarray, config: ParallelConfig,

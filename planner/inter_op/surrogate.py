@@ -17,7 +17,7 @@ gradients reduce-scattered after, prefetched one segment ahead)::
 (``pre``/``post`` likewise on the first/last virtual stage). Then::
 
     T̂ = max_s ( m·w_s + (p−1)/v · max_s w_s + exposed_s + post_s + opt_s )
-    exposed_s = max(0, Σ_{i on s} AR/RS(2ψ_i) − b_s)      gradient buckets behind one backward
+    exposed_s = max(0, Σ_{i on s} AR/RS(2ψ_i) − ω_s·b_s)  gradient buckets behind one backward
     post_s    = AG(2Ψ_s) [zero ∈ {1,2}] + AR(2ψ_tied) [tied weights on the first and last rank]
     opt_s     = 28·Ψ_s / dp^{[zero ≥ 1]} / memory bandwidth          (offload = none)
               = T_off(Ψ_s, B_s)   (:func:`cost_model.offload.offload_step_s`, ``B_s`` one
@@ -28,6 +28,9 @@ each of its all-gathers and its gradient back after the reduce-scatter
 (:func:`cost_model.offload.offload_segment_s`): ``AG`` and ``RS`` in ``z_j`` carry those
 copies.
 
+with ``ω_s`` the stage's ``comm_overlap`` (1 on GPUs), and where the devices run PyTorch DDP
+(``ddp_bucket_mib > 0``, tp = 1, ZeRO ≤ 1) the sum over DDP's buckets of the stage's
+gradient instead of one collective per layer (:func:`cost_model.host_overhead.ddp_buckets`).
 ``m·w_s + (p−1)/v·w_max`` is exact for the uniform 1F1B and interleaved timelines of
 :mod:`cost_model.simulator` and close for nearly balanced stages; the simulator, through
 :func:`cost_model.estimate.estimate`, re-prices every candidate the search keeps.
@@ -41,6 +44,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from fxplan.cost_model.collectives import collective_time_s
+from fxplan.cost_model.host_overhead import ddp_buckets
 from fxplan.cost_model.memory import ADAM_MIXED
 from fxplan.cost_model.offload import offload_segment_s, offload_step_s
 from fxplan.inter_op.profile import SegmentProfile
@@ -136,7 +140,14 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
         ends = _per_layer(kind, np.array([prof.pre[2], prof.post[2]]), dp_ranks, cluster)
         sync[0] += ends[0]
         sync[stage[-1]] += ends[1]
-        exposed = np.maximum(0.0, sync - b_s)
+        cap = cluster.device(0).ddp_bucket_mib
+        if cap > 0 and c.tp == 1 and c.zero_stage <= 1:
+            # the runtime's DDP packs the gradients into its own buckets (host_overhead)
+            sync = np.array([sum(_coll("all_reduce", nbytes, dp_ranks, cluster)
+                                 for _, nbytes in ddp_buckets([(0.0, 2.0 * x)], cap))
+                             for x in psi_s])
+        overlap = np.array([cluster.device(s * c.dp * c.tp).comm_overlap for s in range(p)])
+        exposed = np.maximum(0.0, sync - overlap * b_s)
     post = np.zeros(p)
     if c.dp > 1 and c.zero_stage in (1, 2):
         post += [_coll("all_gather", 2.0 * float(x), dp_ranks, cluster) for x in psi_s]

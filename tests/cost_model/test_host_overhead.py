@@ -6,7 +6,8 @@ import pytest
 
 from fxplan.cluster_specs import Cluster
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.host_overhead import (dtensor_dispatch_s, dtensor_params,
+from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, dtensor_dispatch_s,
+                                             dtensor_params,
                                              optimizer_host_s, overlapped_buckets,
                                              zero3_exposed_s)
 from fxplan.cost_model.memory import ADAM_FP32, ADAM_MIXED, adam_for, model_state_bytes
@@ -117,13 +118,49 @@ def test_tensor_parallel_pays_dtensor_dispatch(tiny) -> None:  # type: ignore[no
     assert tp.breakdown["optimizer"] > dp.breakdown["optimizer"]
 
 
-def test_zero1_without_tp_prices_ddp_and_one_broadcast_per_tensor(tiny) -> None:  # type: ignore[no-untyped-def]
+def test_zero1_without_tp_prices_ddp_and_an_async_batch_of_broadcasts(tiny) -> None:  # type: ignore[no-untyped-def]
     from fxplan.cost_model.collectives import collective_time_s
 
     cluster = Cluster.load("local-cpu:devices=2")
+    cpu = cluster.device_groups[0]
     z0 = _estimate(tiny, "dp=2,mb=4")
     z1 = _estimate(tiny, "dp=2,mb=4,zero=1")
     tensors = len({p.tied_to or name for name, p in tiny.params.items()})
     one = collective_time_s("broadcast", 4.0, range(2), cluster)  # latency of one collective
-    # the all-reduce of ZeRO-0 plus at least a latency per parameter tensor's broadcast
-    assert z1.breakdown["dp_comm"] >= z0.breakdown["dp_comm"] + 0.9 * tensors * one
+    # ZeRO-0's all-reduce, then one rendezvous and a queued broadcast per further tensor
+    extra = z1.breakdown["dp_comm"] - z0.breakdown["dp_comm"]
+    assert extra >= 0.9 * (one + (tensors - 1) * cpu.queued_collective_us * 1e-6)
+    # on 4 ranks (3 hops per broadcast) far cheaper than every broadcast meeting the others
+    four = Cluster.load("local-cpu:devices=4")
+    extra4 = (_estimate(tiny, "dp=4,mb=2,zero=1", 4).breakdown["dp_comm"]
+              - _estimate(tiny, "dp=4,mb=2", 4).breakdown["dp_comm"])
+    assert extra4 < 0.5 * tensors * collective_time_s("broadcast", 4.0, range(4), four)
+
+
+def test_async_batch_pays_one_rendezvous_and_queued_collectives() -> None:
+    # t_1 + Σ_{i≥2} (t_i − ℓ_i + q)
+    assert async_batch_s([3.0, 2.0, 2.0], [1.0, 1.0, 1.0], 0.5) == pytest.approx(6.0)
+    assert async_batch_s([3.0, 2.0, 2.0], [1.0, 1.0, 1.0], 0.0) == pytest.approx(7.0)
+    assert async_batch_s([], [], 0.5) == 0.0
+
+
+def test_ddp_buckets_pack_gradients_up_to_the_cap() -> None:
+    mib = 2.0**20
+    grads = [(0.25, 0.3 * mib), (0.5, 0.3 * mib), (0.75, 0.6 * mib), (0.9, 20 * mib),
+             (1.0, 10 * mib)]
+    # first bucket closes once it reaches 1 MiB, the next ones at 25 MiB; the rest at the end
+    assert ddp_buckets(grads, 25.0) == ((0.75, 1.2 * mib), (1.0, 30 * mib))
+    assert ddp_buckets(grads, 0.0) == tuple(grads)                   # GPU specs: per segment
+
+
+def test_local_cpu_reduces_a_small_model_in_one_ddp_bucket(tiny) -> None:  # type: ignore[no-untyped-def]
+    from fxplan.cost_model.collectives import collective_time_s
+
+    cluster = Cluster.load("local-cpu:devices=2")
+    assert cluster.device_groups[0].ddp_bucket_mib == 25.0
+    assert Cluster.load("dgx-a100-80g").device_groups[0].ddp_bucket_mib == 0.0
+    unique = sum(p.numel for name, p in tiny.params.items() if not p.tied_to)
+    dp = _estimate(tiny, "dp=2,mb=4")
+    # one all-reduce of the whole gradient (< 1 MiB), exposed after the backward (ω = 0)
+    assert dp.breakdown["dp_comm"] == pytest.approx(
+        collective_time_s("all_reduce", 4 * unique, range(2), cluster))

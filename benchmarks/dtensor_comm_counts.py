@@ -1,0 +1,82 @@
+"""Count the collectives a launched plan really issues per step, and where its gradients live.
+
+    python benchmarks/dtensor_comm_counts.py "tp=2,sp=on,recompute=none" [--ranks 2]
+
+Plans gpt-tiny at global batch 16 on ``local-cpu:devices=N`` under the ``--constrain`` text,
+applies the plan on N gloo ranks (``torch.multiprocessing``, one thread each), runs one
+warm-up step, then counts with DTensor's ``CommDebugMode`` the functional collectives of one
+``train_step`` (forward + backward) and of one ``optimizer.step()`` + ``zero_grad()``, and
+prints the placements of the gradients after the backward. What the cost model prices is in
+``fxplan estimate`` (``tp_comm`` of the breakdown); this script says what the runtime does,
+for the comparison in docs/benchmarks.md (issue 12). Collectives outside DTensor's functional
+ops (DDP's reducer, ``ZeroRedundancyOptimizer``) are not seen by ``CommDebugMode``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections import Counter
+
+import torch
+
+
+def _worker(rank: int, world: int, port: int, constrain: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    import fxplan
+    from fxplan.cli.constraint_text import parse_constraints
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.apply import apply_plan
+    from fxplan.worker import loss_fn
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    plan = fxplan.search("gpt-tiny", f"local-cpu:devices={world}", batch=16,
+                         constraints=parse_constraints(constrain) or None, progress=False)
+    bundle = resolve_model("gpt-tiny")
+    vocab = getattr(bundle.config, "vocab", None) or bundle.config.vocab_size
+    torch.manual_seed(0)
+    tokens, targets = (torch.randint(0, vocab, (16, plan.seq)) for _ in range(2))
+    sharded = apply_plan(bundle.build("cpu"), plan, (tokens,))
+    optimizer = sharded.optimizer(torch.optim.AdamW, lr=1e-3)
+    sharded.train_step(((tokens,), targets), loss_fn)
+    optimizer.step()
+    optimizer.zero_grad()
+    step = CommDebugMode()
+    with step:
+        sharded.train_step(((tokens,), targets), loss_fn)
+    grads = Counter(str(getattr(p.grad, "placements", "plain tensor"))
+                    for p in sharded.parameters() if p.grad is not None)
+    opt = CommDebugMode()
+    with opt:
+        optimizer.step()
+        optimizer.zero_grad()
+    if rank == 0:
+        fb = {str(k).rpartition(".")[2]: v for k, v in step.get_comm_counts().items()}
+        os_ = {str(k).rpartition(".")[2]: v for k, v in opt.get_comm_counts().items()}
+        print(f"plan: {plan.summary}")
+        print(f"forward + backward: {sum(fb.values())} collectives {fb}")
+        print(f"optimizer step: {sum(os_.values())} collectives {os_}")
+        print(f"gradient placements ({len(sharded.parameters())} parameters): {dict(grads)}")
+        print(f"predicted tp_comm {plan.estimate['breakdown'].get('tp_comm', 0.0) * 1e3:.1f} ms")
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("constrain", help="--constrain text, e.g. tp=2,sp=on,recompute=none")
+    parser.add_argument("--ranks", type=int, default=2)
+    args = parser.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import torch.multiprocessing as mp
+
+    mp.spawn(_worker, args=(args.ranks, port, args.constrain), nprocs=args.ranks)
+
+
+if __name__ == "__main__":
+    main()
