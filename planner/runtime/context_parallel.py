@@ -50,9 +50,10 @@ every backend.
 
 **Refusals** (:class:`~fxplan.runtime.offload.RuntimeSupportError`, before any process group):
 a plan with ``cp > 1`` runs at module level only (the graph rewrite has no CP pass); the
-sequence must divide into ``2·cp`` chunks; every repeated block must call causal SDPA (an
-attention spelled out with its own mask, or SDPA given a mask, cannot be reached: named by
-block); the model needs a position site above (or none at all: no position information).
+sequence must divide into ``2·cp`` chunks; every repeated block must call causal SDPA —
+``is_causal=True``, or a ``t × t`` mask that is checked to be the causal one when it runs (an
+attention spelled out with its own masking, or a non-causal one, cannot be reached: named by
+block); the model needs a position site above (else its chunks would not get their positions).
 The examples' GPT with ``attention="math"`` runs its blocks' attention as SDPA under cp (the
 same function; logged as a fallback).
 """
@@ -163,13 +164,34 @@ _SDPA = F.scaled_dot_product_attention
 
 
 def _causal_call(args: tuple, kwargs: dict) -> dict[str, Any] | None:
-    """The arguments of a causal SDPA call without a mask, or ``None`` for any other call."""
+    """The arguments of an SDPA call that may be causal self-attention: ``is_causal=True``
+    without a mask, or a mask over the local ``t × t`` queries and keys (Hugging Face builds
+    one when it cannot prove it may skip it, e.g. on fake tensors; checked to be the causal
+    mask when the call runs, :func:`_require_causal`). ``None`` for any other call."""
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
              "enable_gqa")
     bound = dict(zip(names, args), **kwargs)
-    if not bound.get("is_causal", False) or bound.get("attn_mask") is not None:
-        return None
-    return bound
+    mask = bound.get("attn_mask")
+    if mask is None:
+        return bound if bound.get("is_causal", False) else None
+    square = (bound["query"].size(-2),) * 2
+    return bound if not bound.get("is_causal", False) and tuple(mask.shape[-2:]) == square \
+        else None
+
+
+def _require_causal(mask: torch.Tensor) -> None:
+    """Refuse a mask that is not the plain causal one (boolean ``True`` = attend, or additive
+    ``0`` = attend and a large negative value = masked) on every batch row and head."""
+    t = mask.size(-1)
+    causal = torch.ones(t, t, dtype=torch.bool, device=mask.device).tril()
+    keep = mask if mask.dtype == torch.bool else mask == 0
+    masked_ok = mask.dtype == torch.bool or bool((mask.masked_select(~causal.expand_as(mask))
+                                                  <= torch.finfo(mask.dtype).min / 2).all())
+    if not (bool((keep == causal).all()) and masked_ok):
+        raise RuntimeSupportError("context parallelism runs causal self-attention only: an "
+                                  "attention mask given to scaled_dot_product_attention is not the "
+                                  "causal mask (padding or a custom pattern); re-plan with "
+                                  "--constrain cp=1")
 
 
 class _CPAttentionMode(TorchFunctionMode):
@@ -186,8 +208,11 @@ class _CPAttentionMode(TorchFunctionMode):
             bound = _causal_call(args, kwargs)
             if bound is None:
                 raise RuntimeSupportError("context parallelism reaches causal "
-                                          "scaled_dot_product_attention only (this call has a mask "
-                                          "or is_causal=False)")
+                                          "scaled_dot_product_attention only (this call has "
+                                          "is_causal=False and no t × t mask); re-plan with "
+                                          "--constrain cp=1")
+            if bound.get("attn_mask") is not None:
+                _require_causal(bound["attn_mask"])
             return self.context.attention(bound["query"], bound["key"], bound["value"],
                                           bound.get("dropout_p", 0.0), bound.get("scale"),
                                           bool(bound.get("enable_gqa", False)))
@@ -273,7 +298,7 @@ def check_context_parallel(model: nn.Module, plan: "Plan", microbatch: Sequence[
                 f"cp={cp}: the attention of block {name!r} ({kind}) cannot be reached: context "
                 "parallelism replaces causal F.scaled_dot_product_attention(q, k, v, "
                 f"is_causal=True) calls, and this block makes {causal} such call(s) and {other} "
-                "other SDPA call(s) (an attention spelled out, or SDPA with its own mask); "
+                "other SDPA call(s) (an attention spelled out, or a non-causal SDPA); "
                 "re-plan with --constrain cp=1")
 
 
