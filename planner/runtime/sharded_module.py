@@ -4,7 +4,9 @@ One :class:`ShardedModule` per process holds the pipeline stages of its ``pp`` c
 already tensor-parallel on ``tp`` and data-parallel on ``dp``) and trains them SPMD:
 
 ``train_step((inputs, targets), loss_fn)`` takes the *global* batch (the same on every rank),
-keeps this replica's slice ``[d·B/dp, (d+1)·B/dp)`` along dim 0, runs the plan's schedule over
+keeps this replica's slice ``[d·B/dp, (d+1)·B/dp)`` along dim 0 (with context parallelism the
+CP group's slice ``[g·B/R, (g+1)·B/R)``, ``R = dp/cp``, and this rank's chunks of the sequence:
+:mod:`fxplan.runtime.context_parallel`), runs the plan's schedule over
 ``num_microbatches`` microbatches (forward, loss, backward), sums the gradients of weights shared
 between pipeline ranks, and returns the mean loss ``L = (1/dp) Σ_d (1/m) Σ_j loss(mb_j^d)`` — equal
 to ``loss_fn`` over the global batch when ``loss_fn`` is a mean. The caller steps the optimizer
