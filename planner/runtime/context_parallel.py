@@ -77,11 +77,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from fxplan.core.plan import Plan
 
-__all__ = ["CP_ATTENTION", "ContextParallel", "check_context_parallel", "cp_degree",
+__all__ = ["ContextParallel", "check_context_parallel", "cp_degree",
            "local_positions", "build_context_parallel", "block_attention_calls", "install"]
-
-#: The attention the runtime implements for ``cp > 1`` (the plan's ``cp_attention``).
-CP_ATTENTION = "allgather"
 
 #: Names of learned position embeddings whose index the runtime maps to global positions.
 POSITION_EMBEDDINGS = ("wpe", "position_embeddings", "embed_positions", "pos_emb")

@@ -14,6 +14,8 @@ CASES = {
     "llama_cp2": ("llama", 2, dict(dp=2)),
     "llama_dp2_cp2": ("llama", 2, dict(dp=4)),
     "llama_cp2_tp2": ("llama", 2, dict(dp=2, tp=2)),
+    "gpt_dp2_cp2_zero3_recompute": ("gpt", 2, dict(dp=4, zero=3, recompute="full")),
+    "llama_pp2_cp2": ("llama", 2, dict(pp=2, dp=2, num_microbatches=2, schedule="gpipe")),
 }
 
 
