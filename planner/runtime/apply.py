@@ -38,8 +38,11 @@ from fxplan.passes.rewrite.recompute import Recompute
 from fxplan.passes.rewrite.reshard import InsertReshards
 from fxplan.passes.rewrite.stages import SplitStages, StagedProgram
 from fxplan.runtime.build import InitSource, has_meta, init_values, materialize
+from fxplan.runtime.context_parallel import (build_context_parallel, check_context_parallel,
+                                             cp_degree)
 from fxplan.runtime.data_parallel import apply_data_parallel
 from fxplan.runtime.mesh import build_mesh, device_type
+from fxplan.runtime.offload import RuntimeSupportError
 from fxplan.runtime.module_apply import ModuleLevel, build_module_stages, module_level_plan
 from fxplan.runtime.pipeline import local_stage_indices
 from fxplan.runtime.precision import Precision
@@ -121,18 +124,31 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     inputs = _as_tuple(inputs)
     fallbacks: list[str] = []
     decided = None
+    cp = cp_degree(plan)
+    if cp > 1:  # context parallelism runs at module level only, on s/cp-token chunks
+        if path == "graph":
+            raise RuntimeSupportError(f"cp={cp} runs at module level only (the graph rewrite "
+                                      "has no context-parallel pass); use path='module' or 'auto'")
+        inputs = tuple(x.narrow(1, 0, x.size(1) // cp) if x.dim() > 1 and x.size(1) == plan.seq
+                       else x for x in inputs)
     if path != "graph":
         try:
             decided = module_level_plan(model, plan, inputs)
         except NotExpressible as why:
+            if cp > 1:
+                raise RuntimeSupportError(f"cp={cp} runs at module level only, and the module "
+                                          f"level cannot run this plan: {why}") from why
             if path == "module":
                 raise PassError("module-apply", f"the plan cannot run on the module: {why}") from why
             line = f"[module-apply] {why}: the plan runs as the graph rewrite"
             logger.warning("fxplan runtime fallback: %s", line)
             fallbacks.append(line)
     if decided is not None:
+        if cp > 1:
+            microbatch = tuple(x[: plan.microbatch_size] for x in inputs)
+            check_context_parallel(model, plan, microbatch, decided.probe.blocks, fallbacks)
         sharded = _apply_module_level(model, plan, decided, ranks, init, on_meta, checkpoint,
-                                      precision)
+                                      precision, fallbacks)
     else:
         sharded = _apply_graph(model, plan, inputs, ranks, debug, init, on_meta, checkpoint,
                                fallbacks, precision)
@@ -157,19 +173,19 @@ def _member_setup(plan: "Plan", ranks: Sequence[int] | None
 
 def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                         ranks: Sequence[int] | None, init: InitSource, on_meta: bool,
-                        checkpoint: str | None, precision: Precision | None
-                        ) -> ShardedModule | None:
+                        checkpoint: str | None, precision: Precision | None,
+                        fallbacks: list[str]) -> ShardedModule | None:
     mesh, group, pp_rank, device = _member_setup(plan, ranks)
     tied = TiedGradSync(plan, mesh, {})
+    context = build_context_parallel(plan, mesh)   # collective: every process, cp > 1 only
     if pp_rank is None:
         return None
     values = init_values(init) if on_meta and checkpoint is None else None
-    fallbacks: list[str] = []
     stages = build_module_stages(model, plan, decided, mesh, local_stage_indices(plan, pp_rank),
-                                 device, values, fallbacks, precision)
+                                 device, values, fallbacks, precision, context)
     del values
     return ShardedModule(plan, mesh, stages, decided.stage_io, tied, group, device,
-                         fallbacks=fallbacks, path="module")
+                         fallbacks=fallbacks, path="module", context=context)
 
 
 def _traced_program(model: nn.Module, plan: "Plan", inputs: tuple,

@@ -4,7 +4,9 @@ synthetic batches, or a user hook.
 Every source answers ``batch(step, start, stop)``: the samples ``start … stop-1`` of the global
 batch of ``step`` (0-based), as ``(inputs, targets)``. A rank asks only for its data-parallel
 replica's slice ``[d·B/dp, (d+1)·B/dp)`` and only when it runs the first or the last pipeline
-stage (which consume inputs and targets); the other ranks read nothing.
+stage (which consume inputs and targets); the other ranks read nothing. With context
+parallelism the ``cp`` ranks of a CP group read their group's slice ``[g·B/R, (g+1)·B/R)``
+(``R = dp/cp``) and keep their chunks of the sequence (:mod:`fxplan.runtime.context_parallel`).
 
 **Token file** (nanoGPT's / Megatron's flat ``.bin``: token ids as ``uint16`` or ``uint32``,
 memory-mapped, never read whole). It is cut into ``W = ⌊(N − 1) / s⌋`` windows of ``s + 1``

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from fxplan.runtime.build import materialize
+from fxplan.runtime.context_parallel import install
 from fxplan.runtime.data_parallel import apply_data_parallel
 from fxplan.runtime.module_probe import ModuleProbe, model_output, probe_module
 from fxplan.runtime.module_recompute import apply_recompute
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from fxplan.core.plan import Plan
     from fxplan.passes.rewrite.stages import StageIO
+    from fxplan.runtime.context_parallel import ContextParallel
     from fxplan.runtime.precision import Precision
     from fxplan.runtime.sharded_module import LocalStage
 
@@ -183,9 +185,11 @@ def module_level_plan(model: nn.Module, plan: "Plan",
 def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                         mesh: "DeviceMesh", indices: Sequence[int], device: torch.device,
                         values: Mapping[str, torch.Tensor] | None, fallbacks: list[str],
-                        precision: "Precision | None" = None) -> list["LocalStage"]:
+                        precision: "Precision | None" = None,
+                        context: "ContextParallel | None" = None) -> list["LocalStage"]:
     """This rank's stages ``indices``, each parallelized as planned (module docstring), in
-    ``precision`` (:mod:`fxplan.runtime.precision`; default fp32)."""
+    ``precision`` (:mod:`fxplan.runtime.precision`; default fp32); ``context``: this rank's
+    context-parallel group (positions and attention hooked: :mod:`fxplan.runtime.context_parallel`)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     from fxplan.runtime.sharded_module import LocalStage
@@ -210,6 +214,8 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             names = {id(t): n for n, t in [*inner.named_parameters(remove_duplicate=False),
                                            *inner.named_buffers(remove_duplicate=False)]}
             materialize(inner, names, device, values)
+        if context is not None:  # before recompute: a recomputed block re-enters the CP attention
+            install(context, inner, blocks)
         apply_recompute(blocks, [plan.recompute(first_block + i) for i in range(len(blocks))])
         inner.register_forward_hook(_output_tensor)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks,

@@ -4,7 +4,9 @@ One :class:`ShardedModule` per process holds the pipeline stages of its ``pp`` c
 already tensor-parallel on ``tp`` and data-parallel on ``dp``) and trains them SPMD:
 
 ``train_step((inputs, targets), loss_fn)`` takes the *global* batch (the same on every rank),
-keeps this replica's slice ``[d·B/dp, (d+1)·B/dp)`` along dim 0, runs the plan's schedule over
+keeps this replica's slice ``[d·B/dp, (d+1)·B/dp)`` along dim 0 (with context parallelism the
+CP group's slice ``[g·B/R, (g+1)·B/R)``, ``R = dp/cp``, and this rank's chunks of the sequence:
+:mod:`fxplan.runtime.context_parallel`), runs the plan's schedule over
 ``num_microbatches`` microbatches (forward, loss, backward), sums the gradients of weights shared
 between pipeline ranks, and returns the mean loss ``L = (1/dp) Σ_d (1/m) Σ_j loss(mb_j^d)`` — equal
 to ``loss_fn`` over the global batch when ``loss_fn`` is a mean. The caller steps the optimizer
@@ -41,6 +43,7 @@ from fxplan.runtime.tied import TiedGradSync
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.passes.rewrite.stages import StageIO
     from fxplan.core.plan import Plan
+    from fxplan.runtime.context_parallel import ContextParallel
 
 __all__ = ["LocalStage", "ShardedModule"]
 
@@ -61,8 +64,8 @@ class ShardedModule:
 
     def __init__(self, plan: "Plan", mesh: DeviceMesh, stages: Sequence[LocalStage],
                  stage_io: Sequence["StageIO"], tied: TiedGradSync, group: dist.ProcessGroup,
-                 device: torch.device, fallbacks: Sequence[str] = (), path: str = "graph"
-                 ) -> None:
+                 device: torch.device, fallbacks: Sequence[str] = (), path: str = "graph",
+                 context: "ContextParallel | None" = None) -> None:
         self.plan, self.mesh, self.stages = plan, mesh, list(stages)
         self.stage_io, self.tied, self.group, self.device = stage_io, tied, group, device
         coordinate = mesh.get_coordinate()
@@ -74,6 +77,8 @@ class ShardedModule:
         #: ``module`` (the user's module, PyTorch's parallel pieces) or ``graph`` (the rewrite)
         self.path = path
         self._schedule_for: tuple[Callable[..., torch.Tensor], Any] | None = None
+        #: this rank's context-parallel group (``cp > 1``: :mod:`fxplan.runtime.context_parallel`)
+        self.context = context
 
     @property
     def fallbacks(self) -> list[str]:
@@ -125,13 +130,26 @@ class ShardedModule:
             self._schedule_for = (loss_fn, schedule)
         return self._schedule_for[1]
 
+    def _replicas(self) -> tuple[int, int]:
+        """``(dp/cp, g)``: replicas reading different samples, and this rank's (``g = d/cp``)."""
+        cp = self.context.cp if self.context is not None else 1
+        return self.plan.dp // cp, self.coordinate["dp"] // cp
+
     def _local(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.chunk(self.plan.dp)[self.coordinate["dp"]].to(self.device)
+        replicas, index = self._replicas()
+        return tensor.chunk(replicas)[index].to(self.device)
+
+    def _sequence(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This CP rank's two sequence chunks (``cp > 1``), else ``tensor``."""
+        return tensor if self.context is None else self.context.split(tensor)
 
     def replica_slice(self) -> tuple[int, int]:
-        """This replica's samples ``[start, stop)`` of the global batch: ``d·B/dp … (d+1)·B/dp``."""
-        size = self.plan.batch // self.plan.dp
-        start = self.coordinate["dp"] * size
+        """This replica's samples ``[start, stop)`` of the global batch: ``g·B/R … (g+1)·B/R``
+        for ``R = dp/cp`` replicas (``g = d`` without context parallelism; the ``cp`` ranks of
+        a CP group read the same samples and keep their chunks of the sequence)."""
+        replicas, index = self._replicas()
+        size = self.plan.batch // replicas
+        start = index * size
         return start, start + size
 
     def train_step(self, batch: tuple[Any, torch.Tensor],
@@ -143,7 +161,8 @@ class ShardedModule:
         that run neither the first nor the last stage may then pass ``((), None)``."""
         inputs, targets = batch
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-        place = (lambda x: x.to(self.device)) if local else self._local
+        move = (lambda x: x.to(self.device)) if local else self._local
+        place = lambda x: self._sequence(move(x))  # noqa: E731
         args = tuple(place(x) for x in inputs) if self.is_first else ()
         losses: list[torch.Tensor] = []
         kwargs = dict(target=place(targets), losses=losses) if self.is_last else {}

@@ -123,12 +123,16 @@ def precision_facts(sharded: Any, optimizer: torch.optim.Optimizer) -> dict[str,
 
 def trainer_matches_reference(plan_kwargs: dict[str, Any], token_file: str,
                               config: dict[str, Any], dtype: str = "fp32",
-                              model: str | None = None) -> dict[str, Any] | None:
+                              model: str | None = None, cp: int = 1) -> dict[str, Any] | None:
     """Train under the plan with :func:`fxplan.runtime.trainer.train` in ``dtype``
     (:mod:`fxplan.runtime.precision`); rank 0 reports the curves of both, the largest relative
     differences, and the dtypes seen (Linear outputs, parameters, optimizer state). ``model``:
-    ``"llama"`` for the tiny ``hf:llama`` of :mod:`rt_module_cases` (default the tiny GPT)."""
+    ``"llama"`` for the tiny ``hf:llama`` of :mod:`rt_module_cases` (default the tiny GPT);
+    ``cp``: the plan's context-parallel degree (:func:`rt_cp_cases.with_cp`)."""
+    from rt_cp_cases import with_cp
+
     plan = make_plan(**plan_kwargs) if model is None else llama_plan(**plan_kwargs)
+    plan = with_cp(plan, cp) if cp > 1 else plan
     layers = plan_kwargs.get("layers", 2)
     cfg = TrainConfig(**config)
     build = (lambda: build_model(layers)) if model is None else llama_model

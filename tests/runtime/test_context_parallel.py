@@ -1,0 +1,96 @@
+"""Context parallelism (``cp = 2``) trains like one process: the tiny GPT (module level, its
+math attention run as SDPA) and the tiny ``hf:llama`` (RoPE, grouped-query SDPA) on pooled gloo
+ranks, 3 SGD steps in fp32, losses and every gathered parameter within the numerics tests'
+relative 1e-5 (:mod:`fxplan.runtime.context_parallel`)."""
+
+from __future__ import annotations
+
+import pytest
+
+#: ``(model, cp, plan kwargs)``: dp counts every data rank, cp of them per CP group.
+CASES = {
+    "gpt_cp2": ("gpt", 2, dict(dp=2)),
+    "gpt_dp2_cp2": ("gpt", 2, dict(dp=4)),
+    "llama_cp2": ("llama", 2, dict(dp=2)),
+    "llama_dp2_cp2": ("llama", 2, dict(dp=4)),
+    "llama_cp2_tp2": ("llama", 2, dict(dp=2, tp=2)),
+    "gpt_dp2_cp2_zero3_recompute": ("gpt", 2, dict(dp=4, zero=3, recompute="full")),
+    "llama_pp2_cp2": ("llama", 2, dict(pp=2, dp=2, num_microbatches=2, schedule="gpipe")),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cp_matches_single_process(rank_pool, name):
+    model, cp, kwargs = CASES[name]
+    if model == "llama":
+        pytest.importorskip("transformers")
+    report = rank_pool.run("rt_cp_cases:cp_matches_reference", model=model, cp=cp,
+                           plan_kwargs=kwargs)[0]
+    print(f"{name}: loss error {report['loss_error']:.2g}, parameter error "
+          f"{report['param_error']:.2g}, {report['local_tokens']} tokens per rank")
+    assert report["path"] == "module", report
+    assert not report["missing"], report
+    assert report["loss_error"] <= 1e-5, report
+    assert report["param_error"] <= 1e-5, report
+    assert report["losses"][-1] < report["losses"][0], report
+
+
+def test_load_balanced_chunks():
+    """Rank r holds chunks r and 2·cp−1−r; the ranks' positions together are the sequence."""
+    from fxplan.runtime.context_parallel import local_positions
+    from fxplan.runtime.offload import RuntimeSupportError
+
+    assert local_positions(8, 2, 0).tolist() == [0, 1, 6, 7]
+    assert local_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
+    every = sorted(p for r in range(4) for p in local_positions(16, 4, r).tolist())
+    assert every == list(range(16))
+    with pytest.raises(RuntimeSupportError, match="2·cp = 4"):
+        local_positions(10, 2, 0)
+
+
+def _cp_plan(**kwargs):
+    from rt_cp_cases import with_cp
+    from rt_plans import make_plan
+
+    return with_cp(make_plan(dp=2, **kwargs), 2)
+
+
+def test_attention_spelled_out_is_refused_before_launch():
+    """A block whose attention is not a causal SDPA call is refused, naming the block (no
+    process group is needed: the check runs before any)."""
+    from fxplan.runtime.apply import apply_plan
+    from fxplan.runtime.offload import RuntimeSupportError
+    from rt_plans import build_model, fixed_batch
+
+    plan = _cp_plan()
+    model = build_model(2)
+    for block in model.h:  # another class: the runtime does not switch it to its SDPA branch
+        block.attn.__class__ = type("SpelledOutAttention", (type(block.attn),), {})
+    with pytest.raises(RuntimeSupportError, match=r"block 'h\.0' \(Block\) cannot be reached"):
+        apply_plan(model, plan, fixed_batch(plan)[0])
+
+
+def test_graph_path_is_refused():
+    from fxplan.runtime.apply import apply_plan
+    from fxplan.runtime.offload import RuntimeSupportError
+    from rt_plans import build_model, fixed_batch
+
+    plan = _cp_plan()
+    with pytest.raises(RuntimeSupportError, match="module level only"):
+        apply_plan(build_model(2), plan, fixed_batch(plan)[0], path="graph")
+
+
+def test_trainer_reads_group_samples_and_chunks(rank_pool, token_file):
+    """The launch trainer under dp=4, cp=2 (2 CP groups of 2) on the tiny Llama: each group
+    reads its half of the token file's global batch (``replica_slice``), each rank its chunks
+    of the sequence; 10 steps give one process's curve."""
+    pytest.importorskip("transformers")
+    config = dict(steps=10, optimizer="sgd", lr=0.5, warmup_steps=2, grad_clip=1.0,
+                  weight_decay=0.0)
+    report = rank_pool.run("rt_trainer_cases:trainer_matches_reference",
+                           plan_kwargs=dict(dp=4, microbatch_size=2, num_microbatches=2),
+                           token_file=token_file, config=config, model="llama", cp=2)[0]
+    print(f"trainer dp=4 cp=2: loss error {report['loss_error']:.2g}, grad-norm error "
+          f"{report['norm_error']:.2g}")
+    assert report["batch"] == 8 and report["path"] == "module", report
+    assert report["loss_error"] <= 1e-5 and report["norm_error"] <= 1e-5, report
