@@ -1,16 +1,17 @@
 """What-if probes of the H100 table's gap (``benchmarks/h100_table.py``): not predictions.
 
+    python benchmarks/h100_table_probe.py                            # r per row
     python benchmarks/h100_table_probe.py --matmul-half-flops 6e10   # a later GEMM knee
-    python benchmarks/h100_table_probe.py --tp-comm-hidden           # tp comm off the path
+    python benchmarks/h100_table_probe.py --no-tp-overlap            # tp comm fully exposed
 
-``--matmul-half-flops F``: the H100 matmul efficiency curve's ``half_flops`` set to ``F``
-(``cost_model/data/efficiency.json`` has 6e9) — does a GEMM-size effect explain the small
-rows? ``--tp-comm-hidden``: the tensor-parallel collectives taken off the critical path
-(as ``--tp-comm-overlap`` aims to), to see the compute the model predicts against the
-published step time; each row then prints ``r = (T_published − T_other) / (compute +
-bubble)``, the factor by which the published run is slower than the predicted compute
-(``T_other``: the predicted step time less compute and bubble). Both patch the model in
-this process only.
+Each row prints ``r = (T_published − T_other) / (compute + bubble)``, the factor by which the
+published run is slower than the predicted compute (``T_other``: the predicted step time less
+compute and bubble, i.e. exposed communication, imbalance, optimizer), from the estimate's
+breakdown. ``--matmul-half-flops F``: the H100 matmul efficiency curve's ``half_flops`` set
+to ``F`` (``cost_model/data/efficiency.json`` has 6e9; the parsed data of this process only)
+— does a GEMM-size effect explain the small rows? ``--no-tp-overlap``: the published
+configurations priced without ``tp_overlap`` (``h100_table.predict(..., tp_overlap=False)``),
+the tensor-parallel collectives fully on the critical path.
 """
 
 from __future__ import annotations
@@ -34,26 +35,15 @@ def _table():  # type: ignore[no-untyped-def]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--matmul-half-flops", type=float, default=None)
-    parser.add_argument("--tp-comm-hidden", action="store_true")
+    parser.add_argument("--no-tp-overlap", action="store_true")
     args = parser.parse_args()
     table = _table()
     if args.matmul_half_flops is not None:
         from fxplan.cost_model.efficiency import load_efficiency
 
         load_efficiency().devices["h100"]["matmul"]["half_flops"] = args.matmul_half_flops
-    if args.tp_comm_hidden:
-        import fxplan.cost_model.stage_costs as stage_costs
-
-        chunk_times = stage_costs._chunk_times
-
-        def hidden(*a, **k):  # type: ignore[no-untyped-def]
-            forward, backward = chunk_times(*a, **k)
-            forward[1] = backward[1] = 0.0  # [compute, tp, zero]: tp off the critical path
-            return forward, backward
-
-        stage_costs._chunk_times = hidden
     for row in table.load_rows():
-        pr = table.predict(row, table.capture_row(row))
+        pr = table.predict(row, table.capture_row(row), tp_overlap=not args.no_tp_overlap)
         e = pr.estimate
         compute = e.breakdown["compute"] + e.breakdown["bubble"]
         r = (row.implied_step_time_s - (e.step_time_s - compute)) / compute

@@ -28,11 +28,15 @@ dgx-a100-80g.yaml`` and ``cost_model/data/efficiency.json`` (see ``docs/cost_mod
 from __future__ import annotations
 
 import argparse
-import csv
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared driver, by file path too
+import published_table  # noqa: E402
+from published_table import Prediction  # noqa: E402,F401  (re-exported for the tests)
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE1 = REPO / "benchmarks" / "data" / "megatron_sc21_table1.csv"
@@ -78,56 +82,26 @@ class Row:
 
 
 def load_rows(path: Path = TABLE1) -> list[Row]:
-    with path.open() as handle:
-        return [Row(float(r["params_billion"]), int(r["heads"]), int(r["hidden"]),
-                    int(r["layers"]), int(r["tensor_parallel"]), int(r["pipeline_parallel"]),
-                    int(r["gpus"]), int(r["global_batch"]), float(r["tflops_per_gpu"]))
-                for r in csv.DictReader(handle)]
+    return published_table.read_rows(path, lambda r: Row(
+        float(r["params_billion"]), int(r["heads"]), int(r["hidden"]), int(r["layers"]),
+        int(r["tensor_parallel"]), int(r["pipeline_parallel"]), int(r["gpus"]),
+        int(r["global_batch"]), float(r["tflops_per_gpu"])))
 
 
 def chunks_for(row: Row, microbatches: int) -> int:
     """The interleaving ``v`` of the rule in the module docstring."""
-    if row.pp == 1 or microbatches % row.pp:
-        return 1
-    return max(v for v in range(1, MAX_CHUNKS + 1) if row.layers % (row.pp * v) == 0)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    row: Row
-    microbatch: int
-    chunks: int
-    estimate: Any
-    seconds: float
-
-    @property
-    def error(self) -> float:
-        """(predicted − published) / published."""
-        return self.estimate.step_time_s / self.row.implied_step_time_s - 1
+    return published_table.chunks_for(row, microbatches, MAX_CHUNKS)
 
 
 def predict(row: Row, graph: Any, cluster: Any = None) -> Prediction:
     """Estimate ``row``'s published configuration (module docstring) on ``graph``."""
     from fxplan.cluster_specs import Cluster
-    from fxplan.core.config import Schedule
-    from fxplan.cost_model import ParallelConfig, estimate
+    from fxplan.cost_model import estimate
 
     cluster = cluster or Cluster.load(f"dgx-a100-80g:nodes={row.gpus // 8}")
-    best = None
-    start = time.perf_counter()
-    for mb in MICROBATCHES:
-        if row.batch % (row.dp * mb):
-            continue
-        v = chunks_for(row, row.batch // (row.dp * mb))
-        schedule = Schedule("interleaved", v) if v > 1 else Schedule("1f1b")
-        config = ParallelConfig(dp=row.dp, tp=row.tp, pp=row.pp, microbatch_size=mb,
-                                schedule=schedule, zero_stage=0, recompute="full")
-        result = estimate(graph, cluster, config, batch=row.batch, seq=SEQ)
-        if result.fits and (best is None or result.step_time_s < best[2].step_time_s):
-            best = (mb, v, result)
-    if best is None:
-        raise RuntimeError(f"{row.preset}: no microbatch size fits")
-    return Prediction(row, best[0], best[1], best[2], time.perf_counter() - start)
+    return published_table.fastest_fit(
+        row, lambda config: estimate(graph, cluster, config, batch=row.batch, seq=SEQ),
+        microbatches=MICROBATCHES, max_chunks=MAX_CHUNKS, zero_stage=0)
 
 
 def capture_row(row: Row) -> Any:

@@ -25,7 +25,10 @@ replicated ops run on ``1/t`` of the sequence too):
   under ``fp8`` the linear layers' products are priced by :mod:`cost_model.fp8` instead;
   backward — all-reduce of each column-parallel input gradient (sequence parallel:
   reduce-scatter, plus an all-gather of each row-parallel output gradient); full recompute
-  repeats the forward ones. Priced placements (:mod:`cost_model.priced_layout`) instead
+  repeats the forward ones. With sequence parallelism each collective of a linear layer also
+  carries the seconds of the GEMM it can be pipelined with (``tp_forward_gemm_s``,
+  ``tp_backward_gemm_s``, 0 for the others): the layer's forward GEMM, or one of its two
+  backward GEMMs (``tp_overlap``, :mod:`cost_model.stage_costs`). Priced placements (:mod:`cost_model.priced_layout`) instead
   contribute the collectives of ``reshard_cost`` on every edge whose tp placement changes,
   forward and backward (:mod:`cost_model.edge_reshard`), and split exactly the nodes their
   placements split;
@@ -107,6 +110,8 @@ class SegmentCost:
     output_bytes: float
     matmul_flops: float
     recompute_flops: float
+    tp_forward_gemm_s: tuple[float, ...] = ()
+    tp_backward_gemm_s: tuple[float, ...] = ()
 
     @property
     def param_count(self) -> float:
@@ -233,8 +238,11 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     tp_fwd: list[tuple[str, float]] = []
     tp_bwd: list[tuple[str, float]] = []
     params: dict[str, float] = {}
+    gemm_fwd: list[float] = []
+    gemm_bwd: list[float] = []
     for name in names:
         info = infos[name]
+        fwd = bwd = 0.0
         if fused is None or name not in fused.nodes:
             # One pricing path with the intra-op solver: node_time_s on this rank's share.
             shard = _divisor(name, layout, tp, sp) / scale
@@ -260,13 +268,20 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
         if mesh is not None:
             _edge_collectives(graph, name, layout, scale, mesh, tp_fwd, tp_bwd)
         elif tp > 1:
+            n_fwd, n_bwd = len(tp_fwd), len(tp_bwd)
             _tp_collectives(graph, name, layout, scale, sp, tp_fwd, tp_bwd)
+            # the GEMM each sequence-parallel collective can pipeline with: the node's forward
+            # GEMM, or one of its two equal backward GEMMs (compute.BACKWARD["matmul"])
+            gemm = sp and info.op_class in MATMUL_CLASSES
+            gemm_fwd += [fwd if gemm else 0.0] * (len(tp_fwd) - n_fwd)
+            gemm_bwd += [bwd / 2 if gemm else 0.0] * (len(tp_bwd) - n_bwd)
         for param in used_params(graph.nodes_by_name[name], graph):
             canonical = graph.params[param].tied_to or param
             split = tp if param in layout.sharded_params else 1
             params[canonical] = graph.params[param].numel / split
     if policy == "full":
         tp_bwd = tp_fwd + tp_bwd
+        gemm_bwd = gemm_fwd + gemm_bwd
     activations = segment_activations(graph, names, layout, tp=tp,
                                       sequence_parallel=sp and not layout.priced, recompute=policy,
                                       fused=fused)
@@ -275,7 +290,8 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     split_output = layout.is_sharded(names[-1]) if layout.priced and names else sp
     output = tensor_bytes(infos[names[-1]]) * scale / (tp if split_output else 1) if names else 0.0
     return SegmentCost(forward, backward, recompute, tuple(tp_fwd), tuple(tp_bwd), activations,
-                       params, output, flops, recompute_flops)
+                       params, output, flops, recompute_flops, tuple(gemm_fwd),
+                       tuple(gemm_bwd))
 
 
 def _fused_times(fused: FusedAttention, info: Any, device: DeviceGroup,

@@ -10,7 +10,10 @@ of layers (``ParallelConfig.layers_per_stage``); ``pre`` joins virtual stage 0 a
 the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
 
 - compute: forward ``Σ f_seg``; backward ``Σ (b_seg + r_seg)`` (recompute runs first);
-- tp: the segments' collectives over the stage's tp group (on the critical path);
+- tp: the segments' collectives over the stage's tp group (on the critical path); under
+  ``tp_overlap`` (Megatron-Core ``--tp-comm-overlap``) each sequence-parallel all-gather or
+  reduce-scatter of a linear layer only by what exceeds the GEMM it is pipelined with,
+  ``max(0, t_comm − t_gemm)`` (:func:`_exposed`);
 - ZeRO-3: each segment all-gathers its weights (``k_p·Ψ_seg`` bytes) before its forward and
   again before its backward, and reduce-scatters its gradients (``k_g·Ψ_seg``) after it,
   prefetched one segment ahead; the first gather and the last reduce-scatter of a chunk
@@ -144,6 +147,17 @@ def _price(events: Iterable[tuple[str, float]], group: tuple[int, ...],
     return sum(_collective(kind, nbytes, group, cluster) for kind, nbytes in events)
 
 
+def _exposed(events: Sequence[tuple[str, float]], gemm_s: Sequence[float],
+             group: tuple[int, ...], cluster: Cluster) -> float:
+    """Tensor-parallel communication left on the critical path under ``tp_overlap``: each
+    collective ``i`` pipelined with its GEMM (``gemm_s[i]``, 0 where it has none) costs
+    ``max(0, t_i − g_i)``: chunk ``k`` of the GEMM runs while chunk ``k+1`` is exchanged, so
+    the pair takes ``max(t_i, g_i)`` and only communication longer than its GEMM shows."""
+    hide = list(gemm_s) + [0.0] * (len(events) - len(gemm_s))
+    return sum(max(0.0, _collective(kind, nbytes, group, cluster) - g)
+               for (kind, nbytes), g in zip(events, hide))
+
+
 def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster,
                  config: ParallelConfig,
                  optimizer: OptimizerSpec) -> StagePlan:
@@ -238,8 +252,12 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
     for seg in segs:
         f[0] += seg.forward_s
         b[0] += seg.backward_s + seg.recompute_s
-        f[1] += _price(seg.tp_forward, tp_group, cluster)
-        b[1] += _price(seg.tp_backward, tp_group, cluster)
+        if config.tp_comm_overlap:
+            f[1] += _exposed(seg.tp_forward, seg.tp_forward_gemm_s, tp_group, cluster)
+            b[1] += _exposed(seg.tp_backward, seg.tp_backward_gemm_s, tp_group, cluster)
+        else:
+            f[1] += _price(seg.tp_forward, tp_group, cluster)
+            b[1] += _price(seg.tp_backward, tp_group, cluster)
     if config.zero_stage == 3 and config.dp > 1:
         gather, scatter = [], []
         for seg in segs:

@@ -14,14 +14,18 @@ The one-line form is the edge to text: what ``fxplan estimate --config`` takes, 
 :meth:`ParallelConfig.parse` reads and :meth:`ParallelConfig.to_string` writes::
 
     dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off
-    [,m=96][,stages=3/3/2/2][,offload=optimizer][,fp8=on][,cp=1][,ep=1]
+    [,m=96][,stages=3/3/2/2][,offload=optimizer][,fp8=on][,cp=1][,ep=1][,tp_overlap=on]
 
 ``offload`` (:data:`OFFLOAD_POLICIES`) puts the optimizer states, or the optimizer states and
 the ZeRO-3 parameter shards, in host memory; ``fp8`` runs the matrix products in FP8 (the cost
 model's :mod:`fxplan.cost_model.fp8` says what that assumes); ``ep`` (expert parallelism, a
 divisor of ``dp``: :mod:`fxplan.cost_model.expert_parallel`) splits a mixture of experts'
 experts over ``ep`` of the data-parallel ranks; ``cp`` (context parallelism) is in the schema
-at 1 and refused otherwise until it is searched.
+at 1 and refused otherwise until it is searched. ``tp_overlap`` says the runtime overlaps the
+sequence-parallel all-gathers and reduce-scatters with their adjacent GEMMs (Megatron-Core's
+``--tp-comm-overlap``, Transformer Engine's userbuffers); the cost model then prices each such
+collective as ``max(0, t_comm − t_gemm)`` (:mod:`fxplan.cost_model.stage_costs`). The search
+never sets it: fxplan's own runtime does not overlap tensor-parallel communication.
 
 and :meth:`ParallelConfig.summary` prints ``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 |
 recompute=full | sp=off``.
@@ -74,6 +78,7 @@ _KEYS: dict[str, str] = {
     "schedule": "schedule", "zero": "zero_stage", "zero_stage": "zero_stage",
     "recompute": "recompute", "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel",
     "stages": "stage_layers", "cp": "cp", "ep": "ep", "offload": "offload", "fp8": "fp8",
+    "tp_overlap": "tp_comm_overlap", "tp_comm_overlap": "tp_comm_overlap",
 }
 
 
@@ -191,6 +196,7 @@ class ParallelConfig:
     ep: int = 1
     offload: str = "none"
     fp8: bool = False
+    tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in UNSEARCHED_DEGREES:
@@ -205,6 +211,16 @@ class ParallelConfig:
                 "layer (FSDP2's CPU offload, DeepSpeed's offload_param)")
         if not isinstance(self.fp8, bool):
             raise CostModelError(f"fp8 must be True or False, got {self.fp8!r}")
+        if not isinstance(self.tp_comm_overlap, bool):
+            raise CostModelError(f"tp_comm_overlap must be True or False, got "
+                                 f"{self.tp_comm_overlap!r}")
+        if self.tp_comm_overlap and not (self.sequence_parallel and self.tp > 1):
+            raise CostModelError(
+                f"tp_overlap=on needs tp > 1 and sp=on (got tp={self.tp}, "
+                f"sp={'on' if self.sequence_parallel else 'off'}): the overlap splits the "
+                "sequence-parallel all-gather and reduce-scatter into chunks pipelined with the "
+                "adjacent GEMM (Megatron-Core --tp-comm-overlap requires "
+                "--sequence-parallel)")
         for name in ("dp", "tp", "pp", "microbatch_size", "ep"):
             _positive_int(name, getattr(self, name))
         if self.dp % self.ep:
@@ -262,13 +278,13 @@ class ParallelConfig:
         """Read ``"dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off"``.
 
         Keys: ``dp tp pp mb m schedule zero recompute sp stages`` (``stages=3/3/2/2``),
-        and ``cp ep offload fp8`` (``offload=optimizer``, ``fp8=on``; absent: 1, 1, ``none``,
-        off); unknown or repeated keys are errors.
+        and ``cp ep offload fp8 tp_overlap`` (``offload=optimizer``, ``fp8=on``,
+        ``tp_overlap=on``; absent: 1, 1, ``none``, off, off); unknown or repeated keys are errors.
         """
         if not isinstance(text, str) or not text.strip():
             raise CostModelError(f"config {text!r}: expected key=value,... with keys dp, tp, pp, "
                                  "mb, m, schedule, zero, recompute, sp, stages, cp, ep, offload, "
-                                 "fp8 (e.g. "
+                                 "fp8, tp_overlap (e.g. "
                                  "\"dp=4,tp=2,mb=1\")")
         values: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in text.replace(" ", ",").split(","))):
@@ -278,13 +294,13 @@ class ParallelConfig:
                 raise CostModelError(
                     f"config {text!r}: cannot read {item!r}; expected key=value with keys "
                     "dp, tp, pp, mb, m, schedule, zero, recompute, sp, stages, cp, ep, offload, "
-                    "fp8"
+                    "fp8, tp_overlap"
                 )
             name = _KEYS[key]
             if name in values:
                 raise CostModelError(f"config {text!r}: {key} is given twice")
             value = value.strip()
-            if name in ("sequence_parallel", "fp8"):
+            if name in ("sequence_parallel", "fp8", "tp_comm_overlap"):
                 values[name] = _parse_bool(key, value)
             elif name == "offload":
                 values[name] = value.lower()
@@ -324,6 +340,8 @@ class ParallelConfig:
             out["offload"] = self.offload
         if self.fp8:
             out["fp8"] = "on"
+        if self.tp_comm_overlap:
+            out["tp_overlap"] = "on"
         return out
 
     def summary(self, *, recompute: str | None = None) -> str:

@@ -117,6 +117,11 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     from fxplan.runtime.offload import check_runnable
 
     check_runnable(plan, "gpu" if torch.cuda.is_available() else "cpu")   # offload, fp8
+    if getattr(plan.config, "tp_comm_overlap", False):
+        logger.warning("fallback: the plan was priced with tp_overlap=on (tensor-parallel "
+                       "collectives pipelined with their GEMMs, Megatron-Core "
+                       "--tp-comm-overlap); this runtime issues them without overlap, so their "
+                       "full time is on the step's critical path")
     model = apply_fp8(model, plan)   # FP8 linears keep the parameters' names (init, checkpoints)
     on_meta = has_meta(model)
     if on_meta and init is None and checkpoint is None:

@@ -1,0 +1,67 @@
+"""``tp_overlap``: sequence-parallel collectives pipelined with their GEMMs (Megatron-Core
+``--tp-comm-overlap``) cost only what exceeds the GEMM, ``max(0, t_comm − t_gemm)``."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxplan.api import capture
+from fxplan.cluster_specs import Cluster
+from fxplan.cost_model import CostModelError, ParallelConfig, estimate
+from fxplan.cost_model.layer_costs import graph_segments, segment_cost
+
+SPEC = "gpt:layers=2,hidden=512,heads=8,vocab=1024,seq=256"
+
+
+@pytest.fixture(scope="module")
+def graph():  # type: ignore[no-untyped-def]
+    return capture(SPEC, batch=1)
+
+
+def test_config_text_round_trips_and_needs_sequence_parallel() -> None:
+    config = ParallelConfig.parse("dp=2,tp=2,mb=1,sp=on,tp_overlap=on")
+    assert config.tp_comm_overlap
+    assert "tp_overlap=on" in config.to_string()
+    assert ParallelConfig.parse(config.to_string()) == config
+    assert "tp_overlap" not in ParallelConfig.parse("dp=2,tp=2,sp=on").to_string()
+    with pytest.raises(CostModelError, match=r"tp_overlap=on needs tp > 1 and sp=on"):
+        ParallelConfig.parse("dp=2,tp=2,sp=off,tp_overlap=on")
+    with pytest.raises(CostModelError, match=r"needs tp > 1"):
+        ParallelConfig.parse("dp=4,tp=1,tp_overlap=on")
+
+
+def test_each_linear_collective_carries_its_gemm(graph) -> None:  # type: ignore[no-untyped-def]
+    device = Cluster.load("dgx-h100").device_groups[0]
+    key = graph_segments(graph).layers[0][0]
+    on = segment_cost(graph, key, tp=2, sequence_parallel=True, recompute="none",
+                      microbatch=1, device=device)
+    assert len(on.tp_forward_gemm_s) == len(on.tp_forward) == 4   # AG, RS per linear pair
+    assert len(on.tp_backward_gemm_s) == len(on.tp_backward) == 4
+    assert all(g > 0 for g in on.tp_forward_gemm_s + on.tp_backward_gemm_s)
+    # the GEMMs pipelined with the collectives are the layer's matrix products, no more
+    assert sum(on.tp_forward_gemm_s) < on.forward_s
+    off = segment_cost(graph, key, tp=2, sequence_parallel=False, recompute="none",
+                       microbatch=1, device=device)
+    assert not any(off.tp_forward_gemm_s + off.tp_backward_gemm_s)   # all-reduce: no overlap
+    full = segment_cost(graph, key, tp=2, sequence_parallel=True, recompute="full",
+                        microbatch=1, device=device)
+    assert full.tp_backward_gemm_s == on.tp_forward_gemm_s + on.tp_backward_gemm_s
+
+
+@pytest.mark.parametrize("cluster", ["dgx-h100", "aws-p3-v100"])
+def test_overlap_hides_at_most_the_gemm_time(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    """Exposed tp time falls, by no more than the paired GEMMs' seconds (overlap is bounded
+    by the GEMM, not free), and the compute is unchanged."""
+    cl = Cluster.load(cluster)
+    base = ParallelConfig.parse("dp=4,tp=2,pp=1,mb=1,sp=on")
+    off = estimate(graph, cl, base, batch=4)
+    on = estimate(graph, cl, base.replace(tp_comm_overlap=True), batch=4)
+    device = cl.device_groups[0]
+    segments = graph_segments(graph)
+    keys = ["pre", *(k for k, _ in segments.layers), "post"]
+    gemm = sum(sum(c.tp_forward_gemm_s) + sum(c.tp_backward_gemm_s)
+               for c in (segment_cost(graph, k, tp=2, sequence_parallel=True, recompute="none",
+                                      microbatch=1, device=device) for k in keys))
+    assert 0 < on.breakdown["tp_comm"] < off.breakdown["tp_comm"]
+    assert off.breakdown["tp_comm"] - on.breakdown["tp_comm"] <= gemm * (1 + 1e-9)
+    assert on.breakdown["compute"] == pytest.approx(off.breakdown["compute"])
