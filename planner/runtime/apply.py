@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import fx, nn
 
+from fxplan.core.config import APPLY_PATHS
 from fxplan.passes.rewrite.base import PassManager
 from fxplan.passes.rewrite.distribute import DistributeParameters
 from fxplan.passes.rewrite.layers import OutlineLayers
@@ -80,7 +81,7 @@ def _shared_users(model: nn.Module, program: StagedProgram) -> dict[str, list[in
 
 
 #: How :func:`apply_plan` realises a plan: ``auto`` tries the module level and falls back.
-PATHS = ("auto", "module", "graph")
+PATHS = APPLY_PATHS
 
 
 def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[int] | None = None,
@@ -160,11 +161,16 @@ def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                         checkpoint: str | None, precision: Precision | None
                         ) -> ShardedModule | None:
     mesh, group, pp_rank, device = _member_setup(plan, ranks)
-    tied = TiedGradSync(plan, mesh, {})
+    tied = TiedGradSync(plan, mesh, decided.tied_users)
     if pp_rank is None:
         return None
     values = init_values(init) if on_meta and checkpoint is None else None
+    from fxplan.passes.rewrite.base import logger
+
     fallbacks: list[str] = []
+    for line in decided.fallbacks:
+        logger.warning("fxplan runtime fallback: %s", line)
+        fallbacks.append(line)
     stages = build_module_stages(model, plan, decided, mesh, local_stage_indices(plan, pp_rank),
                                  device, values, fallbacks, precision)
     del values

@@ -24,6 +24,7 @@ CONSTRAINTS = {
     "pp_dp": dict(pp=2, dp=2, zero_stage=1),
     "pp_dp_zero3": dict(pp=2, dp=2, zero_stage=3, microbatch_size=1),
     "pp_tp": dict(pp=2, tp=2, sequence_parallel=False),
+    "pp_tp_sp": dict(pp=2, tp=2, sequence_parallel=True),
     "tp_dp_selective": dict(tp=2, dp=2, sequence_parallel=False, recompute="selective"),
     "pp_dp_selective": dict(pp=2, dp=2, zero_stage=1, recompute="selective"),
 }
@@ -35,7 +36,7 @@ def plan_json(kind: str, name: str) -> str:
     import fxplan
 
     model = SPECS[kind]
-    seq = 8 if kind == "llama" else None
+    seq = 8 if kind.startswith("llama") else None
     plan = fxplan.search(model, CLUSTER, batch=4, seq=seq, constraints=CONSTRAINTS[name],
                          progress=False)
     return plan.to_json()
@@ -61,6 +62,19 @@ def test_encoder_trains_like_one_process(rank_pool, name):
     report = rank_pool.run("rt_module_cases:train_matches_reference", kind="encoder",
                            plan_json=plan_json("encoder", name))[0]
     _check(report)
+
+
+@pytest.mark.parametrize("name", ["tp_sp_dp", "pp_dp", "pp_tp_sp"])
+def test_tied_llama_trains_like_one_process(rank_pool, name):
+    """``tie_word_embeddings=True``: the embedding and the LM head share one Parameter. Under
+    tp both use it as one ``Shard(0)`` DTensor (vocabulary-parallel embedding, column-parallel
+    head); under pp the first and last stages hold copies whose gradients are summed each
+    step. Either way it trains like one process and goes by one name (no missing / extra
+    key against the unsharded model's ``named_parameters``)."""
+    report = rank_pool.run("rt_module_cases:train_matches_reference", kind="llama-tied",
+                           plan_json=plan_json("llama-tied", name))[0]
+    _check(report)
+    assert report["tied_equal"], report
 
 
 def test_hf_llama_built_on_meta(rank_pool):
@@ -114,12 +128,14 @@ def test_encoder_searched_tensor_parallel(rank_pool):
     _check(report)
 
 
-@pytest.mark.parametrize("name", ["tp_sp_zero3", "dp_zero3"])
-def test_hf_state_dict_round_trip(rank_pool, name):
+@pytest.mark.parametrize("kind,name", [("llama", "tp_sp_zero3"), ("llama", "dp_zero3"),
+                                       ("llama-tied", "tp_sp_zero3")])
+def test_hf_state_dict_round_trip(rank_pool, kind, name):
     """An HF-format state dict loads into the sharded model; the gathered full state dict after
-    a step loads back into the unsharded model with ``strict=True`` and equal values."""
-    report = rank_pool.run("rt_module_cases:state_dict_round_trip", kind="llama",
-                           plan_json=plan_json("llama", name))[0]
+    a step loads back into the unsharded model with ``strict=True`` and equal values (for the
+    tied Llama: the embedding and the head one tensor, under the unsharded model's keys)."""
+    report = rank_pool.run("rt_module_cases:state_dict_round_trip", kind=kind,
+                           plan_json=plan_json(kind, name))[0]
     assert report["path"] == "module"
     assert report["keys_equal"], report
     assert report["load_error"] == 0.0, report
