@@ -117,8 +117,9 @@ def tied_layout(plan: "Plan", aliases: Mapping[str, str]) -> tuple[dict[str, str
     """Which name's planned placement each name of a tied weight takes (all of a weight's
     names the same one), and a fallback line per weight whose uses were planned apart.
 
-    The names agree on the tp axis → the first name. Otherwise the one sharded layout among
-    them (replicated uses then run sharded too: one Parameter has one layout); two different
+    Only the names the plan places count (an alias absent from it follows the others). They
+    agree on the tp axis → the first name. Otherwise the one sharded layout among them
+    (replicated uses then run sharded too: one Parameter has one layout); two different
     sharded layouts → :class:`NotExpressible`."""
     groups: dict[str, list[str]] = defaultdict(list)
     for alias, first in aliases.items():
@@ -126,16 +127,16 @@ def tied_layout(plan: "Plan", aliases: Mapping[str, str]) -> tuple[dict[str, str
     read_as: dict[str, str] = {}
     notes: list[str] = []
     for first, names in groups.items():
-        tokens = {n: tp_token(plan, n, 2) for n in names}
+        tokens = {n: tp_token(plan, n, 2) for n in names if n in plan.placements.params}
         sharded = sorted({t for t in tokens.values() if t != "R"})
-        chosen = first
+        chosen = next(iter(tokens), first)
         if len(set(tokens.values())) > 1:
             if len(sharded) > 1:
                 raise NotExpressible(f"tied weight {first!r} is planned {tokens} over tp: one "
                                      "Parameter cannot take two sharded layouts")
-            chosen = next(n for n in names if tokens[n] == sharded[0])
+            chosen = next(n for n in tokens if tokens[n] == sharded[0])
             notes.append(f"[module-apply] tied weight {first!r} is planned "
-                         + ", ".join(f"{tokens[n]} for {n!r}" for n in names)
+                         + ", ".join(f"{t} for {n!r}" for n, t in tokens.items())
                          + f" over tp; one Parameter has one layout: every use runs "
                          f"{sharded[0]}")
         read_as.update({n: chosen for n in names})

@@ -77,12 +77,15 @@ def test_tied_llama_trains_like_one_process(rank_pool, name):
     assert report["tied_equal"], report
 
 
-def test_hf_llama_built_on_meta(rank_pool):
+@pytest.mark.parametrize("kind", ["llama", "llama-tied"])
+def test_hf_llama_built_on_meta(rank_pool, kind):
     """As ``fxplan launch`` builds it: parameters on meta, each rank materialising its stage
-    from the seeded builder (pipeline and data parallel)."""
-    report = rank_pool.run("rt_module_cases:train_matches_reference", kind="llama",
-                           plan_json=plan_json("llama", "pp_dp"), meta=True)[0]
+    from the seeded builder (pipeline and data parallel; the tied head's copy on the last
+    stage takes the embedding's values)."""
+    report = rank_pool.run("rt_module_cases:train_matches_reference", kind=kind,
+                           plan_json=plan_json(kind, "pp_dp"), meta=True)[0]
     _check(report)
+    assert report["tied_equal"], report
 
 
 def test_encoder_mlp_tensor_parallel(rank_pool):
