@@ -120,8 +120,14 @@ def train_matches_reference(kind: str, plan_json: str, steps: int = 3, meta: boo
     ref_losses, ref_params = reference(kind, plan, steps)
     errors = {k: _error(params[k], ref_params[k]) for k in ref_params if k in params}
     worst = max(errors, key=errors.get)
+    unsharded = build(kind, seed=5)            # the gathered parameters load into the user's model
+    result = unsharded.load_state_dict(params, strict=False)
+    loaded = dict(unsharded.named_parameters(remove_duplicate=False))
+    loads_back = not result.unexpected_keys and all(torch.equal(loaded[k], params[k])
+                                                    for k in params)
     return dict(path=sharded.path, fallbacks=sharded.fallbacks, losses=losses,
-                tied_equal=tied_equal,
+                tied_equal=tied_equal, loads_back=loads_back,
+                missing_on_load=sorted(result.missing_keys),
                 ref_losses=ref_losses, missing=sorted(set(ref_params) - set(params)),
                 extra=sorted(set(params) - set(ref_params)),
                 loss_error=max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),

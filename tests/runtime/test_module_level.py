@@ -70,11 +70,14 @@ def test_tied_llama_trains_like_one_process(rank_pool, name):
     tp both use it as one ``Shard(0)`` DTensor (vocabulary-parallel embedding, column-parallel
     head); under pp the first and last stages hold copies whose gradients are summed each
     step. Either way it trains like one process and goes by one name (no missing / extra
-    key against the unsharded model's ``named_parameters``)."""
+    key against the unsharded model's ``named_parameters``), and the gathered parameters load
+    into the unsharded tied model (the head's key is the only one missing: it is the same
+    Parameter as the embedding's, which the load fills)."""
     report = rank_pool.run("rt_module_cases:train_matches_reference", kind="llama-tied",
                            plan_json=plan_json("llama-tied", name))[0]
     _check(report)
     assert report["tied_equal"], report
+    assert report["loads_back"] and report["missing_on_load"] == ["lm_head.weight"], report
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama-tied"])
