@@ -84,8 +84,13 @@ def _output_tensor(module: nn.Module, args: Any, out: Any) -> torch.Tensor:
     """Forward hook: the stage returns its output tensor (``.logits`` of an HF model output),
     as ``PipelineStage`` needs; registered before DDP/FSDP so that they see the tensor and the
     pipeline sees them (gradient sync once per step, not per microbatch)."""
+    return model_output(out)
+
+
+def _boundary_output(module: nn.Module, args: Any, out: Any) -> torch.Tensor:
+    """:func:`_output_tensor` of a stage before the last: a sequence-sharded hidden state
+    leaves as this rank's local shard (module docstring)."""
     out = model_output(out)
-    # a sequence-sharded hidden state leaves a stage as its local shard (module docstring)
     return out.to_local() if isinstance(out, DTensor) else out
 
 
@@ -317,7 +322,8 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                                   *inner.named_buffers(remove_duplicate=False)]}
             materialize(inner, names, device, values)
         apply_recompute(blocks, [plan.recompute(first_block + i) for i in range(len(blocks))])
-        inner.register_forward_hook(_output_tensor)
+        before_last = pipelined and k < len(plan.stages) - 1
+        inner.register_forward_hook(_boundary_output if before_last else _output_tensor)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks,
                                       precision=precision)
         # a tied weight goes by its first name in the whole model, as in the graph path
