@@ -22,13 +22,14 @@ Override values are parsed to the type of the config's default for that key (``i
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fxplan.core.files import read_text
+from fxplan.core.json_object import parse_json_object
 from fxplan.examples.bundle import InputSpec, ModelBundle, ModelSpecError
 from fxplan.examples.hf_presets import HF_PRESETS
 from fxplan.examples.values import parse_value
@@ -117,11 +118,10 @@ def _config_from_file(path: str, spec: str) -> tuple[str, dict[str, Any]]:
     if not file.is_file():
         raise ModelSpecError(f"model {spec!r}: config file {str(file)!r} does not exist "
                              f"(hf:path/to/config.json reads a local Hugging Face config)")
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as err:
-        raise ModelSpecError(f"model {spec!r}: cannot read {str(file)!r} as JSON: {err}") from err
-    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+    what = f"model {spec!r}: config file {str(file)!r}"
+    data = parse_json_object(read_text(file, what=what, error=ModelSpecError), what=what,
+                             error=ModelSpecError)
+    if not isinstance(data.get("model_type"), str):
         raise ModelSpecError(f"model {spec!r}: {str(file)!r} has no \"model_type\"; a Hugging "
                              f"Face config.json names it (e.g. \"llama\")")
     values = {k: v for k, v in data.items() if k not in ("model_type", "transformers_version",

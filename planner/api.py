@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import os
 
 from fxplan.core.bounds import MAX_BATCH, MAX_SEQ, check_count
+from fxplan.core.config import APPLY_PATHS
 from fxplan.core.errors import UserError
 from fxplan.core.plan import Plan, PlanError
 
@@ -245,8 +246,6 @@ class PlanResult:
         return self.status == "applied"
 
 
-#: How :func:`plan` applies a plan (``fxplan.runtime.apply.apply_plan``'s ``path``).
-APPLY_PATHS = ("auto", "module", "graph")
 
 
 def plan(model: "torch.nn.Module", cluster: "str | Cluster", *, inputs: Any, batch: int,

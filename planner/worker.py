@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from fxplan.core.config import APPLY_PATHS
+
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import Plan
@@ -59,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="plan", choices=("plan", "bf16", "fp16", "fp32"),
                         help="compute dtype (plan: the plan's; fp32: mixed precision off)")
+    parser.add_argument("--path", default="auto", choices=APPLY_PATHS,
+                        help="how the plan is applied (apply_plan's path)")
     parser.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--min-lr", type=float, default=None)
@@ -193,9 +197,11 @@ def _train(args: argparse.Namespace) -> None:
     resume = None
     if args.resume:  # verified (manifest and hashes) before DCP unpickles anything
         resume = locate_checkpoint(args.resume)
-        sharded = apply_plan(model, plan, example, checkpoint=str(resume[0]), precision=precision)
+        sharded = apply_plan(model, plan, example, checkpoint=str(resume[0]), precision=precision,
+                             path=args.path)
     else:
-        sharded = apply_plan(model, plan, example, init=seeded_model, precision=precision)
+        sharded = apply_plan(model, plan, example, init=seeded_model, precision=precision,
+                             path=args.path)
     config = TrainConfig(
         steps=args.steps, optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr,
         warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, beta1=args.beta1,

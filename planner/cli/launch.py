@@ -4,6 +4,7 @@
     fxplan launch plan.json --data synthetic --steps 20          # smoke test: one batch, repeated
     fxplan launch plan.json --data ds_dir --steps 1000           # Dataset.save_to_disk, input_ids
     fxplan launch plan.json --data tokens.bin --dtype fp32       # mixed precision off
+    fxplan launch plan.json --data tokens.bin --path graph       # the graph rewrite, not the module
     fxplan launch plan.json --config run.toml --lr 1e-4          # flags override the run config
     fxplan launch plan.json --data tokens.bin --print-command     # print exactly what would run
     fxplan launch plan.json --data tokens.bin --rdzv-endpoint node0:29500   # on every node
@@ -54,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from fxplan.cli.arguments import output_path
 from fxplan.cli.child import run_foreground
+from fxplan.core.config import APPLY_PATHS
 from fxplan.cli.run_config import SETTINGS, LaunchError, RunSettings, resolve_settings
 
 #: torchrun flags ``fxplan launch`` sets itself: refused after ``--`` (with the flag to use).
@@ -95,6 +97,12 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="compute dtype (default plan: the plan's training dtype, with fp32 "
                        "master weights, optimizer state and gradient reduction; fp32: mixed "
                        "precision off)")
+    train.add_argument("--path", choices=APPLY_PATHS,
+                       help="how the plan is applied, as fxplan.plan(path=...): module (the "
+                       "user's own module with PyTorch's parallel pieces; refused with the reason "
+                       "when the plan cannot run so), graph (the graph rewrite), or auto "
+                       "(default: module where the plan allows it, else graph, the reason "
+                       "printed as a fallback)")
     train.add_argument("--token-dtype", choices=("auto", "uint16", "uint32"),
                        help="token file element type (default auto: uint16 if the vocabulary fits)")
     train.add_argument("--steps", type=int, help="training steps (default 10)")

@@ -11,7 +11,9 @@
 
 Prints the report (:mod:`fxplan.report`) or, with ``--json``, the flat summary; ``-o`` writes
 the full plan JSON; ``--time-budget`` bounds the search; ``--emit`` writes a program that
-embeds the plan and trains it like ``fxplan launch`` under torchrun (:mod:`fxplan.program`),
+embeds the plan and trains it like ``fxplan launch`` under torchrun (:mod:`fxplan.program`;
+the launch's flags, ``--path auto|module|graph`` among them: how the plan is applied, as
+``fxplan.plan(path=...)``),
 with the model's fx code per stage, every planned placement annotated, as comments
 (:func:`fxplan.passes.rewrite.emit.emit_program`); ``--html``/``--trace`` write the report
 page and the predicted trace (:mod:`fxplan.cli.report`); ``--plot
@@ -75,7 +77,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="stop the search after S seconds and keep the best found")
     parser.add_argument("--emit", metavar="PROGRAM.py", type=output_path(".py"),
                         help="write a program that trains the plan like `fxplan launch` (run it "
-                        "under torchrun on the plan's cluster), with the planned fx code per "
+                        "under torchrun on the plan's cluster; it takes the launch's flags, "
+                        "--path auto|module|graph among them), with the planned fx code per "
                         "stage, placements annotated, as comments")
     parser.add_argument("--plot", metavar="PREFIX", type=output_path(prefix=True),
                         help="draw PREFIX-timeline.png and PREFIX-memory.png for the chosen plan")

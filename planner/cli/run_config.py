@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from fxplan.core.config import APPLY_PATHS
 from fxplan.core.errors import UserError
 from fxplan.core.files import file_problem
 from fxplan.core.training import TrainConfig
@@ -65,6 +66,7 @@ class RunSettings(TrainConfig):
     token_dtype: str = "auto"
     seed: int = 0
     dtype: str = "plan"
+    path: str = "auto"
     run_dir: str = ""
     checkpoint_every: int = 0
 
@@ -107,6 +109,7 @@ SETTINGS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "steps": ("training", _positive_int, "an integer ≥ 1"),
     "dtype": ("training", lambda v: v in ("plan", "bf16", "fp16", "fp32"),
               "plan, bf16, fp16 or fp32"),
+    "path": ("training", lambda v: v in APPLY_PATHS, "auto, module or graph"),
     "seed": ("training", _count, "an integer ≥ 0"),
     "grad_clip": ("training", _non_negative, "a finite number ≥ 0 (0: no clipping)"),
     "optimizer": ("optimizer", lambda v: v in ("adamw", "sgd"), "adamw or sgd"),

@@ -49,7 +49,7 @@ from typing import Any, Mapping
 from fxplan.core.errors import UserError
 from fxplan.core.placements import PlacementMap
 
-__all__ = ["CostModelError", "OFFLOAD_POLICIES", "ParallelConfig", "RECOMPUTE_POLICIES",
+__all__ = ["APPLY_PATHS", "CostModelError", "OFFLOAD_POLICIES", "ParallelConfig", "RECOMPUTE_POLICIES",
            "SCHEDULE_KINDS", "Schedule", "check_unsearched_degree"]
 
 #: Pipeline schedule kinds; ``interleaved`` is written ``interleaved:v`` (``v ≥ 2``).
@@ -57,6 +57,11 @@ SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
 
 #: Activation recompute policies.
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
+
+#: How a plan is applied (``fxplan.plan(path=…)``, ``apply_plan``, ``fxplan launch --path``):
+#: ``module`` on the user's own module with PyTorch's parallel pieces, ``graph`` by the graph
+#: rewrite, ``auto`` the module level where the plan allows it, else the graph rewrite.
+APPLY_PATHS: tuple[str, ...] = ("auto", "module", "graph")
 
 #: What lives in host memory instead of the device's: nothing, the optimizer states (ZeRO-Offload:
 #: gradients to the host, the optimizer step on the CPU, the updated 16-bit weights back), or

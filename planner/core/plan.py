@@ -46,6 +46,7 @@ from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
 from fxplan.core.bounds import MAX_BATCH, MAX_SEQ, BoundsError, check_count
 from fxplan.core.errors import UserError
 from fxplan.core.files import read_text
+from fxplan.core.json_object import parse_json_object
 from fxplan.core.placements import PlacementMap
 
 __all__ = ["MESH_AXES", "PLAN_FORMAT_VERSION", "Plan", "PlanError", "SolverInfo",
@@ -336,12 +337,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "plan") -> "Plan":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise PlanError(f"{source}: not a JSON plan file: {err}") from err
-        if not isinstance(data, dict):
-            raise PlanError(f"{source}: expected a JSON object, found {type(data).__name__}")
+        data = parse_json_object(text, what=source, kind="plan file", error=PlanError)
         return cls.from_dict(data, source=source)
 
     def check_matches(self, *, graph_fingerprint: str | None = None,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from fxplan.core.json_object import parse_json_object
 from fxplan.export.errors import ExportError
 from fxplan.export.target_config import TargetConfig
 
@@ -82,12 +83,7 @@ def parse(text: str, *, world_size: int | None = None,
           layers: int | None = None) -> TargetConfig:
     """Read a ``ds_config`` JSON back into a :class:`TargetConfig` (``tp`` and ``pp`` are
     ``None``: the config does not hold them; ``world_size`` and ``layers`` are unused)."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ExportError(f"DeepSpeed config: not JSON: {err}") from err
-    if not isinstance(data, dict):
-        raise ExportError(f"DeepSpeed config: expected a JSON object, got {type(data).__name__}")
+    data = parse_json_object(text, what="DeepSpeed config", error=ExportError)
     try:
         batch = int(data["train_batch_size"])
         mb = int(data["train_micro_batch_size_per_gpu"])

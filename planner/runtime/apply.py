@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import fx, nn
 
-from fxplan.passes.rewrite.base import PassManager
+from fxplan.core.config import APPLY_PATHS
+from fxplan.passes.rewrite.base import PassManager, logger
 from fxplan.passes.rewrite.distribute import DistributeParameters
 from fxplan.passes.rewrite.layers import OutlineLayers
 from fxplan.passes.rewrite.recompute import Recompute
@@ -83,7 +84,7 @@ def _shared_users(model: nn.Module, program: StagedProgram) -> dict[str, list[in
 
 
 #: How :func:`apply_plan` realises a plan: ``auto`` tries the module level and falls back.
-PATHS = ("auto", "module", "graph")
+PATHS = APPLY_PATHS
 
 
 def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[int] | None = None,
@@ -104,7 +105,7 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     (:func:`fxplan.runtime.offload.check_runnable`); FP8 converts the linears with torchao.
     ``precision``: mixed precision (:mod:`fxplan.runtime.precision`; default fp32).
     """
-    from fxplan.passes.rewrite.base import PassError, logger
+    from fxplan.passes.rewrite.base import PassError
 
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -181,11 +182,14 @@ def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                         checkpoint: str | None, precision: Precision | None,
                         fallbacks: list[str]) -> ShardedModule | None:
     mesh, group, pp_rank, device = _member_setup(plan, ranks)
-    tied = TiedGradSync(plan, mesh, {})
+    tied = TiedGradSync(plan, mesh, decided.tied_users)
     context = build_context_parallel(plan, mesh)   # collective: every process, cp > 1 only
     if pp_rank is None:
         return None
     values = init_values(init) if on_meta and checkpoint is None else None
+    for line in decided.fallbacks:
+        logger.warning("fxplan runtime fallback: %s", line)
+        fallbacks.append(line)
     stages = build_module_stages(model, plan, decided, mesh, local_stage_indices(plan, pp_rank),
                                  device, values, fallbacks, precision, context)
     del values

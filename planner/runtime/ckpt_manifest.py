@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from fxplan.core.errors import UserError
+from fxplan.core.files import read_text
+from fxplan.core.json_object import parse_json_object
 
 __all__ = ["CheckpointError", "MANIFEST", "FORMAT", "VERSION", "commit_checkpoint",
            "verify_checkpoint", "resolve_checkpoint", "read_json_file", "staging_dir",
@@ -186,10 +188,6 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
 def read_json_file(directory: Path, name: str) -> dict[str, Any]:
     """A JSON file of a verified checkpoint (``train_state.json``, ``rng/rank-R.json``)."""
     path = directory / name
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"checkpoint {directory}: cannot read {name} ({err})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"checkpoint {directory}: {name} is not a JSON object")
-    return data
+    what = f"checkpoint {directory}: {name}"
+    return parse_json_object(read_text(path, what=what, error=CheckpointError), what=what,
+                             error=CheckpointError)

@@ -17,23 +17,46 @@ model's keys.
 :func:`module_level_plan` decides, on every process alike and before any process group is
 created, whether the plan can run this way; if not it raises :class:`NotExpressible` with the
 reason and :func:`fxplan.runtime.apply.apply_plan` falls back to the graph rewrite. Refused:
-no repeated blocks in the module hierarchy or a different count than the plan's, tied weights
-split by tp or pp, placements without a
-style (:mod:`fxplan.runtime.tp_styles`), a forward that fails with the tensor-parallel local
-shapes (a head count fixed in the code, a fused QKV split by size), a pipeline cut the model
-does not allow (:mod:`fxplan.runtime.module_stages`), sequence parallelism across pipeline
-stages (the stages would exchange DTensors), and a cut whose chain of stages does not compute
-the model (checked on one microbatch when the model holds values).
+no repeated blocks in the module hierarchy or a different count than the plan's, placements
+without a style (:mod:`fxplan.runtime.tp_styles`), a forward that fails with the
+tensor-parallel local shapes (a head count fixed in the code, a fused QKV split by size), a
+pipeline cut the model does not allow (:mod:`fxplan.runtime.module_stages`), a tied weight used
+inside a block under pp, and a cut whose chain of stages does not compute the model (checked
+on one microbatch when the model holds values).
+
+Tied weights (one Parameter ``W`` under several names, e.g. ``model.embed_tokens.weight`` and
+``lm_head.weight``) go by their first name (:func:`tied_aliases`), as in the plan:
+
+* tp: ``W`` takes one layout for all its users (:func:`tied_layout`), so the vocabulary-parallel
+  embedding (``RowwiseParallel``, ``W`` ``Shard(0)``) and the column-parallel LM head
+  (``ColwiseParallel``, ``W`` ``Shard(0)``) agree; after ``parallelize_module`` (which gives each
+  user its own DTensor) every alias is pointed back at the first one's DTensor, so autograd sums
+  both uses, ``∂L/∂W = ∂L/∂W|_embed + ∂L/∂W|_head``, as in one process. The search may plan
+  the uses apart (``W`` stored replicated for the embedding and resharded to ``Shard(0)`` for
+  the head, a priced tie edge the graph rewrite realises); one Parameter has one layout, so
+  the sharded use's placement is taken for all, a fallback line saying so;
+* pp: the embedding (first stage) and the head (last stage) each hold a copy, initialised
+  equal; :class:`~fxplan.runtime.tied.TiedGradSync` sums their gradients over the pipeline
+  ranks that hold ``W`` each step (Megatron's embedding group), so both take the same step.
+
+Sequence parallelism with pp: the stage boundary carries the sequence-sharded activation, as
+the cost model prices it (``cost_model.stage_costs._p2p``: under sp each tp rank sends its
+``1/tp`` sequence shard, no all-gather at the receiver). A stage's output DTensor ``Shard(1)``
+leaves as its local shard (``to_local``), and the next stage's input is taken back as
+``Shard(1)`` before its blocks (``PrepareModuleInput`` on the ``Identity`` in the embedding's
+place), so the forward sees the global sequence length; ``stage_io`` holds the local shapes
+``(b, s/tp, h)``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Shard
 
 from fxplan.runtime.build import materialize
 from fxplan.runtime.context_parallel import install
@@ -41,7 +64,7 @@ from fxplan.runtime.data_parallel import apply_data_parallel
 from fxplan.runtime.module_probe import ModuleProbe, model_output, probe_module
 from fxplan.runtime.module_recompute import apply_recompute
 from fxplan.runtime.module_stages import check_splittable, stage_module
-from fxplan.runtime.tp_styles import NotExpressible, tp_styles
+from fxplan.runtime.tp_styles import NotExpressible, tp_styles, tp_token
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.device_mesh import DeviceMesh
@@ -66,20 +89,84 @@ def _output_tensor(module: nn.Module, args: Any, out: Any) -> torch.Tensor:
     return model_output(out)
 
 
+def _boundary_output(module: nn.Module, args: Any, out: Any) -> torch.Tensor:
+    """:func:`_output_tensor` of a stage before the last: a sequence-sharded hidden state
+    leaves as this rank's local shard (module docstring)."""
+    out = model_output(out)
+    return out.to_local() if isinstance(out, DTensor) else out
+
+
 @dataclass
 class ModuleLevel:
-    """The decision that the plan runs at module level, and what building it needs."""
+    """The decision that the plan runs at module level, and what building it needs.
+
+    ``aliases``: every name of a tied weight → its first name; ``tied_users``: first name →
+    the stages that hold a copy (for :class:`~fxplan.runtime.tied.TiedGradSync`)."""
 
     probe: ModuleProbe
     styles: dict[str, "ParallelStyle"]
     stage_io: list["StageIO"]
+    aliases: dict[str, str] = field(default_factory=dict)
+    tied_users: dict[str, list[int]] = field(default_factory=dict)
+    fallbacks: list[str] = field(default_factory=list)
 
 
-def _tied(model: nn.Module) -> list[list[str]]:
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """Each name of a parameter reachable under several names → its first name (the one
+    ``named_parameters()`` keeps, the plan's and the checkpoint's)."""
     names: dict[int, list[str]] = defaultdict(list)
     for fqn, param in model.named_parameters(remove_duplicate=False):
         names[id(param)].append(fqn)
-    return [n for n in names.values() if len(n) > 1]
+    return {alias: group[0] for group in names.values() if len(group) > 1 for alias in group}
+
+
+def tied_layout(plan: "Plan", aliases: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Which name's planned placement each name of a tied weight takes (all of a weight's
+    names the same one), and a fallback line per weight whose uses were planned apart.
+
+    Only the names the plan places count (an alias absent from it follows the others). They
+    agree on the tp axis → the first name. Otherwise the one sharded layout among them
+    (replicated uses then run sharded too: one Parameter has one layout); two different
+    sharded layouts → :class:`NotExpressible`."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for alias, first in aliases.items():
+        groups[first].append(alias)
+    read_as: dict[str, str] = {}
+    notes: list[str] = []
+    for first, names in groups.items():
+        tokens = {n: tp_token(plan, n, 2) for n in names if n in plan.placements.params}
+        sharded = sorted({t for t in tokens.values() if t != "R"})
+        chosen = next(iter(tokens), first)
+        if len(set(tokens.values())) > 1:
+            if len(sharded) > 1:
+                raise NotExpressible(f"tied weight {first!r} is planned {tokens} over tp: one "
+                                     "Parameter cannot take two sharded layouts")
+            chosen = next(n for n in tokens if tokens[n] == sharded[0])
+            notes.append(f"[module-apply] tied weight {first!r} is planned "
+                         + ", ".join(f"{t} for {n!r}" for n, t in tokens.items())
+                         + f" over tp; one Parameter has one layout: every use runs "
+                         f"{sharded[0]}")
+        read_as.update({n: chosen for n in names})
+    return read_as, notes
+
+
+def _tied_users(plan: "Plan", probe: ModuleProbe, aliases: Mapping[str, str]
+                ) -> dict[str, list[int]]:
+    """First name of each tied weight → the stages whose cut keeps a user of it: a user in
+    the pre part lives on stage 0, in the post part on the last stage; one in a block is
+    refused (a stage copy per block would need its own group)."""
+    last = len(plan.stages) - 1
+    users: dict[str, set[int]] = defaultdict(set)
+    for alias, first in aliases.items():
+        owner = alias.rpartition(".")[0]
+        if any(owner == m or owner.startswith(f"{m}.") for m in probe.pre):
+            users[first].add(0)
+        elif any(owner == m or owner.startswith(f"{m}.") for m in probe.post):
+            users[first].add(last)
+        else:
+            raise NotExpressible(f"tied weight {alias!r} is used by {owner!r}, neither the "
+                                 "embedding nor the head: a pipeline cut cannot keep it tied")
+    return {k: sorted(v) for k, v in users.items()}
 
 
 def _local_shapes(model: nn.Module, plan: "Plan", probe: ModuleProbe,
@@ -113,11 +200,18 @@ def _stage_io(plan: "Plan", probe: ModuleProbe, microbatch: Sequence[torch.Tenso
     stages = plan.stages or ()
     if len(stages) <= 1:
         return [StageIO(tuple(_meta(x) for x in microbatch), (probe.output,))]
+    split = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
+
+    def boundary(t: torch.Tensor) -> torch.Tensor:  # (b, s, h) → this rank's (b, s/tp, h)
+        return torch.empty((t.shape[0], t.shape[1] // split, *t.shape[2:]), dtype=t.dtype,
+                           device="meta")
+
     io = []
     for k, stage in enumerate(stages):
         first, last = probe.blocks[stage.layers[0]], probe.blocks[stage.layers[1] - 1]
-        inputs = tuple(_meta(x) for x in microbatch) if k == 0 else probe.calls[first].inputs
-        output = probe.output if k == len(stages) - 1 else probe.calls[last].output
+        inputs = tuple(_meta(x) for x in microbatch) if k == 0 else \
+            tuple(boundary(x) for x in probe.calls[first].inputs)
+        output = probe.output if k == len(stages) - 1 else boundary(probe.calls[last].output)
         io.append(StageIO(inputs, (output,)))
     return io
 
@@ -158,17 +252,16 @@ def module_level_plan(model: nn.Module, plan: "Plan",
     if plan.stages and sum(s.num_layers for s in plan.stages) != len(probe.blocks):
         raise NotExpressible(f"the plan's stages hold {sum(s.num_layers for s in plan.stages)} "
                              f"blocks, the module has {len(probe.blocks)}")
-    tied = _tied(model)
-    if tied and (plan.tp > 1 or plan.pp > 1):
-        raise NotExpressible(f"tied weights {tied[0]} would be split into separate "
-                             "parameters by tp/pp styles")
+    aliases = tied_aliases(model)
     pipelined = plan.pp * plan.virtual_stages > 1
+    tied_users: dict[str, list[int]] = {}
     if pipelined:
         check_splittable(probe, model)
+        tied_users = _tied_users(plan, probe, aliases)
         if plan.sequence_parallel and plan.tp > 1:
-            raise NotExpressible("sequence parallelism across pipeline stages (stages would "
-                                 "exchange sequence-sharded DTensors)")
-    styles = tp_styles(model, plan, probe) if plan.tp > 1 else {}
+            _check_sequence_boundary(plan, probe)
+    read_as, notes = tied_layout(plan, aliases) if plan.tp > 1 else ({}, [])
+    styles = tp_styles(model, plan, probe, read_as) if plan.tp > 1 else {}
     shapes = _local_shapes(model, plan, probe, styles)
     if shapes:
         try:
@@ -179,7 +272,21 @@ def module_level_plan(model: nn.Module, plan: "Plan",
                                  "head count fixed in the code needs the graph rewrite") from err
     if pipelined and not any(t.is_meta for t in model.parameters()):
         _check_chain(model, plan, probe, microbatch)
-    return ModuleLevel(probe, styles, _stage_io(plan, probe, microbatch))
+    return ModuleLevel(probe, styles, _stage_io(plan, probe, microbatch), aliases, tied_users,
+                       notes)
+
+
+def _check_sequence_boundary(plan: "Plan", probe: ModuleProbe) -> None:
+    """Under sp with pp the boundary is the ``Shard(1)`` hidden state: it must be ``(b, s, h)``
+    with ``s`` divisible by tp."""
+    for stage in plan.stages[1:]:
+        inputs = probe.calls[probe.blocks[stage.layers[0]]].inputs
+        if len(inputs) != 1 or inputs[0].ndim != 3 or inputs[0].shape[1] % plan.tp:
+            shapes = [tuple(x.shape) for x in inputs]
+            raise NotExpressible(f"sequence parallelism across pipeline stages needs one "
+                                 f"(batch, seq, hidden) input per stage with seq divisible by "
+                                 f"tp={plan.tp}; block {probe.blocks[stage.layers[0]]!r} takes "
+                                 f"{shapes}")
 
 
 def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
@@ -208,23 +315,60 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         blocks = [modules[n] for n in kept if n in modules]
         if decided.styles:
             styles = {n: s for n, s in decided.styles.items() if _present(inner, n)}
+            if pipelined and k > 0 and plan.sequence_parallel:
+                styles.update(_sequence_entry(decided.probe))
             parallelize_module(inner, mesh["tp"], styles,
                                src_data_rank=None if on_meta else 0)
+            _retie(inner, decided.aliases)
         if on_meta:
-            names = {id(t): n for n, t in [*inner.named_parameters(remove_duplicate=False),
-                                           *inner.named_buffers(remove_duplicate=False)]}
+            names = {id(t): decided.aliases.get(n, n)
+                     for n, t in [*inner.named_parameters(remove_duplicate=False),
+                                  *inner.named_buffers(remove_duplicate=False)]}
             materialize(inner, names, device, values)
         if context is not None:  # before recompute: a recomputed block re-enters the CP attention
             install(context, inner, blocks)
         apply_recompute(blocks, [plan.recompute(first_block + i) for i in range(len(blocks))])
-        inner.register_forward_hook(_output_tensor)
+        before_last = pipelined and k < len(plan.stages) - 1
+        inner.register_forward_hook(_boundary_output if before_last else _output_tensor)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks,
                                       precision=precision)
-        first: dict[int, str] = {}  # a tied weight goes by its first name, as in the graph path
-        local_names = {n: first.setdefault(id(p), n)
-                       for n, p in inner.named_parameters(remove_duplicate=False)}
+        # a tied weight goes by its first name in the whole model, as in the graph path
+        local_names = {n: decided.aliases.get(n, n)
+                       for n in dict(inner.named_parameters(remove_duplicate=False))}
         stages.append(LocalStage(k, wrapped, inner, local_names))
     return stages
+
+
+def _sequence_entry(probe: ModuleProbe) -> dict[str, "ParallelStyle"]:
+    """On a stage after the first under sp: the ``Identity`` in the embedding's place takes
+    the received local shard as the ``Shard(1)`` DTensor the blocks expect (module docstring)."""
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    return {probe.pre[0]: PrepareModuleInput(input_layouts=(Shard(1),),
+                                             desired_input_layouts=(Shard(1),),
+                                             use_local_output=False)}
+
+
+def _retie(module: nn.Module, aliases: Mapping[str, str]) -> None:
+    """Point every alias of a tied weight in ``module`` at the parameter of the first of its
+    names present here (``parallelize_module`` gave each user its own; module docstring)."""
+    kept: dict[str, nn.Parameter] = {}
+    for name in aliases:  # in named_parameters order: the first name comes first
+        owner, _, leaf = name.rpartition(".")
+        try:
+            holder = module.get_submodule(owner) if owner else module
+        except AttributeError:
+            continue
+        param = holder._parameters.get(leaf)
+        if param is None:
+            continue
+        shared = kept.setdefault(aliases[name], param)
+        if shared is not param:
+            if getattr(shared, "placements", None) != getattr(param, "placements", None):
+                raise RuntimeError(f"tied weight {name!r} is laid out {param.placements} by "
+                                     f"its style, its first name {aliases[name]!r} "
+                                     f"{shared.placements}")
+            holder._parameters[leaf] = shared
 
 
 def _present(module: nn.Module, name: str) -> bool:

@@ -28,13 +28,17 @@ and every row-parallel Linear in a block reduce-scatter to ``Shard(1)``, norms r
 (attention, MLP) gets ``PrepareModuleInput`` that all-gathers its hidden input
 (``Shard(1) → Replicate``, the input found by the probe, positional or keyword).
 
+A tied weight (one Parameter under several names) is laid out once for all its users: ``read_as``
+maps each of its names to the one name whose planned placement they all take
+(:func:`fxplan.runtime.module_apply.tied_layout`), so the users' styles agree.
+
 When a placement cannot be written as a style, :class:`NotExpressible` says which and why;
 the runtime then falls back to the graph rewrite (:mod:`fxplan.runtime.apply`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
@@ -50,25 +54,28 @@ from fxplan.runtime.tp_attention import HeadParallelAttention, attention_unsuppo
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
-__all__ = ["NotExpressible", "tp_styles"]
+__all__ = ["NotExpressible", "tp_styles", "tp_token"]
 
 
 class NotExpressible(Exception):
     """The plan's placements are not a set of ``parallelize_module`` styles (message: why)."""
 
 
-def _tp(plan: "Plan", fqn: str, ndim: int) -> str:
-    """The ``tp`` token of parameter ``fqn``'s planned placement (``R`` when unplanned)."""
-    planned = plan.placements.params.get(fqn)
+def tp_token(plan: "Plan", fqn: str, ndim: int, read_as: Mapping[str, str] | None = None) -> str:
+    """The ``tp`` token of parameter ``fqn``'s planned placement (``R`` when unplanned); a tied
+    weight's names read the placement of ``read_as[fqn]``."""
+    planned = plan.placements.params.get((read_as or {}).get(fqn, fqn))
     if planned is None:
         return "R"
     return format_placements([normalize(axis_placement(plan, planned, "tp"), ndim)])
 
 
-def _linear_kind(module: nn.Module, prefix: str, plan: "Plan") -> str:
+def _linear_kind(module: nn.Module, prefix: str, plan: "Plan",
+                 read_as: Mapping[str, str] | None = None) -> str:
     """``col``, ``row`` or ``rep`` for a Linear / Embedding, or :class:`NotExpressible`."""
-    weight = _tp(plan, f"{prefix}.weight", 2)
-    bias = _tp(plan, f"{prefix}.bias", 1) if getattr(module, "bias", None) is not None else None
+    weight = tp_token(plan, f"{prefix}.weight", 2, read_as)
+    bias = tp_token(plan, f"{prefix}.bias", 1, read_as) \
+        if getattr(module, "bias", None) is not None else None
     embedding = isinstance(module, nn.Embedding)
     if weight == "R" and bias in (None, "R"):
         return "rep"
@@ -80,9 +87,11 @@ def _linear_kind(module: nn.Module, prefix: str, plan: "Plan") -> str:
                          f"{bias}: not a column- or row-parallel layout")
 
 
-def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe) -> dict[str, ParallelStyle]:
+def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe,
+              read_as: Mapping[str, str] | None = None) -> dict[str, ParallelStyle]:
     """The ``parallelize_module`` plan for ``model`` (module docstring); raises
-    :class:`NotExpressible` with the reason when there is none."""
+    :class:`NotExpressible` with the reason when there is none. ``read_as``: each name of a
+    tied weight → the name whose planned placement it takes."""
     sp = plan.sequence_parallel
     styles: dict[str, ParallelStyle] = {}
     regions: set[str] = set()
@@ -100,7 +109,7 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe) -> dict[str, P
             continue
         block = probe.block_of(name)
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            kind = _linear_kind(module, name, plan)
+            kind = _linear_kind(module, name, plan, read_as)
             if kind == "rep":
                 if sp and block is None:
                     raise NotExpressible(f"{name!r} is replicated over tp: with sequence "
@@ -127,7 +136,7 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe) -> dict[str, P
                 styles[name] = (RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
                                 if sp else RowwiseParallel())
             continue
-        sharded = [k for k, p in direct if _tp(plan, f"{name}.{k}", p.ndim) != "R"]
+        sharded = [k for k, p in direct if tp_token(plan, f"{name}.{k}", p.ndim, read_as) != "R"]
         if sharded:
             raise NotExpressible(f"{type(module).__name__} {name!r} has parameter(s) "
                                  f"{', '.join(sharded)} sharded over tp; only Linear and "
@@ -148,12 +157,12 @@ def _attention_style(module: nn.MultiheadAttention, prefix: str, plan: "Plan") -
     """Whether ``module`` is planned head-parallel (``in_proj_weight`` ``S(0)``, ``out_proj``
     ``S(1)``); ``False`` when replicated; :class:`NotExpressible` for any other layout."""
     out = module.out_proj
-    tokens = {"in_proj_weight": _tp(plan, f"{prefix}.in_proj_weight", 2)
+    tokens = {"in_proj_weight": tp_token(plan, f"{prefix}.in_proj_weight", 2)
               if module.in_proj_weight is not None else None,
-              "in_proj_bias": _tp(plan, f"{prefix}.in_proj_bias", 1)
+              "in_proj_bias": tp_token(plan, f"{prefix}.in_proj_bias", 1)
               if module.in_proj_bias is not None else None,
-              "out_proj.weight": _tp(plan, f"{prefix}.out_proj.weight", 2),
-              "out_proj.bias": _tp(plan, f"{prefix}.out_proj.bias", 1)
+              "out_proj.weight": tp_token(plan, f"{prefix}.out_proj.weight", 2),
+              "out_proj.bias": tp_token(plan, f"{prefix}.out_proj.bias", 1)
               if out.bias is not None else None}
     if module.in_proj_weight is None:
         return False  # separate q/k/v_proj_weight parameters: the generic check below applies

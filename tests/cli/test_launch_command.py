@@ -208,3 +208,36 @@ def test_run_config_then_flags(plans, capsys, tmp_path):
     code, _, err = launch(capsys, plans[0], "--config", str(config), "--data", "synthetic",
                           "--print-command")
     assert code == 2 and f"steps in {config} = 'ten': expected an integer ≥ 1" in err
+
+
+@pytest.mark.parametrize("flag, expected", [((), "auto"), (("--path", "graph"), "graph"),
+                                            (("--path", "module"), "module")])
+def test_path_reaches_the_worker(plans, capsys, tmp_path, flag, expected):
+    """``--path`` (as ``fxplan.plan(path=...)``) is passed to every worker, which hands it to
+    ``apply_plan``; the worker's own parser reads it back."""
+    from fxplan.worker import parse_args
+
+    code, out, err = launch(capsys, plans[0], "--data", "synthetic", *flag,
+                            "--run-dir", str(tmp_path / "run"), "--print-command")
+    assert code == 0, err
+    words = shlex.split(out)
+    worker = words[words.index("fxplan.worker") + 1:]
+    assert worker[worker.index("--path") + 1] == expected
+    assert parse_args(worker).path == expected
+
+
+def test_path_from_run_config_and_bad_values(plans, capsys, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[data]\npath = "synthetic"\n[training]\npath = "graph"\n')
+    code, out, err = launch(capsys, plans[0], "--config", str(config), "--run-dir",
+                            str(tmp_path / "run"), "--print-command")
+    assert code == 0, err
+    words = shlex.split(out)
+    assert words[words.index("--path") + 1] == "graph"
+    config.write_text('[data]\npath = "synthetic"\n[training]\npath = "fast"\n')
+    code, out, err = launch(capsys, plans[0], "--config", str(config), "--print-command")
+    assert code == 2 and "auto, module or graph" in err, err
+    with pytest.raises(SystemExit) as exit_:
+        main(["launch", plans[0], "--data", "synthetic", "--path", "fast"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'fast'" in capsys.readouterr().err

@@ -24,8 +24,11 @@ LLAMA = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_a
 ENCODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime",
                        "models", "encoder_lm.py:build")
 ENCODER_WIDE = ENCODER + "_wide"
+#: The Llama with its LM head tied to the embedding (one Parameter, two names).
+LLAMA_TIED = LLAMA + ",tie_word_embeddings=True"
 #: The model spec of each kind of test model.
-SPECS = {"llama": LLAMA, "encoder": ENCODER, "encoder-wide": ENCODER_WIDE}
+SPECS = {"llama": LLAMA, "llama-tied": LLAMA_TIED, "encoder": ENCODER,
+         "encoder-wide": ENCODER_WIDE}
 VOCAB = 64
 
 _MEGATRON = {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)",
@@ -112,15 +115,52 @@ def train_matches_reference(kind: str, plan_json: str, steps: int = 3, meta: boo
         losses.append(float(sharded.train_step((tokens, targets), lm_loss)))
         optimizer.step()
         optimizer.zero_grad()
+    tied_equal = _tied_copies_equal(sharded, build(kind, meta=True))
     params = sharded.full_parameters()
     ref_losses, ref_params = reference(kind, plan, steps)
     errors = {k: _error(params[k], ref_params[k]) for k in ref_params if k in params}
     worst = max(errors, key=errors.get)
+    unsharded = build(kind, seed=5)            # the gathered parameters load into the user's model
+    result = unsharded.load_state_dict(params, strict=False)
+    loaded = dict(unsharded.named_parameters(remove_duplicate=False))
+    loads_back = not result.unexpected_keys and all(torch.equal(loaded[k], params[k])
+                                                    for k in params)
     return dict(path=sharded.path, fallbacks=sharded.fallbacks, losses=losses,
+                tied_equal=tied_equal, loads_back=loads_back,
+                missing_on_load=sorted(result.missing_keys),
                 ref_losses=ref_losses, missing=sorted(set(ref_params) - set(params)),
                 extra=sorted(set(params) - set(ref_params)),
                 loss_error=max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
                 param_error=errors[worst], worst=worst)
+
+
+def _tied_copies_equal(sharded: Any, model: torch.nn.Module) -> bool:
+    """Every tied weight is one Parameter under all its names on each stage, and its copies on
+    all ranks (pipeline stages, replicas) are equal after training (collective)."""
+    import torch.distributed as dist
+
+    from fxplan.runtime.module_apply import tied_aliases
+
+    aliases = tied_aliases(model)
+    one_object = True
+    for stage in sharded.stages:
+        held: dict[str, Any] = {}
+        for name, param in stage.inner.named_parameters(remove_duplicate=False):
+            if name in aliases:
+                one_object &= held.setdefault(aliases[name], param) is param
+    local = {}
+    for name, param in sharded.named_parameters().items():
+        if name in set(aliases.values()):
+            full = param.full_tensor() if hasattr(param, "full_tensor") else param
+            local[name] = full.detach().cpu().clone()
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, local)
+    copies: dict[str, list[torch.Tensor]] = {}
+    for held_here in everyone:
+        for name, value in (held_here or {}).items():
+            copies.setdefault(name, []).append(value)
+    return one_object and bool(copies) == bool(aliases) and all(
+        torch.equal(c[0], other) for c in copies.values() for other in c[1:])
 
 
 def state_dict_round_trip(kind: str, plan_json: str) -> dict[str, Any] | None:

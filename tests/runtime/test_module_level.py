@@ -24,6 +24,7 @@ CONSTRAINTS = {
     "pp_dp": dict(pp=2, dp=2, zero_stage=1),
     "pp_dp_zero3": dict(pp=2, dp=2, zero_stage=3, microbatch_size=1),
     "pp_tp": dict(pp=2, tp=2, sequence_parallel=False),
+    "pp_tp_sp": dict(pp=2, tp=2, sequence_parallel=True),
     "tp_dp_selective": dict(tp=2, dp=2, sequence_parallel=False, recompute="selective"),
     "pp_dp_selective": dict(pp=2, dp=2, zero_stage=1, recompute="selective"),
 }
@@ -35,7 +36,7 @@ def plan_json(kind: str, name: str) -> str:
     import fxplan
 
     model = SPECS[kind]
-    seq = 8 if kind == "llama" else None
+    seq = 8 if kind.startswith("llama") else None
     plan = fxplan.search(model, CLUSTER, batch=4, seq=seq, constraints=CONSTRAINTS[name],
                          progress=False)
     return plan.to_json()
@@ -63,12 +64,31 @@ def test_encoder_trains_like_one_process(rank_pool, name):
     _check(report)
 
 
-def test_hf_llama_built_on_meta(rank_pool):
-    """As ``fxplan launch`` builds it: parameters on meta, each rank materialising its stage
-    from the seeded builder (pipeline and data parallel)."""
-    report = rank_pool.run("rt_module_cases:train_matches_reference", kind="llama",
-                           plan_json=plan_json("llama", "pp_dp"), meta=True)[0]
+@pytest.mark.parametrize("name", ["tp_sp_dp", "pp_dp", "pp_tp_sp"])
+def test_tied_llama_trains_like_one_process(rank_pool, name):
+    """``tie_word_embeddings=True``: the embedding and the LM head share one Parameter. Under
+    tp both use it as one ``Shard(0)`` DTensor (vocabulary-parallel embedding, column-parallel
+    head); under pp the first and last stages hold copies whose gradients are summed each
+    step. Either way it trains like one process and goes by one name (no missing / extra
+    key against the unsharded model's ``named_parameters``), and the gathered parameters load
+    into the unsharded tied model (the head's key is the only one missing: it is the same
+    Parameter as the embedding's, which the load fills)."""
+    report = rank_pool.run("rt_module_cases:train_matches_reference", kind="llama-tied",
+                           plan_json=plan_json("llama-tied", name))[0]
     _check(report)
+    assert report["tied_equal"], report
+    assert report["loads_back"] and report["missing_on_load"] == ["lm_head.weight"], report
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-tied"])
+def test_hf_llama_built_on_meta(rank_pool, kind):
+    """As ``fxplan launch`` builds it: parameters on meta, each rank materialising its stage
+    from the seeded builder (pipeline and data parallel; the tied head's copy on the last
+    stage takes the embedding's values)."""
+    report = rank_pool.run("rt_module_cases:train_matches_reference", kind=kind,
+                           plan_json=plan_json(kind, "pp_dp"), meta=True)[0]
+    _check(report)
+    assert report["tied_equal"], report
 
 
 def test_encoder_mlp_tensor_parallel(rank_pool):
@@ -114,12 +134,14 @@ def test_encoder_searched_tensor_parallel(rank_pool):
     _check(report)
 
 
-@pytest.mark.parametrize("name", ["tp_sp_zero3", "dp_zero3"])
-def test_hf_state_dict_round_trip(rank_pool, name):
+@pytest.mark.parametrize("kind,name", [("llama", "tp_sp_zero3"), ("llama", "dp_zero3"),
+                                       ("llama-tied", "tp_sp_zero3")])
+def test_hf_state_dict_round_trip(rank_pool, kind, name):
     """An HF-format state dict loads into the sharded model; the gathered full state dict after
-    a step loads back into the unsharded model with ``strict=True`` and equal values."""
-    report = rank_pool.run("rt_module_cases:state_dict_round_trip", kind="llama",
-                           plan_json=plan_json("llama", name))[0]
+    a step loads back into the unsharded model with ``strict=True`` and equal values (for the
+    tied Llama: the embedding and the head one tensor, under the unsharded model's keys)."""
+    report = rank_pool.run("rt_module_cases:state_dict_round_trip", kind=kind,
+                           plan_json=plan_json(kind, name))[0]
     assert report["path"] == "module"
     assert report["keys_equal"], report
     assert report["load_error"] == 0.0, report

@@ -81,20 +81,43 @@ def test_encoder_stage_cut_and_replicated_attention():
         module_level_plan(model, plan, TOKENS)
 
 
+def test_tied_weight_takes_one_layout_and_pipeline_copies():
+    """A tied Llama: under tp the embedding and the head read one placement (the sharded use's
+    where the search planned them apart, with a fallback line); under pp the first and the
+    last stage hold a copy, named by the first name; under sp × pp the stage boundary is the
+    local sequence shard."""
+    pytest.importorskip("transformers")
+    model = build("llama-tied")
+    plan = plan_for(model, tp=2, sp=True, overrides={"model.embed_tokens.weight": "RR",
+                                                     "lm_head.weight": "RS(0)"})
+    decided = module_level_plan(model, plan, TOKENS)
+    assert isinstance(decided.styles["model.embed_tokens"], RowwiseParallel)  # vocab-parallel
+    assert isinstance(decided.styles["lm_head"], ColwiseParallel)
+    assert decided.aliases == {"model.embed_tokens.weight": "model.embed_tokens.weight",
+                               "lm_head.weight": "model.embed_tokens.weight"}
+    (line,) = decided.fallbacks
+    assert "R for 'model.embed_tokens.weight', S(0) for 'lm_head.weight'" in line, line
+    plan = plan_for(model, tp=2, pp=2, sp=True)
+    decided = module_level_plan(model, plan, TOKENS)
+    assert decided.tied_users == {"model.embed_tokens.weight": [0, 1]}
+    assert not decided.fallbacks
+    assert decided.stage_io[0].outputs[0].shape == (2, 4, 32)   # (b, s/tp, h)
+    assert decided.stage_io[1].inputs[0].shape == (2, 4, 32)
+    assert decided.stage_io[1].outputs[0].shape == (2, 8, 64)   # full logits
+    plan = plan_for(model, tp=2, overrides={"lm_head.weight": "RS(1)"})
+    with pytest.raises(NotExpressible, match="two sharded layouts"):
+        module_level_plan(model, plan, TOKENS)
+
+
 @pytest.mark.parametrize("case, reason", [
-    ("gpt_tp", "tied weights"),
     ("llama_zoo_tp", "local shapes"),
     ("bias_mismatch", "not a column- or row-parallel layout"),
     ("sp_replicated_head", "'emb' is replicated over tp: with sequence parallelism"),
-    ("sp_pp", "sequence parallelism across pipeline stages"),
 ])
 def test_module_level_refusals_name_the_reason(case, reason):
     from fxplan.examples.model_spec import resolve_model
 
-    if case == "gpt_tp":
-        model = resolve_model("gpt-tiny:dropout=0,seq=16,layers=2").build("cpu")
-        plan = plan_for(model, tp=2)
-    elif case == "llama_zoo_tp":  # its attention views q as (b, t, self.heads, d): global heads
+    if case == "llama_zoo_tp":  # its attention views q as (b, t, self.heads, d): global heads
         model = resolve_model("llama-tiny:layers=2").build("cpu")
         plan = plan_for(model, tp=2)
     elif case == "sp_replicated_head":
@@ -104,11 +127,7 @@ def test_module_level_refusals_name_the_reason(case, reason):
         model = build("encoder")
         plan = plan_for(model, tp=2, overrides={"encoder.layers.0.linear1.weight": "RS(0)",
                                                 "encoder.layers.0.linear1.bias": "RR"})
-    else:
-        pytest.importorskip("transformers")
-        model = build("llama")
-        plan = plan_for(model, pp=2, tp=2, sp=True)
-    tokens = torch.zeros(2, 16 if case == "gpt_tp" else 8, dtype=torch.long)
+    tokens = torch.zeros(2, 8, dtype=torch.long)
     with pytest.raises(NotExpressible, match=reason):
         module_level_plan(model, plan, tokens)
     with pytest.raises(PassError, match=rf"\[module-apply\].*{reason}"):
@@ -120,7 +139,8 @@ def test_refused_plan_of_an_export_only_model_is_one_clear_error():
     Hugging Face model: one ``PassError`` naming both reasons, before any process group."""
     pytest.importorskip("transformers")
     model = build("llama")
-    plan = plan_for(model, pp=2, tp=2, sp=True)
-    with pytest.raises(PassError, match=r"\[graph-rewrite\].*module level refused it \(.*sequence "
-                                        r"parallelism across pipeline stages.*symbolic_trace"):
+    plan = plan_for(model, tp=2, overrides={"model.norm.weight": "RS(0)"})
+    with pytest.raises(PassError, match=r"\[graph-rewrite\].*module level refused it \(.*"
+                                        r"'model.norm' has parameter\(s\) weight sharded over "
+                                        r"tp.*symbolic_trace"):
         apply_plan(model, plan, torch.zeros(2, 8, dtype=torch.long))

@@ -62,7 +62,7 @@ def matmul_equation(a: Sequence[int], b: Sequence[int]) -> str:
 def linear_rule(ctx: OpContext) -> list[AxisOption]:
     """``x W^T (+ b)``: data/sequence parallel on x's leading dims, column parallel on n
     (bias sharded alike), row parallel on k (output Partial, bias added once)."""
-    x, w = ctx.shapes[0], ctx.shapes[1]
+    x = ctx.shapes[0]
     lead = _LETTERS[: len(x) - 1].replace("k", "y").replace("n", "z")
     options = einsum_options(f"{lead}k,nk->{lead}n")
     if len(ctx.operands) < 3:
