@@ -27,21 +27,40 @@ from typing import Callable
 from fxplan.inter_op.reasons import CONTEXT, Reason
 from fxplan.inter_op.space import Family
 
-__all__ = ["offered_cps"]
+__all__ = ["Dropped", "context_reasons", "offered_cps"]
+
+#: ``(family, the degrees not offered, cp*)``.
+Dropped = tuple[Family, tuple[int, ...], int]
+
+#: Families named in a reason (the rest are counted).
+SHOW_FAMILIES = 3
 
 
 def offered_cps(family: Family, possible: tuple[int, ...],
-                fits: Callable[[int], bool]) -> tuple[tuple[int, ...], Reason | None]:
-    """``(offered degrees, the reason for the others or None)`` (module docstring);
-    ``possible`` in increasing order, ``fits(cp)`` the no-recompute memory test."""
+                fits: Callable[[int], bool]) -> tuple[tuple[int, ...], Dropped | None]:
+    """``(offered degrees, what was left out or None)`` (module docstring); ``possible`` in
+    increasing order, ``fits(cp)`` the no-recompute memory test."""
     star = next((cp for cp in possible if fits(cp)), None)
     if star is None:
         return possible, None
     offered = tuple(cp for cp in possible if cp <= star)
     dropped = possible[len(offered):]
-    if not dropped:
-        return offered, None
-    return offered, Reason(
-        f"{family}: cp={'|'.join(map(str, dropped))} not offered: at cp={star} one sequence "
-        f"per microbatch already fits without recompute, and a larger cp runs the same tokens "
-        f"per rank with more K/V traffic", CONTEXT, bound=True)
+    return offered, ((family, dropped, star) if dropped else None)
+
+
+def context_reasons(dropped: list[Dropped]) -> list[Reason]:
+    """One reason per ``cp*`` for the families whose larger degrees were left out."""
+    by_star: dict[int, list[Dropped]] = {}
+    for item in dropped:
+        by_star.setdefault(item[2], []).append(item)
+    out = []
+    for star, items in sorted(by_star.items()):
+        named = "; ".join(f"{fam} (cp={'|'.join(map(str, cps))})"
+                          for fam, cps, _ in items[:SHOW_FAMILIES])
+        more = f"; … {len(items) - SHOW_FAMILIES} more" if len(items) > SHOW_FAMILIES else ""
+        out.append(Reason(
+            f"cp > {star} not offered to {len(items)} famil{'y' if len(items) == 1 else 'ies'} "
+            f"({named}{more}): at cp={star} one sequence per microbatch already fits without "
+            f"recompute, and a larger cp runs the same tokens per rank with more K/V traffic",
+            CONTEXT, bound=True))
+    return out

@@ -66,7 +66,7 @@ from fxplan.core.plan import Plan
 from fxplan.cost_model.expert_parallel import num_experts
 from fxplan.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
 from fxplan.inter_op.build_plan import build_plan
-from fxplan.inter_op.context_bound import offered_cps
+from fxplan.inter_op.context_bound import Dropped, context_reasons, offered_cps
 from fxplan.inter_op.constraints import (ConstraintError, allowed, describe,
                                           validate_constraints)
 from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message
@@ -188,6 +188,7 @@ class _Search:
                         heads=prof.heads, tp_widths=prof.tp_widths(), pruned=self.pruned,
                         cps=self.possible_cps)
         out: dict[Family, Rung] = {}
+        dropped: list[Dropped] = []
         for fam in fams:
             if not allowed(_probe(fam), {k: v for k, v in self.constraints.items()
                                    if k in ("tp", "pp", "dp")}):
@@ -208,15 +209,16 @@ class _Search:
                 need = memory_lower_bound(fam, zero, lightest, mem, off)
                 if need <= mem.limit:
                     out[fam] = (zero, off)
-                    self.cps_of[fam], why = offered_cps(
+                    self.cps_of[fam], left = offered_cps(
                         fam, self.possible_cps(fam.dp),
                         lambda cp, fam=fam, rung=(zero, off): self._fits_plain(fam, rung, cp))
-                    if why is not None:
-                        self.pruned.append(why)
+                    if left is not None:
+                        dropped.append(left)
                     break
                 self.pruned.append(memory_reason(fam, zero, need, lightest, mem,
                                                  self._lightest_at(fam, (zero, off)), off,
                                                  mean=not devs.uniform))
+        self.pruned += context_reasons(dropped)
         return out
 
     def _stage_devices(self, pp: int, per_stage: int) -> StageDevices:
