@@ -14,7 +14,16 @@ the same tokens per rank with more K/V traffic, so
     offered = {cp possible : cp ≤ cp*}      (all possible ones when none fits)
 
 and the larger ones are recorded as pruned (kind :data:`~fxplan.inter_op.reasons.CONTEXT`).
-This is exact for ``pp = 1``; with ``pp > 1`` a larger ``cp`` would also cut each microbatch
+Second, a floor on the work per rank: the search offers ``cp`` only where each rank keeps at
+least :data:`MIN_TOKENS_PER_RANK` tokens of every sequence (``s/cp ≥ 4096``, two chunks of
+2048). The ÷``cp`` pricing assumes the kernels run as efficiently on ``s/cp`` tokens as on
+``s``, and the all-gathered K/V (``O(s)`` bytes per layer) is amortised only by attention
+work of ``O(s²/cp)``; both hold for chunks of thousands of tokens (where Megatron-Core and
+torchtitan use CP: 8k–16k tokens per rank at 128k), not for a 2k-token sequence cut into
+slivers. So a model at ``s < 8192`` is searched without CP (as fast as before CP existed);
+a ``cp`` constraint that excludes ``cp = 1`` lifts this floor (the user asked for it).
+
+The memory bound is exact for ``pp = 1``; with ``pp > 1`` a larger ``cp`` would also cut each microbatch
 finer and so shorten the pipeline bubble, which finer microbatches of one sequence cannot
 do — a second-order gain the bound gives up (it keeps long-context searches as fast as those
 without CP: at short sequences ``cp* = 1`` and nothing is added).
@@ -27,7 +36,10 @@ from typing import Callable
 from fxplan.inter_op.reasons import CONTEXT, Reason
 from fxplan.inter_op.space import Family
 
-__all__ = ["Dropped", "context_reasons", "offered_cps"]
+__all__ = ["Dropped", "MIN_TOKENS_PER_RANK", "context_reasons", "offered_cps", "short_reason"]
+
+#: The fewest tokens of each sequence a context-parallel rank keeps (module docstring).
+MIN_TOKENS_PER_RANK = 4096
 
 #: ``(family, the degrees not offered, cp*)``.
 Dropped = tuple[Family, tuple[int, ...], int]
@@ -46,6 +58,16 @@ def offered_cps(family: Family, possible: tuple[int, ...],
     offered = tuple(cp for cp in possible if cp <= star)
     dropped = possible[len(offered):]
     return offered, ((family, dropped, star) if dropped else None)
+
+
+def short_reason(seq: int, cps: tuple[int, ...]) -> Reason:
+    """Why the degrees ``cps`` (all > 1) were not offered to any family: ``seq/cp`` below
+    :data:`MIN_TOKENS_PER_RANK`."""
+    return Reason(
+        f"cp={'|'.join(map(str, cps))} not offered: seq={seq} leaves fewer than "
+        f"{MIN_TOKENS_PER_RANK} tokens per rank ({seq}/{cps[0]} = {seq // cps[0]}), too short a "
+        f"chunk for its attention to amortise the K/V all-gather (context parallelism is for "
+        f"long sequences; --constrain cp=… asks for it anyway)", CONTEXT, bound=True)
 
 
 def context_reasons(dropped: list[Dropped]) -> list[Reason]:

@@ -66,7 +66,8 @@ from fxplan.core.plan import Plan
 from fxplan.cost_model.expert_parallel import num_experts
 from fxplan.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
 from fxplan.inter_op.build_plan import build_plan
-from fxplan.inter_op.context_bound import Dropped, context_reasons, offered_cps
+from fxplan.inter_op.context_bound import (MIN_TOKENS_PER_RANK, Dropped, context_reasons,
+                                            offered_cps, short_reason)
 from fxplan.inter_op.constraints import (ConstraintError, allowed, describe,
                                           validate_constraints)
 from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message
@@ -140,6 +141,7 @@ class _Search:
         self.seq = self.profile.segments.seq
         self._check_cp_constraint()
         self.cps_of: dict[Family, tuple[int, ...]] = {}   # the cp each family offers
+        self.short_cps: set[int] = set()      # cp > 1 left out for too few tokens per rank
         self.mem = DeviceMemory.of(cluster.device(0), headroom)
         self.pruned: list[Reason] = []
         self.fallbacks: list[str] = []
@@ -219,6 +221,8 @@ class _Search:
                                                  self._lightest_at(fam, (zero, off)), off,
                                                  mean=not devs.uniform))
         self.pruned += context_reasons(dropped)
+        if self.short_cps and self.seq:
+            self.pruned.append(short_reason(self.seq, tuple(sorted(self.short_cps))))
         return out
 
     def _stage_devices(self, pp: int, per_stage: int) -> StageDevices:
@@ -354,10 +358,18 @@ class _Search:
 
     def possible_cps(self, dp: int) -> tuple[int, ...]:
         """The context-parallel degrees a family with ``dp`` data-parallel ranks can run
-        (:func:`fxplan.inter_op.space.context_degrees`) that the constraints allow."""
+        (:func:`fxplan.inter_op.space.context_degrees`) that the constraints allow, and
+        unless a constraint asks for ``cp > 1``, that leave each rank at least
+        :data:`~fxplan.inter_op.context_bound.MIN_TOKENS_PER_RANK` tokens
+        (:meth:`short_cps` records the others)."""
         want = {k: v for k, v in self.constraints.items() if k == "cp"}
-        return tuple(c for c in context_degrees(dp, self.seq, self.batch)
-                     if allowed(ParallelConfig(dp=c, cp=c), want))
+        out = tuple(c for c in context_degrees(dp, self.seq, self.batch)
+                    if allowed(ParallelConfig(dp=c, cp=c), want))
+        if not want or allowed(ParallelConfig(), want):
+            short = tuple(c for c in out if c > 1 and self.seq // c < MIN_TOKENS_PER_RANK)
+            self.short_cps.update(short)
+            out = tuple(c for c in out if c not in short)
+        return out
 
     def _fits_plain(self, fam: Family, rung: Rung, cp: int) -> bool:
         """Whether ``fam`` at ``cp`` fits one sequence per microbatch without recompute
