@@ -52,6 +52,8 @@ def offered_cps(family: Family, possible: tuple[int, ...],
                 fits: Callable[[int], bool]) -> tuple[tuple[int, ...], Dropped | None]:
     """``(offered degrees, what was left out or None)`` (module docstring); ``possible`` in
     increasing order, ``fits(cp)`` the no-recompute memory test."""
+    if len(possible) <= 1:
+        return possible, None          # nothing to choose: no memory test
     star = next((cp for cp in possible if fits(cp)), None)
     if star is None:
         return possible, None
