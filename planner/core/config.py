@@ -406,6 +406,11 @@ class ParallelConfig:
             raise CostModelError(
                 f"context parallelism cuts seq={seq} into 2·cp = {2 * self.cp} chunks (the "
                 f"load-balanced causal split) and {seq} mod {2 * self.cp} = {seq % (2 * self.cp)}")
+        if self.cp > 1 and self.sequence_parallel and seq is not None \
+                and seq % (self.cp * self.tp):
+            raise CostModelError(
+                f"sequence parallelism splits each rank's seq/cp = {seq}/{self.cp} tokens over "
+                f"tp={self.tp} ({seq} mod {self.cp * self.tp} = {seq % (self.cp * self.tp)})")
         self._check_stages(layers)
         if batch is not None:
             resolved = self.resolve(batch)

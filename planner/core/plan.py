@@ -145,10 +145,11 @@ class Plan:
                             f"{type(self.placements).__name__}")
         expected = config.replicas * self.microbatch_size * self.num_microbatches
         if self.batch != expected:
+            dp = f"{self.dp}" if config.cp == 1 else f"({self.dp}/{config.cp})"
             raise PlanError(
-                f"batch {self.batch} ≠ (dp/cp)·microbatch_size·num_microbatches = "
-                f"({self.dp}/{config.cp})·{self.microbatch_size}·{self.num_microbatches} = "
-                f"{expected}"
+                f"batch {self.batch} ≠ {'dp' if config.cp == 1 else '(dp/cp)'}"
+                f"·microbatch_size·num_microbatches = "
+                f"{dp}·{self.microbatch_size}·{self.num_microbatches} = {expected}"
             )
         for key in ("batch", "seq"):
             value = getattr(self, key)
