@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from fxplan.cluster_specs.precision import group_precisions
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.efficiency import dtype_key
+from fxplan.cost_model.context_parallel import check_cp
 from fxplan.cost_model.expert_parallel import check_ep
 from fxplan.cost_model.fp8 import check_fp8
 from fxplan.cost_model.layer_costs import GraphSegments, graph_segments
@@ -141,6 +142,7 @@ def _check(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, batch
     # A model without repeated layers runs as one stage: stages=0 (as the search sets it) or none.
     counted = layers if config.stage_layers is not None else max(layers, 1)
     check_ep(graph, config.ep)
+    check_cp(graph, config.cp)
     config.check(world_size=cluster.num_devices, layers=counted, heads=segments.heads,
                  seq=segments.seq, batch=batch,
                  tp_widths=segments.tp_widths if config.tp > 1 else None)

@@ -64,7 +64,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster, DeviceGroup
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["GraphSegments", "SegmentCost", "graph_segments", "segment_cost"]
+__all__ = ["GraphSegments", "SegmentCost", "attention_seconds", "graph_segments",
+           "segment_cost"]
 
 @dataclass(frozen=True)
 class GraphSegments:
@@ -292,6 +293,34 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     return SegmentCost(forward, backward, recompute, tuple(tp_fwd), tuple(tp_bwd), activations,
                        params, output, flops, recompute_flops, tuple(gemm_fwd),
                        tuple(gemm_bwd))
+
+
+def attention_seconds(graph: CapturedGraph, key: str, *, tp: int, sequence_parallel: bool,
+                      microbatch: int, device: DeviceGroup) -> tuple[float, float]:
+    """``(forward, backward)`` seconds of segment ``key``'s attention core on one tp rank
+    (the fused kernel where the device runs one, else its nodes one by one), part of what
+    :func:`segment_cost` adds up; ``(0, 0)`` without a core (memoised)."""
+    cache_key = ("attention_s", key, tp, sequence_parallel and tp > 1, microbatch, device)
+    if cache_key in graph.memo:
+        return graph.memo[cache_key]
+    segments = graph_segments(graph)
+    names = segments.names(key)
+    layout = tp_layout(graph)
+    sp = sequence_parallel and tp > 1
+    scale = microbatch / segments.batch
+    infos = graph.infos_by_name
+    fused = fused_attention_core(graph, names, layout) if prices_fused_attention(device) else None
+    if fused is not None:
+        out = _fused_times(fused, infos[fused.output], device,
+                           _divisor(fused.output, layout, tp, sp) / scale)
+    else:
+        core = attention_core(graph, names, layout)
+        shards = {n: _divisor(n, layout, tp, sp) / scale for n in core}
+        out = (sum(node_time_s(infos[n], device, shard_factor=shards[n]) for n in core),
+               sum(node_time_s(infos[n], device, shard_factor=shards[n], backward=True)
+                   for n in core))
+    graph.memo[cache_key] = out
+    return out
 
 
 def _fused_times(fused: FusedAttention, info: Any, device: DeviceGroup,

@@ -38,6 +38,13 @@ the host↔device copies of each segment's shard to the ZeRO-3 prefetch term.
 Only ``comm_overlap`` of each gradient bucket may overlap the backward, and the step adds the
 optimizer's per-tensor host loop (:mod:`cost_model.host_overhead`).
 
+**Context parallelism** (``cp > 1``, :mod:`cost_model.context_parallel`): every segment runs
+``1/cp`` of each microbatch's tokens (compute, activations, tp collectives and pipeline
+messages ÷ ``cp``), a layer with attention holds the gathered ``K, V`` and its all-gather
+(forward) and reduce-scatter (backward) over the stage's CP group join the tp row (the
+all-gather again under full recompute); gradients, ZeRO and the optimizer are those of
+``cp = 1`` over all ``dp`` ranks.
+
 **Expert parallelism** (``ep > 1``, :mod:`cost_model.expert_parallel`): a mixture of experts'
 layer holds ``1/ep`` of its expert parameters; its dispatch and combine all-to-alls over the
 stage's EP group join the tp row (2 forward, 2 backward, +2 under full recompute); expert
@@ -57,6 +64,8 @@ import torch
 
 from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.compute import op_time_s
+from fxplan.cost_model.context_parallel import (cp_group, cp_layers, cp_segment, kv_bytes,
+                                                layer_exchange)
 from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_groups, ep_segment,
                                                expert_share, model_states, moe_layers)
 from fxplan.core.config import ParallelConfig
@@ -168,20 +177,21 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
     chunks, params, devices, buckets = [], [], [], []
     post, opt_time, off_time = np.zeros(p), np.zeros(p), np.zeros(p)
     moe = moe_layers(graph) if config.ep > 1 else {}     # expert parallelism: expert_parallel.py
+    attn = cp_layers(graph) if config.cp > 1 else {}     # context parallelism: context_parallel.py
+    scale = config.microbatch_size / segments.batch
     experts, ep_share = frozenset().union(*(m.expert_params for m in moe.values())), []
     for s in range(p):
         tp_group, dp_group = stage_ranks(config, s)
         ep_group, edp_group = ep_groups(dp_group, config.ep)
         device = cluster.device(tp_group[0])
         devices.append(device)
-        row = tuple(tuple(ep_segment(segment_cost(graph, key, tp=tp,
-                                                  sequence_parallel=config.sequence_parallel,
-                                                  recompute=config.recompute,
-                                                  microbatch=config.microbatch_size,
-                                                  device=device, placements=config.placements,
-                                                  cluster=cluster, fp8=config.fp8),
-                                     moe.get(key), config.ep)
-                          for key, _ in keys[s][c]) for c in range(v))
+        row = tuple(tuple(cp_segment(ep_segment(
+            segment_cost(graph, key, tp=tp, sequence_parallel=config.sequence_parallel,
+                         recompute=config.recompute, microbatch=config.microbatch_size,
+                         device=device, placements=config.placements, cluster=cluster,
+                         fp8=config.fp8),
+            moe.get(key), config.ep), config.cp, kv_bytes(attn.get(key), scale=scale, tp=tp),
+            config.recompute) for key, _ in keys[s][c]) for c in range(v))
         chunks.append(row)
         stage_params: dict[str, float] = {}
         stage_buckets = []
@@ -190,10 +200,17 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                                     experts, edp_group)
             for key, _ in keys[s][c]:
                 if key in moe:
-                    a2a = alltoall_seconds(moe[key], scale=config.microbatch_size / segments.batch,
+                    a2a = alltoall_seconds(moe[key], scale=scale,
                                            tp=tp, ep_group=ep_group, cluster=cluster,
                                            recompute_full=config.recompute == "full")
                     f_c[1], b_c[1] = f_c[1] + a2a[0], b_c[1] + a2a[1]
+                if key in attn:
+                    kv = layer_exchange(graph, key, group=cp_group(dp_group, config.cp), tp=tp,
+                                        sequence_parallel=config.sequence_parallel,
+                                        microbatch=config.microbatch_size,
+                                        recompute=config.recompute, device=device,
+                                        cluster=cluster).priced
+                    f_c[1], b_c[1] = f_c[1] + kv[0], b_c[1] + kv[1]
             forward[:3, s, c], backward[:3, s, c] = f_c, b_c
             labels = [label for _, label in keys[s][c]]
             stage_buckets.append(overlapped_buckets(

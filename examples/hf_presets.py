@@ -56,6 +56,9 @@ HF_PRESETS: dict[str, HFPreset] = {
     "llama-2-70b": _llama(8192, 28672, 80, 64, 8, 32000, 4096, "Llama-2 70B (GQA, 8 KV heads)"),
     "llama-3-8b": _llama(4096, 14336, 32, 32, 8, 128256, 8192, "Llama-3 8B (GQA, 8 KV heads)"),
     "llama-3-70b": _llama(8192, 28672, 80, 64, 8, 128256, 8192, "Llama-3 70B (GQA, 8 KV heads)"),
+    # meta-llama/Llama-3.1-8B config.json: Llama-3 8B's shapes with a 128k-token context
+    "llama-3.1-8b": _llama(4096, 14336, 32, 32, 8, 128256, 131072,
+                           "Llama-3.1 8B (GQA, 8 KV heads, 128k context)"),
     # mistralai/Mixtral-8x7B-v0.1 and Qwen/Qwen1.5-MoE-A2.7B config.json
     "mixtral-8x7b": _moe("mixtral", "Mixtral 8x7B (8 experts, top-2; 46.7B)", hidden_size=4096,
                          intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,

@@ -117,15 +117,23 @@ def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[Parallel
     if dp * tp * pp != world:
         raise ExplainError(f"pp·dp·tp = {pp}·{dp}·{tp} = {pp * dp * tp}, but the plan runs on "
                            f"{world} devices")
-    if plan.batch % dp:
-        raise ExplainError(f"the global batch {plan.batch} is not divisible by dp={dp}")
-    per_replica = plan.batch // dp
+    cp = changes.get("cp", base.cp)
+    if dp % cp:
+        if "cp" in changes:
+            raise ExplainError(f"cp={cp} does not divide dp={dp}")
+        notes.append(f"context parallelism follows: cp=1 (the plan's cp={cp} does not divide "
+                     f"dp={dp})")
+        cp = 1
+    replicas, who = dp // cp, ("dp" if cp == 1 else "dp/cp")
+    if plan.batch % replicas:
+        raise ExplainError(f"the global batch {plan.batch} is not divisible by {who}={replicas}")
+    per_replica = plan.batch // replicas
     mb = changes.get("microbatch_size", base.microbatch_size)
     if per_replica % mb:
         if "microbatch_size" in changes:
-            raise ExplainError(f"microbatch {mb} does not divide batch/dp = {per_replica}")
+            raise ExplainError(f"microbatch {mb} does not divide batch/{who} = {per_replica}")
         mb = _largest_divisor(per_replica, base.microbatch_size)
-        notes.append(f"microbatch follows: {mb}, the largest divisor of batch/dp = "
+        notes.append(f"microbatch follows: {mb}, the largest divisor of batch/{who} = "
                      f"{per_replica} up to the plan's {base.microbatch_size}")
     m = per_replica // mb
     schedule = (Schedule.parse(changes["schedule"]) if "schedule" in changes
@@ -156,7 +164,7 @@ def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[Parallel
     keep_split = pp == base.pp and schedule == base.schedule
     keep_layout = (dp, tp, sp) == (base.dp, base.tp, base.sequence_parallel)
     config = base.replace(
-        dp=dp, tp=tp, pp=pp, microbatch_size=mb, num_microbatches=m, schedule=schedule,
+        dp=dp, tp=tp, pp=pp, cp=cp, microbatch_size=mb, num_microbatches=m, schedule=schedule,
         zero_stage=zero, offload=offload, fp8=changes.get("fp8", base.fp8),
         recompute=changes.get("recompute", base.recompute),
         sequence_parallel=sp, stage_layers=base.stage_layers if keep_split else None,

@@ -1,14 +1,16 @@
 """Human and machine views of a :class:`~fxplan.core.plan.Plan`.
 
 :func:`plan_summary` is the flat dictionary ``fxplan plan --json`` prints: ``summary``,
-``degrees``, ``zero_stage``, ``schedule``, ``microbatch_size``, ``num_microbatches``,
+``degrees``, ``cp_attention`` (``"allgather"`` with context parallelism, else ``None``),
+``zero_stage``, ``schedule``, ``microbatch_size``, ``num_microbatches``,
 ``recompute``, ``sequence_parallel``, ``step_time_s``, ``tokens_per_s``, ``mfu``,
 ``peak_memory_gib`` (the heaviest pipeline rank), ``capacity_gib``, ``fits``,
 ``search_time_s``, ``timings``, ``solver_status``, ``runners_up``, ``pruned``, ``fallbacks``.
 
 :func:`render_report` prints the rich report: the summary line, predicted step time,
 tokens/s, the achieved TFLOP/s per device (counting recompute, Megatron's convention) and the
-MFU (model FLOPs only, against the devices' peaks, each device its own), the step's breakdown, memory per pipeline
+MFU (model FLOPs only, against the devices' peaks, each device its own), the step's breakdown,
+with context parallelism how the sequence is split and K/V exchanged (:func:`context_line`), memory per pipeline
 rank against the capacity with its breakdown (on a heterogeneous cluster the mesh line, the
 capacity and the memory table per device group: :func:`stage_groups`), the top three runners-up with their deltas (one
 row per configuration), the pruning reasons grouped by kind with the near-misses first
@@ -27,7 +29,8 @@ from fxplan.cost_model.memory import MEMORY_LEGEND, MEMORY_ROWS
 from fxplan.cost_model.memory_headroom import parse_headroom
 from fxplan.report_pruning import group_pruned
 
-__all__ = ["capacity_text", "headroom_text", "mesh_levels", "offload_line", "plan_summary",
+__all__ = ["capacity_text", "context_line", "headroom_text", "mesh_levels", "offload_line",
+           "plan_summary",
            "rate_line", "render_report", "stage_groups", "unique_runners_up"]
 
 #: Pruning reasons printed per kind (closest first); the rest of the kind are counted.
@@ -41,6 +44,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "model": plan.model, "cluster": plan.cluster, "batch": plan.batch, "seq": plan.seq,
         "summary": plan.summary, "degrees": plan.degrees, "axis_levels": list(plan.axis_levels),
         "zero_stage": plan.zero_stage, "offload": plan.offload, "fp8": plan.config.fp8,
+        "cp_attention": plan.cp_attention,
         "schedule": str(plan.schedule),
         "microbatch_size": plan.microbatch_size, "num_microbatches": plan.num_microbatches,
         "recompute": plan.recompute_summary, "sequence_parallel": plan.sequence_parallel,
@@ -232,6 +236,18 @@ def headroom_text(est: Any) -> str:
             f"({share}) free")
 
 
+def context_line(plan: Plan) -> str:
+    """``cp=8: each sequence of 131072 tokens in 16 chunks, 16384 tokens per rank (chunks r
+    and 2·cp−1−r); K/V all-gathered over the 8 ranks of a CP group (in tp_comm)``."""
+    cp = plan.config.cp
+    seq = plan.seq
+    tokens = (f"each sequence of {seq} tokens in {2 * cp} chunks, {seq // cp} tokens per rank "
+              f"(chunks r and 2·cp−1−r)" if seq else "sequences split")
+    return (f"cp={cp}: {tokens}; K/V exchanged by {plan.cp_attention} over the {cp} ranks of "
+            f"each CP group (priced in tp_comm; ring attention is priced by the cost model "
+            f"only for comparison, the runtime runs the all-gather)")
+
+
 def render_report(plan: Plan, console: Any = None) -> None:
     """Print the rich report of ``plan`` (module docstring)."""
     console = _console(console)
@@ -249,6 +265,8 @@ def render_report(plan: Plan, console: Any = None) -> None:
     console.print(f"memory          {_memory_line(plan)}")
     if plan.offload != "none":
         console.print(f"offload         {offload_line(plan)}")
+    if plan.config.cp > 1:
+        console.print(f"context         {context_line(plan)}", markup=False)
     console.print(_memory_table(plan))
     if unique_runners_up(plan):
         console.print(_runners_table(plan))

@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from fxplan.report import capacity_text, headroom_text, mesh_levels, offload_line
+from fxplan.report import capacity_text, context_line, headroom_text, mesh_levels, offload_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -142,6 +142,7 @@ def _summary(plan: Plan, result: Estimate) -> str:
             ("microbatches", f"{plan.num_microbatches} × {plan.microbatch_size} samples"),
             ("recompute", plan.recompute_summary),
             ("sequence parallel", "on" if plan.sequence_parallel else "off"),
+            ("context parallel", context_line(plan) if plan.config.cp > 1 else "off"),
             ("stages (layers)", " / ".join(str(s.num_layers) for s in plan.stages)),
             ("critical stage", result.critical_stage)]
     breakdown = [(k, _time(v), _pct(v / result.step_time_s)) for k, v in result.breakdown.items()]

@@ -20,8 +20,9 @@ The one-line form is the edge to text: what ``fxplan estimate --config`` takes, 
 the ZeRO-3 parameter shards, in host memory; ``fp8`` runs the matrix products in FP8 (the cost
 model's :mod:`fxplan.cost_model.fp8` says what that assumes); ``ep`` (expert parallelism, a
 divisor of ``dp``: :mod:`fxplan.cost_model.expert_parallel`) splits a mixture of experts'
-experts over ``ep`` of the data-parallel ranks; ``cp`` (context parallelism) is in the schema
-at 1 and refused otherwise until it is searched. ``tp_overlap`` says the runtime overlaps the
+experts over ``ep`` of the data-parallel ranks; ``cp`` (context parallelism, a divisor of
+``dp``: :mod:`fxplan.cost_model.context_parallel`) splits every sample's sequence over ``cp`` of
+the data-parallel ranks, so ``batch = (dp/cp) · microbatch_size · num_microbatches``. ``tp_overlap`` says the runtime overlaps the
 sequence-parallel all-gathers and reduce-scatters with their adjacent GEMMs (Megatron-Core's
 ``--tp-comm-overlap``, Transformer Engine's userbuffers); the cost model then prices each such
 collective as ``max(0, t_comm − t_gemm)`` (:mod:`fxplan.cost_model.stage_costs`). The search
@@ -49,8 +50,8 @@ from typing import Any, Mapping
 from fxplan.core.errors import UserError
 from fxplan.core.placements import PlacementMap
 
-__all__ = ["APPLY_PATHS", "CostModelError", "OFFLOAD_POLICIES", "ParallelConfig", "RECOMPUTE_POLICIES",
-           "SCHEDULE_KINDS", "Schedule", "check_unsearched_degree"]
+__all__ = ["APPLY_PATHS", "CP_ATTENTION", "CostModelError", "OFFLOAD_POLICIES", "ParallelConfig",
+           "RECOMPUTE_POLICIES", "SCHEDULE_KINDS", "Schedule"]
 
 #: Pipeline schedule kinds; ``interleaved`` is written ``interleaved:v`` (``v ≥ 2``).
 SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
@@ -68,8 +69,11 @@ APPLY_PATHS: tuple[str, ...] = ("auto", "module", "graph")
 #: the optimizer states and the (sharded) parameters (ZeRO-3 only: FSDP2's CPU offload).
 OFFLOAD_POLICIES: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
 
-#: Degrees the schema carries but the search, cost model and runtime do not handle yet.
-UNSEARCHED_DEGREES: dict[str, str] = {"cp": "context parallelism"}
+#: How a context-parallel rank gets the keys and values of its group's other sequence chunks in
+#: the runtime: an all-gather of K and V over the CP group (a reduce-scatter of dK, dV in the
+#: backward). A plan with ``cp > 1`` names it (``cp_attention``); the cost model also prices
+#: ring attention (:mod:`fxplan.cost_model.context_parallel`) for comparison.
+CP_ATTENTION = "allgather"
 
 _ON = ("on", "true", "yes", "1")
 _OFF = ("off", "false", "no", "0")
@@ -103,15 +107,6 @@ def _parse_bool(name: str, text: str) -> bool:
     if text.lower() in _OFF:
         return False
     raise CostModelError(f"{name}={text!r}: expected on or off")
-
-
-def check_unsearched_degree(name: str, value: Any) -> None:
-    """``cp`` and ``ep`` are in the schema (1 = unused) but not searched, priced or run yet:
-    any other value is a :class:`CostModelError` saying so."""
-    if value != 1 or isinstance(value, bool):
-        raise CostModelError(
-            f"{name}={value!r}: {UNSEARCHED_DEGREES[name]} is not searched yet (nor priced or "
-            f"run); {name} must be 1 in this version of fxplan")
 
 
 def _parse_int(name: str, text: str) -> int:
@@ -204,8 +199,6 @@ class ParallelConfig:
     tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
-        for name in UNSEARCHED_DEGREES:
-            check_unsearched_degree(name, getattr(self, name))
         if self.offload not in OFFLOAD_POLICIES:
             raise CostModelError(f"offload={self.offload!r}: expected one of "
                                  f"{', '.join(OFFLOAD_POLICIES)}")
@@ -226,8 +219,13 @@ class ParallelConfig:
                 "sequence-parallel all-gather and reduce-scatter into chunks pipelined with the "
                 "adjacent GEMM (Megatron-Core --tp-comm-overlap requires "
                 "--sequence-parallel)")
-        for name in ("dp", "tp", "pp", "microbatch_size", "ep"):
+        for name in ("dp", "tp", "pp", "microbatch_size", "cp", "ep"):
             _positive_int(name, getattr(self, name))
+        if self.dp % self.cp:
+            raise CostModelError(
+                f"cp={self.cp} does not divide dp={self.dp} ({self.dp} mod {self.cp} = "
+                f"{self.dp % self.cp}): context-parallel ranks are taken from the data-parallel "
+                "ones (Megatron-Core, torchtitan)")
         if self.dp % self.ep:
             raise CostModelError(
                 f"ep={self.ep} does not divide dp={self.dp} ({self.dp} mod {self.ep} = "
@@ -336,9 +334,9 @@ class ParallelConfig:
 
     def extras(self) -> dict[str, str]:
         """The fields beyond the classic ones that differ from their defaults, as text:
-        ``{"ep": "4", "offload": "optimizer", "fp8": "on"}`` (``cp`` is always 1 for now)."""
+        ``{"cp": "2", "ep": "4", "offload": "optimizer", "fp8": "on"}``."""
         out: dict[str, str] = {}
-        for name in (*UNSEARCHED_DEGREES, "ep"):
+        for name in ("cp", "ep"):
             if getattr(self, name) != 1:
                 out[name] = str(getattr(self, name))
         if self.offload != "none":
@@ -365,24 +363,33 @@ class ParallelConfig:
         return self.summary()
 
     # -- validation -------------------------------------------------------------------------
-    def resolve(self, batch: int) -> "ParallelConfig":
-        """This configuration with ``num_microbatches = batch / (dp · mb)`` filled in.
+    @property
+    def replicas(self) -> int:
+        """``dp / cp``: the data-parallel replicas that process different samples (each of
+        ``cp`` ranks splits its samples' sequences; ``dp`` when ``cp = 1``)."""
+        return self.dp // self.cp
 
-        Raises when ``batch`` is not a multiple of ``dp · mb`` or contradicts an explicit
+    def resolve(self, batch: int) -> "ParallelConfig":
+        """This configuration with ``num_microbatches = batch / ((dp/cp) · mb)`` filled in.
+
+        Raises when ``batch`` is not a multiple of ``(dp/cp) · mb`` or contradicts an explicit
         ``num_microbatches``.
         """
         _positive_int("batch", batch)
-        per_step = self.dp * self.microbatch_size
+        per_step = self.replicas * self.microbatch_size
         if batch % per_step:
+            who = (f"dp·mb = {self.dp}·{self.microbatch_size}" if self.cp == 1 else
+                   f"(dp/cp)·mb = ({self.dp}/{self.cp})·{self.microbatch_size}")
             raise CostModelError(
-                f"batch={batch} is not divisible by dp·mb = {self.dp}·{self.microbatch_size} = "
+                f"batch={batch} is not divisible by {who} = "
                 f"{per_step} ({batch} mod {per_step} = {batch % per_step})"
             )
         m = batch // per_step
         if self.num_microbatches is not None and self.num_microbatches != m:
+            who = "dp·mb" if self.cp == 1 else "(dp/cp)·mb"
             raise CostModelError(
-                f"m={self.num_microbatches} contradicts batch={batch}: batch / (dp·mb) = "
-                f"{batch} / ({self.dp}·{self.microbatch_size}) = {m} microbatches"
+                f"m={self.num_microbatches} contradicts batch={batch}: batch / ({who}) = "
+                f"{batch} / {per_step} = {m} microbatches"
             )
         return self if self.num_microbatches == m else self.replace(num_microbatches=m)
 
@@ -418,6 +425,15 @@ class ParallelConfig:
                 f"sequence parallelism splits seq={seq} over tp={self.tp} ({seq} mod {self.tp} = "
                 f"{seq % self.tp})"
             )
+        if self.cp > 1 and seq is not None and seq % (2 * self.cp):
+            raise CostModelError(
+                f"context parallelism cuts seq={seq} into 2·cp = {2 * self.cp} chunks (the "
+                f"load-balanced causal split) and {seq} mod {2 * self.cp} = {seq % (2 * self.cp)}")
+        if self.cp > 1 and self.sequence_parallel and seq is not None \
+                and seq % (self.cp * self.tp):
+            raise CostModelError(
+                f"sequence parallelism splits each rank's seq/cp = {seq}/{self.cp} tokens over "
+                f"tp={self.tp} ({seq} mod {self.cp * self.tp} = {seq % (self.cp * self.tp)})")
         self._check_stages(layers)
         if batch is not None:
             resolved = self.resolve(batch)
@@ -425,8 +441,9 @@ class ParallelConfig:
             if self.schedule.interleaved and self.pp > 1 and m % self.pp:
                 raise CostModelError(
                     f"{self.schedule} needs the microbatch count to be a multiple of pp: "
-                    f"m = batch / (dp·mb) = {batch} / ({self.dp}·{self.microbatch_size}) = {m}, "
-                    f"{m} mod {self.pp} = {m % self.pp}"
+                    f"m = batch / ((dp/cp)·mb) = {batch} / "
+                    f"({self.replicas}·{self.microbatch_size}) = {m}, {m} mod {self.pp} = "
+                    f"{m % self.pp}"
                 )
 
     def _check_stages(self, layers: int) -> None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Mapping, TypeVar
 
-from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
+from fxplan.core.config import CP_ATTENTION, RECOMPUTE_POLICIES, ParallelConfig, Schedule
 from fxplan.core.bounds import MAX_BATCH, MAX_SEQ, BoundsError, check_count
 from fxplan.core.errors import UserError
 from fxplan.core.files import read_text
@@ -144,11 +144,13 @@ class Plan:
         if not isinstance(self.placements, PlacementMap):
             raise PlanError(f"placements must be a PlacementMap, got "
                             f"{type(self.placements).__name__}")
-        expected = self.dp * self.microbatch_size * self.num_microbatches
+        expected = config.replicas * self.microbatch_size * self.num_microbatches
         if self.batch != expected:
+            dp = f"{self.dp}" if config.cp == 1 else f"({self.dp}/{config.cp})"
             raise PlanError(
-                f"batch {self.batch} ≠ dp·microbatch_size·num_microbatches = "
-                f"{self.dp}·{self.microbatch_size}·{self.num_microbatches} = {expected}"
+                f"batch {self.batch} ≠ {'dp' if config.cp == 1 else '(dp/cp)'}"
+                f"·microbatch_size·num_microbatches = "
+                f"{dp}·{self.microbatch_size}·{self.num_microbatches} = {expected}"
             )
         for key in ("batch", "seq"):
             value = getattr(self, key)
@@ -217,6 +219,12 @@ class Plan:
         return {**dict(zip(MESH_AXES, self.mesh_shape)), **_extra_degrees(self.config)}
 
     @property
+    def cp_attention(self) -> str | None:
+        """How context-parallel attention exchanges K and V (:data:`~fxplan.core.config.
+        CP_ATTENTION`, ``"allgather"``), ``None`` without context parallelism."""
+        return CP_ATTENTION if self.config.cp > 1 else None
+
+    @property
     def offload(self) -> str:
         """What lives in host memory (:data:`~fxplan.core.config.OFFLOAD_POLICIES`)."""
         return self.config.offload
@@ -249,6 +257,7 @@ class Plan:
             "format_version": PLAN_FORMAT_VERSION,
             "summary": self.summary,
             "degrees": self.degrees,
+            **({"cp_attention": self.cp_attention} if self.cp_attention else {}),
             "offload": self.offload,
             "model": self.model, "cluster": self.cluster,
             "graph_fingerprint": self.graph_fingerprint,
@@ -369,7 +378,8 @@ _REQUIRED = ("model", "cluster", "graph_fingerprint", "cluster_fingerprint", "ba
 _OPTIONAL = ("placements", "block_recompute", "axis_levels", "stages", "estimate", "solver",
              "search_time_s", "runners_up", "pruned", "pruned_detail", "fallbacks", "timings",
              "fxplan_version")
-_DERIVED = ("format_version", "summary", "degrees", "offload", "mesh_shape", "mesh_axes")
+_DERIVED = ("format_version", "summary", "degrees", "cp_attention", "offload", "mesh_shape",
+            "mesh_axes")
 
 
 def _extra_degrees(config: ParallelConfig) -> dict[str, int]:
@@ -396,6 +406,10 @@ def _check_mesh(data: Mapping[str, Any], config: ParallelConfig) -> None:
         want = {**want, **_extra_degrees(config)}
         if degrees != want:
             raise PlanError(f"degrees {data['degrees']} disagree with the config's {want}")
+    if "cp_attention" in data and data["cp_attention"] != (CP_ATTENTION if config.cp > 1
+                                                            else None):
+        raise PlanError(f"cp_attention {data['cp_attention']!r}: this version runs context "
+                        f"parallelism as {CP_ATTENTION!r} (cp > 1 only)")
     if "offload" in data and data["offload"] != config.offload:
         raise PlanError(f"offload {data['offload']!r} disagrees with the config's "
                         f"{config.offload!r}")

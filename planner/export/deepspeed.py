@@ -47,6 +47,13 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
         notes.append("not in ds_config: FP8 matrix products come from Transformer Engine "
                      "layers in the model code (te.Linear under te.fp8_autocast)")
     tp, pp = target.tp or 1, target.pp or 1
+    if (target.cp or 1) > 1:
+        notes.append(f"approximated: DeepSpeed has no context parallelism with K/V all-gather "
+                     f"(the plan's cp={target.cp}); the nearest is DeepSpeed-Ulysses sequence "
+                     f"parallelism in the model code (Megatron-DeepSpeed "
+                     f"--ds-sequence-parallel-size {target.cp}: all-to-alls over the attention "
+                     "heads, other traffic than planned); train_batch_size counts the "
+                     f"dp/cp = {(target.dp or 1) // target.cp} data-parallel replicas")
     if tp > 1:
         notes.append(f"not in ds_config: tensor parallelism (tp={tp}"
                      + (", sequence parallel" if target.sequence_parallel else "")

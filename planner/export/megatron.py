@@ -167,6 +167,7 @@ def parse(text: str, *, world_size: int | None = None,
     per_virtual = number("--num-layers-per-virtual-pipeline-stage")
     v = layers // (pp * per_virtual) if per_virtual and layers else 1
     dp = world_size // (tp * pp) if world_size else None
+    cp = number("--context-parallel-size", 1)
     mb, batch = number("--micro-batch-size"), number("--global-batch-size")
     granularity = values.get("--recompute-granularity")
     if "--recompute-activations" in switches:
@@ -176,7 +177,8 @@ def parse(text: str, *, world_size: int | None = None,
         dp=dp, tp=tp, pp=pp,
         schedule=(f"interleaved:{v}" if v > 1 else "1f1b"), virtual_stages=v,
         microbatch_size=mb,
-        num_microbatches=batch // (mb * dp) if batch and mb and dp else None,
+        # Megatron's data-parallel size is world/(tp·pp·cp): fxplan's dp/cp replicas
+        num_microbatches=batch // (mb * (dp // cp)) if batch and mb and dp else None,
         global_batch=batch,
         sequence_parallel="--sequence-parallel" in switches and tp > 1,
         recompute=granularity or "none",
@@ -186,7 +188,7 @@ def parse(text: str, *, world_size: int | None = None,
                                    number("--decoder-last-pipeline-num-layers")),
         seq=number("--seq-length"),
         dtype=dtype,
-        cp=number("--context-parallel-size", 1), ep=number("--expert-model-parallel-size", 1),
+        cp=cp, ep=number("--expert-model-parallel-size", 1),
         offload="optimizer" if "--optimizer-cpu-offload" in switches else "none",
         fp8="--fp8-format" in values,
     )

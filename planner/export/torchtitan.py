@@ -14,6 +14,9 @@
   microbatches of ``pipeline_parallel_microbatch_size``, without it the step accumulates
   ``global_batch_size / (dp · local_batch_size)`` gradients;
 * context and expert parallelism: ``context_parallel_degree``, ``expert_parallel_degree``;
+  torchtitan's mesh is ``replicate · shard · cp · tp · pp``, so its data-parallel degrees are
+  fxplan's ``dp/cp`` (fxplan counts the CP ranks in ``dp``), and it shards the parameters over
+  ``shard · cp`` (FSDP over the CP ranks too);
 * offload: ``[training] enable_cpu_offload`` (FSDP2's ``CPUOffloadPolicy``: parameters,
   gradients and optimizer states on the host, i.e. ``optimizer+params``);
 * FP8: ``[model] converters = ["float8"]`` (torchao's float8 training);
@@ -44,7 +47,8 @@ _PARAM_DTYPES = ("bfloat16", "float32")
 def export(target: TargetConfig) -> tuple[str, list[str]]:
     """A torchtitan job-config TOML for ``target`` and the notes on what it approximates."""
     notes: list[str] = []
-    dp, tp, pp = target.dp or 1, target.tp or 1, target.pp or 1
+    cp = target.cp or 1
+    dp, tp, pp = (target.dp or 1) // cp, target.tp or 1, target.pp or 1
     mb, m = target.microbatch_size or 1, target.num_microbatches or 1
     training: dict[str, Any] = {
         "local_batch_size": mb * m if pp > 1 else mb,
@@ -63,7 +67,11 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
                      "(sp=off), so torchtitan uses less activation memory and other "
                      "collectives than planned")
     parallelism["pipeline_parallel_degree"] = pp
-    parallelism["context_parallel_degree"] = target.cp or 1
+    parallelism["context_parallel_degree"] = cp
+    if cp > 1 and (target.zero_stage or 0) == 0:
+        notes.append(f"approximated: torchtitan shards the parameters over the cp={cp} ranks "
+                     "(FSDP over data_parallel_shard_degree · context_parallel_degree) where "
+                     "the plan's ZeRO-0 replicates them")
     parallelism["expert_parallel_degree"] = target.ep or 1
     if target.offload not in (None, "none"):
         training["enable_cpu_offload"] = True
@@ -177,8 +185,8 @@ def parse(text: str, *, world_size: int | None = None,
         if world_size is None:
             raise ExportError("torchtitan config: data_parallel_shard_degree = -1 (the leftover "
                               "ranks) needs the world size")
-        shard = world_size // (replicate * tp * pp)
-    dp = replicate * shard
+        shard = world_size // (replicate * tp * pp * par.get("context_parallel_degree", 1))
+    dp = replicate * shard      # replicas of samples: fxplan's dp/cp
     name = par.get("pipeline_parallel_schedule", "1F1B") if pp > 1 else "1F1B"
     kinds = {v: k for k, v in _SCHEDULES.items()}
     if name not in kinds:
@@ -190,8 +198,9 @@ def parse(text: str, *, world_size: int | None = None,
     batch = train.get("global_batch_size", -1)
     batch = local * dp if batch == -1 else batch
     v, counts = _virtual_stages(par, kind, pp, layers)
+    cp = par.get("context_parallel_degree", 1)
     return TargetConfig(
-        dp=dp, tp=tp, pp=pp,
+        dp=dp * cp, tp=tp, pp=pp,
         schedule=f"interleaved:{v}" if kind == "interleaved" else kind,
         virtual_stages=v, microbatch_size=mb, num_microbatches=batch // (dp * mb),
         global_batch=batch, sequence_parallel=tp > 1,
@@ -200,7 +209,7 @@ def parse(text: str, *, world_size: int | None = None,
         if shard > 1 else 0,
         layers=layers, stage_layers=counts, seq=train.get("seq_len"),
         dtype=train.get("mixed_precision_param", "bfloat16"),
-        cp=par.get("context_parallel_degree", 1), ep=par.get("expert_parallel_degree", 1),
+        cp=cp, ep=par.get("expert_parallel_degree", 1),
         offload="optimizer+params" if train.get("enable_cpu_offload") else "none",
         fp8="float8" in data.get("model", {}).get("converters", []),
     )

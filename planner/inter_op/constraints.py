@@ -15,8 +15,8 @@ collection (list, tuple, set, frozenset) of values. Allowed keys and values:
 ``fp8``                 ``True``, ``False`` (the search offers FP8 only when allowed)
 ``ep``                  divisors of the world size (expert parallelism; a divisor of
                         ``dp``, and of the experts, for a candidate to use it)
-``cp``                  ``1`` (context parallelism is not searched yet: any other
-                        value is refused with that sentence)
+``cp``                  divisors of the world size (context parallelism; a divisor
+                        of ``dp`` with ``2·cp | seq`` for a candidate to use it)
 =====================  =========================================================
 
 Anything else raises :class:`ConstraintError` (a ``UserError``) naming the allowed keys or
@@ -28,8 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fxplan.core.config import (OFFLOAD_POLICIES, RECOMPUTE_POLICIES, CostModelError,
-                                ParallelConfig, Schedule, check_unsearched_degree)
+from fxplan.core.config import OFFLOAD_POLICIES, RECOMPUTE_POLICIES, ParallelConfig, Schedule
 from fxplan.core.errors import UserError
 from fxplan.inter_op.space import INTERLEAVE_CHUNKS, divisors
 
@@ -57,12 +56,12 @@ def allowed_values(world: int) -> dict[str, str]:
             "schedule": schedules, "recompute": ", ".join(RECOMPUTE_POLICIES),
             "sequence_parallel": "True, False", "zero_stage": "0, 1, 2, 3",
             "offload": ", ".join(OFFLOAD_POLICIES), "fp8": "True, False",
-            "cp": "1 (context parallelism is not searched yet)",
+            "cp": f"{degrees} (context parallelism; divides dp, 2·cp divides seq)",
             "ep": f"{degrees} (expert parallelism; divides dp)"}
 
 
 def _valid(key: str, value: Any, world: int) -> bool:
-    if key in ("tp", "pp", "dp", "microbatch_size", "ep"):
+    if key in ("tp", "pp", "dp", "microbatch_size", "cp", "ep"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return False
         return key == "microbatch_size" or world % value == 0
@@ -95,11 +94,6 @@ def validate_constraints(constraints: Mapping[str, Any] | None, world: int) -> d
             raise ConstraintError(f"constraint {key} is an empty collection; allowed values: "
                                   f"{table[key]}")
         bad = [v for v in values if not _valid(key, v, world)]
-        if bad and key == "cp":
-            try:
-                check_unsearched_degree(key, bad[0])
-            except CostModelError as err:
-                raise ConstraintError(f"constraint {err}") from None
         if bad:
             raise ConstraintError(f"constraint {key}={bad[0]!r} is not allowed; {key} takes "
                                   f"{table[key]} (a value or a collection of values)")

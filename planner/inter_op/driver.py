@@ -58,13 +58,15 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import numpy as np
 
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import CostModelError, ParallelConfig, Schedule
 from fxplan.cost_model.memory import GIB, MemoryBreakdown
 from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.core.plan import Plan
 from fxplan.cost_model.expert_parallel import num_experts
 from fxplan.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
 from fxplan.inter_op.build_plan import build_plan
+from fxplan.inter_op.context_bound import (MIN_TOKENS_PER_RANK, Dropped, context_reasons,
+                                            offered_cps, short_reason)
 from fxplan.inter_op.constraints import (ConstraintError, allowed, describe,
                                           validate_constraints)
 from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message
@@ -75,7 +77,8 @@ from fxplan.inter_op.pricing import Priced, price_finalist
 from fxplan.inter_op.profile import ModelProfile, SegmentProfile
 from fxplan.inter_op.reasons import DIVIDE, DUPLICATE, MEMORY, REFUSED, TIME_BOUND, Reason
 from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
-from fxplan.inter_op.space import MAX_MICROBATCH, Family, expert_degrees, families, options
+from fxplan.inter_op.space import (MAX_MICROBATCH, Family, context_degrees, expert_degrees,
+                                   families, options)
 from fxplan.inter_op.stage_devices import StageDevices, stage_devices, straddled_stage
 from fxplan.inter_op.stage_memory import (DeviceMemory, limit_text, partition_inputs,
                                          stage_memory, stage_totals)
@@ -133,6 +136,10 @@ class _Search:
         self.profile = ModelProfile(graph, cluster)
         self.experts = num_experts(graph)   # E of a mixture of experts (ep is searched), or None
         self._check_ep_constraint()
+        self.seq = self.profile.segments.seq
+        self._check_cp_constraint()
+        self.cps_of: dict[Family, tuple[int, ...]] = {}   # the cp each family offers
+        self.short_cps: set[int] = set()      # cp > 1 left out for too few tokens per rank
         self.mem = DeviceMemory.of(cluster.device(0), headroom)
         self.pruned: list[Reason] = []
         self.fallbacks: list[str] = []
@@ -162,8 +169,10 @@ class _Search:
         bound."""
         prof = self.profile
         fams = families(self.cluster.num_devices, batch=self.batch, layers=prof.num_layers,
-                        heads=prof.heads, tp_widths=prof.tp_widths(), pruned=self.pruned)
+                        heads=prof.heads, tp_widths=prof.tp_widths(), pruned=self.pruned,
+                        cps=self.possible_cps)
         out: dict[Family, Rung] = {}
+        dropped: list[Dropped] = []
         for fam in fams:
             if not allowed(_probe(fam), {k: v for k, v in self.constraints.items()
                                    if k in ("tp", "pp", "dp")}):
@@ -184,10 +193,18 @@ class _Search:
                 need = memory_lower_bound(fam, zero, lightest, mem, off)
                 if need <= mem.limit:
                     out[fam] = (zero, off)
+                    self.cps_of[fam], left = offered_cps(
+                        fam, self.possible_cps(fam.dp),
+                        lambda cp, fam=fam, rung=(zero, off): self._fits_plain(fam, rung, cp))
+                    if left is not None:
+                        dropped.append(left)
                     break
                 self.pruned.append(memory_reason(fam, zero, need, lightest, mem,
                                                  self._lightest_at(fam, (zero, off)), off,
                                                  mean=not devs.uniform))
+        self.pruned += context_reasons(dropped)
+        if self.short_cps and self.seq:
+            self.pruned.append(short_reason(self.seq, tuple(sorted(self.short_cps))))
         return out
 
     def _stage_devices(self, pp: int, per_stage: int) -> StageDevices:
@@ -216,8 +233,8 @@ class _Search:
         else:   # each virtual stage j priced on its pipeline rank's group (stage_devices)
             inputs = partition_inputs(c, prof, mems, ends=(profs[0], profs[-1]))
             time = np.stack([profs[j % c.pp].layer_time for j in range(c.pp * c.virtual_stages)])
-        key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8, c.ep, c.pp,
-               c.virtual_stages, c.dp, inputs.cap.tobytes(), inputs.extra_time.tobytes(),
+        key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8, c.ep, c.cp,
+               c.pp, c.virtual_stages, c.dp, inputs.cap.tobytes(), inputs.extra_time.tobytes(),
                inputs.fixed_bytes.tobytes(), inputs.inflight.tobytes(),
                inputs.layer_state[:1].tobytes())
         if key not in self.partitions:
@@ -303,13 +320,65 @@ class _Search:
                                                              self.constraints.items()
                                                              if k == "ep"})) or (1,)
 
+    def _check_cp_constraint(self) -> None:
+        """A ``cp`` constraint only ``cp > 1`` satisfies needs a sequence that ``2·cp``
+        chunks divide."""
+        want = self.constraints.get("cp")
+        if want is None:
+            return
+        values = set(want) if isinstance(want, (list, tuple, set, frozenset)) else {want}
+        if 1 in values:
+            return
+        if self.seq is None:
+            raise ConstraintError(f"constraint {describe({'cp': want})} splits the sequence, "
+                                  "and the model has no token sequence (a 2-D integer input); "
+                                  "allow cp=1")
+        if all(self.seq % (2 * v) for v in values):
+            raise ConstraintError(f"constraint cp: context parallelism cuts the sequence into "
+                                  f"2·cp chunks, and none of {sorted(values)} gives chunks that "
+                                  f"divide seq={self.seq}")
+
+    def possible_cps(self, dp: int) -> tuple[int, ...]:
+        """The context-parallel degrees a family with ``dp`` data-parallel ranks can run
+        (:func:`fxplan.inter_op.space.context_degrees`) that the constraints allow, and
+        unless a constraint asks for ``cp > 1``, that leave each rank at least
+        :data:`~fxplan.inter_op.context_bound.MIN_TOKENS_PER_RANK` tokens
+        (:meth:`short_cps` records the others)."""
+        want = {k: v for k, v in self.constraints.items() if k == "cp"}
+        out = tuple(c for c in context_degrees(dp, self.seq, self.batch)
+                    if allowed(ParallelConfig(dp=c, cp=c), want))
+        if not want or allowed(ParallelConfig(), want):
+            short = tuple(c for c in out if c > 1 and self.seq // c < MIN_TOKENS_PER_RANK)
+            self.short_cps.update(short)
+            out = tuple(c for c in out if c not in short)
+        return out
+
+    def _fits_plain(self, fam: Family, rung: Rung, cp: int) -> bool:
+        """Whether ``fam`` at ``cp`` fits one sequence per microbatch without recompute
+        (even stages, sequence parallelism where possible, the rung's ZeRO stage and offload:
+        :mod:`fxplan.inter_op.context_bound`)."""
+        m = self.batch // (fam.dp // cp)
+        sp = fam.tp > 1 and (self.seq is None or self.seq % (fam.tp * cp) == 0)
+        c = ParallelConfig(dp=fam.dp, tp=fam.tp, pp=fam.pp, microbatch_size=1,
+                           num_microbatches=m,
+                           schedule=Schedule("1f1b" if fam.pp == 1 or m >= fam.pp else "gpipe"),
+                           zero_stage=rung[0], offload=rung[1], sequence_parallel=sp, cp=cp,
+                           stage_layers=balanced_counts(self.profile.num_layers, fam.pp))
+        prof, profs, devs = self._profiles(c)
+        mems = devs.memory if profs is not None else self.mem
+        caps = (mems.limit if isinstance(mems, DeviceMemory)
+                else np.array([m.limit for m in mems]))
+        return bool((stage_totals(c, prof, mems) <= caps).all())
+
     def _options(self, fam: Family) -> Iterator[ParallelConfig]:
         """The candidates of ``fam`` (:func:`fxplan.inter_op.space.options`, with the
-        expert-parallel degrees of :meth:`eps`), each with every FP8 choice the constraints
-        allow (FP8 only when allowed: it changes the numerics)."""
+        expert-parallel degrees of :meth:`eps` and the context-parallel ones the family
+        offers, :mod:`fxplan.inter_op.context_bound`), each with every FP8 choice the
+        constraints allow (FP8 only when allowed: it changes the numerics)."""
         prof = self.profile
+        cps = self.cps_of.get(fam) or self.possible_cps(fam.dp)
         for c in options(fam, batch=self.batch, layers=prof.num_layers, seq=prof.segments.seq,
-                         eps=self.eps(fam.dp)):
+                         eps=self.eps(fam.dp), cps=cps):
             for fp8 in self.fp8_choices:
                 yield c.replace(fp8=fp8) if fp8 else c
 
@@ -534,7 +603,8 @@ class _Search:
         prof = self.profile
         reasons: list[Reason] = []
         valid = families(self.cluster.num_devices, batch=self.batch, layers=prof.num_layers,
-                         heads=prof.heads, tp_widths=prof.tp_widths(), pruned=reasons)
+                         heads=prof.heads, tp_widths=prof.tp_widths(), pruned=reasons,
+                         cps=self.possible_cps)
         where = (f"{model} on {self.cluster.name} ({self.cluster.num_devices} devices, batch "
                  f"{self.batch})")
         if not valid:

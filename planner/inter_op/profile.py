@@ -22,6 +22,12 @@ layer keeps ``1/ep`` of its expert parameters (``ψ^e_i``, the expert part of ``
 dispatch and combine all-to-alls over the EP group of the first replica (dp ranks
 ``0, tp, …, (ep−1)·tp``) join ``c^f_i`` and ``c^b_i``.
 
+With context parallelism (``cp > 1``, :mod:`cost_model.context_parallel`) every segment runs
+``1/cp`` of each microbatch's tokens (its ``f, b, a, o`` and tp collectives ÷ ``cp``; the
+parameters unchanged), a layer with attention holds the gathered ``K, V`` (``a``, ``w``), and
+its K/V all-gather (forward) and reduce-scatter (backward) over the CP group of the first
+replica (dp ranks ``0, tp, …, (cp−1)·tp``) join ``c^f_i`` and ``c^b_i``.
+
 Profiles are cached per shape key: the thousands of candidates the search visits share a few
 dozen of them.
 """
@@ -34,6 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fxplan.cost_model.collectives import collective_time_s
+from fxplan.cost_model.context_parallel import cp_layers, cp_segment, kv_bytes, layer_exchange
 from fxplan.cost_model.expert_parallel import alltoall_seconds, ep_segment, moe_layers
 from fxplan.cost_model.layer_costs import SegmentCost, graph_segments, segment_cost
 
@@ -44,8 +51,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["ShapeKey", "SegmentProfile", "ModelProfile"]
 
-#: ``(tp, sequence_parallel, recompute, microbatch, fp8, ep, device group name)``.
-ShapeKey = tuple[int, bool, str, int, bool, int, str]
+#: ``(tp, sequence_parallel, recompute, microbatch, fp8, ep, cp, device group name)``.
+ShapeKey = tuple[int, bool, str, int, bool, int, int, str]
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class SegmentProfile:
     end_out_bytes: tuple[float, float]        # o of pre, post
     expert_params: np.ndarray | None = None   # ψ^e_i (ep > 1; None: no expert parallelism)
     ep: int = 1
+    cp: int = 1
 
     @property
     def layers(self) -> int:
@@ -110,16 +118,16 @@ class ModelProfile:
         return dict(self.segments.tp_widths)
 
     def get(self, tp: int, sp: bool, recompute: str, microbatch: int,
-            fp8: bool = False, ep: int = 1,
+            fp8: bool = False, ep: int = 1, cp: int = 1,
             device: DeviceGroup | None = None) -> SegmentProfile:
         """The profile of one shape key on ``device``'s group (default: rank 0's); ``fp8``
-        prices the linear layers in FP8, ``ep`` splits a mixture of experts' experts (module
-        docstring)."""
+        prices the linear layers in FP8, ``ep`` splits a mixture of experts' experts, ``cp``
+        the sequence (module docstring)."""
         group = device or self.device
-        key = (tp, bool(sp and tp > 1), recompute, microbatch, fp8, ep, group.name)
+        key = (tp, bool(sp and tp > 1), recompute, microbatch, fp8, ep, cp, group.name)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = self._build(*key[:6], group)
+            hit = self._cache[key] = self._build(*key[:7], group)
         return hit
 
     def _comm(self, items: tuple[tuple[str, float], ...], tp: int, group: DeviceGroup) -> float:
@@ -134,29 +142,37 @@ class ModelProfile:
     def of(self, c: "ParallelConfig", device: DeviceGroup | None = None) -> SegmentProfile:
         """The profile of candidate ``c``'s shape key (on ``device``'s group)."""
         return self.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8,
-                        c.ep, device)
+                        c.ep, c.cp, device)
 
-    def _build(self, tp: int, sp: bool, recompute: str, mb: int, fp8: bool, ep: int,
+    def _build(self, tp: int, sp: bool, recompute: str, mb: int, fp8: bool, ep: int, cp: int,
                group: DeviceGroup) -> SegmentProfile:
         per_key: dict[str, tuple[float, ...]] = {}
         moe = moe_layers(self.graph) if ep > 1 else {}
+        attn = cp_layers(self.graph) if cp > 1 else {}
         ep_ranks = tuple(group.first_rank + j * tp for j in range(ep))
+        cp_ranks = tuple(group.first_rank + j * tp for j in range(cp))
+        scale = mb / self.segments.batch
         for key in dict.fromkeys(self.keys):
             c = ep_segment(self._segment(key, tp, sp, recompute, mb, fp8, group), moe.get(key),
                            ep)
-            a2a = (alltoall_seconds(moe[key], scale=mb / self.segments.batch, tp=tp,
+            c = cp_segment(c, cp, kv_bytes(attn.get(key), scale=scale, tp=tp), recompute)
+            a2a = (alltoall_seconds(moe[key], scale=scale, tp=tp,
                                     ep_group=ep_ranks, cluster=self.cluster,
                                     recompute_full=recompute == "full")
                    if key in moe else (0.0, 0.0))
+            kv = layer_exchange(self.graph, key, group=cp_ranks, tp=tp, sequence_parallel=sp,
+                                microbatch=mb, recompute=recompute, device=group,
+                                cluster=self.cluster).priced
             experts = sum(n for k, n in c.params.items()
                           if key in moe and k in moe[key].expert_params)
             per_key[key] = (c.forward_s, c.backward_s + c.recompute_s,
-                            self._comm(c.tp_forward, tp, group) + a2a[0],
-                            self._comm(c.tp_backward, tp, group) + a2a[1],
+                            self._comm(c.tp_forward, tp, group) + a2a[0] + kv[0],
+                            self._comm(c.tp_backward, tp, group) + a2a[1] + kv[1],
                             c.param_count, c.activations.saved, c.activations.working,
                             c.output_bytes, experts)
         rows = np.array([per_key[k] for k in self.keys], dtype=float).reshape(-1, 9)
-        ends = [self._segment(key, tp, sp, recompute, mb, fp8, group) for key in ("pre", "post")]
+        ends = [cp_segment(self._segment(key, tp, sp, recompute, mb, fp8, group), cp, 0.0,
+                           recompute) for key in ("pre", "post")]
         pre, post = ((c.forward_s + self._comm(c.tp_forward, tp, group),
                       c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp, group),
                       c.param_count, c.activations.saved) for c in ends)
@@ -164,4 +180,4 @@ class ModelProfile:
         return SegmentProfile(*(rows[:, i] for i in range(8)), pre, post, float(tied),
                               (ends[0].activations.working, ends[1].activations.working),
                               (ends[0].output_bytes, ends[1].output_bytes),
-                              rows[:, 8] if ep > 1 else None, ep)
+                              rows[:, 8] if ep > 1 else None, ep, cp)

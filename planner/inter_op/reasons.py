@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["KINDS", "MEMORY", "TIME_BOUND", "DUPLICATE", "REFUSED", "DIVIDE", "STAGES",
-           "Reason"]
+           "CONTEXT", "Reason"]
 
 MEMORY = "does not fit in memory"
 TIME_BOUND = "cannot beat the best found (time bound)"
@@ -30,8 +30,9 @@ DUPLICATE = "same plan as another finalist"
 REFUSED = "refused by the cost model"
 DIVIDE = "degree does not divide"
 STAGES = "more stages than layers"
+CONTEXT = "more context parallelism than memory needs"
 #: Every kind, most useful first (the order the report groups them in).
-KINDS: tuple[str, ...] = (MEMORY, TIME_BOUND, DUPLICATE, REFUSED, DIVIDE, STAGES)
+KINDS: tuple[str, ...] = (MEMORY, TIME_BOUND, DUPLICATE, REFUSED, DIVIDE, STAGES, CONTEXT)
 
 
 class Reason(str):

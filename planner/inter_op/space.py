@@ -6,28 +6,31 @@ node whenever ``tp ≤ devices per node`` and otherwise straddles nodes (allowed
 collective model). A family is **invalid**, with the reason recorded, when
 
     tp ∤ heads,  tp ∤ a width tensor parallelism splits (vocabulary, projections),
-    pp > L (a stage needs a layer),  dp ∤ batch.
+    pp > L (a stage needs a layer),  dp/cp ∤ batch for every context-parallel degree cp
+    the family offers (cp = 1 only, unless ``cps`` offers more).
 
 Inside a family a **candidate**, a :class:`~fxplan.core.config.ParallelConfig`, fixes the
-microbatch size ``b`` (a divisor of ``batch/dp`` up to :data:`MAX_MICROBATCH`;
-``m = batch/(dp·b)``), the schedule (``gpipe``, and ``1f1b`` when ``m ≥ pp``; ``interleaved:v``
+microbatch size ``b`` (a divisor of ``batch/(dp/cp)`` up to :data:`MAX_MICROBATCH`;
+``m = batch/((dp/cp)·b)``), the schedule (``gpipe``, and ``1f1b`` when ``m ≥ pp``; ``interleaved:v``
 for ``v ∈`` :data:`INTERLEAVE_CHUNKS` when ``m mod pp = 0`` and ``L ≥ pp·v``; no pipeline:
 ``1f1b`` only), recompute (:data:`~fxplan.core.config.RECOMPUTE_POLICIES`), sequence
 parallelism (``tp > 1``, ``tp | seq``), the ZeRO stage (0–3; 0 when ``dp = 1``) and, for a
-mixture of experts, the expert-parallel degree ``ep`` (``ep | dp``, ``ep | E``); the search
-fills in ``stage_layers`` (the partition).
+mixture of experts, the expert-parallel degree ``ep`` (``ep | dp``, ``ep | E``) and the
+context-parallel degree ``cp`` (:func:`context_degrees`: ``cp | dp``, ``2·cp | seq``, and
+``(dp/cp) | batch``; which of them the search offers a family is its bound,
+:mod:`fxplan.inter_op.context_bound`); the search fills in ``stage_layers`` (the partition).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
 from fxplan.inter_op.reasons import DIVIDE, STAGES, Reason
 
-__all__ = ["Family", "INTERLEAVE_CHUNKS", "MAX_MICROBATCH", "divisors", "expert_degrees",
-           "families", "options"]
+__all__ = ["Family", "INTERLEAVE_CHUNKS", "MAX_MICROBATCH", "context_degrees", "divisors",
+           "expert_degrees", "families", "options"]
 
 MAX_MICROBATCH = 16
 #: The ``v`` of ``interleaved:v`` the search offers.
@@ -67,8 +70,11 @@ class Family:
 
 
 def families(world: int, *, batch: int, layers: int, heads: int | None,
-             tp_widths: Mapping[str, int], pruned: list[Reason]) -> list[Family]:
-    """Valid ``(tp, pp, dp)``; each invalid one appends its reason to ``pruned``."""
+             tp_widths: Mapping[str, int], pruned: list[Reason],
+             cps: Callable[[int], tuple[int, ...]] = lambda dp: (1,)) -> list[Family]:
+    """Valid ``(tp, pp, dp)``; each invalid one appends its reason to ``pruned``. ``cps(dp)``
+    are the context-parallel degrees a family of ``dp`` may use: it needs ``(dp/cp) | batch``
+    for one of them."""
     out: list[Family] = []
     for tp in divisors(world):
         if heads is not None and heads % tp:
@@ -87,7 +93,7 @@ def families(world: int, *, batch: int, layers: int, heads: int | None,
             elif pp > max(layers, 1):
                 pruned.append(Reason(f"tp={tp}, pp={pp}: more stages than layers ({pp} > "
                                      f"{layers})", STAGES))
-            elif batch % dp:
+            elif all(batch % (dp // cp) for cp in cps(dp)):
                 pruned.append(Reason(f"tp={tp}, pp={pp}, dp={dp}: batch={batch} not divisible "
                                      f"by dp ({batch} mod {dp} = {batch % dp})", DIVIDE))
             else:
@@ -103,13 +109,31 @@ def expert_degrees(dp: int, experts: int | None) -> tuple[int, ...]:
     return tuple(d for d in divisors(dp) if experts % d == 0)
 
 
+def context_degrees(dp: int, seq: int | None, batch: int) -> tuple[int, ...]:
+    """The ``cp`` a family of ``dp`` data-parallel ranks can run: ``cp | dp``, the sequence
+    cut into ``2·cp`` chunks (``2·cp | seq``; ``(1,)`` without a sequence) and the batch split
+    over the ``dp/cp`` CP groups (``(dp/cp) | batch``)."""
+    if not seq:
+        return (1,) if batch % dp == 0 else ()
+    return tuple(c for c in divisors(dp) if (c == 1 or seq % (2 * c) == 0)
+                 and batch % (dp // c) == 0)
+
+
 def options(family: Family, *, batch: int, layers: int, seq: int | None,
-            eps: tuple[int, ...] = (1,)) -> Iterator[ParallelConfig]:
+            eps: tuple[int, ...] = (1,), cps: tuple[int, ...] = (1,)
+            ) -> Iterator[ParallelConfig]:
     """Every candidate of ``family`` at ZeRO stage 0 (the search raises the stage as needed),
-    for each expert-parallel degree of ``eps`` (:func:`expert_degrees`)."""
+    for each expert-parallel degree of ``eps`` (:func:`expert_degrees`) and context-parallel
+    degree of ``cps`` (:func:`context_degrees`)."""
+    for cp in cps:
+        yield from _options(family, batch=batch, layers=layers, seq=seq, eps=eps, cp=cp)
+
+
+def _options(family: Family, *, batch: int, layers: int, seq: int | None,
+             eps: tuple[int, ...], cp: int) -> Iterator[ParallelConfig]:
     tp, pp, dp = family.tp, family.pp, family.dp
-    per_replica = batch // dp
-    sps = [False] + ([True] if tp > 1 and (seq is None or seq % tp == 0) else [])
+    per_replica = batch // (dp // cp)
+    sps = [False] + ([True] if tp > 1 and (seq is None or seq % (tp * cp) == 0) else [])
     for mb in (b for b in divisors(per_replica) if b <= MAX_MICROBATCH):
         m = per_replica // mb
         # With m < pp, 1F1B never reaches its steady state and runs GPipe's order (torch's
@@ -125,4 +149,5 @@ def options(family: Family, *, batch: int, layers: int, seq: int | None,
                     for ep in eps:
                         yield ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=mb,
                                              num_microbatches=m, schedule=schedule,
-                                             recompute=recompute, sequence_parallel=sp, ep=ep)
+                                             recompute=recompute, sequence_parallel=sp, ep=ep,
+                                             cp=cp)

@@ -99,3 +99,16 @@ def test_bad_alternatives_are_user_errors(capsys, plan_file, tmp_path) -> None: 
     fxplan.search("gpt-tiny", CLUSTER, batch=BATCH, progress=False).save(other)
     assert main(["explain", str(plan_file), "--vs", str(other)]) == 2
     assert "fxplan diff" in capsys.readouterr().err
+
+
+def test_a_context_parallel_alternative_splits_the_batch_over_dp_over_cp(capsys, plan_file) -> None:  # type: ignore[no-untyped-def]
+    """``--vs cp=2``: the same dp with each sequence over 2 of its ranks, so twice the
+    microbatches of the plan's size; priced by ``estimate`` like any alternative."""
+    base = json.loads(plan_file.read_text())
+    data = _explain(capsys, str(plan_file), "--vs", "cp=2")
+    alt = ParallelConfig.parse(data["alternative"]["config"])
+    plan = ParallelConfig.parse(base["config"])
+    assert alt.cp == 2 and alt.dp == plan.dp
+    assert alt.resolve(BATCH).num_microbatches * alt.microbatch_size == BATCH // (alt.dp // 2)
+    assert data["alternative"]["step_time_s"] == pytest.approx(
+        _estimate(data["alternative"]["config"]).step_time_s, rel=1e-9)

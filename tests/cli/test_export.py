@@ -47,6 +47,8 @@ PLANS = {
                              "offload=optimizer+params,fp8=on", batch=16, layers=(8,)),
     "offload-optimizer": make_plan("dp=4,tp=2,pp=1,mb=1,schedule=1f1b,zero=1,recompute=none,"
                                    "sp=on,offload=optimizer", batch=16, layers=(8,)),
+    "context-parallel": make_plan("dp=4,tp=2,pp=1,mb=1,schedule=1f1b,zero=3,recompute=selective,"
+                                  "sp=on,cp=2", batch=8, layers=(8,)),
 }
 
 #: ``offload`` as each format reads it back: Megatron offloads the optimizer only, torchtitan
@@ -82,10 +84,13 @@ def test_round_trip_keeps_the_degrees(name: str, target: str) -> None:
     elif target == "deepspeed":
         json.loads(result.text)      # parses as JSON
     back = parse_export(result.text, target, world_size=plan.world_size, layers=expected.layers)
+    # ds_config holds no context parallelism: its dp is the dp/cp replicas of samples
+    dp = plan.dp // plan.config.cp if target == "deepspeed" else plan.dp
     for field in ROUND_TRIP[target]:
-        assert getattr(back, field) == getattr(expected, field), (name, target, field)
+        want = dp if field == "dp" else getattr(expected, field)
+        assert getattr(back, field) == want, (name, target, field)
     assert (back.dp, back.microbatch_size, back.num_microbatches) == \
-        (plan.dp, plan.microbatch_size, plan.num_microbatches)
+        (dp, plan.microbatch_size, plan.num_microbatches)
     assert back.offload == OFFLOAD_BACK[target][plan.offload], (name, target)
 
 
@@ -219,3 +224,16 @@ def test_offload_fp8_cp_ep_use_each_frameworks_options() -> None:
     zero = json.loads(ds.text)["zero_optimization"]
     assert zero["offload_optimizer"]["device"] == zero["offload_param"]["device"] == "cpu"
     assert any("Transformer Engine" in n for n in ds.notes)
+
+
+def test_context_parallelism_in_each_format() -> None:
+    """Megatron's and torchtitan's data-parallel sizes leave the CP ranks out (world /
+    (tp·pp·cp)); DeepSpeed has no K/V all-gather context parallelism and says so."""
+    plan = PLANS["context-parallel"]
+    assert "--context-parallel-size 2" in export_plan(plan, "megatron").text
+    titan = tomllib.loads(export_plan(plan, "torchtitan").text)["parallelism"]
+    assert (titan["context_parallel_degree"], titan["data_parallel_shard_degree"],
+            titan["tensor_parallel_degree"]) == (2, 2, 2)
+    ds = export_plan(plan, "deepspeed")
+    assert json.loads(ds.text)["train_batch_size"] == 8
+    assert any("no context parallelism" in n and "Ulysses" in n for n in ds.notes)

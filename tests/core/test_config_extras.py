@@ -1,8 +1,9 @@
 """``cp``, ``ep``, ``offload`` and ``fp8`` in ``ParallelConfig``, the plan JSON and the
-constraints: defaults, text forms, old plans, and the "not searched yet" refusal."""
+constraints: defaults, text forms, old plans, and the refusals of values that do not divide."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -25,7 +26,7 @@ def test_defaults_keep_the_old_text_and_new_fields_round_trip() -> None:
 
 
 @pytest.mark.parametrize("text, message", [
-    ("dp=2,cp=2", r"cp=2: context parallelism is not searched yet"),
+    ("dp=2,cp=4", r"cp=4 does not divide dp=2"),
     ("dp=2,ep=4", r"ep=4 does not divide dp=2"),
     ("dp=2,offload=disk", r"offload='disk': expected one of none, optimizer"),
     ("dp=2,zero=1,offload=optimizer+params", r"offload=optimizer\+params needs zero=3"),
@@ -33,6 +34,20 @@ def test_defaults_keep_the_old_text_and_new_fields_round_trip() -> None:
 def test_bad_values_are_refused(text: str, message: str) -> None:
     with pytest.raises(CostModelError, match=message):
         ParallelConfig.parse(text)
+
+
+def test_cp_splits_sequences_not_samples() -> None:
+    """``batch = (dp/cp)·mb·m``: the cp ranks of a group share their samples; the sequence is
+    cut into 2·cp chunks (load-balanced causal split), so 2·cp must divide it."""
+    c = ParallelConfig.parse("dp=8,cp=4,mb=1")
+    assert c.replicas == 2 and c.resolve(6).num_microbatches == 3
+    assert ParallelConfig.parse(c.resolve(6).to_string()) == c.resolve(6)
+    assert c.summary().endswith("| cp=4")
+    with pytest.raises(CostModelError, match=r"\(dp/cp\)·mb = \(8/4\)·1 = 2 \(5 mod 2 = 1\)"):
+        c.resolve(5)
+    c.check(world_size=8, layers=2, seq=16)
+    with pytest.raises(CostModelError, match="2·cp = 8 chunks.*12 mod 8 = 4"):
+        c.check(world_size=8, layers=2, seq=12)
 
 
 def test_plan_json_carries_cp_ep_offload_and_old_plans_load() -> None:
@@ -49,12 +64,13 @@ def test_plan_json_carries_cp_ep_offload_and_old_plans_load() -> None:
         Plan.from_dict(data)
 
 
-def test_constraints_accept_the_new_keys_and_refuse_cp_beyond_one() -> None:
+def test_constraints_accept_the_new_keys() -> None:
     assert parse_constraints("cp=1,ep=1,offload=optimizer|none,fp8=true") == {
         "cp": 1, "ep": 1, "offload": ["optimizer", "none"], "fp8": True}
     assert validate_constraints({"offload": "optimizer", "fp8": False, "cp": 1}, 8)
-    with pytest.raises(ConstraintError, match="context parallelism is not searched yet"):
-        validate_constraints(parse_constraints("cp=2"), 8)
+    assert validate_constraints(parse_constraints("cp=2|4"), 8) == {"cp": [2, 4]}
+    with pytest.raises(ConstraintError, match="cp=3 is not allowed.*context parallelism"):
+        validate_constraints({"cp": 3}, 8)
     assert validate_constraints({"ep": 8}, 8) == {"ep": 8}     # searched (expert_parallel.py)
     with pytest.raises(ConstraintError, match="ep=3 is not allowed"):
         validate_constraints({"ep": 3}, 8)
@@ -72,3 +88,15 @@ def test_explain_alternatives_change_offload_and_fp8() -> None:
         alternative_config(plan, {"offload": "optimizer+params"})
     config, _ = alternative_config(plan, {"offload": "optimizer+params", "zero_stage": 3})
     assert config.offload == "optimizer+params"
+
+
+def test_a_cp_plan_names_its_attention_exchange_and_round_trips() -> None:
+    base = make_plan()
+    plan = dataclasses.replace(base, config=base.config.replace(cp=2, num_microbatches=8))
+    data = json.loads(plan.to_json())
+    assert data["degrees"]["cp"] == 2 and data["cp_attention"] == "allgather"
+    assert Plan.from_dict(data) == plan
+    assert "cp_attention" not in json.loads(make_plan().to_json())
+    data["cp_attention"] = "ring"
+    with pytest.raises(Exception, match="cp_attention 'ring'"):
+        Plan.from_dict(data)
