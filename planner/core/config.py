@@ -441,7 +441,7 @@ class ParallelConfig:
             if self.schedule.interleaved and self.pp > 1 and m % self.pp:
                 raise CostModelError(
                     f"{self.schedule} needs the microbatch count to be a multiple of pp: "
-                    f"m = batch / ((dp/cp)·mb) = {batch} / "
+                    f"m = batch / ({'dp·mb' if self.cp == 1 else '(dp/cp)·mb'}) = {batch} / "
                     f"({self.replicas}·{self.microbatch_size}) = {m}, {m} mod {self.pp} = "
                     f"{m % self.pp}"
                 )
