@@ -105,7 +105,7 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
 
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    from fxplan.runtime.expert_parallel import check_expert_parallel
+    from fxplan.runtime.expert_parallel import check_expert_parallel, refuse_graph_path
 
     check_expert_parallel(plan)
     if plan.pp == 1 and plan.virtual_stages > 1:
@@ -127,9 +127,12 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
         except NotExpressible as why:
             if path == "module":
                 raise PassError("module-apply", f"the plan cannot run on the module: {why}") from why
+            refuse_graph_path(plan, str(why))
             line = f"[module-apply] {why}: the plan runs as the graph rewrite"
             logger.warning("fxplan runtime fallback: %s", line)
             fallbacks.append(line)
+    if decided is None:
+        refuse_graph_path(plan, "path='graph' was asked for")
     if decided is not None:
         sharded = _apply_module_level(model, plan, decided, ranks, init, on_meta, checkpoint,
                                       precision)
@@ -159,17 +162,22 @@ def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                         ranks: Sequence[int] | None, init: InitSource, on_meta: bool,
                         checkpoint: str | None, precision: Precision | None
                         ) -> ShardedModule | None:
+    from fxplan.runtime.expert_parallel import ExpertGradSync, expert_mesh
+
     mesh, group, pp_rank, device = _member_setup(plan, ranks)
+    ep_mesh = expert_mesh(plan, mesh)   # collective, like the mesh
     tied = TiedGradSync(plan, mesh, {})
     if pp_rank is None:
         return None
     values = init_values(init) if on_meta and checkpoint is None else None
     fallbacks: list[str] = []
+    experts: set[nn.Parameter] = set()
     stages = build_module_stages(model, plan, decided, mesh, local_stage_indices(plan, pp_rank),
-                                 device, values, fallbacks, precision)
+                                 device, values, fallbacks, precision, ep_mesh, experts)
     del values
+    sync = ExpertGradSync(list(experts), ep_mesh, plan.dp) if ep_mesh is not None else None
     return ShardedModule(plan, mesh, stages, decided.stage_io, tied, group, device,
-                         fallbacks=fallbacks, path="module")
+                         fallbacks=fallbacks, path="module", experts=sync)
 
 
 def _traced_program(model: nn.Module, plan: "Plan", inputs: tuple,

@@ -183,9 +183,14 @@ def module_level_plan(model: nn.Module, plan: "Plan",
 def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                         mesh: "DeviceMesh", indices: Sequence[int], device: torch.device,
                         values: Mapping[str, torch.Tensor] | None, fallbacks: list[str],
-                        precision: "Precision | None" = None) -> list["LocalStage"]:
+                        precision: "Precision | None" = None,
+                        ep_mesh: "DeviceMesh | None" = None,
+                        experts: set[nn.Parameter] | None = None) -> list["LocalStage"]:
     """This rank's stages ``indices``, each parallelized as planned (module docstring), in
-    ``precision`` (:mod:`fxplan.runtime.precision`; default fp32)."""
+    ``precision`` (:mod:`fxplan.runtime.precision`; default fp32). ``ep_mesh``: expert
+    parallelism's mesh (:func:`fxplan.runtime.expert_parallel.expert_mesh`); the expert
+    weights it shards are added to ``experts``."""
+    from fxplan.runtime.expert_parallel import shard_experts
     from torch.distributed.tensor.parallel import parallelize_module
 
     from fxplan.runtime.sharded_module import LocalStage
@@ -206,6 +211,9 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             styles = {n: s for n, s in decided.styles.items() if _present(inner, n)}
             parallelize_module(inner, mesh["tp"], styles,
                                src_data_rank=None if on_meta else 0)
+        ignored = shard_experts(inner, plan, mesh, ep_mesh) if ep_mesh is not None else set()
+        if experts is not None:
+            experts.update(ignored)
         if on_meta:
             names = {id(t): n for n, t in [*inner.named_parameters(remove_duplicate=False),
                                            *inner.named_buffers(remove_duplicate=False)]}
@@ -213,7 +221,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         apply_recompute(blocks, [plan.recompute(first_block + i) for i in range(len(blocks))])
         inner.register_forward_hook(_output_tensor)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks,
-                                      precision=precision)
+                                      precision=precision, ignored=ignored)
         first: dict[int, str] = {}  # a tied weight goes by its first name, as in the graph path
         local_names = {n: first.setdefault(id(p), n)
                        for n, p in inner.named_parameters(remove_duplicate=False)}

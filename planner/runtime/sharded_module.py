@@ -61,8 +61,8 @@ class ShardedModule:
 
     def __init__(self, plan: "Plan", mesh: DeviceMesh, stages: Sequence[LocalStage],
                  stage_io: Sequence["StageIO"], tied: TiedGradSync, group: dist.ProcessGroup,
-                 device: torch.device, fallbacks: Sequence[str] = (), path: str = "graph"
-                 ) -> None:
+                 device: torch.device, fallbacks: Sequence[str] = (), path: str = "graph",
+                 experts: Callable[[], None] | None = None) -> None:
         self.plan, self.mesh, self.stages = plan, mesh, list(stages)
         self.stage_io, self.tied, self.group, self.device = stage_io, tied, group, device
         coordinate = mesh.get_coordinate()
@@ -74,6 +74,9 @@ class ShardedModule:
         #: ``module`` (the user's module, PyTorch's parallel pieces) or ``graph`` (the rewrite)
         self.path = path
         self._schedule_for: tuple[Callable[..., torch.Tensor], Any] | None = None
+        #: expert parallelism's gradient reduction over the expert-data-parallel group
+        #: (:class:`fxplan.runtime.expert_parallel.ExpertGradSync`), run after each backward
+        self.experts = experts
 
     @property
     def fallbacks(self) -> list[str]:
@@ -150,6 +153,8 @@ class ShardedModule:
         schedule = self._schedule(loss_fn)
         with self._spmd():
             schedule.step(*args, **kwargs)
+        if self.experts is not None:
+            self.experts()
         self.tied(self.named_parameters())
         return self._reduce_loss(losses)
 
