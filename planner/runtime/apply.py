@@ -171,11 +171,11 @@ def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         return None
     values = init_values(init) if on_meta and checkpoint is None else None
     fallbacks: list[str] = []
-    experts: set[nn.Parameter] = set()
+    experts: list[nn.Parameter] = []
     stages = build_module_stages(model, plan, decided, mesh, local_stage_indices(plan, pp_rank),
                                  device, values, fallbacks, precision, ep_mesh, experts)
     del values
-    sync = ExpertGradSync(list(experts), ep_mesh, plan.dp) if ep_mesh is not None else None
+    sync = ExpertGradSync(experts, ep_mesh, plan.dp) if ep_mesh is not None else None
     return ShardedModule(plan, mesh, stages, decided.stage_io, tied, group, device,
                          fallbacks=fallbacks, path="module", experts=sync)
 

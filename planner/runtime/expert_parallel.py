@@ -128,10 +128,11 @@ def _expert_layers(module: nn.Module, ep: int) -> list[nn.Module]:
 
 
 def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: "DeviceMesh"
-                  ) -> set[nn.Parameter]:
+                  ) -> list[nn.Parameter]:
     """Shard the expert weights of ``module``'s expert-parallel layers over ``ep`` and route
-    their forward through :func:`_ep_forward`, in place; returns the expert parameters (for
-    the data-parallel wrappers to ignore). Parameters on ``meta`` stay there (materialised
+    their forward through :func:`_ep_forward`, in place; returns the expert parameters in module
+    order (the same on every rank: their gradients are reduced in that order), for the
+    data-parallel wrappers to ignore. Parameters on ``meta`` stay there (materialised
     later, like tp DTensors)."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -144,14 +145,14 @@ def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: 
             "as fxplan.examples.models.moe.MoELayer); re-plan with --constrain ep=1")
     sub = ep_mesh["edp", "ep"]
     exchange = _Exchange(mesh["dp"], ep_mesh["ep"], plan.dp)
-    params: set[nn.Parameter] = set()
+    params: list[nn.Parameter] = []
     for layer in layers:
         for name, param in list(layer.experts.named_parameters(recurse=False)):
             local = distribute_tensor(param.detach(), sub, [Replicate(), Shard(0)],
                                       src_data_rank=None)
             new = nn.Parameter(local, requires_grad=param.requires_grad)
             setattr(layer.experts, name, new)
-            params.add(new)
+            params.append(new)
         layer.forward = functools.partial(_ep_forward, layer, exchange)  # type: ignore[method-assign]
     return params
 

@@ -185,7 +185,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                         values: Mapping[str, torch.Tensor] | None, fallbacks: list[str],
                         precision: "Precision | None" = None,
                         ep_mesh: "DeviceMesh | None" = None,
-                        experts: set[nn.Parameter] | None = None) -> list["LocalStage"]:
+                        experts: list[nn.Parameter] | None = None) -> list["LocalStage"]:
     """This rank's stages ``indices``, each parallelized as planned (module docstring), in
     ``precision`` (:mod:`fxplan.runtime.precision`; default fp32). ``ep_mesh``: expert
     parallelism's mesh (:func:`fxplan.runtime.expert_parallel.expert_mesh`); the expert
@@ -211,9 +211,9 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             styles = {n: s for n, s in decided.styles.items() if _present(inner, n)}
             parallelize_module(inner, mesh["tp"], styles,
                                src_data_rank=None if on_meta else 0)
-        ignored = shard_experts(inner, plan, mesh, ep_mesh) if ep_mesh is not None else set()
+        ignored = shard_experts(inner, plan, mesh, ep_mesh) if ep_mesh is not None else []
         if experts is not None:
-            experts.update(ignored)
+            experts.extend(ignored)
         if on_meta:
             names = {id(t): n for n, t in [*inner.named_parameters(remove_duplicate=False),
                                            *inner.named_buffers(remove_duplicate=False)]}
@@ -221,7 +221,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         apply_recompute(blocks, [plan.recompute(first_block + i) for i in range(len(blocks))])
         inner.register_forward_hook(_output_tensor)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks,
-                                      precision=precision, ignored=ignored)
+                                      precision=precision, ignored=set(ignored))
         first: dict[int, str] = {}  # a tied weight goes by its first name, as in the graph path
         local_names = {n: first.setdefault(id(p), n)
                        for n, p in inner.named_parameters(remove_duplicate=False)}

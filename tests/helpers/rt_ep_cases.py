@@ -87,7 +87,8 @@ def train_ep_matches_reference(plan_kwargs: dict[str, Any], steps: int = 3,
     sharded = apply_plan(build_moe(), plan, tokens, ranks=list(range(plan.world_size)))
     if sharded is None:
         return None
-    experts = {k: p for k, p in sharded.named_parameters().items() if isinstance(p, DTensor)}
+    experts = {k: p for k, p in sharded.named_parameters().items()
+               if isinstance(p, DTensor) and "ep" in (p.device_mesh.mesh_dim_names or ())}
     optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
     losses, aux = [], []
     for step in range(steps):
