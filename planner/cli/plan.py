@@ -61,7 +61,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="restrict the search, e.g. \"tp=8,pp=2,zero=1\" (keys: tp, pp, dp, "
                         "microbatch_size|mb, schedule, recompute, sequence_parallel|sp, "
                         "zero_stage|zero, offload (none|optimizer|optimizer+params), fp8 "
-                        "(true|false), cp, ep (1 only: not searched yet); alternatives with |, "
+                        "(true|false), cp, ep (expert parallelism of a mixture of experts: "
+                        "E/ep experts per rank, ep dividing dp); alternatives with |, "
                         "e.g. tp=4|8)")
     parser.add_argument("--allow-fp8", action="store_true",
                         help="let the search run the linear layers in FP8 where it is faster "

@@ -168,7 +168,7 @@ class _Exchange:
     def gather(self, choice: torch.Tensor) -> torch.Tensor:
         """Every replica's ``[T, k]`` choices, in replica order: ``[dp·T, k]``."""
         out = choice.new_empty((self.dp * choice.size(0), choice.size(1)))
-        dist.all_gather_into_tensor(out, choice.contiguous(), group=self.dp_group)
+        dist.all_gather_single(out, choice.contiguous(), group=self.dp_group)
         return out
 
     def run_experts(self, experts: nn.Module, buffer: torch.Tensor) -> torch.Tensor:
