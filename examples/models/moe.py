@@ -191,7 +191,7 @@ class MoELayer(nn.Module):
         choices, then all second choices, …), and whether it is kept (``position < C``);
         dropped ones point at the spare slot ``E·C`` (step 2)."""
         e = self.experts_n
-        choice_major = choice.t().reshape(-1)                               # [kT]
+        choice_major = choice.t().reshape(choice.size(0) * choice.size(1))  # [kT]
         onehot = F.one_hot(choice_major, e)                                 # [kT, E]
         position = ((onehot.cumsum(dim=0) - 1) * onehot).sum(dim=-1)        # [kT]
         kept = position < capacity
@@ -201,7 +201,7 @@ class MoELayer(nn.Module):
 
     def dispatch(self, tokens: torch.Tensor, slot: torch.Tensor, capacity: int) -> torch.Tensor:
         """The experts' input ``[E, C, h]``: each token copied to its ``k`` slots (step 3)."""
-        h, spare = tokens.size(-1), self.experts_n * capacity
+        h, spare = tokens.size(1), self.experts_n * capacity
         routed = tokens.repeat(self.k, 1)                                   # [kT, h]
         buffer = tokens.new_zeros(spare + 1, h).index_copy(0, slot, routed)
         return buffer.narrow(0, 0, spare).view(self.experts_n, capacity, h)
@@ -209,10 +209,11 @@ class MoELayer(nn.Module):
     def combine(self, expert_out: torch.Tensor, slot: torch.Tensor, gate: torch.Tensor,
                 kept: torch.Tensor) -> torch.Tensor:
         """``y [T, h] = Σ_k g · expert output`` of each kept assignment (step 3)."""
-        h = expert_out.size(-1)
-        flat = F.pad(expert_out.reshape(-1, h), (0, 0, 0, 1))              # spare row: zeros
-        weight = gate.t().reshape(-1, 1) * kept.unsqueeze(-1).to(gate.dtype)
-        return (flat.index_select(0, slot) * weight).view(self.k, -1, h).sum(dim=0)
+        e, c, h = expert_out.size(0), expert_out.size(1), expert_out.size(2)
+        tokens, k = gate.size(0), gate.size(1)
+        flat = F.pad(expert_out.reshape(e * c, h), (0, 0, 0, 1))           # spare row: zeros
+        weight = gate.t().reshape(k * tokens, 1) * kept.unsqueeze(-1).to(gate.dtype)
+        return (flat.index_select(0, slot) * weight).view(k, tokens, h).sum(dim=0)
 
     def finish(self, y: torch.Tensor, probs: torch.Tensor, choice: torch.Tensor,
                x: torch.Tensor) -> torch.Tensor:
@@ -222,7 +223,7 @@ class MoELayer(nn.Module):
         if not isinstance(aux, torch.fx.Proxy):
             self.last_aux_loss = aux.detach()
         y = add_auxiliary_loss(y, aux, self.aux_coef)
-        return self.drop(y.view_as(x))
+        return self.drop(y.view(x.size(0), x.size(1), x.size(2)))
 
 
 class MoEGPT(GPT):
