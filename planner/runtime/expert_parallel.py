@@ -66,7 +66,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from fxplan.core.plan import Plan
 
-__all__ = ["check_expert_parallel", "expert_mesh", "shard_experts", "ExpertGradSync",
+__all__ = ["check_expert_parallel", "expert_mesh", "shard_experts", "expert_params",
+           "ExpertGradSync",
            "experts_fallback", "STEPS"]
 
 #: The step methods an expert-parallel layer exposes (module docstring).
@@ -128,12 +129,10 @@ def _expert_layers(module: nn.Module, ep: int) -> list[nn.Module]:
 
 
 def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: "DeviceMesh"
-                  ) -> list[nn.Parameter]:
+                  ) -> None:
     """Shard the expert weights of ``module``'s expert-parallel layers over ``ep`` and route
-    their forward through :func:`_ep_forward`, in place; returns the expert parameters in module
-    order (the same on every rank: their gradients are reduced in that order), for the
-    data-parallel wrappers to ignore. Parameters on ``meta`` stay there (materialised
-    later, like tp DTensors)."""
+    their forward through :func:`_ep_forward`, in place. Parameters on ``meta`` stay there
+    (materialised later, like tp DTensors); :func:`expert_params` lists them afterwards."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     ep = plan.config.ep
@@ -145,16 +144,23 @@ def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: 
             "as fxplan.examples.models.moe.MoELayer); re-plan with --constrain ep=1")
     sub = ep_mesh["edp", "ep"]
     exchange = _Exchange(mesh["dp"], ep_mesh["ep"], plan.dp)
-    params: list[nn.Parameter] = []
     for layer in layers:
         for name, param in list(layer.experts.named_parameters(recurse=False)):
             local = distribute_tensor(param.detach(), sub, [Replicate(), Shard(0)],
                                       src_data_rank=None)
-            new = nn.Parameter(local, requires_grad=param.requires_grad)
-            setattr(layer.experts, name, new)
-            params.append(new)
+            setattr(layer.experts, name, nn.Parameter(local, requires_grad=param.requires_grad))
         layer.forward = functools.partial(_ep_forward, layer, exchange)  # type: ignore[method-assign]
-    return params
+
+
+def expert_params(module: nn.Module) -> list[nn.Parameter]:
+    """The expert weights :func:`shard_experts` sharded in ``module``, in module order (the
+    same on every rank: :class:`ExpertGradSync` reduces their gradients in that order)."""
+    out: list[nn.Parameter] = []
+    for layer in module.modules():
+        forward = layer.__dict__.get("forward")
+        if isinstance(forward, functools.partial) and forward.func is _ep_forward:
+            out.extend(layer.experts.parameters(recurse=False))
+    return out
 
 
 class _Exchange:

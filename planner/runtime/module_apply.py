@@ -190,7 +190,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
     ``precision`` (:mod:`fxplan.runtime.precision`; default fp32). ``ep_mesh``: expert
     parallelism's mesh (:func:`fxplan.runtime.expert_parallel.expert_mesh`); the expert
     weights it shards are added to ``experts``."""
-    from fxplan.runtime.expert_parallel import shard_experts
+    from fxplan.runtime.expert_parallel import expert_params, shard_experts
     from torch.distributed.tensor.parallel import parallelize_module
 
     from fxplan.runtime.sharded_module import LocalStage
@@ -211,13 +211,15 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             styles = {n: s for n, s in decided.styles.items() if _present(inner, n)}
             parallelize_module(inner, mesh["tp"], styles,
                                src_data_rank=None if on_meta else 0)
-        ignored = shard_experts(inner, plan, mesh, ep_mesh) if ep_mesh is not None else []
-        if experts is not None:
-            experts.extend(ignored)
+        if ep_mesh is not None:
+            shard_experts(inner, plan, mesh, ep_mesh)
         if on_meta:
             names = {id(t): n for n, t in [*inner.named_parameters(remove_duplicate=False),
                                            *inner.named_buffers(remove_duplicate=False)]}
             materialize(inner, names, device, values)
+        ignored = expert_params(inner)   # after materialize: the parameters that train
+        if experts is not None:
+            experts.extend(ignored)
         apply_recompute(blocks, [plan.recompute(first_block + i) for i in range(len(blocks))])
         inner.register_forward_hook(_output_tensor)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks,

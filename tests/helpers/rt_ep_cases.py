@@ -22,11 +22,16 @@ SEQ, VOCAB = 16, 512
 MODEL = f"moe-tiny:dropout=0,seq={SEQ},capacity_factor=0.5"
 
 
-def build_moe(seed: int = 0) -> torch.nn.Module:
+def build_moe(seed: int = 0, meta: bool = False) -> torch.nn.Module:
+    """moe-tiny, seeded; ``meta``: parameters on meta (the launch worker's per-stage build)."""
+    import contextlib
+
     from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.build import meta_parameters
 
     torch.manual_seed(seed)
-    return resolve_model(MODEL).build("cpu")
+    with meta_parameters() if meta else contextlib.nullcontext():
+        return resolve_model(MODEL).build("cpu")
 
 
 def make_ep_plan(*, dp: int, ep: int, zero: int = 0, tp: int = 1, microbatch_size: int = 2,
@@ -78,13 +83,17 @@ def _count(result: tuple[torch.Tensor, torch.Tensor], into: list[int]
 
 
 def train_ep_matches_reference(plan_kwargs: dict[str, Any], steps: int = 3,
-                               checkpoint: str | None = None) -> dict[str, Any] | None:
+                               checkpoint: str | None = None, meta: bool = False
+                               ) -> dict[str, Any] | None:
     """Train ``steps`` SGD steps of moe-tiny under an ``ep > 1`` plan; rank 0 reports the
     errors against one process. ``checkpoint``: also save sharded there and load it into the
-    unsharded model (rank 0, no process group)."""
+    unsharded model (rank 0, no process group). ``meta``: the model built on meta, each rank
+    materialising its part from the seeded builder (as ``fxplan launch``'s worker does)."""
     plan = make_ep_plan(**plan_kwargs)
     tokens, targets = _batch(plan)
-    sharded = apply_plan(build_moe(), plan, tokens, ranks=list(range(plan.world_size)))
+    init = build_moe if meta else None
+    sharded = apply_plan(build_moe(meta=meta), plan, tokens, ranks=list(range(plan.world_size)),
+                         init=init)
     if sharded is None:
         return None
     experts = {k: p for k, p in sharded.named_parameters().items()
