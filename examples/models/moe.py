@@ -125,10 +125,17 @@ def add_auxiliary_loss(x: torch.Tensor, aux: torch.Tensor, coef: float) -> torch
 torch.fx.wrap("add_auxiliary_loss")
 
 
+def one_hot(index: torch.Tensor, classes: int) -> torch.Tensor:
+    """``F.one_hot(index, classes)`` (int64) as an out-of-place comparison with
+    ``arange(classes)``: ``one_hot`` fills a zeros tensor in place, which a selective activation
+    checkpoint that keeps the zeros refuses to replay ("cached tensor has been mutated")."""
+    return (index.unsqueeze(-1) == torch.arange(classes, device=index.device)).long()
+
+
 def load_balancing_loss(probs: torch.Tensor, choices: torch.Tensor, experts: int) -> torch.Tensor:
     """Switch Transformer's ``E · Σ_i f_i · P_i`` for router probabilities ``probs [T, E]``
     and the chosen experts ``choices [T, k]`` (``f_i`` over all ``k·T`` assignments)."""
-    counts = F.one_hot(choices, experts).to(probs.dtype).sum(dim=(0, 1))   # [E]
+    counts = one_hot(choices, experts).to(probs.dtype).sum(dim=(0, 1))     # [E]
     f = counts / counts.sum()
     return experts * (f * probs.mean(dim=0)).sum()
 
@@ -192,7 +199,7 @@ class MoELayer(nn.Module):
         dropped ones point at the spare slot ``E·C`` (step 2)."""
         e = self.experts_n
         choice_major = choice.t().reshape(choice.size(0) * choice.size(1))  # [kT]
-        onehot = F.one_hot(choice_major, e)                                 # [kT, E]
+        onehot = one_hot(choice_major, e)                                   # [kT, E]
         position = ((onehot.cumsum(dim=0) - 1) * onehot).sum(dim=-1)        # [kT]
         kept = position < capacity
         slot = torch.where(kept, choice_major * capacity + position,

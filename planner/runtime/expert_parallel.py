@@ -18,8 +18,9 @@ major, tokens in batch order, replica ``d``'s tokens at ``d·T …``), so the sa
 dropped. Each rank fills its own kept assignments into a ``[E, C, h]`` buffer at their global
 slots (the others' slots stay zero).
 
-**Dispatch and combine** (``torch.distributed.nn.functional.all_to_all_single``, autograd-
-capable; gloo and NCCL). Dispatch: the buffer's ``ep`` expert chunks ``[E/ep, C, h]`` go to the
+**Dispatch and combine** (``torch.distributed._functional_collectives``'
+``all_to_all_single_autograd``, gloo and NCCL; out of place, so a selective recompute keeps
+their results instead of re-running them). Dispatch: the buffer's ``ep`` expert chunks ``[E/ep, C, h]`` go to the
 EP ranks holding them; the owner sums the ``ep`` chunks it receives (their kept slots are
 disjoint, so the sum is the one-process expert input restricted to the EP group's tokens), runs
 its ``E/ep`` experts, and combine sends the output chunk back to every EP rank, each of which
@@ -67,7 +68,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
 __all__ = ["check_expert_parallel", "expert_mesh", "shard_experts", "expert_params",
-           "ExpertGradSync",
+           "ExpertGradSync", "recompute_policies",
            "experts_fallback", "STEPS"]
 
 #: The step methods an expert-parallel layer exposes (module docstring).
@@ -173,31 +174,38 @@ class _Exchange:
 
     def gather(self, choice: torch.Tensor) -> torch.Tensor:
         """Every replica's ``[T, k]`` choices, in replica order: ``[dp·T, k]``."""
-        out = choice.new_empty((self.dp * choice.size(0), choice.size(1)))
-        dist.all_gather_single(out, choice.contiguous(), group=self.dp_group)
-        return out
+        from torch.distributed._functional_collectives import all_gather_tensor
+
+        return _wait(all_gather_tensor(choice.contiguous(), 0, self.dp_group))
 
     def run_experts(self, experts: nn.Module, buffer: torch.Tensor) -> torch.Tensor:
         """``[E, C, h]`` (this rank's slots filled) → the experts' output ``[E, C, h]`` for
         them: dispatch all-to-all, this rank's ``E/ep`` experts, combine all-to-all."""
-        from torch.distributed.nn.functional import all_to_all_single
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
         from torch.distributed.tensor import DTensor
 
         ep, rows = self.ep, buffer.shape[1:]
         send = buffer.reshape(ep, -1)
-        received = all_to_all_single(torch.empty_like(send), send, group=self.ep_group)
+        received = _wait(all_to_all_single_autograd(send, None, None, self.ep_group))
         local_in = received.view(ep, buffer.size(0) // ep, *rows).sum(dim=0)
         weights = {n: (p.to_local() if isinstance(p, DTensor) else p).to(buffer.dtype)
                    for n, p in experts.named_parameters()}
         out = torch.func.functional_call(experts, weights, (local_in,))
         back = out.reshape(1, -1).expand(ep, -1).contiguous()
-        returned = all_to_all_single(torch.empty_like(back), back, group=self.ep_group)
+        returned = _wait(all_to_all_single_autograd(back, None, None, self.ep_group))
         return returned.view(buffer.size(0), *out.shape[1:])
 
     def mean_over_dp(self, value: torch.Tensor) -> torch.Tensor:
         out = value.detach().clone()
         dist.all_reduce(out, group=self.dp_group)
         return out / self.dp
+
+
+def _wait(tensor: torch.Tensor) -> torch.Tensor:
+    """The value of a functional collective's result (waits for it)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    return tensor.wait() if isinstance(tensor, AsyncCollectiveTensor) else tensor
 
 
 def _ep_forward(layer: Any, exchange: _Exchange, x: torch.Tensor) -> torch.Tensor:
@@ -239,6 +247,27 @@ class ExpertGradSync:
             if self.group is not None:
                 dist.all_reduce(grad, group=self.group)
             grad.div_(self.dp)
+
+
+def recompute_policies(blocks: Sequence[nn.Module], policies: Sequence[str],
+                       fallbacks: list[str]) -> list[str]:
+    """``policies`` with ``selective`` run as ``full`` for the blocks that hold an
+    expert-parallel layer (a fallback, logged and listed): the selective checkpoint's replay of
+    its kept results does not cover the experts' DTensor weights (their recompute sees other
+    tensors), and full recompute re-runs the block as it ran, collectives included."""
+    from fxplan.passes.rewrite.base import logger
+
+    out = list(policies)
+    for i, block in enumerate(blocks):
+        if out[i] == "selective" and expert_params(block):
+            out[i] = "full"
+            line = ("[expert-parallel] selective recompute of a block with an expert-parallel "
+                    "layer runs as full recompute (same values; more recompute time, less "
+                    "memory than planned)")
+            if line not in fallbacks:
+                logger.warning("fxplan runtime fallback: %s", line)
+                fallbacks.append(line)
+    return out
 
 
 def experts_fallback(plan: "Plan") -> str | None:

@@ -190,7 +190,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
     ``precision`` (:mod:`fxplan.runtime.precision`; default fp32). ``ep_mesh``: expert
     parallelism's mesh (:func:`fxplan.runtime.expert_parallel.expert_mesh`); the expert
     weights it shards are added to ``experts``."""
-    from fxplan.runtime.expert_parallel import expert_params, shard_experts
+    from fxplan.runtime.expert_parallel import expert_params, recompute_policies, shard_experts
     from torch.distributed.tensor.parallel import parallelize_module
 
     from fxplan.runtime.sharded_module import LocalStage
@@ -220,7 +220,9 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         ignored = expert_params(inner)   # after materialize: the parameters that train
         if experts is not None:
             experts.extend(ignored)
-        apply_recompute(blocks, [plan.recompute(first_block + i) for i in range(len(blocks))])
+        policies = [plan.recompute(first_block + i) for i in range(len(blocks))]
+        apply_recompute(blocks, recompute_policies(blocks, policies, fallbacks) if ignored
+                        else policies)
         inner.register_forward_hook(_output_tensor)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks,
                                       precision=precision, ignored=set(ignored))

@@ -14,6 +14,7 @@ CASES = {
     "dp4_ep2": dict(dp=4, ep=2, microbatch_size=1),
     "dp4_ep2_zero2": dict(dp=4, ep=2, zero=2, microbatch_size=1),
     "dp2_ep2_zero1_recompute": dict(dp=2, ep=2, zero=1, recompute="full"),
+    "dp2_ep2_selective": dict(dp=2, ep=2, recompute="selective"),
 }
 
 
@@ -31,8 +32,10 @@ def test_expert_parallel_matches_single_process(rank_pool, name):
     assert len(report["expert_shapes"]) == 4 * 2, report   # w1 b1 w2 b2 in 2 MoE layers
     for key, shape in report["expert_shapes"].items():
         assert shape[0] * ep == report["expert_global"][key][0] == 4, (key, shape)
-    experts_whole = [f for f in report["fallbacks"] if f.startswith("[expert-parallel]")]
+    experts_whole = [f for f in report["fallbacks"] if f.startswith("[expert-parallel] ZeRO")]
     assert len(experts_whole) == (kwargs.get("zero", 0) > 0), report["fallbacks"]
+    as_full = [f for f in report["fallbacks"] if "selective recompute of a block" in f]
+    assert len(as_full) == (kwargs.get("recompute") == "selective"), report["fallbacks"]
 
 
 def test_sharded_checkpoint_loads_into_the_unsharded_model(rank_pool, tmp_path):
