@@ -129,7 +129,7 @@ def one_hot(index: torch.Tensor, classes: int) -> torch.Tensor:
     """``F.one_hot(index, classes)`` (int64) as an out-of-place comparison with
     ``arange(classes)``: ``one_hot`` fills a zeros tensor in place, which a selective activation
     checkpoint that keeps the zeros refuses to replay ("cached tensor has been mutated")."""
-    return (index.unsqueeze(-1) == torch.arange(classes, device=index.device)).long()
+    return (index.unsqueeze(-1) == torch.arange(classes, device=index.device)).to(torch.int64)
 
 
 def load_balancing_loss(probs: torch.Tensor, choices: torch.Tensor, experts: int) -> torch.Tensor:
