@@ -18,11 +18,11 @@ major, tokens in batch order, replica ``d``'s tokens at ``d·T …``), so the sa
 dropped. Each rank fills its own kept assignments into a ``[E, C, h]`` buffer at their global
 slots (the others' slots stay zero).
 
-**Dispatch and combine** (``torch.distributed._functional_collectives``'
-``all_to_all_single_autograd``, gloo and NCCL; out of place, so a selective recompute keeps
-their results instead of re-running them). Dispatch: the buffer's ``ep`` expert chunks ``[E/ep, C, h]`` go to the
-EP ranks holding them; the owner sums the ``ep`` chunks it receives (their kept slots are
-disjoint, so the sum is the one-process expert input restricted to the EP group's tokens), runs
+**Dispatch and combine** (``all_to_all_single_autograd`` of
+``torch.distributed._functional_collectives``: gloo and NCCL, out of place). Dispatch: the
+buffer's ``ep`` expert chunks ``[E/ep, C, h]`` go to the EP ranks holding them; the owner
+sums the ``ep`` chunks it receives (their kept slots are disjoint, so the sum is the
+one-process expert input restricted to the EP group's tokens), runs
 its ``E/ep`` experts, and combine sends the output chunk back to every EP rank, each of which
 reassembles ``[E, C, h]`` and gathers its own slots. The backward runs the two all-to-alls in
 reverse (the expand's gradient sums what each member returns for its own slots).
@@ -41,7 +41,8 @@ without resharding (as with tp > 1; ``ZeroRedundancyOptimizer`` would broadcast 
 experts over the others); the expert weights are ignored by both wrappers and held whole
 (``E/ep`` experts) with their gradients and optimizer state on each of the ``dp/ep``
 expert-data-parallel ranks — a fallback line for ZeRO ≥ 1 (the plan priced them sharded over
-``dp/ep``).
+``dp/ep``). Selective recompute of a block holding an expert-parallel layer runs as full
+recompute (:func:`recompute_policies`, a fallback line).
 
 **Which layers.** A module takes part when it has a child ``experts`` whose parameters are all
 3-D with the same leading ``E`` (divisible by ``ep``) and the step methods ``route``,
@@ -150,7 +151,8 @@ def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: 
             local = distribute_tensor(param.detach(), sub, [Replicate(), Shard(0)],
                                       src_data_rank=None)
             setattr(layer.experts, name, nn.Parameter(local, requires_grad=param.requires_grad))
-        layer.forward = functools.partial(_ep_forward, layer, exchange)  # type: ignore[method-assign]
+        layer.forward = functools.partial(  # type: ignore[method-assign]
+            _ep_forward, layer, exchange)
 
 
 def expert_params(module: nn.Module) -> list[nn.Parameter]:

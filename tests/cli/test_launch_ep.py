@@ -29,7 +29,8 @@ def test_ep_plan_launches(tmp_path, capsys) -> None:  # type: ignore[no-untyped-
     assert "torchrun" in out and "--nproc-per-node" in out and plan in out, out
 
 
-def test_ep_with_tensor_parallelism_is_refused_before_launch(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_ep_with_tensor_parallelism_is_refused_before_launch(  # type: ignore[no-untyped-def]
+        tmp_path, capsys) -> None:
     plan = _plan(tmp_path, "ep2tp2", "dp=2,ep=2,tp=2", 4)
     capsys.readouterr()
     assert main(["launch", plan, "--data", "synthetic", "--print-command"]) == 2
