@@ -125,10 +125,17 @@ def add_auxiliary_loss(x: torch.Tensor, aux: torch.Tensor, coef: float) -> torch
 torch.fx.wrap("add_auxiliary_loss")
 
 
+def one_hot(index: torch.Tensor, classes: int) -> torch.Tensor:
+    """``F.one_hot(index, classes)`` (int64) as an out-of-place comparison with
+    ``arange(classes)``: ``one_hot`` fills a zeros tensor in place, which a selective activation
+    checkpoint that keeps the zeros refuses to replay ("cached tensor has been mutated")."""
+    return (index.unsqueeze(-1) == torch.arange(classes, device=index.device)).to(torch.int64)
+
+
 def load_balancing_loss(probs: torch.Tensor, choices: torch.Tensor, experts: int) -> torch.Tensor:
     """Switch Transformer's ``E · Σ_i f_i · P_i`` for router probabilities ``probs [T, E]``
     and the chosen experts ``choices [T, k]`` (``f_i`` over all ``k·T`` assignments)."""
-    counts = F.one_hot(choices, experts).to(probs.dtype).sum(dim=(0, 1))   # [E]
+    counts = one_hot(choices, experts).to(probs.dtype).sum(dim=(0, 1))     # [E]
     f = counts / counts.sum()
     return experts * (f * probs.mean(dim=0)).sum()
 
@@ -163,32 +170,67 @@ class MoELayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.size(0), x.size(1), x.size(2)
-        e, k = self.experts_n, self.k
         tokens = x.reshape(b * t, h)                                        # [T, h]
+        probs, choice, gate = self.route(tokens)
+        capacity = self.capacity(b * t)
+        slot, kept = self.slots(choice, capacity)
+        expert_out = self.experts(self.dispatch(tokens, slot, capacity))   # [E, C, h]
+        y = self.combine(expert_out, slot, gate, kept)
+        return self.finish(y, probs, choice, x)
+
+    # The steps of :meth:`forward`, separate so that expert parallelism
+    # (:mod:`fxplan.runtime.expert_parallel`) runs the same math with the routing of every
+    # data-parallel replica and the experts on their EP ranks.
+    def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Router probabilities ``p [T, E]`` (fp32), top-``k`` choices ``[T, k]`` and their
+        renormalised gates ``g [T, k]`` (step 1 of the module docstring)."""
         probs = F.softmax(self.router(tokens).float(), dim=-1)              # [T, E]
-        top_p, choice = probs.topk(k, dim=-1)                               # [T, k]
-        gate = (top_p / top_p.sum(dim=-1, keepdim=True)).to(x.dtype)
-        capacity = expert_capacity(b * t, e, k, self.capacity_factor)
-        # queue positions, choice-major: all first choices, then all second choices, ...
-        choice_major = choice.t().reshape(k * b * t)                        # [kT]
-        onehot = F.one_hot(choice_major, e)                                 # [kT, E]
+        top_p, choice = probs.topk(self.k, dim=-1)                          # [T, k]
+        gate = (top_p / top_p.sum(dim=-1, keepdim=True)).to(tokens.dtype)
+        return probs, choice, gate
+
+    def capacity(self, tokens: int) -> int:
+        """``C = ⌈k · c · T / E⌉`` for ``T = tokens`` (:func:`expert_capacity`)."""
+        return expert_capacity(tokens, self.experts_n, self.k, self.capacity_factor)
+
+    def slots(self, choice: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Buffer slot ``e·C + position`` of each assignment, choice-major ``[k·T]`` (all first
+        choices, then all second choices, …), and whether it is kept (``position < C``);
+        dropped ones point at the spare slot ``E·C`` (step 2)."""
+        e = self.experts_n
+        choice_major = choice.t().reshape(choice.size(0) * choice.size(1))  # [kT]
+        onehot = one_hot(choice_major, e)                                   # [kT, E]
         position = ((onehot.cumsum(dim=0) - 1) * onehot).sum(dim=-1)        # [kT]
         kept = position < capacity
-        spare = e * capacity
         slot = torch.where(kept, choice_major * capacity + position,
-                           torch.full_like(position, spare))
-        routed = tokens.repeat(k, 1)                                        # [kT, h]
+                           torch.full_like(position, e * capacity))
+        return slot, kept
+
+    def dispatch(self, tokens: torch.Tensor, slot: torch.Tensor, capacity: int) -> torch.Tensor:
+        """The experts' input ``[E, C, h]``: each token copied to its ``k`` slots (step 3)."""
+        h, spare = tokens.size(1), self.experts_n * capacity
+        routed = tokens.repeat(self.k, 1)                                   # [kT, h]
         buffer = tokens.new_zeros(spare + 1, h).index_copy(0, slot, routed)
-        expert_in = buffer.narrow(0, 0, spare).view(e, capacity, h)         # [E, C, h]
-        expert_out = self.experts(expert_in).reshape(spare, h)
-        expert_out = F.pad(expert_out, (0, 0, 0, 1))                        # spare row: zeros
-        weight = gate.t().reshape(k * b * t, 1) * kept.unsqueeze(-1).to(x.dtype)
-        y = (expert_out.index_select(0, slot) * weight).view(k, b * t, h).sum(dim=0)
-        aux = load_balancing_loss(probs, choice, e)
+        return buffer.narrow(0, 0, spare).view(self.experts_n, capacity, h)
+
+    def combine(self, expert_out: torch.Tensor, slot: torch.Tensor, gate: torch.Tensor,
+                kept: torch.Tensor) -> torch.Tensor:
+        """``y [T, h] = Σ_k g · expert output`` of each kept assignment (step 3)."""
+        e, c, h = expert_out.size(0), expert_out.size(1), expert_out.size(2)
+        tokens, k = gate.size(0), gate.size(1)
+        flat = F.pad(expert_out.reshape(e * c, h), (0, 0, 0, 1))           # spare row: zeros
+        weight = gate.t().reshape(k * tokens, 1) * kept.unsqueeze(-1).to(gate.dtype)
+        return (flat.index_select(0, slot) * weight).view(k, tokens, h).sum(dim=0)
+
+    def finish(self, y: torch.Tensor, probs: torch.Tensor, choice: torch.Tensor,
+               x: torch.Tensor) -> torch.Tensor:
+        """``y`` shaped as ``x``, with the auxiliary loss of ``probs`` and ``choice`` joining
+        the gradient (step 4) and dropout."""
+        aux = load_balancing_loss(probs, choice, self.experts_n)
         if not isinstance(aux, torch.fx.Proxy):
             self.last_aux_loss = aux.detach()
         y = add_auxiliary_loss(y, aux, self.aux_coef)
-        return self.drop(y.view(b, t, h))
+        return self.drop(y.view(x.size(0), x.size(1), x.size(2)))
 
 
 class MoEGPT(GPT):

@@ -179,7 +179,7 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     check_runnable(plan, cluster.device(0).kind)   # offload layout, fp8 on CPU
     from fxplan.runtime.expert_parallel import check_expert_parallel
 
-    check_expert_parallel(plan)                     # ep > 1: no runtime yet
+    check_expert_parallel(plan)                     # ep > 1 with tp > 1: not in the runtime
     return plan, nnodes, nproc, cluster
 
 

@@ -64,7 +64,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "microbatch_size|mb, schedule, recompute, sequence_parallel|sp, "
                         "zero_stage|zero, offload (none|optimizer|optimizer+params), fp8 "
                         "(true|false), cp (context parallelism: splits each sequence over cp of "
-                        "the dp ranks), ep (expert parallelism); alternatives with |, "
+                        "the dp ranks), ep (expert parallelism of a mixture of experts: E/ep "
+                        "experts per rank, ep dividing dp); alternatives with |, "
                         "e.g. tp=4|8)")
     parser.add_argument("--allow-fp8", action="store_true",
                         help="let the search run the linear layers in FP8 where it is faster "

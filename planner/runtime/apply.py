@@ -109,7 +109,7 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
 
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    from fxplan.runtime.expert_parallel import check_expert_parallel
+    from fxplan.runtime.expert_parallel import check_expert_parallel, refuse_graph_path
 
     check_expert_parallel(plan)
     if plan.pp == 1 and plan.virtual_stages > 1:
@@ -146,9 +146,12 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
                                           f"level cannot run this plan: {why}") from why
             if path == "module":
                 raise PassError("module-apply", f"the plan cannot run on the module: {why}") from why
+            refuse_graph_path(plan, str(why))
             line = f"[module-apply] {why}: the plan runs as the graph rewrite"
             logger.warning("fxplan runtime fallback: %s", line)
             fallbacks.append(line)
+    if decided is None:
+        refuse_graph_path(plan, "path='graph' was asked for")
     if decided is not None:
         if cp > 1:
             microbatch = tuple(x[: plan.microbatch_size] for x in inputs)
@@ -181,7 +184,10 @@ def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                         ranks: Sequence[int] | None, init: InitSource, on_meta: bool,
                         checkpoint: str | None, precision: Precision | None,
                         fallbacks: list[str]) -> ShardedModule | None:
+    from fxplan.runtime.expert_parallel import ExpertGradSync, expert_mesh
+
     mesh, group, pp_rank, device = _member_setup(plan, ranks)
+    ep_mesh = expert_mesh(plan, mesh)   # collective, like the mesh
     tied = TiedGradSync(plan, mesh, decided.tied_users)
     context = build_context_parallel(plan, mesh)   # collective: every process, cp > 1 only
     if pp_rank is None:
@@ -190,11 +196,13 @@ def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
     for line in decided.fallbacks:
         logger.warning("fxplan runtime fallback: %s", line)
         fallbacks.append(line)
+    experts: list[nn.Parameter] = []
     stages = build_module_stages(model, plan, decided, mesh, local_stage_indices(plan, pp_rank),
-                                 device, values, fallbacks, precision, context)
+                                 device, values, fallbacks, precision, context, ep_mesh, experts)
     del values
+    sync = ExpertGradSync(experts, ep_mesh, plan.dp) if ep_mesh is not None else None
     return ShardedModule(plan, mesh, stages, decided.stage_io, tied, group, device,
-                         fallbacks=fallbacks, path="module", context=context)
+                         fallbacks=fallbacks, path="module", context=context, experts=sync)
 
 
 def _traced_program(model: nn.Module, plan: "Plan", inputs: tuple,

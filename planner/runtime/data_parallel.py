@@ -52,9 +52,10 @@ def _blocks(stage: nn.Module) -> list[nn.Module]:
 
 def zero1_fallback(plan: "Plan") -> str | None:
     """The fallback line when the plan's ZeRO-1 runs as FSDP2 (``tp > 1``), else ``None``."""
-    if plan.zero_stage != 1 or plan.dp == 1 or plan.tp == 1:
+    if plan.zero_stage != 1 or plan.dp == 1 or (plan.tp == 1 and plan.config.ep == 1):
         return None
-    return (f"[data-parallel] ZeRO-1 with tp={plan.tp} runs as FSDP2 fully_shard("
+    what = f"tp={plan.tp}" if plan.tp > 1 else f"ep={plan.config.ep}"
+    return (f"[data-parallel] ZeRO-1 with {what} runs as FSDP2 fully_shard("
             "reshard_after_forward=False) over dp (ZeroRedundancyOptimizer cannot hold DTensor "
             "parameters): gradients are reduce-scattered too; same values, less memory than "
             "the plan's ZeRO-1 estimate")
@@ -77,19 +78,25 @@ def fsdp_shard_dim(param: nn.Parameter) -> Any:
 def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
                         fallbacks: list[str] | None = None,
                         blocks: Sequence[nn.Module] | None = None,
-                        precision: Precision | None = None) -> nn.Module:
+                        precision: Precision | None = None,
+                        ignored: set[nn.Parameter] | None = None) -> nn.Module:
     """Wrap ``stage`` for the plan's dp degree and ZeRO stage (table in the module docstring);
     a fallback taken is logged and appended to ``fallbacks``. ``blocks``: the repeated blocks
     to wrap one by one (default: the outlined ``layer_i`` children of a graph-rewrite stage;
     the module-level path passes the user's ``model.layers.N``). ``precision``: mixed
     precision (:mod:`fxplan.runtime.precision`): FSDP2's policy where FSDP2 wraps the stage,
-    autocast around its forward otherwise (default: fp32)."""
+    autocast around its forward otherwise (default: fp32). ``ignored``: parameters neither
+    wrapper touches (the expert weights of expert parallelism, reduced by
+    :class:`fxplan.runtime.expert_parallel.ExpertGradSync`)."""
     precision = precision or Precision()
     if plan.dp == 1:
         return autocast_stage(stage, precision, mesh.device_type)
     dp_mesh = mesh["dp"]
     line = zero1_fallback(plan)
-    for text in (line, offload_fallback(plan)):
+    from fxplan.runtime.expert_parallel import experts_fallback
+
+    extra = {"ignored_params": set(ignored)} if ignored else {}
+    for text in (line, offload_fallback(plan), experts_fallback(plan)):
         if text is not None:
             logger.warning("fxplan runtime fallback: %s", text)
             if fallbacks is not None and text not in fallbacks:
@@ -100,15 +107,19 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
         reshard = plan.zero_stage == 3  # ZeRO-1 with tp > 1 (fallback): False, as ZeRO-2
         for block in _blocks(stage) if blocks is None else blocks:
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard,
-                        shard_placement_fn=fsdp_shard_dim, **_fsdp_policies(precision, plan))
+                        shard_placement_fn=fsdp_shard_dim, **_fsdp_policies(precision, plan),
+                        **extra)
         fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard,
                     shard_placement_fn=fsdp_shard_dim,
-                    **_fsdp_policies(precision, plan, root=True))
+                    **_fsdp_policies(precision, plan, root=True), **extra)
         return stage
     if plan.tp == 1:
         from torch.nn.parallel import DistributedDataParallel
 
         stage = autocast_stage(stage, precision, mesh.device_type)
+        if ignored:
+            skip = [n for n, p in stage.named_parameters() if p in ignored]
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(stage, skip)
         return DistributedDataParallel(stage, process_group=dp_mesh.get_group())
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
@@ -135,7 +146,7 @@ def make_optimizer(params: Iterable[nn.Parameter], plan: "Plan", mesh: DeviceMes
     """``optimizer_class`` over the local parameters; ZeRO-1 shards its state over dp
     (``ZeroRedundancyOptimizer``; with tp > 1 the parameters are already dp-sharded by FSDP2)."""
     params = list(params)
-    if plan.zero_stage == 1 and plan.dp > 1 and plan.tp == 1 and mesh is not None:
+    if plan.zero_stage == 1 and plan.dp > 1 and zero1_fallback(plan) is None and mesh is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class,

@@ -293,10 +293,15 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                         mesh: "DeviceMesh", indices: Sequence[int], device: torch.device,
                         values: Mapping[str, torch.Tensor] | None, fallbacks: list[str],
                         precision: "Precision | None" = None,
-                        context: "ContextParallel | None" = None) -> list["LocalStage"]:
+                        context: "ContextParallel | None" = None,
+                        ep_mesh: "DeviceMesh | None" = None,
+                        experts: list[nn.Parameter] | None = None) -> list["LocalStage"]:
     """This rank's stages ``indices``, each parallelized as planned (module docstring), in
     ``precision`` (:mod:`fxplan.runtime.precision`; default fp32); ``context``: this rank's
-    context-parallel group (positions and attention hooked: :mod:`fxplan.runtime.context_parallel`)."""
+    context-parallel group (positions and attention hooked: :mod:`fxplan.runtime.context_parallel`).
+    ``ep_mesh``: expert parallelism's mesh (:func:`fxplan.runtime.expert_parallel.expert_mesh`);
+    the expert weights it shards are added to ``experts``."""
+    from fxplan.runtime.expert_parallel import expert_params, recompute_policies, shard_experts
     from torch.distributed.tensor.parallel import parallelize_module
 
     from fxplan.runtime.sharded_module import LocalStage
@@ -320,6 +325,8 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             parallelize_module(inner, mesh["tp"], styles,
                                src_data_rank=None if on_meta else 0)
             _retie(inner, decided.aliases)
+        if ep_mesh is not None:
+            shard_experts(inner, plan, mesh, ep_mesh)
         if on_meta:
             names = {id(t): decided.aliases.get(n, n)
                      for n, t in [*inner.named_parameters(remove_duplicate=False),
@@ -327,11 +334,16 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             materialize(inner, names, device, values)
         if context is not None:  # before recompute: a recomputed block re-enters the CP attention
             install(context, inner, blocks)
-        apply_recompute(blocks, [plan.recompute(first_block + i) for i in range(len(blocks))])
+        ignored = expert_params(inner)   # after materialize: the parameters that train
+        if experts is not None:
+            experts.extend(ignored)
+        policies = [plan.recompute(first_block + i) for i in range(len(blocks))]
+        apply_recompute(blocks, recompute_policies(blocks, policies, fallbacks) if ignored
+                        else policies)
         before_last = pipelined and k < len(plan.stages) - 1
         inner.register_forward_hook(_boundary_output if before_last else _output_tensor)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks,
-                                      precision=precision)
+                                      precision=precision, ignored=set(ignored))
         # a tied weight goes by its first name in the whole model, as in the graph path
         local_names = {n: decided.aliases.get(n, n)
                        for n in dict(inner.named_parameters(remove_duplicate=False))}

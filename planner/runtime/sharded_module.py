@@ -65,7 +65,8 @@ class ShardedModule:
     def __init__(self, plan: "Plan", mesh: DeviceMesh, stages: Sequence[LocalStage],
                  stage_io: Sequence["StageIO"], tied: TiedGradSync, group: dist.ProcessGroup,
                  device: torch.device, fallbacks: Sequence[str] = (), path: str = "graph",
-                 context: "ContextParallel | None" = None) -> None:
+                 context: "ContextParallel | None" = None,
+                 experts: Callable[[], None] | None = None) -> None:
         self.plan, self.mesh, self.stages = plan, mesh, list(stages)
         self.stage_io, self.tied, self.group, self.device = stage_io, tied, group, device
         coordinate = mesh.get_coordinate()
@@ -79,6 +80,9 @@ class ShardedModule:
         self._schedule_for: tuple[Callable[..., torch.Tensor], Any] | None = None
         #: this rank's context-parallel group (``cp > 1``: :mod:`fxplan.runtime.context_parallel`)
         self.context = context
+        #: expert parallelism's gradient reduction over the expert-data-parallel group
+        #: (:class:`fxplan.runtime.expert_parallel.ExpertGradSync`), run after each backward
+        self.experts = experts
 
     @property
     def fallbacks(self) -> list[str]:
@@ -169,6 +173,8 @@ class ShardedModule:
         schedule = self._schedule(loss_fn)
         with self._spmd():
             schedule.step(*args, **kwargs)
+        if self.experts is not None:
+            self.experts()
         self.tied(self.named_parameters())
         return self._reduce_loss(losses)
 
