@@ -12,8 +12,9 @@ shapes of one microbatch (from :class:`~passes.rewrite.stages.StageIO`), communi
 The batch given to ``step`` is split into ``num_microbatches`` chunks along dim 0; the loss is
 computed per microbatch on the last stage and gradients are scaled by ``1/num_microbatches``
 (``scale_grads``), so the accumulated gradient is that of the mean loss over the local batch.
-With ``pp = 1`` the same code runs one stage that is both first and last (gradient accumulation
-over microbatches, no communication).
+With ``pp = 1`` no schedule is built: :class:`~fxplan.runtime.sharded_module.ShardedModule` runs
+its one stage as a plain gradient-accumulation loop (:mod:`fxplan.runtime.accumulate`), which
+lets FSDP/DDP reduce each block during the last backward instead of in a pass after it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ already tensor-parallel on ``tp`` and data-parallel on ``dp``) and trains them S
 keeps this replica's slice ``[d·B/dp, (d+1)·B/dp)`` along dim 0 (with context parallelism the
 CP group's slice ``[g·B/R, (g+1)·B/R)``, ``R = dp/cp``, and this rank's chunks of the sequence:
 :mod:`fxplan.runtime.context_parallel`), runs the plan's schedule over
-``num_microbatches`` microbatches (forward, loss, backward), sums the gradients of weights shared
+``num_microbatches`` microbatches (forward, loss, backward; with ``pp = 1`` a plain
+gradient-accumulation loop, :mod:`fxplan.runtime.accumulate`, instead of a schedule), sums the
+gradients of weights shared
 between pipeline ranks, and returns the mean loss ``L = (1/dp) Σ_d (1/m) Σ_j loss(mb_j^d)`` — equal
 to ``loss_fn`` over the global batch when ``loss_fn`` is a mean. The caller steps the optimizer
 from :meth:`optimizer`.
@@ -35,6 +37,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from fxplan.runtime.accumulate import accumulate_microbatches
 from fxplan.runtime.data_parallel import make_optimizer
 from fxplan.runtime.mesh import gather_merged
 from fxplan.runtime.pipeline import build_schedule
@@ -124,6 +127,12 @@ class ShardedModule:
         return gather_merged(local, self.group)
 
     # -- training -------------------------------------------------------------------------
+    @property
+    def plain_loop(self) -> bool:
+        """``pp = 1`` with one local stage: the step is a plain gradient-accumulation loop
+        (:mod:`fxplan.runtime.accumulate`), no pipeline schedule."""
+        return self.plan.pp == 1 and len(self.stages) == 1
+
     def _schedule(self, loss_fn: Callable[..., torch.Tensor]) -> Any:
         """The schedule for ``loss_fn``, rebuilt only when another loss is given (compared with
         ``==``: a bound method made afresh each step is equal, an id could be reused)."""
@@ -170,9 +179,13 @@ class ShardedModule:
         args = tuple(place(x) for x in inputs) if self.is_first else ()
         losses: list[torch.Tensor] = []
         kwargs = dict(target=place(targets), losses=losses) if self.is_last else {}
-        schedule = self._schedule(loss_fn)
         with self._spmd():
-            schedule.step(*args, **kwargs)
+            if self.plain_loop:
+                (stage,) = self.stages
+                accumulate_microbatches(stage.module, args, kwargs["target"],
+                                        self.plan.num_microbatches, loss_fn, losses)
+            else:
+                self._schedule(loss_fn).step(*args, **kwargs)
         if self.experts is not None:
             self.experts()
         self.tied(self.named_parameters())

@@ -5,7 +5,8 @@ One step ``t = 1 … T`` on every rank of a :class:`ShardedModule`:
 1. this replica's slice of the global batch of step ``t`` (:mod:`fxplan.runtime.data`), read
    only by ranks that run the first or the last pipeline stage;
 2. ``train_step``: the plan's schedule over its microbatches — forward, loss, backward, with
-   gradient accumulation over the microbatches and the dp reduction (DDP / FSDP2);
+   gradient accumulation over the microbatches and the dp reduction (DDP / FSDP2); with
+   ``pp = 1`` a plain loop whose last backward reduces (:mod:`fxplan.runtime.accumulate`);
 3. the global gradient norm over every shard and stage, and clipping to ``grad_clip``
    (:func:`fxplan.runtime.optim.clip_grad_norm`);
 4. the learning rate of step ``t`` (warm-up + cosine), the optimizer step, zeroed gradients.
