@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from launch_here import launch_here
+
 MODEL = "gpt-tiny:dropout=0,seq=16"
 
 
@@ -143,23 +145,24 @@ def test_fewer_processes_than_the_plan_replan_instead_of_refusal(plan_file, caps
     assert "--nproc-per-node=2" in out.splitlines()[-1]
 
 
-def test_plan_for_another_model_refused(plan_file):
-    done = launch(str(plan_file), "--data", "synthetic", "--model", MODEL + ",layers=3", "--dry-run")
+def test_plan_for_another_model_refused(plan_file, capfd):
+    done = launch_here(capfd, str(plan_file), "--data", "synthetic", "--model",
+                       MODEL + ",layers=3", "--dry-run")
     assert done.returncode == 2
     assert "was made for model" in done.stderr and "re-plan" in done.stderr
 
 
-def test_plan_for_another_cluster_refused(plan_file, tmp_path):
+def test_plan_for_another_cluster_refused(plan_file, tmp_path, capfd):
     data = json.loads(plan_file.read_text())
     data["cluster_fingerprint"] = "0" * 64
     other = tmp_path / "other.json"
     other.write_text(json.dumps(data))
-    done = launch(str(other), "--data", "synthetic", "--dry-run")
+    done = launch_here(capfd, str(other), "--data", "synthetic", "--dry-run")
     assert done.returncode == 2
     assert "was made for cluster" in done.stderr
 
 
-def test_training_goes_on_after_a_replan_for_fewer_devices(first_run, tmp_path, capsys):
+def test_training_goes_on_after_a_replan_for_fewer_devices(first_run, tmp_path, capfd):
     """The shared first run (4 steps on 4 ranks, a checkpoint every 2); re-plan for 2 ranks (two
     devices gone); resume there from its step-2 checkpoint to step 4 (``--steps`` is the total)
     and ``--save`` at the end.
@@ -171,15 +174,14 @@ def test_training_goes_on_after_a_replan_for_fewer_devices(first_run, tmp_path, 
     checkpoint that a launch accepts as ``--resume`` (manifest and hashes verified).
     """
     from fxplan import search
-    from fxplan.cli.main import main
 
     root, tokens, first = first_run
     smaller = search(MODEL, "local-cpu:devices=2", batch=8, seq=16, progress=False)
     second_plan = smaller.save(tmp_path / "plan2.json")
     ckpt = tmp_path / "ckpt"
-    second = launch(str(second_plan), *_resume_flags(tokens), "--save", str(ckpt),
-                    "--resume", str(root / "run1" / "checkpoints" / "step-2"),
-                    "--run-dir", str(tmp_path / "run2"))
+    second = launch_here(capfd, str(second_plan), *_resume_flags(tokens), "--save", str(ckpt),
+                         "--resume", str(root / "run1" / "checkpoints" / "step-2"),
+                         "--run-dir", str(tmp_path / "run2"))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "resumed parameters, optimizer state and data position" in second.stdout
     assert "random generators not restored" in second.stdout  # 4 ranks saved, 2 resume
@@ -189,20 +191,20 @@ def test_training_goes_on_after_a_replan_for_fewer_devices(first_run, tmp_path, 
     print("max |Δloss| steps 3–4 on 2 ranks:", max(abs(whole[s] - after[s]) for s in (3, 4)))
     assert after == pytest.approx({s: whole[s] for s in (3, 4)}, rel=1e-5, abs=1e-6)
     assert "terminate called" not in first.stderr + second.stderr
-    capsys.readouterr()
-    assert main(["launch", str(second_plan), "--data", tokens, "--resume", str(ckpt),
-                 "--run-dir", str(tmp_path / "run3"), "--print-command"]) == 0
-    assert "manifest and file hashes verified" in capsys.readouterr().out
+    accepted = launch_here(capfd, str(second_plan), "--data", tokens, "--resume", str(ckpt),
+                           "--run-dir", str(tmp_path / "run3"), "--print-command")
+    assert accepted.returncode == 0, accepted.stderr
+    assert "manifest and file hashes verified" in accepted.stdout
 
 
-def test_resume_from_a_missing_checkpoint_is_refused_before_start(plan_file, tmp_path):
-    done = launch(str(plan_file), "--data", "synthetic", "--resume", str(tmp_path / "nowhere"),
-                  "--dry-run")
+def test_resume_from_a_missing_checkpoint_is_refused_before_start(plan_file, tmp_path, capfd):
+    done = launch_here(capfd, str(plan_file), "--data", "synthetic", "--resume",
+                       str(tmp_path / "nowhere"), "--dry-run")
     assert done.returncode == 2
     assert "no such checkpoint directory" in done.stderr
 
 
-def test_resumed_launch_continues_at_the_next_sample(plan_file, first_run, tmp_path):
+def test_resumed_launch_continues_at_the_next_sample(plan_file, first_run, tmp_path, capfd):
     """Two real launches: the shared first run (4 steps with a checkpoint every 2), then a
     resume from ``step-2`` into another run directory gives steps 3 and 4 with the first run's
     losses exactly (metrics.jsonl holds full floats), and its metrics start at step 3."""
@@ -210,8 +212,8 @@ def test_resumed_launch_continues_at_the_next_sample(plan_file, first_run, tmp_p
     checkpoints = root / "run1" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step-2", "step-4"]
     assert (checkpoints / "latest").read_text().strip() == "step-4"
-    second = launch(str(plan_file), *_resume_flags(tokens),
-                    "--run-dir", str(tmp_path / "run2"), "--resume", str(checkpoints / "step-2"))
+    second = launch_here(capfd, str(plan_file), *_resume_flags(tokens), "--run-dir",
+                         str(tmp_path / "run2"), "--resume", str(checkpoints / "step-2"))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "going on at step 3 (global sample 16)" in second.stdout
 

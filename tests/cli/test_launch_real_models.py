@@ -16,16 +16,13 @@ import sys
 
 import pytest
 
+from launch_here import launch_here
+
 LLAMA = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_attention_heads=4,"
          "num_key_value_heads=2,vocab_size=64,max_position_embeddings=16")
 ENCODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime",
                        "models", "encoder_lm.py:build_wide")
 TOL = 1e-5
-
-
-def fxplan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fxplan.cli.main", *args], capture_output=True,
-                          text=True, timeout=300)
 
 
 def one_rank(launch_args: list[str]) -> subprocess.CompletedProcess:
@@ -42,7 +39,7 @@ def one_rank(launch_args: list[str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, env=env)
 
 
-def _losses(tmp_path, name: str, model: str, devices: int, constrain: str) -> list[float]:
+def _losses(tmp_path, capfd, name: str, model: str, devices: int, constrain: str) -> list[float]:
     """Plan ``model`` on ``local-cpu:devices=N`` under ``constrain`` (the ``--constrain`` text,
     planned in this process: the CLI's plan verb has its own tests), train 4 SGD steps on
     synthetic data (``fxplan launch``; one device: its worker alone, :func:`one_rank`), return
@@ -57,7 +54,7 @@ def _losses(tmp_path, name: str, model: str, devices: int, constrain: str) -> li
     run = tmp_path / name
     flags = [str(plan), "--data", "synthetic", "--steps", "4", "--log-every", "1",
              "--optimizer", "sgd", "--lr", "0.1", "--grad-clip", "0", "--run-dir", str(run)]
-    done = one_rank(flags) if devices == 1 else fxplan("launch", *flags)
+    done = one_rank(flags) if devices == 1 else launch_here(capfd, *flags)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "applied: module level" in done.stdout, done.stdout
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -69,14 +66,14 @@ def _agree(losses: list[float], reference: list[float]) -> None:
     assert losses[-1] < losses[0], losses
 
 
-def test_launch_encoder_user_file_tp_dp_like_one_process(tmp_path):
-    one = _losses(tmp_path, "one", ENCODER, 1, "tp=1,dp=1,pp=1")
-    four = _losses(tmp_path, "four", ENCODER, 4, "tp=2,dp=2,sp=false,zero=0")
+def test_launch_encoder_user_file_tp_dp_like_one_process(tmp_path, capfd):
+    one = _losses(tmp_path, capfd, "one", ENCODER, 1, "tp=1,dp=1,pp=1")
+    four = _losses(tmp_path, capfd, "four", ENCODER, 4, "tp=2,dp=2,sp=false,zero=0")
     _agree(four, one)
 
 
-def test_launch_hf_llama_pipeline_like_one_process(tmp_path):
+def test_launch_hf_llama_pipeline_like_one_process(tmp_path, capfd):
     pytest.importorskip("transformers")
-    one = _losses(tmp_path, "one", LLAMA, 1, "tp=1,dp=1,pp=1")
-    four = _losses(tmp_path, "four", LLAMA, 4, "pp=2,dp=2,zero=1")
+    one = _losses(tmp_path, capfd, "one", LLAMA, 1, "tp=1,dp=1,pp=1")
+    four = _losses(tmp_path, capfd, "four", LLAMA, 4, "pp=2,dp=2,zero=1")
     _agree(four, one)
