@@ -11,6 +11,7 @@ import sys
 
 from fxplan.cli.main import main
 from fxplan.cli.launch import free_loopback_port, loopback_interface
+from launch_here import launch_here
 
 
 def _losses(run_dir) -> list[float]:
@@ -18,12 +19,12 @@ def _losses(run_dir) -> list[float]:
     return [row["loss"] for row in rows if "loss" in row]
 
 
-def test_emitted_program_trains_like_launch(tmp_path, capsys):
+def test_emitted_program_trains_like_launch(tmp_path, capfd, monkeypatch):
     plan, program = tmp_path / "plan.json", tmp_path / "program.py"
     assert main(["plan", "gpt-tiny", "--cluster", "local-cpu:devices=2", "--batch", "4",
                  "--constrain", "pp=2,mb=2", "--json", "-o", str(plan),
                  "--emit", str(program)]) == 0
-    capsys.readouterr()
+    capfd.readouterr()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": loopback_interface()}
     common = ["--data", "synthetic", "--steps", "2", "--seed", "3"]
     ran = subprocess.run(
@@ -32,10 +33,9 @@ def test_emitted_program_trains_like_launch(tmp_path, capsys):
          "--local-addr=127.0.0.1", str(program), *common, "--run-dir", str(tmp_path / "prog")],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    launched = subprocess.run(
-        [sys.executable, "-m", "fxplan.cli.main", "launch", str(plan), *common,
-         "--run-dir", str(tmp_path / "launch"), "--trace"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    launched = launch_here(capfd, str(plan), *common, "--run-dir", str(tmp_path / "launch"),
+                           "--trace")
     assert launched.returncode == 0, launched.stderr[-3000:]
     program_losses, launch_losses = _losses(tmp_path / "prog"), _losses(tmp_path / "launch")
     assert len(program_losses) == 2 and program_losses == launch_losses

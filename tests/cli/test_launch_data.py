@@ -6,22 +6,17 @@ losses of steps 3–4 exactly (the data position is exact). Refusals before any 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from launch_here import launch_here
 
 MODEL = "gpt-tiny:dropout=0,seq=16"
 LINE = "mixed precision: bf16 params/compute, fp32 master+reduce (--dtype bf16)"
 
 
-def launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fxplan.cli.main", "launch", *args],
-                          capture_output=True, text=True, timeout=300)
-
-
-def test_launch_from_a_datasets_directory_in_bf16_resumes_exactly(tmp_path):
+def test_launch_from_a_datasets_directory_in_bf16_resumes_exactly(tmp_path, capfd):
     datasets = pytest.importorskip("datasets")
     from fxplan import search
 
@@ -33,15 +28,15 @@ def test_launch_from_a_datasets_directory_in_bf16_resumes_exactly(tmp_path):
     plan_file = plan.save(tmp_path / "plan.json")
     common = (str(plan_file), "--data", str(data), "--dtype", "bf16", "--steps", "4",
               "--checkpoint-every", "2")
-    first = launch(*common, "--run-dir", str(tmp_path / "run1"))
+    first = launch_here(capfd, *common, "--run-dir", str(tmp_path / "run1"))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert LINE in first.stdout, first.stdout
     assert "the plan was priced in float32, this run computes in bf16" in first.stdout
     summary = json.loads((tmp_path / "run1" / "summary.json").read_text())
     assert summary["mixed_precision"] == "bf16 params/compute, fp32 master+reduce"
     assert summary["compute_dtype"] == "bf16"
-    second = launch(*common, "--run-dir", str(tmp_path / "run2"),
-                    "--resume", str(tmp_path / "run1" / "checkpoints" / "step-2"))
+    second = launch_here(capfd, *common, "--run-dir", str(tmp_path / "run2"),
+                         "--resume", str(tmp_path / "run1" / "checkpoints" / "step-2"))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
 
     def losses(run: str) -> dict[int, float]:
@@ -52,14 +47,15 @@ def test_launch_from_a_datasets_directory_in_bf16_resumes_exactly(tmp_path):
     assert sorted(resumed) == [3, 4] and [resumed[3], resumed[4]] == [whole[3], whole[4]]
 
 
-def test_a_directory_that_is_no_dataset_is_refused(tmp_path):
+def test_a_directory_that_is_no_dataset_is_refused(tmp_path, capfd):
     pytest.importorskip("datasets")
     from fxplan import search
 
     plan_file = search(MODEL, "local-cpu:devices=2", batch=4, seq=16,
                        progress=False).save(tmp_path / "plan.json")
-    done = launch(str(plan_file), "--data", str(tmp_path), "--print-command")
+    done = launch_here(capfd, str(plan_file), "--data", str(tmp_path), "--print-command")
     assert done.returncode == 2
     assert "without the files Dataset.save_to_disk writes" in done.stderr
-    done = launch(str(plan_file), "--data", "synthetic", "--dtype", "bf8", "--print-command")
+    done = launch_here(capfd, str(plan_file), "--data", "synthetic", "--dtype", "bf8",
+                       "--print-command")
     assert done.returncode == 2 and "--dtype" in done.stderr

@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from launch_here import launch_here
+
 MODEL = "gpt-tiny:dropout=0,seq=16"
 STEPS = ("--steps", "4", "--checkpoint-every", "2", "--optimizer", "adamw", "--lr", "3e-3")
 
@@ -37,10 +39,14 @@ def tokens(tmp_path_factory):
     return make_token_file(str(tmp_path_factory.mktemp("tokens") / "tokens.bin"))
 
 
-def launch(*args: str, fault: str | None = None) -> subprocess.CompletedProcess:
+def launch(*args: str, fault: str | None = None, capfd=None) -> subprocess.CompletedProcess:
+    """``fxplan launch ARGS`` with ``FXPLAN_FAULT=fault`` (none if None): in this process
+    (:mod:`launch_here`) when given a test's ``capfd``, else as a subprocess."""
     env = {k: v for k, v in os.environ.items() if k != "FXPLAN_FAULT"}
     if fault:
         env["FXPLAN_FAULT"] = fault
+    if capfd is not None:
+        return launch_here(capfd, *args, env=env)
     return subprocess.run([sys.executable, "-m", "fxplan.cli.main", "launch", *args],
                           capture_output=True, text=True, timeout=300, env=env)
 
@@ -73,14 +79,14 @@ def same_losses(got: dict[int, float], want: dict[int, float]) -> None:
 
 
 def test_b_sigkill_during_a_save_restarts_and_resumes_from_the_last_checkpoint(
-        plans, tokens, uninterrupted, tmp_path):
+        plans, tokens, uninterrupted, tmp_path, capfd):
     """Rank 1 of attempt 0 dies as the checkpoint of step 4 is being written: the step-2
     checkpoint stays the newest committed one (the failure costs one interval), every process of
     attempt 0 is ended, attempt 1 (a fresh torchrun on a new port) resumes from step 2 with the
     saved optimizer state and generators and trains steps 3–4 with the uninterrupted losses."""
     run_dir = tmp_path / "run"
     done = launch(str(plans[2]), "--data", tokens, *STEPS, "--run-dir", str(run_dir),
-                  "--max-restarts", "2", fault="save:1:4:0")
+                  "--max-restarts", "2", fault="save:1:4:0", capfd=capfd)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "FXPLAN_FAULT: rank 1 kills itself at step 4 (save) of attempt 0" in out
@@ -102,24 +108,25 @@ def test_b_sigkill_during_a_save_restarts_and_resumes_from_the_last_checkpoint(
     same_losses(losses(run_dir), uninterrupted)
 
 
-def _stopped(plan, tokens, run_dir, *extra: str) -> None:
+def _stopped(capfd, plan, tokens, run_dir, *extra: str) -> None:
     """A run killed at step 3 (rank 0, after the update), not restarted: step-2 is committed."""
     done = launch(str(plan), "--data", tokens, *STEPS, "--run-dir", str(run_dir), *extra,
-                  fault="step:0:3:0")
+                  fault="step:0:3:0", capfd=capfd)
     assert done.returncode != 0, done.stdout[-3000:]
     assert (run_dir / "checkpoints" / "step-2").is_dir()
     assert not (run_dir / "checkpoints" / "step-4").exists()
 
 
-def test_c_four_ranks_stopped_resume_on_two_replanned(plans, tokens, uninterrupted, tmp_path):
+def test_c_four_ranks_stopped_resume_on_two_replanned(plans, tokens, uninterrupted, tmp_path,
+                                                      capfd):
     """Case (c): two devices are gone. ``fxplan launch plan4.json --nproc-per-node 2`` is not
     refused: the launch replans for 2 ranks (same global batch), the workers load the 4-rank
     checkpoint resharded and go on at step 3 with the uninterrupted losses; metrics.jsonl steps
     go on."""
     run_dir = tmp_path / "run"
-    _stopped(plans[4], tokens, run_dir)
+    _stopped(capfd, plans[4], tokens, run_dir)
     done = launch(str(plans[4]), "--data", tokens, *STEPS, "--run-dir", str(run_dir),
-                  "--nproc-per-node", "2", "--resume", str(run_dir))
+                  "--nproc-per-node", "2", "--resume", str(run_dir), capfd=capfd)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "replanning for 2 ranks" in done.stdout
@@ -138,19 +145,19 @@ def test_c_four_ranks_stopped_resume_on_two_replanned(plans, tokens, uninterrupt
     same_losses(losses(run_dir), uninterrupted)
 
 
-def test_d_two_ranks_stopped_resume_on_four(plans, tokens, uninterrupted, tmp_path):
+def test_d_two_ranks_stopped_resume_on_four(plans, tokens, uninterrupted, tmp_path, capfd):
     """Case (d): devices are added. The 4-rank plan run under ``--elastic`` on 2 ranks — the
     workers read their world and replan (rank 0 searches, broadcasts) — is stopped, then
     launched on the 4 ranks of its plan: it loads the 2-rank checkpoint resharded to the 4-rank
     plan and goes on with the uninterrupted losses."""
     run_dir = tmp_path / "run"
-    _stopped(plans[4], tokens, run_dir, "--nproc-per-node", "2", "--elastic", "1:1")
+    _stopped(capfd, plans[4], tokens, run_dir, "--nproc-per-node", "2", "--elastic", "1:1")
     replan = events(run_dir)[0]
     assert replan["kind"] == "replan" and replan["new"]["world_size"] == 2, replan
     print(f"replan 4→2 in the worker: {replan['replan_ms']:.0f} ms {replan['timings_s']}")
     assert (run_dir / "plans" / "plan-world2.json").is_file()  # written by rank 0
     done = launch(str(plans[4]), "--data", tokens, *STEPS, "--run-dir", str(run_dir),
-                  "--resume", str(run_dir))
+                  "--resume", str(run_dir), capfd=capfd)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     kinds = [event["kind"] for event in events(run_dir)]
@@ -159,14 +166,14 @@ def test_d_two_ranks_stopped_resume_on_four(plans, tokens, uninterrupted, tmp_pa
     same_losses(losses(run_dir), uninterrupted)
 
 
-def test_torchruns_own_restart_works_too(plans, tokens, uninterrupted, tmp_path):
+def test_torchruns_own_restart_works_too(plans, tokens, uninterrupted, tmp_path, capfd):
     """torchrun's own ``--max-restarts`` (after ``--``): the restarted workers meet on a store
     namespace of their own (``fxplan.runtime.process_group``; without it they read the dead
     workers' gloo addresses and fail in connectFullMesh), go on from the newest checkpoint and
     give the uninterrupted losses."""
     run_dir = tmp_path / "run"
     done = launch(str(plans[2]), "--data", tokens, *STEPS, "--run-dir", str(run_dir),
-                  "--", "--max-restarts=1", fault="step:1:3:0")
+                  "--", "--max-restarts=1", fault="step:1:3:0", capfd=capfd)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "connectFullMesh" not in out

@@ -5,29 +5,26 @@ FSDP2 on a 2×2 mesh) on 4 CPU ranks, says so in the log and the summary, and le
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+
+from launch_here import launch_here
 
 LLAMA = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_attention_heads=4,"
          "num_key_value_heads=2,vocab_size=64,max_position_embeddings=16")
 
 
-def fxplan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fxplan.cli.main", *args], capture_output=True,
-                          text=True, timeout=300)
-
-
-def test_launch_hf_llama_runs_the_plan_on_the_users_module(tmp_path):
+def test_launch_hf_llama_runs_the_plan_on_the_users_module(tmp_path, capfd):
     pytest.importorskip("transformers")
-    plan = tmp_path / "plan.json"
-    done = fxplan("plan", LLAMA, "--cluster", "local-cpu:devices=4", "--batch", "4", "--seq", "8",
-                  "--constrain", "tp=2,dp=2,sp=true,zero=3", "-o", str(plan))
-    assert done.returncode == 0, done.stderr[-3000:]
+    from fxplan.cli.main import main
+
+    plan = tmp_path / "plan.json"  # planned by the CLI verb in this process (no second import)
+    assert main(["plan", LLAMA, "--cluster", "local-cpu:devices=4", "--batch", "4", "--seq", "8",
+                 "--constrain", "tp=2,dp=2,sp=true,zero=3", "-o", str(plan)]) == 0, \
+        capfd.readouterr().err[-3000:]
     run = tmp_path / "run"
-    done = fxplan("launch", str(plan), "--data", "synthetic", "--steps", "6", "--log-every", "1",
-                  "--run-dir", str(run))
+    done = launch_here(capfd, str(plan), "--data", "synthetic", "--steps", "6",
+                       "--log-every", "1", "--run-dir", str(run))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "applied: module level" in done.stdout, done.stdout
     assert "fallback:" not in done.stdout, done.stdout

@@ -6,10 +6,9 @@ are refused before any process starts."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from fxplan.cli.main import main
+from launch_here import launch_here
 
 MODEL = "gpt-tiny:dropout=0,seq=16"
 CLUSTER = "local-cpu:devices=2"
@@ -22,27 +21,25 @@ def _plan(tmp_path, name: str, constrain: str) -> str:
     return str(out)
 
 
-def _losses(plan: str, run_dir) -> list[float]:
-    done = subprocess.run(
-        [sys.executable, "-m", "fxplan.cli.main", "launch", plan, "--data", "synthetic",
-         "--steps", "3", "--log-every", "1", "--optimizer", "sgd", "--lr", "0.1",
-         "--warmup-steps", "0", "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=300)
+def _losses(capfd, plan: str, run_dir) -> list[float]:
+    done = launch_here(capfd, plan, "--data", "synthetic", "--steps", "3", "--log-every", "1",
+                       "--optimizer", "sgd", "--lr", "0.1", "--warmup-steps", "0",
+                       "--run-dir", str(run_dir))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [row["loss"] for row in rows]
 
 
-def test_offloaded_zero3_trains(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_offloaded_zero3_trains(tmp_path, capfd) -> None:  # type: ignore[no-untyped-def]
     """One real torchrun of the offloaded plan; its losses against the same plan without
     offload are compared in the pooled numerics (tests/runtime/test_numerics.py, 1e-5), so
     only the launch path is exercised here: the plan, the worker, FSDP2 with the policy."""
     offload = _plan(tmp_path, "offload", "dp=2,zero=3,offload=optimizer+params")
-    capsys.readouterr()
+    capfd.readouterr()
     with open(offload) as handle:
         data = json.load(handle)
     assert data["offload"] == "optimizer+params" and "offload" in data["estimate"]["breakdown"]
-    losses = _losses(offload, tmp_path / "run-offload")
+    losses = _losses(capfd, offload, tmp_path / "run-offload")
     assert len(losses) == 3 and all(loss == loss and 0 < loss < 20 for loss in losses), losses
     assert losses[-1] < losses[0], losses
 

@@ -1,8 +1,11 @@
 """``fxplan launch`` of real models against one process: a user file with an
 ``nn.TransformerEncoder`` (``path.py:build_wide``, head-parallel attention under the search's
 ``tp=2,dp=2`` plan) and a tiny ``hf:llama`` under a ``pp=2,dp=2`` plan, each launched on 4 CPU
-ranks and, with the same data and seed, under a one-device plan on one process; the losses of
-every step agree within the tolerance of the numerics tests (fp32 SGD, relative 1e-5)."""
+ranks by ``fxplan launch`` and, with the same data and seed, under a one-device plan on one
+process (the worker ``fxplan launch`` would start, with the worker arguments the launch verb
+builds, run directly as a one-rank group: no launcher and torchrun agent processes to start for
+the reference); the losses of every step agree within the tolerance of the numerics tests (fp32
+SGD, relative 1e-5)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import sys
 
 import pytest
 
+from launch_here import launch_here
+
 LLAMA = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_attention_heads=4,"
          "num_key_value_heads=2,vocab_size=64,max_position_embeddings=16")
 ENCODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime",
@@ -20,15 +25,25 @@ ENCODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOL = 1e-5
 
 
-def fxplan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fxplan.cli.main", *args], capture_output=True,
-                          text=True, timeout=300)
+def one_rank(launch_args: list[str]) -> subprocess.CompletedProcess:
+    """The worker of ``fxplan launch LAUNCH_ARGS`` (its argv built by the launch verb's own
+    :func:`fxplan.cli.launch.worker_command`) run as rank 0 of a one-process gloo group."""
+    from fxplan.cli.launch import free_loopback_port, settings_for, worker_command
+    from fxplan.cli.main import parse_args
+
+    args = parse_args(["launch", *launch_args])
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_loopback_port()), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *worker_command(args, settings_for(args))],
+                          capture_output=True, text=True, timeout=300, env=env)
 
 
-def _losses(tmp_path, name: str, model: str, devices: int, constrain: str) -> list[float]:
+def _losses(tmp_path, capfd, name: str, model: str, devices: int, constrain: str) -> list[float]:
     """Plan ``model`` on ``local-cpu:devices=N`` under ``constrain`` (the ``--constrain`` text,
-    planned in this process: the CLI's plan verb has its own tests), launch 4 SGD steps on
-    synthetic data, return the logged losses."""
+    planned in this process: the CLI's plan verb has its own tests), train 4 SGD steps on
+    synthetic data (``fxplan launch``; one device: its worker alone, :func:`one_rank`), return
+    the logged losses."""
     from fxplan import search
     from fxplan.cli.constraint_text import parse_constraints
 
@@ -37,8 +52,9 @@ def _losses(tmp_path, name: str, model: str, devices: int, constrain: str) -> li
     search(model, f"local-cpu:devices={devices}", batch=4, seq=seq,
            constraints=parse_constraints(constrain), progress=False).save(plan)
     run = tmp_path / name
-    done = fxplan("launch", str(plan), "--data", "synthetic", "--steps", "4", "--log-every", "1",
-                  "--optimizer", "sgd", "--lr", "0.1", "--grad-clip", "0", "--run-dir", str(run))
+    flags = [str(plan), "--data", "synthetic", "--steps", "4", "--log-every", "1",
+             "--optimizer", "sgd", "--lr", "0.1", "--grad-clip", "0", "--run-dir", str(run)]
+    done = one_rank(flags) if devices == 1 else launch_here(capfd, *flags)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "applied: module level" in done.stdout, done.stdout
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -50,14 +66,14 @@ def _agree(losses: list[float], reference: list[float]) -> None:
     assert losses[-1] < losses[0], losses
 
 
-def test_launch_encoder_user_file_tp_dp_like_one_process(tmp_path):
-    one = _losses(tmp_path, "one", ENCODER, 1, "tp=1,dp=1,pp=1")
-    four = _losses(tmp_path, "four", ENCODER, 4, "tp=2,dp=2,sp=false,zero=0")
+def test_launch_encoder_user_file_tp_dp_like_one_process(tmp_path, capfd):
+    one = _losses(tmp_path, capfd, "one", ENCODER, 1, "tp=1,dp=1,pp=1")
+    four = _losses(tmp_path, capfd, "four", ENCODER, 4, "tp=2,dp=2,sp=false,zero=0")
     _agree(four, one)
 
 
-def test_launch_hf_llama_pipeline_like_one_process(tmp_path):
+def test_launch_hf_llama_pipeline_like_one_process(tmp_path, capfd):
     pytest.importorskip("transformers")
-    one = _losses(tmp_path, "one", LLAMA, 1, "tp=1,dp=1,pp=1")
-    four = _losses(tmp_path, "four", LLAMA, 4, "pp=2,dp=2,zero=1")
+    one = _losses(tmp_path, capfd, "one", LLAMA, 1, "tp=1,dp=1,pp=1")
+    four = _losses(tmp_path, capfd, "four", LLAMA, 4, "pp=2,dp=2,zero=1")
     _agree(four, one)

@@ -3,10 +3,11 @@ against one process reading the same token file in the same order."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from fxplan.examples.models.lm import lm_loss
 from fxplan.runtime.apply import apply_plan
@@ -100,6 +101,24 @@ def reference(token_file: str, batch: int, config: TrainConfig, layers: int = 2,
     return losses, norms
 
 
+#: One process's curves per (token file, batch, config, layers, dtype, model), kept for the
+#: worker's life: the parametrized plans of a test module compare against the same reference,
+#: which is deterministic (seeded model, fixed data order), so it is computed once.
+_REFERENCES: dict[tuple[Any, ...], tuple[list[float], list[float]]] = {}
+
+
+def cached_reference(token_file: str, batch: int, config: TrainConfig, layers: int, dtype: str,
+                     model: str | None, build: Callable[[], torch.nn.Module]
+                     ) -> tuple[list[float], list[float]]:
+    """:func:`reference` on ``build()``, computed once per distinct argument set (see
+    ``_REFERENCES``); ``model`` names what ``build`` builds (None: the tiny GPT)."""
+    key = (token_file, batch, repr(config), layers, dtype, model)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = reference(token_file, batch, config, layers, dtype, build())
+    losses, norms = _REFERENCES[key]
+    return list(losses), list(norms)
+
+
 def linear_output_dtypes(sharded: Any) -> tuple[set[str], list[Any]]:
     """Forward hooks on every ``nn.Linear`` of this rank's stages recording the dtypes their
     outputs have (a matmul run in bf16 writes bf16); returns the set and the hook handles."""
@@ -126,9 +145,11 @@ def trainer_matches_reference(plan_kwargs: dict[str, Any], token_file: str,
                               model: str | None = None, cp: int = 1) -> dict[str, Any] | None:
     """Train under the plan with :func:`fxplan.runtime.trainer.train` in ``dtype``
     (:mod:`fxplan.runtime.precision`); rank 0 reports the curves of both, the largest relative
-    differences, and the dtypes seen (Linear outputs, parameters, optimizer state). ``model``:
-    ``"llama"`` for the tiny ``hf:llama`` of :mod:`rt_module_cases` (default the tiny GPT);
-    ``cp``: the plan's context-parallel degree (:func:`rt_cp_cases.with_cp`)."""
+    differences, and the dtypes seen (Linear outputs, parameters, optimizer state); the other
+    ranks train and return ``None`` (only rank 0 runs the one-process reference, see
+    :func:`cached_reference`). ``model``: ``"llama"`` for the tiny ``hf:llama`` of
+    :mod:`rt_module_cases` (default the tiny GPT); ``cp``: the plan's context-parallel degree
+    (:func:`rt_cp_cases.with_cp`)."""
     from rt_cp_cases import with_cp
 
     plan = make_plan(**plan_kwargs) if model is None else llama_plan(**plan_kwargs)
@@ -145,7 +166,10 @@ def trainer_matches_reference(plan_kwargs: dict[str, Any], token_file: str,
                               tokens_per_step=plan.batch * SEQ)
     for handle in handles:
         handle.remove()
-    ref_losses, ref_norms = reference(token_file, plan.batch, cfg, layers, dtype, build())
+    if dist.get_rank() != 0:
+        return None
+    ref_losses, ref_norms = cached_reference(token_file, plan.batch, cfg, layers, dtype, model,
+                                             build)
     rel = lambda a, b: max(abs(x - y) / abs(y) for x, y in zip(a, b))  # noqa: E731
     return dict(losses=result.losses, ref_losses=ref_losses, norms=result.grad_norms,
                 ref_norms=ref_norms, lrs=result.lrs, batch=plan.batch, path=sharded.path,

@@ -1,0 +1,57 @@
+"""``fxplan launch`` run by the CLI's own :func:`fxplan.cli.main.main` inside the test process.
+
+A launch test that starts ``python -m fxplan.cli.main launch`` pays for one more Python start-up
+and import of torch and fxplan (about 4 CPU-seconds on the 2-core test machine) before torchrun
+starts; the launcher itself only checks the plan and runs torchrun. Here the verb runs in the
+test process, already warm, and torchrun and its workers are real processes as before. Their
+output reaches the test through pytest's ``capfd`` (file-descriptor capture), returned as a
+:class:`subprocess.CompletedProcess` like the subprocess call it replaces.
+
+Hang guard (what the subprocess timeout was): after ``timeout`` seconds a ``SIGALRM`` raises
+``SIGINT`` in this process, which the launch verb handles as a Ctrl-C (torchrun is interrupted,
+or the supervisor ends every process of the attempt), and the call fails with
+:class:`TimeoutError`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Any, Mapping
+
+
+def launch_here(capfd: Any, *args: str, env: Mapping[str, str] | None = None,
+                timeout: int = 300) -> subprocess.CompletedProcess:
+    """``fxplan launch ARGS`` in this process with ``env`` (default: this process's) as the
+    environment; its exit status (``SystemExit``'s code where argparse refuses a flag) and
+    everything written to stdout and stderr meanwhile."""
+    from fxplan.cli.main import main
+
+    fired: list[bool] = []
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        fired.append(True)
+        signal.raise_signal(signal.SIGINT)
+
+    capfd.readouterr()  # what came before is not this launch's
+    saved = dict(os.environ)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(timeout)
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        code = main(["launch", *args])
+    except SystemExit as exit_:  # argparse refuses a flag as the command line would: status 2
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        os.environ.clear()
+        os.environ.update(saved)
+    out, err = capfd.readouterr()
+    if fired:
+        raise TimeoutError(f"fxplan launch {' '.join(args)}: no end in {timeout} s\n"
+                           f"{out[-3000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(["fxplan", "launch", *args], code, out, err)
