@@ -3,6 +3,7 @@
     python benchmarks/h100_table_probe.py                            # r per row
     python benchmarks/h100_table_probe.py --matmul-half-flops 6e10   # a later GEMM knee
     python benchmarks/h100_table_probe.py --no-tp-overlap            # tp comm fully exposed
+    python benchmarks/h100_table_probe.py --dp-exposed               # dp comm fully exposed
 
 Each row prints ``r = (T_published − T_other) / (compute + bubble)``, the factor by which the
 published run is slower than the predicted compute (``T_other``: the predicted step time less
@@ -11,7 +12,12 @@ breakdown. ``--matmul-half-flops F``: the H100 matmul efficiency curve's ``half_
 to ``F`` (``cost_model/data/efficiency.json`` has 6e9; the parsed data of this process only)
 — does a GEMM-size effect explain the small rows? ``--no-tp-overlap``: the published
 configurations priced without ``tp_overlap`` (``h100_table.predict(..., tp_overlap=False)``),
-the tensor-parallel collectives fully on the critical path.
+the tensor-parallel collectives fully on the critical path. ``--dp-exposed``: the H100's
+``comm_overlap`` set to 0 (``h100.comm_overlap=0``), so every data-parallel gradient bucket
+(4-byte, Megatron's fp32 reduction) waits for the end of the backward — the upper bound of
+what the data-parallel reduction can add; the bf16 parameter all-gather after the step is on
+the critical path in both (the model does not overlap it with the next forward, as
+Megatron's ``--overlap-param-gather`` does).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--matmul-half-flops", type=float, default=None)
     parser.add_argument("--no-tp-overlap", action="store_true")
+    parser.add_argument("--dp-exposed", action="store_true")
     args = parser.parse_args()
     table = _table()
     if args.matmul_half_flops is not None:
@@ -43,13 +50,20 @@ def main() -> int:
 
         load_efficiency().devices["h100"]["matmul"]["half_flops"] = args.matmul_half_flops
     for row in table.load_rows():
-        pr = table.predict(row, table.capture_row(row), tp_overlap=not args.no_tp_overlap)
+        cluster = None
+        if args.dp_exposed:
+            from fxplan.cluster_specs import Cluster
+
+            cluster = Cluster.load(f"dgx-h100:nodes={row.gpus // 8},h100.comm_overlap=0")
+        pr = table.predict(row, table.capture_row(row), cluster,
+                           tp_overlap=not args.no_tp_overlap)
         e = pr.estimate
         compute = e.breakdown["compute"] + e.breakdown["bubble"]
         r = (row.implied_step_time_s - (e.step_time_s - compute)) / compute
         print(f"{row.name:>10}  published MFU {row.mfu * 100:5.1f} %  predicted "
               f"{e.mfu * 100:5.1f} %  ({pr.error_points:+5.1f} points; mb={pr.microbatch}, "
-              f"recompute={pr.recompute})  r = {r:.2f}", flush=True)
+              f"recompute={pr.recompute}; dp_comm {e.breakdown['dp_comm']:.3f} s, optimizer "
+              f"{e.breakdown['optimizer'] * 1e3:.1f} ms)  r = {r:.2f}", flush=True)
     return 0
 
 

@@ -59,7 +59,8 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
                      + (", sequence parallel" if target.sequence_parallel else "")
                      + ") comes from the model's mpu, e.g. Megatron-DeepSpeed "
                      f"--tensor-model-parallel-size {tp}"
-                     + (" --sequence-parallel" if target.sequence_parallel else ""))
+                     + (" --sequence-parallel" if target.sequence_parallel else "")
+                     + (" --tp-comm-overlap" if target.tp_comm_overlap else ""))
     if pp > 1:
         notes.append(_pipeline_note(target, pp))
     if target.recompute and target.recompute != "none":

@@ -13,7 +13,8 @@ Megatron cannot say comes back as notes:
 
 Context and expert parallelism are ``--context-parallel-size`` and
 ``--expert-model-parallel-size``; FP8 is ``--fp8-format hybrid`` (Transformer Engine: E4M3
-forward, E5M2 gradients).
+forward, E5M2 gradients); ``tp_overlap=on`` is ``--tp-comm-overlap`` (Transformer Engine's
+userbuffers pipeline each sequence-parallel all-gather/reduce-scatter with its GEMM).
 
 Megatron takes the world size from the launcher, so the data-parallel degree is
 ``world / (tp · pp)`` and the microbatch count ``global / (mb · dp)``: :func:`parse` needs the
@@ -39,7 +40,7 @@ _VALUED = frozenset({
 })
 _SWITCHES = frozenset({"--sequence-parallel", "--recompute-activations",
                        "--use-distributed-optimizer", "--bf16", "--fp16",
-                       "--optimizer-cpu-offload"})
+                       "--optimizer-cpu-offload", "--tp-comm-overlap"})
 _DTYPE_FLAGS = {"bfloat16": "--bf16", "float16": "--fp16"}
 
 
@@ -61,6 +62,8 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
         args.append(("--seq-length", target.seq))
     if target.sequence_parallel:
         args.append(("--sequence-parallel", None))
+        if target.tp_comm_overlap:
+            args.append(("--tp-comm-overlap", None))
     if target.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
     elif target.recompute == "full":
@@ -191,6 +194,8 @@ def parse(text: str, *, world_size: int | None = None,
         cp=cp, ep=number("--expert-model-parallel-size", 1),
         offload="optimizer" if "--optimizer-cpu-offload" in switches else "none",
         fp8="--fp8-format" in values,
+        tp_comm_overlap="--tp-comm-overlap" in switches and "--sequence-parallel" in switches
+        and tp > 1,
     )
 
 

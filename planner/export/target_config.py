@@ -36,7 +36,9 @@ class TargetConfig:
     ``stage_layers`` lists the layers of each virtual stage when they differ; ``dtype`` is a
     torch dtype name (``bfloat16``, ``float16``, ``float32``); ``cp``/``ep`` the context- and
     expert-parallel degrees, ``offload`` what lives in host memory (``none``, ``optimizer``,
-    ``optimizer+params``) and ``fp8`` whether the matrix products run in FP8.
+    ``optimizer+params``), ``fp8`` whether the matrix products run in FP8 and
+    ``tp_comm_overlap`` whether the sequence-parallel collectives are pipelined with their GEMMs
+    (Megatron-Core ``--tp-comm-overlap``).
     """
 
     dp: int | None = None
@@ -58,6 +60,7 @@ class TargetConfig:
     ep: int | None = None
     offload: str | None = None
     fp8: bool | None = None
+    tp_comm_overlap: bool | None = None
 
     @classmethod
     def from_plan(cls, plan: Plan) -> tuple["TargetConfig", list[str]]:
@@ -94,6 +97,7 @@ class TargetConfig:
             seq=plan.seq,
             dtype=dtype,
             cp=config.cp, ep=config.ep, offload=config.offload, fp8=config.fp8,
+            tp_comm_overlap=config.tp_comm_overlap,
         ), notes
 
     @property

@@ -90,6 +90,11 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
         notes.append("approximated: fxplan's selective recompute is the attention core "
                      "(Megatron's definition); torchtitan's per-op selective checkpointing "
                      "(selective_ac_option = \"op\") saves by its own op policy")
+    if target.tp_comm_overlap:
+        notes.append("not exported: the plan overlaps the tensor-parallel collectives with "
+                     "their GEMMs (Megatron-Core --tp-comm-overlap); torchtitan's closest is "
+                     "its async tensor parallelism under torch.compile, which is not priced "
+                     "the same way")
     sections = [("training", training), ("parallelism", parallelism),
                 ("activation_checkpoint", checkpoint)]
     if target.fp8:

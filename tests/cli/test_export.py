@@ -37,6 +37,8 @@ PLANS = {
                          batch=32, layers=(8,)),
     "tp-sp": make_plan("dp=2,tp=4,pp=1,mb=1,schedule=1f1b,zero=1,recompute=selective,sp=on",
                        batch=16, layers=(8,)),
+    "tp-overlap": make_plan("dp=2,tp=4,pp=1,mb=1,schedule=1f1b,zero=1,recompute=none,sp=on,"
+                            "tp_overlap=on", batch=16, layers=(8,)),
     "pp-interleaved": make_plan("dp=2,tp=2,pp=2,mb=1,schedule=interleaved:2,zero=1,"
                                 "recompute=full,sp=on", batch=16, layers=(2, 2, 2, 2)),
     "zero3": make_plan("dp=4,tp=2,pp=1,mb=2,schedule=1f1b,zero=3,recompute=full,sp=on",
@@ -64,7 +66,7 @@ OFFLOAD_BACK = {"megatron": {"none": "none", "optimizer": "optimizer",
 ROUND_TRIP = {
     "megatron": ("dp", "tp", "pp", "schedule", "virtual_stages", "microbatch_size",
                  "num_microbatches", "global_batch", "sequence_parallel", "recompute", "layers",
-                 "stage_layers", "seq", "dtype", "cp", "ep", "fp8"),
+                 "stage_layers", "seq", "dtype", "cp", "ep", "fp8", "tp_comm_overlap"),
     "torchtitan": ("dp", "tp", "pp", "schedule", "virtual_stages", "microbatch_size",
                    "num_microbatches", "global_batch", "sequence_parallel", "recompute",
                    "stage_layers", "seq", "dtype", "cp", "ep", "fp8"),
@@ -237,3 +239,11 @@ def test_context_parallelism_in_each_format() -> None:
     ds = export_plan(plan, "deepspeed")
     assert json.loads(ds.text)["train_batch_size"] == 8
     assert any("no context parallelism" in n and "Ulysses" in n for n in ds.notes)
+
+
+def test_tp_overlap_is_megatrons_tp_comm_overlap() -> None:
+    megatron = export_plan(PLANS["tp-overlap"], "megatron")
+    assert "--tp-comm-overlap" in megatron.text.split()
+    assert "--tp-comm-overlap" not in export_plan(PLANS["tp-sp"], "megatron").text
+    assert any("--tp-comm-overlap" in n for n in export_plan(PLANS["tp-overlap"],
+                                                              "torchtitan").notes)
