@@ -5,8 +5,10 @@
 Plans gpt-tiny at global batch 16 on ``local-cpu:devices=N`` under the ``--constrain`` text,
 applies the plan on N gloo ranks (``torch.multiprocessing``, one thread each), runs one
 warm-up step, then counts with DTensor's ``CommDebugMode`` the functional collectives of one
-``train_step`` (forward + backward) and of one ``optimizer.step()`` + ``zero_grad()``, and
-prints the placements of the gradients after the backward. What the cost model prices is in
+``train_step`` (forward + backward), of the trainer's Partial-gradient reduction and clipping
+(:mod:`fxplan.runtime.partial_grads`, then ``clip_grad_norm``) and of one
+``optimizer.step()`` + ``zero_grad()``, and prints the placements of the gradients after the
+backward. What the cost model prices is in
 ``fxplan estimate`` (``tp_comm`` of the breakdown); this script says what the runtime does,
 for the comparison in docs/benchmarks.md (issue 12). Collectives outside DTensor's functional
 ops (DDP's reducer, ``ZeroRedundancyOptimizer``) are not seen by ``CommDebugMode``.
@@ -29,6 +31,8 @@ def _worker(rank: int, world: int, port: int, constrain: str) -> None:
     from fxplan.cli.constraint_text import parse_constraints
     from fxplan.examples.model_spec import resolve_model
     from fxplan.runtime.apply import apply_plan
+    from fxplan.runtime.optim import clip_grad_norm
+    from fxplan.runtime.partial_grads import reduce_partial_grads
     from fxplan.worker import loss_fn
 
     torch.set_num_threads(1)
@@ -50,6 +54,10 @@ def _worker(rank: int, world: int, port: int, constrain: str) -> None:
         sharded.train_step(((tokens,), targets), loss_fn)
     grads = Counter(str(getattr(p.grad, "placements", "plain tensor"))
                     for p in sharded.parameters() if p.grad is not None)
+    sync = CommDebugMode()
+    with sync:  # as the trainer does: reduce the Partial gradients once, then clip
+        flattened = reduce_partial_grads(sharded)
+        clip_grad_norm(sharded, 1.0)
     opt = CommDebugMode()
     with opt:
         optimizer.step()
@@ -57,8 +65,12 @@ def _worker(rank: int, world: int, port: int, constrain: str) -> None:
     if rank == 0:
         fb = {str(k).rpartition(".")[2]: v for k, v in step.get_comm_counts().items()}
         os_ = {str(k).rpartition(".")[2]: v for k, v in opt.get_comm_counts().items()}
+        cs = {str(k).rpartition(".")[2]: v for k, v in sync.get_comm_counts().items()}
         print(f"plan: {plan.summary}")
         print(f"forward + backward: {sum(fb.values())} collectives {fb}")
+        print(f"Partial-gradient reduction + clipping: {sum(cs.values())} functional "
+              f"collectives {cs}, plus {flattened} flattened all-reduce(s) and the norm's "
+              "c10d all-reduces (not seen by CommDebugMode)")
         print(f"optimizer step: {sum(os_.values())} collectives {os_}")
         print(f"gradient placements ({len(sharded.parameters())} parameters): {dict(grads)}")
         print(f"predicted tp_comm {plan.estimate['breakdown'].get('tp_comm', 0.0) * 1e3:.1f} ms")

@@ -6,7 +6,9 @@ One step ``t = 1 … T`` on every rank of a :class:`ShardedModule`:
    only by ranks that run the first or the last pipeline stage;
 2. ``train_step``: the plan's schedule over its microbatches — forward, loss, backward, with
    gradient accumulation over the microbatches and the dp reduction (DDP / FSDP2);
-3. the global gradient norm over every shard and stage, and clipping to ``grad_clip``
+3. every ``Partial`` gradient (tp with sp: replicated parameters on sequence-sharded
+   activations) reduced once, one flattened all-reduce per mesh group
+   (:mod:`fxplan.runtime.partial_grads`); then the global gradient norm over every shard and stage, and clipping to ``grad_clip``
    (:func:`fxplan.runtime.optim.clip_grad_norm`);
 4. the learning rate of step ``t`` (warm-up + cosine), the optimizer step, zeroed gradients.
 
@@ -33,6 +35,7 @@ import torch.distributed as dist
 from fxplan.runtime.metrics import FlopCounts, MetricsLog, StepMetrics, peak_memory_gib
 from fxplan.core.training import TrainConfig
 from fxplan.runtime.optim import build_optimizer, clip_grad_norm, set_lr
+from fxplan.runtime.partial_grads import reduce_partial_grads
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.runtime.data import DataSource
@@ -91,6 +94,7 @@ def train(sharded: "ShardedModule", data: "DataSource", loss_fn: Callable[..., t
         began = time.perf_counter()
         batch = data.batch(step - 1, start, stop) if reads else ((), None)
         loss = float(sharded.train_step(batch, loss_fn, local=True))
+        reduce_partial_grads(sharded)
         norm = clip_grad_norm(sharded, config.grad_clip)
         lr = config.lr_at(step)
         set_lr(optimizer, lr)
