@@ -1,6 +1,6 @@
 """Count the collectives a launched plan really issues per step, and where its gradients live.
 
-    python benchmarks/dtensor_comm_counts.py "tp=2,sp=on,recompute=none" [--ranks 2]
+    python benchmarks/dtensor_comm_counts.py "tp=2,sp=on,recompute=none" [--ranks 2] [--time N]
 
 Plans gpt-tiny at global batch 16 on ``local-cpu:devices=N`` under the ``--constrain`` text,
 applies the plan on N gloo ranks (``torch.multiprocessing``, one thread each), runs one
@@ -23,7 +23,7 @@ from collections import Counter
 import torch
 
 
-def _worker(rank: int, world: int, port: int, constrain: str) -> None:
+def _worker(rank: int, world: int, port: int, constrain: str, steps: int) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -68,26 +68,61 @@ def _worker(rank: int, world: int, port: int, constrain: str) -> None:
         cs = {str(k).rpartition(".")[2]: v for k, v in sync.get_comm_counts().items()}
         print(f"plan: {plan.summary}")
         print(f"forward + backward: {sum(fb.values())} collectives {fb}")
-        print(f"Partial-gradient reduction + clipping: {sum(cs.values())} functional "
-              f"collectives {cs}, plus {flattened} flattened all-reduce(s) and the norm's "
-              "c10d all-reduces (not seen by CommDebugMode)")
+        print(f"Partial-gradient reduction + clipping: {sum(cs.values())} collectives {cs} "
+              f"({flattened} of them the flattened reduction, the others the norm's)")
         print(f"optimizer step: {sum(os_.values())} collectives {os_}")
         print(f"gradient placements ({len(sharded.parameters())} parameters): {dict(grads)}")
         print(f"predicted tp_comm {plan.estimate['breakdown'].get('tp_comm', 0.0) * 1e3:.1f} ms")
+    if steps:
+        _time_steps(sharded, optimizer, ((tokens,), targets), loss_fn, steps, rank)
     dist.destroy_process_group()
+
+
+def _time_steps(sharded, optimizer, batch, loss_fn, steps: int, rank: int) -> None:  # type: ignore[no-untyped-def]
+    """Alternate ``steps`` trainer steps without (``clip`` redistributes each Partial gradient
+    on its own, the runtime before session 19) and with the flattened reduction; print the
+    median of the slowest rank's step time of each (ms)."""
+    import statistics
+    import time
+
+    import torch.distributed as dist
+
+    from fxplan.runtime.optim import clip_grad_norm
+    from fxplan.runtime.partial_grads import reduce_partial_grads
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(2 * steps):
+        flattened = bool(i % 2)
+        dist.barrier()
+        began = time.perf_counter()
+        sharded.train_step(batch, loss_fn)
+        if flattened:
+            reduce_partial_grads(sharded)
+        clip_grad_norm(sharded, 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        elapsed = torch.tensor(time.perf_counter() - began, dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        times[flattened].append(float(elapsed) * 1e3)
+    if rank == 0:
+        for flattened, label in ((False, "per-gradient (clip)"), (True, "flattened")):
+            print(f"step, Partial gradients {label}: median {statistics.median(times[flattened]):.1f}"
+                  f" ms over {steps} steps")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("constrain", help="--constrain text, e.g. tp=2,sp=on,recompute=none")
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--time", type=int, default=0, metavar="N",
+                        help="then time N steps of each Partial-gradient reduction, alternated")
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(args.ranks, port, args.constrain), nprocs=args.ranks)
+    mp.spawn(_worker, args=(args.ranks, port, args.constrain, args.time), nprocs=args.ranks)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch.distributed.tensor import DTensor, Partial
 
 from fxplan.examples.models.lm import lm_loss
