@@ -68,6 +68,8 @@ def _worker(rank: int, world: int, port: int, constrain: str, steps: int) -> Non
         cs = {str(k).rpartition(".")[2]: v for k, v in sync.get_comm_counts().items()}
         print(f"plan: {plan.summary}")
         print(f"forward + backward: {sum(fb.values())} collectives {fb}")
+        for fqn, counts in _leaf_counts(step).items():
+            print(f"  {fqn}: {counts}")
         print(f"Partial-gradient reduction + clipping: {sum(cs.values())} collectives {cs} "
               f"({flattened} of them the flattened reduction, the others the norm's)")
         print(f"optimizer step: {sum(os_.values())} collectives {os_}")
@@ -76,6 +78,27 @@ def _worker(rank: int, world: int, port: int, constrain: str, steps: int) -> Non
     if steps:
         _time_steps(sharded, optimizer, ((tokens,), targets), loss_fn, steps, rank)
     dist.destroy_process_group()
+
+
+def _leaf_counts(mode) -> dict[str, dict[str, int]]:  # type: ignore[no-untyped-def]
+    """Forward/backward collectives per innermost module that issued them (CommDebugMode's
+    module tracker; the rewrite's ``Reshard`` modules name the planned node)."""
+    out: dict[str, dict[str, int]] = {}
+    table = getattr(mode, "comm_module_counts", {})
+    for fqn, entry in table.items():
+        if fqn == "Global":  # the whole step, printed as the total
+            continue
+        own: dict[str, int] = {}
+        for phase in ("forward", "backward"):
+            for op, n in entry.get(phase, {}).items():
+                # subtract what the module's children issued
+                kids = sum(e.get(phase, {}).get(op, 0) for f, e in table.items()
+                           if f.startswith(fqn + ".") and f.count(".") == fqn.count(".") + 1)
+                if n - kids:
+                    own[f"{phase} {str(op).rpartition('.')[2]}"] = n - kids
+        if own:
+            out[fqn] = own
+    return out
 
 
 def _time_steps(sharded, optimizer, batch, loss_fn, steps: int, rank: int) -> None:  # type: ignore[no-untyped-def]

@@ -260,7 +260,8 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
         if mesh is not None:
             _edge_collectives(graph, name, layout, scale, mesh, tp_fwd, tp_bwd)
         elif tp > 1:
-            _tp_collectives(graph, name, layout, scale, sp, tp_fwd, tp_bwd)
+            _tp_collectives(graph, name, layout, scale, sp, tp_fwd, tp_bwd,
+                            regather=1.0 - device.comm_overlap)
         for param in used_params(graph.nodes_by_name[name], graph):
             canonical = graph.params[param].tied_to or param
             split = tp if param in layout.sharded_params else 1
@@ -310,8 +311,14 @@ def _edge_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: 
 
 
 def _tp_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: float, sp: bool,
-                    fwd: list[tuple[str, float]], bwd: list[tuple[str, float]]) -> None:
-    """Append the tp collectives node ``name`` implies (module docstring)."""
+                    fwd: list[tuple[str, float]], bwd: list[tuple[str, float]],
+                    regather: float = 0.0) -> None:
+    """Append the tp collectives node ``name`` implies (module docstring). ``regather``:
+    the exposed fraction ``1 − ω`` of the backward's second all-gather of a column-parallel
+    input under sp (the weight gradient needs the whole sequence; autograd saved the split
+    input: measured on local-cpu, one per column-parallel linear, benchmarks/
+    dtensor_comm_counts.py). Megatron-LM re-gathers too and overlaps it with the input
+    gradient's GEMM, so with ``ω = 1`` (GPUs) it is not priced."""
     infos = graph.infos_by_name
     out_bytes = tensor_bytes(infos[name]) * scale
     if name in layout.row or name in layout.vocab:
@@ -323,6 +330,8 @@ def _tp_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: fl
         in_bytes = tensor_bytes(infos[source]) * scale
         if sp:
             fwd.append(("all_gather", in_bytes))
+            if regather > 0:  # the weight gradient gathers the sequence-split input again
+                bwd.append(("all_gather", regather * in_bytes))
         bwd.append(("reduce_scatter" if sp else "all_reduce", in_bytes))
     elif name in layout.gathers:
         fwd.append(("all_gather", out_bytes))

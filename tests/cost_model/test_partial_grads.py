@@ -9,6 +9,8 @@ from fxplan.cluster_specs import Cluster
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.partial_grads import partial_grad_params
 
+GPU = "dgx-a100-80g"
+
 
 @pytest.fixture(scope="module")
 def tiny():  # type: ignore[no-untyped-def]
@@ -44,3 +46,22 @@ def test_sp_prices_one_all_reduce_of_the_partial_gradients(tiny) -> None:  # typ
     # hold them, within 1 % of the captured shapes)
     assert sp.breakdown["dp_comm"] == pytest.approx(one, rel=0.01)
     assert estimate(tiny, cluster, ParallelConfig.parse("tp=2,mb=8"), batch=8).breakdown["dp_comm"] == 0
+
+
+
+def test_sp_regathers_column_inputs_in_the_backward_only_without_overlap(tiny) -> None:  # type: ignore[no-untyped-def]
+    from fxplan.cost_model.layer_costs import graph_segments, segment_cost
+    from fxplan.cost_model.tp_layout import tp_layout
+
+    key, names = graph_segments(tiny).layers[0]
+    layout = tp_layout(tiny)
+    columns, rows = len(set(names) & layout.column), len(set(names) & layout.row)
+    assert (columns, rows) == (2, 2)            # qkv, fc1; proj, fc2
+    # local-cpu (ω = 0): one more backward all-gather per column-parallel linear (measured:
+    # benchmarks/dtensor_comm_counts.py); a GPU (ω = 1) overlaps it: unchanged
+    for spec, extra in (("local-cpu:devices=2", columns), (GPU, 0)):
+        device = Cluster.load(spec).device_groups[0]
+        for sp, expected in ((True, rows + extra), (False, 0)):
+            seg = segment_cost(tiny, key, tp=2, sequence_parallel=sp, recompute="none",
+                               microbatch=8, device=device)
+            assert sum(kind == "all_gather" for kind, _ in seg.tp_backward) == expected, spec
