@@ -24,7 +24,9 @@ replicated ops run on ``1/t`` of the sequence too):
   (sequence parallel: reduce-scatter, plus an all-gather of each column-parallel input);
   under ``fp8`` the linear layers' products are priced by :mod:`cost_model.fp8` instead;
   backward — all-reduce of each column-parallel input gradient (sequence parallel:
-  reduce-scatter, plus an all-gather of each row-parallel output gradient); full recompute
+  reduce-scatter, plus an all-gather of each row-parallel output gradient, plus ``1 − ω``
+  (``comm_overlap``) of a second all-gather of each column-parallel input, which the weight
+  gradient needs whole); full recompute
   repeats the forward ones. Priced placements (:mod:`cost_model.priced_layout`) instead
   contribute the collectives of ``reshard_cost`` on every edge whose tp placement changes,
   forward and backward (:mod:`cost_model.edge_reshard`), and split exactly the nodes their
