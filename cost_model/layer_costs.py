@@ -24,11 +24,13 @@ replicated ops run on ``1/t`` of the sequence too):
   (sequence parallel: reduce-scatter, plus an all-gather of each column-parallel input);
   under ``fp8`` the linear layers' products are priced by :mod:`cost_model.fp8` instead;
   backward — all-reduce of each column-parallel input gradient (sequence parallel:
-  reduce-scatter, plus an all-gather of each row-parallel output gradient); full recompute
-  repeats the forward ones. With sequence parallelism each collective of a linear layer also
-  carries the seconds of the GEMM it can be pipelined with (``tp_forward_gemm_s``,
-  ``tp_backward_gemm_s``, 0 for the others): the layer's forward GEMM, or one of its two
-  backward GEMMs (``tp_overlap``, :mod:`cost_model.stage_costs`). Priced placements (:mod:`cost_model.priced_layout`) instead
+  reduce-scatter, plus an all-gather of each row-parallel output gradient, plus ``1 − ω``
+  (``comm_overlap``) of a second all-gather of each column-parallel input, which the weight
+  gradient needs whole); full recompute repeats the forward ones. With sequence parallelism
+  each collective of a linear layer also carries the seconds of the GEMM it can be pipelined
+  with (``tp_forward_gemm_s``, ``tp_backward_gemm_s``, 0 for the others): the layer's forward
+  GEMM, or one of its two backward GEMMs (``tp_overlap``, :mod:`cost_model.stage_costs`).
+  Priced placements (:mod:`cost_model.priced_layout`) instead
   contribute the collectives of ``reshard_cost`` on every edge whose tp placement changes,
   forward and backward (:mod:`cost_model.edge_reshard`), and split exactly the nodes their
   placements split;
@@ -270,7 +272,8 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
             _edge_collectives(graph, name, layout, scale, mesh, tp_fwd, tp_bwd)
         elif tp > 1:
             n_fwd, n_bwd = len(tp_fwd), len(tp_bwd)
-            _tp_collectives(graph, name, layout, scale, sp, tp_fwd, tp_bwd)
+            _tp_collectives(graph, name, layout, scale, sp, tp_fwd, tp_bwd,
+                            regather=1.0 - device.comm_overlap)
             # the GEMM each sequence-parallel collective can pipeline with: the node's forward
             # GEMM, or one of its two equal backward GEMMs (compute.BACKWARD["matmul"])
             gemm = sp and info.op_class in MATMUL_CLASSES
@@ -355,8 +358,14 @@ def _edge_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: 
 
 
 def _tp_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: float, sp: bool,
-                    fwd: list[tuple[str, float]], bwd: list[tuple[str, float]]) -> None:
-    """Append the tp collectives node ``name`` implies (module docstring)."""
+                    fwd: list[tuple[str, float]], bwd: list[tuple[str, float]],
+                    regather: float = 0.0) -> None:
+    """Append the tp collectives node ``name`` implies (module docstring). ``regather``:
+    the exposed fraction ``1 − ω`` of the backward's second all-gather of a column-parallel
+    input under sp (the weight gradient needs the whole sequence; autograd saved the split
+    input: measured on local-cpu, one per column-parallel linear, benchmarks/
+    dtensor_comm_counts.py). Megatron-LM re-gathers too and overlaps it with the input
+    gradient's GEMM, so with ``ω = 1`` (GPUs) it is not priced."""
     infos = graph.infos_by_name
     out_bytes = tensor_bytes(infos[name]) * scale
     if name in layout.row or name in layout.vocab:
@@ -368,6 +377,8 @@ def _tp_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: fl
         in_bytes = tensor_bytes(infos[source]) * scale
         if sp:
             fwd.append(("all_gather", in_bytes))
+            if regather > 0:  # the weight gradient gathers the sequence-split input again
+                bwd.append(("all_gather", regather * in_bytes))
         bwd.append(("reduce_scatter" if sp else "all_reduce", in_bytes))
     elif name in layout.gathers:
         fwd.append(("all_gather", out_bytes))

@@ -30,7 +30,9 @@ first, ``pre``), all-reduced (ZeRO-0, and ZeRO-1 without tp, which the runtime r
 ``ZeroRedundancyOptimizer``) or reduce-scattered (ZeRO-2, ZeRO-1 as FSDP2) over dp. After the
 backward: ZeRO-2 all-gathers the updated 16-bit weights, ZeRO-1 without tp broadcasts each
 parameter tensor from its owner (one collective per tensor); a weight tied across stages
-(embedding and LM head) all-reduces its gradient between them. The optimizer step reads and
+(embedding and LM head) all-reduces its gradient between them. Under sequence parallelism
+the replicated parameters' partial-sum gradients are all-reduced over tp once per step, one
+flattened collective per stage (:mod:`cost_model.partial_grads`). The optimizer step reads and
 writes ``step_bytes`` per local parameter (``Ψ/N`` under ZeRO ≥ 1) at memory speed; under
 offload it runs on the host instead (:mod:`cost_model.offload`: the ``offload`` row, the
 device keeping only its fixed ``step_overhead_us``), and ``offload=optimizer+params`` adds
@@ -69,6 +71,7 @@ from fxplan.cost_model.context_parallel import (cp_group, cp_layers, cp_segment,
 from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_groups, ep_segment,
                                                expert_share, model_states, moe_layers)
 from fxplan.core.config import ParallelConfig
+from fxplan.cost_model.partial_grads import partial_grad_params
 from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, dtensor_params, optimizer_host_s,
                                              overlapped_buckets, zero3_exposed_s)
 from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
@@ -219,6 +222,11 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                 device.comm_overlap))
         params.append(stage_params)
         buckets.append(tuple(stage_buckets))
+        # sp: the replicated parameters' partial-sum gradients, one flattened all-reduce
+        partial = partial_grad_params(graph, config)
+        psi_p = sum(n for k, n in stage_params.items() if k in partial)
+        if psi_p:
+            post[s] += _collective("all_reduce", optimizer.grad_bytes * psi_p, tp_group, cluster)
         psi = sum(stage_params.values())
         psi_e = expert_share(stage_params, moe)
         ep_share.append(psi_e)

@@ -7,7 +7,10 @@ One step ``t = 1 … T`` on every rank of a :class:`ShardedModule`:
 2. ``train_step``: the plan's schedule over its microbatches — forward, loss, backward, with
    gradient accumulation over the microbatches and the dp reduction (DDP / FSDP2); with
    ``pp = 1`` a plain loop whose last backward reduces (:mod:`fxplan.runtime.accumulate`);
-3. the global gradient norm over every shard and stage, and clipping to ``grad_clip``
+3. every ``Partial`` gradient (tp with sp: replicated parameters on sequence-sharded
+   activations) reduced once, one flattened all-reduce per mesh group
+   (:mod:`fxplan.runtime.partial_grads`); then the global gradient norm over every shard and
+   stage, and clipping to ``grad_clip``
    (:func:`fxplan.runtime.optim.clip_grad_norm`);
 4. the learning rate of step ``t`` (warm-up + cosine), the optimizer step, zeroed gradients.
 
@@ -34,6 +37,7 @@ import torch.distributed as dist
 from fxplan.runtime.metrics import FlopCounts, MetricsLog, StepMetrics, peak_memory_gib
 from fxplan.core.training import TrainConfig
 from fxplan.runtime.optim import build_optimizer, clip_grad_norm, set_lr
+from fxplan.runtime.partial_grads import reduce_partial_grads
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.runtime.data import DataSource
@@ -92,6 +96,7 @@ def train(sharded: "ShardedModule", data: "DataSource", loss_fn: Callable[..., t
         began = time.perf_counter()
         batch = data.batch(step - 1, start, stop) if reads else ((), None)
         loss = float(sharded.train_step(batch, loss_fn, local=True))
+        reduce_partial_grads(sharded)
         norm = clip_grad_norm(sharded, config.grad_clip)
         lr = config.lr_at(step)
         set_lr(optimizer, lr)
