@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import os
 
 from fxplan.core.bounds import MAX_BATCH, MAX_SEQ, check_count
-from fxplan.core.config import APPLY_PATHS
+from fxplan.core.training import APPLY_PATHS
 from fxplan.core.errors import UserError
 from fxplan.core.plan import Plan, PlanError
 

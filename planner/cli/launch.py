@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from fxplan.cli.arguments import output_path
 from fxplan.cli.child import run_foreground
-from fxplan.core.config import APPLY_PATHS
+from fxplan.core.training import APPLY_PATHS
 from fxplan.cli.run_config import SETTINGS, LaunchError, RunSettings, resolve_settings
 
 #: torchrun flags ``fxplan launch`` sets itself: refused after ``--`` (with the flag to use).

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from fxplan.core.config import APPLY_PATHS
+from fxplan.core.training import APPLY_PATHS
 from fxplan.core.errors import UserError
 from fxplan.core.files import file_problem
 from fxplan.core.training import TrainConfig

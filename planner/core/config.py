@@ -50,7 +50,7 @@ from typing import Any, Mapping
 from fxplan.core.errors import UserError
 from fxplan.core.placements import PlacementMap
 
-__all__ = ["APPLY_PATHS", "CP_ATTENTION", "CostModelError", "OFFLOAD_POLICIES", "ParallelConfig",
+__all__ = ["CP_ATTENTION", "CostModelError", "OFFLOAD_POLICIES", "ParallelConfig",
            "RECOMPUTE_POLICIES", "SCHEDULE_KINDS", "Schedule"]
 
 #: Pipeline schedule kinds; ``interleaved`` is written ``interleaved:v`` (``v ≥ 2``).
@@ -58,11 +58,6 @@ SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
 
 #: Activation recompute policies.
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
-
-#: How a plan is applied (``fxplan.plan(path=…)``, ``apply_plan``, ``fxplan launch --path``):
-#: ``module`` on the user's own module with PyTorch's parallel pieces, ``graph`` by the graph
-#: rewrite, ``auto`` the module level where the plan allows it, else the graph rewrite.
-APPLY_PATHS: tuple[str, ...] = ("auto", "module", "graph")
 
 #: What lives in host memory instead of the device's: nothing, the optimizer states (ZeRO-Offload:
 #: gradients to the host, the optimizer step on the CPU, the updated 16-bit weights back), or

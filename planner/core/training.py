@@ -18,7 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["TrainConfig", "lr_at"]
+__all__ = ["APPLY_PATHS", "TrainConfig", "lr_at"]
+
+#: How a plan is applied (``fxplan.plan(path=…)``, ``apply_plan``, ``fxplan launch --path``):
+#: ``module`` on the user's own module with PyTorch's parallel pieces, ``graph`` by the graph
+#: rewrite, ``auto`` the module level where the plan allows it, else the graph rewrite.
+APPLY_PATHS: tuple[str, ...] = ("auto", "module", "graph")
 
 
 def lr_at(step: int, *, lr: float, steps: int, warmup: int = 0, min_lr: float | None = None

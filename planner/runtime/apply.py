@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import fx, nn
 
-from fxplan.core.config import APPLY_PATHS
+from fxplan.core.training import APPLY_PATHS
 from fxplan.passes.rewrite.base import PassManager, logger
 from fxplan.passes.rewrite.distribute import DistributeParameters
 from fxplan.passes.rewrite.layers import OutlineLayers
