@@ -15,8 +15,9 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
 2. *Memory bound per (family, zero)* (:func:`fxplan.inter_op.bounds.memory_lower_bound`):
    ``k_z(dp)·Ψ/pp + reserved + runtime > C − H`` prunes the pair before any microbatch variant
    is tried; the lowest surviving *memory rung* (ZeRO stage, offload;
-   :mod:`fxplan.inter_op.offload`) is where each candidate starts. Offload rungs follow the
-   ZeRO stages; a candidate climbs to them only where no on-device rung fits.
+   :mod:`fxplan.inter_op.offload`) is where each candidate starts. Offload rungs are offered
+   in a second pass, only when the first (ZeRO alone) found no candidate that fits (or from
+   the start when the ``offload`` constraint excludes ``none``).
 3. *Candidates* inside the families (:func:`fxplan.inter_op.space.options`), sorted by the
    time bound ``m·W/pp`` (:func:`fxplan.inter_op.bounds.time_lower_bound`).
 4. For each in order, until its bound reaches the ``K``-th best estimate (then nothing later
@@ -70,7 +71,8 @@ from fxplan.inter_op.context_bound import (MIN_TOKENS_PER_RANK, Dropped, context
 from fxplan.inter_op.constraints import (ConstraintError, allowed, describe,
                                           validate_constraints)
 from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message
-from fxplan.inter_op.offload import Rung, fp8_choices, host_fits, host_missing, memory_rungs
+from fxplan.inter_op.offload import (Rung, fp8_choices, host_fits, host_missing, memory_rungs,
+                                     offload_allows_none)
 from fxplan.inter_op.partition import balanced_counts, partition_layers
 from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import Priced, price_finalist
@@ -160,8 +162,24 @@ class _Search:
         if self.no_offload and self.constraints.get("offload") not in (None, "none"):
             raise ConstraintError(f"constraint offload={self.constraints['offload']}: "
                                   f"{self.no_offload}")
-        # Offload rungs are offered to every candidate after its on-device rungs (``_rungs``);
-        # a candidate that fits at some ZeRO stage never climbs to them (``_score``).
+        # Offload rungs join the search in a second pass when nothing fits without them
+        # (run_search), or from the start when the constraints leave no other choice.
+        self.offloading = not offload_allows_none(self.constraints.get("offload"))
+
+    def offload_pass(self) -> bool:
+        """Start the second pass, with the offload rungs, when the first found nothing that
+        fits and offload can be priced here; the first pass's records are dropped (the second
+        prices every candidate again and records its own). ``False`` when there is none."""
+        if self.offloading or self.no_offload:
+            return False
+        self.offloading = True
+        self.pruned, self.mesh_allowed, self.failed_finalists = [], [], []
+        self.unfit, self.fitted, self.stopped = {}, set(), ""
+        text = ("nothing fits in device memory without offload: the search ran again with "
+                "the optimizer states (and parameter shards) offloaded to host memory")
+        log.info(text)
+        self.fallbacks.append(text)
+        return True
 
     # -- steps 1–2 ------------------------------------------------------------------------
     def families(self) -> dict[Family, Rung]:
@@ -387,7 +405,7 @@ class _Search:
         (:func:`fxplan.inter_op.offload.memory_rungs`)."""
         return memory_rungs(fam.dp, self.constraints.get("zero_stage"),
                             self.constraints.get("offload"),
-                            not self.no_offload)
+                            self.offloading and not self.no_offload)
 
     def _score(self, c: ParallelConfig) -> _Scored | None:
         """The cheapest by ``T̂`` of ``c`` at each allowed ZeRO stage that fits (ties → the
@@ -586,8 +604,7 @@ class _Search:
         """When offload was tried: the host memory a node needs at least, 16 B per parameter
         of the whole model over the nodes (every state on the host, sharded over every rank),
         against the spec's host memory (the device figure above may then fit)."""
-        if self.no_offload or not any(
-                off != "none" for _, off in memory_rungs(2, None, self.constraints.get("offload"))):
+        if not self.offloading or self.no_offload:
             return ""
         device = self.cluster.device(0)
         need = 16.0 * self.graph.num_params * self.cluster.devices_per_node() \
@@ -641,6 +658,9 @@ def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str
     with timer("inter-op"):
         fams = state.families()
         ranked = state.rank(fams)
+        if not ranked and state.offload_pass():
+            fams = state.families()
+            ranked = state.rank(fams)
         state.unfit_reasons()
     with timer("intra-op"):
         state.solve_placements(ranked)

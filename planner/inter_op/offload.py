@@ -7,23 +7,23 @@ no FP8 peak it is a :class:`~fxplan.inter_op.constraints.ConstraintError`.
 
 **Offload**:
 
-A candidate of a family climbs the ``(zero, offload)`` rungs in order of decreasing device
-memory (higher rungs move more bytes at equal everything else); every on-device rung at which
-it fits is priced and the cheapest kept::
+A candidate of a family is tried at ``(zero, offload)`` rungs in order of decreasing device
+memory, and the first rung at which it fits is kept (higher rungs move more bytes at equal
+everything else)::
 
     (0, none) (1, none) (2, none) (3, none)              ZeRO alone
     (1, optimizer) (2, optimizer) (3, optimizer)          ZeRO-Offload, dp > 1
     (0, optimizer)                                        ZeRO-Offload, dp = 1
     (3, optimizer+params)                                 FSDP2's CPU offload, dp > 1
 
-so offload is offered to a candidate only where no ZeRO stage fits it without offload
-(:meth:`fxplan.inter_op.driver._Search._score`): a layout that fits on the devices is never
-traded for the same layout copying over PCIe every step, but a layout that fits only with
-offload (e.g. less tensor parallelism or no recompute) competes on its priced step time with
-the layouts that fit without it, so the search picks it where the PCIe traffic and the host's
-optimizer step cost less than the extra communication or recompute they save.
-``(0, optimizer)`` with ``dp > 1`` is left out: ``(1, optimizer)`` keeps the same device bytes
-with ``1/dp`` of the host bytes and of the CPU step. Only the rungs the ``zero_stage`` and ``offload`` constraints allow are
+so within a candidate offload is offered only where no ZeRO stage fits without it. The search
+offers the offload rungs at all only in a second pass, when its first pass found no candidate
+that fits without offload (:meth:`fxplan.inter_op.driver._Search.offload_pass`; or from the
+start when the ``offload`` constraint excludes ``none``): it keeps the search as fast as before
+for models that fit, and a plan that fits without offload is not traded for one that copies
+over PCIe every step. ``(0, optimizer)`` with ``dp > 1`` is
+left out: ``(1, optimizer)`` keeps the same device bytes with ``1/dp`` of the host bytes and
+of the CPU step. Only the rungs the ``zero_stage`` and ``offload`` constraints allow are
 tried, and offload rungs only when every device group's spec gives its host side
 (:class:`fxplan.cost_model.offload.HostSide`). A rung fits when the device memory fits and
 every node's host memory holds its ranks' offloaded states
@@ -44,7 +44,8 @@ from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["Rung", "fp8_choices", "host_fits", "host_missing", "memory_rungs"]
+__all__ = ["Rung", "fp8_choices", "host_fits", "host_missing", "memory_rungs",
+           "offload_allows_none"]
 
 #: ``(zero_stage, offload)``.
 Rung = tuple[int, str]
@@ -55,6 +56,12 @@ def _allows(want: Any, value: Any) -> bool:
         return True
     return value in want if isinstance(want, Collection) and not isinstance(want, str) \
         else value == want
+
+
+def offload_allows_none(offload_want: Any) -> bool:
+    """Whether the ``offload`` constraint (a value, a collection or ``None``) allows
+    ``none``."""
+    return _allows(offload_want, "none")
 
 
 def memory_rungs(dp: int, zero_want: Any = None, offload_want: Any = None,

@@ -94,14 +94,12 @@ def test_every_does_not_fit_reason_is_confirmed_by_estimate(model, cluster_spec,
 
 
 def test_llama_7b_dp8_is_not_said_to_fit_nowhere() -> None:
-    """The issue's case: dp=8 ZeRO-3 full recompute fits, and no reason says otherwise
-    (without offload, as when the case was reported: with it, dp=8 variants with less
-    recompute fit and are ranked, and the reason is the first kind)."""
+    """The issue's case: dp=8 ZeRO-3 full recompute fits, and no reason says otherwise."""
     cluster = Cluster.load("dgx-a100-40g")
     graph = capture_for_search("llama-7b", dtype=training_dtype(cluster))
     fsdp = ParallelConfig.parse("dp=8,tp=1,pp=1,mb=1,schedule=1f1b,zero=3,recompute=full,sp=off")
     assert _peak_gib(graph, cluster, fsdp, 64) < 40
-    plan = search(graph, cluster, batch=64, progress=False, constraints={"offload": "none"})
+    plan = search(graph, cluster, batch=64, progress=False)
     mine = [r for r in plan.pruned if r.startswith("tp=1, pp=1, dp=8:")]
     assert mine and all("none of" not in r for r in mine)
     assert any("lighter variants fit" in r and "recompute=full" in r for r in mine), mine
