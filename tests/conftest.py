@@ -13,15 +13,19 @@ HELPERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers")
 if HELPERS not in sys.path:
     sys.path.insert(0, HELPERS)
 
-from rt_pool import RankPool  # noqa: E402
+from rt_pool import THREAD_LIMIT, RankPool  # noqa: E402
 
 _POOL: RankPool | None = None
 
 
 @pytest.fixture
 def rank_pool():
-    """The session's 4-rank gloo pool, started at first use (restarted if a test broke it)."""
+    """The session's 4-rank gloo pool, started at first use; restarted if a test broke it or
+    its workers have piled up more than ``THREAD_LIMIT`` threads (``rt_pool`` docstring)."""
     global _POOL
+    if _POOL is not None and not _POOL.broken and _POOL.threads() > THREAD_LIMIT:
+        _POOL.close()
+        _POOL = None
     if _POOL is None or _POOL.broken:
         _POOL = RankPool(world=4)
     yield _POOL

@@ -7,6 +7,13 @@ groups and return ``None``). A torchrun per test costs 4–6 s here; a job on th
 job. A job that raises or hangs fails the test with every rank's traceback, and the pool is torn
 down so the next test starts fresh. Workers exit through ``gc.collect()`` then
 ``destroy_process_group()``, which avoids the SIGABRT seen at interpreter exit after DTensor work.
+
+Each job's process groups (every mesh, every stage) stay alive in the workers, and gloo keeps
+threads per group and connection: over a session a worker grew past a thousand threads, many of
+them runnable, and every later test ran several times slower. :meth:`RankPool.threads` counts
+them, and the ``rank_pool`` fixture starts a fresh pool once it passes
+:data:`THREAD_LIMIT` (destroying a job's groups after it instead breaks jobs whose DTensors
+resolve a group by name later).
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ import traceback
 from typing import Any
 
 WORKER_TIMEOUT_S = 30
+
+#: Threads per worker beyond which the ``rank_pool`` fixture starts a fresh pool.
+THREAD_LIMIT = 300
 
 
 def _free_port() -> int:
@@ -98,6 +108,16 @@ class RankPool:
         if errors:
             raise AssertionError(f"{target} failed:\n" + "\n".join(errors))
         return [results[r] for r in range(self.world)]
+
+    def threads(self) -> int:
+        """The most threads any worker has now (Linux ``/proc``; 0 where it cannot be read)."""
+        counts = []
+        for proc in self.procs:
+            try:
+                counts.append(len(os.listdir(f"/proc/{proc.pid}/task")))
+            except OSError:
+                counts.append(0)
+        return max(counts, default=0)
 
     def close(self, force: bool = False) -> list[int | None]:
         """Stop the workers; returns their exit codes (0 = clean)."""
