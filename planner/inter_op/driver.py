@@ -313,13 +313,19 @@ class _Search:
                     heapq.heapreplace(best, item)
         return [s for _, _, s in sorted(best, key=lambda t: -t[0])]
 
+    def _degree_wanted(self, key: str) -> tuple[Any, set[int] | None]:
+        """The ``key`` constraint as given and its values, or ``None`` for the values when
+        it is absent or allows 1 (the degree may stay unused: nothing to check)."""
+        want = self.constraints.get(key)
+        if want is None:
+            return want, None
+        values = set(want) if isinstance(want, (list, tuple, set, frozenset)) else {want}
+        return want, None if 1 in values else values
+
     def _check_ep_constraint(self) -> None:
         """An ``ep`` constraint only ``ep > 1`` satisfies needs experts that ``ep`` divides."""
-        want = self.constraints.get("ep")
-        if want is None:
-            return
-        values = set(want) if isinstance(want, (list, tuple, set, frozenset)) else {want}
-        if 1 in values:
+        want, values = self._degree_wanted("ep")
+        if values is None:
             return
         if self.experts is None:
             raise ConstraintError(f"constraint {describe({'ep': want})} needs a mixture of "
@@ -341,11 +347,8 @@ class _Search:
     def _check_cp_constraint(self) -> None:
         """A ``cp`` constraint only ``cp > 1`` satisfies needs a sequence that ``2·cp``
         chunks divide."""
-        want = self.constraints.get("cp")
-        if want is None:
-            return
-        values = set(want) if isinstance(want, (list, tuple, set, frozenset)) else {want}
-        if 1 in values:
+        want, values = self._degree_wanted("cp")
+        if values is None:
             return
         if self.seq is None:
             raise ConstraintError(f"constraint {describe({'cp': want})} splits the sequence, "
