@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from fxplan.core.errors import UserError
 from fxplan.core.plan import Plan
 from fxplan.examples.models.lm import lm_loss
 from fxplan.runtime.apply import apply_plan
@@ -16,18 +15,9 @@ from fxplan.runtime.apply import apply_plan
 
 def with_cp(plan: Plan, cp: int) -> Plan:
     """``plan`` (``batch = dp·mb·m``) with context-parallel degree ``cp``: the ``dp/cp``
-    replicas read ``batch / cp`` samples. Where this version's config still refuses ``cp > 1``
-    (before the cp search is merged: ``UNSEARCHED_DEGREES``), the frozen values are set
-    around its validation — the runtime reads only ``config.cp`` and ``batch``."""
-    try:
-        config = dataclasses.replace(plan.config, cp=cp)
-        return dataclasses.replace(plan, config=config, batch=plan.batch // cp)
-    except UserError:
-        config = dataclasses.replace(plan.config)
-        object.__setattr__(config, "cp", cp)
-        made = dataclasses.replace(plan, config=config)
-        object.__setattr__(made, "batch", plan.batch // cp)
-        return made
+    replicas read ``batch / cp`` samples."""
+    config = dataclasses.replace(plan.config, cp=cp)
+    return dataclasses.replace(plan, config=config, batch=plan.batch // cp)
 
 
 def _setup(model: str, cp: int, plan_kwargs: dict[str, Any]
