@@ -21,6 +21,17 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
 }
 
 
+
+def train_steps(sharded: Any, optimizer: torch.optim.Optimizer, batch: Any, steps: int,
+                loss_fn: Any = lm_loss) -> list[float]:
+    """``steps`` training steps of ``sharded`` on the same ``batch``; the loss of each."""
+    losses = []
+    for _ in range(steps):
+        losses.append(float(sharded.train_step(batch, loss_fn)))
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses
+
 def _plan(plan_kwargs: dict[str, Any] | None, plan_json: str | None) -> Plan:
     return Plan.from_json(plan_json) if plan_json else make_plan(**(plan_kwargs or {}))
 
@@ -75,12 +86,7 @@ def train_matches_reference(plan_kwargs: dict[str, Any] | None = None, plan_json
     if sharded is None:
         return None
     held = local_bytes(sharded)
-    optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
-    losses = []
-    for _ in range(steps):
-        losses.append(float(sharded.train_step(batch, lm_loss)))
-        optimizer.step()
-        optimizer.zero_grad()
+    losses = train_steps(sharded, sharded.optimizer(torch.optim.SGD, lr=LR), batch, steps)
     params = sharded.full_parameters()
     ref_losses, ref_params = reference(plan, layers, steps)
     param_errors = {k: relative_error(params[k], ref_params[k]) for k in ref_params}

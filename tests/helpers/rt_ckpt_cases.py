@@ -8,20 +8,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fxplan.examples.models.lm import lm_loss
 from fxplan.runtime.apply import apply_plan
 from fxplan.runtime.optim_state import full_optimizer_state
-from rt_cases import OPTIMIZERS, reference, relative_error
+from rt_cases import OPTIMIZERS, reference, relative_error, train_steps
 from rt_plans import build_model, fixed_batch, make_plan
 
-
-def _train(sharded: Any, optimizer: torch.optim.Optimizer, batch: Any, steps: int) -> list[float]:
-    losses = []
-    for _ in range(steps):
-        losses.append(float(sharded.train_step(batch, lm_loss)))
-        optimizer.step()
-        optimizer.zero_grad()
-    return losses
 
 
 def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -47,7 +38,7 @@ def optimizer_state_reshards(save_plan: dict[str, Any], load_plan: dict[str, Any
     saved: dict[str, Any] = {}
     if sharded is not None:
         opt = sharded.optimizer(optimizer_class, **kwargs)
-        losses = _train(sharded, opt, batch, before)
+        losses = train_steps(sharded, opt, batch, before)
         sharded.save(path, opt)
         saved = dict(params=sharded.full_parameters(), optim=full_optimizer_state(sharded, opt))
     dist.barrier()
@@ -57,7 +48,7 @@ def optimizer_state_reshards(save_plan: dict[str, Any], load_plan: dict[str, Any
     opt = loaded.optimizer(optimizer_class, **kwargs)
     loaded.load(path, opt)
     params, state = loaded.full_parameters(), full_optimizer_state(loaded, opt)
-    losses += _train(loaded, opt, batch, after)
+    losses += train_steps(loaded, opt, batch, after)
     final = loaded.full_parameters()
     if not saved:
         return None

@@ -43,18 +43,14 @@ def cp_matches_reference(model: str, cp: int, plan_kwargs: dict[str, Any], steps
                          ) -> dict[str, Any] | None:
     """Train ``steps`` SGD steps of ``model`` (``gpt`` or ``llama``) under ``plan_kwargs`` with
     ``cp``; losses and gathered parameters against one process on the whole batch (rank 0)."""
-    from rt_cases import LR, relative_error
+    from rt_cases import LR, relative_error, train_steps
 
     plan, build, batch, reference, loss_fn = _setup(model, cp, plan_kwargs)
     sharded = apply_plan(build(), plan, batch[0])
     if sharded is None:
         return None
-    optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
-    losses = []
-    for _ in range(steps):
-        losses.append(float(sharded.train_step(batch, loss_fn)))
-        optimizer.step()
-        optimizer.zero_grad()
+    losses = train_steps(sharded, sharded.optimizer(torch.optim.SGD, lr=LR), batch, steps,
+                         loss_fn)
     params = sharded.full_parameters()
     ref_losses, ref_params = reference(steps)
     errors = {k: relative_error(params[k], ref_params[k]) for k in ref_params if k in params}

@@ -15,6 +15,7 @@ from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan
 from fxplan.runtime.apply import apply_plan
 from fxplan.runtime.module_probe import model_output
+from rt_cases import train_steps
 from rt_plans import stages_for
 
 LR = 0.1
@@ -109,12 +110,8 @@ def train_matches_reference(kind: str, plan_json: str, steps: int = 3, meta: boo
     sharded = apply_plan(build(kind, meta=meta), plan, tokens, init=init)
     if sharded is None:
         return None
-    optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
-    losses = []
-    for _ in range(steps):
-        losses.append(float(sharded.train_step((tokens, targets), lm_loss)))
-        optimizer.step()
-        optimizer.zero_grad()
+    losses = train_steps(sharded, sharded.optimizer(torch.optim.SGD, lr=LR), (tokens, targets),
+                         steps)
     tied_equal = _tied_copies_equal(sharded, build(kind, meta=True))
     params = sharded.full_parameters()
     ref_losses, ref_params = reference(kind, plan, steps)
