@@ -22,6 +22,11 @@ collection (list, tuple, set, frozenset) of values. Allowed keys and values:
 Anything else raises :class:`ConstraintError` (a ``UserError``) naming the allowed keys or
 values, before any work is done. Schedules are given as text (``"interleaved:2"``) and read
 into :class:`~fxplan.core.config.Schedule` values by :func:`validate_constraints`.
+
+Two degrees are checked against the model as well, once it is profiled: an ``ep`` constraint
+that only ``ep > 1`` satisfies needs ``E mod ep = 0`` for some allowed ``ep`` (``E`` the experts,
+:func:`check_ep_constraint`), a ``cp`` constraint that only ``cp > 1`` satisfies needs
+``s mod 2·cp = 0`` for some allowed ``cp`` (``s`` the sequence, :func:`check_cp_constraint`).
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ from typing import Any, Mapping
 
 from fxplan.core.config import OFFLOAD_POLICIES, RECOMPUTE_POLICIES, ParallelConfig, Schedule
 from fxplan.core.errors import UserError
-from fxplan.inter_op.space import INTERLEAVE_CHUNKS, divisors
+from fxplan.inter_op.space import INTERLEAVE_CHUNKS, divisors, expert_degrees
 
 __all__ = ["ConstraintError", "CONSTRAINT_FIELDS", "allowed", "allowed_values",
-           "describe", "validate_constraints"]
+           "check_cp_constraint", "check_ep_constraint", "describe", "ep_degrees", "only",
+           "validate_constraints"]
 
 CONSTRAINT_FIELDS = ("tp", "pp", "dp", "microbatch_size", "schedule", "recompute",
                      "sequence_parallel", "zero_stage", "offload", "fp8", "cp", "ep")
@@ -125,3 +131,59 @@ def describe(constraints: Mapping[str, Any]) -> str:
         else:
             parts.append(f"{key}={want}")
     return ", ".join(parts)
+
+
+def only(constraints: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The constraints on the fields ``keys`` (the others dropped)."""
+    return {k: v for k, v in constraints.items() if k in keys}
+
+
+def _degree_wanted(constraints: Mapping[str, Any], key: str) -> tuple[Any, set[int] | None]:
+    """The ``key`` constraint as given and its values, or ``None`` for the values when
+    it is absent or allows 1 (the degree may stay unused: nothing to check)."""
+    want = constraints.get(key)
+    if want is None:
+        return want, None
+    values = set(want) if isinstance(want, _COLLECTIONS) else {want}
+    return want, None if 1 in values else values
+
+
+def check_ep_constraint(constraints: Mapping[str, Any], experts: int | None) -> None:
+    """An ``ep`` constraint only ``ep > 1`` satisfies needs experts (``experts``, ``None`` for
+    a dense model) that ``ep`` divides; raises :class:`ConstraintError`."""
+    want, values = _degree_wanted(constraints, "ep")
+    if values is None:
+        return
+    if experts is None:
+        raise ConstraintError(f"constraint {describe({'ep': want})} needs a mixture of "
+                              f"experts, and the model has no expert "
+                              f"parameters (3-D [E, ·, ·] batched expert weights); allow "
+                              f"ep=1")
+    if all(experts % v for v in values):
+        raise ConstraintError(f"constraint ep: none of {sorted(values)} divides the "
+                              f"model's {experts} experts")
+
+
+def check_cp_constraint(constraints: Mapping[str, Any], seq: int | None) -> None:
+    """A ``cp`` constraint only ``cp > 1`` satisfies needs a sequence (``seq``, ``None`` when
+    the model has none) that ``2·cp`` chunks divide; raises :class:`ConstraintError`."""
+    want, values = _degree_wanted(constraints, "cp")
+    if values is None:
+        return
+    if seq is None:
+        raise ConstraintError(f"constraint {describe({'cp': want})} splits the sequence, "
+                              "and the model has no token sequence (a 2-D integer input); "
+                              "allow cp=1")
+    if all(seq % (2 * v) for v in values):
+        raise ConstraintError(f"constraint cp: context parallelism cuts the sequence into "
+                              f"2·cp chunks, and none of {sorted(values)} gives chunks that "
+                              f"divide seq={seq}")
+
+
+def ep_degrees(dp: int, experts: int | None, constraints: Mapping[str, Any]) -> tuple[int, ...]:
+    """The expert-parallel degrees of a family with ``dp`` data-parallel ranks
+    (:func:`fxplan.inter_op.space.expert_degrees`) the ``ep`` constraint allows (``(1,)`` for
+    a dense model, or when it allows none of them)."""
+    want = only(constraints, ("ep",))
+    return tuple(e for e in expert_degrees(dp, experts)
+                 if allowed(ParallelConfig(dp=e, ep=e), want)) or (1,)

@@ -31,12 +31,15 @@ without CP: at short sequences ``cp* = 1`` and nothing is added).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Mapping
 
+from fxplan.core.config import ParallelConfig
+from fxplan.inter_op.constraints import allowed, only
 from fxplan.inter_op.reasons import CONTEXT, Reason
-from fxplan.inter_op.space import Family
+from fxplan.inter_op.space import Family, context_degrees
 
-__all__ = ["Dropped", "MIN_TOKENS_PER_RANK", "context_reasons", "offered_cps", "short_reason"]
+__all__ = ["Dropped", "MIN_TOKENS_PER_RANK", "context_reasons", "offered_cps", "possible_cps",
+           "short_reason"]
 
 #: The fewest tokens of each sequence a context-parallel rank keeps (module docstring).
 MIN_TOKENS_PER_RANK = 4096
@@ -46,6 +49,23 @@ Dropped = tuple[Family, tuple[int, ...], int]
 
 #: Families named in a reason (the rest are counted).
 SHOW_FAMILIES = 3
+
+
+def possible_cps(dp: int, seq: int | None, batch: int,
+                 constraints: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(possible degrees, the short ones left out)``: the context-parallel degrees a family
+    with ``dp`` data-parallel ranks can run (:func:`fxplan.inter_op.space.context_degrees`) that
+    the ``cp`` constraint allows and, unless it asks for ``cp > 1``, that leave each rank at
+    least :data:`MIN_TOKENS_PER_RANK` tokens (``s/cp ≥ 4096``; the others are the short ones,
+    for :func:`short_reason`)."""
+    want = only(constraints, ("cp",))
+    out = tuple(c for c in context_degrees(dp, seq, batch)
+                if allowed(ParallelConfig(dp=c, cp=c), want))
+    short: tuple[int, ...] = ()
+    if not want or allowed(ParallelConfig(), want):
+        short = tuple(c for c in out if c > 1 and seq // c < MIN_TOKENS_PER_RANK)
+        out = tuple(c for c in out if c not in short)
+    return out, short
 
 
 def offered_cps(family: Family, possible: tuple[int, ...],

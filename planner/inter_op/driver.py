@@ -47,7 +47,9 @@ capacity, so the partition of step 4 gives a slow or small group fewer layers, a
 of steps 2–3 use the pipeline's mean free memory and the fastest group's work.
 
 Nothing is dropped silently: every pruned family or candidate group carries its reason with
-the arithmetic, and fallbacks (time budget, intra-op solver) are logged and kept in the plan.
+the arithmetic (candidates that fit at no memory rung: :mod:`fxplan.inter_op.unfit`), and
+fallbacks (time budget, intra-op solver) are logged and kept in the plan. The constraints are
+checked before any work (:mod:`fxplan.inter_op.constraints`).
 """
 
 from __future__ import annotations
@@ -66,25 +68,25 @@ from fxplan.core.plan import Plan
 from fxplan.cost_model.expert_parallel import num_experts
 from fxplan.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
 from fxplan.inter_op.build_plan import build_plan
-from fxplan.inter_op.context_bound import (MIN_TOKENS_PER_RANK, Dropped, context_reasons,
-                                            offered_cps, short_reason)
-from fxplan.inter_op.constraints import (ConstraintError, allowed, describe,
-                                          validate_constraints)
-from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message
-from fxplan.inter_op.offload import (Rung, fp8_choices, host_fits, host_missing, memory_rungs,
-                                     offload_allows_none)
+from fxplan.inter_op.context_bound import (Dropped, context_reasons, offered_cps, possible_cps,
+                                            short_reason)
+from fxplan.inter_op.constraints import (allowed, check_cp_constraint, check_ep_constraint,
+                                          describe, ep_degrees, only, validate_constraints)
+from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message, no_plan_error
+from fxplan.inter_op.offload import MemoryRungs, Rung, fp8_choices, host_fits
 from fxplan.inter_op.partition import balanced_counts, partition_layers
 from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import Priced, price_finalist
 from fxplan.inter_op.profile import ModelProfile, SegmentProfile
 from fxplan.inter_op.reasons import DIVIDE, DUPLICATE, MEMORY, REFUSED, TIME_BOUND, Reason
 from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
-from fxplan.inter_op.space import (MAX_MICROBATCH, Family, context_degrees, expert_degrees,
-                                   families, options)
-from fxplan.inter_op.stage_devices import StageDevices, stage_devices, straddled_stage
+from fxplan.inter_op.space import Family, families, options
+from fxplan.inter_op.stage_devices import (StageDevices, StageDeviceTable, rank_limits,
+                                           rank_profiles, straddled_stage)
 from fxplan.inter_op.stage_memory import (DeviceMemory, limit_text, partition_inputs,
                                          stage_memory, stage_totals)
 from fxplan.inter_op.surrogate import surrogate_step_s
+from fxplan.inter_op.unfit import Unfit, overflow, record_unfit, unfit_reasons
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -101,17 +103,6 @@ DEFAULT_FINALISTS = 8
 class _Scored:
     config: ParallelConfig
     surrogate_s: float
-
-
-def _probe_ep(ep: int) -> ParallelConfig:
-    """A configuration to test an ``ep`` constraint on."""
-    return ParallelConfig(dp=ep, ep=ep)
-
-
-def _overflow(m: MemoryBreakdown) -> float:
-    """Bytes over the rank's own capacity less its headroom (negative: room left); on one
-    kind of device the order of the totals."""
-    return m.total + m.headroom - m.capacity
 
 
 def _probe(family: Family) -> ParallelConfig:
@@ -137,19 +128,18 @@ class _Search:
         self.timer, self.budget, self.progress = timer, budget, progress
         self.profile = ModelProfile(graph, cluster)
         self.experts = num_experts(graph)   # E of a mixture of experts (ep is searched), or None
-        self._check_ep_constraint()
+        check_ep_constraint(self.constraints, self.experts)
         self.seq = self.profile.segments.seq
-        self._check_cp_constraint()
+        check_cp_constraint(self.constraints, self.seq)
         self.cps_of: dict[Family, tuple[int, ...]] = {}   # the cp each family offers
         self.short_cps: set[int] = set()      # cp > 1 left out for too few tokens per rank
         self.mem = DeviceMemory.of(cluster.device(0), headroom)
         self.pruned: list[Reason] = []
         self.fallbacks: list[str] = []
         self.partitions: dict[tuple, Any] = {}
-        self.devices: dict[tuple[int, int], StageDevices] = {}
-        # family → (variants that fit at no allowed ZeRO stage, the lightest of them as
-        # (heaviest rank's breakdown, its config)); families with at least one fitting variant
-        self.unfit: dict[Family, tuple[int, MemoryBreakdown, ParallelConfig]] = {}
+        self.devices = StageDeviceTable(cluster, headroom)
+        # the variants that fit at no allowed rung (unfit.py); families with a fitting variant
+        self.unfit: Unfit = {}
         self.fitted: set[Family] = set()
         self.mesh_allowed: list[Family] = []    # valid families the tp/pp/dp constraints allow
         self.failed_finalists: list[Reason] = []
@@ -158,21 +148,16 @@ class _Search:
         self.stopped = ""
         self.intra_op = IntraOpCache(graph, cluster, budget)
         self.fp8_choices = fp8_choices(self.constraints, cluster)
-        self.no_offload = host_missing(cluster)
-        if self.no_offload and self.constraints.get("offload") not in (None, "none"):
-            raise ConstraintError(f"constraint offload={self.constraints['offload']}: "
-                                  f"{self.no_offload}")
         # Offload rungs join the search in a second pass when nothing fits without them
         # (run_search), or from the start when the constraints leave no other choice.
-        self.offloading = not offload_allows_none(self.constraints.get("offload"))
+        self.rungs = MemoryRungs(self.constraints, cluster)
 
     def offload_pass(self) -> bool:
         """Start the second pass, with the offload rungs, when the first found nothing that
         fits and offload can be priced here; the first pass's records are dropped (the second
         prices every candidate again and records its own). ``False`` when there is none."""
-        if self.offloading or self.no_offload:
+        if not self.rungs.start_offload():
             return False
-        self.offloading = True
         self.pruned, self.mesh_allowed, self.failed_finalists = [], [], []
         self.unfit, self.fitted, self.stopped = {}, set(), ""
         text = ("nothing fits in device memory without offload: the search ran again with "
@@ -192,8 +177,7 @@ class _Search:
         out: dict[Family, Rung] = {}
         dropped: list[Dropped] = []
         for fam in fams:
-            if not allowed(_probe(fam), {k: v for k, v in self.constraints.items()
-                                   if k in ("tp", "pp", "dp")}):
+            if not allowed(_probe(fam), only(self.constraints, ("tp", "pp", "dp"))):
                 continue
             straddled = (straddled_stage(self.cluster, fam.pp, fam.dp * fam.tp)
                          if len(self.cluster.device_groups) > 1 else None)
@@ -204,10 +188,11 @@ class _Search:
                     f"{a} and {b}; each stage runs on one device group", DIVIDE))
                 continue
             self.mesh_allowed.append(fam)
-            lightest = prof.get(fam.tp, True, "full", 1, ep=max(self.eps(fam.dp)))
-            devs = self._stage_devices(fam.pp, fam.dp * fam.tp)
+            lightest = prof.get(fam.tp, True, "full", 1,
+                                ep=max(ep_degrees(fam.dp, self.experts, self.constraints)))
+            devs = self.devices.of(fam.pp, fam.dp * fam.tp)
             mem = devs.mean_memory()
-            for zero, off in self._rungs(fam):
+            for zero, off in self.rungs.of(fam.dp):
                 need = memory_lower_bound(fam, zero, lightest, mem, off)
                 if need <= mem.limit:
                     out[fam] = (zero, off)
@@ -225,26 +210,21 @@ class _Search:
             self.pruned.append(short_reason(self.seq, tuple(sorted(self.short_cps))))
         return out
 
-    def _stage_devices(self, pp: int, per_stage: int) -> StageDevices:
-        key = (pp, per_stage)
-        if key not in self.devices:
-            self.devices[key] = stage_devices(self.cluster, pp, per_stage, self.headroom)
-        return self.devices[key]
-
     def _profiles(self, c: ParallelConfig) -> tuple[SegmentProfile, list[SegmentProfile] | None,
                                                     StageDevices]:
-        """``c``'s profile on rank 0's device, one per pipeline rank where the ranks are on
-        different device groups (``None`` on one kind of device), and the ranks' devices."""
-        devs = self._stage_devices(c.pp, c.dp * c.tp)
-        prof = self.profile.of(c)
-        if devs.uniform:
-            return prof, None, devs
-        return prof, [self.profile.of(c, g) for g in devs.groups], devs
+        """``c``'s profiles (:func:`fxplan.inter_op.stage_devices.rank_profiles`) and the
+        ranks' devices."""
+        devs = self.devices.of(c.pp, c.dp * c.tp)
+        return (*rank_profiles(self.profile, c, devs), devs)
+
+    def _memory(self, devs: StageDevices) -> DeviceMemory | tuple[DeviceMemory, ...]:
+        """The memory of one kind of device, or one per pipeline rank of ``devs``."""
+        return self.mem if devs.uniform else devs.memory
 
     # -- step 4 ---------------------------------------------------------------------------
     def _partition(self, c: ParallelConfig) -> ParallelConfig | None:
         prof, profs, devs = self._profiles(c)
-        mems = devs.memory if profs is not None else self.mem
+        mems = self._memory(devs)
         if profs is None:
             inputs = partition_inputs(c, prof, mems)
             time = prof.layer_time
@@ -265,8 +245,7 @@ class _Search:
         # decides, and the most even split is the second chance when the DP found none.
         tries = ([part.counts] if part is not None else []) + \
             [balanced_counts(prof.layers, c.pp * c.virtual_stages)]
-        caps = (mems.limit if isinstance(mems, DeviceMemory)
-                else np.array([m.limit for m in mems]))
+        caps = rank_limits(mems)
         for counts in tries:
             placed = c.replace(stage_layers=counts)
             if (stage_totals(placed, prof, mems) <= caps).all() and \
@@ -313,65 +292,11 @@ class _Search:
                     heapq.heapreplace(best, item)
         return [s for _, _, s in sorted(best, key=lambda t: -t[0])]
 
-    def _degree_wanted(self, key: str) -> tuple[Any, set[int] | None]:
-        """The ``key`` constraint as given and its values, or ``None`` for the values when
-        it is absent or allows 1 (the degree may stay unused: nothing to check)."""
-        want = self.constraints.get(key)
-        if want is None:
-            return want, None
-        values = set(want) if isinstance(want, (list, tuple, set, frozenset)) else {want}
-        return want, None if 1 in values else values
-
-    def _check_ep_constraint(self) -> None:
-        """An ``ep`` constraint only ``ep > 1`` satisfies needs experts that ``ep`` divides."""
-        want, values = self._degree_wanted("ep")
-        if values is None:
-            return
-        if self.experts is None:
-            raise ConstraintError(f"constraint {describe({'ep': want})} needs a mixture of "
-                                  f"experts, and the model has no expert "
-                                  f"parameters (3-D [E, ·, ·] batched expert weights); allow "
-                                  f"ep=1")
-        if all(self.experts % v for v in values):
-            raise ConstraintError(f"constraint ep: none of {sorted(values)} divides the "
-                                  f"model's {self.experts} experts")
-
-    def eps(self, dp: int) -> tuple[int, ...]:
-        """The expert-parallel degrees of a family with ``dp`` data-parallel ranks the
-        constraints allow (``(1,)`` for a dense model)."""
-        out = expert_degrees(dp, self.experts)
-        return tuple(e for e in out if allowed(_probe_ep(e), {k: v for k, v in
-                                                             self.constraints.items()
-                                                             if k == "ep"})) or (1,)
-
-    def _check_cp_constraint(self) -> None:
-        """A ``cp`` constraint only ``cp > 1`` satisfies needs a sequence that ``2·cp``
-        chunks divide."""
-        want, values = self._degree_wanted("cp")
-        if values is None:
-            return
-        if self.seq is None:
-            raise ConstraintError(f"constraint {describe({'cp': want})} splits the sequence, "
-                                  "and the model has no token sequence (a 2-D integer input); "
-                                  "allow cp=1")
-        if all(self.seq % (2 * v) for v in values):
-            raise ConstraintError(f"constraint cp: context parallelism cuts the sequence into "
-                                  f"2·cp chunks, and none of {sorted(values)} gives chunks that "
-                                  f"divide seq={self.seq}")
-
     def possible_cps(self, dp: int) -> tuple[int, ...]:
-        """The context-parallel degrees a family with ``dp`` data-parallel ranks can run
-        (:func:`fxplan.inter_op.space.context_degrees`) that the constraints allow, and
-        unless a constraint asks for ``cp > 1``, that leave each rank at least
-        :data:`~fxplan.inter_op.context_bound.MIN_TOKENS_PER_RANK` tokens
-        (:meth:`short_cps` records the others)."""
-        want = {k: v for k, v in self.constraints.items() if k == "cp"}
-        out = tuple(c for c in context_degrees(dp, self.seq, self.batch)
-                    if allowed(ParallelConfig(dp=c, cp=c), want))
-        if not want or allowed(ParallelConfig(), want):
-            short = tuple(c for c in out if c > 1 and self.seq // c < MIN_TOKENS_PER_RANK)
-            self.short_cps.update(short)
-            out = tuple(c for c in out if c not in short)
+        """:func:`fxplan.inter_op.context_bound.possible_cps` of a family with ``dp``
+        data-parallel ranks; :attr:`short_cps` records the degrees left out as too short."""
+        out, short = possible_cps(dp, self.seq, self.batch, self.constraints)
+        self.short_cps.update(short)
         return out
 
     def _fits_plain(self, fam: Family, rung: Rung, cp: int) -> bool:
@@ -385,36 +310,27 @@ class _Search:
                            schedule=Schedule("1f1b" if fam.pp == 1 or m >= fam.pp else "gpipe"),
                            zero_stage=rung[0], offload=rung[1], sequence_parallel=sp, cp=cp,
                            stage_layers=balanced_counts(self.profile.num_layers, fam.pp))
-        prof, profs, devs = self._profiles(c)
-        mems = devs.memory if profs is not None else self.mem
-        caps = (mems.limit if isinstance(mems, DeviceMemory)
-                else np.array([m.limit for m in mems]))
-        return bool((stage_totals(c, prof, mems) <= caps).all())
+        prof, _, devs = self._profiles(c)
+        mems = self._memory(devs)
+        return bool((stage_totals(c, prof, mems) <= rank_limits(mems)).all())
 
     def _options(self, fam: Family) -> Iterator[ParallelConfig]:
         """The candidates of ``fam`` (:func:`fxplan.inter_op.space.options`, with the
-        expert-parallel degrees of :meth:`eps` and the context-parallel ones the family
+        expert-parallel degrees the constraints allow and the context-parallel ones the family
         offers, :mod:`fxplan.inter_op.context_bound`), each with every FP8 choice the
         constraints allow (FP8 only when allowed: it changes the numerics)."""
         prof = self.profile
         cps = self.cps_of.get(fam) or self.possible_cps(fam.dp)
         for c in options(fam, batch=self.batch, layers=prof.num_layers, seq=prof.segments.seq,
-                         eps=self.eps(fam.dp), cps=cps):
+                         eps=ep_degrees(fam.dp, self.experts, self.constraints), cps=cps):
             for fp8 in self.fp8_choices:
                 yield c.replace(fp8=fp8) if fp8 else c
-
-    def _rungs(self, fam: Family) -> list[Rung]:
-        """The (ZeRO stage, offload) rungs of ``fam`` the constraints allow, in order
-        (:func:`fxplan.inter_op.offload.memory_rungs`)."""
-        return memory_rungs(fam.dp, self.constraints.get("zero_stage"),
-                            self.constraints.get("offload"),
-                            self.offloading and not self.no_offload)
 
     def _score(self, c: ParallelConfig) -> _Scored | None:
         """The cheapest by ``T̂`` of ``c`` at each allowed ZeRO stage that fits (ties → the
         lower stage), or ``None`` (and the family's unfit record) when none fits."""
         family = Family.of(c)
-        rungs = self._rungs(family)
+        rungs = self.rungs.of(family.dp)
         rungs = rungs[rungs.index((c.zero_stage, c.offload)):]
         best: _Scored | None = None
         for zero, off in rungs:
@@ -433,13 +349,9 @@ class _Search:
         heaviest = c.replace(zero_stage=zero, offload=off,
                              stage_layers=balanced_counts(self.profile.num_layers,
                                                           c.pp * c.virtual_stages))
-        prof, profs, devs = self._profiles(c)
-        worst = max(stage_memory(heaviest, prof, self.mem if profs is None else devs.memory),
-                    key=_overflow)
-        count, least, which = self.unfit.get(family, (0, None, heaviest))
-        if least is None or _overflow(worst) < _overflow(least):
-            least, which = worst, heaviest
-        self.unfit[family] = (count + 1, least, which)
+        prof, _, devs = self._profiles(c)
+        worst = max(stage_memory(heaviest, prof, self._memory(devs)), key=overflow)
+        record_unfit(self.unfit, family, worst, heaviest)
         return None
 
     def _budget_fallback(self, index: int, total: int) -> None:
@@ -479,7 +391,7 @@ class _Search:
                     f"{c.summary()}: the cost model refused it: {err}", REFUSED))
                 continue
             if not priced.est.fits:
-                over = max(priced.est.memory, key=_overflow)   # against its own device's
+                over = max(priced.est.memory, key=overflow)   # against its own device's
                 worst, capacity = over.total, over.capacity
                 self.failed_finalists.append(Reason(
                     f"{priced.config.summary()}: simulated peak {worst / GIB:.1f} GiB > "
@@ -511,50 +423,15 @@ class _Search:
         return out
 
     def unfit_reasons(self) -> None:
-        """One reason per family with ranked variants that fit at no allowed ZeRO stage.
-
-        * some variant of the family fit: "N … did not fit; the lightest of them …";
-        * none of the ranked ones fit and neither does the family's lightest variant
-          (:meth:`lightest`, which the ranking may never have reached): "none of N … fits;
-          the family's lightest … needs X GiB" (a claim about the whole family);
-        * none of the ranked ones fit but the family's lightest does: the lighter variants
-          were not ranked (the compute lower bound or the time budget stopped the search
-          before them), and the reason says so with the lightest's memory: the family is not
-          "too big", it was slower than the plans found.
-        """
-        for fam, (count, least, which) in sorted(self.unfit.items()):
-            # the device of the rank that overflows most
-            cap, limit = (least.capacity - least.headroom) / GIB, limit_text(least.capacity,
-                                                                             least.headroom)
-            variant = dict(kind=MEMORY, capacity_gib=cap, needed_gib=least.total / GIB,
-                           config=which.to_string())
-            needs = f"needs {least.total / GIB:.1f} GiB > {limit}"
-            found = None if fam in self.fitted else self.lightest(fam)
-            if fam in self.fitted:
-                self.pruned.append(Reason(
-                    f"{fam}: {count} microbatch/recompute/schedule variants did not fit at any "
-                    f"allowed ZeRO stage; the lightest of them ({which.summary()}, even "
-                    f"split) {needs}", **variant))
-            elif found is None or _overflow(found[1]) > 0:
-                c, m = found if found is not None else (which, least)
-                self.pruned.append(Reason(
-                    f"{fam}: none of {count} microbatch/recompute/schedule variants fits at any "
-                    f"allowed ZeRO stage; the family's lightest ({c.summary()}, even split) "
-                    f"needs {m.total / GIB:.1f} GiB > {limit}", MEMORY, capacity_gib=cap,
-                    needed_gib=m.total / GIB, config=c.to_string(), family_wide=True))
-            else:
-                stopped = self.stopped or "they were not ranked"
-                self.pruned.append(Reason(
-                    f"{fam}: the {count} microbatch/recompute/schedule variants ranked did not "
-                    f"fit at any allowed ZeRO stage (the lightest of them, {which.summary()} "
-                    f"with an even split, {needs}); lighter variants fit ({found[0].summary()} "
-                    f"needs {found[1].total / GIB:.1f} GiB) but {stopped}", **variant))
+        """One reason per family with ranked variants that fit at no allowed ZeRO stage
+        (:func:`fxplan.inter_op.unfit.unfit_reasons`)."""
+        self.pruned += unfit_reasons(self.unfit, self.fitted, self.lightest, self.stopped)
 
     def lightest(self, fam: Family) -> tuple[ParallelConfig, MemoryBreakdown] | None:
         """The lightest candidate of ``fam`` the constraints allow (evenly split, the highest
         allowed ZeRO stage, the smallest allowed microbatch) and its heaviest rank's memory;
         ``None`` when the constraints allow none."""
-        rungs = self._rungs(fam)
+        rungs = self.rungs.of(fam.dp)
         prof = self.profile
         found = [c for c in self._options(fam)
                  if rungs and allowed(c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1]),
@@ -569,10 +446,9 @@ class _Search:
             c = c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1],
                           stage_layers=balanced_counts(prof.num_layers, c.pp * c.virtual_stages))
             seg = prof.of(c)
-            devs = self._stage_devices(c.pp, c.dp * c.tp)
-            worst = max(stage_memory(c, seg, self.mem if devs.uniform else devs.memory),
-                        key=_overflow)
-            if best is None or _overflow(worst) < _overflow(best[1]):
+            devs = self.devices.of(c.pp, c.dp * c.tp)
+            worst = max(stage_memory(c, seg, self._memory(devs)), key=overflow)
+            if best is None or overflow(worst) < overflow(best[1]):
                 best = (c, worst)
         return best
 
@@ -601,21 +477,7 @@ class _Search:
         text = infeasible_message(
             model, self.cluster.name, self.cluster.num_devices, self.batch, worst, which,
             self.cluster.devices_per_node(), constraints=describe(self.constraints))
-        return InfeasibleError(text + self._host_note())
-
-    def _host_note(self) -> str:
-        """When offload was tried: the host memory a node needs at least, 16 B per parameter
-        of the whole model over the nodes (every state on the host, sharded over every rank),
-        against the spec's host memory (the device figure above may then fit)."""
-        if not self.offloading or self.no_offload:
-            return ""
-        device = self.cluster.device(0)
-        need = 16.0 * self.graph.num_params * self.cluster.devices_per_node() \
-            / self.cluster.num_devices
-        return (f" Offload was tried as well: with every optimizer state and parameter shard "
-                f"in host memory a node needs at least 16 B/param × {self.graph.num_params / 1e9:.3g} G "
-                f"params / {self.cluster.num_nodes} node(s) = {need / GIB:.0f} GiB of host memory "
-                f"(it has {device.host_memory_gib:g} GiB).")
+        return InfeasibleError(text + self.rungs.host_note(self.graph.num_params, self.cluster))
 
     def failure(self, model: str) -> Exception:
         """Why no finalist came out (``run_search`` raises it): the constraints exclude every
@@ -627,27 +489,12 @@ class _Search:
                          cps=self.possible_cps)
         where = (f"{model} on {self.cluster.name} ({self.cluster.num_devices} devices, batch "
                  f"{self.batch})")
-        if not valid:
-            shown = "; ".join(map(str, reasons[:4])) + (f"; … {len(reasons) - 4} more"
-                                              if len(reasons) > 4 else "")
-            return InfeasibleError(f"{where}: no valid mesh factorisation pp·dp·tp = "
-                                   f"{self.cluster.num_devices}: {shown}")
-        if valid and not self.mesh_allowed:
-            return ConstraintError(
-                f"{where}: the constraints {describe(self.constraints)} exclude every mesh "
-                "family; the valid (tp, pp, dp) are "
-                + ", ".join(f"({f.tp}, {f.pp}, {f.dp})" for f in valid))
-        if self.mesh_allowed and all(self.lightest(f) is None for f in self.mesh_allowed):
-            return ConstraintError(
-                f"{where}: the constraints {describe(self.constraints)} exclude every candidate "
-                "of the allowed mesh families (microbatch sizes divide batch/dp up to "
-                f"{MAX_MICROBATCH}; 1f1b needs m ≥ pp, interleaved:v needs m mod pp = 0 and "
-                "pp·v ≤ layers; sequence parallelism needs tp > 1)")
-        if self.failed_finalists:
-            return InfeasibleError(
-                f"{where}: every finalist failed when priced by the step simulator: "
-                + "; ".join(self.failed_finalists))
-        return self.infeasible(self.mesh_allowed, model)
+        error = no_plan_error(
+            where, self.cluster.num_devices, valid, reasons, self.mesh_allowed,
+            describe(self.constraints),
+            lambda: all(self.lightest(f) is None for f in self.mesh_allowed),
+            self.failed_finalists)
+        return error if error is not None else self.infeasible(self.mesh_allowed, model)
 
 
 def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str,

@@ -10,16 +10,25 @@ memory headroom the plan must leave free):
   they shrink as ``1/N`` with the device count under ZeRO-3 and pipeline splitting, so about
   ``N · M_states / (C − M_rest)`` devices would hold them;
 - activations dominate otherwise: they scale with the microbatch and the sequence length.
+
+Before that, the search may end with no plan for reasons other than memory
+(:func:`no_plan_error`, checked in this order): no mesh factorisation ``pp·dp·tp = N`` is valid,
+the constraints exclude every valid family or every candidate of the allowed ones, or every
+finalist failed when the step simulator priced it.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from fxplan.cost_model.memory import GIB, MemoryBreakdown
 from fxplan.core.errors import UserError
+from fxplan.inter_op.constraints import ConstraintError
+from fxplan.inter_op.reasons import Reason
+from fxplan.inter_op.space import MAX_MICROBATCH, Family
 
-__all__ = ["InfeasibleError", "infeasible_message"]
+__all__ = ["InfeasibleError", "infeasible_message", "no_plan_error"]
 
 
 class InfeasibleError(UserError):
@@ -62,3 +71,35 @@ def infeasible_message(model: str, cluster: str, world: int, batch: int,
         text += (" Activations and buffers alone exceed a device: use a shorter sequence, "
                  "a smaller model, or devices with more memory.")
     return text
+
+
+def no_plan_error(where: str, world: int, valid: list[Family], invalid: list[Reason],
+                  allowed: list[Family], constraints: str, no_candidate: Callable[[], bool],
+                  failed: list[Reason]) -> UserError | None:
+    """Why the search found no finalist other than memory (module docstring), or ``None``.
+    ``where``: "model on cluster (…)"; ``valid``: the valid families of the ``world`` devices
+    (``invalid``: why the others are not); ``allowed``: those the mesh constraints allow;
+    ``constraints``: the constraints as text; ``no_candidate()``: whether the constraints allow
+    no candidate of any allowed family (asked only when it matters); ``failed``: the
+    finalists the step simulator refused or found over memory."""
+    if not valid:
+        shown = "; ".join(map(str, invalid[:4])) + (f"; … {len(invalid) - 4} more"
+                                                    if len(invalid) > 4 else "")
+        return InfeasibleError(f"{where}: no valid mesh factorisation pp·dp·tp = "
+                               f"{world}: {shown}")
+    if not allowed:
+        return ConstraintError(
+            f"{where}: the constraints {constraints} exclude every mesh "
+            "family; the valid (tp, pp, dp) are "
+            + ", ".join(f"({f.tp}, {f.pp}, {f.dp})" for f in valid))
+    if no_candidate():
+        return ConstraintError(
+            f"{where}: the constraints {constraints} exclude every candidate "
+            "of the allowed mesh families (microbatch sizes divide batch/dp up to "
+            f"{MAX_MICROBATCH}; 1f1b needs m ≥ pp, interleaved:v needs m mod pp = 0 and "
+            "pp·v ≤ layers; sequence parallelism needs tp > 1)")
+    if failed:
+        return InfeasibleError(
+            f"{where}: every finalist failed when priced by the step simulator: "
+            + "; ".join(failed))
+    return None

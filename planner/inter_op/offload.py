@@ -18,8 +18,9 @@ everything else)::
 
 so within a candidate offload is offered only where no ZeRO stage fits without it. The search
 offers the offload rungs at all only in a second pass, when its first pass found no candidate
-that fits without offload (:meth:`fxplan.inter_op.driver._Search.offload_pass`; or from the
-start when the ``offload`` constraint excludes ``none``): it keeps the search as fast as before
+that fits without offload (:meth:`MemoryRungs.start_offload`, called by
+:func:`fxplan.inter_op.driver.run_search`; or from the start when the ``offload`` constraint
+excludes ``none``): it keeps the search as fast as before
 for models that fit, and a plan that fits without offload is not traded for one that copies
 over PCIe every step. ``(0, optimizer)`` with ``dp > 1`` is
 left out: ``(1, optimizer)`` keeps the same device bytes with ``1/dp`` of the host bytes and
@@ -27,7 +28,9 @@ of the CPU step. Only the rungs the ``zero_stage`` and ``offload`` constraints a
 tried, and offload rungs only when every device group's spec gives its host side
 (:class:`fxplan.cost_model.offload.HostSide`). A rung fits when the device memory fits and
 every node's host memory holds its ranks' offloaded states
-(:func:`fxplan.cost_model.offload.with_host_check`).
+(:func:`fxplan.cost_model.offload.with_host_check`). When nothing fits even with offload, the
+error adds the host memory a node needs at least (:meth:`MemoryRungs.host_note`): every state
+on the host, 16 B per parameter, sharded over the ranks, ``16·Ψ·(N/nodes)/N`` per node.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Collection, Mapping
 
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model.fp8 import check_fp8
+from fxplan.cost_model.memory import GIB
 from fxplan.cost_model.offload import HostSide, with_host_check
 from fxplan.inter_op.constraints import ConstraintError
 from fxplan.inter_op.profile import SegmentProfile
@@ -44,7 +48,7 @@ from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["Rung", "fp8_choices", "host_fits", "host_missing", "memory_rungs",
+__all__ = ["MemoryRungs", "Rung", "fp8_choices", "host_fits", "host_missing", "memory_rungs",
            "offload_allows_none"]
 
 #: ``(zero_stage, offload)``.
@@ -75,6 +79,48 @@ def memory_rungs(dp: int, zero_want: Any = None, offload_want: Any = None,
         rungs += ([(z, "optimizer") for z in (1, 2, 3)] + [(3, "optimizer+params")]
                   if dp > 1 else [(0, "optimizer")])
     return [(z, o) for z, o in rungs if _allows(zero_want, z) and _allows(offload_want, o)]
+
+
+class MemoryRungs:
+    """The rungs the search offers, pass by pass: ZeRO alone, then (:meth:`start_offload`)
+    with the offload rungs too (module docstring). Offload constrained to anything but
+    ``none`` on a cluster without its host side is a :class:`ConstraintError`."""
+
+    def __init__(self, constraints: Mapping[str, Any], cluster: Cluster) -> None:
+        self.zero_want, self.offload_want = constraints.get("zero_stage"), constraints.get("offload")
+        #: why offload cannot be priced here (:func:`host_missing`), or ``""``
+        self.no_offload = host_missing(cluster)
+        if self.no_offload and self.offload_want not in (None, "none"):
+            raise ConstraintError(f"constraint offload={self.offload_want}: {self.no_offload}")
+        #: whether the offload rungs are offered (from the start when ``none`` is not allowed)
+        self.offloading = not offload_allows_none(self.offload_want)
+
+    def of(self, dp: int) -> list[Rung]:
+        """The rungs of a family with ``dp`` replicas the constraints allow, in order
+        (:func:`memory_rungs`)."""
+        return memory_rungs(dp, self.zero_want, self.offload_want,
+                            self.offloading and not self.no_offload)
+
+    def start_offload(self) -> bool:
+        """Offer the offload rungs from now on; ``False`` (nothing changes) when they are
+        offered already or offload cannot be priced here."""
+        if self.offloading or self.no_offload:
+            return False
+        self.offloading = True
+        return True
+
+    def host_note(self, num_params: int, cluster: Cluster) -> str:
+        """When offload was tried: the host memory a node needs at least, 16 B per parameter
+        of the whole model over the nodes (every state on the host, sharded over every rank),
+        against the spec's host memory (the device figure of the error may then fit)."""
+        if not self.offloading or self.no_offload:
+            return ""
+        device = cluster.device(0)
+        need = 16.0 * num_params * cluster.devices_per_node() / cluster.num_devices
+        return (f" Offload was tried as well: with every optimizer state and parameter shard "
+                f"in host memory a node needs at least 16 B/param × {num_params / 1e9:.3g} G "
+                f"params / {cluster.num_nodes} node(s) = {need / GIB:.0f} GiB of host memory "
+                f"(it has {device.host_memory_gib:g} GiB).")
 
 
 def host_missing(cluster: Cluster) -> str:

@@ -19,6 +19,11 @@ The stage partition (:mod:`fxplan.inter_op.partition`) then minimises
 fewer layers. The family's memory bound (:mod:`fxplan.inter_op.bounds`) becomes
 ``k_z·Ψ/pp ≤ mean_s (C_s − r_s)`` (the states must fit in the pipeline's total free memory),
 which is ``k_z·Ψ/pp + r ≤ C`` on one kind of device.
+
+The search looks the groups up once per ``(pp, dp·tp)`` (:class:`StageDeviceTable`), prices a
+candidate with one profile per pipeline rank only where the ranks differ
+(:func:`rank_profiles`), and compares each rank's total with its own limit ``C_s − r_s − H_s``
+(:func:`rank_limits`).
 """
 
 from __future__ import annotations
@@ -26,13 +31,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
+from fxplan.inter_op.profile import ModelProfile, SegmentProfile
 from fxplan.inter_op.stage_memory import DeviceMemory
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster, DeviceGroup
 
-__all__ = ["StageDevices", "stage_devices", "straddled_stage"]
+__all__ = ["StageDeviceTable", "StageDevices", "rank_limits", "rank_profiles", "stage_devices",
+           "straddled_stage"]
 
 
 @dataclass(frozen=True)
@@ -74,3 +84,32 @@ def stage_devices(cluster: Cluster, pp: int, per_stage: int,
     """The group of each pipeline rank (its first rank's; :func:`straddled_stage` says whether
     that is the whole stage's)."""
     return StageDevices(tuple(cluster.device(s * per_stage) for s in range(pp)), headroom)
+
+
+class StageDeviceTable:
+    """:func:`stage_devices` of one cluster, computed once per ``(pp, per_stage)``."""
+
+    def __init__(self, cluster: Cluster, headroom: MemoryHeadroom = DEFAULT_HEADROOM) -> None:
+        self.cluster, self.headroom = cluster, headroom
+        self._table: dict[tuple[int, int], StageDevices] = {}
+
+    def of(self, pp: int, per_stage: int) -> StageDevices:
+        key = (pp, per_stage)
+        if key not in self._table:
+            self._table[key] = stage_devices(self.cluster, pp, per_stage, self.headroom)
+        return self._table[key]
+
+
+def rank_profiles(profile: ModelProfile, c: ParallelConfig, devs: StageDevices
+                  ) -> tuple[SegmentProfile, list[SegmentProfile] | None]:
+    """``c``'s profile on rank 0's device, and one per pipeline rank where the ranks are on
+    different device groups (``None`` on one kind of device)."""
+    prof = profile.of(c)
+    if devs.uniform:
+        return prof, None
+    return prof, [profile.of(c, g) for g in devs.groups]
+
+
+def rank_limits(mems: DeviceMemory | tuple[DeviceMemory, ...]) -> float | np.ndarray:
+    """The memory limit ``C − r − H`` of one kind of device, or one per pipeline rank."""
+    return mems.limit if isinstance(mems, DeviceMemory) else np.array([m.limit for m in mems])
