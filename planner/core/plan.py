@@ -32,6 +32,11 @@ Convenience properties (``plan.dp``, ``plan.schedule``, ``plan.summary``, …) r
 ``to_json``/``from_json`` carry ``format_version`` (:data:`PLAN_FORMAT_VERSION`); strings appear
 only there (``config`` as the one-line :meth:`ParallelConfig.to_string` form, placements as
 ``"S(0)R"``). :func:`load_plan` refuses a plan made for another graph or cluster and says which.
+
+Modules: the Plan's parts (:class:`StageAssignment`, :class:`SolverInfo`, :class:`PlanError`,
+:data:`MESH_AXES`, :data:`PLAN_FORMAT_VERSION`) are in :mod:`fxplan.core.plan_parts`, the reading
+and checking of a plan file's JSON object in :mod:`fxplan.core.plan_schema`; every public name
+stays importable from here.
 """
 
 from __future__ import annotations
@@ -43,52 +48,18 @@ from pathlib import Path
 from typing import Any, Generic, Mapping, TypeVar
 
 from fxplan.core.config import CP_ATTENTION, RECOMPUTE_POLICIES, ParallelConfig, Schedule
-from fxplan.core.bounds import MAX_BATCH, MAX_SEQ, BoundsError, check_count
-from fxplan.core.errors import UserError
+from fxplan.core.bounds import MAX_BATCH, MAX_SEQ, check_count
 from fxplan.core.files import read_text
 from fxplan.core.json_object import parse_json_object
 from fxplan.core.placements import PlacementMap
+from fxplan.core.plan_parts import (MESH_AXES, PLAN_FORMAT_VERSION, PlanError, SolverInfo,
+                                    StageAssignment, check_stage_ranges)
+from fxplan.core.plan_schema import extra_degrees, plan_from_dict
 
 __all__ = ["MESH_AXES", "PLAN_FORMAT_VERSION", "Plan", "PlanError", "SolverInfo",
            "StageAssignment", "load_plan"]
 
 T = TypeVar("T")
-
-#: Version 2: ``config`` is one :class:`ParallelConfig` (text form), placements a typed map.
-PLAN_FORMAT_VERSION = 2
-
-#: The device mesh's axes, slowest first: ``rank = (pp_i · dp + dp_i) · tp + tp_i``.
-MESH_AXES: tuple[str, ...] = ("pp", "dp", "tp")
-
-
-class PlanError(UserError):
-    """A plan file that is malformed, from another version, or for another model/cluster."""
-
-
-@dataclass(frozen=True)
-class StageAssignment:
-    """Pipeline stage ``index`` runs repeated blocks ``layers[0] … layers[1]-1``.
-
-    With an interleaved schedule there are ``pp · v`` stages; stage ``i`` runs on pipeline
-    rank ``i mod pp``.
-    """
-
-    index: int
-    layers: tuple[int, int]
-    has_embedding: bool = False
-    has_head: bool = False
-
-    @property
-    def num_layers(self) -> int:
-        return self.layers[1] - self.layers[0]
-
-
-@dataclass(frozen=True)
-class SolverInfo:
-    backend: str = "none"
-    status: str = "not-run"  # optimal | feasible | time-limit | not-run
-    gap: float = 0.0
-    time_s: float = 0.0
 
 
 class _FromConfig(Generic[T]):
@@ -157,7 +128,7 @@ class Plan:
             if value is not None:
                 check_count(key, value, high=MAX_BATCH if key == "batch" else MAX_SEQ)
         if self.stages:
-            _check_stage_ranges(self.stages)
+            check_stage_ranges(self.stages)
             per_rank = self.virtual_stages
             if len(self.stages) != self.pp * per_rank:
                 raise PlanError(
@@ -216,7 +187,7 @@ class Plan:
     def degrees(self) -> dict[str, int]:
         """``{"pp", "dp", "tp", "cp", "ep"}``: the mesh's sizes, then the context- and
         expert-parallel degrees (1 when unused)."""
-        return {**dict(zip(MESH_AXES, self.mesh_shape)), **_extra_degrees(self.config)}
+        return {**dict(zip(MESH_AXES, self.mesh_shape)), **extra_degrees(self.config)}
 
     @property
     def cp_attention(self) -> str | None:
@@ -290,59 +261,9 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "plan") -> "Plan":
-        version = data.get("format_version")
-        if version != PLAN_FORMAT_VERSION:
-            raise PlanError(
-                f"{source}: plan format_version {version!r} is not supported; this fxplan reads "
-                f"format_version {PLAN_FORMAT_VERSION} (re-run `fxplan plan` to make a new one)"
-            )
-        missing = [k for k in _REQUIRED if k not in data]
-        if missing:
-            raise PlanError(f"{source}: plan is missing required keys {missing}")
-        unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL) - set(_DERIVED))
-        if unknown:
-            raise PlanError(f"{source}: plan has unknown keys {unknown}")
-        key: str | None = None
-        try:
-            kwargs: dict[str, Any] = {k: data[k] for k in _REQUIRED + _OPTIONAL if k in data}
-            for key in ("model", "cluster", "graph_fingerprint", "cluster_fingerprint"):
-                if not isinstance(kwargs[key], str):
-                    raise PlanError(f"{key} must be a string, got {kwargs[key]!r}")
-            key = "batch"
-            kwargs[key] = _integer(kwargs[key], key)
-            key = "seq"
-            if kwargs[key] is not None:
-                kwargs[key] = _integer(kwargs[key], key)
-            key = "config"
-            if not isinstance(kwargs[key], str):
-                raise PlanError(f"config must be the one-line text form, got {kwargs[key]!r}")
-            kwargs[key] = ParallelConfig.parse(kwargs[key])
-            _check_mesh(data, kwargs["config"])
-            for key in ("axis_levels", "pruned", "pruned_detail", "fallbacks", "runners_up"):
-                if key in kwargs:
-                    kwargs[key] = tuple(_sequence(kwargs[key], key))
-            key = "block_recompute"
-            if kwargs.get(key) is not None:
-                kwargs[key] = tuple(_sequence(kwargs[key], key))
-            key = "stages"
-            kwargs[key] = tuple(_stage(s, i) for i, s in enumerate(_sequence(kwargs.get(key, ()),
-                                                                                key)))
-            key = "placements"
-            if key in kwargs:
-                kwargs[key] = PlacementMap.from_json(kwargs[key])
-            key = "solver"
-            if key in kwargs:
-                kwargs[key] = _dataclass_from(SolverInfo, kwargs[key], key)
-            key = "estimate"
-            _check_estimate(kwargs.get(key, {}), kwargs["config"])
-            key = None
-            return cls(**kwargs)
-        except (PlanError, BoundsError) as err:
-            raise PlanError(f"{source}: {err}") from err
-        except (TypeError, KeyError, ValueError, AttributeError) as err:
-            where = f", key {key!r}" if key else ""
-            raise PlanError(f"{source}: malformed plan{where}: {type(err).__name__}: {err}"
-                            ) from err
+        """The plan of a plan file's JSON object (:func:`fxplan.core.plan_schema.
+        plan_from_dict`: every check, every error a PlanError naming ``source``)."""
+        return plan_from_dict(cls, data, source)
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "plan") -> "Plan":
@@ -370,133 +291,6 @@ class Plan:
                 f"{source} needs world size pp·dp·tp = {self.pp}·{self.dp}·{self.tp} = "
                 f"{self.world_size}, but {world_size} processes were given"
             )
-
-
-#: JSON keys a plan file must have, those it may have, and those derived from ``config``.
-_REQUIRED = ("model", "cluster", "graph_fingerprint", "cluster_fingerprint", "batch", "seq",
-             "config")
-_OPTIONAL = ("placements", "block_recompute", "axis_levels", "stages", "estimate", "solver",
-             "search_time_s", "runners_up", "pruned", "pruned_detail", "fallbacks", "timings",
-             "fxplan_version")
-_DERIVED = ("format_version", "summary", "degrees", "cp_attention", "offload", "mesh_shape",
-            "mesh_axes")
-
-
-def _extra_degrees(config: ParallelConfig) -> dict[str, int]:
-    return {"cp": config.cp, "ep": config.ep}
-
-
-def _check_mesh(data: Mapping[str, Any], config: ParallelConfig) -> None:
-    """``mesh_shape``, ``mesh_axes``, ``degrees`` and ``offload``, when present, must agree
-    with the config's ``(pp, dp, tp)``, ``cp``, ``ep`` and ``offload``; plans written before
-    ``cp``, ``ep`` and ``offload`` existed lack them and read as 1, 1 and ``none``."""
-    want = {"pp": config.pp, "dp": config.dp, "tp": config.tp}
-    if "mesh_axes" in data and list(_sequence(data["mesh_axes"], "mesh_axes")) != list(MESH_AXES):
-        raise PlanError(f"mesh_axes {data['mesh_axes']} must be {list(MESH_AXES)}")
-    if "mesh_shape" in data:
-        shape = [_integer(n, f"mesh_shape[{i}]")
-                 for i, n in enumerate(_sequence(data["mesh_shape"], "mesh_shape"))]
-        if shape != [want[a] for a in MESH_AXES]:
-            raise PlanError(f"mesh_shape {shape} disagrees with the config's pp·dp·tp = "
-                            f"{config.pp}·{config.dp}·{config.tp}")
-    if "degrees" in data:
-        degrees = data["degrees"]
-        if isinstance(degrees, Mapping):
-            degrees = {**_extra_degrees(ParallelConfig()), **degrees}
-        want = {**want, **_extra_degrees(config)}
-        if degrees != want:
-            raise PlanError(f"degrees {data['degrees']} disagree with the config's {want}")
-    if "cp_attention" in data and data["cp_attention"] != (CP_ATTENTION if config.cp > 1
-                                                            else None):
-        raise PlanError(f"cp_attention {data['cp_attention']!r}: this version runs context "
-                        f"parallelism as {CP_ATTENTION!r} (cp > 1 only)")
-    if "offload" in data and data["offload"] != config.offload:
-        raise PlanError(f"offload {data['offload']!r} disagrees with the config's "
-                        f"{config.offload!r}")
-
-
-def _check_stage_ranges(stages: tuple[StageAssignment, ...]) -> None:
-    """Stages numbered 0, 1, … in order, holding non-empty, contiguous layer ranges from layer
-    0; the embedding on the first stage only and the head on the last only."""
-    start = 0
-    last = len(stages) - 1
-    for i, stage in enumerate(stages):
-        if stage.index != i:
-            raise PlanError(f"stages[{i}].index is {stage.index}, expected {i}")
-        a, b = stage.layers
-        if a != start or b < a or (b == a and last > 0):
-            raise PlanError(f"stages[{i}].layers is [{a}, {b}], expected [{start}, stop] with "
-                            f"stop > {start} (stages hold contiguous, non-empty layer ranges "
-                            "from layer 0)")
-        start = b
-        if stage.has_embedding != (i == 0) or stage.has_head != (i == last):
-            raise PlanError(f"stages[{i}]: has_embedding={stage.has_embedding}, has_head="
-                            f"{stage.has_head}; expected the embedding on stage 0 and the head "
-                            f"on stage {last} only")
-
-
-def _check_estimate(estimate: Any, config: ParallelConfig) -> None:
-    """The prediction must be the one priced for the plan's configuration: a hand-edited
-    config (a dp edit) leaves a stale ``estimate.config``, which is refused rather than
-    re-priced here (``fxplan estimate --config`` prices the edited configuration)."""
-    if not isinstance(estimate, Mapping):
-        raise PlanError(f"estimate must be an object, got {type(estimate).__name__}")
-    priced = estimate.get("config")
-    if priced is None:
-        return
-    if not isinstance(priced, str):
-        raise PlanError(f"estimate.config must be the one-line text form, got {priced!r}")
-    if ParallelConfig.parse(priced) != config.replace(placements=None):
-        raise PlanError(
-            f"estimate.config {priced!r} is not the plan's config {config.to_string()!r}: the "
-            "prediction is stale (the plan was edited after the search). Expected them equal: "
-            "re-plan with `fxplan plan`, or price the edited configuration with `fxplan "
-            "estimate --config`")
-
-
-def _integer(value: Any, key: str) -> int:
-    """``value`` if it is an integer (``bool`` and ``"4"`` are not), else a PlanError."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PlanError(f"{key} must be an integer, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def _sequence(value: Any, key: str) -> list[Any]:
-    if not isinstance(value, (list, tuple)):
-        raise PlanError(f"{key} must be a list, got {value!r} ({type(value).__name__})")
-    return list(value)
-
-
-def _dataclass_from(cls: type, value: Any, key: str) -> Any:
-    if not isinstance(value, Mapping):
-        raise PlanError(f"{key} must be an object, got {type(value).__name__}")
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(value) - fields)
-    if unknown:
-        raise PlanError(f"{key} has unknown keys {unknown} (known: {sorted(fields)})")
-    return cls(**value)
-
-
-def _stage(value: Any, i: int) -> StageAssignment:
-    key = f"stages[{i}]"
-    if not isinstance(value, Mapping):
-        raise PlanError(f"{key} must be an object, got {type(value).__name__}")
-    for name in ("index", "layers"):
-        if name not in value:
-            raise PlanError(f"{key} is missing key {name!r}")
-    layers = _sequence(value["layers"], f"{key}.layers")
-    if len(layers) != 2:
-        raise PlanError(f"{key}.layers must be [start, stop], got {layers!r}")
-    unknown = sorted(set(value) - {"index", "layers", "has_embedding", "has_head"})
-    if unknown:
-        raise PlanError(f"{key} has unknown keys {unknown}")
-    flags = {name: value.get(name, False) for name in ("has_embedding", "has_head")}
-    for name, flag in flags.items():
-        if not isinstance(flag, bool):
-            raise PlanError(f"{key}.{name} must be true or false, got {flag!r}")
-    return StageAssignment(index=_integer(value["index"], f"{key}.index"),
-                           layers=(_integer(layers[0], f"{key}.layers[0]"),
-                                   _integer(layers[1], f"{key}.layers[1]")), **flags)
 
 
 def load_plan(path: str | Path, *, graph_fingerprint: str | None = None,
