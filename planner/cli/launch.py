@@ -39,46 +39,37 @@ printed before it runs (``--print-command``: printed, not run).
 before the run, and has every rank record a few steps with :mod:`torch.profiler` into
 ``DIR/measured-rank<R>.json`` (:func:`fxplan.runtime.trainer.train`), in the same Chrome trace
 format, for a side-by-side look (default ``DIR``: ``RUN_DIR/trace``).
+
+Modules: the pre-flight checks are :mod:`fxplan.cli.launch_checks`, the torchrun and worker
+command :mod:`fxplan.cli.torchrun_command`, the sbatch script :mod:`fxplan.cli.slurm`; their
+public names stay importable from here.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
-import shlex
-import socket
-import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fxplan.cli.arguments import output_path
 from fxplan.cli.child import run_foreground
+from fxplan.cli.launch_checks import (check_checkpoints, check_dataset_dir, check_plan,
+                                      node_layout, settings_for)
+from fxplan.cli.slurm import write_slurm
+from fxplan.cli.torchrun_command import (OWN_TORCHRUN_FLAGS, check_endpoint, free_loopback_port,
+                                         launch_command, loopback_interface, passthrough,
+                                         shell_line, trace_dir, worker_command)
 from fxplan.core.training import APPLY_PATHS
-from fxplan.cli.run_config import SETTINGS, LaunchError, RunSettings, resolve_settings
-
-#: torchrun flags ``fxplan launch`` sets itself: refused after ``--`` (with the flag to use).
-OWN_TORCHRUN_FLAGS = {
-    "--nnodes": "the plan's cluster gives the node count (--nnodes to check it)",
-    "--nproc-per-node": "the plan's cluster gives the processes per node",
-    "--standalone": "single-node runs rendezvous on loopback by themselves",
-    "--rdzv-backend": "fxplan uses the c10d rendezvous",
-    "--rdzv-endpoint": "use fxplan's --rdzv-endpoint HOST:PORT",
-    "--node-rank": "use fxplan's --node-rank",
-    "--master-addr": "the rendezvous endpoint decides it",
-    "--master-port": "the rendezvous endpoint decides it",
-    "--local-addr": "fxplan sets it for single-node runs",
-    "--module": "fxplan runs -m fxplan.worker",
-    "-m": "fxplan runs -m fxplan.worker",
-    "--no-python": "fxplan runs -m fxplan.worker",
-    "--run-path": "fxplan runs -m fxplan.worker",
-    "--rdzv-id": "fxplan gives every supervised attempt its own rendezvous id",
-}
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import Plan
+
+__all__ = ["OWN_TORCHRUN_FLAGS", "check_checkpoints", "check_dataset_dir", "check_endpoint",
+           "check_plan", "free_loopback_port", "launch_command", "loopback_interface",
+           "node_layout", "passthrough", "register", "run", "settings_for", "shell_line",
+           "trace_dir", "worker_command", "write_predicted_trace", "write_slurm"]
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -157,199 +148,6 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
-    """Load the plan and refuse it for another model, cluster or world size (no process yet).
-    Returns ``(plan, nnodes, nproc_per_node, cluster)``."""
-    from fxplan.api import capture_for_search
-    from fxplan.cluster_specs import Cluster
-    from fxplan.core.plan import load_plan
-    from fxplan.cost_model.plan_check import check_plan as check_plan_against
-    from fxplan.cluster_specs import training_dtype
-
-    plan = load_plan(args.plan)
-    cluster = Cluster.load(args.cluster or plan.cluster)
-    nnodes, nproc = node_layout(args, plan, cluster)
-    plan.check_matches(cluster_fingerprint=cluster.fingerprint(), source=args.plan)
-    graph = capture_for_search(args.model or plan.model, seq=plan.seq,
-                               dtype=training_dtype(cluster))
-    plan.check_matches(graph_fingerprint=graph.fingerprint(), source=args.plan)
-    check_plan_against(plan, cluster, graph, source=args.plan)
-    from fxplan.runtime.offload import check_runnable
-
-    check_runnable(plan, cluster.device(0).kind)   # offload layout, fp8 on CPU
-    from fxplan.runtime.expert_parallel import check_expert_parallel
-
-    check_expert_parallel(plan)                     # ep > 1 with tp > 1: not in the runtime
-    return plan, nnodes, nproc, cluster
-
-
-def check_checkpoints(args: argparse.Namespace, settings: RunSettings) -> str | None:
-    """Before any process starts: ``--resume`` names a complete, unaltered fxplan checkpoint
-    (manifest and sha256 of every file, checked before anything is unpickled) that has done
-    fewer than ``--steps`` steps, and ``--save`` names no existing directory. Returns the
-    checkpoint directory ``--resume`` resolves to."""
-    from fxplan.runtime.ckpt_manifest import CheckpointError, read_json_file, resolve_checkpoint
-
-    if args.save and os.path.exists(args.save):
-        raise LaunchError(f"--save {args.save} exists: a checkpoint is written to a new "
-                          "directory and never over another; give a new path")
-    if not args.resume:
-        return None
-    found, manifest = resolve_checkpoint(args.resume)
-    step = read_json_file(found, "train_state.json").get("step", manifest.get("step"))
-    if not isinstance(step, int) or step >= settings.steps:
-        raise CheckpointError(f"--resume {found}: the checkpoint has done {step} steps and "
-                              f"--steps is {settings.steps} (the total a resumed run trains "
-                              f"to): nothing to train; give --steps > {step}")
-    later = sorted(int(m.group(1)) for entry in Path(settings.run_dir, "checkpoints").glob("step-*")
-                   if (m := re.fullmatch(r"step-(\d+)", entry.name)) and int(m.group(1)) > step)
-    if settings.checkpoint_every and later:
-        raise LaunchError(f"--run-dir {settings.run_dir} already holds checkpoints after step "
-                          f"{step} (step-{later[0]} …), which this run would write again and a "
-                          "committed checkpoint is never overwritten: resume from the latest, "
-                          "or give another --run-dir")
-    return str(found)
-
-
-def node_layout(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> tuple[int, int]:
-    """Nodes and processes per node: the plan's cluster's, or the user's (the job is then
-    replanned for them: docs/elastic.md)."""
-    per_node = {cluster.devices_per_node(n) for n in range(cluster.num_nodes)}
-    if len(per_node) > 1:
-        raise LaunchError(f"cluster {cluster.name} has nodes with {sorted(per_node)} devices: "
-                          "torchrun starts the same number of processes on every node, so it "
-                          "cannot run this plan (re-plan on a cluster of equal nodes)")
-    nnodes, nproc = cluster.num_nodes, per_node.pop()
-    for flag, value in (("--nnodes", args.nnodes), ("--nproc-per-node", args.nproc_per_node),
-                        ("--node-rank", args.node_rank)):
-        if value is not None and value < (0 if flag == "--node-rank" else 1):
-            raise LaunchError(f"{flag} {value}: expected an integer ≥ "
-                              f"{0 if flag == '--node-rank' else 1}")
-    user = (nnodes if args.nnodes is None else args.nnodes,
-            nproc if args.nproc_per_node is None else args.nproc_per_node)
-    resized = user != (nnodes, nproc)  # replanned by run() (or the workers, --elastic)
-    planned = (nnodes, nproc)
-    nnodes, nproc = user
-    if args.node_rank is not None and args.node_rank >= nnodes:
-        raise LaunchError(f"--node-rank {args.node_rank}: the plan runs on {nnodes} node(s), "
-                          f"ranks 0–{nnodes - 1}")
-    if nnodes > 1 and not args.rdzv_endpoint and not args.slurm:
-        raise LaunchError(_needs_endpoint(args, nnodes, nproc))
-    if resized:
-        print(f"{nnodes} node(s) × {nproc} process(es) = {nnodes * nproc} ranks, the plan's "
-              f"cluster {cluster.name} has {planned[0]} × {planned[1]}: replanning for "
-              f"{nnodes * nproc} ranks (same model and global batch; docs/elastic.md)", flush=True)
-    return nnodes, nproc
-
-
-def _needs_endpoint(args: argparse.Namespace, nnodes: int, nproc: int) -> str:
-    given = f" (--nnodes {args.nnodes})" if args.nnodes is not None else ""
-    return (f"{args.plan} runs on {nnodes} nodes × {nproc} processes{given}: a multi-node "
-            "launch needs --rdzv-endpoint HOST:PORT, a host and port every node reaches (e.g. the "
-            "first node), given the same on every node — or --slurm FILE to write an sbatch script")
-
-
-def check_endpoint(endpoint: str) -> str:
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise LaunchError(f"--rdzv-endpoint {endpoint!r}: expected HOST:PORT with a port in "
-                          "1–65535 (e.g. node0:29500)")
-    return endpoint
-
-
-def passthrough(args: argparse.Namespace) -> list[str]:
-    """The torchrun flags given after ``--``, refusing those fxplan sets itself."""
-    extra = list(args.torchrun_args)
-    if extra and not extra[0].startswith("-"):
-        raise LaunchError(f"after `--`: {extra[0]!r} is not a torchrun flag (expected e.g. "
-                          "-- --max-restarts=0 --log-dir=logs)")
-    for token in extra:
-        if not token.startswith("-"):
-            continue
-        name = token.split("=", 1)[0].replace("_", "-")
-        if name in OWN_TORCHRUN_FLAGS:
-            raise LaunchError(f"torchrun flag {token} after `--`: {OWN_TORCHRUN_FLAGS[name]}")
-    return extra
-
-
-def loopback_interface() -> str:
-    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
-    names = [name for _, name in socket.if_nameindex()]
-    for name in ("lo", "lo0"):
-        if name in names:
-            return name
-    raise LaunchError(f"no loopback interface among {names}: a single-node launch binds its "
-                      "sockets to loopback; give --rdzv-endpoint HOST:PORT to use another")
-
-
-def free_loopback_port() -> int:
-    """A port free on 127.0.0.1 now (torchrun binds it a moment later)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def settings_for(args: argparse.Namespace) -> RunSettings:
-    flags = {name: getattr(args, name, None) for name in SETTINGS}
-    stem = Path(args.plan).stem
-    default = os.path.join("runs", f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-    settings = resolve_settings(flags, args.config, default_run_dir=default)
-    data = settings.data
-    if data != "synthetic":
-        path, sep, function = data.rpartition(":")
-        if sep and path.endswith(".py"):
-            if not os.path.isfile(path) or not function.isidentifier():
-                raise LaunchError(f"--data {data}: expected FILE.py:FUNCTION with an existing "
-                                  "file and a function name")
-            data = f"{os.path.abspath(path)}:{function}"
-        elif os.path.isdir(data):
-            data = check_dataset_dir(data)
-        elif not os.path.isfile(data):
-            raise LaunchError(f"--data {data}: no such file (expected a token file, 'synthetic' "
-                              "or FILE.py:FUNCTION)")
-        else:
-            data = os.path.abspath(data)
-    return RunSettings(**{**settings.to_dict(), "data": data,
-                          "run_dir": os.path.abspath(settings.run_dir)})
-
-
-def check_dataset_dir(path: str) -> str:
-    """A ``--data`` directory must be a saved Hugging Face dataset with an ``input_ids``
-    column (:mod:`fxplan.runtime.hf_data`), checked before any process starts; its absolute
-    path."""
-    from fxplan.runtime.hf_data import is_dataset_dir, load_token_column
-
-    if not is_dataset_dir(path):
-        raise LaunchError(f"--data {path} is a directory without the files "
-                          "Dataset.save_to_disk writes (state.json, dataset_info.json or "
-                          "dataset_dict.json): expected a Hugging Face datasets directory, a "
-                          "token file, 'synthetic' or FILE.py:FUNCTION")
-    load_token_column(path)
-    return os.path.abspath(path)
-
-
-def worker_command(args: argparse.Namespace, settings: RunSettings) -> list[str]:
-    """``-m fxplan.worker PLAN --flag value …``: every setting explicit."""
-    cmd = ["-m", "fxplan.worker", os.path.abspath(args.plan)]
-    for name, value in settings.to_dict().items():
-        if value is not None:
-            cmd += ["--" + name.replace("_", "-"), str(value)]
-    for flag in ("model", "resume", "save"):
-        value = getattr(args, flag)
-        if value:
-            cmd += [f"--{flag}", value if flag == "model" else os.path.abspath(value)]
-    if getattr(args, "elastic", None) or getattr(args, "max_restarts", 0):
-        cmd += ["--auto-resume"]  # a restarted or requeued attempt goes on from the newest
-    if getattr(args, "trace", None) is not None:
-        cmd += ["--trace", trace_dir(args, settings)]
-    return cmd
-
-
-def trace_dir(args: argparse.Namespace, settings: RunSettings) -> str:
-    """Where ``--trace`` writes: its directory, or ``RUN_DIR/trace``."""
-    return os.path.abspath(args.trace or os.path.join(settings.run_dir, "trace"))
-
-
 def write_predicted_trace(plan: Plan, cluster: Cluster, model: str | None, directory: str) -> str:
     """``DIR/predicted.json``: the plan's simulated step (:mod:`fxplan.trace`)."""
     from fxplan.api import capture_for_search
@@ -361,59 +159,6 @@ def write_predicted_trace(plan: Plan, cluster: Cluster, model: str | None, direc
     result = simulate_plan(plan, graph, cluster)
     return str(write_trace(predicted_trace(result, title=plan_title(plan)),
                            Path(directory) / "predicted.json"))
-
-
-def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: RunSettings,
-                   attempt: int = 0) -> tuple[dict[str, str], list[str]]:
-    """``(environment added, argv)`` of the torchrun that runs the plan on this node (its
-    ``attempt``-th start under ``--max-restarts``: a fresh port and rendezvous id)."""
-    env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"}
-    extra = passthrough(args)
-    if nnodes > 1 and not args.rdzv_endpoint:
-        raise LaunchError(_needs_endpoint(args, nnodes, nproc))
-    from fxplan.cli.elastic import elastic_torchrun_flags
-
-    nodes_flag, *elastic = elastic_torchrun_flags(args, nnodes, attempt, settings.run_dir, env)
-    cmd = [sys.executable, "-m"]
-    if args.rdzv_endpoint:
-        cmd += ["torch.distributed.run", nodes_flag, f"--nproc-per-node={nproc}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint={check_endpoint(args.rdzv_endpoint)}"]
-        if args.node_rank is not None:
-            cmd += [f"--node-rank={args.node_rank}"]
-    else:
-        loopback = loopback_interface()
-        for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-            if key not in os.environ:
-                env[key] = loopback
-        cmd += ["fxplan.runtime.torchrun", nodes_flag, f"--nproc-per-node={nproc}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_loopback_port()}",
-                "--local-addr=127.0.0.1"]
-    return env, cmd + elastic + extra + worker_command(args, settings)
-
-
-def shell_line(env: dict[str, str], cmd: list[str]) -> str:
-    return shlex.join([f"{k}={v}" for k, v in env.items()] + cmd)
-
-
-def write_slurm(args: argparse.Namespace, plan: Plan, cluster: Cluster, nnodes: int, nproc: int,
-                settings: RunSettings) -> int:
-    from fxplan.cli.elastic import parse_elastic
-    from fxplan.cli.slurm import sbatch_script
-
-    if args.rdzv_endpoint or args.node_rank is not None:
-        raise LaunchError("--slurm puts the rendezvous on the allocation's first node and lets "
-                          "it number the nodes: leave out --rdzv-endpoint and --node-rank")
-    gpus = cluster.device(0).kind == "gpu"
-    env = {"OMP_NUM_THREADS": "1"} if not gpus else {}
-    text = sbatch_script(
-        job_name=f"fxplan-{Path(args.plan).stem}", nnodes=nnodes, nproc_per_node=nproc, gpus=gpus,
-        torchrun=[sys.executable, "-m", "torch.distributed.run", *passthrough(args)],
-        worker=worker_command(args, settings), env=env, run_dir=settings.run_dir,
-        requeue=args.max_restarts, elastic=parse_elastic(args.elastic) if args.elastic else None)
-    Path(args.slurm).write_text(text)
-    print(f"wrote {args.slurm}: {nnodes} node(s) × {nproc} process(es) of {plan.summary}; "
-          f"submit it with `sbatch {args.slurm}`")
-    return 0
 
 
 def run(args: argparse.Namespace) -> int:

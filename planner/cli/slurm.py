@@ -18,11 +18,20 @@ use the ``$SLURM_JOB_NUM_NODES`` nodes Slurm granted (the workers replan for the
 
 from __future__ import annotations
 
+import argparse
 import shlex
+import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-__all__ = ["sbatch_script"]
+from fxplan.cli.run_config import LaunchError, RunSettings
+from fxplan.cli.torchrun_command import passthrough, worker_command
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.core.plan import Plan
+
+__all__ = ["sbatch_script", "write_slurm"]
 
 
 def sbatch_script(*, job_name: str, nnodes: int, nproc_per_node: int, gpus: bool,
@@ -78,3 +87,25 @@ def _flag_lines(argv: Sequence[str]) -> list[str]:
         else:
             out.append(shlex.quote(token))
     return out
+
+
+def write_slurm(args: argparse.Namespace, plan: Plan, cluster: Cluster, nnodes: int, nproc: int,
+                settings: RunSettings) -> int:
+    """Write the sbatch script of ``fxplan launch --slurm FILE`` (module docstring) to FILE;
+    nothing is submitted."""
+    from fxplan.cli.elastic import parse_elastic
+
+    if args.rdzv_endpoint or args.node_rank is not None:
+        raise LaunchError("--slurm puts the rendezvous on the allocation's first node and lets "
+                          "it number the nodes: leave out --rdzv-endpoint and --node-rank")
+    gpus = cluster.device(0).kind == "gpu"
+    env = {"OMP_NUM_THREADS": "1"} if not gpus else {}
+    text = sbatch_script(
+        job_name=f"fxplan-{Path(args.plan).stem}", nnodes=nnodes, nproc_per_node=nproc, gpus=gpus,
+        torchrun=[sys.executable, "-m", "torch.distributed.run", *passthrough(args)],
+        worker=worker_command(args, settings), env=env, run_dir=settings.run_dir,
+        requeue=args.max_restarts, elastic=parse_elastic(args.elastic) if args.elastic else None)
+    Path(args.slurm).write_text(text)
+    print(f"wrote {args.slurm}: {nnodes} node(s) × {nproc} process(es) of {plan.summary}; "
+          f"submit it with `sbatch {args.slurm}`")
+    return 0

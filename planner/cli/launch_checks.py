@@ -1,0 +1,161 @@
+"""``fxplan launch``'s pre-flight checks: everything refused before any process starts.
+
+* the run settings (:func:`settings_for`): flags over ``--config`` over defaults, ``--data`` an
+  existing token file, a saved Hugging Face dataset with ``input_ids`` (:func:`check_dataset_dir`),
+  ``synthetic`` or ``FILE.py:FUNCTION``;
+* the checkpoints (:func:`check_checkpoints`): ``--resume`` a complete, unaltered fxplan
+  checkpoint (manifest and sha256 of every file, checked before anything is unpickled) with fewer
+  than ``--steps`` steps done, ``--save`` a new directory;
+* the plan (:func:`check_plan`): the model captured as the search captured it and the cluster
+  must have the plan's fingerprints, the plan must be runnable here (offload layout, FP8, expert
+  parallelism);
+* the nodes (:func:`node_layout`): ``nnodes × nproc_per_node`` from the cluster (equal nodes),
+  or the user's (the job is then replanned: docs/elastic.md); more than one node needs
+  ``--rdzv-endpoint`` or ``--slurm``.
+
+Each refusal is one :class:`~fxplan.cli.run_config.LaunchError` (a ``UserError``: exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fxplan.cli.run_config import SETTINGS, LaunchError, RunSettings, resolve_settings
+from fxplan.cli.torchrun_command import needs_endpoint
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster
+    from fxplan.core.plan import Plan
+
+__all__ = ["check_checkpoints", "check_dataset_dir", "check_plan", "node_layout", "settings_for"]
+
+
+def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
+    """Load the plan and refuse it for another model, cluster or world size (no process yet).
+    Returns ``(plan, nnodes, nproc_per_node, cluster)``."""
+    from fxplan.api import capture_for_search
+    from fxplan.cluster_specs import Cluster
+    from fxplan.core.plan import load_plan
+    from fxplan.cost_model.plan_check import check_plan as check_plan_against
+    from fxplan.cluster_specs import training_dtype
+
+    plan = load_plan(args.plan)
+    cluster = Cluster.load(args.cluster or plan.cluster)
+    nnodes, nproc = node_layout(args, plan, cluster)
+    plan.check_matches(cluster_fingerprint=cluster.fingerprint(), source=args.plan)
+    graph = capture_for_search(args.model or plan.model, seq=plan.seq,
+                               dtype=training_dtype(cluster))
+    plan.check_matches(graph_fingerprint=graph.fingerprint(), source=args.plan)
+    check_plan_against(plan, cluster, graph, source=args.plan)
+    from fxplan.runtime.offload import check_runnable
+
+    check_runnable(plan, cluster.device(0).kind)   # offload layout, fp8 on CPU
+    from fxplan.runtime.expert_parallel import check_expert_parallel
+
+    check_expert_parallel(plan)                     # ep > 1 with tp > 1: not in the runtime
+    return plan, nnodes, nproc, cluster
+
+
+def check_checkpoints(args: argparse.Namespace, settings: RunSettings) -> str | None:
+    """Before any process starts: ``--resume`` names a complete, unaltered fxplan checkpoint
+    (manifest and sha256 of every file, checked before anything is unpickled) that has done
+    fewer than ``--steps`` steps, and ``--save`` names no existing directory. Returns the
+    checkpoint directory ``--resume`` resolves to."""
+    from fxplan.runtime.ckpt_manifest import CheckpointError, read_json_file, resolve_checkpoint
+
+    if args.save and os.path.exists(args.save):
+        raise LaunchError(f"--save {args.save} exists: a checkpoint is written to a new "
+                          "directory and never over another; give a new path")
+    if not args.resume:
+        return None
+    found, manifest = resolve_checkpoint(args.resume)
+    step = read_json_file(found, "train_state.json").get("step", manifest.get("step"))
+    if not isinstance(step, int) or step >= settings.steps:
+        raise CheckpointError(f"--resume {found}: the checkpoint has done {step} steps and "
+                              f"--steps is {settings.steps} (the total a resumed run trains "
+                              f"to): nothing to train; give --steps > {step}")
+    later = sorted(int(m.group(1)) for entry in Path(settings.run_dir, "checkpoints").glob("step-*")
+                   if (m := re.fullmatch(r"step-(\d+)", entry.name)) and int(m.group(1)) > step)
+    if settings.checkpoint_every and later:
+        raise LaunchError(f"--run-dir {settings.run_dir} already holds checkpoints after step "
+                          f"{step} (step-{later[0]} …), which this run would write again and a "
+                          "committed checkpoint is never overwritten: resume from the latest, "
+                          "or give another --run-dir")
+    return str(found)
+
+
+def node_layout(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> tuple[int, int]:
+    """Nodes and processes per node: the plan's cluster's, or the user's (the job is then
+    replanned for them: docs/elastic.md)."""
+    per_node = {cluster.devices_per_node(n) for n in range(cluster.num_nodes)}
+    if len(per_node) > 1:
+        raise LaunchError(f"cluster {cluster.name} has nodes with {sorted(per_node)} devices: "
+                          "torchrun starts the same number of processes on every node, so it "
+                          "cannot run this plan (re-plan on a cluster of equal nodes)")
+    nnodes, nproc = cluster.num_nodes, per_node.pop()
+    for flag, value in (("--nnodes", args.nnodes), ("--nproc-per-node", args.nproc_per_node),
+                        ("--node-rank", args.node_rank)):
+        if value is not None and value < (0 if flag == "--node-rank" else 1):
+            raise LaunchError(f"{flag} {value}: expected an integer ≥ "
+                              f"{0 if flag == '--node-rank' else 1}")
+    user = (nnodes if args.nnodes is None else args.nnodes,
+            nproc if args.nproc_per_node is None else args.nproc_per_node)
+    resized = user != (nnodes, nproc)  # replanned by run() (or the workers, --elastic)
+    planned = (nnodes, nproc)
+    nnodes, nproc = user
+    if args.node_rank is not None and args.node_rank >= nnodes:
+        raise LaunchError(f"--node-rank {args.node_rank}: the plan runs on {nnodes} node(s), "
+                          f"ranks 0–{nnodes - 1}")
+    if nnodes > 1 and not args.rdzv_endpoint and not args.slurm:
+        raise LaunchError(needs_endpoint(args, nnodes, nproc))
+    if resized:
+        print(f"{nnodes} node(s) × {nproc} process(es) = {nnodes * nproc} ranks, the plan's "
+              f"cluster {cluster.name} has {planned[0]} × {planned[1]}: replanning for "
+              f"{nnodes * nproc} ranks (same model and global batch; docs/elastic.md)", flush=True)
+    return nnodes, nproc
+
+
+def settings_for(args: argparse.Namespace) -> RunSettings:
+    """The run settings (flags over ``--config`` over defaults) with ``--data`` checked and
+    made absolute, and the run directory (default ``runs/PLAN-STAMP``) absolute."""
+    flags = {name: getattr(args, name, None) for name in SETTINGS}
+    stem = Path(args.plan).stem
+    default = os.path.join("runs", f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    settings = resolve_settings(flags, args.config, default_run_dir=default)
+    data = settings.data
+    if data != "synthetic":
+        path, sep, function = data.rpartition(":")
+        if sep and path.endswith(".py"):
+            if not os.path.isfile(path) or not function.isidentifier():
+                raise LaunchError(f"--data {data}: expected FILE.py:FUNCTION with an existing "
+                                  "file and a function name")
+            data = f"{os.path.abspath(path)}:{function}"
+        elif os.path.isdir(data):
+            data = check_dataset_dir(data)
+        elif not os.path.isfile(data):
+            raise LaunchError(f"--data {data}: no such file (expected a token file, 'synthetic' "
+                              "or FILE.py:FUNCTION)")
+        else:
+            data = os.path.abspath(data)
+    return RunSettings(**{**settings.to_dict(), "data": data,
+                          "run_dir": os.path.abspath(settings.run_dir)})
+
+
+def check_dataset_dir(path: str) -> str:
+    """A ``--data`` directory must be a saved Hugging Face dataset with an ``input_ids``
+    column (:mod:`fxplan.runtime.hf_data`), checked before any process starts; its absolute
+    path."""
+    from fxplan.runtime.hf_data import is_dataset_dir, load_token_column
+
+    if not is_dataset_dir(path):
+        raise LaunchError(f"--data {path} is a directory without the files "
+                          "Dataset.save_to_disk writes (state.json, dataset_info.json or "
+                          "dataset_dict.json): expected a Hugging Face datasets directory, a "
+                          "token file, 'synthetic' or FILE.py:FUNCTION")
+    load_token_column(path)
+    return os.path.abspath(path)
