@@ -5,6 +5,7 @@
     python benchmarks/h100_table_probe.py --no-tp-overlap            # tp comm fully exposed
     python benchmarks/h100_table_probe.py --dp-exposed               # dp comm fully exposed
     python benchmarks/h100_table_probe.py --param-gather-hidden      # r without the ZeRO all-gather
+    python benchmarks/h100_table_probe.py --param-gather-hidden --comm-sms 32   # + SMs held by NCCL
 
 Each row prints ``r = (T_published − T_other) / (compute + bubble)``, the factor by which the
 published run is slower than the predicted compute (``T_other``: the predicted step time less
@@ -23,6 +24,11 @@ Megatron's ``--overlap-param-gather`` does). ``--param-gather-hidden``: ``r`` al
 ZeRO-1 parameter all-gather, or the per-tensor broadcasts fxplan's runtime issues at
 ``t = 1``) taken out of ``T_other`` — the published runs hide the all-gather behind the next
 step's forward (``--overlap-param-gather``); the lower bound of what it adds.
+``--comm-sms N`` (with ``--param-gather-hidden``): the time the overlapped data-parallel
+collectives would take from the compute running beside them if each holds ``N`` of the
+H100's 132 SMs (one CTA per NCCL channel) for its whole duration,
+``(Σ dp transfers + post)·N/(132 − N)``, against the time still missing, and the ``N`` that
+would explain all of it.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ def main() -> int:
     parser.add_argument("--no-tp-overlap", action="store_true")
     parser.add_argument("--dp-exposed", action="store_true")
     parser.add_argument("--param-gather-hidden", action="store_true")
+    parser.add_argument("--comm-sms", type=int, default=None)
     args = parser.parse_args()
     table = _table()
     if args.matmul_half_flops is not None:
@@ -71,6 +78,14 @@ def main() -> int:
             post = float(e.stage_plan.costs.post[e.critical_stage])
             hidden = (row.implied_step_time_s - (e.step_time_s - compute - post)) / compute
             tail = f", post {post:.3f} s, r_hidden = {hidden:.2f}"
+            if args.comm_sms is not None:
+                sms = 132  # H100 SXM5
+                beside = sum(b - a for a, b in e.simulation.dp_transfers[e.critical_stage]) + post
+                missing = row.implied_step_time_s - (e.step_time_s - post)
+                tail += (f"; dp collectives beside compute {beside:.3f} s, at {args.comm_sms} SMs "
+                         f"{beside * args.comm_sms / (sms - args.comm_sms):.3f} s of "
+                         f"{missing:.3f} s missing (all of it: "
+                         f"{sms * missing / (beside + missing):.0f} SMs)")
         print(f"{row.name:>10}  published MFU {row.mfu * 100:5.1f} %  predicted "
               f"{e.mfu * 100:5.1f} %  ({pr.error_points:+5.1f} points; mb={pr.microbatch}, "
               f"recompute={pr.recompute}; dp_comm {e.breakdown['dp_comm']:.3f} s, optimizer "
