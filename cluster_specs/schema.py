@@ -116,6 +116,7 @@ GROUP_FIELDS: dict[str, Field] = {
     "fused_attention": optional(boolean(
         what="whether attention runs as one fused (flash) kernel on these devices; "
              "cost_model.attention_kernel prices it so"), False),
+    "sm_count": optional(integer(low=1, high=4096, unit="streaming multiprocessors per device")),
     "dtensor_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
                                      unit="µs per forward op on a DTensor"), 0.0),
     "dtensor_backward_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
