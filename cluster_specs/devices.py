@@ -73,7 +73,6 @@ class DeviceGroup:
     kernel_launch_us: float = 0.0
     step_overhead_us: float = 0.0
     fused_attention: bool = False
-    sm_count: int = 0
     dtensor_op_us: float = 0.0
     dtensor_backward_op_us: float = 0.0
     optimizer_tensor_us: float = 0.0
@@ -85,6 +84,7 @@ class DeviceGroup:
     host_memory_gib: float | None = None
     host_memory_bandwidth_gb_per_s: float | None = None
     host_link_gb_per_s: float | None = None
+    sm_count: int = 0
     first_rank: int = 0
     first_node: int = 0
 

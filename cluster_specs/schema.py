@@ -116,7 +116,6 @@ GROUP_FIELDS: dict[str, Field] = {
     "fused_attention": optional(boolean(
         what="whether attention runs as one fused (flash) kernel on these devices; "
              "cost_model.attention_kernel prices it so"), False),
-    "sm_count": optional(integer(low=1, high=4096, unit="streaming multiprocessors per device")),
     "dtensor_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
                                      unit="µs per forward op on a DTensor"), 0.0),
     "dtensor_backward_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
@@ -143,6 +142,7 @@ GROUP_FIELDS: dict[str, Field] = {
                                                       unit="GB/s of host memory per node")),
     "host_link_gb_per_s": optional(number(low=0, low_open=True, high=MAX_RATE,
                                           unit="GB/s host↔device per device and direction")),
+    "sm_count": optional(integer(low=1, high=4096, unit="streaming multiprocessors per device")),
 }
 
 LEVEL_FIELDS: dict[str, Field] = {
