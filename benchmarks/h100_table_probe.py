@@ -6,6 +6,7 @@
     python benchmarks/h100_table_probe.py --dp-exposed               # dp comm fully exposed
     python benchmarks/h100_table_probe.py --param-gather-hidden      # r without the ZeRO all-gather
     python benchmarks/h100_table_probe.py --param-gather-hidden --comm-sms 32   # + SMs held by NCCL
+    python benchmarks/h100_table_probe.py --waves                    # GEMM tail waves on 132 SMs
 
 Each row prints ``r = (T_published − T_other) / (compute + bubble)``, the factor by which the
 published run is slower than the predicted compute (``T_other``: the predicted step time less
@@ -28,7 +29,12 @@ step's forward (``--overlap-param-gather``); the lower bound of what it adds.
 collectives would take from the compute running beside them if each holds ``N`` of the
 H100's 132 SMs (one CTA per NCCL channel) for its whole duration,
 ``(Σ dp transfers + post)·N/(132 − N)``, against the time still missing, and the ``N`` that
-would explain all of it.
+would explain all of it. ``--waves``: the layer GEMMs of each row as one tp rank runs them
+(``M = mb·4096`` tokens; QKV ``3h/t × h``, projection ``h × h/t``, FC1 ``4h/t × h``, FC2
+``h × 4h/t``; ``mb`` the table's choice) cut into 128×256 output tiles (an assumption: the
+Hopper bf16 GEMM tile; cuBLAS picks per shape) on 132 SMs: the waves each needs and the
+fraction of its last wave that works, ``w/⌈w⌉``, FLOP-weighted over the layer — what the
+smooth efficiency curve of ``cost_model/data/efficiency.json`` leaves out.
 """
 
 from __future__ import annotations
@@ -49,6 +55,20 @@ def _table():  # type: ignore[no-untyped-def]
     return module
 
 
+def wave_efficiency(row, microbatch: int, sms: int = 132) -> float:  # type: ignore[no-untyped-def]
+    """FLOP-weighted ``w/⌈w⌉`` of the row's layer GEMMs in 128×256 tiles (``--waves``)."""
+    import math
+
+    h, t, m = row.hidden, row.tp, microbatch * 4096
+    work = busy = 0.0
+    for n, k in ((3 * h // t, h), (h, h // t), (4 * h // t, h), (h, 4 * h // t)):
+        waves = math.ceil(m / 128) * math.ceil(n / 256) / sms
+        flops = 2.0 * m * n * k
+        work += flops
+        busy += flops * math.ceil(waves) / waves
+    return work / busy
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--matmul-half-flops", type=float, default=None)
@@ -56,6 +76,7 @@ def main() -> int:
     parser.add_argument("--dp-exposed", action="store_true")
     parser.add_argument("--param-gather-hidden", action="store_true")
     parser.add_argument("--comm-sms", type=int, default=None)
+    parser.add_argument("--waves", action="store_true")
     args = parser.parse_args()
     table = _table()
     if args.matmul_half_flops is not None:
@@ -86,6 +107,8 @@ def main() -> int:
                          f"{beside * args.comm_sms / (sms - args.comm_sms):.3f} s of "
                          f"{missing:.3f} s missing (all of it: "
                          f"{sms * missing / (beside + missing):.0f} SMs)")
+        if args.waves:
+            tail += f"; layer GEMMs' last-wave efficiency {wave_efficiency(row, pr.microbatch):.3f}"
         print(f"{row.name:>10}  published MFU {row.mfu * 100:5.1f} %  predicted "
               f"{e.mfu * 100:5.1f} %  ({pr.error_points:+5.1f} points; mb={pr.microbatch}, "
               f"recompute={pr.recompute}; dp_comm {e.breakdown['dp_comm']:.3f} s, optimizer "
