@@ -46,7 +46,10 @@ class DeviceGroup:
     ``fused_attention`` says that attention runs as one fused (flash) kernel on these devices,
     whatever the model's code spells out (:mod:`cost_model.attention_kernel` prices it so):
     the training stack's choice (Megatron-Core / Transformer Engine, PyTorch SDPA on GPUs
-    with flash kernels), an explicit assumption of the spec.
+    with flash kernels), an explicit assumption of the spec. ``sm_count`` is the number of
+    streaming multiprocessors of one device (0: not given); with it the cost model prices the
+    SMs that communication kernels overlapped with compute hold (Transformer Engine's
+    userbuffers under ``tp_overlap``, :mod:`cost_model.stage_costs`).
 
     Host side, for offload (all optional; ``None``: not given, and then nothing is offloaded
     to this group's hosts): ``host_memory_gib`` is the host (CPU) memory of one node,
@@ -81,6 +84,7 @@ class DeviceGroup:
     host_memory_gib: float | None = None
     host_memory_bandwidth_gb_per_s: float | None = None
     host_link_gb_per_s: float | None = None
+    sm_count: int = 0
     first_rank: int = 0
     first_node: int = 0
 

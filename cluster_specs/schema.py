@@ -142,6 +142,7 @@ GROUP_FIELDS: dict[str, Field] = {
                                                       unit="GB/s of host memory per node")),
     "host_link_gb_per_s": optional(number(low=0, low_open=True, high=MAX_RATE,
                                           unit="GB/s host↔device per device and direction")),
+    "sm_count": optional(integer(low=1, high=4096, unit="streaming multiprocessors per device")),
 }
 
 LEVEL_FIELDS: dict[str, Field] = {

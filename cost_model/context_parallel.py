@@ -189,6 +189,10 @@ def cp_segment(seg: SegmentCost, cp: int, kv: float, recompute: str) -> SegmentC
         recompute_s=seg.recompute_s / cp,
         tp_forward=tuple((k, n / cp) for k, n in seg.tp_forward),
         tp_backward=tuple((k, n / cp) for k, n in seg.tp_backward),
+        tp_forward_gemm_s=tuple(g / cp for g in seg.tp_forward_gemm_s),
+        tp_backward_gemm_s=tuple(g / cp for g in seg.tp_backward_gemm_s),
+        tp_sm_forward=tuple((k, n / cp) for k, n in seg.tp_sm_forward),
+        tp_sm_backward=tuple((k, n / cp) for k, n in seg.tp_sm_backward),
         activations=acts, output_bytes=seg.output_bytes / cp,
         matmul_flops=seg.matmul_flops / cp, recompute_flops=seg.recompute_flops / cp)
 

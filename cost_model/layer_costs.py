@@ -30,6 +30,11 @@ replicated ops run on ``1/t`` of the sequence too):
   each collective of a linear layer also carries the seconds of the GEMM it can be pipelined
   with (``tp_forward_gemm_s``, ``tp_backward_gemm_s``, 0 for the others): the layer's forward
   GEMM, or one of its two backward GEMMs (``tp_overlap``, :mod:`cost_model.stage_costs`).
+  ``tp_sm_forward``/``tp_sm_backward`` list the collectives that, so overlapped, run as
+  kernels holding SMs beside their GEMM (Transformer Engine's userbuffers: the ``pipeline``
+  reduce-scatter of each row-parallel output, and in the backward the ``bulk`` reduce-scatter
+  of each column-parallel input gradient and the ``bulk`` all-gather of that input for the
+  weight gradient; the all-gathers by ``ring_exchange`` run on copy engines);
   Priced placements (:mod:`cost_model.priced_layout`) instead
   contribute the collectives of ``reshard_cost`` on every edge whose tp placement changes,
   forward and backward (:mod:`cost_model.edge_reshard`), and split exactly the nodes their
@@ -115,6 +120,8 @@ class SegmentCost:
     recompute_flops: float
     tp_forward_gemm_s: tuple[float, ...] = ()
     tp_backward_gemm_s: tuple[float, ...] = ()
+    tp_sm_forward: tuple[tuple[str, float], ...] = ()
+    tp_sm_backward: tuple[tuple[str, float], ...] = ()
 
     @property
     def param_count(self) -> float:
@@ -243,6 +250,8 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     params: dict[str, float] = {}
     gemm_fwd: list[float] = []
     gemm_bwd: list[float] = []
+    sm_fwd: list[tuple[str, float]] = []
+    sm_bwd: list[tuple[str, float]] = []
     for name in names:
         info = infos[name]
         fwd = bwd = 0.0
@@ -273,7 +282,9 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
         elif tp > 1:
             n_fwd, n_bwd = len(tp_fwd), len(tp_bwd)
             _tp_collectives(graph, name, layout, scale, sp, tp_fwd, tp_bwd,
-                            regather=1.0 - device.comm_overlap)
+                            regather=1.0 - device.comm_overlap,
+                            # userbuffers serve the layers' linears, not the embedding or head
+                            held=(sm_fwd, sm_bwd) if key not in ("pre", "post") else None)
             # the GEMM each sequence-parallel collective can pipeline with: the node's forward
             # GEMM, or one of its two equal backward GEMMs (compute.BACKWARD["matmul"])
             gemm = sp and info.op_class in MATMUL_CLASSES
@@ -286,6 +297,7 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     if policy == "full":
         tp_bwd = tp_fwd + tp_bwd
         gemm_bwd = gemm_fwd + gemm_bwd
+        sm_bwd = sm_fwd + sm_bwd
     activations = segment_activations(graph, names, layout, tp=tp,
                                       sequence_parallel=sp and not layout.priced, recompute=policy,
                                       fused=fused)
@@ -295,7 +307,7 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     output = tensor_bytes(infos[names[-1]]) * scale / (tp if split_output else 1) if names else 0.0
     return SegmentCost(forward, backward, recompute, tuple(tp_fwd), tuple(tp_bwd), activations,
                        params, output, flops, recompute_flops, tuple(gemm_fwd),
-                       tuple(gemm_bwd))
+                       tuple(gemm_bwd), tuple(sm_fwd), tuple(sm_bwd))
 
 
 def attention_seconds(graph: CapturedGraph, key: str, *, tp: int, sequence_parallel: bool,
@@ -359,8 +371,12 @@ def _edge_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: 
 
 def _tp_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: float, sp: bool,
                     fwd: list[tuple[str, float]], bwd: list[tuple[str, float]],
-                    regather: float = 0.0) -> None:
-    """Append the tp collectives node ``name`` implies (module docstring). ``regather``:
+                    regather: float = 0.0,
+                    held: tuple[list[tuple[str, float]], list[tuple[str, float]]] | None = None
+                    ) -> None:
+    """Append the tp collectives node ``name`` implies (module docstring); under sequence
+    parallelism also, to ``held`` (forward, backward), those Transformer Engine's userbuffers
+    run on SMs when overlapped (module docstring: ``tp_sm_forward``). ``regather``:
     the exposed fraction ``1 − ω`` of the backward's second all-gather of a column-parallel
     input under sp (the weight gradient needs the whole sequence; autograd saved the split
     input: measured on local-cpu, one per column-parallel linear, benchmarks/
@@ -372,6 +388,8 @@ def _tp_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: fl
         fwd.append(("reduce_scatter" if sp else "all_reduce", out_bytes))
         if sp:
             bwd.append(("all_gather", out_bytes))
+            if held is not None and name in layout.row:   # TE "pipeline" reduce-scatter
+                held[0].append(("reduce_scatter", out_bytes))
     elif name in layout.column:
         source = layout.inputs[name][0]
         in_bytes = tensor_bytes(infos[source]) * scale
@@ -379,6 +397,8 @@ def _tp_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: fl
             fwd.append(("all_gather", in_bytes))
             if regather > 0:  # the weight gradient gathers the sequence-split input again
                 bwd.append(("all_gather", regather * in_bytes))
+            if held is not None:   # TE "bulk": gather the input, scatter its gradient
+                held[1].extend((("all_gather", in_bytes), ("reduce_scatter", in_bytes)))
         bwd.append(("reduce_scatter" if sp else "all_reduce", in_bytes))
     elif name in layout.gathers:
         fwd.append(("all_gather", out_bytes))

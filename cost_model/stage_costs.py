@@ -13,7 +13,12 @@ the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
 - tp: the segments' collectives over the stage's tp group (on the critical path); under
   ``tp_overlap`` (Megatron-Core ``--tp-comm-overlap``) each sequence-parallel all-gather or
   reduce-scatter of a linear layer only by what exceeds the GEMM it is pipelined with,
-  ``max(0, t_comm − t_gemm)`` (:func:`_exposed`);
+  ``max(0, t_comm − t_gemm)`` (:func:`_exposed`), plus the compute lost to the SMs the
+  overlapped communication kernels hold meanwhile: Transformer Engine's userbuffers run
+  each ``pipeline``/``bulk`` collective (``SegmentCost.tp_sm_forward``/``tp_sm_backward``)
+  as a kernel on ``n = UB_COMM_SMS`` of the device's ``N = sm_count`` SMs for its duration
+  ``t``, so the GEMM beside it loses ``n/N`` of its throughput for ``t`` and finishes
+  ``t·n/(N − n)`` later (:func:`_sm_share`; nothing without a spec ``sm_count``);
 - ZeRO-3: each segment all-gathers its weights (``k_p·Ψ_seg`` bytes) before its forward and
   again before its backward, and reduce-scatters its gradients (``k_g·Ψ_seg``) after it,
   prefetched one segment ahead; the first gather and the last reduce-scatter of a chunk
@@ -170,6 +175,23 @@ def _exposed(events: Sequence[tuple[str, float]], gemm_s: Sequence[float],
                for (kind, nbytes), g in zip(events, hide))
 
 
+#: SMs a Transformer Engine userbuffers ``pipeline`` or ``bulk`` communication kernel runs on
+#: (``initialize_ub``'s default ``num_sm``: 16 for those methods, 1 for ``ring_exchange``,
+#: whose copies run on the copy engines, ``use_ce``); Megatron-Core's ``--tp-comm-overlap``
+#: passes no ``ub_cfgs`` of its own, so the defaults hold.
+UB_COMM_SMS = 16
+
+
+def _sm_share(events: Sequence[tuple[str, float]], group: tuple[int, ...], cluster: Cluster,
+              sm_count: int) -> float:
+    """Seconds the GEMMs beside the SM-holding collectives ``events`` lose:
+    ``Σ t_i · n/(N − n)`` with ``n = UB_COMM_SMS`` and ``N = sm_count`` (module docstring);
+    0 when the device's SM count is not given (or leaves no SM beside the kernel)."""
+    if sm_count <= UB_COMM_SMS or not events:
+        return 0.0
+    return _price(events, group, cluster) * UB_COMM_SMS / (sm_count - UB_COMM_SMS)
+
+
 def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster,
                  config: ParallelConfig,
                  optimizer: OptimizerSpec) -> StagePlan:
@@ -278,8 +300,10 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
         f[0] += seg.forward_s
         b[0] += seg.backward_s + seg.recompute_s
         if config.tp_comm_overlap:
-            f[1] += _exposed(seg.tp_forward, seg.tp_forward_gemm_s, tp_group, cluster)
-            b[1] += _exposed(seg.tp_backward, seg.tp_backward_gemm_s, tp_group, cluster)
+            f[1] += (_exposed(seg.tp_forward, seg.tp_forward_gemm_s, tp_group, cluster)
+                     + _sm_share(seg.tp_sm_forward, tp_group, cluster, device.sm_count))
+            b[1] += (_exposed(seg.tp_backward, seg.tp_backward_gemm_s, tp_group, cluster)
+                     + _sm_share(seg.tp_sm_backward, tp_group, cluster, device.sm_count))
         else:
             f[1] += _price(seg.tp_forward, tp_group, cluster)
             b[1] += _price(seg.tp_backward, tp_group, cluster)

@@ -49,6 +49,20 @@ def test_segment_scales_by_one_over_cp_and_holds_the_gathered_kv(llama):
     assert cp_segment(seg, 1, kv, "none") is seg
 
 
+def test_segment_under_tp_overlap_scales_its_gemms_and_held_collectives(llama):
+    """With sp: the GEMM seconds each tp collective pipelines with and the collectives that
+    hold SMs (tp_overlap, cost_model/stage_costs.py) shrink with the rank's 1/cp share."""
+    (key,) = cp_layers(llama)
+    seg = segment_cost(llama, key, tp=2, sequence_parallel=True, recompute="none",
+                       microbatch=2, device=Cluster.load("dgx-h100").device(0))
+    assert seg.tp_forward_gemm_s and seg.tp_sm_backward
+    two = cp_segment(seg, 2, 0.0, "none")
+    assert two.tp_forward_gemm_s == pytest.approx([g / 2 for g in seg.tp_forward_gemm_s])
+    assert two.tp_backward_gemm_s == pytest.approx([g / 2 for g in seg.tp_backward_gemm_s])
+    assert [n for _, n in two.tp_sm_forward] == pytest.approx([n / 2 for _, n in seg.tp_sm_forward])
+    assert [n for _, n in two.tp_sm_backward] == pytest.approx([n / 2 for _, n in seg.tp_sm_backward])
+
+
 def test_cp_groups_take_consecutive_dp_ranks():
     assert cp_group(tuple(range(0, 16, 2)), 4) == (0, 2, 4, 6)
 

@@ -29,12 +29,12 @@ ROWS = h100_table.load_rows()
 #: for what is left unmodelled).
 OUTSIDE = {
     "gpt-1.7b": "predicted 47.9 % vs 41.3 % published (+6.5 points)",
-    "gpt-7.1b": "predicted 58.2 % vs 47.1 % published (+11.1 points)",
-    "gpt-16b": "predicted 56.7 % vs 49.5 % published (+7.2 points)",
-    "gpt-70b": "predicted 51.0 % vs 42.4 % published (+8.6 points)",
-    "gpt-177b": "predicted 55.6 % vs 43.8 % published (+11.8 points)",
-    "gpt-314b": "predicted 57.5 % vs 48.0 % published (+9.5 points)",
-    "gpt-462b": "predicted 56.7 % vs 46.5 % published (+10.2 points)",
+    "gpt-7.1b": "predicted 57.8 % vs 47.1 % published (+10.7 points)",
+    "gpt-16b": "predicted 55.8 % vs 49.5 % published (+6.3 points)",
+    "gpt-70b": "predicted 49.7 % vs 42.4 % published (+7.3 points)",
+    "gpt-177b": "predicted 54.5 % vs 43.8 % published (+10.7 points)",
+    "gpt-314b": "predicted 56.6 % vs 48.0 % published (+8.6 points)",
+    "gpt-462b": "predicted 55.9 % vs 46.5 % published (+9.4 points)",
 }
 
 

@@ -65,3 +65,53 @@ def test_overlap_hides_at_most_the_gemm_time(graph, cluster) -> None:  # type: i
     assert 0 < on.breakdown["tp_comm"] < off.breakdown["tp_comm"]
     assert off.breakdown["tp_comm"] - on.breakdown["tp_comm"] <= gemm * (1 + 1e-9)
     assert on.breakdown["compute"] == pytest.approx(off.breakdown["compute"])
+
+
+def test_userbuffers_collectives_that_hold_sms(graph) -> None:  # type: ignore[no-untyped-def]
+    """Transformer Engine's defaults: the row-parallel outputs' reduce-scatters (``pipeline``)
+    forward; the column-parallel inputs' all-gathers and their gradients' reduce-scatters
+    (``bulk``) backward; the ``ring_exchange`` all-gathers run on copy engines; the embedding
+    and head have no userbuffers."""
+    device = Cluster.load("dgx-h100").device_groups[0]
+    segments = graph_segments(graph)
+    key = segments.layers[0][0]
+    on = segment_cost(graph, key, tp=2, sequence_parallel=True, recompute="none",
+                      microbatch=1, device=device)
+    assert [kind for kind, _ in on.tp_sm_forward] == ["reduce_scatter"] * 2
+    assert sorted(kind for kind, _ in on.tp_sm_backward) == ["all_gather"] * 2 + ["reduce_scatter"] * 2
+    for outer in ("pre", "post"):
+        cost = segment_cost(graph, outer, tp=2, sequence_parallel=True, recompute="none",
+                            microbatch=1, device=device)
+        assert cost.tp_sm_forward == cost.tp_sm_backward == ()
+    off = segment_cost(graph, key, tp=2, sequence_parallel=False, recompute="none",
+                       microbatch=1, device=device)
+    assert off.tp_sm_forward == off.tp_sm_backward == ()
+    full = segment_cost(graph, key, tp=2, sequence_parallel=True, recompute="full",
+                        microbatch=1, device=device)
+    assert full.tp_sm_backward == on.tp_sm_forward + on.tp_sm_backward
+
+
+def test_sms_held_by_overlapped_collectives_slow_the_gemms(graph) -> None:  # type: ignore[no-untyped-def]
+    """Each such collective of duration t holds 16 of the N SMs: the tp row grows by
+    Σ t·16/(N − 16) per microbatch; a device without an SM count prices none of it."""
+    from fxplan.cost_model.collectives import collective_time_s
+    from fxplan.cost_model.stage_costs import UB_COMM_SMS
+
+    config = ParallelConfig.parse("dp=4,tp=2,pp=1,mb=1,sp=on,tp_overlap=on")
+    priced = Cluster.load("dgx-h100")
+    bare = Cluster.load(f"dgx-h100:h100.sm_count={UB_COMM_SMS}")   # no SM left for a GEMM
+    device = priced.device_groups[0]
+    n = priced.device_groups[0].sm_count
+    assert n == 132
+    held = 0.0
+    for key, _ in graph_segments(graph).layers:
+        cost = segment_cost(graph, key, tp=2, sequence_parallel=True, recompute="none",
+                            microbatch=1, device=device)
+        held += sum(collective_time_s(kind, nbytes, (0, 1), priced)
+                    for kind, nbytes in cost.tp_sm_forward + cost.tp_sm_backward)
+    on = estimate(graph, priced, config, batch=4)
+    off = estimate(graph, bare, config, batch=4)
+    assert held > 0
+    assert on.breakdown["tp_comm"] - off.breakdown["tp_comm"] == pytest.approx(
+        held * UB_COMM_SMS / (n - UB_COMM_SMS))
+    assert on.breakdown["compute"] == pytest.approx(off.breakdown["compute"])
