@@ -1,6 +1,7 @@
 """Measure the constants of the ``local-cpu`` cluster spec on this machine and print a table.
 
     python benchmarks/local_cpu_calibration.py [--quick]
+    python benchmarks/local_cpu_calibration.py --probe      # the 3 per-core rates now, JSON
 
 Every figure is a median; CPU-bound figures are read on the thread's CPU clock
 (``time.thread_time``), so they are the time on a core of one's own even when the machine is
@@ -30,6 +31,12 @@ shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_
 
        step_overhead = T_step − T_fb − t_opt
 
+0. **probe** (``--probe``, under a second) — the three per-core rates the ``local-cpu`` spec
+   takes as ``matmul_tflops``, ``memory_gb_per_s``, ``eager_op_us`` (:func:`rate_probe`):
+   the 1024³ matmul of 1., the eager op of 2. (forward, the chain of ``CHAIN`` ops), and the
+   one-thread copy of a 128 MiB tensor, ``2·S / t`` (bytes read + written; the figure behind
+   ``MEMORY_GB_PER_S_PER_CORE``). ``benchmarks/measured_vs_predicted.py`` runs it beside
+   every launch, so that a launch is priced at the rates of its moment of a shared machine.
 6. **time-sharing** — ``N`` one-thread processes, ``N = C`` (the cores) and ``N = 2C``, all
    running gpt-tiny forward + backward at batch 4 for a fixed number of iterations; ``T_N`` is
    the median over processes of their wall time. Were time-sharing free, ``T_2C = 2·T_C``; its
@@ -76,9 +83,10 @@ def matmul_tflops(n: int, repeats: int) -> float:
 
 
 def _op_chain_s(make: Callable[[torch.Tensor], torch.Tensor],
-                repeats: int) -> tuple[float, float]:
+                repeats: int, backward: bool = True) -> tuple[float, float]:
     """Per-op forward and backward seconds of a chain of ``CHAIN`` tiny ops (add, mul, gelu,
-    matmul, layer norm on 8×8) whose tensors ``make`` builds (plain, or ``DTensor``)."""
+    matmul, layer norm on 8×8) whose tensors ``make`` builds (plain, or ``DTensor``);
+    ``backward=False``: the forward only (NaN for the backward)."""
     w = make(torch.randn(8, 8)).requires_grad_()
     x0 = make(torch.randn(8, 8)).requires_grad_()
     ops = (lambda x: x + 1.0, lambda x: x * w, torch.nn.functional.gelu, lambda x: x @ w,
@@ -91,8 +99,27 @@ def _op_chain_s(make: Callable[[torch.Tensor], torch.Tensor],
         return x
 
     fwd = _median_thread_time(forward, repeats=repeats)
+    if not backward:
+        return fwd / CHAIN, float("nan")
     both = _median_thread_time(lambda: forward().sum().backward(), repeats=repeats)
     return fwd / CHAIN, (both - fwd) / CHAIN
+
+
+def copy_gb_per_s(repeats: int, mib: int = 128) -> float:
+    """One-thread copy of a ``mib`` MiB fp32 tensor (larger than the caches): ``2·S / t``,
+    GB/s (bytes read + written)."""
+    x = torch.randn(mib * 2**18)
+    out = torch.empty_like(x)
+    return 2 * x.numel() * 4 / _median_thread_time(lambda: out.copy_(x), repeats=repeats) / 1e9
+
+
+def rate_probe(repeats: int = 5) -> dict[str, float]:
+    """The per-core rates of this moment (module docstring, 0.): matmul TFLOP/s (1024³),
+    copy GB/s, eager op µs (forward of a tiny-op chain), and the load average."""
+    return {"matmul_tflops": matmul_tflops(1024, repeats),
+            "memory_gb_per_s": copy_gb_per_s(repeats),
+            "eager_op_us": _op_chain_s(lambda t: t, repeats, backward=False)[0] * 1e6,
+            "load": os.getloadavg()[0]}
 
 
 def eager_overhead_us(repeats: int) -> dict[str, float]:
@@ -401,7 +428,13 @@ def _base_latency_s() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--probe", action="store_true",
+                        help="only the per-core rates of this moment, as one JSON line")
     args = parser.parse_args()
+    if args.probe:
+        torch.set_num_threads(1)
+        print(json.dumps(rate_probe()))
+        return
     repeats = 7 if args.quick else 21
     torch.set_num_threads(1)
     load = os.getloadavg()[0]

@@ -103,6 +103,23 @@ class Case:
     measured_gib: list[float] = field(default_factory=list)
     load: float = math.nan                            # older files: load before the case
     loads: list[float] = field(default_factory=list)  # 1-minute load average at each launch
+    #: per launch, the per-core rates measured just before it (``local_cpu_calibration.py
+    #: --probe``: matmul_tflops, memory_gb_per_s, eager_op_us, load)
+    probes: list[dict] = field(default_factory=list)
+    predicted_probed_s: float = math.nan    # priced at the median probed rates
+    predicted_probed_gib: float = math.nan
+
+    @property
+    def probed_rates(self) -> dict[str, float]:
+        """The median over this case's launches of each probed rate ({} without probes)."""
+        keys = ("matmul_tflops", "memory_gb_per_s", "eager_op_us")
+        if not self.probes:
+            return {}
+        return {k: statistics.median(p[k] for p in self.probes) for k in keys}
+
+    @property
+    def probed_error(self) -> float:
+        return self.predicted_probed_s / self.median_s - 1
 
     @property
     def load_median(self) -> float:
@@ -163,6 +180,20 @@ def _locked(path: str | None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _niced() -> Iterator[None]:
+    """Run the block at nice 19 (this process's nice value, restored after)."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, 19)
+    try:
+        yield
+    finally:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, before)
+        except PermissionError:  # lowering the nice value again needs privileges
+            pass
 
 
 def plan_case(case: Case) -> None:
@@ -229,14 +260,27 @@ def _run_boosted(command: list[str], autogroup_nice: int | None) -> subprocess.C
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
+def _probe(autogroup_nice: int | None) -> dict:
+    """The per-core rates of this moment: ``local_cpu_calibration.py --probe`` (one thread,
+    at the launches' priority), its JSON line."""
+    script = Path(__file__).with_name("local_cpu_calibration.py")
+    done = _run_boosted([sys.executable, str(script), "--probe"], autogroup_nice)
+    if done.returncode:
+        raise RuntimeError(f"rate probe failed:\n{done.stdout}\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def launch_case(case: Case, plan: Path, steps: int, lock: str | None, tmp: Path,
-                autogroup_nice: int | None = None) -> None:
-    """One ``fxplan launch`` under the lock; appends the measured step time and peak."""
+                autogroup_nice: int | None = None, probe: bool = False) -> None:
+    """One ``fxplan launch`` under the lock (the rate probe first, ``probe``, in the same
+    hold); appends the measured step time and peak."""
     run_dir = tmp / f"run-{abs(hash(case.label))}-{len(case.measured_s)}"
     command = [sys.executable, "-m", "fxplan.cli.main", "launch", str(plan), "--data",
                "synthetic", "--steps", str(steps), "--run-dir", str(run_dir)]
     with _locked(lock):
         case.loads.append(os.getloadavg()[0])
+        if probe:
+            case.probes.append(_probe(autogroup_nice))
         done = _run_boosted(command, autogroup_nice)
     if done.returncode:
         raise RuntimeError(f"fxplan launch failed:\n{done.stdout}\n{done.stderr}")
@@ -282,6 +326,11 @@ def reprice(cases: list[Case]) -> None:
         result = simulate_plan(plan, graph, cluster)
         case.predicted_s = result.step_time_s
         case.predicted_gib = max(result.peak_memory_gib)
+        if case.probes:
+            rates = ",".join(f"{k}={v:.6g}" for k, v in case.probed_rates.items())
+            probed = simulate_plan(plan, graph, Cluster.load(f"{plan.cluster},{rates}"))
+            case.predicted_probed_s = probed.step_time_s
+            case.predicted_probed_gib = max(probed.peak_memory_gib)
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -307,7 +356,8 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def summary(cases: list[Case]) -> dict[str, float | str]:
-    """MAE of step time and memory, worst case, and the grid's plan-vs-best and ρ."""
+    """MAE of step time and memory, worst case, and the grid's plan-vs-best and ρ; with
+    probes, the same step-time figures for the predictions at the probed rates."""
     done = [c for c in cases if c.measured_s]
     grid = [c for c in done if c.devices == GRID_DEVICES]
     if not done:
@@ -327,6 +377,13 @@ def summary(cases: list[Case]) -> dict[str, float | str]:
             out["planner_plan"] = chosen.plan_summary
             out["planner_over_best"] = chosen.median_s / best.median_s
         out["spearman_grid"] = spearman([c.predicted_s for c in grid], [c.median_s for c in grid])
+    probed = [c for c in done if not math.isnan(c.predicted_probed_s)]
+    if probed and len(probed) == len(done):
+        out["mae_step_time_probed"] = statistics.fmean(abs(c.probed_error) for c in probed)
+        out["worst_step_time_probed"] = max(abs(c.probed_error) for c in probed)
+        if grid:
+            out["spearman_grid_probed"] = spearman([c.predicted_probed_s for c in grid],
+                                                   [c.median_s for c in grid])
     return out
 
 
@@ -334,15 +391,20 @@ def table(cases: list[Case], before: bool = False) -> str:
     """The cases as a Markdown table; ``before``: also the prediction stored in each plan
     (the model that planned it) and its error."""
     extra = " at planning (ms) | error |" if before else ""
+    probed = any(c.probes for c in cases)
+    extra += " at probed rates (ms) | error |" if probed else ""
     lines = ["| case | ranks | plan | predicted step (ms) | measured step (ms) | min–max (ms) | "
              "error |" + extra + " predicted peak (GiB) | measured peak (GiB) | error | load |",
-             "|---|---|---|---|---|---|---|" + ("---|---|" if before else "") + "---|---|---|---|"]
+             "|---|---|---|---|---|---|---|" + ("---|---|" if before else "")
+             + ("---|---|" if probed else "") + "---|---|---|---|"]
     for c in cases:
         old = ""
         lo, hi = c.spread_s
         if before:
             planned = float(c.plan["estimate"]["step_time_s"])
             old = f" {planned * 1e3:.1f} | {planned / c.median_s - 1:+.0%} |"
+        if probed:
+            old += f" {c.predicted_probed_s * 1e3:.1f} | {c.probed_error:+.0%} |"
         lines.append(
             f"| {c.label} | {c.devices} | `{c.plan_summary.replace('|', '¦')}` | "
             f"{c.predicted_s * 1e3:.1f} | {c.median_s * 1e3:.1f} | {lo * 1e3:.1f}–{hi * 1e3:.1f} | "
@@ -354,6 +416,10 @@ def table(cases: list[Case], before: bool = False) -> str:
 def format_summary(s: dict[str, float | str]) -> str:
     lines = [f"step time: MAE {s['mae_step_time']:.1%}, worst {s['worst_step_time']:.1%}; "
              f"peak memory: MAE {s['mae_peak_memory']:.1%}, worst {s['worst_peak_memory']:.1%}"]
+    if "mae_step_time_probed" in s:
+        lines.append(f"step time at the probed rates: MAE {s['mae_step_time_probed']:.1%}, "
+                     f"worst {s['worst_step_time_probed']:.1%}, Spearman ρ of the grid "
+                     f"{s.get('spearman_grid_probed', math.nan):.2f}")
     if "spearman_grid" in s:
         lines.append(f"grid ({GRID_DEVICES} ranks): best measured {s['grid_best']} "
                      f"({s['grid_best_ms']:.1f} ms); planner's plan `{s.get('planner_plan', '?')}` "
@@ -391,6 +457,9 @@ def main() -> None:
                         help="shuffle each round's order with this seed (default 0); "
                         "-1: rotate the order by round instead")
     parser.add_argument("--lock", default=None, help="flock this file around each launch")
+    parser.add_argument("--probe", action="store_true",
+                        help="measure the per-core rates before every launch (under its lock) "
+                        "and price each case also at its launches' median rates")
     parser.add_argument("--autogroup-nice", type=int, default=None,
                         help="set the scheduler autogroup nice of the launched processes (root; "
                         "-19 gives the measured ranks the CPU over other sessions' jobs)")
@@ -422,7 +491,7 @@ def main() -> None:
             "step_time_measured_as": "median over launches of each launch's median step "
             "(steps 2…, slowest rank); launches interleaved: each round runs every case once, "
             "in a shuffled (seed) or rotated order",
-            "seed": args.seed,
+            "seed": args.seed, "probe": args.probe,
             "memory_measured_as": "median over launches of the largest ru_maxrss over ranks"}
     if args.phase == "launch":
         cases = [c for c in load(args.out) if wanted is None or c.label in wanted]
@@ -438,21 +507,30 @@ def main() -> None:
                     save(cases, args.out, meta)
         if args.phase != "plan":
             for case in cases:
-                case.measured_s, case.measured_gib, case.loads = [], [], []
+                case.measured_s, case.measured_gib, case.loads, case.probes = [], [], [], []
             for r, order in enumerate(rounds(len(cases), args.repeats, args.seed)):
                 for i in order:
                     case = cases[i]
                     plan = tmp / f"plan-{i}.json"
                     plan.write_text(json.dumps(case.plan))
-                    launch_case(case, plan, args.steps, args.lock, tmp, args.autogroup_nice)
+                    launch_case(case, plan, args.steps, args.lock, tmp, args.autogroup_nice,
+                                probe=args.probe)
+                    rates = (" matmul {matmul_tflops:.4f} TF/s, copy {memory_gb_per_s:.1f} GB/s, "
+                             "op {eager_op_us:.2f} µs".format(**case.probes[-1])
+                             if args.probe else "")
                     print(f"round {r + 1}/{args.repeats} {case.label}: predicted "
                           f"{case.predicted_s * 1e3:.1f} ms, measured "
-                          f"{case.measured_s[-1] * 1e3:.1f} ms (load {case.loads[-1]:.1f})",
-                          flush=True)
+                          f"{case.measured_s[-1] * 1e3:.1f} ms (load {case.loads[-1]:.1f}"
+                          f"{rates})", flush=True)
                 if args.out:
                     save(cases, args.out, meta)
     if args.phase == "plan":
         return
+    if args.probe:
+        with _niced():
+            reprice(cases)       # the same plans, at the spec's constants and the probed rates
+        if args.out:
+            save(cases, args.out, meta)
     print(table(cases))
     print(format_summary(summary([c for c in cases if c.measured_s])))
 

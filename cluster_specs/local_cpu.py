@@ -26,6 +26,20 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     queued_collective_us       = QUEUED_COLLECTIVE_US            (async batch: each further one)
     reserved_memory_gib        = PROCESS_BASELINE_GIB            (interpreter, torch, gloo)
 
+**Rates measured now.** The three per-core rates are the calibration's constants unless the
+spec string gives them (``local-cpu:devices=4,matmul_tflops=0.09,memory_gb_per_s=10,
+eager_op_us=5.4``: what ``benchmarks/local_cpu_calibration.py --probe`` measured a moment
+ago). A shared machine's cores are not as fast under other tenants' load as when the constants
+were measured (the one-thread fp32 matmul, on thread CPU time, measured 0.07–0.09 TFLOP/s at
+load average 10–16 against 0.1666 at load ≈ 1), so a prediction meant to match a launch is
+priced at the rates measured beside it. With ``F``, ``M``, ``e`` the given matmul rate,
+bandwidth and eager op cost (default the constants), every host cost moves with the eager
+op, ``h = e / EAGER_OP_US``::
+
+    peak_tflops.fp32 = F · s       memory_bandwidth_gb_per_s = M · s       kernel_launch_us = e / s
+    dtensor_op_us = h · DTENSOR_OP_US / s   (and the backward, both optimizer costs and the
+                                             step overhead alike)
+
 The loopback level (gloo) keeps its measured figures: they were measured with 2 and 4 ranks on
 this 2-core machine, i.e. already under the same time-sharing.
 
@@ -110,7 +124,9 @@ DDP_BUCKET_MIB = 25.0
 QUEUED_COLLECTIVE_US = 582.0
 
 #: Override keys the generator takes itself (the others apply to the generated spec).
-GENERATOR_PARAMS: tuple[str, ...] = ("devices",)
+#: ``devices``: the ranks; the others: per-core rates measured now (module docstring).
+GENERATOR_PARAMS: tuple[str, ...] = ("devices", "matmul_tflops", "memory_gb_per_s",
+                                     "eager_op_us")
 
 
 def cpu_cores() -> int:
@@ -146,12 +162,19 @@ def core_share(cores: int, ranks: int) -> float:
     return 1.0 if ranks <= cores else TIME_SHARING_EFFICIENCY * cores / ranks
 
 
-def local_cpu_spec(devices: int | None = None) -> dict[str, Any]:
-    """The schema-v1 spec of this machine with ``devices`` CPU ranks (default: one per core)."""
+def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = None,
+                   memory_gb_per_s: float | None = None,
+                   eager_op_us: float | None = None) -> dict[str, Any]:
+    """The schema-v1 spec of this machine with ``devices`` CPU ranks (default: one per core);
+    the per-core rates default to the calibration's constants (module docstring)."""
     cores, total = cpu_cores(), memory_gib()
     ranks = devices or cores
     share = core_share(cores, ranks)
     per_rank = total / ranks
+    flops = FP32_TFLOPS_PER_CORE if matmul_tflops is None else matmul_tflops
+    bandwidth = MEMORY_GB_PER_S_PER_CORE if memory_gb_per_s is None else memory_gb_per_s
+    eager = EAGER_OP_US if eager_op_us is None else eager_op_us
+    host = eager / EAGER_OP_US        # host costs move with the eager op's
     return {
         "schema_version": 1,
         "name": "local-cpu",
@@ -167,20 +190,21 @@ def local_cpu_spec(devices: int | None = None) -> dict[str, Any]:
                 "memory_gib": round(per_rank, 3),
                 # The process's own resident set (measured); never more than a quarter.
                 "reserved_memory_gib": round(min(PROCESS_BASELINE_GIB, per_rank / 4), 3),
-                "memory_bandwidth_gb_per_s": round(MEMORY_GB_PER_S_PER_CORE * share, 4),
-                "peak_tflops": {"fp32": round(FP32_TFLOPS_PER_CORE * share, 5)},
+                "memory_bandwidth_gb_per_s": round(bandwidth * share, 4),
+                "peak_tflops": {"fp32": round(flops * share, 5)},
                 "intra_node_level": "loopback",
-                "kernel_launch_us": round(EAGER_OP_US / share, 3),
-                "step_overhead_us": round(STEP_OVERHEAD_US / share, 1),
+                "kernel_launch_us": round(eager / share, 3),
+                "step_overhead_us": round(host * STEP_OVERHEAD_US / share, 1),
                 # Host and device are the same memory: "offloaded" states stay in this RAM
                 # (the code path runs; the copies are memory-to-memory at the ranks' bandwidth).
                 "host_memory_gib": round(total, 3),
-                "host_memory_bandwidth_gb_per_s": round(MEMORY_GB_PER_S_PER_CORE * cores, 4),
-                "host_link_gb_per_s": round(MEMORY_GB_PER_S_PER_CORE * share, 4),
-                "dtensor_op_us": round(DTENSOR_OP_US / share, 3),
-                "dtensor_backward_op_us": round(DTENSOR_BACKWARD_OP_US / share, 3),
-                "optimizer_tensor_us": round(OPTIMIZER_TENSOR_US / share, 3),
-                "dtensor_optimizer_tensor_us": round(DTENSOR_OPTIMIZER_TENSOR_US / share, 3),
+                "host_memory_bandwidth_gb_per_s": round(bandwidth * cores, 4),
+                "host_link_gb_per_s": round(bandwidth * share, 4),
+                "dtensor_op_us": round(host * DTENSOR_OP_US / share, 3),
+                "dtensor_backward_op_us": round(host * DTENSOR_BACKWARD_OP_US / share, 3),
+                "optimizer_tensor_us": round(host * OPTIMIZER_TENSOR_US / share, 3),
+                "dtensor_optimizer_tensor_us": round(host * DTENSOR_OPTIMIZER_TENSOR_US / share,
+                                                     3),
                 # One-thread ranks: gloo's threads need the core the compute runs on.
                 "comm_overlap": 0.0,
                 # The runtime's DDP (torch defaults: 25 MiB buckets, the first 1 MiB).
