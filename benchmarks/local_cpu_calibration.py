@@ -172,6 +172,106 @@ def dtensor_overhead_us(repeats: int) -> dict[str, float]:
             "adamw_dtensor_per_tensor_us": opt_dtensor * 1e6}
 
 
+def _sharded_chain_worker(rank: int, world: int, port: int, repeats: int, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    # the chain's activations sharded on their rows (tp's sequence split), its weight
+    # replicated: every op propagates Shard(0) and runs locally, no collective
+    # (the multiply by a replicated row vector: the plain chain's 8×8 weight would not
+    # broadcast against the global (8·world)×8 activation)
+    w = DTensor.from_local(torch.randn(8, 8), mesh, [Replicate()]).requires_grad_()
+    v = DTensor.from_local(torch.randn(8), mesh, [Replicate()]).requires_grad_()
+    x0 = DTensor.from_local(torch.randn(8, 8), mesh, [Shard(0)]).requires_grad_()
+    ops = (lambda x: x + 1.0, lambda x: x * v, torch.nn.functional.gelu, lambda x: x @ w,
+           lambda x: torch.nn.functional.layer_norm(x, (8,)))
+
+    def forward() -> torch.Tensor:
+        x = x0
+        for i in range(CHAIN):
+            x = ops[i % len(ops)](x)
+        return x
+
+    fwd = _median_thread_time(forward, repeats=repeats)
+    both = _median_thread_time(lambda: forward().to_local().sum().backward(), repeats=repeats)
+    plain = _op_chain_s(lambda t: t, repeats)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"forward_us": (fwd / CHAIN - plain[0]) * 1e6,
+                                         "backward_us": ((both - fwd) / CHAIN - plain[1]) * 1e6}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def dtensor_shard_overhead_us(world: int = 2, repeats: int = 7) -> dict[str, float]:
+    """Extra host cost of an op on ``Shard(0)`` ``DTensor``s over the same op on plain tensors
+    on a ``world``-rank mesh (µs, forward / backward per op): the chain of :func:`_op_chain_s`
+    with the activations row-sharded and the weight replicated, as tensor parallelism with
+    sequence parallelism runs a layer's ops (no collective: the placements propagate)."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "shard.json")
+        mp.spawn(_sharded_chain_worker, args=(world, _free_port(), repeats, out), nprocs=world)
+        return json.loads(Path(out).read_text())
+
+
+def _redistribute_worker(rank: int, world: int, port: int, repeats: int, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    tokens, h = 1024, 64                     # gpt-tiny's residual stream at batch 16
+    local = torch.randn(tokens // world, h)
+    shard = DTensor.from_local(local, mesh, [Shard(0)])
+    partial = DTensor.from_local(torch.randn(tokens, h), mesh, [Partial()])
+    gathered, scattered, full = torch.empty(tokens, h), torch.empty(tokens // world, h), \
+        torch.randn(tokens, h)
+
+    def cpu_us(fn: Callable[[], object]) -> float:
+        dist.barrier()
+        return _median_thread_time(fn, repeats=repeats) * 1e6
+
+    row = {"all_gather_dtensor_us": cpu_us(lambda: shard.redistribute(mesh, [Replicate()])
+                                           .to_local()),
+           "all_gather_plain_us": cpu_us(lambda: dist.all_gather_into_tensor(gathered, local)),
+           "reduce_scatter_dtensor_us": cpu_us(lambda: partial.redistribute(mesh, [Shard(0)])
+                                               .to_local()),
+           "reduce_scatter_plain_us": cpu_us(lambda: dist.reduce_scatter_tensor(scattered,
+                                                                                 full))}
+    if rank == 0:
+        Path(out).write_text(json.dumps(row))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def redistribute_host_us(world: int = 2, repeats: int = 15) -> dict[str, float]:
+    """Main-thread CPU time (µs) of a tensor-parallel collective issued by ``DTensor``'s
+    ``redistribute`` (``Shard(0) → Replicate``: all-gather; ``Partial → Shard(0)``:
+    reduce-scatter; gpt-tiny's 1024 × 64 residual stream) and of the same collective issued
+    with ``torch.distributed`` directly: their difference is DTensor's host work per
+    redistribution (planning it, the functional collective's wrappers and waits), which no
+    communication term prices."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "redistribute.json")
+        mp.spawn(_redistribute_worker, args=(world, _free_port(), repeats, out), nprocs=world)
+        return json.loads(Path(out).read_text())
+
+
 def process_baseline_gib() -> float:
     """Resident set of a process that imported torch and fxplan's runtime and joined a gloo
     group, before any model exists: the fixed part of a rank's peak (``ru_maxrss``), GiB."""
@@ -455,6 +555,14 @@ def main() -> None:
           f"{dt['forward_us']:.2f} / {dt['backward_us']:.2f} µs |")
     print(f"| AdamW step per tensor, gpt-tiny ({dt['adamw_tensors']} tensors): plain / DTensor | "
           f"{dt['adamw_per_tensor_us']:.1f} / {dt['adamw_dtensor_per_tensor_us']:.1f} µs |")
+    shard = dtensor_shard_overhead_us()
+    print(f"| DTensor op extra (Shard(0), 2-rank mesh): forward / backward | "
+          f"{shard['forward_us']:.2f} / {shard['backward_us']:.2f} µs |")
+    red = redistribute_host_us()
+    print(f"| main-thread CPU per collective, 2 ranks, 1024×64 fp32: all-gather DTensor / plain; "
+          f"reduce-scatter DTensor / plain | {red['all_gather_dtensor_us']:.0f} / "
+          f"{red['all_gather_plain_us']:.0f} µs; {red['reduce_scatter_dtensor_us']:.0f} / "
+          f"{red['reduce_scatter_plain_us']:.0f} µs |")
     print(f"| process baseline (torch + fxplan runtime + gloo group), ru_maxrss | "
           f"{process_baseline_gib():.3f} GiB |")
     opt = optimizer_us(repeats)

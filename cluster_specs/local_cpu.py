@@ -18,6 +18,7 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     kernel_launch_us           = EAGER_OP_US / s                 (dispatch + autograd per kernel)
     dtensor_op_us              = DTENSOR_OP_US / s               (DTensor dispatch per op, fwd)
     dtensor_backward_op_us     = DTENSOR_BACKWARD_OP_US / s      (… and its backward)
+    dtensor_redistribute_us    = DTENSOR_REDISTRIBUTE_US / s     (DTensor's work per tp collective)
     optimizer_tensor_us        = OPTIMIZER_TENSOR_US / s         (AdamW per plain tensor)
     dtensor_optimizer_tensor_us = DTENSOR_OPTIMIZER_TENSOR_US / s (AdamW per DTensor tensor)
     step_overhead_us           = STEP_OVERHEAD_US / s            (training loop's host work)
@@ -80,6 +81,16 @@ STEP_OVERHEAD_US = 2527.0
 #: DTensors minus the same chain on tensors): 34.7 / 19.7 µs (torch 2.13.0+cpu, one run).
 DTENSOR_OP_US = 34.7
 DTENSOR_BACKWARD_OP_US = 19.7
+#: Main-thread host work of a tensor-parallel collective issued by DTensor's ``redistribute``
+#: beyond the same collective issued with ``torch.distributed`` (planning the redistribution,
+#: the functional collective's wrappers and wait), µs. Calibration line "main-thread CPU per
+#: collective, 2 ranks, 1024×64 fp32" (gpt-tiny's residual stream; one run at load average
+#: 15.4): all-gather 428 − 79 = 349 µs, reduce-scatter 377 − 129 = 248 µs; the mean, 298 µs,
+#: was measured with the eager op at 5.43 µs (the rate probe of the same run), and host costs
+#: move with the eager op (module docstring): 298 · 4.61 / 5.43 = 253 µs at the spec's
+#: ``EAGER_OP_US``. (A ``Shard(0)`` op on a 2-rank mesh that communicates nothing costs about
+#: what the ``Replicate`` one below does: 21.9 / 33.4 µs, same run.)
+DTENSOR_REDISTRIBUTE_US = 253.0
 #: AdamW ``step`` per parameter tensor (torch's per-tensor loop on CPU), µs. Calibration line
 #: "AdamW step per tensor, gpt-tiny (28 tensors): plain / DTensor": 46.9 / 232.2 µs (one run).
 OPTIMIZER_TENSOR_US = 46.9
@@ -202,6 +213,7 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "host_link_gb_per_s": round(bandwidth * share, 4),
                 "dtensor_op_us": round(host * DTENSOR_OP_US / share, 3),
                 "dtensor_backward_op_us": round(host * DTENSOR_BACKWARD_OP_US / share, 3),
+                "dtensor_redistribute_us": round(host * DTENSOR_REDISTRIBUTE_US / share, 3),
                 "optimizer_tensor_us": round(host * OPTIMIZER_TENSOR_US / share, 3),
                 "dtensor_optimizer_tensor_us": round(host * DTENSOR_OPTIMIZER_TENSOR_US / share,
                                                      3),

@@ -10,7 +10,9 @@ of layers (``ParallelConfig.layers_per_stage``); ``pre`` joins virtual stage 0 a
 the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
 
 - compute: forward ``Σ f_seg``; backward ``Σ (b_seg + r_seg)`` (recompute runs first);
-- tp: the segments' collectives over the stage's tp group (on the critical path); under
+- tp: the segments' collectives over the stage's tp group (on the critical path), each with
+  DTensor's host work of its redistribution (:func:`cost_model.host_overhead.
+  redistribute_host_s`, 0 on GPU specs); under
   ``tp_overlap`` (Megatron-Core ``--tp-comm-overlap``) each sequence-parallel all-gather or
   reduce-scatter of a linear layer only by what exceeds the GEMM it is pipelined with,
   ``max(0, t_comm − t_gemm)`` (:func:`_exposed`);
@@ -73,7 +75,8 @@ from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_groups, ep_s
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.partial_grads import partial_grad_params
 from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, dtensor_params, optimizer_host_s,
-                                             overlapped_buckets, zero3_exposed_s)
+                                             overlapped_buckets, redistribute_host_s,
+                                             zero3_exposed_s)
 from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
 from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
                                model_state_bytes)
@@ -283,6 +286,9 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
         else:
             f[1] += _price(seg.tp_forward, tp_group, cluster)
             b[1] += _price(seg.tp_backward, tp_group, cluster)
+        # DTensor's host work per redistribution (host_overhead; 0 on GPU specs)
+        f[1] += redistribute_host_s(len(seg.tp_forward), device)
+        b[1] += redistribute_host_s(len(seg.tp_backward), device)
     if config.zero_stage == 3 and config.dp > 1:
         gather, scatter = [], []
         for seg in segs:
