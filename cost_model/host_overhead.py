@@ -80,7 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import DeviceGroup
     from fxplan.core.config import ParallelConfig
 
-__all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "dtensor_dispatch_s", "dtensor_params", "optimizer_host_s", "overlapped_buckets", "redistribute_host_s",
+__all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "dtensor_dispatch_s", "dtensor_params", "fsdp_params", "optimizer_host_s", "overlapped_buckets", "redistribute_host_s",
            "runs_kernel", "zero3_exposed_s"]
 
 
@@ -136,11 +136,17 @@ def redistribute_host_s(collectives: int, device: DeviceGroup) -> float:
     return collectives * device.dtensor_redistribute_us * 1e-6
 
 
+def fsdp_params(config: ParallelConfig) -> bool:
+    """Whether the runtime shards the parameters over dp with FSDP2: ZeRO-2/3, and ZeRO-1
+    with ``tp > 1`` (:mod:`fxplan.runtime.data_parallel`)."""
+    return config.dp > 1 and (config.zero_stage >= 2
+                              or (config.zero_stage == 1 and config.tp > 1))
+
+
 def dtensor_params(config: ParallelConfig) -> bool:
     """Whether the runtime holds this configuration's parameters as DTensors (module
     docstring): tensor parallelism, or FSDP2 for the data-parallel sharding."""
-    fsdp = config.dp > 1 and (config.zero_stage >= 2 or (config.zero_stage == 1 and config.tp > 1))
-    return config.tp > 1 or fsdp
+    return config.tp > 1 or fsdp_params(config)
 
 
 def optimizer_host_s(tensors: int, device: DeviceGroup, *, dtensor: bool) -> float:
