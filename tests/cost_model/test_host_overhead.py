@@ -182,6 +182,8 @@ def test_local_cpu_reduces_a_small_model_in_one_ddp_bucket(tiny) -> None:  # typ
     assert Cluster.load("dgx-a100-80g").device_groups[0].ddp_bucket_mib == 0.0
     unique = sum(p.numel for name, p in tiny.params.items() if not p.tied_to)
     dp = _estimate(tiny, "dp=2,mb=4")
-    # one all-reduce of the whole gradient (< 1 MiB), exposed after the backward (ω = 0)
+    # one all-reduce of the whole gradient (< 1 MiB), exposed after the backward (ω = 0),
+    # and the trainer's 4-byte loss all-reduce (cost_model.step_scalars), both in the dp row
     assert dp.breakdown["dp_comm"] == pytest.approx(
-        collective_time_s("all_reduce", 4 * unique, range(2), cluster))
+        collective_time_s("all_reduce", 4 * unique, range(2), cluster)
+        + collective_time_s("all_reduce", 4.0, range(2), cluster))
