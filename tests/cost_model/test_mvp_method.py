@@ -55,3 +55,17 @@ def test_median_spread_and_quartiles_are_stored(mvp, tmp_path) -> None:  # type:
     again = mvp.load(path)[0]
     assert again.measured_s == case.measured_s and again.loads == case.loads
     assert "| 20.0–40.0 |" in mvp.table([again])
+
+
+def test_probed_rates_are_the_medians_of_the_priced_keys(mvp) -> None:  # type: ignore[no-untyped-def]
+    probes = [{"matmul_tflops": r, "memory_gb_per_s": 20.0, "eager_op_us": e, "load": 9.0}
+              for r, e in ((0.08, 5.0), (0.10, 5.4), (0.09, 6.0))]
+    case = mvp.Case("one rank", 1, "", predicted_s=0.03, predicted_gib=0.3,
+                    measured_s=[0.04, 0.05, 0.045], measured_gib=[0.3] * 3, probes=probes,
+                    predicted_probed_s=0.045, predicted_probed_gib=0.3)
+    # the copy bandwidth is recorded, not priced (its method differs from the constant's)
+    assert case.probed_rates == {"matmul_tflops": 0.09, "eager_op_us": 5.4}
+    summary = mvp.summary([case])
+    assert summary["mae_step_time"] == pytest.approx(1 / 3)
+    assert summary["mae_step_time_probed"] == pytest.approx(0.0)
+    assert mvp.Case("x", 1, "").probed_rates == {}
