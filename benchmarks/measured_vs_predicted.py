@@ -41,6 +41,14 @@ torchrun starts each rank in a session of its own; ``--autogroup-nice -19`` rais
 autogroup of every launched process so that the ranks, not other sessions' jobs, get the
 cores (as ``nice`` would without autogroups).
 
+**Rates of the moment** (``--probe``). A shared machine's cores run slower under other
+tenants' load than when the ``local-cpu`` constants were measured. With ``--probe`` every
+launch is preceded, in the same lock hold and at the same autogroup priority, by
+``local_cpu_calibration.py --probe`` (the one-thread matmul rate, the eager op, a copy); at
+the end each case is priced a second time on ``local-cpu:…,matmul_tflops=F,eager_op_us=e``
+with the medians of its own launches' probes (:attr:`Case.probed_rates`; the copy is
+recorded, not priced): the "at probed rates" columns and summary.
+
 ``--reprice FILE`` re-prices the stored plans of a results file with the current cost model
 (no launch) and prints the table again, beside the prediction each plan got when it was
 planned: how a model change moves the predictions against the same measurements (``--out``
