@@ -1,6 +1,7 @@
 """Measure the constants of the ``local-cpu`` cluster spec on this machine and print a table.
 
     python benchmarks/local_cpu_calibration.py [--quick]
+    python benchmarks/local_cpu_calibration.py --probe      # the 3 per-core rates now, JSON
 
 Every figure is a median; CPU-bound figures are read on the thread's CPU clock
 (``time.thread_time``), so they are the time on a core of one's own even when the machine is
@@ -30,6 +31,12 @@ shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_
 
        step_overhead = T_step − T_fb − t_opt
 
+0. **probe** (``--probe``, under a second) — the three per-core rates the ``local-cpu`` spec
+   takes as ``matmul_tflops``, ``memory_gb_per_s``, ``eager_op_us`` (:func:`rate_probe`):
+   the 1024³ matmul of 1., the eager op of 2. (forward, the chain of ``CHAIN`` ops), and the
+   one-thread copy of a 128 MiB tensor, ``2·S / t`` (bytes read + written; the figure behind
+   ``MEMORY_GB_PER_S_PER_CORE``). ``benchmarks/measured_vs_predicted.py`` runs it beside
+   every launch, so that a launch is priced at the rates of its moment of a shared machine.
 6. **time-sharing** — ``N`` one-thread processes, ``N = C`` (the cores) and ``N = 2C``, all
    running gpt-tiny forward + backward at batch 4 for a fixed number of iterations; ``T_N`` is
    the median over processes of their wall time. Were time-sharing free, ``T_2C = 2·T_C``; its
@@ -76,9 +83,10 @@ def matmul_tflops(n: int, repeats: int) -> float:
 
 
 def _op_chain_s(make: Callable[[torch.Tensor], torch.Tensor],
-                repeats: int) -> tuple[float, float]:
+                repeats: int, backward: bool = True) -> tuple[float, float]:
     """Per-op forward and backward seconds of a chain of ``CHAIN`` tiny ops (add, mul, gelu,
-    matmul, layer norm on 8×8) whose tensors ``make`` builds (plain, or ``DTensor``)."""
+    matmul, layer norm on 8×8) whose tensors ``make`` builds (plain, or ``DTensor``);
+    ``backward=False``: the forward only (NaN for the backward)."""
     w = make(torch.randn(8, 8)).requires_grad_()
     x0 = make(torch.randn(8, 8)).requires_grad_()
     ops = (lambda x: x + 1.0, lambda x: x * w, torch.nn.functional.gelu, lambda x: x @ w,
@@ -91,8 +99,27 @@ def _op_chain_s(make: Callable[[torch.Tensor], torch.Tensor],
         return x
 
     fwd = _median_thread_time(forward, repeats=repeats)
+    if not backward:
+        return fwd / CHAIN, float("nan")
     both = _median_thread_time(lambda: forward().sum().backward(), repeats=repeats)
     return fwd / CHAIN, (both - fwd) / CHAIN
+
+
+def copy_gb_per_s(repeats: int, mib: int = 128) -> float:
+    """One-thread copy of a ``mib`` MiB fp32 tensor (larger than the caches): ``2·S / t``,
+    GB/s (bytes read + written)."""
+    x = torch.randn(mib * 2**18)
+    out = torch.empty_like(x)
+    return 2 * x.numel() * 4 / _median_thread_time(lambda: out.copy_(x), repeats=repeats) / 1e9
+
+
+def rate_probe(repeats: int = 5) -> dict[str, float]:
+    """The per-core rates of this moment (module docstring, 0.): matmul TFLOP/s (1024³),
+    copy GB/s, eager op µs (forward of a tiny-op chain), and the load average."""
+    return {"matmul_tflops": matmul_tflops(1024, repeats),
+            "memory_gb_per_s": copy_gb_per_s(repeats),
+            "eager_op_us": _op_chain_s(lambda t: t, repeats, backward=False)[0] * 1e6,
+            "load": os.getloadavg()[0]}
 
 
 def eager_overhead_us(repeats: int) -> dict[str, float]:
@@ -143,6 +170,106 @@ def dtensor_overhead_us(repeats: int) -> dict[str, float]:
             "plain_forward_us": plain[0] * 1e6, "plain_backward_us": plain[1] * 1e6,
             "adamw_tensors": tensors, "adamw_per_tensor_us": opt_plain * 1e6,
             "adamw_dtensor_per_tensor_us": opt_dtensor * 1e6}
+
+
+def _sharded_chain_worker(rank: int, world: int, port: int, repeats: int, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    # the chain's activations sharded on their rows (tp's sequence split), its weight
+    # replicated: every op propagates Shard(0) and runs locally, no collective
+    # (the multiply by a replicated row vector: the plain chain's 8×8 weight would not
+    # broadcast against the global (8·world)×8 activation)
+    w = DTensor.from_local(torch.randn(8, 8), mesh, [Replicate()]).requires_grad_()
+    v = DTensor.from_local(torch.randn(8), mesh, [Replicate()]).requires_grad_()
+    x0 = DTensor.from_local(torch.randn(8, 8), mesh, [Shard(0)]).requires_grad_()
+    ops = (lambda x: x + 1.0, lambda x: x * v, torch.nn.functional.gelu, lambda x: x @ w,
+           lambda x: torch.nn.functional.layer_norm(x, (8,)))
+
+    def forward() -> torch.Tensor:
+        x = x0
+        for i in range(CHAIN):
+            x = ops[i % len(ops)](x)
+        return x
+
+    fwd = _median_thread_time(forward, repeats=repeats)
+    both = _median_thread_time(lambda: forward().to_local().sum().backward(), repeats=repeats)
+    plain = _op_chain_s(lambda t: t, repeats)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"forward_us": (fwd / CHAIN - plain[0]) * 1e6,
+                                         "backward_us": ((both - fwd) / CHAIN - plain[1]) * 1e6}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def dtensor_shard_overhead_us(world: int = 2, repeats: int = 7) -> dict[str, float]:
+    """Extra host cost of an op on ``Shard(0)`` ``DTensor``s over the same op on plain tensors
+    on a ``world``-rank mesh (µs, forward / backward per op): the chain of :func:`_op_chain_s`
+    with the activations row-sharded and the weight replicated, as tensor parallelism with
+    sequence parallelism runs a layer's ops (no collective: the placements propagate)."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "shard.json")
+        mp.spawn(_sharded_chain_worker, args=(world, _free_port(), repeats, out), nprocs=world)
+        return json.loads(Path(out).read_text())
+
+
+def _redistribute_worker(rank: int, world: int, port: int, repeats: int, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    tokens, h = 1024, 64                     # gpt-tiny's residual stream at batch 16
+    local = torch.randn(tokens // world, h)
+    shard = DTensor.from_local(local, mesh, [Shard(0)])
+    partial = DTensor.from_local(torch.randn(tokens, h), mesh, [Partial()])
+    gathered, scattered, full = torch.empty(tokens, h), torch.empty(tokens // world, h), \
+        torch.randn(tokens, h)
+
+    def cpu_us(fn: Callable[[], object]) -> float:
+        dist.barrier()
+        return _median_thread_time(fn, repeats=repeats) * 1e6
+
+    row = {"all_gather_dtensor_us": cpu_us(lambda: shard.redistribute(mesh, [Replicate()])
+                                           .to_local()),
+           "all_gather_plain_us": cpu_us(lambda: dist.all_gather_into_tensor(gathered, local)),
+           "reduce_scatter_dtensor_us": cpu_us(lambda: partial.redistribute(mesh, [Shard(0)])
+                                               .to_local()),
+           "reduce_scatter_plain_us": cpu_us(lambda: dist.reduce_scatter_tensor(scattered,
+                                                                                 full))}
+    if rank == 0:
+        Path(out).write_text(json.dumps(row))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def redistribute_host_us(world: int = 2, repeats: int = 15) -> dict[str, float]:
+    """Main-thread CPU time (µs) of a tensor-parallel collective issued by ``DTensor``'s
+    ``redistribute`` (``Shard(0) → Replicate``: all-gather; ``Partial → Shard(0)``:
+    reduce-scatter; gpt-tiny's 1024 × 64 residual stream) and of the same collective issued
+    with ``torch.distributed`` directly: their difference is DTensor's host work per
+    redistribution (planning it, the functional collective's wrappers and waits), which no
+    communication term prices."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "redistribute.json")
+        mp.spawn(_redistribute_worker, args=(world, _free_port(), repeats, out), nprocs=world)
+        return json.loads(Path(out).read_text())
 
 
 def process_baseline_gib() -> float:
@@ -401,7 +528,13 @@ def _base_latency_s() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--probe", action="store_true",
+                        help="only the per-core rates of this moment, as one JSON line")
     args = parser.parse_args()
+    if args.probe:
+        torch.set_num_threads(1)
+        print(json.dumps(rate_probe()))
+        return
     repeats = 7 if args.quick else 21
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
@@ -422,6 +555,14 @@ def main() -> None:
           f"{dt['forward_us']:.2f} / {dt['backward_us']:.2f} µs |")
     print(f"| AdamW step per tensor, gpt-tiny ({dt['adamw_tensors']} tensors): plain / DTensor | "
           f"{dt['adamw_per_tensor_us']:.1f} / {dt['adamw_dtensor_per_tensor_us']:.1f} µs |")
+    shard = dtensor_shard_overhead_us()
+    print(f"| DTensor op extra (Shard(0), 2-rank mesh): forward / backward | "
+          f"{shard['forward_us']:.2f} / {shard['backward_us']:.2f} µs |")
+    red = redistribute_host_us()
+    print(f"| main-thread CPU per collective, 2 ranks, 1024×64 fp32: all-gather DTensor / plain; "
+          f"reduce-scatter DTensor / plain | {red['all_gather_dtensor_us']:.0f} / "
+          f"{red['all_gather_plain_us']:.0f} µs; {red['reduce_scatter_dtensor_us']:.0f} / "
+          f"{red['reduce_scatter_plain_us']:.0f} µs |")
     print(f"| process baseline (torch + fxplan runtime + gloo group), ru_maxrss | "
           f"{process_baseline_gib():.3f} GiB |")
     opt = optimizer_us(repeats)

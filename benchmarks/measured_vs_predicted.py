@@ -1,6 +1,7 @@
 """Predicted against measured step time and peak memory of many ``local-cpu`` configurations.
 
-    python benchmarks/measured_vs_predicted.py [--repeats 3] [--steps 8] [--lock /work/bench.lock]
+    python benchmarks/measured_vs_predicted.py [--repeats 3] [--steps 8] [--seed 0]
+                                               [--lock /work/bench.lock]
                                                [--out benchmarks/data/measured_vs_predicted.json]
     python benchmarks/measured_vs_predicted.py --reprice benchmarks/data/measured_vs_predicted.json
 
@@ -9,13 +10,17 @@ planner's own choice) on ``local-cpu:devices=N``; the script plans it with
 ``fxplan.search("gpt-tiny", "local-cpu:devices=N", batch=16, constraints=C)`` (what
 ``fxplan plan --constrain C`` runs, in one process so the model is captured once) and then
 runs ``fxplan launch PLAN --data synthetic --steps S`` ``--repeats`` times (real torchrun,
-gloo over loopback, one thread per rank). The ``devices=4`` cases form the grid of item 2:
+gloo over loopback, one thread per rank), **interleaved**: round ``r`` launches every case
+once, in an order shuffled anew each round (``--seed``; ``--seed -1`` rotates the order by
+round instead, :func:`rounds`), so that a stretch of heavy load or a slow drift of the
+machine falls on every case a little instead of on the few cases launched during it. The ``devices=4`` cases form the grid of item 2:
 every one is a configuration of the same workload on the same 4 ranks, so the planner's
 choice can be compared with the best measured one.
 
 **What is measured.** Step time: each launch's ``summary.json`` ``measured_step_time_s``, the
 median over steps 2… of the slowest rank's step (``fxplan.runtime.trainer``); the table shows
-the median over launches. Peak memory: ``measured_peak_memory_gib``, the largest over ranks of
+the median over launches and their spread (min–max in the table; min, max, quartiles and
+the load of every launch in the JSON). Peak memory: ``measured_peak_memory_gib``, the largest over ranks of
 the process's peak resident set (``getrusage(RUSAGE_SELF).ru_maxrss``), against the largest
 per-rank peak over stages the cost model predicts. RSS is the right counterpart on CPU: there
 is no caching allocator whose statistics would separate tensors from the rest, and what
@@ -29,11 +34,20 @@ planner's plan against the grid's best measured: ``measured(plan) / min(measured
 
 **Timing discipline.** Planning runs niced; each launch takes ``--lock`` (``fcntl.flock``)
 for its own duration only, so another job measuring under the same lock never overlaps. The
-machine is shared: the 1-minute load average before each case is recorded. With the kernel's
+machine is shared: the 1-minute load average is recorded at each launch, once the lock is
+held (the table shows their median). With the kernel's
 ``sched_autogroup_enabled``, CPU time is shared between sessions before ``nice`` applies, and
 torchrun starts each rank in a session of its own; ``--autogroup-nice -19`` raises the
 autogroup of every launched process so that the ranks, not other sessions' jobs, get the
 cores (as ``nice`` would without autogroups).
+
+**Rates of the moment** (``--probe``). A shared machine's cores run slower under other
+tenants' load than when the ``local-cpu`` constants were measured. With ``--probe`` every
+launch is preceded, in the same lock hold and at the same autogroup priority, by
+``local_cpu_calibration.py --probe`` (the one-thread matmul rate, the eager op, a copy); at
+the end each case is priced a second time on ``local-cpu:…,matmul_tflops=F,eager_op_us=e``
+with the medians of its own launches' probes (:attr:`Case.probed_rates`; the copy is
+recorded, not priced): the "at probed rates" columns and summary.
 
 ``--reprice FILE`` re-prices the stored plans of a results file with the current cost model
 (no launch) and prints the table again, beside the prediction each plan got when it was
@@ -80,6 +94,8 @@ CASES: tuple[tuple[str, int, str], ...] = (
     ("pp=2 tp=2", 4, "pp=2,tp=2,sp=on,recompute=none"),
 )
 GRID_DEVICES = 4
+#: The probed rates a case is priced at (:attr:`Case.probed_rates`).
+PRICED_RATES = ("matmul_tflops", "eager_op_us")
 
 
 @dataclass
@@ -95,7 +111,47 @@ class Case:
     predicted_gib: float = math.nan
     measured_s: list[float] = field(default_factory=list)
     measured_gib: list[float] = field(default_factory=list)
-    load: float = math.nan
+    load: float = math.nan                            # older files: load before the case
+    loads: list[float] = field(default_factory=list)  # 1-minute load average at each launch
+    #: per launch, the per-core rates measured just before it (``local_cpu_calibration.py
+    #: --probe``: matmul_tflops, memory_gb_per_s, eager_op_us, load)
+    probes: list[dict] = field(default_factory=list)
+    predicted_probed_s: float = math.nan    # priced at the median probed rates
+    predicted_probed_gib: float = math.nan
+
+    @property
+    def probed_rates(self) -> dict[str, float]:
+        """The median over this case's launches of each probed rate that prices ({} without
+        probes): the matmul rate and the eager op, measured by the very functions whose quiet
+        medians are the spec's constants. The copy bandwidth is recorded, not priced: the
+        spec's 12 GB/s was measured another way (≈ 13.7 GB/s, rounded down), and the probe's
+        preallocated 128 MiB copy reads 20–22 GB/s even at load average 9–11."""
+        keys = PRICED_RATES
+        if not self.probes:
+            return {}
+        return {k: statistics.median(p[k] for p in self.probes) for k in keys}
+
+    @property
+    def probed_error(self) -> float:
+        return self.predicted_probed_s / self.median_s - 1
+
+    @property
+    def load_median(self) -> float:
+        return statistics.median(self.loads) if self.loads else self.load
+
+    @property
+    def spread_s(self) -> tuple[float, float]:
+        """(min, max) of the launches' step times (NaN without measurements)."""
+        return (min(self.measured_s), max(self.measured_s)) if self.measured_s else (math.nan,) * 2
+
+    @property
+    def iqr_s(self) -> tuple[float, float]:
+        """First and third quartile of the launches' step times (``statistics.quantiles``,
+        inclusive method; the single value twice for one launch)."""
+        if len(self.measured_s) < 2:
+            return self.spread_s
+        q = statistics.quantiles(self.measured_s, n=4, method="inclusive")
+        return q[0], q[2]
 
     @property
     def median_s(self) -> float:
@@ -138,6 +194,20 @@ def _locked(path: str | None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _niced() -> Iterator[None]:
+    """Run the block at nice 19 (this process's nice value, restored after)."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, 19)
+    try:
+        yield
+    finally:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, before)
+        except PermissionError:  # lowering the nice value again needs privileges
+            pass
 
 
 def plan_case(case: Case) -> None:
@@ -204,19 +274,56 @@ def _run_boosted(command: list[str], autogroup_nice: int | None) -> subprocess.C
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
+def _probe(autogroup_nice: int | None) -> dict:
+    """The per-core rates of this moment: ``local_cpu_calibration.py --probe`` (one thread,
+    at the launches' priority), its JSON line."""
+    script = Path(__file__).with_name("local_cpu_calibration.py")
+    done = _run_boosted([sys.executable, str(script), "--probe"], autogroup_nice)
+    if done.returncode:
+        raise RuntimeError(f"rate probe failed:\n{done.stdout}\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def launch_case(case: Case, plan: Path, steps: int, lock: str | None, tmp: Path,
-                autogroup_nice: int | None = None) -> None:
-    """One ``fxplan launch`` under the lock; appends the measured step time and peak."""
+                autogroup_nice: int | None = None, probe: bool = False) -> None:
+    """One ``fxplan launch`` under the lock (the rate probe first, ``probe``, in the same
+    hold); appends the measured step time and peak."""
     run_dir = tmp / f"run-{abs(hash(case.label))}-{len(case.measured_s)}"
     command = [sys.executable, "-m", "fxplan.cli.main", "launch", str(plan), "--data",
                "synthetic", "--steps", str(steps), "--run-dir", str(run_dir)]
     with _locked(lock):
+        case.loads.append(os.getloadavg()[0])
+        if probe:
+            case.probes.append(_probe(autogroup_nice))
         done = _run_boosted(command, autogroup_nice)
     if done.returncode:
         raise RuntimeError(f"fxplan launch failed:\n{done.stdout}\n{done.stderr}")
     summary = json.loads((run_dir / "summary.json").read_text())
     case.measured_s.append(float(summary["measured_step_time_s"]))
     case.measured_gib.append(float(summary["measured_peak_memory_gib"]))
+
+
+def rounds(n: int, repeats: int, seed: int | None = 0) -> list[list[int]]:
+    """The launch order: ``repeats`` rounds, each running every one of the ``n`` cases once.
+
+    Round ``r`` is the cases rotated by ``r·⌈n / repeats⌉`` (every case moves through the
+    series, so no case always runs first, after the same neighbour, or in the same stretch of
+    the machine's load); with ``seed`` not ``None`` each round is instead a fresh shuffle
+    (``random.Random(seed + r)``). A slow drift of the machine's speed then spreads over
+    every case instead of landing on the cases launched in its stretch."""
+    import random
+
+    out = []
+    step = max(1, -(-n // max(1, repeats)))
+    for r in range(repeats):
+        order = list(range(n))
+        if seed is None:
+            shift = (r * step) % n if n else 0
+            order = order[shift:] + order[:shift]
+        else:
+            random.Random(seed + r).shuffle(order)
+        out.append(order)
+    return out
 
 
 def reprice(cases: list[Case]) -> None:
@@ -233,6 +340,11 @@ def reprice(cases: list[Case]) -> None:
         result = simulate_plan(plan, graph, cluster)
         case.predicted_s = result.step_time_s
         case.predicted_gib = max(result.peak_memory_gib)
+        if case.probes:
+            rates = ",".join(f"{k}={v:.6g}" for k, v in case.probed_rates.items())
+            probed = simulate_plan(plan, graph, Cluster.load(f"{plan.cluster},{rates}"))
+            case.predicted_probed_s = probed.step_time_s
+            case.predicted_probed_gib = max(probed.peak_memory_gib)
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -258,7 +370,8 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def summary(cases: list[Case]) -> dict[str, float | str]:
-    """MAE of step time and memory, worst case, and the grid's plan-vs-best and ρ."""
+    """MAE of step time and memory, worst case, and the grid's plan-vs-best and ρ; with
+    probes, the same step-time figures for the predictions at the probed rates."""
     done = [c for c in cases if c.measured_s]
     grid = [c for c in done if c.devices == GRID_DEVICES]
     if not done:
@@ -278,6 +391,13 @@ def summary(cases: list[Case]) -> dict[str, float | str]:
             out["planner_plan"] = chosen.plan_summary
             out["planner_over_best"] = chosen.median_s / best.median_s
         out["spearman_grid"] = spearman([c.predicted_s for c in grid], [c.median_s for c in grid])
+    probed = [c for c in done if not math.isnan(c.predicted_probed_s)]
+    if probed and len(probed) == len(done):
+        out["mae_step_time_probed"] = statistics.fmean(abs(c.probed_error) for c in probed)
+        out["worst_step_time_probed"] = max(abs(c.probed_error) for c in probed)
+        if grid:
+            out["spearman_grid_probed"] = spearman([c.predicted_probed_s for c in grid],
+                                                   [c.median_s for c in grid])
     return out
 
 
@@ -285,24 +405,35 @@ def table(cases: list[Case], before: bool = False) -> str:
     """The cases as a Markdown table; ``before``: also the prediction stored in each plan
     (the model that planned it) and its error."""
     extra = " at planning (ms) | error |" if before else ""
-    lines = ["| case | ranks | plan | predicted step (ms) | measured step (ms) | error |" + extra
-             + " predicted peak (GiB) | measured peak (GiB) | error | load |",
-             "|---|---|---|---|---|---|" + ("---|---|" if before else "") + "---|---|---|---|"]
+    probed = any(c.probes for c in cases)
+    extra += " at probed rates (ms) | error |" if probed else ""
+    lines = ["| case | ranks | plan | predicted step (ms) | measured step (ms) | min–max (ms) | "
+             "error |" + extra + " predicted peak (GiB) | measured peak (GiB) | error | load |",
+             "|---|---|---|---|---|---|---|" + ("---|---|" if before else "")
+             + ("---|---|" if probed else "") + "---|---|---|---|"]
     for c in cases:
         old = ""
+        lo, hi = c.spread_s
         if before:
             planned = float(c.plan["estimate"]["step_time_s"])
             old = f" {planned * 1e3:.1f} | {planned / c.median_s - 1:+.0%} |"
+        if probed:
+            old += f" {c.predicted_probed_s * 1e3:.1f} | {c.probed_error:+.0%} |"
         lines.append(
             f"| {c.label} | {c.devices} | `{c.plan_summary.replace('|', '¦')}` | "
-            f"{c.predicted_s * 1e3:.1f} | {c.median_s * 1e3:.1f} | {c.time_error:+.0%} |{old} "
-            f"{c.predicted_gib:.3f} | {c.median_gib:.3f} | {c.memory_error:+.0%} | {c.load:.1f} |")
+            f"{c.predicted_s * 1e3:.1f} | {c.median_s * 1e3:.1f} | {lo * 1e3:.1f}–{hi * 1e3:.1f} | "
+            f"{c.time_error:+.0%} |{old} {c.predicted_gib:.3f} | {c.median_gib:.3f} | "
+            f"{c.memory_error:+.0%} | {c.load_median:.1f} |")
     return "\n".join(lines)
 
 
 def format_summary(s: dict[str, float | str]) -> str:
     lines = [f"step time: MAE {s['mae_step_time']:.1%}, worst {s['worst_step_time']:.1%}; "
              f"peak memory: MAE {s['mae_peak_memory']:.1%}, worst {s['worst_peak_memory']:.1%}"]
+    if "mae_step_time_probed" in s:
+        lines.append(f"step time at the probed rates: MAE {s['mae_step_time_probed']:.1%}, "
+                     f"worst {s['worst_step_time_probed']:.1%}, Spearman ρ of the grid "
+                     f"{s.get('spearman_grid_probed', math.nan):.2f}")
     if "spearman_grid" in s:
         lines.append(f"grid ({GRID_DEVICES} ranks): best measured {s['grid_best']} "
                      f"({s['grid_best_ms']:.1f} ms); planner's plan `{s.get('planner_plan', '?')}` "
@@ -320,14 +451,29 @@ def load(path: Path) -> list[Case]:
 def save(cases: list[Case], path: Path, meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**meta, "summary": summary(cases),
-                                "cases": [asdict(c) for c in cases]}, indent=1))
+                                "cases": [_row(c) for c in cases]}, indent=1))
+
+
+def _row(case: Case) -> dict:
+    """A case as stored: its fields plus the per-case statistics (median, min, max, quartiles
+    of the launches' step times; median load) — ``load`` ignores the extra keys."""
+    lo, hi = case.spread_s
+    q1, q3 = case.iqr_s
+    return {**asdict(case), "median_s": case.median_s, "min_s": lo, "max_s": hi,
+            "q1_s": q1, "q3_s": q3, "load_median": case.load_median}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="launches per case (default 3)")
     parser.add_argument("--steps", type=int, default=8, help="steps per launch (default 8)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="shuffle each round's order with this seed (default 0); "
+                        "-1: rotate the order by round instead")
     parser.add_argument("--lock", default=None, help="flock this file around each launch")
+    parser.add_argument("--probe", action="store_true",
+                        help="measure the per-core rates before every launch (under its lock) "
+                        "and price each case also at its launches' median rates")
     parser.add_argument("--autogroup-nice", type=int, default=None,
                         help="set the scheduler autogroup nice of the launched processes (root; "
                         "-19 gives the measured ranks the CPU over other sessions' jobs)")
@@ -346,7 +492,7 @@ def main() -> None:
         if args.out:
             data = json.loads(args.reprice.read_text())
             data["planning_time_summary"] = data.get("planning_time_summary", data["summary"])
-            data.update(summary=summary(cases), cases=[asdict(c) for c in cases],
+            data.update(summary=summary(cases), cases=[_row(c) for c in cases],
                         repriced_with="this tree's cost model (--reprice)")
             args.out.write_text(json.dumps(data, indent=1))
         return
@@ -357,30 +503,48 @@ def main() -> None:
     meta = {"model": MODEL, "batch": BATCH, "steps": args.steps, "repeats": args.repeats,
             "torch": torch.__version__, "cpus": os.cpu_count(),
             "step_time_measured_as": "median over launches of each launch's median step "
-            "(steps 2…, slowest rank)",
+            "(steps 2…, slowest rank); launches interleaved: each round runs every case once, "
+            "in a shuffled (seed) or rotated order",
+            "seed": args.seed, "probe": args.probe,
             "memory_measured_as": "median over launches of the largest ru_maxrss over ranks"}
     if args.phase == "launch":
         cases = [c for c in load(args.out) if wanted is None or c.label in wanted]
+    args.seed = None if args.seed < 0 else args.seed
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        for case in cases:
-            if args.phase != "launch":
+        if args.phase != "launch":
+            for case in cases:
                 plan_case(case)
                 print(f"{case.label}: {case.plan_summary}, predicted "
                       f"{case.predicted_s * 1e3:.1f} ms", flush=True)
-            if args.phase != "plan":
-                plan = tmp / "plan.json"
-                plan.write_text(json.dumps(case.plan))
-                case.load = os.getloadavg()[0]
-                case.measured_s, case.measured_gib = [], []
-                for _ in range(args.repeats):
-                    launch_case(case, plan, args.steps, args.lock, tmp, args.autogroup_nice)
-                print(f"{case.label}: predicted {case.predicted_s * 1e3:.1f} ms, measured "
-                      f"{', '.join(f'{t * 1e3:.1f}' for t in case.measured_s)} ms", flush=True)
-            if args.out:
-                save(cases, args.out, meta)
+                if args.out:
+                    save(cases, args.out, meta)
+        if args.phase != "plan":
+            for case in cases:
+                case.measured_s, case.measured_gib, case.loads, case.probes = [], [], [], []
+            for r, order in enumerate(rounds(len(cases), args.repeats, args.seed)):
+                for i in order:
+                    case = cases[i]
+                    plan = tmp / f"plan-{i}.json"
+                    plan.write_text(json.dumps(case.plan))
+                    launch_case(case, plan, args.steps, args.lock, tmp, args.autogroup_nice,
+                                probe=args.probe)
+                    rates = (" matmul {matmul_tflops:.4f} TF/s, copy {memory_gb_per_s:.1f} GB/s, "
+                             "op {eager_op_us:.2f} µs".format(**case.probes[-1])
+                             if args.probe else "")
+                    print(f"round {r + 1}/{args.repeats} {case.label}: predicted "
+                          f"{case.predicted_s * 1e3:.1f} ms, measured "
+                          f"{case.measured_s[-1] * 1e3:.1f} ms (load {case.loads[-1]:.1f}"
+                          f"{rates})", flush=True)
+                if args.out:
+                    save(cases, args.out, meta)
     if args.phase == "plan":
         return
+    if args.probe:
+        with _niced():
+            reprice(cases)       # the same plans, at the spec's constants and the probed rates
+        if args.out:
+            save(cases, args.out, meta)
     print(table(cases))
     print(format_summary(summary([c for c in cases if c.measured_s])))
 

@@ -33,7 +33,9 @@ class DeviceGroup:
     cost per training step on each device beyond its kernels and collectives (host work of the
     training loop: data-parallel hooks, gradient clipping, the schedule).
     ``dtensor_op_us``/``dtensor_backward_op_us`` are the extra host cost of an op (forward,
-    backward) on a DTensor, ``optimizer_tensor_us``/``dtensor_optimizer_tensor_us`` the
+    backward) on a DTensor, ``dtensor_redistribute_us`` the extra host cost of a
+    tensor-parallel collective issued by DTensor's ``redistribute`` over the same collective
+    issued directly, ``optimizer_tensor_us``/``dtensor_optimizer_tensor_us`` the
     optimizer's host cost per plain / DTensor parameter tensor, ``comm_overlap`` the fraction
     of a collective that can run concurrently with compute (1: GPUs; 0: one-thread CPU ranks);
     :mod:`fxplan.cost_model.host_overhead` prices them. ``ddp_bucket_mib`` is the gradient
@@ -75,6 +77,7 @@ class DeviceGroup:
     fused_attention: bool = False
     dtensor_op_us: float = 0.0
     dtensor_backward_op_us: float = 0.0
+    dtensor_redistribute_us: float = 0.0
     optimizer_tensor_us: float = 0.0
     dtensor_optimizer_tensor_us: float = 0.0
     comm_overlap: float = 1.0

@@ -21,7 +21,8 @@ from typing import Any, Callable
 from fxplan.cluster_specs.documents import BUILTIN_DIR, read_document
 from fxplan.cluster_specs.errors import ClusterSpecError
 from fxplan.cluster_specs.local_cpu import GENERATOR_PARAMS, local_cpu_spec
-from fxplan.cluster_specs.overrides import apply_overrides, parse_overrides, positive_int
+from fxplan.cluster_specs.overrides import (apply_overrides, parse_overrides, positive_float,
+                                            positive_int)
 from fxplan.cluster_specs.schema import validate
 from fxplan.core.bounds import MAX_DEVICES_PER_NODE
 
@@ -85,8 +86,9 @@ def load_spec(spec: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
     base, colon, override_text = text.partition(":")
     items = parse_overrides(override_text, text) if colon else []
     params = GENERATED[base][1] if base in GENERATED else ()
-    generator_args = {k: positive_int(k, v, text, MAX_DEVICES_PER_NODE)
-                      for k, v in items if k in params}
+    # devices=N is a count; the generator's other keys are measured rates (local-cpu)
+    generator_args = {k: positive_int(k, v, text, MAX_DEVICES_PER_NODE) if k == "devices"
+                      else positive_float(k, v, text) for k, v in items if k in params}
     items = [(k, v) for k, v in items if k not in params]
     canonical = _base_spec(base, generator_args, text)
     if colon:

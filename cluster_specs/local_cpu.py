@@ -18,6 +18,7 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     kernel_launch_us           = EAGER_OP_US / s                 (dispatch + autograd per kernel)
     dtensor_op_us              = DTENSOR_OP_US / s               (DTensor dispatch per op, fwd)
     dtensor_backward_op_us     = DTENSOR_BACKWARD_OP_US / s      (… and its backward)
+    dtensor_redistribute_us    = DTENSOR_REDISTRIBUTE_US / s     (DTensor's work per tp collective)
     optimizer_tensor_us        = OPTIMIZER_TENSOR_US / s         (AdamW per plain tensor)
     dtensor_optimizer_tensor_us = DTENSOR_OPTIMIZER_TENSOR_US / s (AdamW per DTensor tensor)
     step_overhead_us           = STEP_OVERHEAD_US / s            (training loop's host work)
@@ -25,6 +26,20 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     ddp_bucket_mib             = 25                              (DDP's default bucket cap)
     queued_collective_us       = QUEUED_COLLECTIVE_US            (async batch: each further one)
     reserved_memory_gib        = PROCESS_BASELINE_GIB            (interpreter, torch, gloo)
+
+**Rates measured now.** The three per-core rates are the calibration's constants unless the
+spec string gives them (``local-cpu:devices=4,matmul_tflops=0.09,memory_gb_per_s=10,
+eager_op_us=5.4``: what ``benchmarks/local_cpu_calibration.py --probe`` measured a moment
+ago). A shared machine's cores are not as fast under other tenants' load as when the constants
+were measured (the one-thread fp32 matmul, on thread CPU time, measured 0.07–0.09 TFLOP/s at
+load average 10–16 against 0.1666 at load ≈ 1), so a prediction meant to match a launch is
+priced at the rates measured beside it. With ``F``, ``M``, ``e`` the given matmul rate,
+bandwidth and eager op cost (default the constants), every host cost moves with the eager
+op, ``h = e / EAGER_OP_US``::
+
+    peak_tflops.fp32 = F · s       memory_bandwidth_gb_per_s = M · s       kernel_launch_us = e / s
+    dtensor_op_us = h · DTENSOR_OP_US / s   (and the backward, both optimizer costs and the
+                                             step overhead alike)
 
 The loopback level (gloo) keeps its measured figures: they were measured with 2 and 4 ranks on
 this 2-core machine, i.e. already under the same time-sharing.
@@ -66,6 +81,16 @@ STEP_OVERHEAD_US = 2527.0
 #: DTensors minus the same chain on tensors): 34.7 / 19.7 µs (torch 2.13.0+cpu, one run).
 DTENSOR_OP_US = 34.7
 DTENSOR_BACKWARD_OP_US = 19.7
+#: Main-thread host work of a tensor-parallel collective issued by DTensor's ``redistribute``
+#: beyond the same collective issued with ``torch.distributed`` (planning the redistribution,
+#: the functional collective's wrappers and wait), µs. Calibration line "main-thread CPU per
+#: collective, 2 ranks, 1024×64 fp32" (gpt-tiny's residual stream; one run at load average
+#: 15.4): all-gather 428 − 79 = 349 µs, reduce-scatter 377 − 129 = 248 µs; the mean, 298 µs,
+#: was measured with the eager op at 5.43 µs (the rate probe of the same run), and host costs
+#: move with the eager op (module docstring): 298 · 4.61 / 5.43 = 253 µs at the spec's
+#: ``EAGER_OP_US``. (A ``Shard(0)`` op on a 2-rank mesh that communicates nothing costs about
+#: what the ``Replicate`` one below does: 21.9 / 33.4 µs, same run.)
+DTENSOR_REDISTRIBUTE_US = 253.0
 #: AdamW ``step`` per parameter tensor (torch's per-tensor loop on CPU), µs. Calibration line
 #: "AdamW step per tensor, gpt-tiny (28 tensors): plain / DTensor": 46.9 / 232.2 µs (one run).
 OPTIMIZER_TENSOR_US = 46.9
@@ -110,7 +135,9 @@ DDP_BUCKET_MIB = 25.0
 QUEUED_COLLECTIVE_US = 582.0
 
 #: Override keys the generator takes itself (the others apply to the generated spec).
-GENERATOR_PARAMS: tuple[str, ...] = ("devices",)
+#: ``devices``: the ranks; the others: per-core rates measured now (module docstring).
+GENERATOR_PARAMS: tuple[str, ...] = ("devices", "matmul_tflops", "memory_gb_per_s",
+                                     "eager_op_us")
 
 
 def cpu_cores() -> int:
@@ -146,12 +173,19 @@ def core_share(cores: int, ranks: int) -> float:
     return 1.0 if ranks <= cores else TIME_SHARING_EFFICIENCY * cores / ranks
 
 
-def local_cpu_spec(devices: int | None = None) -> dict[str, Any]:
-    """The schema-v1 spec of this machine with ``devices`` CPU ranks (default: one per core)."""
+def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = None,
+                   memory_gb_per_s: float | None = None,
+                   eager_op_us: float | None = None) -> dict[str, Any]:
+    """The schema-v1 spec of this machine with ``devices`` CPU ranks (default: one per core);
+    the per-core rates default to the calibration's constants (module docstring)."""
     cores, total = cpu_cores(), memory_gib()
     ranks = devices or cores
     share = core_share(cores, ranks)
     per_rank = total / ranks
+    flops = FP32_TFLOPS_PER_CORE if matmul_tflops is None else matmul_tflops
+    bandwidth = MEMORY_GB_PER_S_PER_CORE if memory_gb_per_s is None else memory_gb_per_s
+    eager = EAGER_OP_US if eager_op_us is None else eager_op_us
+    host = eager / EAGER_OP_US        # host costs move with the eager op's
     return {
         "schema_version": 1,
         "name": "local-cpu",
@@ -167,20 +201,22 @@ def local_cpu_spec(devices: int | None = None) -> dict[str, Any]:
                 "memory_gib": round(per_rank, 3),
                 # The process's own resident set (measured); never more than a quarter.
                 "reserved_memory_gib": round(min(PROCESS_BASELINE_GIB, per_rank / 4), 3),
-                "memory_bandwidth_gb_per_s": round(MEMORY_GB_PER_S_PER_CORE * share, 4),
-                "peak_tflops": {"fp32": round(FP32_TFLOPS_PER_CORE * share, 5)},
+                "memory_bandwidth_gb_per_s": round(bandwidth * share, 4),
+                "peak_tflops": {"fp32": round(flops * share, 5)},
                 "intra_node_level": "loopback",
-                "kernel_launch_us": round(EAGER_OP_US / share, 3),
-                "step_overhead_us": round(STEP_OVERHEAD_US / share, 1),
+                "kernel_launch_us": round(eager / share, 3),
+                "step_overhead_us": round(host * STEP_OVERHEAD_US / share, 1),
                 # Host and device are the same memory: "offloaded" states stay in this RAM
                 # (the code path runs; the copies are memory-to-memory at the ranks' bandwidth).
                 "host_memory_gib": round(total, 3),
-                "host_memory_bandwidth_gb_per_s": round(MEMORY_GB_PER_S_PER_CORE * cores, 4),
-                "host_link_gb_per_s": round(MEMORY_GB_PER_S_PER_CORE * share, 4),
-                "dtensor_op_us": round(DTENSOR_OP_US / share, 3),
-                "dtensor_backward_op_us": round(DTENSOR_BACKWARD_OP_US / share, 3),
-                "optimizer_tensor_us": round(OPTIMIZER_TENSOR_US / share, 3),
-                "dtensor_optimizer_tensor_us": round(DTENSOR_OPTIMIZER_TENSOR_US / share, 3),
+                "host_memory_bandwidth_gb_per_s": round(bandwidth * cores, 4),
+                "host_link_gb_per_s": round(bandwidth * share, 4),
+                "dtensor_op_us": round(host * DTENSOR_OP_US / share, 3),
+                "dtensor_backward_op_us": round(host * DTENSOR_BACKWARD_OP_US / share, 3),
+                "dtensor_redistribute_us": round(host * DTENSOR_REDISTRIBUTE_US / share, 3),
+                "optimizer_tensor_us": round(host * OPTIMIZER_TENSOR_US / share, 3),
+                "dtensor_optimizer_tensor_us": round(host * DTENSOR_OPTIMIZER_TENSOR_US / share,
+                                                     3),
                 # One-thread ranks: gloo's threads need the core the compute runs on.
                 "comm_overlap": 0.0,
                 # The runtime's DDP (torch defaults: 25 MiB buckets, the first 1 MiB).

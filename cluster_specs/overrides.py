@@ -30,7 +30,7 @@ import yaml
 
 from fxplan.cluster_specs.errors import ClusterSpecError
 
-__all__ = ["parse_overrides", "positive_int", "apply_overrides", "with_devices"]
+__all__ = ["parse_overrides", "positive_float", "positive_int", "apply_overrides", "with_devices"]
 
 _WHOLE_SPEC_KEYS = ("nodes", "devices_per_node", "devices")
 
@@ -64,6 +64,13 @@ def positive_int(key: str, value: Any, source: str, high: int | None = None) -> 
         raise ClusterSpecError(source, key, found=value, expected="an integer ≥ 1" if high is None
                                else f"an integer in 1 … {high:,}")
     return value
+
+
+def positive_float(key: str, value: Any, source: str) -> float:
+    """An override value that must be a number > 0 (a measured rate)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ClusterSpecError(source, key, found=value, expected="a number > 0")
+    return float(value)
 
 
 def _scale_nodes(groups: list[dict], total_new: int, source: str) -> None:

@@ -15,6 +15,17 @@ ones. Per microbatch, with ``n_D`` such ops in a segment::
 
     t_fwd += n_D · dtensor_op_us          t_bwd += n_D · dtensor_backward_op_us
 
+**DTensor's redistributions.** Every tensor-parallel collective the layout prices (the
+``tp`` row: the reshards' all-gathers and reduce-scatters, the backward re-gathers) is issued
+by DTensor's ``redistribute``, whose host work — planning the redistribution, wrapping the
+functional collective, waiting on it — runs on the rank's main thread, before and after the
+transfer, and cannot overlap it. With ``n_C`` such collectives in a chunk's forward (or
+backward)::
+
+    t_tp += n_C · dtensor_redistribute_us                       (:func:`redistribute_host_s`)
+
+(measured on ``local-cpu``; 0 on the GPU specs, where the host runs ahead of the kernels).
+
 **Optimizer's per-tensor loop.** An optimizer that steps one parameter tensor at a time
 (PyTorch's default on CPU tensors: no ``foreach``, no fused kernel) pays a fixed host cost
 per tensor, larger when the parameter is a DTensor (every one of its ~10 ops dispatches
@@ -69,7 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import DeviceGroup
     from fxplan.core.config import ParallelConfig
 
-__all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "dtensor_dispatch_s", "dtensor_params", "optimizer_host_s", "overlapped_buckets",
+__all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "dtensor_dispatch_s", "dtensor_params", "fsdp_params", "optimizer_host_s", "overlapped_buckets", "redistribute_host_s",
            "runs_kernel", "zero3_exposed_s"]
 
 
@@ -119,11 +130,23 @@ def dtensor_dispatch_s(ops: int, device: DeviceGroup, *, backward: bool = False)
     return ops * per_op * 1e-6
 
 
+def redistribute_host_s(collectives: int, device: DeviceGroup) -> float:
+    """``n_C · dtensor_redistribute_us`` seconds: DTensor's host work of ``collectives``
+    tensor-parallel collectives (module docstring)."""
+    return collectives * device.dtensor_redistribute_us * 1e-6
+
+
+def fsdp_params(config: ParallelConfig) -> bool:
+    """Whether the runtime shards the parameters over dp with FSDP2: ZeRO-2/3, and ZeRO-1
+    with ``tp > 1`` (:mod:`fxplan.runtime.data_parallel`)."""
+    return config.dp > 1 and (config.zero_stage >= 2
+                              or (config.zero_stage == 1 and config.tp > 1))
+
+
 def dtensor_params(config: ParallelConfig) -> bool:
     """Whether the runtime holds this configuration's parameters as DTensors (module
     docstring): tensor parallelism, or FSDP2 for the data-parallel sharding."""
-    fsdp = config.dp > 1 and (config.zero_stage >= 2 or (config.zero_stage == 1 and config.tp > 1))
-    return config.tp > 1 or fsdp
+    return config.tp > 1 or fsdp_params(config)
 
 
 def optimizer_host_s(tensors: int, device: DeviceGroup, *, dtensor: bool) -> float:

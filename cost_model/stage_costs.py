@@ -10,7 +10,9 @@ of layers (``ParallelConfig.layers_per_stage``); ``pre`` joins virtual stage 0 a
 the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
 
 - compute: forward ``Σ f_seg``; backward ``Σ (b_seg + r_seg)`` (recompute runs first);
-- tp: the segments' collectives over the stage's tp group (on the critical path); under
+- tp: the segments' collectives over the stage's tp group (on the critical path), each with
+  DTensor's host work of its redistribution (:func:`cost_model.host_overhead.
+  redistribute_host_s`, 0 on GPU specs); under
   ``tp_overlap`` (Megatron-Core ``--tp-comm-overlap``) each sequence-parallel all-gather or
   reduce-scatter of a linear layer only by what exceeds the GEMM it is pipelined with,
   ``max(0, t_comm − t_gemm)`` (:func:`_exposed`), plus the compute lost to the SMs the
@@ -34,7 +36,8 @@ chunk has passed it (fractions of that op's time, in backward order ``post``, la
 first, ``pre``), all-reduced (ZeRO-0, and ZeRO-1 without tp, which the runtime runs as DDP +
 ``ZeroRedundancyOptimizer``) or reduce-scattered (ZeRO-2, ZeRO-1 as FSDP2) over dp. After the
 backward: ZeRO-2 all-gathers the updated 16-bit weights, ZeRO-1 without tp broadcasts each
-parameter tensor from its owner (one collective per tensor); a weight tied across stages
+parameter tensor from its owner (one collective per tensor); the trainer's loss and
+gradient-norm scalars are reduced (:mod:`cost_model.step_scalars`); a weight tied across stages
 (embedding and LM head) all-reduces its gradient between them. Under sequence parallelism
 the replicated parameters' partial-sum gradients are all-reduced over tp once per step, one
 flattened collective per stage (:mod:`cost_model.partial_grads`). The optimizer step reads and
@@ -77,8 +80,10 @@ from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_groups, ep_s
                                                expert_share, model_states, moe_layers)
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.partial_grads import partial_grad_params
-from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, dtensor_params, optimizer_host_s,
-                                             overlapped_buckets, zero3_exposed_s)
+from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, dtensor_params,
+                                             fsdp_params, optimizer_host_s,
+                                             overlapped_buckets, redistribute_host_s,
+                                             zero3_exposed_s)
 from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
 from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
                                model_state_bytes)
@@ -88,6 +93,7 @@ from fxplan.cost_model.runtime_memory import (cuda_context_bytes, fragmentation_
                                               nccl_bytes)
 from fxplan.cost_model.pipeline_schedules import ScheduleOrder
 from fxplan.cost_model.simulator import StageCosts
+from fxplan.cost_model.step_scalars import step_scalars_s
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster, DeviceGroup
@@ -244,6 +250,12 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                 device.comm_overlap))
         params.append(stage_params)
         buckets.append(tuple(stage_buckets))
+        # the trainer's loss and gradient-norm scalars (cost_model.step_scalars)
+        post[s] += step_scalars_s(
+            config, {"pp": tuple(stage_ranks(config, k)[0][0] for k in range(p)),
+                     "dp": dp_group, "tp": tp_group},
+            lambda kind, nbytes, group: _collective(kind, nbytes, group, cluster),
+            sharded_dp=fsdp_params(config))
         # sp: the replicated parameters' partial-sum gradients, one flattened all-reduce
         partial = partial_grad_params(graph, config)
         psi_p = sum(n for k, n in stage_params.items() if k in partial)
@@ -307,6 +319,9 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
         else:
             f[1] += _price(seg.tp_forward, tp_group, cluster)
             b[1] += _price(seg.tp_backward, tp_group, cluster)
+        # DTensor's host work per redistribution (host_overhead; 0 on GPU specs)
+        f[1] += redistribute_host_s(len(seg.tp_forward), device)
+        b[1] += redistribute_host_s(len(seg.tp_backward), device)
     if config.zero_stage == 3 and config.dp > 1:
         gather, scatter = [], []
         for seg in segs:

@@ -51,6 +51,8 @@ def test_override_values_are_validated_by_the_schema():
         ("dgx-a100-80g:nodes", ["found override 'nodes', expected key=value"]),
         ("dgx-a100-80g:gpus=4", ["found unknown override key 'gpus'", "nodes, devices_per_node, devices, a100.KEY"]),
         ("local-cpu:devices=zero", ["devices: found 'zero' (a string), expected an integer in 1 … 4,096"]),
+        ("local-cpu:matmul_tflops=0", ["matmul_tflops: found 0, expected a number > 0"]),
+        ("local-cpu:eager_op_us=fast", ["eager_op_us: found 'fast' (a string), expected a number > 0"]),
     ],
 )
 def test_bad_overrides(spec, fragments):
@@ -108,6 +110,28 @@ def test_local_cpu_devices_splits_the_machine():
     assert cpu.kernel_launch_us == pytest.approx(local_cpu.EAGER_OP_US / share, abs=1e-3)
     assert cpu.step_overhead_us == pytest.approx(local_cpu.STEP_OVERHEAD_US / share, abs=0.1)
     assert Cluster.load("local-cpu:devices=2,nodes=2").num_devices == 4
+
+
+def test_local_cpu_takes_the_rates_measured_now():
+    # local-cpu:…,matmul_tflops=F,memory_gb_per_s=M,eager_op_us=e (a rate probe's figures):
+    # the arithmetic, the bandwidth and every host cost move with them, the share still applies
+    base = Cluster.load("local-cpu:devices=4").device_groups[0]
+    now = Cluster.load("local-cpu:devices=4,matmul_tflops=0.0833,memory_gb_per_s=6,"
+                       f"eager_op_us={2 * local_cpu.EAGER_OP_US}").device_groups[0]
+    share = local_cpu.core_share(local_cpu.cpu_cores(), 4)
+    assert now.peak_tflops["fp32"] == pytest.approx(0.0833 * share, abs=1e-5)
+    assert now.memory_bandwidth_gb_per_s == pytest.approx(6 * share, abs=1e-4)
+    assert now.kernel_launch_us == pytest.approx(2 * base.kernel_launch_us, abs=2e-3)
+    for key in ("dtensor_op_us", "dtensor_backward_op_us", "optimizer_tensor_us",
+                "dtensor_optimizer_tensor_us", "step_overhead_us"):
+        assert getattr(now, key) == pytest.approx(2 * getattr(base, key), rel=1e-3), key
+    assert Cluster.load("local-cpu:devices=4").fingerprint() != Cluster.load(
+        "local-cpu:devices=4,matmul_tflops=0.0833").fingerprint()
+    # the constants by default: the same spec as before the keys existed
+    assert Cluster.load(f"local-cpu:devices=4,matmul_tflops={local_cpu.FP32_TFLOPS_PER_CORE},"
+                        f"memory_gb_per_s={local_cpu.MEMORY_GB_PER_S_PER_CORE},"
+                        f"eager_op_us={local_cpu.EAGER_OP_US}").fingerprint() == \
+        Cluster.load("local-cpu:devices=4").fingerprint()
 
 
 def test_builtin_dir_is_packaged():

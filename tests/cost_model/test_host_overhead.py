@@ -9,7 +9,7 @@ from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, dtensor_dispatch_s,
                                              dtensor_params,
                                              optimizer_host_s, overlapped_buckets,
-                                             zero3_exposed_s)
+                                             redistribute_host_s, zero3_exposed_s)
 from fxplan.cost_model.memory import ADAM_FP32, ADAM_MIXED, adam_for, model_state_bytes
 
 GATHER = [1.0, 2.0, 3.0]
@@ -70,6 +70,27 @@ def test_gpu_specs_keep_their_overlap_and_no_host_terms() -> None:
     assert gpu.comm_overlap == 1.0
     assert dtensor_dispatch_s(100, gpu) == 0.0
     assert optimizer_host_s(100, gpu, dtensor=True) == 0.0
+    assert redistribute_host_s(100, gpu) == 0.0
+
+
+def test_each_tp_collective_pays_dtensors_redistribution_on_local_cpu() -> None:
+    import fxplan
+    from fxplan.cli.constraint_text import parse_constraints
+
+    cpu = Cluster.load("local-cpu:devices=2").device_groups[0]
+    assert cpu.dtensor_redistribute_us > 0
+    assert redistribute_host_s(3, cpu) == pytest.approx(3 * cpu.dtensor_redistribute_us * 1e-6)
+
+    def tp_row(cluster: str) -> float:
+        plan = fxplan.search("gpt-tiny", cluster, batch=16, progress=False,
+                             constraints=parse_constraints("tp=2,sp=on,recompute=none"))
+        return plan.estimate["breakdown"]["tp_comm"]
+
+    # the same plan with the term off: the tp row differs by a whole number of collectives,
+    # at least the layout's 2 + 2 per layer forward and backward (gpt-tiny: 2 layers)
+    extra = tp_row("local-cpu:devices=2") - tp_row("local-cpu:devices=2,cpu.dtensor_redistribute_us=0")
+    count = extra / redistribute_host_s(1, cpu)
+    assert count == pytest.approx(round(count), abs=1e-6) and round(count) >= 16
 
 
 def test_fp32_adam_moves_four_byte_weights_with_the_same_total_state() -> None:
@@ -161,6 +182,8 @@ def test_local_cpu_reduces_a_small_model_in_one_ddp_bucket(tiny) -> None:  # typ
     assert Cluster.load("dgx-a100-80g").device_groups[0].ddp_bucket_mib == 0.0
     unique = sum(p.numel for name, p in tiny.params.items() if not p.tied_to)
     dp = _estimate(tiny, "dp=2,mb=4")
-    # one all-reduce of the whole gradient (< 1 MiB), exposed after the backward (ω = 0)
+    # one all-reduce of the whole gradient (< 1 MiB), exposed after the backward (ω = 0),
+    # and the trainer's 4-byte loss all-reduce (cost_model.step_scalars), both in the dp row
     assert dp.breakdown["dp_comm"] == pytest.approx(
-        collective_time_s("all_reduce", 4 * unique, range(2), cluster))
+        collective_time_s("all_reduce", 4 * unique, range(2), cluster)
+        + collective_time_s("all_reduce", 4.0, range(2), cluster))

@@ -1,0 +1,123 @@
+"""Where a launched training step's time goes, per rank and per phase: CPU or waiting.
+
+    python benchmarks/step_phases.py PLAN.json [--steps 20] [--autogroup-nice -19]
+    flock /work/bench.lock python benchmarks/step_phases.py PLAN.json     # timing: under the lock
+
+Runs the phases of :func:`fxplan.runtime.trainer.train` on a plan's ranks (``torch.
+multiprocessing``, gloo over loopback, one thread per rank, the plan's own model at its
+global batch, random tokens), in the trainer's order:
+
+1. ``train_step`` — the schedule: forward, loss, backward and the data-parallel reduction
+   (DDP / FSDP2 hooks, pipeline sends and receives);
+2. ``partial`` — :func:`fxplan.runtime.partial_grads.reduce_partial_grads`;
+3. ``clip`` — :func:`fxplan.runtime.optim.clip_grad_norm` (its norm's all-reduce);
+4. ``opt`` — ``set_lr`` and the optimizer's ``step``;
+5. ``zero`` — ``zero_grad``.
+
+For each rank and phase it prints the median over steps (the first 3 dropped: warm-up) of
+the **wall** time (``perf_counter``) and the rank's main-thread **CPU** time
+(``thread_time``): ``wall − CPU`` is time the rank's main thread did not run — waiting in a
+blocking collective, for a pipeline peer, or for a core (more ranks than cores, other jobs).
+Gloo's own threads are not in the CPU figure. The model's counterparts: ``compute`` and the
+communication rows for ``train_step``, the ``optimizer`` row for the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+PHASES = ("train_step", "partial", "clip", "opt", "zero")
+WARMUP = 3
+
+
+def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> None:
+    import torch.distributed as dist
+
+    from fxplan.core.plan import Plan
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.apply import apply_plan
+    from fxplan.runtime.optim import build_optimizer, clip_grad_norm, set_lr
+    from fxplan.runtime.partial_grads import reduce_partial_grads
+    from fxplan.worker import loss_fn
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    plan = Plan.from_dict(json.loads(Path(plan_file).read_text()))
+    bundle = resolve_model(plan.model)
+    torch.manual_seed(0)
+    vocab = getattr(bundle.config, "vocab", None) or bundle.config.vocab_size
+    tokens, targets = (torch.randint(0, vocab, (plan.batch, plan.seq)) for _ in range(2))
+    sharded = apply_plan(bundle.build("cpu"), plan, (tokens,))
+    start, stop = sharded.replica_slice()
+    batch = ((tokens[start:stop],), targets[start:stop])
+    optimizer = build_optimizer(sharded, "adamw", lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
+    wall: dict[str, list[float]] = {k: [] for k in PHASES}
+    cpu: dict[str, list[float]] = {k: [] for k in PHASES}
+
+    def phases() -> Iterator[None]:
+        float(sharded.train_step(batch, loss_fn, local=True))
+        yield
+        reduce_partial_grads(sharded)
+        yield
+        clip_grad_norm(sharded, 1.0)
+        yield
+        set_lr(optimizer, 1e-3)
+        optimizer.step()
+        yield
+        optimizer.zero_grad()
+        yield
+
+    for step in range(steps):
+        w, c = time.perf_counter(), time.thread_time()
+        for name, _ in zip(PHASES, phases()):
+            w2, c2 = time.perf_counter(), time.thread_time()
+            if step >= WARMUP:
+                wall[name].append(w2 - w)
+                cpu[name].append(c2 - c)
+            w, c = w2, c2
+    med = {k: (statistics.median(wall[k]) * 1e3, statistics.median(cpu[k]) * 1e3) for k in PHASES}
+    total = sum(w for w, _ in med.values()), sum(c for _, c in med.values())
+    print(f"rank {rank}: step {total[0]:.2f} / {total[1]:.2f} | "
+          + " | ".join(f"{k} {w:.2f} / {c:.2f}" for k, (w, c) in med.items()), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("plan", help="a plan file (fxplan plan --out)")
+    parser.add_argument("--steps", type=int, default=20, help="steps (the first 3 dropped)")
+    parser.add_argument("--autogroup-nice", type=int, default=None,
+                        help="set this session's scheduler autogroup nice first (root)")
+    args = parser.parse_args()
+    if args.autogroup_nice is not None:
+        Path("/proc/self/autogroup").write_text(str(args.autogroup_nice))
+    import torch.multiprocessing as mp
+
+    from fxplan.core.plan import Plan
+
+    plan = Plan.from_dict(json.loads(Path(args.plan).read_text()))
+    world = plan.pp * plan.dp * plan.tp * getattr(plan, "cp", 1)
+    print(f"{plan.summary}: {world} ranks, load average {os.getloadavg()[0]:.1f}; per phase "
+          f"wall / CPU ms (median of {args.steps - WARMUP} steps)", flush=True)
+    mp.spawn(_worker, args=(world, args.plan, _free_port(), args.steps), nprocs=world)
+
+
+if __name__ == "__main__":
+    main()
