@@ -1,6 +1,7 @@
 """Context parallelism (``cp = 2``) trains like one process: the tiny GPT (module level, its
-math attention run as SDPA) and the tiny ``hf:llama`` (RoPE, grouped-query SDPA) on pooled gloo
-ranks, 3 SGD steps in fp32, losses and every gathered parameter within the numerics tests'
+math attention run as SDPA) and the tiny ``hf:llama`` (RoPE, grouped-query SDPA; also with
+tp = 2 and sequence parallelism, where each rank's ``s/cp`` chunk is split again over tp
+between the blocks' tp regions) on pooled gloo ranks, 3 SGD steps in fp32, losses and every gathered parameter within the numerics tests'
 relative 1e-5 (:mod:`fxplan.runtime.context_parallel`)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ CASES = {
     "llama_cp2": ("llama", 2, dict(dp=2)),
     "llama_dp2_cp2": ("llama", 2, dict(dp=4)),
     "llama_cp2_tp2": ("llama", 2, dict(dp=2, tp=2)),
+    "llama_cp2_tp2_sp": ("llama", 2, dict(dp=2, tp=2, sp=True)),
     "gpt_dp2_cp2_zero3_recompute": ("gpt", 2, dict(dp=4, zero=3, recompute="full")),
     "llama_pp2_cp2": ("llama", 2, dict(pp=2, dp=2, num_microbatches=2, schedule="gpipe")),
 }
