@@ -59,7 +59,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from fxplan.runtime.build import materialize
-from fxplan.runtime.context_parallel import install
+from fxplan.runtime.context_parallel import cp_degree, install
 from fxplan.runtime.data_parallel import apply_data_parallel
 from fxplan.runtime.module_probe import ModuleProbe, model_output, probe_module
 from fxplan.runtime.module_recompute import apply_recompute
@@ -256,7 +256,7 @@ def module_level_plan(model: nn.Module, plan: "Plan",
     pipelined = plan.pp * plan.virtual_stages > 1
     tied_users: dict[str, list[int]] = {}
     if pipelined:
-        check_splittable(probe, model)
+        check_splittable(probe, model, positions=cp_degree(plan) > 1)
         tied_users = _tied_users(plan, probe, aliases)
         if plan.sequence_parallel and plan.tp > 1:
             _check_sequence_boundary(plan, probe)
