@@ -20,6 +20,7 @@ CASES = {
     "gpt_dp2_cp2_zero3_recompute": ("gpt", 2, dict(dp=4, zero=3, recompute="full")),
     "llama_pp2_cp2": ("llama", 2, dict(pp=2, dp=2, num_microbatches=2, schedule="gpipe")),
     "gpt_pp2_cp2": ("gpt", 2, dict(pp=2, dp=2, num_microbatches=2, schedule="gpipe")),
+    "gpt_cp2_tp2": ("gpt", 2, dict(dp=2, tp=2)),
 }
 
 
@@ -125,3 +126,23 @@ def test_gpt_pipeline_cut_keeps_positions_on_the_first_stage_under_cp():
     assert isinstance(last.drop, nn.Identity)
     hidden = torch.randn(2, 8, model.config.hidden)
     assert torch.equal(last.drop(last.wte(hidden) + last.wpe(torch.arange(8))), hidden)
+
+
+def test_gpt_fused_qkv_runs_head_parallel_under_cp_only():
+    """Under cp the zoo GPT's fused QKV attention takes the head-parallel style (its proj
+    row-parallel, checked without a local-shape probe of its own forward); without cp its tp
+    plans still fall back to the graph rewrite, which splits the fused weight itself."""
+    from fxplan.runtime.module_apply import module_level_plan
+    from fxplan.runtime.tp_fused_qkv import FusedQKVAttention
+    from fxplan.runtime.tp_styles import NotExpressible
+    from rt_plans import build_model, fixed_batch, make_plan
+
+    plain = make_plan(dp=2, tp=2)
+    tokens = fixed_batch(plain)[0]
+    with pytest.raises(NotExpressible, match="tensor-parallel local shapes"):
+        module_level_plan(build_model(2), plain, tokens)
+    decided = module_level_plan(build_model(2), _cp_plan(tp=2), tokens[:, :8])
+    kinds = {name: type(style).__name__ for name, style in decided.styles.items()}
+    assert kinds["h.0.attn"] == "FusedQKVAttention" and "h.0.attn.qkv" not in kinds
+    assert kinds["h.0.attn.proj"] == "RowwiseParallel", kinds
+    assert isinstance(decided.styles["h.1.attn"], FusedQKVAttention)
