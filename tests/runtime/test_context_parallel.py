@@ -146,3 +146,24 @@ def test_gpt_fused_qkv_runs_head_parallel_under_cp_only():
     assert kinds["h.0.attn"] == "FusedQKVAttention" and "h.0.attn.qkv" not in kinds
     assert kinds["h.0.attn.proj"] == "RowwiseParallel", kinds
     assert isinstance(decided.styles["h.1.attn"], FusedQKVAttention)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_collectives_per_layer_are_the_priced_ones(rank_pool, recompute):
+    """What the runtime issues per layer and microbatch is what ``cost_model/context_parallel``
+    prices: one all-gather of K and V together forward (of the cost model's ``KV`` bytes), one
+    reduce-scatter backward, and the all-gather again under full recompute only (selective
+    recompute keeps the gathered K/V: the re-run collective is served from its cache)."""
+    import fxplan
+    from fxplan.cost_model.context_parallel import cp_layers, kv_bytes
+    from fxplan.cost_model.layer_costs import graph_segments
+    from rt_plans import MODEL
+
+    report = rank_pool.run("rt_cp_cases:cp_collectives", recompute=recompute)[0]
+    per_step = report["layers"] * report["microbatches"]
+    assert report["all_gathers"] == per_step * (2 if recompute == "full" else 1), report
+    assert report["backward"] == per_step, report
+    graph = fxplan.capture(f"{MODEL},layers=2", batch=report["mb"])
+    (layer,) = cp_layers(graph).values()
+    priced = kv_bytes(layer, scale=report["mb"] / graph_segments(graph).batch, tp=1)
+    assert report["forward_bytes"] == [priced] * report["layers"], (report, priced)
