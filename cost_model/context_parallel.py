@@ -36,7 +36,10 @@ intra-node vs network bandwidths):
 
 - *all-gather* (what the runtime runs, :data:`~fxplan.core.config.CP_ATTENTION`): forward
   ``t_AG(KV)``, backward ``t_RS(KV)`` (the reduce-scatter of ``dK, dV``), both on the
-  critical path; full recompute repeats the forward's all-gather in the backward::
+  critical path, one collective each for K and V together (the runtime stacks them; counted
+  per layer in ``tests/runtime/test_context_parallel.py``); full recompute repeats the
+  forward's all-gather in the backward (selective recompute keeps the gathered K/V: its
+  re-run all-gather is served from the checkpoint's cache)::
 
       forward = t_AG(KV)        backward = t_RS(KV) + [full]·t_AG(KV)
 
@@ -102,16 +105,19 @@ class KVExchange:
 
 
 def _base(graph: CapturedGraph, name: object, inputs: dict) -> str | None:
-    """The node owning the storage of ``name``: views followed back, and a copy of an
-    expansion (grouped-query attention's ``repeat_kv``: ``expand`` then ``reshape``) followed
-    to the unexpanded ``K``/``V``, which is what the CP group exchanges."""
+    """The node owning the storage of ``name``: views of the whole tensor followed back, and
+    a copy of an expansion (grouped-query attention's ``repeat_kv``: ``expand`` then
+    ``reshape``) followed to the unexpanded ``K``/``V``, which is what the CP group exchanges.
+    A view that is a piece of a larger tensor (``K`` as a ``split`` of a fused QKV
+    projection's output) is its own storage: the runtime exchanges K and V, not Q."""
     infos = graph.infos_by_name
     nodes = graph.nodes_by_name
     name = getattr(name, "name", None)
     while name in infos and inputs.get(name):
         source = inputs[name][0]
-        if infos[name].op_class == "view" or "expand" in str(getattr(nodes.get(source),
-                                                                     "target", "")):
+        if "expand" in str(getattr(nodes.get(source), "target", "")) or (
+                infos[name].op_class == "view" and source in infos
+                and tensor_bytes(infos[source]) <= tensor_bytes(infos[name])):
             name = source
         else:
             break

@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
 
 def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, stop: int) -> Any:
     """The ``--data`` source for this rank (:mod:`fxplan.runtime.data`)."""
-    from fxplan.runtime.data import DataError, HookData, SyntheticData, TokenFile, token_dtype
+    from fxplan.runtime.data import (DataError, HookData, SyntheticData, TokenFile,
+                                     replica_coordinates, token_dtype)
     from fxplan.runtime.hf_data import HFDataset
 
     vocab = getattr(bundle.config, "vocab", None) or getattr(bundle.config, "vocab_size", None)
@@ -122,8 +123,9 @@ def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, st
         return SyntheticData(specs, high=vocab or 2, seed=args.seed)
     path, sep, function = args.data.rpartition(":")
     if sep and path.endswith(".py"):
+        replica, replicas = replica_coordinates(plan.batch, start, stop)   # (d/cp, dp/cp)
         return HookData(args.data, seq=plan.seq, global_batch=plan.batch, start=start, stop=stop,
-                        seed=args.seed, dp_rank=start * plan.dp // plan.batch, dp_size=plan.dp)
+                        seed=args.seed, dp_rank=replica, dp_size=replicas)
     inputs = {k: v for k, v in specs.items() if k != "targets"}
     shapes = [(tuple(v.shape), v.dtype) for v in inputs.values()]
     if len(inputs) != 1 or shapes[0][1].is_floating_point or len(shapes[0][0]) != 2:

@@ -21,13 +21,16 @@ in the whole sequence.
 is_causal=True)`` called inside a repeated block (a :class:`torch.overrides.TorchFunctionMode`
 entered by the block's forward, so a recomputed block does the same) becomes
 
-    K = all-gather_cp(k),  V = all-gather_cp(v)          (rank order: K = [k_0; k_1; …])
+    [K; V] = all-gather_cp([k; v])                       (rank order: K = [k_0; k_1; …])
     M[i, j] = P_K[j] ≤ P_r[i]                            (P_K = [P_0; P_1; …], causal)
     o = softmax(q·Kᵀ/√d + log M)·V                       (SDPA with the boolean mask M)
 
-The all-gather is an autograd function whose backward sums the K and V gradients of the group
-and keeps this rank's rows (reduce-scatter with NCCL; all-reduce and slice with gloo, which has
-no reduce-scatter). ``o`` is exact: each query sees exactly the keys at global positions ≤ its
+K and V go in one collective (stacked on a new leading dim; two when their shapes differ), so a
+layer issues one all-gather forward and one reduce-scatter backward, as the cost model prices it
+(``cost_model/context_parallel.py``: ``t_AG(KV)`` forward, ``t_RS(KV)`` backward, per layer and
+microbatch). The all-gather is an autograd function whose backward sums the K and V gradients
+of the group and keeps this rank's rows (reduce-scatter with NCCL; all-reduce and slice with
+gloo, which has no reduce-scatter). ``o`` is exact: each query sees exactly the keys at global positions ≤ its
 own, as in one process; only the summation order differs.
 
 **Loss.** Every rank holds ``B'·s/cp = B·s/dp`` tokens, so the mean loss over its tokens, with
@@ -55,7 +58,11 @@ sequence must divide into ``2·cp`` chunks; every repeated block must call causa
 attention spelled out with its own masking, or a non-causal one, cannot be reached: named by
 block); the model needs a position site above (else its chunks would not get their positions).
 The examples' GPT with ``attention="math"`` runs its blocks' attention as SDPA under cp (the
-same function; logged as a fallback).
+same function; logged as a fallback). Its pp and tp plans, which without cp run as the graph
+rewrite, run at module level under cp: the pipeline cut skips its position embedding on later
+stages (:class:`fxplan.runtime.module_stages.NoPositions`) and its fused QKV runs head-parallel
+(:mod:`fxplan.runtime.tp_fused_qkv`); with sequence parallelism its replicated position
+embedding is refused (``tp_styles``).
 """
 
 from __future__ import annotations
@@ -146,8 +153,11 @@ class ContextParallel:
                   scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
         """Causal attention of the local queries over the group's keys (module docstring)."""
         seq_dim = q.dim() - 2
-        keys = _AllGather.apply(k, seq_dim, self.group)
-        values = _AllGather.apply(v, seq_dim, self.group)
+        if k.shape == v.shape and k.dtype == v.dtype:  # one collective for both (docstring)
+            keys, values = _AllGather.apply(torch.stack((k, v)), seq_dim + 1, self.group)
+        else:
+            keys = _AllGather.apply(k, seq_dim, self.group)
+            values = _AllGather.apply(v, seq_dim, self.group)
         local = q.size(seq_dim)
         mine = self.positions(local, q.device)
         every = torch.cat([local_positions(local * self.cp, self.cp, r) for r in range(self.cp)])

@@ -27,7 +27,11 @@ a smoke test whose loss must fall by memorisation, not a training run.
 **Hook** (``--data data.py:build``): ``build(**context)`` returns an iterable; each ``next()``
 is this rank's ``(inputs, targets)`` slice for the next step. ``context``: ``seq``,
 ``global_batch``, ``start``, ``stop`` (this rank's sample range), ``seed``, ``dp_rank``,
-``dp_size``. The hook owns its order; the shapes are checked against the slice.
+``dp_size``: the coordinates of this rank's *data replica* (:func:`replica_coordinates`), so
+that ranks given the same ``(dp_rank, dp_size)`` must yield the same samples. Without context
+parallelism that is the dp rank ``d`` of ``dp``; with ``cp > 1`` the ``cp`` ranks of a CP group
+read the same samples, so ``dp_rank`` is the group's index ``g = ⌊d/cp⌋`` and ``dp_size`` is
+``R = dp/cp``. The hook owns its order; the shapes are checked against the slice.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import torch
 from fxplan.core.errors import UserError
 
 __all__ = ["DataError", "DataSource", "TokenStream", "TokenFile", "SyntheticData", "HookData",
-           "token_dtype"]
+           "replica_coordinates", "token_dtype"]
 
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
 
@@ -131,6 +135,20 @@ class SyntheticData:
 
     def batch(self, step: int, start: int, stop: int) -> Batch:
         return tuple(x[start:stop] for x in self.inputs), self.targets[start:stop]
+
+
+def replica_coordinates(global_batch: int, start: int, stop: int) -> tuple[int, int]:
+    """``(index, count)`` of the data replica that reads samples ``[start, stop)`` of a global
+    batch of ``global_batch``: the replicas read equal consecutive slices of ``n = stop − start``
+    samples, so there are ``count = B/n`` of them and this one is ``index = start/n``. A rank's
+    slice is ``[g·B/R, (g+1)·B/R)`` (``R = dp/cp`` replicas, ``g = ⌊d/cp⌋``:
+    :meth:`fxplan.runtime.sharded_module.ShardedModule.replica_slice`), so this gives
+    ``(g, R)`` — the CP group, not the dp rank, when ``cp > 1``."""
+    size = stop - start
+    if size <= 0 or start % size or global_batch % size or stop > global_batch:
+        raise ValueError(f"samples [{start}, {stop}) are not one of equal consecutive slices of "
+                         f"a global batch of {global_batch}")
+    return start // size, global_batch // size
 
 
 class HookData:

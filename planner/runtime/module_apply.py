@@ -59,11 +59,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from fxplan.runtime.build import materialize
-from fxplan.runtime.context_parallel import install
+from fxplan.runtime.context_parallel import cp_degree, install
 from fxplan.runtime.data_parallel import apply_data_parallel
 from fxplan.runtime.module_probe import ModuleProbe, model_output, probe_module
 from fxplan.runtime.module_recompute import apply_recompute
 from fxplan.runtime.module_stages import check_splittable, stage_module
+from fxplan.runtime.tp_fused_qkv import FusedQKVAttention
 from fxplan.runtime.tp_styles import NotExpressible, tp_styles, tp_token
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -175,10 +176,12 @@ def _local_shapes(model: nn.Module, plan: "Plan", probe: ModuleProbe,
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     shapes: dict[str, tuple[int, ...]] = {}
+    fused = [n for n, style in styles.items() if isinstance(style, FusedQKVAttention)]
     for name, style in styles.items():
         module = model.get_submodule(name)
-        if probe.block_of(name) is None or not isinstance(module, nn.Linear):
-            continue
+        if probe.block_of(name) is None or not isinstance(module, nn.Linear) or \
+                name.rpartition(".")[0] in fused:
+            continue  # a fused-QKV attention's proj: its style sets the local head count
         out_f, in_f = module.weight.shape
         if isinstance(style, ColwiseParallel):
             shapes[f"{name}.weight"] = (out_f // plan.tp, in_f)
@@ -256,7 +259,7 @@ def module_level_plan(model: nn.Module, plan: "Plan",
     pipelined = plan.pp * plan.virtual_stages > 1
     tied_users: dict[str, list[int]] = {}
     if pipelined:
-        check_splittable(probe, model)
+        check_splittable(probe, model, positions=cp_degree(plan) > 1)
         tied_users = _tied_users(plan, probe, aliases)
         if plan.sequence_parallel and plan.tp > 1:
             _check_sequence_boundary(plan, probe)

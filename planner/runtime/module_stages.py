@@ -7,7 +7,11 @@ Stage ``k`` with blocks ``[a_k, b_k)`` is a deep copy of the model (free on ``me
   names stay ``model.layers.5.mlp.up_proj.weight``; iteration and slicing see the kept blocks,
   so a forward that runs ``self.layers[: config.num_hidden_layers]`` runs exactly them);
 * on every stage but the first, the *pre* module (the input embedding) becomes ``Identity``:
-  the stage's input is the previous stage's hidden state, passed where the token ids were;
+  the stage's input is the previous stage's hidden state, passed where the token ids were; a
+  learned position embedding beside it (GPT-2's ``wpe``, named as in
+  :data:`fxplan.runtime.context_parallel.POSITION_EMBEDDINGS`) becomes :class:`NoPositions`,
+  which adds nothing (``x + 0``), and an ``nn.Dropout`` that ran before the first block (the
+  embedding dropout) becomes ``Identity``, so a later stage does not drop its input again;
 * on every stage but the last, the *post* modules (final norm, LM head) become ``Identity``:
   the stage returns the hidden state after its last block.
 
@@ -18,7 +22,10 @@ rotary tables computed from shapes), which is not decidable from the structure: 
 checks the split numerically (the chain against the whole model on one microbatch) whenever
 values are at hand. Refused here (the runtime then falls back to the graph rewrite): more than
 one layer container, a module with parameters between blocks, a pre part that is not exactly
-one ``nn.Embedding``, a stage without blocks.
+one ``nn.Embedding`` — or, with ``positions`` (context parallelism, which has no graph
+rewrite to fall back to), one token ``nn.Embedding`` and learned position embeddings —, a
+stage without blocks. (Without ``positions`` a model with a position embedding keeps running
+pp as the graph rewrite, as before.)
 """
 
 from __future__ import annotations
@@ -26,15 +33,17 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Iterator
 
+import torch
 from torch import nn
 
+from fxplan.runtime.context_parallel import POSITION_EMBEDDINGS
 from fxplan.runtime.module_probe import ModuleProbe
 from fxplan.runtime.tp_styles import NotExpressible
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
-__all__ = ["StageBlocks", "check_splittable", "stage_module"]
+__all__ = ["StageBlocks", "NoPositions", "check_splittable", "stage_module"]
 
 
 class StageBlocks(nn.ModuleList):
@@ -59,8 +68,22 @@ class StageBlocks(nn.ModuleList):
         return len(self._modules)
 
 
-def check_splittable(probe: ModuleProbe, model: nn.Module) -> None:
-    """Raise :class:`NotExpressible` when the model cannot be cut at block boundaries."""
+class NoPositions(nn.Module):
+    """A later stage's position embedding: a zero scalar, so ``x + wpe(positions)`` is ``x``
+    (the positions were added on the first stage; module docstring)."""
+
+    def forward(self, index: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((), device=index.device)
+
+
+def _is_position_embedding(name: str, module: nn.Module) -> bool:
+    return isinstance(module, nn.Embedding) and name.rpartition(".")[2] in POSITION_EMBEDDINGS
+
+
+def check_splittable(probe: ModuleProbe, model: nn.Module, positions: bool = False) -> None:
+    """Raise :class:`NotExpressible` when the model cannot be cut at block boundaries;
+    ``positions``: a learned position embedding may sit beside the token embedding (module
+    docstring)."""
     if len(probe.containers) != 1:
         raise NotExpressible(f"pipeline split needs one layer container, found "
                              f"{probe.containers or 'none'}")
@@ -71,9 +94,11 @@ def check_splittable(probe: ModuleProbe, model: nn.Module) -> None:
         raise NotExpressible(f"module(s) {', '.join(probe.between)} with parameters run between "
                              "blocks")
     named = dict(model.named_modules())
-    if len(probe.pre) != 1 or not isinstance(named[probe.pre[0]], nn.Embedding):
-        raise NotExpressible(f"the part before the first block must be one nn.Embedding, found "
-                             f"{probe.pre or 'none'}: a later stage could not skip it")
+    tokens = [n for n in probe.pre if not (positions and _is_position_embedding(n, named[n]))]
+    if len(tokens) != 1 or not isinstance(named[tokens[0]], nn.Embedding):
+        extra = " and learned position embeddings" if positions else ""
+        raise NotExpressible(f"the part before the first block must be one nn.Embedding{extra}, "
+                             f"found {probe.pre or 'none'}: a later stage could not skip it")
 
 
 def _set(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -98,9 +123,21 @@ def stage_module(model: nn.Module, plan: "Plan", index: int, probe: ModuleProbe,
     _set(module, container, StageBlocks({n.rpartition(".")[2]: m for n, m in kept.items()
                                          if n in keep}))
     if not stage.has_embedding:
+        named = dict(module.named_modules())
         for name in probe.pre:
+            _set(module, name, NoPositions() if _is_position_embedding(name, named[name])
+                 else nn.Identity())
+        for name in _embedding_dropouts(probe, named):
             _set(module, name, nn.Identity())
     if not stage.has_head:
         for name in probe.post:
             _set(module, name, nn.Identity())
     return module
+
+
+def _embedding_dropouts(probe: ModuleProbe, named: dict[str, nn.Module]) -> list[str]:
+    """The ``nn.Dropout`` modules outside the blocks that ran before the first block."""
+    first = probe.calls[probe.blocks[0]].order
+    return [name for name, call in probe.calls.items()
+            if call.order < first and probe.block_of(name) is None
+            and isinstance(named.get(name), nn.Dropout)]

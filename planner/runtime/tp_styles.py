@@ -14,6 +14,10 @@ Each module with parameters is read from the ``tp`` entry of its planned placeme
                   weight S(1)  →  ColwiseParallel  (output gathered)
     nn.MultiheadAttention  in_proj_weight S(0), out_proj.weight S(1)  →  HeadParallelAttention
                   (each rank its heads' rows of q, k and v; :mod:`fxplan.runtime.tp_attention`)
+    fused-QKV attention (the zoo GPT's: ``qkv`` h → 3h, ``proj``, ``heads``/``hidden``) under
+                  context parallelism only: qkv.weight S(0), proj.weight S(1)  →  FusedQKVAttention
+                  (the same head rows of the fused Linear, local head count set on the module;
+                  ``proj`` RowwiseParallel as above; :mod:`fxplan.runtime.tp_fused_qkv`)
     other         every parameter R → nothing, or ``SequenceParallel`` for a leaf
                   (a norm) under sequence parallelism; anything sharded → not expressible
 
@@ -49,7 +53,10 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from fxplan.core.placements import format_placements
 from fxplan.passes.rewrite.placements import axis_placement, normalize
 from fxplan.runtime.module_probe import ModuleProbe
+from fxplan.runtime.context_parallel import cp_degree
 from fxplan.runtime.tp_attention import HeadParallelAttention, attention_unsupported
+from fxplan.runtime.tp_fused_qkv import (FusedQKVAttention, fused_qkv_unsupported,
+                                         is_fused_qkv_attention)
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -96,9 +103,15 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe,
     styles: dict[str, ParallelStyle] = {}
     regions: set[str] = set()
     attention: list[str] = []
+    fused: list[str] = []
     for name, module in model.named_modules():
-        if any(name.startswith(f"{a}.") for a in attention):
-            continue  # out_proj: part of the head-parallel attention's style
+        if any(name.startswith(f"{a}.") for a in attention) or \
+                any(name == f"{f}.qkv" for f in fused):
+            continue  # out_proj, qkv: part of the head-parallel attention's style
+        if cp_degree(plan) > 1 and _fused_qkv_style(module, name, plan):
+            styles[name] = FusedQKVAttention(_gather_input(name, probe) if sp else None)
+            fused.append(name)
+            continue
         if isinstance(module, nn.MultiheadAttention):
             if _attention_style(module, name, plan):
                 styles[name] = HeadParallelAttention()
@@ -143,8 +156,8 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe,
                                  "Embedding weights have parallel styles")
         if sp and next(module.children(), None) is None:
             styles[name] = SequenceParallel()
-    if not any(isinstance(v, (ColwiseParallel, RowwiseParallel, HeadParallelAttention))
-               for v in styles.values()):
+    if not any(isinstance(v, (ColwiseParallel, RowwiseParallel, HeadParallelAttention,
+                              FusedQKVAttention)) for v in styles.values()):
         return {}  # nothing is split over tp: every rank runs the whole module
     if sp:
         for region in sorted(regions):
@@ -177,6 +190,28 @@ def _attention_style(module: nn.MultiheadAttention, prefix: str, plan: "Plan") -
     reason = attention_unsupported(module, plan.tp)
     if reason:
         raise NotExpressible(f"nn.MultiheadAttention {prefix!r} cannot run head-parallel: "
+                             f"{reason}")
+    return True
+
+
+def _fused_qkv_style(module: nn.Module, prefix: str, plan: "Plan") -> bool:
+    """Whether ``module`` is a fused-QKV attention planned head-parallel (``qkv.weight``
+    ``S(0)``, ``qkv.bias`` ``S(0)``/``R``, ``proj.weight`` ``S(1)``, ``proj.bias`` ``R``);
+    :class:`NotExpressible` when its heads do not divide over tp."""
+    if not is_fused_qkv_attention(module):
+        return False
+    tokens = {"qkv.weight": tp_token(plan, f"{prefix}.qkv.weight", 2),
+              "qkv.bias": tp_token(plan, f"{prefix}.qkv.bias", 1)
+              if module.qkv.bias is not None else "S(0)",
+              "proj.weight": tp_token(plan, f"{prefix}.proj.weight", 2),
+              "proj.bias": tp_token(plan, f"{prefix}.proj.bias", 1)
+              if module.proj.bias is not None else "R"}
+    if not (tokens["qkv.weight"] == "S(0)" and tokens["qkv.bias"] in ("S(0)", "R")
+            and tokens["proj.weight"] == "S(1)" and tokens["proj.bias"] == "R"):
+        return False  # replicated, or another layout: the Linears' own styles decide
+    reason = fused_qkv_unsupported(module, plan.tp)
+    if reason:
+        raise NotExpressible(f"{type(module).__name__} {prefix!r} cannot run head-parallel: "
                              f"{reason}")
     return True
 

@@ -31,6 +31,14 @@ def test_kv_bytes_are_the_unexpanded_keys_and_values(llama):
     assert layer.kv_bytes == 2 * 2 * seq * values["kv_heads"] * head_dim * 4
 
 
+def test_kv_bytes_of_a_fused_qkv_are_k_and_v_only():
+    """gpt-tiny splits one fused QKV output: K and V are two thirds of it, 2·b·s·h·4 bytes
+    (the split pieces are the exchanged storage, not the fused output)."""
+    values = PRESETS["gpt-tiny"].values
+    (layer,) = cp_layers(fxplan.capture("gpt-tiny:seq=16", batch=2)).values()
+    assert layer.kv_bytes == 2 * 2 * 16 * values["hidden"] * 4
+
+
 def test_segment_scales_by_one_over_cp_and_holds_the_gathered_kv(llama):
     (key,) = cp_layers(llama)
     seg = segment_cost(llama, key, tp=1, sequence_parallel=False, recompute="none",

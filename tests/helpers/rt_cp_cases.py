@@ -60,3 +60,43 @@ def cp_matches_reference(model: str, cp: int, plan_kwargs: dict[str, Any], steps
                 loss_error=max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
                 param_error=errors[worst], worst=worst,
                 local_tokens=sharded.context.split(batch[0]).shape[1] if sharded.context else None)
+
+
+def cp_collectives(recompute: str) -> dict[str, Any] | None:
+    """One step of the tiny GPT under ``dp=2, cp=2`` (one CP group) with ``recompute``: the
+    gloo all-gathers it really issues (the profiler's ``gloo:all_gather`` events: a collective
+    re-run under selective recompute is served from the checkpoint's cache and issues none),
+    the CP backward's reductions (``_AllGatherBackward``: a reduce-scatter, all-reduce + slice
+    on gloo) and the bytes one forward all-gathers per layer (the gathered output)."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from rt_cases import LR
+
+    plan, build, batch, _, loss_fn = _setup("gpt", 2, dict(dp=2, recompute=recompute))
+    sharded = apply_plan(build(), plan, batch[0])
+    if sharded is None:
+        return None
+    optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
+    sharded.train_step(batch, loss_fn)   # a warm-up step: DDP's first-step broadcasts
+    optimizer.step()
+    gathered: list[int] = []
+    original = dist.all_gather
+
+    def counted(parts: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
+                **kwargs: Any) -> Any:
+        if group is sharded.context.group:
+            gathered.append(sum(p.numel() * p.element_size() for p in parts))
+        return original(parts, tensor, group=group, **kwargs)
+
+    dist.all_gather = counted
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            sharded.train_step(batch, loss_fn)
+    finally:
+        dist.all_gather = original
+    names = [event.name for event in prof.events()]
+    layers = plan.stages[0].num_layers
+    return dict(layers=layers, microbatches=plan.num_microbatches, mb=plan.microbatch_size,
+                all_gathers=names.count("gloo:all_gather"),
+                backward=names.count("_AllGatherBackward"), forward_bytes=gathered[:layers])

@@ -1,11 +1,13 @@
 """Context parallelism (``cp = 2``) trains like one process: the tiny GPT (module level, its
-math attention run as SDPA) and the tiny ``hf:llama`` (RoPE, grouped-query SDPA) on pooled gloo
-ranks, 3 SGD steps in fp32, losses and every gathered parameter within the numerics tests'
+math attention run as SDPA) and the tiny ``hf:llama`` (RoPE, grouped-query SDPA; also with
+tp = 2 and sequence parallelism, where each rank's ``s/cp`` chunk is split again over tp
+between the blocks' tp regions) on pooled gloo ranks, 3 SGD steps in fp32, losses and every gathered parameter within the numerics tests'
 relative 1e-5 (:mod:`fxplan.runtime.context_parallel`)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 #: ``(model, cp, plan kwargs)``: dp counts every data rank, cp of them per CP group.
 CASES = {
@@ -14,8 +16,11 @@ CASES = {
     "llama_cp2": ("llama", 2, dict(dp=2)),
     "llama_dp2_cp2": ("llama", 2, dict(dp=4)),
     "llama_cp2_tp2": ("llama", 2, dict(dp=2, tp=2)),
+    "llama_cp2_tp2_sp": ("llama", 2, dict(dp=2, tp=2, sp=True)),
     "gpt_dp2_cp2_zero3_recompute": ("gpt", 2, dict(dp=4, zero=3, recompute="full")),
     "llama_pp2_cp2": ("llama", 2, dict(pp=2, dp=2, num_microbatches=2, schedule="gpipe")),
+    "gpt_pp2_cp2": ("gpt", 2, dict(pp=2, dp=2, num_microbatches=2, schedule="gpipe")),
+    "gpt_cp2_tp2": ("gpt", 2, dict(dp=2, tp=2)),
 }
 
 
@@ -94,3 +99,71 @@ def test_trainer_reads_group_samples_and_chunks(rank_pool, token_file):
           f"{report['norm_error']:.2g}")
     assert report["batch"] == 8 and report["path"] == "module", report
     assert report["loss_error"] <= 1e-5 and report["norm_error"] <= 1e-5, report
+
+
+def test_gpt_pipeline_cut_keeps_positions_on_the_first_stage_under_cp():
+    """The zoo GPT (token and position embeddings, then an embedding dropout, before its
+    first block) is cut at module level under cp (no graph rewrite to fall back to): a later
+    stage skips all three. Without cp its pp plans still go to the graph rewrite."""
+    from torch import nn
+
+    from fxplan.runtime.module_apply import module_level_plan
+    from fxplan.runtime.module_stages import NoPositions, stage_module
+    from fxplan.runtime.tp_styles import NotExpressible
+    from rt_plans import build_model, fixed_batch, make_plan
+
+    plain = make_plan(pp=2, dp=2, num_microbatches=2)
+    tokens = fixed_batch(plain)[0]
+    with pytest.raises(NotExpressible, match=r"must be one nn\.Embedding, found \['wte', 'wpe'\]"):
+        module_level_plan(build_model(2), plain, tokens)
+    plan = _cp_plan(pp=2, num_microbatches=2)
+    model = build_model(2)
+    decided = module_level_plan(model, plan, tokens[:, :8])
+    assert decided.tied_users == {"wte.weight": [0, 1]}
+    first, last = (stage_module(model, plan, k, decided.probe) for k in (0, 1))
+    assert isinstance(first.wpe, nn.Embedding) and isinstance(first.drop, nn.Dropout)
+    assert isinstance(last.wte, nn.Identity) and isinstance(last.wpe, NoPositions)
+    assert isinstance(last.drop, nn.Identity)
+    hidden = torch.randn(2, 8, model.config.hidden)
+    assert torch.equal(last.drop(last.wte(hidden) + last.wpe(torch.arange(8))), hidden)
+
+
+def test_gpt_fused_qkv_runs_head_parallel_under_cp_only():
+    """Under cp the zoo GPT's fused QKV attention takes the head-parallel style (its proj
+    row-parallel, checked without a local-shape probe of its own forward); without cp its tp
+    plans still fall back to the graph rewrite, which splits the fused weight itself."""
+    from fxplan.runtime.module_apply import module_level_plan
+    from fxplan.runtime.tp_fused_qkv import FusedQKVAttention
+    from fxplan.runtime.tp_styles import NotExpressible
+    from rt_plans import build_model, fixed_batch, make_plan
+
+    plain = make_plan(dp=2, tp=2)
+    tokens = fixed_batch(plain)[0]
+    with pytest.raises(NotExpressible, match="tensor-parallel local shapes"):
+        module_level_plan(build_model(2), plain, tokens)
+    decided = module_level_plan(build_model(2), _cp_plan(tp=2), tokens[:, :8])
+    kinds = {name: type(style).__name__ for name, style in decided.styles.items()}
+    assert kinds["h.0.attn"] == "FusedQKVAttention" and "h.0.attn.qkv" not in kinds
+    assert kinds["h.0.attn.proj"] == "RowwiseParallel", kinds
+    assert isinstance(decided.styles["h.1.attn"], FusedQKVAttention)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_collectives_per_layer_are_the_priced_ones(rank_pool, recompute):
+    """What the runtime issues per layer and microbatch is what ``cost_model/context_parallel``
+    prices: one all-gather of K and V together forward (of the cost model's ``KV`` bytes), one
+    reduce-scatter backward, and the all-gather again under full recompute only (selective
+    recompute keeps the gathered K/V: the re-run collective is served from its cache)."""
+    import fxplan
+    from fxplan.cost_model.context_parallel import cp_layers, kv_bytes
+    from fxplan.cost_model.layer_costs import graph_segments
+    from rt_plans import MODEL
+
+    report = rank_pool.run("rt_cp_cases:cp_collectives", recompute=recompute)[0]
+    per_step = report["layers"] * report["microbatches"]
+    assert report["all_gathers"] == per_step * (2 if recompute == "full" else 1), report
+    assert report["backward"] == per_step, report
+    graph = fxplan.capture(f"{MODEL},layers=2", batch=report["mb"])
+    (layer,) = cp_layers(graph).values()
+    priced = kv_bytes(layer, scale=report["mb"] / graph_segments(graph).batch, tp=1)
+    assert report["forward_bytes"] == [priced] * report["layers"], (report, priced)
