@@ -77,7 +77,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.runtime.precision import Precision
     from fxplan.runtime.sharded_module import LocalStage
 
-__all__ = ["ModuleLevel", "module_level_plan", "build_module_stages"]
+__all__ = ["ModuleLevel", "module_level_plan", "build_module_stages", "replicated_tp_note"]
 
 #: Relative error allowed between the chain of stages and the whole model (one microbatch).
 SPLIT_TOLERANCE = 1e-4
@@ -265,6 +265,8 @@ def module_level_plan(model: nn.Module, plan: "Plan",
             _check_sequence_boundary(plan, probe)
     read_as, notes = tied_layout(plan, aliases) if plan.tp > 1 else ({}, [])
     styles = tp_styles(model, plan, probe, read_as) if plan.tp > 1 else {}
+    if plan.tp > 1 and not styles:
+        notes.append(replicated_tp_note(plan.tp))
     shapes = _local_shapes(model, plan, probe, styles)
     if shapes:
         try:
@@ -277,6 +279,17 @@ def module_level_plan(model: nn.Module, plan: "Plan",
         _check_chain(model, plan, probe, microbatch)
     return ModuleLevel(probe, styles, _stage_io(plan, probe, microbatch), aliases, tied_users,
                        notes)
+
+
+def replicated_tp_note(tp: int) -> str:
+    """The line shown when a plan with ``tp > 1`` splits no parameter over tp (the search may
+    find every placement ``R`` cheapest, e.g. where a tp collective costs more than the
+    matmuls it splits): the ``tp`` ranks of a group then each run the whole model on the same
+    microbatch, the step of one rank, as planned. Not a fallback: said so that ``tp`` in the
+    plan's summary is not read as a split model."""
+    return (f"[module-apply] the plan's tp={tp} splits no parameter (every placement is "
+            f"replicated over tp, as planned): each of the {tp} tp ranks runs the whole model "
+            "on the same microbatch")
 
 
 def _check_sequence_boundary(plan: "Plan", probe: ModuleProbe) -> None:

@@ -15,6 +15,22 @@ computed per microbatch on the last stage and gradients are scaled by ``1/num_mi
 With ``pp = 1`` no schedule is built: :class:`~fxplan.runtime.sharded_module.ShardedModule` runs
 its one stage as a plain gradient-accumulation loop (:mod:`fxplan.runtime.accumulate`), which
 lets FSDP/DDP reduce each block during the last backward instead of in a pass after it.
+
+**The dp reduction with ``pp > 1``.** torch's ``PipelineStage`` turns FSDP2's (and
+``replicate``'s) gradient sync and resharding off for *every* microbatch's backward, the last
+included, and reduces every FSDP group in one pass after it (``perform_reduce_grad``: each
+group's ``post_backward`` by hand, then the root's final callback), so no reduce-scatter
+overlaps the backward and ZeRO-3 keeps every block gathered until the pass. Under GPipe and
+1F1B each stage is built as :class:`ReduceInLastBackward`: the last microbatch's backward runs
+with sync and resharding on, as a hand-written accumulation loop's last backward does, so each
+block's reduce-scatter is issued by FSDP's own post-backward hook as that block's backward
+finishes, and the pass after the schedule only divides by ``m`` (``scale_grads``). The sums
+are the same in the same order — ``Σ_{j<m} g_j`` accumulated unsharded with sync off, ``+ g_m``,
+then one reduce over dp, then ``/ m`` — so the gradients equal the deferred pass's. DDP needs
+nothing: torch arms its reducer for the last backward (``prepare_for_backward``), whose
+buckets all-reduce inside that backward already. The interleaved schedule keeps torch's
+``REDUCE_GRAD`` action (issued right after each stage's last backward, with its own
+unshard/reshard actions around it).
 """
 
 from __future__ import annotations
@@ -25,15 +41,17 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 from torch import nn
 from torch.distributed import ProcessGroup
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                           ScheduleInterleaved1F1B)
+from torch.distributed.pipelining._backward import stage_backward
 
 from fxplan.passes.rewrite.stages import StageIO
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
-__all__ = ["local_stage_indices", "build_schedule"]
+__all__ = ["local_stage_indices", "build_schedule", "ReduceInLastBackward"]
 
 logger = logging.getLogger("fxplan.runtime")
 
@@ -43,13 +61,45 @@ def local_stage_indices(plan: "Plan", pp_rank: int) -> list[int]:
     return list(range(pp_rank, plan.pp * plan.virtual_stages, plan.pp))
 
 
+class ReduceInLastBackward(PipelineStage):
+    """A ``PipelineStage`` whose FSDP2 / ``replicate`` gradient reduction runs inside the last
+    microbatch's backward, block by block, instead of in a pass after the schedule (module
+    docstring). For GPipe and 1F1B, whose schedule calls ``perform_reduce_grad`` once after
+    the stage's last backward; any other stage behaves as torch's."""
+
+    _reduced_in_backward = False
+
+    def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict,
+                                   last_backward: bool = False) -> Any:
+        if not (last_backward and backward_type == "full" and isinstance(self.submod, FSDPModule)):
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        # what perform_reduce_grad would switch on afterwards, switched on for this backward:
+        # FSDP's post-backward hooks reduce-scatter (and reshard) each group as it finishes,
+        # and its final callback (queued by the root's pre-backward hook) waits for them
+        self.submod.set_is_last_backward(True)
+        self.submod.set_reshard_after_backward(True)
+        self.submod.set_requires_gradient_sync(True)
+        self._reduced_in_backward = True
+        grads = stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                               bwd_kwargs["input_values"])
+        return grads, None
+
+    def perform_reduce_grad(self, grad_scale_factor: int) -> None:
+        if not self._reduced_in_backward:
+            super().perform_reduce_grad(grad_scale_factor)
+            return
+        self._reduced_in_backward = False  # reduced already: only the division by m is left
+        self.scale_grads(grad_scale_factor)
+
+
 def build_schedule(plan: "Plan", modules: Sequence[tuple[int, nn.Module]],
                    stage_io: Sequence[StageIO], group: ProcessGroup, device: torch.device,
                    loss_fn: Callable[..., torch.Tensor]) -> Any:
     """PipelineStages for ``modules`` (``(stage index, module)``) and the plan's schedule."""
     num_stages = plan.pp * plan.virtual_stages
+    stage_class = PipelineStage if plan.schedule.interleaved else ReduceInLastBackward
     stages = [
-        PipelineStage(module, index, num_stages, device,
+        stage_class(module, index, num_stages, device,
                       input_args=_on(stage_io[index].inputs, device),
                       output_args=_on(stage_io[index].outputs, device), group=group)
         for index, module in modules

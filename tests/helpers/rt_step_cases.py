@@ -1,4 +1,4 @@
-"""Jobs the rank pool runs: what one ``pp = 1`` training step issues (schedule, gradient sync)."""
+"""Jobs the rank pool runs: what one training step issues (schedule, gradient sync)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,17 @@ def _in_backward() -> bool:
 
 
 def step_gradient_syncs(plan_kwargs: dict[str, Any], steps: int = 2) -> dict[str, Any] | None:
-    """Train ``steps`` steps of a ``pp = 1`` plan on ranks 0, 1 with the pipeline schedule
-    builder made to fail, counting per step the dp gradient reductions — FSDP2's
+    """Train ``steps`` steps of a plan counting per step the dp gradient reductions — FSDP2's
     reduce-scatters (``dist.reduce_scatter_single``) or DDP's bucket all-reduces (a comm hook
     that runs the default all-reduce) —, how many of them ran inside a backward and how many
-    DDP buckets were reduced more than once in a step."""
+    DDP buckets were reduced more than once in a step. A ``pp = 1`` plan runs on ranks 0, 1
+    with the pipeline schedule builder made to fail; a ``pp > 1`` plan on every pool rank,
+    through its schedule (``None`` from ranks outside the plan)."""
     plan = make_plan(**plan_kwargs)
     batch = fixed_batch(plan)
-    sharded = apply_plan(build_model(2), plan, batch[0], ranks=[0, 1])
+    pipelined = plan.pp > 1
+    sharded = apply_plan(build_model(2), plan, batch[0],
+                         ranks=None if pipelined else [0, 1])
     if sharded is None:
         return None
     calls: list[bool] = []
@@ -51,7 +54,8 @@ def step_gradient_syncs(plan_kwargs: dict[str, Any], steps: int = 2) -> dict[str
         raise AssertionError("pp = 1 built a pipeline schedule")
 
     built, dist.reduce_scatter_single = sharded_module.build_schedule, reduce_scatter
-    sharded_module.build_schedule = no_schedule
+    if not pipelined:
+        sharded_module.build_schedule = no_schedule
     per_step, in_backward, losses, repeated = [], [], [], []
     try:
         for _ in range(steps):

@@ -12,7 +12,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from fxplan.passes.rewrite.base import PassError
 from fxplan.runtime.apply import apply_plan
-from fxplan.runtime.module_apply import module_level_plan
+from fxplan.runtime.module_apply import module_level_plan, replicated_tp_note
 from fxplan.runtime.module_stages import StageBlocks, stage_module
 from fxplan.runtime.tp_styles import NotExpressible
 from fxplan.runtime.tp_attention import HeadParallelAttention
@@ -79,6 +79,21 @@ def test_encoder_stage_cut_and_replicated_attention():
                                                      "head.weight": "RS(0)", "head.bias": "RS(0)"})
     with pytest.raises(NotExpressible, match="MultiheadAttention 'encoder.layers.0.self_attn'"):
         module_level_plan(model, plan, TOKENS)
+
+
+def test_tp_plan_that_splits_nothing_says_so():
+    """A tp=2 plan whose placements are all replicated (what the search picks for a small
+    Llama on local-cpu) gets no styles — each tp rank runs the whole model — and one line
+    saying so; a plan that splits over tp gets none."""
+    pytest.importorskip("transformers")
+    model = build("llama")
+    replicated = {name: "RR" for name, _ in model.named_parameters()}
+    decided = module_level_plan(model, plan_for(model, tp=2, overrides=replicated), TOKENS)
+    assert decided.styles == {}
+    assert decided.fallbacks == [replicated_tp_note(2)]
+    assert "tp=2 splits no parameter" in decided.fallbacks[0]
+    decided = module_level_plan(model, plan_for(model, tp=2), TOKENS)
+    assert decided.styles and not decided.fallbacks
 
 
 def test_tied_weight_takes_one_layout_and_pipeline_copies():
