@@ -21,8 +21,8 @@ dropped.
 ``all_to_all_single_autograd`` of ``torch.distributed._functional_collectives`` with split
 sizes: gloo and NCCL, out of place). Each rank sorts its ``S`` routed rows (its kept
 assignments; without capacity all ``T·k``) by the EP rank holding their expert, sends the
-``ep`` per-peer counts by a small all-to-all of integers, then the rows (and their local
-expert indices) by one all-to-all whose split sizes are those counts: a rank sends ``S·h``
+per-expert counts by a small all-to-all of integers, then the rows, sorted by expert, by one
+all-to-all whose split sizes are those counts: a rank sends ``S·h``
 values and receives what its experts were routed, not the global ``[E, C, h]`` buffer of
 ``E·C ≈ k·c·dp·T`` rows (about ``c·dp`` times its own ``k·T``, mostly zeros) each rank sent
 before. The owner runs its
@@ -244,26 +244,28 @@ class _Exchange:
         """The expert outputs ``[S, h']`` of the ``S`` routed ``rows [S, h]`` (row ``a`` for
         expert ``expert[a]`` of ``experts_n``), in their order. EP rank ``j`` holds experts
         ``j·E_l … (j+1)·E_l − 1`` (``E_l = experts_n/ep``): the rows are sorted by the rank
-        holding their expert, the ``ep`` per-peer counts exchanged (one small all-to-all),
-        and the rows sent by an all-to-all sized by those counts (so each rank sends and
+        holding their expert (by expert), the ``E`` per-expert counts exchanged (one small
+        all-to-all: the owner learns how many rows of each of its experts every source
+        sends, so which expert each arriving row is for), and the rows sent by an
+        all-to-all sized by those counts (so each rank sends and
         receives only the rows that exist, ``Σ = S``, not a global-sized buffer). The owner
         runs ``compute(received [R, h], local expert index [R])`` and a second all-to-all
         with the counts reversed sends each output row back; autograd runs them in reverse."""
         from torch.distributed._functional_collectives import all_to_all_single_autograd
 
         local_n = experts_n // self.ep
-        owner = torch.div(expert, local_n, rounding_mode="floor")
-        owner, order = torch.sort(owner, stable=True)
-        sent = torch.bincount(owner, minlength=self.ep)
-        received = torch.empty_like(sent)
+        expert, order = torch.sort(expert, stable=True)     # by expert, so by owner
+        sent = torch.bincount(expert, minlength=experts_n)  # [E]: rows to each expert
+        received = torch.empty_like(sent)                   # [ep·E_l]: from each source
         dist.all_to_all_single(received, sent, group=self.ep_group)
-        out_splits, in_splits = sent.tolist(), received.tolist()
-        local = (expert.index_select(0, order) - owner * local_n).contiguous()
-        local_in = torch.empty(sum(in_splits), dtype=local.dtype, device=local.device)
-        dist.all_to_all_single(local_in, local, in_splits, out_splits, group=self.ep_group)
+        out_splits = sent.view(self.ep, local_n).sum(dim=1).tolist()
+        in_splits = received.view(self.ep, local_n).sum(dim=1).tolist()
+        # the rows arrive source by source, each source's sorted by expert
+        local = torch.repeat_interleave(
+            torch.arange(local_n, device=expert.device).repeat(self.ep), received)
         arrived = _wait(all_to_all_single_autograd(rows.index_select(0, order).contiguous(),
                                                    in_splits, out_splits, self.ep_group))
-        out = compute(arrived, local_in)
+        out = compute(arrived, local)
         back = _wait(all_to_all_single_autograd(out.contiguous(), out_splits, in_splits,
                                                 self.ep_group))
         return back.index_select(0, torch.argsort(order))
