@@ -109,9 +109,11 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
 
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    from fxplan.runtime.expert_parallel import check_expert_parallel, refuse_graph_path
+    from fxplan.runtime.expert_parallel import (check_expert_layers, check_expert_parallel,
+                                                refuse_graph_path)
 
     check_expert_parallel(plan)
+    check_expert_layers(model, plan)   # before any collective
     if plan.pp == 1 and plan.virtual_stages > 1:
         raise PassError("split-stages", f"schedule {str(plan.schedule)!r} needs pp ≥ 2")
     from fxplan.runtime.fp8 import apply_fp8

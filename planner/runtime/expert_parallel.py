@@ -15,17 +15,25 @@ dp·T`` over the replicas) computes its router and top-``k`` locally, then all-g
 choices ``[T, k]`` (integers) over ``dp``: the capacity ``C = ⌈k·c·T_g/E⌉`` and every
 assignment's queue position are those of the one-process model on the global batch (choice-
 major, tokens in batch order, replica ``d``'s tokens at ``d·T …``), so the same assignments are
-dropped. Each rank fills its own kept assignments into a ``[E, C, h]`` buffer at their global
-slots (the others' slots stay zero).
+dropped.
 
-**Dispatch and combine** (``all_to_all_single_autograd`` of
-``torch.distributed._functional_collectives``: gloo and NCCL, out of place). Dispatch: the
-buffer's ``ep`` expert chunks ``[E/ep, C, h]`` go to the EP ranks holding them; the owner
-sums the ``ep`` chunks it receives (their kept slots are disjoint, so the sum is the
-one-process expert input restricted to the EP group's tokens), runs
-its ``E/ep`` experts, and combine sends the output chunk back to every EP rank, each of which
-reassembles ``[E, C, h]`` and gathers its own slots. The backward runs the two all-to-alls in
-reverse (the expand's gradient sums what each member returns for its own slots).
+**Dispatch and combine, sized by the real counts** (:meth:`_Exchange.run_experts`;
+``all_to_all_single_autograd`` of ``torch.distributed._functional_collectives`` with split
+sizes: gloo and NCCL, out of place). Each rank sorts its ``S`` routed rows (its kept
+assignments; without capacity all ``T·k``) by the EP rank holding their expert, sends the
+per-expert counts by a small all-to-all of integers, then the rows, sorted by expert, by one
+all-to-all whose split sizes are those counts: a rank sends ``S·h``
+values and receives what its experts were routed, not the global ``[E, C, h]`` buffer of
+``E·C ≈ k·c·dp·T`` rows (about ``c·dp`` times its own ``k·T``, mostly zeros) each rank sent
+before. The owner runs its
+``E/ep`` experts on the received rows, and the combine all-to-all (the counts reversed)
+brings each output row back to its token; the backward runs both in reverse. For a
+:class:`MoELayer` the owner packs the rows into a compact ``[E/ep, C', h]`` buffer (``C'``: the
+most rows one of its experts received, ``≤ C``) for the layer's batched experts, and the
+layer's own ``combine`` reads the returned rows as a ``[S, 1, h]`` buffer: an expert's output
+row depends on its input row only, so the values are the one-process ones. A routed experts
+module (below) runs its own forward on the received rows, one choice each with weight 1, and
+the routing weights are applied and summed over the ``k`` choices on the token's rank.
 
 **Gradients.** With each replica's loss the mean over its tokens, the one-process gradient is
 ``(1/dp) Σ_d ∇loss_d``. The dense parameters get it from DDP/FSDP's average over ``dp``. An
@@ -44,18 +52,29 @@ expert-data-parallel ranks — a fallback line for ZeRO ≥ 1 (the plan priced t
 ``dp/ep``). Selective recompute of a block holding an expert-parallel layer runs as full
 recompute (:func:`recompute_policies`, a fallback line).
 
-**Which layers.** A module takes part when it has a child ``experts`` whose parameters are all
-3-D with the same leading ``E`` (divisible by ``ep``) and the step methods ``route``,
-``capacity``, ``slots``, ``dispatch``, ``combine`` and ``finish`` of
-``fxplan.examples.models.moe.MoELayer`` (whose forward is their composition). A model with
-expert weights but no such layer (Hugging Face Mixtral/Qwen-MoE) is refused, as are ``tp > 1``
-and the graph-rewrite path; the plan is still priced and exported.
+**Which layers.** (1) A module with a child ``experts`` whose parameters are all 3-D with
+the same leading ``E`` (divisible by ``ep``) and the step methods ``route``, ``capacity``,
+``slots``, ``dispatch``, ``combine`` and ``finish`` of ``fxplan.examples.models.moe.MoELayer``
+(whose forward is their composition). (2) A *routed experts module*: ``forward(hidden_states
+[T, h], top_k_index [T, k], top_k_weights [T, k]) → [T, h]`` with an integer ``num_experts``
+and every own parameter ``[E, …]`` — how ``transformers`` ≥ 5 writes the experts of Mixtral
+(``gate_up_proj [E, 2f, h]``, ``down_proj [E, h, f]``), Qwen2-MoE and their kin, whatever the
+experts implementation (eager, ``grouped_mm``, ``batched_mm``). Its block's router (top-``k``
+softmax, no capacity: nothing is dropped, so each token's output is the one-process one) and
+a shared expert (Qwen2-MoE's gated ``shared_expert``) stay dense, under DDP/FSDP; the
+router-logit auxiliary loss ``transformers`` adds at the model level (``output_router_logits``)
+is, as under plain data parallelism, each replica's on its own tokens. A model with 3-D
+expert weights in neither form is refused before any collective
+(:func:`check_expert_layers`), as are ``tp > 1`` and the graph-rewrite path; the plan is still
+priced and exported.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
-from typing import TYPE_CHECKING, Any, Sequence
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -68,7 +87,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from fxplan.core.plan import Plan
 
-__all__ = ["check_expert_parallel", "expert_mesh", "shard_experts", "expert_params",
+__all__ = ["check_expert_parallel", "check_expert_layers", "is_routed_experts", "expert_mesh", "shard_experts",
+           "expert_params",
            "ExpertGradSync", "recompute_policies",
            "experts_fallback", "STEPS"]
 
@@ -110,19 +130,42 @@ def expert_mesh(plan: "Plan", mesh: "DeviceMesh") -> "DeviceMesh | None":
     return DeviceMesh(mesh.device_type, layout, mesh_dim_names=("pp", "edp", "ep", "tp"))
 
 
+#: The arguments a routed experts module's forward takes (``transformers`` ≥ 5's interface).
+ROUTED = ("hidden_states", "top_k_index", "top_k_weights")
+
+
+def is_routed_experts(experts: nn.Module) -> bool:
+    """Whether ``experts`` is a routed experts module: ``forward(hidden_states [T, h],
+    top_k_index [T, k], top_k_weights [T, k]) → [T, h]`` and an integer ``num_experts``, as
+    ``transformers`` ≥ 5 writes Mixtral's, Qwen2-MoE's and their kin's experts."""
+    try:
+        names = tuple(inspect.signature(experts.forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return names[:3] == ROUTED and isinstance(getattr(experts, "num_experts", None), int)
+
+
 def _expert_layers(module: nn.Module, ep: int) -> list[nn.Module]:
-    """The modules of ``module`` that take part (module docstring)."""
+    """The modules of ``module`` whose experts are split (module docstring): layers with the
+    step methods and a batched ``experts`` child (3-D weights), and routed experts modules
+    (every own parameter ``[E, ·, …]``, ``E = num_experts``)."""
     found = []
     for layer in module.modules():
-        experts = getattr(layer, "experts", None)
-        if not isinstance(experts, nn.Module) or not all(callable(getattr(layer, s, None))
-                                                         for s in STEPS):
-            continue
-        params = list(experts.parameters(recurse=False))
-        if not params or any(p.dim() != 3 for p in params) or \
-                len({int(p.shape[0]) for p in params}) != 1:
-            continue
-        experts_n = int(params[0].shape[0])
+        if is_routed_experts(layer):
+            params = list(layer.parameters(recurse=False))
+            experts_n = int(layer.num_experts)
+            if not params or any(p.dim() < 2 or int(p.shape[0]) != experts_n for p in params):
+                continue
+        else:
+            experts = getattr(layer, "experts", None)
+            if not isinstance(experts, nn.Module) or not all(callable(getattr(layer, s, None))
+                                                             for s in STEPS):
+                continue
+            params = list(experts.parameters(recurse=False))
+            if not params or any(p.dim() != 3 for p in params) or \
+                    len({int(p.shape[0]) for p in params}) != 1:
+                continue
+            experts_n = int(params[0].shape[0])
         if experts_n % ep:
             raise RuntimeSupportError(f"ep={ep} does not divide the {experts_n} experts of "
                                       f"{type(layer).__name__}")
@@ -130,29 +173,41 @@ def _expert_layers(module: nn.Module, ep: int) -> list[nn.Module]:
     return found
 
 
-def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: "DeviceMesh"
-                  ) -> None:
-    """Shard the expert weights of ``module``'s expert-parallel layers over ``ep`` and route
-    their forward through :func:`_ep_forward`, in place. Parameters on ``meta`` stay there
-    (materialised later, like tp DTensors); :func:`expert_params` lists them afterwards."""
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-
+def check_expert_layers(module: nn.Module, plan: "Plan") -> None:
+    """Raise :class:`RuntimeSupportError` when an ``ep > 1`` plan's model has expert weights
+    (3-D parameters) but no layer this runtime can split (module docstring), before any
+    collective; ``module`` may be on ``meta``."""
     ep = plan.config.ep
-    layers = _expert_layers(module, ep)
-    if not layers and any(p.dim() == 3 for p in module.parameters()):
+    if ep > 1 and not _expert_layers(module, ep) and \
+            any(p.dim() == 3 for p in module.parameters()):
         raise RuntimeSupportError(
             f"ep={ep}: the model's expert weights are not in a layer fxplan's runtime can "
             f"split (one with an `experts` child and the step methods {', '.join(STEPS)}, "
-            "as fxplan.examples.models.moe.MoELayer); re-plan with --constrain ep=1")
+            "as fxplan.examples.models.moe.MoELayer, or a routed experts module "
+            f"forward({', '.join(ROUTED)}) with num_experts, as transformers ≥ 5's Mixtral "
+            "and Qwen2-MoE); re-plan with --constrain ep=1")
+
+
+def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: "DeviceMesh"
+                  ) -> None:
+    """Shard the expert weights of ``module``'s expert-parallel layers over ``ep`` and route
+    their forward through :func:`_ep_forward` (:func:`_routed_forward` for a routed experts
+    module), in place. Parameters on ``meta`` stay there (materialised later, like tp
+    DTensors); :func:`expert_params` lists them afterwards."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    check_expert_layers(module, plan)
     sub = ep_mesh["edp", "ep"]
     exchange = _Exchange(mesh["dp"], ep_mesh["ep"], plan.dp)
-    for layer in layers:
-        for name, param in list(layer.experts.named_parameters(recurse=False)):
+    for layer in _expert_layers(module, plan.config.ep):
+        routed = is_routed_experts(layer)
+        holder = layer if routed else layer.experts
+        for name, param in list(holder.named_parameters(recurse=False)):
             local = distribute_tensor(param.detach(), sub, [Replicate(), Shard(0)],
                                       src_data_rank=None)
-            setattr(layer.experts, name, nn.Parameter(local, requires_grad=param.requires_grad))
+            setattr(holder, name, nn.Parameter(local, requires_grad=param.requires_grad))
         layer.forward = functools.partial(  # type: ignore[method-assign]
-            _ep_forward, layer, exchange)
+            _routed_forward if routed else _ep_forward, layer, exchange)
 
 
 def expert_params(module: nn.Module) -> list[nn.Parameter]:
@@ -163,12 +218,15 @@ def expert_params(module: nn.Module) -> list[nn.Parameter]:
         forward = layer.__dict__.get("forward")
         if isinstance(forward, functools.partial) and forward.func is _ep_forward:
             out.extend(layer.experts.parameters(recurse=False))
+        elif isinstance(forward, functools.partial) and forward.func is _routed_forward:
+            out.extend(layer.parameters(recurse=False))
     return out
 
 
 class _Exchange:
     """The collectives of an expert-parallel layer: the choices' all-gather over ``dp``, the
-    dispatch and combine all-to-alls over ``ep``, the auxiliary loss's average over ``dp``."""
+    all-to-alls over ``ep`` that carry each routed row to the rank holding its expert and its
+    output back (:meth:`run_experts`), the auxiliary loss's average over ``dp``."""
 
     def __init__(self, dp_mesh: "DeviceMesh", ep_mesh: "DeviceMesh", dp: int) -> None:
         self.dp, self.dp_group, self.dp_rank = dp, dp_mesh.get_group(), dp_mesh.get_local_rank()
@@ -180,22 +238,37 @@ class _Exchange:
 
         return _wait(all_gather_tensor(choice.contiguous(), 0, self.dp_group))
 
-    def run_experts(self, experts: nn.Module, buffer: torch.Tensor) -> torch.Tensor:
-        """``[E, C, h]`` (this rank's slots filled) → the experts' output ``[E, C, h]`` for
-        them: dispatch all-to-all, this rank's ``E/ep`` experts, combine all-to-all."""
+    def run_experts(self, rows: torch.Tensor, expert: torch.Tensor, experts_n: int,
+                    compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                    ) -> torch.Tensor:
+        """The expert outputs ``[S, h']`` of the ``S`` routed ``rows [S, h]`` (row ``a`` for
+        expert ``expert[a]`` of ``experts_n``), in their order. EP rank ``j`` holds experts
+        ``j·E_l … (j+1)·E_l − 1`` (``E_l = experts_n/ep``): the rows are sorted by the rank
+        holding their expert (by expert), the ``E`` per-expert counts exchanged (one small
+        all-to-all: the owner learns how many rows of each of its experts every source
+        sends, so which expert each arriving row is for), and the rows sent by an
+        all-to-all sized by those counts (so each rank sends and
+        receives only the rows that exist, ``Σ = S``, not a global-sized buffer). The owner
+        runs ``compute(received [R, h], local expert index [R])`` and a second all-to-all
+        with the counts reversed sends each output row back; autograd runs them in reverse."""
         from torch.distributed._functional_collectives import all_to_all_single_autograd
-        from torch.distributed.tensor import DTensor
 
-        ep, rows = self.ep, buffer.shape[1:]
-        send = buffer.reshape(ep, -1)
-        received = _wait(all_to_all_single_autograd(send, None, None, self.ep_group))
-        local_in = received.view(ep, buffer.size(0) // ep, *rows).sum(dim=0)
-        weights = {n: (p.to_local() if isinstance(p, DTensor) else p).to(buffer.dtype)
-                   for n, p in experts.named_parameters()}
-        out = torch.func.functional_call(experts, weights, (local_in,))
-        back = out.reshape(1, -1).expand(ep, -1).contiguous()
-        returned = _wait(all_to_all_single_autograd(back, None, None, self.ep_group))
-        return returned.view(buffer.size(0), *out.shape[1:])
+        local_n = experts_n // self.ep
+        expert, order = torch.sort(expert, stable=True)     # by expert, so by owner
+        sent = torch.bincount(expert, minlength=experts_n)  # [E]: rows to each expert
+        received = torch.empty_like(sent)                   # [ep·E_l]: from each source
+        dist.all_to_all_single(received, sent, group=self.ep_group)
+        out_splits = sent.view(self.ep, local_n).sum(dim=1).tolist()
+        in_splits = received.view(self.ep, local_n).sum(dim=1).tolist()
+        # the rows arrive source by source, each source's sorted by expert
+        local = torch.repeat_interleave(
+            torch.arange(local_n, device=expert.device).repeat(self.ep), received)
+        arrived = _wait(all_to_all_single_autograd(rows.index_select(0, order).contiguous(),
+                                                   in_splits, out_splits, self.ep_group))
+        out = compute(arrived, local)
+        back = _wait(all_to_all_single_autograd(out.contiguous(), out_splits, in_splits,
+                                                self.ep_group))
+        return back.index_select(0, torch.argsort(order))
 
     def mean_over_dp(self, value: torch.Tensor) -> torch.Tensor:
         out = value.detach().clone()
@@ -210,9 +283,45 @@ def _wait(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.wait() if isinstance(tensor, AsyncCollectiveTensor) else tensor
 
 
+def _local_weights(module: nn.Module, dtype: torch.dtype | None = None
+                   ) -> dict[str, torch.Tensor]:
+    """``module``'s own parameters as this rank's local tensors (its ``E/ep`` experts)."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, param in module.named_parameters(recurse=False):
+        local = param.to_local() if isinstance(param, DTensor) else param
+        out[name] = local if dtype is None else local.to(dtype)
+    return out
+
+
+def _batched_compute(experts: nn.Module, experts_n: int, rows: torch.Tensor,
+                     local: torch.Tensor) -> torch.Tensor:
+    """:class:`MoELayer`'s batched experts ``[E_l, C', h] → [E_l, C', h]`` on the received
+    rows: row ``r`` goes to slot ``local[r]·C' + q_r`` (``q_r``: its rank among the rows of
+    its expert, ``C'`` the most rows any local expert received, at least 1); each expert's
+    output row depends on its input row only, so the compact buffer gives the rows the
+    capacity-sized one would (its empty slots are never read)."""
+    onehot = one_hot(local, experts_n)                                 # [R, E_l]
+    queue = ((onehot.cumsum(dim=0) - 1) * onehot).sum(dim=-1)          # [R]
+    width = max(1, int(onehot.sum(dim=0).max())) if rows.size(0) else 1
+    slot = local * width + queue
+    buffer = rows.new_zeros(experts_n * width, rows.size(1)).index_copy(0, slot, rows)
+    out = torch.func.functional_call(experts, _local_weights(experts, rows.dtype),
+                                     (buffer.view(experts_n, width, rows.size(1)),))
+    return out.reshape(experts_n * width, -1).index_select(0, slot)
+
+
+def one_hot(index: torch.Tensor, classes: int) -> torch.Tensor:
+    """``F.one_hot`` (int64) as a comparison with ``arange(classes)`` (no in-place fill)."""
+    return (index.unsqueeze(-1) == torch.arange(classes, device=index.device)).to(torch.int64)
+
+
 def _ep_forward(layer: Any, exchange: _Exchange, x: torch.Tensor) -> torch.Tensor:
     """The layer's forward (its step methods) with global routing and sharded experts
-    (module docstring)."""
+    (module docstring): the kept assignments' rows go to their experts' ranks, and the
+    layer's ``combine`` reads their outputs from a ``[S_kept, 1, h]`` buffer (slot ``a`` for
+    the ``a``-th kept assignment, the spare slot ``S_kept`` for the dropped ones)."""
     tokens = x.reshape(-1, x.size(-1))                                  # [T, h]
     count = tokens.size(0)
     probs, choice, gate = layer.route(tokens)
@@ -221,14 +330,53 @@ def _ep_forward(layer: Any, exchange: _Exchange, x: torch.Tensor) -> torch.Tenso
     capacity = layer.capacity(total)
     slot, kept = layer.slots(everyone, capacity)                       # [k·dp·T]
     mine = slice(exchange.dp_rank * count, (exchange.dp_rank + 1) * count)
-    slot = slot.view(-1, total)[:, mine].reshape(-1)
+    slot = slot.view(-1, total)[:, mine].reshape(-1)                   # [k·T], choice-major
     kept = kept.view(-1, total)[:, mine].reshape(-1)
-    expert_out = exchange.run_experts(layer.experts, layer.dispatch(tokens, slot, capacity))
-    y = layer.combine(expert_out, slot, gate, kept)
-    out = layer.finish(y, probs, everyone, x)
+    picked = kept.nonzero().squeeze(1)                                 # [S_kept]
+    rows = tokens.index_select(0, picked % count)
+    expert = torch.div(slot.index_select(0, picked), capacity, rounding_mode="floor")
+    experts_n = int(layer.experts_n)
+    local_n = experts_n // exchange.ep
+    out = exchange.run_experts(rows, expert, experts_n, functools.partial(
+        _batched_compute, layer.experts, local_n))                     # [S_kept, h]
+    n = picked.numel()
+    compact = torch.full_like(slot, n).index_copy(0, picked, torch.arange(n, device=slot.device))
+    y = layer.combine(out.view(n, 1, out.size(-1)), compact, gate, kept)
+    result = layer.finish(y, probs, everyone, x)
     if getattr(layer, "last_aux_loss", None) is not None:
         layer.last_aux_loss = exchange.mean_over_dp(layer.last_aux_loss)
-    return out
+    return result
+
+
+def _routed_forward(experts: nn.Module, exchange: _Exchange, hidden_states: torch.Tensor,
+                    top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """A routed experts module's forward (Hugging Face ``transformers`` ≥ 5: Mixtral,
+    Qwen2-MoE, …) with its experts on their EP ranks: ``y_t = Σ_j w_{t,j} · f_{e_{t,j}}(x_t)``
+    over the ``k`` choices, no capacity (nothing dropped). Each of the ``T·k`` assignments'
+    row ``x_t`` goes to the rank holding ``e_{t,j}``, which runs the module's own forward
+    (its experts implementation: eager, ``grouped_mm``, …) on its ``E/ep`` local experts with
+    one choice per row and weight 1 (``f_e(x)`` exactly); the rows come back and are weighted
+    and summed over the choices here, so the routing weights' gradient stays local."""
+    tokens, k = hidden_states.size(0), top_k_index.size(-1)
+    experts_n = int(experts.num_experts)
+    rows = hidden_states.repeat_interleave(k, dim=0)                   # [T·k, h]
+    out = exchange.run_experts(rows, top_k_index.reshape(-1), experts_n, functools.partial(
+        _local_experts, experts, experts_n // exchange.ep))
+    weights = top_k_weights.reshape(tokens, k, 1).to(out.dtype)
+    return (out.view(tokens, k, -1) * weights).sum(dim=1).to(hidden_states.dtype)
+
+
+def _local_experts(experts: nn.Module, local_n: int, rows: torch.Tensor,
+                   local: torch.Tensor) -> torch.Tensor:
+    """The class's own forward on a shallow copy of ``experts`` holding this rank's
+    ``local_n`` experts (their local tensors; ``num_experts = local_n``), each row with one
+    choice ``local[r]`` of weight 1."""
+    shadow = copy.copy(experts)
+    shadow.__dict__.pop("forward", None)
+    shadow.__dict__["_parameters"] = _local_weights(experts)
+    shadow.__dict__["num_experts"] = local_n
+    ones = torch.ones(rows.size(0), 1, dtype=rows.dtype, device=rows.device)
+    return type(experts).forward(shadow, rows, local.unsqueeze(1), ones)
 
 
 class ExpertGradSync:
@@ -243,8 +391,8 @@ class ExpertGradSync:
         from torch.distributed.tensor import DTensor
 
         for param in self.params:
-            if param.grad is None:
-                continue
+            if param.grad is None:   # no row reached this rank's experts: a zero gradient
+                param.grad = torch.zeros_like(param)
             grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
             if self.group is not None:
                 dist.all_reduce(grad, group=self.group)

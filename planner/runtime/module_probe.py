@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -90,6 +90,34 @@ def _has_direct_params(module: nn.Module) -> bool:
     return any(p is not None for p in module._parameters.values())
 
 
+@contextlib.contextmanager
+def _routed_experts_by_shape(model: nn.Module) -> Iterator[None]:
+    """For the probe's run: each routed experts module of ``model``
+    (:func:`fxplan.runtime.expert_parallel.is_routed_experts`, ``transformers`` ≥ 5's Mixtral
+    and Qwen2-MoE experts) returns a tensor of its input's shape ``[T, h]`` (its interface's
+    output) without running its kernels: ``grouped_mm`` has no fake-tensor implementation
+    for fp32 in torch 2.13 (its meta function asks for bf16; the CPU kernel runs fp32), and
+    the eager loop's ``nonzero`` is data-dependent. The probe records shapes only."""
+    from fxplan.runtime.expert_parallel import is_routed_experts
+
+    patched = [(m, m.__dict__.get("forward")) for m in model.modules() if is_routed_experts(m)]
+    for module, _ in patched:
+        module.forward = _same_shape  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for module, before in patched:
+            del module.forward
+            if before is not None:
+                module.forward = before  # type: ignore[method-assign]
+
+
+def _same_shape(hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+    """A routed experts module's output shape and dtype, for the probe: ``hidden_states``'s."""
+    return hidden_states.clone()
+
+
 def probe_module(model: nn.Module, inputs: Sequence[torch.Tensor],
                  shapes: Mapping[str, tuple[int, ...]] | None = None) -> ModuleProbe:
     """Run ``model(*inputs)`` once on fake tensors and record its calls (module docstring).
@@ -141,7 +169,8 @@ def probe_module(model: nn.Module, inputs: Sequence[torch.Tensor],
             shapes = shapes or {}
             fakes = {n: torch.empty(shapes.get(n, t.shape), dtype=t.dtype, device=device)
                      for n, t in state if t.is_meta or n in shapes}
-            with _reparametrize_module(model, fakes) if fakes else contextlib.nullcontext():
+            with _reparametrize_module(model, fakes) if fakes else contextlib.nullcontext(), \
+                    _routed_experts_by_shape(model):
                 out = model(*(mode.from_tensor(x) for x in inputs))
             probe.output = _meta(model_output(out))
     finally:

@@ -15,6 +15,7 @@ from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan
 from fxplan.runtime.apply import apply_plan
 from fxplan.runtime.module_probe import model_output
+from torch.distributed.tensor import DTensor
 from rt_cases import train_steps
 from rt_plans import stages_for
 
@@ -27,9 +28,18 @@ ENCODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ENCODER_WIDE = ENCODER + "_wide"
 #: The Llama with its LM head tied to the embedding (one Parameter, two names).
 LLAMA_TIED = LLAMA + ",tie_word_embeddings=True"
+#: Hugging Face mixtures of experts (``transformers`` ≥ 5's routed experts modules): Mixtral
+#: (4 experts, top-2) and Qwen2-MoE (4 experts, top-2, a gated shared expert; layer 1 sparse)
+MIXTRAL = ("hf:mixtral:num_hidden_layers=2,hidden_size=32,intermediate_size=48,"
+           "num_attention_heads=4,num_key_value_heads=2,num_local_experts=4,vocab_size=64,"
+           "max_position_embeddings=16")
+QWEN_MOE = ("hf:qwen2_moe:num_hidden_layers=2,hidden_size=32,intermediate_size=64,"
+            "moe_intermediate_size=24,shared_expert_intermediate_size=32,num_attention_heads=4,"
+            "num_key_value_heads=2,num_experts=4,num_experts_per_tok=2,vocab_size=64,"
+            "max_position_embeddings=16,decoder_sparse_step=2")
 #: The model spec of each kind of test model.
 SPECS = {"llama": LLAMA, "llama-tied": LLAMA_TIED, "encoder": ENCODER,
-         "encoder-wide": ENCODER_WIDE}
+         "encoder-wide": ENCODER_WIDE, "mixtral": MIXTRAL, "qwen-moe": QWEN_MOE}
 VOCAB = 64
 
 _MEGATRON = {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)",
@@ -39,7 +49,8 @@ _MEGATRON = {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(
              "output": "S(0)"}
 
 
-def plan_for(model: torch.nn.Module, *, tp: int = 1, pp: int = 1, dp: int = 1, sp: bool = False,
+def plan_for(model: torch.nn.Module, *, tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
+             sp: bool = False,
              zero: int = 0, layers: int = 2, overrides: dict[str, str] | None = None,
              microbatch_size: int = 2, num_microbatches: int = 1, schedule: str = "1f1b",
              seq: int = SEQ) -> Plan:
@@ -50,7 +61,7 @@ def plan_for(model: torch.nn.Module, *, tp: int = 1, pp: int = 1, dp: int = 1, s
         token = _MEGATRON.get(module, "R") if tp > 1 and name.endswith("weight") else "R"
         params[name] = "R" + token
     params.update(overrides or {})
-    config = ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=microbatch_size,
+    config = ParallelConfig(dp=dp, tp=tp, pp=pp, ep=ep, microbatch_size=microbatch_size,
                             num_microbatches=num_microbatches, sequence_parallel=sp,
                             zero_stage=zero, schedule=Schedule.parse(schedule))
     return Plan(model="test", cluster="test", graph_fingerprint="t", cluster_fingerprint="t",
@@ -122,7 +133,10 @@ def train_matches_reference(kind: str, plan_json: str, steps: int = 3, meta: boo
     loaded = dict(unsharded.named_parameters(remove_duplicate=False))
     loads_back = not result.unexpected_keys and all(torch.equal(loaded[k], params[k])
                                                     for k in params)
-    return dict(path=sharded.path, fallbacks=sharded.fallbacks, losses=losses,
+    experts = {k: (tuple(p.to_local().shape), tuple(p.shape))
+               for k, p in sharded.named_parameters().items()
+               if isinstance(p, DTensor) and "ep" in (p.device_mesh.mesh_dim_names or ())}
+    return dict(path=sharded.path, fallbacks=sharded.fallbacks, losses=losses, experts=experts,
                 tied_equal=tied_equal, loads_back=loads_back,
                 missing_on_load=sorted(result.missing_keys),
                 ref_losses=ref_losses, missing=sorted(set(ref_params) - set(params)),
@@ -150,8 +164,8 @@ def _tied_copies_equal(sharded: Any, model: torch.nn.Module) -> bool:
         if name in set(aliases.values()):
             full = param.full_tensor() if hasattr(param, "full_tensor") else param
             local[name] = full.detach().cpu().clone()
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, local)
+    everyone: list[Any] = [None] * dist.get_world_size(sharded.group)
+    dist.all_gather_object(everyone, local, group=sharded.group)
     copies: dict[str, list[torch.Tensor]] = {}
     for held_here in everyone:
         for name, value in (held_here or {}).items():

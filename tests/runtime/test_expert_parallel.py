@@ -6,6 +6,7 @@ losses, the first step's auxiliary losses and every parameter (gathered) within 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fxplan.runtime.offload import RuntimeSupportError
 
@@ -55,3 +56,20 @@ def test_tensor_parallel_with_experts_is_refused():
     plan = make_ep_plan(dp=2, ep=2, tp=2)
     with pytest.raises(RuntimeSupportError, match="ep=2 with tp=2: .*--constrain tp=1"):
         apply_plan(build_moe(), plan, None)
+
+
+def test_expert_weights_in_no_known_layer_are_refused_before_any_collective():
+    """3-D expert weights the runtime cannot split (neither MoELayer's step methods nor a
+    routed experts module) are refused by apply_plan before a process group is needed."""
+    from rt_ep_cases import make_ep_plan
+
+    from fxplan.runtime.apply import apply_plan
+
+    class Unknown(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.experts = torch.nn.Parameter(torch.zeros(4, 8, 8))
+
+    with pytest.raises(RuntimeSupportError, match="ep=2: the model's expert weights are not in "
+                                                  "a layer .*--constrain ep=1"):
+        apply_plan(Unknown(), make_ep_plan(dp=2, ep=2), None)
