@@ -8,7 +8,8 @@
   than ``--steps`` steps done, ``--save`` a new directory;
 * the plan (:func:`check_plan`): the model captured as the search captured it and the cluster
   must have the plan's fingerprints, the plan must be runnable here (offload layout, FP8, expert
-  parallelism);
+  parallelism: for ``ep > 1`` the model is built on ``meta`` as the worker builds it, no
+  weights, and its expert layers checked by :func:`check_expert_model`);
 * the nodes (:func:`node_layout`): ``nnodes × nproc_per_node`` from the cluster (equal nodes),
   or the user's (the job is then replanned: docs/elastic.md); more than one node needs
   ``--rdzv-endpoint`` or ``--slurm``.
@@ -32,7 +33,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import Plan
 
-__all__ = ["check_checkpoints", "check_dataset_dir", "check_plan", "node_layout", "settings_for"]
+__all__ = ["check_checkpoints", "check_dataset_dir", "check_expert_model", "check_plan",
+           "node_layout", "settings_for"]
 
 
 def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
@@ -58,7 +60,26 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     from fxplan.runtime.expert_parallel import check_expert_parallel
 
     check_expert_parallel(plan)                     # ep > 1 with tp > 1: not in the runtime
+    check_expert_model(args.model or plan.model, plan)
     return plan, nnodes, nproc, cluster
+
+
+def check_expert_model(model: str, plan: "Plan") -> None:
+    """For an ``ep > 1`` plan, refuse a model whose expert weights are in no layer the runtime
+    can split, as the workers would refuse it
+    (:func:`fxplan.runtime.expert_parallel.check_expert_layers`), before any process starts.
+    The model spec ``model`` is built on ``meta`` as the worker builds it (no weights are
+    allocated or initialised); an ``ep = 1`` plan is not built here."""
+    if plan.config.ep <= 1:
+        return
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.build import meta_parameters
+    from fxplan.runtime.expert_parallel import check_expert_layers
+
+    bundle = resolve_model(model)
+    with meta_parameters():
+        built = bundle.build("cpu")
+    check_expert_layers(built, plan)
 
 
 def check_checkpoints(args: argparse.Namespace, settings: RunSettings) -> str | None:

@@ -1,19 +1,28 @@
 """``fxplan launch`` of an expert-parallel plan: accepted and started like any plan (the
 runtime's numerics against one process are in tests/runtime/test_expert_parallel.py, on the
-rank pool, so no extra torchrun here); ep with tp > 1 is refused before any process starts."""
+rank pool, so no extra torchrun here); ep with tp > 1, and a model whose expert weights are in
+no layer the runtime can split, are refused before any process starts."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from fxplan.cli.main import main
 
 MODEL = "moe-tiny:dropout=0,seq=16"
 
 
-def _plan(tmp_path, name: str, constrain: str, devices: int) -> str:  # type: ignore[no-untyped-def]
+#: Batched expert weights [4, ·, ·] in layers without the router steps (tests/cli/models).
+DENSE_EXPERTS = str(Path(__file__).parent / "models" / "dense_experts.py") + ":build"
+
+
+def _plan(tmp_path, name: str, constrain: str, devices: int,  # type: ignore[no-untyped-def]
+          model: str = MODEL) -> str:
     out = tmp_path / f"{name}.json"
-    assert main(["plan", MODEL, "--cluster", f"local-cpu:devices={devices}", "--batch", "4",
+    assert main(["plan", model, "--cluster", f"local-cpu:devices={devices}", "--batch", "4",
                  "--seq", "16", "--constrain", constrain, "--json", "-o", str(out)]) == 0
     return str(out)
 
@@ -36,3 +45,23 @@ def test_ep_with_tensor_parallelism_is_refused_before_launch(  # type: ignore[no
     assert main(["launch", plan, "--data", "synthetic", "--print-command"]) == 2
     err = capsys.readouterr().err
     assert "ep=2 with tp=2" in err and "--constrain tp=1" in err and "Traceback" not in err
+
+
+def test_unsplittable_experts_are_refused_before_launch(  # type: ignore[no-untyped-def]
+        tmp_path, capsys, monkeypatch) -> None:
+    plan = _plan(tmp_path, "dense-ep2", "dp=2,ep=2", 2, model=DENSE_EXPERTS)
+    with open(plan) as handle:
+        assert json.load(handle)["degrees"]["ep"] == 2   # priced as a mixture of experts
+
+    def no_torchrun(*args, **kwargs):  # type: ignore[no-untyped-def]
+        pytest.fail("a process was started for a plan the runtime refuses")
+
+    monkeypatch.setattr("subprocess.Popen", no_torchrun)
+    monkeypatch.setattr("subprocess.run", no_torchrun)
+    capsys.readouterr()
+    assert main(["launch", plan, "--data", "synthetic", "--run-dir",
+                 str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "ep=2: the model's expert weights are not in a layer" in err, err
+    assert "--constrain ep=1" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()

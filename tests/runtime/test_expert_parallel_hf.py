@@ -2,7 +2,8 @@
 modules, built from configs only): a tiny Mixtral (4 experts, top-2, no capacity) and a tiny
 Qwen2-MoE (a gated shared expert beside them) trained 3 SGD steps in fp32 under dp·ep plans on
 pooled gloo ranks; losses and every parameter (gathered) within a relative 1e-5 of one process,
-under the user's parameter names, each rank holding E/ep experts."""
+under the user's parameter names, each rank holding E/ep experts; and a plain dp=2 (ep=1) tiny
+Mixtral on the user's module (the module probe runs routed experts by shape)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,17 @@ def test_hf_experts_train_like_one_process(rank_pool, name):
     assert set(report["experts"]) == names and len(names) == 2 * sparse, report["experts"]
     for local, whole in report["experts"].values():
         assert local[0] * kwargs["ep"] == whole[0] == 4 and local[1:] == whole[1:]
+
+
+def test_hf_mixtral_plain_data_parallel_runs_at_module_level(rank_pool):
+    """dp=2, ep=1 (as ``fxplan launch`` builds it: on meta, then materialised): the module
+    probe runs the routed experts by shape, so the plan runs on the user's module, experts
+    whole on each rank, within 1e-5 of one process."""
+    report = rank_pool.run("rt_module_cases:train_matches_reference", kind="mixtral",
+                           plan_json=_plan_json("mixtral", dict(dp=2)), meta=True)[0]
+    assert report["path"] == "module", report["fallbacks"]
+    assert not report["fallbacks"] and not report["experts"], report
+    assert not report["missing"] and not report["extra"], report
+    assert report["loss_error"] <= 1e-5, report
+    assert report["param_error"] <= 1e-5, (report["worst"], report)
+    assert report["losses"][-1] < report["losses"][0], report
