@@ -8,48 +8,27 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
     s.t.      M_s(x) + H ≤ C  for every pipeline rank s    (:mod:`cost_model.memory`; ``H``
                                   the headroom, :mod:`cost_model.memory_headroom`)
 
-**Method** (branch and bound over an enumerated space):
+**Method**: branch and bound over an enumerated space; docs/planner.md ("The search") tells
+each step and what it prunes, heterogeneous clusters included (:mod:`.stage_devices`).
 
-1. *Families* ``(tp, pp, dp)`` (:func:`fxplan.inter_op.space.families`), invalid ones pruned
-   with their reason.
-2. *Memory bound per (family, zero)* (:func:`fxplan.inter_op.bounds.memory_lower_bound`):
-   ``k_z(dp)·Ψ/pp + reserved + runtime > C − H`` prunes the pair before any microbatch variant
-   is tried; the lowest surviving *memory rung* (ZeRO stage, offload;
-   :mod:`fxplan.inter_op.offload`) is where each candidate starts. Offload rungs are offered
-   in a second pass, only when the first (ZeRO alone) found no candidate that fits (or from
-   the start when the ``offload`` constraint excludes ``none``).
-3. *Candidates* inside the families (:func:`fxplan.inter_op.space.options`), sorted by the
-   time bound ``m·W/pp`` (:func:`fxplan.inter_op.bounds.time_lower_bound`).
-4. For each in order, until its bound reaches the ``K``-th best estimate (then nothing later
-   can enter the top ``K``) or the time budget ends (once at least one candidate fits): for
-   each rung from there (ZeRO 0–3, then with offload; those the constraints allow) partition the layers by the DP of
-   :mod:`fxplan.inter_op.partition` under the memory cap, check the per-rank memory with the
-   estimate's own formula (:mod:`fxplan.inter_op.stage_memory`), price every stage that fits
-   by the closed form ``T̂`` (:mod:`fxplan.inter_op.surrogate`) and keep the cheapest
-   (ties → the lower stage). No rule such as "the lowest ZeRO stage that fits" stands in for
-   the cost model: a higher stage moves more bytes but may also shrink the optimizer step,
-   the gradient sync or the memory that forces recompute, and only the model can weigh them.
-5. *Placements*: the intra-op solver places the graph (repeated blocks sharing variables) on
-   the ``(1, tp)`` slice of the stage mesh once per distinct tp degree of the ``K`` best by
-   ``T̂`` (:mod:`fxplan.inter_op.placements`).
-6. *Finalists*: each is priced by the step simulator with the placements it would carry,
-   ``T(x, π)``, against the default Megatron layout ``T(x, μ)``, keeping the cheaper
-   (:mod:`fxplan.inter_op.pricing`); the fastest that fits wins, the next three are the
-   runners-up. So the plan's step time is the price of the placements the plan carries.
-   A ``sequence_parallel`` constraint binds the placements too: solver placements whose
-   sequence parallelism it does not allow are replaced by the default Megatron layout with
-   the candidate's (allowed) ``sp``, recorded in ``Plan.fallbacks``.
-
-**Heterogeneous clusters** (several device groups, :mod:`fxplan.inter_op.stage_devices`): a
-family whose pipeline stages straddle two groups is pruned (each stage on one device group);
-every pipeline rank's layers are priced on its own group's device and checked against its own
-capacity, so the partition of step 4 gives a slow or small group fewer layers, and the bounds
-of steps 2–3 use the pipeline's mean free memory and the fastest group's work.
+1. Families ``(tp, pp, dp)`` (:mod:`.space`), invalid ones pruned with their reason.
+2. Memory bound per (family, rung) (:mod:`.bounds`): ``k_z(dp)·Ψ/pp + reserved + runtime >
+   C − H`` prunes the pair; each candidate starts at the lowest surviving rung (ZeRO stage,
+   offload; :mod:`.offload`). Offload rungs only in a second pass when the first found
+   nothing that fits, or from the start when the ``offload`` constraint excludes ``none``.
+3. Candidates (:mod:`.space`) visited by the time bound ``m·W/pp`` until it reaches the
+   ``K``-th best ``T̂`` or the time budget ends (once one fits).
+4. Per candidate and rung: the partition DP under the memory cap (:mod:`.partition`), the
+   per-rank memory by the estimate's own formula (:mod:`.stage_memory`), and the closed form
+   ``T̂`` (:mod:`.surrogate`); the cheapest kept (ties → the lower rung). No "lowest ZeRO
+   stage that fits" rule: a higher stage moves more bytes but may shrink the optimizer step,
+   the gradient sync or the memory that forces recompute; only the model can weigh them.
+5. Placements ``π``: one intra-op solve per distinct tp of the ``K`` best (:mod:`.placements`).
+6. Finalists: ``min(T(x, π), T(x, μ))`` against the default Megatron layout ``μ``
+   (:mod:`.pricing`); the fastest that fits wins, the next three are the runners-up.
 
 Nothing is dropped silently: every pruned family or candidate group carries its reason with
-the arithmetic (candidates that fit at no memory rung: :mod:`fxplan.inter_op.unfit`), and
-fallbacks (time budget, intra-op solver) are logged and kept in the plan. The constraints are
-checked before any work (:mod:`fxplan.inter_op.constraints`).
+the arithmetic (:mod:`.reasons`, :mod:`.unfit`), every fallback is logged and kept in the plan.
 """
 
 from __future__ import annotations
@@ -61,8 +40,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import numpy as np
 
-from fxplan.core.config import CostModelError, ParallelConfig, Schedule
-from fxplan.cost_model.memory import GIB, MemoryBreakdown
+from fxplan.core.config import ParallelConfig, Schedule
+from fxplan.cost_model.memory import MemoryBreakdown
 from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.core.plan import Plan
 from fxplan.cost_model.expert_parallel import num_experts
@@ -76,15 +55,15 @@ from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message, no_p
 from fxplan.inter_op.offload import MemoryRungs, Rung, fp8_choices, host_fits
 from fxplan.inter_op.partition import balanced_counts, partition_layers
 from fxplan.inter_op.placements import IntraOpCache
-from fxplan.inter_op.pricing import Priced, price_finalist
+from fxplan.inter_op.pricing import Priced, price_finalists
 from fxplan.inter_op.profile import ModelProfile, SegmentProfile
-from fxplan.inter_op.reasons import DIVIDE, DUPLICATE, MEMORY, REFUSED, TIME_BOUND, Reason
+from fxplan.inter_op.reasons import DIVIDE, TIME_BOUND, Reason
 from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
 from fxplan.inter_op.space import Family, families, options
 from fxplan.inter_op.stage_devices import (StageDevices, StageDeviceTable, rank_limits,
                                            rank_profiles, straddled_stage)
-from fxplan.inter_op.stage_memory import (DeviceMemory, limit_text, partition_inputs,
-                                         stage_memory, stage_totals)
+from fxplan.inter_op.stage_memory import (DeviceMemory, partition_inputs, stage_memory,
+                                         stage_totals)
 from fxplan.inter_op.surrogate import surrogate_step_s
 from fxplan.inter_op.unfit import Unfit, overflow, record_unfit, unfit_reasons
 
@@ -369,58 +348,17 @@ class _Search:
             self.intra_op.solve(tp)
 
     def finalists(self, ranked: list[_Scored]) -> list[Priced]:
-        """Steps 5–6b: price each finalist with its placements (:mod:`fxplan.inter_op.pricing`);
-        the fitting ones, fastest first, one per distinct plan."""
-        out: list[Priced] = []
-        seen: dict[ParallelConfig, tuple[int, str]] = {}
-        for index, scored in enumerate(ranked):
-            c = scored.config
-            if out and self.budget.expired():
-                text = (f"time budget {self.budget.seconds:g} s reached after pricing {index} of "
-                        f"{len(ranked)} finalists; the best priced so far is kept")
-                log.warning(text)
-                self.fallbacks.append(text)
-                break
-            try:
-                priced = price_finalist(
-                    self.graph, self.cluster, c, self.batch, self.intra_op,
-                    sequence_parallel=self.constraints.get("sequence_parallel"),
-                    memory_headroom=self.headroom)
-            except CostModelError as err:
-                self.failed_finalists.append(Reason(
-                    f"{c.summary()}: the cost model refused it: {err}", REFUSED))
-                continue
-            if not priced.est.fits:
-                over = max(priced.est.memory, key=overflow)   # against its own device's
-                worst, capacity = over.total, over.capacity
-                self.failed_finalists.append(Reason(
-                    f"{priced.config.summary()}: simulated peak {worst / GIB:.1f} GiB > "
-                    f"{limit_text(capacity, over.headroom)}", MEMORY, needed_gib=worst / GIB,
-                    capacity_gib=(capacity - over.headroom) / GIB,
-                    config=priced.config.to_string(),
-                    layout=priced.layout))
-                continue
-            # One entry per configuration: two candidates can price to the same configuration
-            # (one with the solver's placements, one with the default layout); the faster stays.
-            key = priced.config
-            if key in seen:
-                index_, first = seen[key]
-                kept, dropped = ((priced, out[index_]) if priced.est.step_time_s
-                                 < out[index_].est.step_time_s else (out[index_], priced))
-                out[index_] = kept
-                layouts = (f"; the {kept.layout} layout is kept ({kept.est.step_time_s:.4g} s "
-                           f"≤ {dropped.est.step_time_s:.4g} s with the {dropped.layout} layout)"
-                           if kept.layout != dropped.layout else "")
-                self.pruned.append(Reason(
-                    f"{c.summary()}: priced with its placements it is "
-                    f"{priced.config.summary()}, already a finalist (as {first}){layouts}",
-                    DUPLICATE))
-                continue
-            seen[key] = (len(out), c.summary())
-            out.append(priced)
-        self.pruned.extend(self.failed_finalists)
-        out.sort(key=lambda p: p.est.step_time_s)
-        return out
+        """Steps 5–6b: the finalists priced with their placements, the fitting ones fastest
+        first (:func:`fxplan.inter_op.pricing.price_finalists`); the failed and the merged
+        become pruning reasons."""
+        done = price_finalists(self.graph, self.cluster, [s.config for s in ranked], self.batch,
+                               self.intra_op, self.budget,
+                               sequence_parallel=self.constraints.get("sequence_parallel"),
+                               memory_headroom=self.headroom)
+        self.failed_finalists = done.failed
+        self.fallbacks += done.fallbacks
+        self.pruned += done.merged + done.failed
+        return done.priced
 
     def unfit_reasons(self) -> None:
         """One reason per family with ranked variants that fit at no allowed ZeRO stage
