@@ -7,8 +7,8 @@ computes the same tokens per step at every ``cp`` (``m = batch·cp/(dp·b)`` mic
 ``b·s/cp`` tokens each); what ``cp`` buys is activation memory (÷ ``cp``) and what it costs is
 the K/V exchange (:mod:`fxplan.cost_model.context_parallel`). Let ``cp*`` be the smallest
 possible degree at which one sequence per microbatch fits **without recompute**
-(:func:`fits`, the search's per-rank memory at ``b = 1``, ``recompute = none``, even stages,
-the family's first ZeRO/offload rung). A larger ``cp`` then has nothing left to buy: it runs
+(the search's per-rank memory at ``b = 1``, ``recompute = none``, even stages,
+the family's first ZeRO/offload rung: :func:`plain_config`). A larger ``cp`` then has nothing left to buy: it runs
 the same tokens per rank with more K/V traffic, so
 
     offered = {cp possible : cp ≤ cp*}      (all possible ones when none fits)
@@ -33,13 +33,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from fxplan.core.config import ParallelConfig
+from fxplan.core.config import ParallelConfig, Schedule
 from fxplan.inter_op.constraints import allowed, only
+from fxplan.inter_op.partition import balanced_counts
 from fxplan.inter_op.reasons import CONTEXT, Reason
 from fxplan.inter_op.space import Family, context_degrees
 
-__all__ = ["Dropped", "MIN_TOKENS_PER_RANK", "context_reasons", "offered_cps", "possible_cps",
-           "short_reason"]
+__all__ = ["Dropped", "MIN_TOKENS_PER_RANK", "context_reasons", "offered_cps", "plain_config",
+           "possible_cps", "short_reason"]
 
 #: The fewest tokens of each sequence a context-parallel rank keeps (module docstring).
 MIN_TOKENS_PER_RANK = 4096
@@ -66,6 +67,22 @@ def possible_cps(dp: int, seq: int | None, batch: int,
         short = tuple(c for c in out if c > 1 and seq // c < MIN_TOKENS_PER_RANK)
         out = tuple(c for c in out if c not in short)
     return out, short
+
+
+def plain_config(family: Family, rung: tuple[int, str], cp: int, batch: int, seq: int | None,
+                 layers: int) -> ParallelConfig:
+    """The configuration ``family`` is tested at ``cp`` with (``cp*``, module docstring): one
+    sequence per microbatch (``m = batch·cp/dp``), no recompute, ``layers`` split evenly over
+    ``pp`` stages, sequence parallelism where ``tp > 1`` and ``tp·cp | s``, 1F1B unless
+    ``m < pp`` (then GPipe), at ``rung`` (ZeRO stage, offload)."""
+    m = batch // (family.dp // cp)
+    sp = family.tp > 1 and (seq is None or seq % (family.tp * cp) == 0)
+    return ParallelConfig(dp=family.dp, tp=family.tp, pp=family.pp, microbatch_size=1,
+                          num_microbatches=m,
+                          schedule=Schedule("1f1b" if family.pp == 1 or m >= family.pp
+                                            else "gpipe"),
+                          zero_stage=rung[0], offload=rung[1], sequence_parallel=sp, cp=cp,
+                          stage_layers=balanced_counts(layers, family.pp))
 
 
 def offered_cps(family: Family, possible: tuple[int, ...],

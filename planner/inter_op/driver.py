@@ -8,48 +8,28 @@ global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, 
     s.t.      M_s(x) + H ≤ C  for every pipeline rank s    (:mod:`cost_model.memory`; ``H``
                                   the headroom, :mod:`cost_model.memory_headroom`)
 
-**Method** (branch and bound over an enumerated space):
+**Method**: branch and bound over an enumerated space (docs/planner.md, "The search", tells
+each step in words). On several device groups (:mod:`.stage_devices`) each pipeline rank is
+priced and checked on its own group; the bounds take the mean free memory, the fastest work.
 
-1. *Families* ``(tp, pp, dp)`` (:func:`fxplan.inter_op.space.families`), invalid ones pruned
-   with their reason.
-2. *Memory bound per (family, zero)* (:func:`fxplan.inter_op.bounds.memory_lower_bound`):
-   ``k_z(dp)·Ψ/pp + reserved + runtime > C − H`` prunes the pair before any microbatch variant
-   is tried; the lowest surviving *memory rung* (ZeRO stage, offload;
-   :mod:`fxplan.inter_op.offload`) is where each candidate starts. Offload rungs are offered
-   in a second pass, only when the first (ZeRO alone) found no candidate that fits (or from
-   the start when the ``offload`` constraint excludes ``none``).
-3. *Candidates* inside the families (:func:`fxplan.inter_op.space.options`), sorted by the
-   time bound ``m·W/pp`` (:func:`fxplan.inter_op.bounds.time_lower_bound`).
-4. For each in order, until its bound reaches the ``K``-th best estimate (then nothing later
-   can enter the top ``K``) or the time budget ends (once at least one candidate fits): for
-   each rung from there (ZeRO 0–3, then with offload; those the constraints allow) partition the layers by the DP of
-   :mod:`fxplan.inter_op.partition` under the memory cap, check the per-rank memory with the
-   estimate's own formula (:mod:`fxplan.inter_op.stage_memory`), price every stage that fits
-   by the closed form ``T̂`` (:mod:`fxplan.inter_op.surrogate`) and keep the cheapest
-   (ties → the lower stage). No rule such as "the lowest ZeRO stage that fits" stands in for
-   the cost model: a higher stage moves more bytes but may also shrink the optimizer step,
-   the gradient sync or the memory that forces recompute, and only the model can weigh them.
-5. *Placements*: the intra-op solver places the graph (repeated blocks sharing variables) on
-   the ``(1, tp)`` slice of the stage mesh once per distinct tp degree of the ``K`` best by
-   ``T̂`` (:mod:`fxplan.inter_op.placements`).
-6. *Finalists*: each is priced by the step simulator with the placements it would carry,
-   ``T(x, π)``, against the default Megatron layout ``T(x, μ)``, keeping the cheaper
-   (:mod:`fxplan.inter_op.pricing`); the fastest that fits wins, the next three are the
-   runners-up. So the plan's step time is the price of the placements the plan carries.
-   A ``sequence_parallel`` constraint binds the placements too: solver placements whose
-   sequence parallelism it does not allow are replaced by the default Megatron layout with
-   the candidate's (allowed) ``sp``, recorded in ``Plan.fallbacks``.
-
-**Heterogeneous clusters** (several device groups, :mod:`fxplan.inter_op.stage_devices`): a
-family whose pipeline stages straddle two groups is pruned (each stage on one device group);
-every pipeline rank's layers are priced on its own group's device and checked against its own
-capacity, so the partition of step 4 gives a slow or small group fewer layers, and the bounds
-of steps 2–3 use the pipeline's mean free memory and the fastest group's work.
+1. Families ``(tp, pp, dp)`` (:mod:`.space`), invalid ones pruned with their reason.
+2. Memory bound per (family, rung) (:mod:`.bounds`): ``k_z(dp)·Ψ/pp + reserved + runtime >
+   C − H`` prunes the pair; each candidate starts at the lowest surviving rung (ZeRO stage,
+   offload; :mod:`.offload`). Offload rungs only in a second pass when the first found
+   nothing that fits, or from the start when the ``offload`` constraint excludes ``none``.
+3. Candidates (:mod:`.space`) visited by the time bound ``m·W/pp`` until it reaches the
+   ``K``-th best ``T̂`` or the time budget ends (once one fits).
+4. Per candidate and rung: the partition DP under the memory cap (:mod:`.partition`), the
+   per-rank memory by the estimate's own formula (:mod:`.stage_memory`), and the closed form
+   ``T̂`` (:mod:`.surrogate`); the cheapest kept (ties → the lower rung). No "lowest ZeRO
+   stage that fits" rule: a higher stage moves more bytes but may shrink the optimizer step,
+   the gradient sync or the memory that forces recompute; only the model can weigh them.
+5. Placements ``π``: one intra-op solve per distinct tp of the ``K`` best (:mod:`.placements`).
+6. Finalists: ``min(T(x, π), T(x, μ))`` against the default Megatron layout ``μ``
+   (:mod:`.pricing`); the fastest that fits wins, the next three are the runners-up.
 
 Nothing is dropped silently: every pruned family or candidate group carries its reason with
-the arithmetic (candidates that fit at no memory rung: :mod:`fxplan.inter_op.unfit`), and
-fallbacks (time budget, intra-op solver) are logged and kept in the plan. The constraints are
-checked before any work (:mod:`fxplan.inter_op.constraints`).
+the arithmetic (:mod:`.reasons`, :mod:`.unfit`), every fallback is logged and kept in the plan.
 """
 
 from __future__ import annotations
@@ -59,32 +39,31 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-import numpy as np
-
-from fxplan.core.config import CostModelError, ParallelConfig, Schedule
-from fxplan.cost_model.memory import GIB, MemoryBreakdown
+from fxplan.core.config import ParallelConfig
+from fxplan.cost_model.memory import MemoryBreakdown
 from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.core.plan import Plan
 from fxplan.cost_model.expert_parallel import num_experts
 from fxplan.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
 from fxplan.inter_op.build_plan import build_plan
-from fxplan.inter_op.context_bound import (Dropped, context_reasons, offered_cps, possible_cps,
-                                            short_reason)
+from fxplan.inter_op.context_bound import (Dropped, context_reasons, offered_cps, plain_config,
+                                            possible_cps, short_reason)
 from fxplan.inter_op.constraints import (allowed, check_cp_constraint, check_ep_constraint,
                                           describe, ep_degrees, only, validate_constraints)
 from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message, no_plan_error
-from fxplan.inter_op.offload import MemoryRungs, Rung, fp8_choices, host_fits
-from fxplan.inter_op.partition import balanced_counts, partition_layers
+from fxplan.inter_op.lightest import lightest_allowed, lightest_at
+from fxplan.inter_op.offload import MemoryRungs, Rung, fp8_choices
+from fxplan.inter_op.partition import balanced_counts
 from fxplan.inter_op.placements import IntraOpCache
-from fxplan.inter_op.pricing import Priced, price_finalist
+from fxplan.inter_op.pricing import Priced, price_finalists
 from fxplan.inter_op.profile import ModelProfile, SegmentProfile
-from fxplan.inter_op.reasons import DIVIDE, DUPLICATE, MEMORY, REFUSED, TIME_BOUND, Reason
+from fxplan.inter_op.reasons import TIME_BOUND, Reason
 from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
 from fxplan.inter_op.space import Family, families, options
 from fxplan.inter_op.stage_devices import (StageDevices, StageDeviceTable, rank_limits,
-                                           rank_profiles, straddled_stage)
-from fxplan.inter_op.stage_memory import (DeviceMemory, limit_text, partition_inputs,
-                                         stage_memory, stage_totals)
+                                           rank_profiles, straddle_reason)
+from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory, stage_totals
+from fxplan.inter_op.stage_split import StageSplits
 from fxplan.inter_op.surrogate import surrogate_step_s
 from fxplan.inter_op.unfit import Unfit, overflow, record_unfit, unfit_reasons
 
@@ -103,11 +82,6 @@ DEFAULT_FINALISTS = 8
 class _Scored:
     config: ParallelConfig
     surrogate_s: float
-
-
-def _probe(family: Family) -> ParallelConfig:
-    """A configuration of ``family`` to test the mesh constraints on."""
-    return ParallelConfig(dp=family.dp, tp=family.tp, pp=family.pp)
 
 
 #: Constraints the memory rungs apply (:mod:`fxplan.inter_op.offload`), not the candidates.
@@ -136,7 +110,7 @@ class _Search:
         self.mem = DeviceMemory.of(cluster.device(0), headroom)
         self.pruned: list[Reason] = []
         self.fallbacks: list[str] = []
-        self.partitions: dict[tuple, Any] = {}
+        self.splits = StageSplits(cluster)    # the partition DP's answers, memoized
         self.devices = StageDeviceTable(cluster, headroom)
         # the variants that fit at no allowed rung (unfit.py); families with a fitting variant
         self.unfit: Unfit = {}
@@ -177,15 +151,12 @@ class _Search:
         out: dict[Family, Rung] = {}
         dropped: list[Dropped] = []
         for fam in fams:
-            if not allowed(_probe(fam), only(self.constraints, ("tp", "pp", "dp"))):
+            probe = ParallelConfig(dp=fam.dp, tp=fam.tp, pp=fam.pp)   # for the mesh constraints
+            if not allowed(probe, only(self.constraints, ("tp", "pp", "dp"))):
                 continue
-            straddled = (straddled_stage(self.cluster, fam.pp, fam.dp * fam.tp)
-                         if len(self.cluster.device_groups) > 1 else None)
+            straddled = straddle_reason(self.cluster, fam)
             if straddled is not None:
-                s, a, b = straddled
-                self.pruned.append(Reason(
-                    f"{fam}: pipeline stage {s} ({fam.dp * fam.tp} ranks) spans device groups "
-                    f"{a} and {b}; each stage runs on one device group", DIVIDE))
+                self.pruned.append(straddled)
                 continue
             self.mesh_allowed.append(fam)
             lightest = prof.get(fam.tp, True, "full", 1,
@@ -202,9 +173,10 @@ class _Search:
                     if left is not None:
                         dropped.append(left)
                     break
-                self.pruned.append(memory_reason(fam, zero, need, lightest, mem,
-                                                 self._lightest_at(fam, (zero, off)), off,
-                                                 mean=not devs.uniform))
+                self.pruned.append(memory_reason(
+                    fam, zero, need, lightest, mem,
+                    lightest_at(self._options(fam), (zero, off), prof.num_layers), off,
+                    mean=not devs.uniform))
         self.pruned += context_reasons(dropped)
         if self.short_cps and self.seq:
             self.pruned.append(short_reason(self.seq, tuple(sorted(self.short_cps))))
@@ -223,35 +195,10 @@ class _Search:
 
     # -- step 4 ---------------------------------------------------------------------------
     def _partition(self, c: ParallelConfig) -> ParallelConfig | None:
+        """``c`` with the stage split that fits (:mod:`fxplan.inter_op.stage_split`), or
+        ``None``."""
         prof, profs, devs = self._profiles(c)
-        mems = self._memory(devs)
-        if profs is None:
-            inputs = partition_inputs(c, prof, mems)
-            time = prof.layer_time
-        else:   # each virtual stage j priced on its pipeline rank's group (stage_devices)
-            inputs = partition_inputs(c, prof, mems, ends=(profs[0], profs[-1]))
-            time = np.stack([profs[j % c.pp].layer_time for j in range(c.pp * c.virtual_stages)])
-        key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8, c.ep, c.cp,
-               c.pp, c.virtual_stages, c.dp, inputs.cap.tobytes(), inputs.extra_time.tobytes(),
-               inputs.fixed_bytes.tobytes(), inputs.inflight.tobytes(),
-               inputs.layer_state[:1].tobytes())
-        if key not in self.partitions:
-            self.partitions[key] = partition_layers(time, inputs.layer_state,
-                                                    inputs.layer_acts, inputs.extra_time,
-                                                    inputs.fixed_bytes, inputs.inflight,
-                                                    inputs.cap)
-        part = self.partitions[key]
-        # The DP's memory rows are conservative (stage_memory docstring); the per-rank check
-        # decides, and the most even split is the second chance when the DP found none.
-        tries = ([part.counts] if part is not None else []) + \
-            [balanced_counts(prof.layers, c.pp * c.virtual_stages)]
-        caps = rank_limits(mems)
-        for counts in tries:
-            placed = c.replace(stage_layers=counts)
-            if (stage_totals(placed, prof, mems) <= caps).all() and \
-                    host_fits(placed, prof, self.mem, self.cluster):
-                return placed
-        return None
+        return self.splits.fit(c, prof, profs, self._memory(devs), self.mem)
 
     def rank(self, fams: dict[Family, int]) -> list[_Scored]:
         """Steps 3–4: the ``K`` best candidates by ``T̂``."""
@@ -300,16 +247,9 @@ class _Search:
         return out
 
     def _fits_plain(self, fam: Family, rung: Rung, cp: int) -> bool:
-        """Whether ``fam`` at ``cp`` fits one sequence per microbatch without recompute
-        (even stages, sequence parallelism where possible, the rung's ZeRO stage and offload:
-        :mod:`fxplan.inter_op.context_bound`)."""
-        m = self.batch // (fam.dp // cp)
-        sp = fam.tp > 1 and (self.seq is None or self.seq % (fam.tp * cp) == 0)
-        c = ParallelConfig(dp=fam.dp, tp=fam.tp, pp=fam.pp, microbatch_size=1,
-                           num_microbatches=m,
-                           schedule=Schedule("1f1b" if fam.pp == 1 or m >= fam.pp else "gpipe"),
-                           zero_stage=rung[0], offload=rung[1], sequence_parallel=sp, cp=cp,
-                           stage_layers=balanced_counts(self.profile.num_layers, fam.pp))
+        """Whether ``fam`` at ``cp`` fits one sequence per microbatch without recompute at
+        ``rung`` (:func:`fxplan.inter_op.context_bound.plain_config`)."""
+        c = plain_config(fam, rung, cp, self.batch, self.seq, self.profile.num_layers)
         prof, _, devs = self._profiles(c)
         mems = self._memory(devs)
         return bool((stage_totals(c, prof, mems) <= rank_limits(mems)).all())
@@ -369,58 +309,17 @@ class _Search:
             self.intra_op.solve(tp)
 
     def finalists(self, ranked: list[_Scored]) -> list[Priced]:
-        """Steps 5–6b: price each finalist with its placements (:mod:`fxplan.inter_op.pricing`);
-        the fitting ones, fastest first, one per distinct plan."""
-        out: list[Priced] = []
-        seen: dict[ParallelConfig, tuple[int, str]] = {}
-        for index, scored in enumerate(ranked):
-            c = scored.config
-            if out and self.budget.expired():
-                text = (f"time budget {self.budget.seconds:g} s reached after pricing {index} of "
-                        f"{len(ranked)} finalists; the best priced so far is kept")
-                log.warning(text)
-                self.fallbacks.append(text)
-                break
-            try:
-                priced = price_finalist(
-                    self.graph, self.cluster, c, self.batch, self.intra_op,
-                    sequence_parallel=self.constraints.get("sequence_parallel"),
-                    memory_headroom=self.headroom)
-            except CostModelError as err:
-                self.failed_finalists.append(Reason(
-                    f"{c.summary()}: the cost model refused it: {err}", REFUSED))
-                continue
-            if not priced.est.fits:
-                over = max(priced.est.memory, key=overflow)   # against its own device's
-                worst, capacity = over.total, over.capacity
-                self.failed_finalists.append(Reason(
-                    f"{priced.config.summary()}: simulated peak {worst / GIB:.1f} GiB > "
-                    f"{limit_text(capacity, over.headroom)}", MEMORY, needed_gib=worst / GIB,
-                    capacity_gib=(capacity - over.headroom) / GIB,
-                    config=priced.config.to_string(),
-                    layout=priced.layout))
-                continue
-            # One entry per configuration: two candidates can price to the same configuration
-            # (one with the solver's placements, one with the default layout); the faster stays.
-            key = priced.config
-            if key in seen:
-                index_, first = seen[key]
-                kept, dropped = ((priced, out[index_]) if priced.est.step_time_s
-                                 < out[index_].est.step_time_s else (out[index_], priced))
-                out[index_] = kept
-                layouts = (f"; the {kept.layout} layout is kept ({kept.est.step_time_s:.4g} s "
-                           f"≤ {dropped.est.step_time_s:.4g} s with the {dropped.layout} layout)"
-                           if kept.layout != dropped.layout else "")
-                self.pruned.append(Reason(
-                    f"{c.summary()}: priced with its placements it is "
-                    f"{priced.config.summary()}, already a finalist (as {first}){layouts}",
-                    DUPLICATE))
-                continue
-            seen[key] = (len(out), c.summary())
-            out.append(priced)
-        self.pruned.extend(self.failed_finalists)
-        out.sort(key=lambda p: p.est.step_time_s)
-        return out
+        """Steps 5–6b: the finalists priced with their placements, the fitting ones fastest
+        first (:func:`fxplan.inter_op.pricing.price_finalists`); the failed and the merged
+        become pruning reasons."""
+        done = price_finalists(self.graph, self.cluster, [s.config for s in ranked], self.batch,
+                               self.intra_op, self.budget,
+                               sequence_parallel=self.constraints.get("sequence_parallel"),
+                               memory_headroom=self.headroom)
+        self.failed_finalists = done.failed
+        self.fallbacks += done.fallbacks
+        self.pruned += done.merged + done.failed
+        return done.priced
 
     def unfit_reasons(self) -> None:
         """One reason per family with ranked variants that fit at no allowed ZeRO stage
@@ -428,73 +327,45 @@ class _Search:
         self.pruned += unfit_reasons(self.unfit, self.fitted, self.lightest, self.stopped)
 
     def lightest(self, fam: Family) -> tuple[ParallelConfig, MemoryBreakdown] | None:
-        """The lightest candidate of ``fam`` the constraints allow (evenly split, the highest
-        allowed ZeRO stage, the smallest allowed microbatch) and its heaviest rank's memory;
-        ``None`` when the constraints allow none."""
+        """The lightest candidate of ``fam`` the constraints allow and its heaviest rank's
+        memory (:func:`fxplan.inter_op.lightest.lightest_allowed`); ``None`` when none."""
         rungs = self.rungs.of(fam.dp)
-        prof = self.profile
-        found = [c for c in self._options(fam)
-                 if rungs and allowed(c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1]),
-                                      self.constraints)]
-        if not found:
-            return None
-        mb = min(c.microbatch_size for c in found)
-        best = None
-        for c in found:
-            if c.microbatch_size != mb:
-                continue
-            c = c.replace(zero_stage=rungs[-1][0], offload=rungs[-1][1],
-                          stage_layers=balanced_counts(prof.num_layers, c.pp * c.virtual_stages))
-            seg = prof.of(c)
-            devs = self.devices.of(c.pp, c.dp * c.tp)
-            worst = max(stage_memory(c, seg, self._memory(devs)), key=overflow)
-            if best is None or overflow(worst) < overflow(best[1]):
-                best = (c, worst)
-        return best
+        return lightest_allowed(self._options(fam), rungs[-1] if rungs else None,
+                                self.profile.num_layers, self.constraints, self._worst)
 
-    def _lightest_at(self, fam: Family, rung: Rung) -> ParallelConfig | None:
-        """The variant of ``fam`` the memory bound at ``zero`` speaks of: the smallest
-        microbatch, full recompute, sequence parallelism where offered, evenly split (the
-        bound holds for every variant, this one is the lightest in activations)."""
-        prof = self.profile
-        found = list(self._options(fam))
-        if not found:
-            return None
-        best = min(found, key=lambda c: (c.microbatch_size, c.recompute != "full",
-                                         not c.sequence_parallel))
-        return best.replace(zero_stage=rung[0], offload=rung[1], stage_layers=balanced_counts(
-            prof.num_layers, best.pp * best.virtual_stages))
-
-    def infeasible(self, fams: list[Family], model: str) -> InfeasibleError:
-        """Nothing fits in memory: the lightest configuration the constraints allow, among
-        the variants the search tried and the lightest of each family it never tried."""
-        options_ = [(which.summary(), least) for _, least, which in self.unfit.values()]
-        for fam in fams:
-            found = self.lightest(fam) if fam not in self.unfit else None
-            if found is not None:
-                options_.append((found[0].summary(), found[1]))
-        which, worst = min(options_, key=lambda o: o[1].total) if options_ else ("", None)
-        text = infeasible_message(
-            model, self.cluster.name, self.cluster.num_devices, self.batch, worst, which,
-            self.cluster.devices_per_node(), constraints=describe(self.constraints))
-        return InfeasibleError(text + self.rungs.host_note(self.graph.num_params, self.cluster))
+    def _worst(self, c: ParallelConfig) -> MemoryBreakdown:
+        """The memory of ``c``'s pipeline rank that overflows most, each on its own device."""
+        devs = self.devices.of(c.pp, c.dp * c.tp)
+        return max(stage_memory(c, self.profile.of(c), self._memory(devs)), key=overflow)
 
     def failure(self, model: str) -> Exception:
         """Why no finalist came out (``run_search`` raises it): the constraints exclude every
-        candidate, nothing fits in memory, or every finalist failed when priced."""
-        prof = self.profile
+        candidate or every finalist failed when priced (:func:`.infeasible.no_plan_error`), or
+        nothing fits in memory: then the lightest configuration the constraints allow is
+        quoted, among the variants the search tried and the lightest of each family it never
+        tried."""
+        prof, cluster = self.profile, self.cluster
         reasons: list[Reason] = []
-        valid = families(self.cluster.num_devices, batch=self.batch, layers=prof.num_layers,
+        valid = families(cluster.num_devices, batch=self.batch, layers=prof.num_layers,
                          heads=prof.heads, tp_widths=prof.tp_widths(), pruned=reasons,
                          cps=self.possible_cps)
-        where = (f"{model} on {self.cluster.name} ({self.cluster.num_devices} devices, batch "
-                 f"{self.batch})")
+        where = f"{model} on {cluster.name} ({cluster.num_devices} devices, batch {self.batch})"
         error = no_plan_error(
-            where, self.cluster.num_devices, valid, reasons, self.mesh_allowed,
+            where, cluster.num_devices, valid, reasons, self.mesh_allowed,
             describe(self.constraints),
             lambda: all(self.lightest(f) is None for f in self.mesh_allowed),
             self.failed_finalists)
-        return error if error is not None else self.infeasible(self.mesh_allowed, model)
+        if error is not None:
+            return error
+        tried = [(which, least) for _, least, which in self.unfit.values()]
+        untried = [self.lightest(f) for f in self.mesh_allowed if f not in self.unfit]
+        which, worst = min(tried + [f for f in untried if f is not None],
+                           key=lambda o: o[1].total, default=(None, None))
+        text = infeasible_message(
+            model, cluster.name, cluster.num_devices, self.batch, worst,
+            which.summary() if which is not None else "", cluster.devices_per_node(),
+            constraints=describe(self.constraints))
+        return InfeasibleError(text + self.rungs.host_note(self.graph.num_params, cluster))
 
 
 def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str,

@@ -23,28 +23,41 @@ Megatron layout ``μ``. Both are priced and the plan keeps
 recording which, and why, in the result's ``note`` (the driver puts it in ``Plan.estimate``
 and, when ``μ`` wins, in ``Plan.fallbacks``). Nothing is chosen silently.
 
-:func:`priced_config` rebuilds, from a plan, the configuration whose estimate is the plan's
-step time.
+:func:`price_finalists` prices the ``K`` finalists in order (steps 5–6 of
+:mod:`fxplan.inter_op.driver`): the ones the cost model refuses or finds over memory become
+reasons, two that price to the same configuration are merged (the faster kept, the other a
+reason), and the time budget, once at least one is priced, ends the pricing as a recorded
+fallback. :func:`priced_config` rebuilds, from a plan, the configuration whose estimate is the
+plan's step time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Collection
 
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.core.placements import PlacementMap
 from fxplan.core.plan import Plan
 from fxplan.cost_model.estimate import Estimate, estimate
+from fxplan.cost_model.memory import GIB
 from fxplan.cost_model.memory_headroom import MemoryHeadroom
 from fxplan.cost_model.plotting import time_unit
 from fxplan.inter_op.placements import IntraOpCache, PlacementChoice, megatron_placements
+from fxplan.inter_op.progress import Budget
+from fxplan.inter_op.reasons import DUPLICATE, MEMORY, REFUSED, Reason
+from fxplan.inter_op.stage_memory import limit_text
+from fxplan.inter_op.unfit import overflow
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["Priced", "price_finalist", "priced_config", "INTRA_OP", "MEGATRON"]
+__all__ = ["Finalists", "Priced", "price_finalist", "price_finalists", "priced_config",
+           "INTRA_OP", "MEGATRON"]
+
+log = logging.getLogger("fxplan.planner")
 
 INTRA_OP, MEGATRON = "intra-op", "megatron-default"
 
@@ -167,3 +180,71 @@ def _why(best: Priced, options: list[Priced], solved: PlacementChoice, errors: l
                "the pipeline)")
     return (f"{best.config.summary()}: the plan carries the default Megatron layout, as "
             f"{why}")
+
+
+@dataclass
+class Finalists:
+    """The finalists priced (:func:`price_finalists`): those that fit, fastest first, one per
+    distinct configuration; the ones that failed (refused by the cost model or over memory)
+    and the ones merged into an equal configuration, as reasons; the time-budget cut, if any."""
+
+    priced: list[Priced] = field(default_factory=list)
+    failed: list[Reason] = field(default_factory=list)
+    merged: list[Reason] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)
+
+
+def price_finalists(graph: CapturedGraph, cluster: Cluster, ranked: list[ParallelConfig],
+                    batch: int, cache: IntraOpCache, budget: Budget, *,
+                    sequence_parallel: Any = None,
+                    memory_headroom: MemoryHeadroom | None = None) -> Finalists:
+    """Each of ``ranked`` (best ``T̂`` first) priced by :func:`price_finalist` (the keywords
+    are its own) until ``budget`` expires with at least one priced (module docstring)."""
+    done = Finalists()
+    out = done.priced
+    seen: dict[ParallelConfig, tuple[int, str]] = {}
+    for index, c in enumerate(ranked):
+        if out and budget.expired():
+            text = (f"time budget {budget.seconds:g} s reached after pricing {index} of "
+                    f"{len(ranked)} finalists; the best priced so far is kept")
+            log.warning(text)
+            done.fallbacks.append(text)
+            break
+        try:
+            priced = price_finalist(graph, cluster, c, batch, cache,
+                                    sequence_parallel=sequence_parallel,
+                                    memory_headroom=memory_headroom)
+        except CostModelError as err:
+            done.failed.append(Reason(f"{c.summary()}: the cost model refused it: {err}",
+                                      REFUSED))
+            continue
+        if not priced.est.fits:
+            over = max(priced.est.memory, key=overflow)   # against its own device's
+            worst, capacity = over.total, over.capacity
+            done.failed.append(Reason(
+                f"{priced.config.summary()}: simulated peak {worst / GIB:.1f} GiB > "
+                f"{limit_text(capacity, over.headroom)}", MEMORY, needed_gib=worst / GIB,
+                capacity_gib=(capacity - over.headroom) / GIB,
+                config=priced.config.to_string(),
+                layout=priced.layout))
+            continue
+        # One entry per configuration: two candidates can price to the same configuration
+        # (one with the solver's placements, one with the default layout); the faster stays.
+        key = priced.config
+        if key in seen:
+            index_, first = seen[key]
+            kept, dropped = ((priced, out[index_]) if priced.est.step_time_s
+                             < out[index_].est.step_time_s else (out[index_], priced))
+            out[index_] = kept
+            layouts = (f"; the {kept.layout} layout is kept ({kept.est.step_time_s:.4g} s "
+                       f"≤ {dropped.est.step_time_s:.4g} s with the {dropped.layout} layout)"
+                       if kept.layout != dropped.layout else "")
+            done.merged.append(Reason(
+                f"{c.summary()}: priced with its placements it is "
+                f"{priced.config.summary()}, already a finalist (as {first}){layouts}",
+                DUPLICATE))
+            continue
+        seen[key] = (len(out), c.summary())
+        out.append(priced)
+    out.sort(key=lambda p: p.est.step_time_s)
+    return done

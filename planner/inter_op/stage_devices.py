@@ -36,13 +36,15 @@ import numpy as np
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.inter_op.profile import ModelProfile, SegmentProfile
+from fxplan.inter_op.reasons import DIVIDE, Reason
+from fxplan.inter_op.space import Family
 from fxplan.inter_op.stage_memory import DeviceMemory
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster, DeviceGroup
 
 __all__ = ["StageDeviceTable", "StageDevices", "rank_limits", "rank_profiles", "stage_devices",
-           "straddled_stage"]
+           "straddle_reason", "straddled_stage"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,19 @@ def straddled_stage(cluster: Cluster, pp: int, per_stage: int) -> tuple[int, str
         if first.name != last.name:
             return s, first.name, last.name
     return None
+
+
+def straddle_reason(cluster: Cluster, family: Family) -> Reason | None:
+    """Why ``family`` is pruned on ``cluster`` when one of its pipeline stages spans two device
+    groups (:func:`straddled_stage`); ``None`` when every stage lies in one."""
+    per_stage = family.dp * family.tp
+    straddled = (straddled_stage(cluster, family.pp, per_stage)
+                 if len(cluster.device_groups) > 1 else None)
+    if straddled is None:
+        return None
+    s, a, b = straddled
+    return Reason(f"{family}: pipeline stage {s} ({per_stage} ranks) spans device groups {a} "
+                  f"and {b}; each stage runs on one device group", DIVIDE)
 
 
 def stage_devices(cluster: Cluster, pp: int, per_stage: int,

@@ -14,7 +14,7 @@ from fxplan.cluster_specs import Cluster
 from fxplan.core.config import CostModelError
 from fxplan.api import capture_for_search
 from fxplan.inter_op import InfeasibleError
-from fxplan.inter_op import driver
+from fxplan.inter_op import driver, pricing
 from fxplan.inter_op.progress import Budget
 from fxplan.api import capture
 
@@ -64,7 +64,7 @@ def test_failed_finalists_are_quoted(monkeypatch) -> None:  # type: ignore[no-un
     def refuse(graph, cluster, c, batch, cache, **_keywords):  # type: ignore[no-untyped-def]
         raise CostModelError("refused for the test")
 
-    monkeypatch.setattr(driver, "price_finalist", refuse)
+    monkeypatch.setattr(pricing, "price_finalist", refuse)
     with pytest.raises(InfeasibleError, match="every finalist failed.*refused for the test"):
         search(capture_for_search(SMALL), "dgx-a100-80g", batch=8, progress=False)
 
