@@ -91,6 +91,17 @@ def _op_chain_s(make: Callable[[torch.Tensor], torch.Tensor],
     x0 = make(torch.randn(8, 8)).requires_grad_()
     ops = (lambda x: x + 1.0, lambda x: x * w, torch.nn.functional.gelu, lambda x: x @ w,
            lambda x: torch.nn.functional.layer_norm(x, (8,)))
+    return _chain_per_op_s(ops, x0, repeats, backward=backward)
+
+
+def _chain_per_op_s(ops: tuple[Callable[[torch.Tensor], torch.Tensor], ...], x0: torch.Tensor,
+                    repeats: int, backward: bool = True,
+                    loss: Callable[[torch.Tensor], torch.Tensor] = lambda y: y.sum(),
+                    ) -> tuple[float, float]:
+    """Per-op forward and backward seconds of ``CHAIN`` ops applied in turn from ``x0``:
+    ``t_fwd / CHAIN`` and ``(t_fwd+bwd − t_fwd) / CHAIN`` (thread CPU time, median of
+    ``repeats``); ``loss`` turns the chain's output into the scalar the backward starts from;
+    ``backward=False``: NaN for the backward."""
 
     def forward() -> torch.Tensor:
         x = x0
@@ -101,7 +112,7 @@ def _op_chain_s(make: Callable[[torch.Tensor], torch.Tensor],
     fwd = _median_thread_time(forward, repeats=repeats)
     if not backward:
         return fwd / CHAIN, float("nan")
-    both = _median_thread_time(lambda: forward().sum().backward(), repeats=repeats)
+    both = _median_thread_time(lambda: loss(forward()).backward(), repeats=repeats)
     return fwd / CHAIN, (both - fwd) / CHAIN
 
 
@@ -190,19 +201,11 @@ def _sharded_chain_worker(rank: int, world: int, port: int, repeats: int, out: s
     x0 = DTensor.from_local(torch.randn(8, 8), mesh, [Shard(0)]).requires_grad_()
     ops = (lambda x: x + 1.0, lambda x: x * v, torch.nn.functional.gelu, lambda x: x @ w,
            lambda x: torch.nn.functional.layer_norm(x, (8,)))
-
-    def forward() -> torch.Tensor:
-        x = x0
-        for i in range(CHAIN):
-            x = ops[i % len(ops)](x)
-        return x
-
-    fwd = _median_thread_time(forward, repeats=repeats)
-    both = _median_thread_time(lambda: forward().to_local().sum().backward(), repeats=repeats)
+    sharded = _chain_per_op_s(ops, x0, repeats, loss=lambda y: y.to_local().sum())
     plain = _op_chain_s(lambda t: t, repeats)
     if rank == 0:
-        Path(out).write_text(json.dumps({"forward_us": (fwd / CHAIN - plain[0]) * 1e6,
-                                         "backward_us": ((both - fwd) / CHAIN - plain[1]) * 1e6}))
+        Path(out).write_text(json.dumps({"forward_us": (sharded[0] - plain[0]) * 1e6,
+                                         "backward_us": (sharded[1] - plain[1]) * 1e6}))
     dist.barrier()
     dist.destroy_process_group()
 
