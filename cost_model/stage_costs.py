@@ -211,6 +211,11 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
     attn = cp_layers(graph) if config.cp > 1 else {}     # context parallelism: context_parallel.py
     scale = config.microbatch_size / segments.batch
     experts, ep_share = frozenset().union(*(m.expert_params for m in moe.values())), []
+    # the same for every stage: the pp group of the loss broadcast and the norm, whether FSDP2
+    # shards over dp, and the parameters whose gradients come out Partial under sp
+    pp_group = tuple(stage_ranks(config, k)[0][0] for k in range(p))
+    sharded_dp = fsdp_params(config)
+    partial = partial_grad_params(graph, config)
     for s in range(p):
         tp_group, dp_group = stage_ranks(config, s)
         ep_group, edp_group = ep_groups(dp_group, config.ep)
@@ -252,12 +257,10 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         buckets.append(tuple(stage_buckets))
         # the trainer's loss and gradient-norm scalars (cost_model.step_scalars)
         post[s] += step_scalars_s(
-            config, {"pp": tuple(stage_ranks(config, k)[0][0] for k in range(p)),
-                     "dp": dp_group, "tp": tp_group},
+            config, {"pp": pp_group, "dp": dp_group, "tp": tp_group},
             lambda kind, nbytes, group: _collective(kind, nbytes, group, cluster),
-            sharded_dp=fsdp_params(config))
+            sharded_dp=sharded_dp)
         # sp: the replicated parameters' partial-sum gradients, one flattened all-reduce
-        partial = partial_grad_params(graph, config)
         psi_p = sum(n for k, n in stage_params.items() if k in partial)
         if psi_p:
             post[s] += _collective("all_reduce", optimizer.grad_bytes * psi_p, tp_group, cluster)
@@ -267,9 +270,9 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         # ZeRO ≥ 1: the others sharded over dp, the experts over their dp/ep replicas
         local = (psi - psi_e) / config.dp + psi_e * config.ep / config.dp \
             if config.zero_stage >= 1 else psi
-        # ZeRO-1 without FSDP steps only the tensors its rank owns (ZeroRedundancyOptimizer).
-        fsdp = dtensor_params(config) and config.tp == 1
-        owned = config.dp if config.zero_stage == 1 and not fsdp and config.tp == 1 else 1
+        # ZeRO-1 without FSDP (tp = 1: fsdp_params) steps only the tensors its rank owns
+        # (ZeroRedundancyOptimizer).
+        owned = config.dp if config.zero_stage == 1 and config.tp == 1 else 1
         tensors = -(-len(stage_params) // owned)
         opt_time[s] = (_optimizer_s(optimizer, local, tensors, dtensor_params(config), device)
                        if config.offload == "none" else device.step_overhead_us * 1e-6)
