@@ -51,9 +51,8 @@ from fxplan.inter_op.context_bound import (Dropped, context_reasons, offered_cps
 from fxplan.inter_op.constraints import (allowed, check_cp_constraint, check_ep_constraint,
                                           describe, ep_degrees, only, validate_constraints)
 from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message, no_plan_error
-from fxplan.inter_op.lightest import lightest_allowed, lightest_at
+from fxplan.inter_op.lightest import evenly_at, lightest_allowed, lightest_at
 from fxplan.inter_op.offload import MemoryRungs, Rung, fp8_choices
-from fxplan.inter_op.partition import balanced_counts
 from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import Priced, price_finalists
 from fxplan.inter_op.profile import ModelProfile, SegmentProfile
@@ -205,10 +204,12 @@ class _Search:
         prof = self.profile
         queue: list[tuple[float, int, ParallelConfig]] = []
         groups = (None,) if len(self.cluster.device_groups) == 1 else self.cluster.device_groups
+        # the constraints other than the memory rung's (zero stage, offload): the same for all
+        unsettled = {k: v for k, v in self.constraints.items() if k not in _RUNG_KEYS}
         for fam, (zmin, off) in fams.items():
             for c in self._options(fam):
                 c = c.replace(zero_stage=zmin, offload=off)
-                if allowed(c, {k: v for k, v in self.constraints.items() if k not in _RUNG_KEYS}):
+                if allowed(c, unsettled):
                     lb = min(time_lower_bound(c, prof.of(c, g)) for g in groups)
                     queue.append((lb, len(queue), c))
         queue.sort()
@@ -285,13 +286,9 @@ class _Search:
         if best is not None:
             self.fitted.add(family)
             return best
-        zero, off = rungs[-1] if rungs else (c.zero_stage, c.offload)
-        heaviest = c.replace(zero_stage=zero, offload=off,
-                             stage_layers=balanced_counts(self.profile.num_layers,
-                                                          c.pp * c.virtual_stages))
-        prof, _, devs = self._profiles(c)
-        worst = max(stage_memory(heaviest, prof, self._memory(devs)), key=overflow)
-        record_unfit(self.unfit, family, worst, heaviest)
+        heaviest = evenly_at(c, rungs[-1] if rungs else (c.zero_stage, c.offload),
+                             self.profile.num_layers)
+        record_unfit(self.unfit, family, self._worst(heaviest), heaviest)
         return None
 
     def _budget_fallback(self, index: int, total: int) -> None:

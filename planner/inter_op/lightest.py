@@ -23,10 +23,10 @@ from fxplan.inter_op.offload import Rung
 from fxplan.inter_op.partition import balanced_counts
 from fxplan.inter_op.unfit import overflow
 
-__all__ = ["lightest_allowed", "lightest_at"]
+__all__ = ["evenly_at", "lightest_allowed", "lightest_at"]
 
 
-def _even(c: ParallelConfig, rung: Rung, layers: int) -> ParallelConfig:
+def evenly_at(c: ParallelConfig, rung: Rung, layers: int) -> ParallelConfig:
     """``c`` at ``rung`` with its ``layers`` split evenly over its ``pp·v`` stages."""
     return c.replace(zero_stage=rung[0], offload=rung[1],
                      stage_layers=balanced_counts(layers, c.pp * c.virtual_stages))
@@ -41,7 +41,7 @@ def lightest_at(variants: Iterable[ParallelConfig], rung: Rung,
         return None
     best = min(found, key=lambda c: (c.microbatch_size, c.recompute != "full",
                                      not c.sequence_parallel))
-    return _even(best, rung, layers)
+    return evenly_at(best, rung, layers)
 
 
 def lightest_allowed(variants: Iterable[ParallelConfig], rung: Rung | None, layers: int,
@@ -51,17 +51,18 @@ def lightest_allowed(variants: Iterable[ParallelConfig], rung: Rung | None, laye
     """The lightest of ``variants`` the ``constraints`` allow at ``rung`` (the highest the
     family may climb; ``None``: none allowed) and ``worst(c)``, its heaviest rank's memory;
     ``None`` when the constraints allow none."""
+    if rung is None:
+        return None
     found = [c for c in variants
-             if rung is not None and allowed(c.replace(zero_stage=rung[0], offload=rung[1]),
-                                             constraints)]
-    if not found or rung is None:
+             if allowed(c.replace(zero_stage=rung[0], offload=rung[1]), constraints)]
+    if not found:
         return None
     mb = min(c.microbatch_size for c in found)
     best: tuple[ParallelConfig, MemoryBreakdown] | None = None
     for c in found:
         if c.microbatch_size != mb:
             continue
-        c = _even(c, rung, layers)
+        c = evenly_at(c, rung, layers)
         memory = worst(c)
         if best is None or overflow(memory) < overflow(best[1]):
             best = (c, memory)
