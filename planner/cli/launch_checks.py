@@ -50,7 +50,8 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     cluster = Cluster.load(args.cluster or plan.cluster)
     nnodes, nproc = node_layout(args, plan, cluster)
     plan.check_matches(cluster_fingerprint=cluster.fingerprint(), source=args.plan)
-    graph = capture_for_search(args.model or plan.model, seq=plan.seq,
+    model = args.model or plan.model
+    graph = capture_for_search(model, seq=plan.seq,
                                dtype=training_dtype(cluster))
     plan.check_matches(graph_fingerprint=graph.fingerprint(), source=args.plan)
     check_plan_against(plan, cluster, graph, source=args.plan)
@@ -60,7 +61,7 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     from fxplan.runtime.expert_parallel import check_expert_parallel
 
     check_expert_parallel(plan)                     # ep > 1 with tp > 1: not in the runtime
-    check_expert_model(args.model or plan.model, plan)
+    check_expert_model(model, plan)
     return plan, nnodes, nproc, cluster
 
 

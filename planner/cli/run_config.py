@@ -44,10 +44,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from fxplan.core.training import APPLY_PATHS
 from fxplan.core.errors import UserError
 from fxplan.core.files import file_problem
-from fxplan.core.training import TrainConfig
+from fxplan.core.training import APPLY_PATHS, TrainConfig
 
 __all__ = ["LaunchError", "RunSettings", "SETTINGS", "load_run_config", "resolve_settings"]
 
