@@ -52,7 +52,7 @@ import socket
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -188,9 +188,7 @@ def _sharded_chain_worker(rank: int, world: int, port: int, repeats: int, out: s
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    _join_gloo(rank, world, port)
     mesh = init_device_mesh("cpu", (world,))
     # the chain's activations sharded on their rows (tp's sequence split), its weight
     # replicated: every op propagates Shard(0) and runs locally, no collective
@@ -215,14 +213,7 @@ def dtensor_shard_overhead_us(world: int = 2, repeats: int = 7) -> dict[str, flo
     on a ``world``-rank mesh (µs, forward / backward per op): the chain of :func:`_op_chain_s`
     with the activations row-sharded and the weight replicated, as tensor parallelism with
     sequence parallelism runs a layer's ops (no collective: the placements propagate)."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "shard.json")
-        mp.spawn(_sharded_chain_worker, args=(world, _free_port(), repeats, out), nprocs=world)
-        return json.loads(Path(out).read_text())
+    return _spawn_json(_sharded_chain_worker, world, repeats)
 
 
 def _redistribute_worker(rank: int, world: int, port: int, repeats: int, out: str) -> None:
@@ -230,9 +221,7 @@ def _redistribute_worker(rank: int, world: int, port: int, repeats: int, out: st
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    _join_gloo(rank, world, port)
     mesh = init_device_mesh("cpu", (world,))
     tokens, h = 1024, 64                     # gpt-tiny's residual stream at batch 16
     local = torch.randn(tokens // world, h)
@@ -265,14 +254,7 @@ def redistribute_host_us(world: int = 2, repeats: int = 15) -> dict[str, float]:
     with ``torch.distributed`` directly: their difference is DTensor's host work per
     redistribution (planning it, the functional collective's wrappers and waits), which no
     communication term prices."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "redistribute.json")
-        mp.spawn(_redistribute_worker, args=(world, _free_port(), repeats, out), nprocs=world)
-        return json.loads(Path(out).read_text())
+    return _spawn_json(_redistribute_worker, world, repeats)
 
 
 def process_baseline_gib() -> float:
@@ -333,9 +315,7 @@ def _overhead_worker(rank: int, world: int, port: int, repeats: int, out: str) -
     from fxplan.runtime.apply import apply_plan
     from fxplan.worker import loss_fn
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    _join_gloo(rank, world, port)
     cluster = f"local-cpu:devices={world}"
     plan = fxplan.search("gpt-tiny", cluster, batch=16, progress=False)
     bundle = resolve_model("gpt-tiny")
@@ -372,14 +352,7 @@ def _overhead_worker(rank: int, world: int, port: int, repeats: int, out: str) -
 
 def step_overhead(repeats: int) -> dict[str, float]:
     """``T_step − T_fb − t_opt`` on 2 ranks (module docstring), ms."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "overhead.json")
-        mp.spawn(_overhead_worker, args=(2, _free_port(), repeats, out), nprocs=2)
-        result = json.loads(Path(out).read_text())
+    result = _spawn_json(_overhead_worker, 2, repeats)
     result["overhead_ms"] = result["step_ms"] - result["fb_ms"] - result["opt_ms"]
     return result
 
@@ -421,13 +394,11 @@ def time_sharing(iterations: int = 150) -> dict[str, float]:
             "efficiency": 2 * times[cores] / times[2 * cores]}
 
 
-def _contended_worker(rank: int, world: int, port: int, iterations: int, out: str,
-                      batch: int = 0) -> None:
+def _contended_worker(rank: int, world: int, port: int, iterations: int, batch: int,
+                      out: str) -> None:
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    _join_gloo(rank, world, port)
     a = torch.randn(128, 128)
     flag = torch.zeros(1)
     flags = [torch.zeros(1) for _ in range(batch)]
@@ -472,15 +443,7 @@ def contended_collective_us(world: int, iterations: int = 300,
     asynchronously and then waited (sources round-robin), as ``ZeroRedundancyOptimizer``
     syncs its parameters; ``(t_k − t_1)/(k − 1)`` is what each further collective of such a
     batch costs once the ranks have met (:func:`queued_collective_us`)."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "contended.json")
-        mp.spawn(_contended_worker, args=(world, _free_port(), iterations, out, batch),
-                 nprocs=world)
-        samples = json.loads(Path(out).read_text())
+    samples = _spawn_json(_contended_worker, world, iterations, batch)
     work = statistics.median(w for w, _ in samples)
     both = statistics.median(b for _, b in samples)
     return {"work_us": work * 1e6, "work_collective_us": both * 1e6,
@@ -495,6 +458,28 @@ def queued_collective_us(world: int, batch: int = 28, iterations: int = 100) -> 
     many = contended_collective_us(world, iterations, batch=batch)["collective_us"]
     return {"one_us": one, "batch_us": many, "batch": batch,
             "queued_us": (many - one) / (batch - 1)}
+
+
+def _join_gloo(rank: int, world: int, port: int) -> None:
+    """A spawned calibration rank: one thread, the gloo group of ``world`` ranks on loopback."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+
+
+def _spawn_json(worker: Callable[..., None], world: int, *args: Any) -> Any:
+    """Run ``worker(rank, world, port, *args, out)`` on ``world`` spawned ranks (``port``: a
+    free loopback port) and return the JSON the worker wrote to the file ``out``."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        mp.spawn(worker, args=(world, _free_port(), *args, out), nprocs=world)
+        return json.loads(Path(out).read_text())
 
 
 def _free_port() -> int:
