@@ -126,10 +126,9 @@ class Case:
         medians are the spec's constants. The copy bandwidth is recorded, not priced: the
         spec's 12 GB/s was measured another way (≈ 13.7 GB/s, rounded down), and the probe's
         preallocated 128 MiB copy reads 20–22 GB/s even at load average 9–11."""
-        keys = PRICED_RATES
         if not self.probes:
             return {}
-        return {k: statistics.median(p[k] for p in self.probes) for k in keys}
+        return {k: statistics.median(p[k] for p in self.probes) for k in PRICED_RATES}
 
     @property
     def probed_error(self) -> float:
@@ -520,13 +519,13 @@ def main() -> None:
                 if args.out:
                     save(cases, args.out, meta)
         if args.phase != "plan":
-            for case in cases:
+            plans = [tmp / f"plan-{i}.json" for i in range(len(cases))]
+            for case, plan in zip(cases, plans):   # written once, launched every round
                 case.measured_s, case.measured_gib, case.loads, case.probes = [], [], [], []
+                plan.write_text(json.dumps(case.plan))
             for r, order in enumerate(rounds(len(cases), args.repeats, args.seed)):
                 for i in order:
-                    case = cases[i]
-                    plan = tmp / f"plan-{i}.json"
-                    plan.write_text(json.dumps(case.plan))
+                    case, plan = cases[i], plans[i]
                     launch_case(case, plan, args.steps, args.lock, tmp, args.autogroup_nice,
                                 probe=args.probe)
                     rates = (" matmul {matmul_tflops:.4f} TF/s, copy {memory_gb_per_s:.1f} GB/s, "
