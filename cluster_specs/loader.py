@@ -16,18 +16,18 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from fxplan.cluster_specs.documents import BUILTIN_DIR, read_document
 from fxplan.cluster_specs.errors import ClusterSpecError
 from fxplan.cluster_specs.local_cpu import GENERATOR_PARAMS, local_cpu_spec
-from fxplan.cluster_specs.overrides import (apply_overrides, parse_overrides, positive_float,
-                                            positive_int)
+from fxplan.cluster_specs.overrides import apply_overrides, parse_overrides
 from fxplan.cluster_specs.schema import validate
-from fxplan.core.bounds import MAX_DEVICES_PER_NODE
 
-#: Built-ins generated at load time: name → (generator, the override keys it takes).
-GENERATED: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
+#: Built-ins generated at load time: name → (generator, the override keys it takes with the
+#: parser of each key's value).
+GENERATED: dict[str, tuple[Callable[..., dict[str, Any]],
+                           Mapping[str, Callable[[str, Any, str], Any]]]] = {
     "local-cpu": (local_cpu_spec, GENERATOR_PARAMS),
 }
 
@@ -85,10 +85,8 @@ def load_spec(spec: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
         return _document_to_spec(read_document(Path(text), text), text), text
     base, colon, override_text = text.partition(":")
     items = parse_overrides(override_text, text) if colon else []
-    params = GENERATED[base][1] if base in GENERATED else ()
-    # devices=N is a count; the generator's other keys are measured rates (local-cpu)
-    generator_args = {k: positive_int(k, v, text, MAX_DEVICES_PER_NODE) if k == "devices"
-                      else positive_float(k, v, text) for k, v in items if k in params}
+    params = GENERATED[base][1] if base in GENERATED else {}
+    generator_args = {k: params[k](k, v, text) for k, v in items if k in params}
     items = [(k, v) for k, v in items if k not in params]
     canonical = _base_spec(base, generator_args, text)
     if colon:

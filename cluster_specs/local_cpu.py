@@ -54,8 +54,12 @@ from __future__ import annotations
 
 import os
 import platform
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from fxplan.cluster_specs.overrides import positive_float, positive_int
+from fxplan.core.bounds import MAX_DEVICES_PER_NODE
 
 #: fp32 matmul on one thread, TFLOP/s per core. Calibration line "fp32 matmul 1024³, 1 thread":
 #: 0.1632, 0.1747, 0.1676 and 0.1656 in four runs (256³ and 512³: 0.160–0.179); the median.
@@ -134,10 +138,16 @@ DDP_BUCKET_MIB = 25.0
 #: meeting — is a full collective, priced by ``GLOO_HOP_LATENCY_US``.)
 QUEUED_COLLECTIVE_US = 582.0
 
-#: Override keys the generator takes itself (the others apply to the generated spec).
-#: ``devices``: the ranks; the others: per-core rates measured now (module docstring).
-GENERATOR_PARAMS: tuple[str, ...] = ("devices", "matmul_tflops", "memory_gb_per_s",
-                                     "eager_op_us")
+#: Override keys the generator takes itself, each with the parser of its value
+#: (``parse(key, value, spec_string)`` → the argument, or a ``ClusterSpecError``); the other keys
+#: apply to the generated spec. ``devices``: the ranks; the others: per-core rates measured now
+#: (module docstring).
+GENERATOR_PARAMS: dict[str, Callable[[str, Any, str], Any]] = {
+    "devices": partial(positive_int, high=MAX_DEVICES_PER_NODE),
+    "matmul_tflops": positive_float,
+    "memory_gb_per_s": positive_float,
+    "eager_op_us": positive_float,
+}
 
 
 def cpu_cores() -> int:

@@ -54,22 +54,16 @@ from typing import TYPE_CHECKING
 
 from fxplan.cli.arguments import output_path
 from fxplan.cli.child import run_foreground
-from fxplan.cli.launch_checks import (check_checkpoints, check_dataset_dir, check_plan,
-                                      node_layout, settings_for)
+from fxplan.cli.launch_checks import check_checkpoints, check_plan, settings_for
 from fxplan.cli.slurm import write_slurm
-from fxplan.cli.torchrun_command import (OWN_TORCHRUN_FLAGS, check_endpoint, free_loopback_port,
-                                         launch_command, loopback_interface, passthrough,
-                                         shell_line, trace_dir, worker_command)
+from fxplan.cli.torchrun_command import launch_command, shell_line, trace_dir
 from fxplan.core.training import APPLY_PATHS
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import Plan
 
-__all__ = ["OWN_TORCHRUN_FLAGS", "check_checkpoints", "check_dataset_dir", "check_endpoint",
-           "check_plan", "free_loopback_port", "launch_command", "loopback_interface",
-           "node_layout", "passthrough", "register", "run", "settings_for", "shell_line",
-           "trace_dir", "worker_command", "write_predicted_trace", "write_slurm"]
+__all__ = ["register", "run", "write_predicted_trace"]
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

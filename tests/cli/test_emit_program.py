@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from fxplan.cli.main import main
-from fxplan.cli.launch import free_loopback_port, loopback_interface
+from fxplan.cli.torchrun_command import free_loopback_port, loopback_interface
 from launch_here import launch_here
 
 

@@ -27,8 +27,9 @@ TOL = 1e-5
 
 def one_rank(launch_args: list[str]) -> subprocess.CompletedProcess:
     """The worker of ``fxplan launch LAUNCH_ARGS`` (its argv built by the launch verb's own
-    :func:`fxplan.cli.launch.worker_command`) run as rank 0 of a one-process gloo group."""
-    from fxplan.cli.launch import free_loopback_port, settings_for, worker_command
+    :func:`fxplan.cli.torchrun_command.worker_command`) run as rank 0 of a one-process gloo group."""
+    from fxplan.cli.launch_checks import settings_for
+    from fxplan.cli.torchrun_command import free_loopback_port, worker_command
     from fxplan.cli.main import parse_args
 
     args = parse_args(["launch", *launch_args])

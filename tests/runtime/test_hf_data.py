@@ -59,7 +59,7 @@ def test_dataset_dict_uses_its_train_split(rows, tmp_path):
 
 
 def test_refusals(tmp_path):
-    from fxplan.cli.launch import check_dataset_dir
+    from fxplan.cli.launch_checks import check_dataset_dir
     from fxplan.cli.run_config import LaunchError
     from fxplan.runtime.hf_data import HFDataset
 
