@@ -129,6 +129,18 @@ GROUP_FIELDS: dict[str, Field] = {
     "queued_collective_us": optional(number(
         low=0, low_open=False, high=MAX_LATENCY_US,
         unit="µs per further collective of an async batch (0: a full collective)"), 0.0),
+    "ddp_step_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                   unit="µs of DDP host work per training step"), 0.0),
+    "ddp_tensor_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                     unit="µs of DDP host work per parameter tensor and step"),
+                              0.0),
+    **{f"fsdp_{what}{part}_us": optional(number(
+        low=0, low_open=False, high=MAX_LATENCY_US,
+        unit=f"µs of FSDP2 host work per fully_shard group{per}: {doc}"), 0.0)
+       for what, doc in (("gather", "unshard and hooks, per microbatch"),
+                         ("reduce", "post-backward reduce, per step"),
+                         ("regather", "ZeRO-3's reshard and re-gather, per microbatch"))
+       for part, per in (("", ""), ("_tensor", " and parameter tensor"))},
     "dtensor_optimizer_tensor_us": optional(number(
         low=0, low_open=False, high=MAX_LATENCY_US,
         unit="µs per DTensor parameter tensor per optimizer step"), 0.0),
