@@ -77,8 +77,10 @@ EAGER_OP_US = 4.61
 #: issuing and waiting for the all-reduce), µs: a part per step and one per parameter tensor
 #: (:func:`fxplan.cost_model.host_overhead.ddp_host_s`). Calibration line "FSDP2 host work …"
 #: (its DDP figure: the same model wrapped in DDP against it unwrapped, 18 and 98 tensors),
-#: scaled to ``EAGER_OP_US`` like the FSDP2 figures below: 205 µs + 7.6 µs per tensor.
-DDP_STEP_US, DDP_TENSOR_US = 205.0, 7.6
+#: scaled to ``EAGER_OP_US`` like the FSDP2 figures below, the mean of the same two
+#: invocations: 151 µs + 8.2 µs per tensor (alone: 205 + 7.6, 97 + 8.8; on gpt-tiny's 28
+#: tensors 418 / 343 µs).
+DDP_STEP_US, DDP_TENSOR_US = 151.0, 8.2
 #: Host cost of one training step beyond its kernels, the optimizer's memory traffic and its
 #: per-tensor loop, on one core, µs. Calibration line "step overhead, 2 ranks" (gpt-tiny,
 #: batch 16, dp=2, AdamW), T_step − T_fb − t_opt in four runs: 4.76, 2.87, 4.04 and 3.64 ms,
@@ -151,17 +153,17 @@ QUEUED_COLLECTIVE_US = 582.0
 #: host work per group per microbatch, 2 ranks, 9 groups (widths [1, 6])" (blocks of 1 and 6
 #: Linear(64, 64), k = 2 and 12 tensors; thread CPU time against the unwrapped model), each
 #: run scaled to the spec's eager op by its own probe (``· EAGER_OP_US / e``; host costs
-#: move with it, module docstring). One invocation (``--fsdp``: 3 runs of 21 interleaved rounds,
-#: the eager op probed at 6.28, 6.24, 6.58 µs: load average 14–19 from other sessions' jobs),
-#: the median over runs of each scaled figure, then split: unshard and hooks 520 + 16.8·k µs,
-#: reduce 250 + 5.6·k µs, ZeRO-3's re-gather 187 + 43.2·k µs. (Two earlier single runs at load
-#: 10–12, the eager op probed just before each run instead of within it, scaled alike: 606 and
-#: 629 + 25·k, 308 + 2.4·k and 176 + 24.5·k, 279 + 33·k and 475 + 15·k: the split into group
-#: and tensor parts is the noisy part; a 12-tensor group's A + R + B, 1.74 ms here, read 1.92
-#: and 2.05 ms.)
-FSDP_GATHER_US, FSDP_GATHER_TENSOR_US = 520.0, 16.8
-FSDP_REDUCE_US, FSDP_REDUCE_TENSOR_US = 250.0, 5.6
-FSDP_REGATHER_US, FSDP_REGATHER_TENSOR_US = 187.0, 43.2
+#: move with it, module docstring). Two invocations (``--fsdp``: 3 runs of 21 interleaved
+#: rounds each; the eager op probed at 6.24–6.58 and 6.40–7.00 µs, load average 12–19 from
+#: other sessions' jobs), each the median over its runs of each scaled figure; the constants
+#: split the mean of the two: unshard and hooks ``A`` 522 + 24.3·k µs (the invocations alone:
+#: 520 + 16.8·k, 524 + 31.7·k), reduce ``R`` 269 + 3.4·k (250 + 5.6·k, 288 + 1.1·k), ZeRO-3's
+#: re-gather ``B`` 247 + 24.1·k (187 + 43.2·k, 307 + 5.0·k). The split into a group and a
+#: tensor part is the noisy part; a 12-tensor group (a gpt-tiny layer) costs A 722 / 904,
+#: R 317 / 301, B 705 / 367 µs in the two.
+FSDP_GATHER_US, FSDP_GATHER_TENSOR_US = 522.0, 24.3
+FSDP_REDUCE_US, FSDP_REDUCE_TENSOR_US = 269.0, 3.4
+FSDP_REGATHER_US, FSDP_REGATHER_TENSOR_US = 247.0, 24.1
 
 #: Override keys the generator takes itself (the others apply to the generated spec).
 #: ``devices``: the ranks; the others: per-core rates measured now (module docstring).
