@@ -348,9 +348,10 @@ def fsdp_host_us(world: int = 2, groups: int = 8, widths: tuple[int, int] = (1, 
         R = (T_2 − T_2,nosync) / n      per group, on the microbatch that syncs: the
                                         post-backward reduce (copy-in, reduce-scatter, the
                                         divide, copy-out into the sharded gradient)
-        B = (T_3 − T_2) / (n − 1)       per group but the root (which keeps its gather) and
-                                        microbatch under ZeRO-3: the reshard after the forward
-                                        and the unshard again before the backward
+        B = (T_3 − T_2) / n             per group and microbatch under ZeRO-3: the reshard
+                                        after the forward and the unshard again before the
+                                        backward (the root's too: ``reshard_after_forward=True``
+                                        given explicitly, as the runtime does)
 
     Each is measured at two widths ``w₁ < w₂`` and split into a part per group and a part per
     tensor, ``X(k) = X_g + k·X_t`` with ``X_t = (X(k₂) − X(k₁)) / (k₂ − k₁)``. The tensors are
@@ -382,7 +383,7 @@ def fsdp_host_us(world: int = 2, groups: int = 8, widths: tuple[int, int] = (1, 
         r = rows[str(w)]
         per["gather"][w] = (r["zero2_nosync_us"] - r["plain_us"]) / n
         per["reduce"][w] = (r["zero2_us"] - r["zero2_nosync_us"]) / n
-        per["regather"][w] = (r["zero3_us"] - r["zero2_us"]) / (n - 1)
+        per["regather"][w] = (r["zero3_us"] - r["zero2_us"]) / n
     w1, w2 = widths
     # DDP on the same model: its hooks and bucket copies, all n·2w + 2 tensors in one step
     ddp = {w: rows[str(w)]["ddp_us"] - rows[str(w)]["plain_us"] for w in widths}

@@ -158,12 +158,12 @@ QUEUED_COLLECTIVE_US = 582.0
 #: other sessions' jobs), each the median over its runs of each scaled figure; the constants
 #: split the mean of the two: unshard and hooks ``A`` 522 + 24.3·k µs (the invocations alone:
 #: 520 + 16.8·k, 524 + 31.7·k), reduce ``R`` 269 + 3.4·k (250 + 5.6·k, 288 + 1.1·k), ZeRO-3's
-#: re-gather ``B`` 247 + 24.1·k (187 + 43.2·k, 307 + 5.0·k). The split into a group and a
-#: tensor part is the noisy part; a 12-tensor group (a gpt-tiny layer) costs A 722 / 904,
-#: R 317 / 301, B 705 / 367 µs in the two.
+#: re-gather ``B`` 219 + 21.4·k (166 + 38.4·k, 273 + 4.4·k; ``(T_3 − T_2)/n``: the root is
+#: re-gathered too). The split into a group and a tensor part is the noisy part; a 12-tensor
+#: group (a gpt-tiny layer) costs A 722 / 904, R 317 / 301, B 627 / 326 µs in the two.
 FSDP_GATHER_US, FSDP_GATHER_TENSOR_US = 522.0, 24.3
 FSDP_REDUCE_US, FSDP_REDUCE_TENSOR_US = 269.0, 3.4
-FSDP_REGATHER_US, FSDP_REGATHER_TENSOR_US = 247.0, 24.1
+FSDP_REGATHER_US, FSDP_REGATHER_TENSOR_US = 219.0, 21.4
 
 #: Override keys the generator takes itself (the others apply to the generated spec).
 #: ``devices``: the ranks; the others: per-core rates measured now (module docstring).
@@ -273,6 +273,9 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "bandwidth_gb_per_s": GLOO_BUS_GB_PER_S,
                 "latency_us": GLOO_HOP_LATENCY_US,
                 "efficiency": 1.0,
+                # gloo runs _reduce_scatter_base as a gloo:all_reduce of the whole input
+                # (FSDP2's and DTensor's reduce-scatters, counted with torch.profiler)
+                "reduce_scatter_as_all_reduce": True,
             },
             {
                 # Only used with nodes=N > 1. benchmarks/data/hardware.md: Ethernet 100 Gb/s =
@@ -284,6 +287,7 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "nics_per_node": 1,
                 "latency_us": 14.0,
                 "efficiency": 0.8,
+                "reduce_scatter_as_all_reduce": True,      # gloo here too
             },
         ],
     }

@@ -12,21 +12,21 @@ unsharded parameters), after its backward the reduce (copy-in of the gradients, 
 reduce-scatter, the divide by the dp size, copy-out into the sharded gradients) — which run
 once per step, on the microbatch whose gradients are synchronised (``set_requires_gradient_
 sync``: the last) — and under ZeRO-3 (``reshard_after_forward=True``) the reshard after the
-forward and a second unshard before the backward, on every group but the root (FSDP2 keeps
-the root's parameters gathered from its forward to its backward).
+forward and a second unshard before the backward, on every group, the root's included (FSDP2
+keeps the root gathered only when ``reshard_after_forward`` is left at its default, and the
+runtime passes ``True``; counted: 6 all-gathers per step for 3 groups, 3 with ``False``).
 
 For a group of ``k`` parameter tensors, with per-group and per-tensor costs measured on a
 loopback gloo group (``benchmarks/local_cpu_calibration.py``, line "FSDP2 host work"; the
 spec fields ``fsdp_gather_us``, ``fsdp_gather_tensor_us`` and so on)::
 
     A(k) = fsdp_gather_us   + k · fsdp_gather_tensor_us     per microbatch (forward)
-    B(k) = fsdp_regather_us + k · fsdp_regather_tensor_us   per microbatch (backward), ZeRO-3,
-                                                            not the root
+    B(k) = fsdp_regather_us + k · fsdp_regather_tensor_us   per microbatch (backward), ZeRO-3
     R(k) = fsdp_reduce_us   + k · fsdp_reduce_tensor_us     per step (after the last backward)
 
-and over a chunk's groups ``g`` (the root ``g = 0``)::
+and over a chunk's groups ``g``::
 
-    t_fwd += Σ_g A(k_g)        t_bwd += [ZeRO-3]·Σ_{g>0} B(k_g)        t_post += Σ_g R(k_g)
+    t_fwd += Σ_g A(k_g)        t_bwd += [ZeRO-3]·Σ_g B(k_g)        t_post += Σ_g R(k_g)
 
 The collectives' own time (their latency and bytes) is not here: gloo runs them on its own
 threads, and the ZeRO/dp communication terms price them (:mod:`cost_model.stage_costs`).
@@ -82,6 +82,6 @@ def fsdp_host_s(groups: Sequence[int], device: DeviceGroup, *, zero3: bool) -> F
 
     return FsdpHost(
         forward=cost(device.fsdp_gather_us, device.fsdp_gather_tensor_us, groups),
-        backward=(cost(device.fsdp_regather_us, device.fsdp_regather_tensor_us, groups[1:])
+        backward=(cost(device.fsdp_regather_us, device.fsdp_regather_tensor_us, groups)
                   if zero3 else 0.0),
         post=cost(device.fsdp_reduce_us, device.fsdp_reduce_tensor_us, groups))

@@ -29,9 +29,9 @@ def test_the_formula_per_group_and_tensor() -> None:
     assert z2.forward == pytest.approx((3 * 100 + 28 * 10) * 1e-6)
     assert z2.post == pytest.approx((3 * 50 + 28 * 5) * 1e-6)
     assert z2.backward == 0.0
-    # ZeRO-3 re-gathers every group but the root (FSDP2 keeps the root gathered)
+    # ZeRO-3 re-gathers every group, the root's too (the runtime's reshard_after_forward=True)
     z3 = fsdp_host_s(groups, cpu, zero3=True)
-    assert z3.backward == pytest.approx((2 * 70 + 24 * 7) * 1e-6)
+    assert z3.backward == pytest.approx((3 * 70 + 28 * 7) * 1e-6)
     assert (z3.forward, z3.post) == (z2.forward, z2.post)
 
 
