@@ -26,6 +26,9 @@ the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
   prefetched one segment ahead; the first gather and the last reduce-scatter of a chunk
   cannot hide, and only ``comm_overlap`` of the others can
   (:func:`cost_model.host_overhead.zero3_exposed_s`);
+- FSDP2 (ZeRO-2/3, ZeRO-1 with tp > 1): the host work of the chunk's ``fully_shard`` groups
+  (:mod:`cost_model.fsdp_host`: per microbatch in the forward, ZeRO-3's re-gather in the
+  backward, both in the ZeRO row; the reduce once per step after the backward);
 - p2p: the forward sends the chunk's output (``o`` bytes) to the next virtual stage, the
   backward sends the gradient of its input to the previous one; with tp, as Megatron's
   scatter/gather optimisation: each tp rank sends ``o/t`` and the receiver all-gathers
