@@ -44,7 +44,13 @@ class DeviceGroup:
     buckets of the A100/V100 references are priced). ``queued_collective_us`` is what each
     further collective of a batch issued asynchronously and then waited costs beyond its
     bandwidth term, once the ranks have met for the first (0: each priced as a full
-    collective, latency included).
+    collective, latency included). ``fsdp_gather_us``, ``fsdp_reduce_us``,
+    ``fsdp_regather_us`` (each with a ``…_tensor_us`` part per parameter tensor of the group)
+    are FSDP2's host work per ``fully_shard`` group: its unshard and hooks per microbatch, its
+    post-backward reduce per step, and ZeRO-3's reshard and re-gather per microbatch
+    (:mod:`fxplan.cost_model.fsdp_host`; 0 on GPUs, where it runs ahead of the kernels).
+    ``ddp_step_us`` + ``ddp_tensor_us`` per parameter tensor is PyTorch DDP's host work per
+    step (hooks, bucket copies) where the runtime runs DDP; ``step_overhead_us`` is the rest.
     ``fused_attention`` says that attention runs as one fused (flash) kernel on these devices,
     whatever the model's code spells out (:mod:`cost_model.attention_kernel` prices it so):
     the training stack's choice (Megatron-Core / Transformer Engine, PyTorch SDPA on GPUs
@@ -83,6 +89,14 @@ class DeviceGroup:
     comm_overlap: float = 1.0
     ddp_bucket_mib: float = 0.0
     queued_collective_us: float = 0.0
+    ddp_step_us: float = 0.0
+    ddp_tensor_us: float = 0.0
+    fsdp_gather_us: float = 0.0
+    fsdp_gather_tensor_us: float = 0.0
+    fsdp_reduce_us: float = 0.0
+    fsdp_reduce_tensor_us: float = 0.0
+    fsdp_regather_us: float = 0.0
+    fsdp_regather_tensor_us: float = 0.0
     nics_per_node: int | None = None
     host_memory_gib: float | None = None
     host_memory_bandwidth_gb_per_s: float | None = None

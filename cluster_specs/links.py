@@ -6,7 +6,9 @@ direction. The ``scope: cluster`` level joins nodes through ``nics_per_node`` NI
 ``bandwidth_gb_per_s`` is per NIC and per direction. Collectives reach
 ``bandwidth_gb_per_s × efficiency`` (their bus bandwidth); ``allreduce_bandwidth_gb_per_s``,
 where present, is the all-reduce bus bandwidth reached with in-network reduction (NVLink
-SHARP), as measured, so no efficiency is applied to it.
+SHARP), as measured, so no efficiency is applied to it. ``reduce_scatter_as_all_reduce``
+says that the backend runs a reduce-scatter as an all-reduce of its whole input (gloo:
+``_reduce_scatter_base`` is a ``gloo:all_reduce``), and the cost model prices it so.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class LinkLevel:
     efficiency: float
     nics_per_node: int | None = None
     allreduce_bandwidth_gb_per_s: float | None = None
+    reduce_scatter_as_all_reduce: bool = False
 
     @property
     def effective_bandwidth_gb_per_s(self) -> float:

@@ -22,9 +22,13 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     optimizer_tensor_us        = OPTIMIZER_TENSOR_US / s         (AdamW per plain tensor)
     dtensor_optimizer_tensor_us = DTENSOR_OPTIMIZER_TENSOR_US / s (AdamW per DTensor tensor)
     step_overhead_us           = STEP_OVERHEAD_US / s            (training loop's host work)
+    ddp_step_us, ddp_tensor_us = DDP_STEP_US / s, DDP_TENSOR_US / s  (DDP's, where it runs)
     comm_overlap               = 0                               (gloo needs the rank's core)
     ddp_bucket_mib             = 25                              (DDP's default bucket cap)
     queued_collective_us       = QUEUED_COLLECTIVE_US            (async batch: each further one)
+    fsdp_gather_us             = FSDP_GATHER_US / s              (FSDP2 per group, microbatch;
+    fsdp_reduce_us             = FSDP_REDUCE_US / s               per step; ZeRO-3 re-gather;
+    fsdp_regather_us           = FSDP_REGATHER_US / s             each + a part per tensor)
     reserved_memory_gib        = PROCESS_BASELINE_GIB            (interpreter, torch, gloo)
 
 **Rates measured now.** The three per-core rates are the calibration's constants unless the
@@ -73,13 +77,23 @@ MEMORY_GB_PER_S_PER_CORE = 12.0
 #: 4.5–5.8 µs per kernel over the cost model's mean 1.4 backward kernels of that chain's ops
 #: (add, mul, gelu: 1; matmul, layer_norm: 2).
 EAGER_OP_US = 4.61
+#: ``DistributedDataParallel``'s main-thread host work per step (autograd hooks, bucket copies,
+#: issuing and waiting for the all-reduce), µs: a part per step and one per parameter tensor
+#: (:func:`fxplan.cost_model.host_overhead.ddp_host_s`). Calibration line "FSDP2 host work …"
+#: (its DDP figure: the same model wrapped in DDP against it unwrapped, 18 and 98 tensors),
+#: scaled to ``EAGER_OP_US`` like the FSDP2 figures below, the mean of the same two
+#: invocations: 151 µs + 8.2 µs per tensor (alone: 205 + 7.6, 97 + 8.8; on gpt-tiny's 28
+#: tensors 418 / 343 µs).
+DDP_STEP_US, DDP_TENSOR_US = 151.0, 8.2
 #: Host cost of one training step beyond its kernels, the optimizer's memory traffic and its
 #: per-tensor loop, on one core, µs. Calibration line "step overhead, 2 ranks" (gpt-tiny,
 #: batch 16, dp=2, AdamW), T_step − T_fb − t_opt in four runs: 4.76, 2.87, 4.04 and 3.64 ms,
 #: median 3.84 ms, measured when t_opt did not include AdamW's per-tensor loop; that loop is
 #: now priced by ``OPTIMIZER_TENSOR_US`` (28 tensors × 46.9 µs = 1.31 ms), so what is left —
-#: DDP's hooks and bucket copies, gradient clipping, the schedule — is 3.84 − 1.31 ms.
-STEP_OVERHEAD_US = 2527.0
+#: DDP's hooks and bucket copies, gradient clipping, the schedule — is 3.84 − 1.31 = 2.53 ms.
+#: DDP's part is priced on its own (``DDP_STEP_US``, ``DDP_TENSOR_US``: only where the runtime
+#: runs DDP), so the step overhead of every step is 2527 µs less DDP's on gpt-tiny's 28 tensors.
+STEP_OVERHEAD_US = round(2527.0 - (DDP_STEP_US + 28 * DDP_TENSOR_US), 1)
 #: Extra host cost of an op on a DTensor over the same op on a plain tensor, µs. Calibration
 #: line "DTensor op extra (Replicate, 1-rank mesh): forward / backward" (200-op chain on 8×8
 #: DTensors minus the same chain on tensors): 34.7 / 19.7 µs (torch 2.13.0+cpu, one run).
@@ -137,6 +151,23 @@ DDP_BUCKET_MIB = 25.0
 #: 18390 µs ⇒ 508 µs; the mean of the two, 582 µs. (The first of the batch — the ranks
 #: meeting — is a full collective, priced by ``GLOO_HOP_LATENCY_US``.)
 QUEUED_COLLECTIVE_US = 582.0
+
+#: FSDP2's main-thread host work per ``fully_shard`` group, µs: a part per group and one per
+#: parameter tensor of the group (:mod:`fxplan.cost_model.fsdp_host`). Calibration line "FSDP2
+#: host work per group per microbatch, 2 ranks, 9 groups (widths [1, 6])" (blocks of 1 and 6
+#: Linear(64, 64), k = 2 and 12 tensors; thread CPU time against the unwrapped model), each
+#: run scaled to the spec's eager op by its own probe (``· EAGER_OP_US / e``; host costs
+#: move with it, module docstring). Two invocations (``--fsdp``: 3 runs of 21 interleaved
+#: rounds each; the eager op probed at 6.24–6.58 and 6.40–7.00 µs, load average 12–19 from
+#: other sessions' jobs), each the median over its runs of each scaled figure; the constants
+#: split the mean of the two: unshard and hooks ``A`` 522 + 24.3·k µs (the invocations alone:
+#: 520 + 16.8·k, 524 + 31.7·k), reduce ``R`` 269 + 3.4·k (250 + 5.6·k, 288 + 1.1·k), ZeRO-3's
+#: re-gather ``B`` 219 + 21.4·k (166 + 38.4·k, 273 + 4.4·k; ``(T_3 − T_2)/n``: the root is
+#: re-gathered too). The split into a group and a tensor part is the noisy part; a 12-tensor
+#: group (a gpt-tiny layer) costs A 722 / 904, R 317 / 301, B 627 / 326 µs in the two.
+FSDP_GATHER_US, FSDP_GATHER_TENSOR_US = 522.0, 24.3
+FSDP_REDUCE_US, FSDP_REDUCE_TENSOR_US = 269.0, 3.4
+FSDP_REGATHER_US, FSDP_REGATHER_TENSOR_US = 219.0, 21.4
 
 #: Override keys the generator takes itself, each with the parser of its value
 #: (``parse(key, value, spec_string)`` → the argument, or a ``ClusterSpecError``); the other keys
@@ -232,6 +263,13 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 # The runtime's DDP (torch defaults: 25 MiB buckets, the first 1 MiB).
                 "ddp_bucket_mib": DDP_BUCKET_MIB,
                 "queued_collective_us": round(QUEUED_COLLECTIVE_US, 1),
+                "ddp_step_us": round(host * DDP_STEP_US / share, 3),
+                "ddp_tensor_us": round(host * DDP_TENSOR_US / share, 3),
+                **{f"fsdp_{name}_us": round(host * value / share, 3) for name, value in (
+                    ("gather", FSDP_GATHER_US), ("gather_tensor", FSDP_GATHER_TENSOR_US),
+                    ("reduce", FSDP_REDUCE_US), ("reduce_tensor", FSDP_REDUCE_TENSOR_US),
+                    ("regather", FSDP_REGATHER_US),
+                    ("regather_tensor", FSDP_REGATHER_TENSOR_US))},
                 # The fp32 peak is itself a measured matmul rate, hence matmul 1.0.
                 "compute_efficiency": {"matmul": 1.0, "attention": 0.6, "memory_bound": 0.8,
                                        "dropout": DROPOUT_BANDWIDTH_FRACTION},
@@ -245,6 +283,9 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "bandwidth_gb_per_s": GLOO_BUS_GB_PER_S,
                 "latency_us": GLOO_HOP_LATENCY_US,
                 "efficiency": 1.0,
+                # gloo runs _reduce_scatter_base as a gloo:all_reduce of the whole input
+                # (FSDP2's and DTensor's reduce-scatters, counted with torch.profiler)
+                "reduce_scatter_as_all_reduce": True,
             },
             {
                 # Only used with nodes=N > 1. benchmarks/data/hardware.md: Ethernet 100 Gb/s =
@@ -256,6 +297,7 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "nics_per_node": 1,
                 "latency_us": 14.0,
                 "efficiency": 0.8,
+                "reduce_scatter_as_all_reduce": True,      # gloo here too
             },
         ],
     }

@@ -129,6 +129,17 @@ GROUP_FIELDS: dict[str, Field] = {
     "queued_collective_us": optional(number(
         low=0, low_open=False, high=MAX_LATENCY_US,
         unit="µs per further collective of an async batch (0: a full collective)"), 0.0),
+    "ddp_step_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                   unit="µs of DDP host work per training step")),
+    "ddp_tensor_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                     unit="µs of DDP host work per parameter tensor and step")),
+    **{f"fsdp_{what}{part}_us": optional(number(
+        low=0, low_open=False, high=MAX_LATENCY_US,
+        unit=f"µs of FSDP2 host work per fully_shard group{per}: {doc}"))
+       for what, doc in (("gather", "unshard and hooks, per microbatch"),
+                         ("reduce", "post-backward reduce, per step"),
+                         ("regather", "ZeRO-3's reshard and re-gather, per microbatch"))
+       for part, per in (("", ""), ("_tensor", " and parameter tensor"))},
     "dtensor_optimizer_tensor_us": optional(number(
         low=0, low_open=False, high=MAX_LATENCY_US,
         unit="µs per DTensor parameter tensor per optimizer step"), 0.0),
@@ -163,6 +174,9 @@ LEVEL_FIELDS: dict[str, Field] = {
         number(low=0, low_open=True, high=MAX_RATE,
                unit="GB/s all-reduce bus bandwidth with in-network reduction")
     ),
+    "reduce_scatter_as_all_reduce": optional(boolean(
+        what="whether the backend runs a reduce-scatter as an all-reduce of its whole input "
+             "(gloo); cost_model.collectives prices it so")),
 }
 
 

@@ -32,6 +32,10 @@ of the flat ring's 2(n−1)/n·S, so it wins where the network is much slower th
 NVLS (all-reduce inside one node whose level lists ``allreduce_bandwidth_gb_per_s``, the
 measured NVLink-SHARP bus bandwidth ``B_s``): ``t = α_nvls + 2(n−1)/n · S/B_s``.
 
+A reduce-scatter over a level with ``reduce_scatter_as_all_reduce`` (gloo, which runs
+``_reduce_scatter_base`` as an all-reduce of the whole input and keeps its own shard) is
+priced as that all-reduce of ``S``: ``2(n−1)`` hops and ``2(n−1)/n·S/B``.
+
 All-to-all (direct: n−1 pairwise transfers at once): ``t = α + (n−m)·h_i + (m−1)·h_e +
 max((k−1)/n · S/B_i, (n−k)/n · S/B_r)``. Send/recv: ``t = α + h + S/B`` over the pair.
 
@@ -121,6 +125,7 @@ class _Group:
     intra_hop_us: float
     net_hop_us: float
     nvls_gb_per_s: float | None
+    reduce_scatter_as_all_reduce: bool = False
 
 
 @lru_cache(maxsize=4096)
@@ -140,6 +145,7 @@ def _describe(ranks: tuple[int, ...], cluster: Cluster) -> _Group:
         intra_hop_us=max((g.latency_us for g in intra), default=0.0),
         net_hop_us=rail.latency_us if rail else 0.0,
         nvls_gb_per_s=links.level.allreduce_bandwidth_gb_per_s if len(by_node) == 1 else None,
+        reduce_scatter_as_all_reduce=links.level.reduce_scatter_as_all_reduce,
     )
 
 
@@ -212,6 +218,8 @@ def _cost(kind: str, nbytes: float, group: tuple[int, ...], cluster: Cluster,
     if len(group) <= 1 or nbytes <= 0:
         return CollectiveCost(0.0, "none", math.inf, 0.0)
     g = _describe(group, cluster)
+    if kind == "reduce_scatter" and g.reduce_scatter_as_all_reduce:
+        kind = "all_reduce"              # gloo (module docstring)
     names = ALGORITHMS[kind] if algorithm == "auto" else (algorithm,)
     if algorithm != "auto" and algorithm not in ALGORITHMS[kind]:
         raise ValueError(f"{kind} cannot run as {algorithm!r}; algorithms: {', '.join(ALGORITHMS[kind])}")

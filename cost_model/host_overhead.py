@@ -58,6 +58,16 @@ of its segments' bytes (:func:`ddp_buckets`). A small model is one all-reduce (g
 is milliseconds (gloo between time-shared ranks). ``ddp_bucket_mib = 0`` (GPU specs) keeps
 one bucket per segment.
 
+**DDP's host work.** Where the runtime wraps a stage in ``DistributedDataParallel``
+(``dp > 1``, ``tp = 1``, ZeRO-0/1: :func:`ddp_runs`) its autograd hooks and bucket copies
+run on the main thread every step, with ``P`` parameter tensors (measured on ``local-cpu``,
+0 on the GPU specs)::
+
+    t_ddp = ddp_step_us + P · ddp_tensor_us                    (:func:`ddp_host_s`)
+
+charged with the optimizer's host work; the device's ``step_overhead_us`` is the host work
+every step has (clipping, the schedule, ``zero_grad``), DDP or not.
+
 **Async batches of collectives.** ZeRO-1 as the runtime runs it (``ZeroRedundancyOptimizer``
 ``_sync_params``) issues one broadcast per parameter tensor with ``async_op=True`` and then
 waits for all of them. The ranks meet once, for the first; the others are queued behind it
@@ -80,7 +90,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import DeviceGroup
     from fxplan.core.config import ParallelConfig
 
-__all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "dtensor_dispatch_s", "dtensor_params", "fsdp_params", "optimizer_host_s", "overlapped_buckets", "redistribute_host_s",
+__all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "ddp_host_s", "ddp_runs",
+           "dtensor_dispatch_s", "dtensor_params", "fsdp_params", "optimizer_host_s", "overlapped_buckets", "redistribute_host_s",
            "runs_kernel", "zero3_exposed_s"]
 
 
@@ -141,6 +152,18 @@ def fsdp_params(config: ParallelConfig) -> bool:
     with ``tp > 1`` (:mod:`fxplan.runtime.data_parallel`)."""
     return config.dp > 1 and (config.zero_stage >= 2
                               or (config.zero_stage == 1 and config.tp > 1))
+
+
+def ddp_runs(config: ParallelConfig) -> bool:
+    """Whether the runtime wraps the stage in PyTorch DDP: ``dp > 1`` without tensor
+    parallelism and without FSDP2 (ZeRO-0/1; :mod:`fxplan.runtime.data_parallel`)."""
+    return config.dp > 1 and config.tp == 1 and not fsdp_params(config)
+
+
+def ddp_host_s(tensors: int, device: DeviceGroup) -> float:
+    """``ddp_step_us + P·ddp_tensor_us`` seconds: DDP's host work per step with ``tensors``
+    parameter tensors (module docstring)."""
+    return (device.ddp_step_us + tensors * device.ddp_tensor_us) * 1e-6
 
 
 def dtensor_params(config: ParallelConfig) -> bool:

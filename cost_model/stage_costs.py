@@ -26,6 +26,9 @@ the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
   prefetched one segment ahead; the first gather and the last reduce-scatter of a chunk
   cannot hide, and only ``comm_overlap`` of the others can
   (:func:`cost_model.host_overhead.zero3_exposed_s`);
+- FSDP2 (ZeRO-2/3, ZeRO-1 with tp > 1): the host work of the chunk's ``fully_shard`` groups
+  (:mod:`cost_model.fsdp_host`: per microbatch in the forward, ZeRO-3's re-gather in the
+  backward, both in the ZeRO row; the reduce once per step after the backward);
 - p2p: the forward sends the chunk's output (``o`` bytes) to the next virtual stage, the
   backward sends the gradient of its input to the previous one; with tp, as Megatron's
   scatter/gather optimisation: each tp rank sends ``o/t`` and the receiver all-gathers
@@ -80,10 +83,12 @@ from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_groups, ep_s
                                                expert_share, model_states, moe_layers)
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.partial_grads import partial_grad_params
-from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, dtensor_params,
+from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, ddp_host_s, ddp_runs,
+                                             dtensor_params,
                                              fsdp_params, optimizer_host_s,
                                              overlapped_buckets, redistribute_host_s,
                                              zero3_exposed_s)
+from fxplan.cost_model.fsdp_host import fsdp_groups, fsdp_host_s
 from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
 from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
                                model_state_bytes)
@@ -247,8 +252,15 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                                         recompute=config.recompute, device=device,
                                         cluster=cluster).priced
                     f_c[1], b_c[1] = f_c[1] + kv[0], b_c[1] + kv[1]
-            forward[:3, s, c], backward[:3, s, c] = f_c, b_c
             labels = [label for _, label in keys[s][c]]
+            if sharded_dp:
+                # FSDP2's host work per fully_shard group (cost_model.fsdp_host; 0 on GPUs)
+                host = fsdp_host_s(fsdp_groups((label, seg.params) for label, seg in
+                                               zip(labels, segs)),
+                                   device, zero3=config.zero_stage == 3)
+                f_c[2], b_c[2], post[s] = (f_c[2] + host.forward, b_c[2] + host.backward,
+                                           post[s] + host.post)
+            forward[:3, s, c], backward[:3, s, c] = f_c, b_c
             stage_buckets.append(overlapped_buckets(
                 _buckets(segs, labels, stage_params, dp_group, cluster, config, optimizer,
                          experts, edp_group),
@@ -276,6 +288,8 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         tensors = -(-len(stage_params) // owned)
         opt_time[s] = (_optimizer_s(optimizer, local, tensors, dtensor_params(config), device)
                        if config.offload == "none" else device.step_overhead_us * 1e-6)
+        if ddp_runs(config):     # DDP's hooks and bucket copies (host_overhead; 0 on GPUs)
+            opt_time[s] += ddp_host_s(len(stage_params), device)
         if _zero1_broadcasts(config):
             # ZeroRedundancyOptimizer: each updated tensor broadcast from the rank that owns it,
             # all issued async, then waited

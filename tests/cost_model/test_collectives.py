@@ -142,3 +142,16 @@ def test_bus_factor() -> None:
     assert bus_factor("all_reduce", 8) == pytest.approx(1.75)
     assert bus_factor("allgather", 8) == pytest.approx(0.875)
     assert bus_factor("broadcast", 8) == 1.0
+
+
+def test_gloo_runs_a_reduce_scatter_as_an_all_reduce_of_its_input() -> None:
+    # gloo's _reduce_scatter_base is a gloo:all_reduce (FSDP2's and DTensor's reduce-scatters,
+    # counted with the profiler): local-cpu's levels say so, the GPU specs do not
+    cpu = Cluster.load("local-cpu:devices=4")
+    assert all(level.reduce_scatter_as_all_reduce for level in cpu.levels)
+    nbytes = 4 * 2**20
+    assert collective_time_s("reduce_scatter", nbytes, range(4), cpu) == \
+        collective_time_s("all_reduce", nbytes, range(4), cpu)
+    gpu = Cluster.load("dgx-a100-80g")
+    assert collective_time_s("reduce_scatter", nbytes, range(8), gpu) < \
+        collective_time_s("all_reduce", nbytes, range(8), gpu)

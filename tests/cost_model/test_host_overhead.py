@@ -187,3 +187,29 @@ def test_local_cpu_reduces_a_small_model_in_one_ddp_bucket(tiny) -> None:  # typ
     assert dp.breakdown["dp_comm"] == pytest.approx(
         collective_time_s("all_reduce", 4 * unique, range(2), cluster)
         + collective_time_s("all_reduce", 4.0, range(2), cluster))
+
+
+def test_ddp_host_work_is_charged_only_where_ddp_runs(tiny) -> None:  # type: ignore[no-untyped-def]
+    from fxplan.cost_model.host_overhead import ddp_host_s, ddp_runs
+
+    def config(**kw: int) -> ParallelConfig:
+        return ParallelConfig(**{"dp": 1, "tp": 1, "pp": 1, **kw})
+
+    assert ddp_runs(config(dp=2)) and ddp_runs(config(dp=2, zero_stage=1))
+    assert not any(ddp_runs(c) for c in (config(), config(dp=2, zero_stage=2),
+                                         config(dp=2, tp=2), config(tp=2)))
+    cpu = Cluster.load("local-cpu:devices=2").device_groups[0]
+    assert cpu.ddp_step_us > 0 and cpu.ddp_tensor_us > 0
+    assert ddp_host_s(28, Cluster.load("dgx-a100-80g").device_groups[0]) == 0.0
+    tensors = len({p.tied_to or name for name, p in tiny.params.items()})
+    off = "local-cpu:devices=2,cpu.ddp_step_us=0,cpu.ddp_tensor_us=0"
+    from fxplan.cost_model import estimate
+
+    def optimizer(text: str, cluster: str) -> float:
+        return estimate(tiny, Cluster.load(cluster), ParallelConfig.parse(text),
+                        batch=8).breakdown["optimizer"]
+
+    assert optimizer("dp=2,mb=4", "local-cpu:devices=2") - optimizer("dp=2,mb=4", off) == \
+        pytest.approx(ddp_host_s(tensors, cpu), rel=1e-6)
+    assert optimizer("dp=2,mb=4,zero=2", "local-cpu:devices=2") == \
+        optimizer("dp=2,mb=4,zero=2", off)
