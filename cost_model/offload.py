@@ -11,15 +11,15 @@ optimizer steps on the CPU.
 
 With ``Ψ_o`` the parameters this rank's optimizer updates (``Ψ_s/N`` under ZeRO ≥ 1, else
 ``Ψ_s``), ``L`` the host↔device bandwidth of one device (``host_link_gb_per_s``, per direction,
-every device of the node copying at once), ``H`` the node's host memory bandwidth,
-``η_h`` = :data:`HOST_STREAM_EFFICIENCY`, ``r`` the devices of the node (their CPU steps run
-at once and share ``H``) and ``B_last`` the backward of one microbatch on the stage::
+every device of the node copying at once), ``H`` the node's host memory bandwidth, ``r`` the
+devices of the node and ``B_last`` the backward of one microbatch on the stage::
 
     offload=optimizer (per step)
       d2h   = k_g·Ψ_o / L                 gradients to the host, overlapping the last
                                           microbatch's backward (gradients are final only
                                           then): exposed max(0, d2h − B_last)
-      cpu   = r · step_bytes·Ψ_o / (η_h·H) Adam on the CPU, memory-bound (28 B per parameter)
+      cpu   = Ψ_o · Q / (η_q · min(t·b_c, H/r))
+                                          the runtime's host step (below)
       h2d   = k_p·Ψ_o / L                 updated 16-bit weights back (not overlapped: the
                                           next forward needs them)
       T_off = max(0, d2h − B_last) + cpu + h2d
@@ -29,9 +29,35 @@ at once and share ``H``) and ``B_last`` the backward of one microbatch on the st
       d2h_seg = 4·ψ_seg/N / L   the fp32 reduce-scattered gradient after the backward
     and per step T_off = cpu (the parameters stay on the host: nothing comes back).
 
+**The host step is what the runtime runs, measured** (``benchmarks/host_adam_rate.py``;
+figures in ``benchmarks/data/hardware.md``, "Host optimizer step"). The runtime offloads with
+FSDP2's ``CPUOffloadPolicy`` and steps ``torch.optim.AdamW`` built without ``foreach`` or
+``fused``: on CPU tensors torch 2.13 then runs its single-tensor loop, eight eager
+elementwise kernels per parameter tensor that move ``80 B`` per parameter (the fused step's
+``28``: the moments, ``v.sqrt()``, its division and ``+ε`` each make a pass of their own),
+after the gradient clipping's norm and multiply (``12 B``): ``Q`` =
+:data:`HOST_STEP_BYTES` = 92 B per parameter. Each kernel runs on ``torch.get_num_threads()``
+threads, and ``fxplan launch`` starts every rank with ``OMP_NUM_THREADS=1``: ``t`` =
+:data:`RANK_THREADS` = 1 core per rank. One core streams at most ``b_c`` =
+:data:`CORE_MEMORY_GB_PER_S` (the copy of a 512 MiB tensor on one core); the node's ``r``
+ranks stepping at once share ``H``; the chain reaches ``η_q`` =
+:data:`HOST_STEP_EFFICIENCY` of the lesser. Measured on one core of an AMD EPYC (Zen 4):
+``b_c`` = 21–23 GB/s, the chain (clip + AdamW, 32 M parameters) 0.143–0.145 G parameters/s,
+``η_q = 92 B × 0.144 G/s / 21.9 GB/s`` = 0.58–0.63; in the cost model's 28-byte unit that is
+4.0 GB/s per core, 0.18 of the core's copy bandwidth (the 0.5 of ``H/r`` priced before it was
+measured was 2.2× too fast on a DGX-1 and 8.6× on a DGX H100, whose ``H/r`` a core cannot
+reach alone). ``b_c`` is this machine's core; the DGX hosts' cores are not measured here
+(their per-core bandwidth is taken as the same: an assumption, bounded by ``H/r``, which
+binds on the DGX-1: 136.5/8 = 17 GB/s). Cross-check, public: DeepSpeed reports its
+vectorised CPU-Adam 5.1–6.5× faster than ``torch.optim.Adam`` on 1–10 B parameters and
+56 s → 8.2 s for an 11.6 B GPT-2 (0.21 G parameters/s for torch's, host not given; PR #735);
+torch's own one-pass kernel (``fused=True``) measures 1.26–1.29 G parameters/s here, 8.9×
+the runtime's chain — an option the runtime does not take.
+
 The CPU step and the copies back are not overlapped with compute: ZeRO-Offload's one-step
 delayed parameter update would hide them but changes the numerics (the step uses the previous
-step's gradients), so it is not priced. The device's optimizer time is then only its fixed
+step's gradients), so it is not priced. The ``optimizer`` row then keeps the per-tensor loop
+(the host steps the tensors one at a time as the device would) and the fixed
 ``step_overhead_us``.
 
 **Host memory** per node: the sum over the node's ranks of their host bytes
@@ -50,12 +76,24 @@ from fxplan.cost_model.memory import GIB, MemoryBreakdown, OptimizerSpec
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster, DeviceGroup
 
-__all__ = ["HOST_STREAM_EFFICIENCY", "HostSide", "MASTER_BYTES", "host_bytes_per_node",
+__all__ = ["CORE_MEMORY_GB_PER_S", "HOST_STEP_BYTES", "HOST_STEP_EFFICIENCY", "HostSide",
+           "MASTER_BYTES", "RANK_THREADS", "host_bytes_per_node", "host_step_s",
            "offload_segment_s", "offload_step_s", "with_host_check"]
 
-#: Fraction of the host's memory bandwidth a CPU Adam step reaches. Assumption: not measured
-#: here; vectorised CPU Adam (DeepSpeed's) is memory-bound and streams five fp32 arrays.
-HOST_STREAM_EFFICIENCY = 0.5
+#: ``Q``: bytes per parameter the runtime's host step moves: torch 2.13's single-tensor
+#: AdamW on CPU tensors, 80 (with weight decay; module docstring), after the gradient
+#: clipping's norm (4) and multiply (8).
+HOST_STEP_BYTES = 92.0
+#: ``η_q``: the fraction of the streaming bandwidth that chain reaches. Measured
+#: (``benchmarks/host_adam_rate.py``, one core, 32 M parameters, two runs): 0.634, 0.579.
+HOST_STEP_EFFICIENCY = 0.6
+#: ``b_c``: what one host core streams, GB/s (bytes read + written), the one-thread copy of
+#: a 512 MiB fp32 tensor. Measured on this machine's cores (AMD EPYC, Zen 4): 21.0, 22.8;
+#: taken for every host (the DGX CPUs' cores are not measured: an assumption).
+CORE_MEMORY_GB_PER_S = 21.9
+#: ``t``: the threads each rank's host step runs on: ``fxplan launch`` sets
+#: ``OMP_NUM_THREADS=1`` (``fxplan.cli.torchrun_command.launch_command``).
+RANK_THREADS = 1
 
 #: Bytes per parameter of what FSDP2's CPU offload copies each way: the fp32 shard and gradient.
 MASTER_BYTES = 4.0
@@ -97,13 +135,20 @@ def offload_step_s(config: ParallelConfig, params: float, backward_s: float, dev
         return 0.0
     host = HostSide.of(device)
     psi = _updated(config, params)
-    cpu = host.devices_per_node * optimizer.step_bytes * psi / (HOST_STREAM_EFFICIENCY
-                                                               * host.memory_bandwidth)
+    cpu = host_step_s(psi, host)
     if config.offload == "optimizer+params":
         return cpu
     d2h = optimizer.grad_bytes * psi / host.link
     h2d = optimizer.param_bytes * psi / host.link
     return max(0.0, d2h - backward_s) + cpu + h2d
+
+
+def host_step_s(params: float, host: HostSide) -> float:
+    """``cpu = Ψ_o·Q / (η_q·min(t·b_c, H/r))`` (module docstring): seconds of the runtime's
+    host step over ``params`` parameters on one rank, the node's ranks stepping at once."""
+    per_rank = min(RANK_THREADS * CORE_MEMORY_GB_PER_S * 1e9,
+                   host.memory_bandwidth / host.devices_per_node)
+    return params * HOST_STEP_BYTES / (HOST_STEP_EFFICIENCY * per_rank)
 
 
 def offload_segment_s(config: ParallelConfig, segment_params: float,

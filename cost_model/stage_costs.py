@@ -45,8 +45,9 @@ gradient-norm scalars are reduced (:mod:`cost_model.step_scalars`); a weight tie
 the replicated parameters' partial-sum gradients are all-reduced over tp once per step, one
 flattened collective per stage (:mod:`cost_model.partial_grads`). The optimizer step reads and
 writes ``step_bytes`` per local parameter (``Ψ/N`` under ZeRO ≥ 1) at memory speed; under
-offload it runs on the host instead (:mod:`cost_model.offload`: the ``offload`` row, the
-device keeping only its fixed ``step_overhead_us``), and ``offload=optimizer+params`` adds
+offload it runs on the host instead (:mod:`cost_model.offload`: the ``offload`` row; the
+``optimizer`` row keeps the per-tensor loop, which the host runs the same, and the fixed
+``step_overhead_us``), and ``offload=optimizer+params`` adds
 the host↔device copies of each segment's shard to the ZeRO-3 prefetch term.
 Only ``comm_overlap`` of each gradient bucket may overlap the backward, and the step adds the
 optimizer's per-tensor host loop (:mod:`cost_model.host_overhead`).
@@ -286,8 +287,12 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         # (ZeroRedundancyOptimizer).
         owned = config.dp if config.zero_stage == 1 and config.tp == 1 else 1
         tensors = -(-len(stage_params) // owned)
+        # offloaded, the host runs the same per-tensor loop; its memory traffic is the offload
+        # row's host step (cost_model.offload)
         opt_time[s] = (_optimizer_s(optimizer, local, tensors, dtensor_params(config), device)
-                       if config.offload == "none" else device.step_overhead_us * 1e-6)
+                       if config.offload == "none" else
+                       optimizer_host_s(tensors, device, dtensor=dtensor_params(config))
+                       + device.step_overhead_us * 1e-6)
         if ddp_runs(config):     # DDP's hooks and bucket copies (host_overhead; 0 on GPUs)
             opt_time[s] += ddp_host_s(len(stage_params), device)
         if _zero1_broadcasts(config):

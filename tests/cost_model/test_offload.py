@@ -10,7 +10,8 @@ from fxplan.api import capture
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import CostModelError, ParallelConfig, estimate
 from fxplan.cost_model.memory import model_state_bytes
-from fxplan.cost_model.offload import HOST_STREAM_EFFICIENCY
+from fxplan.cost_model.offload import (CORE_MEMORY_GB_PER_S, HOST_STEP_BYTES,
+                                       HOST_STEP_EFFICIENCY, HostSide, host_step_s)
 
 SPEC = "gpt:layers=4,hidden=256,heads=8,vocab=1024,seq=128"
 
@@ -41,7 +42,8 @@ def test_offload_prices_the_cpu_step_and_copies(graph) -> None:  # type: ignore[
     assert off.memory[0].total < plain.memory[0].total
     psi = graph.num_params / 8
     device = cluster.device(0)
-    cpu = 8 * 28 * psi / (HOST_STREAM_EFFICIENCY * device.host_memory_bandwidth_gb_per_s * 1e9)
+    # one core per rank would stream 21.9 GB/s; the DGX-1's 8 ranks share 136.5 GB/s: 17.1 each
+    cpu = 92 * psi / (0.6 * device.host_memory_bandwidth_gb_per_s / 8 * 1e9)
     h2d = 2 * psi / (device.host_link_gb_per_s * 1e9)
     # the gradients' copy hides behind the last backward at this size; CPU step and copy back do not
     assert off.breakdown["offload"] == pytest.approx(cpu + h2d, rel=0.05)
@@ -71,3 +73,32 @@ def test_a_spec_without_host_side_cannot_offload(graph) -> None:  # type: ignore
     with pytest.raises(CostModelError, match="does not give host_memory_gib"):
         estimate(graph, Cluster.load("h200-single"),
                  ParallelConfig(offload="optimizer"), batch=8)
+
+
+def test_host_step_is_bound_by_one_core_or_the_node_share() -> None:
+    """``cpu = Ψ_o·Q/(η_q·min(t·b_c, H/r))``: on a DGX H100 (614.4 GB/s over 8 ranks) one core
+    per rank binds, on a DGX-1 (136.5 GB/s) the node's share does."""
+    psi = 1e9
+    h100 = HostSide.of(Cluster.load("dgx-h100").device(0))
+    v100 = HostSide.of(Cluster.load("dgx1-v100-16g").device(0))
+    assert host_step_s(psi, h100) == pytest.approx(92 * psi / (0.6 * 21.9e9))
+    assert host_step_s(psi, v100) == pytest.approx(92 * psi / (0.6 * 136.5e9 / 8))
+    assert host_step_s(2 * psi, h100) == pytest.approx(2 * host_step_s(psi, h100))
+    # Llama-2 70B sharded over 64 H100s: 1.09 G parameters per rank take 7.7 s on one core
+    # each, not the 0.8 s that 0.5 of the node's bandwidth (the unmeasured rate) priced
+    assert host_step_s(70e9 / 64, h100) == pytest.approx(7.66, rel=0.01)
+
+
+def test_host_step_constants_are_the_recorded_measurements() -> None:
+    """The constants lie inside what ``benchmarks/host_adam_rate.py`` recorded
+    (``benchmarks/data/host_adam_rate.json``): the chain's bytes over the core's copy."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parents[2] / "benchmarks/data/host_adam_rate.json")
+                      .read_text())
+    runs = [r["by_threads"]["1"] for r in data["runs"]]
+    copies = [r["copy_gb_per_s"] for r in runs]
+    etas = [HOST_STEP_BYTES * r["clip"]["gparams_per_s"] / r["copy_gb_per_s"] for r in runs]
+    assert min(copies) <= CORE_MEMORY_GB_PER_S <= max(copies)
+    assert min(etas) - 0.01 <= HOST_STEP_EFFICIENCY <= max(etas) + 0.01
