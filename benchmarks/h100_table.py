@@ -258,7 +258,10 @@ forward inside the backward, 4 passes of layer compute where `F` counts 3 (the o
 and loss are not recomputed), a factor just under 4/3. Priced on every row \
 (`python benchmarks/h100_table_probe.py --recompute full --param-gather-hidden`), the rows read \
 +1.5, −0.6, −2.4, −2.4, −1.3, −7.5, −1.4, −4.5, −3.5 points (8 of 9 within ±5) and `r` \
-becomes 1.04, 0.99, 0.95, 0.94, 0.97, 0.80, 0.97, 0.90, 0.92. It is not adopted: the README \
+becomes 1.04, 0.99, 0.95, 0.94, 0.97, 0.80, 0.97, 0.90, 0.92 (selective recompute, \
+`--recompute-activations`, re-runs only the attention core: `--recompute selective` moves the \
+rows by −0.4 to −2.1 points, to +10.4, +11.6, +10.8, +10.7, +9.6, +1.6, +10.6, +7.9, +8.6). \
+It is not adopted: the README \
 publishes neither the recompute nor the microbatch size, the rule of this benchmark (the fastest \
 that fits) picks no recompute on every row because the model's memory says it fits (peak \
 41–73 GiB of 80), and choosing `full` because it matches the rows would be fitting the rows. \
