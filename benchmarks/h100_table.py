@@ -16,7 +16,9 @@ Predicted: :func:`cost_model.estimate` of the published configuration on ``dgx-h
 batch ``B`` — and what the README says the runs used: bf16, the distributed optimizer
 (ZeRO-1: ``--overlap-param-gather`` needs it), sequence parallelism with ``t > 1`` and
 tensor-parallel communication overlapped with the GEMMs (``--tp-comm-overlap``, which needs
-sequence parallelism: ``tp_overlap=on``, :mod:`cost_model.stage_costs`). The model is this repository's ``gpt`` family at the
+sequence parallelism: ``tp_overlap=on``, :mod:`cost_model.stage_costs`) and the parameter
+all-gather of the distributed optimizer hidden behind the next step's forward
+(``--overlap-param-gather``: ``pg_overlap=on``). The model is this repository's ``gpt`` family at the
 row's shape (its LM head is tied to the embedding, Megatron-Core's is not: the FLOPs are
 the same); its loss is computed on the logits upcast to fp32, as Megatron's
 ``vocab_parallel_cross_entropy`` does (:func:`capture_row`). Attention is priced as the
@@ -112,10 +114,13 @@ def chunks_for(row: Row, microbatches: int) -> int:
 
 
 def predict(row: Row, graph: Any, cluster: Any = None, *, fused: bool = True,
-            tp_overlap: bool = True) -> Prediction:
+            tp_overlap: bool = True, param_gather_overlap: bool = True,
+            recompute: tuple[str, ...] = RECOMPUTE) -> Prediction:
     """Estimate ``row``'s published configuration (module docstring) on ``graph``;
     ``fused=False`` prices attention op by op (``h100.fused_attention=false``),
-    ``tp_overlap=False`` puts the tensor-parallel collectives fully on the critical path."""
+    ``tp_overlap=False`` puts the tensor-parallel collectives fully on the critical path,
+    ``param_gather_overlap=False`` the distributed optimizer's parameter all-gather after the
+    step, ``recompute`` the policies tried (a probe forces one: ``("full",)``)."""
     from fxplan.cluster_specs import Cluster
     from fxplan.cost_model import estimate
     from fxplan.cost_model.memory import OptimizerSpec
@@ -130,8 +135,9 @@ def predict(row: Row, graph: Any, cluster: Any = None, *, fused: bool = True,
     return published_table.fastest_fit(
         row, lambda config: estimate(graph, cluster, config, batch=row.batch, seq=SEQ,
                                      optimizer=optimizer),
-        microbatches=MICROBATCHES, max_chunks=MAX_CHUNKS, recompute=RECOMPUTE, zero_stage=1,
-        sequence_parallel=row.tp > 1, tp_comm_overlap=tp_overlap and row.tp > 1)
+        microbatches=MICROBATCHES, max_chunks=MAX_CHUNKS, recompute=recompute, zero_stage=1,
+        sequence_parallel=row.tp > 1, tp_comm_overlap=tp_overlap and row.tp > 1,
+        param_gather_overlap=param_gather_overlap)
 
 
 def capture_row(row: Row) -> Any:
@@ -186,149 +192,148 @@ def markdown(predictions: list[Prediction], unfused: list[Prediction] | None = N
     return "\n".join(lines)
 
 
+#: The prose of the section around the table (``{table}``); numbers in it were measured with
+#: the commands it names, at the session it names where older than this one.
+PROSE = """\
+## Cost model vs the Megatron-Core H100 table
+
+Predicted MFU of each published configuration (Megatron-LM README, Megatron-Core r0.8.0, GPT \
+1.7B–462B, s = 4096, V = 131072, DGX H100) by `cost_model.estimate` against the published one; \
+`v`, `mb` and recompute by the rule in `benchmarks/h100_table.py`. Priced as the README says the \
+runs ran: tensor-parallel communication pipelined with the GEMMs (`tp_overlap=on`, \
+`--tp-comm-overlap`) and the distributed optimizer's parameter all-gather hidden behind the next \
+step's forward (`pg_overlap=on`, `--overlap-param-gather`). Attention priced as the fused \
+(flash) kernel (`fused_attention: true` in `dgx-h100.yaml`). Predicted TF/s counts Megatron's \
+FLOPs `72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))` over the predicted step time.
+
+{table}
+
+Pricing attention as the fused kernel (`cost_model/attention_kernel.py`: no `s×s` traffic, \
+causal tiles skipped, a causal kernel at 0.88 of the full-square rate, backward at 0.83 of the \
+forward rate) moves every row up from the op-by-op column. The loss is Megatron's: \
+cross-entropy on the logits upcast to fp32, its backward priced as ATen runs it (4 passes over \
+the logits).
+
+**The definitions agree (session 21).** `python benchmarks/h100_table_probe.py --flops` checks \
+the published numbers against each other and against the model. Each row's shape gives its \
+published size with a GELU MLP of `4h`, separate input embedding and output layer and no \
+grouped-query attention, `12·l·h² + 2·V·h` = 1.74, 7.11, 16.11, 31.47, 69.79, 118.45, 177.17, \
+313.53, 461.44 B; for such a model Megatron's `num_floating_point_operations` at the publishing \
+commit (`f2e5db4`, `megatron/training/training.py`: `12·B·s·l·h²·((1 + g/a + s/h)·q/h + \
+(f/h)·e·m + V/(2·l·h))` with `g = a` query groups, `q = h`, `f = 4h`, `e = 1` expert, `m = 1` \
+without SwiGLU) is exactly `F` above: no recompute, the full `s×s` square, the logits, no \
+causal halving. `X·n` reproduces the published aggregate PFLOP/s on every row and `X / 989` its \
+MFU; the model table (an image in the README) gives t, p, d, GPUs and global batch, the README \
+text s = 4096 and V = 131072, as transcribed in `benchmarks/data/megatron_core_h100_table.csv`. \
+The FLOPs behind the estimate's MFU (`model_flops`, three times the captured forward) are `F` \
+to within 1.0000–1.0001 on every row (guarded by `tests/cost_model/test_h100_table.py::\
+test_the_estimate_counts_megatrons_flops`), and both MFUs divide by the same 989 TF/s, the \
+bf16 peak at 1830 MHz, NVIDIA's official H100 compute clock (the often-quoted 1980 MHz would \
+give 1070; `benchmarks/data/hardware.md`). So the gap is time, not bookkeeping.
+
+**The parameter all-gather is priced as the runs hide it (session 21).** \
+`ParallelConfig.param_gather_overlap` (`pg_overlap=on`; exported to Megatron-LM as \
+`--overlap-param-gather`; fxplan's runtime warns and gathers after the step) charges only what \
+the gather takes beyond the stage's forward of one microbatch, `max(0, t_gather − t_forward)` \
+(`cost_model/stage_costs.py`; a lower bound on what an interleaved schedule hides, whose \
+warm-up runs several forwards before the first backward). The rows without a pipeline lose \
+their whole gather (0.03–0.16 s), the pipelined ones part of it, and every row moves up \
+(`python benchmarks/h100_table_probe.py --no-pg-overlap` prints the former): 1.7B +6.2 → \
++12.5, 7.1B +10.1 → +13.1, 16B +5.8 → +12.1, 32B +1.3 → +11.7, 70B +6.8 → +10.4, 119B +1.5 → \
++2.2, 177B +10.1 → +11.2, 314B +7.9 → +8.4, 462B +8.7 → +9.0 points. The rows within ±5 fall \
+from 2 to 1: the 32B row had matched only because an all-gather the run hides stood in for \
+time the model misses.
+
+**The gap is one uniform factor.** With everything the README names priced, the probe's `r` \
+(the published step time less the predicted non-compute time, over the predicted compute and \
+bubble) is 1.30, 1.28, 1.25, 1.27 on the four rows without a pipeline (t = 1, 2, 4, 8; h = \
+2048–7168) and 1.29, 1.06, 1.29, 1.20, 1.22 on the pipelined ones (70B … 462B): the published \
+runs take about 1.25–1.30× the compute the model predicts at every size and tensor-parallel \
+degree, 119B (whose reduce-scatter the model leaves exposed after the pipeline flush, \
+`dp_comm` 0.33 s) aside.
+
+**Full activation recompute would produce exactly that factor, and is not published.** \
+Megatron's `F` never counts recompute; `--recompute-granularity full` re-runs every layer's \
+forward inside the backward, 4 passes of layer compute where `F` counts 3 (the output layer \
+and loss are not recomputed), a factor just under 4/3. Priced on every row \
+(`python benchmarks/h100_table_probe.py --recompute full --param-gather-hidden`), the rows read \
++1.5, −0.6, −2.4, −2.4, −1.3, −7.5, −1.4, −4.5, −3.5 points (8 of 9 within ±5) and `r` \
+becomes 1.04, 0.99, 0.95, 0.94, 0.97, 0.80, 0.97, 0.90, 0.92 (selective recompute, \
+`--recompute-activations`, re-runs only the attention core: `--recompute selective` moves the \
+rows by −0.4 to −2.1 points, to +10.4, +11.6, +10.8, +10.7, +9.6, +1.6, +10.6, +7.9, +8.6). \
+It is not adopted: the README \
+publishes neither the recompute nor the microbatch size, the rule of this benchmark (the fastest \
+that fits) picks no recompute on every row because the model's memory says it fits (peak \
+41–73 GiB of 80), and choosing `full` because it matches the rows would be fitting the rows. \
+What would settle it: the runs' arguments (`--recompute-*`, `--micro-batch-size`), a memory \
+measurement showing the no-recompute configurations do not fit on an 80 GB H100 under \
+Megatron-Core (Transformer Engine workspaces and userbuffers, the fp32 gradient buffers, \
+fragmentation), or a profile of one row. The alternative is a sustained GEMM rate about 1.3× \
+below the one priced (below).
+
+GEMMs: the H100's matmul efficiency is 0.69 of 989 TF/s (`dgx-h100.yaml`; also \
+`efficiency.json`'s h100 fallback, an unsourced 0.75 before): the measured H100 SXM bf16 MAMF \
+of the current table (Bekman's "v2": L2 flushed between iterations, mean of 100 iterations; \
+794.5 TF/s, 0.803) derated by the factor the A100 spec's 0.75 — validated by the SC'21 table \
+— is of the A100's MAMF on the same table (271.2 TF/s, 0.869): 0.803 × 0.75 / 0.869 = 0.69. \
+Until session 20 it was 0.70 from the superseded "v1" table (792.1 and 267.9 TF/s, no cache \
+flush); the change moved the rows by −0.3 to −0.7 points. It remains a ceiling scaled by an \
+A100 ratio: no public H100 measurement of training-sized GEMMs sustained under the 700 W limit \
+with real data was found (H100 matmuls are power-limited, He 2024). Attention is priced at \
+cuDNN's fused kernel (609 / 518 / 499 TF/s forward, causal, backward at s = 4096).
+
+Tensor-parallel communication overlap (`tp_overlap=on` on every row with `t > 1`): each \
+sequence-parallel all-gather or reduce-scatter of a linear layer costs only what exceeds the \
+GEMM it is pipelined with, `max(0, t_comm − t_gemm)` (`cost_model/stage_costs.py`). Priced fully \
+exposed instead (`python benchmarks/h100_table_probe.py --no-tp-overlap`), the rows read \
++12.5, +9.4, +4.4, +0.2, +2.1, −4.6, +3.4, +1.7, +3.0 points (7 of 9 within ±5) — closer \
+only because communication the runs hide is charged in place of compute the model misses: the \
+t = 1 row, which has no tensor-parallel communication, stays at +12.5, the others move by \
+what `t` charges, and `r` falls to 0.85 on 119B. Transformer Engine's userbuffers take SMs from the GEMMs they \
+overlap: with Megatron-Core's `--tp-comm-overlap` (no `ub_cfgs` of its own, so TE's defaults) \
+the forward reduce-scatter of each row-parallel output (`pipeline`) and, in the backward, the \
+all-gather of each column-parallel input and the reduce-scatter of its gradient (`bulk`) run as \
+kernels on 16 SMs, the all-gathers by `ring_exchange` on the copy engines \
+(`benchmarks/data/hardware.md`); each such collective of duration `t` costs `t·16/(N − 16)` with \
+`N` the spec's `sm_count` (132 in `dgx-h100.yaml`): 0.9–3.7 % of a layer, −0.4 to −1.4 points \
+on the rows with `t > 1` (session 20, at matmul 0.70). The A100/V100 specs give no `sm_count` \
+and their tables do not overlap tensor-parallel communication: unchanged.
+
+Checked and ruled out as the uniform factor (sessions 19–20, at matmul 0.70 with the gather \
+charged after the step; `python benchmarks/h100_table_probe.py [--comm-sms N] [--waves] \
+[--dp-exposed]`):
+
+- SMs held by the overlapped data-parallel collectives (NCCL, one CTA per channel: 16 \
+collective channels in an H800 node's NCCL log, NVIDIA/nccl#892; 24 blocks for an all-gather \
+beside a GEMM on an H100, NVIDIA developer forum): at 32 of 132 SMs they took 0.03–0.21 s of \
+the 0.11–2.33 s missing per row; all of it would have needed 37–108 SMs. Not priced (no source \
+fixes NCCL's channel count for these runs).
+- Interleaving: the warm-up count is Megatron's (`(p − rank − 1)·2 + (v − 1)·p`, all forwards \
+first when `m = p`; `schedules.py`), the first and last stages carry embedding and head, and \
+the interleaved schedule overlaps its p2p transfers where the model charges blocking sends \
+(p2p 0.02, 0.10, 0.13, 0.34 s on 70B, 177B, 314B, 462B): pricing that as run makes those rows \
+faster still.
+- Per-layer non-GEMM work (16 % of the 1.7B layer, falling as `1/h`): Megatron runs it fused \
+(about 38 bytes per hidden element per token forward against the 48 priced), so repricing makes \
+the rows faster, and its share falls from 1.7B to 32B while `r` stays flat.
+- GEMM shapes (`--waves`): one tp rank's layer GEMMs in 128×256 output tiles on the spec's \
+SMs take 3.6–31 waves; the partly idle last wave costs 3–6 %, nearly the same on every row. \
+Not priced (the tile cuBLAS picks is not known).
+- Gradient precision and reduction: the table prices Megatron's 4-byte gradient buckets; all \
+buckets after the backward (`--dp-exposed`) does not move the pipelined rows and overshoots on \
+32B. The optimizer step is 0.4–1.2 ms. The loss at V = 131072 (Megatron's unfused \
+`vocab_parallel_cross_entropy`, about 14 bytes per logit more than priced) is about 1.3 points \
+on the 1.7B row, less with `t`. The `t = 1` row is priced as fxplan's runtime runs ZeRO-1 \
+(an fp32 all-reduce and per-tensor broadcasts), not as Megatron's reduce-scatter and \
+all-gather, which would make it faster still.
+
+No per-row or per-table constant was fitted; the rows outside ±5 are strict expected failures \
+in `tests/cost_model/test_h100_table.py`."""
+
+
 def write_section(table: str, path: Path = DOC) -> None:
     """Replace this benchmark's section of ``docs/benchmarks.md`` (others keep theirs)."""
-    section = ("## Cost model vs the Megatron-Core H100 table\n\n"
-               "Predicted MFU of each published configuration (Megatron-LM README, Megatron-Core "
-               "r0.8.0, GPT 1.7B–462B, s = 4096, V = 131072, DGX H100) by `cost_model.estimate` "
-               "against the published one; `v`, `mb` and recompute by the rule in "
-               "`benchmarks/h100_table.py`. Attention priced as the fused (flash) kernel "
-               "(`fused_attention: true` in `dgx-h100.yaml`). Predicted TF/s counts Megatron's "
-               "FLOPs `72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))` over the predicted step time.\n\n"
-               f"{table}\n\n"
-               "Pricing attention as the fused kernel (`cost_model/attention_kernel.py`: no "
-               "`s×s` traffic, causal tiles skipped, a causal kernel at 0.88 of the full-square "
-               "rate, backward at 0.83 of the forward rate) moves every row up from the op-by-op "
-               "column. The loss is Megatron's: cross-entropy on the logits upcast to fp32, its "
-               "backward priced as ATen runs it (4 passes over the logits).\n\n"
-               "Tensor-parallel communication is priced as the published runs execute it: "
-               "the README says they overlap it (\"We perform fine-grained overlapping of "
-               "data-parallel (`--overlap-grad-reduce --overlap-param-gather`), tensor-parallel "
-               "(`--tp-comm-overlap`) and pipeline-parallel communication\"), so every row with "
-               "`t > 1` is estimated with `tp_overlap=on`: each sequence-parallel all-gather or "
-               "reduce-scatter of a linear layer costs only what exceeds the GEMM it is "
-               "pipelined with, `max(0, t_comm − t_gemm)` (`cost_model/stage_costs.py`). Priced "
-               "fully exposed instead (`python benchmarks/h100_table_probe.py "
-               "--no-tp-overlap`), the rows read +6.5, +7.3, −0.0, −6.4, −1.1, −4.9, +2.7, "
-               "+1.7, +3.3 points, 6 of 9 within ±5 — but only because communication the "
-               "published runs hide is charged in place of compute the model overestimates: "
-               "the probe's `r` then spans 0.78–1.18 and falls below 1 (the published run "
-               "faster than the predicted compute plus exposed communication) on the `t = 8` "
-               "rows with no or a short pipeline (32B 0.78, 119B 0.84, 70B 0.96).\n\n"
-               "GEMMs: the H100's matmul efficiency is 0.70 of 989 TF/s (`dgx-h100.yaml`), "
-               "its best measured bf16 matmul (792.1 TF/s, 0.801, Maximum Achievable Matmul "
-               "FLOPS) derated by the factor the A100 spec's 0.75 — validated by the SC'21 "
-               "table — is of the A100's (267.9 TF/s, 0.859): 0.801 × 0.75 / 0.859 = 0.70 "
-               "(sources in `benchmarks/data/hardware.md`). Attention is priced at cuDNN's "
-               "fused kernel (609 / 518 / 499 TF/s forward, causal, backward at s = 4096).\n\n"
-               "Transformer Engine's userbuffers take SMs from the GEMMs they overlap: with "
-               "Megatron-Core's `--tp-comm-overlap` (no `ub_cfgs` of its own, so TE's "
-               "defaults) the forward reduce-scatter of each row-parallel output (`pipeline`) "
-               "and, in the backward, the all-gather of each column-parallel input and the "
-               "reduce-scatter of its gradient (`bulk`) run as kernels on 16 of the H100's 132 "
-               "SMs, the all-gathers by `ring_exchange` on the copy engines "
-               "(`benchmarks/data/hardware.md`). Each such collective of duration `t` now "
-               "costs `t·16/(132 − 16)` (`sm_count: 132` in `dgx-h100.yaml`, "
-               "`cost_model/stage_costs.py`): 0.9–3.7 % of a layer, moving the rows with "
-               "`t > 1` by −0.4 (7.1B), −0.9 (16B), −1.4 (32B), −1.3 (70B), −1.0 (119B), "
-               "−1.1 (177B), −0.9 (314B), −0.8 (462B) points; the 1.7B row (`t = 1`) does "
-               "not move. The A100/V100 specs give no `sm_count` and their tables do not "
-               "overlap tensor-parallel communication: unchanged.\n\n"
-               "Not closed: the H100 compute is still optimistic at every size — the probe's "
-               "`r`, the published step time over the predicted compute and bubble, is "
-               "1.05–1.29 (1.7B 1.18, 7.1B 1.24, 16B 1.15, 32B 1.05, 70B 1.21, 119B 1.06, "
-               "177B 1.29, 314B 1.20, 462B 1.23). Most of its spread is one thing the "
-               "published runs do that the model does not: `--overlap-param-gather` hides "
-               "the distributed optimizer's parameter all-gather behind the next step's "
-               "forward, while the model charges it after the step (`post`, 0.03–0.23 s). "
-               "Taken out (`python benchmarks/h100_table_probe.py --param-gather-hidden`), "
-               "`r` becomes 1.31, 1.30, 1.27, 1.29 on the four rows without a pipeline "
-               "(`t` = 1, 2, 4, 8; h = 2048–7168) and 1.34, 1.11, 1.33, 1.24, 1.26 on the "
-               "pipelined ones (70B … 462B): the published runs are about 1.3× slower than "
-               "the predicted compute at every size and tensor-parallel degree, 119B aside. "
-               "Pricing the all-gather as the runs hide it would therefore move every row "
-               "further up (it is not priced: fxplan's own runtime does not overlap it, and "
-               "`ParallelConfig` has no knob for it yet). A uniform factor on compute points "
-               "at the per-kernel rates (GEMMs are the largest share of every row's compute: "
-               "64 % of the 1.7B layer, more with `h`), not at the mechanisms below, each checked against what the published configuration "
-               "runs (Megatron-LM at `f2e5db4`, the commit that published the table):\n\n"
-               "- SMs held by the overlapped data-parallel collectives (NCCL, one CTA per "
-               "channel: 16 collective channels in an H800 node's NCCL log, NVIDIA/nccl#892; "
-               "24 blocks for an all-gather beside a GEMM on an H100, NVIDIA developer "
-               "forum): `--param-gather-hidden --comm-sms 32` prices the reduce-scatter "
-               "buckets and the all-gather beside compute at 32 of 132 SMs: 0.03–0.21 s of the 0.11–2.33 s "
-               "still missing per row; all of it would take 37–108 SMs. Not priced (no "
-               "source fixes NCCL's channel count for these runs), and not the gap.\n"
-               "- Interleaving: the warm-up count is Megatron's (`(p − rank − 1)·2 + (v − 1)·p`, "
-               "all forwards first when `m = p`; `schedules.py`), the first and last stages "
-               "carry embedding and head (`--account-for-embedding-in-pipeline-split` does not "
-               "exist at that commit; the simulated `stage_imbalance` is 0.04–0.65 s), and the "
-               "interleaved schedule overlaps its p2p transfers (`overlap_p2p_comm` is on by "
-               "default and `arguments.py` turns it off only without interleaving) where the "
-               "model charges blocking sends (p2p 0.02, 0.10, 0.13, 0.34 s on 70B, 177B, 314B, "
-               "462B): pricing that as run makes those rows faster. With the all-gather taken "
-               "out, the interleaved rows' `r` (1.24–1.34) brackets that of the rows without "
-               "a pipeline (1.27–1.31); the low one is 119B (`v = 1`), whose data-parallel reduce-scatter "
-               "the model leaves exposed after the pipeline flush (0.22 s).\n"
-               "- Per-layer non-GEMM work (the 1.7B layer at `mb = 4`, op by op): "
-               "GEMMs 2.44 ms forward / 4.88 ms backward, fused attention 0.57 / 1.66 ms, "
-               "layer norms, dropouts, residual adds, GELU and the head-merge copy 0.66 / "
-               "1.18 ms (16 % of the layer). Megatron runs these fused (bias-GELU, "
-               "bias-dropout-add with a 1-byte mask, TE's layer norm): about 38 bytes per "
-               "hidden element per token forward against the 48 priced here, so repricing "
-               "them as run makes the rows faster; and their share falls as `1/h` from 1.7B "
-               "to 32B while `r` (param gather hidden) stays 1.27–1.31.\n"
-               "- GEMM shapes (`--waves`): one tp rank's layer GEMMs in 128×256 output "
-               "tiles on 132 SMs take 3.6–31 waves; the partly idle last wave costs 3–6 % "
-               "(FLOP-weighted `w/⌈w⌉` 0.970 on seven rows, 0.954 on 119B, 0.943 on 177B, "
-               "0.961 on 462B; computed, the tile is an assumption), and the efficiency "
-               "curve's knee prices these GEMMs at 0.95–0.996 of its maximum. Not priced (the "
-               "tile cuBLAS picks is not known); at most a few per cent, and nearly the same "
-               "on every row.\n"
-               "- The loss at V = 131072 (below): about 1.3 points on the 1.7B row, less "
-               "with `t`; not repriced, because Megatron's `vocab_parallel_cross_entropy` is "
-               "a custom autograd function whose backward is one in-place multiply, and "
-               "written out op by op in the captured model its backward would be priced as "
-               "autograd's five kernels.\n\n"
-               "What remains is the sustained GEMM (and attention) rate: `dgx-h100` takes "
-               "0.70 of 989 TF/s from the best single iterations of a matmul sweep (MAMF) "
-               "scaled as the A100's validated 0.75 is of its own, while the published runs "
-               "behave as if their kernels ran about 1.3× slower than that — sustained "
-               "clocks under the 700 W limit with real data (H100 matmuls are "
-               "power-limited, He 2024) and every transfer overlapping compute. No public "
-               "H100 measurement of training-sized GEMMs under these conditions was found; "
-               "no per-row or per-table constant was fitted, and the rows outside ±5 are "
-               "strict expected failures in `tests/cost_model/test_h100_table.py`.\n\n"
-               "Checked and ruled out as the rest of the gap (`python benchmarks/"
-               "h100_table_probe.py [--dp-exposed]`, which prints each row's `dp_comm` and "
-               "optimizer time): (1) gradient precision — Megatron with bf16 accumulates and "
-               "reduces gradients in fp32 (`arguments.py`: \"bfloat16 requires gradient "
-               "accumulation and all-reduce to be done in fp32\"), and the table already "
-               "prices 4-byte gradient buckets and the 2-byte parameter all-gather after the "
-               "step (`OptimizerSpec(grad_bytes=4)` in `predict`; the all-gather is even "
-               "charged in full, where `--overlap-param-gather` hides it behind the next "
-               "forward). Its upper bound, every bucket after the backward "
-               "(`--dp-exposed`, `h100.comm_overlap=0`), moved the rows (before the "
-               "userbuffers' SMs were priced) +2.5, +5.4, −2.8, −10.7, +7.8, +1.7, +11.7, "
-               "+9.4, +10.2 points: the pipelined rows do not move "
-               "(their buckets are already exposed, `dp_comm` 0.23–0.33 s either way) and "
-               "the 32B row overshoots, so it is not the missing time. (2) The optimizer "
-               "step (distributed Adam over fp32 masters, 30 bytes per local parameter at "
-               "memory speed) is 0.4–1.2 ms a step on every row, under 0.1 % of the step. (3) "
-               "The loss at V = 131072: the `.float()` upcast is priced at 6 bytes per logit "
-               "(read 2, write 4) as Megatron runs it, but the cross-entropy is priced as "
-               "ATen's fused kernel (4 bytes per logit forward, 16 backward) while Megatron's "
-               "`vocab_parallel_cross_entropy` (the default; `--cross-entropy-loss-fusion` is "
-               "off unless asked for) runs max, subtract, exp, sum and divide "
-               "(about 32 bytes forward) and one in-place multiply backward (8, plus 6 for "
-               "the upcast's backward, priced 12): net about 14 bytes per logit short, 2.8 ms "
-               "per sample at `t = 1` (11 ms of the 1.7B row's 4-sample step, ≈ 1.3 points; less "
-               "with the vocabulary "
-               "split over `t`) — real, not repriced here, too small for the gap. Also found: "
-               "the `t = 1` row (1.7B) is priced as fxplan's runtime runs ZeRO-1 without tensor "
-               "parallelism (an fp32 all-reduce and per-tensor broadcasts), not as "
-               "Megatron's distributed optimizer (reduce-scatter, then all-gather), which "
-               "would make that row faster still.")
+    section = PROSE.replace("{table}", table)
     from doc_sections import replace_section  # benchmarks/, on sys.path when run as a script
 
     replace_section(path, START, END, section)

@@ -39,7 +39,9 @@ chunk has passed it (fractions of that op's time, in backward order ``post``, la
 first, ``pre``), all-reduced (ZeRO-0, and ZeRO-1 without tp, which the runtime runs as DDP +
 ``ZeroRedundancyOptimizer``) or reduce-scattered (ZeRO-2, ZeRO-1 as FSDP2) over dp. After the
 backward: ZeRO-2 all-gathers the updated 16-bit weights, ZeRO-1 without tp broadcasts each
-parameter tensor from its owner (one collective per tensor); the trainer's loss and
+parameter tensor from its owner (one collective per tensor) — under ``pg_overlap``
+(Megatron-Core ``--overlap-param-gather``) only what that gather takes beyond the stage's
+forward of one microbatch, behind which the next step hides it (:func:`_hidden_gather`); the trainer's loss and
 gradient-norm scalars are reduced (:mod:`cost_model.step_scalars`); a weight tied across stages
 (embedding and LM head) all-reduces its gradient between them. Under sequence parallelism
 the replicated parameters' partial-sum gradients are all-reduced over tp once per step, one
@@ -295,19 +297,22 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                        + device.step_overhead_us * 1e-6)
         if ddp_runs(config):     # DDP's hooks and bucket copies (host_overhead; 0 on GPUs)
             opt_time[s] += ddp_host_s(len(stage_params), device)
+        gather = 0.0   # the updated parameters back to every dp rank (ZeRO-1/2)
         if _zero1_broadcasts(config):
             # ZeroRedundancyOptimizer: each updated tensor broadcast from the rank that owns it,
             # all issued async, then waited
-            post[s] += async_batch_s(
+            gather = async_batch_s(
                 [_collective("broadcast", optimizer.param_bytes * n, dp_group, cluster)
                  for n in stage_params.values()],
                 # its latency: the same broadcast of one byte (0 bytes is priced 0)
                 [_collective("broadcast", 1.0, dp_group, cluster)] * len(stage_params),
                 device.queued_collective_us * 1e-6)
         elif config.zero_stage in (1, 2):
-            post[s] += _collective("all_gather", optimizer.param_bytes * (psi - psi_e), dp_group,
-                                   cluster)
-            post[s] += _collective("all_gather", optimizer.param_bytes * psi_e, edp_group, cluster)
+            gather = (_collective("all_gather", optimizer.param_bytes * (psi - psi_e), dp_group,
+                                  cluster)
+                      + _collective("all_gather", optimizer.param_bytes * psi_e, edp_group,
+                                    cluster))
+        post[s] += _hidden_gather(gather, float(forward[:, s].sum()), config)
     _p2p(chunks, forward, backward, config, cluster)
     _tied_sync(params, post, config, cluster, optimizer)
     if config.offload != "none":
@@ -415,6 +420,17 @@ def _p2p(chunks: list, forward: np.ndarray, backward: np.ndarray, config: Parall
             seconds += _collective("all_gather", message, stage_ranks(config, s2)[0], cluster)
         forward[3, s, c] += seconds
         backward[3, s2, c2] += seconds
+
+
+def _hidden_gather(gather_s: float, forward_s: float, config: ParallelConfig) -> float:
+    """What the parameter gather after the optimizer step leaves on the critical path:
+    all of it, or under ``pg_overlap`` (Megatron-Core ``--overlap-param-gather``: each bucket
+    all-gathered before its module's first forward of the next step) only what exceeds the
+    stage's forward of one microbatch, ``max(0, t_gather − t_forward)`` — the gathers stream
+    ahead of the first microbatch's forward, which waits on each bucket in turn."""
+    if not config.param_gather_overlap:
+        return gather_s
+    return max(0.0, gather_s - forward_s)
 
 
 def _tied_sync(params: list[dict[str, float]], post: np.ndarray, config: ParallelConfig,

@@ -15,6 +15,7 @@ The one-line form is the edge to text: what ``fxplan estimate --config`` takes, 
 
     dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off
     [,m=96][,stages=3/3/2/2][,offload=optimizer][,fp8=on][,cp=1][,ep=1][,tp_overlap=on]
+    [,pg_overlap=on]
 
 ``offload`` (:data:`OFFLOAD_POLICIES`) puts the optimizer states, or the optimizer states and
 the ZeRO-3 parameter shards, in host memory; ``fp8`` runs the matrix products in FP8 (the cost
@@ -27,6 +28,12 @@ sequence-parallel all-gathers and reduce-scatters with their adjacent GEMMs (Meg
 ``--tp-comm-overlap``, Transformer Engine's userbuffers); the cost model then prices each such
 collective as ``max(0, t_comm − t_gemm)`` (:mod:`fxplan.cost_model.stage_costs`). The search
 never sets it: fxplan's own runtime does not overlap tensor-parallel communication.
+``pg_overlap`` (ZeRO-1/2 only) says the runtime hides the all-gather of the updated parameters
+behind the next step's forward, as Megatron-Core's distributed optimizer does with
+``--overlap-param-gather`` (each bucket gathered before its module's first forward); the cost
+model then charges only what exceeds the stage's forward of one microbatch,
+``max(0, t_gather − t_forward)`` (:mod:`fxplan.cost_model.stage_costs`). The search never sets
+it either: fxplan's runtime gathers the parameters after the optimizer step.
 
 and :meth:`ParallelConfig.summary` prints ``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 |
 recompute=full | sp=off``.
@@ -83,6 +90,7 @@ _KEYS: dict[str, str] = {
     "recompute": "recompute", "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel",
     "stages": "stage_layers", "cp": "cp", "ep": "ep", "offload": "offload", "fp8": "fp8",
     "tp_overlap": "tp_comm_overlap", "tp_comm_overlap": "tp_comm_overlap",
+    "pg_overlap": "param_gather_overlap", "param_gather_overlap": "param_gather_overlap",
 }
 
 
@@ -192,6 +200,7 @@ class ParallelConfig:
     offload: str = "none"
     fp8: bool = False
     tp_comm_overlap: bool = False
+    param_gather_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.offload not in OFFLOAD_POLICIES:
@@ -216,6 +225,16 @@ class ParallelConfig:
                 "--sequence-parallel)")
         for name in ("dp", "tp", "pp", "microbatch_size", "cp", "ep"):
             _positive_int(name, getattr(self, name))
+        if not isinstance(self.param_gather_overlap, bool):
+            raise CostModelError(f"param_gather_overlap must be True or False, got "
+                                 f"{self.param_gather_overlap!r}")
+        if self.param_gather_overlap and not (self.zero_stage in (1, 2) and self.dp > 1):
+            raise CostModelError(
+                f"pg_overlap=on needs zero=1 or 2 and dp > 1 (got zero={self.zero_stage}, "
+                f"dp={self.dp}): it hides the all-gather of the updated parameter shards "
+                "behind the next step's forward (Megatron-Core --overlap-param-gather needs "
+                "--use-distributed-optimizer); ZeRO-0 has no such gather and ZeRO-3 gathers "
+                "every layer's weights anyway")
         if self.dp % self.cp:
             raise CostModelError(
                 f"cp={self.cp} does not divide dp={self.dp} ({self.dp} mod {self.cp} = "
@@ -276,13 +295,14 @@ class ParallelConfig:
         """Read ``"dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off"``.
 
         Keys: ``dp tp pp mb m schedule zero recompute sp stages`` (``stages=3/3/2/2``),
-        and ``cp ep offload fp8 tp_overlap`` (``offload=optimizer``, ``fp8=on``,
-        ``tp_overlap=on``; absent: 1, 1, ``none``, off, off); unknown or repeated keys are errors.
+        and ``cp ep offload fp8 tp_overlap pg_overlap`` (``offload=optimizer``, ``fp8=on``,
+        ``tp_overlap=on``, ``pg_overlap=on``; absent: 1, 1, ``none``, off, off, off); unknown or
+        repeated keys are errors.
         """
         if not isinstance(text, str) or not text.strip():
             raise CostModelError(f"config {text!r}: expected key=value,... with keys dp, tp, pp, "
                                  "mb, m, schedule, zero, recompute, sp, stages, cp, ep, offload, "
-                                 "fp8, tp_overlap (e.g. "
+                                 "fp8, tp_overlap, pg_overlap (e.g. "
                                  "\"dp=4,tp=2,mb=1\")")
         values: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in text.replace(" ", ",").split(","))):
@@ -292,13 +312,13 @@ class ParallelConfig:
                 raise CostModelError(
                     f"config {text!r}: cannot read {item!r}; expected key=value with keys "
                     "dp, tp, pp, mb, m, schedule, zero, recompute, sp, stages, cp, ep, offload, "
-                    "fp8, tp_overlap"
+                    "fp8, tp_overlap, pg_overlap"
                 )
             name = _KEYS[key]
             if name in values:
                 raise CostModelError(f"config {text!r}: {key} is given twice")
             value = value.strip()
-            if name in ("sequence_parallel", "fp8", "tp_comm_overlap"):
+            if name in ("sequence_parallel", "fp8", "tp_comm_overlap", "param_gather_overlap"):
                 values[name] = _parse_bool(key, value)
             elif name == "offload":
                 values[name] = value.lower()
@@ -340,6 +360,8 @@ class ParallelConfig:
             out["fp8"] = "on"
         if self.tp_comm_overlap:
             out["tp_overlap"] = "on"
+        if self.param_gather_overlap:
+            out["pg_overlap"] = "on"
         return out
 
     def summary(self, *, recompute: str | None = None) -> str:

@@ -63,6 +63,10 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
                      + (" --tp-comm-overlap" if target.tp_comm_overlap else ""))
     if pp > 1:
         notes.append(_pipeline_note(target, pp))
+    if target.param_gather_overlap:
+        notes.append("not exported: the plan hides the updated parameters' all-gather behind "
+                     "the next step's forward (Megatron-Core --overlap-param-gather); DeepSpeed "
+                     "ZeRO-1/2 gathers them at the end of its step")
     if target.recompute and target.recompute != "none":
         notes.append(f"not in ds_config: {target.recompute} activation recompute is applied "
                      "in the model code (deepspeed.checkpointing.checkpoint around each "

@@ -40,7 +40,8 @@ _VALUED = frozenset({
 })
 _SWITCHES = frozenset({"--sequence-parallel", "--recompute-activations",
                        "--use-distributed-optimizer", "--bf16", "--fp16",
-                       "--optimizer-cpu-offload", "--tp-comm-overlap"})
+                       "--optimizer-cpu-offload", "--tp-comm-overlap",
+                       "--overlap-param-gather"})
 _DTYPE_FLAGS = {"bfloat16": "--bf16", "float16": "--fp16"}
 
 
@@ -71,6 +72,8 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
                  ("--recompute-num-layers", 1)]
     if target.zero_stage:
         args.append(("--use-distributed-optimizer", None))
+        if target.param_gather_overlap:
+            args.append(("--overlap-param-gather", None))
         if target.zero_stage > 1:
             notes.append(f"approximated: Megatron-LM has no ZeRO-{target.zero_stage}; "
                          "--use-distributed-optimizer shards the optimizer state only "
@@ -196,6 +199,8 @@ def parse(text: str, *, world_size: int | None = None,
         fp8="--fp8-format" in values,
         tp_comm_overlap="--tp-comm-overlap" in switches and "--sequence-parallel" in switches
         and tp > 1,
+        param_gather_overlap="--overlap-param-gather" in switches
+        and "--use-distributed-optimizer" in switches and (dp is None or dp > 1),
     )
 
 

@@ -38,7 +38,8 @@ class TargetConfig:
     expert-parallel degrees, ``offload`` what lives in host memory (``none``, ``optimizer``,
     ``optimizer+params``), ``fp8`` whether the matrix products run in FP8 and
     ``tp_comm_overlap`` whether the sequence-parallel collectives are pipelined with their GEMMs
-    (Megatron-Core ``--tp-comm-overlap``).
+    (Megatron-Core ``--tp-comm-overlap``), ``param_gather_overlap`` whether the updated
+    parameters' all-gather hides behind the next forward (``--overlap-param-gather``).
     """
 
     dp: int | None = None
@@ -61,6 +62,7 @@ class TargetConfig:
     offload: str | None = None
     fp8: bool | None = None
     tp_comm_overlap: bool | None = None
+    param_gather_overlap: bool | None = None
 
     @classmethod
     def from_plan(cls, plan: Plan) -> tuple["TargetConfig", list[str]]:
@@ -98,6 +100,7 @@ class TargetConfig:
             dtype=dtype,
             cp=config.cp, ep=config.ep, offload=config.offload, fp8=config.fp8,
             tp_comm_overlap=config.tp_comm_overlap,
+            param_gather_overlap=config.param_gather_overlap,
         ), notes
 
     @property

@@ -95,6 +95,11 @@ def export(target: TargetConfig) -> tuple[str, list[str]]:
                      "their GEMMs (Megatron-Core --tp-comm-overlap); torchtitan's closest is "
                      "its async tensor parallelism under torch.compile, which is not priced "
                      "the same way")
+    if target.param_gather_overlap:
+        notes.append("not exported: the plan hides the updated parameters' all-gather behind "
+                     "the next step's forward (Megatron-Core --overlap-param-gather); "
+                     "torchtitan's FSDP prefetches per layer instead, which is not priced the "
+                     "same way")
     sections = [("training", training), ("parallelism", parallelism),
                 ("activation_checkpoint", checkpoint)]
     if target.fp8:

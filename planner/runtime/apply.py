@@ -125,6 +125,11 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
                        "collectives pipelined with their GEMMs, Megatron-Core "
                        "--tp-comm-overlap); this runtime issues them without overlap, so their "
                        "full time is on the step's critical path")
+    if getattr(plan.config, "param_gather_overlap", False):
+        logger.warning("fallback: the plan was priced with pg_overlap=on (the updated "
+                       "parameters' all-gather hidden behind the next step's forward, "
+                       "Megatron-Core --overlap-param-gather); this runtime gathers them after "
+                       "the optimizer step, so their full time is on the step's critical path")
     model = apply_fp8(model, plan)   # FP8 linears keep the parameters' names (init, checkpoints)
     on_meta = has_meta(model)
     if on_meta and init is None and checkpoint is None:

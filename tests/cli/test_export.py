@@ -247,3 +247,15 @@ def test_tp_overlap_is_megatrons_tp_comm_overlap() -> None:
     assert "--tp-comm-overlap" not in export_plan(PLANS["tp-sp"], "megatron").text
     assert any("--tp-comm-overlap" in n for n in export_plan(PLANS["tp-overlap"],
                                                               "torchtitan").notes)
+
+
+def test_pg_overlap_is_megatrons_overlap_param_gather() -> None:
+    plan = make_plan("dp=2,tp=4,pp=1,mb=1,schedule=1f1b,zero=1,recompute=none,sp=on,"
+                     "pg_overlap=on", batch=16, layers=(8,))
+    megatron = export_plan(plan, "megatron")
+    words = megatron.text.split()
+    assert "--overlap-param-gather" in words and "--use-distributed-optimizer" in words
+    assert parse_export(megatron.text, "megatron", world_size=8).param_gather_overlap
+    assert "--overlap-param-gather" not in export_plan(PLANS["tp-sp"], "megatron").text
+    for target in ("torchtitan", "deepspeed"):
+        assert any("--overlap-param-gather" in n for n in export_plan(plan, target).notes)
