@@ -62,7 +62,9 @@ same function; logged as a fallback). Its pp and tp plans, which without cp run 
 rewrite, run at module level under cp: the pipeline cut skips its position embedding on later
 stages (:class:`fxplan.runtime.module_stages.NoPositions`) and its fused QKV runs head-parallel
 (:mod:`fxplan.runtime.tp_fused_qkv`); with sequence parallelism its replicated position
-embedding is refused (``tp_styles``).
+embedding runs :class:`~fxplan.runtime.tp_positions.PositionShard` (each tp rank embeds its
+shard of its cp chunk's global positions: the CP hook maps the index first, the style then
+cuts it to the rank's ``s/(cp·tp)`` positions).
 """
 
 from __future__ import annotations
@@ -344,8 +346,8 @@ def install(context: ContextParallel, stage: nn.Module, blocks: Sequence[nn.Modu
         if not _position_site(name, module):
             continue
         if isinstance(module, nn.Embedding):
-            module.register_forward_pre_hook(
-                lambda m, args: (_map_index(context, args[0]), *args[1:]))
+            module.register_forward_pre_hook(  # first: before a tp style's input hook
+                lambda m, args: (_map_index(context, args[0]), *args[1:]), prepend=True)
         else:
             module.register_forward_pre_hook(functools.partial(_rotary_hook, context),
                                              with_kwargs=True)
