@@ -86,7 +86,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from fxplan.core.plan import Plan
 
-__all__ = ["ContextParallel", "check_context_parallel", "cp_degree",
+__all__ = ["ContextParallel", "check_context_parallel", "cp_degree", "gathered_order",
            "local_positions", "build_context_parallel", "block_attention_calls", "install"]
 
 #: Names of learned position embeddings whose index the runtime maps to global positions.
@@ -108,6 +108,21 @@ def local_positions(seq: int, cp: int, rank: int) -> torch.Tensor:
     c = seq // (2 * cp)
     first, second = rank * c, (2 * cp - 1 - rank) * c
     return torch.cat([torch.arange(first, first + c), torch.arange(second, second + c)])
+
+
+def gathered_order(batch: int, local_len: int, cp: int, dp: int) -> torch.Tensor:
+    """Where each row of an all-gather over the ``dp`` ranks (rank order) of every rank's
+    ``batch × local_len`` tokens (flattened, ``local_len = s/cp``) stands in the one-process
+    token order of the ``dp/cp`` replicas' ``batch`` samples: dp rank ``d = g·cp + r`` (CP
+    group ``g``, CP rank ``r``), sample ``b``, local token ``j`` →
+    ``(g·batch + b)·s + P_r[j]``. Without cp (``cp = 1``) it is the identity."""
+    seq = local_len * cp
+    parts = []
+    for d in range(dp):
+        group, rank = divmod(d, cp)
+        samples = (group * batch + torch.arange(batch)) * seq
+        parts.append((samples.view(-1, 1) + local_positions(seq, cp, rank).view(1, -1)).reshape(-1))
+    return torch.cat(parts)
 
 
 class _AllGather(torch.autograd.Function):
