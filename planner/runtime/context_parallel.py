@@ -161,6 +161,11 @@ class ContextParallel:
         """``P_r`` for a local sequence of ``local_len = s/cp`` tokens."""
         return local_positions(local_len * self.cp, self.cp, self.rank).to(device)
 
+    def gathered_order(self, batch: int, local_len: int, dp: int) -> torch.Tensor:
+        """:func:`gathered_order` of an all-gather over the ``dp`` ranks of ``batch × local_len``
+        tokens each."""
+        return gathered_order(batch, local_len, self.cp, dp)
+
     def split(self, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's two chunks of ``tensor``'s sequence (dim 1)."""
         index = local_positions(tensor.size(1), self.cp, self.rank).to(tensor.device)

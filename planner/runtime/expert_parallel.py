@@ -83,7 +83,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fxplan.runtime.context_parallel import cp_degree, gathered_order
 from fxplan.runtime.offload import RuntimeSupportError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -192,17 +191,18 @@ def check_expert_layers(module: nn.Module, plan: "Plan") -> None:
             "and Qwen2-MoE); re-plan with --constrain ep=1")
 
 
-def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: "DeviceMesh"
-                  ) -> None:
+def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: "DeviceMesh",
+                  context: Any = None) -> None:
     """Shard the expert weights of ``module``'s expert-parallel layers over ``ep`` and route
     their forward through :func:`_ep_forward` (:func:`_routed_forward` for a routed experts
     module), in place. Parameters on ``meta`` stay there (materialised later, like tp
-    DTensors); :func:`expert_params` lists them afterwards."""
+    DTensors); :func:`expert_params` lists them afterwards. ``context``: this rank's
+    :class:`~fxplan.runtime.context_parallel.ContextParallel` under cp > 1, else ``None``."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     check_expert_layers(module, plan)
     sub = ep_mesh["edp", "ep"]
-    exchange = _Exchange(mesh["dp"], ep_mesh["ep"], plan.dp, cp_degree(plan))
+    exchange = _Exchange(mesh["dp"], ep_mesh["ep"], plan.dp, context)
     for layer in _expert_layers(module, plan.config.ep):
         routed = is_routed_experts(layer)
         holder = layer if routed else layer.experts
@@ -233,18 +233,18 @@ class _Exchange:
     output back (:meth:`run_experts`), the auxiliary loss's average over ``dp``."""
 
     def __init__(self, dp_mesh: "DeviceMesh", ep_mesh: "DeviceMesh", dp: int,
-                 cp: int = 1) -> None:
+                 context: Any = None) -> None:
         self.dp, self.dp_group, self.dp_rank = dp, dp_mesh.get_group(), dp_mesh.get_local_rank()
         self.ep, self.ep_group = ep_mesh.size(), ep_mesh.get_group()
-        self.cp = cp
+        self.context = context   # ContextParallel under cp > 1 (not imported: no cycle)
 
     def global_order(self, x: torch.Tensor) -> torch.Tensor | None:
         """Under context parallelism (``x``: ``(b, s/cp, h)``, this rank's sequence chunks) the
         one-process token index of each gathered row (:func:`~fxplan.runtime.context_parallel.
         gathered_order`); ``None`` without cp, where replica order is the one-process order."""
-        if self.cp == 1:
+        if self.context is None:
             return None
-        return gathered_order(x.size(0), x.size(1), self.cp, self.dp).to(x.device)
+        return self.context.gathered_order(x.size(0), x.size(1), self.dp).to(x.device)
 
     def gather(self, choice: torch.Tensor) -> torch.Tensor:
         """Every replica's ``[T, k]`` choices, in replica order: ``[dp·T, k]``."""

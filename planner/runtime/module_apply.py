@@ -342,7 +342,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                                src_data_rank=None if on_meta else 0)
             _retie(inner, decided.aliases)
         if ep_mesh is not None:
-            shard_experts(inner, plan, mesh, ep_mesh)
+            shard_experts(inner, plan, mesh, ep_mesh, context)
         if on_meta:
             names = {id(t): decided.aliases.get(n, n)
                      for n, t in [*inner.named_parameters(remove_duplicate=False),
