@@ -62,7 +62,9 @@ same function; logged as a fallback). Its pp and tp plans, which without cp run 
 rewrite, run at module level under cp: the pipeline cut skips its position embedding on later
 stages (:class:`fxplan.runtime.module_stages.NoPositions`) and its fused QKV runs head-parallel
 (:mod:`fxplan.runtime.tp_fused_qkv`); with sequence parallelism its replicated position
-embedding is refused (``tp_styles``).
+embedding runs :class:`~fxplan.runtime.tp_positions.PositionShard` (each tp rank embeds its
+shard of its cp chunk's global positions: the CP hook maps the index first, the style then
+cuts it to the rank's ``s/(cp·tp)`` positions).
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from fxplan.core.plan import Plan
 
-__all__ = ["ContextParallel", "check_context_parallel", "cp_degree",
+__all__ = ["ContextParallel", "check_context_parallel", "cp_degree", "gathered_order",
            "local_positions", "build_context_parallel", "block_attention_calls", "install"]
 
 #: Names of learned position embeddings whose index the runtime maps to global positions.
@@ -106,6 +108,21 @@ def local_positions(seq: int, cp: int, rank: int) -> torch.Tensor:
     c = seq // (2 * cp)
     first, second = rank * c, (2 * cp - 1 - rank) * c
     return torch.cat([torch.arange(first, first + c), torch.arange(second, second + c)])
+
+
+def gathered_order(batch: int, local_len: int, cp: int, dp: int) -> torch.Tensor:
+    """Where each row of an all-gather over the ``dp`` ranks (rank order) of every rank's
+    ``batch × local_len`` tokens (flattened, ``local_len = s/cp``) stands in the one-process
+    token order of the ``dp/cp`` replicas' ``batch`` samples: dp rank ``d = g·cp + r`` (CP
+    group ``g``, CP rank ``r``), sample ``b``, local token ``j`` →
+    ``(g·batch + b)·s + P_r[j]``. Without cp (``cp = 1``) it is the identity."""
+    seq = local_len * cp
+    parts = []
+    for d in range(dp):
+        group, rank = divmod(d, cp)
+        samples = (group * batch + torch.arange(batch)) * seq
+        parts.append((samples.view(-1, 1) + local_positions(seq, cp, rank).view(1, -1)).reshape(-1))
+    return torch.cat(parts)
 
 
 class _AllGather(torch.autograd.Function):
@@ -143,6 +160,11 @@ class ContextParallel:
     def positions(self, local_len: int, device: torch.device) -> torch.Tensor:
         """``P_r`` for a local sequence of ``local_len = s/cp`` tokens."""
         return local_positions(local_len * self.cp, self.cp, self.rank).to(device)
+
+    def gathered_order(self, batch: int, local_len: int, dp: int) -> torch.Tensor:
+        """:func:`gathered_order` of an all-gather over the ``dp`` ranks of ``batch × local_len``
+        tokens each."""
+        return gathered_order(batch, local_len, self.cp, dp)
 
     def split(self, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's two chunks of ``tensor``'s sequence (dim 1)."""
@@ -344,8 +366,8 @@ def install(context: ContextParallel, stage: nn.Module, blocks: Sequence[nn.Modu
         if not _position_site(name, module):
             continue
         if isinstance(module, nn.Embedding):
-            module.register_forward_pre_hook(
-                lambda m, args: (_map_index(context, args[0]), *args[1:]))
+            module.register_forward_pre_hook(  # first: before a tp style's input hook
+                lambda m, args: (_map_index(context, args[0]), *args[1:]), prepend=True)
         else:
             module.register_forward_pre_hook(functools.partial(_rotary_hook, context),
                                              with_kwargs=True)

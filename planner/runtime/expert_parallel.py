@@ -15,7 +15,10 @@ dp·T`` over the replicas) computes its router and top-``k`` locally, then all-g
 choices ``[T, k]`` (integers) over ``dp``: the capacity ``C = ⌈k·c·T_g/E⌉`` and every
 assignment's queue position are those of the one-process model on the global batch (choice-
 major, tokens in batch order, replica ``d``'s tokens at ``d·T …``), so the same assignments are
-dropped.
+dropped. Under context parallelism (``cp > 1``) a rank's ``T`` tokens are its two chunks of
+each of its samples' sequences: the gathered rows are put in the one-process order first
+(sample by sample, each sequence whole: :func:`~fxplan.runtime.context_parallel.gathered_order`),
+and each rank reads its own tokens' slots back from their places there.
 
 **Dispatch and combine, sized by the real counts** (:meth:`_Exchange.run_experts`;
 ``all_to_all_single_autograd`` of ``torch.distributed._functional_collectives`` with split
@@ -188,17 +191,18 @@ def check_expert_layers(module: nn.Module, plan: "Plan") -> None:
             "and Qwen2-MoE); re-plan with --constrain ep=1")
 
 
-def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: "DeviceMesh"
-                  ) -> None:
+def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: "DeviceMesh",
+                  context: Any = None) -> None:
     """Shard the expert weights of ``module``'s expert-parallel layers over ``ep`` and route
     their forward through :func:`_ep_forward` (:func:`_routed_forward` for a routed experts
     module), in place. Parameters on ``meta`` stay there (materialised later, like tp
-    DTensors); :func:`expert_params` lists them afterwards."""
+    DTensors); :func:`expert_params` lists them afterwards. ``context``: this rank's
+    :class:`~fxplan.runtime.context_parallel.ContextParallel` under cp > 1, else ``None``."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     check_expert_layers(module, plan)
     sub = ep_mesh["edp", "ep"]
-    exchange = _Exchange(mesh["dp"], ep_mesh["ep"], plan.dp)
+    exchange = _Exchange(mesh["dp"], ep_mesh["ep"], plan.dp, context)
     for layer in _expert_layers(module, plan.config.ep):
         routed = is_routed_experts(layer)
         holder = layer if routed else layer.experts
@@ -228,9 +232,19 @@ class _Exchange:
     all-to-alls over ``ep`` that carry each routed row to the rank holding its expert and its
     output back (:meth:`run_experts`), the auxiliary loss's average over ``dp``."""
 
-    def __init__(self, dp_mesh: "DeviceMesh", ep_mesh: "DeviceMesh", dp: int) -> None:
+    def __init__(self, dp_mesh: "DeviceMesh", ep_mesh: "DeviceMesh", dp: int,
+                 context: Any = None) -> None:
         self.dp, self.dp_group, self.dp_rank = dp, dp_mesh.get_group(), dp_mesh.get_local_rank()
         self.ep, self.ep_group = ep_mesh.size(), ep_mesh.get_group()
+        self.context = context   # ContextParallel under cp > 1 (not imported: no cycle)
+
+    def global_order(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Under context parallelism (``x``: ``(b, s/cp, h)``, this rank's sequence chunks) the
+        one-process token index of each gathered row (:func:`~fxplan.runtime.context_parallel.
+        gathered_order`); ``None`` without cp, where replica order is the one-process order."""
+        if self.context is None:
+            return None
+        return self.context.gathered_order(x.size(0), x.size(1), self.dp).to(x.device)
 
     def gather(self, choice: torch.Tensor) -> torch.Tensor:
         """Every replica's ``[T, k]`` choices, in replica order: ``[dp·T, k]``."""
@@ -327,9 +341,13 @@ def _ep_forward(layer: Any, exchange: _Exchange, x: torch.Tensor) -> torch.Tenso
     probs, choice, gate = layer.route(tokens)
     everyone = exchange.gather(choice)                                 # [dp·T, k]
     total = everyone.size(0)
+    mine: slice | torch.Tensor = slice(exchange.dp_rank * count, (exchange.dp_rank + 1) * count)
+    order = exchange.global_order(x)   # cp > 1: the gathered rows into one-process order
+    if order is not None:
+        everyone = torch.empty_like(everyone).index_copy_(0, order, everyone)
+        mine = order[mine]
     capacity = layer.capacity(total)
     slot, kept = layer.slots(everyone, capacity)                       # [k·dp·T]
-    mine = slice(exchange.dp_rank * count, (exchange.dp_rank + 1) * count)
     slot = slot.view(-1, total)[:, mine].reshape(-1)                   # [k·T], choice-major
     kept = kept.view(-1, total)[:, mine].reshape(-1)
     picked = kept.nonzero().squeeze(1)                                 # [S_kept]

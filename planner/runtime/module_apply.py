@@ -63,7 +63,7 @@ from fxplan.runtime.context_parallel import cp_degree, install
 from fxplan.runtime.data_parallel import apply_data_parallel
 from fxplan.runtime.module_probe import ModuleProbe, model_output, probe_module
 from fxplan.runtime.module_recompute import apply_recompute
-from fxplan.runtime.module_stages import check_splittable, stage_module
+from fxplan.runtime.module_stages import NoPositions, check_splittable, stage_module
 from fxplan.runtime.tp_fused_qkv import FusedQKVAttention
 from fxplan.runtime.tp_styles import NotExpressible, tp_styles, tp_token
 
@@ -342,7 +342,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                                src_data_rank=None if on_meta else 0)
             _retie(inner, decided.aliases)
         if ep_mesh is not None:
-            shard_experts(inner, plan, mesh, ep_mesh)
+            shard_experts(inner, plan, mesh, ep_mesh, context)
         if on_meta:
             names = {id(t): decided.aliases.get(n, n)
                      for n, t in [*inner.named_parameters(remove_duplicate=False),
@@ -400,8 +400,9 @@ def _retie(module: nn.Module, aliases: Mapping[str, str]) -> None:
 
 
 def _present(module: nn.Module, name: str) -> bool:
-    """Whether ``name`` is a real submodule of the stage (not cut, not an ``Identity``)."""
+    """Whether ``name`` is a real submodule of the stage (not cut, not an ``Identity`` or a
+    later stage's :class:`NoPositions`)."""
     try:
-        return not isinstance(module.get_submodule(name), nn.Identity)
+        return not isinstance(module.get_submodule(name), (nn.Identity, NoPositions))
     except AttributeError:
         return False

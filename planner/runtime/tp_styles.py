@@ -12,6 +12,8 @@ Each module with parameters is read from the ``tp`` entry of its planned placeme
     nn.Embedding  weight S(0)  →  RowwiseParallel  vocabulary-parallel: rows outside the shard give 0,
                                                    the sum over ranks is the lookup
                   weight S(1)  →  ColwiseParallel  (output gathered)
+                  R, a position embedding (``wpe``…) under sequence parallelism  →  PositionShard
+                               (each tp rank its sequence shard's rows; :mod:`fxplan.runtime.tp_positions`)
     nn.MultiheadAttention  in_proj_weight S(0), out_proj.weight S(1)  →  HeadParallelAttention
                   (each rank its heads' rows of q, k and v; :mod:`fxplan.runtime.tp_attention`)
     fused-QKV attention (the zoo GPT's: ``qkv`` h → 3h, ``proj``, ``heads``/``hidden``) under
@@ -53,10 +55,11 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from fxplan.core.placements import format_placements
 from fxplan.passes.rewrite.placements import axis_placement, normalize
 from fxplan.runtime.module_probe import ModuleProbe
-from fxplan.runtime.context_parallel import cp_degree
+from fxplan.runtime.context_parallel import POSITION_EMBEDDINGS, cp_degree
 from fxplan.runtime.tp_attention import HeadParallelAttention, attention_unsupported
 from fxplan.runtime.tp_fused_qkv import (FusedQKVAttention, fused_qkv_unsupported,
                                          is_fused_qkv_attention)
+from fxplan.runtime.tp_positions import PositionShard
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -124,6 +127,9 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe,
         if isinstance(module, (nn.Linear, nn.Embedding)):
             kind = _linear_kind(module, name, plan, read_as)
             if kind == "rep":
+                if sp and block is None and _position_embedding(name, module):
+                    styles[name] = PositionShard()  # its own sequence shard (tp_positions)
+                    continue
                 if sp and block is None:
                     raise NotExpressible(f"{name!r} is replicated over tp: with sequence "
                                          "parallelism the embedding and the head must be split "
@@ -164,6 +170,12 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe,
             styles[region] = _gather_input(region, probe)
         _check_sequence_parallel(model, probe, styles)
     return styles
+
+
+def _position_embedding(name: str, module: nn.Module) -> bool:
+    """A learned position embedding (an ``nn.Embedding`` named as in
+    :data:`~fxplan.runtime.context_parallel.POSITION_EMBEDDINGS`)."""
+    return isinstance(module, nn.Embedding) and name.rsplit(".", 1)[-1] in POSITION_EMBEDDINGS
 
 
 def _attention_style(module: nn.MultiheadAttention, prefix: str, plan: "Plan") -> bool:

@@ -35,11 +35,13 @@ def build_moe(seed: int = 0, meta: bool = False) -> torch.nn.Module:
 
 
 def make_ep_plan(*, dp: int, ep: int, zero: int = 0, tp: int = 1, microbatch_size: int = 2,
-                 recompute: str = "none") -> Plan:
-    config = ParallelConfig(dp=dp, tp=tp, ep=ep, microbatch_size=microbatch_size,
+                 recompute: str = "none", cp: int = 1) -> Plan:
+    """``cp``: context parallelism too (the ``dp/cp`` replicas read ``dp/cp · mb`` samples)."""
+    config = ParallelConfig(dp=dp, tp=tp, ep=ep, cp=cp, microbatch_size=microbatch_size,
                             num_microbatches=1, zero_stage=zero, recompute=recompute)
     return Plan(model=MODEL, cluster="local-cpu", graph_fingerprint="test",
-                cluster_fingerprint="test", batch=dp * microbatch_size, seq=SEQ, config=config,
+                cluster_fingerprint="test", batch=dp // cp * microbatch_size, seq=SEQ,
+                config=config,
                 stages=(StageAssignment(0, (0, 2), has_embedding=True, has_head=True),),
                 placements=PlacementMap(nodes={}, params={}))
 

@@ -1,5 +1,6 @@
 """Context parallelism (``cp = 2``) trains like one process: the tiny GPT (module level, its
-math attention run as SDPA) and the tiny ``hf:llama`` (RoPE, grouped-query SDPA; also with
+math attention run as SDPA; also with tp = 2 and sequence parallelism, its position embedding
+embedding each tp rank's shard of the chunk's positions) and the tiny ``hf:llama`` (RoPE, grouped-query SDPA; also with
 tp = 2 and sequence parallelism, where each rank's ``s/cp`` chunk is split again over tp
 between the blocks' tp regions) on pooled gloo ranks, 3 SGD steps in fp32, losses and every gathered parameter within the numerics tests'
 relative 1e-5 (:mod:`fxplan.runtime.context_parallel`)."""
@@ -21,6 +22,7 @@ CASES = {
     "llama_pp2_cp2": ("llama", 2, dict(pp=2, dp=2, num_microbatches=2, schedule="gpipe")),
     "gpt_pp2_cp2": ("gpt", 2, dict(pp=2, dp=2, num_microbatches=2, schedule="gpipe")),
     "gpt_cp2_tp2": ("gpt", 2, dict(dp=2, tp=2)),
+    "gpt_cp2_tp2_sp": ("gpt", 2, dict(dp=2, tp=2, sp=True)),
 }
 
 
@@ -167,3 +169,48 @@ def test_collectives_per_layer_are_the_priced_ones(rank_pool, recompute):
     (layer,) = cp_layers(graph).values()
     priced = kv_bytes(layer, scale=report["mb"] / graph_segments(graph).batch, tp=1)
     assert report["forward_bytes"] == [priced] * report["layers"], (report, priced)
+
+
+def test_gpt_position_embedding_takes_its_sequence_shard_under_sp():
+    """Under cp with tp and sequence parallelism the zoo GPT's replicated position embedding
+    runs PositionShard (each tp rank embeds its shard of the chunk's positions) instead of
+    being refused; a later pipeline stage's NoPositions takes no style."""
+    from fxplan.runtime.module_apply import _present, module_level_plan
+    from fxplan.runtime.module_stages import stage_module
+    from fxplan.runtime.tp_positions import PositionShard
+    from rt_plans import build_model, fixed_batch
+
+    piped = _cp_plan(tp=2, sp=True, pp=2, num_microbatches=2)
+    model = build_model(2)
+    decided = module_level_plan(model, piped, fixed_batch(piped)[0][:, :8])
+    assert isinstance(decided.styles["wpe"], PositionShard), decided.styles
+    assert _present(stage_module(model, piped, 0, decided.probe), "wpe")
+    assert not _present(stage_module(model, piped, 1, decided.probe), "wpe")
+
+
+def test_gathered_order_is_the_one_process_token_order():
+    """The dp ranks' gathered tokens (rank order, each rank its two chunks of its group's
+    samples) map one-to-one onto the one-process order; identity without cp."""
+    from fxplan.runtime.context_parallel import gathered_order
+
+    assert gathered_order(2, 8, 1, 2).tolist() == list(range(32))
+    order = gathered_order(2, 4, 2, 4)      # 2 CP groups × 2 ranks, 2 samples of 8 tokens
+    assert sorted(order.tolist()) == list(range(32))
+    assert order[:8].tolist() == [0, 1, 6, 7, 8, 9, 14, 15]       # group 0, CP rank 0
+    assert order[24:].tolist() == [18, 19, 20, 21, 26, 27, 28, 29]  # group 1, CP rank 1
+
+
+def test_expert_parallel_under_cp_routes_as_one_process(rank_pool):
+    """moe-tiny under ep=2 with cp=2 (dp=4): the gathered choices are put in the one-process
+    token order before the capacity queue, so the same assignments are dropped (capacity
+    factor 0.5) and 3 SGD steps match one process (rank order instead gave a parameter
+    error of 0.85)."""
+    report = rank_pool.run("rt_ep_cases:train_ep_matches_reference",
+                           plan_kwargs=dict(dp=4, ep=2, cp=2))[0]
+    print(f"ep=2 cp=2: loss error {report['loss_error']:.2g}, parameter error "
+          f"{report['param_error']:.2g}, aux error {report['aux_error']:.2g}, "
+          f"{report['dropped']} assignments dropped")
+    assert report["path"] == "module" and not report["missing"], report
+    assert report["dropped"] > 0, report
+    assert report["loss_error"] <= 1e-5 and report["param_error"] <= 1e-5, report
+    assert report["aux_error"] <= 1e-5, report
