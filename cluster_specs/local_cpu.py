@@ -26,6 +26,8 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     ddp_bucket_mib             = 25                              (DDP's default bucket cap)
     queued_collective_us       = QUEUED_COLLECTIVE_US            (async batch: each further one)
     reserved_memory_gib        = PROCESS_BASELINE_GIB            (interpreter, torch, gloo)
+    compute_efficiency         = COMPUTE_EFFICIENCY              (per op class, measured)
+    backward_efficiency        = BACKWARD_EFFICIENCY             (… of the backward kernels)
 
 **Rates measured now.** The three per-core rates are the calibration's constants unless the
 spec string gives them (``local-cpu:devices=4,matmul_tflops=0.09,memory_gb_per_s=10,
