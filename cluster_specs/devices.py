@@ -28,7 +28,10 @@ class DeviceGroup:
     TFLOP/s (dense), latencies in µs. ``compute_efficiency`` maps an op class (``matmul``,
     ``attention``, ... and ``memory_bound``) to the fraction of peak — of ``peak_tflops`` for
     compute-bound classes, of ``memory_bandwidth_gb_per_s`` for ``memory_bound`` — that the cost
-    model may expect before profiling. ``nics_per_node`` overrides the cluster-scope level's
+    model may expect before profiling; ``backward_efficiency`` (same keys, optional) the same
+    for the kernels of an op's backward where they differ from its forward (a CPU's backward
+    GEMMs are bare ``mm`` calls, its forward linears carry the module call and the bias;
+    missing keys: ``compute_efficiency``'s). ``nics_per_node`` overrides the cluster-scope level's
     NIC count for this group's nodes (``None``: the level's). ``step_overhead_us`` is a fixed
     cost per training step on each device beyond its kernels and collectives (host work of the
     training loop: data-parallel hooks, gradient clipping, the schedule).
@@ -78,6 +81,7 @@ class DeviceGroup:
     peak_tflops: Mapping[str, float]
     intra_node_level: str
     compute_efficiency: Mapping[str, float] = field(default_factory=dict)
+    backward_efficiency: Mapping[str, float] = field(default_factory=dict)
     kernel_launch_us: float = 0.0
     step_overhead_us: float = 0.0
     fused_attention: bool = False
@@ -108,6 +112,7 @@ class DeviceGroup:
     def __post_init__(self) -> None:
         object.__setattr__(self, "peak_tflops", freeze(self.peak_tflops))
         object.__setattr__(self, "compute_efficiency", freeze(self.compute_efficiency))
+        object.__setattr__(self, "backward_efficiency", freeze(self.backward_efficiency))
 
     @property
     def num_devices(self) -> int:

@@ -30,6 +30,8 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     fsdp_reduce_us             = FSDP_REDUCE_US / s               per step; ZeRO-3 re-gather;
     fsdp_regather_us           = FSDP_REGATHER_US / s             each + a part per tensor)
     reserved_memory_gib        = PROCESS_BASELINE_GIB            (interpreter, torch, gloo)
+    compute_efficiency         = COMPUTE_EFFICIENCY              (per op class, measured)
+    backward_efficiency        = BACKWARD_EFFICIENCY             (… of the backward kernels)
 
 **Rates measured now.** The three per-core rates are the calibration's constants unless the
 spec string gives them (``local-cpu:devices=4,matmul_tflops=0.09,memory_gb_per_s=10,
@@ -42,6 +44,12 @@ bandwidth and eager op cost (default the constants), every host cost moves with 
 op, ``h = e / EAGER_OP_US``::
 
     peak_tflops.fp32 = F · s       memory_bandwidth_gb_per_s = M · s       kernel_launch_us = e / s
+
+Without ``memory_gb_per_s``, ``M = M₀ · F / F₀`` (the constants ``MEMORY_GB_PER_S_PER_CORE``,
+``FP32_TFLOPS_PER_CORE``): the memory-bound classes' efficiencies (``COMPUTE_EFFICIENCY``) were
+measured on in-cache tensors, which run at the core's speed, against that bandwidth scaled
+by the core's matmul rate of the same moment (``benchmarks/op_class_calibration.py``); a
+DRAM copy probed beside a launch moves with the neighbours' memory traffic instead.
     dtensor_op_us = h · DTENSOR_OP_US / s   (and the backward, both optimizer costs and the
                                              step overhead alike)
 
@@ -65,12 +73,23 @@ from typing import Any, Callable
 from fxplan.cluster_specs.overrides import positive_float, positive_int
 from fxplan.core.bounds import MAX_DEVICES_PER_NODE
 
-#: fp32 matmul on one thread, TFLOP/s per core. Calibration line "fp32 matmul 1024³, 1 thread":
-#: 0.1632, 0.1747, 0.1676 and 0.1656 in four runs (256³ and 512³: 0.160–0.179); the median.
-FP32_TFLOPS_PER_CORE = 0.1666
-#: One-thread copy of a 128 MiB tensor measured ≈ 13.7 GB/s counting bytes read plus written
-#: (torch 2.13, these machines); rounded down.
-MEMORY_GB_PER_S_PER_CORE = 12.0
+#: fp32 matmul on one thread, TFLOP/s per core: ``2·1024³ / t`` of a one-thread 1024³ matmul on
+#: the thread's CPU clock, median of 5 (``benchmarks/local_cpu_calibration.py``
+#: ``matmul_tflops(1024, 5)``, the very function ``--probe`` runs before each launch of
+#: ``benchmarks/measured_vs_predicted.py``; the calibration table's line "fp32 matmul 1024³, 1
+#: thread" is the same function with 21 repeats). The median of the 51 probes of the quiet
+#: series ``benchmarks/data/measured_vs_predicted_s20_quiet.json`` (load average 1.2–3.7):
+#: 0.0883 (0.060–0.099); the 15 probes of three ``benchmarks/op_class_calibration.py`` runs
+#: of session 21 at load 15–19 read 0.086–0.090 per round. (It was 0.1666, measured at load ≈ 1
+#: in an earlier session on cores that have since become slower: every probe of sessions 20
+#: and 21 read 0.06–0.10.)
+FP32_TFLOPS_PER_CORE = 0.0883
+#: One-thread copy of a 128 MiB fp32 tensor (through DRAM), ``2·S / t`` (bytes read plus
+#: written), median of 5 on the thread's CPU clock: ``copy_gb_per_s`` of the same script, the
+#: probe's third rate. The median of the 51 probes of the quiet series above: 18.6 GB/s
+#: (15.9–20.3). (It was 12.0, "≈ 13.7 GB/s rounded down" by another method.) In-cache ops do
+#: not run at this rate: see ``COMPUTE_EFFICIENCY``.
+MEMORY_GB_PER_S_PER_CORE = 18.6
 #: Eager PyTorch's fixed cost per kernel on one core (dispatch, autograd bookkeeping), µs.
 #: Calibration line "eager tiny op, forward": 4.73, 4.62, 4.45 and 4.60 µs per op of a 200-op
 #: chain on 8×8 tensors (median 4.61); "backward": 7.05, 6.31, 8.05 and 7.09 µs per op, i.e.
@@ -121,10 +140,40 @@ PROCESS_BASELINE_GIB = 0.307
 #: "time-sharing" (2 and 4 processes on 2 cores, gpt-tiny forward + backward):
 #: η = 2·T_C / T_2C = 0.866, 0.888 and 0.854 in three runs; the median.
 TIME_SHARING_EFFICIENCY = 0.866
-#: Dropout on CPU draws one random number per element (``bernoulli_``): calibration line
-#: "dropout 4×64×256 fp32, 1 thread" 1.48, 1.41 and 1.36 GB/s (read + written) against the
-#: 12 GB/s of ``MEMORY_GB_PER_S_PER_CORE``: median 1.41 / 12 = 0.12 of the memory bandwidth.
-DROPOUT_BANDWIDTH_FRACTION = 0.12
+#: Per op class, the fraction of ``FP32_TFLOPS_PER_CORE`` (matmul) or of
+#: ``MEMORY_GB_PER_S_PER_CORE`` (memory-bound classes) that the class's nodes reach, measured
+#: on the nodes of gpt-tiny's own graph at microbatch 4, 8 and 16 (s = 64) by
+#: ``python benchmarks/op_class_calibration.py --rounds 5 --batches 4,8,16`` (thread CPU time
+#: of each node as an fx interpreter runs it, autograd recording; ratio of sums over a class's
+#: nodes, each node priced as the roofline does: ``t − t_launch = (w + w_half) / (R · η)``;
+#: ``cost_model/class_efficiency.py``). Five rounds at load average 14–16 (other sessions'
+#: jobs), per round (forward): matmul 0.618–0.702, elementwise 0.562–0.648, norm 0.221–0.277,
+#: softmax 0.526–0.545, dropout 0.059–0.066, loss 0.227–0.253, embedding 0.238–0.295; the
+#: medians below (``benchmarks/data/op_class_calibration_s21.json``). The forward linear of a
+#: module is ≈ 0.66 of the bare 1024³ rate: its nodes carry the module call, the bias add and
+#: autograd's recording; the attention's batched matmuls (head dim 16) are slower still. The
+#: memory-bound classes are in cache at these sizes (0.25–2 MiB) and run at the core's speed:
+#: GELU, masked_fill, softmax and layer norm are arithmetic-bound (erf, exp, broadcasts, a
+#: two-pass reduction), dropout draws one random number per element (``bernoulli_``, 1.15
+#: GB/s). Out of cache (64 MiB tensors, ``--out-of-cache``, informational) the same ops read
+#: 0.13–0.23 of the copy (fresh pages of the output on every call), not priced here.
+COMPUTE_EFFICIENCY: dict[str, float] = {
+    "matmul": 0.658, "elementwise": 0.603, "norm": 0.247, "softmax": 0.530,
+    "dropout": 0.062, "loss": 0.229, "embedding": 0.257,
+    # not measured (gpt-tiny has none of these nodes): unfused attention is priced as its
+    # matmuls and softmax; the other memory-bound classes keep the roofline's default
+    "attention": 0.6, "memory_bound": 0.8,
+}
+#: The same for the kernels of each class's backward, priced by ``cost_model.compute.BACKWARD``
+#: (dropout's backward is an elementwise kernel): same runs, per round matmul 0.738–0.795
+#: (bare ``mm`` calls, no module or bias: faster than the forward's linears), elementwise
+#: 1.276–1.373 (the rule's two passes over the bytes; an add's backward passes its gradient
+#: through without a kernel), norm 0.876–1.056, softmax 1.550–1.668, loss 0.657–1.265,
+#: embedding 1.363–1.525; the medians. Above 1: faster than the DRAM copy, in cache.
+BACKWARD_EFFICIENCY: dict[str, float] = {
+    "matmul": 0.784, "elementwise": 1.298, "norm": 0.997, "softmax": 1.585, "loss": 1.209,
+    "embedding": 1.411,
+}
 #: Gloo over loopback, bus bandwidth from the 4 MiB and 16 MiB all-reduces (latency cancels).
 #: Calibration line "gloo N ranks: hop latency, bus bandwidth", four runs: 2 ranks 1.225,
 #: 0.926, 0.858, 1.175 GB/s; 4 ranks 1.203, 0.462, 0.797, 1.031 GB/s. The median of the eight.
@@ -224,7 +273,10 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
     share = core_share(cores, ranks)
     per_rank = total / ranks
     flops = FP32_TFLOPS_PER_CORE if matmul_tflops is None else matmul_tflops
-    bandwidth = MEMORY_GB_PER_S_PER_CORE if memory_gb_per_s is None else memory_gb_per_s
+    # in-cache ops run at the core's speed: without a measured bandwidth, the one the
+    # class efficiencies were measured against moves with the matmul rate (module docstring)
+    bandwidth = (MEMORY_GB_PER_S_PER_CORE * flops / FP32_TFLOPS_PER_CORE
+                 if memory_gb_per_s is None else memory_gb_per_s)
     eager = EAGER_OP_US if eager_op_us is None else eager_op_us
     host = eager / EAGER_OP_US        # host costs move with the eager op's
     return {
@@ -270,9 +322,9 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                     ("reduce", FSDP_REDUCE_US), ("reduce_tensor", FSDP_REDUCE_TENSOR_US),
                     ("regather", FSDP_REGATHER_US),
                     ("regather_tensor", FSDP_REGATHER_TENSOR_US))},
-                # The fp32 peak is itself a measured matmul rate, hence matmul 1.0.
-                "compute_efficiency": {"matmul": 1.0, "attention": 0.6, "memory_bound": 0.8,
-                                       "dropout": DROPOUT_BANDWIDTH_FRACTION},
+                # Measured per op class on gpt-tiny's nodes, relative to the per-core rates.
+                "compute_efficiency": dict(COMPUTE_EFFICIENCY),
+                "backward_efficiency": dict(BACKWARD_EFFICIENCY),
             }
         ],
         "levels": [

@@ -109,6 +109,14 @@ GROUP_FIELDS: dict[str, Field] = {
     "compute_efficiency": optional(
         number_map(OP_CLASSES, _FRACTION, what="fraction of peak per op class", nonempty=False), {}
     ),
+    # A spec whose peak and bandwidth are measured reference rates (local-cpu: a 1024³ matmul,
+    # a copy through DRAM) may state backward kernels that beat them: an elementwise backward
+    # in cache runs faster than a DRAM copy. Up to 4× the reference.
+    "backward_efficiency": optional(
+        number_map(OP_CLASSES, number(low=0.0, low_open=True, high=4.0,
+                                      unit="fraction of the reference rate"),
+                   what="efficiency per op class of backward kernels", nonempty=False), {}
+    ),
     "kernel_launch_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
                                         unit="µs per kernel"), 0.0),
     "step_overhead_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,

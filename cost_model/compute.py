@@ -23,7 +23,8 @@ together do ``f·F`` FLOPs and move ``b·B`` bytes, each priced like a forward o
     t_bwd = k · op_time(F·f/k, B·b/k)   (+ t_fwd when the op is recomputed)
 
 The backward kernels are priced as the op's own class unless the rule names another
-(``priced_as``): dropout's backward is a multiply by the saved mask, an elementwise kernel,
+(``priced_as``), at the device's ``backward_efficiency`` where it gives one (else its
+``compute_efficiency``; :mod:`cost_model.efficiency`): dropout's backward is a multiply by the saved mask, an elementwise kernel,
 not the random-number draw that makes its forward slow on CPUs.
 """
 
@@ -92,12 +93,13 @@ def _resolve(database: DatabaseArg, device: Any) -> OpDatabase | None:
 
 
 def roofline_time_s(op_class: str, flops: float, bytes_moved: float, dtype: Any, device: Any,
-                    *, allow_tf32: bool | None = None) -> float:
-    """Forward seconds by the roofline formula of the module docstring (no database)."""
+                    *, allow_tf32: bool | None = None, backward: bool = False) -> float:
+    """Seconds of one kernel by the roofline formula of the module docstring (no database);
+    ``backward=True``: a kernel of an op's backward, at the device's backward efficiencies."""
     if family_of(op_class) is None or (flops <= 0 and bytes_moved <= 0):
         return 0.0
     model = load_efficiency()
-    compute_curve, memory_curve = model.curves(device, op_class)
+    compute_curve, memory_curve = model.curves(device, op_class, backward=backward)
     compute_s = 0.0
     if flops > 0:
         peak = model.peak_flops(device, op_class, dtype, allow_tf32)
@@ -110,12 +112,15 @@ def roofline_time_s(op_class: str, flops: float, bytes_moved: float, dtype: Any,
 
 def op_time_s(op_class: str, flops: float, bytes_moved: float, dtype: Any, device: Any, *,
               op: str | None = None, shapes: Sequence[Sequence[int]] | None = None,
-              database: DatabaseArg = "auto", allow_tf32: bool | None = None) -> float:
+              database: DatabaseArg = "auto", allow_tf32: bool | None = None,
+              backward: bool = False) -> float:
     """Forward seconds of one op on one ``DeviceGroup`` device (module docstring).
 
     ``op``/``shapes`` (the measured op's name and its input shapes, see
     :data:`cost_model.op_database.OPS`) sharpen the database lookup; without them the op
-    standing for ``op_class`` is interpolated in FLOPs or bytes.
+    standing for ``op_class`` is interpolated in FLOPs or bytes. ``backward=True`` prices a
+    kernel of a backward pass (the roofline at the device's backward efficiencies; a
+    database, which times forward ops, prices it as a forward op).
     """
     if family_of(op_class) is None or (flops <= 0 and bytes_moved <= 0):
         return 0.0
@@ -125,7 +130,8 @@ def op_time_s(op_class: str, flops: float, bytes_moved: float, dtype: Any, devic
         measured = db.estimate(name, dtype, shapes=shapes, flops=flops, bytes_moved=bytes_moved)
         if measured is not None:
             return measured
-    return roofline_time_s(op_class, flops, bytes_moved, dtype, device, allow_tf32=allow_tf32)
+    return roofline_time_s(op_class, flops, bytes_moved, dtype, device, allow_tf32=allow_tf32,
+                           backward=backward)
 
 
 def backward_time_s(op_class: str, flops: float, bytes_moved: float, dtype: Any, device: Any, *,
@@ -143,7 +149,8 @@ def backward_time_s(op_class: str, flops: float, bytes_moved: float, dtype: Any,
         kernel_class, kernel_op = (rule.priced_as, None) if rule.priced_as else (op_class, op)
         total = rule.kernels * op_time_s(kernel_class, per_flops, per_bytes, dtype, device,
                                          op=kernel_op, shapes=shapes if same_size else None,
-                                         database=database, allow_tf32=allow_tf32)
+                                         database=database, allow_tf32=allow_tf32,
+                                         backward=True)
     if recompute:
         total += op_time_s(op_class, flops, bytes_moved, dtype, device, op=op, shapes=shapes,
                            database=database, allow_tf32=allow_tf32)

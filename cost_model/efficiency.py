@@ -20,6 +20,9 @@ Where the maxima come from, first found wins:
 - memory leg, ``m_max``: for memory-bound families ``device.compute_efficiency[c]``,
   ``[family]``, then ``["memory_bound"]``; for compute-bound families ``["memory_bound"]``;
   then the data file.
+- the kernels of an op's backward look the same keys up in ``device.backward_efficiency``
+  first (a spec that measured its backward kernels apart, as ``local-cpu`` does), then as
+  above.
 
 The curve shapes (``F_half``, ``B_half``) are data, per device model (the longest key of the
 data file's ``devices`` contained in the normalised model name, else ``cpu`` for CPU devices
@@ -115,8 +118,10 @@ class EfficiencyModel:
     op_class_family: Mapping[str, str | None]
     devices: Mapping[str, Mapping[str, Mapping[str, float]]]
 
-    def curves(self, device: Any, op_class: str) -> tuple[Curve, Curve]:
-        """(compute curve, memory curve) of ``op_class`` on ``device`` (a ``DeviceGroup``)."""
+    def curves(self, device: Any, op_class: str, backward: bool = False) -> tuple[Curve, Curve]:
+        """(compute curve, memory curve) of ``op_class`` on ``device`` (a ``DeviceGroup``);
+        ``backward=True``: of the kernels of an op's backward, whose maxima the device's
+        ``backward_efficiency`` may set (key by key, before ``compute_efficiency``)."""
         family = family_of(op_class, self)
         if family is None:
             raise ValueError(f"op class {op_class!r} runs no kernel and has no efficiency curve")
@@ -127,6 +132,10 @@ class EfficiencyModel:
         m_keys = ("memory_bound",) if compute_bound else (op_class, family, "memory_bound")
         c_max = _first(spec, c_keys, params["compute_eff_max"])
         m_max = _first(spec, m_keys, params["memory_eff_max"])
+        if backward:
+            spec_bwd: Mapping[str, float] = getattr(device, "backward_efficiency", {}) or {}
+            c_max = _first(spec_bwd, c_keys, c_max)
+            m_max = _first(spec_bwd, m_keys, m_max)
         return Curve(c_max, params["half_flops"]), Curve(m_max, params["half_bytes"])
 
     def peak_flops(self, device: Any, op_class: str, dtype: Any, allow_tf32: bool | None = None) -> float:
