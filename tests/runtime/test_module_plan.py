@@ -159,3 +159,25 @@ def test_refused_plan_of_an_export_only_model_is_one_clear_error():
                                         r"'model.norm' has parameter\(s\) weight sharded over "
                                         r"tp.*symbolic_trace"):
         apply_plan(model, plan, torch.zeros(2, 8, dtype=torch.long))
+
+
+def test_gpt_sequence_parallel_runs_at_module_level():
+    """The zoo GPT under sp runs at module level: its replicated position embedding enters the
+    sequence-split stream as a local slice (``Replicate → Shard(0)`` of its ``(s, h)`` output),
+    the vocabulary-parallel lookup reduce-scatters to ``Shard(1)``, the attention is
+    head-parallel and each region passes its gathered input on as a DTensor."""
+    from torch.distributed.tensor.parallel import PrepareModuleOutput
+
+    from fxplan.runtime.tp_fused_qkv import FusedQKVAttention
+    from rt_plans import build_model, fixed_batch, make_plan
+
+    plan = make_plan(tp=2, sp=True)
+    styles = module_level_plan(build_model(2), plan, fixed_batch(plan)[0]).styles
+    wpe = styles["wpe"]
+    assert isinstance(wpe, PrepareModuleOutput)
+    assert wpe.output_layouts == (Replicate(),) and wpe.desired_output_layouts == (Shard(0),)
+    assert not wpe.use_local_output
+    assert isinstance(styles["wte"], RowwiseParallel)
+    assert isinstance(styles["h.0.attn"], FusedQKVAttention)
+    assert isinstance(styles["h.0.mlp"], PrepareModuleInput)
+    assert not styles["h.0.mlp"].use_local_output
