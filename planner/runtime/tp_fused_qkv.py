@@ -26,8 +26,7 @@ attention's input arrives sequence-sharded and is all-gathered by a ``PrepareMod
 applied first (``gather``), and passed on as the ``Replicate`` DTensor, so that the gradient
 of the input leaves as a partial sum and sequence parallelism's backward reduce-scatters it
 (a local tensor would be all-reduced, then sliced). GPT tp plans take this style with or
-without context parallelism, except, without cp, where FSDP2 shards the parameters
-(:func:`fxplan.runtime.tp_styles._check_fused_under_fsdp`); in the graph rewrite DTensor all-gathers the fused output at
+without context parallelism; in the graph rewrite DTensor all-gathers the fused output at
 the q/k/v split (``split`` of a ``Shard(2)`` tensor) and every rank runs the whole attention.
 
 A plan asks for it with the tp tokens ``qkv.weight S(0)`` (``qkv.bias S(0)`` or ``R``) and

@@ -61,7 +61,6 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from fxplan.core.placements import format_placements
 from fxplan.passes.rewrite.placements import axis_placement, normalize
-from fxplan.runtime.context_parallel import cp_degree
 from fxplan.runtime.module_probe import ModuleProbe
 from fxplan.runtime.tp_attention import HeadParallelAttention, attention_unsupported
 from fxplan.runtime.tp_fused_qkv import (FusedQKVAttention, fused_qkv_unsupported,
@@ -118,7 +117,6 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe,
                 any(name == f"{f}.qkv" for f in fused):
             continue  # out_proj, qkv: part of the head-parallel attention's style
         if _fused_qkv_style(module, name, plan):
-            _check_fused_under_fsdp(name, plan)
             styles[name] = FusedQKVAttention(_gather_input(name, probe) if sp else None)
             fused.append(name)
             continue
@@ -228,21 +226,6 @@ def _fused_qkv_style(module: nn.Module, prefix: str, plan: "Plan") -> bool:
         raise NotExpressible(f"{type(module).__name__} {prefix!r} cannot run head-parallel: "
                              f"{reason}")
     return True
-
-
-def _check_fused_under_fsdp(name: str, plan: "Plan") -> None:
-    """Without context parallelism, a head-parallel fused QKV is refused where FSDP2 shards
-    the parameters over dp (ZeRO-2/3, ZeRO-1 with tp): Adam's state of its strided weight
-    (``(Shard(1), _StridedShard(0))``) comes out of ``zeros_like`` with a wrong local shape
-    (torch 2.13) and cannot be checkpointed, so those plans keep the graph rewrite. (Under cp,
-    which has no graph rewrite, the style is taken as before.)"""
-    from fxplan.runtime.data_parallel import zero1_fallback
-
-    fsdp = plan.zero_stage in (2, 3) or zero1_fallback(plan) is not None
-    if fsdp and cp_degree(plan) == 1:
-        raise NotExpressible(f"fused-QKV attention {name!r} would run head-parallel under "
-                             "FSDP2, whose optimizer state of the strided weight cannot be "
-                             "checkpointed")
 
 
 def _check_sequence_parallel(model: nn.Module, probe: ModuleProbe,
