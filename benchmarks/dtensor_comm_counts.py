@@ -7,8 +7,9 @@ applies the plan on N gloo ranks (``torch.multiprocessing``, one thread each), r
 warm-up step, then counts with DTensor's ``CommDebugMode`` the functional collectives of one
 ``train_step`` (forward + backward), of the trainer's Partial-gradient reduction and clipping
 (:mod:`fxplan.runtime.partial_grads`, then ``clip_grad_norm``) and of one
-``optimizer.step()`` + ``zero_grad()``, and prints the placements of the gradients after the
-backward. What the cost model prices is in
+``optimizer.step()`` + ``zero_grad()``, the ATen ops dispatched on DTensors in that
+``train_step`` (forward, backward; what :mod:`fxplan.cost_model.dtensor_dispatch` prices), and
+prints the placements of the gradients after the backward. What the cost model prices is in
 ``fxplan estimate`` (``tp_comm`` of the breakdown); this script says what the runtime does,
 for the comparison in docs/benchmarks.md (issue 12). Collectives outside DTensor's functional
 ops (DDP's reducer, ``ZeroRedundancyOptimizer``) are not seen by ``CommDebugMode``.
@@ -49,6 +50,9 @@ def _worker(rank: int, world: int, port: int, constrain: str, steps: int) -> Non
     sharded.train_step(((tokens,), targets), loss_fn)
     optimizer.step()
     optimizer.zero_grad()
+    with _DTensorOps() as ops:   # a step of its own: CommDebugMode dispatches ops itself
+        sharded.train_step(((tokens,), targets), loss_fn)
+    optimizer.zero_grad()
     step = CommDebugMode()
     with step:
         sharded.train_step(((tokens,), targets), loss_fn)
@@ -73,11 +77,48 @@ def _worker(rank: int, world: int, port: int, constrain: str, steps: int) -> Non
         print(f"Partial-gradient reduction + clipping: {sum(cs.values())} collectives {cs} "
               f"({flattened} of them the flattened reduction, the others the norm's)")
         print(f"optimizer step: {sum(os_.values())} collectives {os_}")
+        print(f"DTensor-level ATen ops (cost_model.dtensor_dispatch): "
+              f"forward {ops.total('fwd')}, backward {ops.total('bwd')}")
+        for (phase, op), n in sorted(ops.counts.items()):
+            print(f"  {phase} {op}: {n}")
         print(f"gradient placements ({len(sharded.parameters())} parameters): {dict(grads)}")
         print(f"predicted tp_comm {plan.estimate['breakdown'].get('tp_comm', 0.0) * 1e3:.1f} ms")
     if steps:
         _time_steps(sharded, optimizer, ((tokens,), targets), loss_fn, steps, rank)
     dist.destroy_process_group()
+
+
+class _DTensorOps:
+    """Count the ATen ops dispatched on DTensors, forward and backward (a dispatch mode sees
+    an op before the DTensor subclass does; the phase: whether autograd's engine runs)."""
+
+    def __init__(self) -> None:
+        from collections import Counter
+
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    def __enter__(self) -> "_DTensorOps":
+        from torch.distributed.tensor import DTensor
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counts = self.counts
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                if any(issubclass(t, DTensor) for t in types):
+                    phase = "bwd" if torch._C._current_graph_task_id() != -1 else "fwd"
+                    counts[(phase, func.overloadpacket.__name__)] += 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mode.__exit__(*exc)
+
+    def total(self, phase: str) -> int:
+        return sum(n for (p, _), n in self.counts.items() if p == phase)
 
 
 def _leaf_counts(mode) -> dict[str, dict[str, int]]:  # type: ignore[no-untyped-def]

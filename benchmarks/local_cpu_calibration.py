@@ -191,6 +191,25 @@ def dtensor_overhead_us(repeats: int) -> dict[str, float]:
             "adamw_dtensor_per_tensor_us": opt_dtensor * 1e6}
 
 
+def dtensor_view_overhead_us(repeats: int) -> dict[str, float]:
+    """Extra host cost of a *view* op on a ``DTensor`` over the same view on a plain tensor
+    (µs per op): a chain of ``CHAIN`` views of an 8×8 tensor that needs a gradient
+    (``view(4, 16)``, ``view(8, 8)``, ``t()``, ``t()``: the ops ``F.linear`` and its backward
+    dispatch around the matmul on a 3-D input), ``Replicate`` on a one-rank mesh (no
+    communication), forward, ``t_dtensor − t_plain``; and the plain view's own cost."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    _single_rank_group()
+    mesh = init_device_mesh("cpu", (1,))
+    ops = (lambda x: x.view(4, 16), lambda x: x.view(8, 8), lambda x: x.t(), lambda x: x.t())
+    plain = _chain_per_op_s(ops, torch.randn(8, 8).requires_grad_(), repeats, backward=False)
+    dtensor = _chain_per_op_s(ops, DTensor.from_local(torch.randn(8, 8), mesh,
+                                                      [Replicate()]).requires_grad_(),
+                              repeats, backward=False)
+    return {"view_us": (dtensor[0] - plain[0]) * 1e6, "plain_view_us": plain[0] * 1e6}
+
+
 def _sharded_chain_worker(rank: int, world: int, port: int, repeats: int, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -705,6 +724,9 @@ def main() -> None:
           f"{dt['forward_us']:.2f} / {dt['backward_us']:.2f} µs |")
     print(f"| AdamW step per tensor, gpt-tiny ({dt['adamw_tensors']} tensors): plain / DTensor | "
           f"{dt['adamw_per_tensor_us']:.1f} / {dt['adamw_dtensor_per_tensor_us']:.1f} µs |")
+    view = dtensor_view_overhead_us(repeats)
+    print(f"| DTensor view op extra (view/t, Replicate, 1-rank mesh): forward; plain view | "
+          f"{view['view_us']:.2f} µs; {view['plain_view_us']:.2f} µs |")
     shard = dtensor_shard_overhead_us()
     print(f"| DTensor op extra (Shard(0), 2-rank mesh): forward / backward | "
           f"{shard['forward_us']:.2f} / {shard['backward_us']:.2f} µs |")

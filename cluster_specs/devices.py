@@ -36,7 +36,8 @@ class DeviceGroup:
     cost per training step on each device beyond its kernels and collectives (host work of the
     training loop: data-parallel hooks, gradient clipping, the schedule).
     ``dtensor_op_us``/``dtensor_backward_op_us`` are the extra host cost of an op (forward,
-    backward) on a DTensor, ``dtensor_redistribute_us`` the extra host cost of a
+    backward) on a DTensor, ``dtensor_view_op_us`` that of a view op (``view``, ``t``) on a
+    DTensor, ``dtensor_redistribute_us`` the extra host cost of a
     tensor-parallel collective issued by DTensor's ``redistribute`` over the same collective
     issued directly, ``optimizer_tensor_us``/``dtensor_optimizer_tensor_us`` the
     optimizer's host cost per plain / DTensor parameter tensor, ``comm_overlap`` the fraction
@@ -87,6 +88,7 @@ class DeviceGroup:
     fused_attention: bool = False
     dtensor_op_us: float = 0.0
     dtensor_backward_op_us: float = 0.0
+    dtensor_view_op_us: float = 0.0
     dtensor_redistribute_us: float = 0.0
     optimizer_tensor_us: float = 0.0
     dtensor_optimizer_tensor_us: float = 0.0

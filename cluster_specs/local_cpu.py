@@ -18,6 +18,7 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     kernel_launch_us           = EAGER_OP_US / s                 (dispatch + autograd per kernel)
     dtensor_op_us              = DTENSOR_OP_US / s               (DTensor dispatch per op, fwd)
     dtensor_backward_op_us     = DTENSOR_BACKWARD_OP_US / s      (… and its backward)
+    dtensor_view_op_us         = DTENSOR_VIEW_OP_US / s          (… of a view op: view, t)
     dtensor_redistribute_us    = DTENSOR_REDISTRIBUTE_US / s     (DTensor's work per tp collective)
     optimizer_tensor_us        = OPTIMIZER_TENSOR_US / s         (AdamW per plain tensor)
     dtensor_optimizer_tensor_us = DTENSOR_OPTIMIZER_TENSOR_US / s (AdamW per DTensor tensor)
@@ -118,6 +119,16 @@ STEP_OVERHEAD_US = round(2527.0 - (DDP_STEP_US + 28 * DDP_TENSOR_US), 1)
 #: DTensors minus the same chain on tensors): 34.7 / 19.7 µs (torch 2.13.0+cpu, one run).
 DTENSOR_OP_US = 34.7
 DTENSOR_BACKWARD_OP_US = 19.7
+#: Extra host cost of a view op (``view``, ``t``) on a DTensor over the same view on a plain
+#: tensor, µs: ``F.linear`` on a 3-D DTensor dispatches ``t``, ``view``, ``addmm``, ``view``,
+#: its backward 4 ``t`` and 3 ``view`` beside the two ``mm``s (counted on gpt-tiny's tp=2 sp
+#: step). Calibration line "DTensor view op extra (view/t, Replicate, 1-rank mesh)" (a chain
+#: of 200 views of an 8×8 tensor that needs a gradient, DTensor minus plain), three runs at load
+#: average 25–26: 40.3, 47.3, 48.4 µs (a plain view: 1.28 µs) with the eager op at 5.13–5.24 µs
+#: (median 5.145); the median 47.3 µs moved to the spec's ``EAGER_OP_US``:
+#: 47.3 · 4.61 / 5.145 = 42.4 µs. (The same runs measured a non-view DTensor op at 21.9–22.5 µs:
+#: a view costs DTensor about twice an ordinary op — its sharding propagation takes the shape.)
+DTENSOR_VIEW_OP_US = 42.4
 #: Main-thread host work of a tensor-parallel collective issued by DTensor's ``redistribute``
 #: beyond the same collective issued with ``torch.distributed`` (planning the redistribution,
 #: the functional collective's wrappers and wait), µs. Calibration line "main-thread CPU per
@@ -306,6 +317,7 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "host_link_gb_per_s": round(bandwidth * share, 4),
                 "dtensor_op_us": round(host * DTENSOR_OP_US / share, 3),
                 "dtensor_backward_op_us": round(host * DTENSOR_BACKWARD_OP_US / share, 3),
+                "dtensor_view_op_us": round(host * DTENSOR_VIEW_OP_US / share, 3),
                 "dtensor_redistribute_us": round(host * DTENSOR_REDISTRIBUTE_US / share, 3),
                 "optimizer_tensor_us": round(host * OPTIMIZER_TENSOR_US / share, 3),
                 "dtensor_optimizer_tensor_us": round(host * DTENSOR_OPTIMIZER_TENSOR_US / share,

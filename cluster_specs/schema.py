@@ -128,6 +128,8 @@ GROUP_FIELDS: dict[str, Field] = {
                                      unit="µs per forward op on a DTensor"), 0.0),
     "dtensor_backward_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
                                               unit="µs per backward of an op on a DTensor"), 0.0),
+    "dtensor_view_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                          unit="µs per view op on a DTensor"), 0.0),
     "dtensor_redistribute_us": optional(number(
         low=0, low_open=False, high=MAX_LATENCY_US,
         unit="µs of host work per tensor-parallel collective issued by DTensor"), 0.0),

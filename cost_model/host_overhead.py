@@ -6,14 +6,8 @@ Every term is priced from per-device parameters of :class:`~fxplan.cluster_specs
 unless the host is the bottleneck; ``local-cpu`` measures them, ``benchmarks/local_cpu_
 calibration.py``):
 
-**DTensor dispatch.** An op whose operand is a ``DTensor`` goes through sharding propagation
-and unwrap/re-wrap before its kernel runs; its backward again. The ops that run on DTensors
-under tensor parallelism (``parallelize_module`` styles, :mod:`fxplan.runtime.tp_styles`)
-are the ones the tp layout splits (column/row-parallel matmuls, and under sequence
-parallelism every op on the sequence-sharded residual stream) and the vocabulary-parallel
-ones. Per microbatch, with ``n_D`` such ops in a segment::
-
-    t_fwd += n_D · dtensor_op_us          t_bwd += n_D · dtensor_backward_op_us
+**DTensor dispatch** of the ops that run on DTensors, ordinary and view ops, is priced per
+node by :mod:`fxplan.cost_model.dtensor_dispatch`.
 
 **DTensor's redistributions.** Every tensor-parallel collective the layout prices (the
 ``tp`` row: the reshards' all-gathers and reduce-scatters, the backward re-gathers) is issued
@@ -91,7 +85,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.config import ParallelConfig
 
 __all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "ddp_host_s", "ddp_runs",
-           "dtensor_dispatch_s", "dtensor_params", "fsdp_params", "optimizer_host_s", "overlapped_buckets", "redistribute_host_s",
+           "dtensor_params", "fsdp_params", "optimizer_host_s", "overlapped_buckets",
+           "redistribute_host_s",
            "runs_kernel", "zero3_exposed_s"]
 
 
@@ -133,12 +128,6 @@ def runs_kernel(info: Any) -> bool:
     and ops without work run none, as :func:`cost_model.compute.op_time_s` prices them)."""
     moved = (info.bytes_read or 0) + (info.bytes_written or 0)
     return family_of(info.op_class) is not None and ((info.flops or 0) > 0 or moved > 0)
-
-
-def dtensor_dispatch_s(ops: int, device: DeviceGroup, *, backward: bool = False) -> float:
-    """Host seconds of ``ops`` DTensor ops' forward (or backward) dispatch on ``device``."""
-    per_op = device.dtensor_backward_op_us if backward else device.dtensor_op_us
-    return ops * per_op * 1e-6
 
 
 def redistribute_host_s(collectives: int, device: DeviceGroup) -> float:

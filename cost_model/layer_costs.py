@@ -15,8 +15,8 @@ replicated ops run on ``1/t`` of the sequence too):
 - ``forward_s = Σ_n node_time(n)``, ``backward_s = Σ_n node_time(n, backward)``
   (:func:`cost_model.compute.node_time_s`, the function the intra-op solver prices nodes
   with, on the rank's share ``k / divisor`` of the node's work), plus under ``tp > 1`` the
-  DTensor dispatch of every node that runs on DTensors (the split and vocabulary-parallel
-  ones, :mod:`cost_model.host_overhead`), ``recompute_s`` = forward time of the recomputed nodes
+  DTensor dispatch of every node that runs on DTensors, ordinary and view ops
+  (:mod:`cost_model.dtensor_dispatch`), ``recompute_s`` = forward time of the recomputed nodes
   (the attention core for ``selective``, the whole layer for ``full``; ``pre``/``post``
   are never recomputed, as in Megatron);
 - tensor-parallel collectives per microbatch, as ``(kind, bytes)`` in nccl-tests sizes:
@@ -24,9 +24,10 @@ replicated ops run on ``1/t`` of the sequence too):
   (sequence parallel: reduce-scatter, plus an all-gather of each column-parallel input);
   under ``fp8`` the linear layers' products are priced by :mod:`cost_model.fp8` instead;
   backward — all-reduce of each column-parallel input gradient (sequence parallel:
-  reduce-scatter, plus an all-gather of each row-parallel output gradient, plus ``1 − ω``
-  (``comm_overlap``) of a second all-gather of each column-parallel input, which the weight
-  gradient needs whole); full recompute repeats the forward ones. With sequence parallelism
+  reduce-scatter, plus an all-gather of each row-parallel output gradient); outside the
+  layers, a column-parallel head's output is all-gathered forward (the loss takes it whole)
+  (``_tp_collectives``);
+  full recompute repeats the forward ones. With sequence parallelism
   each collective of a linear layer also carries the seconds of the GEMM it can be pipelined
   with (``tp_forward_gemm_s``, ``tp_backward_gemm_s``, 0 for the others): the layer's forward
   GEMM, or one of its two backward GEMMs (``tp_overlap``, :mod:`cost_model.stage_costs`).
@@ -61,7 +62,7 @@ from fxplan.core.config import CostModelError
 from fxplan.core.placements import PlacementMap
 from fxplan.cost_model.edge_reshard import edge_collectives
 from fxplan.cost_model.fp8 import converted, fp8_node_time_s, fp8_working_bytes
-from fxplan.cost_model.host_overhead import dtensor_dispatch_s, runs_kernel
+from fxplan.cost_model.dtensor_dispatch import dispatch_s, dtensor_ops
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.passes.node_info import MATMUL_CLASSES
 from fxplan.cost_model.megatron_layout import CONST, SHARD, TPLayout, used_params
@@ -265,10 +266,11 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
             else:
                 fwd = node_time_s(info, device, shard_factor=shard)
                 bwd = node_time_s(info, device, shard_factor=shard, backward=True)
-            if tp > 1 and runs_kernel(info) and (_divisor(name, layout, tp, sp) > 1
-                                                 or name in layout.vocab):
-                fwd += dtensor_dispatch_s(1, device)      # the op runs on DTensors
-                bwd += dtensor_dispatch_s(1, device, backward=True)
+            if tp > 1:   # the node's ops on DTensors (cost_model.dtensor_dispatch)
+                host = dispatch_s(dtensor_ops(graph, name, layout, sp=sp,
+                                              split=_divisor(name, layout, tp, sp) > 1), device)
+                fwd += host[0]
+                bwd += host[1]
             forward += fwd
             backward += bwd
             if name in recomputed:
@@ -282,7 +284,7 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
         elif tp > 1:
             n_fwd, n_bwd = len(tp_fwd), len(tp_bwd)
             _tp_collectives(graph, name, layout, scale, sp, tp_fwd, tp_bwd,
-                            regather=1.0 - device.comm_overlap,
+                            outside=key in ("pre", "post"),
                             # userbuffers serve the layers' linears, not the embedding or head
                             held=(sm_fwd, sm_bwd) if key not in ("pre", "post") else None)
             # the GEMM each sequence-parallel collective can pipeline with: the node's forward
@@ -371,17 +373,22 @@ def _edge_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: 
 
 def _tp_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: float, sp: bool,
                     fwd: list[tuple[str, float]], bwd: list[tuple[str, float]],
-                    regather: float = 0.0,
+                    outside: bool = False,
                     held: tuple[list[tuple[str, float]], list[tuple[str, float]]] | None = None
                     ) -> None:
     """Append the tp collectives node ``name`` implies (module docstring); under sequence
     parallelism also, to ``held`` (forward, backward), those Transformer Engine's userbuffers
-    run on SMs when overlapped (module docstring: ``tp_sm_forward``). ``regather``:
-    the exposed fraction ``1 − ω`` of the backward's second all-gather of a column-parallel
-    input under sp (the weight gradient needs the whole sequence; autograd saved the split
-    input: measured on local-cpu, one per column-parallel linear, benchmarks/
-    dtensor_comm_counts.py). Megatron-LM re-gathers too and overlaps it with the input
-    gradient's GEMM, so with ``ω = 1`` (GPUs) it is not priced."""
+    run on SMs when overlapped (module docstring: ``tp_sm_forward``). ``outside``: the node
+    is outside the layers (embedding, head).
+
+    Two collectives follow the runtime (:mod:`fxplan.runtime.tp_styles`, measured with
+    ``benchmarks/dtensor_comm_counts.py``): a column-parallel linear outside the layers (the
+    LM head) hands the loss a whole output, ``ColwiseParallel(output_layouts=Replicate())``:
+    one forward all-gather of its output. Under sp a replicated embedding looked up with
+    constant indices (GPT's positions) costs no collective: each tp rank looks up its own
+    positions (``runtime.tp_positions.PositionShard``) and the table's partial gradient joins
+    the replicated parameters' all-reduce (:mod:`cost_model.partial_grads`). A column-parallel input gathered under sp is saved gathered (the gather is
+    a ``PrepareModuleInput`` before the module), so the weight gradient gathers nothing again."""
     infos = graph.infos_by_name
     out_bytes = tensor_bytes(infos[name]) * scale
     if name in layout.row or name in layout.vocab:
@@ -395,10 +402,10 @@ def _tp_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: fl
         in_bytes = tensor_bytes(infos[source]) * scale
         if sp:
             fwd.append(("all_gather", in_bytes))
-            if regather > 0:  # the weight gradient gathers the sequence-split input again
-                bwd.append(("all_gather", regather * in_bytes))
             if held is not None:   # TE "bulk": gather the input, scatter its gradient
                 held[1].extend((("all_gather", in_bytes), ("reduce_scatter", in_bytes)))
         bwd.append(("reduce_scatter" if sp else "all_reduce", in_bytes))
+        if outside:   # the head's output, gathered whole for the loss
+            fwd.append(("all_gather", out_bytes))
     elif name in layout.gathers:
         fwd.append(("all_gather", out_bytes))

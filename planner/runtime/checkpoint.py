@@ -16,6 +16,12 @@ plans by global offsets, so ``S(0)`` on tp=2 → ``S(0)`` on dp×tp=4 or → a p
 same way). Optimizer state follows its parameter's layout (an FSDP2 shard, a TP DTensor, a
 plain tensor, or ZeRO-1's owner rank) and reshards the same way. Weights held by two pipeline
 ranks (tied embedding/LM head) are saved under one name and loaded into both copies.
+
+A tensor strided over a mesh dim (``_StridedShard(d, split_factor=f)``: the head-parallel
+fused QKV weight, each rank its rows of q, of k and of v) has no chunk at one global offset,
+which DCP's plan needs. It is written and read with that mesh dim ``Replicate`` instead (an
+all-gather of the tensor at save; at load each rank keeps its rows of the whole, DTensor's
+``Replicate → _StridedShard``), so such a checkpoint reshards like any other.
 """
 
 from __future__ import annotations
@@ -46,11 +52,53 @@ def _state(module: ShardedState, optimizer: torch.optim.Optimizer | None) -> dic
     return state
 
 
+def _strided(value: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return isinstance(value, DTensor) and any(isinstance(p, _StridedShard)
+                                              for p in value.placements)
+
+
+def _portable(state: Any, strided: list[tuple[Any, Any]]) -> Any:
+    """``state`` with every strided DTensor replaced by its copy replicated over the strided
+    mesh dims (module docstring); ``strided`` collects ``(original, copy)`` pairs."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if isinstance(state, dict):
+        return {k: _portable(v, strided) for k, v in state.items()}
+    if not _strided(state):
+        return state
+    placements = [Replicate() if isinstance(p, _StridedShard) else p for p in state.placements]
+    copy = state.detach().redistribute(state.device_mesh, placements)
+    strided.append((state, copy))
+    return copy
+
+
+def _restore(original: Any, copy: Any) -> None:
+    """Fill ``original``'s local shard from ``copy``, the tensor read replicated over its
+    strided mesh dims (module docstring): DTensor's own ``Replicate → _StridedShard``, a
+    local selection of this rank's rows, no communication."""
+    local = copy.redistribute(original.device_mesh, original.placements).to_local()
+    with torch.no_grad():
+        original.to_local().copy_(local)
+
+
+def _merge(state: Any, portable: Any) -> Any:
+    """``portable`` as loaded, with the strided tensors' originals (filled by
+    :func:`_restore`) in place of their replicated copies."""
+    if isinstance(state, dict):
+        return {k: _merge(v, portable[k]) for k, v in state.items()}
+    return state if _strided(state) else portable
+
+
 def save_sharded(module: ShardedState, path: str,
                  optimizer: torch.optim.Optimizer | None = None) -> None:
     """Every member rank writes its shards of the parameters (and of ``optimizer``'s state)
     under ``path``."""
-    dcp.save(_state(module, optimizer), checkpoint_id=path, process_group=module.group)
+    dcp.save(_portable(_state(module, optimizer), []), checkpoint_id=path,
+             process_group=module.group)
 
 
 def load_sharded(module: ShardedState, path: str,
@@ -58,7 +106,12 @@ def load_sharded(module: ShardedState, path: str,
     """Fill ``module``'s parameters (and ``optimizer``'s state) in place from a checkpoint saved
     under any plan."""
     state = _state(module, optimizer)
-    dcp.load(state, checkpoint_id=path, process_group=module.group)
+    strided: list[tuple[Any, Any]] = []
+    portable = _portable(state, strided)
+    dcp.load(portable, checkpoint_id=path, process_group=module.group)
+    for original, copy in strided:
+        _restore(original, copy)
+    state = _merge(state, portable)
     module.load_state_dict(state["model"])
     if optimizer is not None:
         set_optimizer_state(module, optimizer, state["optim"])

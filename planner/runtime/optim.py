@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from fxplan.runtime.data_parallel import make_optimizer
 
@@ -101,7 +102,9 @@ def global_grad_norm(sharded: "ShardedModule") -> torch.Tensor:
     for grad in _grads(sharded):
         if isinstance(grad, DTensor):
             local = grad.to_local()
-            dims = tuple(i for i, p in enumerate(grad.placements) if isinstance(p, Shard))
+            # _StridedShard (head-parallel fused QKV rows) is not a Shard subclass in torch 2.13
+            dims = tuple(i for i, p in enumerate(grad.placements)
+                         if isinstance(p, (Shard, _StridedShard)))
             key = (grad.device_mesh, dims)
         else:
             local, key = grad, (None, ())

@@ -80,7 +80,7 @@ def _shard(param: torch.Tensor, mesh: Any, placement: Any, src_data_rank: Option
 
 def _local_shape(shape: torch.Size, placement: Any, n: int) -> tuple[int, ...]:
     out = list(shape)
-    if isinstance(placement, Shard):  # _StridedShard is a Shard: same local size
+    if isinstance(placement, (Shard, _StridedShard)):  # same local size (not a subclass)
         out[placement.dim] //= n
     return tuple(out)
 

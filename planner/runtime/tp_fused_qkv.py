@@ -17,12 +17,17 @@ module, so its own forward, unchanged, runs its ``a/t`` heads:
     y     = Σ_r o_r · proj.weight_rᵀ + proj.bias      (proj: RowwiseParallel, all-reduce or
                                                       reduce-scatter under sp)
 
-The bias is kept whole (``Replicate`` over tp) and sliced to ``b_r`` in the forward (its
-gradient all-gathered back), as ``nn.MultiheadAttention``'s. Under sequence parallelism the
+The bias is kept whole (``Replicate`` over tp: a 1-D ``_StridedShard`` could not take FSDP2's
+dp shard on a further dim) and sliced to ``b_r`` in the forward from the local whole bias;
+its gradient, zero outside this rank's rows, is declared ``Partial(sum)`` and joins the
+trainer's one flattened reduction of partial gradients (:mod:`fxplan.runtime.partial_grads`)
+instead of an all-gather of its own in every backward. Under sequence parallelism the
 attention's input arrives sequence-sharded and is all-gathered by a ``PrepareModuleInput``
-applied first (``gather``). This runs only under context parallelism (``cp > 1``), which has no
-graph rewrite: other GPT tp plans keep running as the graph rewrite, which permutes the fused
-weight's rows itself (docs/sharding.md, "Interleaved split").
+applied first (``gather``), and passed on as the ``Replicate`` DTensor, so that the gradient
+of the input leaves as a partial sum and sequence parallelism's backward reduce-scatters it
+(a local tensor would be all-reduced, then sliced). GPT tp plans take this style with or
+without context parallelism; in the graph rewrite DTensor all-gathers the fused output at
+the q/k/v split (``split`` of a ``Shard(2)`` tensor) and every rank runs the whole attention.
 
 A plan asks for it with the tp tokens ``qkv.weight S(0)`` (``qkv.bias S(0)`` or ``R``) and
 ``proj.weight S(1)`` — the cost model's Megatron layout.
@@ -98,9 +103,12 @@ def _head_parallel_qkv(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """This rank's ``q``, ``k`` and ``v`` columns (module docstring): ``x`` replicated in (its
     gradient all-reduced), the strided-shard rows of the weight and of the bias."""
     mesh = self._fxplan_tp_mesh
-    x = DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(
-        grad_placements=[Partial()])
+    if not isinstance(x, DTensor):
+        x = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    x = x.to_local(grad_placements=[Partial()])
     bias = self.bias
-    if isinstance(bias, DTensor):  # this head group's rows; backward: all-gather the gradient
-        bias = bias.redistribute(mesh, [QKV]).to_local()
+    if isinstance(bias, DTensor):  # this head group's rows of the whole bias (docstring)
+        tp = mesh.size()
+        whole = bias.to_local(grad_placements=[Partial()])
+        bias = whole.view(3, tp, -1)[:, mesh.get_local_rank()].reshape(-1)
     return F.linear(x, _local(self.weight), bias)

@@ -16,8 +16,8 @@ Each module with parameters is read from the ``tp`` entry of its planned placeme
                                (each tp rank its sequence shard's rows; :mod:`fxplan.runtime.tp_positions`)
     nn.MultiheadAttention  in_proj_weight S(0), out_proj.weight S(1)  →  HeadParallelAttention
                   (each rank its heads' rows of q, k and v; :mod:`fxplan.runtime.tp_attention`)
-    fused-QKV attention (the zoo GPT's: ``qkv`` h → 3h, ``proj``, ``heads``/``hidden``) under
-                  context parallelism only: qkv.weight S(0), proj.weight S(1)  →  FusedQKVAttention
+    fused-QKV attention (the zoo GPT's: ``qkv`` h → 3h, ``proj``, ``heads``/``hidden``):
+                  qkv.weight S(0), proj.weight S(1)  →  FusedQKVAttention
                   (the same head rows of the fused Linear, local head count set on the module;
                   ``proj`` RowwiseParallel as above; :mod:`fxplan.runtime.tp_fused_qkv`)
     other         every parameter R → nothing, or ``SequenceParallel`` for a leaf
@@ -32,7 +32,11 @@ tensor-parallel regions is a DTensor sharded on the sequence dim (``Shard(1)``):
 and every row-parallel Linear in a block reduce-scatter to ``Shard(1)``, norms run
 ``SequenceParallel``, and each child of a block that holds column-parallel Linears
 (attention, MLP) gets ``PrepareModuleInput`` that all-gathers its hidden input
-(``Shard(1) → Replicate``, the input found by the probe, positional or keyword).
+(``Shard(1) → Replicate``, the input found by the probe, positional or keyword) and passes it
+on as the ``Replicate`` DTensor: the column-parallel Linears' input gradients then arrive as
+partial sums and the gather's backward reduce-scatters them (a local tensor would have been
+all-reduced, then sliced: twice the bytes); the gathered input is what autograd saves, so
+the weight gradient needs no second gather.
 
 A tied weight (one Parameter under several names) is laid out once for all its users: ``read_as``
 maps each of its names to the one name whose planned placement they all take
@@ -55,7 +59,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from fxplan.core.placements import format_placements
 from fxplan.passes.rewrite.placements import axis_placement, normalize
 from fxplan.runtime.module_probe import ModuleProbe
-from fxplan.runtime.context_parallel import POSITION_EMBEDDINGS, cp_degree
+from fxplan.runtime.context_parallel import POSITION_EMBEDDINGS
 from fxplan.runtime.tp_attention import HeadParallelAttention, attention_unsupported
 from fxplan.runtime.tp_fused_qkv import (FusedQKVAttention, fused_qkv_unsupported,
                                          is_fused_qkv_attention)
@@ -111,7 +115,7 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe,
         if any(name.startswith(f"{a}.") for a in attention) or \
                 any(name == f"{f}.qkv" for f in fused):
             continue  # out_proj, qkv: part of the head-parallel attention's style
-        if cp_degree(plan) > 1 and _fused_qkv_style(module, name, plan):
+        if _fused_qkv_style(module, name, plan):
             styles[name] = FusedQKVAttention(_gather_input(name, probe) if sp else None)
             fused.append(name)
             continue
@@ -254,8 +258,8 @@ def _gather_input(region: str, probe: ModuleProbe) -> PrepareModuleInput:
         layouts = tuple(Shard(1) if i == first else None for i in range(call.num_args))
         desired = tuple(Replicate() if i == first else None for i in range(call.num_args))
         return PrepareModuleInput(input_layouts=layouts, desired_input_layouts=desired,
-                                  use_local_output=True)
+                                  use_local_output=False)
     key = call.keywords[0]
     return PrepareModuleInput(input_kwarg_layouts={key: Shard(1)},
                               desired_input_kwarg_layouts={key: Replicate()},
-                              use_local_output=True)
+                              use_local_output=False)

@@ -208,7 +208,9 @@ def unknown_node_is_a_fallback() -> dict[str, Any]:
     logger = logging.getLogger("fxplan.runtime")
     logger.addHandler(handler)
     try:
-        sharded = apply_plan(build_model(2), plan, fixed_batch(plan)[0], ranks=[0, 1])
+        # the graph rewrite's pass (the zoo GPT's tp plans run at module level by default)
+        sharded = apply_plan(build_model(2), plan, fixed_batch(plan)[0], ranks=[0, 1],
+                             path="graph")
     finally:
         logger.removeHandler(handler)
     printed = io.StringIO()

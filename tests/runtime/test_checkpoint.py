@@ -10,6 +10,10 @@ PAIRS = {
     "dp2tp2zero3_to_pp2": (dict(dp=2, tp=2, zero=3), dict(pp=2, num_microbatches=2)),
     # pipeline × TP with the tied weight on two ranks  →  ZeRO-2 over 4 ranks
     "pp2tp2_to_dp4zero2": (dict(pp=2, tp=2, num_microbatches=2), dict(dp=4, zero=2)),
+    # head-parallel fused QKV (_StridedShard rows) under sp  →  2 ranks, plain dp
+    "tp2sp_to_dp2": (dict(tp=2, sp=True), dict(dp=2)),
+    # … and back into the strided rows (each rank its rows of the whole, read replicated)
+    "dp2_to_tp2sp": (dict(dp=2), dict(tp=2, sp=True)),
 }
 
 # Global batch 8 in every plan, so that all of them train on the same data as one process.

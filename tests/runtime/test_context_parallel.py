@@ -130,24 +130,23 @@ def test_gpt_pipeline_cut_keeps_positions_on_the_first_stage_under_cp():
     assert torch.equal(last.drop(last.wte(hidden) + last.wpe(torch.arange(8))), hidden)
 
 
-def test_gpt_fused_qkv_runs_head_parallel_under_cp_only():
-    """Under cp the zoo GPT's fused QKV attention takes the head-parallel style (its proj
-    row-parallel, checked without a local-shape probe of its own forward); without cp its tp
-    plans still fall back to the graph rewrite, which splits the fused weight itself."""
+def test_gpt_fused_qkv_runs_head_parallel():
+    """The zoo GPT's fused QKV attention takes the head-parallel style, under cp and without
+    it (its proj row-parallel, checked without a local-shape probe of its own forward): its tp
+    plans run at module level, not as the graph rewrite (where DTensor all-gathers the fused
+    output at the q/k/v split and every rank runs the whole attention)."""
     from fxplan.runtime.module_apply import module_level_plan
     from fxplan.runtime.tp_fused_qkv import FusedQKVAttention
-    from fxplan.runtime.tp_styles import NotExpressible
     from rt_plans import build_model, fixed_batch, make_plan
 
     plain = make_plan(dp=2, tp=2)
     tokens = fixed_batch(plain)[0]
-    with pytest.raises(NotExpressible, match="tensor-parallel local shapes"):
-        module_level_plan(build_model(2), plain, tokens)
-    decided = module_level_plan(build_model(2), _cp_plan(tp=2), tokens[:, :8])
-    kinds = {name: type(style).__name__ for name, style in decided.styles.items()}
-    assert kinds["h.0.attn"] == "FusedQKVAttention" and "h.0.attn.qkv" not in kinds
-    assert kinds["h.0.attn.proj"] == "RowwiseParallel", kinds
-    assert isinstance(decided.styles["h.1.attn"], FusedQKVAttention)
+    for plan, batch in ((plain, tokens), (_cp_plan(tp=2), tokens[:, :8])):
+        decided = module_level_plan(build_model(2), plan, batch)
+        kinds = {name: type(style).__name__ for name, style in decided.styles.items()}
+        assert kinds["h.0.attn"] == "FusedQKVAttention" and "h.0.attn.qkv" not in kinds
+        assert kinds["h.0.attn.proj"] == "RowwiseParallel", kinds
+        assert isinstance(decided.styles["h.1.attn"], FusedQKVAttention)
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])

@@ -127,7 +127,7 @@ def test_tied_weight_takes_one_layout_and_pipeline_copies():
 @pytest.mark.parametrize("case, reason", [
     ("llama_zoo_tp", "local shapes"),
     ("bias_mismatch", "not a column- or row-parallel layout"),
-    ("sp_replicated_head", "'emb' is replicated over tp: with sequence parallelism"),
+    ("sp_replicated_head", "'head' is replicated over tp: with sequence parallelism"),
 ])
 def test_module_level_refusals_name_the_reason(case, reason):
     from fxplan.examples.model_spec import resolve_model
@@ -159,3 +159,21 @@ def test_refused_plan_of_an_export_only_model_is_one_clear_error():
                                         r"'model.norm' has parameter\(s\) weight sharded over "
                                         r"tp.*symbolic_trace"):
         apply_plan(model, plan, torch.zeros(2, 8, dtype=torch.long))
+
+
+def test_gpt_sequence_parallel_runs_at_module_level():
+    """The zoo GPT under sp runs at module level: its replicated position embedding looks up
+    each tp rank's own sequence shard (``PositionShard``: no collective), the
+    vocabulary-parallel lookup reduce-scatters to ``Shard(1)``, the attention is
+    head-parallel and each region passes its gathered input on as a DTensor."""
+    from fxplan.runtime.tp_fused_qkv import FusedQKVAttention
+    from fxplan.runtime.tp_positions import PositionShard
+    from rt_plans import build_model, fixed_batch, make_plan
+
+    plan = make_plan(tp=2, sp=True)
+    styles = module_level_plan(build_model(2), plan, fixed_batch(plan)[0]).styles
+    assert isinstance(styles["wpe"], PositionShard)
+    assert isinstance(styles["wte"], RowwiseParallel)
+    assert isinstance(styles["h.0.attn"], FusedQKVAttention)
+    assert isinstance(styles["h.0.mlp"], PrepareModuleInput)
+    assert not styles["h.0.mlp"].use_local_output

@@ -1,0 +1,56 @@
+"""DTensor's host work per node under tensor parallelism (:mod:`fxplan.cost_model.dtensor_dispatch`):
+which nodes run on DTensors and how many ordinary and view ops each dispatches."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxplan.cluster_specs import Cluster
+from fxplan.cost_model.dtensor_dispatch import dispatch_s, dtensor_ops
+
+
+@pytest.fixture(scope="module")
+def tiny():  # type: ignore[no-untyped-def]
+    import torch
+
+    from fxplan.api import capture
+
+    return capture("gpt:layers=2,hidden=64,heads=4,vocab=256,seq=32", batch=1,
+                   dtype=torch.float32)
+
+
+def _totals(graph, key: str, sp: bool) -> tuple[int, ...]:  # type: ignore[no-untyped-def]
+    from fxplan.cost_model.layer_costs import graph_segments
+    from fxplan.cost_model.tp_layout import tp_layout
+
+    layout = tp_layout(graph)
+    rows = [dtensor_ops(graph, n, layout, split=True, sp=sp)
+            for n in graph_segments(graph).names(key)]
+    return tuple(sum(r[i] for r in rows) for i in range(4))
+
+
+def test_a_layer_dispatches_its_linears_and_under_sp_its_residual_stream(tiny) -> None:  # type: ignore[no-untyped-def]
+    from fxplan.cost_model.layer_costs import graph_segments
+
+    key = graph_segments(tiny).layers[0][0]
+    # 4 linears (1 op + 3 views forward, 1 op + 7 views backward each); the attention core
+    # and the MLP activation run on local tensors inside their regions
+    assert _totals(tiny, key, sp=False) == (4, 4, 12, 28)
+    # under sp also 2 norms, 2 residual adds and 2 dropouts (4 ops forward, 1 backward)
+    assert _totals(tiny, key, sp=True) == (4 + 2 + 2 + 8, 4 + 2 + 2 + 2, 12, 28)
+    # before the layers: the vocabulary-parallel lookup, the add of the positions (plain:
+    # constant indices) and the dropout; the inputs (tokens, targets) stay plain
+    assert _totals(tiny, "pre", sp=True) == (1 + 1 + 4, 1 + 1 + 1, 0, 0)
+    assert _totals(tiny, "post", sp=True) == (2, 2, 3, 7)   # final norm, head; not the loss
+
+
+def test_local_cpu_prices_views_and_gpus_nothing() -> None:
+    cpu = Cluster.load("local-cpu:devices=2").device_groups[0]
+    assert cpu.dtensor_view_op_us > cpu.dtensor_op_us > 0   # calibrated: a view costs ≈ 2 ops
+    fwd, bwd = dispatch_s((1, 1, 3, 7), cpu)
+    assert fwd == pytest.approx((cpu.dtensor_op_us + 3 * cpu.dtensor_view_op_us) * 1e-6)
+    assert bwd == pytest.approx((cpu.dtensor_backward_op_us + 7 * cpu.dtensor_view_op_us) * 1e-6)
+    slow = Cluster.load("local-cpu:devices=2,eager_op_us=9.22").device_groups[0]
+    assert slow.dtensor_view_op_us == pytest.approx(2 * cpu.dtensor_view_op_us, rel=1e-3)
+    for spec in ("dgx-a100-80g", "dgx-h100"):
+        assert dispatch_s((16, 10, 12, 28), Cluster.load(spec).device_groups[0]) == (0.0, 0.0)
