@@ -127,7 +127,7 @@ def test_tied_weight_takes_one_layout_and_pipeline_copies():
 @pytest.mark.parametrize("case, reason", [
     ("llama_zoo_tp", "local shapes"),
     ("bias_mismatch", "not a column- or row-parallel layout"),
-    ("sp_replicated_head", "'head' is replicated over tp: with sequence parallelism"),
+    ("sp_replicated_head", "'emb' is replicated over tp: with sequence parallelism"),
 ])
 def test_module_level_refusals_name_the_reason(case, reason):
     from fxplan.examples.model_spec import resolve_model
