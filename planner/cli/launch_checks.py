@@ -60,7 +60,7 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     check_runnable(plan, cluster.device(0).kind)   # offload layout, fp8 on CPU
     from fxplan.runtime.expert_parallel import check_expert_parallel
 
-    check_expert_parallel(plan)                     # ep > 1 with tp > 1: not in the runtime
+    check_expert_parallel(plan)                     # ep > 1 with tp > 1 under sp: not run
     check_expert_model(model, plan)
     return plan, nnodes, nproc, cluster
 

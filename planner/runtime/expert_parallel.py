@@ -80,6 +80,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fxplan.runtime.expert_tp import chunk_bounds, gather_rows, split_rows
 from fxplan.runtime.offload import RuntimeSupportError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,14 +99,16 @@ STEPS = ("route", "capacity", "slots", "dispatch", "combine", "finish")
 
 def check_expert_parallel(plan: "Plan") -> None:
     """Raise :class:`RuntimeSupportError` for an ``ep > 1`` plan this runtime cannot run
-    (``tp > 1``), before any process starts."""
+    (``tp > 1`` with sequence parallelism: the tp ranks then hold different tokens, and the
+    routing would have to be gathered over tp as well), before any process starts."""
     ep = plan.config.ep
-    if ep > 1 and plan.tp > 1:
+    if ep > 1 and plan.tp > 1 and plan.sequence_parallel:
         raise RuntimeSupportError(
-            f"ep={ep} with tp={plan.tp}: fxplan's runtime runs expert parallelism without "
-            f"tensor parallelism only (the plan is priced, and exported by `fxplan export PLAN "
-            f"--to megatron|torchtitan|deepspeed`); re-plan with --constrain tp=1 (or ep=1) "
-            f"to train it here")
+            f"ep={ep} with tp={plan.tp} and sequence parallelism: fxplan's runtime runs expert "
+            f"parallelism beside tensor parallelism with a replicated residual stream only "
+            f"(the plan is priced, and exported by `fxplan export PLAN --to "
+            f"megatron|torchtitan|deepspeed`); re-plan with --constrain sp=off (or ep=1) to "
+            f"train it here")
 
 
 def refuse_graph_path(plan: "Plan", reason: str) -> None:
@@ -198,7 +201,7 @@ def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: 
 
     check_expert_layers(module, plan)
     sub = ep_mesh["edp", "ep"]
-    exchange = _Exchange(mesh["dp"], ep_mesh["ep"], plan.dp)
+    exchange = _Exchange(mesh["dp"], ep_mesh["ep"], plan.dp, ep_mesh["tp"])
     for layer in _expert_layers(module, plan.config.ep):
         routed = is_routed_experts(layer)
         holder = layer if routed else layer.experts
@@ -228,9 +231,27 @@ class _Exchange:
     all-to-alls over ``ep`` that carry each routed row to the rank holding its expert and its
     output back (:meth:`run_experts`), the auxiliary loss's average over ``dp``."""
 
-    def __init__(self, dp_mesh: "DeviceMesh", ep_mesh: "DeviceMesh", dp: int) -> None:
+    def __init__(self, dp_mesh: "DeviceMesh", ep_mesh: "DeviceMesh", dp: int,
+                 tp_mesh: "DeviceMesh") -> None:
         self.dp, self.dp_group, self.dp_rank = dp, dp_mesh.get_group(), dp_mesh.get_local_rank()
         self.ep, self.ep_group = ep_mesh.size(), ep_mesh.get_group()
+        self.tp = tp_mesh.size()
+        self.tp_group = tp_mesh.get_group() if self.tp > 1 else None
+        self.tp_rank = tp_mesh.get_local_rank()
+
+    def run_experts(self, rows: torch.Tensor, expert: torch.Tensor, experts_n: int,
+                    compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                    ) -> torch.Tensor:
+        """The expert outputs ``[S, h']`` of the ``S`` routed ``rows`` (:meth:`_dispatch`);
+        with ``tp > 1`` this tp rank dispatches its chunk of them and the chunks' outputs are
+        all-gathered over tp (:mod:`fxplan.runtime.expert_tp`)."""
+        if self.tp_group is None:
+            return self._dispatch(rows, expert, experts_n, compute)
+        bounds = chunk_bounds(rows.size(0), self.tp)
+        lo, hi = bounds[self.tp_rank], bounds[self.tp_rank + 1]
+        mine = split_rows(rows, self.tp_rank, bounds, self.tp_group)
+        out = self._dispatch(mine, expert[lo:hi], experts_n, compute)
+        return gather_rows(out, self.tp_rank, bounds, self.tp_group)
 
     def gather(self, choice: torch.Tensor) -> torch.Tensor:
         """Every replica's ``[T, k]`` choices, in replica order: ``[dp·T, k]``."""
@@ -238,9 +259,9 @@ class _Exchange:
 
         return _wait(all_gather_tensor(choice.contiguous(), 0, self.dp_group))
 
-    def run_experts(self, rows: torch.Tensor, expert: torch.Tensor, experts_n: int,
-                    compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-                    ) -> torch.Tensor:
+    def _dispatch(self, rows: torch.Tensor, expert: torch.Tensor, experts_n: int,
+                  compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                  ) -> torch.Tensor:
         """The expert outputs ``[S, h']`` of the ``S`` routed ``rows [S, h]`` (row ``a`` for
         expert ``expert[a]`` of ``experts_n``), in their order. EP rank ``j`` holds experts
         ``j·E_l … (j+1)·E_l − 1`` (``E_l = experts_n/ep``): the rows are sorted by the rank
@@ -381,11 +402,14 @@ def _local_experts(experts: nn.Module, local_n: int, rows: torch.Tensor,
 
 class ExpertGradSync:
     """After the backward: each expert gradient summed over its expert-data-parallel group
-    and divided by ``dp`` (module docstring: the one-process gradient)."""
+    and divided by ``dp`` (module docstring: the one-process gradient); with ``tp > 1`` also
+    summed over the tp ranks, each of whose copies saw one chunk of the routed rows
+    (:mod:`fxplan.runtime.expert_tp`)."""
 
     def __init__(self, params: Sequence[nn.Parameter], ep_mesh: "DeviceMesh", dp: int) -> None:
         self.params, self.dp = list(params), dp
-        self.group = ep_mesh["edp"].get_group() if ep_mesh["edp"].size() > 1 else None
+        self.groups = [ep_mesh[axis].get_group() for axis in ("edp", "tp")
+                       if ep_mesh[axis].size() > 1]
 
     def __call__(self) -> None:
         from torch.distributed.tensor import DTensor
@@ -394,8 +418,8 @@ class ExpertGradSync:
             if param.grad is None:   # no row reached this rank's experts: a zero gradient
                 param.grad = torch.zeros_like(param)
             grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
-            if self.group is not None:
-                dist.all_reduce(grad, group=self.group)
+            for group in self.groups:
+                dist.all_reduce(grad, group=group)
             grad.div_(self.dp)
 
 

@@ -20,8 +20,8 @@ module, so its own forward, unchanged, runs its ``a/t`` heads:
 The bias is kept whole (``Replicate`` over tp) and sliced to ``b_r`` in the forward (its
 gradient all-gathered back), as ``nn.MultiheadAttention``'s. Under sequence parallelism the
 attention's input arrives sequence-sharded and is all-gathered by a ``PrepareModuleInput``
-applied first (``gather``). This runs only under context parallelism (``cp > 1``), which has no
-graph rewrite: other GPT tp plans keep running as the graph rewrite, which permutes the fused
+applied first (``gather``). This runs only under context or expert parallelism (``cp > 1``,
+``ep > 1``), which have no graph rewrite: other GPT tp plans keep running as the graph rewrite, which permutes the fused
 weight's rows itself (docs/sharding.md, "Interleaved split").
 
 A plan asks for it with the tp tokens ``qkv.weight S(0)`` (``qkv.bias S(0)`` or ``R``) and

@@ -15,7 +15,7 @@ Each module with parameters is read from the ``tp`` entry of its planned placeme
     nn.MultiheadAttention  in_proj_weight S(0), out_proj.weight S(1)  →  HeadParallelAttention
                   (each rank its heads' rows of q, k and v; :mod:`fxplan.runtime.tp_attention`)
     fused-QKV attention (the zoo GPT's: ``qkv`` h → 3h, ``proj``, ``heads``/``hidden``) under
-                  context parallelism only: qkv.weight S(0), proj.weight S(1)  →  FusedQKVAttention
+                  context or expert parallelism only (no graph rewrite there): qkv.weight S(0), proj.weight S(1)  →  FusedQKVAttention
                   (the same head rows of the fused Linear, local head count set on the module;
                   ``proj`` RowwiseParallel as above; :mod:`fxplan.runtime.tp_fused_qkv`)
     other         every parameter R → nothing, or ``SequenceParallel`` for a leaf
@@ -108,7 +108,7 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe,
         if any(name.startswith(f"{a}.") for a in attention) or \
                 any(name == f"{f}.qkv" for f in fused):
             continue  # out_proj, qkv: part of the head-parallel attention's style
-        if cp_degree(plan) > 1 and _fused_qkv_style(module, name, plan):
+        if _module_level_only(plan) and _fused_qkv_style(module, name, plan):
             styles[name] = FusedQKVAttention(_gather_input(name, probe) if sp else None)
             fused.append(name)
             continue
@@ -164,6 +164,12 @@ def tp_styles(model: nn.Module, plan: "Plan", probe: ModuleProbe,
             styles[region] = _gather_input(region, probe)
         _check_sequence_parallel(model, probe, styles)
     return styles
+
+
+def _module_level_only(plan: "Plan") -> bool:
+    """Whether the plan runs at module level only (context or expert parallelism: no graph
+    rewrite), where the zoo GPT's fused-QKV attention takes :class:`FusedQKVAttention`."""
+    return cp_degree(plan) > 1 or plan.config.ep > 1
 
 
 def _attention_style(module: nn.MultiheadAttention, prefix: str, plan: "Plan") -> bool:
