@@ -76,8 +76,9 @@ from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.compute import op_time_s
 from fxplan.cost_model.context_parallel import (cp_group, cp_layers, cp_segment, kv_bytes,
                                                 layer_exchange)
-from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_groups, ep_segment,
-                                               expert_share, model_states, moe_layers)
+from fxplan.cost_model.expert_parallel import (ExpertWork, MoELayer, alltoall_seconds,
+                                               ep_groups, ep_segment, expert_share,
+                                               expert_work, model_states, moe_layers)
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.partial_grads import partial_grad_params
 from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, dtensor_params,
@@ -198,6 +199,16 @@ def _sm_share(events: Sequence[tuple[str, float]], group: tuple[int, ...], clust
     return _price(events, group, cluster) * UB_COMM_SMS / (sm_count - UB_COMM_SMS)
 
 
+def _expert_work(graph: CapturedGraph, layer: MoELayer | None, config: ParallelConfig,
+                 device: DeviceGroup) -> ExpertWork | None:
+    """The expert nodes' work as priced and as run (:func:`expert_work`), ``None`` without."""
+    if layer is None:
+        return None
+    return expert_work(graph, layer, tp=config.tp, sequence_parallel=config.sequence_parallel,
+                       microbatch=config.microbatch_size, device=device,
+                       placements=config.placements)
+
+
 def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster,
                  config: ParallelConfig,
                  optimizer: OptimizerSpec) -> StagePlan:
@@ -226,7 +237,8 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                          recompute=config.recompute, microbatch=config.microbatch_size,
                          device=device, placements=config.placements, cluster=cluster,
                          fp8=config.fp8),
-            moe.get(key), config.ep), config.cp, kv_bytes(attn.get(key), scale=scale, tp=tp),
+            moe.get(key), config.ep, _expert_work(graph, moe.get(key), config, device),
+            config.recompute), config.cp, kv_bytes(attn.get(key), scale=scale, tp=tp),
             config.recompute) for key, _ in keys[s][c]) for c in range(v))
         chunks.append(row)
         stage_params: dict[str, float] = {}
@@ -238,7 +250,8 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                 if key in moe:
                     a2a = alltoall_seconds(moe[key], scale=scale,
                                            tp=tp, ep_group=ep_group, cluster=cluster,
-                                           recompute_full=config.recompute == "full")
+                                           recompute_full=config.recompute == "full",
+                                           tp_group=tp_group)
                     f_c[1], b_c[1] = f_c[1] + a2a[0], b_c[1] + a2a[1]
                 if key in attn:
                     kv = layer_exchange(graph, key, group=cp_group(dp_group, config.cp), tp=tp,

@@ -10,13 +10,22 @@ from fxplan.api import capture_for_search
 from fxplan.cli.constraint_text import parse_constraints
 from fxplan.cluster_specs import Cluster
 from fxplan.inter_op import ConstraintError, search
-from fxplan.inter_op.space import expert_degrees
+from fxplan.inter_op.space import Family, expert_degrees, options
 
 
 def test_expert_degrees():
     assert expert_degrees(8, None) == (1,)
     assert expert_degrees(8, 4) == (1, 2, 4)
     assert expert_degrees(6, 4) == (1, 2)
+
+
+def test_expert_parallelism_offered_without_sequence_parallelism():
+    """ep > 1 beside tp > 1 runs with the residual stream replicated (runtime.expert_tp):
+    the space offers ep > 1 with sp off only, and sp with ep = 1."""
+    configs = list(options(Family(2, 1, 2), batch=8, layers=2, seq=16, eps=(1, 2)))
+    assert any(c.ep == 2 and c.tp == 2 for c in configs)
+    assert any(c.sequence_parallel and c.ep == 1 for c in configs)
+    assert not any(c.sequence_parallel and c.ep > 1 for c in configs)
 
 
 def test_search_offers_ep_for_experts_only():
