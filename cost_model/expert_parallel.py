@@ -16,14 +16,32 @@ so a group stays inside a node where it fits), and ``ep`` *expert-data-parallel*
 ``{d_j, d_{j+ep}, …}`` of ``dp/ep`` ranks holding the same experts. ``E mod ep = 0``; each rank
 holds ``E/ep`` experts.
 
-**Communication** per MoE layer and microbatch. Each rank's dispatch buffer of ``S_d`` bytes
-goes out by one all-to-all over its EP group (the rows of expert ``e`` to the rank holding
-``e``; ``(ep−1)/ep`` of it leaves the rank) and the expert outputs come back by a second one of
-``S_c`` bytes (combine): 2 all-to-alls in the forward, 2 in the backward (the gradients of
-combine and of dispatch), 2 more when full recompute re-runs the forward. Under tensor
-parallelism each tp rank dispatches ``1/tp`` of the tokens (Megatron-Core splits them before
-the dispatch), so the sizes are ``S/tp``. An all-to-all of ``S`` bytes over ``n`` ranks on
-``m`` nodes, at most ``k`` per node, is :mod:`cost_model.collectives`' direct algorithm::
+**Routed rows** (``ρ``, :attr:`MoELayer.routed`). Under ``ep > 1`` the runtime
+(:mod:`fxplan.runtime.expert_parallel`) sends and computes only the rows routed, not the
+``E·C`` slots of the capacity buffer the captured graph holds (``C = ⌈k·c·T/E⌉``). The model
+assumes **balanced routing**: every expert gets ``k·T/E`` of a layer's ``T`` tokens' ``k·T``
+assignments, capped at its capacity, so the rows routed are ``min(E·C, k·T)`` and
+
+    ρ = min(1, k·T / R)
+
+with ``R`` the captured dispatch's rows (``E·C``; ``k·T`` for routed experts without capacity,
+``ρ = 1``), ``k`` and ``T`` read off the layer's top-``k`` node. Skewed routing sends more
+rows to some ranks than this prices (the runtime's compact buffer is as wide as its busiest
+local expert); ``ep = 1`` runs the layer's own forward, the full capacity buffer, and is
+priced from the capture unchanged.
+
+**Communication** per MoE layer and microbatch. Each rank's routed rows (``ρ·S_d`` bytes,
+``S_d`` the captured dispatch) go out by one all-to-all over its EP group (the rows of expert
+``e`` to the rank holding ``e``; ``(ep−1)/ep`` of them leave the rank), after a small
+all-to-all of the ``E`` per-expert counts (8 bytes each: the split sizes), and the expert
+outputs come back by a second one of ``ρ·S_c`` bytes (combine): 3 all-to-alls in the forward,
+2 in the backward (the gradients of combine and of dispatch), the forward's again when full
+recompute re-runs it. Under tensor parallelism (:mod:`fxplan.runtime.expert_tp`; sequence
+parallelism off) the tp ranks hold the same tokens and each dispatches ``1/tp`` of the routed
+rows, so the sizes are ``ρ·S/tp``, and the outputs are all-gathered over tp (``ρ·S_c`` bytes,
+forward) as are the row gradients (``ρ·S_d``, backward). An all-to-all of ``S`` bytes over
+``n`` ranks on ``m`` nodes, at most ``k`` per node, is :mod:`cost_model.collectives`' direct
+algorithm::
 
     t_a2a(S) = α + (n − m)·h_i + (m − 1)·h_e + max((k−1)/n · S/B_i,  (n−k)/n · S/B_r)
 
@@ -34,9 +52,12 @@ is left; across nodes on 25 Gb/s Ethernet the second dominates by two orders of 
 The all-to-alls sit on the critical path (the experts wait for their tokens), priced with the
 tensor-parallel collectives.
 
-**Compute** per rank: ``E/ep`` experts, each over the ``ep·C`` slots the EP group routes to
-it, is ``E·C`` slots, the same as without EP: expert compute per rank = tokens routed ×
-capacity, priced from the captured graph unchanged.
+**Compute** per rank (:func:`expert_work`): ``E/ep`` experts over the rows the EP group routes
+to them, ``ρ·k·T``-sized in balance: the *expert nodes* (the expert products and the
+operations between them, and the output bias) are priced on ``ρ·scale/tp`` of their captured
+work in place of the layout's share (the tp ranks split the rows; the experts are whole on
+each), and their saved activations likewise. The routing, dispatch and combine operations stay
+as captured.
 
 **Memory and gradients.** A rank holds ``Ψ_e/ep`` of a stage's ``Ψ_e`` expert parameters
 and all of its ``Ψ − Ψ_e`` others; ZeRO shards the others over ``dp`` and the experts over
@@ -88,6 +109,8 @@ class MoELayer:
     combine_bytes: float
     routed: float = 1.0
     expert_nodes: tuple[str, ...] = ()
+    #: canonical name → elements of each expert parameter, whole (all ``E`` experts)
+    expert_numel: tuple[tuple[str, float], ...] = ()
 
 
 def _expert_params(graph: CapturedGraph, names: tuple[str, ...]) -> dict[str, int]:
@@ -152,7 +175,9 @@ def moe_layers(graph: CapturedGraph) -> dict[str, MoELayer]:
         token_side = first.args[0] if first.args else None
         found[key] = MoELayer(experts, frozenset(params), _nbytes(token_side), _nbytes(last),
                               _routed_share(graph, names, token_side, experts),
-                              _expert_nodes(graph, names, first.name, last.name, params))
+                              _expert_nodes(graph, names, first.name, last.name, params),
+                              tuple((p, float(graph.params[p].numel)) for p in sorted(params)
+                                    if p in graph.params))
     graph.memo["moe_layers"] = found
     return found
 
@@ -286,13 +311,16 @@ def expert_work(graph: CapturedGraph, layer: MoELayer, *, tp: int, sequence_para
 
 def ep_segment(seg: SegmentCost, layer: MoELayer | None, ep: int,
                work: ExpertWork | None = None, recompute: str = "none") -> SegmentCost:
-    """``seg`` with its expert parameters at ``1/ep`` (what one rank holds) and, given
+    """``seg`` with its expert parameters at ``1/ep`` of their whole size (what one rank
+    holds: whole experts, never split over tp, whatever the layout) and, given
     ``work`` (:func:`expert_work`), its expert nodes' time and saved activations as the runtime
     runs them (the recompute re-runs their forward under ``full``; under ``full`` only the
     layer's input is saved, which the experts do not change)."""
     if layer is None or ep == 1:
         return seg
-    params = {k: (n / ep if k in layer.expert_params else n) for k, n in seg.params.items()}
+    whole = dict(layer.expert_numel)
+    params = {k: (whole.get(k, n) / ep if k in layer.expert_params else n)
+              for k, n in seg.params.items()}
     if work is None:
         return dataclasses.replace(seg, params=params)
     d_fwd = work.runtime_forward - work.priced_forward

@@ -264,7 +264,7 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
             labels = [label for _, label in keys[s][c]]
             stage_buckets.append(overlapped_buckets(
                 _buckets(segs, labels, stage_params, dp_group, cluster, config, optimizer,
-                         experts, edp_group),
+                         experts, edp_group, tp_group),
                 device.comm_overlap))
         params.append(stage_params)
         buckets.append(tuple(stage_buckets))
@@ -362,11 +362,14 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
 def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dict[str, float],
              dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
              optimizer: OptimizerSpec, experts: frozenset[str] = frozenset(),
-             edp_group: tuple[int, ...] = ()) -> tuple[tuple[float, float], ...]:
+             edp_group: tuple[int, ...] = (), tp_group: tuple[int, ...] = ()
+             ) -> tuple[tuple[float, float], ...]:
     """Gradient buckets of one chunk as ``(fraction of its last backward, seconds)``; also
     collects the chunk's parameters into ``stage_params`` (a layer's under its label, the
     others' — embeddings, head, possibly tied — under their canonical names). Under expert
-    parallelism the gradients of ``experts`` are reduced over their ``edp_group`` instead."""
+    parallelism the gradients of ``experts`` are reduced over their ``edp_group`` instead,
+    and with ``tp > 1`` summed over ``tp_group`` too (each tp rank's copy saw its share of
+    the rows: :mod:`fxplan.runtime.expert_tp`)."""
     total = sum(seg.backward_s + seg.recompute_s for seg in segs) or 1.0
     elapsed, out = 0.0, []
     kind = ("all_reduce" if config.zero_stage == 0 or _zero1_broadcasts(config)
@@ -386,6 +389,9 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
             if mine:
                 out.append((elapsed / total,
                             _collective(kind, optimizer.grad_bytes * mine, edp_group, cluster)))
+            if mine and len(tp_group) > 1:
+                out.append((elapsed / total, _collective(
+                    "all_reduce", optimizer.grad_bytes * mine, tp_group, cluster)))
     out += [(f, _collective(kind, nbytes, dp_group, cluster))
             for f, nbytes in ddp_buckets(dense, ddp_cap)]
     return tuple(sorted(out))

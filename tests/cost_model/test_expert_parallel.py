@@ -145,3 +145,23 @@ def test_ep_refused_where_it_cannot_apply(tiny):
         check_ep(odd, 4)
     assert ParallelConfig.parse("dp=4,tp=1,pp=1,mb=1,ep=2").ep == 2
     assert math.isclose(ParallelConfig(dp=4, ep=4).ep, 4)
+
+
+def test_experts_whole_per_ep_rank_under_tensor_parallelism(tiny):
+    """A rank holds E/ep whole experts whatever the tp layout (runtime.expert_tp); its
+    segment's expert time is the runtime's ρ/tp share."""
+    from fxplan.cost_model.expert_parallel import ep_segment
+    from fxplan.cost_model.layer_costs import segment_cost
+
+    device = Cluster.load("local-cpu:devices=4").device(0)
+    key, layer = next(iter(moe_layers(tiny).items()))
+    seg = segment_cost(tiny, key, tp=2, sequence_parallel=False, recompute="none",
+                       microbatch=2, device=device)
+    work = expert_work(tiny, layer, tp=2, sequence_parallel=False, microbatch=2, device=device)
+    got = ep_segment(seg, layer, 2, work)
+    for name in layer.expert_params:
+        assert got.params[name] == tiny.params[name].numel / 2
+    assert got.forward_s == pytest.approx(seg.forward_s - work.priced_forward
+                                          + work.runtime_forward)
+    assert got.activations.saved == pytest.approx(seg.activations.saved - work.priced_saved
+                                                  + work.runtime_saved)
