@@ -320,22 +320,22 @@ def _batched_compute(experts: nn.Module, experts_n: int, rows: torch.Tensor,
                      local: torch.Tensor) -> torch.Tensor:
     """:class:`MoELayer`'s batched experts ``[E_l, C', h] → [E_l, C', h]`` on the received
     rows: row ``r`` goes to slot ``local[r]·C' + q_r`` (``q_r``: its rank among the rows of
-    its expert, ``C'`` the most rows any local expert received, at least 1); each expert's
+    its expert in arrival order, from a stable sort by expert; ``C'`` the most rows any local
+    expert received, at least 1); each expert's
     output row depends on its input row only, so the compact buffer gives the rows the
     capacity-sized one would (its empty slots are never read)."""
-    onehot = one_hot(local, experts_n)                                 # [R, E_l]
-    queue = ((onehot.cumsum(dim=0) - 1) * onehot).sum(dim=-1)          # [R]
-    width = max(1, int(onehot.sum(dim=0).max())) if rows.size(0) else 1
+    counts = torch.bincount(local, minlength=experts_n)                # [E_l]
+    width = max(1, int(counts.max())) if rows.size(0) else 1
+    by_expert = torch.sort(local, stable=True).indices                 # arrival order kept
+    start = counts.cumsum(dim=0) - counts                              # first row of each
+    rank = torch.arange(local.numel(), device=local.device) - start.index_select(
+        0, local.index_select(0, by_expert))
+    queue = torch.empty_like(local).scatter(0, by_expert, rank)        # [R]
     slot = local * width + queue
     buffer = rows.new_zeros(experts_n * width, rows.size(1)).index_copy(0, slot, rows)
     out = torch.func.functional_call(experts, _local_weights(experts, rows.dtype),
                                      (buffer.view(experts_n, width, rows.size(1)),))
     return out.reshape(experts_n * width, -1).index_select(0, slot)
-
-
-def one_hot(index: torch.Tensor, classes: int) -> torch.Tensor:
-    """``F.one_hot`` (int64) as a comparison with ``arange(classes)`` (no in-place fill)."""
-    return (index.unsqueeze(-1) == torch.arange(classes, device=index.device)).to(torch.int64)
 
 
 def _ep_forward(layer: Any, exchange: _Exchange, x: torch.Tensor) -> torch.Tensor:

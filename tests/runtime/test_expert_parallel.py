@@ -18,6 +18,7 @@ CASES = {
     "dp2_ep2_selective": dict(dp=2, ep=2, recompute="selective"),
     # attention tensor-parallel, experts whole per EP rank, each tp rank its chunk of the rows
     "dp2_ep2_tp2": dict(dp=2, ep=2, tp=2),
+    "dp2_ep2_tp2_zero3": dict(dp=2, ep=2, tp=2, zero=3),
 }
 
 
