@@ -65,8 +65,14 @@ a shared expert (Qwen2-MoE's gated ``shared_expert``) stay dense, under DDP/FSDP
 router-logit auxiliary loss ``transformers`` adds at the model level (``output_router_logits``)
 is, as under plain data parallelism, each replica's on its own tokens. A model with 3-D
 expert weights in neither form is refused before any collective
-(:func:`check_expert_layers`), as are ``tp > 1`` and the graph-rewrite path; the plan is still
-priced and exported.
+(:func:`check_expert_layers`), as are ``tp > 1`` with sequence parallelism and the
+graph-rewrite path; the plan is still priced and exported.
+
+**Tensor parallelism** (``tp > 1``, sequence parallelism off; :mod:`fxplan.runtime.expert_tp`):
+the ``tp`` ranks of a group hold the same tokens and route them alike; each dispatches its
+``1/tp`` chunk of the routed rows over its EP group (the ``ep`` ranks of its tp coordinate)
+and the outputs are all-gathered over tp before the combine, so no expert row is computed
+twice; :class:`ExpertGradSync` also sums the expert gradients over tp.
 """
 
 from __future__ import annotations
