@@ -133,10 +133,15 @@ def train_ep_matches_reference(plan_kwargs: dict[str, Any], steps: int = 3,
         aux=aux, dropped=ref["dropped"], missing=sorted(set(ref["params"]) - set(params)),
         expert_shapes={k: tuple(p.to_local().shape) for k, p in experts.items()},
         expert_global={k: tuple(p.shape) for k, p in experts.items()},
-        tp_split=sorted(k for k, p in sharded.named_parameters().items()
-                        if isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ())
-                        and p.to_local().shape != p.shape),
+        tp_split=tp_split_names(sharded),
         fallbacks=sharded.fallbacks, loaded_error=loaded_error)
+
+
+def tp_split_names(sharded: Any) -> list[str]:
+    """The parameters of ``sharded`` that are split over its ``tp`` mesh axis."""
+    return sorted(k for k, p in sharded.named_parameters().items()
+                  if isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ())
+                  and p.to_local().shape != p.shape)
 
 
 def _load_unsharded(path: str, saved: dict[str, torch.Tensor]) -> float:

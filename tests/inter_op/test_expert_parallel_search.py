@@ -56,8 +56,8 @@ def test_alpa_moe_pipelines_across_slow_nodes(moe27b, nodes):  # type: ignore[no
     figure issue 15 quotes; the per-node-count values are not in the repository) with
     pipeline stages across the nodes and intra-op parallelism inside them than DeepSpeed's intra-op
     (data + expert) parallelism alone. The planner must choose a pipeline that crosses the
-    nodes, and price the best plan without one well behind it. (Measured on this branch:
-    1.63× on 2 nodes, 1.90× on 4 — the direction and growth of the published gap, not its
+    nodes, and price the best plan without one well behind it. (Measured on branch eptp:
+    1.76× on 2 nodes, 1.90× on 4 — the direction and growth of the published gap, not its
     size: the pp=1 plan fxplan finds keeps the experts' all-to-all inside a node and overlaps
     ZeRO, where DeepSpeed's ran expert parallelism over the slow links.)"""
     cluster = Cluster.load(f"aws-p3-v100:nodes={nodes}")
