@@ -16,14 +16,32 @@ so a group stays inside a node where it fits), and ``ep`` *expert-data-parallel*
 ``{d_j, d_{j+ep}, …}`` of ``dp/ep`` ranks holding the same experts. ``E mod ep = 0``; each rank
 holds ``E/ep`` experts.
 
-**Communication** per MoE layer and microbatch. Each rank's dispatch buffer of ``S_d`` bytes
-goes out by one all-to-all over its EP group (the rows of expert ``e`` to the rank holding
-``e``; ``(ep−1)/ep`` of it leaves the rank) and the expert outputs come back by a second one of
-``S_c`` bytes (combine): 2 all-to-alls in the forward, 2 in the backward (the gradients of
-combine and of dispatch), 2 more when full recompute re-runs the forward. Under tensor
-parallelism each tp rank dispatches ``1/tp`` of the tokens (Megatron-Core splits them before
-the dispatch), so the sizes are ``S/tp``. An all-to-all of ``S`` bytes over ``n`` ranks on
-``m`` nodes, at most ``k`` per node, is :mod:`cost_model.collectives`' direct algorithm::
+**Routed rows** (``ρ``, :attr:`MoELayer.routed`). Under ``ep > 1`` the runtime
+(:mod:`fxplan.runtime.expert_parallel`) sends and computes only the rows routed, not the
+``E·C`` slots of the capacity buffer the captured graph holds (``C = ⌈k·c·T/E⌉``). The model
+assumes **balanced routing**: every expert gets ``k·T/E`` of a layer's ``T`` tokens' ``k·T``
+assignments, capped at its capacity, so the rows routed are ``min(E·C, k·T)`` and
+
+    ρ = min(1, k·T / R)
+
+with ``R`` the captured dispatch's rows (``E·C``; ``k·T`` for routed experts without capacity,
+``ρ = 1``), ``k`` and ``T`` read off the layer's top-``k`` node. Skewed routing sends more
+rows to some ranks than this prices (the runtime's compact buffer is as wide as its busiest
+local expert); ``ep = 1`` runs the layer's own forward, the full capacity buffer, and is
+priced from the capture unchanged.
+
+**Communication** per MoE layer and microbatch. Each rank's routed rows (``ρ·S_d`` bytes,
+``S_d`` the captured dispatch) go out by one all-to-all over its EP group (the rows of expert
+``e`` to the rank holding ``e``; ``(ep−1)/ep`` of them leave the rank), after a small
+all-to-all of the ``E`` per-expert counts (8 bytes each: the split sizes), and the expert
+outputs come back by a second one of ``ρ·S_c`` bytes (combine): 3 all-to-alls in the forward,
+2 in the backward (the gradients of combine and of dispatch), the forward's again when full
+recompute re-runs it. Under tensor parallelism (:mod:`fxplan.runtime.expert_tp`; sequence
+parallelism off) the tp ranks hold the same tokens and each dispatches ``1/tp`` of the routed
+rows, so the sizes are ``ρ·S/tp``, and the outputs are all-gathered over tp (``ρ·S_c`` bytes,
+forward) as are the row gradients (``ρ·S_d``, backward). An all-to-all of ``S`` bytes over
+``n`` ranks on ``m`` nodes, at most ``k`` per node, is :mod:`cost_model.collectives`' direct
+algorithm::
 
     t_a2a(S) = α + (n − m)·h_i + (m − 1)·h_e + max((k−1)/n · S/B_i,  (n−k)/n · S/B_r)
 
@@ -34,9 +52,12 @@ is left; across nodes on 25 Gb/s Ethernet the second dominates by two orders of 
 The all-to-alls sit on the critical path (the experts wait for their tokens), priced with the
 tensor-parallel collectives.
 
-**Compute** per rank: ``E/ep`` experts, each over the ``ep·C`` slots the EP group routes to
-it, is ``E·C`` slots, the same as without EP: expert compute per rank = tokens routed ×
-capacity, priced from the captured graph unchanged.
+**Compute** per rank (:func:`expert_work`): ``E/ep`` experts over the rows the EP group routes
+to them, ``ρ·k·T``-sized in balance: the *expert nodes* (the expert products and the
+operations between them, and the output bias) are priced on ``ρ·scale/tp`` of their captured
+work in place of the layout's share (the tp ranks split the rows; the experts are whole on
+each), and their saved activations likewise. The routing, dispatch and combine operations stay
+as captured.
 
 **Memory and gradients.** A rank holds ``Ψ_e/ep`` of a stage's ``Ψ_e`` expert parameters
 and all of its ``Ψ − Ψ_e`` others; ZeRO shards the others over ``dp`` and the experts over
@@ -58,27 +79,38 @@ from typing import TYPE_CHECKING, Mapping
 
 from fxplan.core.config import CostModelError
 from fxplan.cost_model.collectives import collective_time_s
-from fxplan.cost_model.layer_costs import SegmentCost, graph_segments
+from fxplan.cost_model.activations import ActivationBytes
+from fxplan.cost_model.compute import node_time_s
+from fxplan.cost_model.layer_costs import SegmentCost, graph_segments, work_divisor
 from fxplan.cost_model.megatron_layout import used_params
+from fxplan.cost_model.tp_layout import tp_layout
 from fxplan.cost_model.memory import ModelStates, OptimizerSpec, ADAM_MIXED, model_state_bytes
 from fxplan.passes.node_info import MATMUL_CLASSES
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.cluster_specs import Cluster
+    from fxplan.cluster_specs import Cluster, DeviceGroup
+    from fxplan.core.placements import PlacementMap
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["MoELayer", "moe_layers", "num_experts", "ep_groups", "alltoall_seconds",
-           "ep_segment", "model_states", "check_ep"]
+__all__ = ["MoELayer", "ExpertWork", "moe_layers", "num_experts", "ep_groups",
+           "alltoall_seconds", "expert_work", "ep_segment", "model_states", "check_ep"]
 
 
 @dataclass(frozen=True)
 class MoELayer:
-    """One mixture-of-experts layer profile, at the capture's batch ``b₀`` (module docstring)."""
+    """One mixture-of-experts layer profile, at the capture's batch ``b₀`` (module docstring):
+    ``routed`` is ``ρ``, the expected routed rows over the captured ones, and
+    ``expert_nodes`` the nodes whose work is per routed row (the expert products and what lies
+    between them)."""
 
     experts: int
     expert_params: frozenset[str]
     dispatch_bytes: float
     combine_bytes: float
+    routed: float = 1.0
+    expert_nodes: tuple[str, ...] = ()
+    #: canonical name → elements of each expert parameter, whole (all ``E`` experts)
+    expert_numel: tuple[tuple[str, float], ...] = ()
 
 
 def _expert_params(graph: CapturedGraph, names: tuple[str, ...]) -> dict[str, int]:
@@ -141,9 +173,54 @@ def moe_layers(graph: CapturedGraph) -> dict[str, MoELayer]:
             continue
         first, last = matmuls[0], matmuls[-1]
         token_side = first.args[0] if first.args else None
-        found[key] = MoELayer(experts, frozenset(params), _nbytes(token_side), _nbytes(last))
+        found[key] = MoELayer(experts, frozenset(params), _nbytes(token_side), _nbytes(last),
+                              _routed_share(graph, names, token_side, experts),
+                              _expert_nodes(graph, names, first.name, last.name, params),
+                              tuple((p, float(graph.params[p].numel)) for p in sorted(params)
+                                    if p in graph.params))
     graph.memo["moe_layers"] = found
     return found
+
+
+def _routed_share(graph: CapturedGraph, names: tuple[str, ...], token_side: object,
+                  experts: int) -> float:
+    """``ρ = min(1, k·T / R)``: the expected routed rows ``k·T`` (``k`` and ``T`` read off the
+    segment's top-``k`` node over the router's ``[T, E]``) over the captured dispatch's rows
+    ``R`` (``E·C`` with capacity, ``k·T`` without: ``ρ = 1``); 1 when no top-``k`` is found."""
+    info = getattr(token_side, "meta", {}).get("fxplan")
+    shape = getattr(info, "shape", None)
+    if not isinstance(shape, tuple) or len(shape) < 2:
+        return 1.0
+    rows = math.prod(shape[:-1])
+    nodes = graph.nodes_by_name
+    for name in names:
+        node = nodes[name]
+        if "topk" not in str(node.target) or not node.args:
+            continue
+        k = node.args[1] if len(node.args) > 1 else node.kwargs.get("k")
+        scores = graph.info(node.args[0]) if hasattr(node.args[0], "meta") else None
+        score_shape = getattr(scores, "shape", None)
+        if isinstance(k, int) and isinstance(score_shape, tuple) and score_shape and \
+                score_shape[-1] == experts and rows:
+            return min(1.0, k * math.prod(score_shape[:-1]) / rows)
+    return 1.0
+
+
+def _expert_nodes(graph: CapturedGraph, names: tuple[str, ...], first: str, last: str,
+                  params: Mapping[str, int]) -> tuple[str, ...]:
+    """The operations from the first expert product to the last (graph order), and those
+    after it that use an expert parameter (the output bias): the work done per dispatched
+    row."""
+    nodes = graph.nodes_by_name
+    start, end = names.index(first), names.index(last)
+    out = [n for n in names[start:end + 1] if nodes[n].op != "get_attr"]
+    for name in names[end + 1:]:
+        if nodes[name].op == "get_attr":
+            continue
+        used = used_params(graph.nodes_by_name[name], graph)
+        if any((graph.params[p].tied_to or p) in params for p in used if p in graph.params):
+            out.append(name)
+    return tuple(out)
 
 
 def num_experts(graph: CapturedGraph) -> int | None:
@@ -171,24 +248,91 @@ def ep_groups(dp_group: tuple[int, ...], ep: int) -> tuple[tuple[int, ...], tupl
 
 
 def alltoall_seconds(layer: MoELayer, *, scale: float, tp: int, ep_group: tuple[int, ...],
-                     cluster: Cluster, recompute_full: bool) -> tuple[float, float]:
-    """``(forward, backward)`` seconds of one microbatch's all-to-alls in ``layer``: dispatch
-    and combine, ``scale = b/b₀`` of the captured sizes, ``1/tp`` per tp rank (module
-    docstring); the backward re-runs the forward's two under full recompute."""
+                     cluster: Cluster, recompute_full: bool,
+                     tp_group: tuple[int, ...] = ()) -> tuple[float, float]:
+    """``(forward, backward)`` seconds of one microbatch's exchanges in ``layer`` (module
+    docstring, "Communication"): the per-expert counts (``8·E`` bytes) and the dispatch and
+    combine all-to-alls of the routed rows (``ρ·scale`` of the captured sizes, ``1/tp`` per tp
+    rank) in the forward, the two row all-to-alls in the backward; with ``tp > 1`` the
+    all-gather over ``tp_group`` of the outputs (forward) and of the row gradients (backward).
+    The backward re-runs the forward's under full recompute."""
     if len(ep_group) <= 1:
         return 0.0, 0.0
-    dispatch = collective_time_s("all_to_all", layer.dispatch_bytes * scale / tp, ep_group, cluster)
-    combine = collective_time_s("all_to_all", layer.combine_bytes * scale / tp, ep_group, cluster)
-    forward = dispatch + combine
-    return forward, forward * (2.0 if recompute_full else 1.0)
+    rows = layer.routed * scale
+    dispatch = collective_time_s("all_to_all", layer.dispatch_bytes * rows / tp, ep_group, cluster)
+    combine = collective_time_s("all_to_all", layer.combine_bytes * rows / tp, ep_group, cluster)
+    counts = collective_time_s("all_to_all", 8.0 * layer.experts, ep_group, cluster)
+    forward, backward = counts + dispatch + combine, dispatch + combine
+    if tp > 1 and len(tp_group) > 1:
+        forward += collective_time_s("all_gather", layer.combine_bytes * rows, tp_group, cluster)
+        backward += collective_time_s("all_gather", layer.dispatch_bytes * rows, tp_group,
+                                      cluster)
+    return forward, backward + (forward if recompute_full else 0.0)
 
 
-def ep_segment(seg: SegmentCost, layer: MoELayer | None, ep: int) -> SegmentCost:
-    """``seg`` with its expert parameters at ``1/ep`` (what one rank holds)."""
+@dataclass(frozen=True)
+class ExpertWork:
+    """How the segment prices the expert nodes' work (``priced_*``) and what the runtime does
+    (``runtime_*``): forward and backward seconds, saved activation bytes, per microbatch."""
+
+    priced_forward: float
+    priced_backward: float
+    priced_saved: float
+    runtime_forward: float
+    runtime_backward: float
+    runtime_saved: float
+
+
+def expert_work(graph: CapturedGraph, layer: MoELayer, *, tp: int, sequence_parallel: bool,
+                microbatch: int, device: DeviceGroup,
+                placements: PlacementMap | None = None) -> ExpertWork:
+    """The expert nodes priced as :func:`cost_model.layer_costs.segment_cost` prices them
+    (node ``n`` on ``1/d_n`` of the captured work times ``scale = b/b₀``, ``d_n`` its layout's split) and as
+    the runtime runs them under ``ep > 1``: the ``ρ·scale`` routed rows, ``1/tp`` of them per
+    tp rank (:mod:`fxplan.runtime.expert_tp`), whatever the layout says (module docstring,
+    "Compute")."""
+    scale = microbatch / graph_segments(graph).batch
+    sp = sequence_parallel and tp > 1
+    layout = tp_layout(graph, placements)
+    out = [0.0] * 6
+    runtime_share = tp / (scale * layer.routed)
+    for name in layer.expert_nodes:
+        info = graph.info(graph.nodes_by_name[name])
+        share = work_divisor(name, layout, tp, sp) / scale
+        out[0] += node_time_s(info, device, shard_factor=share)
+        out[1] += node_time_s(info, device, shard_factor=share, backward=True)
+        saved_split = tp if (name in layout.saves_sharded or sp) else 1
+        out[2] += info.saved_bytes * scale / saved_split
+        out[3] += node_time_s(info, device, shard_factor=runtime_share)
+        out[4] += node_time_s(info, device, shard_factor=runtime_share, backward=True)
+        out[5] += info.saved_bytes / runtime_share
+    return ExpertWork(*out)
+
+
+def ep_segment(seg: SegmentCost, layer: MoELayer | None, ep: int,
+               work: ExpertWork | None = None, recompute: str = "none") -> SegmentCost:
+    """``seg`` with its expert parameters at ``1/ep`` of their whole size (what one rank
+    holds: whole experts, never split over tp, whatever the layout) and, given
+    ``work`` (:func:`expert_work`), its expert nodes' time and saved activations as the runtime
+    runs them (the recompute re-runs their forward under ``full``; under ``full`` only the
+    layer's input is saved, which the experts do not change)."""
     if layer is None or ep == 1:
         return seg
-    params = {k: (n / ep if k in layer.expert_params else n) for k, n in seg.params.items()}
-    return dataclasses.replace(seg, params=params)
+    whole = dict(layer.expert_numel)
+    params = {k: (whole.get(k, n) / ep if k in layer.expert_params else n)
+              for k, n in seg.params.items()}
+    if work is None:
+        return dataclasses.replace(seg, params=params)
+    d_fwd = work.runtime_forward - work.priced_forward
+    d_bwd = work.runtime_backward - work.priced_backward
+    saved = seg.activations.saved
+    if recompute != "full":
+        saved = max(0.0, saved + work.runtime_saved - work.priced_saved)
+    return dataclasses.replace(
+        seg, params=params, forward_s=max(0.0, seg.forward_s + d_fwd),
+        backward_s=max(0.0, seg.backward_s + d_bwd),
+        recompute_s=max(0.0, seg.recompute_s + d_fwd) if recompute == "full" else seg.recompute_s,
+        activations=ActivationBytes(saved, seg.activations.working))
 
 
 def model_states(params: float, expert_params: float, *, dp: int, ep: int, zero_stage: int,

@@ -73,7 +73,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["GraphSegments", "SegmentCost", "attention_seconds", "graph_segments",
-           "segment_cost"]
+           "segment_cost", "work_divisor"]
 
 @dataclass(frozen=True)
 class GraphSegments:
@@ -213,7 +213,7 @@ def segment_cost(graph: CapturedGraph, key: str, *, tp: int, sequence_parallel: 
     return hit
 
 
-def _divisor(name: str, layout: TPLayout, tp: int, sp: bool) -> int:
+def work_divisor(name: str, layout: TPLayout, tp: int, sp: bool) -> int:
     """How many ways the work of node ``name`` is split over the tp ranks."""
     if layout.priced:
         return tp if name in layout.split else 1
@@ -242,7 +242,7 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     fused = fused_attention_core(graph, names, layout) if prices_fused_attention(device) else None
     if fused is not None:
         fwd, bwd = _fused_times(fused, infos[fused.output], device,
-                                _divisor(fused.output, layout, tp, sp) / scale)
+                                work_divisor(fused.output, layout, tp, sp) / scale)
         forward, backward = fwd, bwd
         if recomputed & fused.nodes:
             recompute += fwd
@@ -258,7 +258,7 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
         fwd = bwd = 0.0
         if fused is None or name not in fused.nodes:
             # One pricing path with the intra-op solver: node_time_s on this rank's share.
-            shard = _divisor(name, layout, tp, sp) / scale
+            shard = work_divisor(name, layout, tp, sp) / scale
             if fp8 and converted(info):
                 fwd = fp8_node_time_s(info, device, shard_factor=shard, backward=False)
                 bwd = fp8_node_time_s(info, device, shard_factor=shard, backward=True)
@@ -268,7 +268,7 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
                 bwd = node_time_s(info, device, shard_factor=shard, backward=True)
             if tp > 1:   # the node's ops on DTensors (cost_model.dtensor_dispatch)
                 host = dispatch_s(dtensor_ops(graph, name, layout, sp=sp,
-                                              split=_divisor(name, layout, tp, sp) > 1), device)
+                                              split=work_divisor(name, layout, tp, sp) > 1), device)
                 fwd += host[0]
                 bwd += host[1]
             forward += fwd
@@ -329,10 +329,10 @@ def attention_seconds(graph: CapturedGraph, key: str, *, tp: int, sequence_paral
     fused = fused_attention_core(graph, names, layout) if prices_fused_attention(device) else None
     if fused is not None:
         out = _fused_times(fused, infos[fused.output], device,
-                           _divisor(fused.output, layout, tp, sp) / scale)
+                           work_divisor(fused.output, layout, tp, sp) / scale)
     else:
         core = attention_core(graph, names, layout)
-        shards = {n: _divisor(n, layout, tp, sp) / scale for n in core}
+        shards = {n: work_divisor(n, layout, tp, sp) / scale for n in core}
         out = (sum(node_time_s(infos[n], device, shard_factor=shards[n]) for n in core),
                sum(node_time_s(infos[n], device, shard_factor=shards[n], backward=True)
                    for n in core))

@@ -17,7 +17,7 @@ A map with inputs or parameters is *priced* here (a map of outputs alone keeps t
     state_v = SHARD if π(v) = S(d) else REPL              (CONST as in the default layout)
     saves_v split  ⇔  some u with state_u = SHARD or dst_u = S(d)
 
-The compute of a split node is ``1/t`` (:func:`cost_model.layer_costs._divisor`); every edge
+The compute of a split node is ``1/t`` (:func:`cost_model.layer_costs.work_divisor`); every edge
 with ``π(u) ≠ dst_u`` is a :class:`PricedEdge`, priced forward and backward by
 :func:`cost_model.edge_reshard.edge_collectives` (``reshard_cost`` on the tp axis), so the
 estimate prices exactly the reshards the intra-op solver priced. A saved tensor is split when

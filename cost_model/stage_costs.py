@@ -82,8 +82,9 @@ from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.compute import op_time_s
 from fxplan.cost_model.context_parallel import (cp_group, cp_layers, cp_segment, kv_bytes,
                                                 layer_exchange)
-from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_groups, ep_segment,
-                                               expert_share, model_states, moe_layers)
+from fxplan.cost_model.expert_parallel import (ExpertWork, MoELayer, alltoall_seconds,
+                                               ep_groups, ep_segment, expert_share,
+                                               expert_work, model_states, moe_layers)
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.partial_grads import partial_grad_params
 from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, ddp_host_s, ddp_runs,
@@ -206,6 +207,16 @@ def _sm_share(events: Sequence[tuple[str, float]], group: tuple[int, ...], clust
     return _price(events, group, cluster) * UB_COMM_SMS / (sm_count - UB_COMM_SMS)
 
 
+def _expert_work(graph: CapturedGraph, layer: MoELayer | None, config: ParallelConfig,
+                 device: DeviceGroup) -> ExpertWork | None:
+    """The expert nodes' work as priced and as run (:func:`expert_work`), ``None`` without."""
+    if layer is None:
+        return None
+    return expert_work(graph, layer, tp=config.tp, sequence_parallel=config.sequence_parallel,
+                       microbatch=config.microbatch_size, device=device,
+                       placements=config.placements)
+
+
 def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster,
                  config: ParallelConfig,
                  optimizer: OptimizerSpec) -> StagePlan:
@@ -234,7 +245,8 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                          recompute=config.recompute, microbatch=config.microbatch_size,
                          device=device, placements=config.placements, cluster=cluster,
                          fp8=config.fp8),
-            moe.get(key), config.ep), config.cp, kv_bytes(attn.get(key), scale=scale, tp=tp),
+            moe.get(key), config.ep, _expert_work(graph, moe.get(key), config, device),
+            config.recompute), config.cp, kv_bytes(attn.get(key), scale=scale, tp=tp),
             config.recompute) for key, _ in keys[s][c]) for c in range(v))
         chunks.append(row)
         stage_params: dict[str, float] = {}
@@ -246,7 +258,8 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                 if key in moe:
                     a2a = alltoall_seconds(moe[key], scale=scale,
                                            tp=tp, ep_group=ep_group, cluster=cluster,
-                                           recompute_full=config.recompute == "full")
+                                           recompute_full=config.recompute == "full",
+                                           tp_group=tp_group)
                     f_c[1], b_c[1] = f_c[1] + a2a[0], b_c[1] + a2a[1]
                 if key in attn:
                     kv = layer_exchange(graph, key, group=cp_group(dp_group, config.cp), tp=tp,
@@ -266,7 +279,7 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
             forward[:3, s, c], backward[:3, s, c] = f_c, b_c
             stage_buckets.append(overlapped_buckets(
                 _buckets(segs, labels, stage_params, dp_group, cluster, config, optimizer,
-                         experts, edp_group),
+                         experts, edp_group, tp_group),
                 device.comm_overlap))
         params.append(stage_params)
         buckets.append(tuple(stage_buckets))
@@ -373,11 +386,14 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
 def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dict[str, float],
              dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
              optimizer: OptimizerSpec, experts: frozenset[str] = frozenset(),
-             edp_group: tuple[int, ...] = ()) -> tuple[tuple[float, float], ...]:
+             edp_group: tuple[int, ...] = (), tp_group: tuple[int, ...] = ()
+             ) -> tuple[tuple[float, float], ...]:
     """Gradient buckets of one chunk as ``(fraction of its last backward, seconds)``; also
     collects the chunk's parameters into ``stage_params`` (a layer's under its label, the
     others' — embeddings, head, possibly tied — under their canonical names). Under expert
-    parallelism the gradients of ``experts`` are reduced over their ``edp_group`` instead."""
+    parallelism the gradients of ``experts`` are reduced over their ``edp_group`` instead,
+    and with ``tp > 1`` summed over ``tp_group`` too (each tp rank's copy saw its share of
+    the rows: :mod:`fxplan.runtime.expert_tp`)."""
     total = sum(seg.backward_s + seg.recompute_s for seg in segs) or 1.0
     elapsed, out = 0.0, []
     kind = ("all_reduce" if config.zero_stage == 0 or _zero1_broadcasts(config)
@@ -397,6 +413,9 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
             if mine:
                 out.append((elapsed / total,
                             _collective(kind, optimizer.grad_bytes * mine, edp_group, cluster)))
+            if mine and len(tp_group) > 1:
+                out.append((elapsed / total, _collective(
+                    "all_reduce", optimizer.grad_bytes * mine, tp_group, cluster)))
     out += [(f, _collective(kind, nbytes, dp_group, cluster))
             for f, nbytes in ddp_buckets(dense, ddp_cap)]
     return tuple(sorted(out))

@@ -70,6 +70,7 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
     if method not in METHODS:
         raise CaptureError(f"capture method {method!r} is not one of {', '.join(METHODS)}")
     preferred = getattr(model, "capture_method", "auto")
+    built = not isinstance(model, torch.nn.Module)   # a bundle, built on meta here
     model, example, name = _model_and_inputs(model, inputs, batch, seq, dtype)
     if method == "auto":
         method = preferred
@@ -116,7 +117,8 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
     return CapturedGraph(gm=gm, params=params, blocks=blocks, leaf_modules=leaves,
                          inputs=shapes, name=name, dtype=dtype, unpriced_ops=run.unpriced,
                          layer_names=layer_names, capture_seconds=time.perf_counter() - start,
-                         method=method, method_note=note, block_method=block_method)
+                         method=method, method_note=note, block_method=block_method,
+                         module=model if built else None)
 
 
 def _symbolic(model: torch.nn.Module, example: Any, concrete_args: Mapping[str, Any] | None,

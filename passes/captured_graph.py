@@ -83,6 +83,10 @@ class CapturedGraph:
     block_method: str = "module hierarchy"
     memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False,
                                       compare=False)
+    #: The module a bundle was built into for the capture (on ``meta``: no weights), for the
+    #: checks that need its classes (``fxplan launch``'s expert-layer check builds no second
+    #: one); ``None`` for a module the caller gave (not kept alive by the graph).
+    module: torch.nn.Module | None = field(default=None, repr=False, compare=False)
 
     # --- nodes ---------------------------------------------------------------------------
 

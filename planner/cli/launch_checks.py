@@ -30,6 +30,8 @@ from fxplan.cli.run_config import SETTINGS, LaunchError, RunSettings, resolve_se
 from fxplan.cli.torchrun_command import needs_endpoint
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import Plan
 
@@ -60,26 +62,31 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     check_runnable(plan, cluster.device(0).kind)   # offload layout, fp8 on CPU
     from fxplan.runtime.expert_parallel import check_expert_parallel
 
-    check_expert_parallel(plan)                     # ep > 1 with tp > 1: not in the runtime
-    check_expert_model(model, plan)
+    check_expert_parallel(plan)                     # ep > 1 with tp > 1 under sp: not run
+    check_expert_model(model, plan, built=graph.module)   # the capture's meta build
     return plan, nnodes, nproc, cluster
 
 
-def check_expert_model(model: str, plan: "Plan") -> None:
+def check_expert_model(model: str, plan: "Plan", built: "torch.nn.Module | None" = None
+                       ) -> None:
     """For an ``ep > 1`` plan, refuse a model whose expert weights are in no layer the runtime
     can split, as the workers would refuse it
     (:func:`fxplan.runtime.expert_parallel.check_expert_layers`), before any process starts.
-    The model spec ``model`` is built on ``meta`` as the worker builds it (no weights are
-    allocated or initialised); an ``ep = 1`` plan is not built here."""
+    ``built``: the model already built on ``meta`` (the capture's,
+    :attr:`~fxplan.passes.captured_graph.CapturedGraph.module`); else the model spec ``model``
+    is built on ``meta`` as the worker builds it (no weights are allocated or initialised).
+    An ``ep = 1`` plan is not checked."""
     if plan.config.ep <= 1:
         return
-    from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.build import meta_parameters
     from fxplan.runtime.expert_parallel import check_expert_layers
 
-    bundle = resolve_model(model)
-    with meta_parameters():
-        built = bundle.build("cpu")
+    if built is None:
+        from fxplan.examples.model_spec import resolve_model
+        from fxplan.runtime.build import meta_parameters
+
+        bundle = resolve_model(model)
+        with meta_parameters():
+            built = bundle.build("cpu")
     check_expert_layers(built, plan)
 
 

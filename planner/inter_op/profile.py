@@ -41,7 +41,8 @@ import numpy as np
 
 from fxplan.cost_model.collectives import collective_time_s
 from fxplan.cost_model.context_parallel import cp_layers, cp_segment, kv_bytes, layer_exchange
-from fxplan.cost_model.expert_parallel import alltoall_seconds, ep_segment, moe_layers
+from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_segment, expert_work,
+                                               moe_layers)
 from fxplan.cost_model.layer_costs import SegmentCost, graph_segments, segment_cost
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -152,13 +153,16 @@ class ModelProfile:
         ep_ranks = tuple(group.first_rank + j * tp for j in range(ep))
         cp_ranks = tuple(group.first_rank + j * tp for j in range(cp))
         scale = mb / self.segments.batch
+        tp_ranks = tuple(range(group.first_rank, group.first_rank + tp))
         for key in dict.fromkeys(self.keys):
+            work = (expert_work(self.graph, moe[key], tp=tp, sequence_parallel=sp,
+                                microbatch=mb, device=group) if key in moe else None)
             c = ep_segment(self._segment(key, tp, sp, recompute, mb, fp8, group), moe.get(key),
-                           ep)
+                           ep, work, recompute)
             c = cp_segment(c, cp, kv_bytes(attn.get(key), scale=scale, tp=tp), recompute)
             a2a = (alltoall_seconds(moe[key], scale=scale, tp=tp,
                                     ep_group=ep_ranks, cluster=self.cluster,
-                                    recompute_full=recompute == "full")
+                                    recompute_full=recompute == "full", tp_group=tp_ranks)
                    if key in moe else (0.0, 0.0))
             kv = layer_exchange(self.graph, key, group=cp_ranks, tp=tp, sequence_parallel=sp,
                                 microbatch=mb, recompute=recompute, device=group,

@@ -15,7 +15,8 @@ microbatch size ``b`` (a divisor of ``batch/(dp/cp)`` up to :data:`MAX_MICROBATC
 for ``v ∈`` :data:`INTERLEAVE_CHUNKS` when ``m mod pp = 0`` and ``L ≥ pp·v``; no pipeline:
 ``1f1b`` only), recompute (:data:`~fxplan.core.config.RECOMPUTE_POLICIES`), sequence
 parallelism (``tp > 1``, ``tp | seq``), the ZeRO stage (0–3; 0 when ``dp = 1``) and, for a
-mixture of experts, the expert-parallel degree ``ep`` (``ep | dp``, ``ep | E``) and the
+mixture of experts, the expert-parallel degree ``ep`` (``ep | dp``, ``ep | E``; ``ep > 1``
+only with sequence parallelism off, the form the runtime runs beside tp) and the
 context-parallel degree ``cp`` (:func:`context_degrees`: ``cp | dp``, ``2·cp | seq``, and
 ``(dp/cp) | batch``; which of them the search offers a family is its bound,
 :mod:`fxplan.inter_op.context_bound`); the search fills in ``stage_layers`` (the partition).
@@ -146,7 +147,9 @@ def _options(family: Family, *, batch: int, layers: int, seq: int | None,
         for schedule in schedules:
             for recompute in RECOMPUTE_POLICIES:
                 for sp in sps:
-                    for ep in eps:
+                    # sequence parallelism with ep > 1: not in the runtime
+                    # (fxplan.runtime.expert_tp), so not offered
+                    for ep in (eps if not sp else (1,) if 1 in eps else ()):
                         yield ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=mb,
                                              num_microbatches=m, schedule=schedule,
                                              recompute=recompute, sequence_parallel=sp, ep=ep,

@@ -124,8 +124,8 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
     for block in _blocks(stage) if blocks is None else blocks:
-        replicate(block, mesh=dp_mesh, **_fsdp_policies(precision))
-    replicate(stage, mesh=dp_mesh, **_fsdp_policies(precision, root=True))
+        replicate(block, mesh=dp_mesh, **_fsdp_policies(precision), **extra)
+    replicate(stage, mesh=dp_mesh, **_fsdp_policies(precision, root=True), **extra)
     return stage
 
 

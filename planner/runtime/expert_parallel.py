@@ -68,8 +68,14 @@ a shared expert (Qwen2-MoE's gated ``shared_expert``) stay dense, under DDP/FSDP
 router-logit auxiliary loss ``transformers`` adds at the model level (``output_router_logits``)
 is, as under plain data parallelism, each replica's on its own tokens. A model with 3-D
 expert weights in neither form is refused before any collective
-(:func:`check_expert_layers`), as are ``tp > 1`` and the graph-rewrite path; the plan is still
-priced and exported.
+(:func:`check_expert_layers`), as are ``tp > 1`` with sequence parallelism and the
+graph-rewrite path; the plan is still priced and exported.
+
+**Tensor parallelism** (``tp > 1``, sequence parallelism off; :mod:`fxplan.runtime.expert_tp`):
+the ``tp`` ranks of a group hold the same tokens and route them alike; each dispatches its
+``1/tp`` chunk of the routed rows over its EP group (the ``ep`` ranks of its tp coordinate)
+and the outputs are all-gathered over tp before the combine, so no expert row is computed
+twice; :class:`ExpertGradSync` also sums the expert gradients over tp.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fxplan.runtime.expert_tp import chunk_bounds, gather_rows, split_rows
 from fxplan.runtime.offload import RuntimeSupportError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,14 +108,16 @@ STEPS = ("route", "capacity", "slots", "dispatch", "combine", "finish")
 
 def check_expert_parallel(plan: "Plan") -> None:
     """Raise :class:`RuntimeSupportError` for an ``ep > 1`` plan this runtime cannot run
-    (``tp > 1``), before any process starts."""
+    (``tp > 1`` with sequence parallelism: the tp ranks then hold different tokens, and the
+    routing would have to be gathered over tp as well), before any process starts."""
     ep = plan.config.ep
-    if ep > 1 and plan.tp > 1:
+    if ep > 1 and plan.tp > 1 and plan.sequence_parallel:
         raise RuntimeSupportError(
-            f"ep={ep} with tp={plan.tp}: fxplan's runtime runs expert parallelism without "
-            f"tensor parallelism only (the plan is priced, and exported by `fxplan export PLAN "
-            f"--to megatron|torchtitan|deepspeed`); re-plan with --constrain tp=1 (or ep=1) "
-            f"to train it here")
+            f"ep={ep} with tp={plan.tp} and sequence parallelism: fxplan's runtime runs expert "
+            f"parallelism beside tensor parallelism with a replicated residual stream only "
+            f"(the plan is priced, and exported by `fxplan export PLAN --to "
+            f"megatron|torchtitan|deepspeed`); re-plan with --constrain sp=off (or ep=1) to "
+            f"train it here")
 
 
 def refuse_graph_path(plan: "Plan", reason: str) -> None:
@@ -202,7 +211,7 @@ def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: 
 
     check_expert_layers(module, plan)
     sub = ep_mesh["edp", "ep"]
-    exchange = _Exchange(mesh["dp"], ep_mesh["ep"], plan.dp, context)
+    exchange = _Exchange(mesh["dp"], ep_mesh["ep"], plan.dp, ep_mesh["tp"], context)
     for layer in _expert_layers(module, plan.config.ep):
         routed = is_routed_experts(layer)
         holder = layer if routed else layer.experts
@@ -233,9 +242,12 @@ class _Exchange:
     output back (:meth:`run_experts`), the auxiliary loss's average over ``dp``."""
 
     def __init__(self, dp_mesh: "DeviceMesh", ep_mesh: "DeviceMesh", dp: int,
-                 context: Any = None) -> None:
+                 tp_mesh: "DeviceMesh", context: Any = None) -> None:
         self.dp, self.dp_group, self.dp_rank = dp, dp_mesh.get_group(), dp_mesh.get_local_rank()
         self.ep, self.ep_group = ep_mesh.size(), ep_mesh.get_group()
+        self.tp = tp_mesh.size()
+        self.tp_group = tp_mesh.get_group() if self.tp > 1 else None
+        self.tp_rank = tp_mesh.get_local_rank()
         self.context = context   # ContextParallel under cp > 1 (not imported: no cycle)
 
     def global_order(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -246,15 +258,29 @@ class _Exchange:
             return None
         return self.context.gathered_order(x.size(0), x.size(1), self.dp).to(x.device)
 
+    def run_experts(self, rows: torch.Tensor, expert: torch.Tensor, experts_n: int,
+                    compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                    ) -> torch.Tensor:
+        """The expert outputs ``[S, h']`` of the ``S`` routed ``rows`` (:meth:`_dispatch`);
+        with ``tp > 1`` this tp rank dispatches its chunk of them and the chunks' outputs are
+        all-gathered over tp (:mod:`fxplan.runtime.expert_tp`)."""
+        if self.tp_group is None:
+            return self._dispatch(rows, expert, experts_n, compute)
+        bounds = chunk_bounds(rows.size(0), self.tp)
+        lo, hi = bounds[self.tp_rank], bounds[self.tp_rank + 1]
+        mine = split_rows(rows, self.tp_rank, bounds, self.tp_group)
+        out = self._dispatch(mine, expert[lo:hi], experts_n, compute)
+        return gather_rows(out, self.tp_rank, bounds, self.tp_group)
+
     def gather(self, choice: torch.Tensor) -> torch.Tensor:
         """Every replica's ``[T, k]`` choices, in replica order: ``[dp·T, k]``."""
         from torch.distributed._functional_collectives import all_gather_tensor
 
         return _wait(all_gather_tensor(choice.contiguous(), 0, self.dp_group))
 
-    def run_experts(self, rows: torch.Tensor, expert: torch.Tensor, experts_n: int,
-                    compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-                    ) -> torch.Tensor:
+    def _dispatch(self, rows: torch.Tensor, expert: torch.Tensor, experts_n: int,
+                  compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                  ) -> torch.Tensor:
         """The expert outputs ``[S, h']`` of the ``S`` routed ``rows [S, h]`` (row ``a`` for
         expert ``expert[a]`` of ``experts_n``), in their order. EP rank ``j`` holds experts
         ``j·E_l … (j+1)·E_l − 1`` (``E_l = experts_n/ep``): the rows are sorted by the rank
@@ -313,22 +339,22 @@ def _batched_compute(experts: nn.Module, experts_n: int, rows: torch.Tensor,
                      local: torch.Tensor) -> torch.Tensor:
     """:class:`MoELayer`'s batched experts ``[E_l, C', h] → [E_l, C', h]`` on the received
     rows: row ``r`` goes to slot ``local[r]·C' + q_r`` (``q_r``: its rank among the rows of
-    its expert, ``C'`` the most rows any local expert received, at least 1); each expert's
+    its expert in arrival order, from a stable sort by expert; ``C'`` the most rows any local
+    expert received, at least 1); each expert's
     output row depends on its input row only, so the compact buffer gives the rows the
     capacity-sized one would (its empty slots are never read)."""
-    onehot = one_hot(local, experts_n)                                 # [R, E_l]
-    queue = ((onehot.cumsum(dim=0) - 1) * onehot).sum(dim=-1)          # [R]
-    width = max(1, int(onehot.sum(dim=0).max())) if rows.size(0) else 1
+    counts = torch.bincount(local, minlength=experts_n)                # [E_l]
+    width = max(1, int(counts.max())) if rows.size(0) else 1
+    by_expert = torch.sort(local, stable=True).indices                 # arrival order kept
+    start = counts.cumsum(dim=0) - counts                              # first row of each
+    rank = torch.arange(local.numel(), device=local.device) - start.index_select(
+        0, local.index_select(0, by_expert))
+    queue = torch.empty_like(local).scatter(0, by_expert, rank)        # [R]
     slot = local * width + queue
     buffer = rows.new_zeros(experts_n * width, rows.size(1)).index_copy(0, slot, rows)
     out = torch.func.functional_call(experts, _local_weights(experts, rows.dtype),
                                      (buffer.view(experts_n, width, rows.size(1)),))
     return out.reshape(experts_n * width, -1).index_select(0, slot)
-
-
-def one_hot(index: torch.Tensor, classes: int) -> torch.Tensor:
-    """``F.one_hot`` (int64) as a comparison with ``arange(classes)`` (no in-place fill)."""
-    return (index.unsqueeze(-1) == torch.arange(classes, device=index.device)).to(torch.int64)
 
 
 def _ep_forward(layer: Any, exchange: _Exchange, x: torch.Tensor) -> torch.Tensor:
@@ -399,11 +425,14 @@ def _local_experts(experts: nn.Module, local_n: int, rows: torch.Tensor,
 
 class ExpertGradSync:
     """After the backward: each expert gradient summed over its expert-data-parallel group
-    and divided by ``dp`` (module docstring: the one-process gradient)."""
+    and divided by ``dp`` (module docstring: the one-process gradient); with ``tp > 1`` also
+    summed over the tp ranks, each of whose copies saw one chunk of the routed rows
+    (:mod:`fxplan.runtime.expert_tp`)."""
 
     def __init__(self, params: Sequence[nn.Parameter], ep_mesh: "DeviceMesh", dp: int) -> None:
         self.params, self.dp = list(params), dp
-        self.group = ep_mesh["edp"].get_group() if ep_mesh["edp"].size() > 1 else None
+        self.groups = [ep_mesh[axis].get_group() for axis in ("edp", "tp")
+                       if ep_mesh[axis].size() > 1]
 
     def __call__(self) -> None:
         from torch.distributed.tensor import DTensor
@@ -412,8 +441,8 @@ class ExpertGradSync:
             if param.grad is None:   # no row reached this rank's experts: a zero gradient
                 param.grad = torch.zeros_like(param)
             grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
-            if self.group is not None:
-                dist.all_reduce(grad, group=self.group)
+            for group in self.groups:
+                dist.all_reduce(grad, group=group)
             grad.div_(self.dp)
 
 

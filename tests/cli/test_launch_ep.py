@@ -1,7 +1,8 @@
 """``fxplan launch`` of an expert-parallel plan: accepted and started like any plan (the
 runtime's numerics against one process are in tests/runtime/test_expert_parallel.py, on the
-rank pool, so no extra torchrun here); ep with tp > 1, and a model whose expert weights are in
-no layer the runtime can split, are refused before any process starts."""
+rank pool, so no extra torchrun here); ep with tp > 1 and sequence parallelism, and a model
+whose expert weights are in no layer the runtime can split, are refused before any process
+starts."""
 
 from __future__ import annotations
 
@@ -38,13 +39,25 @@ def test_ep_plan_launches(tmp_path, capsys) -> None:  # type: ignore[no-untyped-
     assert "torchrun" in out and "--nproc-per-node" in out and plan in out, out
 
 
-def test_ep_with_tensor_parallelism_is_refused_before_launch(  # type: ignore[no-untyped-def]
+def test_ep_with_tensor_parallelism_launches_and_sp_is_refused(  # type: ignore[no-untyped-def]
         tmp_path, capsys) -> None:
+    """tp > 1 beside ep > 1 runs (runtime.expert_tp) with sequence parallelism off: the search
+    offers no other, and a plan edited to sp=on is refused before any process starts."""
     plan = _plan(tmp_path, "ep2tp2", "dp=2,ep=2,tp=2", 4)
+    with open(plan) as handle:
+        data = json.load(handle)
+    assert data["degrees"]["ep"] == 2 and data["degrees"]["tp"] == 2 and "sp=off" in data["config"]
     capsys.readouterr()
-    assert main(["launch", plan, "--data", "synthetic", "--print-command"]) == 2
+    assert main(["launch", plan, "--data", "synthetic", "--print-command"]) == 0
+    assert "torchrun" in capsys.readouterr().out
+    for holder in (data, data["estimate"]):   # the plan and its estimate, edited alike
+        holder["config"] = holder["config"].replace("sp=off", "sp=on")
+    edited = tmp_path / "ep2tp2-sp.json"
+    edited.write_text(json.dumps(data))
+    assert main(["launch", str(edited), "--data", "synthetic", "--print-command"]) == 2
     err = capsys.readouterr().err
-    assert "ep=2 with tp=2" in err and "--constrain tp=1" in err and "Traceback" not in err
+    assert "ep=2 with tp=2 and sequence parallelism" in err and "--constrain sp=off" in err
+    assert "Traceback" not in err
 
 
 def test_unsplittable_experts_are_refused_before_launch(  # type: ignore[no-untyped-def]

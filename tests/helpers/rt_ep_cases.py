@@ -10,12 +10,13 @@ import torch
 import torch.distributed as dist
 
 from fxplan.core.config import ParallelConfig
-from fxplan.core.placements import PlacementMap
+from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan, StageAssignment
 from fxplan.examples.models.lm import lm_loss
 from fxplan.runtime.apply import apply_plan
 from torch.distributed.tensor import DTensor
 from rt_cases import LR, relative_error
+from rt_plans import param_placements
 
 SEQ, VOCAB = 16, 512
 #: capacity factor 0.5: every expert has room for half its fair share, so tokens are dropped
@@ -35,15 +36,21 @@ def build_moe(seed: int = 0, meta: bool = False) -> torch.nn.Module:
 
 
 def make_ep_plan(*, dp: int, ep: int, zero: int = 0, tp: int = 1, microbatch_size: int = 2,
-                 recompute: str = "none", cp: int = 1) -> Plan:
-    """``cp``: context parallelism too (the ``dp/cp`` replicas read ``dp/cp · mb`` samples)."""
+                 recompute: str = "none", sp: bool = False, cp: int = 1) -> Plan:
+    """An ``ep > 1`` plan for moe-tiny; ``tp > 1``: attention Megatron-style (QKV
+    column-parallel, projection row-parallel, embedding vocabulary-parallel), experts whole
+    (:mod:`fxplan.runtime.expert_tp`); ``sp``: sequence parallelism; ``cp``: context
+    parallelism too (the ``dp/cp`` replicas read ``dp/cp · mb`` samples)."""
     config = ParallelConfig(dp=dp, tp=tp, ep=ep, cp=cp, microbatch_size=microbatch_size,
-                            num_microbatches=1, zero_stage=zero, recompute=recompute)
+                            num_microbatches=1, zero_stage=zero, recompute=recompute,
+                            sequence_parallel=sp)
+    params = ({name: parse_placements(text) for name, text in
+               param_placements(build_moe(meta=True), tp).items()} if tp > 1 else {})
     return Plan(model=MODEL, cluster="local-cpu", graph_fingerprint="test",
                 cluster_fingerprint="test", batch=dp // cp * microbatch_size, seq=SEQ,
                 config=config,
                 stages=(StageAssignment(0, (0, 2), has_embedding=True, has_head=True),),
-                placements=PlacementMap(nodes={}, params={}))
+                placements=PlacementMap(nodes={}, params=params))
 
 
 def _batch(plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,7 +135,15 @@ def train_ep_matches_reference(plan_kwargs: dict[str, Any], steps: int = 3,
         aux=aux, dropped=ref["dropped"], missing=sorted(set(ref["params"]) - set(params)),
         expert_shapes={k: tuple(p.to_local().shape) for k, p in experts.items()},
         expert_global={k: tuple(p.shape) for k, p in experts.items()},
+        tp_split=tp_split_names(sharded),
         fallbacks=sharded.fallbacks, loaded_error=loaded_error)
+
+
+def tp_split_names(sharded: Any) -> list[str]:
+    """The parameters of ``sharded`` that are split over its ``tp`` mesh axis."""
+    return sorted(k for k, p in sharded.named_parameters().items()
+                  if isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ())
+                  and p.to_local().shape != p.shape)
 
 
 def _load_unsharded(path: str, saved: dict[str, torch.Tensor]) -> float:

@@ -136,7 +136,10 @@ def train_matches_reference(kind: str, plan_json: str, steps: int = 3, meta: boo
     experts = {k: (tuple(p.to_local().shape), tuple(p.shape))
                for k, p in sharded.named_parameters().items()
                if isinstance(p, DTensor) and "ep" in (p.device_mesh.mesh_dim_names or ())}
+    from rt_ep_cases import tp_split_names
+
     return dict(path=sharded.path, fallbacks=sharded.fallbacks, losses=losses, experts=experts,
+                tp_split=tp_split_names(sharded),
                 tied_equal=tied_equal, loads_back=loads_back,
                 missing_on_load=sorted(result.missing_keys),
                 ref_losses=ref_losses, missing=sorted(set(ref_params) - set(params)),

@@ -16,6 +16,9 @@ CASES = {
     "dp4_ep2_zero2": dict(dp=4, ep=2, zero=2, microbatch_size=1),
     "dp2_ep2_zero1_recompute": dict(dp=2, ep=2, zero=1, recompute="full"),
     "dp2_ep2_selective": dict(dp=2, ep=2, recompute="selective"),
+    # attention tensor-parallel, experts whole per EP rank, each tp rank its chunk of the rows
+    "dp2_ep2_tp2": dict(dp=2, ep=2, tp=2),
+    "dp2_ep2_tp2_zero3": dict(dp=2, ep=2, tp=2, zero=3),
 }
 
 
@@ -37,6 +40,10 @@ def test_expert_parallel_matches_single_process(rank_pool, name):
     assert len(experts_whole) == (kwargs.get("zero", 0) > 0), report["fallbacks"]
     as_full = [f for f in report["fallbacks"] if "selective recompute of a block" in f]
     assert len(as_full) == (kwargs.get("recompute") == "selective"), report["fallbacks"]
+    # tp > 1: the attention's QKV and projection are split over tp, the experts are not
+    split = {k.rpartition(".")[0].rpartition(".")[2] for k in report["tp_split"]}
+    assert split == ({"qkv", "proj", "wte"} if kwargs.get("tp", 1) > 1 else set()), \
+        report["tp_split"]
 
 
 def test_sharded_checkpoint_loads_into_the_unsharded_model(rank_pool, tmp_path):
@@ -48,13 +55,14 @@ def test_sharded_checkpoint_loads_into_the_unsharded_model(rank_pool, tmp_path):
     assert report["loaded_error"] == 0.0, report
 
 
-def test_tensor_parallel_with_experts_is_refused():
+def test_sequence_parallel_with_experts_is_refused():
     from rt_ep_cases import build_moe, make_ep_plan
 
     from fxplan.runtime.apply import apply_plan
 
-    plan = make_ep_plan(dp=2, ep=2, tp=2)
-    with pytest.raises(RuntimeSupportError, match="ep=2 with tp=2: .*--constrain tp=1"):
+    plan = make_ep_plan(dp=2, ep=2, tp=2, sp=True)
+    with pytest.raises(RuntimeSupportError, match="ep=2 with tp=2 and sequence parallelism: "
+                                                  ".*--constrain sp=off"):
         apply_plan(build_moe(), plan, None)
 
 

@@ -15,6 +15,8 @@ CASES = {
     "mixtral_dp2_ep2": ("mixtral", dict(dp=2, ep=2)),
     "mixtral_dp4_ep2": ("mixtral", dict(dp=4, ep=2, microbatch_size=1)),
     "qwen_moe_dp2_ep2_zero2": ("qwen-moe", dict(dp=2, ep=2, zero=2)),
+    # attention tensor-parallel (q/k/v/o projections), experts whole per EP rank
+    "mixtral_dp2_ep2_tp2": ("mixtral", dict(dp=2, ep=2, tp=2)),
 }
 
 
@@ -40,6 +42,9 @@ def test_hf_experts_train_like_one_process(rank_pool, name):
     assert set(report["experts"]) == names and len(names) == 2 * sparse, report["experts"]
     for local, whole in report["experts"].values():
         assert local[0] * kwargs["ep"] == whole[0] == 4 and local[1:] == whole[1:]
+    split = {k.rsplit(".", 2)[-2] for k in report["tp_split"]}   # tp > 1: attention only
+    assert split <= {"q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "lm_head"}, split
+    assert ({"q_proj", "o_proj"} <= split) == (kwargs.get("tp", 1) > 1), split
 
 
 def test_hf_mixtral_plain_data_parallel_runs_at_module_level(rank_pool):
