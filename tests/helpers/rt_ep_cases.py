@@ -18,6 +18,8 @@ from torch.distributed.tensor import DTensor
 from rt_cases import LR, relative_error
 
 SEQ, VOCAB = 16, 512
+#: SGD with momentum: the optimizer has a state (a buffer per parameter) whose layout is checked
+MOMENTUM = 0.9
 #: capacity factor 0.5: every expert has room for half its fair share, so tokens are dropped
 MODEL = f"moe-tiny:dropout=0,seq={SEQ},capacity_factor=0.5"
 
@@ -62,7 +64,7 @@ def _reference(plan: Plan, steps: int) -> dict[str, Any]:
     slots = layer.slots
     dropped: list[int] = []
     layer.slots = lambda c, cap: _count(slots(c, cap), dropped)  # type: ignore[method-assign]
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     losses, aux = [], []
     for step in range(steps):
         loss = lm_loss(model(tokens), targets)
@@ -98,7 +100,7 @@ def train_ep_matches_reference(plan_kwargs: dict[str, Any], steps: int = 3,
         return None
     experts = {k: p for k, p in sharded.named_parameters().items()
                if isinstance(p, DTensor) and "ep" in (p.device_mesh.mesh_dim_names or ())}
-    optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
+    optimizer = sharded.optimizer(torch.optim.SGD, lr=LR, momentum=MOMENTUM)
     losses, aux = [], []
     for step in range(steps):
         losses.append(float(sharded.train_step((tokens, targets), lm_loss)))
@@ -126,6 +128,8 @@ def train_ep_matches_reference(plan_kwargs: dict[str, Any], steps: int = 3,
         aux=aux, dropped=ref["dropped"], missing=sorted(set(ref["params"]) - set(params)),
         expert_shapes={k: tuple(p.to_local().shape) for k, p in experts.items()},
         expert_global={k: tuple(p.shape) for k, p in experts.items()},
+        expert_state={k: tuple(optimizer.state[p]["momentum_buffer"].to_local().shape)
+                      for k, p in experts.items()},
         fallbacks=sharded.fallbacks, loaded_error=loaded_error)
 
 
