@@ -319,6 +319,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
     the expert weights it shards are added to ``experts``."""
     from fxplan.runtime.expert_parallel import expert_params, recompute_policies, shard_experts
     from fxplan.runtime.expert_zero import shard_expert_states
+    from fxplan.runtime.router_aux import install_router_aux
     from torch.distributed.tensor.parallel import parallelize_module
 
     from fxplan.runtime.sharded_module import LocalStage
@@ -360,6 +361,9 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         if experts is not None:
             experts.extend(ignored)
         before_last = pipelined and k < len(plan.stages) - 1
+        # before _output_tensor: the router's auxiliary loss reads the model's router logits
+        install_router_aux(inner, mesh["dp"].get_group() if plan.dp > 1 else None, pipelined,
+                           fallbacks)
         inner.register_forward_hook(_boundary_output if before_last else _output_tensor)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks,
                                       precision=precision, ignored=set(ignored))
