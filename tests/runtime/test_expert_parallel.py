@@ -45,10 +45,13 @@ def test_expert_parallel_matches_single_process(rank_pool, name):
     assert len(as_full) == (kwargs.get("recompute") == "selective"), report["fallbacks"]
 
 
-def test_sharded_checkpoint_loads_into_the_unsharded_model(rank_pool, tmp_path):
+@pytest.mark.parametrize("kwargs", [dict(dp=2, ep=2), dict(dp=4, ep=2, zero=3, microbatch_size=1)],
+                         ids=["dp2_ep2", "dp4_ep2_zero3"])
+def test_sharded_checkpoint_loads_into_the_unsharded_model(rank_pool, tmp_path, kwargs):
     """Built on meta as the launch worker builds it (each rank materialises its experts from
-    the seeded builder), trained one step, saved sharded, loaded whole."""
-    report = rank_pool.run("rt_ep_cases:train_ep_matches_reference", plan_kwargs=dict(dp=2, ep=2),
+    the seeded builder), trained one step, saved sharded, loaded whole; with expert ZeRO-3
+    each rank saves 1/(dp/ep) of its experts."""
+    report = rank_pool.run("rt_ep_cases:train_ep_matches_reference", plan_kwargs=kwargs,
                            steps=1, checkpoint=str(tmp_path / "ckpt"), meta=True)[0]
     assert report["loss_error"] <= 1e-5 and report["param_error"] <= 1e-5, report
     assert report["loaded_error"] == 0.0, report
