@@ -12,7 +12,8 @@ gradient, as ``torch.nn.utils.clip_grad_norm_`` computes it in one process, then
 min(1, c / (‖g‖ + 1e-6))``. Sharded, each element must be counted exactly once:
 
 * a DTensor gradient contributes the sum of squares of its local shard, all-reduced over the
-  mesh dimensions on which it is ``Shard``-ed (tp shards, FSDP2's dp shards) and not over those
+  mesh dimensions on which it is ``Shard``-ed (tp shards, FSDP2's dp shards, expert ZeRO's edp
+  shards; ``_StridedShard`` included) and not over those
   on which it is ``Replicate``-d (a ``Partial`` gradient is first reduced to its parameter's
   placement);
 * a plain gradient (DDP, ZeRO-1) is the same on every dp rank: counted locally;
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from fxplan.runtime.data_parallel import make_optimizer
 
@@ -101,7 +103,9 @@ def global_grad_norm(sharded: "ShardedModule") -> torch.Tensor:
     for grad in _grads(sharded):
         if isinstance(grad, DTensor):
             local = grad.to_local()
-            dims = tuple(i for i, p in enumerate(grad.placements) if isinstance(p, Shard))
+            # _StridedShard (not a Shard): FSDP2's dp shard over a dim tp or ep splits too
+            dims = tuple(i for i, p in enumerate(grad.placements)
+                         if isinstance(p, (Shard, _StridedShard)))
             key = (grad.device_mesh, dims)
         else:
             local, key = grad, (None, ())

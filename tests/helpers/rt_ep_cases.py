@@ -14,6 +14,7 @@ from fxplan.core.placements import PlacementMap
 from fxplan.core.plan import Plan, StageAssignment
 from fxplan.examples.models.lm import lm_loss
 from fxplan.runtime.apply import apply_plan
+from fxplan.runtime.optim import global_grad_norm
 from torch.distributed.tensor import DTensor
 from rt_cases import LR, relative_error
 
@@ -57,7 +58,8 @@ def _moe_layers(model: torch.nn.Module) -> list[Any]:
 
 
 def _reference(plan: Plan, steps: int) -> dict[str, Any]:
-    """One process: losses, auxiliary losses of the first step, dropped assignments, params."""
+    """One process: losses, auxiliary losses and gradient norm of the first step, dropped
+    assignments, params."""
     model = build_moe()
     tokens, targets = _batch(plan)
     layer = _moe_layers(model)[0]
@@ -71,11 +73,13 @@ def _reference(plan: Plan, steps: int) -> dict[str, Any]:
         if step == 0:
             aux = [float(m.last_aux_loss) for m in _moe_layers(model)]
         loss.backward()
+        if step == 0:
+            norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    return dict(losses=losses, aux=aux, dropped=dropped[0], params=params)
+    return dict(losses=losses, aux=aux, dropped=dropped[0], params=params, norm=norm)
 
 
 def _count(result: tuple[torch.Tensor, torch.Tensor], into: list[int]
@@ -106,6 +110,7 @@ def train_ep_matches_reference(plan_kwargs: dict[str, Any], steps: int = 3,
         losses.append(float(sharded.train_step((tokens, targets), lm_loss)))
         if step == 0:
             aux = [float(m.last_aux_loss) for s in sharded.stages for m in _moe_layers(s.inner)]
+            norm = float(global_grad_norm(sharded))   # the experts' shards counted once each
         optimizer.step()
         optimizer.zero_grad()
     params = sharded.full_parameters()
@@ -125,7 +130,7 @@ def train_ep_matches_reference(plan_kwargs: dict[str, Any], steps: int = 3,
         loss_error=max(abs(a - b) / abs(b) for a, b in zip(losses, ref["losses"])),
         param_error=errors[worst], worst=worst,
         aux_error=max(abs(a - b) / abs(b) for a, b in zip(aux, ref["aux"])),
-        aux=aux, dropped=ref["dropped"], missing=sorted(set(ref["params"]) - set(params)),
+        aux=aux, dropped=ref["dropped"], norm_error=abs(norm - ref["norm"]) / ref["norm"], missing=sorted(set(ref["params"]) - set(params)),
         expert_shapes={k: tuple(p.to_local().shape) for k, p in experts.items()},
         expert_global={k: tuple(p.shape) for k, p in experts.items()},
         expert_state={k: tuple(optimizer.state[p]["momentum_buffer"].to_local().shape)

@@ -30,6 +30,7 @@ def test_expert_parallel_matches_single_process(rank_pool, name):
     assert report["dropped"] > 0, report            # the capacity drops assignments
     assert report["loss_error"] <= 1e-5, report
     assert report["aux_error"] <= 1e-5, report
+    assert report["norm_error"] <= 1e-5, report     # the trainer's clipping norm
     assert report["param_error"] <= 1e-5, report
     assert report["losses"][-1] < report["losses"][0]
     ep, edp = kwargs["ep"], kwargs["dp"] // kwargs["ep"]
