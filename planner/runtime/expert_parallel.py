@@ -52,8 +52,8 @@ expert-data-parallel group by FSDP2 on the ``(edp, ep)`` mesh
 (:mod:`fxplan.runtime.expert_zero`: its reduce-scatter gives the gradient above), else they
 are whole on each rank and :class:`ExpertGradSync` reduces them. The expert holders are
 called as modules (a :class:`MoELayer`'s ``experts`` through :func:`_batched_local`), so that
-FSDP2's hooks gather their weights first. Selective recompute of a block holding an expert-parallel layer runs as full
-recompute (:func:`recompute_policies`, a fallback line).
+FSDP2's hooks gather their weights first. Selective recompute of a block holding an
+expert-parallel layer runs as full recompute (:func:`recompute_policies`, a fallback line).
 
 **Which layers.** (1) A module with a child ``experts`` whose parameters are all 3-D with
 the same leading ``E`` (divisible by ``ep``) and the step methods ``route``, ``capacity``,

@@ -16,7 +16,7 @@ CASES = {
     "dp4_ep2": dict(dp=4, ep=2, microbatch_size=1),
     "dp4_ep2_zero1": dict(dp=4, ep=2, zero=1, microbatch_size=1),
     "dp4_ep2_zero2": dict(dp=4, ep=2, zero=2, microbatch_size=1),
-    "dp4_ep2_zero3": dict(dp=4, ep=2, zero=3, microbatch_size=1),
+    "dp4_ep2_zero3_recompute": dict(dp=4, ep=2, zero=3, microbatch_size=1, recompute="full"),
     "dp2_ep2_zero1_recompute": dict(dp=2, ep=2, zero=1, recompute="full"),
     "dp2_ep2_selective": dict(dp=2, ep=2, recompute="selective"),
 }
