@@ -138,9 +138,9 @@ def redistribute_host_s(collectives: int, device: DeviceGroup) -> float:
 
 def fsdp_params(config: ParallelConfig) -> bool:
     """Whether the runtime shards the parameters over dp with FSDP2: ZeRO-2/3, and ZeRO-1
-    with ``tp > 1`` (:mod:`fxplan.runtime.data_parallel`)."""
-    return config.dp > 1 and (config.zero_stage >= 2
-                              or (config.zero_stage == 1 and config.tp > 1))
+    with ``tp > 1`` or ``ep > 1`` (DTensor parameters: :mod:`fxplan.runtime.data_parallel`)."""
+    return config.dp > 1 and (config.zero_stage >= 2 or (
+        config.zero_stage == 1 and (config.tp > 1 or config.ep > 1)))
 
 
 def ddp_runs(config: ParallelConfig) -> bool:

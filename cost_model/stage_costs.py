@@ -170,7 +170,8 @@ def _optimizer_s(optimizer: OptimizerSpec, params: float, tensors: int, dtensor:
 def _zero1_broadcasts(config: ParallelConfig) -> bool:
     """ZeRO-1 as the runtime runs it without tensor parallelism: DDP all-reduces the gradients
     and ``ZeroRedundancyOptimizer`` broadcasts every parameter tensor from its owner after
-    the step (:mod:`fxplan.runtime.data_parallel`); with ``tp > 1`` it runs as FSDP2."""
+    the step (:mod:`fxplan.runtime.data_parallel`); with ``tp > 1`` or ``ep > 1`` it runs as
+    FSDP2."""
     return config.zero_stage == 1 and config.dp > 1 and not dtensor_params(config)
 
 
@@ -298,9 +299,9 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         # ZeRO ≥ 1: the others sharded over dp, the experts over their dp/ep replicas
         local = (psi - psi_e) / config.dp + psi_e * config.ep / config.dp \
             if config.zero_stage >= 1 else psi
-        # ZeRO-1 without FSDP (tp = 1: fsdp_params) steps only the tensors its rank owns
+        # ZeRO-1 without FSDP (tp = ep = 1: fsdp_params) steps only the tensors its rank owns
         # (ZeroRedundancyOptimizer).
-        owned = config.dp if config.zero_stage == 1 and config.tp == 1 else 1
+        owned = config.dp if _zero1_broadcasts(config) else 1
         tensors = -(-len(stage_params) // owned)
         # offloaded, the host runs the same per-tensor loop; its memory traffic is the offload
         # row's host step (cost_model.offload)

@@ -44,7 +44,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def loss_fn(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every position (integer targets), else mean squared error."""
+    """Mean cross-entropy over every position (integer targets), else mean squared error; the
+    runtime adds a Hugging Face MoE's router auxiliary loss (``router_aux_loss_coef · aux``,
+    when its config sets ``output_router_logits``: :mod:`fxplan.runtime.router_aux`)."""
     if targets.dtype.is_floating_point:
         return F.mse_loss(output, targets)
     return F.cross_entropy(output.reshape(-1, output.size(-1)), targets.reshape(-1))

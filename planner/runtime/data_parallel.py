@@ -55,10 +55,11 @@ def zero1_fallback(plan: "Plan") -> str | None:
     if plan.zero_stage != 1 or plan.dp == 1 or (plan.tp == 1 and plan.config.ep == 1):
         return None
     what = f"tp={plan.tp}" if plan.tp > 1 else f"ep={plan.config.ep}"
+    over = "dp" if plan.config.ep == 1 else "dp (the expert weights over their dp/ep ranks)"
     return (f"[data-parallel] ZeRO-1 with {what} runs as FSDP2 fully_shard("
-            "reshard_after_forward=False) over dp (ZeroRedundancyOptimizer cannot hold DTensor "
-            "parameters): gradients are reduce-scattered too; same values, less memory than "
-            "the plan's ZeRO-1 estimate")
+            f"reshard_after_forward=False) over {over} (ZeroRedundancyOptimizer cannot hold "
+            "DTensor parameters): gradients are reduce-scattered too; same values, less memory "
+            "than the plan's ZeRO-1 estimate")
 
 
 def fsdp_shard_dim(param: nn.Parameter) -> Any:
@@ -86,17 +87,16 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
     the module-level path passes the user's ``model.layers.N``). ``precision``: mixed
     precision (:mod:`fxplan.runtime.precision`): FSDP2's policy where FSDP2 wraps the stage,
     autocast around its forward otherwise (default: fp32). ``ignored``: parameters neither
-    wrapper touches (the expert weights of expert parallelism, reduced by
-    :class:`fxplan.runtime.expert_parallel.ExpertGradSync`)."""
+    wrapper touches (the expert weights of expert parallelism without expert ZeRO, reduced by
+    :class:`fxplan.runtime.expert_parallel.ExpertGradSync`; with it they are nested FSDP2
+    modules of their own group, :mod:`fxplan.runtime.expert_zero`, which the wrappers skip)."""
     precision = precision or Precision()
     if plan.dp == 1:
         return autocast_stage(stage, precision, mesh.device_type)
     dp_mesh = mesh["dp"]
     line = zero1_fallback(plan)
-    from fxplan.runtime.expert_parallel import experts_fallback
-
     extra = {"ignored_params": set(ignored)} if ignored else {}
-    for text in (line, offload_fallback(plan), experts_fallback(plan)):
+    for text in (line, offload_fallback(plan)):
         if text is not None:
             logger.warning("fxplan runtime fallback: %s", text)
             if fallbacks is not None and text not in fallbacks:

@@ -49,11 +49,14 @@ gradient; the reported ``last_aux_loss`` is that average (an all-reduce of one s
 
 **ZeRO.** ZeRO-0 runs the dense parameters under DDP, ZeRO-2/3 under FSDP2, ZeRO-1 as FSDP2
 without resharding (as with tp > 1; ``ZeroRedundancyOptimizer`` would broadcast one rank's
-experts over the others); the expert weights are ignored by both wrappers and held whole
-(``E/ep`` experts) with their gradients and optimizer state on each of the ``dp/ep``
-expert-data-parallel ranks — a fallback line for ZeRO ≥ 1 (the plan priced them sharded over
-``dp/ep``). Selective recompute of a block holding an expert-parallel layer runs as full
-recompute (:func:`recompute_policies`, a fallback line).
+experts over the others); both wrappers leave the expert weights alone. With ZeRO ≥ 1 and
+``dp/ep > 1`` the expert weights, their gradients and optimizer state are sharded over their
+expert-data-parallel group by FSDP2 on the ``(edp, ep)`` mesh
+(:mod:`fxplan.runtime.expert_zero`: its reduce-scatter gives the gradient above), else they
+are whole on each rank and :class:`ExpertGradSync` reduces them. The expert holders are
+called as modules (a :class:`MoELayer`'s ``experts`` through :func:`_batched_local`), so that
+FSDP2's hooks gather their weights first. Selective recompute of a block holding an
+expert-parallel layer runs as full recompute (:func:`recompute_policies`, a fallback line).
 
 **Which layers.** (1) A module with a child ``experts`` whose parameters are all 3-D with
 the same leading ``E`` (divisible by ``ep``) and the step methods ``route``, ``capacity``,
@@ -80,7 +83,6 @@ twice; :class:`ExpertGradSync` also sums the expert gradients over tp.
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -99,8 +101,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["check_expert_parallel", "check_expert_layers", "is_routed_experts", "expert_mesh", "shard_experts",
            "expert_params",
-           "ExpertGradSync", "recompute_policies",
-           "experts_fallback", "STEPS"]
+           "expert_holders", "ExpertGradSync", "recompute_policies", "STEPS"]
 
 #: The step methods an expert-parallel layer exposes (module docstring).
 STEPS = ("route", "capacity", "slots", "dispatch", "combine", "finish")
@@ -221,19 +222,28 @@ def shard_experts(module: nn.Module, plan: "Plan", mesh: "DeviceMesh", ep_mesh: 
             setattr(holder, name, nn.Parameter(local, requires_grad=param.requires_grad))
         layer.forward = functools.partial(  # type: ignore[method-assign]
             _routed_forward if routed else _ep_forward, layer, exchange)
+        if not routed:   # called as a module (expert ZeRO's hooks), computing on local experts
+            holder.forward = functools.partial(_batched_local, holder)  # type: ignore[method-assign]
+
+
+def expert_holders(module: nn.Module) -> list[nn.Module]:
+    """The modules whose own parameters are the expert weights :func:`shard_experts` sharded
+    in ``module`` (a :class:`MoELayer`'s ``experts``, a routed experts module), in module
+    order (the same on every rank)."""
+    out: list[nn.Module] = []
+    for layer in module.modules():
+        forward = layer.__dict__.get("forward")
+        if isinstance(forward, functools.partial) and forward.func is _ep_forward:
+            out.append(layer.experts)
+        elif isinstance(forward, functools.partial) and forward.func is _routed_forward:
+            out.append(layer)
+    return out
 
 
 def expert_params(module: nn.Module) -> list[nn.Parameter]:
     """The expert weights :func:`shard_experts` sharded in ``module``, in module order (the
     same on every rank: :class:`ExpertGradSync` reduces their gradients in that order)."""
-    out: list[nn.Parameter] = []
-    for layer in module.modules():
-        forward = layer.__dict__.get("forward")
-        if isinstance(forward, functools.partial) and forward.func is _ep_forward:
-            out.extend(layer.experts.parameters(recurse=False))
-        elif isinstance(forward, functools.partial) and forward.func is _routed_forward:
-            out.extend(layer.parameters(recurse=False))
-    return out
+    return [p for holder in expert_holders(module) for p in holder.parameters(recurse=False)]
 
 
 class _Exchange:
@@ -352,9 +362,26 @@ def _batched_compute(experts: nn.Module, experts_n: int, rows: torch.Tensor,
     queue = torch.empty_like(local).scatter(0, by_expert, rank)        # [R]
     slot = local * width + queue
     buffer = rows.new_zeros(experts_n * width, rows.size(1)).index_copy(0, slot, rows)
-    out = torch.func.functional_call(experts, _local_weights(experts, rows.dtype),
-                                     (buffer.view(experts_n, width, rows.size(1)),))
+    out = experts(buffer.view(experts_n, width, rows.size(1)))   # hooks: expert ZeRO's gathers
     return out.reshape(experts_n * width, -1).index_select(0, slot)
+
+
+def _on_local(experts: nn.Module, dtype: torch.dtype | None = None, **attrs: Any) -> nn.Module:
+    """A shallow copy of ``experts`` holding this rank's local tensors of its parameters (its
+    ``E/ep`` experts; after expert ZeRO's all-gather, the gathered ones) and ``attrs``, whose
+    class forward computes on them (the copy has no hooks and no forward override)."""
+    shadow = object.__new__(type(experts))   # not copy.copy: an FSDP2 module's __new__ inits
+    shadow.__dict__.update(experts.__dict__)
+    shadow.__dict__.pop("forward", None)
+    shadow.__dict__["_parameters"] = _local_weights(experts, dtype)
+    shadow.__dict__.update(attrs)
+    return shadow
+
+
+def _batched_local(experts: nn.Module, buffer: torch.Tensor) -> torch.Tensor:
+    """The forward of :class:`MoELayer`'s batched experts under expert parallelism: the
+    class's own forward on this rank's ``E/ep`` experts (``buffer [E/ep, C', h]``)."""
+    return type(experts).forward(_on_local(experts, buffer.dtype), buffer)
 
 
 def _ep_forward(layer: Any, exchange: _Exchange, x: torch.Tensor) -> torch.Tensor:
@@ -415,12 +442,14 @@ def _local_experts(experts: nn.Module, local_n: int, rows: torch.Tensor,
     """The class's own forward on a shallow copy of ``experts`` holding this rank's
     ``local_n`` experts (their local tensors; ``num_experts = local_n``), each row with one
     choice ``local[r]`` of weight 1."""
-    shadow = copy.copy(experts)
-    shadow.__dict__.pop("forward", None)
-    shadow.__dict__["_parameters"] = _local_weights(experts)
-    shadow.__dict__["num_experts"] = local_n
+    shadow = _on_local(experts, num_experts=local_n)
     ones = torch.ones(rows.size(0), 1, dtype=rows.dtype, device=rows.device)
-    return type(experts).forward(shadow, rows, local.unsqueeze(1), ones)
+    out = type(experts).forward(shadow, rows, local.unsqueeze(1), ones)
+    if rows.size(0) == 0:   # no row here: still a (zero) gradient for each weight, so the
+        # expert-data-parallel reduction (ExpertGradSync, expert ZeRO's reduce-scatter) that
+        # every rank of the group joins finds one on each (an eager loop touches no weight)
+        out = out + sum(w.sum() for w in shadow.__dict__["_parameters"].values()) * 0
+    return out
 
 
 class ExpertGradSync:
@@ -465,14 +494,3 @@ def recompute_policies(blocks: Sequence[nn.Module], policies: Sequence[str],
                 logger.warning("fxplan runtime fallback: %s", line)
                 fallbacks.append(line)
     return out
-
-
-def experts_fallback(plan: "Plan") -> str | None:
-    """The fallback line for ZeRO ≥ 1 with ``ep > 1`` (experts not ZeRO-sharded), else None."""
-    ep = plan.config.ep
-    if ep == 1 or plan.zero_stage == 0 or plan.dp == 1:
-        return None
-    return (f"[expert-parallel] ZeRO-{plan.zero_stage} with ep={ep}: the expert weights, "
-            f"their gradients and optimizer state are held whole ({'E'}/{ep} experts per rank) "
-            f"on each of the {plan.dp // ep} expert-data-parallel ranks, not sharded over them "
-            "as planned; the other parameters follow the plan's ZeRO over dp")

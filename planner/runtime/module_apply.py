@@ -318,6 +318,8 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
     ``ep_mesh``: expert parallelism's mesh (:func:`fxplan.runtime.expert_parallel.expert_mesh`);
     the expert weights it shards are added to ``experts``."""
     from fxplan.runtime.expert_parallel import expert_params, recompute_policies, shard_experts
+    from fxplan.runtime.expert_zero import shard_expert_states
+    from fxplan.runtime.router_aux import install_router_aux
     from torch.distributed.tensor.parallel import parallelize_module
 
     from fxplan.runtime.sharded_module import LocalStage
@@ -350,13 +352,18 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             materialize(inner, names, device, values)
         if context is not None:  # before recompute: a recomputed block re-enters the CP attention
             install(context, inner, blocks)
-        ignored = expert_params(inner)   # after materialize: the parameters that train
+        held = expert_params(inner)   # after materialize: the parameters that train
+        policies = [plan.recompute(first_block + i) for i in range(len(blocks))]
+        apply_recompute(blocks, recompute_policies(blocks, policies, fallbacks) if held
+                        else policies)
+        # expert ZeRO: FSDP2 over edp reduces them; else ExpertGradSync, DDP/FSDP ignore them
+        ignored = [] if shard_expert_states(inner, plan, precision) else held
         if experts is not None:
             experts.extend(ignored)
-        policies = [plan.recompute(first_block + i) for i in range(len(blocks))]
-        apply_recompute(blocks, recompute_policies(blocks, policies, fallbacks) if ignored
-                        else policies)
         before_last = pipelined and k < len(plan.stages) - 1
+        # before _output_tensor: the router's auxiliary loss reads the model's router logits
+        install_router_aux(inner, mesh["dp"].get_group() if plan.dp > 1 else None, pipelined,
+                           fallbacks)
         inner.register_forward_hook(_boundary_output if before_last else _output_tensor)
         wrapped = apply_data_parallel(inner, plan, mesh, fallbacks, blocks=blocks,
                                       precision=precision, ignored=set(ignored))

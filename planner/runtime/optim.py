@@ -12,7 +12,8 @@ gradient, as ``torch.nn.utils.clip_grad_norm_`` computes it in one process, then
 min(1, c / (‖g‖ + 1e-6))``. Sharded, each element must be counted exactly once:
 
 * a DTensor gradient contributes the sum of squares of its local shard, all-reduced over the
-  mesh dimensions on which it is ``Shard``-ed (tp shards, FSDP2's dp shards) and not over those
+  mesh dimensions on which it is ``Shard``-ed (tp shards, FSDP2's dp shards, expert ZeRO's edp
+  shards; ``_StridedShard`` included) and not over those
   on which it is ``Replicate``-d (a ``Partial`` gradient is first reduced to its parameter's
   placement);
 * a plain gradient (DDP, ZeRO-1) is the same on every dp rank: counted locally;
@@ -102,7 +103,8 @@ def global_grad_norm(sharded: "ShardedModule") -> torch.Tensor:
     for grad in _grads(sharded):
         if isinstance(grad, DTensor):
             local = grad.to_local()
-            # _StridedShard (head-parallel fused QKV rows) is not a Shard subclass in torch 2.13
+            # _StridedShard is not a Shard subclass in torch 2.13: head-parallel fused QKV rows,
+            # and FSDP2's dp shard over a dim tp or ep splits too
             dims = tuple(i for i, p in enumerate(grad.placements)
                          if isinstance(p, (Shard, _StridedShard)))
             key = (grad.device_mesh, dims)

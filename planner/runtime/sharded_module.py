@@ -11,7 +11,10 @@ CP group's slice ``[g·B/R, (g+1)·B/R)``, ``R = dp/cp``, and this rank's chunks
 gradient-accumulation loop, :mod:`fxplan.runtime.accumulate`, instead of a schedule), sums the
 gradients of weights shared
 between pipeline ranks, and returns the mean loss ``L = (1/dp) Σ_d (1/m) Σ_j loss(mb_j^d)`` — equal
-to ``loss_fn`` over the global batch when ``loss_fn`` is a mean. The caller steps the optimizer
+to ``loss_fn`` over the global batch when ``loss_fn`` is a mean. For a Hugging Face mixture of
+experts whose config sets ``output_router_logits``, ``loss`` is ``loss_fn + coef · aux``, the
+router's auxiliary loss from the global routing (:mod:`fxplan.runtime.router_aux`), as
+``transformers`` trains it. The caller steps the optimizer
 from :meth:`optimizer`.
 
 :attr:`path` says how the plan was applied: ``module`` (the user's own module with
@@ -39,6 +42,7 @@ from torch.distributed.tensor import DTensor
 
 from fxplan.runtime.accumulate import accumulate_microbatches
 from fxplan.runtime.data_parallel import make_optimizer
+from fxplan.runtime.router_aux import with_router_aux
 from fxplan.runtime.mesh import gather_merged
 from fxplan.runtime.pipeline import build_schedule
 from fxplan.runtime.tied import TiedGradSync
@@ -174,6 +178,7 @@ class ShardedModule:
         that run neither the first nor the last stage may then pass ``((), None)``."""
         inputs, targets = batch
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        loss_fn = with_router_aux(loss_fn, [s.inner for s in self.stages])   # HF MoE: + coef·aux
         move = (lambda x: x.to(self.device)) if local else self._local
         place = lambda x: self._sequence(move(x))  # noqa: E731
         args = tuple(place(x) for x in inputs) if self.is_first else ()

@@ -14,11 +14,14 @@ from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan, StageAssignment
 from fxplan.examples.models.lm import lm_loss
 from fxplan.runtime.apply import apply_plan
+from fxplan.runtime.optim import global_grad_norm
 from torch.distributed.tensor import DTensor
 from rt_cases import LR, relative_error
 from rt_plans import param_placements
 
 SEQ, VOCAB = 16, 512
+#: SGD with momentum: the optimizer has a state (a buffer per parameter) whose layout is checked
+MOMENTUM = 0.9
 #: capacity factor 0.5: every expert has room for half its fair share, so tokens are dropped
 MODEL = f"moe-tiny:dropout=0,seq={SEQ},capacity_factor=0.5"
 
@@ -64,25 +67,28 @@ def _moe_layers(model: torch.nn.Module) -> list[Any]:
 
 
 def _reference(plan: Plan, steps: int) -> dict[str, Any]:
-    """One process: losses, auxiliary losses of the first step, dropped assignments, params."""
+    """One process: losses, auxiliary losses and gradient norm of the first step, dropped
+    assignments, params."""
     model = build_moe()
     tokens, targets = _batch(plan)
     layer = _moe_layers(model)[0]
     slots = layer.slots
     dropped: list[int] = []
     layer.slots = lambda c, cap: _count(slots(c, cap), dropped)  # type: ignore[method-assign]
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     losses, aux = [], []
     for step in range(steps):
         loss = lm_loss(model(tokens), targets)
         if step == 0:
             aux = [float(m.last_aux_loss) for m in _moe_layers(model)]
         loss.backward()
+        if step == 0:
+            norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    return dict(losses=losses, aux=aux, dropped=dropped[0], params=params)
+    return dict(losses=losses, aux=aux, dropped=dropped[0], params=params, norm=norm)
 
 
 def _count(result: tuple[torch.Tensor, torch.Tensor], into: list[int]
@@ -107,12 +113,13 @@ def train_ep_matches_reference(plan_kwargs: dict[str, Any], steps: int = 3,
         return None
     experts = {k: p for k, p in sharded.named_parameters().items()
                if isinstance(p, DTensor) and "ep" in (p.device_mesh.mesh_dim_names or ())}
-    optimizer = sharded.optimizer(torch.optim.SGD, lr=LR)
+    optimizer = sharded.optimizer(torch.optim.SGD, lr=LR, momentum=MOMENTUM)
     losses, aux = [], []
     for step in range(steps):
         losses.append(float(sharded.train_step((tokens, targets), lm_loss)))
         if step == 0:
             aux = [float(m.last_aux_loss) for s in sharded.stages for m in _moe_layers(s.inner)]
+            norm = float(global_grad_norm(sharded))   # the experts' shards counted once each
         optimizer.step()
         optimizer.zero_grad()
     params = sharded.full_parameters()
@@ -132,10 +139,12 @@ def train_ep_matches_reference(plan_kwargs: dict[str, Any], steps: int = 3,
         loss_error=max(abs(a - b) / abs(b) for a, b in zip(losses, ref["losses"])),
         param_error=errors[worst], worst=worst,
         aux_error=max(abs(a - b) / abs(b) for a, b in zip(aux, ref["aux"])),
-        aux=aux, dropped=ref["dropped"], missing=sorted(set(ref["params"]) - set(params)),
+        aux=aux, dropped=ref["dropped"], norm_error=abs(norm - ref["norm"]) / ref["norm"], missing=sorted(set(ref["params"]) - set(params)),
         expert_shapes={k: tuple(p.to_local().shape) for k, p in experts.items()},
         expert_global={k: tuple(p.shape) for k, p in experts.items()},
         tp_split=tp_split_names(sharded),
+        expert_state={k: tuple(optimizer.state[p]["momentum_buffer"].to_local().shape)
+                      for k, p in experts.items()},
         fallbacks=sharded.fallbacks, loaded_error=loaded_error)
 
 

@@ -37,9 +37,13 @@ QWEN_MOE = ("hf:qwen2_moe:num_hidden_layers=2,hidden_size=32,intermediate_size=6
             "moe_intermediate_size=24,shared_expert_intermediate_size=32,num_attention_heads=4,"
             "num_key_value_heads=2,num_experts=4,num_experts_per_tok=2,vocab_size=64,"
             "max_position_embeddings=16,decoder_sparse_step=2")
+#: Mixtral with the router's auxiliary loss in its training loss (``output_router_logits``;
+#: a coefficient large enough that leaving it out, or computing it per replica, shows)
+MIXTRAL_AUX = MIXTRAL + ",output_router_logits=True,router_aux_loss_coef=0.1"
 #: The model spec of each kind of test model.
 SPECS = {"llama": LLAMA, "llama-tied": LLAMA_TIED, "encoder": ENCODER,
-         "encoder-wide": ENCODER_WIDE, "mixtral": MIXTRAL, "qwen-moe": QWEN_MOE}
+         "encoder-wide": ENCODER_WIDE, "mixtral": MIXTRAL, "qwen-moe": QWEN_MOE,
+         "mixtral-aux": MIXTRAL_AUX}
 VOCAB = 64
 
 _MEGATRON = {"q_proj": "S(0)", "k_proj": "S(0)", "v_proj": "S(0)", "o_proj": "S(1)",
@@ -93,13 +97,17 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def reference(kind: str, plan: Plan, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Losses and parameters of one process after ``steps`` SGD steps."""
+    """Losses and parameters of one process after ``steps`` SGD steps (with the router's
+    auxiliary loss ``transformers`` returns, ``coef · aux_loss``, when the model has one)."""
     model = build(kind)
     tokens, targets = batch(plan)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for _ in range(steps):
-        loss = lm_loss(model_output(model(tokens)), targets)
+        out = model(tokens)
+        loss = lm_loss(model_output(out), targets)
+        if getattr(out, "aux_loss", None) is not None:
+            loss = loss + model.router_aux_loss_coef * out.aux_loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

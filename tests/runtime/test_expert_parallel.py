@@ -1,7 +1,8 @@
 """Expert parallelism trains like one process: moe-tiny (4 experts, top-2, capacity factor 0.5
 so that tokens are dropped) for 3 SGD steps in fp32 under dp·ep plans on 4 pooled gloo ranks;
 losses, the first step's auxiliary losses and every parameter (gathered) within a relative
-1e-5 of the single-process model, each rank holding E/ep experts."""
+1e-5 of the single-process model, each rank holding E/ep experts (with ZeRO ≥ 1, 1/(dp/ep) of
+them: expert ZeRO, weights and optimizer state)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from fxplan.runtime.offload import RuntimeSupportError
 CASES = {
     "dp2_ep2": dict(dp=2, ep=2),
     "dp4_ep2": dict(dp=4, ep=2, microbatch_size=1),
+    "dp4_ep2_zero1": dict(dp=4, ep=2, zero=1, microbatch_size=1),
     "dp4_ep2_zero2": dict(dp=4, ep=2, zero=2, microbatch_size=1),
+    "dp4_ep2_zero3_recompute": dict(dp=4, ep=2, zero=3, microbatch_size=1, recompute="full"),
     "dp2_ep2_zero1_recompute": dict(dp=2, ep=2, zero=1, recompute="full"),
     "dp2_ep2_selective": dict(dp=2, ep=2, recompute="selective"),
     # attention tensor-parallel, experts whole per EP rank, each tp rank its chunk of the rows
@@ -30,14 +33,18 @@ def test_expert_parallel_matches_single_process(rank_pool, name):
     assert report["dropped"] > 0, report            # the capacity drops assignments
     assert report["loss_error"] <= 1e-5, report
     assert report["aux_error"] <= 1e-5, report
+    assert report["norm_error"] <= 1e-5, report     # the trainer's clipping norm
     assert report["param_error"] <= 1e-5, report
     assert report["losses"][-1] < report["losses"][0]
-    ep = kwargs["ep"]
+    ep, edp = kwargs["ep"], kwargs["dp"] // kwargs["ep"]
+    # expert ZeRO: with ZeRO ≥ 1 each of the dp/ep ranks holding the same experts keeps 1/edp
+    sharded = edp if kwargs.get("zero", 0) > 0 else 1
     assert len(report["expert_shapes"]) == 4 * 2, report   # w1 b1 w2 b2 in 2 MoE layers
     for key, shape in report["expert_shapes"].items():
-        assert shape[0] * ep == report["expert_global"][key][0] == 4, (key, shape)
-    experts_whole = [f for f in report["fallbacks"] if f.startswith("[expert-parallel] ZeRO")]
-    assert len(experts_whole) == (kwargs.get("zero", 0) > 0), report["fallbacks"]
+        assert shape[0] * ep * sharded == report["expert_global"][key][0] == 4, (key, shape)
+    assert report["expert_state"] == report["expert_shapes"], report   # SGD momentum buffers
+    assert not [f for f in report["fallbacks"] if f.startswith("[expert-parallel] ZeRO")], \
+        report["fallbacks"]
     as_full = [f for f in report["fallbacks"] if "selective recompute of a block" in f]
     assert len(as_full) == (kwargs.get("recompute") == "selective"), report["fallbacks"]
     # tp > 1: the attention's QKV and projection are split over tp, the experts are not
@@ -46,10 +53,13 @@ def test_expert_parallel_matches_single_process(rank_pool, name):
         report["tp_split"]
 
 
-def test_sharded_checkpoint_loads_into_the_unsharded_model(rank_pool, tmp_path):
+@pytest.mark.parametrize("kwargs", [dict(dp=2, ep=2), dict(dp=4, ep=2, zero=3, microbatch_size=1)],
+                         ids=["dp2_ep2", "dp4_ep2_zero3"])
+def test_sharded_checkpoint_loads_into_the_unsharded_model(rank_pool, tmp_path, kwargs):
     """Built on meta as the launch worker builds it (each rank materialises its experts from
-    the seeded builder), trained one step, saved sharded, loaded whole."""
-    report = rank_pool.run("rt_ep_cases:train_ep_matches_reference", plan_kwargs=dict(dp=2, ep=2),
+    the seeded builder), trained one step, saved sharded, loaded whole; with expert ZeRO-3
+    each rank saves 1/(dp/ep) of its experts."""
+    report = rank_pool.run("rt_ep_cases:train_ep_matches_reference", plan_kwargs=kwargs,
                            steps=1, checkpoint=str(tmp_path / "ckpt"), meta=True)[0]
     assert report["loss_error"] <= 1e-5 and report["param_error"] <= 1e-5, report
     assert report["loaded_error"] == 0.0, report
