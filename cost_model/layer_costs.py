@@ -24,9 +24,7 @@ replicated ops run on ``1/t`` of the sequence too):
   (sequence parallel: reduce-scatter, plus an all-gather of each column-parallel input);
   under ``fp8`` the linear layers' products are priced by :mod:`cost_model.fp8` instead;
   backward — all-reduce of each column-parallel input gradient (sequence parallel:
-  reduce-scatter, plus an all-gather of each row-parallel output gradient); outside the
-  layers, a column-parallel head's output is all-gathered forward (the loss takes it whole)
-  (``_tp_collectives``);
+  reduce-scatter, plus an all-gather of each row-parallel output gradient; ``_tp_collectives``);
   full recompute repeats the forward ones. With sequence parallelism
   each collective of a linear layer also carries the seconds of the GEMM it can be pipelined
   with (``tp_forward_gemm_s``, ``tp_backward_gemm_s``, 0 for the others): the layer's forward
@@ -284,7 +282,6 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
         elif tp > 1:
             n_fwd, n_bwd = len(tp_fwd), len(tp_bwd)
             _tp_collectives(graph, name, layout, scale, sp, tp_fwd, tp_bwd,
-                            outside=key in ("pre", "post"),
                             # userbuffers serve the layers' linears, not the embedding or head
                             held=(sm_fwd, sm_bwd) if key not in ("pre", "post") else None)
             # the GEMM each sequence-parallel collective can pipeline with: the node's forward
@@ -373,22 +370,23 @@ def _edge_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: 
 
 def _tp_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: float, sp: bool,
                     fwd: list[tuple[str, float]], bwd: list[tuple[str, float]],
-                    outside: bool = False,
                     held: tuple[list[tuple[str, float]], list[tuple[str, float]]] | None = None
                     ) -> None:
     """Append the tp collectives node ``name`` implies (module docstring); under sequence
     parallelism also, to ``held`` (forward, backward), those Transformer Engine's userbuffers
-    run on SMs when overlapped (module docstring: ``tp_sm_forward``). ``outside``: the node
-    is outside the layers (embedding, head).
+    run on SMs when overlapped (module docstring: ``tp_sm_forward``).
 
-    Two collectives follow the runtime (:mod:`fxplan.runtime.tp_styles`, measured with
-    ``benchmarks/dtensor_comm_counts.py``): a column-parallel linear outside the layers (the
-    LM head) hands the loss a whole output, ``ColwiseParallel(output_layouts=Replicate())``:
-    one forward all-gather of its output. Under sp a replicated embedding looked up with
-    constant indices (GPT's positions) costs no collective: each tp rank looks up its own
-    positions (``runtime.tp_positions.PositionShard``) and the table's partial gradient joins
-    the replicated parameters' all-reduce (:mod:`cost_model.partial_grads`). A column-parallel input gathered under sp is saved gathered (the gather is
-    a ``PrepareModuleInput`` before the module), so the weight gradient gathers nothing again."""
+    The collectives follow the runtime (:mod:`fxplan.runtime.tp_styles`, measured with
+    ``benchmarks/dtensor_comm_counts.py``) but for one: the runtime hands the loss the LM
+    head's whole output (``ColwiseParallel(output_layouts=Replicate())``, one forward
+    all-gather), which is not priced here, so that this default layout prices what the
+    intra-op solver's layout does (the loss vocabulary-parallel, as Megatron computes it).
+    Under sp a replicated embedding looked up with constant indices (GPT's positions) costs
+    no collective: each tp rank looks up its own positions
+    (``runtime.tp_positions.PositionShard``) and the table's partial gradient joins the
+    replicated parameters' all-reduce (:mod:`cost_model.partial_grads`). A column-parallel
+    input gathered under sp is saved gathered (the gather is a ``PrepareModuleInput`` before
+    the module), so the weight gradient gathers nothing again."""
     infos = graph.infos_by_name
     out_bytes = tensor_bytes(infos[name]) * scale
     if name in layout.row or name in layout.vocab:
@@ -405,7 +403,5 @@ def _tp_collectives(graph: CapturedGraph, name: str, layout: TPLayout, scale: fl
             if held is not None:   # TE "bulk": gather the input, scatter its gradient
                 held[1].extend((("all_gather", in_bytes), ("reduce_scatter", in_bytes)))
         bwd.append(("reduce_scatter" if sp else "all_reduce", in_bytes))
-        if outside:   # the head's output, gathered whole for the loss
-            fwd.append(("all_gather", out_bytes))
     elif name in layout.gathers:
         fwd.append(("all_gather", out_bytes))
