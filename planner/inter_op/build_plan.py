@@ -12,11 +12,14 @@ that was estimated.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 from fxplan.core.config import ParallelConfig
+from fxplan.core.placements import PlacementMap, Replicate
 from fxplan.core.plan import MESH_AXES, Plan, StageAssignment
 from fxplan.cost_model.estimate import Estimate
+from fxplan.cost_model.expert_parallel import moe_layers
 from fxplan.cost_model.memory import GIB
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.cost_model.stage_costs import stage_ranks
@@ -27,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["build_plan", "estimate_summary", "stage_groups"]
+__all__ = ["build_plan", "estimate_summary", "experts_whole_over_tp", "stage_groups"]
 
 
 def estimate_summary(c: ParallelConfig, est: Estimate,
@@ -101,8 +104,27 @@ def build_plan(graph: CapturedGraph, cluster: Cluster, *, model: str, batch: int
     return Plan(
         model=model, cluster=cluster.name, graph_fingerprint=graph.fingerprint(),
         cluster_fingerprint=cluster.fingerprint(), batch=batch, seq=est.seq, config=config,
-        placements=placements.placements, axis_levels=_axis_levels(cluster, config),
+        placements=experts_whole_over_tp(graph, config, placements.placements),
+        axis_levels=_axis_levels(cluster, config),
         stages=_stages(config), estimate=summary, solver=placements.solver,
         search_time_s=search_time_s, runners_up=tuple(_runner(r, est) for r in runners_up),
         pruned=tuple(str(r) for r in pruned), pruned_detail=tuple(r.detail() for r in pruned),
         fallbacks=tuple(fallbacks), timings=timings)
+
+
+def experts_whole_over_tp(graph: CapturedGraph, config: ParallelConfig,
+                          placements: PlacementMap) -> PlacementMap:
+    """``placements`` with every expert weight replicated over the mesh under ``ep > 1`` and
+    ``tp > 1``. There each EP rank holds its ``E/ep`` experts whole on every tp rank
+    (:mod:`fxplan.runtime.expert_tp`, Megatron-Core's expert tensor-parallel size 1) and the
+    cost model prices them so (:mod:`fxplan.cost_model.expert_parallel`), whatever split the
+    intra-op solver chose for the batched products; the plan says what runs. An expert weight:
+    a 3-D parameter ``[E, ·, ·]`` whose ``E`` is a mixture-of-experts layer's expert count."""
+    if config.ep == 1 or config.tp == 1 or not placements.params:
+        return placements
+    counts = {layer.experts for layer in moe_layers(graph).values()}
+    experts = {name for name, info in graph.params.items()
+               if len(info.shape) == 3 and info.shape[0] in counts}
+    params = {name: tuple(Replicate() for _ in value) if name in experts else value
+              for name, value in placements.params.items()}
+    return replace(placements, params=params)

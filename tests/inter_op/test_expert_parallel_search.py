@@ -69,3 +69,29 @@ def test_alpa_moe_pipelines_across_slow_nodes(moe27b, nodes):  # type: ignore[no
     print(f"moe-27b on {nodes} nodes: {piped.summary} {piped.estimate['step_time_s']:.1f} s; "
           f"best pp=1: {flat.summary} {flat.estimate['step_time_s']:.1f} s; {speedup:.2f}×")
     assert speedup > (1.3 if nodes == 2 else 1.8)
+
+
+def test_plans_hold_expert_weights_whole_over_tp():
+    """Under ep > 1 and tp > 1 the runtime holds each EP rank's experts whole on every tp
+    rank (runtime.expert_tp) and refuses a plan that splits them: whatever the intra-op solver
+    chose for the batched products, the plan's expert weights are replicated; the others keep
+    their placements, and ep = 1 keeps everything."""
+    from fxplan.core.config import ParallelConfig
+    from fxplan.core.placements import PlacementMap, Replicate, Shard
+    from fxplan.inter_op.build_plan import experts_whole_over_tp
+
+    moe = fxplan.capture("moe-tiny", batch=1)
+    experts = sorted(n for n, info in moe.params.items() if len(info.shape) == 3)
+    dense = next(n for n, info in moe.params.items() if len(info.shape) == 2)
+    assert experts
+    split = PlacementMap(nodes={}, params={**{n: (Replicate(), Shard(1)) for n in experts},
+                                           dense: (Replicate(), Shard(0))})
+    config = ParallelConfig(dp=2, tp=2, ep=2, microbatch_size=1)
+    got = experts_whole_over_tp(moe, config, split).params
+    assert all(got[n] == (Replicate(), Replicate()) for n in experts), got
+    assert got[dense] == (Replicate(), Shard(0))
+    assert experts_whole_over_tp(moe, config.replace(ep=1), split).params == split.params
+    plan = search(moe, Cluster.load("local-cpu:devices=4"), batch=8,
+                  constraints=parse_constraints("tp=2,ep=2"))
+    assert all(all(isinstance(p, Replicate) for p in plan.placements.params.get(n, ()))
+               for n in experts), plan.placements.params
