@@ -92,6 +92,9 @@ _KEYS: dict[str, str] = {
     "tp_overlap": "tp_comm_overlap", "tp_comm_overlap": "tp_comm_overlap",
     "pg_overlap": "param_gather_overlap", "param_gather_overlap": "param_gather_overlap",
 }
+#: The short keys the error messages list (the others in :data:`_KEYS` are their long names).
+_KEY_NAMES = ("dp, tp, pp, mb, m, schedule, zero, recompute, sp, stages, cp, ep, offload, fp8, "
+              "tp_overlap, pg_overlap")
 
 
 class CostModelError(UserError, ValueError):
@@ -300,10 +303,8 @@ class ParallelConfig:
         repeated keys are errors.
         """
         if not isinstance(text, str) or not text.strip():
-            raise CostModelError(f"config {text!r}: expected key=value,... with keys dp, tp, pp, "
-                                 "mb, m, schedule, zero, recompute, sp, stages, cp, ep, offload, "
-                                 "fp8, tp_overlap, pg_overlap (e.g. "
-                                 "\"dp=4,tp=2,mb=1\")")
+            raise CostModelError(f"config {text!r}: expected key=value,... with keys "
+                                 f"{_KEY_NAMES} (e.g. \"dp=4,tp=2,mb=1\")")
         values: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in text.replace(" ", ",").split(","))):
             key, sep, value = item.partition("=")
@@ -311,9 +312,7 @@ class ParallelConfig:
             if not sep or key not in _KEYS:
                 raise CostModelError(
                     f"config {text!r}: cannot read {item!r}; expected key=value with keys "
-                    "dp, tp, pp, mb, m, schedule, zero, recompute, sp, stages, cp, ep, offload, "
-                    "fp8, tp_overlap, pg_overlap"
-                )
+                    f"{_KEY_NAMES}")
             name = _KEYS[key]
             if name in values:
                 raise CostModelError(f"config {text!r}: {key} is given twice")

@@ -120,16 +120,17 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     from fxplan.runtime.offload import check_runnable
 
     check_runnable(plan, "gpu" if torch.cuda.is_available() else "cpu")   # offload, fp8
-    if getattr(plan.config, "tp_comm_overlap", False):
-        logger.warning("fallback: the plan was priced with tp_overlap=on (tensor-parallel "
-                       "collectives pipelined with their GEMMs, Megatron-Core "
-                       "--tp-comm-overlap); this runtime issues them without overlap, so their "
-                       "full time is on the step's critical path")
-    if getattr(plan.config, "param_gather_overlap", False):
-        logger.warning("fallback: the plan was priced with pg_overlap=on (the updated "
-                       "parameters' all-gather hidden behind the next step's forward, "
-                       "Megatron-Core --overlap-param-gather); this runtime gathers them after "
-                       "the optimizer step, so their full time is on the step's critical path")
+    # overlaps the plan was priced with (Megatron-Core's) that this runtime does not run
+    for priced, what, runs in (
+            (plan.config.tp_comm_overlap, "tp_overlap=on (tensor-parallel collectives "
+             "pipelined with their GEMMs, Megatron-Core --tp-comm-overlap)",
+             "issues them without overlap"),
+            (plan.config.param_gather_overlap, "pg_overlap=on (the updated parameters' "
+             "all-gather hidden behind the next step's forward, Megatron-Core "
+             "--overlap-param-gather)", "gathers them after the optimizer step")):
+        if priced:
+            logger.warning(f"fallback: the plan was priced with {what}; this runtime {runs}, "
+                           "so their full time is on the step's critical path")
     model = apply_fp8(model, plan)   # FP8 linears keep the parameters' names (init, checkpoints)
     on_meta = has_meta(model)
     if on_meta and init is None and checkpoint is None:
