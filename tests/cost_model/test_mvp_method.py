@@ -69,3 +69,33 @@ def test_probed_rates_are_the_medians_of_the_priced_keys(mvp) -> None:  # type: 
     assert summary["mae_step_time"] == pytest.approx(1 / 3)
     assert summary["mae_step_time_probed"] == pytest.approx(0.0)
     assert mvp.Case("x", 1, "").probed_rates == {}
+
+
+def test_the_planner_is_compared_by_configuration_not_by_case(mvp) -> None:  # type: ignore[no-untyped-def]
+    """The planner's case runs the same plan as a constrained case: the two are one
+    configuration, their launches pooled; a different plan stays its own configuration."""
+    def plan(config: str) -> dict:
+        return {"config": config, "degrees": {"dp": 4}, "stages": [], "placements": {},
+                "estimate": {"step_time_s": 0.03}, "summary": config}
+
+    def case(label: str, constrain: str, config: str, times: list[float]):  # type: ignore[no-untyped-def]
+        return mvp.Case(label, 4, constrain, plan_summary=config, plan=plan(config),
+                        predicted_s=0.03, predicted_gib=0.3, measured_s=times,
+                        measured_gib=[0.3] * len(times))
+
+    chosen = case("planner (4)", "", "dp=4", [0.041, 0.040, 0.039])
+    same = case("dp=4", "dp=4", "dp=4", [0.036, 0.037, 0.038])
+    other = case("dp=4 zero=1", "dp=4,zero=1", "dp=4,zero=1", [0.0385, 0.060, 0.061])
+    assert mvp.configuration_key(chosen) == mvp.configuration_key(same)
+    assert mvp.configuration_key(chosen) != mvp.configuration_key(other)
+    s = mvp.summary([chosen, same, other])
+    # pooled: dp=4 median of six launches 0.0385, zero=1 0.060 -> the planner's plan is the best
+    assert s["grid_best"] == "planner (4) = dp=4"
+    assert s["planner_over_best"] == pytest.approx(1.0)
+    # case by case the planner's launches (0.040) are 8 % above the other case's (0.037)
+    assert s["planner_case_over_best_case"] == pytest.approx(0.040 / 0.037)
+    # had the planner picked a slower plan, the ratio says so
+    worse = case("planner (4)", "", "dp=4,zero=1", [0.060, 0.061, 0.062])
+    s = mvp.summary([worse, same, other])
+    assert s["planner_configuration"] == "planner (4) = dp=4 zero=1"
+    assert s["planner_over_best"] == pytest.approx(0.0605 / 0.037)
