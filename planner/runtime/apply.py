@@ -87,6 +87,24 @@ def _shared_users(model: nn.Module, program: StagedProgram) -> dict[str, list[in
 PATHS = APPLY_PATHS
 
 
+def unrun_overlaps(plan: Plan) -> list[str]:
+    """A fallback line for each overlap the plan was priced with (Megatron-Core's) that this
+    runtime does not run: ``tp_overlap=on`` and ``pg_overlap=on`` hide communication the runtime
+    issues on the step's critical path, so the measured step is longer than the plan's."""
+    lines = []
+    for priced, what, runs in (
+            (plan.config.tp_comm_overlap, "tp_overlap=on (tensor-parallel collectives "
+             "pipelined with their GEMMs, Megatron-Core --tp-comm-overlap)",
+             "issues them without overlap"),
+            (plan.config.param_gather_overlap, "pg_overlap=on (the updated parameters' "
+             "all-gather hidden behind the next step's forward, Megatron-Core "
+             "--overlap-param-gather)", "gathers them after the optimizer step")):
+        if priced:
+            lines.append(f"[overlap] the plan was priced with {what}; this runtime {runs}, so "
+                         "their full time is on the step's critical path")
+    return lines
+
+
 def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[int] | None = None,
                debug: bool = False, init: InitSource = None, checkpoint: str | None = None,
                path: str = "auto", precision: Precision | None = None) -> ShardedModule | None:
@@ -120,23 +138,14 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     from fxplan.runtime.offload import check_runnable
 
     check_runnable(plan, "gpu" if torch.cuda.is_available() else "cpu")   # offload, fp8
-    # overlaps the plan was priced with (Megatron-Core's) that this runtime does not run
-    for priced, what, runs in (
-            (plan.config.tp_comm_overlap, "tp_overlap=on (tensor-parallel collectives "
-             "pipelined with their GEMMs, Megatron-Core --tp-comm-overlap)",
-             "issues them without overlap"),
-            (plan.config.param_gather_overlap, "pg_overlap=on (the updated parameters' "
-             "all-gather hidden behind the next step's forward, Megatron-Core "
-             "--overlap-param-gather)", "gathers them after the optimizer step")):
-        if priced:
-            logger.warning(f"fallback: the plan was priced with {what}; this runtime {runs}, "
-                           "so their full time is on the step's critical path")
+    fallbacks = unrun_overlaps(plan)
+    for line in fallbacks:
+        logger.warning("fxplan runtime fallback: %s", line)
     model = apply_fp8(model, plan)   # FP8 linears keep the parameters' names (init, checkpoints)
     on_meta = has_meta(model)
     if on_meta and init is None and checkpoint is None:
         raise ValueError("a model on meta needs init= (a builder or values) or checkpoint=")
     inputs = _as_tuple(inputs)
-    fallbacks: list[str] = []
     decided = None
     cp = cp_degree(plan)
     if cp > 1:  # context parallelism runs at module level only, on s/cp-token chunks
