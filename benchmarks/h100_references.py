@@ -207,12 +207,12 @@ def pairs(rows: list[Row]) -> list[tuple[Row, Row]]:
     return [(r, a100[key(r)]) for r in rows if r.gpu == "h100_80gb" and key(r) in a100]
 
 
-def matched_matmul(h100: Row, a100: Row, graphs: dict[str, Any], low: float) -> tuple[float, ...]:
+def matched_matmul(h100: Row, a100: Row, graphs: dict[str, Any]) -> tuple[float, ...]:
     """The H100 matmul efficiency ``E*`` at which the model is as far from the published H100
     throughput as it is from the A100 one on the same configuration (A100 at its spec):
     ``T_H(E*) = T_H,published · T_A,predicted / T_A,published``, with the H100 step time
-    taken as ``T(E) = a + b/E`` through the spec's efficiency ``E₀`` and ``low`` (two
-    estimates). Returns ``(E*, A100 predicted / published throughput, the same on H100 at
+    taken as ``T(E) = a + b/E`` through the spec's efficiency ``E₀`` and ``0.75·E₀`` (two
+    estimates; the compute leg of every GEMM scales as ``1/E``). Returns ``(E*, A100 predicted / published throughput, the same on H100 at
     E₀, published H100 / A100 throughput)``."""
     if h100.spec not in graphs:
         graphs[h100.spec] = capture_row(h100)
@@ -220,6 +220,7 @@ def matched_matmul(h100: Row, a100: Row, graphs: dict[str, Any], low: float) -> 
     on_a100 = predict(a100, graph)
     e0 = cluster_for(h100).device_groups[0].compute_efficiency["matmul"]
     t0 = predict(h100, graph).estimate.step_time_s
+    low = 0.75 * e0
     t1 = predict(h100, graph, cluster_for(h100, low)).estimate.step_time_s
     b = (t1 - t0) / (1 / low - 1 / e0)
     a = t0 - b / e0
@@ -291,7 +292,7 @@ def main() -> int:
 
         found = []
         for h100, a100 in pairs(rows):
-            e, ratio_a, ratio_h, published = matched_matmul(h100, a100, graphs, 0.5)
+            e, ratio_a, ratio_h, published = matched_matmul(h100, a100, graphs)
             found.append(e)
             print(f"{h100.name:>8} s={h100.seq:<5} n={h100.gpus:<3} mb={h100.microbatch} "
                   f"a={h100.grad_accum} {'full' if h100.checkpointing else 'none':>4}: "

@@ -50,7 +50,7 @@ forward), so a mismatch of definitions would show as a ratio other than 1.
 ``--recompute P``: every row priced with recompute policy ``P`` (``none``, ``selective``,
 ``full``) instead of the fastest that fits — the recompute of the published runs is not
 published. ``--matmul E``: the H100's matmul efficiency set to ``E`` (``dgx-h100.yaml`` has
-0.69; ``published_table.with_matmul_efficiency``).
+0.52; ``published_table.with_matmul_efficiency``).
 """
 
 from __future__ import annotations
