@@ -4,7 +4,9 @@ Every published row must agree with itself — microbatch × accumulation × GPU
 batch, the global batch in tokens is ``B·s`` — and with llm-foundry's own MFU definition
 recomputed from its throughput, so a mistyped number fails here. The ``gpt`` family at the
 MPT shape must have the published parameter count, so the model priced is the model run.
-(Pricing the rows captures 18 models: ``python benchmarks/h100_references.py``.)
+One H100/A100 pair (7B, s = 4096) is priced: the spec's H100 matmul rate must agree with the
+rule it was derived by. (Pricing every row captures 18 models:
+``python benchmarks/h100_references.py``.)
 """
 
 from __future__ import annotations
@@ -54,3 +56,19 @@ def test_config_follows_the_row() -> None:
     config = h100_references.config_for(small)
     assert (config.zero_stage, config.recompute) == (2, "none")
     assert row.implied_step_time_s == pytest.approx(2048 * 2048 / 66523)
+
+
+def test_the_spec_rate_agrees_with_the_7b_pair() -> None:
+    """``dgx-h100``'s matmul efficiency is the median over the H100/A100 pairs of the rate at
+    which the model is as wrong on the H100 as on the A100 (``--pairs``: 0.521, 0.44–0.61);
+    on the 7B pair at s = 4096 (one capture) that rate must stay within 0.05 of the spec's,
+    and the two GPUs' predicted / published throughput within 10 % of each other."""
+    h100, a100 = next((h, a) for h, a in h100_references.pairs(ROWS)
+                      if h.model == "7b" and h.seq == 4096)
+    graphs: dict = {}
+    matched, ratio_a100, _, published = h100_references.matched_matmul(h100, a100, graphs)
+    spec = h100_references.cluster_for(h100).device_groups[0].compute_efficiency["matmul"]
+    assert published == pytest.approx(8612 / 3684, rel=1e-3)
+    assert abs(matched - spec) <= 0.05, (matched, spec)
+    ratio_h100 = h100_references.predict(h100, graphs[h100.spec]).ratio
+    assert ratio_h100 / ratio_a100 == pytest.approx(1.0, abs=0.10), (ratio_h100, ratio_a100)
