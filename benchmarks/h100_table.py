@@ -208,6 +208,23 @@ FLOPs `72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))` over the predicted step ti
 
 {table}
 
+**The H100 matmul rate is the one sustained in training (session 22).** `dgx-h100.yaml`'s \
+matmul efficiency is 0.52 of 989 TF/s, no longer 0.69: llm-foundry publishes the same \
+software on H100 80GB and A100 80GB with every argument (microbatch, accumulation, FSDP \
+sharding, activation checkpointing: no recompute question), and on its 12 identical \
+configurations the H100 matmul efficiency at which the model is as far from the H100 \
+throughput as it is from the A100 one (A100 at its SC'21-validated 0.75) has median 0.521 \
+(0.44–0.61; `python benchmarks/h100_references.py --pairs`, rule and sources in \
+`benchmarks/data/hardware.md`, "Sustained H100 matmul rate in training"). It was derived on \
+that table alone. Before → after on this one (`python benchmarks/h100_table.py`, points): \
+1.7B +12.5 → +3.4, 7.1B +13.1 → +1.1, 16B +12.1 → −0.8, 32B +11.7 → +0.4, 70B +10.4 → +1.2, \
+119B +2.2 → −6.0, 177B +11.2 → −0.2, 314B +8.4 → −3.8, 462B +9.0 → −3.2; rows within ±5 \
+from 1 to 8 of 9; the probe's `r` becomes 1.08, 1.02, 0.98, 1.01, 1.03, 0.84, 0.99, 0.91, \
+0.92 (`python benchmarks/h100_table_probe.py`). The rule still picks no recompute and the \
+same microbatch on every row. 119B stays outside: its data-parallel reduce-scatter is left \
+exposed after the pipeline flush (`dp_comm` 0.29 s). The paragraphs below (sessions 19–21) \
+were measured at 0.69 or 0.70.
+
 Pricing attention as the fused kernel (`cost_model/attention_kernel.py`: no `s×s` traffic, \
 causal tiles skipped, a causal kernel at 0.88 of the full-square rate, backward at 0.83 of the \
 forward rate) moves every row up from the op-by-op column. The loss is Megatron's: \
@@ -244,7 +261,7 @@ their whole gather (0.03–0.16 s), the pipelined ones part of it, and every row
 from 2 to 1: the 32B row had matched only because an all-gather the run hides stood in for \
 time the model misses.
 
-**The gap is one uniform factor.** With everything the README names priced, the probe's `r` \
+**The gap was one uniform factor (session 21, at matmul 0.69).** With everything the README names priced, the probe's `r` \
 (the published step time less the predicted non-compute time, over the predicted compute and \
 bubble) is 1.30, 1.28, 1.25, 1.27 on the four rows without a pipeline (t = 1, 2, 4, 8; h = \
 2048–7168) and 1.29, 1.06, 1.29, 1.20, 1.22 on the pipelined ones (70B … 462B): the published \
@@ -252,7 +269,8 @@ runs take about 1.25–1.30× the compute the model predicts at every size and t
 degree, 119B (whose reduce-scatter the model leaves exposed after the pipeline flush, \
 `dp_comm` 0.33 s) aside.
 
-**Full activation recompute would produce exactly that factor, and is not published.** \
+**Full activation recompute would have produced that factor, and is not published \
+(session 21, at 0.69).** \
 Megatron's `F` never counts recompute; `--recompute-granularity full` re-runs every layer's \
 forward inside the backward, 4 passes of layer compute where `F` counts 3 (the output layer \
 and loss are not recomputed), a factor just under 4/3. Priced on every row \
@@ -268,18 +286,21 @@ that fits) picks no recompute on every row because the model's memory says it fi
 What would settle it: the runs' arguments (`--recompute-*`, `--micro-batch-size`), a memory \
 measurement showing the no-recompute configurations do not fit on an 80 GB H100 under \
 Megatron-Core (Transformer Engine workspaces and userbuffers, the fp32 gradient buffers, \
-fragmentation), or a profile of one row. The alternative is a sustained GEMM rate about 1.3× \
-below the one priced (below).
+fragmentation), or a profile of one row. The alternative was a sustained GEMM rate about \
+1.3× below the one priced: what session 22 found (above).
 
-GEMMs: the H100's matmul efficiency is 0.69 of 989 TF/s (`dgx-h100.yaml`; also \
-`efficiency.json`'s h100 fallback, an unsourced 0.75 before): the measured H100 SXM bf16 MAMF \
+GEMMs until session 22: the H100's matmul efficiency was 0.69 of 989 TF/s (`dgx-h100.yaml`; \
+also `efficiency.json`'s h100 fallback, an unsourced 0.75 before): the measured H100 SXM bf16 MAMF \
 of the current table (Bekman's "v2": L2 flushed between iterations, mean of 100 iterations; \
 794.5 TF/s, 0.803) derated by the factor the A100 spec's 0.75 — validated by the SC'21 table \
 — is of the A100's MAMF on the same table (271.2 TF/s, 0.869): 0.803 × 0.75 / 0.869 = 0.69. \
 Until session 20 it was 0.70 from the superseded "v1" table (792.1 and 267.9 TF/s, no cache \
-flush); the change moved the rows by −0.3 to −0.7 points. It remains a ceiling scaled by an \
-A100 ratio: no public H100 measurement of training-sized GEMMs sustained under the 700 W limit \
-with real data was found (H100 matmuls are power-limited, He 2024). Attention is priced at \
+flush); the change moved the rows by −0.3 to −0.7 points. A ceiling scaled by an A100 \
+ratio: `mamf-finder.py` zeroes a 256 MiB buffer and re-randomises the output before every \
+timed matmul, so at the H100's best shape the tensor cores are busy at most about 62 % of its \
+loop, and the table keeps the best shape (`hardware.md`); H100 matmuls are power-limited (He \
+2024; NVIDIA's NeMo offers `vboost` to "steer more power towards tensor cores"). No public \
+measurement of a bf16 GEMM sustained back to back at 700 W was found. Attention is priced at \
 cuDNN's fused kernel (609 / 518 / 499 TF/s forward, causal, backward at s = 4096).
 
 Tensor-parallel communication overlap (`tp_overlap=on` on every row with `t > 1`): each \

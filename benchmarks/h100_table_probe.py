@@ -10,6 +10,7 @@
     python benchmarks/h100_table_probe.py --waves                    # GEMM tail waves on the SMs
     python benchmarks/h100_table_probe.py --flops                    # the table's own FLOP count
     python benchmarks/h100_table_probe.py --param-gather-hidden --recompute full   # all rows recomputed
+    python benchmarks/h100_table_probe.py --matmul 0.6               # another H100 matmul rate
 
 Each row prints ``r = (T_published − T_other) / (compute + bubble)``, the factor by which the
 published run is slower than the predicted compute (``T_other``: the predicted step time less
@@ -48,7 +49,8 @@ the FLOPs the estimate counts for its MFU (``model_flops``, three times the capt
 forward), so a mismatch of definitions would show as a ratio other than 1.
 ``--recompute P``: every row priced with recompute policy ``P`` (``none``, ``selective``,
 ``full``) instead of the fastest that fits — the recompute of the published runs is not
-published.
+published. ``--matmul E``: the H100's matmul efficiency set to ``E`` (``dgx-h100.yaml`` has
+0.52; ``published_table.with_matmul_efficiency``).
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def main() -> int:
     parser.add_argument("--waves", action="store_true")
     parser.add_argument("--flops", action="store_true")
     parser.add_argument("--recompute", choices=("none", "selective", "full"), default=None)
+    parser.add_argument("--matmul", type=float, default=None)
     args = parser.parse_args()
     table = _table()
     if args.matmul_half_flops is not None:
@@ -117,6 +120,10 @@ def main() -> int:
     for row in table.load_rows():
         cluster = Cluster.load(f"dgx-h100:nodes={row.gpus // 8}"
                                + (",h100.comm_overlap=0" if args.dp_exposed else ""))
+        if args.matmul is not None:
+            import published_table  # on sys.path: h100_table put its folder there
+
+            cluster = published_table.with_matmul_efficiency(cluster, args.matmul)
         sms = cluster.device_groups[0].sm_count
         policies = (args.recompute,) if args.recompute else table.RECOMPUTE
         pr = table.predict(row, table.capture_row(row), cluster,

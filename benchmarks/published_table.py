@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
-__all__ = ["Prediction", "chunks_for", "fastest_fit", "read_rows"]
+__all__ = ["Prediction", "chunks_for", "fastest_fit", "read_rows", "with_matmul_efficiency"]
 
 R = TypeVar("R")
 
@@ -35,6 +35,17 @@ def read_rows(path: Path, make: Callable[[dict[str, str]], R]) -> list[R]:
     """Every row of the CSV file ``path``, as ``make(row as a dict of strings)``."""
     with path.open() as handle:
         return [make(record) for record in csv.DictReader(handle)]
+
+
+def with_matmul_efficiency(cluster: Any, efficiency: float) -> Any:
+    """``cluster`` with every device group's ``compute_efficiency.matmul`` set to
+    ``efficiency`` (a what-if of the probes; the overrides syntax reaches no nested key)."""
+    from fxplan.cluster_specs import Cluster
+
+    spec = cluster.to_dict()
+    for group in spec["device_groups"]:
+        group.setdefault("compute_efficiency", {})["matmul"] = efficiency
+    return Cluster.from_dict(spec, source=f"{cluster.name} with matmul {efficiency:g}")
 
 
 def chunks_for(row: Any, microbatches: int, max_chunks: int) -> int:
