@@ -216,17 +216,22 @@ GLOO_HOP_LATENCY_US = 572.0
 #: the main thread's issue and wait), µs on a core of its own, per kind. Calibration line
 #: "gloo CPU per collective" (``python benchmarks/local_cpu_calibration.py --gloo-cpu``: each
 #: rank loops ``4 × 128³ matmul; collective`` against the same loop without it, the added
-#: ``process_time`` of the rank, main thread and gloo's threads), the 4-byte collective's CPU
-#: over its steps (``2(n−1)`` all-reduce and reduce-scatter — gloo runs the latter as an
-#: all-reduce —, ``n−1`` all-gather and broadcast, 1 per message of a send/recv pair), two
-#: invocations at load average 6–9 (other sessions' jobs; autogroup nice −19), per step
-#: (2 ranks run 1, 4 ranks run 1, 2 ranks run 2, 4 ranks run 2; the 4-rank CPU is CPU time,
-#: not wall, so the time-sharing does not enter it): all-reduce 177, 92, 174, 100;
-#: broadcast 140, 154, 500, 135; all-gather 377, 416, 348, 363; reduce-scatter 226, 248, 217,
-#: 205; send/recv 156, 94, 421, 183; the medians. The bytes' CPU is the bandwidth's (above).
+#: ``process_time`` of the rank — main thread and gloo's threads; CPU time, so the 4-rank
+#: figures are not stretched by the time-sharing), less the bytes' CPU (the bandwidth's,
+#: above), over the algorithm's steps (``2(n−1)`` all-reduce, ``n−1`` all-gather and
+#: broadcast, 1 per message of a send/recv pair). Two invocations at load average 6–9 (other
+#: sessions' jobs; autogroup nice −19) and a third for the all-reduce alone at 16 B – 64 KiB
+#: (load 3.5):
+#:
+#: - all-reduce, inputs of ≥ 2n elements (a step of full segments, ``cost_model.collectives``;
+#:   gloo's reduce-scatter is this all-reduce): 39 points on 2 and 4 ranks, 64 KiB – 1 MiB
+#:   (all-reduce and reduce-scatter) and 16 B – 64 KiB, quartiles ≈ 287 / 329 / 358 µs;
+#:   the median. (A 1-element all-reduce: 174–177 per step on 2 ranks, 92–100 on 4.)
+#: - broadcast, 4 B, per step (2 ranks run 1, 4 ranks run 1, 2 ranks run 2, 4 ranks run 2):
+#:   140, 154, 500, 135; all-gather 377, 416, 348, 363; send/recv per message 156, 94, 421,
+#:   183; the medians.
 GLOO_STEP_CPU_US: dict[str, float] = {
-    "all_reduce": 137.0, "broadcast": 147.0, "all_gather": 370.0, "reduce_scatter": 221.5,
-    "send_recv": 169.5,
+    "all_reduce": 329.0, "broadcast": 147.0, "all_gather": 370.0, "send_recv": 169.5,
 }
 #: What a step of a gloo collective between bursts of compute takes beyond its ranks' CPU at
 #: their core share, µs: the wake-ups of ranks that sleep in the collective while the peers'
