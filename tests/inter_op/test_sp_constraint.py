@@ -60,11 +60,13 @@ def cpu4():  # type: ignore[no-untyped-def]
     # spec before gloo's CPU per step was measured): there the solver shards the sequence of
     # WIDER. With gloo's CPU (a reduce-scatter is an all-reduce, an all-gather's step costs
     # more CPU than an all-reduce's) sequence parallelism never pays on local-cpu.
-    from fxplan.cluster_specs.local_cpu import GLOO_BUS_GB_PER_S, local_cpu_spec
+    from fxplan.cluster_specs.local_cpu import (GLOO_BUS_GB_PER_S, GLOO_HOP_LATENCY_US,
+                                                local_cpu_spec)
 
     spec = local_cpu_spec(4)
     loopback = {k: v for k, v in spec["levels"][0].items() if k != "step_cpu_us"}
-    spec["levels"][0] = loopback | {"bandwidth_gb_per_s": GLOO_BUS_GB_PER_S, "latency_us": 572.0}
+    spec["levels"][0] = loopback | {"bandwidth_gb_per_s": GLOO_BUS_GB_PER_S,
+                                    "latency_us": GLOO_HOP_LATENCY_US}
     cluster = Cluster.from_dict(spec, source="local-cpu:devices=4, gloo by hop latency")
     return _graph(WIDER, cluster), cluster
 
