@@ -15,11 +15,17 @@ global batch, random tokens), in the trainer's order:
 5. ``zero`` — ``zero_grad``.
 
 For each rank and phase it prints the median over steps (the first 3 dropped: warm-up) of
-the **wall** time (``perf_counter``) and the rank's main-thread **CPU** time
-(``thread_time``): ``wall − CPU`` is time the rank's main thread did not run — waiting in a
-blocking collective, for a pipeline peer, or for a core (more ranks than cores, other jobs).
-Gloo's own threads are not in the CPU figure. The model's counterparts: ``compute`` and the
-communication rows for ``train_step``, the ``optimizer`` row for the rest.
+the **wall** time (``perf_counter``), the rank's main-thread **CPU** time (``thread_time``)
+and the CPU time of the rank's **other threads** (``process_time − thread_time``: gloo's
+worker and transport threads, which run the collectives' copies, reductions and loopback
+TCP): ``wall − CPU`` is time the rank's main thread did not run — waiting in a blocking
+collective, for a pipeline peer, or for a core (more ranks than cores, other jobs) — and
+the other threads' CPU is core time the collectives took from the machine's cores. The
+main thread's **run-queue wait** (``/proc/thread-self/schedstat``, second field: time it was
+runnable but another thread had its core) splits ``wall − CPU`` into waiting for a core and
+sleeping (``wall − CPU − queue``: blocked in a collective or a pipeline receive). The
+model's counterparts: ``compute`` and the communication rows for ``train_step``, the
+``optimizer`` row for the rest.
 """
 
 from __future__ import annotations
@@ -63,6 +69,13 @@ def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> Non
     optimizer = build_optimizer(sharded, "adamw", lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
     wall: dict[str, list[float]] = {k: [] for k in PHASES}
     cpu: dict[str, list[float]] = {k: [] for k in PHASES}
+    other: dict[str, list[float]] = {k: [] for k in PHASES}
+    queue: dict[str, list[float]] = {k: [] for k in PHASES}
+    schedstat = Path("/proc/thread-self/schedstat")
+
+    def queued() -> float:
+        """Seconds this thread has waited on a run queue (0 where schedstat is missing)."""
+        return int(schedstat.read_text().split()[1]) * 1e-9 if schedstat.exists() else 0.0
 
     def phases() -> Iterator[None]:
         float(sharded.train_step(batch, loss_fn, local=True))
@@ -78,17 +91,22 @@ def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> Non
         yield
 
     for step in range(steps):
-        w, c = time.perf_counter(), time.thread_time()
+        w, c, pc, q = time.perf_counter(), time.thread_time(), time.process_time(), queued()
         for name, _ in zip(PHASES, phases()):
-            w2, c2 = time.perf_counter(), time.thread_time()
+            w2, c2, pc2, q2 = (time.perf_counter(), time.thread_time(), time.process_time(),
+                               queued())
             if step >= WARMUP:
                 wall[name].append(w2 - w)
                 cpu[name].append(c2 - c)
-            w, c = w2, c2
-    med = {k: (statistics.median(wall[k]) * 1e3, statistics.median(cpu[k]) * 1e3) for k in PHASES}
-    total = sum(w for w, _ in med.values()), sum(c for _, c in med.values())
-    print(f"rank {rank}: step {total[0]:.2f} / {total[1]:.2f} | "
-          + " | ".join(f"{k} {w:.2f} / {c:.2f}" for k, (w, c) in med.items()), flush=True)
+                other[name].append((pc2 - pc) - (c2 - c))
+                queue[name].append(q2 - q)
+            w, c, pc, q = w2, c2, pc2, q2
+    med = {k: tuple(statistics.median(series[k]) * 1e3 for series in (wall, cpu, other, queue))
+           for k in PHASES}
+    total = tuple(sum(row[i] for row in med.values()) for i in range(4))
+    print(f"rank {rank}: step " + " / ".join(f"{x:.2f}" for x in total) + " | "
+          + " | ".join(f"{k} " + " / ".join(f"{x:.2f}" for x in row) for k, row in med.items()),
+          flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -115,7 +133,8 @@ def main() -> None:
     plan = Plan.from_dict(json.loads(Path(args.plan).read_text()))
     world = plan.pp * plan.dp * plan.tp * getattr(plan, "cp", 1)
     print(f"{plan.summary}: {world} ranks, load average {os.getloadavg()[0]:.1f}; per phase "
-          f"wall / CPU ms (median of {args.steps - WARMUP} steps)", flush=True)
+          f"wall / main-thread CPU / other threads' CPU / main-thread run-queue wait ms (median of {args.steps - WARMUP} "
+          "steps)", flush=True)
     mp.spawn(_worker, args=(world, args.plan, _free_port(), args.steps), nprocs=world)
 
 

@@ -9,17 +9,29 @@ where present, is the all-reduce bus bandwidth reached with in-network reduction
 SHARP), as measured, so no efficiency is applied to it. ``reduce_scatter_as_all_reduce``
 says that the backend runs a reduce-scatter as an all-reduce of its whole input (gloo:
 ``_reduce_scatter_base`` is a ``gloo:all_reduce``), and the cost model prices it so.
+``step_cpu_us`` maps a collective kind to the CPU time each rank spends per step of its
+algorithm beyond the hop's ``latency_us`` (gloo on CPU ranks: its threads' copies, syscalls
+and wake-ups per message, measured; ``local-cpu`` gives it at the ranks' core share), which
+the cost model adds to every step inside a node (absent: 0, as for GPU links).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from fxplan.cluster_specs.frozen import freeze
 
 #: Level kinds allowed for each scope.
 LEVEL_KINDS: dict[str, tuple[str, ...]] = {
     "node": ("nvlink", "nvswitch", "pcie", "loopback"),
     "cluster": ("infiniband", "roce", "ethernet"),
 }
+
+#: Collective kinds a level may give a per-step CPU cost for (``step_cpu_us``): the cost
+#: model's kinds (``cost_model.collectives.KINDS``).
+COLLECTIVE_KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter",
+                                     "all_to_all", "broadcast", "send_recv")
 
 #: Scopes, innermost first.
 SCOPES: tuple[str, ...] = tuple(LEVEL_KINDS)
@@ -38,6 +50,10 @@ class LinkLevel:
     nics_per_node: int | None = None
     allreduce_bandwidth_gb_per_s: float | None = None
     reduce_scatter_as_all_reduce: bool = False
+    step_cpu_us: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "step_cpu_us", freeze(self.step_cpu_us))
 
     @property
     def effective_bandwidth_gb_per_s(self) -> float:

@@ -54,8 +54,15 @@ DRAM copy probed beside a launch moves with the neighbours' memory traffic inste
     dtensor_op_us = h · DTENSOR_OP_US / s   (and the backward, both optimizer costs and the
                                              step overhead alike)
 
-The loopback level (gloo) keeps its measured figures: they were measured with 2 and 4 ranks on
-this 2-core machine, i.e. already under the same time-sharing.
+The loopback level (gloo) is CPU work too: gloo's threads copy, reduce and push the bytes
+through loopback TCP on the same cores the ranks compute on, so both its per-byte rate and
+its per-step CPU (measured on a core of their own) run at the core share, and each step adds
+the wake-up of a rank sleeping in the collective while its peers' cores are busy::
+
+    bandwidth_gb_per_s = GLOO_BUS_GB_PER_S · s        latency_us = GLOO_WAKEUP_US
+    step_cpu_us[K]     = GLOO_STEP_CPU_US[K] / s      (per collective kind K)
+
+(not scaled by the probed eager op: measured once, at load average 6–9).
 
 Every constant below was measured on the 2-core machines these tests run on with
 ``python benchmarks/local_cpu_calibration.py`` (torch 2.13.0+cpu); the comment of each says
@@ -188,6 +195,10 @@ BACKWARD_EFFICIENCY: dict[str, float] = {
 #: Gloo over loopback, bus bandwidth from the 4 MiB and 16 MiB all-reduces (latency cancels).
 #: Calibration line "gloo N ranks: hop latency, bus bandwidth", four runs: 2 ranks 1.225,
 #: 0.926, 0.858, 1.175 GB/s; 4 ranks 1.203, 0.462, 0.797, 1.031 GB/s. The median of the eight.
+#: Between idle ranks this rate is the CPU of the ranks' gloo threads per byte (line "gloo CPU
+#: per collective": all-reduce 0.88 µs of CPU per KiB moved per rank, reduce-scatter 0.99,
+#: against 1/0.978 GB/s = 1.05 µs/KiB), so on time-shared ranks it runs at the core share:
+#: the spec's loopback bandwidth is ``GLOO_BUS_GB_PER_S · s``.
 GLOO_BUS_GB_PER_S = 0.978
 #: Per hop of a small gloo collective issued between bursts of compute, as training issues
 #: them: calibration line "gloo all-reduce 4 B between compute, N ranks" ((work + AR) − work,
@@ -196,8 +207,39 @@ GLOO_BUS_GB_PER_S = 0.978
 #: 615 µs per hop; the median 572 µs. A waiting rank sleeps in gloo and must be woken and
 #: scheduled again while the machine's cores are busy; between idle ranks ("gloo N ranks: hop
 #: latency") the same all-reduce costs only 32–68 µs per hop, which priced every collective of
-#: a training step ~10× too cheap.
+#: a training step ~10× too cheap. (Superseded in the spec by the split below: a wake-up per
+#: step plus the kind's CPU per step at the core share; kept as the calibration's record.)
 GLOO_HOP_LATENCY_US = 572.0
+
+#: Each rank's CPU per step of a gloo collective's algorithm (its threads' copies, syscalls,
+#: loopback TCP in the kernel and hand-offs between gloo's worker and transport threads, and
+#: the main thread's issue and wait), µs on a core of its own, per kind. Calibration line
+#: "gloo CPU per collective" (``python benchmarks/local_cpu_calibration.py --gloo-cpu``: each
+#: rank loops ``4 × 128³ matmul; collective`` against the same loop without it, the added
+#: ``process_time`` of the rank — main thread and gloo's threads; CPU time, so the 4-rank
+#: figures are not stretched by the time-sharing), less the bytes' CPU (the bandwidth's,
+#: above), over the algorithm's steps (``2(n−1)`` all-reduce, ``n−1`` all-gather and
+#: broadcast, 1 per message of a send/recv pair). Two invocations at load average 6–9 (other
+#: sessions' jobs; autogroup nice −19) and a third for the all-reduce alone at 16 B – 64 KiB
+#: (load 3.5):
+#:
+#: - all-reduce, inputs of ≥ 2n elements (a step of full segments, ``cost_model.collectives``;
+#:   gloo's reduce-scatter is this all-reduce): 39 points on 2 and 4 ranks, 64 KiB – 1 MiB
+#:   (all-reduce and reduce-scatter) and 16 B – 64 KiB, quartiles ≈ 287 / 329 / 358 µs;
+#:   the median. (A 1-element all-reduce: 174–177 per step on 2 ranks, 92–100 on 4.)
+#: - broadcast, 4 B, per step (2 ranks run 1, 4 ranks run 1, 2 ranks run 2, 4 ranks run 2):
+#:   140, 154, 500, 135; all-gather 377, 416, 348, 363; send/recv per message 156, 94, 421,
+#:   183; the medians.
+GLOO_STEP_CPU_US: dict[str, float] = {
+    "all_reduce": 329.0, "broadcast": 147.0, "all_gather": 370.0, "send_recv": 169.5,
+}
+#: What a step of a gloo collective between bursts of compute takes beyond its ranks' CPU at
+#: their core share, µs: the wake-ups of ranks that sleep in the collective while the peers'
+#: cores are busy (computing, or running another rank). Same line and runs:
+#: ``(wall − c/s) / steps`` over every kind and size (4 B – 1 MiB) on 2 and 4 ranks, ``wall``
+#: the added wall time, ``c`` the added CPU, ``s`` the core share (1 and ``η·2/4``), 80 points:
+#: quartiles 168 / 277 / 415 µs, the median. (The spec's loopback ``latency_us``.)
+GLOO_WAKEUP_US = 277.0
 
 #: ``DistributedDataParallel``'s default ``bucket_cap_mb`` (torch 2.13), which the runtime
 #: keeps (:mod:`fxplan.runtime.data_parallel`); the first bucket is 1 MiB
@@ -344,12 +386,15 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "name": "loopback",
                 "kind": "loopback",
                 "scope": "node",
-                "bandwidth_gb_per_s": GLOO_BUS_GB_PER_S,
-                "latency_us": GLOO_HOP_LATENCY_US,
+                # gloo's per-byte and per-step work is CPU on the time-shared cores (``/ s``)
+                "bandwidth_gb_per_s": round(GLOO_BUS_GB_PER_S * share, 4),
+                "latency_us": GLOO_WAKEUP_US,
                 "efficiency": 1.0,
                 # gloo runs _reduce_scatter_base as a gloo:all_reduce of the whole input
                 # (FSDP2's and DTensor's reduce-scatters, counted with torch.profiler)
                 "reduce_scatter_as_all_reduce": True,
+                "step_cpu_us": {kind: round(us / share, 1)
+                                for kind, us in GLOO_STEP_CPU_US.items()},
             },
             {
                 # Only used with nodes=N > 1. benchmarks/data/hardware.md: Ethernet 100 Gb/s =

@@ -38,7 +38,7 @@ from fxplan.cluster_specs.fields import (
     optional,
     text,
 )
-from fxplan.cluster_specs.links import LEVEL_KINDS, SCOPES
+from fxplan.cluster_specs.links import COLLECTIVE_KINDS, LEVEL_KINDS, SCOPES
 from fxplan.core.bounds import MAX_DEVICES, MAX_DEVICES_PER_NODE, MAX_MEMORY_GIB, MAX_NODES
 
 SCHEMA_VERSION = 1
@@ -187,6 +187,11 @@ LEVEL_FIELDS: dict[str, Field] = {
     "reduce_scatter_as_all_reduce": optional(boolean(
         what="whether the backend runs a reduce-scatter as an all-reduce of its whole input "
              "(gloo); cost_model.collectives prices it so")),
+    "step_cpu_us": optional(number_map(
+        COLLECTIVE_KINDS, number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                 unit="µs of CPU per rank and algorithm step"),
+        what="per collective kind, each rank's CPU per step beyond the hop latency (gloo)",
+        nonempty=False)),
 }
 
 

@@ -32,9 +32,23 @@ of the flat ring's 2(n−1)/n·S, so it wins where the network is much slower th
 NVLS (all-reduce inside one node whose level lists ``allreduce_bandwidth_gb_per_s``, the
 measured NVLink-SHARP bus bandwidth ``B_s``): ``t = α_nvls + 2(n−1)/n · S/B_s``.
 
+**CPU per step** (``step_cpu_us`` of the intra-node level, ``c_K`` for kind ``K``; 0 on GPU
+links): where the collective's algorithm runs on the ranks' own cores (gloo over loopback),
+each rank's CPU per message — its copies, syscalls and hand-offs between gloo's threads —
+is part of every step inside a node: a ring adds ``(s(n) − s(m))·c_K``, a tree
+``2(k−1)·c_K``, the direct all-to-all ``(n − m)·c_K``, a send/recv ``c_K`` inside a node.
+(``local-cpu`` gives ``c_K`` and the bandwidth at the ranks' core share: the per-message and
+the per-byte work need the cores the time-shared ranks compute on.) An all-reduce's ``c_K``
+is that of a step of full segments: gloo's ring cuts its input into ``2n`` segments and a
+step sends and receives only the non-empty ones, so an input of ``e < 2n`` elements (4-byte;
+the trainer's loss and norm scalars) costs ``e/2n`` of it per step (measured on 2 and 4
+ranks: 1-element all-reduces ≈ 0.2–0.3 of the CPU of those of ≥ 2n elements, which is flat
+from 2n elements to 64 KiB).
+
 A reduce-scatter over a level with ``reduce_scatter_as_all_reduce`` (gloo, which runs
 ``_reduce_scatter_base`` as an all-reduce of the whole input and keeps its own shard) is
-priced as that all-reduce of ``S``: ``2(n−1)`` hops and ``2(n−1)/n·S/B``.
+priced as that all-reduce of ``S``: ``2(n−1)`` hops and ``2(n−1)/n·S/B`` (and the
+all-reduce's CPU per step: measured, the same).
 
 All-to-all (direct: n−1 pairwise transfers at once): ``t = α + (n−m)·h_i + (m−1)·h_e +
 max((k−1)/n · S/B_i, (n−k)/n · S/B_r)``. Send/recv: ``t = α + h + S/B`` over the pair.
@@ -49,10 +63,10 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -126,6 +140,7 @@ class _Group:
     net_hop_us: float
     nvls_gb_per_s: float | None
     reduce_scatter_as_all_reduce: bool = False
+    step_cpu_us: Mapping[str, float] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=4096)
@@ -146,7 +161,15 @@ def _describe(ranks: tuple[int, ...], cluster: Cluster) -> _Group:
         net_hop_us=rail.latency_us if rail else 0.0,
         nvls_gb_per_s=links.level.allreduce_bandwidth_gb_per_s if len(by_node) == 1 else None,
         reduce_scatter_as_all_reduce=links.level.reduce_scatter_as_all_reduce,
+        # per-step CPU inside a node: the intra-node level's (none without a step inside one)
+        step_cpu_us=intra[0].level.step_cpu_us if intra else {},
     )
+
+
+def _filled_segments(nbytes: float, n: int) -> float:
+    """Fraction of a ring all-reduce's ``2n`` segments that hold data: ``min(1, e/2n)`` for
+    ``e = ⌈S/4⌉`` (4-byte) elements (module docstring)."""
+    return min(1.0, math.ceil(nbytes / 4) / (2 * n))
 
 
 def _steps(kind: str, x: int) -> int:
@@ -154,44 +177,53 @@ def _steps(kind: str, x: int) -> int:
 
 
 def _ring(kind: str, size: float, n: int, m: int, gb_per_s: float, h_i: float, h_e: float,
-          base_us: float) -> tuple[float, float]:
-    """(latency s, bandwidth term s) of a ring over n ranks on m nodes (module docstring)."""
+          base_us: float, cpu_us: float = 0.0) -> tuple[float, float]:
+    """(latency s, bandwidth term s) of a ring over n ranks on m nodes, ``cpu_us`` of CPU per
+    step inside a node (module docstring)."""
     if n <= 1:
         return 0.0, 0.0
-    latency_us = base_us + (_steps(kind, n) - _steps(kind, m)) * h_i + _steps(kind, m) * h_e
+    latency_us = (base_us + (_steps(kind, n) - _steps(kind, m)) * (h_i + cpu_us)
+                  + _steps(kind, m) * h_e)
     c = 1.0 if kind == "broadcast" else bus_factor(kind, n)
     return latency_us * 1e-6, c * size / (gb_per_s * 1e9)
 
 
-def _hierarchical(kind: str, size: float, g: _Group, base_us: float) -> tuple[float, float]:
+def _hierarchical(kind: str, size: float, g: _Group, base_us: float,
+                  cpu_us: float) -> tuple[float, float]:
     intra = ("reduce_scatter", "all_gather") if kind == "all_reduce" else (kind,)
-    phases = [_ring(k, size, g.k, 1, g.intra_gb_per_s, g.intra_hop_us, 0.0, base_us) for k in intra]
+    phases = [_ring(k, size, g.k, 1, g.intra_gb_per_s, g.intra_hop_us, 0.0, base_us, cpu_us)
+              for k in intra]
     phases.append(_ring(kind, size / g.k, g.m, g.m, g.rail_gb_per_s, 0.0, g.net_hop_us, base_us))
     return sum(p[0] for p in phases), sum(p[1] for p in phases)
 
 
-def _algorithm_time(kind: str, algorithm: str, size: float, g: _Group) -> tuple[float, float] | None:
-    """(latency s, bandwidth term s) of one algorithm, or ``None`` where it does not apply."""
+def _algorithm_time(kind: str, algorithm: str, size: float, g: _Group,
+                    cpu_us: float = 0.0) -> tuple[float, float] | None:
+    """(latency s, bandwidth term s) of one algorithm, or ``None`` where it does not apply;
+    ``cpu_us``: each rank's CPU per step inside a node (module docstring)."""
     consts = _constants()
     base = consts["base_latency_us"][algorithm]
     if algorithm == "ring":
-        return _ring(kind, size, g.n, g.m, g.ring_gb_per_s, g.intra_hop_us, g.net_hop_us, base)
+        return _ring(kind, size, g.n, g.m, g.ring_gb_per_s, g.intra_hop_us, g.net_hop_us, base,
+                     cpu_us)
     if algorithm == "tree":
-        latency_us = base + 2 * ((g.k - 1) * g.intra_hop_us + math.ceil(math.log2(g.m)) * g.net_hop_us)
+        latency_us = base + 2 * ((g.k - 1) * (g.intra_hop_us + cpu_us)
+                                 + math.ceil(math.log2(g.m)) * g.net_hop_us)
         return latency_us * 1e-6, 2 * size / (consts["tree_bandwidth_factor"] * g.ring_gb_per_s * 1e9)
     if algorithm == "hierarchical":
-        return _hierarchical(kind, size, g, base) if g.m >= 2 and g.k >= 2 and g.uniform else None
+        return (_hierarchical(kind, size, g, base, cpu_us)
+                if g.m >= 2 and g.k >= 2 and g.uniform else None)
     if algorithm == "nvls":
         if not g.nvls_gb_per_s:
             return None
         return base * 1e-6, bus_factor(kind, g.n) * size / (g.nvls_gb_per_s * 1e9)
     if algorithm == "direct":
-        latency_us = base + (g.n - g.m) * g.intra_hop_us + (g.m - 1) * g.net_hop_us
+        latency_us = base + (g.n - g.m) * (g.intra_hop_us + cpu_us) + (g.m - 1) * g.net_hop_us
         intra_s = (g.k - 1) / g.n * size / (g.intra_gb_per_s * 1e9)
         net_s = (g.n - g.k) / g.n * size / (g.rail_gb_per_s * 1e9)
         return latency_us * 1e-6, max(intra_s, net_s)
     if algorithm == "p2p":
-        hop = g.net_hop_us if g.m > 1 else g.intra_hop_us
+        hop = g.net_hop_us if g.m > 1 else g.intra_hop_us + cpu_us
         return (base + hop) * 1e-6, size / (g.ring_gb_per_s * 1e9)
     raise ValueError(f"unknown algorithm {algorithm!r}")
 
@@ -220,10 +252,13 @@ def _cost(kind: str, nbytes: float, group: tuple[int, ...], cluster: Cluster,
     g = _describe(group, cluster)
     if kind == "reduce_scatter" and g.reduce_scatter_as_all_reduce:
         kind = "all_reduce"              # gloo (module docstring)
+    cpu_us = g.step_cpu_us.get(kind, 0.0) * (
+        _filled_segments(nbytes, g.n) if kind == "all_reduce" else 1.0)
     names = ALGORITHMS[kind] if algorithm == "auto" else (algorithm,)
     if algorithm != "auto" and algorithm not in ALGORITHMS[kind]:
         raise ValueError(f"{kind} cannot run as {algorithm!r}; algorithms: {', '.join(ALGORITHMS[kind])}")
-    priced = [(name, t) for name in names if (t := _algorithm_time(kind, name, nbytes, g)) is not None]
+    priced = [(name, t) for name in names
+              if (t := _algorithm_time(kind, name, nbytes, g, cpu_us)) is not None]
     if not priced:
         raise ValueError(f"{algorithm!r} {kind} does not apply to {g.n} ranks on {g.m} node(s) "
                          f"({g.k} per node{'' if g.uniform else ', uneven'})")

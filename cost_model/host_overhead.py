@@ -62,6 +62,16 @@ run on the main thread every step, with ``P`` parameter tensors (measured on ``l
 charged with the optimizer's host work; the device's ``step_overhead_us`` is the host work
 every step has (clipping, the schedule, ``zero_grad``), DDP or not.
 
+**DDP's buffer broadcasts.** DDP (``broadcast_buffers=True``, torch's default, which the
+runtime keeps) broadcasts the stage's buffers from dp rank 0 before the first forward of every
+step (the forward after one that synchronised gradients), one blocking broadcast per dtype
+(``_broadcast_coalesced`` flattens the tensors of one dtype together): gpt-tiny's int64
+positions and bool causal masks are 2 broadcasts per step, counted with ``torch.profiler``
+(``gloo:broadcast``, 2 per step on a dp=2 rank). With ``B_d`` the bytes of the stage's
+buffers of dtype ``d`` (:func:`ddp_buffer_bytes`)::
+
+    t_buffers = Σ_d broadcast(B_d, G_dp)                       (only where DDP runs)
+
 **Async batches of collectives.** ZeRO-1 as the runtime runs it (``ZeroRedundancyOptimizer``
 ``_sync_params``) issues one broadcast per parameter tensor with ``async_op=True`` and then
 waits for all of them. The ranks meet once, for the first; the others are queued behind it
@@ -76,7 +86,7 @@ queued_collective_us`` (measured)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from fxplan.cost_model.efficiency import family_of
 
@@ -84,7 +94,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import DeviceGroup
     from fxplan.core.config import ParallelConfig
 
-__all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "ddp_host_s", "ddp_runs",
+__all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "ddp_buffer_bytes",
+           "ddp_host_s", "ddp_runs",
            "dtensor_params", "fsdp_params", "optimizer_host_s", "overlapped_buckets",
            "redistribute_host_s",
            "runs_kernel", "zero3_exposed_s"]
@@ -147,6 +158,20 @@ def ddp_runs(config: ParallelConfig) -> bool:
     """Whether the runtime wraps the stage in PyTorch DDP: ``dp > 1`` without tensor
     parallelism and without FSDP2 (ZeRO-0/1; :mod:`fxplan.runtime.data_parallel`)."""
     return config.dp > 1 and config.tp == 1 and not fsdp_params(config)
+
+
+def ddp_buffer_bytes(buffers: Iterable[tuple[str, float, str]], layers: Sequence[str],
+                     stage_layers: Sequence[str], first: bool) -> tuple[float, ...]:
+    """Bytes per dtype of one stage's buffers, in first-seen order (module docstring).
+    ``buffers``: the model's ``(name, bytes, dtype)``; ``layers``: every layer's module path
+    (``h.3``); a buffer under one of them belongs to the stage holding that layer
+    (``stage_layers``), any other one (positions, …) to the ``first`` stage."""
+    by_dtype: dict[str, float] = {}
+    for name, nbytes, dtype in buffers:
+        owner = next((layer for layer in layers if name.startswith(f"{layer}.")), None)
+        if (owner in stage_layers) if owner is not None else first:
+            by_dtype[dtype] = by_dtype.get(dtype, 0.0) + nbytes
+    return tuple(by_dtype.values())
 
 
 def ddp_host_s(tensors: int, device: DeviceGroup) -> float:

@@ -41,7 +41,9 @@ first, ``pre``), all-reduced (ZeRO-0, and ZeRO-1 without tp, which the runtime r
 backward: ZeRO-2 all-gathers the updated 16-bit weights, ZeRO-1 without tp broadcasts each
 parameter tensor from its owner (one collective per tensor) — under ``pg_overlap``
 (Megatron-Core ``--overlap-param-gather``) only what that gather takes beyond the stage's
-forward of one microbatch, behind which the next step hides it (:func:`_hidden_gather`); the trainer's loss and
+forward of one microbatch, behind which the next step hides it (:func:`_hidden_gather`); where
+DDP runs it broadcasts the stage's buffers before the step's first forward, one blocking
+broadcast per dtype (:func:`cost_model.host_overhead.ddp_buffer_bytes`); the trainer's loss and
 gradient-norm scalars are reduced (:mod:`cost_model.step_scalars`); a weight tied across stages
 (embedding and LM head) all-reduces its gradient between them. Under sequence parallelism
 the replicated parameters' partial-sum gradients are all-reduced over tp once per step, one
@@ -87,8 +89,8 @@ from fxplan.cost_model.expert_parallel import (ExpertWork, MoELayer, alltoall_se
                                                expert_work, model_states, moe_layers)
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.partial_grads import partial_grad_params
-from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, ddp_host_s, ddp_runs,
-                                             dtensor_params,
+from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, ddp_buffer_bytes,
+                                             ddp_host_s, ddp_runs, dtensor_params,
                                              fsdp_params, optimizer_host_s,
                                              overlapped_buckets, redistribute_host_s,
                                              zero3_exposed_s)
@@ -236,6 +238,10 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
     pp_group = tuple(stage_ranks(config, k)[0][0] for k in range(p))
     sharded_dp = fsdp_params(config)
     partial = partial_grad_params(graph, config)
+    # the model's buffers (name, bytes, dtype) and layer paths, for DDP's buffer broadcasts
+    buffers = [(name, float(b.numel() * b.element_size()), str(b.dtype))
+               for name, b in graph.gm.named_buffers()]
+    layer_paths = list(graph.layer_names.values())
     for s in range(p):
         tp_group, dp_group = stage_ranks(config, s)
         ep_group, edp_group = ep_groups(dp_group, config.ep)
@@ -311,6 +317,12 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                        + device.step_overhead_us * 1e-6)
         if ddp_runs(config):     # DDP's hooks and bucket copies (host_overhead; 0 on GPUs)
             opt_time[s] += ddp_host_s(len(stage_params), device)
+            # and its blocking broadcast of the stage's buffers, one per dtype, every step
+            stage_layers = [graph.layer_names.get(int(label[1:]), "") for c in range(v)
+                            for _, label in keys[s][c] if label.startswith("L")]
+            post[s] += sum(_collective("broadcast", nbytes, dp_group, cluster)
+                           for nbytes in ddp_buffer_bytes(buffers, layer_paths, stage_layers,
+                                                          first=s == 0))
         gather = 0.0   # the updated parameters back to every dp rank (ZeRO-1/2)
         if _zero1_broadcasts(config):
             # ZeroRedundancyOptimizer: each updated tensor broadcast from the rank that owns it,

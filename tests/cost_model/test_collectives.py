@@ -155,3 +155,30 @@ def test_gloo_runs_a_reduce_scatter_as_an_all_reduce_of_its_input() -> None:
     gpu = Cluster.load("dgx-a100-80g")
     assert collective_time_s("reduce_scatter", nbytes, range(8), gpu) < \
         collective_time_s("all_reduce", nbytes, range(8), gpu)
+
+
+def test_gloo_cpu_per_step_runs_at_the_core_share() -> None:
+    # local-cpu: each step of a gloo collective costs the hop's wake-up plus the kind's CPU
+    # per step at the ranks' core share, and the bytes move at the bandwidth times the share
+    from fxplan.cluster_specs.local_cpu import (GLOO_BUS_GB_PER_S, GLOO_STEP_CPU_US,
+                                                GLOO_WAKEUP_US, core_share, cpu_cores)
+
+    for devices in (2, 4):
+        cpu = Cluster.load(f"local-cpu:devices={devices}")
+        share = core_share(cpu_cores(), devices)
+        level = cpu.levels[0]
+        assert level.bandwidth_gb_per_s == pytest.approx(GLOO_BUS_GB_PER_S * share, rel=1e-3)
+        for kind, hops in (("all_gather", 1), ("broadcast", 1)):
+            t = collective_time_s(kind, 1.0, (0, 1), cpu)
+            step = GLOO_WAKEUP_US + GLOO_STEP_CPU_US[kind] / share
+            assert t == pytest.approx((6.0 + hops * step) * 1e-6, rel=1e-3)
+        # an all-reduce of e < 2n elements fills e/2n of the ring's segments
+        full = collective_time_s("all_reduce", 4.0 * 2 * devices, range(devices), cpu)
+        one = collective_time_s("all_reduce", 4.0, range(devices), cpu)
+        steps = 2 * (devices - 1)
+        assert full - one == pytest.approx(
+            steps * GLOO_STEP_CPU_US["all_reduce"] / share * (1 - 1 / (2 * devices)) * 1e-6
+            + (2 * devices - 1) * 4.0 * steps / devices / (level.bandwidth_gb_per_s * 1e9),
+            rel=1e-3)
+    # GPU links have no per-step CPU
+    assert not any(level.step_cpu_us for level in Cluster.load("dgx-a100-80g").levels)

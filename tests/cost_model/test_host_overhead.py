@@ -178,10 +178,18 @@ def test_local_cpu_reduces_a_small_model_in_one_ddp_bucket(tiny) -> None:  # typ
     unique = sum(p.numel for name, p in tiny.params.items() if not p.tied_to)
     dp = _estimate(tiny, "dp=2,mb=4")
     # one all-reduce of the whole gradient (< 1 MiB), exposed after the backward (ω = 0),
-    # and the trainer's 4-byte loss all-reduce (cost_model.step_scalars), both in the dp row
+    # the trainer's 4-byte loss all-reduce (cost_model.step_scalars) and DDP's broadcast of
+    # the buffers, one per dtype, all in the dp row
+    from fxplan.cost_model.host_overhead import ddp_buffer_bytes
+
+    buffers = [(n, float(b.numel() * b.element_size()), str(b.dtype))
+               for n, b in tiny.gm.named_buffers()]
+    layers = list(tiny.layer_names.values())
+    broadcasts = ddp_buffer_bytes(buffers, layers, layers, first=True)
     assert dp.breakdown["dp_comm"] == pytest.approx(
         collective_time_s("all_reduce", 4 * unique, range(2), cluster)
-        + collective_time_s("all_reduce", 4.0, range(2), cluster))
+        + collective_time_s("all_reduce", 4.0, range(2), cluster)
+        + sum(collective_time_s("broadcast", b, range(2), cluster) for b in broadcasts))
 
 
 def test_ddp_host_work_is_charged_only_where_ddp_runs(tiny) -> None:  # type: ignore[no-untyped-def]
@@ -208,3 +216,16 @@ def test_ddp_host_work_is_charged_only_where_ddp_runs(tiny) -> None:  # type: ig
         pytest.approx(ddp_host_s(tensors, cpu), rel=1e-6)
     assert optimizer("dp=2,mb=4,zero=2", "local-cpu:devices=2") == \
         optimizer("dp=2,mb=4,zero=2", off)
+
+
+def test_ddp_buffer_bytes_one_broadcast_per_dtype_on_the_stage_holding_the_buffer() -> None:
+    # gpt-tiny's buffers: the positions (outside the layers) and one causal mask per layer
+    from fxplan.cost_model.host_overhead import ddp_buffer_bytes
+
+    buffers = [("positions", 512.0, "torch.int64"), ("h.0.attn.future", 4096.0, "torch.bool"),
+               ("h.1.attn.future", 4096.0, "torch.bool")]
+    layers = ["h.0", "h.1"]
+    assert ddp_buffer_bytes(buffers, layers, layers, first=True) == (512.0, 8192.0)
+    assert ddp_buffer_bytes(buffers, layers, ["h.0"], first=True) == (512.0, 4096.0)
+    assert ddp_buffer_bytes(buffers, layers, ["h.1"], first=False) == (4096.0,)
+    assert ddp_buffer_bytes([], layers, layers, first=True) == ()

@@ -22,7 +22,7 @@ from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import priced_config
 
 SMALL = "gpt:layers=2,hidden=64,heads=4,vocab=256,seq=32"
-#: Wide enough that the solver shards the residual stream on local CPU ranks.
+#: Wide enough that the solver shards the residual stream on the ``cpu4`` fixture's ranks.
 WIDER = "gpt:layers=2,hidden=256,heads=4,vocab=256,seq=256"
 
 
@@ -56,7 +56,18 @@ def dgx():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def cpu4():  # type: ignore[no-untyped-def]
-    cluster = Cluster.load("local-cpu:devices=4")
+    # 4 CPU ranks whose gloo is priced by a hop latency and the idle-rank bandwidth alone (the
+    # spec before gloo's CPU per step was measured): there the solver shards the sequence of
+    # WIDER. With gloo's CPU (a reduce-scatter is an all-reduce, an all-gather's step costs
+    # more CPU than an all-reduce's) sequence parallelism never pays on local-cpu.
+    from fxplan.cluster_specs.local_cpu import (GLOO_BUS_GB_PER_S, GLOO_HOP_LATENCY_US,
+                                                local_cpu_spec)
+
+    spec = local_cpu_spec(4)
+    loopback = {k: v for k, v in spec["levels"][0].items() if k != "step_cpu_us"}
+    spec["levels"][0] = loopback | {"bandwidth_gb_per_s": GLOO_BUS_GB_PER_S,
+                                    "latency_us": GLOO_HOP_LATENCY_US}
+    cluster = Cluster.from_dict(spec, source="local-cpu:devices=4, gloo by hop latency")
     return _graph(WIDER, cluster), cluster
 
 
