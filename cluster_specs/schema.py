@@ -136,6 +136,9 @@ GROUP_FIELDS: dict[str, Field] = {
     "optimizer_tensor_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
                                            unit="µs per parameter tensor per optimizer step"),
                                     0.0),
+    "first_touch_us_per_mib": optional(number(
+        low=0, low_open=False, high=MAX_LATENCY_US,
+        unit="µs per MiB of saved activations faulted in again each microbatch"), 0.0),
     "queued_collective_us": optional(number(
         low=0, low_open=False, high=MAX_LATENCY_US,
         unit="µs per further collective of an async batch (0: a full collective)"), 0.0),

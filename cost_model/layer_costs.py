@@ -61,6 +61,7 @@ from fxplan.core.placements import PlacementMap
 from fxplan.cost_model.edge_reshard import edge_collectives
 from fxplan.cost_model.fp8 import converted, fp8_node_time_s, fp8_working_bytes
 from fxplan.cost_model.dtensor_dispatch import dispatch_s, dtensor_ops
+from fxplan.cost_model.host_overhead import first_touch_s
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.passes.node_info import MATMUL_CLASSES
 from fxplan.cost_model.megatron_layout import CONST, SHARD, TPLayout, used_params
@@ -302,6 +303,13 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
                                       fused=fused)
     activations = ActivationBytes(activations.saved * scale,
                                   activations.working * scale + fp8_working)
+    # the saved activations' pages faulted in again on a CPU rank (host_overhead; 0 on GPUs)
+    forward += first_touch_s(activations.saved, device)
+    if policy != "none" and device.first_touch_us_per_mib:
+        kept = segment_activations(graph, names, layout, tp=tp,
+                                   sequence_parallel=sp and not layout.priced, recompute="none",
+                                   fused=fused).saved * scale
+        recompute += first_touch_s(max(0.0, kept - activations.saved), device)
     split_output = layout.is_sharded(names[-1]) if layout.priced and names else sp
     output = tensor_bytes(infos[names[-1]]) * scale / (tp if split_output else 1) if names else 0.0
     return SegmentCost(forward, backward, recompute, tuple(tp_fwd), tuple(tp_bwd), activations,

@@ -208,3 +208,32 @@ def test_ddp_host_work_is_charged_only_where_ddp_runs(tiny) -> None:  # type: ig
         pytest.approx(ddp_host_s(tensors, cpu), rel=1e-6)
     assert optimizer("dp=2,mb=4,zero=2", "local-cpu:devices=2") == \
         optimizer("dp=2,mb=4,zero=2", off)
+
+
+def test_first_touch_adds_the_saved_activations_pages_to_the_forward(tiny) -> None:  # type: ignore[no-untyped-def]
+    # local-cpu: every segment's forward carries A / MiB · first_touch_us_per_mib, A its saved
+    # bytes; a recomputed forward the bytes the policy no longer keeps; 0 on the GPU specs
+    from fxplan.cluster_specs import local_cpu
+    from fxplan.cost_model.host_overhead import first_touch_s
+    from fxplan.cost_model.layer_costs import graph_segments, segment_cost
+
+    cpu = Cluster.load("local-cpu:devices=1").device_groups[0]
+    assert cpu.first_touch_us_per_mib == pytest.approx(
+        local_cpu.REFAULT_FRACTION * 256 * local_cpu.FIRST_TOUCH_PAGE_US, rel=1e-3)
+    assert first_touch_s(2**20, cpu) == pytest.approx(cpu.first_touch_us_per_mib * 1e-6)
+    assert Cluster.load("dgx-a100-80g").device_groups[0].first_touch_us_per_mib == 0.0
+    off = Cluster.load("local-cpu:devices=1,cpu.first_touch_us_per_mib=0").device_groups[0]
+    key = graph_segments(tiny).layers[0][0]
+
+    def seg(device, recompute="none"):  # type: ignore[no-untyped-def]
+        return segment_cost(tiny, key, tp=1, sequence_parallel=False, recompute=recompute,
+                            microbatch=4, device=device)
+
+    on, bare = seg(cpu), seg(off)
+    assert on.activations.saved > 0
+    assert on.forward_s - bare.forward_s == pytest.approx(
+        first_touch_s(on.activations.saved, cpu), rel=1e-9)
+    assert on.backward_s == bare.backward_s
+    full, full_bare = seg(cpu, "full"), seg(off, "full")
+    assert full.recompute_s - full_bare.recompute_s == pytest.approx(
+        first_touch_s(on.activations.saved - full.activations.saved, cpu), rel=1e-9)
