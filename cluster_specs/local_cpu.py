@@ -23,6 +23,7 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     optimizer_tensor_us        = OPTIMIZER_TENSOR_US / s         (AdamW per plain tensor)
     dtensor_optimizer_tensor_us = DTENSOR_OPTIMIZER_TENSOR_US / s (AdamW per DTensor tensor)
     step_overhead_us           = STEP_OVERHEAD_US / s            (training loop's host work)
+    view_op_us, view_backward_op_us = VIEW_OP_US / s, VIEW_BACKWARD_OP_US / s  (per view node)
     first_touch_us_per_mib     = ρ · 256 · FIRST_TOUCH_PAGE_US / s (activations faulted in again;
                                                                  ρ = REFAULT_FRACTION)
     ddp_step_us, ddp_tensor_us = DDP_STEP_US / s, DDP_TENSOR_US / s  (DDP's, where it runs)
@@ -120,6 +121,16 @@ DDP_STEP_US, DDP_TENSOR_US = 151.0, 8.2
 #: step's page faults, ``FIRST_TOUCH_PAGE_US``, which the plain loop did not pay, and counted
 #: AdamW's memory traffic twice.)
 STEP_OVERHEAD_US = 501.0
+#: Host cost of a view node (``view``, ``transpose``, ``split``, ``narrow``, ``getitem``: no
+#: kernel, the roofline prices it 0) on one core, forward and backward, µs: dispatch, the view's
+#: autograd node and, backward, its gradient's reshaping (``split``'s is a ``cat``). Calibration:
+#: ``python benchmarks/op_class_calibration.py --rounds 3 --batches 4,8,16`` (gpt-tiny's
+#: graph node by node, session 22, load average 21–24 from other sessions' jobs): the view
+#: nodes' summed thread CPU over the number of view nodes run, scaled to the spec's eager op by
+#: the round's probe; per round forward 6.18, 6.22, 6.17 µs, backward 8.93, 8.75, 9.44 µs (the
+#: backward over every view node, as the cost model charges them), the medians
+#: (``benchmarks/data/op_class_calibration_s22.json``).
+VIEW_OP_US, VIEW_BACKWARD_OP_US = 6.18, 8.93
 #: Fresh pages faulted in by a step's activations. glibc's malloc gives the free top of its
 #: heap back to the kernel (``M_TRIM_THRESHOLD``, dynamic) when the step frees its
 #: activations, and the next step faults the pages in again (zeroed) on first touch — a cost
@@ -351,6 +362,8 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "intra_node_level": "loopback",
                 "kernel_launch_us": round(eager / share, 3),
                 "step_overhead_us": round(host * STEP_OVERHEAD_US / share, 1),
+                "view_op_us": round(host * VIEW_OP_US / share, 3),
+                "view_backward_op_us": round(host * VIEW_BACKWARD_OP_US / share, 3),
                 # glibc gives the freed activations back between steps (measured)
                 "first_touch_us_per_mib": round(
                     host * REFAULT_FRACTION * (2**20 // PAGE_BYTES) * FIRST_TOUCH_PAGE_US / share,

@@ -14,7 +14,9 @@ replicated ops run on ``1/t`` of the sequence too):
 
 - ``forward_s = Σ_n node_time(n)``, ``backward_s = Σ_n node_time(n, backward)``
   (:func:`cost_model.compute.node_time_s`, the function the intra-op solver prices nodes
-  with, on the rank's share ``k / divisor`` of the node's work), plus under ``tp > 1`` the
+  with, on the rank's share ``k / divisor`` of the node's work), each view node's host cost
+  (``view_op_us``/``view_backward_op_us``: no kernel, 0 on the GPU specs), the first touch of
+  the saved activations (:func:`cost_model.host_overhead.first_touch_s`, forward), plus under ``tp > 1`` the
   DTensor dispatch of every node that runs on DTensors, ordinary and view ops
   (:mod:`cost_model.dtensor_dispatch`), ``recompute_s`` = forward time of the recomputed nodes
   (the attention core for ``selective``, the whole layer for ``full``; ``pre``/``post``
@@ -265,6 +267,9 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
             else:
                 fwd = node_time_s(info, device, shard_factor=shard)
                 bwd = node_time_s(info, device, shard_factor=shard, backward=True)
+            if info.op_class == "view":   # no kernel, but its dispatch (0 on the GPU specs)
+                fwd += device.view_op_us * 1e-6
+                bwd += device.view_backward_op_us * 1e-6
             if tp > 1:   # the node's ops on DTensors (cost_model.dtensor_dispatch)
                 host = dispatch_s(dtensor_ops(graph, name, layout, sp=sp,
                                               split=work_divisor(name, layout, tp, sp) > 1), device)

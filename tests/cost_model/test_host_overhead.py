@@ -237,3 +237,28 @@ def test_first_touch_adds_the_saved_activations_pages_to_the_forward(tiny) -> No
     full, full_bare = seg(cpu, "full"), seg(off, "full")
     assert full.recompute_s - full_bare.recompute_s == pytest.approx(
         first_touch_s(on.activations.saved - full.activations.saved, cpu), rel=1e-9)
+
+
+def test_view_nodes_pay_their_dispatch_on_local_cpu_only(tiny) -> None:  # type: ignore[no-untyped-def]
+    # a view node runs no kernel (the roofline prices it 0) but costs the host view_op_us
+    # forward and view_backward_op_us backward; 0 on the GPU specs
+    from fxplan.cost_model.layer_costs import graph_segments, segment_cost
+
+    cpu = Cluster.load("local-cpu:devices=1").device_groups[0]
+    assert cpu.view_op_us > 0 and cpu.view_backward_op_us > 0
+    gpu = Cluster.load("dgx-a100-80g").device_groups[0]
+    assert gpu.view_op_us == 0.0 and gpu.view_backward_op_us == 0.0
+    off = Cluster.load("local-cpu:devices=1,cpu.view_op_us=0,cpu.view_backward_op_us=0"
+                       ).device_groups[0]
+    key, names = graph_segments(tiny).layers[0]
+    views = sum(tiny.infos_by_name[n].op_class == "view" for n in names)
+    assert views > 0
+
+    def seg(device):  # type: ignore[no-untyped-def]
+        return segment_cost(tiny, key, tp=1, sequence_parallel=False, recompute="none",
+                            microbatch=4, device=device)
+
+    assert seg(cpu).forward_s - seg(off).forward_s == pytest.approx(
+        views * cpu.view_op_us * 1e-6, rel=1e-9)
+    assert seg(cpu).backward_s - seg(off).backward_s == pytest.approx(
+        views * cpu.view_backward_op_us * 1e-6, rel=1e-9)
