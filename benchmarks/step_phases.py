@@ -18,13 +18,16 @@ For each rank and phase it prints the median over steps (the first 3 dropped: wa
 the **wall** time (``perf_counter``) and the rank's main-thread **CPU** time
 (``thread_time``): ``wall − CPU`` is time the rank's main thread did not run — waiting in a
 blocking collective, for a pipeline peer, or for a core (more ranks than cores, other jobs).
-Gloo's own threads are not in the CPU figure. The model's counterparts: ``compute`` and the
+Gloo's own threads are not in the CPU figure. Last, the median minor page faults of the main
+thread per phase: pages the allocator had given back to the kernel and the phase touched
+again (priced as the first touch of the activations, ``cost_model/host_overhead.py``). The model's counterparts: ``compute`` and the
 communication rows for ``train_step``, the ``optimizer`` row for the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import json
 import os
 import socket
@@ -62,6 +65,7 @@ def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> Non
     batch = ((tokens[start:stop],), targets[start:stop])
     optimizer = build_optimizer(sharded, "adamw", lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
     wall: dict[str, list[float]] = {k: [] for k in PHASES}
+    faults: dict[str, list[int]] = {k: [] for k in PHASES}
     cpu: dict[str, list[float]] = {k: [] for k in PHASES}
 
     def phases() -> Iterator[None]:
@@ -78,19 +82,27 @@ def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> Non
         yield
 
     for step in range(steps):
-        w, c = time.perf_counter(), time.thread_time()
+        w, c, f = time.perf_counter(), time.thread_time(), _minor_faults()
         for name, _ in zip(PHASES, phases()):
-            w2, c2 = time.perf_counter(), time.thread_time()
+            w2, c2, f2 = time.perf_counter(), time.thread_time(), _minor_faults()
             if step >= WARMUP:
                 wall[name].append(w2 - w)
                 cpu[name].append(c2 - c)
-            w, c = w2, c2
+                faults[name].append(f2 - f)
+            w, c, f = w2, c2, f2
     med = {k: (statistics.median(wall[k]) * 1e3, statistics.median(cpu[k]) * 1e3) for k in PHASES}
     total = sum(w for w, _ in med.values()), sum(c for _, c in med.values())
     print(f"rank {rank}: step {total[0]:.2f} / {total[1]:.2f} | "
-          + " | ".join(f"{k} {w:.2f} / {c:.2f}" for k, (w, c) in med.items()), flush=True)
+          + " | ".join(f"{k} {w:.2f} / {c:.2f}" for k, (w, c) in med.items())
+          + " | page faults " + ", ".join(f"{k} {statistics.median(v):.0f}"
+                                          for k, v in faults.items()), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _minor_faults() -> int:
+    """The calling thread's minor page faults so far (``getrusage(RUSAGE_THREAD)``)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
 def _free_port() -> int:
