@@ -21,6 +21,8 @@ shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_
    batch 4): effective bandwidth ``(bytes read + written) / t`` of ``copy``, ``dropout``
    (train mode, ``p`` = 0.1), ``gelu``, ``softmax``; the spec's ``compute_efficiency`` of a
    memory-bound class is its bandwidth over the copy's.
+5. (was the step overhead, ``T_step − T_fb − t_opt`` of a 2-rank DDP step against a plain
+   forward + backward in a warm loop: replaced by 8. and 9.)
 0. **probe** (``--probe``, under a second) — the three per-core rates the ``local-cpu`` spec
    takes as ``matmul_tflops``, ``memory_gb_per_s``, ``eager_op_us`` (:func:`rate_probe`):
    the 1024³ matmul of 1., the eager op of 2. (forward, the chain of ``CHAIN`` ops), and the
@@ -38,14 +40,14 @@ shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_
    per group and microbatch (unshard and hooks), per group and step (the reduce), ZeRO-3's
    re-gather per group and microbatch, and DDP's per step, each as a part per group (step)
    plus a part per tensor (:func:`fsdp_host_us`).
-8. **first touch** (``--first-touch`` alone) — gpt-tiny's training step (forward, loss,
+8. **first touch** (also ``--first-touch`` alone, as JSON) — gpt-tiny's training step (forward, loss,
    backward, clipping, AdamW, ``zero_grad``) in fresh processes, one thread, counting the
    main thread's minor page faults per step (``getrusage(RUSAGE_THREAD)``): the cost of a
    re-faulted 4 KiB page inside the step (the heap trimmed at every free against kept, set
    with glibc's ``mallopt``; ``Δt / Δfaults``), and with glibc's default thresholds (as a
    launched rank runs) the mean share of the microbatch's saved activation bytes faulted in
    again per step, at batch 4, 8 and 16 (:func:`first_touch`).
-9. **the trainer's host work after ``train_step``** (``--step`` alone) — the runtime's
+9. **the trainer's host work after ``train_step``** (also ``--step`` alone, as JSON) — the runtime's
    one-rank gpt-tiny plan at batch 16, each phase once per step in the trainer's order:
    clipping, the partial-gradient pass and ``zero_grad`` (the spec's step overhead), and
    AdamW's step less the cost model's price of its memory traffic, per tensor
