@@ -21,16 +21,8 @@ shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_
    batch 4): effective bandwidth ``(bytes read + written) / t`` of ``copy``, ``dropout``
    (train mode, ``p`` = 0.1), ``gelu``, ``softmax``; the spec's ``compute_efficiency`` of a
    memory-bound class is its bandwidth over the copy's.
-5. **step overhead** — 2 ranks, gpt-tiny at batch 16, the plan ``fxplan.search`` picks for
-   ``local-cpu:devices=2``: on each rank the main thread's CPU time of a whole step as
-   ``fxplan launch`` runs it (``train_step`` + ``AdamW.step`` + ``zero_grad``), ``T_step``,
-   and of a plain eager forward + loss + backward of the same model on the rank's batch,
-   ``T_fb``. What the step adds beyond its kernels and the optimizer's memory traffic that the
-   cost model already prices (``t_opt``, the plan's estimate) is the fixed host cost
-   per step (optimizer's per-tensor loop, DDP hooks and bucket copies, the schedule)::
-
-       step_overhead = T_step − T_fb − t_opt
-
+5. (was the step overhead, ``T_step − T_fb − t_opt`` of a 2-rank DDP step against a plain
+   forward + backward in a warm loop: replaced by 8. and 9.)
 0. **probe** (``--probe``, under a second) — the three per-core rates the ``local-cpu`` spec
    takes as ``matmul_tflops``, ``memory_gb_per_s``, ``eager_op_us`` (:func:`rate_probe`):
    the 1024³ matmul of 1., the eager op of 2. (forward, the chain of ``CHAIN`` ops), and the
@@ -59,6 +51,18 @@ shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_
    in the kernel), and the same with ``work`` left out (idle ranks). A least-squares line per
    kind and rank count, ``c(S) = c₀ + c₁·S``, of the collective's whole CPU (main + other
    threads, every rank's mean) is its per-call and per-byte core time (:func:`gloo_cpu_us`).
+9. **first touch** (also ``--first-touch`` alone, as JSON) — gpt-tiny's training step (forward, loss,
+   backward, clipping, AdamW, ``zero_grad``) in fresh processes, one thread, counting the
+   main thread's minor page faults per step (``getrusage(RUSAGE_THREAD)``): the cost of a
+   re-faulted 4 KiB page inside the step (the heap trimmed at every free against kept, set
+   with glibc's ``mallopt``; ``Δt / Δfaults``), and with glibc's default thresholds (as a
+   launched rank runs) the mean share of the microbatch's saved activation bytes faulted in
+   again per step, at batch 4, 8 and 16 (:func:`first_touch`).
+10. **the trainer's host work after ``train_step``** (also ``--step`` alone, as JSON) — the runtime's
+   one-rank gpt-tiny plan at batch 16, each phase once per step in the trainer's order:
+   clipping, the partial-gradient pass and ``zero_grad`` (the spec's step overhead), and
+   AdamW's step less the cost model's price of its memory traffic, per tensor
+   (:func:`step_host_us`).
 """
 
 from __future__ import annotations
@@ -477,58 +481,6 @@ def optimizer_us(repeats: int) -> dict[str, float]:
             "step_us": t * 1e6, "per_tensor_us": t / len(params) * 1e6}
 
 
-def _overhead_worker(rank: int, world: int, port: int, repeats: int, out: str) -> None:
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    import fxplan
-    from fxplan.cluster_specs import Cluster
-    from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.apply import apply_plan
-    from fxplan.worker import loss_fn
-
-    _join_gloo(rank, world, port)
-    cluster = f"local-cpu:devices={world}"
-    plan = fxplan.search("gpt-tiny", cluster, batch=16, progress=False)
-    bundle = resolve_model("gpt-tiny")
-    torch.manual_seed(0)
-    vocab = getattr(bundle.config, "vocab", None) or bundle.config.vocab_size
-    tokens, targets = (torch.randint(0, vocab, (16, plan.seq)) for _ in range(2))
-    inputs = (tokens,)
-    sharded = apply_plan(bundle.build("cpu"), plan, inputs)
-    optimizer = sharded.optimizer(torch.optim.AdamW, lr=1e-3)
-    plain = bundle.build("cpu")
-    local = 16 // plan.mesh_shape[1]
-    x, y = inputs[0][:local], targets[:local]
-
-    def step() -> None:
-        sharded.train_step((inputs, targets), loss_fn)
-        optimizer.step()
-        optimizer.zero_grad()
-
-    def forward_backward() -> None:
-        out = plain(x)
-        F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1)).backward()
-
-    t_step = _median_thread_time(step, repeats=repeats)
-    t_fb = _median_thread_time(forward_backward, repeats=repeats)
-    if rank == 0:
-        # The plan's optimizer price includes the spec's current step_overhead_us: take it out.
-        device = Cluster.load(cluster).device_groups[0]
-        t_opt = plan.estimate["breakdown"]["optimizer"] - device.step_overhead_us * 1e-6
-        Path(out).write_text(json.dumps({"plan": plan.summary, "step_ms": t_step * 1e3,
-                                         "fb_ms": t_fb * 1e3, "opt_ms": t_opt * 1e3}))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def step_overhead(repeats: int) -> dict[str, float]:
-    """``T_step − T_fb − t_opt`` on 2 ranks (module docstring), ms."""
-    result = _spawn_json(_overhead_worker, 2, repeats)
-    result["overhead_ms"] = result["step_ms"] - result["fb_ms"] - result["opt_ms"]
-    return result
-
-
 def _sharing_worker(rank: int, iterations: int, out: str) -> None:
     import torch.nn.functional as F
 
@@ -785,6 +737,214 @@ def _spawn_json(worker: Callable[..., None], world: int, *args: Any) -> Any:
         return json.loads(Path(out).read_text())
 
 
+#: glibc ``mallopt`` parameters (malloc.h): ``M_TRIM_THRESHOLD``, ``M_TOP_PAD``,
+#: ``M_MMAP_THRESHOLD``.
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+PAGE_BYTES = 4096
+
+
+def _mallopt(**params: int) -> None:
+    """Set glibc malloc parameters by name (``trim``, ``top_pad``, ``mmap``), bytes."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    codes = {"trim": _M_TRIM_THRESHOLD, "top_pad": _M_TOP_PAD, "mmap": _M_MMAP_THRESHOLD}
+    for name, value in params.items():
+        if not libc.mallopt(codes[name], value):
+            raise RuntimeError(f"mallopt({name}={value}) failed")
+
+
+def _saved_bytes(batch: int, seq: int = 64) -> float:
+    """The cost model's saved activation bytes of one gpt-tiny microbatch of ``batch``
+    (``NodeInfo.saved_bytes`` of the captured graph, whose batch is 1)."""
+    from fxplan.api import capture_for_search
+
+    graph = capture_for_search("gpt-tiny", seq=seq, dtype="float32")
+    return batch * float(sum(n.meta["fxplan"].saved_bytes for n in graph.gm.graph.nodes
+                             if "fxplan" in n.meta))
+
+
+def _plain_train_step(batch: int) -> Callable[[], None]:
+    """gpt-tiny's training step as the trainer runs it on one rank, without the runtime:
+    forward, cross-entropy, backward, clipping, AdamW, ``zero_grad`` (gradients to None)."""
+    import torch.nn.functional as F
+
+    from fxplan.examples.model_spec import resolve_model
+
+    torch.manual_seed(0)
+    model = resolve_model("gpt-tiny").build("cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randint(0, 512, (batch, 64)), torch.randint(0, 512, (batch, 64))
+
+    def step() -> None:
+        out = model(x)
+        F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1)).backward()
+        del out
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+    return step
+
+
+def _faulted_steps(step: Callable[[], None], steps: int) -> tuple[list[float], list[int]]:
+    """Thread CPU seconds and minor page faults of each of ``steps`` calls of ``step``."""
+    import resource
+
+    times, faults = [], []
+    for _ in range(steps):
+        f = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        c = time.thread_time()
+        step()
+        times.append(time.thread_time() - c)
+        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f)
+    return times, faults
+
+
+def _first_touch_worker(rank: int, world: int, port: int, batch: int, steps: int,
+                        in_situ: bool, out: str) -> None:
+    """A fresh process (glibc's malloc as a launched rank has it): gpt-tiny's step at
+    ``batch``; ``in_situ``: alternating blocks with the heap trimmed after every free and
+    with it kept (``mallopt``), else glibc's defaults (module docstring, 9.)."""
+    torch.set_num_threads(1)
+    step = _plain_train_step(batch)
+    for _ in range(3):
+        step()
+    result: dict[str, Any] = {"eager_op_us": _op_chain_s(lambda t: t, 3, backward=False)[0] * 1e6}
+    if in_situ:
+        samples: dict[str, tuple[list[float], list[int]]] = {"trim": ([], []), "keep": ([], [])}
+        # every tensor on the heap (none mmapped), then: give back all of the free top at
+        # every free / never give back
+        _mallopt(mmap=32 * 2**20, top_pad=0)
+        for r in range(steps):
+            for mode, trim in (("trim", 0), ("keep", 2**30)):
+                _mallopt(trim=trim)
+                step()                      # the first step after the switch settles it
+                t, f = _faulted_steps(step, 3)
+                samples[mode][0].extend(t)
+                samples[mode][1].extend(f)
+        for mode, (t, f) in samples.items():
+            result[mode] = {"cpu_ms": statistics.median(t) * 1e3, "faults": statistics.median(f)}
+    else:
+        t, f = _faulted_steps(step, steps)
+        result.update(cpu_ms=statistics.median(t) * 1e3, faults=f)
+    Path(out).write_text(json.dumps(result))
+
+
+def first_touch(batches: tuple[int, ...] = (4, 8, 16), runs: int = 3, steps: int = 20,
+                in_situ_batch: int = 16) -> dict[str, Any]:
+    """8. What the first touch of fresh pages costs a training step (module docstring).
+
+    ``page_us``: in one fresh process, gpt-tiny's step at ``in_situ_batch`` alternately with
+    the heap trimmed at every free (``M_TRIM_THRESHOLD`` 0: the step's pages are given back
+    and faulted again on the next step) and kept (``M_TRIM_THRESHOLD`` 1 GiB: no faults),
+    every tensor on the heap (``M_MMAP_THRESHOLD`` 32 MiB):
+    ``(t_trim − t_keep) / (faults_trim − faults_keep)``, the seconds a re-faulted 4 KiB page
+    costs the step (the fault, the kernel zeroing it, the missed cache), at the spec's eager
+    op (``· EAGER_OP_US / e``, each run's own probe). ``fraction``: with glibc's defaults (a
+    launched rank's), the mean over ``runs`` fresh processes × ``steps`` steps of the faults
+    per step, in bytes, over the saved activation bytes of the microbatch
+    (:func:`_saved_bytes`), per batch size; the pooled fraction weighs each batch size by its
+    bytes."""
+    from fxplan.cluster_specs.local_cpu import EAGER_OP_US
+
+    page = []
+    for _ in range(runs):
+        r = _spawn_json(_first_touch_worker, 1, in_situ_batch, 6, True)
+        page.append((r["trim"]["cpu_ms"] - r["keep"]["cpu_ms"]) * 1e3
+                    / max(1.0, r["trim"]["faults"] - r["keep"]["faults"])
+                    * EAGER_OP_US / r["eager_op_us"])
+        page_raw = r
+    natural: dict[str, Any] = {}
+    faulted = saved = 0.0
+    for b in batches:
+        faults = [f for _ in range(runs)
+                  for f in _spawn_json(_first_touch_worker, 1, b, steps, False)["faults"]]
+        mean = statistics.fmean(faults) * PAGE_BYTES
+        natural[str(b)] = {"faults_per_step": statistics.fmean(faults),
+                           "min": min(faults), "max": max(faults),
+                           "saved_mib": _saved_bytes(b) / 2**20,
+                           "fraction": mean / _saved_bytes(b)}
+        faulted += mean
+        saved += _saved_bytes(b)
+    return {"page_us": statistics.median(page), "page_us_runs": page, "last_in_situ": page_raw,
+            "natural": natural, "fraction": faulted / saved}
+
+
+def _step_host_worker(rank: int, world: int, port: int, steps: int, out: str) -> None:
+    """One rank (a one-rank gloo group) running the trainer's step on the runtime's one-rank
+    gpt-tiny plan, each phase timed once per step as the trainer runs it (module docstring,
+    9.)."""
+    import fxplan
+    from fxplan.cluster_specs import Cluster
+    from fxplan.cost_model.compute import op_time_s
+    from fxplan.cost_model.memory import adam_for
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.apply import apply_plan
+    from fxplan.runtime.optim import build_optimizer, clip_grad_norm, set_lr
+    from fxplan.runtime.partial_grads import reduce_partial_grads
+    from fxplan.worker import loss_fn
+
+    _join_gloo(rank, world, port)
+    plan = fxplan.search("gpt-tiny", "local-cpu:devices=1", batch=16, progress=False)
+    torch.manual_seed(0)
+    tokens, targets = (torch.randint(0, 512, (16, plan.seq)) for _ in range(2))
+    sharded = apply_plan(resolve_model("gpt-tiny").build("cpu"), plan, (tokens,))
+    optimizer = build_optimizer(sharded, "adamw", lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
+    phases = {"train_step": lambda: sharded.train_step(((tokens,), targets), loss_fn, local=True),
+              "partial": lambda: reduce_partial_grads(sharded),
+              "clip": lambda: clip_grad_norm(sharded, 1.0),
+              "opt": lambda: (set_lr(optimizer, 1e-3), optimizer.step()),
+              "zero": optimizer.zero_grad}
+    samples: dict[str, list[float]] = {k: [] for k in phases}
+    for step in range(steps + 3):
+        for name, fn in phases.items():
+            c = time.thread_time()
+            fn()
+            if step >= 3:                    # warm-up: the optimizer's states, the caches
+                samples[name].append(time.thread_time() - c)
+    probe = rate_probe()
+    params = sum(p.numel() for p in sharded.parameters())
+    # the optimizer's memory traffic as the cost model prices it at this moment's rates
+    device = Cluster.load(f"local-cpu:devices=1,matmul_tflops={probe['matmul_tflops']:.6g},"
+                          f"eager_op_us={probe['eager_op_us']:.6g}").device_groups[0]
+    adam = adam_for("fp32")
+    traffic = op_time_s("elementwise", adam.step_flops * params, adam.step_bytes * params,
+                        torch.float32, device)
+    result = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    result.update(tensors=len(list(sharded.parameters())), params=params,
+                  traffic_us=traffic * 1e6, eager_op_us=probe["eager_op_us"],
+                  matmul_tflops=probe["matmul_tflops"])
+    Path(out).write_text(json.dumps(result))
+    import torch.distributed as dist
+    dist.destroy_process_group()
+
+
+def step_host_us(steps: int = 30, runs: int = 3) -> dict[str, Any]:
+    """9. The trainer's host work after ``train_step`` on one rank (no DDP), each phase once
+    per step in the trainer's order (its caches as a real step leaves them: the forward and
+    backward in between), median over ``steps``, then over ``runs`` fresh ranks, µs at the
+    spec's eager op (``· EAGER_OP_US / e``, each run's probe): ``clip``, ``partial``,
+    ``zero`` — together the spec's ``step_overhead_us`` — and ``opt`` (``set_lr`` + AdamW's
+    step) less the cost model's price of its memory traffic at the run's probed rates
+    (``traffic``: ``op_time("elementwise", 12·Ψ, 28·Ψ)``), per parameter tensor: the spec's
+    ``optimizer_tensor_us``, the host loop the roofline does not price."""
+    from fxplan.cluster_specs.local_cpu import EAGER_OP_US
+
+    rows = []
+    for _ in range(runs):
+        r = _spawn_json(_step_host_worker, 1, steps)
+        h = EAGER_OP_US / r["eager_op_us"]
+        rows.append({**r, **{f"{k}_us": r[k] * h for k in ("clip", "partial", "zero")},
+                     "optimizer_tensor_us": (r["opt"] - r["traffic_us"]) * h / r["tensors"]})
+    keys = ("train_step", "partial", "clip", "opt", "zero", "traffic_us", "clip_us",
+            "partial_us", "zero_us", "optimizer_tensor_us", "eager_op_us", "matmul_tflops")
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in rows) for k in keys}
+    out["step_overhead_us"] = statistics.median(r["clip_us"] + r["partial_us"] + r["zero_us"]
+                                                for r in rows)
+    out["runs"] = rows
+    return out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -838,6 +998,10 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true",
                         help="only the FSDP2 (and DDP) host-work line (7.), as a table row "
                         "and JSON")
+    parser.add_argument("--step", action="store_true",
+                        help="only the trainer's host work after train_step (10.), JSON")
+    parser.add_argument("--first-touch", action="store_true",
+                        help="only the first touch of fresh pages per step (9.), JSON")
     args = parser.parse_args()
     if args.gloo_cpu:
         torch.set_num_threads(1)
@@ -845,6 +1009,11 @@ def main() -> None:
             result = gloo_cpu_us(world, runs=3 if args.quick else 5)
             _print_gloo_cpu(result)
             print(json.dumps(result))
+        return
+    if args.step or args.first_touch:
+        torch.set_num_threads(1)
+        row = step_host_us() if args.step else first_touch()
+        print(json.dumps(row, indent=1))
         return
     if args.fsdp:
         torch.set_num_threads(1)
@@ -893,10 +1062,16 @@ def main() -> None:
     opt = optimizer_us(repeats)
     print(f"| AdamW step + zero, gpt-tiny ({opt['tensors']} tensors, {opt['elements']:,} el.) "
           f"| {opt['step_us']:.0f} µs ({opt['per_tensor_us']:.1f} µs/tensor) |")
-    over = step_overhead(repeats)
-    print(f"| step overhead, 2 ranks, {over['plan'].replace('|', '¦')}: T_step − T_fb − t_opt | "
-          f"{over['step_ms']:.2f} − {over['fb_ms']:.2f} − {over['opt_ms']:.2f} = "
-          f"{over['overhead_ms']:.2f} ms |")
+    host = step_host_us()
+    print(f"| trainer after train_step, one rank, gpt-tiny ({host['runs'][0]['tensors']} tensors): "
+          f"clip + partial + zero; AdamW per tensor beyond its bytes | "
+          f"{host['step_overhead_us']:.0f} µs; {host['optimizer_tensor_us']:.1f} µs |")
+    touch = first_touch()
+    batches = ", ".join(touch["natural"])
+    print("| first touch: per re-faulted 4 KiB page in the step; share of the saved activations "
+          f"re-faulted per step (batch {batches}) | "
+          f"{touch['page_us']:.2f} µs; {touch['fraction']:.2f} ("
+          + ", ".join(f"{v['fraction']:.2f}" for v in touch["natural"].values()) + ") |")
     share = time_sharing()
     print(f"| time-sharing, gpt-tiny fwd+bwd ×150: {share['cores']} / {2 * share['cores']} "
           f"processes on {share['cores']} cores | {share['t_c']:.2f} s / {share['t_2c']:.2f} s ⇒ "

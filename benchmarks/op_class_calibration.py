@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_cpu_calibration import rate_probe  # noqa: E402
 
 from fxplan.api import capture_for_search  # noqa: E402
-from fxplan.cluster_specs.local_cpu import (FP32_TFLOPS_PER_CORE,  # noqa: E402
-                                            MEMORY_GB_PER_S_PER_CORE)
+from fxplan.cluster_specs.local_cpu import (EAGER_OP_US,  # noqa: E402
+                                            FP32_TFLOPS_PER_CORE, MEMORY_GB_PER_S_PER_CORE)
 from fxplan.cost_model.class_efficiency import (NodeSample, fit_class_efficiency,  # noqa: E402
                                                 time_graph_nodes)
 from fxplan.examples.model_spec import resolve_model  # noqa: E402
@@ -66,6 +66,7 @@ def measure_round(gm: object, graph: object, batches: list[int], seq: int, vocab
     probes = [rate_probe()]
     samples: dict[str, list[NodeSample]] = {"forward": [], "backward": []}
     views = {"forward": 0.0, "backward": 0.0}
+    view_nodes = 0          # view nodes run, over the batch sizes (each once per pass)
     for b in batches:
         tokens = torch.randint(0, vocab, (b, seq))
         times = time_graph_nodes(gm, (tokens, torch.randint(0, vocab, (b, seq))),
@@ -75,6 +76,7 @@ def measure_round(gm: object, graph: object, batches: list[int], seq: int, vocab
             info = node.meta.get("fxplan")
             if info is None:
                 continue
+            view_nodes += info.op_class == "view" and node.name in times[0]
             for phase, measured in zip(("forward", "backward"), times):
                 if node.name not in measured:
                     continue
@@ -94,8 +96,12 @@ def measure_round(gm: object, graph: object, batches: list[int], seq: int, vocab
                                         backward=phase == "backward")
             for phase in samples}
     totals = {phase: sum(s.time_s for s in samples[phase]) for phase in samples}
-    return {"probe": probe, "classes": fits, "views_s": views, "total_s": totals,
-            "load": os.getloadavg()[0]}
+    # per view node, forward and backward (a view's backward may run no kernel: the mean over
+    # every view node, as the cost model charges them), at the spec's eager op
+    scale = EAGER_OP_US / probe["eager_op_us"]
+    view_us = {phase: views[phase] / max(1, view_nodes) * 1e6 * scale for phase in views}
+    return {"probe": probe, "classes": fits, "views_s": views, "view_us": view_us,
+            "total_s": totals, "load": os.getloadavg()[0]}
 
 
 def out_of_cache(memory_gb_per_s: float, mib: int = 64) -> dict[str, float]:
@@ -142,6 +148,11 @@ def main() -> None:
         f"forward {r['total_s']['forward'] * 1e3:.2f} (views {r['views_s']['forward'] * 1e3:.2f}), "
         f"backward {r['total_s']['backward'] * 1e3:.2f} (views {r['views_s']['backward'] * 1e3:.2f})"
         for r in rounds))
+    print("view node, µs at the spec's eager op, per round: " + "; ".join(
+        f"forward {r['view_us']['forward']:.2f}, backward {r['view_us']['backward']:.2f}"
+        for r in rounds) + " (median forward "
+        f"{statistics.median(r['view_us']['forward'] for r in rounds):.2f}, backward "
+        f"{statistics.median(r['view_us']['backward'] for r in rounds):.2f})")
     print("\n| phase | class | nodes | measured ms (Σ, first round) | efficiency per round | median |")
     print("|---|---|---|---|---|---|")
     for phase in ("forward", "backward"):

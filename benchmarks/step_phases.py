@@ -23,14 +23,17 @@ collective, for a pipeline peer, or for a core (more ranks than cores, other job
 the other threads' CPU is core time the collectives took from the machine's cores. The
 main thread's **run-queue wait** (``/proc/thread-self/schedstat``, second field: time it was
 runnable but another thread had its core) splits ``wall − CPU`` into waiting for a core and
-sleeping (``wall − CPU − queue``: blocked in a collective or a pipeline receive). The
-model's counterparts: ``compute`` and the communication rows for ``train_step``, the
+sleeping (``wall − CPU − queue``: blocked in a collective or a pipeline receive). Last, the median minor page faults of the main thread per phase
+(``getrusage(RUSAGE_THREAD)``): pages the allocator had given back to the kernel and the
+phase touched again (``cost_model/host_overhead.py``, first touch). The model's
+counterparts: ``compute`` and the communication rows for ``train_step``, the
 ``optimizer`` row for the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import json
 import os
 import socket
@@ -68,6 +71,7 @@ def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> Non
     batch = ((tokens[start:stop],), targets[start:stop])
     optimizer = build_optimizer(sharded, "adamw", lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
     wall: dict[str, list[float]] = {k: [] for k in PHASES}
+    faults: dict[str, list[int]] = {k: [] for k in PHASES}
     cpu: dict[str, list[float]] = {k: [] for k in PHASES}
     other: dict[str, list[float]] = {k: [] for k in PHASES}
     queue: dict[str, list[float]] = {k: [] for k in PHASES}
@@ -91,24 +95,32 @@ def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> Non
         yield
 
     for step in range(steps):
-        w, c, pc, q = time.perf_counter(), time.thread_time(), time.process_time(), queued()
+        w, c, pc, q, f = (time.perf_counter(), time.thread_time(), time.process_time(), queued(),
+                          _minor_faults())
         for name, _ in zip(PHASES, phases()):
-            w2, c2, pc2, q2 = (time.perf_counter(), time.thread_time(), time.process_time(),
-                               queued())
+            w2, c2, pc2, q2, f2 = (time.perf_counter(), time.thread_time(), time.process_time(),
+                                   queued(), _minor_faults())
             if step >= WARMUP:
                 wall[name].append(w2 - w)
                 cpu[name].append(c2 - c)
                 other[name].append((pc2 - pc) - (c2 - c))
                 queue[name].append(q2 - q)
-            w, c, pc, q = w2, c2, pc2, q2
+                faults[name].append(f2 - f)
+            w, c, pc, q, f = w2, c2, pc2, q2, f2
     med = {k: tuple(statistics.median(series[k]) * 1e3 for series in (wall, cpu, other, queue))
            for k in PHASES}
     total = tuple(sum(row[i] for row in med.values()) for i in range(4))
     print(f"rank {rank}: step " + " / ".join(f"{x:.2f}" for x in total) + " | "
-          + " | ".join(f"{k} " + " / ".join(f"{x:.2f}" for x in row) for k, row in med.items()),
-          flush=True)
+          + " | ".join(f"{k} " + " / ".join(f"{x:.2f}" for x in row) for k, row in med.items())
+          + " | page faults " + ", ".join(f"{k} {statistics.median(v):.0f}"
+                                          for k, v in faults.items()), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _minor_faults() -> int:
+    """The calling thread's minor page faults so far (``getrusage(RUSAGE_THREAD)``)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
 def _free_port() -> int:

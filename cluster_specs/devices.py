@@ -55,6 +55,14 @@ class DeviceGroup:
     (:mod:`fxplan.cost_model.fsdp_host`; 0 on GPUs, where it runs ahead of the kernels).
     ``ddp_step_us`` + ``ddp_tensor_us`` per parameter tensor is PyTorch DDP's host work per
     step (hooks, bucket copies) where the runtime runs DDP; ``step_overhead_us`` is the rest.
+    ``view_op_us``/``view_backward_op_us`` are the host cost of a view node (``view``,
+    ``transpose``, ``split``, …: dispatch and autograd, no kernel) in the forward and the
+    backward (0 on GPUs, where the host runs ahead of the kernels).
+    ``first_touch_us_per_mib`` is what a microbatch's activations cost on first touch per MiB
+    the cost model saves, beyond their kernels: the allocator gives freed memory back to the
+    kernel between steps and the pages are faulted in again
+    (:func:`fxplan.cost_model.host_overhead.first_touch_s`; 0 on GPUs, whose caching allocator
+    keeps its blocks).
     ``fused_attention`` says that attention runs as one fused (flash) kernel on these devices,
     whatever the model's code spells out (:mod:`cost_model.attention_kernel` prices it so):
     the training stack's choice (Megatron-Core / Transformer Engine, PyTorch SDPA on GPUs
@@ -103,6 +111,9 @@ class DeviceGroup:
     fsdp_reduce_tensor_us: float = 0.0
     fsdp_regather_us: float = 0.0
     fsdp_regather_tensor_us: float = 0.0
+    first_touch_us_per_mib: float = 0.0
+    view_op_us: float = 0.0
+    view_backward_op_us: float = 0.0
     nics_per_node: int | None = None
     host_memory_gib: float | None = None
     host_memory_bandwidth_gb_per_s: float | None = None

@@ -23,6 +23,9 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     optimizer_tensor_us        = OPTIMIZER_TENSOR_US / s         (AdamW per plain tensor)
     dtensor_optimizer_tensor_us = DTENSOR_OPTIMIZER_TENSOR_US / s (AdamW per DTensor tensor)
     step_overhead_us           = STEP_OVERHEAD_US / s            (training loop's host work)
+    view_op_us, view_backward_op_us = VIEW_OP_US / s, VIEW_BACKWARD_OP_US / s  (per view node)
+    first_touch_us_per_mib     = ρ · 256 · FIRST_TOUCH_PAGE_US / s (activations faulted in again;
+                                                                 ρ = REFAULT_FRACTION)
     ddp_step_us, ddp_tensor_us = DDP_STEP_US / s, DDP_TENSOR_US / s  (DDP's, where it runs)
     comm_overlap               = 0                               (gloo needs the rank's core)
     ddp_bucket_mib             = 25                              (DDP's default bucket cap)
@@ -112,15 +115,56 @@ EAGER_OP_US = 4.61
 #: invocations: 151 µs + 8.2 µs per tensor (alone: 205 + 7.6, 97 + 8.8; on gpt-tiny's 28
 #: tensors 418 / 343 µs).
 DDP_STEP_US, DDP_TENSOR_US = 151.0, 8.2
-#: Host cost of one training step beyond its kernels, the optimizer's memory traffic and its
-#: per-tensor loop, on one core, µs. Calibration line "step overhead, 2 ranks" (gpt-tiny,
-#: batch 16, dp=2, AdamW), T_step − T_fb − t_opt in four runs: 4.76, 2.87, 4.04 and 3.64 ms,
-#: median 3.84 ms, measured when t_opt did not include AdamW's per-tensor loop; that loop is
-#: now priced by ``OPTIMIZER_TENSOR_US`` (28 tensors × 46.9 µs = 1.31 ms), so what is left —
-#: DDP's hooks and bucket copies, gradient clipping, the schedule — is 3.84 − 1.31 = 2.53 ms.
-#: DDP's part is priced on its own (``DDP_STEP_US``, ``DDP_TENSOR_US``: only where the runtime
-#: runs DDP), so the step overhead of every step is 2527 µs less DDP's on gpt-tiny's 28 tensors.
-STEP_OVERHEAD_US = round(2527.0 - (DDP_STEP_US + 28 * DDP_TENSOR_US), 1)
+#: Host cost of one training step beyond its kernels and the optimizer's step, on one core,
+#: µs: the trainer's gradient clipping (the norm and the scaling, ``runtime/optim.py``), its
+#: partial-gradient pass (``runtime/partial_grads.py``, nothing to reduce without sp) and
+#: ``zero_grad``. Calibration line 10 (``python benchmarks/local_cpu_calibration.py --step``:
+#: the runtime's one-rank gpt-tiny plan, batch 16, AdamW, each phase timed once per step in
+#: the trainer's order, median of 30 steps, three fresh ranks, each scaled to the spec's eager
+#: op by its own probe; session 22, load average 5–7 from other sessions' jobs): clip 388 +
+#: partial 62 + zero 51 µs = 501 µs (raw, at the probed 5.26 µs eager op: 443, 72, 57 µs).
+#: (It was 2146 µs: ``T_step − T_fb − t_opt`` of a 2-rank DDP step against a plain forward
+#: and backward in a hot loop, less DDP's share — a difference that also held the runtime
+#: step's page faults, ``FIRST_TOUCH_PAGE_US``, which the plain loop did not pay, and counted
+#: AdamW's memory traffic twice.)
+STEP_OVERHEAD_US = 501.0
+#: Host cost of a view node (``view``, ``transpose``, ``split``, ``narrow``, ``getitem``: no
+#: kernel, the roofline prices it 0) on one core, forward and backward, µs: dispatch, the view's
+#: autograd node and, backward, its gradient's reshaping (``split``'s is a ``cat``). Calibration:
+#: ``python benchmarks/op_class_calibration.py --rounds 3 --batches 4,8,16`` (gpt-tiny's
+#: graph node by node, session 22, load average 21–24 from other sessions' jobs): the view
+#: nodes' summed thread CPU over the number of view nodes run, scaled to the spec's eager op by
+#: the round's probe; per round forward 6.18, 6.22, 6.17 µs, backward 8.93, 8.75, 9.44 µs (the
+#: backward over every view node, as the cost model charges them), the medians
+#: (``benchmarks/data/op_class_calibration_s22.json``).
+VIEW_OP_US, VIEW_BACKWARD_OP_US = 6.18, 8.93
+#: Fresh pages faulted in by a step's activations. glibc's malloc gives the free top of its
+#: heap back to the kernel (``M_TRIM_THRESHOLD``, dynamic) when the step frees its
+#: activations, and the next step faults the pages in again (zeroed) on first touch — a cost
+#: the per-class efficiencies, measured in a loop whose heap stays warm, do not hold.
+#: ``FIRST_TOUCH_PAGE_US``, µs per re-faulted 4 KiB page, calibration line 9
+#: (``python benchmarks/local_cpu_calibration.py --first-touch``): gpt-tiny's step (forward,
+#: loss, backward, clipping, AdamW, ``zero_grad``) at batch 16 in a fresh process, alternately
+#: with the heap trimmed at every free and kept (``mallopt``), ``Δt / Δfaults`` (2560 faults,
+#: 33.6 against 30.1 ms in the last run), scaled to the spec's eager op by each run's probe;
+#: three runs 1.79, 1.74, 1.18 µs, the median (session 22, load average 5–6). (Filling a
+#: freshly ``mmap``-ed buffer costs 1.44 µs a page: the in-step figure adds the cache misses of
+#: the re-faulted data.)
+FIRST_TOUCH_PAGE_US = 1.74
+#: The share of a microbatch's saved activation bytes (the cost model's ``saved`` bytes)
+#: faulted in again per step with glibc's default thresholds, as a launched rank runs: same
+#: calibration line, the step in fresh processes (3 × 20 steps per batch size), mean faults
+#: per step × 4 KiB over the saved bytes: batch 4 0.39 (0–992 faults a step), batch 8 0.76
+#: (0–2240), batch 16 0.26 (0–3296); pooled over the bytes 0.42, the constant. Which steps
+#: re-fault depends on the heap's layout (what is free below the top when the step's tensors
+#: are allocated), so a single step varies from none to all of them: this is the mean. Checks
+#: (not used for the constant): the launched one-rank worker (``fxplan launch``, 26 against 6
+#: steps, whole-process minor faults) re-faulted 1511 and 1835 pages a step at batch 16
+#: (0.38, 0.47); ``benchmarks/step_phases.py`` ranks 2016–3552 (one rank, batch 16), 992
+#: (dp=2, batch 8), 0–64 (dp=4, batch 4).
+REFAULT_FRACTION = 0.42
+#: The page the kernel faults in (x86-64, no huge pages for malloc's heap).
+PAGE_BYTES = 4096
 #: Extra host cost of an op on a DTensor over the same op on a plain tensor, µs. Calibration
 #: line "DTensor op extra (Replicate, 1-rank mesh): forward / backward" (200-op chain on 8×8
 #: DTensors minus the same chain on tensors): 34.7 / 19.7 µs (torch 2.13.0+cpu, one run).
@@ -146,9 +190,17 @@ DTENSOR_VIEW_OP_US = 42.4
 #: ``EAGER_OP_US``. (A ``Shard(0)`` op on a 2-rank mesh that communicates nothing costs about
 #: what the ``Replicate`` one below does: 21.9 / 33.4 µs, same run.)
 DTENSOR_REDISTRIBUTE_US = 253.0
-#: AdamW ``step`` per parameter tensor (torch's per-tensor loop on CPU), µs. Calibration line
-#: "AdamW step per tensor, gpt-tiny (28 tensors): plain / DTensor": 46.9 / 232.2 µs (one run).
-OPTIMIZER_TENSOR_US = 46.9
+#: AdamW ``step`` per plain parameter tensor beyond its memory traffic (torch's per-tensor
+#: loop on CPU: no ``foreach`` on CPU tensors), µs. Calibration line 10 (as
+#: ``STEP_OVERHEAD_US``): ``set_lr`` + ``step`` once per step in the trainer's order, 1240 µs
+#: for 28 tensors (137k parameters) at the probed rates, less the cost model's price of its
+#: 28 bytes per parameter (``op_time("elementwise", 12·Ψ, 28·Ψ)``, 321 µs at the same
+#: rates), per tensor, at the spec's eager op: three runs, the median 28.8 µs. (It was
+#: 46.9 µs, the whole ``step`` of a hot loop over 28 tensors, memory traffic included — which
+#: the cost model also priced on its own.) The DTensor figure is still the whole step per
+#: tensor (calibration line "AdamW step per tensor, gpt-tiny (28 tensors): plain / DTensor":
+#: 232.2 µs, one run).
+OPTIMIZER_TENSOR_US = 28.8
 DTENSOR_OPTIMIZER_TENSOR_US = 232.2
 #: Resident set of a rank before its model exists (interpreter, torch, fxplan's runtime, a gloo
 #: group): calibration line "process baseline … ru_maxrss", 0.307 GiB. ``fxplan launch``
@@ -352,6 +404,12 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "intra_node_level": "loopback",
                 "kernel_launch_us": round(eager / share, 3),
                 "step_overhead_us": round(host * STEP_OVERHEAD_US / share, 1),
+                "view_op_us": round(host * VIEW_OP_US / share, 3),
+                "view_backward_op_us": round(host * VIEW_BACKWARD_OP_US / share, 3),
+                # glibc gives the freed activations back between steps (measured)
+                "first_touch_us_per_mib": round(
+                    host * REFAULT_FRACTION * (2**20 // PAGE_BYTES) * FIRST_TOUCH_PAGE_US / share,
+                    3),
                 # Host and device are the same memory: "offloaded" states stay in this RAM
                 # (the code path runs; the copies are memory-to-memory at the ranks' bandwidth).
                 "host_memory_gib": round(total, 3),

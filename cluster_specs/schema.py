@@ -136,6 +136,13 @@ GROUP_FIELDS: dict[str, Field] = {
     "optimizer_tensor_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
                                            unit="µs per parameter tensor per optimizer step"),
                                     0.0),
+    "view_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                  unit="µs of host work per view node, forward"), 0.0),
+    "view_backward_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
+                                           unit="µs of host work per view node, backward"), 0.0),
+    "first_touch_us_per_mib": optional(number(
+        low=0, low_open=False, high=MAX_LATENCY_US,
+        unit="µs per MiB of saved activations faulted in again each microbatch"), 0.0),
     "queued_collective_us": optional(number(
         low=0, low_open=False, high=MAX_LATENCY_US,
         unit="µs per further collective of an async batch (0: a full collective)"), 0.0),

@@ -72,6 +72,22 @@ buffers of dtype ``d`` (:func:`ddp_buffer_bytes`)::
 
     t_buffers = Σ_d broadcast(B_d, G_dp)                       (only where DDP runs)
 
+**First touch of a microbatch's activations.** A CPU rank's allocator (glibc's malloc)
+gives the free top of its heap back to the kernel when a step frees its activations, and
+the next microbatch faults those pages in again — zeroed by the kernel, missing the caches —
+on first touch. The roofline's efficiencies were measured in a loop whose heap stays warm,
+so this is priced on its own: with ``A`` the bytes the microbatch's nodes save for the
+backward (the cost model's ``saved`` activations of a segment), a fraction ``ρ`` of which
+is faulted in again (glibc's thresholds decide which steps; ``ρ`` is the measured mean)
+at ``c`` per 4 KiB page, both folded into the spec's ``first_touch_us_per_mib``::
+
+    t_touch = A / MiB · first_touch_us_per_mib          (= ρ · A / 4 KiB · c)
+                                                         (:func:`first_touch_s`)
+
+added to the segment's forward (and to a recomputed forward, which allocates them again:
+the bytes the policy no longer keeps). 0 on the GPU specs: the CUDA caching allocator keeps
+its blocks between steps.
+
 **Async batches of collectives.** ZeRO-1 as the runtime runs it (``ZeroRedundancyOptimizer``
 ``_sync_params``) issues one broadcast per parameter tensor with ``async_op=True`` and then
 waits for all of them. The ranks meet once, for the first; the others are queued behind it
@@ -95,9 +111,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.config import ParallelConfig
 
 __all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "ddp_buffer_bytes",
-           "ddp_host_s", "ddp_runs",
-           "dtensor_params", "fsdp_params", "optimizer_host_s", "overlapped_buckets",
-           "redistribute_host_s",
+           "ddp_host_s", "ddp_runs", "dtensor_params", "first_touch_s", "fsdp_params",
+           "optimizer_host_s", "overlapped_buckets", "redistribute_host_s",
            "runs_kernel", "zero3_exposed_s"]
 
 
@@ -178,6 +193,12 @@ def ddp_host_s(tensors: int, device: DeviceGroup) -> float:
     """``ddp_step_us + P·ddp_tensor_us`` seconds: DDP's host work per step with ``tensors``
     parameter tensors (module docstring)."""
     return (device.ddp_step_us + tensors * device.ddp_tensor_us) * 1e-6
+
+
+def first_touch_s(saved_bytes: float, device: DeviceGroup) -> float:
+    """``A / MiB · first_touch_us_per_mib`` seconds: the pages of ``saved_bytes`` of
+    activations faulted in again on first touch (module docstring)."""
+    return saved_bytes / 2**20 * device.first_touch_us_per_mib * 1e-6
 
 
 def dtensor_params(config: ParallelConfig) -> bool:

@@ -14,7 +14,9 @@ replicated ops run on ``1/t`` of the sequence too):
 
 - ``forward_s = Σ_n node_time(n)``, ``backward_s = Σ_n node_time(n, backward)``
   (:func:`cost_model.compute.node_time_s`, the function the intra-op solver prices nodes
-  with, on the rank's share ``k / divisor`` of the node's work), plus under ``tp > 1`` the
+  with, on the rank's share ``k / divisor`` of the node's work), each view node's host cost
+  (``view_op_us``/``view_backward_op_us``: no kernel, 0 on the GPU specs), the first touch of
+  the saved activations (:func:`cost_model.host_overhead.first_touch_s`, forward), plus under ``tp > 1`` the
   DTensor dispatch of every node that runs on DTensors, ordinary and view ops
   (:mod:`cost_model.dtensor_dispatch`), ``recompute_s`` = forward time of the recomputed nodes
   (the attention core for ``selective``, the whole layer for ``full``; ``pre``/``post``
@@ -61,6 +63,7 @@ from fxplan.core.placements import PlacementMap
 from fxplan.cost_model.edge_reshard import edge_collectives
 from fxplan.cost_model.fp8 import converted, fp8_node_time_s, fp8_working_bytes
 from fxplan.cost_model.dtensor_dispatch import dispatch_s, dtensor_ops
+from fxplan.cost_model.host_overhead import first_touch_s
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.passes.node_info import MATMUL_CLASSES
 from fxplan.cost_model.megatron_layout import CONST, SHARD, TPLayout, used_params
@@ -264,6 +267,9 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
             else:
                 fwd = node_time_s(info, device, shard_factor=shard)
                 bwd = node_time_s(info, device, shard_factor=shard, backward=True)
+            if info.op_class == "view":   # no kernel, but its dispatch (0 on the GPU specs)
+                fwd += device.view_op_us * 1e-6
+                bwd += device.view_backward_op_us * 1e-6
             if tp > 1:   # the node's ops on DTensors (cost_model.dtensor_dispatch)
                 host = dispatch_s(dtensor_ops(graph, name, layout, sp=sp,
                                               split=work_divisor(name, layout, tp, sp) > 1), device)
@@ -302,6 +308,13 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
                                       fused=fused)
     activations = ActivationBytes(activations.saved * scale,
                                   activations.working * scale + fp8_working)
+    # the saved activations' pages faulted in again on a CPU rank (host_overhead; 0 on GPUs)
+    forward += first_touch_s(activations.saved, device)
+    if policy != "none" and device.first_touch_us_per_mib:
+        kept = segment_activations(graph, names, layout, tp=tp,
+                                   sequence_parallel=sp and not layout.priced, recompute="none",
+                                   fused=fused).saved * scale
+        recompute += first_touch_s(max(0.0, kept - activations.saved), device)
     split_output = layout.is_sharded(names[-1]) if layout.priced and names else sp
     output = tensor_bytes(infos[names[-1]]) * scale / (tp if split_output else 1) if names else 0.0
     return SegmentCost(forward, backward, recompute, tuple(tp_fwd), tuple(tp_bwd), activations,

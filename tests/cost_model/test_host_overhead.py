@@ -229,3 +229,57 @@ def test_ddp_buffer_bytes_one_broadcast_per_dtype_on_the_stage_holding_the_buffe
     assert ddp_buffer_bytes(buffers, layers, ["h.0"], first=True) == (512.0, 4096.0)
     assert ddp_buffer_bytes(buffers, layers, ["h.1"], first=False) == (4096.0,)
     assert ddp_buffer_bytes([], layers, layers, first=True) == ()
+
+
+def test_first_touch_adds_the_saved_activations_pages_to_the_forward(tiny) -> None:  # type: ignore[no-untyped-def]
+    # local-cpu: every segment's forward carries A / MiB · first_touch_us_per_mib, A its saved
+    # bytes; a recomputed forward the bytes the policy no longer keeps; 0 on the GPU specs
+    from fxplan.cluster_specs import local_cpu
+    from fxplan.cost_model.host_overhead import first_touch_s
+    from fxplan.cost_model.layer_costs import graph_segments, segment_cost
+
+    cpu = Cluster.load("local-cpu:devices=1").device_groups[0]
+    assert cpu.first_touch_us_per_mib == pytest.approx(
+        local_cpu.REFAULT_FRACTION * 256 * local_cpu.FIRST_TOUCH_PAGE_US, rel=1e-3)
+    assert first_touch_s(2**20, cpu) == pytest.approx(cpu.first_touch_us_per_mib * 1e-6)
+    assert Cluster.load("dgx-a100-80g").device_groups[0].first_touch_us_per_mib == 0.0
+    off = Cluster.load("local-cpu:devices=1,cpu.first_touch_us_per_mib=0").device_groups[0]
+    key = graph_segments(tiny).layers[0][0]
+
+    def seg(device, recompute="none"):  # type: ignore[no-untyped-def]
+        return segment_cost(tiny, key, tp=1, sequence_parallel=False, recompute=recompute,
+                            microbatch=4, device=device)
+
+    on, bare = seg(cpu), seg(off)
+    assert on.activations.saved > 0
+    assert on.forward_s - bare.forward_s == pytest.approx(
+        first_touch_s(on.activations.saved, cpu), rel=1e-9)
+    assert on.backward_s == bare.backward_s
+    full, full_bare = seg(cpu, "full"), seg(off, "full")
+    assert full.recompute_s - full_bare.recompute_s == pytest.approx(
+        first_touch_s(on.activations.saved - full.activations.saved, cpu), rel=1e-9)
+
+
+def test_view_nodes_pay_their_dispatch_on_local_cpu_only(tiny) -> None:  # type: ignore[no-untyped-def]
+    # a view node runs no kernel (the roofline prices it 0) but costs the host view_op_us
+    # forward and view_backward_op_us backward; 0 on the GPU specs
+    from fxplan.cost_model.layer_costs import graph_segments, segment_cost
+
+    cpu = Cluster.load("local-cpu:devices=1").device_groups[0]
+    assert cpu.view_op_us > 0 and cpu.view_backward_op_us > 0
+    gpu = Cluster.load("dgx-a100-80g").device_groups[0]
+    assert gpu.view_op_us == 0.0 and gpu.view_backward_op_us == 0.0
+    off = Cluster.load("local-cpu:devices=1,cpu.view_op_us=0,cpu.view_backward_op_us=0"
+                       ).device_groups[0]
+    key, names = graph_segments(tiny).layers[0]
+    views = sum(tiny.infos_by_name[n].op_class == "view" for n in names)
+    assert views > 0
+
+    def seg(device):  # type: ignore[no-untyped-def]
+        return segment_cost(tiny, key, tp=1, sequence_parallel=False, recompute="none",
+                            microbatch=4, device=device)
+
+    assert seg(cpu).forward_s - seg(off).forward_s == pytest.approx(
+        views * cpu.view_op_us * 1e-6, rel=1e-9)
+    assert seg(cpu).backward_s - seg(off).backward_s == pytest.approx(
+        views * cpu.view_backward_op_us * 1e-6, rel=1e-9)
