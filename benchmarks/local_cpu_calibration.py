@@ -55,8 +55,8 @@ shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_
    backward, clipping, AdamW, ``zero_grad``) in fresh processes, one thread, counting the
    main thread's minor page faults per step (``getrusage(RUSAGE_THREAD)``): the cost of a
    re-faulted 4 KiB page inside the step (the heap trimmed at every free against kept, set
-   with glibc's ``mallopt``; ``Δt / Δfaults``), and with glibc's default thresholds (as a
-   launched rank runs) the mean share of the microbatch's saved activation bytes faulted in
+   with glibc's ``mallopt``; ``Δt / Δfaults``), and with the heap as a launched rank keeps it
+   (:func:`fxplan.runtime.heap.keep_heap`) the mean share of the microbatch's saved activation bytes faulted in
    again per step, at batch 4, 8 and 16 (:func:`first_touch`).
 10. **the trainer's host work after ``train_step``** (also ``--step`` alone, as JSON) — the runtime's
    one-rank gpt-tiny plan at batch 16, each phase once per step in the trainer's order:
@@ -802,10 +802,16 @@ def _faulted_steps(step: Callable[[], None], steps: int) -> tuple[list[float], l
 
 def _first_touch_worker(rank: int, world: int, port: int, batch: int, steps: int,
                         in_situ: bool, out: str) -> None:
-    """A fresh process (glibc's malloc as a launched rank has it): gpt-tiny's step at
-    ``batch``; ``in_situ``: alternating blocks with the heap trimmed after every free and
-    with it kept (``mallopt``), else glibc's defaults (module docstring, 9.)."""
+    """A fresh process: gpt-tiny's step at ``batch``; ``in_situ``: alternating blocks with
+    the heap trimmed after every free and with it kept (``mallopt``), else the heap as a
+    launched rank has it (:func:`fxplan.runtime.heap.keep_heap`, module docstring, 9.)."""
     torch.set_num_threads(1)
+    if not in_situ:
+        from fxplan.runtime.heap import keep_heap
+
+        note = keep_heap()
+        if note:
+            raise RuntimeError(note)
     step = _plain_train_step(batch)
     for _ in range(3):
         step()
@@ -832,7 +838,7 @@ def _first_touch_worker(rank: int, world: int, port: int, batch: int, steps: int
 
 def first_touch(batches: tuple[int, ...] = (4, 8, 16), runs: int = 3, steps: int = 20,
                 in_situ_batch: int = 16) -> dict[str, Any]:
-    """8. What the first touch of fresh pages costs a training step (module docstring).
+    """9. What the first touch of fresh pages costs a training step (module docstring).
 
     ``page_us``: in one fresh process, gpt-tiny's step at ``in_situ_batch`` alternately with
     the heap trimmed at every free (``M_TRIM_THRESHOLD`` 0: the step's pages are given back
@@ -840,8 +846,8 @@ def first_touch(batches: tuple[int, ...] = (4, 8, 16), runs: int = 3, steps: int
     every tensor on the heap (``M_MMAP_THRESHOLD`` 32 MiB):
     ``(t_trim − t_keep) / (faults_trim − faults_keep)``, the seconds a re-faulted 4 KiB page
     costs the step (the fault, the kernel zeroing it, the missed cache), at the spec's eager
-    op (``· EAGER_OP_US / e``, each run's own probe). ``fraction``: with glibc's defaults (a
-    launched rank's), the mean over ``runs`` fresh processes × ``steps`` steps of the faults
+    op (``· EAGER_OP_US / e``, each run's own probe). ``fraction``: with the heap as a
+    launched rank keeps it (:func:`fxplan.runtime.heap.keep_heap`), the mean over ``runs`` fresh processes × ``steps`` steps of the faults
     per step, in bytes, over the saved activation bytes of the microbatch
     (:func:`_saved_bytes`), per batch size; the pooled fraction weighs each batch size by its
     bytes."""

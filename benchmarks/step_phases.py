@@ -59,6 +59,9 @@ def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> Non
     from fxplan.worker import loss_fn
 
     torch.set_num_threads(1)
+    from fxplan.runtime.heap import keep_heap
+
+    keep_heap()   # as fxplan's worker: the heap kept between steps
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     plan = Plan.from_dict(json.loads(Path(plan_file).read_text()))

@@ -152,17 +152,18 @@ VIEW_OP_US, VIEW_BACKWARD_OP_US = 6.18, 8.93
 #: the re-faulted data.)
 FIRST_TOUCH_PAGE_US = 1.74
 #: The share of a microbatch's saved activation bytes (the cost model's ``saved`` bytes)
-#: faulted in again per step with glibc's default thresholds, as a launched rank runs: same
-#: calibration line, the step in fresh processes (3 × 20 steps per batch size), mean faults
-#: per step × 4 KiB over the saved bytes: batch 4 0.39 (0–992 faults a step), batch 8 0.76
-#: (0–2240), batch 16 0.26 (0–3296); pooled over the bytes 0.42, the constant. Which steps
-#: re-fault depends on the heap's layout (what is free below the top when the step's tensors
-#: are allocated), so a single step varies from none to all of them: this is the mean. Checks
-#: (not used for the constant): the launched one-rank worker (``fxplan launch``, 26 against 6
-#: steps, whole-process minor faults) re-faulted 1511 and 1835 pages a step at batch 16
-#: (0.38, 0.47); ``benchmarks/step_phases.py`` ranks 2016–3552 (one rank, batch 16), 992
-#: (dp=2, batch 8), 0–64 (dp=4, batch 4).
-REFAULT_FRACTION = 0.42
+#: faulted in again per step as a launched rank runs. fxplan's worker keeps its heap between
+#: steps (:func:`fxplan.runtime.heap.keep_heap`: glibc's trim and mmap thresholds raised), so
+#: the steady state re-faults almost nothing: same calibration line, the step in fresh
+#: processes with the heap kept (3 × 20 steps per batch size), mean faults per step × 4 KiB
+#: over the saved bytes: batch 4 0.012 (0–160 faults a step), batch 8 0.0087 (0–256), batch
+#: 16 0.0056 (0–513); pooled 0.0073, the constant (session 22, load average 4–6; the same run
+#: measured the page at 2.41, 1.82, 1.94 µs). With glibc's defaults, before the worker kept
+#: its heap, the same line measured 0.39, 0.76, 0.26 (pooled 0.42: 0–3296 faults a step, a
+#: step's share varying from none to all with the heap's layout), and the launched one-rank
+#: worker re-faulted 1511 and 1835 pages a step at batch 16: 3–5 ms of a 32 ms step, which
+#: keeping the heap removes from the step rather than pricing.
+REFAULT_FRACTION = 0.0073
 #: The page the kernel faults in (x86-64, no huge pages for malloc's heap).
 PAGE_BYTES = 4096
 #: Extra host cost of an op on a DTensor over the same op on a plain tensor, µs. Calibration

@@ -99,9 +99,16 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
         argv = [os.path.abspath(sys.argv[0]), *(sys.argv[1:] if argv is None else argv)]
     args = parse_args(argv)
     args.plan_object = plan
+    args.fallbacks = []   # the process's own fallback lines (the program's: ShardedModule)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    else:  # a CPU rank: reuse the heap's pages from step to step (no re-faulting)
+        from fxplan.runtime.heap import keep_heap
+
+        heap_note = keep_heap()
+        if heap_note:
+            args.fallbacks.append(heap_note)
     from fxplan.runtime.process_group import init_process_group
 
     init_process_group(backend)  # a fresh store namespace per torchrun restart
@@ -254,7 +261,7 @@ def _train(args: argparse.Namespace) -> None:
 
     def on_step(step: int) -> None:
         if step == start_step + 1:
-            _print_fallbacks(sharded, rank)
+            _print_fallbacks(sharded, rank, args.fallbacks)
         inject_fault(step, rank, events.attempt, "step")
         every = args.checkpoint_every
         if every and (step % every == 0 or step == args.steps):
@@ -440,10 +447,11 @@ def _example_batch(bundle: Any, plan: Any) -> dict[str, torch.Tensor]:
             for name, spec in _input_specs(bundle, plan).items()}
 
 
-def _print_fallbacks(sharded: Any, rank: int) -> None:
-    """Rank 0 prints the union of every rank's fallbacks (collective), each line once."""
+def _print_fallbacks(sharded: Any, rank: int, process: list[str]) -> None:
+    """Rank 0 prints the union of every rank's fallbacks (collective), each line once: the
+    program's (``sharded.fallbacks``) and the process's own (``process``: the heap's)."""
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, list(sharded.fallbacks))
+    dist.all_gather_object(gathered, [*sharded.fallbacks, *process])
     if rank != 0:
         return
     lines = list(dict.fromkeys(line for part in gathered for line in part or ()))

@@ -217,7 +217,7 @@ def unknown_node_is_a_fallback() -> dict[str, Any]:
     with contextlib.redirect_stdout(printed):
         import torch.distributed as dist
 
-        _print_fallbacks(sharded or SimpleNamespace(fallbacks=[]), dist.get_rank())
+        _print_fallbacks(sharded or SimpleNamespace(fallbacks=[]), dist.get_rank(), [])
     if sharded is None:
         return dict(printed=printed.getvalue())
     return dict(fallbacks=sharded.fallbacks, logged=records, printed=printed.getvalue())
