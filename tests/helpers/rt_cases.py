@@ -98,6 +98,7 @@ def train_matches_reference(plan_kwargs: dict[str, Any] | None = None, plan_json
         loss_error=max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
         param_error=param_errors[worst], worst=worst,
         missing=sorted(set(ref_params) - set(params)), fallbacks=sharded.fallbacks,
+        path=sharded.path,
     )
 
 
