@@ -58,9 +58,8 @@ sequence must divide into ``2·cp`` chunks; every repeated block must call causa
 attention spelled out with its own masking, or a non-causal one, cannot be reached: named by
 block); the model needs a position site above (else its chunks would not get their positions).
 The examples' GPT with ``attention="math"`` runs its blocks' attention as SDPA under cp (the
-same function; logged as a fallback). Its pp and tp plans, which without cp run as the graph
-rewrite, run at module level under cp: the pipeline cut skips its position embedding on later
-stages (:class:`fxplan.runtime.module_stages.NoPositions`) and its fused QKV runs head-parallel
+same function; logged as a fallback). Its pp and tp plans run at module level under cp as
+without it: the pipeline cut skips its position embedding on later stages (:class:`fxplan.runtime.module_stages.NoPositions`) and its fused QKV runs head-parallel
 (:mod:`fxplan.runtime.tp_fused_qkv`); with sequence parallelism its replicated position
 embedding runs :class:`~fxplan.runtime.tp_positions.PositionShard` (each tp rank embeds its
 shard of its cp chunk's global positions: the CP hook maps the index first, the style then

@@ -59,11 +59,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from fxplan.runtime.build import materialize
-from fxplan.runtime.context_parallel import cp_degree, install
+from fxplan.runtime.context_parallel import install
 from fxplan.runtime.data_parallel import apply_data_parallel
 from fxplan.runtime.module_probe import ModuleProbe, model_output, probe_module
 from fxplan.runtime.module_recompute import apply_recompute
-from fxplan.runtime.module_stages import NoPositions, check_splittable, stage_module
+from fxplan.runtime.module_stages import (NoPositions, check_splittable, stage_module,
+                                          token_embedding)
 from fxplan.runtime.tp_fused_qkv import FusedQKVAttention
 from fxplan.runtime.tp_styles import NotExpressible, tp_styles, tp_token
 
@@ -259,7 +260,7 @@ def module_level_plan(model: nn.Module, plan: "Plan",
     pipelined = plan.pp * plan.virtual_stages > 1
     tied_users: dict[str, list[int]] = {}
     if pipelined:
-        check_splittable(probe, model, positions=cp_degree(plan) > 1)
+        check_splittable(probe, model)
         tied_users = _tied_users(plan, probe, aliases)
         if plan.sequence_parallel and plan.tp > 1:
             _check_sequence_boundary(plan, probe)
@@ -339,7 +340,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         if decided.styles:
             styles = {n: s for n, s in decided.styles.items() if _present(inner, n)}
             if pipelined and k > 0 and plan.sequence_parallel:
-                styles.update(_sequence_entry(decided.probe))
+                styles.update(_sequence_entry(token_embedding(decided.probe, model)))
             parallelize_module(inner, mesh["tp"], styles,
                                src_data_rank=None if on_meta else 0)
             _retie(inner, decided.aliases)
@@ -374,14 +375,16 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
     return stages
 
 
-def _sequence_entry(probe: ModuleProbe) -> dict[str, "ParallelStyle"]:
-    """On a stage after the first under sp: the ``Identity`` in the embedding's place takes
-    the received local shard as the ``Shard(1)`` DTensor the blocks expect (module docstring)."""
+def _sequence_entry(entry: str) -> dict[str, "ParallelStyle"]:
+    """On a stage after the first under sp: the ``Identity`` in the token embedding's place
+    (``entry``) takes the received local shard as the ``Shard(1)`` DTensor the blocks expect
+    (module docstring); a position embedding beside it is a :class:`NoPositions` there, whose
+    zero scalar adds to the DTensor as a replicated scalar."""
     from torch.distributed.tensor.parallel import PrepareModuleInput
 
-    return {probe.pre[0]: PrepareModuleInput(input_layouts=(Shard(1),),
-                                             desired_input_layouts=(Shard(1),),
-                                             use_local_output=False)}
+    return {entry: PrepareModuleInput(input_layouts=(Shard(1),),
+                                      desired_input_layouts=(Shard(1),),
+                                      use_local_output=False)}
 
 
 def _retie(module: nn.Module, aliases: Mapping[str, str]) -> None:

@@ -20,12 +20,21 @@ and the chain of stages computes the model. This holds when the forward does not
 embedding and the first block but what it also does to a hidden state (position ids, masks,
 rotary tables computed from shapes), which is not decidable from the structure: the runtime
 checks the split numerically (the chain against the whole model on one microbatch) whenever
-values are at hand. Refused here (the runtime then falls back to the graph rewrite): more than
-one layer container, a module with parameters between blocks, a pre part that is not exactly
-one ``nn.Embedding`` — or, with ``positions`` (context parallelism, which has no graph
-rewrite to fall back to), one token ``nn.Embedding`` and learned position embeddings —, a
-stage without blocks. (Without ``positions`` a model with a position embedding keeps running
-pp as the graph rewrite, as before.)
+values are at hand.
+
+The *prologue* (the modules with parameters that run before the first block) a later stage
+can skip is one token ``nn.Embedding`` and any learned position embeddings beside it (the zoo
+GPT's and GPT-2's ``x = drop(wte(tokens) + wpe(positions))``), under every plan: pp alone,
+with dp/ZeRO, with tp (the stage keeps the styles of the modules it holds), with tp and
+sequence parallelism (the first stage's ``wpe`` takes
+:class:`~fxplan.runtime.tp_positions.PositionShard`; a later stage takes the received
+sequence shard at the token embedding's place: :func:`token_embedding`) and with context
+parallelism. Refused here (the runtime then falls back to the graph rewrite, or refuses a
+``cp > 1`` plan, which has none): more than one layer container, a module with parameters
+between blocks, any other prologue (a second token embedding, a norm or a projection before
+the first block: replacing it by ``Identity`` on a later stage is right for some forwards and
+wrong for others, and a model on ``meta`` has no values to check the cut with), a stage
+without blocks.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ from fxplan.runtime.tp_styles import NotExpressible
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
-__all__ = ["StageBlocks", "NoPositions", "check_splittable", "stage_module"]
+__all__ = ["StageBlocks", "NoPositions", "check_splittable", "stage_module", "token_embedding"]
 
 
 class StageBlocks(nn.ModuleList):
@@ -80,10 +89,10 @@ def _is_position_embedding(name: str, module: nn.Module) -> bool:
     return isinstance(module, nn.Embedding) and name.rpartition(".")[2] in POSITION_EMBEDDINGS
 
 
-def check_splittable(probe: ModuleProbe, model: nn.Module, positions: bool = False) -> None:
-    """Raise :class:`NotExpressible` when the model cannot be cut at block boundaries;
-    ``positions``: a learned position embedding may sit beside the token embedding (module
-    docstring)."""
+def check_splittable(probe: ModuleProbe, model: nn.Module) -> None:
+    """Raise :class:`NotExpressible` when the model cannot be cut at block boundaries (module
+    docstring: one layer container, nothing with parameters between blocks, a prologue of one
+    token embedding and learned position embeddings)."""
     if len(probe.containers) != 1:
         raise NotExpressible(f"pipeline split needs one layer container, found "
                              f"{probe.containers or 'none'}")
@@ -93,12 +102,22 @@ def check_splittable(probe: ModuleProbe, model: nn.Module, positions: bool = Fal
     if probe.between:
         raise NotExpressible(f"module(s) {', '.join(probe.between)} with parameters run between "
                              "blocks")
+    token_embedding(probe, model)
+
+
+def token_embedding(probe: ModuleProbe, model: nn.Module) -> str:
+    """The prologue's token embedding: its one ``nn.Embedding`` that is not a learned position
+    embedding (named as in :data:`~fxplan.runtime.context_parallel.POSITION_EMBEDDINGS`);
+    :class:`NotExpressible` naming what a later stage could not skip when the prologue is
+    anything else (module docstring)."""
     named = dict(model.named_modules())
-    tokens = [n for n in probe.pre if not (positions and _is_position_embedding(n, named[n]))]
-    if len(tokens) != 1 or not isinstance(named[tokens[0]], nn.Embedding):
-        extra = " and learned position embeddings" if positions else ""
-        raise NotExpressible(f"the part before the first block must be one nn.Embedding{extra}, "
-                             f"found {probe.pre or 'none'}: a later stage could not skip it")
+    tokens = [n for n in probe.pre if not _is_position_embedding(n, named[n])]
+    if len(tokens) == 1 and isinstance(named[tokens[0]], nn.Embedding):
+        return tokens[0]
+    found = ", ".join(f"{type(named[n]).__name__} {n!r}" for n in probe.pre) or "nothing"
+    raise NotExpressible(f"the part before the first block must be one token nn.Embedding, "
+                         f"with learned position embeddings ({', '.join(POSITION_EMBEDDINGS)}) "
+                         f"beside it; found {found}: a later stage could not skip it")
 
 
 def _set(model: nn.Module, name: str, module: nn.Module) -> None:

@@ -72,17 +72,19 @@ def stage_bytes(plan: Plan, layers: int, tokens: torch.Tensor, pp_rank: int) -> 
 
 
 def train_matches_reference(plan_kwargs: dict[str, Any] | None = None, plan_json: str | None = None,
-                            steps: int = 3, ranks: list[int] | None = None, meta: bool = False
-                            ) -> dict[str, Any] | None:
+                            steps: int = 3, ranks: list[int] | None = None, meta: bool = False,
+                            path: str = "auto") -> dict[str, Any] | None:
     """Train ``steps`` SGD steps under the plan (hand-made from ``plan_kwargs`` or a JSON plan);
     errors against one process (rank 0 reports). ``meta``: build the model on meta, each rank
-    materialising its stages from the reference builder; also reports parameter bytes."""
+    materialising its stages from the reference builder; also reports parameter bytes.
+    ``path``: :func:`~fxplan.runtime.apply.apply_plan`'s."""
     plan = _plan(plan_kwargs, plan_json)
     layers = (plan_kwargs or {}).get("layers", 2)
     model = build_model(layers, meta=meta)
     batch = fixed_batch(plan)
     init = (lambda: build_model(layers)) if meta else None
-    sharded = apply_plan(model, plan, batch[0], ranks=ranks, debug=True, init=init)
+    sharded = apply_plan(model, plan, batch[0], ranks=ranks, debug=True, init=init,
+                         path=path)
     if sharded is None:
         return None
     held = local_bytes(sharded)
@@ -98,6 +100,7 @@ def train_matches_reference(plan_kwargs: dict[str, Any] | None = None, plan_json
         loss_error=max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
         param_error=param_errors[worst], worst=worst,
         missing=sorted(set(ref_params) - set(params)), fallbacks=sharded.fallbacks,
+        path=sharded.path,
     )
 
 

@@ -8,7 +8,6 @@ relative 1e-5 (:mod:`fxplan.runtime.context_parallel`)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 #: ``(model, cp, plan kwargs)``: dp counts every data rank, cp of them per CP group.
 CASES = {
@@ -101,33 +100,6 @@ def test_trainer_reads_group_samples_and_chunks(rank_pool, token_file):
           f"{report['norm_error']:.2g}")
     assert report["batch"] == 8 and report["path"] == "module", report
     assert report["loss_error"] <= 1e-5 and report["norm_error"] <= 1e-5, report
-
-
-def test_gpt_pipeline_cut_keeps_positions_on_the_first_stage_under_cp():
-    """The zoo GPT (token and position embeddings, then an embedding dropout, before its
-    first block) is cut at module level under cp (no graph rewrite to fall back to): a later
-    stage skips all three. Without cp its pp plans still go to the graph rewrite."""
-    from torch import nn
-
-    from fxplan.runtime.module_apply import module_level_plan
-    from fxplan.runtime.module_stages import NoPositions, stage_module
-    from fxplan.runtime.tp_styles import NotExpressible
-    from rt_plans import build_model, fixed_batch, make_plan
-
-    plain = make_plan(pp=2, dp=2, num_microbatches=2)
-    tokens = fixed_batch(plain)[0]
-    with pytest.raises(NotExpressible, match=r"must be one nn\.Embedding, found \['wte', 'wpe'\]"):
-        module_level_plan(build_model(2), plain, tokens)
-    plan = _cp_plan(pp=2, num_microbatches=2)
-    model = build_model(2)
-    decided = module_level_plan(model, plan, tokens[:, :8])
-    assert decided.tied_users == {"wte.weight": [0, 1]}
-    first, last = (stage_module(model, plan, k, decided.probe) for k in (0, 1))
-    assert isinstance(first.wpe, nn.Embedding) and isinstance(first.drop, nn.Dropout)
-    assert isinstance(last.wte, nn.Identity) and isinstance(last.wpe, NoPositions)
-    assert isinstance(last.drop, nn.Identity)
-    hidden = torch.randn(2, 8, model.config.hidden)
-    assert torch.equal(last.drop(last.wte(hidden) + last.wpe(torch.arange(8))), hidden)
 
 
 def test_gpt_fused_qkv_runs_head_parallel():

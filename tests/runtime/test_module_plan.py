@@ -177,3 +177,70 @@ def test_gpt_sequence_parallel_runs_at_module_level():
     assert isinstance(styles["h.0.attn"], FusedQKVAttention)
     assert isinstance(styles["h.0.mlp"], PrepareModuleInput)
     assert not styles["h.0.mlp"].use_local_output
+
+
+def test_gpt_pipeline_cut_skips_the_prologue_on_later_stages():
+    """The zoo GPT's prologue (token and position embeddings, then an embedding dropout) is cut
+    at module level under pp alone, with cp and with tp + sp: the first stage runs all three,
+    a later stage skips them (``x + 0`` for the positions), the tied ``wte``/``lm_head`` is
+    held by both stages, and under sp the later stage takes the received sequence shard at
+    ``wte``'s place while its ``NoPositions`` takes no style."""
+    from torch import nn
+
+    from fxplan.runtime.module_apply import _present
+    from fxplan.runtime.module_stages import NoPositions, token_embedding
+    from fxplan.runtime.tp_positions import PositionShard
+    from rt_cp_cases import with_cp
+    from rt_plans import build_model, fixed_batch, make_plan
+
+    plain = make_plan(pp=2, num_microbatches=2)
+    tokens = fixed_batch(plain)[0]
+    for plan, batch in ((plain, tokens), (with_cp(make_plan(pp=2, dp=2, num_microbatches=2), 2),
+                                          tokens[:, :8])):
+        model = build_model(2)
+        decided = module_level_plan(model, plan, batch)   # checks the chain against the model
+        assert decided.probe.pre == ["wte", "wpe"] and token_embedding(decided.probe, model) == "wte"
+        assert decided.tied_users == {"wte.weight": [0, 1]}
+        first, last = (stage_module(model, plan, k, decided.probe) for k in (0, 1))
+        assert isinstance(first.wpe, nn.Embedding) and isinstance(first.drop, nn.Dropout)
+        assert isinstance(last.wte, nn.Identity) and isinstance(last.wpe, NoPositions)
+        assert isinstance(last.drop, nn.Identity)
+        hidden = torch.randn(2, 8, model.config.hidden)
+        assert torch.equal(last.drop(last.wte(hidden) + last.wpe(torch.arange(8))), hidden)
+    plan = make_plan(pp=2, tp=2, sp=True, num_microbatches=2)
+    model = build_model(2)
+    decided = module_level_plan(model, plan, tokens)
+    assert isinstance(decided.styles["wpe"], PositionShard), decided.styles
+    assert _present(stage_module(model, plan, 0, decided.probe), "wpe")
+    assert not _present(stage_module(model, plan, 1, decided.probe), "wpe")
+    assert decided.stage_io[1].inputs[0].shape == (2, 8, model.config.hidden)  # (b, s/tp, h)
+
+
+class _NormedPrologue(torch.nn.Module):
+    """A token embedding followed by a LayerNorm before the blocks: a prologue a later stage
+    cannot skip by rule (``Identity`` for the norm is right here, wrong where it normalises
+    something added to the stream)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from rt_module_cases import build as build_case
+
+        base = build_case("encoder")
+        self.emb, self.encoder, self.head = base.emb, base.encoder, base.head
+        self.emb_norm = torch.nn.LayerNorm(base.emb.embedding_dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.emb_norm(self.emb(tokens))))
+
+
+def test_pipeline_prologue_the_stage_builder_cannot_cut_is_refused():
+    """Anything but one token embedding and learned position embeddings before the first
+    block is refused with the modules named; ``auto`` then runs the graph rewrite and says why."""
+    model = _NormedPrologue()
+    plan = plan_for(model, pp=2)
+    with pytest.raises(NotExpressible, match=r"one token nn\.Embedding.*found Embedding 'emb', "
+                                             r"LayerNorm 'emb_norm': a later stage could not "
+                                             r"skip it"):
+        module_level_plan(model, plan, TOKENS)
+    with pytest.raises(PassError, match=r"\[module-apply\].*LayerNorm 'emb_norm'"):
+        apply_plan(model, plan, TOKENS, path="module")
