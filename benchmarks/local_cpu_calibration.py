@@ -257,6 +257,10 @@ def _redistribute_worker(rank: int, world: int, port: int, repeats: int, out: st
     full = torch.randn(batch, seq, h)
     replicate = DTensor.from_local(full, mesh, [Replicate()])
     hidden = torch.randn(batch, seq, 4 * h // world)     # a column-parallel MLP output's shard
+    source = DTensor.from_local(hidden, mesh, [Shard(2)]).requires_grad_()
+    plain_weight = torch.randn(4 * h // world, h, requires_grad=True)
+    weight = torch.nn.Parameter(DTensor.from_local(plain_weight.detach().clone(), mesh,
+                                                   [Shard(0)]))
     # the plain collectives gather / scatter along dim 0; the sequence split (dim 1) needs the
     # same transposed copies DTensor makes, so the plain side makes them too
     gathered = torch.empty(world * seq // world, batch, h)
@@ -293,8 +297,17 @@ def _redistribute_worker(rank: int, world: int, port: int, repeats: int, out: st
            "from_local_dtensor_us": cpu_us(lambda: DTensor.from_local(hidden, mesh,
                                                                       [Shard(2)])),
            "from_local_plain_us": cpu_us(lambda: hidden.view_as(hidden)),
-           "to_local_backward_us": _to_local_backward_us(
-               DTensor.from_local(hidden, mesh, [Shard(2)]).requires_grad_(), repeats),
+           "to_local_backward_us": _node_us(lambda: (source * 1.0).to_local(),
+                                            lambda out: out.grad_fn, repeats),
+           # autograd storing a parameter's gradient (AccumulateGrad of the leaf), a DTensor
+           # parameter (a column-parallel weight's shard) against a plain one
+           "accumulate_dtensor_us": _node_us(
+               lambda: (weight * 1.0).to_local(),
+               lambda out: out.grad_fn.next_functions[0][0].next_functions[0][0], repeats,
+               (weight,)),
+           "accumulate_plain_us": _node_us(
+               lambda: plain_weight * 1.0, lambda out: out.grad_fn.next_functions[0][0],
+               repeats, (plain_weight,)),
            "eager_op_us": _op_chain_s(lambda t: t, repeats, backward=False)[0] * 1e6}
     if rank == 0:
         Path(out).write_text(json.dumps(row))
@@ -302,15 +315,18 @@ def _redistribute_worker(rank: int, world: int, port: int, repeats: int, out: st
     dist.destroy_process_group()
 
 
-def _to_local_backward_us(source: torch.Tensor, repeats: int) -> float:
-    """Median thread CPU (µs) of the autograd node of ``DTensor.to_local`` (its backward wraps
-    the local gradient as a DTensor again), on ``source · 1`` so that the node has a DTensor
-    producer, timed by the node's pre-hook and hook."""
+def _node_us(forward: Callable[[], torch.Tensor], node_of: Callable[[torch.Tensor], Any],
+             repeats: int, leaves: tuple[torch.Tensor, ...] = ()) -> float:
+    """Median thread CPU (µs) of one autograd node of ``forward()``'s graph (``node_of`` picks
+    it from the output), timed by the node's pre-hook and hook over ``out.sum().backward()``;
+    ``leaves``' gradients are reset to ``None`` before each run (as ``zero_grad`` does)."""
     samples: list[float] = []
     start: list[float] = []
     for _ in range(repeats + 2):
-        out = (source * 1.0).to_local()
-        node = out.grad_fn
+        for leaf in leaves:
+            leaf.grad = None
+        out = forward()
+        node = node_of(out)
         node.register_prehook(lambda grads: start.append(time.thread_time()))
         node.register_hook(lambda inputs, grads: samples.append(time.thread_time() - start[-1]))
         out.sum().backward()
@@ -741,6 +757,8 @@ def _print_redistribute(red: dict[str, float]) -> None:
     print(f"| DTensor.from_local of a 16×64×128 shard: DTensor / plain view; to_local's backward "
           f"(autograd node) | {red['from_local_dtensor_us']:.0f} / "
           f"{red['from_local_plain_us']:.1f} µs; {red['to_local_backward_us']:.0f} µs |")
+    print(f"| AccumulateGrad of a 128×64 parameter (its gradient None before): DTensor / plain | "
+          f"{red['accumulate_dtensor_us']:.0f} / {red['accumulate_plain_us']:.0f} µs |")
     print(f"| main-thread CPU of a DTensor redistribution without communication (Replicate → "
           f"Shard(1), same tensor): DTensor / plain slice | {red['local_dtensor_us']:.0f} / "
           f"{red['local_plain_us']:.0f} µs |")
