@@ -265,37 +265,100 @@ def _redistribute_worker(rank: int, world: int, port: int, repeats: int, out: st
 
     _join_gloo(rank, world, port)
     mesh = init_device_mesh("cpu", (world,))
-    tokens, h = 1024, 64                     # gpt-tiny's residual stream at batch 16
-    local = torch.randn(tokens // world, h)
-    shard = DTensor.from_local(local, mesh, [Shard(0)])
-    partial = DTensor.from_local(torch.randn(tokens, h), mesh, [Partial()])
-    gathered, scattered, full = torch.empty(tokens, h), torch.empty(tokens // world, h), \
-        torch.randn(tokens, h)
+    batch, seq, h = 16, 64, 64               # gpt-tiny's residual stream at batch 16
+    local = torch.randn(batch, seq // world, h)
+    shard = DTensor.from_local(local, mesh, [Shard(1)])
+    partial = DTensor.from_local(torch.randn(batch, seq, h), mesh, [Partial()])
+    full = torch.randn(batch, seq, h)
+    replicate = DTensor.from_local(full, mesh, [Replicate()])
+    hidden = torch.randn(batch, seq, 4 * h // world)     # a column-parallel MLP output's shard
+    source = DTensor.from_local(hidden, mesh, [Shard(2)]).requires_grad_()
+    plain_weight = torch.randn(4 * h // world, h, requires_grad=True)
+    weight = torch.nn.Parameter(DTensor.from_local(plain_weight.detach().clone(), mesh,
+                                                   [Shard(0)]))
+    # the plain collectives gather / scatter along dim 0; the sequence split (dim 1) needs the
+    # same transposed copies DTensor makes, so the plain side makes them too
+    gathered = torch.empty(world * seq // world, batch, h)
+    scattered = torch.empty(seq // world, batch, h)
 
     def cpu_us(fn: Callable[[], object]) -> float:
         dist.barrier()
         return _median_thread_time(fn, repeats=repeats) * 1e6
 
+    def plain_gather() -> torch.Tensor:
+        dist.all_gather_into_tensor(gathered, local.transpose(0, 1).contiguous())
+        return gathered.transpose(0, 1) + 0.0
+
+    def plain_scatter() -> torch.Tensor:
+        dist.reduce_scatter_tensor(scattered, full.transpose(0, 1).contiguous())
+        return scattered.transpose(0, 1) + 0.0
+
+    # every result is used (``+ 0``) as the next op of a layer uses it: DTensor's collectives
+    # are asynchronous, their wait and unpacking run at that first use
     row = {"all_gather_dtensor_us": cpu_us(lambda: shard.redistribute(mesh, [Replicate()])
-                                           .to_local()),
-           "all_gather_plain_us": cpu_us(lambda: dist.all_gather_into_tensor(gathered, local)),
-           "reduce_scatter_dtensor_us": cpu_us(lambda: partial.redistribute(mesh, [Shard(0)])
-                                               .to_local()),
-           "reduce_scatter_plain_us": cpu_us(lambda: dist.reduce_scatter_tensor(scattered,
-                                                                                 full))}
+                                           .to_local() + 0.0),
+           "all_gather_plain_us": cpu_us(plain_gather),
+           "reduce_scatter_dtensor_us": cpu_us(lambda: partial.redistribute(mesh, [Shard(1)])
+                                               .to_local() + 0.0),
+           "reduce_scatter_plain_us": cpu_us(plain_scatter),
+           # a redistribution that communicates nothing (Replicate → Shard(1): each rank keeps
+           # its slice), against the plain slice
+           "local_dtensor_us": cpu_us(lambda: replicate.redistribute(mesh, [Shard(1)])
+                                      .to_local() + 0.0),
+           "local_plain_us": cpu_us(lambda: full.chunk(world, 1)[rank] + 0.0),
+           # a parallel style's boundary: a local tensor wrapped as a DTensor (a row-parallel
+           # Linear's input) against the plain view, and the backward of a DTensor handed on
+           # as a local tensor (a column-parallel Linear's output), timed by its autograd node
+           "from_local_dtensor_us": cpu_us(lambda: DTensor.from_local(hidden, mesh,
+                                                                      [Shard(2)])),
+           "from_local_plain_us": cpu_us(lambda: hidden.view_as(hidden)),
+           "to_local_backward_us": _node_us(lambda: (source * 1.0).to_local(),
+                                            lambda out: out.grad_fn, repeats),
+           # autograd storing a parameter's gradient (AccumulateGrad of the leaf), a DTensor
+           # parameter (a column-parallel weight's shard) against a plain one
+           "accumulate_dtensor_us": _node_us(
+               lambda: (weight * 1.0).to_local(),
+               lambda out: out.grad_fn.next_functions[0][0].next_functions[0][0], repeats,
+               (weight,)),
+           "accumulate_plain_us": _node_us(
+               lambda: plain_weight * 1.0, lambda out: out.grad_fn.next_functions[0][0],
+               repeats, (plain_weight,)),
+           "eager_op_us": _op_chain_s(lambda t: t, repeats, backward=False)[0] * 1e6}
     if rank == 0:
         Path(out).write_text(json.dumps(row))
     dist.barrier()
     dist.destroy_process_group()
 
 
+def _node_us(forward: Callable[[], torch.Tensor], node_of: Callable[[torch.Tensor], Any],
+             repeats: int, leaves: tuple[torch.Tensor, ...] = ()) -> float:
+    """Median thread CPU (µs) of one autograd node of ``forward()``'s graph (``node_of`` picks
+    it from the output), timed by the node's pre-hook and hook over ``out.sum().backward()``;
+    ``leaves``' gradients are reset to ``None`` before each run (as ``zero_grad`` does)."""
+    samples: list[float] = []
+    start: list[float] = []
+    for _ in range(repeats + 2):
+        for leaf in leaves:
+            leaf.grad = None
+        out = forward()
+        node = node_of(out)
+        node.register_prehook(lambda grads: start.append(time.thread_time()))
+        node.register_hook(lambda inputs, grads: samples.append(time.thread_time() - start[-1]))
+        out.sum().backward()
+    return statistics.median(samples[2:]) * 1e6
+
+
 def redistribute_host_us(world: int = 2, repeats: int = 15) -> dict[str, float]:
     """Main-thread CPU time (µs) of a tensor-parallel collective issued by ``DTensor``'s
-    ``redistribute`` (``Shard(0) → Replicate``: all-gather; ``Partial → Shard(0)``:
-    reduce-scatter; gpt-tiny's 1024 × 64 residual stream) and of the same collective issued
-    with ``torch.distributed`` directly: their difference is DTensor's host work per
-    redistribution (planning it, the functional collective's wrappers and waits), which no
-    communication term prices."""
+    ``redistribute`` as sequence parallelism issues it (gpt-tiny's 16 × 64 × 64 residual
+    stream split on the sequence, ``Shard(1) → Replicate``: all-gather; ``Partial →
+    Shard(1)``: reduce-scatter), its result used by one op (its wait and unpacking run
+    there), and of the same collective issued with ``torch.distributed`` directly (with the
+    same transposed copies and the same use): their difference is DTensor's host work per
+    redistribution (planning it, the functional collective's wrappers, its wait), which no
+    communication term prices; also a redistribution that communicates nothing
+    (``Replicate → Shard(1)``) against the plain slice; with the eager op of the same run
+    (host costs move with it)."""
     return _spawn_json(_redistribute_worker, world, repeats)
 
 
@@ -993,6 +1056,22 @@ def _print_fsdp(row: dict[str, Any]) -> None:
           + ", ".join(f"{e:.2f}" for e in row["eager_op_us"]) + " µs) |")
 
 
+def _print_redistribute(red: dict[str, float]) -> None:
+    print(f"| main-thread CPU per collective used once, 2 ranks, 16×64×64 fp32 split on dim 1: "
+          f"all-gather DTensor / plain; reduce-scatter DTensor / plain; eager op | "
+          f"{red['all_gather_dtensor_us']:.0f} / {red['all_gather_plain_us']:.0f} µs; "
+          f"{red['reduce_scatter_dtensor_us']:.0f} / {red['reduce_scatter_plain_us']:.0f} µs; "
+          f"{red['eager_op_us']:.2f} µs |")
+    print(f"| DTensor.from_local of a 16×64×128 shard: DTensor / plain view; to_local's backward "
+          f"(autograd node) | {red['from_local_dtensor_us']:.0f} / "
+          f"{red['from_local_plain_us']:.1f} µs; {red['to_local_backward_us']:.0f} µs |")
+    print(f"| AccumulateGrad of a 128×64 parameter (its gradient None before): DTensor / plain | "
+          f"{red['accumulate_dtensor_us']:.0f} / {red['accumulate_plain_us']:.0f} µs |")
+    print(f"| main-thread CPU of a DTensor redistribution without communication (Replicate → "
+          f"Shard(1), same tensor): DTensor / plain slice | {red['local_dtensor_us']:.0f} / "
+          f"{red['local_plain_us']:.0f} µs |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
@@ -1008,6 +1087,8 @@ def main() -> None:
                         help="only the trainer's host work after train_step (10.), JSON")
     parser.add_argument("--first-touch", action="store_true",
                         help="only the first touch of fresh pages per step (9.), JSON")
+    parser.add_argument("--redistribute", action="store_true",
+                        help="only the DTensor redistribution line, as a table row and JSON")
     args = parser.parse_args()
     if args.gloo_cpu:
         torch.set_num_threads(1)
@@ -1020,6 +1101,12 @@ def main() -> None:
         torch.set_num_threads(1)
         row = step_host_us() if args.step else first_touch()
         print(json.dumps(row, indent=1))
+        return
+    if args.redistribute:
+        torch.set_num_threads(1)
+        row = redistribute_host_us(repeats=7 if args.quick else 15)
+        _print_redistribute(row)
+        print(json.dumps(row))
         return
     if args.fsdp:
         torch.set_num_threads(1)
@@ -1057,11 +1144,7 @@ def main() -> None:
     shard = dtensor_shard_overhead_us()
     print(f"| DTensor op extra (Shard(0), 2-rank mesh): forward / backward | "
           f"{shard['forward_us']:.2f} / {shard['backward_us']:.2f} µs |")
-    red = redistribute_host_us()
-    print(f"| main-thread CPU per collective, 2 ranks, 1024×64 fp32: all-gather DTensor / plain; "
-          f"reduce-scatter DTensor / plain | {red['all_gather_dtensor_us']:.0f} / "
-          f"{red['all_gather_plain_us']:.0f} µs; {red['reduce_scatter_dtensor_us']:.0f} / "
-          f"{red['reduce_scatter_plain_us']:.0f} µs |")
+    _print_redistribute(redistribute_host_us())
     _print_fsdp(fsdp_host_us(repeats=repeats))
     print(f"| process baseline (torch + fxplan runtime + gloo group), ru_maxrss | "
           f"{process_baseline_gib():.3f} GiB |")

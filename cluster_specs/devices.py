@@ -39,7 +39,11 @@ class DeviceGroup:
     backward) on a DTensor, ``dtensor_view_op_us`` that of a view op (``view``, ``t``) on a
     DTensor, ``dtensor_redistribute_us`` the extra host cost of a
     tensor-parallel collective issued by DTensor's ``redistribute`` over the same collective
-    issued directly, ``optimizer_tensor_us``/``dtensor_optimizer_tensor_us`` the
+    issued directly, ``dtensor_local_redistribute_us`` that of a redistribution that
+    communicates nothing (each rank keeps its slice), ``dtensor_from_local_us`` /
+    ``dtensor_to_local_backward_us`` those of a tensor-parallel style's boundary (a local tensor
+    wrapped as a DTensor in the forward; the backward of a DTensor handed on as a local tensor;
+    :mod:`fxplan.cost_model.dtensor_dispatch`), ``optimizer_tensor_us``/``dtensor_optimizer_tensor_us`` the
     optimizer's host cost per plain / DTensor parameter tensor, ``comm_overlap`` the fraction
     of a collective that can run concurrently with compute (1: GPUs; 0: one-thread CPU ranks);
     :mod:`fxplan.cost_model.host_overhead` prices them. ``ddp_bucket_mib`` is the gradient
@@ -98,6 +102,9 @@ class DeviceGroup:
     dtensor_backward_op_us: float = 0.0
     dtensor_view_op_us: float = 0.0
     dtensor_redistribute_us: float = 0.0
+    dtensor_local_redistribute_us: float = 0.0
+    dtensor_from_local_us: float = 0.0
+    dtensor_to_local_backward_us: float = 0.0
     optimizer_tensor_us: float = 0.0
     dtensor_optimizer_tensor_us: float = 0.0
     comm_overlap: float = 1.0

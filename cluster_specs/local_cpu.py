@@ -20,6 +20,9 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     dtensor_backward_op_us     = DTENSOR_BACKWARD_OP_US / s      (… and its backward)
     dtensor_view_op_us         = DTENSOR_VIEW_OP_US / s          (… of a view op: view, t)
     dtensor_redistribute_us    = DTENSOR_REDISTRIBUTE_US / s     (DTensor's work per tp collective)
+    dtensor_local_redistribute_us = DTENSOR_LOCAL_REDISTRIBUTE_US / s  (… without communication)
+    dtensor_from_local_us      = DTENSOR_FROM_LOCAL_US / s       (a style's boundary, forward;
+    dtensor_to_local_backward_us = DTENSOR_TO_LOCAL_BACKWARD_US / s   backward)
     optimizer_tensor_us        = OPTIMIZER_TENSOR_US / s         (AdamW per plain tensor)
     dtensor_optimizer_tensor_us = DTENSOR_OPTIMIZER_TENSOR_US / s (AdamW per DTensor tensor)
     step_overhead_us           = STEP_OVERHEAD_US / s            (training loop's host work)
@@ -191,6 +194,32 @@ DTENSOR_VIEW_OP_US = 42.4
 #: ``EAGER_OP_US``. (A ``Shard(0)`` op on a 2-rank mesh that communicates nothing costs about
 #: what the ``Replicate`` one below does: 21.9 / 33.4 µs, same run.)
 DTENSOR_REDISTRIBUTE_US = 253.0
+#: Re-measured (session 22) as sequence parallelism issues it — the 16 × 64 × 64 stream split
+#: on dim 1, the result used by one op so that the asynchronous collective's wait and unpacking
+#: run, the plain side with the same transposed copies: calibration line "main-thread CPU per
+#: collective used once" (``--redistribute``), six runs at load average 2–27, (all-gather +
+#: reduce-scatter extra) / 2 at the spec's eager op: 266, 210, 247, 178, 149, 295 µs (median 229);
+#: within its spread of the 253 above, which is kept.
+#:
+#: A redistribution that communicates nothing (``Replicate → Shard``: each rank keeps its
+#: slice; ``Replicate → Partial`` of a row-parallel bias, ``Replicate → _MaskPartial`` of a
+#: vocabulary-parallel lookup's indices), µs beyond the plain slice. Same calibration line
+#: ("… without communication", ``Replicate → Shard(1)`` of the stream), six runs: 103, 103,
+#: 114, 112, 184, 150 µs, median 112.8, with the eager op at 5.18–12.13 µs (median of the six
+#: runs 6.12; the probe runs beside the other rank's and read twice 11–12 µs at load 2): 112.8 ·
+#: 4.61 / 6.12 = 85.0 µs at the spec's ``EAGER_OP_US``.
+DTENSOR_LOCAL_REDISTRIBUTE_US = 85.0
+#: A tensor-parallel style's boundary (``parallelize_module``'s hooks): ``DTensor.from_local``
+#: of a local tensor (a row-parallel Linear's input shard, a vocabulary-parallel lookup's
+#: indices) beyond the plain view, and the autograd node of ``to_local`` (a column-parallel
+#: Linear's output handed on as a local tensor: its backward wraps the local gradient as a
+#: DTensor again, computing its global shape and stride), µs. Same calibration line
+#: ("DTensor.from_local of a 16×64×128 shard …"), three runs: from_local 63.3, 57.4, 69.8 µs
+#: extra (median 63.3), to_local's backward 151.6, 138.1, 153.3 µs (median 151.6), scaled by
+#: the same 4.61 / 6.12: 47.7 and 114.2 µs. (In the launched tp=2 sp step, 20 steps at
+#: batch 1, load 3.9, autograd node hooks: 9 ``_ToTorchTensorBackward`` nodes, 168 µs each.)
+DTENSOR_FROM_LOCAL_US = 47.7
+DTENSOR_TO_LOCAL_BACKWARD_US = 114.2
 #: AdamW ``step`` per plain parameter tensor beyond its memory traffic (torch's per-tensor
 #: loop on CPU: no ``foreach`` on CPU tensors), µs. Calibration line 10 (as
 #: ``STEP_OVERHEAD_US``): ``set_lr`` + ``step`` once per step in the trainer's order, 1240 µs
@@ -420,6 +449,10 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "dtensor_backward_op_us": round(host * DTENSOR_BACKWARD_OP_US / share, 3),
                 "dtensor_view_op_us": round(host * DTENSOR_VIEW_OP_US / share, 3),
                 "dtensor_redistribute_us": round(host * DTENSOR_REDISTRIBUTE_US / share, 3),
+                **{f"dtensor_{name}_us": round(host * value / share, 3) for name, value in (
+                    ("local_redistribute", DTENSOR_LOCAL_REDISTRIBUTE_US),
+                    ("from_local", DTENSOR_FROM_LOCAL_US),
+                    ("to_local_backward", DTENSOR_TO_LOCAL_BACKWARD_US))},
                 "optimizer_tensor_us": round(host * OPTIMIZER_TENSOR_US / share, 3),
                 "dtensor_optimizer_tensor_us": round(host * DTENSOR_OPTIMIZER_TENSOR_US / share,
                                                      3),

@@ -133,6 +133,15 @@ GROUP_FIELDS: dict[str, Field] = {
     "dtensor_redistribute_us": optional(number(
         low=0, low_open=False, high=MAX_LATENCY_US,
         unit="µs of host work per tensor-parallel collective issued by DTensor"), 0.0),
+    "dtensor_local_redistribute_us": optional(number(
+        low=0, low_open=False, high=MAX_LATENCY_US,
+        unit="µs of host work per DTensor redistribution that communicates nothing"), 0.0),
+    "dtensor_from_local_us": optional(number(
+        low=0, low_open=False, high=MAX_LATENCY_US,
+        unit="µs per local tensor wrapped as a DTensor by a tensor-parallel style"), 0.0),
+    "dtensor_to_local_backward_us": optional(number(
+        low=0, low_open=False, high=MAX_LATENCY_US,
+        unit="µs per backward of a DTensor handed on as a local tensor"), 0.0),
     "optimizer_tensor_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
                                            unit="µs per parameter tensor per optimizer step"),
                                     0.0),

@@ -40,7 +40,32 @@ ran both ``mm``\\ s.) A layout priced edge by edge (the intra-op solver's placem
 :mod:`cost_model.priced_layout`) keeps the rule it was calibrated with: one op forward and
 one backward per kernel-running node its placements split, and per vocabulary-parallel one.
 
-All four costs are 0 on the GPU specs (the host runs ahead of asynchronous kernels);
+**The styles' boundaries.** Beside the ATen ops, ``parallelize_module``'s styles wrap and
+unwrap tensors at each parallelized module, and DTensor redistributes some tensors without
+communicating (each rank keeps its slice). Per node (counted on gpt-tiny's tp=2 sp step,
+``Redistribute``/``from_local``/``to_local`` wrapped with counters; ``f`` a ``from_local`` in
+the forward, ``r_f``/``r_b`` a redistribution without communication forward / backward,
+``t_b`` the backward of a ``to_local``)::
+
+    vocabulary-parallel lookup      f = 1, r_f = 1 (indices → _MaskPartial); r_b = 1 (the
+                                    weight's gradient Replicate → Shard(0))
+    row-parallel linear             f = 1 (its local input shard), r_f = 1 if it has a bias
+                                    (the bias Replicate → Partial)
+    column-parallel linear          t_b = 1 (its output handed on as a local tensor); outside
+                                    the layers (the LM head, output gathered for the loss)
+                                    also r_b = 1 (the gradient sliced back)
+    under sp, an embedding with     f = 1, r_f = 1 (``PositionShard``: the table's rows of the
+    constant indices (positions)    rank's sequence shard)
+
+    t_style_fwd = f · dtensor_from_local_us + r_f · dtensor_local_redistribute_us
+    t_style_bwd = t_b · dtensor_to_local_backward_us + r_b · dtensor_local_redistribute_us
+
+On gpt-tiny tp=2 sp this counts f = 6, r_f = 6, t_b = 5, r_b = 2 per step; the runtime ran
+6, 6, 9, 4 (the zoo GPT's fused QKV attention also unwraps its strided weight and bias, 4
+``to_local`` calls, and each MLP's first linear redistributes its output gradient to the
+placement it already has, 2: not counted). A layout priced edge by edge counts none.
+
+All these costs are 0 on the GPU specs (the host runs ahead of asynchronous kernels);
 ``local-cpu`` measures them.
 """
 
@@ -49,14 +74,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fxplan.cost_model.host_overhead import runs_kernel
-from fxplan.cost_model.megatron_layout import CONST, SHARD, TPLayout
+from fxplan.cost_model.megatron_layout import CONST, SHARD, TPLayout, used_params
 from fxplan.passes.node_info import MATMUL_CLASSES
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import DeviceGroup
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["LINEAR_VIEWS", "DROPOUT_OPS", "dtensor_ops", "dispatch_s"]
+__all__ = ["LINEAR_VIEWS", "DROPOUT_OPS", "dtensor_ops", "dispatch_s", "style_boundaries",
+           "boundary_s"]
 
 #: View ops of ``F.linear`` on a DTensor, forward and backward, by input rank (≥ 3 / 2).
 LINEAR_VIEWS = {3: (3, 7), 2: (1, 4)}
@@ -111,3 +137,32 @@ def dispatch_s(ops: tuple[int, int, int, int], device: DeviceGroup) -> tuple[flo
     o_f, o_b, w_f, w_b = ops
     return ((o_f * device.dtensor_op_us + w_f * device.dtensor_view_op_us) * 1e-6,
             (o_b * device.dtensor_backward_op_us + w_b * device.dtensor_view_op_us) * 1e-6)
+
+
+def style_boundaries(graph: CapturedGraph, name: str, layout: TPLayout, *, sp: bool,
+                     in_layer: bool) -> tuple[int, int, int, int]:
+    """``(f, r_f, t_b, r_b)`` of node ``name`` (module docstring, "The styles' boundaries");
+    ``in_layer``: the node belongs to a layer (not the embeddings or the head)."""
+    if layout.priced:
+        return 0, 0, 0, 0
+    info = graph.infos_by_name[name]
+    if name in layout.vocab:
+        return 1, 1, 0, 1
+    if name in layout.row:
+        params = used_params(graph.nodes_by_name[name], graph)
+        bias = any(len(graph.params[p].shape) == 1 for p in params)
+        return 1, int(bias), 0, 0
+    if name in layout.column:
+        return 0, 0, 1, 0 if in_layer else 1
+    if sp and info.op_class == "embedding":    # constant indices: PositionShard
+        return 1, 1, 0, 0
+    return 0, 0, 0, 0
+
+
+def boundary_s(counts: tuple[int, int, int, int], device: DeviceGroup) -> tuple[float, float]:
+    """``(t_style_fwd, t_style_bwd)`` host seconds of a node's boundaries ``(f, r_f, t_b, r_b)``."""
+    f, r_f, t_b, r_b = counts
+    return ((f * device.dtensor_from_local_us + r_f * device.dtensor_local_redistribute_us)
+            * 1e-6,
+            (t_b * device.dtensor_to_local_backward_us
+             + r_b * device.dtensor_local_redistribute_us) * 1e-6)

@@ -18,7 +18,8 @@ replicated ops run on ``1/t`` of the sequence too):
   (``view_op_us``/``view_backward_op_us``: no kernel, 0 on the GPU specs), the first touch of
   the saved activations (:func:`cost_model.host_overhead.first_touch_s`, forward), plus under ``tp > 1`` the
   DTensor dispatch of every node that runs on DTensors, ordinary and view ops
-  (:mod:`cost_model.dtensor_dispatch`), ``recompute_s`` = forward time of the recomputed nodes
+  (:mod:`cost_model.dtensor_dispatch`) and the styles' boundaries (from_local, to_local's
+  backward, redistributions without communication), ``recompute_s`` = forward time of the recomputed nodes
   (the attention core for ``selective``, the whole layer for ``full``; ``pre``/``post``
   are never recomputed, as in Megatron);
 - tensor-parallel collectives per microbatch, as ``(kind, bytes)`` in nccl-tests sizes:
@@ -62,7 +63,8 @@ from fxplan.core.config import CostModelError
 from fxplan.core.placements import PlacementMap
 from fxplan.cost_model.edge_reshard import edge_collectives
 from fxplan.cost_model.fp8 import converted, fp8_node_time_s, fp8_working_bytes
-from fxplan.cost_model.dtensor_dispatch import dispatch_s, dtensor_ops
+from fxplan.cost_model.dtensor_dispatch import (boundary_s, dispatch_s, dtensor_ops,
+                                                style_boundaries)
 from fxplan.cost_model.host_overhead import first_touch_s
 from fxplan.cost_model.mesh import LogicalMesh
 from fxplan.passes.node_info import MATMUL_CLASSES
@@ -270,11 +272,13 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
             if info.op_class == "view":   # no kernel, but its dispatch (0 on the GPU specs)
                 fwd += device.view_op_us * 1e-6
                 bwd += device.view_backward_op_us * 1e-6
-            if tp > 1:   # the node's ops on DTensors (cost_model.dtensor_dispatch)
+            if tp > 1:   # the node's ops on DTensors and its styles' boundaries
                 host = dispatch_s(dtensor_ops(graph, name, layout, sp=sp,
                                               split=work_divisor(name, layout, tp, sp) > 1), device)
-                fwd += host[0]
-                bwd += host[1]
+                style = boundary_s(style_boundaries(graph, name, layout, sp=sp,
+                                                    in_layer=key not in ("pre", "post")), device)
+                fwd += host[0] + style[0]
+                bwd += host[1] + style[1]
             forward += fwd
             backward += bwd
             if name in recomputed:

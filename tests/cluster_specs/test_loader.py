@@ -123,6 +123,8 @@ def test_local_cpu_takes_the_rates_measured_now():
     assert now.memory_bandwidth_gb_per_s == pytest.approx(6 * share, abs=1e-4)
     assert now.kernel_launch_us == pytest.approx(2 * base.kernel_launch_us, abs=2e-3)
     for key in ("dtensor_op_us", "dtensor_backward_op_us", "dtensor_view_op_us",
+                "dtensor_local_redistribute_us", "dtensor_from_local_us",
+                "dtensor_to_local_backward_us",
                 "optimizer_tensor_us", "dtensor_optimizer_tensor_us", "step_overhead_us",
                 "ddp_tensor_us", "fsdp_gather_us", "fsdp_reduce_tensor_us"):
         assert getattr(now, key) == pytest.approx(2 * getattr(base, key), rel=1e-3), key

@@ -54,3 +54,42 @@ def test_local_cpu_prices_views_and_gpus_nothing() -> None:
     assert slow.dtensor_view_op_us == pytest.approx(2 * cpu.dtensor_view_op_us, rel=1e-3)
     for spec in ("dgx-a100-80g", "dgx-h100"):
         assert dispatch_s((16, 10, 12, 28), Cluster.load(spec).device_groups[0]) == (0.0, 0.0)
+
+
+def test_the_styles_boundaries_are_counted_per_parallelized_node(tiny) -> None:  # type: ignore[no-untyped-def]
+    from fxplan.cost_model.dtensor_dispatch import style_boundaries
+    from fxplan.cost_model.layer_costs import graph_segments
+    from fxplan.cost_model.tp_layout import tp_layout
+
+    layout, segments = tp_layout(tiny), graph_segments(tiny)
+
+    def totals(key: str, sp: bool) -> tuple[int, ...]:
+        rows = [style_boundaries(tiny, n, layout, sp=sp, in_layer=key not in ("pre", "post"))
+                for n in segments.names(key)]
+        return tuple(sum(r[i] for r in rows) for i in range(4))
+
+    key = segments.layers[0][0]
+    # a layer: 2 row-parallel linears wrap their local input and redistribute their bias
+    # (Replicate → Partial); 2 column-parallel outputs handed on as local tensors
+    assert totals(key, sp=True) == totals(key, sp=False) == (2, 2, 2, 0)
+    # the vocabulary-parallel lookup (indices in, the weight's gradient out) and, under sp
+    # only, the positions' own rows (PositionShard)
+    assert totals("pre", sp=True) == (2, 2, 0, 1)
+    assert totals("pre", sp=False) == (1, 1, 0, 1)
+    # the LM head: its output handed to the loss, the gradient sliced back
+    assert totals("post", sp=True) == (0, 0, 1, 1)
+
+
+def test_the_boundaries_cost_host_time_on_local_cpu_only() -> None:
+    from fxplan.cost_model.dtensor_dispatch import boundary_s
+
+    cpu = Cluster.load("local-cpu:devices=2").device_groups[0]
+    fwd, bwd = boundary_s((2, 1, 3, 1), cpu)
+    assert fwd == pytest.approx((2 * cpu.dtensor_from_local_us
+                                 + cpu.dtensor_local_redistribute_us) * 1e-6)
+    assert bwd == pytest.approx((3 * cpu.dtensor_to_local_backward_us
+                                 + cpu.dtensor_local_redistribute_us) * 1e-6)
+    assert min(cpu.dtensor_from_local_us, cpu.dtensor_to_local_backward_us,
+               cpu.dtensor_local_redistribute_us) > 0
+    for spec in ("dgx-a100-80g", "dgx-h100"):
+        assert boundary_s((6, 6, 5, 2), Cluster.load(spec).device_groups[0]) == (0.0, 0.0)
