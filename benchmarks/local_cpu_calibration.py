@@ -63,6 +63,12 @@ shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_
    clipping, the partial-gradient pass and ``zero_grad`` (the spec's step overhead), and
    AdamW's step less the cost model's price of its memory traffic, per tensor
    (:func:`step_host_us`).
+11. **gangs** (``--gangs`` alone; not in the full run) — 4 one-thread ranks on the cores in
+   independent groups: the wall a blocking all-reduce (4 B, 64 KiB) adds between bursts of
+   compute in 2 groups of 2, against 1 group of 4 and a lone group of 2; and a one-microbatch
+   two-stage pipeline of 2-rank stages, whose busy ranks' core share is
+   ``2·Δwork(lone pair)/Δpipeline`` between 4 and 40 matmuls a burst (:func:`gangs_us`;
+   informational, nothing in the spec is set from it).
 """
 
 from __future__ import annotations
