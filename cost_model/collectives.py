@@ -63,7 +63,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
@@ -177,53 +177,44 @@ def _steps(kind: str, x: int) -> int:
 
 
 def _ring(kind: str, size: float, n: int, m: int, gb_per_s: float, h_i: float, h_e: float,
-          base_us: float, cpu_us: float = 0.0) -> tuple[float, float]:
-    """(latency s, bandwidth term s) of a ring over n ranks on m nodes, ``cpu_us`` of CPU per
-    step inside a node (module docstring)."""
+          base_us: float) -> tuple[float, float]:
+    """(latency s, bandwidth term s) of a ring over n ranks on m nodes (module docstring)."""
     if n <= 1:
         return 0.0, 0.0
-    latency_us = (base_us + (_steps(kind, n) - _steps(kind, m)) * (h_i + cpu_us)
-                  + _steps(kind, m) * h_e)
+    latency_us = base_us + (_steps(kind, n) - _steps(kind, m)) * h_i + _steps(kind, m) * h_e
     c = 1.0 if kind == "broadcast" else bus_factor(kind, n)
     return latency_us * 1e-6, c * size / (gb_per_s * 1e9)
 
 
-def _hierarchical(kind: str, size: float, g: _Group, base_us: float,
-                  cpu_us: float) -> tuple[float, float]:
+def _hierarchical(kind: str, size: float, g: _Group, base_us: float) -> tuple[float, float]:
     intra = ("reduce_scatter", "all_gather") if kind == "all_reduce" else (kind,)
-    phases = [_ring(k, size, g.k, 1, g.intra_gb_per_s, g.intra_hop_us, 0.0, base_us, cpu_us)
-              for k in intra]
+    phases = [_ring(k, size, g.k, 1, g.intra_gb_per_s, g.intra_hop_us, 0.0, base_us) for k in intra]
     phases.append(_ring(kind, size / g.k, g.m, g.m, g.rail_gb_per_s, 0.0, g.net_hop_us, base_us))
     return sum(p[0] for p in phases), sum(p[1] for p in phases)
 
 
-def _algorithm_time(kind: str, algorithm: str, size: float, g: _Group,
-                    cpu_us: float = 0.0) -> tuple[float, float] | None:
-    """(latency s, bandwidth term s) of one algorithm, or ``None`` where it does not apply;
-    ``cpu_us``: each rank's CPU per step inside a node (module docstring)."""
+def _algorithm_time(kind: str, algorithm: str, size: float, g: _Group) -> tuple[float, float] | None:
+    """(latency s, bandwidth term s) of one algorithm, or ``None`` where it does not apply."""
     consts = _constants()
     base = consts["base_latency_us"][algorithm]
     if algorithm == "ring":
-        return _ring(kind, size, g.n, g.m, g.ring_gb_per_s, g.intra_hop_us, g.net_hop_us, base,
-                     cpu_us)
+        return _ring(kind, size, g.n, g.m, g.ring_gb_per_s, g.intra_hop_us, g.net_hop_us, base)
     if algorithm == "tree":
-        latency_us = base + 2 * ((g.k - 1) * (g.intra_hop_us + cpu_us)
-                                 + math.ceil(math.log2(g.m)) * g.net_hop_us)
+        latency_us = base + 2 * ((g.k - 1) * g.intra_hop_us + math.ceil(math.log2(g.m)) * g.net_hop_us)
         return latency_us * 1e-6, 2 * size / (consts["tree_bandwidth_factor"] * g.ring_gb_per_s * 1e9)
     if algorithm == "hierarchical":
-        return (_hierarchical(kind, size, g, base, cpu_us)
-                if g.m >= 2 and g.k >= 2 and g.uniform else None)
+        return _hierarchical(kind, size, g, base) if g.m >= 2 and g.k >= 2 and g.uniform else None
     if algorithm == "nvls":
         if not g.nvls_gb_per_s:
             return None
         return base * 1e-6, bus_factor(kind, g.n) * size / (g.nvls_gb_per_s * 1e9)
     if algorithm == "direct":
-        latency_us = base + (g.n - g.m) * (g.intra_hop_us + cpu_us) + (g.m - 1) * g.net_hop_us
+        latency_us = base + (g.n - g.m) * g.intra_hop_us + (g.m - 1) * g.net_hop_us
         intra_s = (g.k - 1) / g.n * size / (g.intra_gb_per_s * 1e9)
         net_s = (g.n - g.k) / g.n * size / (g.rail_gb_per_s * 1e9)
         return latency_us * 1e-6, max(intra_s, net_s)
     if algorithm == "p2p":
-        hop = g.net_hop_us if g.m > 1 else g.intra_hop_us + cpu_us
+        hop = g.net_hop_us if g.m > 1 else g.intra_hop_us
         return (base + hop) * 1e-6, size / (g.ring_gb_per_s * 1e9)
     raise ValueError(f"unknown algorithm {algorithm!r}")
 
@@ -252,13 +243,15 @@ def _cost(kind: str, nbytes: float, group: tuple[int, ...], cluster: Cluster,
     g = _describe(group, cluster)
     if kind == "reduce_scatter" and g.reduce_scatter_as_all_reduce:
         kind = "all_reduce"              # gloo (module docstring)
+    # every step inside a node also costs the ranks' CPU per step (module docstring)
     cpu_us = g.step_cpu_us.get(kind, 0.0) * (
         _filled_segments(nbytes, g.n) if kind == "all_reduce" else 1.0)
+    if cpu_us:
+        g = replace(g, intra_hop_us=g.intra_hop_us + cpu_us)
     names = ALGORITHMS[kind] if algorithm == "auto" else (algorithm,)
     if algorithm != "auto" and algorithm not in ALGORITHMS[kind]:
         raise ValueError(f"{kind} cannot run as {algorithm!r}; algorithms: {', '.join(ALGORITHMS[kind])}")
-    priced = [(name, t) for name in names
-              if (t := _algorithm_time(kind, name, nbytes, g, cpu_us)) is not None]
+    priced = [(name, t) for name in names if (t := _algorithm_time(kind, name, nbytes, g)) is not None]
     if not priced:
         raise ValueError(f"{algorithm!r} {kind} does not apply to {g.n} ranks on {g.m} node(s) "
                          f"({g.k} per node{'' if g.uniform else ', uneven'})")
