@@ -81,7 +81,7 @@ import socket
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -1202,40 +1202,29 @@ def main() -> None:
                         help="only the gang line: independent tp groups and a one-stage-at-a-"
                         "time pipeline time-sharing the cores, as table rows and JSON")
     args = parser.parse_args()
-    if args.gangs:
-        torch.set_num_threads(1)
-        rows = gangs_us(iterations=150 if args.quick else 300)
-        _print_gangs(rows)
-        print(json.dumps(rows))
-        return
-    if args.gloo_cpu:
-        torch.set_num_threads(1)
-        for world in (2, 4):
-            result = gloo_cpu_us(world, runs=3 if args.quick else 5)
-            _print_gloo_cpu(result)
-            print(json.dumps(result))
-        return
-    if args.step or args.first_touch:
-        torch.set_num_threads(1)
-        row = step_host_us() if args.step else first_touch()
-        print(json.dumps(row, indent=1))
-        return
-    if args.redistribute:
-        torch.set_num_threads(1)
-        row = redistribute_host_us(repeats=7 if args.quick else 15)
-        _print_redistribute(row)
-        print(json.dumps(row))
-        return
-    if args.fsdp:
-        torch.set_num_threads(1)
-        row = fsdp_host_us(repeats=7 if args.quick else 21)
-        _print_fsdp(row)
-        print(json.dumps(row))
-        return
-    if args.probe:
-        torch.set_num_threads(1)
-        print(json.dumps(rate_probe()))
-        return
+    quick = args.quick
+    #: The lines run alone: (asked for, their rows, each row's table line or None, the JSON's
+    #: indent), first asked first; each row printed as a table line (if any), then as JSON.
+    alone: tuple[tuple[bool, Callable[[], Iterable[Any]], Callable[[Any], None] | None,
+                       int | None], ...] = (
+        (args.gangs, lambda: [gangs_us(iterations=150 if quick else 300)], _print_gangs, None),
+        (args.gloo_cpu, lambda: (gloo_cpu_us(world, runs=3 if quick else 5) for world in (2, 4)),
+         _print_gloo_cpu, None),
+        (args.step, lambda: [step_host_us()], None, 1),
+        (args.first_touch, lambda: [first_touch()], None, 1),
+        (args.redistribute, lambda: [redistribute_host_us(repeats=7 if quick else 15)],
+         _print_redistribute, None),
+        (args.fsdp, lambda: [fsdp_host_us(repeats=7 if quick else 21)], _print_fsdp, None),
+        (args.probe, lambda: [rate_probe()], None, None),
+    )
+    for asked, rows, table_line, indent in alone:
+        if asked:
+            torch.set_num_threads(1)
+            for row in rows():
+                if table_line is not None:
+                    table_line(row)
+                print(json.dumps(row, indent=indent))
+            return
     repeats = 7 if args.quick else 21
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
