@@ -60,6 +60,16 @@ MAX_LATENCY_US = 1e6
 _FRACTION = number(low=0.0, low_open=True, high=1.0, unit="fraction")
 
 
+def _microseconds(unit: str) -> Field:
+    """A time in µs, from 0 to :data:`MAX_LATENCY_US` (host work, hop latencies)."""
+    return number(low=0, low_open=False, high=MAX_LATENCY_US, unit=unit)
+
+
+def _host_us(unit: str) -> Field:
+    """An optional host-work time in µs of a device group, 0 when absent (the GPU specs)."""
+    return optional(_microseconds(unit), 0.0)
+
+
 def _version(value: Any, source: str, path: str) -> int:
     if isinstance(value, bool) or value not in SUPPORTED_VERSIONS:
         raise ClusterSpecError(
@@ -117,58 +127,38 @@ GROUP_FIELDS: dict[str, Field] = {
                                       unit="fraction of the reference rate"),
                    what="efficiency per op class of backward kernels", nonempty=False), {}
     ),
-    "kernel_launch_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
-                                        unit="µs per kernel"), 0.0),
-    "step_overhead_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
-                                        unit="µs per training step"), 0.0),
+    "kernel_launch_us": _host_us("µs per kernel"),
+    "step_overhead_us": _host_us("µs per training step"),
     "fused_attention": optional(boolean(
         what="whether attention runs as one fused (flash) kernel on these devices; "
              "cost_model.attention_kernel prices it so"), False),
-    "dtensor_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
-                                     unit="µs per forward op on a DTensor"), 0.0),
-    "dtensor_backward_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
-                                              unit="µs per backward of an op on a DTensor"), 0.0),
-    "dtensor_view_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
-                                          unit="µs per view op on a DTensor"), 0.0),
-    "dtensor_redistribute_us": optional(number(
-        low=0, low_open=False, high=MAX_LATENCY_US,
-        unit="µs of host work per tensor-parallel collective issued by DTensor"), 0.0),
-    "dtensor_local_redistribute_us": optional(number(
-        low=0, low_open=False, high=MAX_LATENCY_US,
-        unit="µs of host work per DTensor redistribution that communicates nothing"), 0.0),
-    "dtensor_from_local_us": optional(number(
-        low=0, low_open=False, high=MAX_LATENCY_US,
-        unit="µs per local tensor wrapped as a DTensor by a tensor-parallel style"), 0.0),
-    "dtensor_to_local_backward_us": optional(number(
-        low=0, low_open=False, high=MAX_LATENCY_US,
-        unit="µs per backward of a DTensor handed on as a local tensor"), 0.0),
-    "optimizer_tensor_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
-                                           unit="µs per parameter tensor per optimizer step"),
-                                    0.0),
-    "view_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
-                                  unit="µs of host work per view node, forward"), 0.0),
-    "view_backward_op_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
-                                           unit="µs of host work per view node, backward"), 0.0),
-    "first_touch_us_per_mib": optional(number(
-        low=0, low_open=False, high=MAX_LATENCY_US,
-        unit="µs per MiB of saved activations faulted in again each microbatch"), 0.0),
-    "queued_collective_us": optional(number(
-        low=0, low_open=False, high=MAX_LATENCY_US,
-        unit="µs per further collective of an async batch (0: a full collective)"), 0.0),
-    "ddp_step_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
-                                   unit="µs of DDP host work per training step")),
-    "ddp_tensor_us": optional(number(low=0, low_open=False, high=MAX_LATENCY_US,
-                                     unit="µs of DDP host work per parameter tensor and step")),
-    **{f"fsdp_{what}{part}_us": optional(number(
-        low=0, low_open=False, high=MAX_LATENCY_US,
-        unit=f"µs of FSDP2 host work per fully_shard group{per}: {doc}"))
+    "dtensor_op_us": _host_us("µs per forward op on a DTensor"),
+    "dtensor_backward_op_us": _host_us("µs per backward of an op on a DTensor"),
+    "dtensor_view_op_us": _host_us("µs per view op on a DTensor"),
+    "dtensor_redistribute_us": _host_us(
+        "µs of host work per tensor-parallel collective issued by DTensor"),
+    "dtensor_local_redistribute_us": _host_us(
+        "µs of host work per DTensor redistribution that communicates nothing"),
+    "dtensor_from_local_us": _host_us(
+        "µs per local tensor wrapped as a DTensor by a tensor-parallel style"),
+    "dtensor_to_local_backward_us": _host_us(
+        "µs per backward of a DTensor handed on as a local tensor"),
+    "optimizer_tensor_us": _host_us("µs per parameter tensor per optimizer step"),
+    "view_op_us": _host_us("µs of host work per view node, forward"),
+    "view_backward_op_us": _host_us("µs of host work per view node, backward"),
+    "first_touch_us_per_mib": _host_us(
+        "µs per MiB of saved activations faulted in again each microbatch"),
+    "queued_collective_us": _host_us(
+        "µs per further collective of an async batch (0: a full collective)"),
+    "ddp_step_us": optional(_microseconds("µs of DDP host work per training step")),
+    "ddp_tensor_us": optional(_microseconds("µs of DDP host work per parameter tensor and step")),
+    **{f"fsdp_{what}{part}_us": optional(_microseconds(
+        f"µs of FSDP2 host work per fully_shard group{per}: {doc}"))
        for what, doc in (("gather", "unshard and hooks, per microbatch"),
                          ("reduce", "post-backward reduce, per step"),
                          ("regather", "ZeRO-3's reshard and re-gather, per microbatch"))
        for part, per in (("", ""), ("_tensor", " and parameter tensor"))},
-    "dtensor_optimizer_tensor_us": optional(number(
-        low=0, low_open=False, high=MAX_LATENCY_US,
-        unit="µs per DTensor parameter tensor per optimizer step"), 0.0),
+    "dtensor_optimizer_tensor_us": _host_us("µs per DTensor parameter tensor per optimizer step"),
     "comm_overlap": optional(number(low=0.0, low_open=False, high=1.0,
                                     unit="fraction of a collective that overlaps compute"), 1.0),
     "ddp_bucket_mib": optional(number(low=0, low_open=False, high=MAX_MEMORY_GIB * 1024,
@@ -193,7 +183,7 @@ LEVEL_FIELDS: dict[str, Field] = {
         low=0, low_open=True, high=MAX_RATE,
         unit="GB/s per direction, per device (node) or per NIC (cluster)"
     ),
-    "latency_us": number(low=0, low_open=False, high=MAX_LATENCY_US, unit="µs per hop"),
+    "latency_us": _microseconds("µs per hop"),
     "efficiency": _FRACTION,
     "nics_per_node": optional(integer(low=1, high=MAX_DEVICES_PER_NODE, unit="NICs per node")),
     "allreduce_bandwidth_gb_per_s": optional(
@@ -204,8 +194,7 @@ LEVEL_FIELDS: dict[str, Field] = {
         what="whether the backend runs a reduce-scatter as an all-reduce of its whole input "
              "(gloo); cost_model.collectives prices it so")),
     "step_cpu_us": optional(number_map(
-        COLLECTIVE_KINDS, number(low=0, low_open=False, high=MAX_LATENCY_US,
-                                 unit="µs of CPU per rank and algorithm step"),
+        COLLECTIVE_KINDS, _microseconds("µs of CPU per rank and algorithm step"),
         what="per collective kind, each rank's CPU per step beyond the hop latency (gloo)",
         nonempty=False)),
 }
