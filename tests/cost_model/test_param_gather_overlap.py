@@ -6,18 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from fxplan.api import capture
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import CostModelError, ParallelConfig, estimate
 from fxplan.cost_model.stage_costs import _hidden_gather
-
-SPEC = "gpt:layers=2,hidden=512,heads=8,vocab=1024,seq=256"
-
-
-@pytest.fixture(scope="module")
-def graph():  # type: ignore[no-untyped-def]
-    return capture(SPEC, batch=1)
-
 
 def test_config_text_round_trips_and_needs_a_sharded_optimizer() -> None:
     config = ParallelConfig.parse("dp=4,tp=2,mb=1,zero=1,sp=on,pg_overlap=on")
@@ -42,13 +33,13 @@ def test_only_the_gather_beyond_the_forward_is_charged() -> None:
 
 @pytest.mark.parametrize("config", ["dp=8,tp=1,mb=1,zero=1", "dp=4,tp=2,mb=1,zero=1,sp=on",
                                     "dp=8,tp=1,mb=1,zero=2"])
-def test_overlap_takes_the_gather_off_the_step(graph, config) -> None:  # type: ignore[no-untyped-def]
+def test_overlap_takes_the_gather_off_the_step(gpt_512, config) -> None:  # type: ignore[no-untyped-def]
     """The step falls by what ``post`` loses, at most the forward of one microbatch per
     stage; compute and the gradient reduction are unchanged."""
     cluster = Cluster.load("dgx-a100-80g")
     base = ParallelConfig.parse(config)
-    off = estimate(graph, cluster, base, batch=8)
-    on = estimate(graph, cluster, base.replace(param_gather_overlap=True), batch=8)
+    off = estimate(gpt_512, cluster, base, batch=8)
+    on = estimate(gpt_512, cluster, base.replace(param_gather_overlap=True), batch=8)
     post_off = float(off.stage_plan.costs.post.sum())
     post_on = float(on.stage_plan.costs.post.sum())
     forward = float(on.stage_plan.costs.forward.sum())
