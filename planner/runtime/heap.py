@@ -30,7 +30,7 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "keep_heap"]
+__all__ = ["MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "glibc_version", "keep_heap"]
 
 #: ``mallopt`` parameter numbers (glibc's ``malloc.h``).
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
@@ -42,26 +42,31 @@ TRIM_THRESHOLD_BYTES = 2**30
 USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
 
 
+#: What a rank whose heap is not kept does (the fallback lines' tail).
+_NOT_KEPT = ("the heap is trimmed between steps as the C library does, and each step faults "
+             "its activations' pages in again")
+
+
+def glibc_version() -> str:
+    """The C library's name and version where it is glibc (``"glibc 2.36"``), else ``""``."""
+    try:
+        version = os.confstr("CS_GNU_LIBC_VERSION") or ""   # AttributeError off POSIX
+    except (AttributeError, ValueError, OSError):
+        return ""
+    return version if version.startswith("glibc") else ""
+
+
 def keep_heap() -> str | None:
     """Keep this process's heap between steps (module docstring). Returns ``None`` when the
     settings are made or the user's own ``MALLOC_*_`` variables are kept, else the fallback
     line saying why the heap is left as the C library has it."""
     if any(name in os.environ for name in USER_SETTINGS):
         return None
-    if os.name != "posix" or not hasattr(os, "confstr"):
-        return "[heap] not a glibc system: the heap is trimmed between steps as the C " \
-               "library does, and each step faults its activations' pages in again"
-    try:
-        version = os.confstr("CS_GNU_LIBC_VERSION") or ""
-    except (ValueError, OSError):
-        version = ""
-    if not version.startswith("glibc"):
-        return "[heap] the C library is not glibc: the heap is trimmed between steps as it " \
-               "does, and each step faults its activations' pages in again"
+    if not glibc_version():
+        return f"[heap] the C library is not glibc: {_NOT_KEPT}"
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     for parameter, value in ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
                              (_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES), (_M_TOP_PAD, 0)):
         if libc.mallopt(parameter, value) != 1:
-            return f"[heap] glibc's mallopt({parameter}, {value}) failed: the heap is trimmed " \
-                   "between steps, and each step faults its activations' pages in again"
+            return f"[heap] glibc's mallopt({parameter}, {value}) failed: {_NOT_KEPT}"
     return None

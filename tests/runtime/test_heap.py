@@ -49,8 +49,7 @@ def _faults() -> tuple[int, int]:
     return int(default), int(kept)
 
 
-@pytest.mark.skipif(not (hasattr(os, "confstr") and (os.confstr("CS_GNU_LIBC_VERSION") or "")
-                         .startswith("glibc")), reason="glibc's mallopt")
+@pytest.mark.skipif(not heap.glibc_version(), reason="glibc's mallopt")
 def test_a_kept_heap_faults_no_pages_in_again() -> None:
     # 7 activations of 4 MiB (1024 pages) each per step, above glibc's initial 128 KiB mmap
     # threshold; faults over 10 steps after 15: kept, at most two activations' pages in all
