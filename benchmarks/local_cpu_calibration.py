@@ -909,21 +909,17 @@ def _spawn_json(worker: Callable[..., None], world: int, *args: Any) -> Any:
         return json.loads(Path(out).read_text())
 
 
-#: glibc ``mallopt`` parameters (malloc.h): ``M_TRIM_THRESHOLD``, ``M_TOP_PAD``,
-#: ``M_MMAP_THRESHOLD``.
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 PAGE_BYTES = 4096
 
 
 def _mallopt(**params: int) -> None:
-    """Set glibc malloc parameters by name (``trim``, ``top_pad``, ``mmap``), bytes."""
-    import ctypes
+    """Set glibc malloc parameters by name (``trim``, ``top_pad``, ``mmap``), bytes, or raise
+    (:func:`fxplan.runtime.heap.set_malloc`)."""
+    from fxplan.runtime.heap import set_malloc
 
-    libc = ctypes.CDLL("libc.so.6")
-    codes = {"trim": _M_TRIM_THRESHOLD, "top_pad": _M_TOP_PAD, "mmap": _M_MMAP_THRESHOLD}
-    for name, value in params.items():
-        if not libc.mallopt(codes[name], value):
-            raise RuntimeError(f"mallopt({name}={value}) failed")
+    failed = set_malloc(**params)
+    if failed:
+        raise RuntimeError(failed)
 
 
 def _saved_bytes(batch: int, seq: int = 64) -> float:

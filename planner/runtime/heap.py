@@ -30,10 +30,11 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "glibc_version", "keep_heap"]
+__all__ = ["MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "glibc_version", "keep_heap",
+           "set_malloc"]
 
-#: ``mallopt`` parameter numbers (glibc's ``malloc.h``).
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+#: ``mallopt`` parameter numbers (glibc's ``malloc.h``) by :func:`set_malloc`'s names.
+_PARAMETERS = {"trim": -1, "top_pad": -2, "mmap": -3}   # M_TRIM_THRESHOLD, M_TOP_PAD, …
 #: glibc's largest mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``), bytes.
 MMAP_THRESHOLD_BYTES = 32 * 2**20
 #: Free heap kept mapped before glibc trims it, bytes.
@@ -64,9 +65,16 @@ def keep_heap() -> str | None:
         return None
     if not glibc_version():
         return f"[heap] the C library is not glibc: {_NOT_KEPT}"
+    failed = set_malloc(mmap=MMAP_THRESHOLD_BYTES, trim=TRIM_THRESHOLD_BYTES, top_pad=0)
+    return f"[heap] {failed}: {_NOT_KEPT}" if failed else None
+
+
+def set_malloc(**params: int) -> str | None:
+    """Set glibc's malloc parameters by name, bytes: ``mmap`` (``M_MMAP_THRESHOLD``), ``trim``
+    (``M_TRIM_THRESHOLD``), ``top_pad`` (``M_TOP_PAD``), in the order given. ``None`` when all
+    are set, else what failed (glibc only: see :func:`glibc_version`)."""
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    for parameter, value in ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
-                             (_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES), (_M_TOP_PAD, 0)):
-        if libc.mallopt(parameter, value) != 1:
-            return f"[heap] glibc's mallopt({parameter}, {value}) failed: {_NOT_KEPT}"
+    for name, value in params.items():
+        if libc.mallopt(_PARAMETERS[name], value) != 1:
+            return f"glibc's mallopt({name}={value}) failed"
     return None
