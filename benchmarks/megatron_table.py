@@ -15,10 +15,11 @@ Predicted: :func:`cost_model.estimate` of the published configuration — tensor
 80GB nodes, full recompute, bf16, ZeRO-0, no sequence parallelism (SC'21 predates it). Not
 published, so chosen by a fixed rule, the same for every row:
 
-- interleaving ``v``: the largest ``v ≤ 4`` with ``l`` divisible by ``p·v`` (``p = 1``: no
+- interleaving ``v``: each ``v ≤ 4`` with ``l`` divisible by ``p·v`` (``p = 1``: no
   pipeline); for a microbatch size whose count ``B/(d·mb)`` is not a multiple of ``p``
   (Megatron's interleaved schedule requires it) the plain 1F1B schedule (``v = 1``);
-- microbatch size: the fastest of 1, 2, 4, 8, 16 that fits in memory.
+- microbatch size and interleaving: the fastest of 1, 2, 4, 8, 16 and those ``v`` that fits
+  in memory.
 
 No constant is tuned per row: all efficiencies come from ``cluster_specs/builtin/
 dgx-a100-80g.yaml`` and ``cost_model/data/efficiency.json`` (see ``docs/cost_model.md``).
@@ -88,9 +89,9 @@ def load_rows(path: Path = TABLE1) -> list[Row]:
         int(r["global_batch"]), float(r["tflops_per_gpu"])))
 
 
-def chunks_for(row: Row, microbatches: int) -> int:
-    """The interleaving ``v`` of the rule in the module docstring."""
-    return published_table.chunks_for(row, microbatches, MAX_CHUNKS)
+def chunk_choices(row: Row, microbatches: int) -> tuple[int, ...]:
+    """The interleavings ``v`` the rule of the module docstring tries."""
+    return published_table.chunk_choices(row, microbatches, MAX_CHUNKS)
 
 
 def predict(row: Row, graph: Any, cluster: Any = None) -> Prediction:
@@ -195,7 +196,7 @@ def main() -> int:
         print(f"{row.preset:>11}  published {row.implied_step_time_s:8.2f} s  predicted "
               f"{pr.estimate.step_time_s:8.2f} s  error {pr.error * 100:+5.1f} %  "
               f"(v={pr.chunks}, mb={pr.microbatch}, {pr.seconds * 1e3:.0f} ms for "
-              f"{len(MICROBATCHES)} estimates)", flush=True)
+              f"{pr.estimates} estimates)", flush=True)
     table = markdown(predictions)
     print()
     print(table)

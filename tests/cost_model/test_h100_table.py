@@ -2,10 +2,9 @@
 
 Each published configuration (GPT 1.7B–462B, s = 4096, V = 131072, DGX H100, bf16,
 distributed optimizer with ``pg_overlap``, sequence parallelism and ``tp_overlap`` with tp) is
-estimated with the rule of ``benchmarks/h100_table.py`` (v: the largest ≤ 8 dividing l/p; microbatch and recompute: the
-fastest that fits) and its MFU compared with the published one (``X / 989``). Nothing is
-tuned per row. Rows the model does not yet reach are strict expected failures carrying the
-measured gap: they fail the suite the day they come within bounds, so the mark must go.
+estimated with the rule of ``benchmarks/h100_table.py`` (interleaving ``v`` dividing l/p,
+microbatch and recompute: the fastest that fits) and its MFU compared with the published one
+(``X / 989``). Nothing is tuned per row.
 """
 
 from __future__ import annotations
@@ -24,22 +23,8 @@ _spec.loader.exec_module(h100_table)  # type: ignore[union-attr]
 
 ROWS = h100_table.load_rows()
 
-#: Rows outside ±5 points, with the gap measured by ``python benchmarks/h100_table.py``
-#: (tensor-parallel communication and the parameter all-gather overlapped as the published
-#: runs do, the H100 matmul rate sustained in training; see docs/benchmarks.md for what is
-#: left unmodelled).
-OUTSIDE = {
-    "gpt-119b": "predicted 36.5 % vs 42.5 % published (-6.0 points)",
-}
 
-
-def _param(row):  # type: ignore[no-untyped-def]
-    marks = ([pytest.mark.xfail(strict=True, reason=OUTSIDE[row.name])]
-             if row.name in OUTSIDE else [])
-    return pytest.param(row, id=row.name, marks=marks)
-
-
-@pytest.mark.parametrize("row", [_param(r) for r in ROWS])
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)
 def test_published_mfu_within_five_points(row) -> None:  # type: ignore[no-untyped-def]
     prediction = h100_table.predict(row, h100_table.capture_row(row))
     assert prediction.estimate.fits
@@ -68,7 +53,10 @@ def test_megatron_flops_formula() -> None:
     assert row.flops_per_step == pytest.approx(f)
     assert row.implied_step_time_s == pytest.approx(f / (48 * 408.8e12))
     big = h100_table.Row(462, 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9)
-    assert (h100_table.chunks_for(big, 64), h100_table.chunks_for(big, 65)) == (7, 1)
+    assert h100_table.chunk_choices(big, 64) == (1, 7)           # l/p = 7: any v dividing it
+    assert h100_table.chunk_choices(big, 65) == (1,)             # 65 microbatches: not a multiple of p
+    prime = h100_table.Row(119, 80, 10240, 92, 8, 4, 48, 1536, 768, 420.5)
+    assert h100_table.chunk_choices(prime, 16) == (1, 23)        # l/p = 23: one layer per virtual stage
 
 
 SMALL = h100_table.Row(0.1, 4, 256, 2, 1, 1, 8, 8, 8, 400.0)

@@ -38,9 +38,10 @@ def test_implied_step_time_formula() -> None:
     row = megatron_table.Row(1.7, 24, 2304, 24, 1, 1, 32, 512, 137)
     f = 96 * 512 * 2048 * 24 * 2304**2 * (1 + 2048 / (6 * 2304) + 51200 / (16 * 24 * 2304))
     assert row.implied_step_time_s == pytest.approx(f / (32 * 137e12))
-    assert megatron_table.chunks_for(row, 16) == 1
+    assert megatron_table.chunk_choices(row, 16) == (1,)
     big = megatron_table.Row(529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163)
-    assert (megatron_table.chunks_for(big, 280), megatron_table.chunks_for(big, 281)) == (3, 1)
+    assert megatron_table.chunk_choices(big, 280) == (1, 3)      # v ≤ 4 dividing l/p = 3
+    assert megatron_table.chunk_choices(big, 281) == (1,)        # 281 microbatches: not a multiple of p
 
 
 def test_script_writes_the_docs_only_when_asked(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
