@@ -29,10 +29,14 @@ shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_
    one-thread copy of a 128 MiB tensor, ``2·S / t`` (bytes read + written; the figure behind
    ``MEMORY_GB_PER_S_PER_CORE``). ``benchmarks/measured_vs_predicted.py`` runs it beside
    every launch, so that a launch is priced at the rates of its moment of a shared machine.
-6. **time-sharing** — ``N`` one-thread processes, ``N = C`` (the cores) and ``N = 2C``, all
-   running gpt-tiny forward + backward at batch 4 for a fixed number of iterations; ``T_N`` is
-   the median over processes of their wall time. Were time-sharing free, ``T_2C = 2·T_C``; its
-   efficiency is ``η = 2·T_C / T_2C`` (context switches, caches shared by more working sets).
+6. **time-sharing** — ``N`` one-thread processes, ``N = 1``, ``N = C`` (the cores) and
+   ``N = 2C``, all running gpt-tiny forward + backward at batch 4 for a fixed number of
+   iterations; ``T_N`` is the median over processes of their wall time, each ``N`` run
+   ``rounds`` times interleaved and the medians taken. Were sharing the machine free,
+   ``T_C = T_1`` and ``T_2C = 2·T_C``; the concurrency efficiency is ``κ = T_1 / T_C`` (one
+   process per core, each beside the others: the shared last-level cache, memory bandwidth,
+   the kernel's page and allocator work) and the time-sharing efficiency ``η = 2·T_C / T_2C``
+   (context switches, caches shared by more working sets).
 7. **FSDP2 and DDP host work** (``--fsdp`` alone) — on 2 loopback gloo ranks, a model of
    8 blocks of ``w`` ∈ {1, 6} ``Linear(64, 64)`` and a root ``Linear``, forward + backward
    on the main thread's CPU clock, unwrapped, under DDP, and under ``fully_shard`` (every
@@ -571,20 +575,32 @@ def _sharing_worker(rank: int, iterations: int, out: str) -> None:
     Path(out, f"{rank}.txt").write_text(str(time.perf_counter() - start))
 
 
-def time_sharing(iterations: int = 150) -> dict[str, float]:
-    """``T_C``, ``T_2C`` (s) and ``η = 2·T_C / T_2C`` (module docstring)."""
+def time_sharing(iterations: int = 150, rounds: int = 3) -> dict[str, Any]:
+    """``T_1``, ``T_C``, ``T_2C`` (s), ``κ = T_1 / T_C`` and ``η = 2·T_C / T_2C`` (module
+    docstring); each ``N`` runs ``rounds`` times, interleaved, and its median is taken."""
     import tempfile
 
     import torch.multiprocessing as mp
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    times = {}
-    for n in (cores, 2 * cores):
-        with tempfile.TemporaryDirectory() as tmp:
-            mp.spawn(_sharing_worker, args=(iterations, tmp), nprocs=n)
-            times[n] = statistics.median(float(p.read_text()) for p in Path(tmp).glob("*.txt"))
-    return {"cores": cores, "t_c": times[cores], "t_2c": times[2 * cores],
-            "efficiency": 2 * times[cores] / times[2 * cores]}
+    runs: dict[int, list[float]] = {n: [] for n in (1, cores, 2 * cores)}
+    for _ in range(rounds):
+        for n in runs:
+            with tempfile.TemporaryDirectory() as tmp:
+                mp.spawn(_sharing_worker, args=(iterations, tmp), nprocs=n)
+                runs[n].append(statistics.median(float(p.read_text())
+                                                 for p in Path(tmp).glob("*.txt")))
+    t = {n: statistics.median(v) for n, v in runs.items()}
+    return {"cores": cores, "t_1": t[1], "t_c": t[cores], "t_2c": t[2 * cores],
+            "runs": {str(n): v for n, v in runs.items()}, "load": os.getloadavg()[0],
+            "concurrency": t[1] / t[cores], "efficiency": 2 * t[cores] / t[2 * cores]}
+
+
+def _print_sharing(share: dict[str, Any]) -> None:
+    print(f"| time-sharing, gpt-tiny fwd+bwd ×150: 1 / {share['cores']} / {2 * share['cores']} "
+          f"processes on {share['cores']} cores | {share['t_1']:.2f} s / {share['t_c']:.2f} s / "
+          f"{share['t_2c']:.2f} s ⇒ κ = {share['concurrency']:.3f}, η = "
+          f"{share['efficiency']:.3f} |")
 
 
 def _contended_worker(rank: int, world: int, port: int, iterations: int, batch: int,
@@ -1194,6 +1210,8 @@ def main() -> None:
                         help="only the first touch of fresh pages per step (9.), JSON")
     parser.add_argument("--redistribute", action="store_true",
                         help="only the DTensor redistribution line, as a table row and JSON")
+    parser.add_argument("--sharing", action="store_true",
+                        help="only the time-sharing line (6.): κ and η, as a table row and JSON")
     parser.add_argument("--gangs", action="store_true",
                         help="only the gang line: independent tp groups and a one-stage-at-a-"
                         "time pipeline time-sharing the cores, as table rows and JSON")
@@ -1212,6 +1230,7 @@ def main() -> None:
          _print_redistribute, None),
         (args.fsdp, lambda: [fsdp_host_us(repeats=7 if quick else 21)], _print_fsdp, None),
         (args.probe, lambda: [rate_probe()], None, None),
+        (args.sharing, lambda: [time_sharing(rounds=1 if quick else 3)], _print_sharing, None),
     )
     for asked, rows, table_line, indent in alone:
         if asked:
@@ -1264,10 +1283,7 @@ def main() -> None:
           f"re-faulted per step (batch {batches}) | "
           f"{touch['page_us']:.2f} µs; {touch['fraction']:.2f} ("
           + ", ".join(f"{v['fraction']:.2f}" for v in touch["natural"].values()) + ") |")
-    share = time_sharing()
-    print(f"| time-sharing, gpt-tiny fwd+bwd ×150: {share['cores']} / {2 * share['cores']} "
-          f"processes on {share['cores']} cores | {share['t_c']:.2f} s / {share['t_2c']:.2f} s ⇒ "
-          f"η = {share['efficiency']:.3f} |")
+    _print_sharing(time_sharing(rounds=1 if quick else 3))
     for world in (2, 4):
         c = contended_collective_us(world)
         print(f"| gloo all-reduce 4 B between compute, {world} ranks: (work + AR) − work | "

@@ -238,7 +238,10 @@ DTENSOR_OPTIMIZER_TENSOR_US = 232.2
 PROCESS_BASELINE_GIB = 0.307
 #: Time-sharing efficiency with more one-thread ranks than cores. Calibration line
 #: "time-sharing" (2 and 4 processes on 2 cores, gpt-tiny forward + backward):
-#: η = 2·T_C / T_2C = 0.866, 0.888 and 0.854 in three runs; the median.
+#: η = 2·T_C / T_2C = 0.866, 0.888 and 0.854 in three runs; the median. (Session 23, quiet
+#: machine, ``--sharing``, which also runs one process alone: η 0.892, 0.927, 0.881, and the
+#: concurrency efficiency of C ranks on C cores ``κ = T_1 / T_C`` 0.928, 0.989, 0.975, not
+#: priced: ``s = 1`` for ``N ≤ C``; ``benchmarks/data/gloo_cpu_s23_quiet.json``.)
 TIME_SHARING_EFFICIENCY = 0.866
 #: Per op class, the fraction of ``FP32_TFLOPS_PER_CORE`` (matmul) or of
 #: ``MEMORY_GB_PER_S_PER_CORE`` (memory-bound classes) that the class's nodes reach, measured
