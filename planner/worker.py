@@ -104,11 +104,12 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     else:  # a CPU rank: reuse the heap's pages from step to step (no re-faulting)
+        from fxplan.passes.rewrite.base import record_fallback
         from fxplan.runtime.heap import keep_heap
 
         heap_note = keep_heap()
         if heap_note:
-            args.fallbacks.append(heap_note)
+            record_fallback(args.fallbacks, heap_note)
     from fxplan.runtime.process_group import init_process_group
 
     init_process_group(backend)  # a fresh store namespace per torchrun restart

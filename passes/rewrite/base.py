@@ -32,9 +32,23 @@ from fxplan.core.errors import UserError
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
-__all__ = ["PassError", "PassInternalError", "PassResult", "RewritePass", "PassManager"]
+__all__ = ["PassError", "PassInternalError", "PassResult", "RewritePass", "PassManager",
+           "record_fallback"]
 
 logger = logging.getLogger("fxplan.runtime")
+
+
+def record_fallback(fallbacks: list[str] | None, line: str) -> bool:
+    """Record one fallback, a deviation of the running program from its plan (``[where]
+    what runs instead``): logged as a warning and appended to ``fallbacks`` (the lines the
+    launch and the report show, in order, without repeats) unless it is already there;
+    ``fallbacks=None`` logs only. Returns whether the line was new."""
+    if fallbacks is not None and line in fallbacks:
+        return False
+    logger.warning("fxplan runtime fallback: %s", line)
+    if fallbacks is not None:
+        fallbacks.append(line)
+    return True
 
 
 class PassError(UserError):
@@ -81,10 +95,7 @@ class RewritePass:
         return self.__dict__.setdefault("_fallbacks", [])
 
     def fallback(self, message: str) -> None:
-        line = f"[{self.name}] {message}"
-        if line not in self.fallbacks:
-            self.fallbacks.append(line)
-            logger.warning("fxplan runtime fallback: %s", line)
+        record_fallback(self.fallbacks, f"[{self.name}] {message}")
 
     def run(self, gm: fx.GraphModule, plan: "Plan") -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError

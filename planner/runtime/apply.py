@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import fx, nn
 
 from fxplan.core.training import APPLY_PATHS
-from fxplan.passes.rewrite.base import PassManager, logger
+from fxplan.passes.rewrite.base import PassManager, record_fallback
 from fxplan.passes.rewrite.distribute import DistributeParameters
 from fxplan.passes.rewrite.layers import OutlineLayers
 from fxplan.passes.rewrite.recompute import Recompute
@@ -138,9 +138,9 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     from fxplan.runtime.offload import check_runnable
 
     check_runnable(plan, "gpu" if torch.cuda.is_available() else "cpu")   # offload, fp8
-    fallbacks = unrun_overlaps(plan)
-    for line in fallbacks:
-        logger.warning("fxplan runtime fallback: %s", line)
+    fallbacks: list[str] = []
+    for line in unrun_overlaps(plan):
+        record_fallback(fallbacks, line)
     model = apply_fp8(model, plan)   # FP8 linears keep the parameters' names (init, checkpoints)
     on_meta = has_meta(model)
     if on_meta and init is None and checkpoint is None:
@@ -164,9 +164,7 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
             if path == "module":
                 raise PassError("module-apply", f"the plan cannot run on the module: {why}") from why
             refuse_graph_path(plan, str(why))
-            line = f"[module-apply] {why}: the plan runs as the graph rewrite"
-            logger.warning("fxplan runtime fallback: %s", line)
-            fallbacks.append(line)
+            record_fallback(fallbacks, f"[module-apply] {why}: the plan runs as the graph rewrite")
     if decided is None:
         refuse_graph_path(plan, "path='graph' was asked for")
     if decided is not None:
@@ -211,8 +209,7 @@ def _apply_module_level(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         return None
     values = init_values(init) if on_meta and checkpoint is None else None
     for line in decided.fallbacks:
-        logger.warning("fxplan runtime fallback: %s", line)
-        fallbacks.append(line)
+        record_fallback(fallbacks, line)
     experts: list[nn.Parameter] = []
     stages = build_module_stages(model, plan, decided, mesh, local_stage_indices(plan, pp_rank),
                                  device, values, fallbacks, precision, context, ep_mesh, experts)

@@ -78,6 +78,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from fxplan.passes.rewrite.base import record_fallback
 from fxplan.runtime.offload import RuntimeSupportError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -316,9 +317,9 @@ def check_context_parallel(model: nn.Module, plan: "Plan", microbatch: Sequence[
             "re-plan with --constrain cp=1")
     switched = _sdpa_math_off(model)
     if switched:
-        fallbacks.append(f"[context-parallel] the attention of {switched[0]}… (math) runs as "
-                         "scaled_dot_product_attention under cp (all-gathered K/V, causal mask by "
-                         "global position)")
+        record_fallback(fallbacks, f"[context-parallel] the attention of {switched[0]}… (math) "
+                        "runs as scaled_dot_product_attention under cp (all-gathered K/V, causal "
+                        "mask by global position)")
     for name, (causal, other) in block_attention_calls(model, microbatch, blocks).items():
         if other or not causal:
             kind = type(model.get_submodule(name)).__name__

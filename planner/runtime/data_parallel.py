@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from fxplan.passes.rewrite.base import logger
+from fxplan.passes.rewrite.base import record_fallback
 from fxplan.runtime.offload import offload_fallback, offload_policy
 from fxplan.runtime.precision import Precision, autocast_stage, mixed_precision_policy
 
@@ -98,9 +98,7 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
     extra = {"ignored_params": set(ignored)} if ignored else {}
     for text in (line, offload_fallback(plan)):
         if text is not None:
-            logger.warning("fxplan runtime fallback: %s", text)
-            if fallbacks is not None and text not in fallbacks:
-                fallbacks.append(text)
+            record_fallback(fallbacks, text)
     if plan.zero_stage in (2, 3) or line is not None:
         from torch.distributed.fsdp import fully_shard
 

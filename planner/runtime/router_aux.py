@@ -96,14 +96,12 @@ def install_router_aux(model: nn.Module, group: dist.ProcessGroup | None, pipeli
             not model.router_aux_loss_coef:
         return None
     if pipelined:
-        from fxplan.passes.rewrite.base import logger
+        from fxplan.passes.rewrite.base import record_fallback
 
         line = ("[router-aux] the router's auxiliary loss (config.output_router_logits) is "
                 "left out of the training loss under pipeline parallelism: the last stage "
                 "does not see the other stages' router logits")
-        logger.warning("fxplan runtime fallback: %s", line)
-        if line not in fallbacks:
-            fallbacks.append(line)
+        record_fallback(fallbacks, line)
         return None
     aux = RouterAux(int(model.num_experts), int(model.num_experts_per_tok),
                     float(model.router_aux_loss_coef), group)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fxplan.passes.rewrite.base import (PassError, PassInternalError, PassManager, PassResult,
-                                 RewritePass)
+                                        RewritePass, record_fallback)
 from fxplan.passes.rewrite.emit import emit_program
 from fxplan.passes.rewrite.layers import OutlineLayers
 from fxplan.passes.rewrite.recompute import Recompute
@@ -123,3 +123,17 @@ def test_emit_program_annotates_placements():
     assert "h.0.attn.qkv.weight" in text and "RS(0)" in text
     assert "# planned S(0)S(1)" in text
     assert "def embed(self" in text and "same code as the first block" in text
+
+
+def test_record_fallback_logs_and_keeps_each_line_once(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    lines: list[str] = []
+    with caplog.at_level(logging.WARNING, logger="fxplan.runtime"):
+        assert record_fallback(lines, "[x] a runs as b")
+        assert not record_fallback(lines, "[x] a runs as b")      # a repeat: neither kept nor logged
+        assert record_fallback(lines, "[y] c runs as d")
+        assert record_fallback(None, "[z] logged only")
+    assert lines == ["[x] a runs as b", "[y] c runs as d"]
+    assert caplog.messages == [f"fxplan runtime fallback: {line}" for line in
+                               ("[x] a runs as b", "[y] c runs as d", "[z] logged only")]
