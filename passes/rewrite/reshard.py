@@ -43,7 +43,7 @@ from torch.distributed.tensor.placement_types import Placement
 from torch.utils._pytree import tree_map
 
 from fxplan.core.placements import format_placements
-from fxplan.passes.rewrite.base import PassResult, RewritePass, logger
+from fxplan.passes.rewrite.base import PassResult, RewritePass, record_fallback
 from fxplan.passes.rewrite.placements import axis_placement, normalize
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,7 +69,7 @@ class Reshard(nn.Module):
         if isinstance(target, Partial):
             self.fallbacks += 1
             if self.fallbacks == 1:
-                logger.warning("fxplan runtime fallback: %s", self.fallback_line)
+                record_fallback(None, self.fallback_line)
             return x
         out = x.redistribute(self.mesh, [target])
         if self.debug and out.placements != (target,):

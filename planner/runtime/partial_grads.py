@@ -22,7 +22,6 @@ redistributed on its own — a fallback, logged.
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -30,12 +29,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
+from fxplan.passes.rewrite.base import record_fallback
+
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.runtime.sharded_module import ShardedModule
 
 __all__ = ["reduce_partial_grads", "reduce_partial_params"]
-
-logger = logging.getLogger(__name__)
 
 
 def _flattenable(grad: DTensor, param: DTensor) -> bool:
@@ -73,8 +72,8 @@ def reduce_partial_params(params: Iterable[torch.nn.Parameter]) -> int:
             groups[(grad.device_mesh, dims, grad.to_local().dtype, op)].append(param)
             continue
         target = param.placements if isinstance(param, DTensor) else [Replicate()] * grad.ndim
-        logger.warning("fxplan runtime fallback: gradient %s → %s reduced on its own "
-                       "(not a flattenable Partial → Replicate)", grad.placements, target)
+        record_fallback(None, f"gradient {grad.placements} → {target} reduced on its own "
+                        "(not a flattenable Partial → Replicate)")
         param.grad = grad.redistribute(grad.device_mesh, target)
         collectives += 1
     for (mesh, dims, dtype, op), members in groups.items():
