@@ -1,7 +1,7 @@
 """Measure the constants of the ``local-cpu`` cluster spec on this machine and print a table.
 
     python benchmarks/local_cpu_calibration.py [--quick]
-    python benchmarks/local_cpu_calibration.py --probe      # the 3 per-core rates now, JSON
+    python benchmarks/local_cpu_calibration.py --probe      # the per-core rates now, JSON
 
 Every figure is a median; CPU-bound figures are read on the thread's CPU clock
 (``time.thread_time``), so they are the time on a core of one's own even when the machine is
@@ -23,12 +23,15 @@ shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_
    memory-bound class is its bandwidth over the copy's.
 5. (was the step overhead, ``T_step − T_fb − t_opt`` of a 2-rank DDP step against a plain
    forward + backward in a warm loop: replaced by 8. and 9.)
-0. **probe** (``--probe``, under a second) — the three per-core rates the ``local-cpu`` spec
-   takes as ``matmul_tflops``, ``memory_gb_per_s``, ``eager_op_us`` (:func:`rate_probe`):
-   the 1024³ matmul of 1., the eager op of 2. (forward, the chain of ``CHAIN`` ops), and the
-   one-thread copy of a 128 MiB tensor, ``2·S / t`` (bytes read + written; the figure behind
-   ``MEMORY_GB_PER_S_PER_CORE``). ``benchmarks/measured_vs_predicted.py`` runs it beside
-   every launch, so that a launch is priced at the rates of its moment of a shared machine.
+0. **probe** (``--probe``, under a second) — the per-core rates the ``local-cpu`` spec takes
+   as ``matmul_tflops``, ``memory_gb_per_s``, ``vector_gb_per_s``, ``eager_op_us``
+   (:func:`rate_probe`): the 1024³ matmul of 1., the eager op of 2. (forward, the chain of
+   ``CHAIN`` ops), the one-thread copy of a 128 MiB tensor, ``2·S / t`` (bytes read +
+   written; the figure behind ``MEMORY_GB_PER_S_PER_CORE``), and the in-cache vector rate
+   (:func:`vector_gb_per_s`: GELU, add, softmax, layer norm and dropout on a 1 MiB tensor;
+   ``VECTOR_GB_PER_S_PER_CORE``, which the memory-bound classes move with; session 24).
+   ``benchmarks/measured_vs_predicted.py`` runs it beside every launch, so that a launch is
+   priced at the rates of its moment of a shared machine.
 6. **time-sharing** — ``N`` one-thread processes, ``N = 1``, ``N = C`` (the cores) and
    ``N = 2C``, all running gpt-tiny forward + backward at batch 4 for a fixed number of
    iterations; ``T_N`` is the median over processes of their wall time, each ``N`` run
@@ -157,11 +160,39 @@ def copy_gb_per_s(repeats: int, mib: int = 128) -> float:
     return 2 * x.numel() * 4 / _median_thread_time(lambda: out.copy_(x), repeats=repeats) / 1e9
 
 
+#: The in-cache vector ops of :func:`vector_gb_per_s` and the tensors each reads and writes
+#: (in units of its input's size): the memory-bound classes the cost model prices
+#: (elementwise, softmax, norm, dropout) as one representative each.
+VECTOR_OPS: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], int]] = {
+    "gelu": (lambda x, y: torch.nn.functional.gelu(x), 2),
+    "add": (lambda x, y: x + y, 3),
+    "softmax": (lambda x, y: torch.softmax(x, -1), 2),
+    "layer_norm": (lambda x, y: torch.nn.functional.layer_norm(x, (x.shape[-1],)), 2),
+    "dropout": (lambda x, y: torch.nn.functional.dropout(x, 0.1, training=True), 2),
+}
+
+
+def vector_gb_per_s(repeats: int, kib: int = 1024) -> float:
+    """One-thread in-cache vector rate, GB/s: the :data:`VECTOR_OPS` on a ``kib`` KiB fp32
+    tensor (256 rows; in L2, as a small model's activations are), ``Σ bytes / Σ t`` (bytes
+    read + written, thread CPU time, each op's median of ``repeats``). What the memory-bound
+    op classes run at on this core, which moves with neither the matmul rate nor the DRAM
+    copy from one host to another (module docstring, 0.)."""
+    x = torch.randn(256, kib * 1024 // (256 * 4))
+    y = torch.randn_like(x)
+    size = x.numel() * x.element_size()
+    seconds = {name: _median_thread_time(lambda fn=fn: fn(x, y), repeats=repeats, inner=10)
+               for name, (fn, _) in VECTOR_OPS.items()}
+    return sum(size * passes for _, passes in VECTOR_OPS.values()) / sum(seconds.values()) / 1e9
+
+
 def rate_probe(repeats: int = 5) -> dict[str, float]:
     """The per-core rates of this moment (module docstring, 0.): matmul TFLOP/s (1024³),
-    copy GB/s, eager op µs (forward of a tiny-op chain), and the load average."""
+    copy GB/s, in-cache vector GB/s, eager op µs (forward of a tiny-op chain), and the load
+    average."""
     return {"matmul_tflops": matmul_tflops(1024, repeats),
             "memory_gb_per_s": copy_gb_per_s(repeats),
+            "vector_gb_per_s": vector_gb_per_s(repeats),
             "eager_op_us": _op_chain_s(lambda t: t, repeats, backward=False)[0] * 1e6,
             "load": os.getloadavg()[0]}
 
@@ -716,11 +747,7 @@ def _gang_worker(rank: int, world: int, port: int, iterations: int, gang: int, m
 
     loop(True)
     samples = [(loop(False), loop(True)) for _ in range(5)]
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, samples)
-    if rank == 0:
-        Path(out).write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+    _gather_and_leave(samples, world, rank, out)
 
 
 #: Configurations of the gang line: (name, ranks, group size, mode, 128³ matmuls per burst,
@@ -848,12 +875,7 @@ def _gloo_cpu_worker(rank: int, world: int, port: int, iterations: int, runs: in
                 added = [statistics.median(b[i] for b in both)
                          - statistics.median(x[i] for x in base) for i in range(3)]
                 rows[f"{kind} {nbytes} {'work' if work else 'idle'}"] = [v * 1e6 for v in added]
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, rows)
-    if rank == 0:
-        Path(out).write_text(json.dumps(gathered))
-    dist.barrier()
-    dist.destroy_process_group()
+    _gather_and_leave(rows, world, rank, out)
 
 
 def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -910,6 +932,19 @@ def _join_gloo(rank: int, world: int, port: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
+
+
+def _gather_and_leave(result: Any, world: int, rank: int, out: str) -> None:
+    """A spawned rank's last act: every rank's ``result`` gathered, rank 0 writes the list as
+    JSON to ``out`` (what :func:`_spawn_json` returns), and the gloo group is closed."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, result)
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def _spawn_json(worker: Callable[..., None], world: int, *args: Any) -> Any:
@@ -1096,6 +1131,7 @@ def _step_host_worker(rank: int, world: int, port: int, steps: int, out: str) ->
     params = sum(p.numel() for p in sharded.parameters())
     # the optimizer's memory traffic as the cost model prices it at this moment's rates
     device = Cluster.load(f"local-cpu:devices=1,matmul_tflops={probe['matmul_tflops']:.6g},"
+                          f"vector_gb_per_s={probe['vector_gb_per_s']:.6g},"
                           f"eager_op_us={probe['eager_op_us']:.6g}").device_groups[0]
     adam = adam_for("fp32")
     traffic = op_time_s("elementwise", adam.step_flops * params, adam.step_bytes * params,

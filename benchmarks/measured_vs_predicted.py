@@ -44,10 +44,11 @@ cores (as ``nice`` would without autogroups).
 **Rates of the moment** (``--probe``). A shared machine's cores run slower under other
 tenants' load than when the ``local-cpu`` constants were measured. With ``--probe`` every
 launch is preceded, in the same lock hold and at the same autogroup priority, by
-``local_cpu_calibration.py --probe`` (the one-thread matmul rate, the eager op, a copy); at
-the end each case is priced a second time on ``local-cpu:…,matmul_tflops=F,eager_op_us=e``
-with the medians of its own launches' probes (:attr:`Case.probed_rates`; the copy is
-recorded, not priced): the "at probed rates" columns and summary.
+``local_cpu_calibration.py --probe`` (the one-thread matmul rate, the eager op, the in-cache
+vector rate, a copy); at the end each case is priced a second time on
+``local-cpu:…,matmul_tflops=F,eager_op_us=e,vector_gb_per_s=V`` with the medians of its own
+launches' probes (:attr:`Case.probed_rates`; the copy is recorded, not priced; series
+probed before session 24 have no ``V``): the "at probed rates" columns and summary.
 
 ``--reprice FILE`` re-prices the stored plans of a results file with the current cost model
 (no launch) and prints the table again, beside the prediction each plan got when it was
@@ -95,7 +96,7 @@ CASES: tuple[tuple[str, int, str], ...] = (
 )
 GRID_DEVICES = 4
 #: The probed rates a case is priced at (:attr:`Case.probed_rates`).
-PRICED_RATES = ("matmul_tflops", "eager_op_us")
+PRICED_RATES = ("matmul_tflops", "eager_op_us", "vector_gb_per_s")
 
 
 @dataclass
@@ -114,7 +115,8 @@ class Case:
     load: float = math.nan                            # older files: load before the case
     loads: list[float] = field(default_factory=list)  # 1-minute load average at each launch
     #: per launch, the per-core rates measured just before it (``local_cpu_calibration.py
-    #: --probe``: matmul_tflops, memory_gb_per_s, eager_op_us, load)
+    #: --probe``: matmul_tflops, memory_gb_per_s, vector_gb_per_s (from session 24),
+    #: eager_op_us, load)
     probes: list[dict] = field(default_factory=list)
     predicted_probed_s: float = math.nan    # priced at the median probed rates
     predicted_probed_gib: float = math.nan
@@ -122,13 +124,15 @@ class Case:
     @property
     def probed_rates(self) -> dict[str, float]:
         """The median over this case's launches of each probed rate that prices ({} without
-        probes): the matmul rate and the eager op, measured by the very functions whose quiet
-        medians are the spec's constants. The copy bandwidth is recorded, not priced: the
-        spec's 12 GB/s was measured another way (≈ 13.7 GB/s, rounded down), and the probe's
-        preallocated 128 MiB copy reads 20–22 GB/s even at load average 9–11."""
+        probes): the matmul rate, the in-cache vector rate and the eager op, measured by the
+        very functions whose quiet medians are the spec's constants (a series probed before
+        session 24 has no vector rate: the spec then scales the memory-bound classes with the
+        matmul rate). The copy bandwidth is recorded, not priced: it moves with the
+        neighbours' DRAM traffic, which in-cache ops do not see."""
         if not self.probes:
             return {}
-        return {k: statistics.median(p[k] for p in self.probes) for k in PRICED_RATES}
+        return {k: statistics.median(p[k] for p in self.probes) for k in PRICED_RATES
+                if all(k in p for p in self.probes)}
 
     @property
     def probed_error(self) -> float:
@@ -572,7 +576,8 @@ def main() -> None:
                     launch_case(case, plan, args.steps, args.lock, tmp, args.autogroup_nice,
                                 probe=args.probe)
                     rates = (" matmul {matmul_tflops:.4f} TF/s, copy {memory_gb_per_s:.1f} GB/s, "
-                             "op {eager_op_us:.2f} µs".format(**case.probes[-1])
+                             "vector {vector_gb_per_s:.2f} GB/s, op {eager_op_us:.2f} µs"
+                             .format(**case.probes[-1])
                              if args.probe else "")
                     print(f"round {r + 1}/{args.repeats} {case.label}: predicted "
                           f"{case.predicted_s * 1e3:.1f} ms, measured "

@@ -11,10 +11,12 @@ the definitions of the spec's constants) before and after each batch size; the r
 and ``e`` are the medians of its probes. Per op class the efficiency is the ratio of sums of
 :func:`~fxplan.cost_model.class_efficiency.fit_class_efficiency` over the nodes of every
 batch size: relative to ``R`` for compute-bound classes, and for memory-bound ones relative
-to the bandwidth ``M₀ · R / R₀`` (the spec's constants ``M₀``, ``R₀``). The model's tensors
-are in cache (gpt-tiny at batch 16: 0.25–2 MiB), where an op runs at the speed of the core,
-not at that of DRAM: the probe's 128 MiB copy varies with the neighbours' memory traffic
-(13–29 GB/s in these runs) while the in-cache ops follow the core's matmul rate. The table
+to the bandwidth ``M₀ · V / V₀`` (the spec's constants ``M₀``, ``V₀``; ``V`` the probe's
+in-cache vector rate). The model's tensors are in cache (gpt-tiny at batch 16: 0.25–2 MiB),
+where an op runs at the speed of the core's vector units, not at that of DRAM: the probe's
+128 MiB copy varies with the neighbours' memory traffic (13–29 GB/s in session 21's runs),
+and the matmul rate with the core's matrix units (session 24's host: matmul 2.2× the first
+host's, gpt-tiny's memory-bound nodes 1.25×). The table
 gives each round's value and the median, the figure the spec stores. ``--out FILE`` writes
 every round as JSON.
 
@@ -39,7 +41,7 @@ from local_cpu_calibration import rate_probe  # noqa: E402
 
 from fxplan.api import capture_for_search  # noqa: E402
 from fxplan.cluster_specs.local_cpu import (EAGER_OP_US,  # noqa: E402
-                                            FP32_TFLOPS_PER_CORE, MEMORY_GB_PER_S_PER_CORE)
+                                            memory_bound_reference_gb_per_s)
 from fxplan.cost_model.class_efficiency import (NodeSample, fit_class_efficiency,  # noqa: E402
                                                 time_graph_nodes)
 from fxplan.examples.model_spec import resolve_model  # noqa: E402
@@ -86,9 +88,9 @@ def measure_round(gm: object, graph: object, batches: list[int], seq: int, vocab
                                                  float(info.bytes_read + info.bytes_written) * b,
                                                  measured[node.name]))
     probe = {key: statistics.median(p[key] for p in probes) for key in probes[0]}
-    # In-cache memory-bound ops run at the core's speed, not at the DRAM copy's: their
-    # bandwidth is the spec's constant scaled as the core's matmul rate is (module docstring).
-    bandwidth = MEMORY_GB_PER_S_PER_CORE * probe["matmul_tflops"] / FP32_TFLOPS_PER_CORE
+    # In-cache memory-bound ops run at the core's vector speed, not at the DRAM copy's: their
+    # bandwidth is the spec's constant scaled as the probe's vector rate is (module docstring).
+    bandwidth = memory_bound_reference_gb_per_s(vector_gb_per_s=probe["vector_gb_per_s"])
     fits = {phase: fit_class_efficiency(samples[phase],
                                         peak_flops=probe["matmul_tflops"] * 1e12,
                                         bandwidth_bytes_s=bandwidth * 1e9,
@@ -143,7 +145,8 @@ def main() -> None:
           f"{args.rounds} rounds, load average {[round(r['load'], 1) for r in rounds]}")
     print("probe per round: " + "; ".join(
         f"R {r['probe']['matmul_tflops']:.4f} TFLOP/s, M {r['probe']['memory_gb_per_s']:.2f} "
-        f"GB/s, e {r['probe']['eager_op_us']:.2f} µs" for r in rounds))
+        f"GB/s, V {r['probe']['vector_gb_per_s']:.2f} GB/s, e {r['probe']['eager_op_us']:.2f} µs"
+        for r in rounds))
     print("measured Σ over nodes, ms per round: " + "; ".join(
         f"forward {r['total_s']['forward'] * 1e3:.2f} (views {r['views_s']['forward'] * 1e3:.2f}), "
         f"backward {r['total_s']['backward'] * 1e3:.2f} (views {r['views_s']['backward'] * 1e3:.2f})"

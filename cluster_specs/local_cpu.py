@@ -52,11 +52,18 @@ op, ``h = e / EAGER_OP_US``::
 
     peak_tflops.fp32 = F · s       memory_bandwidth_gb_per_s = M · s       kernel_launch_us = e / s
 
-Without ``memory_gb_per_s``, ``M = M₀ · F / F₀`` (the constants ``MEMORY_GB_PER_S_PER_CORE``,
-``FP32_TFLOPS_PER_CORE``): the memory-bound classes' efficiencies (``COMPUTE_EFFICIENCY``) were
-measured on in-cache tensors, which run at the core's speed, against that bandwidth scaled
-by the core's matmul rate of the same moment (``benchmarks/op_class_calibration.py``); a
-DRAM copy probed beside a launch moves with the neighbours' memory traffic instead.
+Without ``memory_gb_per_s``, the bandwidth the memory-bound classes' efficiencies
+(``COMPUTE_EFFICIENCY``) are relative to moves with the core's in-cache vector rate ``V``
+(``vector_gb_per_s``: the probe's GELU, add, softmax, layer norm and dropout on a 1 MiB
+tensor), ``M = M₀ · V / V₀`` (the constants ``MEMORY_GB_PER_S_PER_CORE``,
+``VECTOR_GB_PER_S_PER_CORE``; :func:`memory_bound_reference_gb_per_s`): the efficiencies were
+measured on in-cache tensors, which run at the core's vector speed, against that bandwidth at
+the ``V`` of the same moment (``benchmarks/op_class_calibration.py``). A DRAM copy probed
+beside a launch moves with the neighbours' memory traffic instead, and the matmul rate with
+the core's matrix units: on the host of session 24 the 1024³ matmul ran 2.2× the rate of the
+host the constants were first measured on, the DRAM copy 0.8×, and gpt-tiny's memory-bound
+nodes about 1.25×. Given only a matmul rate (a series probed before ``V`` was), ``M = M₀ · F /
+F₀`` as before session 24.
     dtensor_op_us = h · DTENSOR_OP_US / s   (and the backward, both optimizer costs and the
                                              step overhead alike)
 
@@ -104,6 +111,13 @@ FP32_TFLOPS_PER_CORE = 0.0883
 #: (15.9–20.3). (It was 12.0, "≈ 13.7 GB/s rounded down" by another method.) In-cache ops do
 #: not run at this rate: see ``COMPUTE_EFFICIENCY``.
 MEMORY_GB_PER_S_PER_CORE = 18.6
+#: One-thread in-cache vector rate, GB/s: ``vector_gb_per_s`` of ``benchmarks/
+#: local_cpu_calibration.py`` (the probe's GELU, add, softmax, layer norm and dropout on a
+#: 1 MiB fp32 tensor, bytes read + written over the summed thread CPU, each op's median of 5):
+#: the ``V₀`` the memory-bound efficiencies below are relative to (module docstring), the
+#: median of the five rounds' probes of the calibration run that measured them (session 24:
+#: 5.80, 5.55, 5.78, 5.97, 6.03; ``benchmarks/data/op_class_calibration_s24.json``).
+VECTOR_GB_PER_S_PER_CORE = 5.80
 #: Eager PyTorch's fixed cost per kernel on one core (dispatch, autograd bookkeeping), µs.
 #: Calibration line "eager tiny op, forward": 4.73, 4.62, 4.45 and 4.60 µs per op of a 200-op
 #: chain on 8×8 tensors (median 4.61); "backward": 7.05, 6.31, 8.05 and 7.09 µs per op, i.e.
@@ -138,9 +152,11 @@ STEP_OVERHEAD_US = 501.0
 #: graph node by node, session 22, load average 21–24 from other sessions' jobs): the view
 #: nodes' summed thread CPU over the number of view nodes run, scaled to the spec's eager op by
 #: the round's probe; per round forward 6.18, 6.22, 6.17 µs, backward 8.93, 8.75, 9.44 µs (the
-#: backward over every view node, as the cost model charges them), the medians
-#: (``benchmarks/data/op_class_calibration_s22.json``).
-VIEW_OP_US, VIEW_BACKWARD_OP_US = 6.18, 8.93
+#: backward over every view node, as the cost model charges them; ``benchmarks/data/
+#: op_class_calibration_s22.json``). Session 24, the same line on a quiet machine
+#: (``--rounds 5``, load average 0.4–0.5): forward 5.33, 5.25, 5.24, 5.36, 5.61 µs, backward 7.81,
+#: 7.55, 7.48, 7.86, 8.21 µs; the medians (``op_class_calibration_s24.json``).
+VIEW_OP_US, VIEW_BACKWARD_OP_US = 5.33, 7.81
 #: Fresh pages faulted in by a step's activations. glibc's malloc gives the free top of its
 #: heap back to the kernel (``M_TRIM_THRESHOLD``, dynamic) when the step frees its
 #: activations, and the next step faults the pages in again (zeroed) on first touch — a cost
@@ -237,45 +253,54 @@ DTENSOR_OPTIMIZER_TENSOR_US = 232.2
 #: reports a CPU rank's peak as its ``ru_maxrss``, so this is the fixed part of every peak.
 PROCESS_BASELINE_GIB = 0.307
 #: Time-sharing efficiency with more one-thread ranks than cores. Calibration line
-#: "time-sharing" (2 and 4 processes on 2 cores, gpt-tiny forward + backward):
-#: η = 2·T_C / T_2C = 0.866, 0.888 and 0.854 in three runs; the median. (Session 23, quiet
-#: machine, ``--sharing``, which also runs one process alone: η 0.892, 0.927, 0.881, and the
-#: concurrency efficiency of C ranks on C cores ``κ = T_1 / T_C`` 0.928, 0.989, 0.975, not
-#: priced: ``s = 1`` for ``N ≤ C``; ``benchmarks/data/gloo_cpu_s23_quiet.json``.)
-TIME_SHARING_EFFICIENCY = 0.866
-#: Per op class, the fraction of ``FP32_TFLOPS_PER_CORE`` (matmul) or of
-#: ``MEMORY_GB_PER_S_PER_CORE`` (memory-bound classes) that the class's nodes reach, measured
-#: on the nodes of gpt-tiny's own graph at microbatch 4, 8 and 16 (s = 64) by
+#: "time-sharing" (``--sharing``: 1, C and 2C processes on C = 2 cores, gpt-tiny forward +
+#: backward): η = 2·T_C / T_2C on a quiet machine, as the series it prices run (one process per
+#: rank, nothing else; autogroup nice −19): session 23 0.892, 0.927, 0.881
+#: (``benchmarks/data/gloo_cpu_s23_quiet.json``), session 24 on another host 0.894, 0.925,
+#: 0.920; the median of the six. (It was 0.866, the median of 0.866, 0.888 and 0.854 measured
+#: at load average 6–9 from other sessions' jobs, which take the caches too.) The concurrency
+#: efficiency of C ranks on C cores ``κ = T_1 / T_C`` measured 0.928, 0.989, 0.975 and 1.028,
+#: 0.972, 1.021 in the same runs: not priced, ``s = 1`` for ``N ≤ C``.
+TIME_SHARING_EFFICIENCY = 0.907
+#: Per op class, the fraction of the matmul rate ``F`` (matmul) or of the memory-bound reference
+#: ``M = M₀ · V / V₀`` (memory-bound classes; module docstring) that the class's nodes reach,
+#: measured on the nodes of gpt-tiny's own graph at microbatch 4, 8 and 16 (s = 64) by
 #: ``python benchmarks/op_class_calibration.py --rounds 5 --batches 4,8,16`` (thread CPU time
 #: of each node as an fx interpreter runs it, autograd recording; ratio of sums over a class's
 #: nodes, each node priced as the roofline does: ``t − t_launch = (w + w_half) / (R · η)``;
-#: ``cost_model/class_efficiency.py``). Five rounds at load average 14–16 (other sessions'
-#: jobs), per round (forward): matmul 0.618–0.702, elementwise 0.562–0.648, norm 0.221–0.277,
-#: softmax 0.526–0.545, dropout 0.059–0.066, loss 0.227–0.253, embedding 0.238–0.295; the
-#: medians below (``benchmarks/data/op_class_calibration_s21.json``). The forward linear of a
-#: module is ≈ 0.66 of the bare 1024³ rate: its nodes carry the module call, the bias add and
-#: autograd's recording; the attention's batched matmuls (head dim 16) are slower still. The
-#: memory-bound classes are in cache at these sizes (0.25–2 MiB) and run at the core's speed:
-#: GELU, masked_fill, softmax and layer norm are arithmetic-bound (erf, exp, broadcasts, a
-#: two-pass reduction), dropout draws one random number per element (``bernoulli_``, 1.15
-#: GB/s). Out of cache (64 MiB tensors, ``--out-of-cache``, informational) the same ops read
-#: 0.13–0.23 of the copy (fresh pages of the output on every call), not priced here.
+#: ``cost_model/class_efficiency.py``), each round against its own probes. Session 24, quiet
+#: machine (load average 0.4–0.5), five rounds (forward): matmul 0.485–0.547, elementwise
+#: 0.693–0.770, norm 0.352–0.388, softmax 0.498–0.564, dropout 0.068–0.073, loss 0.223–0.265,
+#: embedding 0.392–0.431; the medians below (``benchmarks/data/op_class_calibration_s24.json``,
+#: printed against ``V₀ = 6.1`` and scaled here to the run's own median ``V₀ = 5.80``). (Session
+#: 21 measured them against ``M₀ · F / F₀`` on a host whose matmul ran at 0.45× this one's:
+#: matmul 0.658, elementwise 0.603, norm 0.247, softmax 0.530, dropout 0.062, loss 0.229,
+#: embedding 0.257; priced at this host's probed matmul rate those put gpt-tiny's one-rank
+#: step 19 % under the measured one, ``docs/benchmarks.md``, session 24.) The forward linear
+#: of a module is ≈ 0.52 of the bare 1024³ rate: its nodes carry the module call, the bias add
+#: and autograd's recording; the attention's batched matmuls (head dim 16) are slower still.
+#: The memory-bound classes are in cache at these sizes (0.25–2 MiB) and run at the core's
+#: vector speed: GELU, masked_fill, softmax and layer norm are arithmetic-bound (erf, exp,
+#: broadcasts, a two-pass reduction), dropout draws one random number per element
+#: (``bernoulli_``). Out of cache (64 MiB tensors, ``--out-of-cache``, informational) the same
+#: ops read 0.13–0.23 of the copy (fresh pages of the output on every call; session 21), not
+#: priced here.
 COMPUTE_EFFICIENCY: dict[str, float] = {
-    "matmul": 0.658, "elementwise": 0.603, "norm": 0.247, "softmax": 0.530,
-    "dropout": 0.062, "loss": 0.229, "embedding": 0.257,
+    "matmul": 0.521, "elementwise": 0.756, "norm": 0.371, "softmax": 0.549,
+    "dropout": 0.071, "loss": 0.250, "embedding": 0.414,
     # not measured (gpt-tiny has none of these nodes): unfused attention is priced as its
     # matmuls and softmax; the other memory-bound classes keep the roofline's default
     "attention": 0.6, "memory_bound": 0.8,
 }
 #: The same for the kernels of each class's backward, priced by ``cost_model.compute.BACKWARD``
-#: (dropout's backward is an elementwise kernel): same runs, per round matmul 0.738–0.795
+#: (dropout's backward is an elementwise kernel): same runs, per round matmul 0.668–0.747
 #: (bare ``mm`` calls, no module or bias: faster than the forward's linears), elementwise
-#: 1.276–1.373 (the rule's two passes over the bytes; an add's backward passes its gradient
-#: through without a kernel), norm 0.876–1.056, softmax 1.550–1.668, loss 0.657–1.265,
-#: embedding 1.363–1.525; the medians. Above 1: faster than the DRAM copy, in cache.
+#: 1.286–1.493 (the rule's two passes over the bytes; an add's backward passes its gradient
+#: through without a kernel), norm 1.070–1.279, softmax 1.493–1.670, loss 0.703–1.003,
+#: embedding 1.478–1.640; the medians. Above 1: faster than the reference, in cache.
 BACKWARD_EFFICIENCY: dict[str, float] = {
-    "matmul": 0.784, "elementwise": 1.298, "norm": 0.997, "softmax": 1.585, "loss": 1.209,
-    "embedding": 1.411,
+    "matmul": 0.729, "elementwise": 1.443, "norm": 1.212, "softmax": 1.610, "loss": 0.866,
+    "embedding": 1.570,
 }
 #: Gloo over loopback, bus bandwidth from the 4 MiB and 16 MiB all-reduces (latency cancels).
 #: Calibration line "gloo N ranks: hop latency, bus bandwidth", four runs: 2 ranks 1.225,
@@ -364,6 +389,7 @@ GENERATOR_PARAMS: dict[str, Callable[[str, Any, str], Any]] = {
     "devices": partial(positive_int, high=MAX_DEVICES_PER_NODE),
     "matmul_tflops": positive_float,
     "memory_gb_per_s": positive_float,
+    "vector_gb_per_s": positive_float,
     "eager_op_us": positive_float,
 }
 
@@ -401,8 +427,20 @@ def core_share(cores: int, ranks: int) -> float:
     return 1.0 if ranks <= cores else TIME_SHARING_EFFICIENCY * cores / ranks
 
 
+def memory_bound_reference_gb_per_s(matmul_tflops: float | None = None,
+                                    vector_gb_per_s: float | None = None) -> float:
+    """The bandwidth the memory-bound classes' efficiencies are relative to, at a moment whose
+    probe measured ``vector_gb_per_s`` (``V``) or, without it, ``matmul_tflops`` (``F``):
+    ``M₀ · V / V₀``, else ``M₀ · F / F₀``, else ``M₀`` (module docstring)."""
+    if vector_gb_per_s is not None:
+        return MEMORY_GB_PER_S_PER_CORE * vector_gb_per_s / VECTOR_GB_PER_S_PER_CORE
+    if matmul_tflops is not None:
+        return MEMORY_GB_PER_S_PER_CORE * matmul_tflops / FP32_TFLOPS_PER_CORE
+    return MEMORY_GB_PER_S_PER_CORE
+
+
 def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = None,
-                   memory_gb_per_s: float | None = None,
+                   memory_gb_per_s: float | None = None, vector_gb_per_s: float | None = None,
                    eager_op_us: float | None = None) -> dict[str, Any]:
     """The schema-v1 spec of this machine with ``devices`` CPU ranks (default: one per core);
     the per-core rates default to the calibration's constants (module docstring)."""
@@ -411,9 +449,9 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
     share = core_share(cores, ranks)
     per_rank = total / ranks
     flops = FP32_TFLOPS_PER_CORE if matmul_tflops is None else matmul_tflops
-    # in-cache ops run at the core's speed: without a measured bandwidth, the one the
-    # class efficiencies were measured against moves with the matmul rate (module docstring)
-    bandwidth = (MEMORY_GB_PER_S_PER_CORE * flops / FP32_TFLOPS_PER_CORE
+    # in-cache ops run at the core's vector speed: without a measured bandwidth, the one the
+    # class efficiencies were measured against moves with it (module docstring)
+    bandwidth = (memory_bound_reference_gb_per_s(matmul_tflops, vector_gb_per_s)
                  if memory_gb_per_s is None else memory_gb_per_s)
     eager = EAGER_OP_US if eager_op_us is None else eager_op_us
     host = eager / EAGER_OP_US        # host costs move with the eager op's

@@ -137,5 +137,27 @@ def test_local_cpu_takes_the_rates_measured_now():
         Cluster.load("local-cpu:devices=4").fingerprint()
 
 
+def test_local_cpu_memory_bound_reference_follows_the_vector_probe():
+    # the memory-bound classes' reference bandwidth moves with the probed in-cache vector rate
+    # V (M₀·V/V₀); without V, with the matmul rate (series probed before V existed); a given
+    # memory_gb_per_s wins over both
+    share = local_cpu.core_share(local_cpu.cpu_cores(), 2)
+    m0, v0 = local_cpu.MEMORY_GB_PER_S_PER_CORE, local_cpu.VECTOR_GB_PER_S_PER_CORE
+
+    def bandwidth(rates: str) -> float:
+        return Cluster.load(f"local-cpu:devices=2,{rates}").device_groups[0] \
+            .memory_bandwidth_gb_per_s
+
+    assert bandwidth(f"vector_gb_per_s={v0 / 2}") == pytest.approx(m0 / 2 * share, abs=1e-3)
+    # the vector rate, not the matmul rate, when both are given
+    assert bandwidth(f"matmul_tflops={4 * local_cpu.FP32_TFLOPS_PER_CORE},"
+                     f"vector_gb_per_s={v0}") == pytest.approx(m0 * share, abs=1e-3)
+    assert bandwidth(f"matmul_tflops={2 * local_cpu.FP32_TFLOPS_PER_CORE}") == pytest.approx(
+        2 * m0 * share, abs=1e-3)
+    assert bandwidth(f"vector_gb_per_s={v0 / 2},memory_gb_per_s=3") == pytest.approx(
+        3 * share, abs=1e-3)
+    assert local_cpu.memory_bound_reference_gb_per_s() == m0
+
+
 def test_builtin_dir_is_packaged():
     assert (Path(local_cpu.__file__).parent / "builtin" / "dgx-a100-80g.yaml").is_file()

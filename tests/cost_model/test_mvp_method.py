@@ -69,6 +69,10 @@ def test_probed_rates_are_the_medians_of_the_priced_keys(mvp) -> None:  # type: 
     assert summary["mae_step_time"] == pytest.approx(1 / 3)
     assert summary["mae_step_time_probed"] == pytest.approx(0.0)
     assert mvp.Case("x", 1, "").probed_rates == {}
+    # from session 24 the probe also measures the in-cache vector rate, which prices too
+    vector = [dict(p, vector_gb_per_s=v) for p, v in zip(probes, (6.0, 5.0, 5.5))]
+    assert mvp.Case("v", 1, "", probes=vector).probed_rates == {
+        "matmul_tflops": 0.09, "eager_op_us": 5.4, "vector_gb_per_s": 5.5}
 
 
 def test_the_planner_is_compared_by_configuration_not_by_case(mvp) -> None:  # type: ignore[no-untyped-def]
