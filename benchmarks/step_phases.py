@@ -25,7 +25,9 @@ main thread's **run-queue wait** (``/proc/thread-self/schedstat``, second field:
 runnable but another thread had its core) splits ``wall − CPU`` into waiting for a core and
 sleeping (``wall − CPU − queue``: blocked in a collective or a pipeline receive). Last, the median minor page faults of the main thread per phase
 (``getrusage(RUSAGE_THREAD)``): pages the allocator had given back to the kernel and the
-phase touched again (``cost_model/host_overhead.py``, first touch). The model's
+phase touched again (``cost_model/host_overhead.py``, first touch); and the main thread's
+context switches per step, voluntary (it blocked: a collective, a receive) and involuntary
+(preempted: another thread took its core). The model's
 counterparts: ``compute`` and the communication rows for ``train_step``, the
 ``optimizer`` row for the rest.
 """
@@ -97,7 +99,10 @@ def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> Non
         optimizer.zero_grad()
         yield
 
+    voluntary: list[int] = []
+    involuntary: list[int] = []
     for step in range(steps):
+        switched = resource.getrusage(resource.RUSAGE_THREAD)
         w, c, pc, q, f = (time.perf_counter(), time.thread_time(), time.process_time(), queued(),
                           _minor_faults())
         for name, _ in zip(PHASES, phases()):
@@ -110,13 +115,20 @@ def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> Non
                 queue[name].append(q2 - q)
                 faults[name].append(f2 - f)
             w, c, pc, q, f = w2, c2, pc2, q2, f2
+        if step >= WARMUP:
+            now = resource.getrusage(resource.RUSAGE_THREAD)
+            voluntary.append(now.ru_nvcsw - switched.ru_nvcsw)
+            involuntary.append(now.ru_nivcsw - switched.ru_nivcsw)
     med = {k: tuple(statistics.median(series[k]) * 1e3 for series in (wall, cpu, other, queue))
            for k in PHASES}
     total = tuple(sum(row[i] for row in med.values()) for i in range(4))
+    switches = (statistics.median(voluntary), statistics.median(involuntary))
     print(f"rank {rank}: step " + " / ".join(f"{x:.2f}" for x in total) + " | "
           + " | ".join(f"{k} " + " / ".join(f"{x:.2f}" for x in row) for k, row in med.items())
           + " | page faults " + ", ".join(f"{k} {statistics.median(v):.0f}"
-                                          for k, v in faults.items()), flush=True)
+                                          for k, v in faults.items())
+          + f" | context switches a step: {switches[0]:.0f} voluntary, {switches[1]:.0f} "
+            "involuntary", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
