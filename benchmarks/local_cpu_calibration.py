@@ -39,7 +39,10 @@ shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_
    ``T_C = T_1`` and ``T_2C = 2·T_C``; the concurrency efficiency is ``κ = T_1 / T_C`` (one
    process per core, each beside the others: the shared last-level cache, memory bandwidth,
    the kernel's page and allocator work) and the time-sharing efficiency ``η = 2·T_C / T_2C``
-   (context switches, caches shared by more working sets).
+   (context switches, caches shared by more working sets). Each process also reports its
+   CPU (all threads) and its voluntary and involuntary context switches over the loop, so
+   that ``(CPU_2C − CPU_C) / (switches_2C − switches_C)`` is what a switch costs the process
+   that comes back to its core.
 7. **FSDP2 and DDP host work** (``--fsdp`` alone) — on 2 loopback gloo ranks, a model of
    8 blocks of ``w`` ∈ {1, 6} ``Linear(64, 64)`` and a root ``Linear``, forward + backward
    on the main thread's CPU clock, unwrapped, under DDP, and under ``fully_shard`` (every
@@ -84,6 +87,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import socket
 import statistics
 import time
@@ -600,10 +604,15 @@ def _sharing_worker(rank: int, iterations: int, out: str) -> None:
         F.cross_entropy(out_.reshape(-1, out_.size(-1)), y.reshape(-1)).backward()
 
     forward_backward()
-    start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(iterations):
         forward_backward()
-    Path(out, f"{rank}.txt").write_text(str(time.perf_counter() - start))
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    Path(out, f"{rank}.json").write_text(json.dumps({
+        "wall": time.perf_counter() - start, "cpu": time.process_time() - cpu,
+        "voluntary": after.ru_nvcsw - before.ru_nvcsw,
+        "involuntary": after.ru_nivcsw - before.ru_nivcsw}))
 
 
 def time_sharing(iterations: int = 150, rounds: int = 3) -> dict[str, Any]:
@@ -615,16 +624,24 @@ def time_sharing(iterations: int = 150, rounds: int = 3) -> dict[str, Any]:
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     runs: dict[int, list[float]] = {n: [] for n in (1, cores, 2 * cores)}
+    # per N and round, the medians over processes of their CPU and context switches
+    usage: dict[int, list[dict[str, float]]] = {n: [] for n in runs}
     for _ in range(rounds):
         for n in runs:
             with tempfile.TemporaryDirectory() as tmp:
                 mp.spawn(_sharing_worker, args=(iterations, tmp), nprocs=n)
-                runs[n].append(statistics.median(float(p.read_text())
-                                                 for p in Path(tmp).glob("*.txt")))
+                procs = [json.loads(p.read_text()) for p in Path(tmp).glob("*.json")]
+                runs[n].append(statistics.median(p["wall"] for p in procs))
+                usage[n].append({k: statistics.median(p[k] for p in procs)
+                                 for k in ("cpu", "voluntary", "involuntary")})
     t = {n: statistics.median(v) for n, v in runs.items()}
+    per = {n: {k: statistics.median(u[k] for u in usage[n])
+               for k in ("cpu", "voluntary", "involuntary")} for n in runs}
     return {"cores": cores, "t_1": t[1], "t_c": t[cores], "t_2c": t[2 * cores],
             "runs": {str(n): v for n, v in runs.items()}, "load": os.getloadavg()[0],
-            "concurrency": t[1] / t[cores], "efficiency": 2 * t[cores] / t[2 * cores]}
+            "concurrency": t[1] / t[cores], "efficiency": 2 * t[cores] / t[2 * cores],
+            # a process's CPU (all its threads) and context switches over the loop, per N
+            "usage": {str(n): u for n, u in per.items()}}
 
 
 def _print_sharing(share: dict[str, Any]) -> None:
@@ -632,6 +649,15 @@ def _print_sharing(share: dict[str, Any]) -> None:
           f"processes on {share['cores']} cores | {share['t_1']:.2f} s / {share['t_c']:.2f} s / "
           f"{share['t_2c']:.2f} s ⇒ κ = {share['concurrency']:.3f}, η = "
           f"{share['efficiency']:.3f} |")
+    usage = share["usage"]
+    c, c2 = usage[str(share["cores"])], usage[str(2 * share["cores"])]
+    switches = (c2["voluntary"] + c2["involuntary"]) - (c["voluntary"] + c["involuntary"])
+    print(f"| … CPU per process, {share['cores']} / {2 * share['cores']} processes; context "
+          f"switches (voluntary + involuntary) | {c['cpu']:.3f} s / {c2['cpu']:.3f} s; "
+          f"{c['voluntary']:.0f} + {c['involuntary']:.0f} / {c2['voluntary']:.0f} + "
+          f"{c2['involuntary']:.0f} ⇒ "
+          + (f"{(c2['cpu'] - c['cpu']) / switches * 1e6:.0f} µs of CPU per added switch |"
+             if switches > 0 else "no added switch |"))
 
 
 def _contended_worker(rank: int, world: int, port: int, iterations: int, batch: int,
