@@ -167,13 +167,22 @@ def copy_gb_per_s(repeats: int, mib: int = 128) -> float:
 #: The in-cache vector ops of :func:`vector_gb_per_s` and the tensors each reads and writes
 #: (in units of its input's size): the memory-bound classes the cost model prices
 #: (elementwise, softmax, norm, dropout) as one representative each.
-VECTOR_OPS: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], int]] = {
+VectorOp = tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], int]
+VECTOR_OPS: dict[str, VectorOp] = {
     "gelu": (lambda x, y: torch.nn.functional.gelu(x), 2),
     "add": (lambda x, y: x + y, 3),
     "softmax": (lambda x, y: torch.softmax(x, -1), 2),
     "layer_norm": (lambda x, y: torch.nn.functional.layer_norm(x, (x.shape[-1],)), 2),
     "dropout": (lambda x, y: torch.nn.functional.dropout(x, 0.1, training=True), 2),
 }
+
+
+def _op_seconds(ops: dict[str, VectorOp], x: torch.Tensor, y: torch.Tensor, *, repeats: int,
+                inner: int) -> dict[str, float]:
+    """Each op's ``fn(x, y)``: the median over ``repeats`` of the thread CPU time of ``inner``
+    calls, per call (s)."""
+    return {name: _median_thread_time(lambda fn=fn: fn(x, y), repeats=repeats, inner=inner)
+            for name, (fn, _) in ops.items()}
 
 
 def vector_gb_per_s(repeats: int, kib: int = 1024) -> float:
@@ -183,10 +192,8 @@ def vector_gb_per_s(repeats: int, kib: int = 1024) -> float:
     op classes run at on this core, which moves with neither the matmul rate nor the DRAM
     copy from one host to another (module docstring, 0.)."""
     x = torch.randn(256, kib * 1024 // (256 * 4))
-    y = torch.randn_like(x)
     size = x.numel() * x.element_size()
-    seconds = {name: _median_thread_time(lambda fn=fn: fn(x, y), repeats=repeats, inner=10)
-               for name, (fn, _) in VECTOR_OPS.items()}
+    seconds = _op_seconds(VECTOR_OPS, x, torch.randn_like(x), repeats=repeats, inner=10)
     return sum(size * passes for _, passes in VECTOR_OPS.values()) / sum(seconds.values()) / 1e9
 
 
@@ -560,13 +567,11 @@ def memory_bound_gb_per_s(repeats: int) -> dict[str, float]:
     """Effective bandwidth (GB/s, read + written) of memory-bound ops on one thread."""
     x = torch.randn(4, 64, 256)
     out = torch.empty_like(x)
-    nbytes = 2 * x.numel() * x.element_size()
-    ops = {"copy": lambda: out.copy_(x),
-           "dropout": lambda: torch.nn.functional.dropout(x, 0.1, training=True),
-           "gelu": lambda: torch.nn.functional.gelu(x),
-           "softmax": lambda: torch.softmax(x, -1)}
-    return {name: nbytes / _median_thread_time(fn, repeats=repeats, inner=20) / 1e9
-            for name, fn in ops.items()}
+    ops = {"copy": (lambda x, y: out.copy_(x), 2),
+           **{name: VECTOR_OPS[name] for name in ("dropout", "gelu", "softmax")}}
+    size = x.numel() * x.element_size()
+    return {name: size * ops[name][1] / t / 1e9
+            for name, t in _op_seconds(ops, x, x, repeats=repeats, inner=20).items()}
 
 
 def optimizer_us(repeats: int) -> dict[str, float]:
@@ -626,17 +631,16 @@ def time_sharing(iterations: int = 150, rounds: int = 3) -> dict[str, Any]:
     runs: dict[int, list[float]] = {n: [] for n in (1, cores, 2 * cores)}
     # per N and round, the medians over processes of their CPU and context switches
     usage: dict[int, list[dict[str, float]]] = {n: [] for n in runs}
+    keys = ("cpu", "voluntary", "involuntary")
     for _ in range(rounds):
         for n in runs:
             with tempfile.TemporaryDirectory() as tmp:
                 mp.spawn(_sharing_worker, args=(iterations, tmp), nprocs=n)
                 procs = [json.loads(p.read_text()) for p in Path(tmp).glob("*.json")]
                 runs[n].append(statistics.median(p["wall"] for p in procs))
-                usage[n].append({k: statistics.median(p[k] for p in procs)
-                                 for k in ("cpu", "voluntary", "involuntary")})
+                usage[n].append({k: statistics.median(p[k] for p in procs) for k in keys})
     t = {n: statistics.median(v) for n, v in runs.items()}
-    per = {n: {k: statistics.median(u[k] for u in usage[n])
-               for k in ("cpu", "voluntary", "involuntary")} for n in runs}
+    per = {n: {k: statistics.median(u[k] for u in usage[n]) for k in keys} for n in runs}
     return {"cores": cores, "t_1": t[1], "t_c": t[cores], "t_2c": t[2 * cores],
             "runs": {str(n): v for n, v in runs.items()}, "load": os.getloadavg()[0],
             "concurrency": t[1] / t[cores], "efficiency": 2 * t[cores] / t[2 * cores],
