@@ -5,7 +5,11 @@
 
 Every figure is a median; CPU-bound figures are read on the thread's CPU clock
 (``time.thread_time``), so they are the time on a core of one's own even when the machine is
-shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_cpu`).
+shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_cpu`). Every
+spawned process is placed as ``fxplan launch`` places its ranks (:mod:`fxplan.runtime.affinity`:
+pinned to a core, round robin, where they outnumber the cores; session 25), so the lines
+measure what a launched rank does; ``FXPLAN_CPU_AFFINITY=none`` (or ``core``) measures
+processes never (always) pinned.
 
 1. **matmul** — one thread, ``n×n @ n×n`` fp32, ``n`` ∈ {256, 512, 1024}:
    ``rate = 2n³ / t`` (TFLOP/s per core).
@@ -594,11 +598,13 @@ def optimizer_us(repeats: int) -> dict[str, float]:
             "step_us": t * 1e6, "per_tensor_us": t / len(params) * 1e6}
 
 
-def _sharing_worker(rank: int, iterations: int, out: str) -> None:
+def _sharing_worker(rank: int, world: int, iterations: int, out: str) -> None:
     import torch.nn.functional as F
 
     from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.affinity import pin_rank
 
+    pin_rank(rank, world)   # as fxplan launch places its ranks
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = resolve_model("gpt-tiny").build("cpu")
@@ -635,7 +641,7 @@ def time_sharing(iterations: int = 150, rounds: int = 3) -> dict[str, Any]:
     for _ in range(rounds):
         for n in runs:
             with tempfile.TemporaryDirectory() as tmp:
-                mp.spawn(_sharing_worker, args=(iterations, tmp), nprocs=n)
+                mp.spawn(_sharing_worker, args=(n, iterations, tmp), nprocs=n)
                 procs = [json.loads(p.read_text()) for p in Path(tmp).glob("*.json")]
                 runs[n].append(statistics.median(p["wall"] for p in procs))
                 usage[n].append({k: statistics.median(p[k] for p in procs) for k in keys})
@@ -956,9 +962,14 @@ def _print_gloo_cpu(result: dict[str, Any]) -> None:
 
 
 def _join_gloo(rank: int, world: int, port: int) -> None:
-    """A spawned calibration rank: one thread, the gloo group of ``world`` ranks on loopback."""
+    """A spawned calibration rank: one thread, placed as ``fxplan launch`` would place it
+    (:func:`fxplan.runtime.affinity.pin_rank`), the gloo group of ``world`` ranks on
+    loopback."""
     import torch.distributed as dist
 
+    from fxplan.runtime.affinity import pin_rank
+
+    pin_rank(rank, world)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)

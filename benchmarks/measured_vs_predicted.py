@@ -552,7 +552,9 @@ def main() -> None:
             "(steps 2…, slowest rank); launches interleaved: each round runs every case once, "
             "in a shuffled (seed) or rotated order",
             "seed": args.seed, "probe": args.probe,
-            "memory_measured_as": "median over launches of the largest ru_maxrss over ranks"}
+            "memory_measured_as": "median over launches of the largest ru_maxrss over ranks",
+            # how fxplan launch placed the ranks (fxplan.runtime.affinity; session 25 on)
+            "cpu_affinity": os.environ.get("FXPLAN_CPU_AFFINITY", "core")}
     if args.phase == "launch":
         cases = [c for c in load(args.out) if wanted is None or c.label in wanted]
     args.seed = None if args.seed < 0 else args.seed

@@ -4,7 +4,8 @@
     flock /work/bench.lock python benchmarks/step_phases.py PLAN.json     # timing: under the lock
 
 Runs the phases of :func:`fxplan.runtime.trainer.train` on a plan's ranks (``torch.
-multiprocessing``, gloo over loopback, one thread per rank, the plan's own model at its
+multiprocessing``, gloo over loopback, one thread per rank placed as ``fxplan launch`` places
+it — :mod:`fxplan.runtime.affinity`, ``FXPLAN_CPU_AFFINITY`` —, the plan's own model at its
 global batch, random tokens), in the trainer's order:
 
 1. ``train_step`` — the schedule: forward, loss, backward and the data-parallel reduction
@@ -55,11 +56,13 @@ def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> Non
 
     from fxplan.core.plan import Plan
     from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.affinity import pin_rank
     from fxplan.runtime.apply import apply_plan
     from fxplan.runtime.optim import build_optimizer, clip_grad_norm, set_lr
     from fxplan.runtime.partial_grads import reduce_partial_grads
     from fxplan.worker import loss_fn
 
+    pin_rank(rank, world)   # as fxplan's worker places its ranks
     torch.set_num_threads(1)
     from fxplan.runtime.heap import keep_heap
 

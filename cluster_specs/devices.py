@@ -62,6 +62,11 @@ class DeviceGroup:
     ``view_op_us``/``view_backward_op_us`` are the host cost of a view node (``view``,
     ``transpose``, ``split``, …: dispatch and autograd, no kernel) in the forward and the
     backward (0 on GPUs, where the host runs ahead of the kernels).
+    ``switch_refill_us`` is the CPU a rank spends refilling its caches after another rank ran
+    on its core (0 where ranks do not time-share cores: every GPU spec, and ``local-cpu`` with
+    a core per rank): charged per tensor-parallel collective whose wait lets an independent
+    rank — another data-parallel replica's — take the core
+    (:func:`fxplan.cost_model.host_overhead.evicted_waits_s`).
     ``first_touch_us_per_mib`` is what a microbatch's activations cost on first touch per MiB
     the cost model saves, beyond their kernels: the allocator gives freed memory back to the
     kernel between steps and the pages are faulted in again
@@ -119,6 +124,7 @@ class DeviceGroup:
     fsdp_regather_us: float = 0.0
     fsdp_regather_tensor_us: float = 0.0
     first_touch_us_per_mib: float = 0.0
+    switch_refill_us: float = 0.0
     view_op_us: float = 0.0
     view_backward_op_us: float = 0.0
     nics_per_node: int | None = None

@@ -4,7 +4,8 @@ Generated at load time (``Cluster.load("local-cpu")``, ``local-cpu:devices=4``) 
 for it really run here. ``devices=N`` is the number of CPU ranks (default: one per core, the
 cores this process may run on). ``fxplan launch`` runs every rank on one thread
 (``OMP_NUM_THREADS=1``), so a rank gets at most one core, and with more ranks than cores the
-ranks time-share the cores. With ``C`` cores, each rank's share of a core is::
+ranks time-share the cores (each pinned to one, round robin: :mod:`fxplan.runtime.affinity`).
+With ``C`` cores each rank's share of a core is::
 
     s = 1                    if N ≤ C                             (core_share)
     s = η · C / N            if N > C
@@ -27,12 +28,15 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     dtensor_optimizer_tensor_us = DTENSOR_OPTIMIZER_TENSOR_US / s (AdamW per DTensor tensor)
     step_overhead_us           = STEP_OVERHEAD_US / s            (training loop's host work)
     view_op_us, view_backward_op_us = VIEW_OP_US / s, VIEW_BACKWARD_OP_US / s  (per view node)
+    switch_refill_us           = SWITCH_REFILL_US / s if N > C, else 0  (a cache refill per
+                                                                 tp wait another replica fills)
     first_touch_us_per_mib     = ρ · 256 · FIRST_TOUCH_PAGE_US / s (activations faulted in again;
                                                                  ρ = REFAULT_FRACTION)
     ddp_step_us, ddp_tensor_us = DDP_STEP_US / s, DDP_TENSOR_US / s  (DDP's, where it runs)
     comm_overlap               = 0                               (gloo needs the rank's core)
     ddp_bucket_mib             = 25                              (DDP's default bucket cap)
-    queued_collective_us       = QUEUED_COLLECTIVE_US            (async batch: each further one)
+    queued_collective_us       = QUEUED_COLLECTIVE_US            (async batch: each further one;
+                                                                 N > C: …_SHARED_US)
     fsdp_gather_us             = FSDP_GATHER_US / s              (FSDP2 per group, microbatch;
     fsdp_reduce_us             = FSDP_REDUCE_US / s               per step; ZeRO-3 re-gather;
     fsdp_regather_us           = FSDP_REGATHER_US / s             each + a part per tensor)
@@ -72,10 +76,18 @@ through loopback TCP on the same cores the ranks compute on, so both its per-byt
 its per-step CPU (measured on a core of their own) run at the core share, and each step adds
 the wake-up of a rank sleeping in the collective while its peers' cores are busy::
 
-    bandwidth_gb_per_s = GLOO_BUS_GB_PER_S · s        latency_us = GLOO_WAKEUP_US
-    step_cpu_us[K]     = GLOO_STEP_CPU_US[K] / s      (per collective kind K)
+    bandwidth_gb_per_s = GLOO_BUS_GB_PER_S · s        latency_us = w
+    step_cpu_us[K]     = c_K / s                      (per collective kind K)
 
-(not scaled by the probed eager op: measured once, at load average 6–9).
+with ``c_K``, ``w`` the constants of the spec's regime: ``GLOO_STEP_CPU_US``,
+``GLOO_WAKEUP_US`` with a core per rank (``N ≤ C``), ``GLOO_STEP_CPU_SHARED_US``,
+``GLOO_WAKEUP_SHARED_US`` time-shared (``N > C``), which measured up to 3× apart (not scaled
+by the probed eager op).
+
+``fxplan launch`` pins every CPU rank to a core, round robin, where the ranks outnumber the
+cores (:mod:`fxplan.runtime.affinity`; with a core each it leaves them to the scheduler), and
+the calibration lines place their processes the same way (session 25): the time-shared
+constants of ``η`` and of gloo describe pinned ranks.
 
 Every constant below was measured on the 2-core machines these tests run on with
 ``python benchmarks/local_cpu_calibration.py`` (torch 2.13.0+cpu); the comment of each says
@@ -155,8 +167,11 @@ STEP_OVERHEAD_US = 501.0
 #: backward over every view node, as the cost model charges them; ``benchmarks/data/
 #: op_class_calibration_s22.json``). Session 24, the same line on a quiet machine
 #: (``--rounds 5``, load average 0.4–0.5): forward 5.33, 5.25, 5.24, 5.36, 5.61 µs, backward 7.81,
-#: 7.55, 7.48, 7.86, 8.21 µs; the medians (``op_class_calibration_s24.json``).
-VIEW_OP_US, VIEW_BACKWARD_OP_US = 5.33, 7.81
+#: 7.55, 7.48, 7.86, 8.21 µs (``op_class_calibration_s24.json``). Session 25, same host, quiet
+#: (``--rounds 3``, load average 2.7–2.8 from the line itself and the probes): forward 5.76,
+#: 5.70, 5.72 µs, backward 9.95, 10.04, 10.42 µs; the medians
+#: (``op_class_calibration_s25.json``; see ``COMPUTE_EFFICIENCY`` for why they moved).
+VIEW_OP_US, VIEW_BACKWARD_OP_US = 5.72, 10.04
 #: Fresh pages faulted in by a step's activations. glibc's malloc gives the free top of its
 #: heap back to the kernel (``M_TRIM_THRESHOLD``, dynamic) when the step frees its
 #: activations, and the next step faults the pages in again (zeroed) on first touch — a cost
@@ -243,11 +258,18 @@ DTENSOR_TO_LOCAL_BACKWARD_US = 114.2
 #: 28 bytes per parameter (``op_time("elementwise", 12·Ψ, 28·Ψ)``, 321 µs at the same
 #: rates), per tensor, at the spec's eager op: three runs, the median 28.8 µs. (It was
 #: 46.9 µs, the whole ``step`` of a hot loop over 28 tensors, memory traffic included — which
-#: the cost model also priced on its own.) The DTensor figure is still the whole step per
-#: tensor (calibration line "AdamW step per tensor, gpt-tiny (28 tensors): plain / DTensor":
-#: 232.2 µs, one run).
+#: the cost model also priced on its own.) A DTensor parameter adds what DTensor's dispatch
+#: adds to the same loop: calibration line "AdamW step per tensor, gpt-tiny (28 tensors):
+#: plain / DTensor" (a hot loop of ``step`` over the 28 tensors, plain and as 1-rank
+#: ``Replicate`` DTensors), session 25, quiet machine (load average 0.9–1.0), eager op
+#: 4.59–4.61 µs (the spec's), three runs: 41.5 / 145.9, 42.3 / 147.6, 43.1 / 146.4 µs, the
+#: DTensor's extra 104.4, 105.3, 103.3, the median 104.4; so 28.8 + 104.4 = 133.2 µs per
+#: DTensor tensor beyond its memory traffic. (In the launched dp=4 ZeRO-3 step, 28 FSDP2
+#: DTensor parameters, the optimizer phase's main-thread CPU was 4.5 ms: 160 µs a tensor with
+#: its bytes and ``set_lr``, ``benchmarks/step_phases.py``. The constant was 232.2 µs, the
+#: whole step per tensor measured once at load.)
 OPTIMIZER_TENSOR_US = 28.8
-DTENSOR_OPTIMIZER_TENSOR_US = 232.2
+DTENSOR_OPTIMIZER_TENSOR_US = 133.2
 #: Resident set of a rank before its model exists (interpreter, torch, fxplan's runtime, a gloo
 #: group): calibration line "process baseline … ru_maxrss", 0.307 GiB. ``fxplan launch``
 #: reports a CPU rank's peak as its ``ru_maxrss``, so this is the fixed part of every peak.
@@ -255,13 +277,27 @@ PROCESS_BASELINE_GIB = 0.307
 #: Time-sharing efficiency with more one-thread ranks than cores. Calibration line
 #: "time-sharing" (``--sharing``: 1, C and 2C processes on C = 2 cores, gpt-tiny forward +
 #: backward): η = 2·T_C / T_2C on a quiet machine, as the series it prices run (one process per
-#: rank, nothing else; autogroup nice −19): session 23 0.892, 0.927, 0.881
-#: (``benchmarks/data/gloo_cpu_s23_quiet.json``), session 24 on another host 0.894, 0.925,
-#: 0.920; the median of the six. (It was 0.866, the median of 0.866, 0.888 and 0.854 measured
-#: at load average 6–9 from other sessions' jobs, which take the caches too.) The concurrency
-#: efficiency of C ranks on C cores ``κ = T_1 / T_C`` measured 0.928, 0.989, 0.975 and 1.028,
-#: 0.972, 1.021 in the same runs: not priced, ``s = 1`` for ``N ≤ C``.
-TIME_SHARING_EFFICIENCY = 0.907
+#: rank, nothing else; autogroup nice −19), the 2C processes pinned two to a core as ``fxplan
+#: launch`` pins time-shared ranks (:mod:`fxplan.runtime.affinity`; session 25, five runs, the
+#: first three with the C processes pinned too): 0.856, 0.859, 0.848, 0.862, 0.830, the
+#: median. Each process of the 2C switched 273–289 times more over its 150 iterations than one
+#: of the C (involuntary: the scheduler's time slices), 534, 555, 673, 625 and 689 µs of CPU
+#: per added switch — the cache a rank refills after another rank ran on its core
+#: (``benchmarks/data/gloo_cpu_s25.json``, "sharing"). (Unpinned: session 23 0.892,
+#: 0.927, 0.881 (``benchmarks/data/gloo_cpu_s23_quiet.json``), session 24 on another host
+#: 0.894, 0.925, 0.920, whose median 0.907 was the constant; session 25 on that host 0.844; at
+#: load average 6–9 from other sessions' jobs 0.866, 0.888, 0.854.) The concurrency efficiency
+#: of C ranks on C cores ``κ = T_1 / T_C`` measured 0.989, 0.969, 0.993 in the same runs: not
+#: priced, ``s = 1`` for ``N ≤ C``.
+TIME_SHARING_EFFICIENCY = 0.856
+#: What a rank's CPU pays to refill its caches after another rank ran on its core, µs: the
+#: time-sharing line's "CPU per added switch" (``(CPU_2C − CPU_C) / (switches_2C −
+#: switches_C)`` per process, gpt-tiny forward + backward at batch 4; the five runs above):
+#: 534, 555, 673, 625, 689 µs, the median. ``η`` charges the switches the scheduler's time slices
+#: make; a tensor-parallel collective of one data-parallel replica adds one more each time its
+#: wait hands the core to another replica's rank (``switch_refill_us``,
+#: :func:`fxplan.cost_model.host_overhead.evicted_waits_s`).
+SWITCH_REFILL_US = 625.0
 #: Per op class, the fraction of the matmul rate ``F`` (matmul) or of the memory-bound reference
 #: ``M = M₀ · V / V₀`` (memory-bound classes; module docstring) that the class's nodes reach,
 #: measured on the nodes of gpt-tiny's own graph at microbatch 4, 8 and 16 (s = 64) by
@@ -279,6 +315,17 @@ TIME_SHARING_EFFICIENCY = 0.907
 #: step 19 % under the measured one, ``docs/benchmarks.md``, session 24.) The forward linear
 #: of a module is ≈ 0.52 of the bare 1024³ rate: its nodes carry the module call, the bias add
 #: and autograd's recording; the attention's batched matmuls (head dim 16) are slower still.
+#:
+#: Session 25, the same host a day later, re-measured (``--rounds 3 --batches 4,8,16``, load
+#: average 2.7–2.8, probes R 0.161–0.163 TFLOP/s, V 5.40–5.47 GB/s; ``benchmarks/data/
+#: op_class_calibration_s25.json``), per round forward matmul 0.442, 0.455, 0.464, elementwise
+#: 0.606, 0.591, 0.613, norm 0.327, 0.313, 0.329, softmax 0.528, 0.532, 0.531, dropout 0.071,
+#: 0.070, 0.070, loss 0.198, 0.193, 0.199, embedding 0.337, 0.321, 0.338: the medians below,
+#: 3–21 % under session 24's against the same probes. The host had slowed where the probes do
+#: not see it: gpt-tiny's one-rank step took 27–28 ms (session 24: 19–22) while the probes read
+#: R 0.14–0.16 (0.17–0.18) and V 5.2–5.7 (6.0–6.1); priced with session 24's efficiencies at
+#: the probed rates the step came out 10–12 % short (``docs/benchmarks.md``, session 25). The
+#: efficiencies hold for the state of the host they were measured in.
 #: The memory-bound classes are in cache at these sizes (0.25–2 MiB) and run at the core's
 #: vector speed: GELU, masked_fill, softmax and layer norm are arithmetic-bound (erf, exp,
 #: broadcasts, a two-pass reduction), dropout draws one random number per element
@@ -286,21 +333,24 @@ TIME_SHARING_EFFICIENCY = 0.907
 #: ops read 0.13–0.23 of the copy (fresh pages of the output on every call; session 21), not
 #: priced here.
 COMPUTE_EFFICIENCY: dict[str, float] = {
-    "matmul": 0.521, "elementwise": 0.756, "norm": 0.371, "softmax": 0.549,
-    "dropout": 0.071, "loss": 0.250, "embedding": 0.414,
+    "matmul": 0.455, "elementwise": 0.606, "norm": 0.327, "softmax": 0.531,
+    "dropout": 0.070, "loss": 0.198, "embedding": 0.337,
     # not measured (gpt-tiny has none of these nodes): unfused attention is priced as its
     # matmuls and softmax; the other memory-bound classes keep the roofline's default
     "attention": 0.6, "memory_bound": 0.8,
 }
 #: The same for the kernels of each class's backward, priced by ``cost_model.compute.BACKWARD``
-#: (dropout's backward is an elementwise kernel): same runs, per round matmul 0.668–0.747
-#: (bare ``mm`` calls, no module or bias: faster than the forward's linears), elementwise
-#: 1.286–1.493 (the rule's two passes over the bytes; an add's backward passes its gradient
-#: through without a kernel), norm 1.070–1.279, softmax 1.493–1.670, loss 0.703–1.003,
-#: embedding 1.478–1.640; the medians. Above 1: faster than the reference, in cache.
+#: (dropout's backward is an elementwise kernel): session 24's runs, per round matmul
+#: 0.668–0.747 (bare ``mm`` calls, no module or bias: faster than the forward's linears),
+#: elementwise 1.286–1.493 (the rule's two passes over the bytes; an add's backward passes its
+#: gradient through without a kernel), norm 1.070–1.279, softmax 1.493–1.670, loss
+#: 0.703–1.003, embedding 1.478–1.640 (medians 0.729, 1.443, 1.212, 1.610, 0.866, 1.570).
+#: Session 25's runs (above): matmul 0.672, 0.691, 0.674, elementwise 1.228, 1.167, 1.192, norm
+#: 0.967, 0.916, 0.920, softmax 1.296, 1.248, 1.287, loss 0.652, 0.631, 0.626, embedding 1.352,
+#: 1.271, 1.304; the medians. Above 1: faster than the reference, in cache.
 BACKWARD_EFFICIENCY: dict[str, float] = {
-    "matmul": 0.729, "elementwise": 1.443, "norm": 1.212, "softmax": 1.610, "loss": 0.866,
-    "embedding": 1.570,
+    "matmul": 0.674, "elementwise": 1.192, "norm": 0.920, "softmax": 1.287, "loss": 0.631,
+    "embedding": 1.304,
 }
 #: Gloo over loopback, bus bandwidth from the 4 MiB and 16 MiB all-reduces (latency cancels).
 #: Calibration line "gloo N ranks: hop latency, bus bandwidth", four runs: 2 ranks 1.225,
@@ -323,33 +373,50 @@ GLOO_HOP_LATENCY_US = 572.0
 
 #: Each rank's CPU per step of a gloo collective's algorithm (its threads' copies, syscalls,
 #: loopback TCP in the kernel and hand-offs between gloo's worker and transport threads, and
-#: the main thread's issue and wait), µs on a core of its own, per kind. Calibration line
-#: "gloo CPU per collective" (``python benchmarks/local_cpu_calibration.py --gloo-cpu``: each
-#: rank loops ``4 × 128³ matmul; collective`` against the same loop without it, the added
+#: the main thread's issue and wait), µs, per kind, in the two regimes a ``local-cpu`` spec
+#: can be in: ranks on cores of their own (``N ≤ C``, :data:`GLOO_STEP_CPU_US`) and ranks
+#: time-sharing the cores (``N > C``, :data:`GLOO_STEP_CPU_SHARED_US`). Calibration line "gloo
+#: CPU per collective" (``python benchmarks/local_cpu_calibration.py --gloo-cpu``: each rank
+#: loops ``4 × 128³ matmul; collective`` against the same loop without it, the added
 #: ``process_time`` of the rank — main thread and gloo's threads; CPU time, so the 4-rank
 #: figures are not stretched by the time-sharing), less the bytes' CPU (the bandwidth's,
 #: above), over the algorithm's steps (``2(n−1)`` all-reduce, ``n−1`` all-gather and
-#: broadcast, 1 per message of a send/recv pair). Two invocations at load average 6–9 (other
-#: sessions' jobs; autogroup nice −19) and a third for the all-reduce alone at 16 B – 64 KiB
-#: (load 3.5):
+#: broadcast, 1 per message of a send/recv pair). Session 25, the ranks placed as ``fxplan
+#: launch`` places them (:mod:`fxplan.runtime.affinity`: on 2 cores, 2 ranks left to the
+#: scheduler, 4 ranks pinned two to a core), three invocations of each on the quiet machine
+#: (load average 1.1–3.3 from the line's own ranks), the collectives issued between compute
+#: (the line's ``work`` rows, as training issues them):
 #:
-#: - all-reduce, inputs of ≥ 2n elements (a step of full segments, ``cost_model.collectives``;
-#:   gloo's reduce-scatter is this all-reduce): 39 points on 2 and 4 ranks, 64 KiB – 1 MiB
-#:   (all-reduce and reduce-scatter) and 16 B – 64 KiB, quartiles ≈ 287 / 329 / 358 µs;
-#:   the median. (A 1-element all-reduce: 174–177 per step on 2 ranks, 92–100 on 4.)
-#: - broadcast, 4 B, per step (2 ranks run 1, 4 ranks run 1, 2 ranks run 2, 4 ranks run 2):
-#:   140, 154, 500, 135; all-gather 377, 416, 348, 363; send/recv per message 156, 94, 421,
-#:   183; the medians.
+#: - all-reduce, inputs of ≥ 2n elements (64 KiB – 1 MiB, all-reduce and reduce-scatter — gloo
+#:   runs its reduce-scatter as this all-reduce; a step of full segments,
+#:   ``cost_model.collectives``), 18 points each: 2 ranks 2–283 (the bytes' CPU at the bus
+#:   bandwidth over-reads the largest), median 192 µs; 4 ranks −48–140, median 104.
+#: - broadcast, 4 B: 2 ranks 105, 122, 199; 4 ranks 91, 102, 120. All-gather, 4 B: 228, 245,
+#:   474; 200, 200, 202. Send/recv per message: 52, 53, 80; 136, 197, 246. The medians.
+#:
+#: Sessions 22–24 took the median of the 2- and 4-rank points together, unpinned, at load
+#: average 6–9 (all-reduce 329, broadcast 147, all-gather 370, send/recv 169.5); the 4-rank
+#: ranks unpinned measured all-reduce 230 and all-gather 391 this session, pinned 104 and 200:
+#: two ranks to a core overlap one rank's wait with the other's work once they stay on their
+#: cores. (With 2 ranks pinned too: all-reduce 340, all-gather 554 — a rank's main and gloo
+#: threads then hand each step to one another on one core.) Data:
+#: ``benchmarks/data/gloo_cpu_s25.json``.
 GLOO_STEP_CPU_US: dict[str, float] = {
-    "all_reduce": 329.0, "broadcast": 147.0, "all_gather": 370.0, "send_recv": 169.5,
+    "all_reduce": 192.0, "broadcast": 122.0, "all_gather": 245.0, "send_recv": 53.0,
+}
+GLOO_STEP_CPU_SHARED_US: dict[str, float] = {
+    "all_reduce": 104.0, "broadcast": 102.0, "all_gather": 200.0, "send_recv": 197.0,
 }
 #: What a step of a gloo collective between bursts of compute takes beyond its ranks' CPU at
 #: their core share, µs: the wake-ups of ranks that sleep in the collective while the peers'
 #: cores are busy (computing, or running another rank). Same line and runs:
-#: ``(wall − c/s) / steps`` over every kind and size (4 B – 1 MiB) on 2 and 4 ranks, ``wall``
-#: the added wall time, ``c`` the added CPU, ``s`` the core share (1 and ``η·2/4``), 80 points:
-#: quartiles 168 / 277 / 415 µs, the median. (The spec's loopback ``latency_us``.)
-GLOO_WAKEUP_US = 277.0
+#: ``(wall − c/s) / steps`` over every kind and size (4 B – 1 MiB) of the ``work`` rows,
+#: ``wall`` the added wall time, ``c`` the added CPU, ``s`` the core share (1 and ``η·2/4``),
+#: 60 points per regime: 2 ranks quartiles 92 / 193 / 249 µs, 4 ranks 67 / 98 / 137; the
+#: medians. (The spec's loopback ``latency_us``. Sessions 22–24, unpinned, both regimes and
+#: both settings pooled: 277.)
+GLOO_WAKEUP_US = 193.0
+GLOO_WAKEUP_SHARED_US = 98.0
 
 #: ``DistributedDataParallel``'s default ``bucket_cap_mb`` (torch 2.13), which the runtime
 #: keeps (:mod:`fxplan.runtime.data_parallel`); the first bucket is 1 MiB
@@ -357,12 +424,15 @@ GLOO_WAKEUP_US = 277.0
 DDP_BUCKET_MIB = 25.0
 
 #: Each further 4-byte broadcast of an async batch between bursts of compute (as
-#: ``ZeroRedundancyOptimizer`` syncs its parameters), µs. Calibration line "gloo async
-#: broadcast batch between compute, N ranks: 1 / 28 × 4 B ⇒ each further one", one run at load
-#: average 18–22 (other agents' jobs): 2 ranks 3773 / 21503 µs ⇒ 657 µs; 4 ranks 4682 /
-#: 18390 µs ⇒ 508 µs; the mean of the two, 582 µs. (The first of the batch — the ranks
-#: meeting — is a full collective, priced by ``GLOO_HOP_LATENCY_US``.)
-QUEUED_COLLECTIVE_US = 582.0
+#: ``ZeroRedundancyOptimizer`` syncs its parameters), µs, per regime as gloo's per-step
+#: constants. Calibration line "gloo async broadcast batch between compute, N ranks: 1 / 28 ×
+#: 4 B ⇒ each further one" (``queued_collective_us``), session 25, quiet, the ranks placed as
+#: the launcher places them, two runs: 2 ranks (a core each) 215 and 220 µs, 4 ranks (pinned,
+#: two to a core) 816 and 823 µs; the means (``benchmarks/data/queued_collective_s25.json``).
+#: One run at load average 18–22, unpinned, had read 657 and 508 (the constant was their mean,
+#: 582). (The first of the batch — the ranks meeting — is a full collective.)
+QUEUED_COLLECTIVE_US = 217.7
+QUEUED_COLLECTIVE_SHARED_US = 819.3
 
 #: FSDP2's main-thread host work per ``fully_shard`` group, µs: a part per group and one per
 #: parameter tensor of the group (:mod:`fxplan.cost_model.fsdp_host`). Calibration line "FSDP2
@@ -447,6 +517,7 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
     cores, total = cpu_cores(), memory_gib()
     ranks = devices or cores
     share = core_share(cores, ranks)
+    shared = ranks > cores               # the time-shared regime of the gloo constants
     per_rank = total / ranks
     flops = FP32_TFLOPS_PER_CORE if matmul_tflops is None else matmul_tflops
     # in-cache ops run at the core's vector speed: without a measured bandwidth, the one the
@@ -478,6 +549,8 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "view_op_us": round(host * VIEW_OP_US / share, 3),
                 "view_backward_op_us": round(host * VIEW_BACKWARD_OP_US / share, 3),
                 # glibc gives the freed activations back between steps (measured)
+                # another replica's rank runs while a tp collective waits (time-shared only)
+                "switch_refill_us": round(SWITCH_REFILL_US / share, 1) if shared else 0.0,
                 "first_touch_us_per_mib": round(
                     host * REFAULT_FRACTION * (2**20 // PAGE_BYTES) * FIRST_TOUCH_PAGE_US / share,
                     3),
@@ -501,7 +574,8 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "comm_overlap": 0.0,
                 # The runtime's DDP (torch defaults: 25 MiB buckets, the first 1 MiB).
                 "ddp_bucket_mib": DDP_BUCKET_MIB,
-                "queued_collective_us": round(QUEUED_COLLECTIVE_US, 1),
+                "queued_collective_us": round(QUEUED_COLLECTIVE_SHARED_US if shared
+                                              else QUEUED_COLLECTIVE_US, 1),
                 "ddp_step_us": round(host * DDP_STEP_US / share, 3),
                 "ddp_tensor_us": round(host * DDP_TENSOR_US / share, 3),
                 **{f"fsdp_{name}_us": round(host * value / share, 3) for name, value in (
@@ -521,13 +595,13 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "scope": "node",
                 # gloo's per-byte and per-step work is CPU on the time-shared cores (``/ s``)
                 "bandwidth_gb_per_s": round(GLOO_BUS_GB_PER_S * share, 4),
-                "latency_us": GLOO_WAKEUP_US,
+                "latency_us": GLOO_WAKEUP_SHARED_US if shared else GLOO_WAKEUP_US,
                 "efficiency": 1.0,
                 # gloo runs _reduce_scatter_base as a gloo:all_reduce of the whole input
                 # (FSDP2's and DTensor's reduce-scatters, counted with torch.profiler)
                 "reduce_scatter_as_all_reduce": True,
-                "step_cpu_us": {kind: round(us / share, 1)
-                                for kind, us in GLOO_STEP_CPU_US.items()},
+                "step_cpu_us": {kind: round(us / share, 1) for kind, us in (
+                    GLOO_STEP_CPU_SHARED_US if shared else GLOO_STEP_CPU_US).items()},
             },
             {
                 # Only used with nodes=N > 1. benchmarks/data/hardware.md: Ethernet 100 Gb/s =

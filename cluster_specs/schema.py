@@ -148,6 +148,8 @@ GROUP_FIELDS: dict[str, Field] = {
     "view_backward_op_us": _host_us("µs of host work per view node, backward"),
     "first_touch_us_per_mib": _host_us(
         "µs per MiB of saved activations faulted in again each microbatch"),
+    "switch_refill_us": _host_us(
+        "µs of CPU refilling a rank's caches after another rank ran on its core"),
     "queued_collective_us": _host_us(
         "µs per further collective of an async batch (0: a full collective)"),
     "ddp_step_us": optional(_microseconds("µs of DDP host work per training step")),

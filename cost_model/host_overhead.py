@@ -20,6 +20,24 @@ backward)::
 
 (measured on ``local-cpu``; 0 on the GPU specs, where the host runs ahead of the kernels).
 
+**Waits that hand the core to an independent rank.** Where ranks time-share cores (more
+one-thread CPU ranks than cores), a rank that blocks in a collective gives its core to another
+rank, and finds its caches refilled with that rank's data when it comes back. The core share
+(``η``) prices the switches the scheduler's time slices make. Under tensor parallelism with
+other data-parallel (or context-parallel) replicas on the node, every tp collective adds one:
+the group's ranks wait for each other, and meanwhile the other replicas' ranks, which do not
+take part, have work for the core (with one tp group, or a pipeline running one stage at a
+time, the waiting rank's core-mates wait in the same chain). With ``n_C`` tp collectives in
+a chunk's forward (or backward) and ``switch_refill_us`` the device's refill (0 without
+time-sharing)::
+
+    t_tp += n_C · switch_refill_us          if other replicas share the node (:func:`evicted_waits_s`)
+
+(``local-cpu``: 4 pinned ranks on 2 cores; its refill is the time-sharing line's CPU per
+added switch. Without the term dp=2 tp=2 sp, two tp groups side by side, was priced 30–45 %
+under its measured step where tp=4 sp, one group, was not: ``docs/benchmarks.md``, sessions
+24–25.)
+
 **Optimizer's per-tensor loop.** An optimizer that steps one parameter tensor at a time
 (PyTorch's default on CPU tensors: no ``foreach``, no fused kernel) pays a fixed host cost
 per tensor, larger when the parameter is a DTensor (every one of its ~10 ops dispatches
@@ -111,7 +129,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.config import ParallelConfig
 
 __all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "ddp_buffer_bytes",
-           "ddp_host_s", "ddp_runs", "dtensor_params", "first_touch_s", "fsdp_params",
+           "ddp_host_s", "ddp_runs", "dtensor_params", "evicted_waits_s", "first_touch_s",
+           "fsdp_params",
            "optimizer_host_s", "overlapped_buckets", "redistribute_host_s",
            "runs_kernel", "zero3_exposed_s"]
 
@@ -160,6 +179,13 @@ def redistribute_host_s(collectives: int, device: DeviceGroup) -> float:
     """``n_C · dtensor_redistribute_us`` seconds: DTensor's host work of ``collectives``
     tensor-parallel collectives (module docstring)."""
     return collectives * device.dtensor_redistribute_us * 1e-6
+
+
+def evicted_waits_s(collectives: int, device: DeviceGroup, replicas_beside: bool) -> float:
+    """``n_C · switch_refill_us`` seconds where other replicas' ranks share the tensor-parallel
+    group's node (``replicas_beside``), else 0: the caches refilled after each of the group's
+    ``collectives`` waits handed the core to an independent rank (module docstring)."""
+    return collectives * device.switch_refill_us * 1e-6 if replicas_beside else 0.0
 
 
 def fsdp_params(config: ParallelConfig) -> bool:

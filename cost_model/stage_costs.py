@@ -12,7 +12,9 @@ the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
 - compute: forward ``Σ f_seg``; backward ``Σ (b_seg + r_seg)`` (recompute runs first);
 - tp: the segments' collectives over the stage's tp group (on the critical path), each with
   DTensor's host work of its redistribution (:func:`cost_model.host_overhead.
-  redistribute_host_s`, 0 on GPU specs); under
+  redistribute_host_s`, 0 on GPU specs) and, where other data-parallel replicas time-share the
+  node's cores, the caches its wait lets their ranks evict (:func:`cost_model.host_overhead.
+  evicted_waits_s`); under
   ``tp_overlap`` (Megatron-Core ``--tp-comm-overlap``) each sequence-parallel all-gather or
   reduce-scatter of a linear layer only by what exceeds the GEMM it is pipelined with,
   ``max(0, t_comm − t_gemm)`` (:func:`_exposed`), plus the compute lost to the SMs the
@@ -91,7 +93,7 @@ from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.partial_grads import partial_grad_params
 from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, ddp_buffer_bytes,
                                              ddp_host_s, ddp_runs, dtensor_params,
-                                             fsdp_params, optimizer_host_s,
+                                             evicted_waits_s, fsdp_params, optimizer_host_s,
                                              overlapped_buckets, redistribute_host_s,
                                              zero3_exposed_s)
 from fxplan.cost_model.fsdp_host import fsdp_groups, fsdp_host_s
@@ -350,6 +352,15 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
     return StagePlan(costs, tuple(chunks), tuple(params), tuple(devices), tuple(ep_share))
 
 
+def _replicas_beside(tp_group: tuple[int, ...], dp_group: tuple[int, ...],
+                    cluster: Cluster) -> bool:
+    """Whether another data-parallel replica of the stage has ranks on the node of its tp
+    group (the replicas run side by side there: :func:`~cost_model.host_overhead.
+    evicted_waits_s`)."""
+    node = cluster.node_of(tp_group[0])
+    return any(cluster.node_of(rank) == node for rank in dp_group if rank != tp_group[0])
+
+
 def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
                  dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
                  optimizer: OptimizerSpec, device: DeviceGroup,
@@ -361,6 +372,7 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
     parallelism, plus the host↔device copies of each shard under parameter offload)."""
     f = [0.0, 0.0, 0.0]
     b = [0.0, 0.0, 0.0]
+    beside = _replicas_beside(tp_group, dp_group, cluster)
     for seg in segs:
         f[0] += seg.forward_s
         b[0] += seg.backward_s + seg.recompute_s
@@ -372,9 +384,12 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
         else:
             f[1] += _price(seg.tp_forward, tp_group, cluster)
             b[1] += _price(seg.tp_backward, tp_group, cluster)
-        # DTensor's host work per redistribution (host_overhead; 0 on GPU specs)
-        f[1] += redistribute_host_s(len(seg.tp_forward), device)
-        b[1] += redistribute_host_s(len(seg.tp_backward), device)
+        # DTensor's host work per redistribution, and the caches refilled after a wait that
+        # let another replica's rank run (host_overhead; 0 on GPU specs)
+        f[1] += (redistribute_host_s(len(seg.tp_forward), device)
+                 + evicted_waits_s(len(seg.tp_forward), device, beside))
+        b[1] += (redistribute_host_s(len(seg.tp_backward), device)
+                 + evicted_waits_s(len(seg.tp_backward), device, beside))
     if config.zero_stage == 3 and config.dp > 1:
         gather, scatter = [], []
         for seg in segs:

@@ -103,13 +103,15 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    else:  # a CPU rank: reuse the heap's pages from step to step (no re-faulting)
+    else:  # a CPU rank: its own core(s), and the heap's pages reused from step to step
         from fxplan.passes.rewrite.base import record_fallback
+        from fxplan.runtime.affinity import pin_rank
         from fxplan.runtime.heap import keep_heap
 
-        heap_note = keep_heap()
-        if heap_note:
-            record_fallback(args.fallbacks, heap_note)
+        args.affinity, affinity_fallback = pin_rank()   # before gloo starts its threads
+        for note in (affinity_fallback, keep_heap()):
+            if note:
+                record_fallback(args.fallbacks, note)
     from fxplan.runtime.process_group import init_process_group
 
     init_process_group(backend)  # a fresh store namespace per torchrun restart
@@ -253,6 +255,8 @@ def _train(args: argparse.Namespace) -> None:
         log_precision(log, precision, training_dtype(cluster))
         if no_flops:
             log.print(no_flops)
+        if getattr(args, "affinity", None):
+            log.print(args.affinity)
     tokens = plan.batch * (plan.seq or 1)
 
     def here(step: int) -> TrainPosition:

@@ -57,7 +57,7 @@ from fxplan.cli.child import run_foreground
 from fxplan.cli.launch_checks import check_checkpoints, check_plan, settings_for
 from fxplan.cli.slurm import write_slurm
 from fxplan.cli.torchrun_command import launch_command, shell_line, trace_dir
-from fxplan.core.training import APPLY_PATHS
+from fxplan.core.training import AFFINITY_MODES, APPLY_PATHS
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -133,6 +133,11 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     where.add_argument("--node-rank", type=int, default=None, help="torchrun --node-rank")
     where.add_argument("--rdzv-endpoint", default=None,
                        help="HOST:PORT every node reaches (required for more than one node)")
+    where.add_argument("--cpu-affinity", choices=AFFINITY_MODES, default=None,
+                       help="CPU ranks: auto (default) pins each rank to a core, round robin, "
+                       "where there are more ranks than cores; core pins every rank (a block of "
+                       "cores each); none leaves placement to the scheduler "
+                       "(fxplan.runtime.affinity)")
     from fxplan.cli.elastic import add_elastic_arguments
 
     add_elastic_arguments(parser)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from fxplan.cli.run_config import LaunchError, RunSettings
-from fxplan.cli.torchrun_command import passthrough, worker_command
+from fxplan.cli.torchrun_command import affinity_env, passthrough, worker_command
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -99,7 +99,7 @@ def write_slurm(args: argparse.Namespace, plan: Plan, cluster: Cluster, nnodes: 
         raise LaunchError("--slurm puts the rendezvous on the allocation's first node and lets "
                           "it number the nodes: leave out --rdzv-endpoint and --node-rank")
     gpus = cluster.device(0).kind == "gpu"
-    env = {"OMP_NUM_THREADS": "1"} if not gpus else {}
+    env = {"OMP_NUM_THREADS": "1", **affinity_env(args)} if not gpus else {}
     text = sbatch_script(
         job_name=f"fxplan-{Path(args.plan).stem}", nnodes=nnodes, nproc_per_node=nproc, gpus=gpus,
         torchrun=[sys.executable, "-m", "torch.distributed.run", *passthrough(args)],

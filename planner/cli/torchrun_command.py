@@ -18,6 +18,7 @@ import socket
 import sys
 
 from fxplan.cli.run_config import LaunchError, RunSettings
+from fxplan.core.training import AFFINITY_ENV
 
 __all__ = ["OWN_TORCHRUN_FLAGS", "check_endpoint", "free_loopback_port", "launch_command",
            "loopback_interface", "needs_endpoint", "passthrough", "shell_line", "trace_dir",
@@ -91,6 +92,13 @@ def free_loopback_port() -> int:
         return sock.getsockname()[1]
 
 
+def affinity_env(args: argparse.Namespace) -> dict[str, str]:
+    """``FXPLAN_CPU_AFFINITY`` for the ranks where ``--cpu-affinity`` was given
+    (:mod:`fxplan.runtime.affinity`; unset, the worker's default, ``auto``)."""
+    mode = getattr(args, "cpu_affinity", None)
+    return {AFFINITY_ENV: mode} if mode else {}
+
+
 def worker_command(args: argparse.Namespace, settings: RunSettings) -> list[str]:
     """``-m fxplan.worker PLAN --flag value …``: every setting explicit."""
     cmd = ["-m", "fxplan.worker", os.path.abspath(args.plan)]
@@ -118,6 +126,7 @@ def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: 
     """``(environment added, argv)`` of the torchrun that runs the plan on this node (its
     ``attempt``-th start under ``--max-restarts``: a fresh port and rendezvous id)."""
     env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"}
+    env.update(affinity_env(args))
     extra = passthrough(args)
     if nnodes > 1 and not args.rdzv_endpoint:
         raise LaunchError(needs_endpoint(args, nnodes, nproc))

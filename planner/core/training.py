@@ -18,12 +18,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["APPLY_PATHS", "TrainConfig", "lr_at"]
+__all__ = ["AFFINITY_ENV", "AFFINITY_MODES", "APPLY_PATHS", "TrainConfig", "lr_at"]
 
 #: How a plan is applied (``fxplan.plan(path=…)``, ``apply_plan``, ``fxplan launch --path``):
 #: ``module`` on the user's own module with PyTorch's parallel pieces, ``graph`` by the graph
 #: rewrite, ``auto`` the module level where the plan allows it, else the graph rewrite.
 APPLY_PATHS: tuple[str, ...] = ("auto", "module", "graph")
+#: Where CPU ranks run (``fxplan launch --cpu-affinity``, handed to the ranks as
+#: ``AFFINITY_ENV``; :mod:`fxplan.runtime.affinity`): ``auto`` pins where ranks outnumber cores
+#: (the default), ``core`` always, ``none`` never.
+AFFINITY_MODES: tuple[str, ...] = ("auto", "core", "none")
+AFFINITY_ENV = "FXPLAN_CPU_AFFINITY"
 
 
 def lr_at(step: int, *, lr: float, steps: int, warmup: int = 0, min_lr: float | None = None

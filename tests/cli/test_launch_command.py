@@ -241,3 +241,22 @@ def test_path_from_run_config_and_bad_values(plans, capsys, tmp_path):
         main(["launch", plans[0], "--data", "synthetic", "--path", "fast"])
     assert exit_.value.code == 2
     assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_cpu_affinity_flag_reaches_the_ranks(plans, capsys, tmp_path):
+    """``--cpu-affinity none`` is handed to the ranks as ``FXPLAN_CPU_AFFINITY``; without the
+    flag nothing is set (the worker's default, ``auto``), and a wrong mode is refused."""
+    code, out, err = launch(capsys, plans[0], "--data", "synthetic", "--print-command",
+                            "--cpu-affinity", "none")
+    assert code == 0, err
+    assert "FXPLAN_CPU_AFFINITY=none" in shlex.split(out)
+    code, out, err = launch(capsys, plans[0], "--data", "synthetic", "--print-command")
+    assert code == 0 and "FXPLAN_CPU_AFFINITY" not in out
+    with pytest.raises(SystemExit) as refused:
+        launch(capsys, plans[0], "--data", "synthetic", "--cpu-affinity", "numa")
+    assert refused.value.code == 2
+    script = tmp_path / "job.sbatch"
+    code, _, err = launch(capsys, plans[1], "--data", "synthetic", "--slurm", str(script),
+                          "--cpu-affinity", "none")
+    assert code == 0, err
+    assert "FXPLAN_CPU_AFFINITY=none" in script.read_text()

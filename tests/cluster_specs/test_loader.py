@@ -112,6 +112,24 @@ def test_local_cpu_devices_splits_the_machine():
     assert Cluster.load("local-cpu:devices=2,nodes=2").num_devices == 4
 
 
+def test_local_cpu_time_shared_ranks_take_the_shared_regimes_constants():
+    """More ranks than cores: the cache refill per evicting wait, and gloo's per-step CPU and
+    wake-up measured with two ranks to a core; a core per rank: no refill, the own-core set."""
+    cores = local_cpu.cpu_cores()
+    for devices in (cores, cores + 1, 2 * cores):
+        (cpu,) = Cluster.load(f"local-cpu:devices={devices}").device_groups
+        level = Cluster.load(f"local-cpu:devices={devices}").levels[0]
+        share = local_cpu.core_share(cores, devices)
+        shared = devices > cores
+        assert cpu.switch_refill_us == (pytest.approx(local_cpu.SWITCH_REFILL_US / share, abs=0.1)
+                                        if shared else 0.0)
+        steps = local_cpu.GLOO_STEP_CPU_SHARED_US if shared else local_cpu.GLOO_STEP_CPU_US
+        assert level.latency_us == (local_cpu.GLOO_WAKEUP_SHARED_US if shared
+                                    else local_cpu.GLOO_WAKEUP_US)
+        for kind, us in steps.items():
+            assert level.step_cpu_us[kind] == pytest.approx(us / share, abs=0.1)
+
+
 def test_local_cpu_takes_the_rates_measured_now():
     # local-cpu:…,matmul_tflops=F,memory_gb_per_s=M,eager_op_us=e (a rate probe's figures):
     # the arithmetic, the bandwidth and every host cost move with them, the share still applies

@@ -159,13 +159,18 @@ def test_gloo_runs_a_reduce_scatter_as_an_all_reduce_of_its_input() -> None:
 
 def test_gloo_cpu_per_step_runs_at_the_core_share() -> None:
     # local-cpu: each step of a gloo collective costs the hop's wake-up plus the kind's CPU
-    # per step at the ranks' core share, and the bytes move at the bandwidth times the share
-    from fxplan.cluster_specs.local_cpu import (GLOO_BUS_GB_PER_S, GLOO_STEP_CPU_US,
-                                                GLOO_WAKEUP_US, core_share, cpu_cores)
+    # per step at the ranks' core share, and the bytes move at the bandwidth times the share;
+    # both per-step constants are those of the spec's regime (a core each, or time-shared)
+    from fxplan.cluster_specs import local_cpu
+    from fxplan.cluster_specs.local_cpu import GLOO_BUS_GB_PER_S, core_share, cpu_cores
 
-    for devices in (2, 4):
+    for devices in (2, 4, cpu_cores() + 1):
         cpu = Cluster.load(f"local-cpu:devices={devices}")
         share = core_share(cpu_cores(), devices)
+        shared = devices > cpu_cores()
+        GLOO_STEP_CPU_US = (local_cpu.GLOO_STEP_CPU_SHARED_US if shared
+                            else local_cpu.GLOO_STEP_CPU_US)
+        GLOO_WAKEUP_US = local_cpu.GLOO_WAKEUP_SHARED_US if shared else local_cpu.GLOO_WAKEUP_US
         level = cpu.levels[0]
         assert level.bandwidth_gb_per_s == pytest.approx(GLOO_BUS_GB_PER_S * share, rel=1e-3)
         for kind, hops in (("all_gather", 1), ("broadcast", 1)):

@@ -7,6 +7,7 @@ import pytest
 from fxplan.cluster_specs import Cluster
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, dtensor_params,
+                                             evicted_waits_s,
                                              optimizer_host_s, overlapped_buckets,
                                              redistribute_host_s, zero3_exposed_s)
 from fxplan.cost_model.memory import ADAM_FP32, ADAM_MIXED, adam_for, model_state_bytes
@@ -146,11 +147,13 @@ def test_zero1_without_tp_prices_ddp_and_an_async_batch_of_broadcasts(tiny) -> N
     # ZeRO-0's all-reduce, then one rendezvous and a queued broadcast per further tensor
     extra = z1.breakdown["dp_comm"] - z0.breakdown["dp_comm"]
     assert extra >= 0.9 * (one + (tensors - 1) * cpu.queued_collective_us * 1e-6)
-    # on 4 ranks (3 hops per broadcast) far cheaper than every broadcast meeting the others
+    # on 4 ranks (3 hops per broadcast) cheaper than every broadcast meeting the others
+    # (measured on 4 pinned ranks of 2 cores: each further one 816–823 µs against 1075–1171
+    # for one alone, benchmarks/data/queued_collective_s25.json)
     four = Cluster.load("local-cpu:devices=4")
     extra4 = (_estimate(tiny, "dp=4,mb=2,zero=1", 4).breakdown["dp_comm"]
               - _estimate(tiny, "dp=4,mb=2", 4).breakdown["dp_comm"])
-    assert extra4 < 0.5 * tensors * collective_time_s("broadcast", 4.0, range(4), four)
+    assert extra4 < 0.9 * tensors * collective_time_s("broadcast", 4.0, range(4), four)
 
 
 def test_async_batch_pays_one_rendezvous_and_queued_collectives() -> None:
@@ -283,3 +286,30 @@ def test_view_nodes_pay_their_dispatch_on_local_cpu_only(tiny) -> None:  # type:
         views * cpu.view_op_us * 1e-6, rel=1e-9)
     assert seg(cpu).backward_s - seg(off).backward_s == pytest.approx(
         views * cpu.view_backward_op_us * 1e-6, rel=1e-9)
+
+
+def test_tp_waits_refill_the_caches_only_beside_other_replicas(tiny) -> None:  # type: ignore[no-untyped-def]
+    """Each tp collective pays ``switch_refill_us`` where another data-parallel replica shares
+    the node (its rank runs while the group waits), never with one tp group."""
+    from fxplan.cost_model import estimate
+
+    refill = 500.0
+    on = Cluster.load(f"local-cpu:devices=4,cpu.switch_refill_us={refill}")
+    off = Cluster.load("local-cpu:devices=4,cpu.switch_refill_us=0")
+    device = on.device_groups[0]
+    assert evicted_waits_s(3, device, True) == pytest.approx(3 * refill * 1e-6)
+    assert evicted_waits_s(3, device, False) == 0.0
+
+    def tp_row(cluster: Cluster, text: str) -> float:
+        return estimate(tiny, cluster, ParallelConfig.parse(text), batch=8).breakdown["tp_comm"]
+
+    # dp=2 × tp=2: one refill per tp collective the step's critical stage waits in
+    priced = estimate(tiny, on, ParallelConfig.parse("dp=2,tp=2,mb=4"), batch=8)
+    collectives = sum(len(seg.tp_forward) + len(seg.tp_backward)
+                      for chunk in priced.stage_plan.chunks[0] for seg in chunk)
+    extra = tp_row(on, "dp=2,tp=2,mb=4") - tp_row(off, "dp=2,tp=2,mb=4")
+    assert collectives >= 2 * 2 and extra == pytest.approx(collectives * refill * 1e-6)
+    # one tp group over the node: its core-mates wait in the same chain
+    assert tp_row(on, "tp=4,mb=8") == pytest.approx(tp_row(off, "tp=4,mb=8"))
+    # GPU specs and a core per rank: nothing
+    assert not Cluster.load("dgx-a100-80g").device_groups[0].switch_refill_us
