@@ -546,6 +546,8 @@ def main() -> None:
     cases = [Case(label, n, text) for label, n, text in CASES if wanted is None or label in wanted]
     import torch
 
+    from fxplan.core.training import AFFINITY_ENV
+
     meta = {"model": MODEL, "batch": BATCH, "steps": args.steps, "repeats": args.repeats,
             "torch": torch.__version__, "cpus": os.cpu_count(),
             "step_time_measured_as": "median over launches of each launch's median step "
@@ -554,7 +556,7 @@ def main() -> None:
             "seed": args.seed, "probe": args.probe,
             "memory_measured_as": "median over launches of the largest ru_maxrss over ranks",
             # how fxplan launch placed the ranks (fxplan.runtime.affinity; session 25 on)
-            "cpu_affinity": os.environ.get("FXPLAN_CPU_AFFINITY", "core")}
+            "cpu_affinity": os.environ.get(AFFINITY_ENV, "auto")}
     if args.phase == "launch":
         cases = [c for c in load(args.out) if wanted is None or c.label in wanted]
     args.seed = None if args.seed < 0 else args.seed

@@ -8,9 +8,9 @@ Launched on 2 cores with 4 ranks (``fxplan launch PLAN --cpu-affinity core|none`
 gpt-tiny at batch 16, two launches each, alternating; session 25,
 ``benchmarks/data/affinity_launch_s25.json``), pinned against unpinned, ms a step: tp=4 sp
 138–146 against 179–190, dp=4 ZeRO-3 72–74 / 91–94, dp=2 tp=2 sp 150–151 / 171–180, dp=4
-34–37 / 42–44, pp=2 tp=2 81–93 / 97–101, pp=2 dp=2 44–46 / 49. In ``benchmarks/step_phases.py`` (``benchmarks/data/
-affinity_s25.json``) the CPU of gloo's threads falls most (tp=4: 11.6–12.8 ms a step against
-23.9–32.7).
+34–37 / 42–44, pp=2 tp=2 81–93 / 97–101, pp=2 dp=2 44–46 / 49. In
+``benchmarks/step_phases.py`` (``benchmarks/data/affinity_s25.json``) the CPU of gloo's
+threads falls most (tp=4: 11.6–12.8 ms a step against 23.9–32.7).
 
 :func:`rank_cores` gives local rank ``r`` of ``R`` ranks on a node whose process may run on
 the ``C`` cores ``A = (a_0, …, a_{C−1})`` (``sched_getaffinity``, so ``taskset`` and cgroup
@@ -23,8 +23,8 @@ so with more ranks than cores each core time-shares ``⌈R/C⌉`` or ``⌊R/C⌋
 consecutive ranks — a tensor-parallel group, which takes consecutive ranks
 (:mod:`fxplan.cost_model.stage_costs`) — sit on different cores, each able to run while its
 partner does. :func:`pin_rank` applies it to the calling thread before the process group is
-created, so that every thread the rank starts afterwards (gloo's) inherits the mask. Which ranks it pins
-is the mode (``fxplan launch --cpu-affinity``, environment ``FXPLAN_CPU_AFFINITY``):
+created, so that every thread the rank starts afterwards (gloo's) inherits the mask. Which
+ranks it pins is the mode (``fxplan launch --cpu-affinity``, environment ``FXPLAN_CPU_AFFINITY``):
 
     auto   (default) pin only where the ranks outnumber the cores
     core   pin every rank (with R ≤ C each to its block of cores)

@@ -117,8 +117,8 @@ def test_local_cpu_time_shared_ranks_take_the_shared_regimes_constants():
     wake-up measured with two ranks to a core; a core per rank: no refill, the own-core set."""
     cores = local_cpu.cpu_cores()
     for devices in (cores, cores + 1, 2 * cores):
-        (cpu,) = Cluster.load(f"local-cpu:devices={devices}").device_groups
-        level = Cluster.load(f"local-cpu:devices={devices}").levels[0]
+        cluster = Cluster.load(f"local-cpu:devices={devices}")
+        (cpu,), level = cluster.device_groups, cluster.levels[0]
         share = local_cpu.core_share(cores, devices)
         shared = devices > cores
         assert cpu.switch_refill_us == (pytest.approx(local_cpu.SWITCH_REFILL_US / share, abs=0.1)

@@ -168,21 +168,21 @@ def test_gloo_cpu_per_step_runs_at_the_core_share() -> None:
         cpu = Cluster.load(f"local-cpu:devices={devices}")
         share = core_share(cpu_cores(), devices)
         shared = devices > cpu_cores()
-        GLOO_STEP_CPU_US = (local_cpu.GLOO_STEP_CPU_SHARED_US if shared
-                            else local_cpu.GLOO_STEP_CPU_US)
-        GLOO_WAKEUP_US = local_cpu.GLOO_WAKEUP_SHARED_US if shared else local_cpu.GLOO_WAKEUP_US
+        step_cpu_us = (local_cpu.GLOO_STEP_CPU_SHARED_US if shared
+                       else local_cpu.GLOO_STEP_CPU_US)
+        wakeup_us = local_cpu.GLOO_WAKEUP_SHARED_US if shared else local_cpu.GLOO_WAKEUP_US
         level = cpu.levels[0]
         assert level.bandwidth_gb_per_s == pytest.approx(GLOO_BUS_GB_PER_S * share, rel=1e-3)
         for kind, hops in (("all_gather", 1), ("broadcast", 1)):
             t = collective_time_s(kind, 1.0, (0, 1), cpu)
-            step = GLOO_WAKEUP_US + GLOO_STEP_CPU_US[kind] / share
+            step = wakeup_us + step_cpu_us[kind] / share
             assert t == pytest.approx((6.0 + hops * step) * 1e-6, rel=1e-3)
         # an all-reduce of e < 2n elements fills e/2n of the ring's segments
         full = collective_time_s("all_reduce", 4.0 * 2 * devices, range(devices), cpu)
         one = collective_time_s("all_reduce", 4.0, range(devices), cpu)
         steps = 2 * (devices - 1)
         assert full - one == pytest.approx(
-            steps * GLOO_STEP_CPU_US["all_reduce"] / share * (1 - 1 / (2 * devices)) * 1e-6
+            steps * step_cpu_us["all_reduce"] / share * (1 - 1 / (2 * devices)) * 1e-6
             + (2 * devices - 1) * 4.0 * steps / devices / (level.bandwidth_gb_per_s * 1e9),
             rel=1e-3)
     # GPU links have no per-step CPU

@@ -311,5 +311,5 @@ def test_tp_waits_refill_the_caches_only_beside_other_replicas(tiny) -> None:  #
     assert collectives >= 2 * 2 and extra == pytest.approx(collectives * refill * 1e-6)
     # one tp group over the node: its core-mates wait in the same chain
     assert tp_row(on, "tp=4,mb=8") == pytest.approx(tp_row(off, "tp=4,mb=8"))
-    # GPU specs and a core per rank: nothing
+    # GPU specs: nothing
     assert not Cluster.load("dgx-a100-80g").device_groups[0].switch_refill_us
