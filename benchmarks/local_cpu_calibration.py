@@ -65,6 +65,9 @@ processes never (always) pinned.
    in the kernel), and the same with ``work`` left out (idle ranks). A least-squares line per
    kind and rank count, ``c(S) = c₀ + c₁·S``, of the collective's whole CPU (main + other
    threads, every rank's mean) is its per-call and per-byte core time (:func:`gloo_cpu_us`).
+   (The spec's loopback constants were these until session 26; they are now measured inside
+   a launched training step, ``benchmarks/gloo_in_situ.py``, where the same collectives cost
+   2–3× more between ranks with a core each.)
 9. **first touch** (also ``--first-touch`` alone, as JSON) — gpt-tiny's training step (forward, loss,
    backward, clipping, AdamW, ``zero_grad``) in fresh processes, one thread, counting the
    main thread's minor page faults per step (``getrusage(RUSAGE_THREAD)``): the cost of a

@@ -39,13 +39,15 @@ import argparse
 import resource
 import json
 import os
-import socket
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from launched_rank import (add_measurement_arguments, apply_autogroup_nice,  # noqa: E402
+                           free_port, launched_rank)  # (benchmarks/, a script)
 
 PHASES = ("train_step", "partial", "clip", "opt", "zero")
 WARMUP = 3
@@ -54,29 +56,12 @@ WARMUP = 3
 def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> None:
     import torch.distributed as dist
 
-    from fxplan.core.plan import Plan
-    from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.affinity import pin_rank
-    from fxplan.runtime.apply import apply_plan
     from fxplan.runtime.optim import build_optimizer, clip_grad_norm, set_lr
     from fxplan.runtime.partial_grads import reduce_partial_grads
     from fxplan.worker import loss_fn
 
-    pin_rank(rank, world)   # as fxplan's worker places its ranks
-    torch.set_num_threads(1)
-    from fxplan.runtime.heap import keep_heap
-
-    keep_heap()   # as fxplan's worker: the heap kept between steps
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    plan = Plan.from_dict(json.loads(Path(plan_file).read_text()))
-    bundle = resolve_model(plan.model)
-    torch.manual_seed(0)
-    vocab = getattr(bundle.config, "vocab", None) or bundle.config.vocab_size
-    tokens, targets = (torch.randint(0, vocab, (plan.batch, plan.seq)) for _ in range(2))
-    sharded = apply_plan(bundle.build("cpu"), plan, (tokens,))
-    start, stop = sharded.replica_slice()
-    batch = ((tokens[start:stop],), targets[start:stop])
+    launched = launched_rank(rank, world, plan_file, port)
+    sharded, batch = launched.sharded, launched.batch
     optimizer = build_optimizer(sharded, "adamw", lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
     wall: dict[str, list[float]] = {k: [] for k in PHASES}
     faults: dict[str, list[int]] = {k: [] for k in PHASES}
@@ -141,21 +126,13 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("plan", help="a plan file (fxplan plan --out)")
     parser.add_argument("--steps", type=int, default=20, help="steps (the first 3 dropped)")
-    parser.add_argument("--autogroup-nice", type=int, default=None,
-                        help="set this session's scheduler autogroup nice first (root)")
+    add_measurement_arguments(parser, out=False)
     args = parser.parse_args()
-    if args.autogroup_nice is not None:
-        Path("/proc/self/autogroup").write_text(str(args.autogroup_nice))
+    apply_autogroup_nice(args)
     import torch.multiprocessing as mp
 
     from fxplan.core.plan import Plan
@@ -165,7 +142,7 @@ def main() -> None:
     print(f"{plan.summary}: {world} ranks, load average {os.getloadavg()[0]:.1f}; per phase "
           f"wall / main-thread CPU / other threads' CPU / main-thread run-queue wait ms (median of {args.steps - WARMUP} "
           "steps)", flush=True)
-    mp.spawn(_worker, args=(world, args.plan, _free_port(), args.steps), nprocs=world)
+    mp.spawn(_worker, args=(world, args.plan, free_port(), args.steps), nprocs=world)
 
 
 if __name__ == "__main__":

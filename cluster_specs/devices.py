@@ -59,6 +59,9 @@ class DeviceGroup:
     (:mod:`fxplan.cost_model.fsdp_host`; 0 on GPUs, where it runs ahead of the kernels).
     ``ddp_step_us`` + ``ddp_tensor_us`` per parameter tensor is PyTorch DDP's host work per
     step (hooks, bucket copies) where the runtime runs DDP; ``step_overhead_us`` is the rest.
+    ``pipeline_step_us`` and ``pipeline_microbatch_us`` are the pipeline runtime's host work
+    (``torch.distributed.pipelining``'s schedule) per step and per microbatch of each stage
+    where ``pp > 1`` (:func:`fxplan.cost_model.host_overhead.pipeline_host_s`; 0 on GPUs).
     ``view_op_us``/``view_backward_op_us`` are the host cost of a view node (``view``,
     ``transpose``, ``split``, …: dispatch and autograd, no kernel) in the forward and the
     backward (0 on GPUs, where the host runs ahead of the kernels).
@@ -117,6 +120,8 @@ class DeviceGroup:
     queued_collective_us: float = 0.0
     ddp_step_us: float = 0.0
     ddp_tensor_us: float = 0.0
+    pipeline_step_us: float = 0.0
+    pipeline_microbatch_us: float = 0.0
     fsdp_gather_us: float = 0.0
     fsdp_gather_tensor_us: float = 0.0
     fsdp_reduce_us: float = 0.0

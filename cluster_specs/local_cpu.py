@@ -33,6 +33,8 @@ switches and to caches shared by more working sets (``η = 1``: a perfect split)
     first_touch_us_per_mib     = ρ · 256 · FIRST_TOUCH_PAGE_US / s (activations faulted in again;
                                                                  ρ = REFAULT_FRACTION)
     ddp_step_us, ddp_tensor_us = DDP_STEP_US / s, DDP_TENSOR_US / s  (DDP's, where it runs)
+    pipeline_step_us           = PIPELINE_STEP_US / s            (the pipeline schedule's host
+    pipeline_microbatch_us     = PIPELINE_MICROBATCH_US / s       work per step, microbatch)
     comm_overlap               = 0                               (gloo needs the rank's core)
     ddp_bucket_mib             = 25                              (DDP's default bucket cap)
     queued_collective_us       = QUEUED_COLLECTIVE_US            (async batch: each further one;
@@ -67,22 +69,24 @@ beside a launch moves with the neighbours' memory traffic instead, and the matmu
 the core's matrix units: on the host of session 24 the 1024³ matmul ran 2.2× the rate of the
 host the constants were first measured on, the DRAM copy 0.8×, and gpt-tiny's memory-bound
 nodes about 1.25×. Given only a matmul rate (a series probed before ``V`` was), ``M = M₀ · F /
-F₀`` as before session 24.
+F₀`` as before session 24 (``F₀ = MEMORY_REFERENCE_MATMUL_TFLOPS``, the matmul rate of M₀'s
+probes).
     dtensor_op_us = h · DTENSOR_OP_US / s   (and the backward, both optimizer costs and the
                                              step overhead alike)
 
 The loopback level (gloo) is CPU work too: gloo's threads copy, reduce and push the bytes
 through loopback TCP on the same cores the ranks compute on, so both its per-byte rate and
-its per-step CPU (measured on a core of their own) run at the core share, and each step adds
-the wake-up of a rank sleeping in the collective while its peers' cores are busy::
+its per-step cost run at the core share::
 
-    bandwidth_gb_per_s = GLOO_BUS_GB_PER_S · s        latency_us = w
-    step_cpu_us[K]     = c_K / s                      (per collective kind K)
+    bandwidth_gb_per_s = B · s        latency_us = h        step_cpu_us[K] = c_K / s
 
-with ``c_K``, ``w`` the constants of the spec's regime: ``GLOO_STEP_CPU_US``,
-``GLOO_WAKEUP_US`` with a core per rank (``N ≤ C``), ``GLOO_STEP_CPU_SHARED_US``,
-``GLOO_WAKEUP_SHARED_US`` time-shared (``N > C``), which measured up to 3× apart (not scaled
-by the probed eager op).
+with ``B``, ``h``, ``c_K`` the constants of the spec's regime — ``GLOO_BUS_GB_PER_S``,
+``GLOO_WAKEUP_US``, ``GLOO_STEP_CPU_US`` with a core per rank (``N ≤ C``),
+``GLOO_BUS_SHARED_GB_PER_S``, ``GLOO_WAKEUP_SHARED_US``, ``GLOO_STEP_CPU_SHARED_US``
+time-shared (``N > C``) — measured **in situ**: what one more collective adds to a launched
+training step, where it comes after the model's compute on busy cores
+(``benchmarks/gloo_in_situ.py``, session 26; not scaled by the probed eager op). In tight
+loops of collectives the same collectives cost 2–3× less between ranks with a core each.
 
 ``fxplan launch`` pins every CPU rank to a core, round robin, where the ranks outnumber the
 cores (:mod:`fxplan.runtime.affinity`; with a core each it leaves them to the scheduler), and
@@ -110,13 +114,18 @@ from fxplan.core.bounds import MAX_DEVICES_PER_NODE
 #: the thread's CPU clock, median of 5 (``benchmarks/local_cpu_calibration.py``
 #: ``matmul_tflops(1024, 5)``, the very function ``--probe`` runs before each launch of
 #: ``benchmarks/measured_vs_predicted.py``; the calibration table's line "fp32 matmul 1024³, 1
-#: thread" is the same function with 21 repeats). The median of the 51 probes of the quiet
-#: series ``benchmarks/data/measured_vs_predicted_s20_quiet.json`` (load average 1.2–3.7):
-#: 0.0883 (0.060–0.099); the 15 probes of three ``benchmarks/op_class_calibration.py`` runs
-#: of session 21 at load 15–19 read 0.086–0.090 per round. (It was 0.1666, measured at load ≈ 1
-#: in an earlier session on cores that have since become slower: every probe of sessions 20
-#: and 21 read 0.06–0.10.)
-FP32_TFLOPS_PER_CORE = 0.0883
+#: thread" is the same function with 21 repeats). The median of the 204 probes of the four
+#: series of session 25 (``benchmarks/data/measured_vs_predicted_s25_{pinned,pinned2,auto,
+#: auto2}.json``, load average 1.4–3.6): 0.1455 (quartiles 0.142 / 0.150, range
+#: 0.137–0.167) — the host the matmul class's efficiency (``COMPUTE_EFFICIENCY``) was last
+#: measured against. (Sessions 20–24 used 0.0883, the median of the 51 probes of the quiet
+#: series ``measured_vs_predicted_s20_quiet.json`` on a slower host, range 0.060–0.099: the
+#: spec at its constants then priced this host's matmuls 1.6× slow.)
+FP32_TFLOPS_PER_CORE = 0.1455
+#: The matmul rate probed when ``MEMORY_GB_PER_S_PER_CORE`` was measured (the same 51 probes
+#: of session 20): the ``F₀`` of a series probed before the vector rate was
+#: (:func:`memory_bound_reference_gb_per_s`).
+MEMORY_REFERENCE_MATMUL_TFLOPS = 0.0883
 #: One-thread copy of a 128 MiB fp32 tensor (through DRAM), ``2·S / t`` (bytes read plus
 #: written), median of 5 on the thread's CPU clock: ``copy_gb_per_s`` of the same script, the
 #: probe's third rate. The median of the 51 probes of the quiet series above: 18.6 GB/s
@@ -144,6 +153,17 @@ EAGER_OP_US = 4.61
 #: invocations: 151 µs + 8.2 µs per tensor (alone: 205 + 7.6, 97 + 8.8; on gpt-tiny's 28
 #: tensors 418 / 343 µs).
 DDP_STEP_US, DDP_TENSOR_US = 151.0, 8.2
+#: The pipeline runtime's host work per step and per microbatch of a stage, µs
+#: (``torch.distributed.pipelining``'s schedule: batch split and actions; per microbatch the
+#: received activations, the kept outputs, the backward through ``torch.autograd``, the sends
+#: and receives posted). ``benchmarks/pipeline_host.py`` (session 26): a model of negligible
+#: compute (``gpt:layers=2,hidden=8,heads=1,vocab=16``, sequence 8, batch 16) at ``pp=2`` on 2
+#: ranks, gpipe with m = 1, 2, 4, 8, 16 microbatches and 1f1b with m = 2 … 16: each stage's
+#: main-thread CPU in the schedule's step less the cost model's compute of the stage
+#: (residuals 1.2–1.3 ms at m = 1, 2.1–2.6 at 4, 5.8–6.9 at 16), each divided by that
+#: moment's ``h`` (probed eager op 5.0–5.6 µs), the least-squares line through the 18
+#: residuals: 972 + 300·m µs (``benchmarks/data/pipeline_host_s26.json``).
+PIPELINE_STEP_US, PIPELINE_MICROBATCH_US = 972.0, 300.0
 #: Host cost of one training step beyond its kernels and the optimizer's step, on one core,
 #: µs: the trainer's gradient clipping (the norm and the scaling, ``runtime/optim.py``), its
 #: partial-gradient pass (``runtime/partial_grads.py``, nothing to reduce without sp) and
@@ -290,6 +310,9 @@ PROCESS_BASELINE_GIB = 0.307
 #: of C ranks on C cores ``κ = T_1 / T_C`` measured 0.989, 0.969, 0.993 in the same runs: not
 #: priced, ``s = 1`` for ``N ≤ C``.
 TIME_SHARING_EFFICIENCY = 0.856
+#: The core share ``η·C/N`` of the time-shared runs the shared regime's gloo constants were
+#: measured in (4 ranks on 2 cores): they are stored per unit of share.
+SHARE_MEASURED_AT = TIME_SHARING_EFFICIENCY * 2 / 4
 #: What a rank's CPU pays to refill its caches after another rank ran on its core, µs: the
 #: time-sharing line's "CPU per added switch" (``(CPU_2C − CPU_C) / (switches_2C −
 #: switches_C)`` per process, gpt-tiny forward + backward at batch 4; the five runs above):
@@ -352,14 +375,26 @@ BACKWARD_EFFICIENCY: dict[str, float] = {
     "matmul": 0.674, "elementwise": 1.192, "norm": 0.920, "softmax": 1.287, "loss": 0.631,
     "embedding": 1.304,
 }
-#: Gloo over loopback, bus bandwidth from the 4 MiB and 16 MiB all-reduces (latency cancels).
-#: Calibration line "gloo N ranks: hop latency, bus bandwidth", four runs: 2 ranks 1.225,
-#: 0.926, 0.858, 1.175 GB/s; 4 ranks 1.203, 0.462, 0.797, 1.031 GB/s. The median of the eight.
-#: Between idle ranks this rate is the CPU of the ranks' gloo threads per byte (line "gloo CPU
-#: per collective": all-reduce 0.88 µs of CPU per KiB moved per rank, reduce-scatter 0.99,
-#: against 1/0.978 GB/s = 1.05 µs/KiB), so on time-shared ranks it runs at the core share:
-#: the spec's loopback bandwidth is ``GLOO_BUS_GB_PER_S · s``.
-GLOO_BUS_GB_PER_S = 0.978
+#: The loopback level's constants are what gloo's collectives cost **inside a training step**
+#: (session 26, ``benchmarks/gloo_in_situ.py``): one more blocking collective of each kind the
+#: runtime issues (all-reduce, all-gather, broadcast, a send/recv ping-pong) at 4 B, 64 KiB,
+#: 256 KiB and 1 MiB, issued after each attention and MLP of gpt-tiny's launched dp=N step —
+#: from a millisecond or two of the model's compute, as a step's own collectives — against
+#: the step without it, the ranks placed as ``fxplan launch`` places them; the least-squares
+#: fit of the cost model's own form ``α + s·(h + c_K·f) + b·S/B`` to the 16 points of each
+#: regime, three runs each (``benchmarks/data/gloo_in_situ_s26.json``). In situ a collective
+#: between ranks with a core each costs 1.3–2.8 ms where tight loops of collectives between
+#: 0.1 ms bursts of compute (the constants before, ``local_cpu_calibration.py --gloo-cpu``)
+#: said 0.3–1.8; between ranks time-sharing the cores it costs about what it did there for
+#: small messages and half for large ones (a 1 MiB all-reduce 3.1 ms against 5.8: gloo's
+#: threads move the bytes while the core's other rank computes, not at the core share).
+#:
+#: Bus bandwidth, GB/s: a core per rank (``N ≤ C``) 1.695; time-shared (``N > C``) 1.374 at
+#: ``N = 4, C = 2``, stored per unit of core share (``B·s`` is the spec's, so ``N = 4``
+#: reads the measurement). (Before: 0.978 from tight 4 MiB and 16 MiB all-reduces, times
+#: ``s`` in both regimes.)
+GLOO_BUS_GB_PER_S = 1.695
+GLOO_BUS_SHARED_GB_PER_S = 1.374 / SHARE_MEASURED_AT
 #: Per hop of a small gloo collective issued between bursts of compute, as training issues
 #: them: calibration line "gloo all-reduce 4 B between compute, N ranks" ((work + AR) − work,
 #: every rank computing ≈ 0.2–0.4 ms between all-reduces), (t − 6 µs α) / 2(n−1) hops. Two
@@ -371,52 +406,22 @@ GLOO_BUS_GB_PER_S = 0.978
 #: step plus the kind's CPU per step at the core share; kept as the calibration's record.)
 GLOO_HOP_LATENCY_US = 572.0
 
-#: Each rank's CPU per step of a gloo collective's algorithm (its threads' copies, syscalls,
-#: loopback TCP in the kernel and hand-offs between gloo's worker and transport threads, and
-#: the main thread's issue and wait), µs, per kind, in the two regimes a ``local-cpu`` spec
-#: can be in: ranks on cores of their own (``N ≤ C``, :data:`GLOO_STEP_CPU_US`) and ranks
-#: time-sharing the cores (``N > C``, :data:`GLOO_STEP_CPU_SHARED_US`). Calibration line "gloo
-#: CPU per collective" (``python benchmarks/local_cpu_calibration.py --gloo-cpu``: each rank
-#: loops ``4 × 128³ matmul; collective`` against the same loop without it, the added
-#: ``process_time`` of the rank — main thread and gloo's threads; CPU time, so the 4-rank
-#: figures are not stretched by the time-sharing), less the bytes' CPU (the bandwidth's,
-#: above), over the algorithm's steps (``2(n−1)`` all-reduce, ``n−1`` all-gather and
-#: broadcast, 1 per message of a send/recv pair). Session 25, the ranks placed as ``fxplan
-#: launch`` places them (:mod:`fxplan.runtime.affinity`: on 2 cores, 2 ranks left to the
-#: scheduler, 4 ranks pinned two to a core), three invocations of each on the quiet machine
-#: (load average 1.1–3.3 from the line's own ranks), the collectives issued between compute
-#: (the line's ``work`` rows, as training issues them):
-#:
-#: - all-reduce, inputs of ≥ 2n elements (64 KiB – 1 MiB, all-reduce and reduce-scatter — gloo
-#:   runs its reduce-scatter as this all-reduce; a step of full segments,
-#:   ``cost_model.collectives``), 18 points each: 2 ranks 2–283 (the bytes' CPU at the bus
-#:   bandwidth over-reads the largest), median 192 µs; 4 ranks −48–140, median 104.
-#: - broadcast, 4 B: 2 ranks 105, 122, 199; 4 ranks 91, 102, 120. All-gather, 4 B: 228, 245,
-#:   474; 200, 200, 202. Send/recv per message: 52, 53, 80; 136, 197, 246. The medians.
-#:
-#: Sessions 22–24 took the median of the 2- and 4-rank points together, unpinned, at load
-#: average 6–9 (all-reduce 329, broadcast 147, all-gather 370, send/recv 169.5); the 4-rank
-#: ranks unpinned measured all-reduce 230 and all-gather 391 this session, pinned 104 and 200:
-#: two ranks to a core overlap one rank's wait with the other's work once they stay on their
-#: cores. (With 2 ranks pinned too: all-reduce 340, all-gather 554 — a rank's main and gloo
-#: threads then hand each step to one another on one core.) Data:
-#: ``benchmarks/data/gloo_cpu_s25.json``.
+#: Per step of a gloo collective's algorithm (``2(n−1)`` all-reduce, ``n−1`` all-gather and
+#: broadcast, 1 per message of a send/recv), µs, per kind: the in-situ fit above. A core per
+#: rank: all-reduce 859, all-gather 1494, broadcast 904, send/recv 453, with hop latency
+#: ``h`` 0 (the fit's wake-up of a step is in each kind's ``c``). Time-shared, at ``N = 4,
+#: C = 2``: 172, 436, 188, 835 and ``h`` 138 µs; the per-step figures stored times that
+#: core share (the spec divides by ``s``). (Before, from the tight loops, session 25: a core
+#: per rank 192 / 245 / 122 / 53 and wake-up 193; time-shared 104 / 200 / 102 / 197 and 98.)
 GLOO_STEP_CPU_US: dict[str, float] = {
-    "all_reduce": 192.0, "broadcast": 122.0, "all_gather": 245.0, "send_recv": 53.0,
+    "all_reduce": 859.0, "all_gather": 1494.0, "broadcast": 904.0, "send_recv": 453.0,
 }
-GLOO_STEP_CPU_SHARED_US: dict[str, float] = {
-    "all_reduce": 104.0, "broadcast": 102.0, "all_gather": 200.0, "send_recv": 197.0,
-}
-#: What a step of a gloo collective between bursts of compute takes beyond its ranks' CPU at
-#: their core share, µs: the wake-ups of ranks that sleep in the collective while the peers'
-#: cores are busy (computing, or running another rank). Same line and runs:
-#: ``(wall − c/s) / steps`` over every kind and size (4 B – 1 MiB) of the ``work`` rows,
-#: ``wall`` the added wall time, ``c`` the added CPU, ``s`` the core share (1 and ``η·2/4``),
-#: 60 points per regime: 2 ranks quartiles 92 / 193 / 249 µs, 4 ranks 67 / 98 / 137; the
-#: medians. (The spec's loopback ``latency_us``. Sessions 22–24, unpinned, both regimes and
-#: both settings pooled: 277.)
-GLOO_WAKEUP_US = 193.0
-GLOO_WAKEUP_SHARED_US = 98.0
+GLOO_STEP_CPU_SHARED_US: dict[str, float] = {kind: us * SHARE_MEASURED_AT for kind, us in {
+    "all_reduce": 172.0, "all_gather": 436.0, "broadcast": 188.0, "send_recv": 835.0,
+}.items()}
+#: The hop latency ``h`` of the fit (the spec's loopback ``latency_us``), µs.
+GLOO_WAKEUP_US = 0.0
+GLOO_WAKEUP_SHARED_US = 138.0
 
 #: ``DistributedDataParallel``'s default ``bucket_cap_mb`` (torch 2.13), which the runtime
 #: keeps (:mod:`fxplan.runtime.data_parallel`); the first bucket is 1 MiB
@@ -505,7 +510,7 @@ def memory_bound_reference_gb_per_s(matmul_tflops: float | None = None,
     if vector_gb_per_s is not None:
         return MEMORY_GB_PER_S_PER_CORE * vector_gb_per_s / VECTOR_GB_PER_S_PER_CORE
     if matmul_tflops is not None:
-        return MEMORY_GB_PER_S_PER_CORE * matmul_tflops / FP32_TFLOPS_PER_CORE
+        return MEMORY_GB_PER_S_PER_CORE * matmul_tflops / MEMORY_REFERENCE_MATMUL_TFLOPS
     return MEMORY_GB_PER_S_PER_CORE
 
 
@@ -578,6 +583,8 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                                               else QUEUED_COLLECTIVE_US, 1),
                 "ddp_step_us": round(host * DDP_STEP_US / share, 3),
                 "ddp_tensor_us": round(host * DDP_TENSOR_US / share, 3),
+                "pipeline_step_us": round(host * PIPELINE_STEP_US / share, 3),
+                "pipeline_microbatch_us": round(host * PIPELINE_MICROBATCH_US / share, 3),
                 **{f"fsdp_{name}_us": round(host * value / share, 3) for name, value in (
                     ("gather", FSDP_GATHER_US), ("gather_tensor", FSDP_GATHER_TENSOR_US),
                     ("reduce", FSDP_REDUCE_US), ("reduce_tensor", FSDP_REDUCE_TENSOR_US),
@@ -594,7 +601,8 @@ def local_cpu_spec(devices: int | None = None, *, matmul_tflops: float | None = 
                 "kind": "loopback",
                 "scope": "node",
                 # gloo's per-byte and per-step work is CPU on the time-shared cores (``/ s``)
-                "bandwidth_gb_per_s": round(GLOO_BUS_GB_PER_S * share, 4),
+                "bandwidth_gb_per_s": round(
+                    (GLOO_BUS_SHARED_GB_PER_S if shared else GLOO_BUS_GB_PER_S) * share, 4),
                 "latency_us": GLOO_WAKEUP_SHARED_US if shared else GLOO_WAKEUP_US,
                 "efficiency": 1.0,
                 # gloo runs _reduce_scatter_base as a gloo:all_reduce of the whole input

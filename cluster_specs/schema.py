@@ -154,6 +154,10 @@ GROUP_FIELDS: dict[str, Field] = {
         "µs per further collective of an async batch (0: a full collective)"),
     "ddp_step_us": optional(_microseconds("µs of DDP host work per training step")),
     "ddp_tensor_us": optional(_microseconds("µs of DDP host work per parameter tensor and step")),
+    "pipeline_step_us": optional(_microseconds(
+        "µs of the pipeline runtime's host work per step and stage (pp > 1)")),
+    "pipeline_microbatch_us": optional(_microseconds(
+        "µs of the pipeline runtime's host work per microbatch and stage (pp > 1)")),
     **{f"fsdp_{what}{part}_us": optional(_microseconds(
         f"µs of FSDP2 host work per fully_shard group{per}: {doc}"))
        for what, doc in (("gather", "unshard and hooks, per microbatch"),

@@ -20,23 +20,29 @@ backward)::
 
 (measured on ``local-cpu``; 0 on the GPU specs, where the host runs ahead of the kernels).
 
-**Waits that hand the core to an independent rank.** Where ranks time-share cores (more
-one-thread CPU ranks than cores), a rank that blocks in a collective gives its core to another
-rank, and finds its caches refilled with that rank's data when it comes back. The core share
-(``η``) prices the switches the scheduler's time slices make. Under tensor parallelism with
-other data-parallel (or context-parallel) replicas on the node, every tp collective adds one:
-the group's ranks wait for each other, and meanwhile the other replicas' ranks, which do not
-take part, have work for the core (with one tp group, or a pipeline running one stage at a
-time, the waiting rank's core-mates wait in the same chain). With ``n_C`` tp collectives in
-a chunk's forward (or backward) and ``switch_refill_us`` the device's refill (0 without
-time-sharing)::
+**Waits that hand the core to another rank.** Where ranks time-share cores (more one-thread
+CPU ranks than cores), a rank that blocks in a collective gives its core to another rank,
+and finds its caches refilled with that rank's data when it comes back. The core share
+(``η``) prices the switches the scheduler's time slices make; a blocking wait adds one
+whenever the rank's core has another rank with work meanwhile:
 
-    t_tp += n_C · switch_refill_us          if other replicas share the node (:func:`evicted_waits_s`)
+- with one pipeline stage (``pp = 1``) every rank on the node runs the same step, so every
+  blocking collective — the tp collectives, the data-parallel reductions, ZeRO's gathers and
+  scatters, the buffer broadcasts, the loss and norm scalars — adds one (an async batch
+  waited once, one);
+- with ``pp > 1`` the ranks beside a stage run other stages, busy or idle as the schedule
+  has it; priced only for the tp collectives of a stage with other data-parallel (or
+  context-parallel) replicas on its node, which take no part in its chain and have work.
+
+With ``n_W`` such waits in a chunk's forward (or backward), or in the step's reductions, and
+``switch_refill_us`` the device's refill (0 without time-sharing)::
+
+    t += n_W · switch_refill_us                                 (:func:`evicted_waits_s`)
 
 (``local-cpu``: 4 pinned ranks on 2 cores; its refill is the time-sharing line's CPU per
-added switch. Without the term dp=2 tp=2 sp, two tp groups side by side, was priced 30–45 %
-under its measured step where tp=4 sp, one group, was not: ``docs/benchmarks.md``, sessions
-24–25.)
+added switch, measured, not fitted. Session 26, with gloo priced in situ: without the term
+the single-stage 4-rank plans were priced 10–29 % under their measured steps; with it dp=4
+and its ZeRO stages are within −5…+20 %: ``docs/benchmarks.md``.)
 
 **Optimizer's per-tensor loop.** An optimizer that steps one parameter tensor at a time
 (PyTorch's default on CPU tensors: no ``foreach``, no fused kernel) pays a fixed host cost
@@ -79,6 +85,18 @@ run on the main thread every step, with ``P`` parameter tensors (measured on ``l
 
 charged with the optimizer's host work; the device's ``step_overhead_us`` is the host work
 every step has (clipping, the schedule, ``zero_grad``), DDP or not.
+
+**The pipeline runtime's host work.** Where ``pp > 1`` each stage runs
+``torch.distributed.pipelining``'s schedule: per step it splits the batch and builds its
+actions, per microbatch it prepares the received activations, keeps the outputs, runs the
+backward through ``torch.autograd`` with the received gradient and posts the sends and
+receives — main-thread work no op of the model accounts for (measured on ``local-cpu`` with a
+model whose compute is negligible, ``benchmarks/pipeline_host.py``; 0 on the GPU specs)::
+
+    t_pipeline = pipeline_step_us + m · pipeline_microbatch_us   per stage and step
+
+half of the microbatch's part with each forward and each backward of a chunk, the step's part
+with the optimizer's host work (:func:`pipeline_host_s`).
 
 **DDP's buffer broadcasts.** DDP (``broadcast_buffers=True``, torch's default, which the
 runtime keeps) broadcasts the stage's buffers from dp rank 0 before the first forward of every
@@ -129,10 +147,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.config import ParallelConfig
 
 __all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "ddp_buffer_bytes",
-           "ddp_host_s", "ddp_runs", "dtensor_params", "evicted_waits_s", "first_touch_s",
-           "fsdp_params",
-           "optimizer_host_s", "overlapped_buckets", "redistribute_host_s",
-           "runs_kernel", "zero3_exposed_s"]
+           "ddp_host_s", "ddp_runs", "dtensor_params", "evicted_waits_s",
+           "first_touch_s", "fsdp_params", "optimizer_host_s", "overlapped_buckets",
+           "pipeline_host_s", "redistribute_host_s", "runs_kernel", "zero3_exposed_s"]
 
 
 #: DDP's first bucket, MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`` = 1024²).
@@ -181,11 +198,11 @@ def redistribute_host_s(collectives: int, device: DeviceGroup) -> float:
     return collectives * device.dtensor_redistribute_us * 1e-6
 
 
-def evicted_waits_s(collectives: int, device: DeviceGroup, replicas_beside: bool) -> float:
-    """``n_C · switch_refill_us`` seconds where other replicas' ranks share the tensor-parallel
-    group's node (``replicas_beside``), else 0: the caches refilled after each of the group's
-    ``collectives`` waits handed the core to an independent rank (module docstring)."""
-    return collectives * device.switch_refill_us * 1e-6 if replicas_beside else 0.0
+def evicted_waits_s(waits: int, device: DeviceGroup, others_have_work: bool) -> float:
+    """``n_W · switch_refill_us`` seconds where the waiting rank's core has another rank with
+    work meanwhile (``others_have_work``), else 0: the caches refilled after each of the
+    ``waits`` blocking collectives handed the core over (module docstring)."""
+    return waits * device.switch_refill_us * 1e-6 if others_have_work else 0.0
 
 
 def fsdp_params(config: ParallelConfig) -> bool:
@@ -213,6 +230,14 @@ def ddp_buffer_bytes(buffers: Iterable[tuple[str, float, str]], layers: Sequence
         if (owner in stage_layers) if owner is not None else first:
             by_dtype[dtype] = by_dtype.get(dtype, 0.0) + nbytes
     return tuple(by_dtype.values())
+
+
+def pipeline_host_s(device: DeviceGroup) -> tuple[float, float, float]:
+    """``(per forward, per backward, per step)`` seconds of the pipeline runtime's host work
+    on a stage of ``device`` (module docstring): ``pipeline_microbatch_us / 2`` with each
+    forward and each backward of a chunk, ``pipeline_step_us`` once a step."""
+    half = device.pipeline_microbatch_us / 2 * 1e-6
+    return half, half, device.pipeline_step_us * 1e-6
 
 
 def ddp_host_s(tensors: int, device: DeviceGroup) -> float:

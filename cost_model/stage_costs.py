@@ -12,9 +12,9 @@ the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
 - compute: forward ``Σ f_seg``; backward ``Σ (b_seg + r_seg)`` (recompute runs first);
 - tp: the segments' collectives over the stage's tp group (on the critical path), each with
   DTensor's host work of its redistribution (:func:`cost_model.host_overhead.
-  redistribute_host_s`, 0 on GPU specs) and, where other data-parallel replicas time-share the
-  node's cores, the caches its wait lets their ranks evict (:func:`cost_model.host_overhead.
-  evicted_waits_s`); under
+  redistribute_host_s`, 0 on GPU specs) and, where ranks with work time-share the node's
+  cores (a single-stage plan, or other data-parallel replicas beside the stage), the caches
+  its wait lets them evict (:func:`cost_model.host_overhead.evicted_waits_s`); under
   ``tp_overlap`` (Megatron-Core ``--tp-comm-overlap``) each sequence-parallel all-gather or
   reduce-scatter of a linear layer only by what exceeds the GEMM it is pipelined with,
   ``max(0, t_comm − t_gemm)`` (:func:`_exposed`), plus the compute lost to the SMs the
@@ -55,8 +55,12 @@ offload it runs on the host instead (:mod:`cost_model.offload`: the ``offload`` 
 ``optimizer`` row keeps the per-tensor loop, which the host runs the same, and the fixed
 ``step_overhead_us``), and ``offload=optimizer+params`` adds
 the host↔device copies of each segment's shard to the ZeRO-3 prefetch term.
-Only ``comm_overlap`` of each gradient bucket may overlap the backward, and the step adds the
-optimizer's per-tensor host loop (:mod:`cost_model.host_overhead`).
+In a single-stage plan on time-shared cores every blocking collective of the stage adds one
+cache refill (:func:`_wait_refill_s`). Only ``comm_overlap`` of each gradient bucket may
+overlap the backward, and the step adds the
+optimizer's per-tensor host loop (:mod:`cost_model.host_overhead`). With ``pp > 1`` each
+chunk's forward and backward carry half the pipeline runtime's host work per microbatch and
+the stage's step its host work per step (:func:`cost_model.host_overhead.pipeline_host_s`).
 
 **Context parallelism** (``cp > 1``, :mod:`cost_model.context_parallel`): every segment runs
 ``1/cp`` of each microbatch's tokens (compute, activations, tp collectives and pipeline
@@ -94,8 +98,8 @@ from fxplan.cost_model.partial_grads import partial_grad_params
 from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, ddp_buffer_bytes,
                                              ddp_host_s, ddp_runs, dtensor_params,
                                              evicted_waits_s, fsdp_params, optimizer_host_s,
-                                             overlapped_buckets, redistribute_host_s,
-                                             zero3_exposed_s)
+                                             overlapped_buckets, pipeline_host_s,
+                                             redistribute_host_s, zero3_exposed_s)
 from fxplan.cost_model.fsdp_host import fsdp_groups, fsdp_host_s
 from fxplan.cost_model.layer_costs import GraphSegments, SegmentCost, segment_cost
 from fxplan.cost_model.memory import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
@@ -157,6 +161,24 @@ def _chunk_keys(segments: GraphSegments, config: ParallelConfig) -> list[list[li
 def _collective(kind: str, nbytes: float, group: tuple[int, ...], cluster: Cluster) -> float:
     """:func:`collective_time_s`, memoised on the exact arguments (the planner's hot path)."""
     return collective_time_s(kind, nbytes, group, cluster)
+
+
+def _waited(kind: str, nbytes: float, group: tuple[int, ...], cluster: Cluster,
+            refill_s: float) -> float:
+    """A blocking collective: its time plus ``refill_s`` (:func:`_wait_refill_s`) where it
+    moves anything."""
+    seconds = _collective(kind, nbytes, group, cluster)
+    return seconds + refill_s if seconds > 0 else seconds
+
+
+def _wait_refill_s(device: DeviceGroup, config: ParallelConfig) -> float:
+    """What each blocking collective of a single-stage plan adds on time-shared cores: one
+    refill of the waiting rank's caches (:func:`~cost_model.host_overhead.evicted_waits_s`),
+    since every rank on the node runs the same step and its core runs another's work
+    meanwhile. With ``pp > 1`` the ranks beside it run other stages, busy or idle as the
+    schedule has it: only the tensor-parallel waits beside another replica are priced
+    (:func:`_replicas_beside`)."""
+    return evicted_waits_s(1, device, config.pp == 1)
 
 
 @lru_cache(maxsize=1 << 12)
@@ -249,6 +271,7 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         ep_group, edp_group = ep_groups(dp_group, config.ep)
         device = cluster.device(tp_group[0])
         devices.append(device)
+        refill = _wait_refill_s(device, config)
         row = tuple(tuple(cp_segment(ep_segment(
             segment_cost(graph, key, tp=tp, sequence_parallel=config.sequence_parallel,
                          recompute=config.recompute, microbatch=config.microbatch_size,
@@ -285,6 +308,9 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                                    device, zero3=config.zero_stage == 3)
                 f_c[2], b_c[2], post[s] = (f_c[2] + host.forward, b_c[2] + host.backward,
                                            post[s] + host.post)
+            if config.pp > 1:   # the pipeline runtime's host work per microbatch (host_overhead)
+                pipe_f, pipe_b, _ = pipeline_host_s(device)
+                f_c[0], b_c[0] = f_c[0] + pipe_f, b_c[0] + pipe_b
             forward[:3, s, c], backward[:3, s, c] = f_c, b_c
             stage_buckets.append(overlapped_buckets(
                 _buckets(segs, labels, stage_params, dp_group, cluster, config, optimizer,
@@ -295,12 +321,13 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         # the trainer's loss and gradient-norm scalars (cost_model.step_scalars)
         post[s] += step_scalars_s(
             config, {"pp": pp_group, "dp": dp_group, "tp": tp_group},
-            lambda kind, nbytes, group: _collective(kind, nbytes, group, cluster),
+            lambda kind, nbytes, group: _waited(kind, nbytes, group, cluster, refill),
             sharded_dp=sharded_dp)
         # sp: the replicated parameters' partial-sum gradients, one flattened all-reduce
         psi_p = sum(n for k, n in stage_params.items() if k in partial)
         if psi_p:
-            post[s] += _collective("all_reduce", optimizer.grad_bytes * psi_p, tp_group, cluster)
+            post[s] += _waited("all_reduce", optimizer.grad_bytes * psi_p, tp_group, cluster,
+                               refill)
         psi = sum(stage_params.values())
         psi_e = expert_share(stage_params, moe)
         ep_share.append(psi_e)
@@ -317,12 +344,14 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
                        if config.offload == "none" else
                        optimizer_host_s(tensors, device, dtensor=dtensor_params(config))
                        + device.step_overhead_us * 1e-6)
+        if config.pp > 1:        # the pipeline schedule's host work per step (host_overhead)
+            opt_time[s] += pipeline_host_s(device)[2]
         if ddp_runs(config):     # DDP's hooks and bucket copies (host_overhead; 0 on GPUs)
             opt_time[s] += ddp_host_s(len(stage_params), device)
             # and its blocking broadcast of the stage's buffers, one per dtype, every step
             stage_layers = [graph.layer_names.get(int(label[1:]), "") for c in range(v)
                             for _, label in keys[s][c] if label.startswith("L")]
-            post[s] += sum(_collective("broadcast", nbytes, dp_group, cluster)
+            post[s] += sum(_waited("broadcast", nbytes, dp_group, cluster, refill)
                            for nbytes in ddp_buffer_bytes(buffers, layer_paths, stage_layers,
                                                           first=s == 0))
         gather = 0.0   # the updated parameters back to every dp rank (ZeRO-1/2)
@@ -330,16 +359,17 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
             # ZeroRedundancyOptimizer: each updated tensor broadcast from the rank that owns it,
             # all issued async, then waited
             gather = async_batch_s(
-                [_collective("broadcast", optimizer.param_bytes * n, dp_group, cluster)
+                [_waited("broadcast", optimizer.param_bytes * n, dp_group, cluster, refill)
                  for n in stage_params.values()],
-                # its latency: the same broadcast of one byte (0 bytes is priced 0)
-                [_collective("broadcast", 1.0, dp_group, cluster)] * len(stage_params),
+                # its latency: the same broadcast of one byte (0 bytes is priced 0); the
+                # batch is waited once, so one refill
+                [_waited("broadcast", 1.0, dp_group, cluster, refill)] * len(stage_params),
                 device.queued_collective_us * 1e-6)
         elif config.zero_stage in (1, 2):
-            gather = (_collective("all_gather", optimizer.param_bytes * (psi - psi_e), dp_group,
-                                  cluster)
-                      + _collective("all_gather", optimizer.param_bytes * psi_e, edp_group,
-                                    cluster))
+            gather = (_waited("all_gather", optimizer.param_bytes * (psi - psi_e), dp_group,
+                              cluster, refill)
+                      + _waited("all_gather", optimizer.param_bytes * psi_e, edp_group,
+                                cluster, refill))
         post[s] += _hidden_gather(gather, float(forward[:, s].sum()), config)
     _p2p(chunks, forward, backward, config, cluster)
     _tied_sync(params, post, config, cluster, optimizer)
@@ -372,7 +402,9 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
     parallelism, plus the host↔device copies of each shard under parameter offload)."""
     f = [0.0, 0.0, 0.0]
     b = [0.0, 0.0, 0.0]
-    beside = _replicas_beside(tp_group, dp_group, cluster)
+    # a tp wait lets another rank of the step run on the core (host_overhead.evicted_waits_s)
+    beside = config.pp == 1 or _replicas_beside(tp_group, dp_group, cluster)
+    refill = _wait_refill_s(device, config)
     for seg in segs:
         f[0] += seg.forward_s
         b[0] += seg.backward_s + seg.recompute_s
@@ -395,13 +427,15 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
         for seg in segs:
             psi = seg.param_count
             mine = sum(n for k, n in seg.params.items() if k in experts)
-            ag = _collective("all_gather", optimizer.param_bytes * (psi - mine), dp_group, cluster)
-            rs = _collective("reduce_scatter", optimizer.grad_bytes * (psi - mine), dp_group,
-                             cluster)
+            ag = _waited("all_gather", optimizer.param_bytes * (psi - mine), dp_group, cluster,
+                         refill)
+            rs = _waited("reduce_scatter", optimizer.grad_bytes * (psi - mine), dp_group,
+                         cluster, refill)
             if mine:
-                ag += _collective("all_gather", optimizer.param_bytes * mine, edp_group, cluster)
-                rs += _collective("reduce_scatter", optimizer.grad_bytes * mine, edp_group,
-                                  cluster)
+                ag += _waited("all_gather", optimizer.param_bytes * mine, edp_group, cluster,
+                              refill)
+                rs += _waited("reduce_scatter", optimizer.grad_bytes * mine, edp_group,
+                              cluster, refill)
             h2d, d2h = offload_segment_s(config, psi, device)
             gather.append(ag + h2d)
             scatter.append(rs + d2h)
@@ -424,6 +458,7 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
     the rows: :mod:`fxplan.runtime.expert_tp`)."""
     total = sum(seg.backward_s + seg.recompute_s for seg in segs) or 1.0
     elapsed, out = 0.0, []
+    refill = _wait_refill_s(cluster.device(dp_group[0]), config)
     kind = ("all_reduce" if config.zero_stage == 0 or _zero1_broadcasts(config)
             else "reduce_scatter")
     # PyTorch DDP (tp = 1, ZeRO-0 / ZeRO-1) packs the dense gradients into its own buckets.
@@ -439,12 +474,12 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
             mine = sum(n for k, n in new.items() if k.rpartition(":")[2] in experts)
             dense.append((elapsed / total, optimizer.grad_bytes * (sum(new.values()) - mine)))
             if mine:
-                out.append((elapsed / total,
-                            _collective(kind, optimizer.grad_bytes * mine, edp_group, cluster)))
+                out.append((elapsed / total, _waited(kind, optimizer.grad_bytes * mine,
+                                                     edp_group, cluster, refill)))
             if mine and len(tp_group) > 1:
-                out.append((elapsed / total, _collective(
-                    "all_reduce", optimizer.grad_bytes * mine, tp_group, cluster)))
-    out += [(f, _collective(kind, nbytes, dp_group, cluster))
+                out.append((elapsed / total, _waited(
+                    "all_reduce", optimizer.grad_bytes * mine, tp_group, cluster, refill)))
+    out += [(f, _waited(kind, nbytes, dp_group, cluster, refill))
             for f, nbytes in ddp_buckets(dense, ddp_cap)]
     return tuple(sorted(out))
 

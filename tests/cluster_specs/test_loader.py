@@ -109,6 +109,9 @@ def test_local_cpu_devices_splits_the_machine():
     assert cpu.peak_tflops["fp32"] == pytest.approx(local_cpu.FP32_TFLOPS_PER_CORE * share, abs=1e-5)
     assert cpu.kernel_launch_us == pytest.approx(local_cpu.EAGER_OP_US / share, abs=1e-3)
     assert cpu.step_overhead_us == pytest.approx(local_cpu.STEP_OVERHEAD_US / share, abs=0.1)
+    assert cpu.pipeline_step_us == pytest.approx(local_cpu.PIPELINE_STEP_US / share, abs=0.1)
+    assert cpu.pipeline_microbatch_us == pytest.approx(local_cpu.PIPELINE_MICROBATCH_US / share,
+                                                       abs=0.1)
     assert Cluster.load("local-cpu:devices=2,nodes=2").num_devices == 4
 
 
@@ -170,7 +173,7 @@ def test_local_cpu_memory_bound_reference_follows_the_vector_probe():
     # the vector rate, not the matmul rate, when both are given
     assert bandwidth(f"matmul_tflops={4 * local_cpu.FP32_TFLOPS_PER_CORE},"
                      f"vector_gb_per_s={v0}") == pytest.approx(m0 * share, abs=1e-3)
-    assert bandwidth(f"matmul_tflops={2 * local_cpu.FP32_TFLOPS_PER_CORE}") == pytest.approx(
+    assert bandwidth(f"matmul_tflops={2 * local_cpu.MEMORY_REFERENCE_MATMUL_TFLOPS}") == pytest.approx(
         2 * m0 * share, abs=1e-3)
     assert bandwidth(f"vector_gb_per_s={v0 / 2},memory_gb_per_s=3") == pytest.approx(
         3 * share, abs=1e-3)

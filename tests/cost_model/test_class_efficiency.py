@@ -106,7 +106,8 @@ def test_local_cpu_spec_carries_the_measured_class_efficiencies():
     group = Cluster.load("local-cpu:devices=1").device_groups[0]
     assert dict(group.compute_efficiency) == local_cpu.COMPUTE_EFFICIENCY
     assert dict(group.backward_efficiency) == local_cpu.BACKWARD_EFFICIENCY
-    # without a probed bandwidth, the in-cache bandwidth follows the probed matmul rate
-    slow = Cluster.load(f"local-cpu:devices=1,matmul_tflops={local_cpu.FP32_TFLOPS_PER_CORE / 2}")
+    # given only a matmul rate, the in-cache bandwidth follows it from the rate of its own probes
+    slow = Cluster.load(
+        f"local-cpu:devices=1,matmul_tflops={local_cpu.MEMORY_REFERENCE_MATMUL_TFLOPS / 2}")
     assert slow.device_groups[0].memory_bandwidth_gb_per_s == pytest.approx(
         group.memory_bandwidth_gb_per_s / 2, rel=1e-3)

@@ -158,11 +158,11 @@ def test_gloo_runs_a_reduce_scatter_as_an_all_reduce_of_its_input() -> None:
 
 
 def test_gloo_cpu_per_step_runs_at_the_core_share() -> None:
-    # local-cpu: each step of a gloo collective costs the hop's wake-up plus the kind's CPU
+    # local-cpu: each step of a gloo collective costs the hop's wake-up plus the kind's cost
     # per step at the ranks' core share, and the bytes move at the bandwidth times the share;
-    # both per-step constants are those of the spec's regime (a core each, or time-shared)
+    # the three are those of the spec's regime (a core each, or time-shared), measured in situ
     from fxplan.cluster_specs import local_cpu
-    from fxplan.cluster_specs.local_cpu import GLOO_BUS_GB_PER_S, core_share, cpu_cores
+    from fxplan.cluster_specs.local_cpu import core_share, cpu_cores
 
     for devices in (2, 4, cpu_cores() + 1):
         cpu = Cluster.load(f"local-cpu:devices={devices}")
@@ -171,8 +171,9 @@ def test_gloo_cpu_per_step_runs_at_the_core_share() -> None:
         step_cpu_us = (local_cpu.GLOO_STEP_CPU_SHARED_US if shared
                        else local_cpu.GLOO_STEP_CPU_US)
         wakeup_us = local_cpu.GLOO_WAKEUP_SHARED_US if shared else local_cpu.GLOO_WAKEUP_US
+        bus = local_cpu.GLOO_BUS_SHARED_GB_PER_S if shared else local_cpu.GLOO_BUS_GB_PER_S
         level = cpu.levels[0]
-        assert level.bandwidth_gb_per_s == pytest.approx(GLOO_BUS_GB_PER_S * share, rel=1e-3)
+        assert level.bandwidth_gb_per_s == pytest.approx(bus * share, rel=1e-3)
         for kind, hops in (("all_gather", 1), ("broadcast", 1)):
             t = collective_time_s(kind, 1.0, (0, 1), cpu)
             step = wakeup_us + step_cpu_us[kind] / share
