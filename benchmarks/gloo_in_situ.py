@@ -8,9 +8,10 @@ constants fitted to it in the cost model's own form.
 between 0.1 ms bursts of compute (``local_cpu_calibration.py --gloo-cpu``: hop latency, CPU per
 step, bus bandwidth). Inside a training step a collective comes after milliseconds of the
 model's compute, on cores its peers are computing on, and costs something else: measured
-here, a 64 KiB all-reduce between two ranks that have a core each adds 1.4–1.5 ms to the step
+here, a 64 KiB all-reduce between two ranks that have a core each adds 1.2–1.6 ms to the step
 where the tight loop said 0.66 ms, and a 1 MiB all-reduce of four ranks time-sharing two
-cores adds 2.9–3.2 ms where the spec's core-shared bandwidth said 5.8 ms (session 26).
+cores adds 2.6–3.3 ms where the spec's core-shared bandwidth said 5.8 ms (session 26, six
+runs).
 
 **What runs.** For each ``N`` it plans gpt-tiny at global batch 16 on
 ``local-cpu:devices=N`` as plain data parallelism (``fxplan.search``, ``dp=N, zero=0,

@@ -382,19 +382,23 @@ BACKWARD_EFFICIENCY: dict[str, float] = {
 #: from a millisecond or two of the model's compute, as a step's own collectives — against
 #: the step without it, the ranks placed as ``fxplan launch`` places them; the least-squares
 #: fit of the cost model's own form ``α + s·(h + c_K·f) + b·S/B`` to the 16 points of each
-#: regime, three runs each (``benchmarks/data/gloo_in_situ_s26.json``). In situ a collective
+#: regime, each point the median of six runs (two invocations of three runs:
+#: ``benchmarks/data/gloo_in_situ_s26.json``, ``…_s26_2.json``; pooled and fitted in
+#: ``…_s26_pooled.json``. The invocations' own fits: a core per rank h 0 / 231 µs, B 1.695 /
+#: 1.826 GB/s, all-reduce 859 / 605, all-gather 1494 / 940 — ``h`` and ``c`` trade off, the
+#: per-collective prices agree within 0–30 %). In situ a collective
 #: between ranks with a core each costs 1.3–2.8 ms where tight loops of collectives between
 #: 0.1 ms bursts of compute (the constants before, ``local_cpu_calibration.py --gloo-cpu``)
 #: said 0.3–1.8; between ranks time-sharing the cores it costs about what it did there for
 #: small messages and half for large ones (a 1 MiB all-reduce 3.1 ms against 5.8: gloo's
 #: threads move the bytes while the core's other rank computes, not at the core share).
 #:
-#: Bus bandwidth, GB/s: a core per rank (``N ≤ C``) 1.695; time-shared (``N > C``) 1.374 at
+#: Bus bandwidth, GB/s: a core per rank (``N ≤ C``) 1.811; time-shared (``N > C``) 1.518 at
 #: ``N = 4, C = 2``, stored per unit of core share (``B·s`` is the spec's, so ``N = 4``
 #: reads the measurement). (Before: 0.978 from tight 4 MiB and 16 MiB all-reduces, times
 #: ``s`` in both regimes.)
-GLOO_BUS_GB_PER_S = 1.695
-GLOO_BUS_SHARED_GB_PER_S = 1.374 / SHARE_MEASURED_AT
+GLOO_BUS_GB_PER_S = 1.811
+GLOO_BUS_SHARED_GB_PER_S = 1.518 / SHARE_MEASURED_AT
 #: Per hop of a small gloo collective issued between bursts of compute, as training issues
 #: them: calibration line "gloo all-reduce 4 B between compute, N ranks" ((work + AR) − work,
 #: every rank computing ≈ 0.2–0.4 ms between all-reduces), (t − 6 µs α) / 2(n−1) hops. Two
@@ -408,20 +412,19 @@ GLOO_HOP_LATENCY_US = 572.0
 
 #: Per step of a gloo collective's algorithm (``2(n−1)`` all-reduce, ``n−1`` all-gather and
 #: broadcast, 1 per message of a send/recv), µs, per kind: the in-situ fit above. A core per
-#: rank: all-reduce 859, all-gather 1494, broadcast 904, send/recv 453, with hop latency
-#: ``h`` 0 (the fit's wake-up of a step is in each kind's ``c``). Time-shared, at ``N = 4,
-#: C = 2``: 172, 436, 188, 835 and ``h`` 138 µs; the per-step figures stored times that
-#: core share (the spec divides by ``s``). (Before, from the tight loops, session 25: a core
+#: rank: all-reduce 756, all-gather 1236, broadcast 836, send/recv 387, with hop latency
+#: ``h`` 85. Time-shared, at ``N = 4, C = 2``: 174, 407, 222, 878 and ``h`` 133 µs; the
+#: per-step figures stored times that core share (the spec divides by ``s``). (Before, from the tight loops, session 25: a core
 #: per rank 192 / 245 / 122 / 53 and wake-up 193; time-shared 104 / 200 / 102 / 197 and 98.)
 GLOO_STEP_CPU_US: dict[str, float] = {
-    "all_reduce": 859.0, "all_gather": 1494.0, "broadcast": 904.0, "send_recv": 453.0,
+    "all_reduce": 756.0, "all_gather": 1236.0, "broadcast": 836.0, "send_recv": 387.0,
 }
 GLOO_STEP_CPU_SHARED_US: dict[str, float] = {kind: us * SHARE_MEASURED_AT for kind, us in {
-    "all_reduce": 172.0, "all_gather": 436.0, "broadcast": 188.0, "send_recv": 835.0,
+    "all_reduce": 174.0, "all_gather": 407.0, "broadcast": 222.0, "send_recv": 878.0,
 }.items()}
 #: The hop latency ``h`` of the fit (the spec's loopback ``latency_us``), µs.
-GLOO_WAKEUP_US = 0.0
-GLOO_WAKEUP_SHARED_US = 138.0
+GLOO_WAKEUP_US = 85.0
+GLOO_WAKEUP_SHARED_US = 133.0
 
 #: ``DistributedDataParallel``'s default ``bucket_cap_mb`` (torch 2.13), which the runtime
 #: keeps (:mod:`fxplan.runtime.data_parallel`); the first bucket is 1 MiB
