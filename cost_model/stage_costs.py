@@ -57,8 +57,8 @@ offload it runs on the host instead (:mod:`cost_model.offload`: the ``offload`` 
 the host↔device copies of each segment's shard to the ZeRO-3 prefetch term.
 In a single-stage plan on time-shared cores every blocking collective of the stage adds one
 cache refill (:func:`_wait_refill_s`). Only ``comm_overlap`` of each gradient bucket may
-overlap the backward, and the step adds the
-optimizer's per-tensor host loop (:mod:`cost_model.host_overhead`). With ``pp > 1`` each
+overlap the backward, and the step adds the optimizer's per-tensor host loop
+(:mod:`cost_model.host_overhead`). With ``pp > 1`` each
 chunk's forward and backward carry half the pipeline runtime's host work per microbatch and
 the stage's step its host work per step (:func:`cost_model.host_overhead.pipeline_host_s`).
 
@@ -285,7 +285,7 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         stage_buckets = []
         for c, segs in enumerate(row):
             f_c, b_c = _chunk_times(segs, tp_group, dp_group, cluster, config, optimizer, device,
-                                    experts, edp_group)
+                                    refill, experts, edp_group)
             for key, _ in keys[s][c]:
                 if key in moe:
                     a2a = alltoall_seconds(moe[key], scale=scale,
@@ -314,7 +314,7 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
             forward[:3, s, c], backward[:3, s, c] = f_c, b_c
             stage_buckets.append(overlapped_buckets(
                 _buckets(segs, labels, stage_params, dp_group, cluster, config, optimizer,
-                         experts, edp_group, tp_group),
+                         refill, experts, edp_group, tp_group),
                 device.comm_overlap))
         params.append(stage_params)
         buckets.append(tuple(stage_buckets))
@@ -393,18 +393,18 @@ def _replicas_beside(tp_group: tuple[int, ...], dp_group: tuple[int, ...],
 
 def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
                  dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
-                 optimizer: OptimizerSpec, device: DeviceGroup,
+                 optimizer: OptimizerSpec, device: DeviceGroup, refill: float,
                  experts: frozenset[str] = frozenset(),
                  edp_group: tuple[int, ...] = ()) -> tuple[list[float], list[float]]:
     """``[compute, tp, zero]`` seconds of one chunk's forward and backward; ZeRO-3's
     exposed gathers and reduce-scatters by :func:`~cost_model.host_overhead.zero3_exposed_s`
     with the device's ``comm_overlap`` (expert weights over their ``edp_group`` under expert
-    parallelism, plus the host↔device copies of each shard under parameter offload)."""
+    parallelism, plus the host↔device copies of each shard under parameter offload), each
+    paying the stage's ``refill`` (:func:`_wait_refill_s`)."""
     f = [0.0, 0.0, 0.0]
     b = [0.0, 0.0, 0.0]
     # a tp wait lets another rank of the step run on the core (host_overhead.evicted_waits_s)
     beside = config.pp == 1 or _replicas_beside(tp_group, dp_group, cluster)
-    refill = _wait_refill_s(device, config)
     for seg in segs:
         f[0] += seg.forward_s
         b[0] += seg.backward_s + seg.recompute_s
@@ -447,7 +447,7 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
 
 def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dict[str, float],
              dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
-             optimizer: OptimizerSpec, experts: frozenset[str] = frozenset(),
+             optimizer: OptimizerSpec, refill: float, experts: frozenset[str] = frozenset(),
              edp_group: tuple[int, ...] = (), tp_group: tuple[int, ...] = ()
              ) -> tuple[tuple[float, float], ...]:
     """Gradient buckets of one chunk as ``(fraction of its last backward, seconds)``; also
@@ -458,7 +458,6 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
     the rows: :mod:`fxplan.runtime.expert_tp`)."""
     total = sum(seg.backward_s + seg.recompute_s for seg in segs) or 1.0
     elapsed, out = 0.0, []
-    refill = _wait_refill_s(cluster.device(dp_group[0]), config)
     kind = ("all_reduce" if config.zero_stage == 0 or _zero1_broadcasts(config)
             else "reduce_scatter")
     # PyTorch DDP (tp = 1, ZeRO-0 / ZeRO-1) packs the dense gradients into its own buckets.
