@@ -2,12 +2,14 @@
 framework's configuration.
 
     fxplan export plan.json --to megatron              Megatron-LM arguments
-    fxplan export plan.json --to torchtitan -o job.toml
+    fxplan export plan.json --to torchtitan -o fxplan_plan.py      current torchtitan
+    fxplan export plan.json --to torchtitan --torchtitan-version 0.2.2 -o job.toml
     fxplan export plan.json --to deepspeed --json      {"target", "text", "notes"}
 
 Prints the text on stdout (or writes it to ``-o FILE``) and what the target cannot express on
-stderr, one ``note:`` line each (:mod:`fxplan.export`). An unknown target or a missing plan
-file ends with exit code 2.
+stderr, one ``note:`` line each (:mod:`fxplan.export`), the last one fxplan's estimate of
+what the target runs differently from the plan. An unknown target or torchtitan version, or a
+missing plan file, ends with exit code 2.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help=f"target framework: {', '.join(TARGET_NAMES)}")
     parser.add_argument("-o", "--output", metavar="FILE", type=output_path(),
                         help="write the text here")
+    parser.add_argument("--torchtitan-version", metavar="VERSION",
+                        help="torchtitan to write for: current (a Python config function, "
+                        "the default unless an installed torchtitan release says otherwise) "
+                        "or a release 0.2.0-0.2.2 (a job-config TOML)")
+    parser.add_argument("--no-price", action="store_true",
+                        help="skip fxplan's estimate of what the export runs differently (it "
+                        "re-captures the plan's model)")
     parser.add_argument("--json", action="store_true",
                         help="print {\"target\", \"text\", \"notes\"} as JSON")
     parser.set_defaults(func=run)
@@ -45,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.export import export_plan
 
     plan = load_plan(args.plan)
-    result = export_plan(plan, args.to)
+    result = export_plan(plan, args.to, torchtitan_version=args.torchtitan_version,
+                         price=not args.no_price)
     if args.json:
         text = json.dumps({"target": result.target, "text": result.text,
                            "notes": list(result.notes)}, indent=2) + "\n"

@@ -4,19 +4,22 @@
     result = export_plan(plan, "megatron")      # Export(target, text, notes)
     parse_export(result.text, "megatron", world_size=plan.world_size)   # -> TargetConfig
 
-Targets (:data:`TARGETS`): ``megatron`` (Megatron-LM command-line arguments,
-:mod:`fxplan.export.megatron`), ``torchtitan`` (a job-config TOML,
+Targets (:data:`TARGETS`): ``megatron`` (Megatron-LM command-line arguments, Megatron-FSDP
+for ZeRO-2/3, :mod:`fxplan.export.megatron`), ``torchtitan`` (current torchtitan's Python
+config function, or a release's job-config TOML with ``torchtitan_version=``,
 :mod:`fxplan.export.torchtitan`) and ``deepspeed`` (a ``ds_config`` JSON,
 :mod:`fxplan.export.deepspeed`). Each writes the plan's :class:`TargetConfig` and returns
 notes on what the target cannot express (uneven stages, per-block recompute, a ZeRO stage or
-schedule it lacks, what is set in code rather than configuration); each also reads its own
-format back, so a round trip checks that the degrees survive.
+schedule it lacks, what is set in code rather than configuration) and the changes of the run it
+describes; when there are changes, one more note prices them with fxplan's cost model
+(:func:`fxplan.export.pricing.price_changes`: step time, peak memory, fits). Each format also
+reads itself back, so a round trip checks that the degrees survive.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from fxplan.core.plan import Plan
 from fxplan.export import deepspeed, megatron, torchtitan
@@ -27,7 +30,7 @@ __all__ = ["Export", "ExportError", "TARGETS", "TargetConfig", "export_plan", "p
 
 
 class _Format(Protocol):
-    export: Callable[[TargetConfig], tuple[str, list[str]]]
+    export: Callable[..., tuple[str, list[str], dict[str, Any]]]
     parse: Callable[..., TargetConfig]
 
 
@@ -56,12 +59,27 @@ def _format(target: str) -> _Format:
     return _FORMATS[name]
 
 
-def export_plan(plan: Plan, target: str) -> Export:
-    """``plan`` written for ``target`` (:data:`TARGETS`), with the notes of approximations."""
+def export_plan(plan: Plan, target: str, *, torchtitan_version: str | None = None,
+                price: bool = True) -> Export:
+    """``plan`` written for ``target`` (:data:`TARGETS`), with the notes of approximations and,
+    when the run differs from the plan and ``price``, fxplan's estimate of the difference.
+    ``torchtitan_version``: ``current`` or a release (``0.2.2``); ``None`` follows the
+    installed torchtitan, else ``current``."""
     fmt = _format(target)
+    name = target.strip().lower()
     config, notes = TargetConfig.from_plan(plan)
-    text, own = fmt.export(config)
-    return Export(target.strip().lower(), text, tuple(notes + own))
+    if name == "torchtitan":
+        text, own, changes = torchtitan.export(config, version=torchtitan_version)
+    else:
+        if torchtitan_version is not None:
+            raise ExportError(f"--torchtitan-version applies to --to torchtitan, not {name}")
+        text, own, changes = fmt.export(config)
+    notes += own
+    if changes and price:
+        from fxplan.export.pricing import price_changes
+
+        notes.append(price_changes(plan, changes))
+    return Export(name, text, tuple(notes))
 
 
 def parse_export(text: str, target: str, *, world_size: int | None = None,

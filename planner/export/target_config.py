@@ -39,7 +39,10 @@ class TargetConfig:
     ``optimizer+params``), ``fp8`` whether the matrix products run in FP8 and
     ``tp_comm_overlap`` whether the sequence-parallel collectives are pipelined with their GEMMs
     (Megatron-Core ``--tp-comm-overlap``), ``param_gather_overlap`` whether the updated
-    parameters' all-gather hides behind the next forward (``--overlap-param-gather``).
+    parameters' all-gather hides behind the next forward (``--overlap-param-gather``);
+    ``cp_comm`` how context parallelism exchanges K/V (``all_gather``, what
+    :mod:`fxplan.cost_model.context_parallel` prices; ``None`` without context parallelism);
+    ``model`` the plan's model spec (``hf:mixtral-8x7b``), for the targets that name models.
     """
 
     dp: int | None = None
@@ -63,6 +66,8 @@ class TargetConfig:
     fp8: bool | None = None
     tp_comm_overlap: bool | None = None
     param_gather_overlap: bool | None = None
+    cp_comm: str | None = None
+    model: str | None = None
 
     @classmethod
     def from_plan(cls, plan: Plan) -> tuple["TargetConfig", list[str]]:
@@ -101,6 +106,8 @@ class TargetConfig:
             cp=config.cp, ep=config.ep, offload=config.offload, fp8=config.fp8,
             tp_comm_overlap=config.tp_comm_overlap,
             param_gather_overlap=config.param_gather_overlap,
+            cp_comm="all_gather" if config.cp > 1 else None,
+            model=plan.model,
         ), notes
 
     @property

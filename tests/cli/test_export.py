@@ -1,5 +1,6 @@
-"""``fxplan export``: Megatron-LM arguments, torchtitan TOML and DeepSpeed JSON that parse, keep
-the plan's degrees through a round trip, and say what they approximate."""
+"""``fxplan export``: Megatron-LM arguments, torchtitan config functions and TOML, and DeepSpeed
+JSON that parse, keep the plan's degrees through a round trip, and say what they approximate
+(the frameworks' own rules: ``tests/export/test_export_frameworks.py``)."""
 
 from __future__ import annotations
 
@@ -8,50 +9,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from export_plans import PLANS, make_plan
 
 from fxplan.cli.export import TARGET_NAMES
 from fxplan.cli.main import main
-from fxplan.core.config import ParallelConfig
-from fxplan.core.plan import Plan, StageAssignment
+from fxplan.core.plan import Plan
 from fxplan.export import TARGETS, TargetConfig, export_plan, parse_export
-
-CLUSTER = "dgx-a100-80g:nodes=1"  # 8 devices with a bf16 peak: the plans train in bfloat16
-
-
-def make_plan(config: str, *, batch: int, layers: tuple[int, ...],
-              block_recompute: tuple[str, ...] | None = None,
-              cluster: str = CLUSTER) -> Plan:
-    """A plan for ``config`` (text form) with ``layers`` repeated blocks per virtual stage."""
-    starts = [sum(layers[:i]) for i in range(len(layers))]
-    stages = tuple(StageAssignment(i, (start, start + n), i == 0, i == len(layers) - 1)
-                   for i, (start, n) in enumerate(zip(starts, layers)))
-    return Plan(model="gpt-tiny:layers=8", cluster=cluster, graph_fingerprint="a" * 64,
-                cluster_fingerprint="b" * 64, batch=batch, seq=64,
-                config=ParallelConfig.parse(config).resolve(batch), stages=stages,
-                block_recompute=block_recompute)
-
-
-#: The round-trip plans: data parallel only, tp+sp, interleaved pipeline, ZeRO-3, uneven stages.
-PLANS = {
-    "dp-only": make_plan("dp=8,tp=1,pp=1,mb=2,schedule=1f1b,zero=0,recompute=none,sp=off",
-                         batch=32, layers=(8,)),
-    "tp-sp": make_plan("dp=2,tp=4,pp=1,mb=1,schedule=1f1b,zero=1,recompute=selective,sp=on",
-                       batch=16, layers=(8,)),
-    "tp-overlap": make_plan("dp=2,tp=4,pp=1,mb=1,schedule=1f1b,zero=1,recompute=none,sp=on,"
-                            "tp_overlap=on", batch=16, layers=(8,)),
-    "pp-interleaved": make_plan("dp=2,tp=2,pp=2,mb=1,schedule=interleaved:2,zero=1,"
-                                "recompute=full,sp=on", batch=16, layers=(2, 2, 2, 2)),
-    "zero3": make_plan("dp=4,tp=2,pp=1,mb=2,schedule=1f1b,zero=3,recompute=full,sp=on",
-                       batch=16, layers=(8,)),
-    "pp-uneven": make_plan("dp=2,tp=1,pp=4,mb=1,schedule=1f1b,zero=0,recompute=none,sp=off,"
-                           "stages=1/3/3/1", batch=8, layers=(1, 3, 3, 1)),
-    "offload-fp8": make_plan("dp=8,tp=1,pp=1,mb=1,schedule=1f1b,zero=3,recompute=full,sp=off,"
-                             "offload=optimizer+params,fp8=on", batch=16, layers=(8,)),
-    "offload-optimizer": make_plan("dp=4,tp=2,pp=1,mb=1,schedule=1f1b,zero=1,recompute=none,"
-                                   "sp=on,offload=optimizer", batch=16, layers=(8,)),
-    "context-parallel": make_plan("dp=4,tp=2,pp=1,mb=1,schedule=1f1b,zero=3,recompute=selective,"
-                                  "sp=on,cp=2", batch=8, layers=(8,)),
-}
 
 #: ``offload`` as each format reads it back: Megatron offloads the optimizer only, torchtitan
 #: (FSDP2's CPU offload) the parameters too, DeepSpeed either.
@@ -75,13 +38,20 @@ ROUND_TRIP = {
 }
 
 
+#: Each target, torchtitan in its current form (a Python function) and as a release TOML.
+FORMS = (("megatron", None), ("torchtitan", "current"), ("torchtitan", "0.2.2"),
+         ("deepspeed", None))
+
+
 @pytest.mark.parametrize("name", PLANS)
-@pytest.mark.parametrize("target", TARGETS)
-def test_round_trip_keeps_the_degrees(name: str, target: str) -> None:
+@pytest.mark.parametrize("target,version", FORMS)
+def test_round_trip_keeps_the_degrees(name: str, target: str, version: str | None) -> None:
     plan = PLANS[name]
     expected, _ = TargetConfig.from_plan(plan)
-    result = export_plan(plan, target)
-    if target == "torchtitan":
+    result = export_plan(plan, target, torchtitan_version=version)
+    if version == "current":
+        compile(result.text, "fxplan_plan.py", "exec")   # parses as Python
+    elif target == "torchtitan":
         tomllib.loads(result.text)   # parses as TOML
     elif target == "deepspeed":
         json.loads(result.text)      # parses as JSON
@@ -94,6 +64,8 @@ def test_round_trip_keeps_the_degrees(name: str, target: str) -> None:
     assert (back.dp, back.microbatch_size, back.num_microbatches) == \
         (dp, plan.microbatch_size, plan.num_microbatches)
     assert back.offload == OFFLOAD_BACK[target][plan.offload], (name, target)
+    if target == "megatron" or version == "0.2.2":
+        assert back.cp_comm == expected.cp_comm, (name, target)   # the K/V all-gather priced
 
 
 @pytest.mark.parametrize("name", PLANS)
@@ -102,10 +74,14 @@ def test_zero_stage_reads_back_as_the_closest_the_target_has(name: str) -> None:
     zero = plan.zero_stage
     megatron = parse_export(export_plan(plan, "megatron").text, "megatron",
                             world_size=plan.world_size)
-    titan = parse_export(export_plan(plan, "torchtitan").text, "torchtitan", layers=8)
     offload = plan.offload != "none"   # Megatron offloads the distributed optimizer's shards
-    assert megatron.zero_stage == (1 if offload else min(zero, 1))
-    assert titan.zero_stage == {0: 0, 1: 2, 2: 2, 3: 3}[zero]  # DDP, FSDP never/always reshard
+    assert megatron.zero_stage == (max(zero, 1) if offload else zero)   # ZeRO-2/3: FSDP
+    for version in ("current", "0.2.2"):
+        titan = parse_export(export_plan(plan, "torchtitan", torchtitan_version=version).text,
+                             "torchtitan", layers=8)
+        # DDP, FSDP never/always reshard; the releases refuse DDP beside tp or pp
+        ddp = 2 if version == "0.2.2" and plan.dp > 1 and (plan.tp > 1 or plan.pp > 1) else 0
+        assert titan.zero_stage == {0: ddp, 1: 2, 2: 2, 3: 3}[zero], (name, version)
 
 
 def test_megatron_arguments_name_the_real_options() -> None:
@@ -114,7 +90,8 @@ def test_megatron_arguments_name_the_real_options() -> None:
                    "--num-layers-per-virtual-pipeline-stage 2", "--micro-batch-size 1",
                    "--global-batch-size 16", "--sequence-parallel",
                    "--recompute-granularity full", "--recompute-method uniform",
-                   "--recompute-num-layers 1", "--use-distributed-optimizer", "--bf16"):
+                   "--recompute-num-layers 1", "--use-distributed-optimizer", "--bf16",
+                   "--overlap-grad-reduce"):
         assert option in text
     uneven = export_plan(PLANS["pp-uneven"], "megatron").text
     assert "--decoder-first-pipeline-num-layers 1" in uneven
@@ -123,17 +100,20 @@ def test_megatron_arguments_name_the_real_options() -> None:
     assert "--recompute-granularity selective" in selective and "--recompute-method" not in selective
 
 
+def _titan_toml(plan: Plan, version: str = "0.2.2") -> dict:
+    return tomllib.loads(export_plan(plan, "torchtitan", torchtitan_version=version).text)
+
+
 def test_torchtitan_sections_and_data_parallel_mapping() -> None:
-    dp_only = tomllib.loads(export_plan(PLANS["dp-only"], "torchtitan").text)
+    dp_only = _titan_toml(PLANS["dp-only"])
     assert dp_only["parallelism"]["data_parallel_replicate_degree"] == 8
     assert dp_only["parallelism"]["data_parallel_shard_degree"] == 1
     assert dp_only["activation_checkpoint"] == {"mode": "none"}
     assert dp_only["training"] == {"local_batch_size": 2, "global_batch_size": 32, "seq_len": 64,
                                    "mixed_precision_param": "bfloat16"}
-    zero3 = tomllib.loads(export_plan(PLANS["zero3"], "torchtitan").text)["parallelism"]
+    zero3 = _titan_toml(PLANS["zero3"])["parallelism"]
     assert (zero3["data_parallel_shard_degree"], zero3["fsdp_reshard_after_forward"]) == (4, "always")
-    assert zero3["enable_async_tensor_parallel"] is False
-    pipe = tomllib.loads(export_plan(PLANS["pp-interleaved"], "torchtitan").text)
+    pipe = _titan_toml(PLANS["pp-interleaved"])
     assert pipe["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert pipe["training"]["local_batch_size"] == 8   # mb·m per dp rank, split into microbatches
 
@@ -148,8 +128,9 @@ def test_deepspeed_batch_arithmetic() -> None:
 
 
 def test_notes_say_what_is_approximated() -> None:
-    notes = export_plan(PLANS["zero3"], "megatron").notes
-    assert any("no ZeRO-3" in n and "--use-distributed-optimizer" in n for n in notes)
+    zero3 = export_plan(PLANS["zero3"], "megatron")
+    assert "--use-megatron-fsdp" in zero3.text.split()
+    assert any("CUDA_DEVICE_MAX_CONNECTIONS unset" in n for n in zero3.notes)
     gpipe = make_plan("dp=2,tp=1,pp=4,mb=1,schedule=gpipe,zero=0,recompute=none,sp=off",
                       batch=8, layers=(2, 2, 2, 2))
     assert any("no GPipe schedule" in n for n in export_plan(gpipe, "megatron").notes)
@@ -186,10 +167,12 @@ def test_cli_prints_text_and_notes(tmp_path: Path, capsys) -> None:  # type: ign
     path = PLANS["zero3"].save(tmp_path / "plan.json")
     assert main(["export", str(path), "--to", "megatron"]) == 0
     out, err = capsys.readouterr()
-    assert out.startswith("--tensor-model-parallel-size 2 \\\n")
-    assert err.startswith("note: approximated: Megatron-LM has no ZeRO-3")
+    assert out.startswith("# environment: CUDA_DEVICE_MAX_CONNECTIONS unset (Megatron-FSDP)\n"
+                          "--tensor-model-parallel-size 2 \\\n")
+    assert err.startswith("note: environment: leave CUDA_DEVICE_MAX_CONNECTIONS unset")
     toml = tmp_path / "job.toml"
-    assert main(["export", str(path), "--to", "torchtitan", "-o", str(toml)]) == 0
+    assert main(["export", str(path), "--to", "torchtitan", "--torchtitan-version", "0.2.2",
+                 "-o", str(toml)]) == 0
     assert tomllib.loads(toml.read_text())["parallelism"]["tensor_parallel_degree"] == 2
     assert main(["export", str(path), "--to", "DeepSpeed", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -217,8 +200,11 @@ def test_offload_fp8_cp_ep_use_each_frameworks_options() -> None:
                    "--optimizer-cpu-offload", "--fp8-format hybrid"):
         assert option in megatron.text, option
     assert any("parameters stay on the device" in n for n in megatron.notes)
-    titan = tomllib.loads(export_plan(plan, "torchtitan").text)
-    assert titan["model"]["converters"] == ["float8"]
+    assert "--use-precision-aware-optimizer" in megatron.text.split()
+    titan = _titan_toml(plan)
+    assert titan["model"]["converters"] == ["quantize.linear.float8"]
+    assert "converters=[Float8LinearConverter.Config()]" not in export_plan(
+        plan, "torchtitan").text   # gpt-tiny is no torchtitan model: no registry to convert
     assert titan["training"]["enable_cpu_offload"] is True
     assert titan["parallelism"]["context_parallel_degree"] == 1
     assert titan["parallelism"]["expert_parallel_degree"] == 1
@@ -232,8 +218,10 @@ def test_context_parallelism_in_each_format() -> None:
     """Megatron's and torchtitan's data-parallel sizes leave the CP ranks out (world /
     (tp·pp·cp)); DeepSpeed has no K/V all-gather context parallelism and says so."""
     plan = PLANS["context-parallel"]
-    assert "--context-parallel-size 2" in export_plan(plan, "megatron").text
-    titan = tomllib.loads(export_plan(plan, "torchtitan").text)["parallelism"]
+    megatron = export_plan(plan, "megatron").text
+    assert "--context-parallel-size 2" in megatron and "--cp-comm-type all_gather" in megatron
+    assert megatron.startswith("# environment: CUDA_DEVICE_MAX_CONNECTIONS unset")  # FSDP
+    titan = _titan_toml(plan)["parallelism"]
     assert (titan["context_parallel_degree"], titan["data_parallel_shard_degree"],
             titan["tensor_parallel_degree"]) == (2, 2, 2)
     ds = export_plan(plan, "deepspeed")
@@ -255,7 +243,28 @@ def test_pg_overlap_is_megatrons_overlap_param_gather() -> None:
     megatron = export_plan(plan, "megatron")
     words = megatron.text.split()
     assert "--overlap-param-gather" in words and "--use-distributed-optimizer" in words
+    assert "--overlap-grad-reduce" in words   # Megatron refuses the one without the other
     assert parse_export(megatron.text, "megatron", world_size=8).param_gather_overlap
     assert "--overlap-param-gather" not in export_plan(PLANS["tp-sp"], "megatron").text
     for target in ("torchtitan", "deepspeed"):
         assert any("--overlap-param-gather" in n for n in export_plan(plan, target).notes)
+
+
+def test_cli_no_price_skips_the_estimate(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    gpipe = make_plan("dp=2,tp=1,pp=4,mb=1,schedule=gpipe,zero=0,recompute=none,sp=off",
+                      batch=8, layers=(2, 2, 2, 2))
+    path = gpipe.save(tmp_path / "plan.json")
+    assert main(["export", str(path), "--to", "megatron"]) == 0
+    assert "fxplan's estimate of the run as exported" in capsys.readouterr().err
+    assert main(["export", str(path), "--to", "megatron", "--no-price"]) == 0
+    assert "fxplan's estimate" not in capsys.readouterr().err
+
+
+def test_unknown_torchtitan_version_exits_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path = PLANS["dp-only"].save(tmp_path / "plan.json")
+    assert main(["export", str(path), "--to", "torchtitan", "--torchtitan-version",
+                 "0.1.0"]) == 2
+    assert "releases before 0.2.0 are not supported" in capsys.readouterr().err
+    assert main(["export", str(path), "--to", "megatron", "--torchtitan-version",
+                 "0.2.2"]) == 2
+    assert "--torchtitan-version applies to --to torchtitan" in capsys.readouterr().err
