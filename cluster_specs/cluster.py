@@ -23,8 +23,20 @@ ranks of one group do not divide the NICs among themselves further. Checks again
 8 × 25 × 0.96 = 192 GB/s, the measured cross-node all-reduce bus bandwidth; one rank per node
 gets one rail, 24 GB/s. A single-rank group has no link: ``B = inf``, latency 0.
 
+**Domains.** A level of integer scope ``s`` (:mod:`cluster_specs.links`) joins the nodes
+``[i·s, (i+1)·s)`` into domain ``i``, every device on its own links to the domain's switches
+(a GB200 NVL72 rack). A group whose nodes all lie in one domain of level ``D`` (the innermost
+such level) does not touch the network::
+
+    one domain:   B = min(D.bandwidth × D.efficiency, min over nodes n with k_n ≥ 2 of intra_n)
+
+with latency the slowest of ``D``'s and those nodes' hops. A group spanning domains is priced
+as across nodes (above), also bounded by the bandwidth and latency of every domain level of
+which some domain holds two or more of the group's nodes. Without domain levels (every spec
+before them) the formulas above are unchanged.
+
 ``group_latency_us`` is the latency of the slowest hop (the network's across nodes, else the
-intra-node level's), and ``group_level`` the outermost level the group spans. Results are
+domain's or the intra-node level's), and ``group_level`` the outermost level the group spans. Results are
 cached per tuple of ranks; the graph and the per-node summaries are built on first use.
 """
 
@@ -77,7 +89,9 @@ class Cluster:
         self.device_groups: tuple[DeviceGroup, ...] = tuple(groups)
         self.num_devices: int = rank
         self.num_nodes: int = node
-        self.cluster_level: LinkLevel | None = next((lv for lv in self.levels if lv.scope == "cluster"), None)
+        self.cluster_level: LinkLevel | None = next((lv for lv in self.levels if lv.is_cluster_scope), None)
+        #: Domain-scope levels (integer scope), innermost (fewest nodes) first.
+        self.domain_levels: tuple[LinkLevel, ...] = tuple(lv for lv in self.levels if lv.domain_nodes)
         self._levels_by_name = {level.name: level for level in self.levels}
         self._first_nodes = [group.first_node for group in groups]
         self._first_ranks = [group.first_rank for group in groups]
@@ -142,6 +156,12 @@ class Cluster:
         """Devices on ``node`` (node 0 by default)."""
         return self.group_of_node(node).devices_per_node
 
+    def domain_of(self, rank: int, level: LinkLevel) -> int:
+        """The index of the domain of domain-scope ``level`` that holds ``rank``'s node."""
+        if not level.domain_nodes:
+            raise ValueError(f"level {level.name!r} has scope {level.scope!r}, not a domain of nodes")
+        return self.node_of(rank) // level.domain_nodes
+
     def level(self, name: str) -> LinkLevel:
         """The link level called ``name``."""
         try:
@@ -201,13 +221,23 @@ class Cluster:
             return GroupLinks(level, node_links_.intra_gb_per_s, node_links_.intra_latency_us)
         bandwidth, latency = float("inf"), 0.0
         for node, k in per_node.items():
+            if k >= 2:
+                bandwidth = min(bandwidth, links[node].intra_gb_per_s)
+                latency = max(latency, links[node].intra_latency_us)
+        for domain in self.domain_levels:   # innermost first (module docstring: Domains)
+            size = domain.domain_nodes
+            held = Counter(node // size for node in per_node)
+            if len(held) == 1:
+                return GroupLinks(domain, min(bandwidth, domain.effective_bandwidth_gb_per_s),
+                                  max(latency, domain.latency_us))
+            if max(held.values()) >= 2:
+                bandwidth = min(bandwidth, domain.effective_bandwidth_gb_per_s)
+                latency = max(latency, domain.latency_us)
+        for node, k in per_node.items():
             nl = links[node]
             bandwidth = min(bandwidth, nl.nic_gb_per_s * k / nl.devices)
             latency = max(latency, nl.nic_latency_us)
-            if k >= 2:
-                bandwidth = min(bandwidth, nl.intra_gb_per_s)
-                latency = max(latency, nl.intra_latency_us)
-        assert self.cluster_level is not None  # validated: several nodes ⇒ a cluster level
+        assert self.cluster_level is not None  # validated: nodes beyond every domain ⇒ a cluster level
         return GroupLinks(self.cluster_level, bandwidth, latency)
 
     def group_level(self, ranks: Iterable[int]) -> LinkLevel:

@@ -1,9 +1,13 @@
 """``LinkLevel``: one level of the interconnect hierarchy, one entry of ``levels``.
 
-Levels are listed innermost (fastest) first. A ``scope: node`` level joins the devices of one
-node (NVLink, NVSwitch, PCIe, loopback); its ``bandwidth_gb_per_s`` is per device and per
-direction. The ``scope: cluster`` level joins nodes through ``nics_per_node`` NICs each; its
-``bandwidth_gb_per_s`` is per NIC and per direction. Collectives reach
+Levels are listed innermost (fastest) first. A level's **scope** is the number of nodes it
+joins: ``node`` (1) joins the devices of one node (NVLink, NVSwitch, Infinity Fabric, PCIe,
+loopback); an integer ``s ≥ 2`` joins the devices of each **domain** of ``s`` consecutive
+nodes — nodes ``[i·s, (i+1)·s)``, the last domain holding what is left — through a switched
+fabric every device reaches on its own links (a GB200 NVL72 rack: 18 trays of 4 GPUs on one
+NVLink switch system); ``cluster`` (all) joins every node. A node or domain level's
+``bandwidth_gb_per_s`` is per device and per direction. The cluster level joins nodes through
+``nics_per_node`` NICs each; its ``bandwidth_gb_per_s`` is per NIC and per direction. Collectives reach
 ``bandwidth_gb_per_s × efficiency`` (their bus bandwidth); ``allreduce_bandwidth_gb_per_s``,
 where present, is the all-reduce bus bandwidth reached with in-network reduction (NVLink
 SHARP), as measured, so no efficiency is applied to it. ``reduce_scatter_as_all_reduce``
@@ -22,9 +26,10 @@ from typing import Mapping
 
 from fxplan.cluster_specs.frozen import freeze
 
-#: Level kinds allowed for each scope.
+#: Level kinds allowed for each scope (``domain``: an integer scope of ``s ≥ 2`` nodes).
 LEVEL_KINDS: dict[str, tuple[str, ...]] = {
-    "node": ("nvlink", "nvswitch", "pcie", "loopback"),
+    "node": ("nvlink", "nvswitch", "pcie", "loopback", "infinity_fabric"),
+    "domain": ("nvlink", "nvswitch", "infinity_fabric"),
     "cluster": ("infiniband", "roce", "ethernet"),
 }
 
@@ -33,8 +38,14 @@ LEVEL_KINDS: dict[str, tuple[str, ...]] = {
 COLLECTIVE_KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter",
                                      "all_to_all", "broadcast", "send_recv")
 
-#: Scopes, innermost first.
-SCOPES: tuple[str, ...] = tuple(LEVEL_KINDS)
+#: Scopes written as words, innermost first; a domain scope is written as its number of nodes.
+SCOPES: tuple[str, ...] = ("node", "cluster")
+
+
+def scope_class(scope: str | int) -> str:
+    """``"node"``, ``"domain"`` (an integer scope) or ``"cluster"``: the key of
+    :data:`LEVEL_KINDS` for a canonical scope."""
+    return scope if isinstance(scope, str) else "domain"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +54,7 @@ class LinkLevel:
 
     name: str
     kind: str
-    scope: str
+    scope: str | int
     bandwidth_gb_per_s: float
     latency_us: float
     efficiency: float
@@ -63,3 +74,16 @@ class LinkLevel:
     @property
     def is_node_scope(self) -> bool:
         return self.scope == "node"
+
+    @property
+    def is_cluster_scope(self) -> bool:
+        return self.scope == "cluster"
+
+    @property
+    def domain_nodes(self) -> int | None:
+        """The nodes of one domain of a domain-scope level (its integer scope), else ``None``."""
+        return self.scope if isinstance(self.scope, int) else None
+
+    def scope_text(self) -> str:
+        """``node``, ``cluster``, or ``18 nodes`` (a domain)."""
+        return self.scope if isinstance(self.scope, str) else f"{self.scope} nodes"

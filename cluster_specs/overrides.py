@@ -5,6 +5,9 @@ Keys:
 - ``nodes=N`` — the number of nodes in total. Device groups keep the proportions of the spec:
   group ``g`` gets ``N × nodes_g / Σ nodes``, which must be whole (``hetero-v100-a100`` has
   2 + 2 nodes, so ``nodes=8`` gives 4 + 4 and ``nodes=3`` is refused).
+- ``racks=N`` — on a spec with a domain-scope level (a level whose scope is a number of nodes
+  ``s``, e.g. ``gb200-nvl72``'s rack of 18 trays): ``N`` whole domains of its outermost such
+  level, i.e. ``nodes=N·s``; not with ``nodes=`` as well.
 - ``devices_per_node=N`` — for every device group.
 - ``devices=N`` — the number of devices in total, on a spec with one device group of ``d``
   devices per node: ``N ≤ d`` is one node with ``N`` of its devices (a job on part of a node;
@@ -33,6 +36,8 @@ from fxplan.cluster_specs.errors import ClusterSpecError
 __all__ = ["parse_overrides", "positive_float", "positive_int", "apply_overrides", "with_devices"]
 
 _WHOLE_SPEC_KEYS = ("nodes", "devices_per_node", "devices")
+#: Keys that set the size of the whole spec (dropped by :func:`with_devices`).
+_SIZE_KEYS = (*_WHOLE_SPEC_KEYS, "racks")
 
 
 def parse_overrides(text: str, source: str) -> list[tuple[str, Any]]:
@@ -118,9 +123,28 @@ def _set_devices(groups: list[dict], total: int, nodes: int | None, source: str)
     group["nodes"], group["devices_per_node"] = new_nodes, new_per_node
 
 
+def _racks_as_nodes(levels: list[dict], items: list[tuple[str, Any]], source: str
+                    ) -> list[tuple[str, Any]]:
+    """``racks=N`` rewritten as ``nodes=N·s`` (module docstring)."""
+    racks = [positive_int(k, v, source) for k, v in items if k == "racks"]
+    if not racks:
+        return items
+    scopes = [level["scope"] for level in levels if isinstance(level["scope"], int)]
+    if not scopes:
+        raise ClusterSpecError(
+            source, "racks", found=racks[0],
+            expected="racks= only on a spec with a level whose scope is a number of nodes (a "
+            "rack, e.g. gb200-nvl72); this spec has none: give nodes=N")
+    if any(k == "nodes" for k, _ in items):
+        raise ClusterSpecError(source, "racks", found=racks[0],
+                               expected="one of racks= and nodes=, not both")
+    return [("nodes", racks[0] * max(scopes)) if k == "racks" else (k, v) for k, v in items]
+
+
 def apply_overrides(spec: dict[str, Any], items: list[tuple[str, Any]], source: str) -> dict[str, Any]:
     """A copy of ``spec`` (canonical) with ``items`` applied; validate the result afterwards."""
     out = copy.deepcopy(spec)
+    items = _racks_as_nodes(out["levels"], items, source)
     groups, levels = out["device_groups"], out["levels"]
     by_name = {entry["name"]: entry for entry in [*groups, *levels]}
     devices = [positive_int(k, v, source) for k, v in items if k == "devices"]
@@ -138,9 +162,11 @@ def apply_overrides(spec: dict[str, Any], items: list[tuple[str, Any]], source: 
             by_name[name][field] = value
         else:
             names = ", ".join(f"{name}.KEY" for name in by_name)
+            whole = [*_WHOLE_SPEC_KEYS, *(["racks"] if any(
+                isinstance(level["scope"], int) for level in levels) else [])]
             raise ClusterSpecError(
                 source, key, message=f"found unknown override key {key!r}, expected one of "
-                f"{', '.join(_WHOLE_SPEC_KEYS)}, {names}",
+                f"{', '.join(whole)}, {names}",
             )
     if devices:
         _set_devices(groups, devices[-1], nodes[-1] if nodes else None, source)
@@ -156,5 +182,5 @@ def with_devices(spec: str, devices: int) -> str:
     positive_int("devices", devices, spec)
     base, colon, text = spec.partition(":")
     kept = [part.strip() for part in text.split(",") if colon and part.strip()
-            and part.partition("=")[0].strip() not in _WHOLE_SPEC_KEYS]
+            and part.partition("=")[0].strip() not in _SIZE_KEYS]
     return f"{base}:{','.join([*kept, f'devices={devices}'])}"

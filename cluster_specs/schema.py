@@ -13,12 +13,16 @@ Checks, in the order they run (the first failure is reported):
    required keys are present, each value has its type and range (numbers > 0, efficiencies
    in (0, 1], latencies ≥ 0, ``peak_tflops`` keys among fp32/tf32/bf16/fp16/fp8, ...);
 3. names are unique among device groups and among levels;
-4. levels: a kind that fits the scope, node-scope levels before the cluster-scope one, at
-   most one cluster-scope level, ``nics_per_node`` on the cluster-scope level and only there;
+4. levels: a scope of ``node`` (or 1), a whole number of nodes ``s ≥ 2`` (a domain level,
+   e.g. a rack of 18 trays) or ``cluster`` (or ``all``); a kind that fits the scope; node-scope
+   levels first, then domain levels in increasing scope, each a multiple of the one before
+   (domains nest), then the cluster-scope level; at most one cluster-scope level;
+   ``nics_per_node`` on the cluster-scope level and only there;
 5. device groups: ``intra_node_level`` names a node-scope level; ``reserved_memory_gib <
    memory_gib``; ``nics_per_node`` only when there is a cluster-scope level;
-6. every node-scope level is some group's ``intra_node_level``; more than one node in total
-   needs a cluster-scope level.
+6. every node-scope level is some group's ``intra_node_level``; a domain level needs a spec of
+   one device group (its domains count that group's nodes); more nodes than the largest
+   domain holds (more than one node without a domain level) need a cluster-scope level.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from fxplan.cluster_specs.fields import (
     optional,
     text,
 )
-from fxplan.cluster_specs.links import COLLECTIVE_KINDS, LEVEL_KINDS, SCOPES
+from fxplan.cluster_specs.links import COLLECTIVE_KINDS, LEVEL_KINDS, SCOPES, scope_class
 from fxplan.core.bounds import MAX_DEVICES, MAX_DEVICES_PER_NODE, MAX_MEMORY_GIB, MAX_NODES
 
 SCHEMA_VERSION = 1
@@ -52,7 +56,7 @@ OP_CLASSES: tuple[str, ...] = (
     "embedding", "reduction", "view", "loss", "pool", "dropout", "other",
 )
 
-_ALL_LEVEL_KINDS = tuple(kind for kinds in LEVEL_KINDS.values() for kind in kinds)
+_ALL_LEVEL_KINDS = tuple(dict.fromkeys(kind for kinds in LEVEL_KINDS.values() for kind in kinds))
 #: Rates (GB/s, TFLOP/s) and latencies (µs) beyond any device: 10⁶ GB/s is a thousand times
 #: HBM3e, 10⁶ TFLOP/s an exaflop per device, 10⁶ µs a second per hop or kernel.
 MAX_RATE = 1e6
@@ -77,6 +81,23 @@ def _version(value: Any, source: str, path: str) -> int:
             expected=f"{' or '.join(map(str, SUPPORTED_VERSIONS))} (the schema versions this fxplan reads)",
         )
     return int(value)
+
+
+_SCOPE_EXPECTED = (
+    "node (or 1: the devices of one node), cluster (or all: every node), or a whole number of "
+    f"nodes from 2 to {MAX_NODES:,} that the level joins into one domain (18: a rack of 18 "
+    "trays, as in a GB200 NVL72)")
+
+
+def _scope(value: Any, source: str, path: str) -> str | int:
+    """A level's scope in canonical form: ``"node"``, ``"cluster"`` or an integer ``≥ 2``."""
+    if value == "all":
+        return "cluster"
+    if isinstance(value, str) and value in SCOPES:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_NODES:
+        return "node" if value == 1 else value
+    raise ClusterSpecError(source, path, found=value, expected=_SCOPE_EXPECTED)
 
 
 def _items(what: str) -> Field:
@@ -179,15 +200,17 @@ GROUP_FIELDS: dict[str, Field] = {
     "host_link_gb_per_s": optional(number(low=0, low_open=True, high=MAX_RATE,
                                           unit="GB/s host↔device per device and direction")),
     "sm_count": optional(integer(low=1, high=4096, unit="streaming multiprocessors per device")),
+    "cuda_context_gib": optional(number(low=0, low_open=False, high=MAX_MEMORY_GIB,
+                                        unit="GiB a GPU process holds before its first tensor")),
 }
 
 LEVEL_FIELDS: dict[str, Field] = {
     "name": text(what="the level's name", name=True),
     "kind": choice(_ALL_LEVEL_KINDS, what="link technology"),
-    "scope": choice(SCOPES, what="node: inside a node; cluster: across nodes"),
+    "scope": Field(_scope, _SCOPE_EXPECTED),
     "bandwidth_gb_per_s": number(
         low=0, low_open=True, high=MAX_RATE,
-        unit="GB/s per direction, per device (node) or per NIC (cluster)"
+        unit="GB/s per direction, per device (node, domain) or per NIC (cluster)"
     ),
     "latency_us": _microseconds("µs per hop"),
     "efficiency": _FRACTION,
@@ -241,26 +264,45 @@ def _unique_names(items: list[dict], section: str, source: str) -> None:
 
 def _check_levels(levels: list[dict], source: str) -> None:
     cluster_level: int | None = None
+    last_domain: int | None = None
     for j, level in enumerate(levels):
         path, scope = f"levels[{j}]", level["scope"]
-        if level["kind"] not in LEVEL_KINDS[scope]:
+        kind_of_scope = scope_class(scope)
+        if level["kind"] not in LEVEL_KINDS[kind_of_scope]:
+            shown = f"{scope} (a domain of nodes)" if kind_of_scope == "domain" else scope
             raise ClusterSpecError(
                 source, f"{path}.kind", found=level["kind"],
-                expected=f"for scope: {scope} one of {', '.join(LEVEL_KINDS[scope])}",
+                expected=f"for scope: {shown} one of {', '.join(LEVEL_KINDS[kind_of_scope])}",
             )
-        if scope == "node":
+        if kind_of_scope != "cluster":
             if cluster_level is not None:
                 raise ClusterSpecError(
                     source, f"{path}.scope", found=scope,
-                    expected=f"node-scope levels before the cluster-scope level "
+                    expected=f"{kind_of_scope}-scope levels before the cluster-scope level "
                     f"{levels[cluster_level]['name']!r} (levels[{cluster_level}]): innermost first",
                 )
             if "nics_per_node" in level:
                 raise ClusterSpecError(
                     source, f"{path}.nics_per_node", found=level["nics_per_node"],
-                    expected="no nics_per_node on a scope: node level "
+                    expected=f"no nics_per_node on a scope: {scope} level "
                     "(NICs belong to the scope: cluster level)",
                 )
+            if kind_of_scope == "node":
+                if last_domain is not None:
+                    raise ClusterSpecError(
+                        source, f"{path}.scope", found=scope,
+                        expected=f"node-scope levels before the domain level "
+                        f"{levels[last_domain]['name']!r} (levels[{last_domain}]): innermost first")
+                continue
+            if last_domain is not None:
+                inner = levels[last_domain]["scope"]
+                if scope <= inner or scope % inner:
+                    raise ClusterSpecError(
+                        source, f"{path}.scope", found=scope,
+                        expected=f"a multiple of {inner} larger than it: the domains of "
+                        f"{levels[last_domain]['name']!r} (levels[{last_domain}], {inner} nodes "
+                        "each) must nest in this level's, innermost first")
+            last_domain = j
             continue
         if cluster_level is not None:
             raise ClusterSpecError(
@@ -314,6 +356,14 @@ def _check_whole(spec: dict[str, Any], source: str) -> None:
                 expected="a scope: node level that some device group names as intra_node_level "
                 f"(they name {', '.join(sorted(used))})",
             )
+    domains = [(j, level) for j, level in enumerate(levels) if scope_class(level["scope"]) == "domain"]
+    if domains and len(groups) > 1:
+        j, level = domains[0]
+        raise ClusterSpecError(
+            source, f"levels[{j}].scope", found=level["scope"],
+            expected=f"a domain level only on a spec of one device group (this one has "
+            f"{len(groups)}: {', '.join(g['name'] for g in groups)}); a domain counts the nodes "
+            "of one kind of device, so give each kind its own spec")
     nodes = [group["nodes"] for group in groups]
     devices = sum(group["nodes"] * group["devices_per_node"] for group in groups)
     if devices > MAX_DEVICES:
@@ -321,10 +371,12 @@ def _check_whole(spec: dict[str, Any], source: str) -> None:
             source, "device_groups",
             message=f"found {devices:,} devices in all (Σ nodes × devices_per_node), expected at "
             f"most {MAX_DEVICES:,} (fxplan.core.bounds: ten times the largest clusters built)")
-    if sum(nodes) > 1 and not any(level["scope"] == "cluster" for level in levels):
+    widest = max((level["scope"] for _, level in domains), default=1)
+    if sum(nodes) > widest and not any(level["scope"] == "cluster" for level in levels):
         split = " + ".join(f"{n} ({g['name']})" for n, g in zip(nodes, groups))
+        within = "node" if widest == 1 else f"node and {widest}-node domain"
         raise ClusterSpecError(
             source, "levels",
-            message=f"found only scope: node levels but {split} = {sum(nodes)} nodes, expected a "
-            "scope: cluster level (with nics_per_node) joining the nodes",
+            message=f"found only scope: {within} levels but {split} = {sum(nodes)} nodes, "
+            "expected a scope: cluster level (with nics_per_node) joining the nodes",
         )

@@ -30,6 +30,14 @@ def _pairs(mapping: Mapping[str, float]) -> str:
     return " ".join(f"{key}={value:g}" for key, value in mapping.items()) or "–"
 
 
+def _scope(level: LinkLevel, nodes: int) -> str:
+    """``node``, ``cluster``, or a domain level's ``18 nodes (4 domains)``."""
+    if not level.domain_nodes:
+        return level.scope_text()
+    count = -(-nodes // level.domain_nodes)
+    return f"{level.scope_text()} ({count} domain{'s' if count != 1 else ''})"
+
+
 def _table(title: str, columns: tuple[str, ...]) -> Any:
     """A table whose first column (a name) never wraps and whose others fold."""
     from rich.table import Table
@@ -75,10 +83,10 @@ def renderable(cluster: Described) -> Any:
     for lv in cluster.levels:
         nics = _num(lv.nics_per_node)
         overrides = [f"{g.name}: {g.nics_per_node}" for g in cluster.device_groups if g.nics_per_node]
-        if lv.scope == "cluster" and overrides:
+        if lv.is_cluster_scope and overrides:
             nics += f" ({', '.join(overrides)})"
         levels.add_row(
-            lv.name, lv.kind, lv.scope, f"{lv.bandwidth_gb_per_s:g}", nics, f"{lv.efficiency:g}",
+            lv.name, lv.kind, _scope(lv, cluster.num_nodes), f"{lv.bandwidth_gb_per_s:g}", nics, f"{lv.efficiency:g}",
             f"{lv.effective_bandwidth_gb_per_s:.4g}", f"{lv.latency_us:g}",
             _num(lv.allreduce_bandwidth_gb_per_s),
         )

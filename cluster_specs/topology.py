@@ -6,9 +6,11 @@ Graph vertices (tuples, first item the kind)::
     ("switch", node)      one per node            attrs: node, level (the intra-node level)
     ("nic", node, i)      nics_per_node per node  attrs: node
     ("fabric", level)     one, if a cluster-scope level exists
+    ("domain", level, i)  one per domain of each domain-scope level (scope: s nodes; domain i
+                          holds nodes i·s … i·s + s − 1): the rack's switch system
 
-Edges ``device—switch`` carry the node's intra-node level, ``switch—nic`` and
-``nic—fabric`` the cluster-scope level; every edge has ``level, kind, bandwidth_gb_per_s,
+Edges ``device—switch`` carry the node's intra-node level, ``switch—domain`` a domain level
+(per device, as its bandwidth is), ``switch—nic`` and ``nic—fabric`` the cluster-scope level; every edge has ``level, kind, bandwidth_gb_per_s,
 efficiency, effective_gb_per_s (= bandwidth × efficiency), latency_us``.
 
 :func:`node_links` reads, for every node, what a ring over some of its devices can use:
@@ -59,7 +61,8 @@ def build_graph(groups: Sequence[DeviceGroup], levels: Sequence[LinkLevel]) -> "
     import networkx as nx
 
     by_name = {level.name: level for level in levels}
-    network = next((level for level in levels if level.scope == "cluster"), None)
+    network = next((level for level in levels if level.is_cluster_scope), None)
+    domains = [level for level in levels if level.domain_nodes]
     graph = nx.Graph()
     vertices: list[tuple] = []
     edges: list[tuple] = []
@@ -80,6 +83,10 @@ def build_graph(groups: Sequence[DeviceGroup], levels: Sequence[LinkLevel]) -> "
                                         "group": group.name, "model": group.model})
                 )
                 edges.append((("device", rank), switch, intra_attrs))
+            for domain in domains:
+                vertex = ("domain", domain.name, node // domain.domain_nodes)
+                vertices.append((vertex, {"kind": "domain", "level": domain.name}))
+                edges.append((switch, vertex, _edge_attrs(domain)))
             if network is None:
                 continue
             for i in range(group.nics_per_node or network.nics_per_node or 0):

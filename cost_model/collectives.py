@@ -29,8 +29,15 @@ other: all-reduce = RS_k(S) + AR_m(S/k) + AG_k(S); all-gather = AG_m(S/k) + AG_k
 reduce-scatter = RS_k(S) + RS_m(S/k). It moves 2(m−1)/m·S per node over the network instead
 of the flat ring's 2(n−1)/n·S, so it wins where the network is much slower than the node.
 
-NVLS (all-reduce inside one node whose level lists ``allreduce_bandwidth_gb_per_s``, the
-measured NVLink-SHARP bus bandwidth ``B_s``): ``t = α_nvls + 2(n−1)/n · S/B_s``.
+NVLS (all-reduce inside one node, or inside one domain of a domain-scope level — a GB200
+NVL72 rack —, whose level lists ``allreduce_bandwidth_gb_per_s``, the measured NVLink-SHARP
+bus bandwidth ``B_s``): ``t = α_nvls + 2(n−1)/n · S/B_s``.
+
+**Scopes.** ``B``, ``B_r`` and ``h_e`` come from the cluster's group queries, which follow the
+level scopes (:mod:`cluster_specs.cluster`): inside one domain the hops between nodes are the
+domain's (its per-device bandwidth and latency, no NIC share), across domains the network's.
+So the formulas above hold at every scope, with "between nodes" priced at the level the
+group reaches.
 
 **CPU per step** (``step_cpu_us`` of the intra-node level, ``c_K`` for kind ``K``; 0 on GPU
 links): where the collective's algorithm runs on the ranks' own cores (gloo over loopback),
@@ -159,7 +166,8 @@ def _describe(ranks: tuple[int, ...], cluster: Cluster) -> _Group:
         rail_gb_per_s=rail.bandwidth_gb_per_s if rail else math.inf,
         intra_hop_us=max((g.latency_us for g in intra), default=0.0),
         net_hop_us=rail.latency_us if rail else 0.0,
-        nvls_gb_per_s=links.level.allreduce_bandwidth_gb_per_s if len(by_node) == 1 else None,
+        nvls_gb_per_s=(None if links.level.is_cluster_scope
+                       else links.level.allreduce_bandwidth_gb_per_s),
         reduce_scatter_as_all_reduce=links.level.reduce_scatter_as_all_reduce,
         # per-step CPU inside a node: the intra-node level's (none without a step inside one)
         step_cpu_us=intra[0].level.step_cpu_us if intra else {},

@@ -12,6 +12,14 @@ The groups of axis ``i`` are the sets of ranks whose coordinates agree on every 
 slowest group: the outermost link level any group spans, the lowest per-rank bandwidth and
 the highest latency (these differ only on heterogeneous clusters or axes that straddle
 node boundaries unevenly).
+
+**Domains** (levels whose scope is a number of nodes, :mod:`cluster_specs.links`): a group of
+``t`` consecutive ranks starting at a multiple of ``t`` — the layout of the innermost axis —
+lies inside one domain of ``D`` devices exactly when no domain boundary falls strictly inside
+it. :func:`domain_straddle` finds the first that does: on a GB200 NVL72 (``D = 72``) tp of 8,
+24, 36 or 72 stays in a rack and tp of 16 would cross one (72 = 4·16 + 8), unless the racks hold
+64 devices (16 trays). The search prunes such a family (tensor parallelism never crosses a
+rack); outer axes (data, pipeline) stride across domains and are priced by the group queries.
 """
 
 from __future__ import annotations
@@ -23,7 +31,22 @@ from typing import TYPE_CHECKING, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster, LinkLevel
 
-__all__ = ["LogicalMesh"]
+__all__ = ["LogicalMesh", "domain_straddle"]
+
+
+def domain_straddle(cluster: "Cluster", size: int) -> "tuple[LinkLevel, int] | None":
+    """The outermost domain level and the first block of ``size`` consecutive ranks (block
+    ``b``: ranks ``[b·size, (b+1)·size)``) that crosses one of its domains' boundaries; ``None``
+    when every block lies in one domain of every domain level (or the cluster has none, or the
+    blocks lie on single nodes)."""
+    if size <= 1:
+        return None
+    for level in reversed(cluster.domain_levels):
+        for block in range(cluster.num_devices // size):
+            first, last = block * size, (block + 1) * size - 1
+            if cluster.domain_of(first, level) != cluster.domain_of(last, level):
+                return level, block
+    return None
 
 
 class LogicalMesh:
@@ -138,6 +161,9 @@ class LogicalMesh:
             pattern = (
                 tuple(n - nodes[0] for n in nodes),
                 tuple(self.cluster.device(r).name for r in group),
+                # groups of one node pattern may lie in one domain or cross a domain boundary
+                tuple(tuple(self.cluster.domain_of(r, level) - self.cluster.domain_of(group[0], level)
+                            for r in group) for level in self.cluster.domain_levels),
             )
             seen.setdefault(pattern, group)
         self._representatives[index] = list(seen.values())

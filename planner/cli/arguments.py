@@ -40,9 +40,19 @@ def add_cluster_argument(parser: argparse.ArgumentParser, *, required: bool = Tr
                         "(e.g. dgx-a100-80g:nodes=4)")
 
 
-def add_workload_arguments(parser: argparse.ArgumentParser, *, batch_default: int | None = None) -> None:
-    """``--batch`` (required unless a default is given) and ``--seq``."""
-    if batch_default is None:
+def add_workload_arguments(parser: argparse.ArgumentParser, *, batch_default: int | None = None,
+                           batch_tokens: bool = False) -> None:
+    """``--batch`` (required unless a default is given, or ``batch_tokens`` offers
+    ``--batch-tokens`` instead: :func:`resolve_batch`) and ``--seq``."""
+    if batch_tokens:
+        parser.add_argument("--batch", type=count(1, MAX_BATCH), default=None,
+                            help=f"global batch (samples per step, 1 … {MAX_BATCH:,}); or "
+                            "--batch-tokens")
+        parser.add_argument("--batch-tokens", metavar="T", default=None,
+                            help="global batch in tokens per step, as people state it: 4M = "
+                            "4·2^20 tokens = 1024 sequences of 4096 (the nearest whole number "
+                            "of sequences)")
+    elif batch_default is None:
         parser.add_argument("--batch", type=count(1, MAX_BATCH), required=True,
                             help=f"global batch (samples per step, 1 … {MAX_BATCH:,})")
     else:
@@ -50,6 +60,34 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, batch_default: in
                             help=f"samples per step (default {batch_default})")
     parser.add_argument("--seq", type=count(1, MAX_SEQ), default=None,
                         help="sequence length (default: the model's)")
+
+
+def check_batch_arguments(args: argparse.Namespace) -> str | None:
+    """Exactly one of ``--batch`` and ``--batch-tokens`` (checked before any capture); the
+    ``--batch-tokens`` text, or ``None`` when ``--batch`` was given."""
+    from fxplan.batch_tokens import BatchTokensError
+
+    given = getattr(args, "batch_tokens", None)
+    if (args.batch is None) == (given is None):
+        raise BatchTokensError("found " + ("both --batch and --batch-tokens" if given else
+                                           "neither --batch nor --batch-tokens")
+                               + ", expected exactly one: samples per step or tokens per step")
+    return given
+
+
+def resolve_batch(args: argparse.Namespace, seq: int | None) -> int:
+    """The global batch in samples from ``--batch`` or ``--batch-tokens`` (exactly one;
+    :mod:`fxplan.batch_tokens`), ``seq`` the sequence length trained."""
+    from fxplan.batch_tokens import BatchTokensError, batch_from_tokens, parse_batch_tokens
+
+    given = check_batch_arguments(args)
+    if given is None:
+        return args.batch
+    batch = batch_from_tokens(parse_batch_tokens(given), seq)
+    if batch > MAX_BATCH:
+        raise BatchTokensError(f"--batch-tokens {given}: {batch:,} sequences of {seq}, expected "
+                               f"at most {MAX_BATCH:,}")
+    return batch
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser, *, what: str,

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from fxplan.cli.arguments import (add_capture_arguments, add_cluster_argument, add_headroom_argument,
                                   add_model_argument, add_workload_arguments, number,
-                                  output_path)
+                                  output_path, check_batch_arguments, resolve_batch)
 from fxplan.cli.report import add_output_arguments, write_artifacts
 from fxplan.core.bounds import MAX_TIME_BUDGET_S
 
@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "reasons others were pruned.")
     add_model_argument(parser)
     add_cluster_argument(parser)
-    add_workload_arguments(parser)
+    add_workload_arguments(parser, batch_tokens=True)
     add_capture_arguments(parser)
     parser.add_argument("--constrain", metavar="K=V,...", default=None,
                         help="restrict the search, e.g. \"tp=8,pp=2,zero=1\" (keys: tp, pp, dp, "
@@ -105,7 +105,7 @@ def _emit(plan: Plan, graph: CapturedGraph, cluster: Cluster, path: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from fxplan.cluster_specs import Cluster
     from fxplan.report import plan_summary, render_report
-    from fxplan.api import capture_for_search
+    from fxplan.api import capture_for_search, runtime_check
     from fxplan.cli.constraint_text import parse_constraints
     from fxplan.examples.model_spec import canonical_spec
     from fxplan.cluster_specs import training_dtype
@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("fxplan.planner").setLevel(logging.ERROR)  # fallbacks are in the JSON
     from fxplan.cost_model.memory_headroom import parse_headroom
 
+    check_batch_arguments(args)
     constraints = parse_constraints(args.constrain)
     if args.allow_fp8 and "fp8" not in constraints:
         constraints["fp8"] = [False, True]
@@ -126,9 +127,12 @@ def run(args: argparse.Namespace) -> int:
     timer = PhaseTimer()
     graph = capture_for_search(model, seq=args.seq, dtype=training_dtype(cluster), timer=timer,
                                leaf_modules=tuple(args.leaf), method=args.method)
-    plan = search(graph, cluster, batch=args.batch, seq=args.seq, constraints=constraints,
+    from fxplan.cost_model.layer_costs import graph_segments
+
+    batch = resolve_batch(args, args.seq or graph_segments(graph).seq)
+    plan = search(graph, cluster, batch=batch, seq=args.seq, constraints=constraints,
                   time_budget_s=args.time_budget, progress=not args.json, model=model,
-                  memory_headroom=headroom)
+                  memory_headroom=headroom, runnable=runtime_check(graph, cluster))
     plan = dataclasses.replace(plan, timings={**timer.rounded(), **plan.timings})
     if args.output:
         plan.save(args.output)

@@ -7,6 +7,9 @@ The mesh is ``pp × dp × tp`` row-major over the cluster's ranks
 ranks do; on a cluster of several groups a family whose stages straddle a group boundary is
 pruned (each stage on one device group: a stage that spans a V100 and an A100 node would run
 at the V100's pace with the V100's memory, and the cost model prices a stage on one device).
+Likewise a family whose tensor-parallel groups would cross a domain of a domain-scope level
+(a GB200 NVL72 rack; :func:`cost_model.mesh.domain_straddle`) is pruned: tensor parallelism
+stays inside the NVLink domain, data and pipeline parallelism go across.
 
 Per pipeline rank ``s`` the search then uses the group's own numbers:
 
@@ -35,6 +38,7 @@ import numpy as np
 
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
+from fxplan.cost_model.mesh import domain_straddle
 from fxplan.inter_op.profile import ModelProfile, SegmentProfile
 from fxplan.inter_op.reasons import DIVIDE, Reason
 from fxplan.inter_op.space import Family
@@ -83,7 +87,16 @@ def straddled_stage(cluster: Cluster, pp: int, per_stage: int) -> tuple[int, str
 
 def straddle_reason(cluster: Cluster, family: Family) -> Reason | None:
     """Why ``family`` is pruned on ``cluster`` when one of its pipeline stages spans two device
-    groups (:func:`straddled_stage`); ``None`` when every stage lies in one."""
+    groups (:func:`straddled_stage`), or when one of its tensor-parallel groups crosses a
+    domain (module docstring); ``None`` when neither happens."""
+    crossed = domain_straddle(cluster, family.tp)
+    if crossed is not None:
+        level, block = crossed
+        size = level.domain_nodes * cluster.devices_per_node()
+        return Reason(f"{family}: tensor-parallel group {block} (ranks {block * family.tp}–"
+                      f"{(block + 1) * family.tp - 1}) crosses a {level.name} domain of "
+                      f"{level.domain_nodes} nodes ({size} devices); tensor parallelism stays "
+                      "inside a domain", DIVIDE)
     per_stage = family.dp * family.tp
     straddled = (straddled_stage(cluster, family.pp, per_stage)
                  if len(cluster.device_groups) > 1 else None)
