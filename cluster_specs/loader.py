@@ -54,7 +54,7 @@ def _base_spec(base: str, generator_args: dict[str, Any], source: str) -> dict[s
     if builtin.is_file():
         return validate(read_document(builtin, str(builtin)), str(builtin))
     path = Path(base)
-    if path.is_file():
+    if path.exists():  # a FIFO or a device is refused by read_document as what it is
         return _document_to_spec(read_document(path, base), base)
     names = available_specs()
     close = [n for n in names if n.startswith(base)] or difflib.get_close_matches(base, names, n=2)
@@ -81,7 +81,7 @@ def load_spec(spec: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
     if Path(text).is_dir():
         raise ClusterSpecError(text, message="is a directory; expected a cluster file (YAML or "
                                "Paddle JSON) or a built-in name")
-    if Path(text).is_file():
+    if Path(text).exists():  # a regular file; anything else is refused as what it is
         return _document_to_spec(read_document(Path(text), text), text), text
     base, colon, override_text = text.partition(":")
     items = parse_overrides(override_text, text) if colon else []

@@ -17,7 +17,12 @@ Cases for ``Reshard(π)`` on a value ``x``:
   2. ``x.placements == (π,)``: unchanged;
   3. ``π`` is ``P`` (partial): DTensor cannot redistribute *to* partial; unchanged, counted in
      ``Reshard.fallbacks`` and logged the first time (the consumer reduces later);
-     :attr:`Reshard.fallback_line` is what ``ShardedModule.fallbacks`` reports;
+     :attr:`Reshard.fallback_line` is what ``ShardedModule.fallbacks`` reports. A consumer
+     that cannot take a partial input — dropout, whose mask DTensor draws in place
+     (``bernoulli_``) and which does not commute with the pending sum — gets the edge's
+     reshard before it instead: ``Reshard(π_u)`` on its input, ``π_u`` the consumer's own
+     planned placement (elementwise: input and output placed alike), the reshard the plan's
+     search priced on that edge (``P → S(1)`` is a reduce-scatter);
   4. otherwise ``x.redistribute(tp_mesh, [π])``.
 In debug mode ``Reshard`` asserts after the fact that the value has the planned placement.
 
@@ -86,6 +91,22 @@ class Reshard(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.node}: → {format_placements([self.placement])}"
+
+
+#: Dropout as the graph holds it: the module, the functional and the ATen ops.
+_DROPOUT_FUNCTIONS = {torch.nn.functional.dropout, torch.dropout, torch.ops.aten.dropout.default,
+                      torch.ops.aten.native_dropout.default}
+
+
+def _is_dropout(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether ``node`` applies dropout (an ``nn.Dropout`` module, ``F.dropout`` or its ATen
+    ops)."""
+    if node.op == "call_module":
+        try:
+            return isinstance(gm.get_submodule(str(node.target)), nn.modules.dropout._DropoutNd)
+        except AttributeError:
+            return False
+    return node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS
 
 
 class EnterSPMD(nn.Module):
@@ -165,7 +186,25 @@ class InsertReshards(RewritePass):
                 new = gm.graph.call_module(target, (node,))
             node.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
             self.inserted.append(node.name)
+            if isinstance(placement, Partial):
+                self._reshard_before_dropout(gm, new, plan)
         gm.recompile()
+
+    def _reshard_before_dropout(self, gm: fx.GraphModule, value: fx.Node, plan: "Plan") -> None:
+        """Case 3's dropout consumers of a partial ``value``: its input resharded to the
+        consumer's planned placement (or replicated when it has none)."""
+        for user in list(value.users):
+            if not _is_dropout(gm, user):
+                continue
+            planned = plan.placements.nodes.get(user.name)
+            placement = Replicate() if planned is None else axis_placement(plan, planned, "tp")
+            if isinstance(placement, Partial):
+                placement = Replicate()
+            target = f"reshard_into_{user.name}"
+            gm.add_submodule(target, Reshard(self.tp_mesh, placement, user.name, self.debug))
+            with gm.graph.inserting_before(user):
+                edge = gm.graph.call_module(target, (value,))
+            user.replace_input_with(value, edge)
 
     def _insert_boundary(self, gm: fx.GraphModule) -> None:
         gm.add_submodule("enter_spmd", EnterSPMD(self.tp_mesh))

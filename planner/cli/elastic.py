@@ -31,6 +31,7 @@ from fxplan.cli.run_config import LaunchError
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
+    from fxplan.runtime.heartbeat import StepWatch
 
 __all__ = ["add_elastic_arguments", "parse_elastic", "elastic_torchrun_flags", "rdzv_id",
            "run_supervised", "replan_before_start", "resume_newest"]
@@ -94,14 +95,18 @@ def elastic_torchrun_flags(args: argparse.Namespace, nnodes: int, attempt: int, 
 
 
 def run_supervised(args: argparse.Namespace, run_dir: str,
-                   make_attempt: Callable[[int], "tuple[dict[str, str], list[str]]"]) -> int:
-    """Run the launch under :func:`fxplan.runtime.supervisor.supervise`."""
+                   make_attempt: Callable[[int], "tuple[dict[str, str], list[str]]"],
+                   watch: "StepWatch | None" = None,
+                   input_error: "Callable[[], str | None] | None" = None) -> int:
+    """Run the launch under :func:`fxplan.runtime.supervisor.supervise` (``watch``: the step
+    watchdog; ``input_error``: the workers' input-error report, which ends it unrestarted)."""
     from fxplan.runtime.supervisor import supervise
 
     def say(text: str) -> None:
         print(f"fxplan launch: {text}", flush=True)
 
-    return supervise(make_attempt, max_restarts=args.max_restarts, run_dir=run_dir, say=say)
+    return supervise(make_attempt, max_restarts=args.max_restarts, run_dir=run_dir, say=say,
+                     watch=watch, input_error=input_error)
 
 
 def replan_before_start(args: argparse.Namespace, plan: "Plan", world: int, run_dir: str

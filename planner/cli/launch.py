@@ -30,6 +30,17 @@ with exit code 2. So is a ``--resume`` directory that is not a complete fxplan c
 (manifest and sha256 of every file, checked before anything is unpickled: checkpoints are
 trusted input, docs/runtime.md "Checkpoints and the trust boundary").
 
+The run directory is one run's (:mod:`fxplan.cli.run_dir`): it is locked for the launch's
+lifetime, and a directory holding a previous run is refused unless ``--resume`` (no argument:
+its own newest checkpoint) or ``--overwrite`` is given. Data that cannot feed the model (an
+empty, odd-length or too short token file, ids beyond the vocabulary) and a checkpoint of
+another model (the manifest's model fingerprint) are refused before any process starts. While
+it runs, torchrun dies with the launcher and the workers with torchrun
+(:mod:`fxplan.runtime.parent_death`); a rank that finishes no step for ``--step-timeout``
+seconds ends the attempt (:mod:`fxplan.runtime.heartbeat`; restarted under
+``--max-restarts``); an input error only a worker sees is printed once, exit code 2, no
+restart spent (:mod:`fxplan.runtime.rank_errors`). docs/elastic.md has the details.
+
 Single-node runs rendezvous on ``127.0.0.1`` at a free port and nothing listens beyond loopback:
 ``python -m fxplan.runtime.torchrun`` (torchrun with its store servers bound to loopback) and
 ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` set to the loopback interface. The command is
@@ -48,13 +59,19 @@ public names stay importable from here.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fxplan.cli.arguments import output_path
 from fxplan.cli.child import run_foreground
-from fxplan.cli.launch_checks import check_checkpoints, check_plan, settings_for
+from fxplan.cli.launch_checks import (check_checkpoints, check_data, check_plan,
+                                      check_resume_model, set_aside, settings_for)
+from fxplan.cli.run_config import LaunchError, RunSettings
+from fxplan.cli.run_dir import claim_run_dir
 from fxplan.cli.slurm import write_slurm
 from fxplan.cli.torchrun_command import launch_command, shell_line, trace_dir
 from fxplan.core.training import AFFINITY_MODES, APPLY_PATHS
@@ -108,11 +125,19 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="write RUN_DIR/checkpoints/step-N every K steps and at the end "
                        "(default 0: none)")
     parser.add_argument("--model", help="model spec to run (default: the plan's)")
-    parser.add_argument("--resume", metavar="DIR",
+    parser.add_argument("--resume", metavar="DIR", nargs="?", const="",
                         help="go on from a checkpoint (a run dir, its checkpoints/ or a step-N "
-                        "dir; the latest complete one), saved under any plan, at the next "
-                        "sample, up to --steps in all. Checkpoints are trusted input: see "
-                        "docs/runtime.md")
+                        "dir; the latest complete one; without DIR: --run-dir's), saved under "
+                        "any plan, at the next sample, up to --steps in all. Checkpoints are "
+                        "trusted input: see docs/runtime.md")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start afresh in a --run-dir that holds a previous run: its "
+                        "metrics, summary, events, plans and checkpoints are removed first "
+                        "(without --resume or --overwrite such a directory is refused)")
+    parser.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS",
+                        help="end the attempt (and restart it under --max-restarts) when a "
+                        "rank finishes no step for this long after its first (default: 5 "
+                        "predicted step times, at least 60 s; 0: no watchdog)")
     parser.add_argument("--save", metavar="CKPT",
                         help="write a training checkpoint (parameters, optimizer state, data "
                         "position) to a new directory CKPT at the end")
@@ -164,13 +189,39 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.cli.elastic import resume_newest
 
     settings = settings_for(args)
-    resume_newest(args, settings.run_dir)
-    resume = check_checkpoints(args, settings)
+    if args.resume == "":  # a bare --resume: the run directory's own checkpoints
+        args.resume = settings.run_dir
+    if args.resume and args.overwrite:
+        raise LaunchError("--resume and --overwrite: one goes on with the run directory, the "
+                          "other starts it afresh; give one")
+    if args.step_timeout is not None and not (args.step_timeout >= 0 and
+                                              math.isfinite(args.step_timeout)):
+        raise LaunchError(f"--step-timeout {args.step_timeout}: expected a finite number of "
+                          "seconds ≥ 0 (0: no watchdog)")
+    if not args.overwrite:
+        resume_newest(args, settings.run_dir)
+    refused: list[Path] = []
+    resume = check_checkpoints(args, settings, refused)
     if resume is not None:
         print(f"resume: {resume} (manifest and file hashes verified)", flush=True)
     plan, nnodes, nproc, cluster = check_plan(args)
+    check_data(settings, plan, args.model or plan.model)
+    if resume is not None:
+        check_resume_model(resume, args.model or plan.model)
     if args.slurm:
         return write_slurm(args, plan, cluster, nnodes, nproc, settings)
+    if args.print_command:
+        return _start(args, plan, cluster, nnodes, nproc, settings)
+    with claim_run_dir(settings.run_dir, resume=bool(args.resume), overwrite=args.overwrite,
+                       per_host=nnodes > 1):
+        set_aside(refused)
+        return _start(args, plan, cluster, nnodes, nproc, settings)
+
+
+def _start(args: argparse.Namespace, plan: "Plan", cluster: "Cluster", nnodes: int, nproc: int,
+           settings: RunSettings) -> int:
+    """Replan when the world is known to differ, then print (``--print-command``) or run the
+    torchrun command, watched (module docstring)."""
     if nnodes * nproc != plan.world_size and not args.elastic:  # known now: replan here
         from fxplan.cli.elastic import replan_before_start
 
@@ -184,9 +235,46 @@ def run(args: argparse.Namespace) -> int:
         written = write_predicted_trace(plan, cluster, args.model, trace_dir(args, settings))
         print(f"predicted trace written to {written}", flush=True)
     print(f"running: {line}", flush=True)
-    if args.max_restarts or args.elastic:
-        from fxplan.cli.elastic import run_supervised
+    from fxplan.runtime.heartbeat import STATUS_DIR_ENV, StepWatch, default_step_timeout
+    from fxplan.runtime.rank_errors import read_reports, summarize
 
-        return run_supervised(args, settings.run_dir, lambda attempt: (
-            (env, cmd) if attempt == 0 else launch_command(args, nnodes, nproc, settings, attempt)))
-    return run_foreground(cmd, {**os.environ, **env})
+    status = tempfile.mkdtemp(prefix="fxplan-status-")
+    try:
+        timeout = args.step_timeout if args.step_timeout is not None else \
+            default_step_timeout(_largest(plan.estimate.get("step_time_s")))
+        watch = StepWatch(status, timeout) if timeout else None
+        watched = {STATUS_DIR_ENV: status}
+
+        def input_error() -> str | None:
+            reports = read_reports(status)
+            return summarize(reports) if reports else None
+
+        if args.max_restarts or args.elastic:
+            from fxplan.cli.elastic import run_supervised
+
+            def attempt_command(attempt: int) -> tuple[dict[str, str], list[str]]:
+                made = (env, cmd) if attempt == 0 else \
+                    launch_command(args, nnodes, nproc, settings, attempt)
+                return {**made[0], **watched}, made[1]
+
+            code = run_supervised(args, settings.run_dir, attempt_command, watch, input_error)
+        else:
+            code = run_foreground(cmd, {**os.environ, **env, **watched}, watch=watch,
+                                  say=lambda text: print(f"fxplan launch: {text}", flush=True))
+        refusal = input_error() if code else None
+        if refusal:
+            raise WorkerInputError(refusal)
+        return code
+    finally:
+        shutil.rmtree(status, ignore_errors=True)
+
+
+class WorkerInputError(LaunchError):
+    """An input error a worker reported (:mod:`fxplan.runtime.rank_errors`): exit code 2."""
+
+
+def _largest(value: object) -> float | None:
+    """A scalar estimate, or the largest of a per-stage list (``None`` when absent)."""
+    if isinstance(value, (list, tuple)):
+        return max(value) if value else None
+    return float(value) if isinstance(value, (int, float)) else None

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from fxplan.cli.run_config import SETTINGS, LaunchError, RunSettings, resolve_settings
 from fxplan.cli.torchrun_command import needs_endpoint
+from fxplan.core.files import not_regular
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -35,8 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import Plan
 
-__all__ = ["check_checkpoints", "check_dataset_dir", "check_expert_model", "check_plan",
-           "node_layout", "settings_for"]
+__all__ = ["check_checkpoints", "check_data", "check_dataset_dir", "check_expert_model",
+           "check_plan", "check_resume_model", "node_layout", "set_aside", "settings_for"]
 
 
 def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
@@ -90,11 +91,14 @@ def check_expert_model(model: str, plan: "Plan", built: "torch.nn.Module | None"
     check_expert_layers(built, plan)
 
 
-def check_checkpoints(args: argparse.Namespace, settings: RunSettings) -> str | None:
+def check_checkpoints(args: argparse.Namespace, settings: RunSettings,
+                      refused: list[Path] | None = None) -> str | None:
     """Before any process starts: ``--resume`` names a complete, unaltered fxplan checkpoint
     (manifest and sha256 of every file, checked before anything is unpickled) that has done
     fewer than ``--steps`` steps, and ``--save`` names no existing directory. Returns the
-    checkpoint directory ``--resume`` resolves to."""
+    checkpoint directory ``--resume`` resolves to: in a run or checkpoints directory the newest
+    that passes the check, the newer ones that fail it appended to ``refused`` (the launch
+    moves them aside: :func:`set_aside`)."""
     from fxplan.runtime.ckpt_manifest import CheckpointError, read_json_file, resolve_checkpoint
 
     if args.save and os.path.exists(args.save):
@@ -102,20 +106,75 @@ def check_checkpoints(args: argparse.Namespace, settings: RunSettings) -> str | 
                           "directory and never over another; give a new path")
     if not args.resume:
         return None
-    found, manifest = resolve_checkpoint(args.resume)
+    skipped: list[tuple[Path, str]] = []
+    found, manifest = resolve_checkpoint(args.resume, skipped)
+    for directory, why in skipped:  # newer checkpoints cut or altered after their commit
+        print(f"resume: {directory.name} is refused ({why}); going on from {found.name}",
+              flush=True)
+    if refused is not None:
+        refused += [directory for directory, _ in skipped]
+    skipped_dirs = {directory.resolve() for directory, _ in skipped}
     step = read_json_file(found, "train_state.json").get("step", manifest.get("step"))
     if not isinstance(step, int) or step >= settings.steps:
         raise CheckpointError(f"--resume {found}: the checkpoint has done {step} steps and "
                               f"--steps is {settings.steps} (the total a resumed run trains "
                               f"to): nothing to train; give --steps > {step}")
     later = sorted(int(m.group(1)) for entry in Path(settings.run_dir, "checkpoints").glob("step-*")
-                   if (m := re.fullmatch(r"step-(\d+)", entry.name)) and int(m.group(1)) > step)
+                   if (m := re.fullmatch(r"step-(\d+)", entry.name)) and int(m.group(1)) > step
+                   and entry.resolve() not in skipped_dirs)
     if settings.checkpoint_every and later:
         raise LaunchError(f"--run-dir {settings.run_dir} already holds checkpoints after step "
                           f"{step} (step-{later[0]} …), which this run would write again and a "
                           "committed checkpoint is never overwritten: resume from the latest, "
                           "or give another --run-dir")
     return str(found)
+
+
+def set_aside(refused: list[Path]) -> None:
+    """Rename each refused ``step-N`` to ``step-N.refused-STAMP``: no longer a committed
+    checkpoint, out of the way of the step this run writes again, kept for a look."""
+    for directory in refused:
+        aside = directory.with_name(f"{directory.name}.refused-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.rename(directory, aside)
+        print(f"resume: the refused {directory.name} moved aside to {aside.name}", flush=True)
+
+
+def check_resume_model(checkpoint: str, model: str) -> None:
+    """Before any process starts: the ``--resume`` checkpoint must hold the parameters of the
+    model this launch runs, as its manifest records them
+    (:func:`fxplan.runtime.ckpt_manifest.check_model`); the model is built on ``meta`` as the
+    worker builds it (no weights allocated)."""
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.build import meta_parameters
+    from fxplan.runtime.ckpt_manifest import MANIFEST, check_model, read_json_file
+    from fxplan.runtime.train_checkpoint import model_fingerprint
+
+    manifest = read_json_file(Path(checkpoint), MANIFEST)
+    if not isinstance(manifest.get("model_fingerprint"), str):
+        return  # written before fingerprints were recorded: nothing to compare
+    with meta_parameters():
+        built = resolve_model(model).build("cpu")
+    check_model(Path(checkpoint), manifest, model, model_fingerprint(built))
+
+
+def check_data(settings: RunSettings, plan: "Plan", model: str) -> None:
+    """Before any process starts: a token file must feed the plan's model — not empty, a whole
+    number of ids, at least one sample of ``seq + 1`` tokens, no id at or above the
+    vocabulary in its first :data:`~fxplan.runtime.data.SCAN_BYTES` bytes
+    (:func:`fxplan.runtime.data.check_token_file`). Synthetic data, datasets directories
+    (:func:`check_dataset_dir`) and hooks are not read here; what only a worker sees is
+    reported once by the launcher (:mod:`fxplan.runtime.rank_errors`)."""
+    data = settings.data
+    if data == "synthetic" or os.path.isdir(data) or \
+            (data.rpartition(":")[1] and data.rpartition(":")[0].endswith(".py")):
+        return
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.data import SCAN_BYTES, check_token_file, token_dtype
+
+    config = resolve_model(model).config
+    vocab = getattr(config, "vocab", None) or getattr(config, "vocab_size", None)
+    check_token_file(data, seq=plan.seq or 1, dtype=token_dtype(settings.token_dtype, vocab),
+                     vocab=vocab, scan_bytes=SCAN_BYTES)
 
 
 def node_layout(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> tuple[int, int]:
@@ -166,6 +225,10 @@ def settings_for(args: argparse.Namespace) -> RunSettings:
             data = f"{os.path.abspath(path)}:{function}"
         elif os.path.isdir(data):
             data = check_dataset_dir(data)
+        elif not_regular(data):
+            raise LaunchError(f"--data {data} is {not_regular(data)}, not a regular file: "
+                              "expected a token file (memory-mapped), a datasets directory, "
+                              "'synthetic' or FILE.py:FUNCTION")
         elif not os.path.isfile(data):
             raise LaunchError(f"--data {data}: no such file (expected a token file, 'synthetic' "
                               "or FILE.py:FUNCTION)")

@@ -6,7 +6,8 @@ The object has required keys (:data:`REQUIRED`), optional ones (:data:`OPTIONAL`
 derived from ``config`` (:data:`DERIVED`: written for readers, checked on load, never trusted).
 Any other key, a wrong type (``"4"`` or ``true`` for an integer), a derived key that disagrees
 with the config (``mesh_shape ≠ (pp, dp, tp)``, ``degrees``, ``cp_attention``, ``offload``) or an
-``estimate.config`` that is not the plan's config (a stale prediction) is a
+``estimate.config`` that is not the plan's config (a stale prediction), or a number of the
+estimate that is not finite (JSON's ``NaN``/``Infinity``), is a
 :class:`~fxplan.core.plan_parts.PlanError` naming the file and key. The plan's own invariants
 (``batch = (dp/cp) · microbatch_size · num_microbatches``, stage ranges, …) are checked by the
 Plan itself when :func:`plan_from_dict` builds it.
@@ -15,6 +16,7 @@ Plan itself when :func:`plan_from_dict` builds it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Mapping, TypeVar
 
 from fxplan.core.bounds import BoundsError
@@ -136,6 +138,10 @@ def _check_estimate(estimate: Any, config: ParallelConfig) -> None:
     re-priced here (``fxplan estimate --config`` prices the edited configuration)."""
     if not isinstance(estimate, Mapping):
         raise PlanError(f"estimate must be an object, got {type(estimate).__name__}")
+    for key, value in _numbers(estimate, "estimate"):
+        if not math.isfinite(value):
+            raise PlanError(f"{key} is {value}: a prediction is finite numbers (JSON's NaN and "
+                            "Infinity are not); re-plan with `fxplan plan`")
     priced = estimate.get("config")
     if priced is None:
         return
@@ -147,6 +153,17 @@ def _check_estimate(estimate: Any, config: ParallelConfig) -> None:
             "prediction is stale (the plan was edited after the search). Expected them equal: "
             "re-plan with `fxplan plan`, or price the edited configuration with `fxplan "
             "estimate --config`")
+
+
+def _numbers(value: Any, key: str) -> list[tuple[str, float]]:
+    """Every float inside ``value`` (objects and lists, recursively) with its key path."""
+    if isinstance(value, float):
+        return [(key, value)]
+    if isinstance(value, Mapping):
+        return [found for k, v in value.items() for found in _numbers(v, f"{key}.{k}")]
+    if isinstance(value, (list, tuple)):
+        return [found for i, v in enumerate(value) for found in _numbers(v, f"{key}[{i}]")]
+    return []
 
 
 def _integer(value: Any, key: str) -> int:

@@ -38,7 +38,7 @@ from fxplan.core.json_object import parse_json_object
 
 __all__ = ["CheckpointError", "MANIFEST", "FORMAT", "VERSION", "commit_checkpoint",
            "verify_checkpoint", "resolve_checkpoint", "read_json_file", "staging_dir",
-           "newest_committed_step"]
+           "newest_committed_step", "check_model"]
 
 MANIFEST = "fxplan-manifest.json"
 FORMAT = "fxplan-checkpoint"
@@ -118,7 +118,7 @@ def verify_checkpoint(directory: str | Path) -> dict[str, Any]:
             "`fxplan launch --checkpoint-every` or `--save`.")
     try:
         manifest = json.loads(manifest_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise CheckpointError(f"--resume {directory}: {MANIFEST} is not readable JSON "
                               f"({err}); refused") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -164,12 +164,15 @@ def newest_committed_step(run_dir: str | Path) -> int | None:
     return steps[0][0] if steps else None
 
 
-def resolve_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
+def resolve_checkpoint(path: str | Path, refused: list[tuple[Path, str]] | None = None
+                       ) -> tuple[Path, dict[str, Any]]:
     """The checkpoint ``--resume PATH`` names and its verified manifest: ``PATH`` itself when
-    it holds a manifest (a ``step-N`` or ``--save`` directory), else the highest committed
+    it holds a manifest (a ``step-N`` or ``--save`` directory), else the newest committed
     ``step-N`` of ``PATH/checkpoints/`` (a run directory) or of ``PATH`` (a checkpoints
-    directory). A higher ``step-N`` that fails the check is refused, not skipped: pass an
-    earlier ``step-N`` directory explicitly to resume from it."""
+    directory) that passes the check. A newer ``step-N`` that fails it (cut or altered after
+    its commit: a full disk, a copy interrupted) is skipped for the one before it and appended
+    to ``refused`` as ``(directory, why)``; when none passes, the newest one's refusal is
+    raised. A ``step-N`` named itself is never skipped."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"--resume {path}: no such checkpoint directory (expected a run "
@@ -179,10 +182,34 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any]]:
         return path, verify_checkpoint(path)
     for checkpoints in (path / "checkpoints", path):
         steps = _step_dirs(checkpoints)
-        if steps:
-            return steps[0][1], verify_checkpoint(steps[0][1])
+        first_error: CheckpointError | None = None
+        for _, directory in steps:
+            try:
+                return directory, verify_checkpoint(directory)
+            except CheckpointError as err:
+                first_error = first_error or err
+                if refused is not None:
+                    refused.append((directory, str(err)))
+        if first_error is not None:
+            raise first_error
     verify_checkpoint(path)  # raises: no manifest here and no committed step below
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def check_model(directory: Path, manifest: dict[str, Any], spec: str, fingerprint: str) -> None:
+    """Refuse the checkpoint ``directory`` (its verified ``manifest``) for the model ``spec``
+    whose state-dict fingerprint is ``fingerprint``, when the manifest records another
+    (:func:`fxplan.runtime.train_checkpoint.model_fingerprint`); a checkpoint written before
+    fingerprints were recorded is not checked."""
+    saved = manifest.get("model_fingerprint")
+    if not isinstance(saved, str) or saved == fingerprint:
+        return
+    raise CheckpointError(
+        f"--resume {directory}: the checkpoint holds the parameters of model "
+        f"{manifest.get('model', '?')!r} (state-dict layout {saved[:12]}), and this launch runs "
+        f"{spec!r} (layout {fingerprint[:12]}): their parameters differ in names or shapes, so "
+        "no rank could load it. Resume with the model the checkpoint was saved for (its plan, "
+        "or --model SPEC), or start this model without --resume")
 
 
 def read_json_file(directory: Path, name: str) -> dict[str, Any]:

@@ -46,7 +46,7 @@ import torch
 from fxplan.core.errors import UserError
 
 __all__ = ["DataError", "DataSource", "TokenStream", "TokenFile", "SyntheticData", "HookData",
-           "replica_coordinates", "token_dtype"]
+           "SCAN_BYTES", "check_token_file", "replica_coordinates", "token_dtype"]
 
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
 
@@ -105,15 +105,49 @@ class TokenStream:
         return (block[:, :-1].contiguous(),), block[:, 1:].contiguous()
 
 
+#: How much of a token file :func:`check_token_file` scans for ids beyond the vocabulary before
+#: the workers start (at memory bandwidth, well under a second); ids past it are checked by the
+#: ranks as they read them (:meth:`TokenStream.batch`).
+SCAN_BYTES = 256 * 2**20
+
+
+def check_token_file(path: str, *, seq: int, dtype: np.dtype, vocab: int | None,
+                     scan_bytes: int = 0) -> None:
+    """Refuse a token file that cannot feed one sample: empty, not a whole number of ``dtype``
+    ids, fewer than ``seq + 1`` tokens, or (its first ``scan_bytes`` bytes) an id at or above
+    ``vocab``. :class:`TokenFile` checks the first three; ``fxplan launch`` all four, before
+    any process starts."""
+    size = os.path.getsize(path)
+    if size == 0:
+        raise DataError(f"token file {path} is empty: expected flat {dtype.name} token ids "
+                        "(at least seq + 1 of them)")
+    if size % dtype.itemsize:
+        raise DataError(f"token file {path}: {size} bytes is not a whole number of "
+                        f"{dtype.name} ids ({dtype.itemsize} bytes each); wrong --token-dtype, "
+                        "or a file cut short?")
+    count = size // dtype.itemsize
+    if count < seq + 1:
+        raise DataError(f"token file {path}: {count} tokens, fewer than one sample of seq + 1 "
+                        f"= {seq + 1}")
+    if vocab is None or scan_bytes <= 0:
+        return
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    chunk = 1 << 22
+    for first in range(0, min(count, scan_bytes // dtype.itemsize), chunk):
+        part = np.asarray(tokens[first:first + chunk])
+        if part.size and int(part.max()) >= vocab:
+            where = first + int(np.argmax(part >= vocab))
+            raise DataError(f"token file {path}: id {int(tokens[where])} at token {where} is "
+                            f"not below the model's vocabulary {vocab} (wrong --token-dtype, or "
+                            "data tokenised for another model?)")
+
+
 class TokenFile(TokenStream):
     """A flat token file (``uint16``/``uint32`` ids), memory-mapped (module docstring)."""
 
     def __init__(self, path: str, *, seq: int, global_batch: int, dtype: np.dtype,
                  vocab: int | None = None, seed: int = 0) -> None:
-        size = os.path.getsize(path)
-        if size % dtype.itemsize:
-            raise DataError(f"token file {path}: {size} bytes is not a whole number of "
-                            f"{dtype.name} ids ({dtype.itemsize} bytes each); wrong --token-dtype?")
+        check_token_file(path, seq=seq, dtype=dtype, vocab=vocab)
         super().__init__(np.memmap(path, dtype=dtype, mode="r"), f"token file {path}", seq=seq,
                          global_batch=global_batch, vocab=vocab, seed=seed)
 
@@ -165,7 +199,13 @@ class HookData:
         if not callable(build):
             raise DataError(f"--data {spec}: {path} has no function {function!r}")
         self.spec, self.rows = spec, context["stop"] - context["start"]
-        self._iterator: Iterator[Any] = iter(build(**context))
+        made = build(**context)
+        try:
+            self._iterator: Iterator[Any] = iter(made)
+        except TypeError:
+            raise DataError(f"--data {spec}: {function}(**context) returned "
+                            f"{type(made).__name__}; expected an iterable of (inputs, targets) "
+                            "per step (a generator, a DataLoader, a list)") from None
 
     def skip(self, steps: int) -> None:
         """Draw and drop the items of the first ``steps`` steps (a resumed run: the hook owns

@@ -20,7 +20,9 @@ logged it, 0 first), and then what the kind needs:
 
 Lines are appended with one ``write`` each, flushed, so a crash loses at most the line being
 written; the supervisor and rank 0 never write at the same time (one runs while the other
-waits).
+waits). A line left cut (a kill, a full disk) is dropped before the next one is appended, and
+:func:`read_events` skips any line that does not parse
+(:func:`read_json_lines`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EVENTS", "EventLog", "read_events"]
+__all__ = ["EVENTS", "EventLog", "read_events", "read_json_lines"]
 
 EVENTS = "events.jsonl"
 
@@ -48,6 +50,7 @@ class EventLog:
         event = {"kind": kind, "time": round(time.time(), 3), "attempt": self.attempt, **fields}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(event, sort_keys=False) + "\n"
+        _drop_cut_tail(self.path)
         with self.path.open("a") as handle:
             handle.write(line)
             handle.flush()
@@ -55,9 +58,44 @@ class EventLog:
         return event
 
 
+def read_json_lines(path: str | Path) -> list[str]:
+    """The lines of a JSON-lines file of the run directory that hold one JSON object each; a
+    line that does not parse (the last one, cut by a kill or a full disk, or bytes that are no
+    text) is left out. Every reader of ``metrics.jsonl`` and ``events.jsonl`` goes through
+    this, so a cut file never stops a resume."""
+    kept = []
+    for raw in Path(path).read_bytes().splitlines():
+        try:
+            line = raw.decode("utf-8")
+            if isinstance(json.loads(line), dict):
+                kept.append(line)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            continue
+    return kept
+
+
+def _drop_cut_tail(path: Path) -> None:
+    """Truncate ``path`` after its last newline: a last line without one was cut."""
+    try:
+        with path.open("rb+") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            handle.seek(size - 1)
+            if handle.read(1) == b"\n":
+                return
+            tail = min(size, 1 << 20)
+            handle.seek(size - tail)
+            end = handle.read(tail).rfind(b"\n")
+            handle.truncate(size - tail + end + 1 if end >= 0 else 0)
+    except FileNotFoundError:
+        return
+
+
 def read_events(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every event of ``run_dir`` in order (an empty list when there is none)."""
+    """Every event of ``run_dir`` in order (an empty list when there is none); a line that does
+    not parse (cut) is skipped."""
     path = Path(run_dir) / EVENTS
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in read_json_lines(path)]

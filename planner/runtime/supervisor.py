@@ -10,15 +10,19 @@ One attempt ``k = 0, 1, …``::
 
     env, argv = make_attempt(k)            # fresh port / rendezvous id, FXPLAN_ATTEMPT=k
     start argv in its own session          # its own process group: torchrun + every worker
-    wait for it to end
+    wait for it to end, or for a stalled step (:class:`~fxplan.runtime.heartbeat.StepWatch`)
     kill what is left of the group         # SIGTERM, then SIGKILL after `grace_s`; verified
-    exit code 0 → done; else, if k < max_restarts → log a `restart` event, attempt k + 1
+    exit code 0 → done; an input error reported by a worker → done (a restart would fail
+    again); else, if k < max_restarts → log a `restart` event, attempt k + 1
 
 torchrun runs with ``--max-restarts 0``: when one worker dies (SIGKILL, a crash, an OOM kill)
 its agent stops the others and exits non-zero, which is what this loop sees. The workers of
 attempt ``k + 1`` resume from the newest committed checkpoint in the run directory
 (``fxplan.worker --auto-resume``) and, when the world they got is not the plan's, replan.
 SIGINT/SIGTERM sent to the supervisor are passed to the group and end the job without a restart.
+torchrun is started with a parent-death signal (:mod:`fxplan.runtime.parent_death`): a supervisor
+killed outright takes the attempt with it. A stalled step is logged as a ``stall`` event (the
+ranks, their last step, the seconds without a step) before the attempt is ended.
 """
 
 from __future__ import annotations
@@ -34,8 +38,16 @@ from typing import Callable
 
 from fxplan.runtime.ckpt_manifest import newest_committed_step
 from fxplan.runtime.events import EventLog
+from fxplan.runtime.heartbeat import Stall, StepWatch
+from fxplan.runtime.parent_death import parent_death_hook
 
-__all__ = ["supervise", "last_logged_step", "group_members", "end_group"]
+__all__ = ["supervise", "last_logged_step", "group_members", "end_group", "wait_attempt"]
+
+#: Seconds between two looks at a running attempt's heartbeats.
+POLL_S = 0.5
+#: Seconds a stalled attempt's torchrun gets to stop its workers before SIGKILL (a hung rank
+#: does not answer SIGTERM; torchrun's own wait for it would be 30 s).
+STALL_GRACE_S = 3.0
 
 #: ``(environment added, argv)`` of attempt ``k``.
 AttemptFactory = Callable[[int], "tuple[dict[str, str], list[str]]"]
@@ -49,7 +61,7 @@ def last_logged_step(run_dir: str | Path) -> int | None:
         for line in path.read_text().splitlines():
             try:
                 steps.append(int(json.loads(line)["step"]))
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 continue  # a line cut by the crash
     return max(steps, default=None)
 
@@ -93,10 +105,28 @@ def end_group(pgid: int, grace_s: float = 10.0) -> list[int]:
     return group_members(pgid)
 
 
+def wait_attempt(proc: subprocess.Popen, watch: StepWatch | None,
+                 poll_s: float = POLL_S) -> Stall | None:
+    """Wait until ``proc`` ends (``None``) or ``watch`` sees a stalled step (the
+    :class:`Stall`; ``proc`` is left running for the caller to end)."""
+    while True:
+        try:
+            proc.wait(timeout=poll_s if watch is not None else None)
+            return None
+        except subprocess.TimeoutExpired:
+            stall = watch.stalled() if watch is not None else None
+            if stall is not None:
+                return stall
+
+
 def supervise(make_attempt: AttemptFactory, *, max_restarts: int, run_dir: str | Path,
-              say: Callable[[str], None] = print, grace_s: float = 10.0) -> int:
+              say: Callable[[str], None] = print, grace_s: float = 10.0,
+              watch: StepWatch | None = None,
+              input_error: Callable[[], str | None] | None = None) -> int:
     """Run attempts until one exits 0 or ``max_restarts`` restarts are spent (module
-    docstring); returns the last attempt's exit code."""
+    docstring); returns the last attempt's exit code. ``watch``: the step watchdog of the
+    attempts' heartbeats; ``input_error()``: the workers' report of an input error after a
+    failed attempt (no restart then), else ``None``."""
     if max_restarts < 0:
         raise ValueError(f"max_restarts {max_restarts}: expected ≥ 0")
     stopping: list[int] = []
@@ -119,13 +149,27 @@ def supervise(make_attempt: AttemptFactory, *, max_restarts: int, run_dir: str |
             env, argv = make_attempt(attempt)
             if attempt:
                 say(f"restart {attempt}/{max_restarts}: {subprocess.list2cmdline(argv)}")
-            proc = subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True)
+            if watch is not None:
+                watch.clear()
+            proc = subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True,
+                                    preexec_fn=parent_death_hook(signal.SIGTERM))
             current[:] = [proc]
+            stall = wait_attempt(proc, watch)
+            if stall is not None:
+                say(f"{stall.describe()}; ending attempt {attempt}")
+                EventLog(run_dir, attempt).log("stall", ranks=list(stall.ranks),
+                                               last_step=stall.step, idle_s=round(stall.idle_s, 1),
+                                               timeout_s=stall.timeout_s)
+            left = end_group(proc.pid, STALL_GRACE_S if stall is not None else grace_s)
             code = proc.wait()
-            left = end_group(proc.pid, grace_s)
             current.clear()
             if left:
                 say(f"supervisor: processes {left} of attempt {attempt} survived SIGKILL")
+            if stall is not None and code == 0:
+                code = 1  # ended by the watchdog: a failed attempt whatever torchrun said
+            refused = input_error() if code and input_error is not None else None
+            if refused:
+                return code
             if code == 0 or stopping or attempt >= max_restarts:
                 if code and not stopping and max_restarts:
                     say(f"attempt {attempt} failed (exit code {code}) and the {max_restarts} "

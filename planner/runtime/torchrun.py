@@ -16,11 +16,16 @@ which ``fxplan launch`` sets to the loopback interface for single-node runs.
 from __future__ import annotations
 
 import ipaddress
+import logging
+import os
 import socket
 import sys
 from typing import Any
 
 import torch.distributed as dist
+
+from fxplan.runtime.heartbeat import STATUS_DIR_ENV
+from fxplan.runtime.rank_errors import INPUT_ERROR_EXIT, read_reports
 
 __all__ = ["is_loopback", "LoopbackTCPStore", "main"]
 
@@ -60,14 +65,40 @@ class LoopbackTCPStore(_TCPStore):  # type: ignore[misc, valid-type]
         super().__init__(host_name, port, world_size, is_master, *args, **kwargs)
 
 
+class _QuietOnInputError(logging.Filter):
+    """Drops torchrun's failure log lines once a worker has reported an input error: the
+    launcher reports it, once (:mod:`fxplan.runtime.rank_errors`)."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__()
+        self.directory = directory
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.WARNING or not read_reports(self.directory)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``torch.distributed.run`` with :class:`LoopbackTCPStore` in place of ``TCPStore``."""
+    """``torch.distributed.run`` with :class:`LoopbackTCPStore` in place of ``TCPStore``. Under
+    ``fxplan launch`` (a status directory), a worker's input error ends torchrun with exit code
+    :data:`~fxplan.runtime.rank_errors.INPUT_ERROR_EXIT` and no traceback of its own."""
     from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
 
     dist.TCPStore = LoopbackTCPStore  # dynamic_rendezvous looks it up as dist.TCPStore
     c10d_rendezvous_backend.TCPStore = LoopbackTCPStore  # imported by name there
-    run.main(sys.argv[1:] if argv is None else argv)
+    status = os.environ.get(STATUS_DIR_ENV)
+    if status:
+        quiet = _QuietOnInputError(status)
+        for name in list(logging.root.manager.loggerDict):
+            if name.startswith("torch.distributed"):  # the agent's loggers, by module
+                logging.getLogger(name).addFilter(quiet)
+    try:
+        run.main(sys.argv[1:] if argv is None else argv)
+    except ChildFailedError:
+        if status and read_reports(status):
+            raise SystemExit(INPUT_ERROR_EXIT) from None
+        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from launch_here import launch_here
+from processes import descendants
 
 MODEL = "gpt-tiny:dropout=0,seq=16"
 
@@ -30,23 +31,6 @@ def plan_file(tmp_path_factory):
 def launch(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fxplan.cli.main", "launch", *args],
                           capture_output=True, text=True, timeout=timeout)
-
-
-def _descendants(pid: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    parents[int(entry)] = int(handle.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-    found, grew = {pid}, True
-    while grew:
-        new = {child for child, parent in parents.items() if parent in found} - found
-        found |= new
-        grew = bool(new)
-    return found
 
 
 def _listening(pids: set[int]) -> set[str]:
@@ -110,7 +94,7 @@ def test_launch_trains_50_steps_from_a_token_file_on_loopback_only(plan_file, tm
          "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sockets: set[str] = set()
     while proc.poll() is None:
-        sockets |= _listening(_descendants(proc.pid))
+        sockets |= _listening(descendants(proc.pid))
         time.sleep(0.1)
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
