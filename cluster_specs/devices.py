@@ -89,6 +89,11 @@ class DeviceGroup:
     step of a node's devices shares it) and ``host_link_gb_per_s`` the host↔device bandwidth
     of one device per direction while every device of the node copies at once (PCIe lanes
     shared behind a switch count once).
+
+    ``cuda_context_gib`` is what one process holds on a GPU before its first tensor (CUDA
+    context, library handles, workspaces), as ``fxplan calibrate`` measured it on these
+    devices; ``None``: the cost model's public-figure default
+    (:data:`fxplan.cost_model.runtime_memory.CUDA_CONTEXT_BYTES`).
     """
 
     name: str
@@ -137,6 +142,7 @@ class DeviceGroup:
     host_memory_bandwidth_gb_per_s: float | None = None
     host_link_gb_per_s: float | None = None
     sm_count: int = 0
+    cuda_context_gib: float | None = None
     first_rank: int = 0
     first_node: int = 0
 

@@ -70,9 +70,13 @@ def _gpu(kind: str) -> bool:
     return kind == "gpu"
 
 
-def cuda_context_bytes(kind: str) -> float:
-    """``C_ctx`` on a GPU, 0 on a CPU device."""
-    return CUDA_CONTEXT_BYTES if _gpu(kind) else 0.0
+def cuda_context_bytes(kind: str, measured_gib: float | None = None) -> float:
+    """``C_ctx`` on a GPU — ``measured_gib`` where the spec carries a measured context
+    (``cuda_context_gib``, written by ``fxplan calibrate``), else :data:`CUDA_CONTEXT_BYTES` —,
+    0 on a CPU device."""
+    if not _gpu(kind):
+        return 0.0
+    return CUDA_CONTEXT_BYTES if measured_gib is None else measured_gib * 2**30
 
 
 def communicators(*, pp: int, dp: int, tp: int) -> int:

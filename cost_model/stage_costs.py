@@ -554,6 +554,7 @@ def rank_memory(order: ScheduleOrder, *, params: Sequence[float], saved: np.ndar
                 optimizer: OptimizerSpec = ADAM_MIXED, offload: str = "none",
                 kinds: Sequence[str] | None = None,
                 headroom: Sequence[float] | None = None,
+                contexts: Sequence[float | None] | None = None,
                 expert_params: Sequence[float] = (), ep: int = 1) -> list[MemoryBreakdown]:
     """Peak memory of each pipeline rank ``s`` from its aggregates (the one formula
     :func:`stage_memory` and the planner's search both use):
@@ -569,7 +570,8 @@ def rank_memory(order: ScheduleOrder, *, params: Sequence[float], saved: np.ndar
 
     ``saved[s, c]`` is the saved bytes per microbatch of chunk ``c`` of rank ``s``;
     ``kinds[s]`` the device kind of rank ``s`` (``gpu`` when not given), ``headroom[s]`` the
-    bytes it must leave free (0 when not given)."""
+    bytes it must leave free (0 when not given), ``contexts[s]`` its measured CUDA context in
+    GiB (``None``: the default)."""
     inflight = order.peak_inflight(np.asarray(saved, dtype=float))
     p = order.stages
     kinds = kinds if kinds is not None else ["gpu"] * p
@@ -586,7 +588,7 @@ def rank_memory(order: ScheduleOrder, *, params: Sequence[float], saved: np.ndar
         out.append(MemoryBreakdown(
             states.params, states.grads, states.optimizer, acts, work, buffers,
             float(reserved[s]), float(capacity[s]),
-            cuda_context=cuda_context_bytes(kinds[s]),
+            cuda_context=cuda_context_bytes(kinds[s], None if contexts is None else contexts[s]),
             nccl=nccl_bytes(kinds[s], pp=p, dp=dp, tp=tp),
             fragmentation=fragmentation_bytes(kinds[s], acts + work + buffers),
             headroom=float(headroom[s]) if headroom is not None else 0.0, host=states.host))
@@ -615,6 +617,7 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
         sequence_parallel=config.sequence_parallel, optimizer=optimizer, offload=config.offload,
         kinds=[device.kind for device in plan.devices],
         headroom=[headroom.bytes(device.memory_gib * GIB) for device in plan.devices],
+        contexts=[device.cuda_context_gib for device in plan.devices],
         expert_params=plan.expert_params, ep=config.ep)
     if config.offload == "none" or cluster is None:
         return memory

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from fxplan.core.errors import UserError
 from fxplan.core.training import APPLY_PATHS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,6 +101,16 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
     args = parse_args(argv)
     args.plan_object = plan
     args.fallbacks = []   # the process's own fallback lines (the program's: ShardedModule)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun: die with it, however it ends
+        import signal
+
+        from fxplan.runtime.parent_death import die_with_parent
+
+        die_with_parent(signal.SIGKILL)
+    from fxplan.runtime.heartbeat import Heartbeat
+
+    args.heartbeat = Heartbeat(int(os.environ.get("RANK", "0")))
+    args.heartbeat.beat(0, "start")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -117,6 +128,13 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
     init_process_group(backend)  # a fresh store namespace per torchrun restart
     try:
         _train(args)
+    except UserError as err:  # under fxplan launch: reported once by the launcher, exit 2
+        from fxplan.runtime.rank_errors import INPUT_ERROR_EXIT, report_error
+
+        if not report_error(dist.get_rank(), err):
+            raise
+        sys.stdout.flush()
+        os._exit(INPUT_ERROR_EXIT)  # no collective teardown: the other ranks may wait in one
     finally:
         gc.collect()  # drop DTensor/FSDP state before the groups go (clean exit, no SIGABRT)
         dist.destroy_process_group()
@@ -180,7 +198,7 @@ def _train(args: argparse.Namespace) -> None:
     from fxplan.runtime.precision import resolve_precision
     from fxplan.runtime.train_checkpoint import (TrainPosition, data_identity,
                                                  load_training_checkpoint, locate_checkpoint,
-                                                 save_training_checkpoint)
+                                                 model_fingerprint, save_training_checkpoint)
     from fxplan.core.training import TrainConfig
     from fxplan.runtime.trainer import train
 
@@ -206,6 +224,7 @@ def _train(args: argparse.Namespace) -> None:
 
     with meta_parameters():
         model = bundle.build("cpu")
+    identity = (args.model or plan.model, model_fingerprint(model))  # in every manifest
     example = tuple(v for k, v in _example_batch(bundle, plan).items() if k != "targets")
     precision = resolve_precision(args.dtype, training_dtype(cluster))
     resume = None
@@ -237,7 +256,7 @@ def _train(args: argparse.Namespace) -> None:
                      ) if rank == 0 else None
     if log is not None:
         log.write_json("run_config.json", {k: v for k, v in vars(args).items()
-                                           if k != "plan_object"})
+                                           if k not in ("plan_object", "heartbeat")})
         log.print(f"fxplan launch: {plan.model} on {plan.cluster} | {plan.summary} | "
                   f"{dist.get_world_size()} ranks, backend {dist.get_backend()} | data {args.data} | "
                   f"applied: {sharded.path} level")
@@ -268,11 +287,15 @@ def _train(args: argparse.Namespace) -> None:
         if step == start_step + 1:
             _print_fallbacks(sharded, rank, args.fallbacks)
         inject_fault(step, rank, events.attempt, "step")
+        args.heartbeat.beat(step, "step")
         every = args.checkpoint_every
         if every and (step % every == 0 or step == args.steps):
             final = Path(args.run_dir) / "checkpoints" / f"step-{step}"
+            args.heartbeat.beat(step, "save")
             inject_fault(step, rank, events.attempt, "save")
-            save_training_checkpoint(sharded, optimizer, here(step), final)
+            save_training_checkpoint(sharded, optimizer, here(step), final,
+                                     model=identity)
+            args.heartbeat.beat(step, "step")
             if log is not None:
                 log.print(f"checkpoint: step {step} saved to {final}")
 
@@ -282,8 +305,10 @@ def _train(args: argparse.Namespace) -> None:
         capacity_gib=capacity, log=log, on_step=on_step, start_step=start_step, trace=trace)
     if trace is not None and log is not None:
         log.print(f"measured trace of steps {start_step + 2}…: {trace.parent}/measured-rank*.json")
+    args.heartbeat.beat(args.steps, "end")
     if args.save:
-        save_training_checkpoint(sharded, optimizer, here(args.steps), args.save, latest=False)
+        save_training_checkpoint(sharded, optimizer, here(args.steps), args.save, latest=False,
+                                 model=identity)
         if log is not None:
             log.print(f"saved parameters, optimizer state and data position to {args.save}")
     if log is None:
@@ -307,6 +332,7 @@ def _train(args: argparse.Namespace) -> None:
         "memory_measured_as": ("torch.cuda.max_memory_allocated" if sharded.device.type == "cuda"
                                else "peak resident set size of the process (getrusage)"),
         "step_time_measured_as": "median over steps 2… of the slowest rank's step",
+        "ranks": result.ranks,   # each rank's own step times and peaks (fxplan validate)
         "config": dataclasses.asdict(config),
     }
     log.write_json("summary.json", summary)
@@ -385,23 +411,37 @@ def newest_checkpoint(run_dir: str) -> str | None:
     return run_dir if newest_committed_step(run_dir) is not None else None
 
 
-#: ``FXPLAN_FAULT=WHERE:RANK:STEP:ATTEMPT`` (tests only): rank RANK SIGKILLs itself at step STEP
-#: of attempt ATTEMPT, after the update (``step``) or as the checkpoint save begins (``save``).
+#: ``FXPLAN_FAULT=WHERE:RANK:STEP:ATTEMPT[:ACTION]`` (tests only): at step STEP of attempt
+#: ATTEMPT, after the update (``step``) or as the checkpoint save begins (``save``), rank RANK
+#: does ACTION: ``kill`` (default) SIGKILLs itself as a failing node would; ``stop`` SIGSTOPs
+#: itself as a hung rank would; ``fsize`` caps the size of any file it writes from then on at
+#: :data:`FAULT_FILE_BYTES` (``RLIMIT_FSIZE``, ``SIGXFSZ`` ignored: a write past it fails with
+#: ``EFBIG``, as a write to a full disk fails with ``ENOSPC``).
 FAULT_ENV = "FXPLAN_FAULT"
+FAULT_FILE_BYTES = 4096
 
 
 def inject_fault(step: int, rank: int, attempt: int, where: str) -> None:
-    """Test fault injection (:data:`FAULT_ENV`): kill this process as a failing node would."""
+    """Test fault injection (:data:`FAULT_ENV`)."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
-    at, *numbers = spec.split(":")
-    if at == where and [int(n) for n in numbers] == [rank, step, attempt]:
-        import signal
+    at, *fields = spec.split(":")
+    action = fields.pop() if len(fields) == 4 else "kill"
+    if at != where or [int(n) for n in fields] != [rank, step, attempt]:
+        return
+    import signal
 
-        print(f"{FAULT_ENV}: rank {rank} kills itself at step {step} ({where}) of attempt "
-              f"{attempt}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+    what = {"kill": "kills itself", "stop": "stops itself", "fsize": "caps its file size"}
+    print(f"{FAULT_ENV}: rank {rank} {what[action]} at step {step} ({where}) of attempt "
+          f"{attempt}", flush=True)
+    if action == "fsize":
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FAULT_FILE_BYTES, FAULT_FILE_BYTES))
+    else:
+        os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
 
 
 def resume_notes(position: Any, args: argparse.Namespace, plan: Any) -> list[str]:

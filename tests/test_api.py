@@ -6,6 +6,7 @@ import logging
 
 from fxplan.core.plan import Plan
 from rt_plans import build_model, fixed_batch, make_plan
+from torch_versions import graph_rewrite_vocab_parallel_fails_before_2_13
 
 
 def test_without_distributed_returns_the_plan_with_a_message(caplog):
@@ -61,6 +62,7 @@ def test_unknown_path_is_refused():
                  batch=plan.batch, plan=plan, path="modules")
 
 
+@graph_rewrite_vocab_parallel_fails_before_2_13
 def test_tp_passes_alone(rank_pool):
     report = rank_pool.run("rt_cases:tp_passes_alone")[0]
     assert report["error"] <= 1e-5 and report["plain_output"] and report["qkv_sharded"], report

@@ -76,10 +76,21 @@ def _check_python() -> Check:
 def _check_torch() -> Check:
     import torch
 
-    cuda = torch.version.cuda
-    build = f"CUDA {cuda} build" if cuda else "CPU-only build"
-    return Check("torch", OK, f"{torch.__version__}, {build}",
-                 {"version": torch.__version__, "cuda": cuda})
+    from fxplan.core.torch_support import NEWEST, TorchVersionError, check_torch, parse_version, \
+        supported_range
+
+    cuda, hip = torch.version.cuda, getattr(torch.version, "hip", None)
+    build = f"CUDA {cuda} build" if cuda else f"ROCm {hip} build" if hip else "CPU-only build"
+    data = {"version": torch.__version__, "cuda": cuda, "hip": hip,
+            "supported": supported_range()}
+    try:
+        check_torch(torch.__version__)
+    except TorchVersionError as err:
+        return Check("torch", FAIL, f"{torch.__version__}, {build}: {err}", data)
+    if parse_version(torch.__version__)[:2] > NEWEST:
+        return Check("torch", WARN, f"{torch.__version__}, {build}: newer than the releases "
+                     f"fxplan was tested with ({supported_range()})", data)
+    return Check("torch", OK, f"{torch.__version__}, {build} (supported: {supported_range()})", data)
 
 
 def _check_distributed() -> Check:
@@ -113,7 +124,11 @@ def _check_nccl() -> Check:
         return Check("NCCL", OK, "not available (no CUDA; gloo is used)", {"available": False})
     version = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
     detail = f"available, version {version}" if version else "available (no CUDA device visible)"
-    return Check("NCCL", OK, detail, {"available": True, "version": version})
+    # On a ROCm build torch's "nccl" backend is RCCL (AMD's NCCL), which GPU ranks then run.
+    library = "rccl" if getattr(torch.version, "hip", None) else "nccl"
+    if library == "rccl":
+        detail += " — RCCL: the nccl backend of this ROCm build of torch"
+    return Check("NCCL", OK, detail, {"available": True, "version": version, "library": library})
 
 
 def _check_cuda(devices: list[Devices]) -> Check:

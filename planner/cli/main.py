@@ -31,15 +31,21 @@ VERBS: tuple[str, ...] = (
     "profile",
     "estimate",
     "plan",
+    "compare",
     "report",
     "explain",
     "diff",
     "export",
     "launch",
+    "validate",
     "replan",
     "models",
     "doctor",
+    "calibrate",
 )
+
+#: Verbs that run on any torch (or none): ``doctor`` reports the version as one of its checks.
+UNCHECKED_VERBS: frozenset[str] = frozenset({"doctor"})
 
 _DEBUG_HELP = "show tracebacks for errors (anywhere on the line, before `--`)"
 
@@ -118,6 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 1
     try:
+        if args.verb not in UNCHECKED_VERBS:
+            from fxplan.core.torch_support import check_torch
+
+            check_torch()
         return int(args.func(args) or 0)
     except BrokenPipeError:
         # `fxplan ... | head` closed the pipe: not an error; silence the flush at exit.

@@ -63,6 +63,7 @@ class DeviceMemory:
     reserved: float
     headroom: float = 0.0
     kind: str = "gpu"
+    context_gib: float | None = None   # measured CUDA context (``cuda_context_gib``)
 
     @property
     def limit(self) -> float:
@@ -73,7 +74,7 @@ class DeviceMemory:
     def of(cls, device: object, headroom: MemoryHeadroom = DEFAULT_HEADROOM) -> "DeviceMemory":
         capacity = float(device.memory_gib) * GIB
         return cls(capacity, float(device.reserved_memory_gib) * GIB, headroom.bytes(capacity),
-                   str(device.kind))
+                   str(device.kind), getattr(device, "cuda_context_gib", None))
 
     def limit_text(self) -> str:
         """``"76.0 GiB (80 GiB less 4.0 GiB headroom)"`` — how pruning reasons name the cap."""
@@ -81,7 +82,8 @@ class DeviceMemory:
 
     def fixed_runtime(self, c: ParallelConfig) -> float:
         """CUDA context and NCCL buffers of a rank of ``c`` (0 on a CPU device)."""
-        return cuda_context_bytes(self.kind) + nccl_bytes(self.kind, pp=c.pp, dp=c.dp, tp=c.tp)
+        return (cuda_context_bytes(self.kind, self.context_gib)
+                + nccl_bytes(self.kind, pp=c.pp, dp=c.dp, tp=c.tp))
 
 
 def limit_text(capacity: float, headroom: float) -> str:
@@ -220,7 +222,8 @@ def stage_memory(c: ParallelConfig, prof: SegmentProfile,
                        capacity=[m.capacity for m in mems], tp=c.tp, dp=c.dp,
                        zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel,
                        offload=c.offload, kinds=[m.kind for m in mems],
-                       headroom=[m.headroom for m in mems], ep=c.ep)
+                       headroom=[m.headroom for m in mems], ep=c.ep,
+                       contexts=[m.context_gib for m in mems])
 
 
 def stage_totals(c: ParallelConfig, prof: SegmentProfile,

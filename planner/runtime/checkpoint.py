@@ -20,8 +20,8 @@ ranks (tied embedding/LM head) are saved under one name and loaded into both cop
 A tensor strided over a mesh dim (``_StridedShard(d, split_factor=f)``: the head-parallel
 fused QKV weight, each rank its rows of q, of k and of v) has no chunk at one global offset,
 which DCP's plan needs. It is written and read with that mesh dim ``Replicate`` instead (an
-all-gather of the tensor at save; at load each rank keeps its rows of the whole, DTensor's
-``Replicate → _StridedShard``), so such a checkpoint reshards like any other.
+all-gather of the tensor at save; at load each rank keeps its rows of the whole:
+:mod:`fxplan.runtime.strided`), so such a checkpoint reshards like any other.
 """
 
 from __future__ import annotations
@@ -52,26 +52,16 @@ def _state(module: ShardedState, optimizer: torch.optim.Optimizer | None) -> dic
     return state
 
 
-def _strided(value: Any) -> bool:
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    return isinstance(value, DTensor) and any(isinstance(p, _StridedShard)
-                                              for p in value.placements)
-
-
 def _portable(state: Any, strided: list[tuple[Any, Any]]) -> Any:
     """``state`` with every strided DTensor replaced by its copy replicated over the strided
     mesh dims (module docstring); ``strided`` collects ``(original, copy)`` pairs."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.placement_types import _StridedShard
+    from fxplan.runtime.strided import has_strided, unstrided
 
     if isinstance(state, dict):
         return {k: _portable(v, strided) for k, v in state.items()}
-    if not _strided(state):
+    if not has_strided(state):
         return state
-    placements = [Replicate() if isinstance(p, _StridedShard) else p for p in state.placements]
-    copy = state.detach().redistribute(state.device_mesh, placements)
+    copy = unstrided(state.detach())
     strided.append((state, copy))
     return copy
 
@@ -80,7 +70,9 @@ def _restore(original: Any, copy: Any) -> None:
     """Fill ``original``'s local shard from ``copy``, the tensor read replicated over its
     strided mesh dims (module docstring): DTensor's own ``Replicate → _StridedShard``, a
     local selection of this rank's rows, no communication."""
-    local = copy.redistribute(original.device_mesh, original.placements).to_local()
+    from fxplan.runtime.strided import restrided
+
+    local = restrided(copy, original.placements).to_local()
     with torch.no_grad():
         original.to_local().copy_(local)
 
@@ -90,7 +82,9 @@ def _merge(state: Any, portable: Any) -> Any:
     :func:`_restore`) in place of their replicated copies."""
     if isinstance(state, dict):
         return {k: _merge(v, portable[k]) for k, v in state.items()}
-    return state if _strided(state) else portable
+    from fxplan.runtime.strided import has_strided
+
+    return state if has_strided(state) else portable
 
 
 def save_sharded(module: ShardedState, path: str,

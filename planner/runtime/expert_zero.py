@@ -63,6 +63,9 @@ def shard_expert_states(module: nn.Module, plan: "Plan", precision: "Precision |
     :func:`experts_sharded` is false."""
     if not experts_sharded(plan):
         return False
+    from fxplan.core.torch_support import require
+
+    require("fsdp_spmd_mesh_dims", f"{plan.summary} (ZeRO-{plan.zero_stage} beside ep > 1)")
     from torch.distributed.fsdp import DataParallelMeshDims, fully_shard
 
     from fxplan.runtime.data_parallel import _fsdp_policies

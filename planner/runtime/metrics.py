@@ -32,7 +32,10 @@ from typing import IO, Any
 
 import torch
 
-__all__ = ["GIB", "FlopCounts", "StepMetrics", "MetricsLog", "peak_memory_gib"]
+from fxplan.runtime.events import read_json_lines
+
+__all__ = ["GIB", "FlopCounts", "StepMetrics", "MetricsLog", "memory_measured_as",
+           "peak_memory_gib", "peak_reserved_gib"]
 
 GIB = 2**30
 
@@ -42,6 +45,21 @@ def peak_memory_gib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / GIB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
+def peak_reserved_gib(device: torch.device) -> float | None:
+    """The CUDA caching allocator's peak reserved memory (``max_memory_reserved``: what the
+    process took from the driver for tensors); ``None`` on CPU, which has no such allocator."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_reserved(device) / GIB
+    return None
+
+
+def memory_measured_as(device: torch.device) -> str:
+    """What :func:`peak_memory_gib` measures on ``device``, in words."""
+    if device.type == "cuda":
+        return "torch.cuda.max_memory_allocated"
+    return "peak resident set size of the process (getrusage)"
 
 
 @dataclass(frozen=True)
@@ -109,14 +127,15 @@ class MetricsLog:
                  *, resume_after: int | None = None) -> None:
         """``resume_after=N`` (a run resumed after step ``N``): ``metrics.jsonl`` keeps its
         lines of steps ≤ N (those after N, logged before an interruption, are dropped: they
-        are run again) and the new steps are appended; otherwise it starts empty."""
+        are run again; so is a line cut by a kill or a full disk) and the new steps are
+        appended; otherwise it starts empty."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
         kept = ""
         if resume_after is not None and self.path.is_file():
-            kept = "".join(line + "\n" for line in self.path.read_text().splitlines()
-                           if line.strip() and json.loads(line).get("step", 0) <= resume_after)
+            kept = "".join(line + "\n" for line in read_json_lines(self.path)
+                           if json.loads(line).get("step", 0) <= resume_after)
         self.path.write_text(kept)
         self.total = total_steps
         self.stream = stream or sys.stdout

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optim
                                                      set_optimizer_state_dict)
 from torch.distributed.tensor import DTensor
 
+from fxplan.runtime.strided import full_tensor
 from fxplan.runtime.mesh import gather_merged
 
 
@@ -90,6 +91,6 @@ def full_optimizer_state(module: ShardedParameters, optimizer: torch.optim.Optim
     local = {}
     for key, value in optimizer_state(module, optimizer).items():
         if isinstance(value, DTensor):
-            value = value.full_tensor()
+            value = full_tensor(value)
         local[key] = value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
     return gather_merged(local, module.group)

@@ -45,6 +45,7 @@ from fxplan.runtime.data_parallel import make_optimizer
 from fxplan.runtime.router_aux import with_router_aux
 from fxplan.runtime.mesh import gather_merged
 from fxplan.runtime.pipeline import build_schedule
+from fxplan.runtime.strided import full_tensor
 from fxplan.runtime.tied import TiedGradSync
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,7 +127,7 @@ class ShardedModule:
         """Every parameter of the model, unsharded, on every member rank (collective; tests)."""
         local = {}
         for fqn, param in self.named_parameters().items():
-            full = param.full_tensor() if isinstance(param, DTensor) else param
+            full = full_tensor(param) if isinstance(param, DTensor) else param
             local[fqn] = full.detach().cpu().clone()
         return gather_merged(local, self.group)
 

@@ -49,6 +49,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel.style import ParallelStyle
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from fxplan.runtime.strided import restrided
+
 __all__ = ["HeadParallelAttention", "attention_unsupported"]
 
 #: The fused projection's layout over tp: 3 pieces (q, k, v), each sharded.
@@ -150,7 +152,7 @@ def _head_parallel_forward(self: nn.MultiheadAttention, query: torch.Tensor, key
     heads = self.num_heads // mesh.size()
     bias = self.in_proj_bias
     if isinstance(bias, DTensor):  # this head group's rows; backward: all-gather the gradient
-        bias = bias.redistribute(mesh, [QKV]).to_local()
+        bias = restrided(bias, [QKV]).to_local()
     qkv = F.linear(x, _local(self.in_proj_weight), bias)
     q, k, v = qkv.unflatten(-1, (3, heads, self.head_dim)).permute(2, 0, 3, 1, 4)  # (N, h, L, d)
     mask = _float_mask(attn_mask, q.dtype)

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.distributed as dist
 
-from fxplan.runtime.metrics import FlopCounts, MetricsLog, StepMetrics, peak_memory_gib
+from fxplan.runtime.metrics import (FlopCounts, MetricsLog, StepMetrics, peak_memory_gib,
+                                    peak_reserved_gib)
 from fxplan.core.training import TrainConfig
 from fxplan.runtime.optim import build_optimizer, clip_grad_norm, set_lr
 from fxplan.runtime.partial_grads import reduce_partial_grads
@@ -58,6 +59,9 @@ class TrainResult:
     lrs: list[float] = field(default_factory=list)
     step_times_s: list[float] = field(default_factory=list)  # slowest rank's, per step
     peak_memory_gib: float = 0.0                              # largest over ranks
+    #: per rank of the plan's group: its own ``step_times_s``, ``peak_memory_gib`` (allocated on
+    #: CUDA, resident set on CPU) and ``peak_reserved_gib`` (CUDA's caching allocator, else None)
+    ranks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def median_step_time_s(self) -> float:
@@ -130,10 +134,14 @@ def train(sharded: "ShardedModule", data: "DataSource", loss_fn: Callable[..., t
         profiler.export_chrome_trace(str(trace))
     times = torch.tensor(local_times, dtype=torch.float64, device=sharded.device)
     peak = torch.tensor(peak_memory_gib(sharded.device), dtype=torch.float64, device=sharded.device)
+    own = {"step_times_s": local_times, "peak_memory_gib": float(peak),
+           "peak_reserved_gib": peak_reserved_gib(sharded.device)}
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=sharded.group)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=sharded.group)
     result.step_times_s = times.tolist()
     result.peak_memory_gib = float(peak)
+    result.ranks = [{}] * dist.get_world_size(sharded.group)
+    dist.all_gather_object(result.ranks, own, group=sharded.group)
     if log is not None:
         log.close()
     return result, optimizer

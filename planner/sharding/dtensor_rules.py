@@ -83,7 +83,9 @@ def dtensor_source(op: Any) -> Optional[str]:
         return "single-dim"
     if op in prop.op_strategy_funcs:
         return "strategy"
-    if op.namespace == "aten" and prop.decomp_strategy.has_decomp(op):
+    # DTensor's decomposition tracer arrived after torch 2.11: there, such ops have no rule
+    decomp = getattr(prop, "decomp_strategy", None)
+    if op.namespace == "aten" and decomp is not None and decomp.has_decomp(op):
         return "decomposition"
     return None
 

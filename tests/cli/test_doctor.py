@@ -66,6 +66,9 @@ def _gpus(name: str, gib: float, n: int) -> list[doctor.Devices]:
     ("NVIDIA A100-SXM4-80GB", 79.2, 8, "dgx-a100-80g"),
     ("NVIDIA A100-SXM4-40GB", 39.4, 8, "dgx-a100-40g"),
     ("NVIDIA A100-PCIE-40GB", 39.4, 8, "a100-pcie-8"),
+    ("NVIDIA B200", 178.4, 8, "dgx-b200"),
+    ("AMD Instinct MI300X", 191.5, 8, "mi300x"),
+    ("AMD Instinct MI325X", 255.5, 8, "mi325x"),
 ])
 def test_gpu_spec_matches_model_memory_and_count(name, gib, n, spec):
     check = doctor._check_cluster_spec(_gpus(name, gib, n))
@@ -89,3 +92,22 @@ def test_summary_counts():
     ok, warn, fail = (doctor.Check(n, s, "") for n, s in (("a", "ok"), ("b", "warn"), ("c", "fail")))
     assert doctor.summary([ok, warn]) == "no check failed (1 warning)"
     assert doctor.summary([ok, fail, fail]) == "2 checks failed: c, c (0 warnings)"
+
+
+def test_nccl_on_a_rocm_build_is_rccl(monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "hip", "6.3.42131", raising=False)
+    check = doctor._check_nccl()
+    assert check.status == "ok" and check.data["library"] == "rccl"
+    assert "RCCL: the nccl backend of this ROCm build of torch" in check.detail
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    assert doctor._check_nccl().data["library"] == "nccl"
+
+
+def test_a_gb200_tray_is_suggested_from_the_rack_spec():
+    check = doctor._check_cluster_spec(_gpus("NVIDIA GB200", 184.0, 4))
+    assert check.status == "warn" and check.data["spec"] == "gb200-nvl72:nodes=1,devices_per_node=4"

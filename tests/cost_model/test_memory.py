@@ -191,6 +191,26 @@ def test_estimate_memory_rows_include_runtime_terms(graph, cluster) -> None:  # 
     assert all(m.cuda_context == m.nccl == m.fragmentation == 0 for m in cpu.memory)
 
 
+def test_a_measured_cuda_context_replaces_the_default(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    """``cuda_context_gib`` (written by ``fxplan calibrate``) prices the context of every rank,
+    in the estimate and in the search's memory check alike."""
+    from fxplan.cost_model.runtime_memory import CUDA_CONTEXT_BYTES
+    from fxplan.inter_op.stage_memory import DeviceMemory
+
+    spec = cluster.to_dict()
+    spec["device_groups"][0]["cuda_context_gib"] = 1.25
+    measured = Cluster.from_dict(spec)
+    config = ParallelConfig(dp=2, tp=2, pp=2)
+    before = estimate(graph, cluster, config, batch=8).memory
+    after = estimate(graph, measured, config, batch=8).memory
+    for b, a in zip(before, after):
+        assert b.cuda_context == CUDA_CONTEXT_BYTES and a.cuda_context == 1.25 * 2**30
+        assert a.total - b.total == pytest.approx(1.25 * 2**30 - CUDA_CONTEXT_BYTES)
+    search = DeviceMemory.of(measured.device_groups[0]).fixed_runtime(config)
+    default = DeviceMemory.of(cluster.device_groups[0]).fixed_runtime(config)
+    assert search - default == pytest.approx(1.25 * 2**30 - CUDA_CONTEXT_BYTES)
+
+
 def test_headroom_decides_fits(graph, cluster) -> None:  # type: ignore[no-untyped-def]
     config = ParallelConfig(dp=8)
     peak = estimate(graph, cluster, config, batch=8, memory_headroom=0).memory[0].total

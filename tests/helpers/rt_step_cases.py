@@ -44,7 +44,10 @@ def step_gradient_syncs(plan_kwargs: dict[str, Any], steps: int = 2) -> dict[str
             return allreduce_hook(state, bucket)
 
         stage.module.register_comm_hook(sharded.mesh["dp"].get_group(), hook)
-    original = dist.reduce_scatter_single
+    # FSDP2 reduce-scatters with dist.reduce_scatter_single from torch 2.13, with
+    # dist.reduce_scatter_tensor before it
+    name = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+    original = getattr(dist, name)
 
     def reduce_scatter(*args: Any, **kwargs: Any) -> Any:
         calls.append(_in_backward())
@@ -53,7 +56,8 @@ def step_gradient_syncs(plan_kwargs: dict[str, Any], steps: int = 2) -> dict[str
     def no_schedule(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("pp = 1 built a pipeline schedule")
 
-    built, dist.reduce_scatter_single = sharded_module.build_schedule, reduce_scatter
+    built = sharded_module.build_schedule
+    setattr(dist, name, reduce_scatter)
     if not pipelined:
         sharded_module.build_schedule = no_schedule
     per_step, in_backward, losses, repeated = [], [], [], []
@@ -68,7 +72,8 @@ def step_gradient_syncs(plan_kwargs: dict[str, Any], steps: int = 2) -> dict[str
             for param in sharded.parameters():
                 param.grad = None
     finally:
-        dist.reduce_scatter_single, sharded_module.build_schedule = original, built
+        setattr(dist, name, original)
+        sharded_module.build_schedule = built
     fsdp_groups = sum(1 for m in stage.module.modules()
                       if isinstance(m, torch.distributed.fsdp.FSDPModule))
     return dict(per_step=per_step, in_backward=in_backward, fsdp_groups=fsdp_groups,

@@ -12,6 +12,7 @@ import torch.nn as nn
 from fxplan.api import capture
 from fxplan.examples.model_spec import resolve_model
 from fxplan.passes.capture import CaptureError
+from torch_versions import dtensor_tables_of_2_13
 
 MODELS = Path(__file__).parent / "models"
 
@@ -112,6 +113,7 @@ def test_when_both_methods_fail_the_error_names_both():
     assert "leaf_modules=" in text  # the fx remedies are kept
 
 
+@dtensor_tables_of_2_13
 def test_core_aten_lowering_keeps_layers_flops_and_the_megatron_layout():
     """``method="export-core"``: export lowered to the core ATen op set (no ``aten.linear``;
     ``aten.mm`` on ``aten.t(weight)``), the same layers and matrix-product FLOPs, the sharding

@@ -11,6 +11,7 @@ experts by shape)."""
 from __future__ import annotations
 
 import pytest
+from torch_versions import skip_without_expert_zero
 
 pytest.importorskip("transformers")
 
@@ -34,6 +35,7 @@ def _plan_json(kind: str, kwargs: dict) -> str:
 @pytest.mark.parametrize("name", list(CASES))
 def test_hf_experts_train_like_one_process(rank_pool, name):
     kind, kwargs = CASES[name]
+    skip_without_expert_zero(kwargs)
     report = rank_pool.run("rt_module_cases:train_matches_reference", kind=kind,
                            plan_json=_plan_json(kind, kwargs))[0]
     assert report["path"] == "module", report["fallbacks"]

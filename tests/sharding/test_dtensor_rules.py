@@ -15,6 +15,7 @@ from fxplan.sharding import node_strategies
 from fxplan.sharding.api import rule_sources
 from fxplan.sharding.dtensor_rules import cache_info, dtensor_options
 from fxplan.sharding.expand import expand_options
+from torch_versions import dtensor_tables_of_2_13
 
 
 def _exported(module: nn.Module, **inputs: torch.Tensor) -> dict:
@@ -33,6 +34,7 @@ class _Masks(nn.Module):
         return (x == y) & (x != 0)
 
 
+@dtensor_tables_of_2_13
 def test_comparisons_and_bitwise_and_follow_their_inputs_from_dtensor() -> None:
     ops = _exported(_Masks(), x=torch.zeros(4, 6, dtype=torch.long), y=torch.zeros(6, dtype=torch.long))
     eq, ne, conj = ops["eq"], ops["ne"], ops["and_1"]
@@ -49,6 +51,7 @@ class _Scan(nn.Module):
         return x.cumsum(1), x[ids], x.new_ones(4, 6)
 
 
+@dtensor_tables_of_2_13
 def test_cumsum_index_and_new_ones_from_dtensor() -> None:
     ops = _exported(_Scan(), x=torch.zeros(4, 6), ids=torch.zeros(2, 8, dtype=torch.long))
     assert ops["cumsum"].rule == "dtensor:aten.cumsum.default"
@@ -67,6 +70,7 @@ class _Padded(nn.Module):
         return torch.nn.functional.pad(x, (0, 1), value=-100.0).diff(dim=0)
 
 
+@dtensor_tables_of_2_13
 def test_composite_ops_take_dtensor_through_their_decomposition() -> None:
     ops = _exported(_Padded(), x=torch.zeros(4, 5))  # padded to (4, 6), diff (3, 6)
     assert ops["pad"].rule == "dtensor:aten.pad.default"
@@ -108,6 +112,7 @@ class _Both(nn.Module):
                 torch.softmax(x, dim=-1), x + c, x * c, x / c, x.sum(1), x.view(4, 64))
 
 
+@dtensor_tables_of_2_13
 def test_dtensor_agrees_with_the_decorator_rules_where_both_cover_an_op() -> None:
     graph = capture(_Both(), inputs=dict(a=torch.zeros(8, 16), b=torch.zeros(16, 32), bias=torch.zeros(32),
                                          x=torch.zeros(4, 8, 8), c=torch.zeros(8)), method="export")
@@ -132,6 +137,7 @@ def test_dtensor_agrees_with_the_decorator_rules_where_both_cover_an_op() -> Non
         assert compared[name][0] < compared[name][1]
 
 
+@dtensor_tables_of_2_13
 def test_queries_are_cached_per_op_shapes_and_constants() -> None:
     _exported(_Masks(), x=torch.zeros(4, 6, dtype=torch.long), y=torch.zeros(6, dtype=torch.long))
     before = cache_info()
@@ -144,6 +150,7 @@ LLAMA = ("hf:llama:num_hidden_layers=2,hidden_size=64,intermediate_size=128,"
          "num_attention_heads=4,num_key_value_heads=4,vocab_size=128")
 
 
+@dtensor_tables_of_2_13
 def test_a_tiny_hf_llama_has_fewer_fallbacks_with_dtensor_strategies(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("transformers")
     graph = capture(LLAMA, batch=8, seq=16)

@@ -1,0 +1,374 @@
+"""``make gpu-check``: prove fxplan on this machine's GPUs in one command (≤ 8 minutes on one GPU).
+
+    python benchmarks/gpu_check.py [--out-dir benchmarks/data/gpu] [--steps 8] [--cpu]
+
+Writes ``OUT_DIR/<date>-<device>.json`` (everything measured) and ``.md`` (the tables):
+
+1. ``fxplan doctor --json``, then ``fxplan calibrate --quick`` from the spec the doctor matches.
+2. **One device, several plans** — a GPT-style model of about 0.9 B parameters (seq 2048) and a
+   Llama-style one of about 0.85 B (seq 4096), bf16, each plan made with ``fxplan plan
+   --constrain`` on the base spec (recompute none / selective / full, two microbatch sizes, FP8
+   linears where the GPU has an FP8 peak, the optimizer offloaded), run through ``fxplan
+   validate`` (predicted against measured step time and peak memory), and re-priced on the
+   calibrated spec with its op database (``fxplan estimate``): the error before and after
+   calibration against the same measurement.
+3. **Numerics** — the bf16 loss curve of ``fxplan launch`` against a plain hand-written torch
+   loop on the same device (same seed, initial weights, token file, AdamW settings, schedule
+   and clipping), and the step-time ratio launch / hand-written.
+4. **Two or more GPUs** — dp, ZeRO-3, tp + sp and pp plans over nccl, each validated and its
+   loss curve compared with one GPU's on the same data; the calibrated collectives beside them.
+
+Without a CUDA device it says so in one line and runs the same steps in a shortened form on CPU
+ranks (gloo, ``gpt-tiny``, fp32, ``local-cpu``), so CI exercises the whole script; the result
+files are then written only where ``--out-dir`` says.
+
+**On a GPU node without network** (a Python 3.12 image with a CUDA torch of the supported range,
+2.11–2.13, already installed and no OR-Tools): on a machine with network, fetch the other
+dependencies as wheels for that Python, carry the folder over, install them without an index,
+then run the check with the machine's own python (torch is not touched)::
+
+    # on a machine with network (the wheels are platform-specific; keep them out of git)
+    python3 -m pip download --only-binary=:all: --python-version 3.12 \\
+        --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 \\
+        --platform manylinux2014_x86_64 -d wheels/ \\
+        'ortools>=9.10' 'networkx>=3.0' 'PyYAML>=6.0' 'rich>=13.0' 'matplotlib>=3.7' 'numpy>=1.24'
+    # on the GPU node, in the fxplan checkout
+    python3 -m pip install --no-index --find-links wheels/ ortools networkx PyYAML rich matplotlib numpy
+    python3 -m pip install --no-deps --no-build-isolation -e .
+    make gpu-check            # or: python3 benchmarks/gpu_check.py
+
+``make gpu-check`` uses the machine's ``python3`` when it imports a CUDA torch and fxplan, else
+the project's ``.venv`` (the CPU form).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: mode → (models: name → (spec, batch, seq), single-device plans: name → --constrain)
+GPT_1B = "gpt:layers=16,hidden=2048,heads=16,seq=2048,vocab=51200,dropout=0,attention=sdpa"
+LLAMA_1B = "llama:layers=16,hidden=2048,heads=16,kv_heads=8,vocab=32000,seq=4096"
+GPU_MODELS = {"GPT 0.9B": (GPT_1B, 8, 2048), "Llama 0.85B": (LLAMA_1B, 4, 4096)}
+GPU_PLANS = {
+    "recompute none, mb 1": "dp=1,tp=1,pp=1,recompute=none,mb=1",
+    "recompute selective, mb 2": "dp=1,tp=1,pp=1,recompute=selective,mb=2",
+    "recompute full, mb 4": "dp=1,tp=1,pp=1,recompute=full,mb=4",
+    "FP8 linears": "dp=1,tp=1,pp=1,fp8=true,recompute=selective",
+    "optimizer offloaded": "dp=1,tp=1,pp=1,offload=optimizer,recompute=full",
+}
+#: the Llama model runs the first two plans only (the 8-minute budget)
+GPU_LLAMA_PLANS = ("recompute none, mb 1", "recompute full, mb 4")
+GPU_MULTI = {"dp": "dp={n},zero=0", "ZeRO-3": "dp={n},zero=3", "tp+sp": "tp={n},sp=true",
+             "pp": "pp={n}"}
+CPU_MODELS = {"gpt-tiny": ("gpt-tiny:dropout=0", 8, 64)}
+CPU_PLANS = {"recompute full, mb 4": "dp=1,tp=1,pp=1,recompute=full,mb=4"}
+CPU_MULTI = {"dp": "dp={n},zero=0"}
+
+
+def fxplan(*args: str, env: dict[str, str] | None = None, ok: tuple[int, ...] = (0,)) -> str:
+    """``fxplan ARGS`` as a user runs it; its stdout (a failure raises with its stderr's tail)."""
+    done = subprocess.run([sys.executable, "-m", "fxplan.cli.main", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, cwd=ROOT)
+    if done.returncode not in ok:
+        raise RuntimeError(f"fxplan {' '.join(args)} exited {done.returncode}:\n"
+                           f"{done.stderr[-2500:]}")
+    return done.stdout
+
+
+def fxplan_json(*args: str, **kw: Any) -> Any:
+    return json.loads(fxplan(*args, "--json", **kw))
+
+
+def _device_name(gpu: bool) -> str:
+    if gpu:
+        import torch
+
+        return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+    return "cpu"
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=ROOT)
+    return done.stdout.strip() or "unknown"
+
+
+def single_device(base: str, calibrated: Path, ops_dir: Path, models: dict, plans: dict,
+                  steps: int, work: Path, gpu: bool) -> list[dict[str, Any]]:
+    """Step 2: each model × plan validated, and re-priced on the calibrated spec."""
+    rows = []
+    for model_name, (model, batch, seq) in models.items():
+        for plan_name, constrain in plans.items():
+            if gpu and model_name.startswith("Llama") and plan_name not in GPU_LLAMA_PLANS:
+                continue
+            row: dict[str, Any] = {"model": model_name, "plan": plan_name, "constrain": constrain}
+            plan_file = work / f"{len(rows)}.json"
+            try:
+                fxplan("plan", model, "--cluster", base, "--batch", str(batch), "--seq", str(seq),
+                       "--constrain", constrain, "-o", str(plan_file))
+                plan = json.loads(plan_file.read_text())
+                result = fxplan_json("validate", str(plan_file), "--steps", str(steps),
+                                     "--tolerance", "100", "--memory-tolerance", "100")
+                # on CPU ranks the op grid is not how local-cpu prices (calibrate reports it)
+                after = fxplan_json("estimate", model, "--cluster", str(calibrated), "--batch",
+                                    str(batch), "--seq", str(seq), "--config",
+                                    plan["estimate"]["config"],
+                                    env={"FXPLAN_OP_DB_PATH": str(ops_dir)} if gpu else None)
+            except RuntimeError as err:      # a crash is a finding: recorded, the check goes on
+                row["error"] = str(err).splitlines()[-1][:400]
+                rows.append(row)
+                continue
+            rank = result["ranks"][0]
+            row.update(summary=plan["summary"], losses=result["losses"],
+                       measured_step_s=rank["measured_step_s"],
+                       predicted_step_s=rank["predicted_step_s"], step_error=rank["step_error"],
+                       calibrated_step_s=after["step_time_s"],
+                       calibrated_step_error=after["step_time_s"] / rank["measured_step_s"] - 1,
+                       measured_memory_gib=rank["measured_memory_gib"],
+                       predicted_memory_gib=rank["predicted_memory_gib"],
+                       memory_error=rank["memory_error"],
+                       measured_reserved_gib=rank["measured_reserved_gib"],
+                       reserved_error=rank["reserved_error"])
+            rows.append(row)
+    return rows
+
+
+def _token_file(path: Path, windows: int, seq: int, vocab: int) -> Path:
+    """Exactly one global batch of windows: every step sees the same samples, in any order."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rng.integers(0, vocab, windows * seq + 1, dtype=np.uint16).tofile(path)
+    return path
+
+
+def handwritten(plan_file: str, tokens_file: str, steps: int, out: str) -> None:
+    """The plain loop on one device (``--handwritten``): the model as ``resolve_model`` builds
+    it under seed 0, autocast to the plan's dtype on CUDA, the plan's microbatches with
+    gradient accumulation, ``clip_grad_norm_``, AdamW with fxplan's defaults and schedule (decay
+    on matrices only), every window of the token file as the batch of every step."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from fxplan.core.plan import load_plan
+    from fxplan.core.training import lr_at
+    from fxplan.examples.model_spec import resolve_model
+
+    plan = load_plan(plan_file)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    torch.manual_seed(0)
+    model = resolve_model(plan.model).build("cpu").to(device)
+    decay = [p for _, p in sorted(model.named_parameters()) if p.ndim >= 2]
+    other = [p for _, p in sorted(model.named_parameters()) if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                   {"params": other, "weight_decay": 0.0}],
+                                  lr=1e-3, betas=(0.9, 0.95))
+    seq = plan.seq
+    tokens = np.fromfile(tokens_file, dtype=np.uint16).astype(np.int64)
+    windows = (len(tokens) - 1) // seq
+    block = torch.from_numpy(np.stack([tokens[w * seq:w * seq + seq + 1] for w in range(windows)]))
+    block = block.to(device)
+    micro, m = plan.microbatch_size, plan.batch // plan.microbatch_size
+    losses, times = [], []
+    dtype = torch.bfloat16 if cuda else torch.float32
+    for step in range(1, steps + 1):
+        began = time.perf_counter()
+        total = 0.0
+        for j in range(m):
+            x, y = block[j * micro:(j + 1) * micro, :-1], block[j * micro:(j + 1) * micro, 1:]
+            with torch.autocast(device.type, dtype=dtype, enabled=cuda):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1)) / m
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, lr=1e-3, steps=steps)
+        optimizer.step()
+        optimizer.zero_grad()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - began)
+        losses.append(total)
+    Path(out).write_text(json.dumps({"losses": losses, "step_times_s": times}))
+
+
+def numerics(base: str, model: str, batch: int, seq: int, steps: int, work: Path,
+             gpu: bool) -> dict[str, Any]:
+    """Step 3: ``fxplan launch`` against the hand-written loop on one device."""
+    vocab = 51200 if gpu else 512
+    tokens = _token_file(work / "tokens.bin", batch, seq, vocab)
+    plan_file = work / "numerics.json"
+    fxplan("plan", model, "--cluster", base, "--batch", str(batch), "--seq", str(seq),
+           "--constrain", "dp=1,tp=1,pp=1,recompute=none", "-o", str(plan_file))
+    run_dir = work / "numerics-run"
+    fxplan("launch", str(plan_file), "--data", str(tokens), "--steps", str(steps), "--run-dir",
+           str(run_dir))
+    launched = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+                if '"loss"' in line]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    out = work / "hand.json"
+    env = {**os.environ, **({} if gpu else {"OMP_NUM_THREADS": "1"})}   # as fxplan launch runs
+    subprocess.run([sys.executable, __file__, "--handwritten", str(plan_file), str(tokens),
+                    str(steps), str(out)], check=True, cwd=ROOT, env=env)
+    hand = json.loads(out.read_text())
+    rel = [abs(a - b) / abs(b) for a, b in zip(launched, hand["losses"])]
+    hand_step = statistics.median(hand["step_times_s"][1:])
+    return {"model": model, "launch_losses": launched, "handwritten_losses": hand["losses"],
+            "max_relative_loss_difference": max(rel), "launch_step_s": summary["measured_step_time_s"],
+            "handwritten_step_s": hand_step,
+            "ratio": summary["measured_step_time_s"] / hand_step}
+
+
+def multi_device(base: str, n: int, model: str, batch: int, seq: int, steps: int, work: Path,
+                 plans: dict, reference: list[float]) -> list[dict[str, Any]]:
+    """Step 4: multi-device plans validated on the numerics' token file, their losses against
+    the one-device launch's on the same data."""
+    rows = []
+    for name, constrain in plans.items():
+        row: dict[str, Any] = {"plan": name, "constrain": constrain.format(n=n)}
+        plan_file = work / f"multi-{name}.json"
+        try:
+            fxplan("plan", model, "--cluster", base, "--batch", str(batch), "--seq", str(seq),
+                   "--constrain", row["constrain"], "-o", str(plan_file))
+            result = fxplan_json("validate", str(plan_file), "--steps", str(steps), "--data",
+                                 str(work / "tokens.bin"), "--tolerance", "100",
+                                 "--memory-tolerance", "100")
+        except RuntimeError as err:
+            row["error"] = str(err).splitlines()[-1][:400]
+            rows.append(row)
+            continue
+        losses = result["losses"]
+        row.update(summary=json.loads(plan_file.read_text())["summary"], losses=losses,
+                   max_relative_loss_difference=max(abs(a - b) / abs(b)
+                                                    for a, b in zip(losses, reference)),
+                   ranks=result["ranks"])
+        rows.append(row)
+    return rows
+
+
+def _cell(text: str) -> str:
+    """A Markdown table cell: ``|`` escaped."""
+    return str(text).replace("|", "\\|")
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:+.1%}"
+
+
+def markdown(record: dict[str, Any]) -> str:
+    """The tables of the check."""
+    lines = [f"# fxplan GPU check — {record['device']} ({record['date']}, commit {record['commit']})",
+             "", f"torch {record['torch']}; mode: {record['mode']}; base spec `{record['base_spec']}`",
+             "", "## Calibration (`fxplan calibrate --quick`): measured beside the spec", "",
+             "| quantity | spec | measured | difference | written |", "|---|---|---|---|---|"]
+    for r in record["calibration"]["rows"]:
+        spec = "–" if r["spec"] is None else f"{r['spec']:.4g} {r['unit']}"
+        lines.append(f"| {_cell(r['quantity'])} | {spec} | {r['measured']:.4g} {r['unit']} | "
+                     f"{_pct(r['difference'])} | {'yes' if r['written'] else 'no'} |")
+    lines += ["", "## One device: predicted against measured", "",
+             "| model | plan | step measured | error (spec) | error (calibrated) | peak memory "
+             "measured | error | reserved error |", "|---|---|---|---|---|---|---|---|"]
+    for r in record["single_device"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['plan']} | failed: {_cell(r['error'])} | | | | | |")
+            continue
+        lines.append(f"| {r['model']} | {r['plan']} | {r['measured_step_s'] * 1e3:.1f} ms | "
+                     f"{_pct(r['step_error'])} | {_pct(r['calibrated_step_error'])} | "
+                     f"{r['measured_memory_gib']:.3f} GiB | {_pct(r['memory_error'])} | "
+                     f"{_pct(r['reserved_error'])} |")
+    n = record["numerics"]
+    lines += ["", "## Numerics: fxplan launch against a hand-written loop", "",
+              f"max relative loss difference {n['max_relative_loss_difference']:.2e} over "
+              f"{len(n['launch_losses'])} steps; step time launch / hand-written = {n['ratio']:.3f} "
+              f"({n['launch_step_s'] * 1e3:.1f} / {n['handwritten_step_s'] * 1e3:.1f} ms)"]
+    if record.get("multi_device"):
+        lines += ["", f"## {record['devices']} devices", "",
+                  "| plan | summary | max relative loss difference vs one device | worst step error |",
+                  "|---|---|---|---|"]
+        for r in record["multi_device"]:
+            if "error" in r:
+                lines.append(f"| {r['plan']} | failed: {_cell(r['error'])} | | |")
+                continue
+            worst = max((x["step_error"] for x in r["ranks"]), key=abs)
+            lines.append(f"| {r['plan']} | {_cell(r['summary'])} | {r['max_relative_loss_difference']:.2e}"
+                         f" | {_pct(worst)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--handwritten":
+        handwritten(*sys.argv[2:4], int(sys.argv[4]), sys.argv[5])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "data" / "gpu"))
+    parser.add_argument("--steps", type=int, default=None, help="steps per launch "
+                        "(default 8 on GPUs, 4 on CPU)")
+    parser.add_argument("--cpu", action="store_true", help="the CPU form even where a GPU is")
+    args = parser.parse_args()
+    import torch
+
+    gpu = torch.cuda.is_available() and not args.cpu
+    if not gpu:
+        print("gpu-check: no CUDA GPU on this machine — running the shortened CPU form "
+              "(CPU ranks on gloo, gpt-tiny)", flush=True)
+    steps = args.steps or (8 if gpu else 3)
+    started = time.perf_counter()
+    devices = torch.cuda.device_count() if gpu else 2
+    record: dict[str, Any] = {"date": datetime.date.today().isoformat(), "commit": _commit(),
+                              "torch": torch.__version__, "mode": "gpu" if gpu else "cpu",
+                              "device": torch.cuda.get_device_name() if gpu else "cpu",
+                              "devices": devices}
+    with tempfile.TemporaryDirectory(prefix="fxplan-gpu-check-") as tmp:
+        work = Path(tmp)
+        record["doctor"] = fxplan_json("doctor", ok=(0, 1))
+        base = next(c["data"].get("spec") for c in record["doctor"]["checks"]
+                    if c["name"] == "cluster spec")
+        if not gpu:
+            base = "local-cpu:devices=1"
+        record["base_spec"] = base
+        print(f"gpu-check: calibrating from {base} …", flush=True)
+        calibrated = work / "calibrated.yaml"
+        record["calibration"] = fxplan_json("calibrate", "--cluster", base, "--quick", "-o",
+                                            str(calibrated))
+        models, plans = (GPU_MODELS, GPU_PLANS) if gpu else (CPU_MODELS, CPU_PLANS)
+        print("gpu-check: one device, each plan validated …", flush=True)
+        record["single_device"] = single_device(base, calibrated, work, models, plans, steps,
+                                                work, gpu)
+        model, batch, seq = next(iter(models.values()))
+        print("gpu-check: numerics against a hand-written loop …", flush=True)
+        record["numerics"] = numerics(base, model, batch, seq, steps, work, gpu)
+        if devices >= 2:
+            multi = f"{base.split(':')[0]}:devices={devices}" if not gpu else base
+            print(f"gpu-check: {devices} devices …", flush=True)
+            record["multi_device"] = multi_device(
+                multi, devices, model, batch, seq, steps, work, GPU_MULTI if gpu else CPU_MULTI,
+                record["numerics"]["launch_losses"])
+    record["wall_time_s"] = round(time.perf_counter() - started, 1)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{record['date']}-{_device_name(gpu)}"
+    stem.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(record))
+    print(markdown(record))
+    print(f"gpu-check: wrote {stem}.json and {stem}.md in {record['wall_time_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
