@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from fxplan.passes.analyses.blocks import find_blocks, module_path
-from fxplan.passes.analyses.params import node_params, param_table
+from fxplan.passes.analyses.params import is_parameter, node_params, param_table, unique_numel
 from fxplan.passes.captured_graph import CapturedGraph, LayerRow
 from fxplan.passes.errors import CaptureError
 from fxplan.passes.exporter import export_graph
@@ -109,6 +109,7 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
     for node in gm.graph.nodes:
         infos[node.name].module_path = module_path(node)
         infos[node.name].params = node_params(gm, node, params)
+    check_param_sum(gm, infos, params, type(model).__name__)
     blocks, layer_names, block_method = find_blocks(gm, model, infos, params)
     for node in gm.graph.nodes:
         node.meta[META_KEY] = infos[node.name]
@@ -119,6 +120,34 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
                          layer_names=layer_names, capture_seconds=time.perf_counter() - start,
                          method=method, method_note=note, block_method=block_method,
                          module=model if built else None)
+
+
+def check_param_sum(gm: torch.fx.GraphModule, infos: Mapping[str, NodeInfo],
+                    params: dict[str, ParamInfo], model_name: str) -> None:
+    """The graph's parameters add up to the model's: every parameter the graph reads is
+    one of the model's, and every one of the model's is read (a tied pair counts once).
+
+    A graph that misses parameters (a layer copied from one of another kind, a branch not
+    traced) would price a different model, so it is a :class:`CaptureError` naming them and
+    the two totals.
+    """
+    read = {p for info in infos.values() for p in info.params}
+    foreign = sorted(str(n.target) for n in gm.graph.nodes if n.op == "get_attr"
+                     and str(n.target) not in params and is_parameter(gm, str(n.target)))
+    canonical = {p.tied_to or p.name for p in params.values()}
+    unread = sorted(canonical - {params[p].tied_to or p for p in read if p in params})
+    if not foreign and not unread:
+        return
+    in_graph = unique_numel(sorted(read), params)
+    total = unique_numel(sorted(canonical), params)
+    what = (f"reads {len(foreign)} parameter(s) {model_name} does not have "
+            f"({', '.join(foreign[:3])})"
+            if foreign else f"never reads {len(unread)} of its parameters "
+                            f"({', '.join(unread[:3])}{', …' if len(unread) > 3 else ''})")
+    raise CaptureError(f"the captured graph of {model_name} {what}: its parameters add up to "
+                       f"{in_graph:,} elements where the model has {total:,}, so a plan for it "
+                       f"would price another model. A parameter the forward never uses should "
+                       f"be removed from the model before planning.")
 
 
 def _symbolic(model: torch.nn.Module, example: Any, concrete_args: Mapping[str, Any] | None,

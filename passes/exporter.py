@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Any, Mapping
 
 import torch
@@ -40,9 +41,14 @@ from fxplan.passes.unroll import UNROLLED, NotUnrollable, export_unrolled
 
 __all__ = ["export_graph"]
 
-#: Nodes export inserts to check its own assumptions; capture removes them.
 log = logging.getLogger(__name__)
 
+#: torch's own deprecation, raised when a program's tree specs are copied (every export of a
+#: Hugging Face model printed it once): nothing a user of fxplan can act on.
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                        category=FutureWarning)
+
+#: Nodes export inserts to check its own assumptions; capture removes them.
 _CHECKS = ("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size",
            "_assert_async")
 

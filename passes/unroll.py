@@ -22,29 +22,40 @@ Layer ``i ≥ 3`` is a copy of ``L2`` in which
 and the nodes after the layers that read ``L2`` read layer ``N-1`` instead. Node names are
 then given afresh in graph order, as export names them.
 
-The copy is exact only when layer ``i`` would trace as ``L2`` does, so the rebuild checks
-first that ``L1`` and ``L2`` are *isomorphic* in that sense (same ops, targets up to the
-index, shapes and dtypes; ``L2``'s references into ``L1`` mirror ``L1``'s into ``L0``;
-the same outside references), that each layer's nodes are contiguous, and that nothing
-after the layers reads ``L0`` or ``L1`` (say, all hidden states returned). Layers that
-differ by index (alternating attention kinds, a dense first layer in a mixture of experts)
-fail the check: the caller exports the whole model and says so.
+The copy is exact only when layer ``i`` would trace as ``L2`` does, so the rebuild proves it
+in two ways. Before the export, every layer's *structure* (:func:`layer_structure`: the class
+of each of its modules, the shape and dtype of each parameter and buffer, and each module's
+plain attributes — numbers, strings, flags — with the layer's own index written as the
+index) is compared with the structure of the layer it will be copied from. Layers that
+change kind part-way (DeepSeek-V3's ``first_k_dense_replace`` dense layers before the
+mixture-of-experts ones) move the cut: with ``s`` the first layer from which all layers have
+one structure, ``K = max(3, s + 3)`` layers are traced and layer ``K-1`` repeated, so the
+three traced layers the graph check compares are of the repeated kind. After the export,
+``L(K-2)`` and ``L(K-1)`` must be *isomorphic* (same ops, targets up to the index, shapes and
+dtypes; ``L(K-1)``'s references into ``L(K-2)`` mirror ``L(K-2)``'s into ``L(K-3)``; the same
+outside references), each layer's nodes contiguous, nothing after the layers reading an
+earlier layer (say, all hidden states returned), and the rebuilt graph must read exactly the
+container's parameters, with their shapes. A model that fails any check (alternating layer
+kinds, a structure that never settles) is exported whole, and the capture says why.
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
 
 from fxplan.passes.analyses.blocks import layer_containers, module_path
+from fxplan.passes.analyses.params import is_parameter
 
-__all__ = ["MIN_LAYERS", "SHALLOW_LAYERS", "UNROLLED", "NotUnrollable", "export_unrolled"]
+__all__ = ["MIN_LAYERS", "SHALLOW_LAYERS", "UNROLLED", "NotUnrollable", "export_unrolled",
+           "index_attributes", "layer_structure"]
 
-#: Cut to this many layers: L0 (reads the embeddings), L1 and L2 (read a layer like themselves).
+#: Cut to at least this many layers: L0 (reads the embeddings), L1 and L2 (read a layer like
+#: themselves).
 SHALLOW_LAYERS = 3
 #: ``GraphModule.meta`` key of the line saying what was traced and what repeated.
 UNROLLED = "fxplan_unrolled"
@@ -62,8 +73,57 @@ class NotUnrollable(Exception):
         self.shallow_tried = shallow_tried
 
 
-def _container(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
-    """The one layer container of ``model`` and its path, or :class:`NotUnrollable`."""
+#: Plain attribute values that belong to a layer's structure (a window size, a flag, a kind).
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _attributes(layer: torch.nn.Module) -> dict[str, Any]:
+    """The plain attributes of every module inside ``layer``, keyed by ``module.name``."""
+    return {f"{name}.{k}" if name else k: v
+            for name, m in layer.named_modules(remove_duplicate=False)
+            for k, v in vars(m).items() if not k.startswith("_") and isinstance(v, _PLAIN)}
+
+
+def index_attributes(layers: Sequence[torch.nn.Module]) -> frozenset[str]:
+    """The attributes that hold each layer's own index (``self_attn.layer_idx``): equal to
+    ``i`` in layer ``i`` for every layer, so they differ by construction, not by kind."""
+    found = [{key for key, v in _attributes(m).items() if type(v) is int and v == i}
+             for i, m in enumerate(layers)]
+    return frozenset.intersection(*map(frozenset, found)) if found else frozenset()
+
+
+def layer_structure(layer: torch.nn.Module, ignore: frozenset[str] = frozenset()
+                    ) -> tuple:
+    """What must agree between a layer and its copy: for every module inside ``layer``
+    (itself included) its relative name and class, the plain attributes of each (numbers,
+    strings, flags; those in ``ignore``, the layer's own index, left out), and every
+    parameter's and buffer's name, shape and dtype."""
+    modules = tuple((name, f"{type(m).__module__}.{type(m).__qualname__}")
+                    for name, m in layer.named_modules(remove_duplicate=False))
+    attributes = tuple(sorted((key, v) for key, v in _attributes(layer).items()
+                              if key not in ignore))
+    tensors = tuple((name, tuple(t.shape), t.dtype) for name, t in
+                    [*layer.named_parameters(remove_duplicate=False),
+                     *layer.named_buffers(remove_duplicate=False)])
+    return modules, attributes, tensors
+
+
+def _first_difference(a: tuple, b: tuple) -> str:
+    """The first entry in which two :func:`layer_structure` values differ, in words."""
+    for kind, xs, ys in (("module", a[0], b[0]), ("attribute", a[1], b[1]),
+                         ("tensor", a[2], b[2])):
+        for x, y in zip(xs, ys):
+            if x != y:
+                a_, b_ = (x[1], y[1]) if len(x) == 2 else (x[1:], y[1:])
+                return f"{kind} {x[0] or '(the layer)'}: {a_} vs {b_}"
+        if len(xs) != len(ys):
+            return f"{len(xs)} vs {len(ys)} {kind}s"
+    return "nothing"
+
+
+def _container(model: torch.nn.Module) -> tuple[str, torch.nn.Module, int]:
+    """The one layer container of ``model``, its path and the number of layers to trace
+    (``K``: the module docstring), or :class:`NotUnrollable`."""
     found = layer_containers(model)
     if len(found) != 1:
         raise NotUnrollable(f"{len(found)} layer containers ({', '.join(found) or 'none'})", shallow_tried=False)
@@ -73,36 +133,69 @@ def _container(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
         raise NotUnrollable(f"{path} is a {type(container).__name__}, not a ModuleList", shallow_tried=False)
     if len(container) < MIN_LAYERS:
         raise NotUnrollable(f"{path} has {len(container)} layers (< {MIN_LAYERS})", shallow_tried=False)
-    kinds = {type(child) for child in container}
-    if len(kinds) != 1:
-        raise NotUnrollable(f"{path} holds {len(kinds)} layer classes", shallow_tried=False)
-    return path, container
+    ignore = index_attributes(list(container))
+    structures = [layer_structure(child, ignore) for child in container]
+    start = len(structures) - 1
+    while start > 0 and structures[start - 1] == structures[-1]:
+        start -= 1
+    shallow = max(SHALLOW_LAYERS, start + SHALLOW_LAYERS)
+    if shallow >= len(container):
+        raise NotUnrollable(f"{path}.{start - 1} and {path}.{start} differ "
+                            f"({_first_difference(structures[start - 1], structures[start])}) "
+                            f"and too few layers follow to repeat", shallow_tried=False)
+    return path, container, shallow
 
 
 def export_unrolled(model: torch.nn.Module,
                     export: Callable[[torch.nn.Module], torch.fx.GraphModule]
                     ) -> torch.fx.GraphModule:
-    """``export(model)`` of all layers, traced on the first :data:`SHALLOW_LAYERS` only.
+    """``export(model)`` of all layers, traced on the first ``K`` only (the module docstring).
 
     ``export``: exports a module and returns the cleaned graph module (state on ``meta``,
     ``get_attr`` nodes before their first user). The model is cut in place for the export
     and restored before returning, also on error. Raises :class:`NotUnrollable` when the
     rebuild would not be exact (the caller then exports the whole model).
     """
-    path, container = _container(model)
+    path, container, k = _container(model)
     total = len(container)
     parent_path, _, attr = path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
-    shallow = type(container)(list(container)[:SHALLOW_LAYERS])
+    shallow = type(container)(list(container)[:k])
     setattr(parent, attr, shallow)
     try:
         gm = export(model)
     finally:
         setattr(parent, attr, container)
-    _unroll(gm, path, total)
-    gm.meta[UNROLLED] = f"{path}: layers 0-{SHALLOW_LAYERS - 1} traced, {SHALLOW_LAYERS}-{total - 1} " \
-                        f"repeated from layer {SHALLOW_LAYERS - 1}"
+    _unroll(gm, path, total, k)
+    _check_parameters(gm, model, path)
+    gm.meta[UNROLLED] = f"{path}: layers 0-{k - 1} traced, {k}-{total - 1} " \
+                        f"repeated from layer {k - 1}"
     return gm
+
+
+def _check_parameters(gm: torch.fx.GraphModule, model: torch.nn.Module, path: str) -> None:
+    """The rebuilt graph reads exactly the parameters of ``model``'s layers, each with its
+    shape: a copy that named a parameter the model lacks, or missed one, is not exact."""
+    prefix = f"{path}."
+    wanted = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)
+              if n.startswith(prefix)}
+    read: dict[str, tuple[int, ...]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and str(node.target).startswith(prefix):
+            if is_parameter(gm, str(node.target)):
+                read[str(node.target)] = tuple(gm.get_parameter(str(node.target)).shape)
+    extra = sorted(set(read) - set(wanted))
+    if extra:
+        raise NotUnrollable(f"the rebuilt graph reads {extra[0]}, which the model lacks")
+    wrong = [n for n in read if read[n] != wanted[n]]
+    if wrong:
+        raise NotUnrollable(f"the rebuilt graph reads {wrong[0]} as {read[wrong[0]]}, "
+                            f"the model's is {wanted[wrong[0]]}")
+    unread = sorted(set(wanted) - set(read))
+    if unread:
+        raise NotUnrollable(f"the rebuilt graph never reads {unread[0]}"
+                            + (f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""))
+
 
 
 def _layer_pattern(path: str) -> re.Pattern[str]:
@@ -115,20 +208,20 @@ def _layer_of(node: torch.fx.Node, pattern: re.Pattern[str]) -> int | None:
     return int(match[1]) if match else None
 
 
-def _split_layers(gm: torch.fx.GraphModule, path: str) -> list[list[torch.fx.Node]]:
-    """The nodes of layers 0 … K-1, each contiguous in graph order, with nothing between."""
+def _split_layers(gm: torch.fx.GraphModule, path: str, k: int) -> list[list[torch.fx.Node]]:
+    """The nodes of layers 0 … k-1, each contiguous in graph order, with nothing between."""
     pattern = _layer_pattern(path)
-    layers: list[list[torch.fx.Node]] = [[] for _ in range(SHALLOW_LAYERS)]
+    layers: list[list[torch.fx.Node]] = [[] for _ in range(k)]
     order: list[int | None] = []
     for node in gm.graph.nodes:
         layer = _layer_of(node, pattern)
         order.append(layer)
         if layer is not None:
-            if layer >= SHALLOW_LAYERS:
+            if layer >= k:
                 raise NotUnrollable(f"node {node.name} is in layer {layer} of a cut model")
             layers[layer].append(node)
     runs = [k for i, k in enumerate(order) if k is not None and (i == 0 or order[i - 1] != k)]
-    if runs != list(range(SHALLOW_LAYERS)):
+    if runs != list(range(k)):
         raise NotUnrollable("the layers' nodes are not contiguous in graph order")
     return layers
 
@@ -184,11 +277,11 @@ def _check_isomorphic(prev: list[torch.fx.Node], layer: list[torch.fx.Node],
             raise NotUnrollable(f"{a.name} and {b.name} read different inputs")
 
 
-def _unroll(gm: torch.fx.GraphModule, path: str, total: int) -> None:
-    """Grow ``gm`` (exported with :data:`SHALLOW_LAYERS` layers of ``path``) to ``total``."""
+def _unroll(gm: torch.fx.GraphModule, path: str, total: int, k: int) -> None:
+    """Grow ``gm`` (exported with ``k`` layers of ``path``) to ``total``."""
     graph = gm.graph
-    layers = _split_layers(gm, path)
-    last = SHALLOW_LAYERS - 1
+    layers = _split_layers(gm, path, k)
+    last = k - 1
     _check_isomorphic(layers[last - 1], layers[last], layers[last - 2], path, last)
     in_layers = {n for layer in layers for n in layer}
     template = layers[last]
@@ -203,7 +296,7 @@ def _unroll(gm: torch.fx.GraphModule, path: str, total: int) -> None:
     first_copy: torch.fx.Node | None = None
     anchor = template[-1]
     owners = gm.get_submodule(path)
-    for index in range(SHALLOW_LAYERS, total):
+    for index in range(k, total):
         owners.add_module(str(index), copy.deepcopy(owners.get_submodule(str(last))))
         made: list[torch.fx.Node] = []
         prior = copies

@@ -1,7 +1,8 @@
 """Module paths, layers and repeated blocks.
 
 A *layer container* is a ``ModuleList``/``Sequential``/``ModuleDict`` of two or more child modules that are
-not ``torch.nn`` leaves (transformer blocks, residual blocks, ``nn.TransformerEncoderLayer``
+not ``torch.nn`` leaves (of one, when no container of two or more is found: a model built with
+one block) (transformer blocks, residual blocks, ``nn.TransformerEncoderLayer``
 in ``nn.TransformerEncoder.layers``), outermost only: ``model.layers.N`` (Llama),
 ``transformer.h.N`` (GPT-2), ``bert.encoder.layer.N`` (BERT). Each child is
 a layer; layers are numbered in the order the graph first runs them, across containers.
@@ -42,11 +43,12 @@ def module_path(node: torch.fx.Node) -> str:
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
 
 
-def layer_containers(model: torch.nn.Module) -> list[str]:
-    """Qualified names of the outermost containers whose children are layers."""
+def layer_containers(model: torch.nn.Module, smallest: int = 2) -> list[str]:
+    """Qualified names of the outermost containers of at least ``smallest`` children whose
+    children are layers."""
     found: list[str] = []
     for name, m in model.named_modules():
-        if not isinstance(m, _CONTAINERS) or len(m) < 2:
+        if not isinstance(m, _CONTAINERS) or len(m) < smallest:
             continue
         if any(c == "" or name.startswith(f"{c}.") for c in found):
             continue  # nested in a layer: part of that layer
@@ -122,6 +124,8 @@ def find_blocks(gm: torch.fx.GraphModule, model: torch.nn.Module, infos: dict[st
     parameter-dependent stream), else none."""
     containers = layer_containers(model)
     layers = assign_layers(gm, containers, infos)
+    if not layers:  # a model of one block (``layers=1``): its container holds one layer
+        layers = assign_layers(gm, layer_containers(model, smallest=1), infos)
     method = HIERARCHY if layers else NONE
     if not layers:
         layers = structural_layers(gm, infos, params)

@@ -38,6 +38,15 @@ def node_params(gm: torch.fx.GraphModule, node: torch.fx.Node,
     return []
 
 
+def is_parameter(gm: torch.nn.Module, target: str) -> bool:
+    """Whether ``target`` (a ``get_attr`` target) names a ``Parameter`` of ``gm``."""
+    owner, _, attr = target.rpartition(".")
+    try:
+        return attr in gm.get_submodule(owner)._parameters
+    except AttributeError:
+        return False
+
+
 def unique_numel(names: list[str], table: dict[str, ParamInfo]) -> int:
     """Elements of the distinct parameters behind ``names`` (a tied pair counts once)."""
     canonical = {table[n].tied_to or n for n in names if n in table}

@@ -23,7 +23,7 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
            seq: int | None = None, time_budget_s: float | None = None, progress: bool = True,
            constraints: Mapping[str, Any] | None = None, finalists: int | None = None,
            model: str | None = None, timer: PhaseTimer | None = None,
-           memory_headroom: Any = None) -> Plan:
+           memory_headroom: Any = None, runnable: Any = None) -> Plan:
     """The fastest configuration of ``graph`` on ``cluster`` for global ``batch`` that fits.
 
     ``graph``: a :class:`~fxplan.passes.captured_graph.CapturedGraph` (capture it with
@@ -41,7 +41,9 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     ``memory_headroom``: what every device must leave free — a fraction (``0.1``, ``"10%"``)
     or GiB (``"4GiB"``); ``None``: 5 % (:mod:`fxplan.cost_model.memory_headroom`). A plan
     whose estimated peak does not leave it is refused, and the pruning reasons say so.
-    Raises :class:`InfeasibleError` (a ``UserError``) when nothing fits and
+    ``runnable``: the runtime's check of a plan on this model (``plan -> reason | None``;
+    :func:`fxplan.api.runtime_check` builds it), asked of the finalists best first: a plan it
+    refuses is pruned with its reason, never offered. Raises :class:`InfeasibleError` (a ``UserError``) when nothing fits and
     :class:`ConstraintError` (a ``UserError``) for invalid or over-restrictive constraints.
     """
     from fxplan.cluster_specs import Cluster
@@ -69,7 +71,7 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     plan = run_search(graph, cluster, batch=batch, model=str(name), time_budget_s=time_budget_s,
                       progress=progress, constraints=constraints or {},
                       finalists=finalists or DEFAULT_FINALISTS, timer=timer,
-                      memory_headroom=headroom)
+                      memory_headroom=headroom, runnable=runnable)
     return plan
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.memory import MemoryBreakdown
@@ -50,13 +50,14 @@ from fxplan.inter_op.context_bound import (Dropped, context_reasons, offered_cps
                                             possible_cps, short_reason)
 from fxplan.inter_op.constraints import (allowed, check_cp_constraint, check_ep_constraint,
                                           describe, ep_degrees, only, validate_constraints)
-from fxplan.inter_op.infeasible import InfeasibleError, infeasible_message, no_plan_error
+from fxplan.inter_op.infeasible import (InfeasibleError, NoRunnablePlan, infeasible_message,
+                                        no_plan_error)
 from fxplan.inter_op.lightest import evenly_at, lightest_allowed, lightest_at
 from fxplan.inter_op.offload import MemoryRungs, Rung, fp8_choices
 from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import Priced, price_finalists
 from fxplan.inter_op.profile import ModelProfile, SegmentProfile
-from fxplan.inter_op.reasons import TIME_BOUND, Reason
+from fxplan.inter_op.reasons import RUNTIME, TIME_BOUND, Reason
 from fxplan.inter_op.progress import Budget, PhaseTimer, progress_bar
 from fxplan.inter_op.space import Family, families, options
 from fxplan.inter_op.stage_devices import (StageDevices, StageDeviceTable, rank_limits,
@@ -70,7 +71,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["DEFAULT_FINALISTS", "run_search"]
+__all__ = ["DEFAULT_FINALISTS", "Runnable", "run_search"]
 
 log = logging.getLogger("fxplan.planner")
 
@@ -312,6 +313,7 @@ class _Search:
         done = price_finalists(self.graph, self.cluster, [s.config for s in ranked], self.batch,
                                self.intra_op, self.budget,
                                sequence_parallel=self.constraints.get("sequence_parallel"),
+                               tp_named="tp" in self.constraints,
                                memory_headroom=self.headroom)
         self.failed_finalists = done.failed
         self.fallbacks += done.fallbacks
@@ -365,11 +367,36 @@ class _Search:
         return InfeasibleError(text + self.rungs.host_note(self.graph.num_params, cluster))
 
 
+def free_degrees(c: ParallelConfig, constraints: Mapping[str, Any]) -> list[str]:
+    """The line that reports the degrees a constrained search chose freely (``--constrain
+    tp=2`` on 4 devices may bring in ``pp=2``): empty when nothing is constrained or every
+    unnamed degree stayed at 1."""
+    if not constraints:
+        return []
+    free = [f"{name}={value}" for name, value in (("tp", c.tp), ("pp", c.pp), ("dp", c.dp))
+            if name not in constraints and value > 1]
+    if not free:
+        return []
+    return [f"{c.summary()}: {', '.join(free)} chosen by the search (the constraints "
+            f"{', '.join(sorted(constraints))} leave {'it' if len(free) == 1 else 'them'} "
+            "free; constrain to fix)"]
+
+
+#: Asked of each priced finalist, best first, before it is offered: why the runtime cannot
+#: apply the plan to the model (a sentence), or ``None`` when it can.
+Runnable = Callable[[Plan], "str | None"]
+
+
 def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str,
                time_budget_s: float | None, progress: bool, constraints: Mapping[str, Any],
                finalists: int, timer: PhaseTimer,
-               memory_headroom: MemoryHeadroom = DEFAULT_HEADROOM) -> Plan:
-    """Steps 1–6 on a captured graph (the public wrapper is :func:`fxplan.inter_op.search`)."""
+               memory_headroom: MemoryHeadroom = DEFAULT_HEADROOM,
+               runnable: Runnable | None = None) -> Plan:
+    """Steps 1–6 on a captured graph (the public wrapper is :func:`fxplan.inter_op.search`).
+    ``runnable``: step 7, the runtime's check of each finalist, best first; the first it
+    accepts is the plan, the ones it refuses are pruned with its reason (kind
+    :data:`~fxplan.inter_op.reasons.RUNTIME`), and when it refuses all the search fails
+    saying why."""
     budget = Budget(time_budget_s)
     state = _Search(graph, cluster, batch, constraints, finalists, timer, budget, progress,
                     memory_headroom)
@@ -386,11 +413,28 @@ def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str
         done = state.finalists(ranked)
     if not done:
         raise state.failure(model)
-    best = done[0]
-    if best.fallback:
-        log.info(best.note)  # a layout decision, shown in the report with the fallbacks
-    fallbacks = state.fallbacks + best.placements.fallbacks + ([best.note] if best.fallback else [])
-    return build_plan(graph, cluster, model=model, batch=batch, best=best,
-                      runners_up=done[1:4], pruned=state.pruned, fallbacks=fallbacks,
-                      search_time_s=budget.elapsed(), timings=timer.rounded(),
-                      visited=state.visited)
+
+    def plan_of(k: int, pruned: list[Reason]) -> Plan:
+        best = done[k]
+        if best.fallback:
+            log.info(best.note)  # a layout decision, shown in the report with the fallbacks
+        fallbacks = [*state.fallbacks, *best.placements.fallbacks,
+                     *([best.note] if best.fallback else []), *free_degrees(best.config, constraints)]
+        return build_plan(graph, cluster, model=model, batch=batch, best=best,
+                          runners_up=done[k + 1:k + 4], pruned=pruned, fallbacks=fallbacks,
+                          search_time_s=budget.elapsed(), timings=timer.rounded(),
+                          visited=state.visited)
+
+    refused: list[Reason] = []
+    for k, candidate in enumerate(done):
+        plan = plan_of(k, [*state.pruned, *refused])
+        if runnable is None:
+            return plan
+        with timer("runtime check"):
+            why = runnable(plan)
+        if why is None:
+            return plan
+        refused.append(Reason(f"{candidate.config.summary()}: {why}", RUNTIME,
+                              config=candidate.config.to_string()))
+    raise NoRunnablePlan(model, refused)
+

@@ -20,7 +20,7 @@ finalist failed when the step simulator priced it.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
 from fxplan.cost_model.memory import GIB, MemoryBreakdown
 from fxplan.core.errors import UserError
@@ -28,7 +28,7 @@ from fxplan.inter_op.constraints import ConstraintError
 from fxplan.inter_op.reasons import Reason
 from fxplan.inter_op.space import MAX_MICROBATCH, Family
 
-__all__ = ["InfeasibleError", "infeasible_message", "no_plan_error"]
+__all__ = ["InfeasibleError", "NoRunnablePlan", "infeasible_message", "no_plan_error"]
 
 
 class InfeasibleError(UserError):
@@ -103,3 +103,14 @@ def no_plan_error(where: str, world: int, valid: list[Family], invalid: list[Rea
             f"{where}: every finalist failed when priced by the step simulator: "
             + "; ".join(failed))
     return None
+
+
+class NoRunnablePlan(UserError):
+    """Every plan the search priced is one the runtime cannot apply to the model."""
+
+    def __init__(self, model: str, refused: Sequence[str]) -> None:
+        lines = "".join(f"\n  · {r}" for r in refused)
+        super().__init__(f"no plan for {model}: the runtime cannot apply any of the "
+                         f"{len(refused)} plan(s) the search priced to this model:{lines}\n"
+                         "Constrain the search (--constrain) to what the model supports, "
+                         "e.g. tp=1 or pp=1.")

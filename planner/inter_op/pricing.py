@@ -112,20 +112,36 @@ def _sp_refusal(solved: PlacementChoice, sequence_parallel: Any) -> str:
             f"{want}")
 
 
+def _tp_refusal(solved: PlacementChoice, c: ParallelConfig, tp_named: bool) -> str:
+    """Why the solver's placements break a ``tp`` the user named (``tp_named``): they split
+    no parameter over tp (every weight replicated: each tp rank would run the whole model on
+    the same microbatch, the step of one rank, where ``tp=2`` asks for weights split over 2
+    ranks); ``""`` when they split one, or tp was not named."""
+    if not tp_named or c.tp == 1 or not solved.priced:
+        return ""
+    if any(len(p) > 1 and p[-1].is_shard() for p in solved.placements.params.values()):
+        return ""
+    return (f"the intra-op placements split no parameter over tp (every weight replicated), "
+            f"but the constraint names tp={c.tp}: weights split over {c.tp} ranks")
+
+
 def price_finalist(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, batch: int,
                    cache: IntraOpCache, *, sequence_parallel: Any = None,
+                   tp_named: bool = False,
                    memory_headroom: MemoryHeadroom | None = None) -> Priced:
     """The cheaper of the solver's placements and the default layout (module docstring).
 
     ``sequence_parallel``: the search's constraint on it (a bool or a collection of bools;
     ``None`` when unconstrained); solver placements it does not allow are not priced and the
-    default layout under ``c.sequence_parallel`` is kept as a recorded fallback.
+    default layout under ``c.sequence_parallel`` is kept as a recorded fallback. ``tp_named``:
+    the search's constraints name ``tp``; solver placements that split no parameter over tp
+    are then not priced either, the default (Megatron) layout, which splits them, is kept.
     ``memory_headroom``: what each device must leave free for the estimate to fit.
     Raises :class:`CostModelError` when the cost model refuses both."""
     options: list[Priced] = []
     errors: list[str] = []
     solved = cache.placements(c)
-    refusal = _sp_refusal(solved, sequence_parallel)
+    refusal = _sp_refusal(solved, sequence_parallel) or _tp_refusal(solved, c, tp_named)
     if refusal:
         errors.append(refusal)
     elif solved.priced:
@@ -196,7 +212,7 @@ class Finalists:
 
 def price_finalists(graph: CapturedGraph, cluster: Cluster, ranked: list[ParallelConfig],
                     batch: int, cache: IntraOpCache, budget: Budget, *,
-                    sequence_parallel: Any = None,
+                    sequence_parallel: Any = None, tp_named: bool = False,
                     memory_headroom: MemoryHeadroom | None = None) -> Finalists:
     """Each of ``ranked`` (best ``T̂`` first) priced by :func:`price_finalist` (the keywords
     are its own) until ``budget`` expires with at least one priced (module docstring)."""
@@ -212,7 +228,7 @@ def price_finalists(graph: CapturedGraph, cluster: Cluster, ranked: list[Paralle
             break
         try:
             priced = price_finalist(graph, cluster, c, batch, cache,
-                                    sequence_parallel=sequence_parallel,
+                                    sequence_parallel=sequence_parallel, tp_named=tp_named,
                                     memory_headroom=memory_headroom)
         except CostModelError as err:
             done.failed.append(Reason(f"{c.summary()}: the cost model refused it: {err}",

@@ -4,7 +4,8 @@ A :class:`Reason` *is* the reason's text (a ``str``), so ``plan.pruned`` stays a
 sentences, and carries what the text states as data:
 
 * ``kind``: one of :data:`KINDS` (memory, the time bound, a duplicate finalist, the cost
-  model's refusal, a degree that does not divide, more stages than layers);
+  model's refusal, a degree that does not divide, more stages than layers, the runtime's
+  refusal to apply it to this model);
 * ``needed_gib`` / ``capacity_gib``: for memory reasons, what the named configuration needs on
   its heaviest rank and what a device holds (``needed_gib`` is a lower bound when ``bound``);
 * ``config``: the configuration the text names, in :meth:`ParallelConfig.to_string` form
@@ -22,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["KINDS", "MEMORY", "TIME_BOUND", "DUPLICATE", "REFUSED", "DIVIDE", "STAGES",
-           "CONTEXT", "Reason"]
+           "CONTEXT", "RUNTIME", "Reason"]
 
 MEMORY = "does not fit in memory"
 TIME_BOUND = "cannot beat the best found (time bound)"
@@ -31,8 +32,10 @@ REFUSED = "refused by the cost model"
 DIVIDE = "degree does not divide"
 STAGES = "more stages than layers"
 CONTEXT = "more context parallelism than memory needs"
+RUNTIME = "the runtime cannot apply it to this model"
 #: Every kind, most useful first (the order the report groups them in).
-KINDS: tuple[str, ...] = (MEMORY, TIME_BOUND, DUPLICATE, REFUSED, DIVIDE, STAGES, CONTEXT)
+KINDS: tuple[str, ...] = (MEMORY, TIME_BOUND, DUPLICATE, REFUSED, DIVIDE, STAGES, CONTEXT,
+                          RUNTIME)
 
 
 class Reason(str):

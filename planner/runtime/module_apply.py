@@ -220,6 +220,33 @@ def _stage_io(plan: "Plan", probe: ModuleProbe, microbatch: Sequence[torch.Tenso
     return io
 
 
+def _check_stages_run(model: nn.Module, plan: "Plan", probe: ModuleProbe,
+                      microbatch: Sequence[torch.Tensor]) -> None:
+    """Every stage's forward runs on fake tensors of its input, and the last returns the
+    model's output shape: a forward that reads the token ids' shape (``b, t = idx.size()``
+    on a later stage, which receives ``(b, t, h)``), iterates its layer container in a way
+    the cut does not keep, or calls a replaced module with arguments it does not take,
+    fails here, on one process and before any launch, not on every rank after it. (The
+    values are checked by :func:`_check_chain` when the model holds them.)"""
+    out: tuple[torch.Tensor, ...] = tuple(microbatch)
+    for k in range(len(plan.stages)):
+        try:
+            ran = probe_module(stage_module(model, plan, k, probe), out)
+        except NotExpressible:
+            raise
+        except Exception as err:  # noqa: BLE001 - any failure is the reason, named
+            text = (str(err).strip().splitlines() or [""])[0]
+            raise NotExpressible(f"pipeline stage {k} (blocks {plan.stages[k].layers[0]}-"
+                                 f"{plan.stages[k].layers[1] - 1}) does not run on its input "
+                                 f"{tuple(out[0].shape)} ({type(err).__name__}: {text})") from err
+        if ran.output is None:
+            raise NotExpressible(f"pipeline stage {k} returns no tensor")
+        out = (torch.empty(ran.output.shape, dtype=ran.output.dtype),)
+    if probe.output is not None and out[0].shape != probe.output.shape:
+        raise NotExpressible(f"the last pipeline stage returns {tuple(out[0].shape)} where the "
+                             f"model returns {tuple(probe.output.shape)}")
+
+
 def _check_chain(model: nn.Module, plan: "Plan", probe: ModuleProbe,
                  microbatch: Sequence[torch.Tensor]) -> None:
     """The chain of (unsharded) stages computes the model on one microbatch (eval mode)."""
@@ -260,6 +287,11 @@ def module_level_plan(model: nn.Module, plan: "Plan",
     pipelined = plan.pp * plan.virtual_stages > 1
     tied_users: dict[str, list[int]] = {}
     if pipelined:
+        from fxplan.runtime.router_aux import pipeline_refusal
+
+        refusal = pipeline_refusal(model)
+        if refusal:
+            raise NotExpressible(refusal)
         check_splittable(probe, model)
         tied_users = _tied_users(plan, probe, aliases)
         if plan.sequence_parallel and plan.tp > 1:
@@ -271,15 +303,41 @@ def module_level_plan(model: nn.Module, plan: "Plan",
     shapes = _local_shapes(model, plan, probe, styles)
     if shapes:
         try:
-            probe_module(model, microbatch, shapes)
+            local = probe_module(model, microbatch, shapes)
         except Exception as err:  # noqa: BLE001
             raise NotExpressible(f"the forward fails with the tensor-parallel local shapes "
                                  f"({type(err).__name__}: {err}); a fused projection or a "
                                  "head count fixed in the code needs the graph rewrite") from err
+        check_local_attention(probe, local, plan.tp)
+    if pipelined:
+        _check_stages_run(model, plan, probe, microbatch)
     if pipelined and not any(t.is_meta for t in model.parameters()):
         _check_chain(model, plan, probe, microbatch)
     return ModuleLevel(probe, styles, _stage_io(plan, probe, microbatch), aliases, tied_users,
                        notes)
+
+
+def check_local_attention(full: ModuleProbe, local: ModuleProbe, tp: int) -> None:
+    """Every attention of the tensor-parallel forward attends over the model's positions:
+    the local run's query and key shapes are the full run's with the heads divided by ``tp``
+    (or, for a key/value head count below ``tp``, kept). A forward that reshapes its local
+    projections by the model's head count (``view(b, -1, self.num_heads, d)``) runs without
+    error but attends over ``L / tp`` positions: :class:`NotExpressible`, never a wrong loss."""
+    if len(full.attention) != len(local.attention):
+        raise NotExpressible(f"the tensor-parallel forward calls attention "
+                             f"{len(local.attention)} times where the model calls it "
+                             f"{len(full.attention)} times")
+    for (q, k), (lq, lk) in zip(full.attention, local.attention):
+        for what, whole, part in (("query", q, lq), ("key", k, lk)):
+            fine = len(whole) == len(part) == 4 and whole[0] == part[0] and \
+                whole[2:] == part[2:] and part[1] in (whole[1] // tp, whole[1])
+            if not fine:
+                raise NotExpressible(
+                    f"with the tensor-parallel shards the attention's {what} is "
+                    f"{tuple(part)} where the model's is {tuple(whole)} (expected its heads "
+                    f"÷ {tp}, the same positions): the forward reshapes its projections by a "
+                    "head count fixed at build time, so a head-parallel split would attend "
+                    "over the wrong positions")
 
 
 def replicated_tp_note(tp: int) -> str:

@@ -13,12 +13,19 @@ tensors, nothing is allocated) with a forward hook on every module and records, 
   after the last block *post* (final norm, LM head); one that runs between blocks makes a
   block-boundary pipeline split impossible;
 * a pipeline stage's input is its first block's hidden input, its output its last block's
-  output (the static shapes :class:`~torch.distributed.pipelining.PipelineStage` needs).
+  output (the static shapes :class:`~torch.distributed.pipelining.PipelineStage` needs);
+* every fused attention call's query and key shapes ``(b, heads, L, d)`` and ``(b, heads, S,
+  d)``, in call order (:attr:`ModuleProbe.attention`): under tensor parallelism the local run
+  must see ``heads / tp`` heads of the same ``L`` and ``S``. A forward that splits its
+  projections by a head count fixed at build time (``view(b, -1, self.num_heads, d)``) runs
+  without error on the local shards but attends over ``L / tp`` positions of the wrong
+  features; only these shapes tell.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -26,6 +33,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxplan.passes.analyses.blocks import layer_containers
 
@@ -55,6 +63,8 @@ class ModuleProbe:
     pre: list[str] = field(default_factory=list)      # modules with params before block 0
     post: list[str] = field(default_factory=list)     # modules with params after the last block
     between: list[str] = field(default_factory=list)  # modules with params between blocks
+    #: (query shape, key shape) of every fused attention call, in call order
+    attention: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
 
     def block_of(self, name: str) -> str | None:
         """The block prefix ``name`` lies in, or ``None``."""
@@ -118,6 +128,34 @@ def _same_shape(hidden_states: torch.Tensor, top_k_index: torch.Tensor,
     return hidden_states.clone()
 
 
+class _AttentionShapes(TorchDispatchMode):
+    """Records the query and key shapes of every ``scaled_dot_product`` ATen op it sees."""
+
+    def __init__(self, into: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
+        super().__init__()
+        self.into = into
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        if "scaled_dot_product" in func.__name__ and len(args) >= 2 and \
+                all(isinstance(a, torch.Tensor) for a in args[:2]):
+            self.into.append((tuple(args[0].shape), tuple(args[1].shape)))
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Fake tensors log every failed meta kernel with its traceback at ERROR; a probe's
+    failure is a reason the caller words (a refusal), so those logs are held back."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def probe_module(model: nn.Module, inputs: Sequence[torch.Tensor],
                  shapes: Mapping[str, tuple[int, ...]] | None = None) -> ModuleProbe:
     """Run ``model(*inputs)`` once on fake tensors and record its calls (module docstring).
@@ -165,12 +203,12 @@ def probe_module(model: nn.Module, inputs: Sequence[torch.Tensor],
     state = [*model.named_parameters(remove_duplicate=False),
              *model.named_buffers(remove_duplicate=False)]
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.no_grad():
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.no_grad(), _quiet():
             shapes = shapes or {}
             fakes = {n: torch.empty(shapes.get(n, t.shape), dtype=t.dtype, device=device)
                      for n, t in state if t.is_meta or n in shapes}
             with _reparametrize_module(model, fakes) if fakes else contextlib.nullcontext(), \
-                    _routed_experts_by_shape(model):
+                    _routed_experts_by_shape(model), _AttentionShapes(probe.attention):
                 out = model(*(mode.from_tensor(x) for x in inputs))
             probe.output = _meta(model_output(out))
     finally:

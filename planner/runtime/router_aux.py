@@ -25,8 +25,9 @@ gradient). ``P`` is linear in the probabilities, so each replica uses its own ``
 (equal ``T`` per replica): the replicas' mean loss — the reported value — and DDP/FSDP's mean
 gradient are those of one process on the global batch, with or without expert parallelism
 (the router runs on each rank's own tokens either way). A pipelined plan (``pp > 1``) runs
-the layers on several stages, whose router logits the last stage does not see: there the
-auxiliary loss is left out, a fallback line.
+the layers on several stages, whose router logits the last stage does not see: leaving the
+auxiliary loss out would train another loss than one process, so such a plan is refused
+(:func:`pipeline_refusal`, asked before launch) rather than run.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["RouterAux", "install_router_aux", "with_router_aux"]
+__all__ = ["RouterAux", "install_router_aux", "pipeline_refusal", "with_router_aux"]
 
 
 class RouterAux:
@@ -81,28 +82,42 @@ class RouterAux:
         return value
 
 
+def _asks_router_aux(model: nn.Module) -> bool:
+    """Whether ``model``'s config asks for the router logits and it names
+    ``router_aux_loss_coef`` (non-zero), ``num_experts`` and ``num_experts_per_tok``
+    (``transformers``' MoE causal LMs)."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "output_router_logits", False):
+        return False
+    names = ("router_aux_loss_coef", "num_experts", "num_experts_per_tok")
+    return all(isinstance(getattr(model, n, None), (int, float)) for n in names) and \
+        bool(model.router_aux_loss_coef)
+
+
+def pipeline_refusal(model: nn.Module) -> str | None:
+    """Why a pipelined plan cannot train ``model`` as one process does (its router's
+    auxiliary loss needs every stage's router logits), or ``None``."""
+    if not _asks_router_aux(model):
+        return None
+    return ("the router's auxiliary loss (config.output_router_logits) needs the router logits "
+            "of every layer, which under pipeline parallelism no stage sees: the loss would "
+            "differ from one process's; re-plan with --constrain pp=1, or set "
+            "output_router_logits=False")
+
+
 def install_router_aux(model: nn.Module, group: dist.ProcessGroup | None, pipelined: bool,
                        fallbacks: list[str]) -> RouterAux | None:
     """Hook :class:`RouterAux` on ``model`` (the whole model, before DDP/FSDP wrap it) when its
-    config asks for the router logits and it names ``router_aux_loss_coef``, ``num_experts``
-    and ``num_experts_per_tok`` (``transformers``' MoE causal LMs); ``None`` otherwise, and
-    under pipelining (a fallback line, module docstring). ``group``: the dp group (``None``
-    for one replica)."""
-    config = getattr(model, "config", None)
-    if not getattr(config, "output_router_logits", False):
-        return None
-    names = ("router_aux_loss_coef", "num_experts", "num_experts_per_tok")
-    if not all(isinstance(getattr(model, n, None), (int, float)) for n in names) or \
-            not model.router_aux_loss_coef:
+    config asks for the router logits (:func:`_asks_router_aux`); ``None`` otherwise. Under
+    pipelining such a model is a :class:`~fxplan.runtime.offload.RuntimeSupportError`
+    (:func:`pipeline_refusal`; the module level refuses the plan before this). ``group``: the
+    dp group (``None`` for one replica). ``fallbacks``: kept for the callers' signature."""
+    if not _asks_router_aux(model):
         return None
     if pipelined:
-        from fxplan.passes.rewrite.base import record_fallback
+        from fxplan.runtime.offload import RuntimeSupportError
 
-        line = ("[router-aux] the router's auxiliary loss (config.output_router_logits) is "
-                "left out of the training loss under pipeline parallelism: the last stage "
-                "does not see the other stages' router logits")
-        record_fallback(fallbacks, line)
-        return None
+        raise RuntimeSupportError(str(pipeline_refusal(model)))
     aux = RouterAux(int(model.num_experts), int(model.num_experts_per_tok),
                     float(model.router_aux_loss_coef), group)
     model.register_forward_hook(aux)

@@ -94,3 +94,21 @@ def test_capture_argument_errors(kwargs, message):
     with pytest.raises(CaptureError) as err:
         capture(Outer(), leaf_modules=["inner"], **kwargs)
     assert message in str(err.value)
+
+
+class _Unused(nn.Module):
+    """A parameter the forward never reads: the graph would price a smaller model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.Linear(8, 8)
+        self.spare = nn.Linear(8, 1000)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def test_the_graphs_parameters_must_add_up_to_the_models():
+    with pytest.raises(CaptureError, match=r"never reads 2 of its parameters \(spare\.bias, "
+                                           r"spare\.weight\).*72 elements where the model has 9,072"):
+        capture(_Unused(), inputs=torch.zeros(2, 8))

@@ -126,3 +126,75 @@ def test_shallow_models_are_exported_whole_without_a_note():
     gm = export_graph(model, {"x": torch.zeros(2, 8)})
     assert UNROLLED not in gm.meta
     assert sum(n.op == "get_attr" and n.target.endswith(".weight") for n in gm.graph.nodes) == 5
+
+
+#: DeepSeek-V3 in small: three dense layers, then mixture-of-experts layers of one class.
+DEEPSEEK_V3 = ("hf:deepseek_v3:num_hidden_layers=8,first_k_dense_replace=3,hidden_size=64,"
+               "intermediate_size=128,moe_intermediate_size=32,n_routed_experts=4,"
+               "num_experts_per_tok=2,n_shared_experts=1,num_attention_heads=4,"
+               "num_key_value_heads=4,vocab_size=128,q_lora_rank=32,kv_lora_rank=16,"
+               "qk_rope_head_dim=8,qk_nope_head_dim=8,v_head_dim=16,n_group=1,topk_group=1")
+
+
+def test_layers_that_change_kind_move_the_cut_past_the_change():
+    """Layers 0-2 dense, 3-7 experts: the copy is made from an expert layer, and the graph
+    reads every expert (the old cut copied dense layer 2 into layers 3-7)."""
+    pytest.importorskip("transformers")
+    bundle = resolve_model(DEEPSEEK_V3)
+    model = bundle.build(device="meta")
+    inputs = _name_inputs(model, bundle.example_inputs(1, 16), allow_var_kwargs=True)
+    unrolled, whole = _both(model, inputs)
+    assert unrolled.meta[UNROLLED] == "model.layers: layers 0-5 traced, 6-7 repeated from layer 5"
+    assert _described(unrolled) == _described(whole)
+    graph = capture(DEEPSEEK_V3, seq=16)
+    read = {p for _, info in graph.nodes() for p in info.params}
+    assert any(p.startswith("model.layers.7.mlp.experts.") for p in read)
+    assert [b.layers for b in graph.blocks] == [[0, 1, 2], [3, 4, 5, 6, 7]]
+
+
+class _Widening(nn.Module):
+    """Layers of one class whose width changes at layer 5: same ops, other shapes."""
+
+    def __init__(self, layers: int = 7):
+        super().__init__()
+        self.layers = nn.ModuleList(_Block(16 if i >= 5 else 8) for i in range(layers))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x.sum()
+
+
+class _Block(nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.up = nn.Linear(8, hidden)
+        self.down = nn.Linear(hidden, 8)
+
+    def forward(self, x):
+        return x + self.down(self.up(x))
+
+
+def test_a_change_near_the_end_exports_the_whole_model_with_the_reason():
+    from fxplan.passes.unroll import NotUnrollable, _container
+    with pytest.raises(NotUnrollable, match=r"layers\.4 and layers\.5 differ "
+                                            r"\(attribute down\.in_features: 8 vs 16\)"):
+        _container(_Widening())
+    inputs = {"x": torch.zeros(2, 8)}
+    assert _described(export_graph(_Widening(), inputs, unroll=True)) == \
+        _described(export_graph(_Widening(), inputs, unroll=False))
+
+
+def test_the_layer_index_attribute_is_not_a_difference():
+    """HF layers keep their own index (``self_attn.layer_idx``); that is no change of kind,
+    while a plain attribute that differs otherwise is."""
+    from fxplan.passes.unroll import index_attributes, layer_structure
+    layers = [nn.Linear(4, 4) for _ in range(6)]
+    for i, layer in enumerate(layers):
+        layer.layer_idx = i
+        layer.window = 8
+    ignore = index_attributes(layers)
+    assert ignore == frozenset({"layer_idx"})
+    assert len({layer_structure(m, ignore) for m in layers}) == 1
+    layers[4].window = 16
+    assert layer_structure(layers[4], ignore) != layer_structure(layers[3], ignore)

@@ -217,30 +217,146 @@ def test_gpt_pipeline_cut_skips_the_prologue_on_later_stages():
 
 
 class _NormedPrologue(torch.nn.Module):
-    """A token embedding followed by a LayerNorm before the blocks: a prologue a later stage
-    cannot skip by rule (``Identity`` for the norm is right here, wrong where it normalises
-    something added to the stream)."""
+    """A token embedding followed by a LayerNorm before the blocks (BLOOM's
+    ``word_embeddings_layernorm``); with ``project`` a Linear instead of the norm."""
 
-    def __init__(self) -> None:
+    def __init__(self, project: bool = False) -> None:
         super().__init__()
         from rt_module_cases import build as build_case
 
         base = build_case("encoder")
         self.emb, self.encoder, self.head = base.emb, base.encoder, base.head
-        self.emb_norm = torch.nn.LayerNorm(base.emb.embedding_dim)
+        width = base.emb.embedding_dim
+        self.emb_norm = torch.nn.Linear(width, width) if project else torch.nn.LayerNorm(width)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(self.emb_norm(self.emb(tokens))))
 
 
-def test_pipeline_prologue_the_stage_builder_cannot_cut_is_refused():
-    """Anything but one token embedding and learned position embeddings before the first
-    block is refused with the modules named; ``auto`` then runs the graph rewrite and says why."""
+def test_pipeline_prologue_with_a_norm_of_the_embeddings_is_cut():
+    """A later stage skips the embedding and its norm (it receives the normalised state);
+    the chain of stages is checked against the model on one microbatch (was refused)."""
     model = _NormedPrologue()
     plan = plan_for(model, pp=2)
+    decided = module_level_plan(model, plan, TOKENS)
+    later = stage_module(model, plan, 1, decided.probe)
+    assert isinstance(later.emb_norm, torch.nn.Identity)
+
+
+def test_pipeline_prologue_the_stage_builder_cannot_cut_is_refused():
+    """A projection before the first block is refused with the modules named; ``module``
+    raises it, ``auto`` would run the graph rewrite and say why."""
+    model = _NormedPrologue(project=True)
+    plan = plan_for(model, pp=2)
     with pytest.raises(NotExpressible, match=r"one token nn\.Embedding.*found Embedding 'emb', "
-                                             r"LayerNorm 'emb_norm': a later stage could not "
+                                             r"Linear 'emb_norm': a later stage could not "
                                              r"skip it"):
         module_level_plan(model, plan, TOKENS)
-    with pytest.raises(PassError, match=r"\[module-apply\].*LayerNorm 'emb_norm'"):
+    with pytest.raises(PassError, match=r"\[module-apply\].*Linear 'emb_norm'"):
         apply_plan(model, plan, TOKENS, path="module")
+
+
+#: OPT in small (dropout off): its attention reshapes q/k/v by ``self.num_heads``.
+OPT = ("hf:opt:num_hidden_layers=2,hidden_size=32,ffn_dim=64,num_attention_heads=4,"
+       "vocab_size=64,max_position_embeddings=32,word_embed_proj_dim=32,dropout=0.0,"
+       "attention_dropout=0.0")
+
+
+def _head_parallel(model: torch.nn.Module) -> dict[str, str]:
+    """q/k/v and fc1 column-parallel, out_proj and fc2 row-parallel (Megatron's layout)."""
+    tokens = {"q_proj": "RS(0)", "k_proj": "RS(0)", "v_proj": "RS(0)", "fc1": "RS(0)",
+              "out_proj": "RS(1)", "fc2": "RS(1)", "embed_tokens": "RS(0)"}
+    return {n: tokens[n.rsplit(".", 2)[-2]] for n, _ in model.named_parameters()
+            if n.rsplit(".", 2)[-2] in tokens and (n.endswith("weight") or
+                                                  tokens[n.rsplit(".", 2)[-2]] == "RS(0)")}
+
+
+def test_a_head_count_fixed_in_the_code_is_refused_not_run_wrong():
+    """OPT's ``view(bsz, -1, self.num_heads, head_dim)`` runs on the local shards, attending
+    over half the positions (4 ranks trained to a loss 1.6e-3 off one process); the local
+    probe's attention shapes tell, and the module level refuses."""
+    pytest.importorskip("transformers")
+    from fxplan.examples.model_spec import resolve_model
+    torch.manual_seed(0)
+    model = resolve_model(OPT).build("cpu")
+    with pytest.raises(NotExpressible, match=r"attention's query is \(2, 4, 4, 8\) where the "
+                                             r"model's is \(2, 4, 8, 8\).*head count fixed"):
+        module_level_plan(model, plan_for(model, tp=2, overrides=_head_parallel(model)), TOKENS)
+    module_level_plan(model, plan_for(model, tp=1), TOKENS)   # one rank: nothing to refuse
+    llama = build("llama")                                      # heads from -1: splits right
+    assert module_level_plan(llama, plan_for(llama, tp=2), TOKENS).styles
+
+
+def _user_model(name: str) -> torch.nn.Module:
+    from fxplan.examples.model_spec import resolve_model
+    from pathlib import Path
+    torch.manual_seed(0)
+    return resolve_model(f"{Path(__file__).parent / 'models' / name}.py:build").build("cpu")
+
+
+def test_pipeline_cut_of_a_module_dict_of_layers_computes_the_model():
+    """torchtitan's ``for layer in self.layers.values()``: each stage keeps a ``ModuleDict``
+    of its layers (was a ``StageBlocks`` list without ``.values()``); the chain of stages is
+    checked against the model on one microbatch."""
+    model = _user_model("titan_style")
+    decided = module_level_plan(model, plan_for(model, pp=2), TOKENS)
+    stage = stage_module(model, plan_for(model, pp=2), 1, decided.probe)
+    assert list(stage.layers.keys()) == ["1"]
+
+
+def test_pipeline_cut_of_a_forward_that_reads_the_token_shape_computes_the_model():
+    """nanoGPT's ``b, t = idx.size()`` on a later stage: the stage runs on zero token ids of
+    the hidden state's ``(b, t)`` with the hidden state in the embedding's place (was: every
+    rank failed unpacking ``(b, t, h)``); the chain is checked against the model."""
+    model = _user_model("nanogpt_style")
+    plan = plan_for(model, pp=2)
+    decided = module_level_plan(model, plan, TOKENS)
+    assert decided.stage_io[1].inputs[0].shape == (2, 8, 32)
+
+
+class _TwoInputs(torch.nn.Module):
+    """A forward that needs a second input a later stage never receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 32)
+        self.layers = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(32, 32))
+                                          for _ in range(2))
+        self.head = torch.nn.Linear(32, 64)
+
+    def forward(self, tokens, scale):
+        x = self.embed(tokens) * scale.unsqueeze(-1)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def test_a_stage_that_cannot_run_on_its_input_is_refused_on_one_process():
+    """The stages' fake run finds it before any launch, for a model on ``meta`` too."""
+    from fxplan.runtime.build import meta_parameters
+    with meta_parameters():
+        model = _TwoInputs()
+    with pytest.raises(NotExpressible, match=r"pipeline stage 1 \(blocks 1-1\) does not run on "
+                                             r"its input \(2, 8, 32\) \(TypeError"):
+        module_level_plan(model, plan_for(model, pp=2), (TOKENS, torch.ones(2, 8)))
+
+
+def test_hf_opt_pipeline_cut_passes_its_position_embedding_keywords():
+    """OPT calls ``embed_positions(mask, past, position_ids=…)``: a later stage's
+    ``NoPositions`` takes any arguments (was: an unexpected keyword on every rank)."""
+    pytest.importorskip("transformers")
+    from fxplan.examples.model_spec import resolve_model
+    torch.manual_seed(0)
+    model = resolve_model(OPT).build("cpu")
+    module_level_plan(model, plan_for(model, pp=2), TOKENS)   # the chain is checked too
+
+
+def test_a_router_auxiliary_loss_under_pipelining_is_refused_before_launch():
+    """Mixtral with ``output_router_logits``: no stage sees every layer's router logits, so a
+    pipelined plan would train without the auxiliary loss (was a fallback line on every
+    rank); the module level refuses it, on one process."""
+    pytest.importorskip("transformers")
+    model = build("mixtral-aux")
+    with pytest.raises(NotExpressible, match=r"auxiliary loss.*--constrain pp=1"):
+        module_level_plan(model, plan_for(model, pp=2), TOKENS)
+    module_level_plan(model, plan_for(model, dp=2), TOKENS)

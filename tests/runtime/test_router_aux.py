@@ -1,6 +1,6 @@
 """The router's auxiliary loss of a Hugging Face mixture of experts (single process): with one
 replica it is ``transformers``' own ``load_balancing_loss_func``; it is hooked only where the
-config asks for the router logits, and left out under pipelining with a fallback line."""
+config asks for the router logits, and refused under pipelining (never left out of the loss)."""
 
 from __future__ import annotations
 
@@ -35,14 +35,19 @@ def _mixtral(output_router_logits: bool):
 
 
 def test_hooked_where_the_config_asks_and_not_under_pipelining():
+    """Under pipelining the auxiliary loss cannot be computed: refused, never left out of the
+    loss (which trained another loss than one process, with only a fallback line)."""
+    from fxplan.runtime.offload import RuntimeSupportError
+
     fallbacks: list[str] = []
     assert install_router_aux(_mixtral(False), None, False, fallbacks) is None
-    assert install_router_aux(_mixtral(True), None, True, fallbacks) is None
-    assert len(fallbacks) == 1 and fallbacks[0].startswith("[router-aux]"), fallbacks
+    assert install_router_aux(_mixtral(False), None, True, fallbacks) is None
+    with pytest.raises(RuntimeSupportError, match=r"auxiliary loss.*--constrain pp=1"):
+        install_router_aux(_mixtral(True), None, True, fallbacks)
     model = _mixtral(True)
     aux = install_router_aux(model, None, False, fallbacks)
     assert isinstance(aux, RouterAux) and (aux.experts, aux.top_k, aux.coef) == (4, 2, 0.1)
-    assert len(fallbacks) == 1
+    assert not fallbacks
 
     def plain(output, target):
         return output.sum() * 0

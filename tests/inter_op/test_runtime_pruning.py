@@ -1,0 +1,99 @@
+"""The search offers only plans the runtime can apply to the model: each finalist is put to
+the runtime's check (``runnable``) best first; a refused one is pruned with the runtime's
+reason (kind ``RUNTIME``) and never returned, and when every finalist is refused the search
+fails saying why for each."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxplan import search
+from fxplan.api import capture_for_search
+from fxplan.inter_op import search as search_graph
+from fxplan.inter_op.infeasible import NoRunnablePlan
+from fxplan.inter_op.reasons import RUNTIME
+
+CLUSTER = "local-cpu:devices=4"
+#: OPT in small: its attention reshapes by ``self.num_heads`` (no head-parallel split).
+OPT = ("hf:opt:num_hidden_layers=2,hidden_size=32,ffn_dim=64,num_attention_heads=4,"
+       "vocab_size=64,max_position_embeddings=32,word_embed_proj_dim=32,dropout=0.0,"
+       "attention_dropout=0.0")
+
+
+@pytest.fixture(scope="module")
+def gpt():  # type: ignore[no-untyped-def]
+    return capture_for_search("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8", dtype="float32")
+
+
+def test_a_refused_finalist_is_pruned_with_the_runtimes_reason(gpt):
+    free = search_graph(gpt, CLUSTER, batch=4, progress=False)
+    asked = []
+
+    def runnable(plan):  # refuses the plan the unchecked search returns
+        asked.append(plan.config)
+        return "not on this model" if plan.config == free.config else None
+
+    plan = search_graph(gpt, CLUSTER, batch=4, progress=False, runnable=runnable)
+    assert asked == [free.config, plan.config] and plan.config != free.config
+    refused = [(r, d) for r, d in zip(plan.pruned, plan.pruned_detail) if d["kind"] == RUNTIME]
+    assert len(refused) == 1
+    assert refused[0][1]["config"] == free.config.to_string()
+    assert refused[0][0] == f"{free.config.summary()}: not on this model"
+
+
+def test_every_finalist_refused_is_one_error_naming_each(gpt):
+    with pytest.raises(NoRunnablePlan, match=r"(?s)cannot apply any of the \d+ plan\(s\).*· pp="):
+        search_graph(gpt, CLUSTER, batch=4, progress=False, runnable=lambda plan: "no")
+
+
+def test_hf_opt_tensor_parallel_plans_are_refused_before_any_launch():
+    """The search asked for tp=2, dp=2 with sequence parallelism on OPT (whose launch trained
+    to a wrong loss) refuses, naming the head count fixed in the code; with tp free the plan
+    it offers is one the runtime checked."""
+    pytest.importorskip("transformers")
+    with pytest.raises(NoRunnablePlan, match=r"head count fixed at build time"):
+        search(OPT, CLUSTER, batch=4, seq=8, progress=False,
+               constraints={"tp": 2, "dp": 2, "sequence_parallel": True})
+    plan = search(OPT, CLUSTER, batch=4, seq=8, progress=False)
+    from fxplan.api import runtime_check
+    assert runtime_check(capture_for_search(OPT, seq=8, dtype="float32"), CLUSTER)(plan) is None
+
+
+def test_degrees_the_constraints_leave_free_are_reported(gpt):
+    plan = search_graph(gpt, CLUSTER, batch=4, progress=False, constraints={"tp": 2})
+    assert plan.tp == 2
+    free = [n for n in ("pp", "dp") if getattr(plan, n) > 1]
+    assert free   # tp=2 of 4 devices: pp or dp is 2
+    lines = [f for f in plan.fallbacks if "chosen by the search" in f]
+    assert bool(lines) == bool(free)
+    for name in free:
+        assert f"{name}={getattr(plan, name)}" in lines[0]
+    assert not [f for f in search_graph(gpt, CLUSTER, batch=4, progress=False).fallbacks
+                if "chosen by the search" in f]
+
+
+def test_a_named_tp_splits_weights(gpt):
+    """At hidden 32 the solver finds every placement replicated cheapest (a tp=2 plan that
+    splits nothing, the step of one rank); a tp the user names splits weights: the default
+    Megatron layout is kept instead, with the reason among the notes."""
+    plan = search_graph(gpt, CLUSTER, batch=4, progress=False, constraints={"tp": 2})
+    split = [n for n, p in plan.placements.params.items() if p[-1].is_shard()]
+    assert split, plan.placements.params
+    assert any("split no parameter over tp" in f for f in plan.fallbacks)
+    assert not any("split no parameter over tp" in f for f in search_graph(
+        gpt, CLUSTER, batch=4, progress=False, constraints={"tp": 1}).fallbacks)
+
+
+def test_a_model_returning_the_last_positions_logits_is_refused_at_capture():
+    """nanoGPT's ``forward(idx)`` returns ``(b, 1, V)`` logits: priced as it is, it failed on
+    every rank at the loss (``Expected input batch_size (8) to match target batch_size
+    (256)``); the search refuses it before pricing anything."""
+    from pathlib import Path
+
+    from fxplan.api import LossShapeError
+    models = Path(__file__).resolve().parents[1] / "runtime" / "models"
+    with pytest.raises(LossShapeError, match=r"returns \(1, 1, 64\) for token ids of shape "
+                                             r"\(1, 8\).*logits of shape \(1, 8, 'vocab'\)"):
+        search(f"{models / 'nanogpt_style.py'}:build_inference", CLUSTER, batch=4,
+               progress=False)
+    search(f"{models / 'nanogpt_style.py'}:build", CLUSTER, batch=4, progress=False)
