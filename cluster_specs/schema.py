@@ -60,8 +60,13 @@ _ALL_LEVEL_KINDS = tuple(dict.fromkeys(kind for kinds in LEVEL_KINDS.values() fo
 #: Rates (GB/s, TFLOP/s) and latencies (µs) beyond any device: 10⁶ GB/s is a thousand times
 #: HBM3e, 10⁶ TFLOP/s an exaflop per device, 10⁶ µs a second per hop or kernel.
 MAX_RATE = 1e6
+#: The slowest rate (GB/s, TFLOP/s) and the smallest efficiency a spec may state: a thousandth of
+#: a GB/s and a ten-thousandth of peak are far below any device, yet keep every price finite and
+#: printable (a rate of 1e-300 would price steps of 10^300 s).
+MIN_RATE = 1e-3
+MIN_FRACTION = 1e-4
 MAX_LATENCY_US = 1e6
-_FRACTION = number(low=0.0, low_open=True, high=1.0, unit="fraction")
+_FRACTION = number(low=MIN_FRACTION, low_open=False, high=1.0, unit="fraction")
 
 
 def _microseconds(unit: str) -> Field:
@@ -129,10 +134,10 @@ GROUP_FIELDS: dict[str, Field] = {
     "memory_gib": number(low=0, low_open=True, high=MAX_MEMORY_GIB, unit="GiB per device"),
     "reserved_memory_gib": optional(number(low=0, low_open=False, high=MAX_MEMORY_GIB,
                                            unit="GiB per device"), 0.0),
-    "memory_bandwidth_gb_per_s": number(low=0, low_open=True, high=MAX_RATE,
+    "memory_bandwidth_gb_per_s": number(low=MIN_RATE, low_open=False, high=MAX_RATE,
                                         unit="GB/s per device"),
     "peak_tflops": number_map(
-        DTYPES, number(low=0, low_open=True, high=MAX_RATE, unit="dense TFLOP/s"),
+        DTYPES, number(low=MIN_RATE, low_open=False, high=MAX_RATE, unit="dense TFLOP/s"),
         what="peak per dtype",
         nonempty=True,
     ),
@@ -195,9 +200,9 @@ GROUP_FIELDS: dict[str, Field] = {
                                       unit="NICs per node, overriding the cluster-scope level's")),
     "host_memory_gib": optional(number(low=0, low_open=True, high=MAX_MEMORY_GIB,
                                        unit="GiB of host memory per node")),
-    "host_memory_bandwidth_gb_per_s": optional(number(low=0, low_open=True, high=MAX_RATE,
+    "host_memory_bandwidth_gb_per_s": optional(number(low=MIN_RATE, low_open=False, high=MAX_RATE,
                                                       unit="GB/s of host memory per node")),
-    "host_link_gb_per_s": optional(number(low=0, low_open=True, high=MAX_RATE,
+    "host_link_gb_per_s": optional(number(low=MIN_RATE, low_open=False, high=MAX_RATE,
                                           unit="GB/s host↔device per device and direction")),
     "sm_count": optional(integer(low=1, high=4096, unit="streaming multiprocessors per device")),
     "cuda_context_gib": optional(number(low=0, low_open=False, high=MAX_MEMORY_GIB,
@@ -209,14 +214,14 @@ LEVEL_FIELDS: dict[str, Field] = {
     "kind": choice(_ALL_LEVEL_KINDS, what="link technology"),
     "scope": Field(_scope, _SCOPE_EXPECTED),
     "bandwidth_gb_per_s": number(
-        low=0, low_open=True, high=MAX_RATE,
+        low=MIN_RATE, low_open=False, high=MAX_RATE,
         unit="GB/s per direction, per device (node, domain) or per NIC (cluster)"
     ),
     "latency_us": _microseconds("µs per hop"),
     "efficiency": _FRACTION,
     "nics_per_node": optional(integer(low=1, high=MAX_DEVICES_PER_NODE, unit="NICs per node")),
     "allreduce_bandwidth_gb_per_s": optional(
-        number(low=0, low_open=True, high=MAX_RATE,
+        number(low=MIN_RATE, low_open=False, high=MAX_RATE,
                unit="GB/s all-reduce bus bandwidth with in-network reduction")
     ),
     "reduce_scatter_as_all_reduce": optional(boolean(

@@ -139,6 +139,41 @@ def canonical_hf_spec(spec: str) -> str:
     return f"hf:{Path(body).resolve()}" if _is_file_spec(body) else spec
 
 
+def _config_refusals() -> tuple[type[BaseException], ...]:
+    """What transformers raises for a config it refuses: ``ValueError``, ``TypeError``,
+    ``KeyError``, and huggingface_hub's strict-dataclass validation errors (newer releases)."""
+    found: list[type[BaseException]] = [ValueError, TypeError, KeyError]
+    try:
+        from huggingface_hub.errors import StrictDataclassClassValidationError, \
+            StrictDataclassFieldValidationError
+        found += [StrictDataclassClassValidationError, StrictDataclassFieldValidationError]
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+def _one_line(err: BaseException) -> str:
+    """The refusal's own words, on one line (the last line names the field and the value)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+#: Config fields that count experts of a mixture-of-experts model (transformers' names).
+_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _check_experts(config: Any, spec: str) -> None:
+    """A MoE config needs at least one expert and no more experts per token than experts
+    (transformers does not check: the router's top-k fails inside the model)."""
+    per_token = getattr(config, "num_experts_per_tok", None)
+    for name in _EXPERT_COUNTS:
+        count = getattr(config, name, None)
+        if isinstance(count, int) and (count < 1 or (isinstance(per_token, int) and per_token > count)):
+            raise ModelSpecError(f"model {spec!r}: {name}={count} with num_experts_per_tok="
+                                 f"{per_token}: expected at least one expert and no more experts "
+                                 "per token than experts")
+
+
 def hf_bundle(spec: str) -> ModelBundle:
     """Resolve ``hf:…`` (module docstring) to a bundle built on any device, captured by
     ``torch.export``."""
@@ -162,16 +197,23 @@ def hf_bundle(spec: str) -> ModelBundle:
                                  f"type (such as gpt2, llama, bert, mistral, qwen2)")
         extra, task = _overrides(model_type, text, spec)
         values.update(extra)
+    refusals = _config_refusals()
     try:
         config = transformers.AutoConfig.for_model(model_type, **values)
-    except (ValueError, TypeError, KeyError) as err:
-        raise ModelSpecError(f"model {spec!r}: transformers refused the config: {err}") from err
+    except refusals as err:
+        raise ModelSpecError(f"model {spec!r}: transformers refused the config: "
+                             f"{_one_line(err)}") from err
+    _check_experts(config, spec)
     config.use_cache = False  # training: no KV cache in the graph
     model_cls = hf_model_class(model_type, task)
     max_seq = getattr(config, "max_position_embeddings", None)
 
     def build() -> torch.nn.Module:
-        return model_cls.from_config(config)
+        try:
+            return model_cls.from_config(config)
+        except refusals as err:   # transformers validates some fields when it builds the model
+            raise ModelSpecError(f"model {spec!r}: transformers refused the config: "
+                                 f"{_one_line(err)}") from err
 
     def inputs(batch: int, seq: int | None, with_targets: bool) -> dict[str, InputSpec]:
         seq = max_seq if seq is None else seq

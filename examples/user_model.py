@@ -10,16 +10,56 @@ function returns.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import inspect
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from fxplan.examples.bundle import InputSpec, ModelBundle, ModelSpecError
+
+
+#: Seconds a model file may take to import (``FXPLAN_IMPORT_TIMEOUT_S`` overrides): importing
+#: defines the build function; a file still running after this long loops at import.
+IMPORT_TIMEOUT_S = 300.0
+
+
+class _ImportTimeout(BaseException):
+    """Raised in the main thread by the alarm of :func:`_time_limit` (not an ``Exception``, so
+    that the file's own ``except Exception`` cannot swallow it)."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Any:
+    """Raise :class:`_ImportTimeout` after ``seconds`` (main thread only; elsewhere no limit)."""
+    if threading.current_thread() is not threading.main_thread() or seconds <= 0:
+        yield
+        return
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise _ImportTimeout()
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _import_timeout() -> float:
+    raw = os.environ.get("FXPLAN_IMPORT_TIMEOUT_S", "")
+    try:
+        return float(raw) if raw else IMPORT_TIMEOUT_S
+    except ValueError:
+        raise ModelSpecError(f"FXPLAN_IMPORT_TIMEOUT_S={raw!r}: expected seconds (a number)") from None
 
 
 def load_function(path: str, function: str) -> Callable[[], Any]:
@@ -36,8 +76,15 @@ def load_function(path: str, function: str) -> Callable[[], Any]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
+    limit = _import_timeout()
     try:
-        spec.loader.exec_module(module)
+        with _time_limit(limit):
+            spec.loader.exec_module(module)
+    except _ImportTimeout:
+        sys.modules.pop(module_name, None)
+        raise ModelSpecError(f"importing {path!r} did not finish in {limit:g} s: the file keeps "
+                             "running at import (a loop, or work that belongs in the build "
+                             "function); set FXPLAN_IMPORT_TIMEOUT_S to allow longer") from None
     except SystemExit as err:
         raise ModelSpecError(f"importing {path!r} failed: the file calls sys.exit({err.code!r}) "
                              "at import; a model file defines its build function and does not "

@@ -132,6 +132,14 @@ def search(model: "str | ModelBundle | CapturedGraph", cluster: "str | Cluster",
         options.setdefault("model", model)
     if not hasattr(model, "gm"):
         model = capture_for_search(model, seq=seq, dtype=training_dtype(cluster), timer=timer)
+    elif getattr(model, "dtype", None) is not None:   # a graph captured already: its dtype
+        from fxplan.cluster_specs import check_precision
+        from fxplan.cluster_specs.precision import TORCH_NAMES
+
+        short = {torch_name: key for key, torch_name in TORCH_NAMES.items()}
+        key = short.get(str(model.dtype).removeprefix("torch."))
+        if key is not None:
+            check_precision(cluster, key)
     options.setdefault("runnable", runtime_check(model, cluster))
     return search_graph(model, cluster, batch=batch, seq=seq, timer=timer, **options)
 

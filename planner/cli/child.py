@@ -19,8 +19,6 @@ import signal
 import subprocess
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from fxplan.runtime.parent_death import parent_death_hook
-from fxplan.runtime.supervisor import STALL_GRACE_S, wait_attempt
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.runtime.heartbeat import StepWatch
@@ -44,6 +42,11 @@ def run_foreground(cmd: Sequence[str], env: Mapping[str, str], *, grace_s: float
                    say: Callable[[str], None] = print) -> int:
     """``subprocess.call(cmd, env=env)`` that leaves no child behind on Ctrl-C, on fxplan's
     own death, or (``watch``) after a stalled step."""
+    # here, not at the top: importing the runtime package imports torch, and ``fxplan --help``
+    # and ``--version`` import every verb module
+    from fxplan.runtime.parent_death import parent_death_hook
+    from fxplan.runtime.supervisor import STALL_GRACE_S, wait_attempt
+
     child = subprocess.Popen(list(cmd), env=dict(env),
                              preexec_fn=parent_death_hook(signal.SIGTERM))
     try:

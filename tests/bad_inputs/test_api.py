@@ -99,3 +99,12 @@ def test_bad_argument_raises_a_user_error(name, call, needles):
     message = str(info.value)
     for needle in needles:
         assert needle in message, f"{needle!r} not in {message!r}"
+
+
+def test_a_graph_captured_in_a_dtype_the_devices_lack_is_a_user_error() -> None:
+    """A bf16 capture (``capture_for_search``'s default) searched on CPU ranks, which list fp32
+    only: the precision check's paragraph, not the cost model's bare ``ValueError``."""
+    from fxplan.api import capture_for_search
+
+    with pytest.raises(UserError, match="no bf16 peak.*their dtypes are fp32"):
+        fxplan.search(capture_for_search("gpt-tiny"), CL, batch=16)

@@ -48,6 +48,12 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("graph-hf-missing", ["graph", "hf:{tmp}/none/config.json"], ["does not exist"]),
     ("graph-hf-notjson", ["graph", "hf:{notjson_json}"], ["JSON"]),
     ("graph-hf-binary", ["graph", "hf:{binary_json}"], ["binary.json"]),
+    ("graph-hf-hidden-not-heads", ["graph", "hf:llama:hidden_size=33"],
+     ["transformers refused the config", "hidden size (33)"]),
+    ("graph-hf-odd-head-dim", ["graph", "hf:llama:num_attention_heads=7,hidden_size=49"],
+     ["transformers refused the config", "head_dim"]),
+    ("graph-hf-no-experts", ["graph", "hf:mixtral:num_local_experts=0"],
+     ["num_local_experts=0", "at least one expert"]),
     ("graph-leaf-empty", ["graph", "gpt-tiny", "--leaf", ""], ["leaf_modules", "matched no module"]),
     # -- clusters ------------------------------------------------------------------------
     ("clusters-show-empty", ["clusters", "--show", ""], ["empty cluster spec", "expected"]),
@@ -267,3 +273,17 @@ def test_bad_input_is_refused_in_one_paragraph(name, argv, needles, bad_files, c
 
 def test_there_are_enough_cases():
     assert len(CASES) >= 150
+
+
+def test_a_model_file_that_loops_at_import_is_stopped(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A user file that never finishes importing ends with one paragraph and exit 2 once its
+    time limit (``FXPLAN_IMPORT_TIMEOUT_S``) passes, instead of hanging the command."""
+    from fxplan.cli.main import main
+
+    looping = tmp_path / "loops.py"
+    looping.write_text("while True:\n    pass\n")
+    monkeypatch.setenv("FXPLAN_IMPORT_TIMEOUT_S", "1")
+    assert main(["graph", f"{looping}:build"]) == 2
+    err = capsys.readouterr().err
+    assert "did not finish in 1 s" in err and "FXPLAN_IMPORT_TIMEOUT_S" in err
+    assert "Traceback" not in err

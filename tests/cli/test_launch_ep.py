@@ -62,7 +62,17 @@ def test_ep_with_tensor_parallelism_launches_and_sp_is_refused(  # type: ignore[
 
 def test_unsplittable_experts_are_refused_before_launch(  # type: ignore[no-untyped-def]
         tmp_path, capsys, monkeypatch) -> None:
-    plan = _plan(tmp_path, "dense-ep2", "dp=2,ep=2", 2, model=DENSE_EXPERTS)
+    # the search asks the runtime first: no ep=2 plan is offered for this model
+    assert main(["plan", DENSE_EXPERTS, "--cluster", "local-cpu:devices=2", "--batch", "4",
+                 "--seq", "16", "--constrain", "dp=2,ep=2"]) == 2
+    assert "ep=2: the model's expert weights are not in a layer" in capsys.readouterr().err
+    # a plan file written without that check (an older fxplan, a hand edit) is refused by the
+    # launch before any process starts
+    import fxplan
+
+    searched = fxplan.search(DENSE_EXPERTS, "local-cpu:devices=2", batch=4, seq=16,
+                             constraints={"dp": 2, "ep": 2}, runnable=None, progress=False)
+    plan = str(searched.save(tmp_path / "dense-ep2.json"))
     with open(plan) as handle:
         assert json.load(handle)["degrees"]["ep"] == 2   # priced as a mixture of experts
 

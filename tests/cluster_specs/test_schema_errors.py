@@ -51,15 +51,15 @@ CASES = [
     ("wrong-type", _set("device_groups[0].memory_gib", "80GB"), "type.yaml",
      ["device_groups[0].memory_gib", "found '80GB' (a string)", "expected a number > 0 and ≤ 1,048,576 (GiB per device)"]),
     ("negative", _set("levels[1].bandwidth_gb_per_s", -25), "negative.yaml",
-     ["levels[1].bandwidth_gb_per_s: found -25, expected a number > 0 and ≤ 1,000,000 (GB/s per direction"]),
+     ["levels[1].bandwidth_gb_per_s: found -25, expected a number ≥ 0.001 and ≤ 1,000,000 (GB/s per direction"]),
     ("zero-nodes", _set("device_groups[0].nodes", 0), "zero.yaml",
      ["device_groups[0].nodes: found 0, expected an integer in 1 … 1,048,576"]),
     ("float-count", _set("device_groups[0].devices_per_node", 8.0), "float.yaml",
      ["device_groups[0].devices_per_node: found 8.0, expected an integer in 1 … 4,096"]),
     ("efficiency-range", _set("levels[0].efficiency", 1.2), "eff.yaml",
-     ["levels[0].efficiency: found 1.2, expected a number > 0 and ≤ 1 (fraction)"]),
+     ["levels[0].efficiency: found 1.2, expected a number ≥ 0.0001 and ≤ 1 (fraction)"]),
     ("efficiency-zero", _set("levels[1].efficiency", 0), "eff0.yaml",
-     ["levels[1].efficiency: found 0, expected a number > 0 and ≤ 1"]),
+     ["levels[1].efficiency: found 0, expected a number ≥ 0.0001 and ≤ 1"]),
     ("intra-level-missing", _set("device_groups[0].intra_node_level", "nvlnk"), "intra.yaml",
      ["device_groups[0].intra_node_level: found 'nvlnk' (no level of this spec)",
       "expected the name of a scope: node level (nvswitch)"]),
@@ -78,7 +78,7 @@ CASES = [
     ("unknown-dtype", _set("device_groups[0].peak_tflops.bf32", 300), "dtype.yaml",
      ["device_groups[0].peak_tflops.bf32", "unknown key 'bf32'", "fp32, tf32, bf16, fp16, fp8"]),
     ("negative-peak", _set("device_groups[0].peak_tflops.bf16", -1), "peak.yaml",
-     ["device_groups[0].peak_tflops.bf16: found -1, expected a number > 0 and ≤ 1,000,000 (dense TFLOP/s)"]),
+     ["device_groups[0].peak_tflops.bf16: found -1, expected a number ≥ 0.001 and ≤ 1,000,000 (dense TFLOP/s)"]),
     ("unknown-op-class", _set("device_groups[0].compute_efficiency", {"matmull": 0.7}), "eff2.yaml",
      ["device_groups[0].compute_efficiency.matmull", "did you mean 'matmul'"]),
     ("reserved-too-big", _set("device_groups[0].reserved_memory_gib", 80), "reserved.yaml",
@@ -152,3 +152,15 @@ def test_python_objects_are_refused_safe_loading(write_spec):
     path = write_spec("!!python/object/apply:os.system ['true']\n", "evil.yaml")
     with pytest.raises(ClusterSpecError, match="not valid YAML"):
         Cluster.load(path)
+
+
+@pytest.mark.parametrize("key, value", [("bandwidth_gb_per_s", 1e-300), ("efficiency", 1e-300)])
+def test_a_vanishing_rate_or_efficiency_is_refused(key: str, value: float) -> None:
+    """A rate or efficiency of 1e-300 would price steps of 10^300 s: below the physical floor
+    (``MIN_RATE`` GB/s, ``MIN_FRACTION`` of peak) the spec is refused, naming the bound."""
+    from fxplan.cluster_specs import Cluster, ClusterSpecError
+
+    spec = Cluster.load("dgx-a100-80g").to_dict()
+    spec["levels"][0][key] = value
+    with pytest.raises(ClusterSpecError, match=f"levels\\[0\\].{key}: found 1e-300, expected a number ≥"):
+        Cluster.from_dict(spec)
