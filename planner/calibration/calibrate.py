@@ -107,7 +107,8 @@ def _stamp(ranks: int, backend: str) -> str:
             f"{metadata.version('torch')}, {ranks} rank(s) on {backend}")
 
 
-def _group_path(spec: dict[str, Any], key: str) -> SpecPath:
+def _group_path(key: str) -> SpecPath:
+    """The path of ``key`` of the (first) device group in the spec."""
     return ("device_groups", 0, key)
 
 
@@ -205,11 +206,11 @@ def _memory(cal: Calibration, cluster: Cluster, kind: str) -> None:
         spec_context = group.cuda_context_gib if group.cuda_context_gib is not None \
             else CUDA_CONTEXT_BYTES / 2**30
         cal.spec["device_groups"][0]["cuda_context_gib"] = round(context, 3)
-        cal.comments[_group_path(cal.spec, "cuda_context_gib")] = (
+        cal.comments[_group_path("cuda_context_gib")] = (
             f"{stamp}: total − free (torch.cuda.mem_get_info) after the context, a cuBLAS "
             "handle and a first kernel, largest over ranks")
         cal.spec["device_groups"][0]["memory_gib"] = round(total, 3)
-        cal.comments[_group_path(cal.spec, "memory_gib")] = (
+        cal.comments[_group_path("memory_gib")] = (
             f"{stamp}: the device's total memory as the driver reports it")
         cal.rows += [Row("memory per device", "GiB", group.memory_gib, total, True),
                      Row("CUDA context per process", "GiB", spec_context, context, True),
@@ -218,14 +219,14 @@ def _memory(cal: Calibration, cluster: Cluster, kind: str) -> None:
         link = data.get("host_link_gb_per_s")
         if link:
             cal.spec["device_groups"][0]["host_link_gb_per_s"] = round(link, 3)
-            cal.comments[_group_path(cal.spec, "host_link_gb_per_s")] = (
+            cal.comments[_group_path("host_link_gb_per_s")] = (
                 f"{stamp}: pinned host → device copy of 256 MiB, every device at once, median of 5")
             cal.rows.append(Row("host → device bandwidth", "GB/s", group.host_link_gb_per_s,
                                 link, True))
         return
     baseline = max(m["baseline_gib"] for m in memory)
     cal.spec["device_groups"][0]["reserved_memory_gib"] = round(baseline, 3)
-    cal.comments[_group_path(cal.spec, "reserved_memory_gib")] = (
+    cal.comments[_group_path("reserved_memory_gib")] = (
         f"{stamp}: resident set of a rank once torch, the gloo group and a first collective "
         "are up, largest over ranks")
     cal.rows.append(Row("process baseline per rank", "GiB", group.reserved_memory_gib, baseline,

@@ -105,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
                         "expected a warm-up below the step count")
     with tempfile.TemporaryDirectory(prefix="fxplan-validate-") as tmp:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tmp) / "run"
-        extra = ["--overwrite"] if args.run_dir and run_dir.exists() else []
-        summary = launch(Path(args.plan), run_dir, args.steps, ["--data", args.data, *extra],
+        # an existing --run-dir is the launch's to refuse: a run directory is never overwritten
+        # unless the user asks (fxplan launch --overwrite)
+        summary = launch(Path(args.plan), run_dir, args.steps, ["--data", args.data],
                          output_to_stderr=args.json)
         result = compare(plan, summary, read_losses(run_dir), warmup=warmup,
                          tolerance=args.tolerance, memory_tolerance=args.memory_tolerance)

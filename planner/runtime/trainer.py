@@ -132,16 +132,13 @@ def train(sharded: "ShardedModule", data: "DataSource", loss_fn: Callable[..., t
         profiler.stop()
         Path(trace).parent.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(trace))
-    times = torch.tensor(local_times, dtype=torch.float64, device=sharded.device)
-    peak = torch.tensor(peak_memory_gib(sharded.device), dtype=torch.float64, device=sharded.device)
-    own = {"step_times_s": local_times, "peak_memory_gib": float(peak),
+    own = {"step_times_s": local_times, "peak_memory_gib": peak_memory_gib(sharded.device),
            "peak_reserved_gib": peak_reserved_gib(sharded.device)}
-    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=sharded.group)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=sharded.group)
-    result.step_times_s = times.tolist()
-    result.peak_memory_gib = float(peak)
     result.ranks = [{}] * dist.get_world_size(sharded.group)
     dist.all_gather_object(result.ranks, own, group=sharded.group)
+    # the slowest rank's time of each step and the largest peak, from what every rank sent
+    result.step_times_s = [max(step) for step in zip(*(r["step_times_s"] for r in result.ranks))]
+    result.peak_memory_gib = max(r["peak_memory_gib"] for r in result.ranks)
     if log is not None:
         log.close()
     return result, optimizer
