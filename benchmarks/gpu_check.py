@@ -78,10 +78,22 @@ CPU_PLANS = {"recompute full, mb 4": "dp=1,tp=1,pp=1,recompute=full,mb=4"}
 CPU_MULTI = {"dp": "dp={n},zero=0"}
 
 
+#: the longest one fxplan command of the check may take before it counts as failed
+COMMAND_TIMEOUT_S = 300
+
+
 def fxplan(*args: str, env: dict[str, str] | None = None, ok: tuple[int, ...] = (0,)) -> str:
-    """``fxplan ARGS`` as a user runs it; its stdout (a failure raises with its stderr's tail)."""
-    done = subprocess.run([sys.executable, "-m", "fxplan.cli.main", *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, cwd=ROOT)
+    """``fxplan ARGS`` as a user runs it; its stdout (a failure or a command past
+    :data:`COMMAND_TIMEOUT_S` raises with its stderr's tail)."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "fxplan.cli.main", *args],
+                              capture_output=True, text=True, env={**os.environ, **(env or {})},
+                              cwd=ROOT, timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired as err:
+        tail = (err.stderr or b"")[-2500:]
+        raise RuntimeError(f"fxplan {' '.join(args)} ran past {COMMAND_TIMEOUT_S} s:\n"
+                           f"{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}"
+                           ) from None
     if done.returncode not in ok:
         raise RuntimeError(f"fxplan {' '.join(args)} exited {done.returncode}:\n"
                            f"{done.stderr[-2500:]}")
@@ -101,49 +113,70 @@ def _device_name(gpu: bool) -> str:
 
 
 def _commit() -> str:
+    """The checkout's commit; ``$FXPLAN_COMMIT`` where the check runs from an exported tree
+    (a GPU node given ``git archive`` of a commit has no ``.git``)."""
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           cwd=ROOT)
-    return done.stdout.strip() or "unknown"
+    return done.stdout.strip() or os.environ.get("FXPLAN_COMMIT", "unknown")
 
 
-def single_device(base: str, calibrated: Path, ops_dir: Path, models: dict, plans: dict,
-                  steps: int, work: Path, gpu: bool) -> list[dict[str, Any]]:
-    """Step 2: each model × plan validated, and re-priced on the calibrated spec."""
-    rows = []
+def single_device(base: str, models: dict, plans: dict, steps: int, work: Path, gpu: bool,
+                  deadline: float) -> list[dict[str, Any]]:
+    """Step 2: each model × plan planned on the base spec and validated (predicted against
+    measured); rows not started by ``deadline`` (``time.perf_counter()``) are recorded as
+    skipped, so that calibration still runs within the check's budget."""
+    rows: list[dict[str, Any]] = []
     for model_name, (model, batch, seq) in models.items():
         for plan_name, constrain in plans.items():
             if gpu and model_name.startswith("Llama") and plan_name not in GPU_LLAMA_PLANS:
                 continue
-            row: dict[str, Any] = {"model": model_name, "plan": plan_name, "constrain": constrain}
+            row: dict[str, Any] = {"model": model_name, "plan": plan_name, "constrain": constrain,
+                                   "spec": model, "batch": batch, "seq": seq}
+            rows.append(row)
+            if time.perf_counter() > deadline:
+                row["error"] = "skipped: the check's time budget was spent"
+                continue
             plan_file = work / f"{len(rows)}.json"
+            print(f"gpu-check:   {model_name}, {plan_name}", flush=True)
             try:
                 fxplan("plan", model, "--cluster", base, "--batch", str(batch), "--seq", str(seq),
                        "--constrain", constrain, "-o", str(plan_file))
                 plan = json.loads(plan_file.read_text())
                 result = fxplan_json("validate", str(plan_file), "--steps", str(steps),
                                      "--tolerance", "100", "--memory-tolerance", "100")
-                # on CPU ranks the op grid is not how local-cpu prices (calibrate reports it)
-                after = fxplan_json("estimate", model, "--cluster", str(calibrated), "--batch",
-                                    str(batch), "--seq", str(seq), "--config",
-                                    plan["estimate"]["config"],
-                                    env={"FXPLAN_OP_DB_PATH": str(ops_dir)} if gpu else None)
             except RuntimeError as err:      # a crash is a finding: recorded, the check goes on
-                row["error"] = str(err).splitlines()[-1][:400]
-                rows.append(row)
+                row["error"] = str(err).strip().splitlines()[-1][:400]
+                row["error_detail"] = str(err)[-2500:]
                 continue
             rank = result["ranks"][0]
-            row.update(summary=plan["summary"], losses=result["losses"],
+            row.update(summary=plan["summary"], config=plan["estimate"]["config"],
+                       losses=result["losses"],
                        measured_step_s=rank["measured_step_s"],
                        predicted_step_s=rank["predicted_step_s"], step_error=rank["step_error"],
-                       calibrated_step_s=after["step_time_s"],
-                       calibrated_step_error=after["step_time_s"] / rank["measured_step_s"] - 1,
                        measured_memory_gib=rank["measured_memory_gib"],
                        predicted_memory_gib=rank["predicted_memory_gib"],
                        memory_error=rank["memory_error"],
                        measured_reserved_gib=rank["measured_reserved_gib"],
                        reserved_error=rank["reserved_error"])
-            rows.append(row)
     return rows
+
+
+def reprice(rows: list[dict[str, Any]], calibrated: Path, ops_dir: Path, gpu: bool) -> None:
+    """Step 2b: each measured row's plan re-priced on the calibrated spec (with its op database
+    on a GPU) — the error after calibration against the same measurement."""
+    for row in rows:
+        if "measured_step_s" not in row:
+            continue
+        try:
+            after = fxplan_json("estimate", row["spec"], "--cluster", str(calibrated), "--batch",
+                                str(row["batch"]), "--seq", str(row["seq"]), "--config",
+                                row["config"],
+                                env={"FXPLAN_OP_DB_PATH": str(ops_dir)} if gpu else None)
+        except RuntimeError as err:
+            row["calibrated_error"] = str(err).strip().splitlines()[-1][:400]
+            continue
+        row.update(calibrated_step_s=after["step_time_s"],
+                   calibrated_step_error=after["step_time_s"] / row["measured_step_s"] - 1)
 
 
 def _token_file(path: Path, windows: int, seq: int, vocab: int) -> Path:
@@ -271,32 +304,51 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{x:+.1%}"
 
 
+def _failed(section: Any) -> str | None:
+    """A step's failure line, or None where it ran (a step that never started is a failure)."""
+    if section is None:
+        return "not reached (the check stopped before this step)"
+    if isinstance(section, dict) and "error" in section:
+        return f"failed: {section['error']}"
+    return None
+
+
 def markdown(record: dict[str, Any]) -> str:
-    """The tables of the check."""
+    """The tables of the check; a step that failed or was not reached says so in its place."""
     lines = [f"# fxplan GPU check — {record['device']} ({record['date']}, commit {record['commit']})",
-             "", f"torch {record['torch']}; mode: {record['mode']}; base spec `{record['base_spec']}`",
-             "", "## Calibration (`fxplan calibrate --quick`): measured beside the spec", "",
-             "| quantity | spec | measured | difference | written |", "|---|---|---|---|---|"]
-    for r in record["calibration"]["rows"]:
-        spec = "–" if r["spec"] is None else f"{r['spec']:.4g} {r['unit']}"
-        lines.append(f"| {_cell(r['quantity'])} | {spec} | {r['measured']:.4g} {r['unit']} | "
-                     f"{_pct(r['difference'])} | {'yes' if r['written'] else 'no'} |")
+             "", f"torch {record['torch']}; mode: {record['mode']}; base spec "
+             f"`{record.get('base_spec')}`; wall time {record.get('wall_time_s', '–')} s", ""]
+    n = record.get("numerics")
+    lines += ["## Numerics: fxplan launch against a hand-written loop", ""]
+    if _failed(n):
+        lines.append(_cell(_failed(n)))
+    else:
+        lines.append(f"max relative loss difference {n['max_relative_loss_difference']:.2e} over "
+                     f"{len(n['launch_losses'])} steps; step time launch / hand-written = "
+                     f"{n['ratio']:.3f} ({n['launch_step_s'] * 1e3:.1f} / "
+                     f"{n['handwritten_step_s'] * 1e3:.1f} ms)")
     lines += ["", "## One device: predicted against measured", "",
-             "| model | plan | step measured | error (spec) | error (calibrated) | peak memory "
-             "measured | error | reserved error |", "|---|---|---|---|---|---|---|---|"]
-    for r in record["single_device"]:
-        if "error" in r:
-            lines.append(f"| {r['model']} | {r['plan']} | failed: {_cell(r['error'])} | | | | | |")
+              "| model | plan | step measured | error (spec) | error (calibrated) | peak memory "
+              "measured | error | reserved error |", "|---|---|---|---|---|---|---|---|"]
+    for r in record.get("single_device") or []:
+        if "measured_step_s" not in r:
+            lines.append(f"| {r['model']} | {r['plan']} | {_cell(r.get('error', '–'))} "
+                         "| | | | | |")
             continue
         lines.append(f"| {r['model']} | {r['plan']} | {r['measured_step_s'] * 1e3:.1f} ms | "
-                     f"{_pct(r['step_error'])} | {_pct(r['calibrated_step_error'])} | "
+                     f"{_pct(r['step_error'])} | {_pct(r.get('calibrated_step_error'))} | "
                      f"{r['measured_memory_gib']:.3f} GiB | {_pct(r['memory_error'])} | "
                      f"{_pct(r['reserved_error'])} |")
-    n = record["numerics"]
-    lines += ["", "## Numerics: fxplan launch against a hand-written loop", "",
-              f"max relative loss difference {n['max_relative_loss_difference']:.2e} over "
-              f"{len(n['launch_losses'])} steps; step time launch / hand-written = {n['ratio']:.3f} "
-              f"({n['launch_step_s'] * 1e3:.1f} / {n['handwritten_step_s'] * 1e3:.1f} ms)"]
+    calibration = record.get("calibration")
+    lines += ["", "## Calibration (`fxplan calibrate --quick`): measured beside the spec", ""]
+    if _failed(calibration):
+        lines.append(_cell(_failed(calibration)))
+    else:
+        lines += ["| quantity | spec | measured | difference | written |", "|---|---|---|---|---|"]
+        for r in calibration["rows"]:
+            spec = "–" if r["spec"] is None else f"{r['spec']:.4g} {r['unit']}"
+            lines.append(f"| {_cell(r['quantity'])} | {spec} | {r['measured']:.4g} {r['unit']} | "
+                         f"{_pct(r['difference'])} | {'yes' if r['written'] else 'no'} |")
     if record.get("multi_device"):
         lines += ["", f"## {record['devices']} devices", "",
                   "| plan | summary | max relative loss difference vs one device | worst step error |",
@@ -311,6 +363,23 @@ def markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _step(record: dict[str, Any], key: str, run: Any) -> Any:
+    """Run one step of the check; a crash is recorded under ``key`` and the check goes on."""
+    try:
+        record[key] = run()
+    except Exception as err:            # noqa: BLE001 — every finding is kept, none ends the check
+        record[key] = {"error": str(err).strip().splitlines()[-1][:400] if str(err).strip()
+                       else type(err).__name__, "error_detail": str(err)[-2500:]}
+    return record[key]
+
+
+def _save(record: dict[str, Any], stem: Path, started: float) -> None:
+    """Write what is known so far (after every step, so that a check cut short keeps it)."""
+    record["wall_time_s"] = round(time.perf_counter() - started, 1)
+    stem.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(record))
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--handwritten":
         handwritten(*sys.argv[2:4], int(sys.argv[4]), sys.argv[5])
@@ -318,7 +387,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "data" / "gpu"))
     parser.add_argument("--steps", type=int, default=None, help="steps per launch "
-                        "(default 8 on GPUs, 4 on CPU)")
+                        "(default 8 on GPUs, 3 on CPU)")
+    parser.add_argument("--budget-s", type=float, default=300.0, help="no new one-device plan "
+                        "is started after this many seconds, so that calibration still runs "
+                        "(default 300)")
     parser.add_argument("--cpu", action="store_true", help="the CPU form even where a GPU is")
     args = parser.parse_args()
     import torch
@@ -334,6 +406,11 @@ def main() -> int:
                               "torch": torch.__version__, "mode": "gpu" if gpu else "cpu",
                               "device": torch.cuda.get_device_name() if gpu else "cpu",
                               "devices": devices}
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{record['date']}-{_device_name(gpu)}"
+    models, plans = (GPU_MODELS, GPU_PLANS) if gpu else (CPU_MODELS, CPU_PLANS)
+    model, batch, seq = next(iter(models.values()))
     with tempfile.TemporaryDirectory(prefix="fxplan-gpu-check-") as tmp:
         work = Path(tmp)
         record["doctor"] = fxplan_json("doctor", ok=(0, 1))
@@ -342,29 +419,31 @@ def main() -> int:
         if not gpu:
             base = "local-cpu:devices=1"
         record["base_spec"] = base
+        _save(record, stem, started)
+        print("gpu-check: numerics against a hand-written loop …", flush=True)
+        _step(record, "numerics", lambda: numerics(base, model, batch, seq, steps, work, gpu))
+        _save(record, stem, started)
+        print("gpu-check: one device, each plan validated …", flush=True)
+        rows = _step(record, "single_device", lambda: single_device(
+            base, models, plans, steps, work, gpu, started + args.budget_s))
+        _save(record, stem, started)
         print(f"gpu-check: calibrating from {base} …", flush=True)
         calibrated = work / "calibrated.yaml"
-        record["calibration"] = fxplan_json("calibrate", "--cluster", base, "--quick", "-o",
-                                            str(calibrated))
-        models, plans = (GPU_MODELS, GPU_PLANS) if gpu else (CPU_MODELS, CPU_PLANS)
-        print("gpu-check: one device, each plan validated …", flush=True)
-        record["single_device"] = single_device(base, calibrated, work, models, plans, steps,
-                                                work, gpu)
-        model, batch, seq = next(iter(models.values()))
-        print("gpu-check: numerics against a hand-written loop …", flush=True)
-        record["numerics"] = numerics(base, model, batch, seq, steps, work, gpu)
-        if devices >= 2:
+        _step(record, "calibration", lambda: fxplan_json("calibrate", "--cluster", base,
+                                                         "--quick", "-o", str(calibrated)))
+        if calibrated.exists():
+            record["calibrated_spec"] = calibrated.read_text()
+            if isinstance(rows, list):
+                reprice(rows, calibrated, work, gpu)
+        _save(record, stem, started)
+        numerics_ok = not _failed(record["numerics"])
+        if devices >= 2 and numerics_ok:
             multi = f"{base.split(':')[0]}:devices={devices}" if not gpu else base
             print(f"gpu-check: {devices} devices …", flush=True)
-            record["multi_device"] = multi_device(
+            _step(record, "multi_device", lambda: multi_device(
                 multi, devices, model, batch, seq, steps, work, GPU_MULTI if gpu else CPU_MULTI,
-                record["numerics"]["launch_losses"])
-    record["wall_time_s"] = round(time.perf_counter() - started, 1)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{record['date']}-{_device_name(gpu)}"
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(markdown(record))
+                record["numerics"]["launch_losses"]))
+        _save(record, stem, started)
     print(markdown(record))
     print(f"gpu-check: wrote {stem}.json and {stem}.md in {record['wall_time_s']:.0f} s")
     return 0
