@@ -99,13 +99,19 @@ def materialize(module: nn.Module, names: dict[int, str], device: torch.device,
 
     ``names`` maps tensor ids to original names (updated with the new parameters); ``values``
     gives full tensors by name, or ``None`` to allocate empty parameters (to be loaded from a
-    checkpoint). A tensor shared by several modules (tied weights) stays one object. Returns
-    whether anything was materialised."""
+    checkpoint). A tensor shared by several modules (tied weights) stays one object. The real
+    buffers that :func:`meta_parameters` kept on the host (positions, rotary tables) move to
+    ``device`` too, so that a model built there runs where its parameters are. Returns whether
+    anything was materialised."""
     replaced: dict[int, torch.Tensor] = {}
     for sub in module.modules():
         for slots, is_param in ((sub._parameters, True), (sub._buffers, False)):
             for key, tensor in list(slots.items()):
-                if tensor is None or not tensor.is_meta:
+                if tensor is None:
+                    continue
+                if not tensor.is_meta:
+                    if not is_param and tensor.device != device:
+                        slots[key] = replaced.setdefault(id(tensor), tensor.to(device))
                     continue
                 if id(tensor) not in replaced:
                     fqn = names.get(id(tensor), key)

@@ -53,3 +53,20 @@ def test_meta_model_without_values_is_refused():
     plan = make_plan()
     with pytest.raises(ValueError, match="needs init="):
         apply_plan(build_model(2, meta=True), plan, fixed_batch(plan)[0])
+
+
+def test_materialize_moves_the_host_buffers_to_the_parameters_device():
+    """``meta_parameters`` keeps buffers real on the host; materialising onto another device
+    moves them there with the parameters (on a GPU, the positions buffer on the host made every
+    launch fail in its first embedding). ``meta`` stands in for the other device here."""
+    import torch
+
+    from fxplan.runtime.build import materialize
+    from rt_plans import build_model
+
+    model = build_model(2, meta=True)
+    assert model.positions.device.type == "cpu"
+    names = {id(p): n for n, p in model.named_parameters()}
+    materialize(model, names, torch.device("meta"), None)
+    assert all(b.device.type == "meta" for b in model.buffers())
+    assert all(p.device.type == "meta" for p in model.parameters())
