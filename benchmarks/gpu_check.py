@@ -115,9 +115,11 @@ def _device_name(gpu: bool) -> str:
 def _commit() -> str:
     """The checkout's commit; ``$FXPLAN_COMMIT`` where the check runs from an exported tree
     (a GPU node given ``git archive`` of a commit has no ``.git``)."""
+    if os.environ.get("FXPLAN_COMMIT"):      # an exported tree may sit inside another checkout
+        return os.environ["FXPLAN_COMMIT"]
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           cwd=ROOT)
-    return done.stdout.strip() or os.environ.get("FXPLAN_COMMIT", "unknown")
+    return done.stdout.strip() or "unknown"
 
 
 def single_device(base: str, models: dict, plans: dict, steps: int, work: Path, gpu: bool,
