@@ -11,7 +11,7 @@ warm-up step, then counts with DTensor's ``CommDebugMode`` the functional collec
 ``train_step`` (forward, backward; what :mod:`fxplan.cost_model.dtensor_dispatch` prices), and
 prints the placements of the gradients after the backward. What the cost model prices is in
 ``fxplan estimate`` (``tp_comm`` of the breakdown); this script says what the runtime does,
-for the comparison in docs/benchmarks.md (issue 12). Collectives outside DTensor's functional
+for the comparison in docs/benchmarks.md. Collectives outside DTensor's functional
 ops (DDP's reducer, ``ZeroRedundancyOptimizer``) are not seen by ``CommDebugMode``.
 """
 
@@ -144,7 +144,7 @@ def _leaf_counts(mode) -> dict[str, dict[str, int]]:  # type: ignore[no-untyped-
 
 def _time_steps(sharded, optimizer, batch, loss_fn, steps: int, rank: int) -> None:  # type: ignore[no-untyped-def]
     """Alternate ``steps`` trainer steps without (``clip`` redistributes each Partial gradient
-    on its own, the runtime before session 19) and with the flattened reduction; print the
+    on its own, the runtime before 2026-11-24 (`ae51932`)) and with the flattened reduction; print the
     median of the slowest rank's step time of each (ms)."""
     import statistics
     import time

@@ -2,7 +2,7 @@
 constants fitted to it in the cost model's own form.
 
     python benchmarks/gloo_in_situ.py [--ranks 2 4] [--runs 3] [--rounds 10] [--out F]
-    flock /work/bench.lock python benchmarks/gloo_in_situ.py --autogroup-nice -19 --out F
+    flock bench.lock python benchmarks/gloo_in_situ.py --autogroup-nice -19 --out F
 
 **Why.** The loopback level's constants were first measured in tight loops of collectives
 between 0.1 ms bursts of compute (``local_cpu_calibration.py --gloo-cpu``: hop latency, CPU per
@@ -10,7 +10,7 @@ step, bus bandwidth). Inside a training step a collective comes after millisecon
 model's compute, on cores its peers are computing on, and costs something else: measured
 here, a 64 KiB all-reduce between two ranks that have a core each adds 1.2–1.6 ms to the step
 where the tight loop said 0.66 ms, and a 1 MiB all-reduce of four ranks time-sharing two
-cores adds 2.6–3.3 ms where the spec's core-shared bandwidth said 5.8 ms (session 26, six
+cores adds 2.6–3.3 ms where the spec's core-shared bandwidth said 5.8 ms (2026-11-25 (`42788fc`), six
 runs).
 
 **What runs.** For each ``N`` it plans gpt-tiny at global batch 16 on

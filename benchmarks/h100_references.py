@@ -327,7 +327,7 @@ PROSE = """\
 ## Cost model vs llm-foundry's H100 and A100 tables (every argument published)
 
 Public H100 training results whose whole configuration is published, priced by \
-`cost_model.estimate` (issue 12, item 3): MosaicML llm-foundry's MPT throughput tables \
+`cost_model.estimate`: MosaicML llm-foundry's MPT throughput tables \
 (`benchmarks/data/llm_foundry_mpt_tables.csv`, source in `benchmarks/data/README.md`), the \
 rows of 1B–70B at s = 2048, 4096, 8192 on H100 80GB and, as the control, the same software on \
 A100 80GB. Each row publishes microbatch, gradient accumulation, FSDP sharding (ZeRO-3 or -2, \

@@ -194,7 +194,7 @@ def markdown(predictions: list[Prediction], unfused: list[Prediction] | None = N
 
 
 #: The prose of the section around the table (``{table}``); numbers in it were measured with
-#: the commands it names, at the session it names where older than this one.
+#: the commands it names.
 PROSE = """\
 ## Cost model vs the Megatron-Core H100 table
 
@@ -209,115 +209,22 @@ FLOPs `72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))` over the predicted step ti
 
 {table}
 
-**The interleaving is chosen like the microbatch (session 23).** The rule took the largest `v ≤ \
-8` dividing `l/p`; 119B has `l/p = 92/4 = 23`, a prime, so it ran the plain 1F1B schedule with \
-16 microbatches and a 3/16 bubble (0.60 s of 4.24 s), a configuration whose bubble alone rules \
-out the published 42.5 % MFU (the same as 70B's 42.4 %). Megatron-Core takes any `v` with `l` \
-divisible by `p·v` (`--num-layers-per-virtual-pipeline-stage`, down to one layer per virtual \
-stage) and the README publishes none, so `v` is now chosen as microbatch size and recompute \
-already were: the fastest fitting estimate over every such `v` (`chunk_choices` in \
-`benchmarks/published_table.py`; the A100 table keeps its `v ≤ 4`, and its rows do not move). \
-Before → after (`python benchmarks/h100_table.py`, points): 70B +1.2 → +1.6 (v 7 → 14), 119B \
-−6.0 → +1.1 (v 1 → 23, mb 1 → 2: bubble 0.60 → 0.06 s, p2p 0.00 → 0.16 s, and the data-parallel \
-reduce-scatter, now overlapped with the backward of 23 chunks, `dp_comm` 0.29 → 0.07 s), 177B \
-−0.2 → −0.0 (v 8 → 16), 314B −3.8 → −3.7 (v 6 → 12), 462B −3.2 (v 7, unchanged); the rows \
-without a pipeline do not move. All 9 rows are within ±5 points (worst 3.7). The session-22 \
-paragraph below was measured under the old rule.
-
-**The H100 matmul rate is the one sustained in training (session 22).** `dgx-h100.yaml`'s \
-matmul efficiency is 0.52 of 989 TF/s, no longer 0.69: llm-foundry publishes the same \
-software on H100 80GB and A100 80GB with every argument (microbatch, accumulation, FSDP \
-sharding, activation checkpointing: no recompute question), and on its 12 identical \
-configurations the H100 matmul efficiency at which the model is as far from the H100 \
-throughput as it is from the A100 one (A100 at its SC'21-validated 0.75) has median 0.521 \
-(0.44–0.61; `python benchmarks/h100_references.py --pairs`, rule and sources in \
-`benchmarks/data/hardware.md`, "Sustained H100 matmul rate in training"). It was derived on \
-that table alone. Before → after on this one (`python benchmarks/h100_table.py`, points): \
-1.7B +12.5 → +3.4, 7.1B +13.1 → +1.1, 16B +12.1 → −0.8, 32B +11.7 → +0.4, 70B +10.4 → +1.2, \
-119B +2.2 → −6.0, 177B +11.2 → −0.2, 314B +8.4 → −3.8, 462B +9.0 → −3.2; rows within ±5 \
-from 1 to 8 of 9; the probe's `r` becomes 1.08, 1.02, 0.98, 1.01, 1.03, 0.84, 0.99, 0.91, \
-0.92 (`python benchmarks/h100_table_probe.py`). The rule still picks no recompute and the \
-same microbatch on every row. 119B stays outside: its data-parallel reduce-scatter is left \
-exposed after the pipeline flush (`dp_comm` 0.29 s). The paragraphs below (sessions 19–21) \
-were measured at 0.69 or 0.70.
+The matmul rate is the one sustained in training: `dgx-h100.yaml`'s matmul efficiency is \
+0.52 of 989 TF/s, the median (0.44–0.61) over llm-foundry's 12 configurations published \
+identically on H100 80GB and A100 80GB of the H100 efficiency at which the model is as far \
+from the H100 throughput as from the A100 one (A100 at its SC'21-validated 0.75; \
+`python benchmarks/h100_references.py --pairs`, rule and sources in \
+`benchmarks/data/hardware.md`, "Sustained H100 matmul rate in training"), fitted to none of \
+this table's rows. The interleaving `v` is chosen like the microbatch and the recompute: the \
+fastest fitting estimate over every `v` with `l` divisible by `p·v` (`chunk_choices` in \
+`benchmarks/published_table.py`). How the pricing reached this table, with the probes that \
+ruled other explanations out: `docs/benchmarks-history.md`.
 
 Pricing attention as the fused kernel (`cost_model/attention_kernel.py`: no `s×s` traffic, \
 causal tiles skipped, a causal kernel at 0.88 of the full-square rate, backward at 0.83 of the \
 forward rate) moves every row up from the op-by-op column. The loss is Megatron's: \
 cross-entropy on the logits upcast to fp32, its backward priced as ATen runs it (4 passes over \
 the logits).
-
-**The definitions agree (session 21).** `python benchmarks/h100_table_probe.py --flops` checks \
-the published numbers against each other and against the model. Each row's shape gives its \
-published size with a GELU MLP of `4h`, separate input embedding and output layer and no \
-grouped-query attention, `12·l·h² + 2·V·h` = 1.74, 7.11, 16.11, 31.47, 69.79, 118.45, 177.17, \
-313.53, 461.44 B; for such a model Megatron's `num_floating_point_operations` at the publishing \
-commit (`f2e5db4`, `megatron/training/training.py`: `12·B·s·l·h²·((1 + g/a + s/h)·q/h + \
-(f/h)·e·m + V/(2·l·h))` with `g = a` query groups, `q = h`, `f = 4h`, `e = 1` expert, `m = 1` \
-without SwiGLU) is exactly `F` above: no recompute, the full `s×s` square, the logits, no \
-causal halving. `X·n` reproduces the published aggregate PFLOP/s on every row and `X / 989` its \
-MFU; the model table (an image in the README) gives t, p, d, GPUs and global batch, the README \
-text s = 4096 and V = 131072, as transcribed in `benchmarks/data/megatron_core_h100_table.csv`. \
-The FLOPs behind the estimate's MFU (`model_flops`, three times the captured forward) are `F` \
-to within 1.0000–1.0001 on every row (guarded by `tests/cost_model/test_h100_table.py::\
-test_the_estimate_counts_megatrons_flops`), and both MFUs divide by the same 989 TF/s, the \
-bf16 peak at 1830 MHz, NVIDIA's official H100 compute clock (the often-quoted 1980 MHz would \
-give 1070; `benchmarks/data/hardware.md`). So the gap is time, not bookkeeping.
-
-**The parameter all-gather is priced as the runs hide it (session 21).** \
-`ParallelConfig.param_gather_overlap` (`pg_overlap=on`; exported to Megatron-LM as \
-`--overlap-param-gather`; fxplan's runtime warns and gathers after the step) charges only what \
-the gather takes beyond the stage's forward of one microbatch, `max(0, t_gather − t_forward)` \
-(`cost_model/stage_costs.py`; a lower bound on what an interleaved schedule hides, whose \
-warm-up runs several forwards before the first backward). The rows without a pipeline lose \
-their whole gather (0.03–0.16 s), the pipelined ones part of it, and every row moves up \
-(`python benchmarks/h100_table_probe.py --no-pg-overlap` prints the former): 1.7B +6.2 → \
-+12.5, 7.1B +10.1 → +13.1, 16B +5.8 → +12.1, 32B +1.3 → +11.7, 70B +6.8 → +10.4, 119B +1.5 → \
-+2.2, 177B +10.1 → +11.2, 314B +7.9 → +8.4, 462B +8.7 → +9.0 points. The rows within ±5 fall \
-from 2 to 1: the 32B row had matched only because an all-gather the run hides stood in for \
-time the model misses.
-
-**The gap was one uniform factor (session 21, at matmul 0.69).** With everything the README names priced, the probe's `r` \
-(the published step time less the predicted non-compute time, over the predicted compute and \
-bubble) is 1.30, 1.28, 1.25, 1.27 on the four rows without a pipeline (t = 1, 2, 4, 8; h = \
-2048–7168) and 1.29, 1.06, 1.29, 1.20, 1.22 on the pipelined ones (70B … 462B): the published \
-runs take about 1.25–1.30× the compute the model predicts at every size and tensor-parallel \
-degree, 119B (whose reduce-scatter the model leaves exposed after the pipeline flush, \
-`dp_comm` 0.33 s) aside.
-
-**Full activation recompute would have produced that factor, and is not published \
-(session 21, at 0.69).** \
-Megatron's `F` never counts recompute; `--recompute-granularity full` re-runs every layer's \
-forward inside the backward, 4 passes of layer compute where `F` counts 3 (the output layer \
-and loss are not recomputed), a factor just under 4/3. Priced on every row \
-(`python benchmarks/h100_table_probe.py --recompute full --param-gather-hidden`), the rows read \
-+1.5, −0.6, −2.4, −2.4, −1.3, −7.5, −1.4, −4.5, −3.5 points (8 of 9 within ±5) and `r` \
-becomes 1.04, 0.99, 0.95, 0.94, 0.97, 0.80, 0.97, 0.90, 0.92 (selective recompute, \
-`--recompute-activations`, re-runs only the attention core: `--recompute selective` moves the \
-rows by −0.4 to −2.1 points, to +10.4, +11.6, +10.8, +10.7, +9.6, +1.6, +10.6, +7.9, +8.6). \
-It is not adopted: the README \
-publishes neither the recompute nor the microbatch size, the rule of this benchmark (the fastest \
-that fits) picks no recompute on every row because the model's memory says it fits (peak \
-41–73 GiB of 80), and choosing `full` because it matches the rows would be fitting the rows. \
-What would settle it: the runs' arguments (`--recompute-*`, `--micro-batch-size`), a memory \
-measurement showing the no-recompute configurations do not fit on an 80 GB H100 under \
-Megatron-Core (Transformer Engine workspaces and userbuffers, the fp32 gradient buffers, \
-fragmentation), or a profile of one row. The alternative was a sustained GEMM rate about \
-1.3× below the one priced: what session 22 found (above).
-
-GEMMs until session 22: the H100's matmul efficiency was 0.69 of 989 TF/s (`dgx-h100.yaml`; \
-also `efficiency.json`'s h100 fallback, an unsourced 0.75 before): the measured H100 SXM bf16 MAMF \
-of the current table (Bekman's "v2": L2 flushed between iterations, mean of 100 iterations; \
-794.5 TF/s, 0.803) derated by the factor the A100 spec's 0.75 — validated by the SC'21 table \
-— is of the A100's MAMF on the same table (271.2 TF/s, 0.869): 0.803 × 0.75 / 0.869 = 0.69. \
-Until session 20 it was 0.70 from the superseded "v1" table (792.1 and 267.9 TF/s, no cache \
-flush); the change moved the rows by −0.3 to −0.7 points. A ceiling scaled by an A100 \
-ratio: `mamf-finder.py` zeroes a 256 MiB buffer and re-randomises the output before every \
-timed matmul, so at the H100's best shape the tensor cores are busy at most about 62 % of its \
-loop, and the table keeps the best shape (`hardware.md`); H100 matmuls are power-limited (He \
-2024; NVIDIA's NeMo offers `vboost` to "steer more power towards tensor cores"). No public \
-measurement of a bf16 GEMM sustained back to back at 700 W was found. Attention is priced at \
-cuDNN's fused kernel (609 / 518 / 499 TF/s forward, causal, backward at s = 4096).
 
 Tensor-parallel communication overlap (`tp_overlap=on` on every row with `t > 1`): each \
 sequence-parallel all-gather or reduce-scatter of a linear layer costs only what exceeds the \
@@ -333,39 +240,9 @@ all-gather of each column-parallel input and the reduce-scatter of its gradient 
 kernels on 16 SMs, the all-gathers by `ring_exchange` on the copy engines \
 (`benchmarks/data/hardware.md`); each such collective of duration `t` costs `t·16/(N − 16)` with \
 `N` the spec's `sm_count` (132 in `dgx-h100.yaml`): 0.9–3.7 % of a layer, −0.4 to −1.4 points \
-on the rows with `t > 1` (session 20, at matmul 0.70). The A100/V100 specs give no `sm_count` \
+on the rows with `t > 1`. The A100/V100 specs give no `sm_count` \
 and their tables do not overlap tensor-parallel communication: unchanged.
-
-Checked and ruled out as the uniform factor (sessions 19–20, at matmul 0.70 with the gather \
-charged after the step; `python benchmarks/h100_table_probe.py [--comm-sms N] [--waves] \
-[--dp-exposed]`):
-
-- SMs held by the overlapped data-parallel collectives (NCCL, one CTA per channel: 16 \
-collective channels in an H800 node's NCCL log, NVIDIA/nccl#892; 24 blocks for an all-gather \
-beside a GEMM on an H100, NVIDIA developer forum): at 32 of 132 SMs they took 0.03–0.21 s of \
-the 0.11–2.33 s missing per row; all of it would have needed 37–108 SMs. Not priced (no source \
-fixes NCCL's channel count for these runs).
-- Interleaving: the warm-up count is Megatron's (`(p − rank − 1)·2 + (v − 1)·p`, all forwards \
-first when `m = p`; `schedules.py`), the first and last stages carry embedding and head, and \
-the interleaved schedule overlaps its p2p transfers where the model charges blocking sends \
-(p2p 0.02, 0.10, 0.13, 0.34 s on 70B, 177B, 314B, 462B): pricing that as run makes those rows \
-faster still.
-- Per-layer non-GEMM work (16 % of the 1.7B layer, falling as `1/h`): Megatron runs it fused \
-(about 38 bytes per hidden element per token forward against the 48 priced), so repricing makes \
-the rows faster, and its share falls from 1.7B to 32B while `r` stays flat.
-- GEMM shapes (`--waves`): one tp rank's layer GEMMs in 128×256 output tiles on the spec's \
-SMs take 3.6–31 waves; the partly idle last wave costs 3–6 %, nearly the same on every row. \
-Not priced (the tile cuBLAS picks is not known).
-- Gradient precision and reduction: the table prices Megatron's 4-byte gradient buckets; all \
-buckets after the backward (`--dp-exposed`) does not move the pipelined rows and overshoots on \
-32B. The optimizer step is 0.4–1.2 ms. The loss at V = 131072 (Megatron's unfused \
-`vocab_parallel_cross_entropy`, about 14 bytes per logit more than priced) is about 1.3 points \
-on the 1.7B row, less with `t`. The `t = 1` row is priced as fxplan's runtime runs ZeRO-1 \
-(an fp32 all-reduce and per-tensor broadcasts), not as Megatron's reduce-scatter and \
-all-gather, which would make it faster still.
-
-No per-row or per-table constant was fitted; `tests/cost_model/test_h100_table.py` holds every \
-row within ±5."""
+"""
 
 
 def write_section(table: str, path: Path = DOC) -> None:

@@ -7,7 +7,7 @@ Every figure is a median; CPU-bound figures are read on the thread's CPU clock
 (``time.thread_time``), so they are the time on a core of one's own even when the machine is
 shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_cpu`). Every
 spawned process is placed as ``fxplan launch`` places its ranks (:mod:`fxplan.runtime.affinity`:
-pinned to a core, round robin, where they outnumber the cores; session 25), so the lines
+pinned to a core, round robin, where they outnumber the cores; 2026-11-25 (`e1334ce`)), so the lines
 measure what a launched rank does; ``FXPLAN_CPU_AFFINITY=none`` (or ``core``) measures
 processes never (always) pinned.
 
@@ -33,7 +33,7 @@ processes never (always) pinned.
    ``CHAIN`` ops), the one-thread copy of a 128 MiB tensor, ``2·S / t`` (bytes read +
    written; the figure behind ``MEMORY_GB_PER_S_PER_CORE``), and the in-cache vector rate
    (:func:`vector_gb_per_s`: GELU, add, softmax, layer norm and dropout on a 1 MiB tensor;
-   ``VECTOR_GB_PER_S_PER_CORE``, which the memory-bound classes move with; session 24).
+   ``VECTOR_GB_PER_S_PER_CORE``, which the memory-bound classes move with; 2026-11-24 (`c352b19`)).
    ``benchmarks/measured_vs_predicted.py`` runs it beside every launch, so that a launch is
    priced at the rates of its moment of a shared machine.
 6. **time-sharing** — ``N`` one-thread processes, ``N = 1``, ``N = C`` (the cores) and
@@ -65,7 +65,7 @@ processes never (always) pinned.
    in the kernel), and the same with ``work`` left out (idle ranks). A least-squares line per
    kind and rank count, ``c(S) = c₀ + c₁·S``, of the collective's whole CPU (main + other
    threads, every rank's mean) is its per-call and per-byte core time (:func:`gloo_cpu_us`).
-   (The spec's loopback constants were these until session 26; they are now measured inside
+   (The spec's loopback constants were these until 2026-11-25 (`42788fc`); they are now measured inside
    a launched training step, ``benchmarks/gloo_in_situ.py``, where the same collectives cost
    2–3× more between ranks with a core each.)
 9. **first touch** (also ``--first-touch`` alone, as JSON) — gpt-tiny's training step (forward, loss,

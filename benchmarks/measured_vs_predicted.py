@@ -1,7 +1,7 @@
 """Predicted against measured step time and peak memory of many ``local-cpu`` configurations.
 
     python benchmarks/measured_vs_predicted.py [--repeats 3] [--steps 8] [--seed 0]
-                                               [--lock /work/bench.lock]
+                                               [--lock bench.lock]
                                                [--out benchmarks/data/measured_vs_predicted.json]
     python benchmarks/measured_vs_predicted.py --reprice benchmarks/data/measured_vs_predicted.json
 
@@ -13,7 +13,7 @@ runs ``fxplan launch PLAN --data synthetic --steps S`` ``--repeats`` times (real
 gloo over loopback, one thread per rank), **interleaved**: round ``r`` launches every case
 once, in an order shuffled anew each round (``--seed``; ``--seed -1`` rotates the order by
 round instead, :func:`rounds`), so that a stretch of heavy load or a slow drift of the
-machine falls on every case a little instead of on the few cases launched during it. The ``devices=4`` cases form the grid of item 2:
+machine falls on every case a little instead of on the few cases launched during it. The ``devices=4`` cases form the grid:
 every one is a configuration of the same workload on the same 4 ranks, so the planner's
 choice can be compared with the best measured one.
 
@@ -48,7 +48,7 @@ launch is preceded, in the same lock hold and at the same autogroup priority, by
 vector rate, a copy); at the end each case is priced a second time on
 ``local-cpu:…,matmul_tflops=F,eager_op_us=e,vector_gb_per_s=V`` with the medians of its own
 launches' probes (:attr:`Case.probed_rates`; the copy is recorded, not priced; series
-probed before session 24 have no ``V``): the "at probed rates" columns and summary.
+probed before 2026-11-24 (`c352b19`) have no ``V``): the "at probed rates" columns and summary.
 
 ``--reprice FILE`` re-prices the stored plans of a results file with the current cost model
 (no launch) and prints the table again, beside the prediction each plan got when it was
@@ -115,7 +115,7 @@ class Case:
     load: float = math.nan                            # older files: load before the case
     loads: list[float] = field(default_factory=list)  # 1-minute load average at each launch
     #: per launch, the per-core rates measured just before it (``local_cpu_calibration.py
-    #: --probe``: matmul_tflops, memory_gb_per_s, vector_gb_per_s (from session 24),
+    #: --probe``: matmul_tflops, memory_gb_per_s, vector_gb_per_s (from 2026-11-24 (`c352b19`)),
     #: eager_op_us, load)
     probes: list[dict] = field(default_factory=list)
     predicted_probed_s: float = math.nan    # priced at the median probed rates
@@ -126,7 +126,7 @@ class Case:
         """The median over this case's launches of each probed rate that prices ({} without
         probes): the matmul rate, the in-cache vector rate and the eager op, measured by the
         very functions whose quiet medians are the spec's constants (a series probed before
-        session 24 has no vector rate: the spec then scales the memory-bound classes with the
+        2026-11-24 (`c352b19`) has no vector rate: the spec then scales the memory-bound classes with the
         matmul rate). The copy bandwidth is recorded, not priced: it moves with the
         neighbours' DRAM traffic, which in-cache ops do not see."""
         if not self.probes:
@@ -555,7 +555,7 @@ def main() -> None:
             "in a shuffled (seed) or rotated order",
             "seed": args.seed, "probe": args.probe,
             "memory_measured_as": "median over launches of the largest ru_maxrss over ranks",
-            # how fxplan launch placed the ranks (fxplan.runtime.affinity; session 25 on)
+            # how fxplan launch placed the ranks (fxplan.runtime.affinity; 2026-11-25 (`e1334ce`) on)
             "cpu_affinity": os.environ.get(AFFINITY_ENV, "auto")}
     if args.phase == "launch":
         cases = [c for c in load(args.out) if wanted is None or c.label in wanted]

@@ -14,8 +14,8 @@ batch size: relative to ``R`` for compute-bound classes, and for memory-bound on
 to the bandwidth ``M₀ · V / V₀`` (the spec's constants ``M₀``, ``V₀``; ``V`` the probe's
 in-cache vector rate). The model's tensors are in cache (gpt-tiny at batch 16: 0.25–2 MiB),
 where an op runs at the speed of the core's vector units, not at that of DRAM: the probe's
-128 MiB copy varies with the neighbours' memory traffic (13–29 GB/s in session 21's runs),
-and the matmul rate with the core's matrix units (session 24's host: matmul 2.2× the first
+128 MiB copy varies with the neighbours' memory traffic (13–29 GB/s in 2026-11-24 (`6803fb5`)'s runs),
+and the matmul rate with the core's matrix units (2026-11-24 (`c352b19`)'s host: matmul 2.2× the first
 host's, gpt-tiny's memory-bound nodes 1.25×). The table
 gives each round's value and the median, the figure the spec stores. ``--out FILE`` writes
 every round as JSON.

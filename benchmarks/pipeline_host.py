@@ -2,7 +2,7 @@
 compute of the same stages.
 
     python benchmarks/pipeline_host.py [--microbatches 1 2 4 8 16] [--steps 30] [--out F]
-    flock /work/bench.lock python benchmarks/pipeline_host.py --autogroup-nice -19 --out F
+    flock bench.lock python benchmarks/pipeline_host.py --autogroup-nice -19 --out F
 
 A pipeline stage of ``fxplan launch`` runs :mod:`torch.distributed.pipelining` (the plan's
 schedule over ``m`` microbatches, :mod:`fxplan.runtime.pipeline`): per step it splits the

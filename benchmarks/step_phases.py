@@ -1,7 +1,7 @@
 """Where a launched training step's time goes, per rank and per phase: CPU or waiting.
 
     python benchmarks/step_phases.py PLAN.json [--steps 20] [--autogroup-nice -19]
-    flock /work/bench.lock python benchmarks/step_phases.py PLAN.json     # timing: under the lock
+    flock bench.lock python benchmarks/step_phases.py PLAN.json     # timing: under the lock
 
 Runs the phases of :func:`fxplan.runtime.trainer.train` on a plan's ranks (``torch.
 multiprocessing``, gloo over loopback, one thread per rank placed as ``fxplan launch`` places

@@ -2,7 +2,7 @@
 arrival skew explains it.
 
     python benchmarks/sync_skew.py [--ranks 2 4] [--gaps 0.05 0.3 1 3 6 12] [--iterations 40]
-    flock /work/bench.lock python benchmarks/sync_skew.py --out skew.json     # under the lock
+    flock bench.lock python benchmarks/sync_skew.py --out skew.json     # under the lock
 
 Each of ``N`` one-thread gloo ranks on loopback runs blocks of the same work — ``k`` fp32
 matmuls of 96×96, ``k`` chosen so that a block takes ``g`` ms of the rank's CPU — in two
@@ -25,7 +25,7 @@ the ranks would meet ``E[max of N] − mean = e_N·σ·W`` later than one rank a
 synchronizations, whatever their number. The script prints that prediction beside the
 measurement (``skew``) and the least-squares line ``added = a + b·W`` (``σ_fit = b/e_N``).
 
-**What it found** (session 24, quiet machine, 2 cores; ``benchmarks/data/sync_skew_s24.json``):
+**What it found** (2026-11-24 (`c352b19`), quiet machine, 2 cores; ``benchmarks/data/sync_skew_2026-11-24_c352b19.json``):
 on 2 ranks ``added`` grows from ≈ 0.3 ms after short blocks to 1.0–1.5 ms after 5–11 ms
 blocks, but the blocks scatter by only ``σ`` ≈ 0.03–0.05 (a predicted skew of 0.1–0.3 ms) and
 run no slower in ``sync`` mode: the growth is in the collective itself after a long burst of

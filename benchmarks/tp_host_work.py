@@ -1,4 +1,4 @@
-"""Where a tensor-parallel rank's main-thread CPU goes in one training step (issue 12).
+"""Where a tensor-parallel rank's main-thread CPU goes in one training step.
 
     python benchmarks/tp_host_work.py "tp=2,sp=on,recompute=none" [--ranks 2] [--batch 1]
         [--steps 20] [--log]
@@ -19,7 +19,7 @@ main-thread CPU time (``time.thread_time``) of:
   loss's graph, registered on each step's graph).
 
 At a small batch the kernels cost little, so what remains is host work: the figures behind
-the "Session 22 (branch `tpcpu`)" block of ``docs/benchmarks.md``. ``--log`` prints, for the
+the "2026-11-24 (`613a7a6`) (branch `tpcpu`)" block of ``docs/benchmarks.md``. ``--log`` prints, for the
 first measured step of rank 0, every redistribution (shape, from → to placements) and every
 ``from_local``/``to_local`` backward, which is how the counts of
 :mod:`fxplan.cost_model.dtensor_dispatch` ("The styles' boundaries") were read. The wrappers

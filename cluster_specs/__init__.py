@@ -10,6 +10,7 @@ the group queries and their formulas. This package imports no other fxplan packa
 from fxplan.cluster_specs.cluster import Cluster, GroupLinks
 from fxplan.cluster_specs.devices import DTYPES, DeviceGroup
 from fxplan.cluster_specs.errors import ClusterSpecError
+from fxplan.cluster_specs.host_costs import HostCosts
 from fxplan.cluster_specs.links import LinkLevel
 from fxplan.cluster_specs.loader import available_specs
 from fxplan.cluster_specs.precision import (check_precision, group_precision, group_precisions,
@@ -21,6 +22,7 @@ __all__ = [
     "ClusterSpecError",
     "DTYPES",
     "DeviceGroup",
+    "HostCosts",
     "GroupLinks",
     "LinkLevel",
     "OP_CLASSES",

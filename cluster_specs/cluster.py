@@ -51,6 +51,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 
 from fxplan.cluster_specs.devices import DeviceGroup
+from fxplan.cluster_specs.host_costs import split_host
 from fxplan.cluster_specs.links import LinkLevel
 from fxplan.cluster_specs.schema import validate
 from fxplan.cluster_specs.topology import NodeLinks, build_graph, node_links
@@ -83,7 +84,8 @@ class Cluster:
         self.levels: tuple[LinkLevel, ...] = tuple(LinkLevel(**level) for level in canonical["levels"])
         groups, rank, node = [], 0, 0
         for entry in canonical["device_groups"]:
-            group = DeviceGroup(**entry, first_rank=rank, first_node=node)
+            fields, host = split_host(entry)
+            group = DeviceGroup(**fields, host=host, first_rank=rank, first_node=node)
             groups.append(group)
             rank, node = rank + group.num_devices, node + group.nodes
         self.device_groups: tuple[DeviceGroup, ...] = tuple(groups)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from fxplan.cluster_specs.frozen import freeze
+from fxplan.cluster_specs.host_costs import HostCosts
 
 #: Data types a device may list under ``peak_tflops``.
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -32,49 +33,16 @@ class DeviceGroup:
     for the kernels of an op's backward where they differ from its forward (a CPU's backward
     GEMMs are bare ``mm`` calls, its forward linears carry the module call and the bias;
     missing keys: ``compute_efficiency``'s). ``nics_per_node`` overrides the cluster-scope level's
-    NIC count for this group's nodes (``None``: the level's). ``step_overhead_us`` is a fixed
-    cost per training step on each device beyond its kernels and collectives (host work of the
-    training loop: data-parallel hooks, gradient clipping, the schedule).
-    ``dtensor_op_us``/``dtensor_backward_op_us`` are the extra host cost of an op (forward,
-    backward) on a DTensor, ``dtensor_view_op_us`` that of a view op (``view``, ``t``) on a
-    DTensor, ``dtensor_redistribute_us`` the extra host cost of a
-    tensor-parallel collective issued by DTensor's ``redistribute`` over the same collective
-    issued directly, ``dtensor_local_redistribute_us`` that of a redistribution that
-    communicates nothing (each rank keeps its slice), ``dtensor_from_local_us`` /
-    ``dtensor_to_local_backward_us`` those of a tensor-parallel style's boundary (a local tensor
-    wrapped as a DTensor in the forward; the backward of a DTensor handed on as a local tensor;
-    :mod:`fxplan.cost_model.dtensor_dispatch`), ``optimizer_tensor_us``/``dtensor_optimizer_tensor_us`` the
-    optimizer's host cost per plain / DTensor parameter tensor, ``comm_overlap`` the fraction
-    of a collective that can run concurrently with compute (1: GPUs; 0: one-thread CPU ranks);
-    :mod:`fxplan.cost_model.host_overhead` prices them. ``ddp_bucket_mib`` is the gradient
+    NIC count for this group's nodes (``None``: the level's). ``comm_overlap`` is the fraction
+    of a collective that can run concurrently with compute (1: GPUs; 0: one-thread CPU ranks,
+    whose gloo threads need the rank's core). ``ddp_bucket_mib`` is the gradient
     bucket cap of the data-parallel wrapper the runtime runs on these devices (PyTorch DDP:
     25 MiB, its first bucket 1 MiB; 0: one bucket per model segment, as Megatron's overlapped
-    buckets of the A100/V100 references are priced). ``queued_collective_us`` is what each
-    further collective of a batch issued asynchronously and then waited costs beyond its
-    bandwidth term, once the ranks have met for the first (0: each priced as a full
-    collective, latency included). ``fsdp_gather_us``, ``fsdp_reduce_us``,
-    ``fsdp_regather_us`` (each with a ``…_tensor_us`` part per parameter tensor of the group)
-    are FSDP2's host work per ``fully_shard`` group: its unshard and hooks per microbatch, its
-    post-backward reduce per step, and ZeRO-3's reshard and re-gather per microbatch
-    (:mod:`fxplan.cost_model.fsdp_host`; 0 on GPUs, where it runs ahead of the kernels).
-    ``ddp_step_us`` + ``ddp_tensor_us`` per parameter tensor is PyTorch DDP's host work per
-    step (hooks, bucket copies) where the runtime runs DDP; ``step_overhead_us`` is the rest.
-    ``pipeline_step_us`` and ``pipeline_microbatch_us`` are the pipeline runtime's host work
-    (``torch.distributed.pipelining``'s schedule) per step and per microbatch of each stage
-    where ``pp > 1`` (:func:`fxplan.cost_model.host_overhead.pipeline_host_s`; 0 on GPUs).
-    ``view_op_us``/``view_backward_op_us`` are the host cost of a view node (``view``,
-    ``transpose``, ``split``, …: dispatch and autograd, no kernel) in the forward and the
-    backward (0 on GPUs, where the host runs ahead of the kernels).
-    ``switch_refill_us`` is the CPU a rank spends refilling its caches after another rank ran
-    on its core (0 where ranks do not time-share cores: every GPU spec, and ``local-cpu`` with
-    a core per rank): charged per tensor-parallel collective whose wait lets an independent
-    rank — another data-parallel replica's — take the core
-    (:func:`fxplan.cost_model.host_overhead.evicted_waits_s`).
-    ``first_touch_us_per_mib`` is what a microbatch's activations cost on first touch per MiB
-    the cost model saves, beyond their kernels: the allocator gives freed memory back to the
-    kernel between steps and the pages are faulted in again
-    (:func:`fxplan.cost_model.host_overhead.first_touch_s`; 0 on GPUs, whose caching allocator
-    keeps its blocks).
+    buckets of the A100/V100 references are priced). ``host`` holds the CPU host costs of a
+    step beyond its kernels (:class:`~fxplan.cluster_specs.host_costs.HostCosts`: DTensor's
+    dispatch, the optimizer's loop, DDP's, FSDP2's and the pipeline runtime's host work, …):
+    ``None`` on every GPU spec, whose host runs ahead of the kernels; the schema keeps them
+    as keys of the device group.
     ``fused_attention`` says that attention runs as one fused (flash) kernel on these devices,
     whatever the model's code spells out (:mod:`cost_model.attention_kernel` prices it so):
     the training stack's choice (Megatron-Core / Transformer Engine, PyTorch SDPA on GPUs
@@ -109,40 +77,16 @@ class DeviceGroup:
     compute_efficiency: Mapping[str, float] = field(default_factory=dict)
     backward_efficiency: Mapping[str, float] = field(default_factory=dict)
     kernel_launch_us: float = 0.0
-    step_overhead_us: float = 0.0
     fused_attention: bool = False
-    dtensor_op_us: float = 0.0
-    dtensor_backward_op_us: float = 0.0
-    dtensor_view_op_us: float = 0.0
-    dtensor_redistribute_us: float = 0.0
-    dtensor_local_redistribute_us: float = 0.0
-    dtensor_from_local_us: float = 0.0
-    dtensor_to_local_backward_us: float = 0.0
-    optimizer_tensor_us: float = 0.0
-    dtensor_optimizer_tensor_us: float = 0.0
     comm_overlap: float = 1.0
     ddp_bucket_mib: float = 0.0
-    queued_collective_us: float = 0.0
-    ddp_step_us: float = 0.0
-    ddp_tensor_us: float = 0.0
-    pipeline_step_us: float = 0.0
-    pipeline_microbatch_us: float = 0.0
-    fsdp_gather_us: float = 0.0
-    fsdp_gather_tensor_us: float = 0.0
-    fsdp_reduce_us: float = 0.0
-    fsdp_reduce_tensor_us: float = 0.0
-    fsdp_regather_us: float = 0.0
-    fsdp_regather_tensor_us: float = 0.0
-    first_touch_us_per_mib: float = 0.0
-    switch_refill_us: float = 0.0
-    view_op_us: float = 0.0
-    view_backward_op_us: float = 0.0
     nics_per_node: int | None = None
     host_memory_gib: float | None = None
     host_memory_bandwidth_gb_per_s: float | None = None
     host_link_gb_per_s: float | None = None
     sm_count: int = 0
     cuda_context_gib: float | None = None
+    host: HostCosts | None = None
     first_rank: int = 0
     first_node: int = 0
 

@@ -78,7 +78,7 @@ from fxplan.cost_model.megatron_layout import CONST, SHARD, TPLayout, used_param
 from fxplan.passes.node_info import MATMUL_CLASSES
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.cluster_specs import DeviceGroup
+    from fxplan.cluster_specs import HostCosts
     from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["LINEAR_VIEWS", "DROPOUT_OPS", "dtensor_ops", "dispatch_s", "style_boundaries",
@@ -132,11 +132,11 @@ def _stream(graph: CapturedGraph, layout: TPLayout) -> frozenset[str]:
     return graph.memo[key][1]
 
 
-def dispatch_s(ops: tuple[int, int, int, int], device: DeviceGroup) -> tuple[float, float]:
+def dispatch_s(ops: tuple[int, int, int, int], host: HostCosts) -> tuple[float, float]:
     """``(t_fwd, t_bwd)`` host seconds of a node's DTensor ops ``(o_f, o_b, w_f, w_b)``."""
     o_f, o_b, w_f, w_b = ops
-    return ((o_f * device.dtensor_op_us + w_f * device.dtensor_view_op_us) * 1e-6,
-            (o_b * device.dtensor_backward_op_us + w_b * device.dtensor_view_op_us) * 1e-6)
+    return ((o_f * host.dtensor_op_us + w_f * host.dtensor_view_op_us) * 1e-6,
+            (o_b * host.dtensor_backward_op_us + w_b * host.dtensor_view_op_us) * 1e-6)
 
 
 def style_boundaries(graph: CapturedGraph, name: str, layout: TPLayout, *, sp: bool,
@@ -159,10 +159,10 @@ def style_boundaries(graph: CapturedGraph, name: str, layout: TPLayout, *, sp: b
     return 0, 0, 0, 0
 
 
-def boundary_s(counts: tuple[int, int, int, int], device: DeviceGroup) -> tuple[float, float]:
+def boundary_s(counts: tuple[int, int, int, int], host: HostCosts) -> tuple[float, float]:
     """``(t_style_fwd, t_style_bwd)`` host seconds of a node's boundaries ``(f, r_f, t_b, r_b)``."""
     f, r_f, t_b, r_b = counts
-    return ((f * device.dtensor_from_local_us + r_f * device.dtensor_local_redistribute_us)
+    return ((f * host.dtensor_from_local_us + r_f * host.dtensor_local_redistribute_us)
             * 1e-6,
-            (t_b * device.dtensor_to_local_backward_us
-             + r_b * device.dtensor_local_redistribute_us) * 1e-6)
+            (t_b * host.dtensor_to_local_backward_us
+             + r_b * host.dtensor_local_redistribute_us) * 1e-6)

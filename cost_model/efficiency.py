@@ -122,14 +122,9 @@ class EfficiencyModel:
         """(compute curve, memory curve) of ``op_class`` on ``device`` (a ``DeviceGroup``);
         ``backward=True``: of the kernels of an op's backward, whose maxima the device's
         ``backward_efficiency`` may set (key by key, before ``compute_efficiency``)."""
-        family = family_of(op_class, self)
-        if family is None:
-            raise ValueError(f"op class {op_class!r} runs no kernel and has no efficiency curve")
-        params = self._device_params(device)[family]
+        c_keys, m_keys = self.spec_keys(op_class)
+        params = self._device_params(device)[family_of(op_class, self)]
         spec: Mapping[str, float] = getattr(device, "compute_efficiency", {}) or {}
-        compute_bound = self.families[family]["bound"] == "compute"
-        c_keys = (op_class, family) if compute_bound else ()
-        m_keys = ("memory_bound",) if compute_bound else (op_class, family, "memory_bound")
         c_max = _first(spec, c_keys, params["compute_eff_max"])
         m_max = _first(spec, m_keys, params["memory_eff_max"])
         if backward:
@@ -137,6 +132,20 @@ class EfficiencyModel:
             c_max = _first(spec_bwd, c_keys, c_max)
             m_max = _first(spec_bwd, m_keys, m_max)
         return Curve(c_max, params["half_flops"]), Curve(m_max, params["half_bytes"])
+
+    def spec_keys(self, op_class: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The keys of a spec's ``compute_efficiency`` (and ``backward_efficiency``) that set
+        ``op_class``'s maxima, each in the order they are read, the first present winning:
+        ``(compute curve's, memory curve's)``. A compute-bound class reads its own name, then
+        its family's, for the compute curve and ``memory_bound`` for the memory one; a
+        memory-bound class has no compute keys and reads its name, its family's, then
+        ``memory_bound``."""
+        family = family_of(op_class, self)
+        if family is None:
+            raise ValueError(f"op class {op_class!r} runs no kernel and has no efficiency curve")
+        if self.families[family]["bound"] == "compute":
+            return (op_class, family), ("memory_bound",)
+        return (), (op_class, family, "memory_bound")
 
     def peak_flops(self, device: Any, op_class: str, dtype: Any, allow_tf32: bool | None = None) -> float:
         """FLOP/s the compute leg of ``op_class`` runs against (see the module docstring)."""

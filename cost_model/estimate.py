@@ -38,6 +38,7 @@ from fxplan.cost_model.layer_costs import GraphSegments, graph_segments
 from fxplan.cost_model.memory import GIB, MemoryBreakdown, OptimizerSpec, adam_for
 from fxplan.cost_model.memory_headroom import MemoryHeadroom, parse_headroom
 from fxplan.cost_model.pipeline_schedules import schedule_order
+from fxplan.cost_model.overlap import Overlap, relied_overlaps
 from fxplan.cost_model.simulator import StepSimulation, TimelineEvent, simulate_step
 from fxplan.cost_model.stage_costs import StagePlan, build_stages, stage_memory
 
@@ -82,6 +83,8 @@ class Estimate:
     memory_headroom: MemoryHeadroom | None = None
     #: device group name → the precision it trains in (``peak_tflops`` key)
     precisions: dict[str, str] | None = None
+    #: the communication the estimate hides behind compute (:mod:`cost_model.overlap`)
+    overlaps: tuple[Overlap, ...] = ()
 
     @property
     def peak_memory_gib(self) -> list[float]:
@@ -123,6 +126,7 @@ class Estimate:
             "model_flops": self.model_flops,
             "hardware_flops": self.hardware_flops,
             "precision_per_group": dict(self.precisions or {}),
+            "overlaps": [o.to_dict() for o in self.overlaps],
         }
 
 
@@ -226,4 +230,5 @@ def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, 
         model_flops=model_flops, hardware_flops=hardware_flops,
         memory=tuple(memory), simulation=sim, stage_plan=plan, memory_headroom=headroom,
         precisions=precisions,
+        overlaps=relied_overlaps(config, min(g.comm_overlap for g in cluster.device_groups)),
     )

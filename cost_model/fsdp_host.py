@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.cluster_specs import DeviceGroup
+    from fxplan.cluster_specs import HostCosts
 
 __all__ = ["FsdpHost", "fsdp_host_s", "fsdp_groups"]
 
@@ -73,15 +73,18 @@ def fsdp_groups(segments: Iterable[tuple[str, Iterable[str]]]) -> tuple[int, ...
     return (len(root), *layers)
 
 
-def fsdp_host_s(groups: Sequence[int], device: DeviceGroup, *, zero3: bool) -> FsdpHost:
+def fsdp_host_s(groups: Sequence[int], host: HostCosts | None, *, zero3: bool) -> FsdpHost:
     """FSDP2's host work of a chunk whose groups hold ``groups`` tensors (root first,
-    :func:`fsdp_groups`) on ``device``; ``zero3``: parameters resharded after the forward."""
+    :func:`fsdp_groups`) on a device group with host costs ``host`` (``None``: none);
+    ``zero3``: parameters resharded after the forward."""
+    if not host:
+        return FsdpHost()
 
     def cost(per_group_us: float, per_tensor_us: float, counts: Sequence[int]) -> float:
         return sum(per_group_us + k * per_tensor_us for k in counts) * 1e-6
 
     return FsdpHost(
-        forward=cost(device.fsdp_gather_us, device.fsdp_gather_tensor_us, groups),
-        backward=(cost(device.fsdp_regather_us, device.fsdp_regather_tensor_us, groups)
+        forward=cost(host.fsdp_gather_us, host.fsdp_gather_tensor_us, groups),
+        backward=(cost(host.fsdp_regather_us, host.fsdp_regather_tensor_us, groups)
                   if zero3 else 0.0),
-        post=cost(device.fsdp_reduce_us, device.fsdp_reduce_tensor_us, groups))
+        post=cost(host.fsdp_reduce_us, host.fsdp_reduce_tensor_us, groups))

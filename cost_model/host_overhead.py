@@ -1,10 +1,11 @@
 """Host work of a training step that a kernel's roofline does not see, and how much of the
 communication can hide behind compute.
 
-Every term is priced from per-device parameters of :class:`~fxplan.cluster_specs.DeviceGroup`
-(µs, 0 by default: on GPUs the host runs ahead of asynchronous kernels and these costs hide
-unless the host is the bottleneck; ``local-cpu`` measures them, ``benchmarks/local_cpu_
-calibration.py``):
+Every term is priced from a device group's host costs, ``DeviceGroup.host``
+(:class:`~fxplan.cluster_specs.HostCosts`, µs; ``None`` on the GPU specs, where the host runs
+ahead of asynchronous kernels and these costs hide unless the host is the bottleneck: every
+term is then 0, and the stage pricing skips it; ``local-cpu`` measures them,
+``benchmarks/local_cpu_calibration.py``):
 
 **DTensor dispatch** of the ops that run on DTensors, ordinary and view ops, is priced per
 node by :mod:`fxplan.cost_model.dtensor_dispatch`.
@@ -40,7 +41,7 @@ With ``n_W`` such waits in a chunk's forward (or backward), or in the step's red
     t += n_W · switch_refill_us                                 (:func:`evicted_waits_s`)
 
 (``local-cpu``: 4 pinned ranks on 2 cores; its refill is the time-sharing line's CPU per
-added switch, measured, not fitted. Session 26, with gloo priced in situ: without the term
+added switch, measured, not fitted. 2026-11-25 (`42788fc`), with gloo priced in situ: without the term
 the single-stage 4-rank plans were priced 10–29 % under their measured steps; with it dp=4
 and its ZeRO stages are within −5…+20 %: ``docs/benchmarks.md``.)
 
@@ -143,7 +144,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from fxplan.cost_model.efficiency import family_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.cluster_specs import DeviceGroup
+    from fxplan.cluster_specs import HostCosts
     from fxplan.core.config import ParallelConfig
 
 __all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "ddp_buffer_bytes",
@@ -192,17 +193,17 @@ def runs_kernel(info: Any) -> bool:
     return family_of(info.op_class) is not None and ((info.flops or 0) > 0 or moved > 0)
 
 
-def redistribute_host_s(collectives: int, device: DeviceGroup) -> float:
+def redistribute_host_s(collectives: int, host: HostCosts | None) -> float:
     """``n_C · dtensor_redistribute_us`` seconds: DTensor's host work of ``collectives``
     tensor-parallel collectives (module docstring)."""
-    return collectives * device.dtensor_redistribute_us * 1e-6
+    return collectives * host.dtensor_redistribute_us * 1e-6 if host else 0.0
 
 
-def evicted_waits_s(waits: int, device: DeviceGroup, others_have_work: bool) -> float:
+def evicted_waits_s(waits: int, host: HostCosts | None, others_have_work: bool) -> float:
     """``n_W · switch_refill_us`` seconds where the waiting rank's core has another rank with
     work meanwhile (``others_have_work``), else 0: the caches refilled after each of the
     ``waits`` blocking collectives handed the core over (module docstring)."""
-    return waits * device.switch_refill_us * 1e-6 if others_have_work else 0.0
+    return waits * host.switch_refill_us * 1e-6 if host and others_have_work else 0.0
 
 
 def fsdp_params(config: ParallelConfig) -> bool:
@@ -232,24 +233,26 @@ def ddp_buffer_bytes(buffers: Iterable[tuple[str, float, str]], layers: Sequence
     return tuple(by_dtype.values())
 
 
-def pipeline_host_s(device: DeviceGroup) -> tuple[float, float, float]:
+def pipeline_host_s(host: HostCosts | None) -> tuple[float, float, float]:
     """``(per forward, per backward, per step)`` seconds of the pipeline runtime's host work
-    on a stage of ``device`` (module docstring): ``pipeline_microbatch_us / 2`` with each
-    forward and each backward of a chunk, ``pipeline_step_us`` once a step."""
-    half = device.pipeline_microbatch_us / 2 * 1e-6
-    return half, half, device.pipeline_step_us * 1e-6
+    on a stage (module docstring): ``pipeline_microbatch_us / 2`` with each forward and each
+    backward of a chunk, ``pipeline_step_us`` once a step."""
+    if not host:
+        return 0.0, 0.0, 0.0
+    half = host.pipeline_microbatch_us / 2 * 1e-6
+    return half, half, host.pipeline_step_us * 1e-6
 
 
-def ddp_host_s(tensors: int, device: DeviceGroup) -> float:
+def ddp_host_s(tensors: int, host: HostCosts | None) -> float:
     """``ddp_step_us + P·ddp_tensor_us`` seconds: DDP's host work per step with ``tensors``
     parameter tensors (module docstring)."""
-    return (device.ddp_step_us + tensors * device.ddp_tensor_us) * 1e-6
+    return (host.ddp_step_us + tensors * host.ddp_tensor_us) * 1e-6 if host else 0.0
 
 
-def first_touch_s(saved_bytes: float, device: DeviceGroup) -> float:
+def first_touch_s(saved_bytes: float, host: HostCosts | None) -> float:
     """``A / MiB · first_touch_us_per_mib`` seconds: the pages of ``saved_bytes`` of
     activations faulted in again on first touch (module docstring)."""
-    return saved_bytes / 2**20 * device.first_touch_us_per_mib * 1e-6
+    return saved_bytes / 2**20 * host.first_touch_us_per_mib * 1e-6 if host else 0.0
 
 
 def dtensor_params(config: ParallelConfig) -> bool:
@@ -258,10 +261,12 @@ def dtensor_params(config: ParallelConfig) -> bool:
     return config.tp > 1 or fsdp_params(config)
 
 
-def optimizer_host_s(tensors: int, device: DeviceGroup, *, dtensor: bool) -> float:
+def optimizer_host_s(tensors: int, host: HostCosts | None, *, dtensor: bool) -> float:
     """``P·optimizer_tensor_us`` or ``D·dtensor_optimizer_tensor_us`` seconds for ``tensors``
-    parameter tensors stepped one at a time."""
-    per_tensor = device.dtensor_optimizer_tensor_us if dtensor else device.optimizer_tensor_us
+    parameter tensors stepped one at a time (0 without host costs)."""
+    if not host:
+        return 0.0
+    per_tensor = host.dtensor_optimizer_tensor_us if dtensor else host.optimizer_tensor_us
     return tensors * per_tensor * 1e-6
 
 

@@ -49,7 +49,8 @@ replicated ops run on ``1/t`` of the sequence too):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -126,6 +127,12 @@ class SegmentCost:
     tp_backward_gemm_s: tuple[float, ...] = ()
     tp_sm_forward: tuple[tuple[str, float], ...] = ()
     tp_sm_backward: tuple[tuple[str, float], ...] = ()
+    #: the part of ``backward_s`` that computes weight gradients: half the backward of each
+    #: matrix product with a parameter operand (its two equal backward GEMMs, ``dX = dY·Wᵀ``
+    #: and ``dW = Xᵀ·dY``); what a zero-bubble schedule defers to its ``W`` op. Other
+    #: parameters' gradients (norms, biases, the embedding's scatter) stay with the input
+    #: gradient: small, and torch's ``stage_backward_weight`` runs them either way.
+    weight_grad_share: float = 0.0
 
     @property
     def param_count(self) -> float:
@@ -208,12 +215,22 @@ def segment_cost(graph: CapturedGraph, key: str, *, tp: int, sequence_parallel: 
         if cluster is None:
             raise CostModelError("priced placements need the cluster to price their reshards")
         mesh = LogicalMesh(cluster, (tp,), ("tp",))
-    cache_key = ("segment", key, tp, sp, policy, microbatch, device, placements, mesh, fp8)
+    cache_key = ("segment", key, tp, sp, policy, microbatch, _unplaced(device), placements,
+                 mesh, fp8)
     hit = graph.memo.get(cache_key)
     if hit is None:
         hit = graph.memo[cache_key] = _segment_cost(graph, key, tp, sp, policy, microbatch,
                                                     device, placements, mesh, fp8)
     return hit
+
+
+@lru_cache(maxsize=256)
+def _unplaced(device: DeviceGroup) -> DeviceGroup:
+    """``device`` as a segment's price sees it: the group's size and place in the cluster
+    (``nodes``, ``first_rank``, ``first_node``) enter no segment's price (the tp collectives'
+    do, and the mesh is its own key), so the graph's memo serves every size of a cluster
+    (``fxplan compare`` plans one captured graph on 8 sizes of each kind)."""
+    return replace(device, nodes=1, first_rank=0, first_node=0)
 
 
 def work_divisor(name: str, layout: TPLayout, tp: int, sp: bool) -> int:
@@ -242,6 +259,7 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     elif policy == "selective":
         recomputed = set(attention_core(graph, names, layout))
     forward = backward = recompute = flops = recompute_flops = fp8_working = 0.0
+    host = device.host         # CPU host costs (HostCosts), None on the GPU specs
     fused = fused_attention_core(graph, names, layout) if prices_fused_attention(device) else None
     if fused is not None:
         fwd, bwd = _fused_times(fused, infos[fused.output], device,
@@ -256,6 +274,7 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     gemm_bwd: list[float] = []
     sm_fwd: list[tuple[str, float]] = []
     sm_bwd: list[tuple[str, float]] = []
+    weight_grad = 0.0
     for name in names:
         info = infos[name]
         fwd = bwd = 0.0
@@ -269,22 +288,25 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
             else:
                 fwd = node_time_s(info, device, shard_factor=shard)
                 bwd = node_time_s(info, device, shard_factor=shard, backward=True)
-            if info.op_class == "view":   # no kernel, but its dispatch (0 on the GPU specs)
-                fwd += device.view_op_us * 1e-6
-                bwd += device.view_backward_op_us * 1e-6
-            if tp > 1:   # the node's ops on DTensors and its styles' boundaries
-                host = dispatch_s(dtensor_ops(graph, name, layout, sp=sp,
-                                              split=work_divisor(name, layout, tp, sp) > 1), device)
+            if host and info.op_class == "view":   # no kernel, but its dispatch (CPU hosts)
+                fwd += host.view_op_us * 1e-6
+                bwd += host.view_backward_op_us * 1e-6
+            if host and tp > 1:   # the node's ops on DTensors and its styles' boundaries
+                dispatch = dispatch_s(dtensor_ops(graph, name, layout, sp=sp,
+                                                  split=work_divisor(name, layout, tp, sp) > 1),
+                                      host)
                 style = boundary_s(style_boundaries(graph, name, layout, sp=sp,
-                                                    in_layer=key not in ("pre", "post")), device)
-                fwd += host[0] + style[0]
-                bwd += host[1] + style[1]
+                                                    in_layer=key not in ("pre", "post")), host)
+                fwd += dispatch[0] + style[0]
+                bwd += dispatch[1] + style[1]
             forward += fwd
             backward += bwd
             if name in recomputed:
                 recompute += fwd
         if info.op_class in MATMUL_CLASSES:
             flops += float(info.flops) * scale
+            if used_params(graph.nodes_by_name[name], graph):
+                weight_grad += bwd / 2
             if name in recomputed:
                 recompute_flops += float(info.flops) * scale
         if mesh is not None:
@@ -313,17 +335,18 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     activations = ActivationBytes(activations.saved * scale,
                                   activations.working * scale + fp8_working)
     # the saved activations' pages faulted in again on a CPU rank (host_overhead; 0 on GPUs)
-    forward += first_touch_s(activations.saved, device)
-    if policy != "none" and device.first_touch_us_per_mib:
+    forward += first_touch_s(activations.saved, host)
+    if policy != "none" and host and host.first_touch_us_per_mib:
         kept = segment_activations(graph, names, layout, tp=tp,
                                    sequence_parallel=sp and not layout.priced, recompute="none",
                                    fused=fused).saved * scale
-        recompute += first_touch_s(max(0.0, kept - activations.saved), device)
+        recompute += first_touch_s(max(0.0, kept - activations.saved), host)
     split_output = layout.is_sharded(names[-1]) if layout.priced and names else sp
     output = tensor_bytes(infos[names[-1]]) * scale / (tp if split_output else 1) if names else 0.0
     return SegmentCost(forward, backward, recompute, tuple(tp_fwd), tuple(tp_bwd), activations,
                        params, output, flops, recompute_flops, tuple(gemm_fwd),
-                       tuple(gemm_bwd), tuple(sm_fwd), tuple(sm_bwd))
+                       tuple(gemm_bwd), tuple(sm_fwd), tuple(sm_bwd),
+                       weight_grad / backward if backward > 0 else 0.0)
 
 
 def attention_seconds(graph: CapturedGraph, key: str, *, tp: int, sequence_parallel: bool,

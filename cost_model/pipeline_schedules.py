@@ -24,10 +24,34 @@ The orders (what each stage runs next, whatever has arrived):
   ``w = min(2·(p−s−1) + (v−1)·p, m·v)`` forwards (all of them when ``m = p``), then 1F1B on
   virtual microbatches, then the drain.
 
+- ``zb:v`` (torch's ``ScheduleInterleavedZeroBubble``, ZB1P of Qi et al., "Zero Bubble
+  Pipeline Parallelism", ICLR 2024): the backward is split into ``B`` (the input gradient,
+  sent to the previous stage at once) and ``W`` (the weight gradient, which nothing waits
+  for). The order is torch's: with ``r = max(1, m // p)`` rounds of ``q = m / r``
+  microbatches, ``w = min((v−1)·q + (p−1−s), m·v)`` warm-up forwards, then each step one
+  ``F`` and one ``B`` — and, from step ``s`` on, the ``W`` of the oldest ``B`` still
+  waiting —, the cool-down's ``B`` (each with its delayed ``W``), then the ``W`` left.
+  Stage ``s`` thus holds up to ``s`` weight gradients back while the pipeline drains, which
+  fills its drain bubble.
+- ``zbv`` (torch's ``ScheduleZBVZeroBubble``, ZB-V of the same paper): ``v = 2`` chunks in a
+  V, stage ``s`` holding virtual stages ``s`` (chunk 0) and ``2p−1−s`` (chunk 1), so the
+  loss and the first forward are both on stage 0. Warm-up ``2(p−s)−1`` forwards of chunk 0,
+  ``s`` pairs ``F1 F0``, ``p−s`` triples ``F1 B1 W1``; steady state ``F0 B0 W0 F1 B1 W1``;
+  cool-down ``s`` pairs ``B0 B1``, ``p−s`` pairs ``B0 W0``, then the ``W`` left; torch builds
+  it for ``max(2p−1, m)`` microbatches and drops the ops of microbatches ``≥ m``.
+
+For the V, the dependencies read virtual stages: ``F`` of virtual stage ``j`` waits for ``F``
+of ``j−1``, ``B`` of ``j`` for ``B`` of ``j+1`` (the last virtual stage for its own ``F``),
+each located at the ``(stage, chunk)`` of :meth:`~fxplan.core.config.Schedule.placement`.
+``W`` waits for nothing but its stage's order (its ``B`` runs earlier on the same stage).
+
 Peak in-flight microbatches (forwards whose backward has not run) fall out of the orders:
 ``m`` on every stage for GPipe, ``min(p−s, m)`` for 1F1B, and ``w + 1`` chunk-microbatches
 for interleaved, i.e. on stage 0 ``(v+1)·p − 1`` chunks of ``L/(p·v)`` layers
-``= L·(1 + (p−1)/(p·v))`` layer-activations (Korthikanti et al. 2022, §4.2.3).
+``= L·(1 + (p−1)/(p·v))`` layer-activations (Korthikanti et al. 2022, §4.2.3). Under a split
+backward a microbatch stays in flight until its ``W``: torch's ``stage_backward_input`` keeps
+the autograd graph (every saved tensor) for ``stage_backward_weight``, so the memory of a
+delayed ``W`` is the whole activation of its microbatch.
 
 Everything here depends only on ``(kind, p, v, m)`` and is cached.
 """
@@ -39,20 +63,29 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["FORWARD", "BACKWARD", "ScheduleOrder", "schedule_order"]
+__all__ = ["FORWARD", "BACKWARD", "WEIGHT", "SPLIT_BACKWARD", "InflightCounts", "ScheduleOrder",
+           "inflight_counts", "schedule_order"]
 
 FORWARD = 0
+#: the backward; under a split backward (:data:`SPLIT_BACKWARD`) its input-gradient part
 BACKWARD = 1
+#: the weight-gradient part of a split backward
+WEIGHT = 2
+#: Schedule kinds whose backward is split into ``B`` and ``W``.
+SPLIT_BACKWARD: tuple[str, ...] = ("zb", "zbv")
+#: Schedule kinds whose two chunks sit in a V.
+V_SHAPED: tuple[str, ...] = ("zbv",)
 
 
 @dataclass(frozen=True, eq=False)
 class ScheduleOrder:
     """Per-stage op orders as ``(p, K)`` integer arrays, ``K = 2·m·v``.
 
-    ``kind[s, k]`` is :data:`FORWARD` or :data:`BACKWARD`, ``microbatch`` and ``chunk`` the
-    op's microbatch and model chunk; ``dep_stage``/``dep_pos`` locate the op it waits for
-    (``dep_pos = -1``: none); ``inflight_peak[s, c]`` is the most microbatches of chunk
-    ``c`` stage ``s`` holds at once and ``inflight_total[s]`` the most over all its chunks.
+    ``kind[s, k]`` is :data:`FORWARD`, :data:`BACKWARD` or (a split backward's weight
+    gradient) :data:`WEIGHT`, ``microbatch`` and ``chunk`` the op's microbatch and model
+    chunk; ``dep_stage``/``dep_pos`` locate the op it waits for (``dep_pos = -1``: none);
+    ``inflight_peak[s, c]`` is the most microbatches of chunk ``c`` stage ``s`` holds at once
+    and ``inflight_total[s]`` the most over all its chunks.
     """
 
     name: str
@@ -71,33 +104,99 @@ class ScheduleOrder:
     def ops_per_stage(self) -> int:
         return self.kind.shape[1]
 
+    @property
+    def split_backward(self) -> bool:
+        """Whether the backward runs as ``B`` and ``W`` ops."""
+        return bool((self.kind == WEIGHT).any())
+
+    @property
+    def release_kind(self) -> int:
+        """The op after which a microbatch's activations are freed and its chunk's gradients
+        final: :data:`WEIGHT` under a split backward, else :data:`BACKWARD`."""
+        return WEIGHT if self.split_backward else BACKWARD
+
     def peak_inflight(self, weights: np.ndarray) -> np.ndarray:
         """``(p,)``: the peak over time of ``Σ_c n_c(τ)·weights[s, c]`` on each stage, where
         ``n_c(τ)`` counts the microbatches of chunk ``c`` forwarded and not yet backwarded."""
-        profiles = _inflight_profiles(self)
-        return np.array([float((profiles[s] @ weights[s]).max()) for s in range(self.stages)])
+        return InflightCounts(self.stages, self.inflight_peak,
+                              _inflight_profiles(self)).peak_inflight(weights)
 
     def last_backward_pos(self) -> np.ndarray:
-        """``(p, v)``: position of the last backward of each chunk on each stage (its
-        gradients are final when it ends)."""
+        """``(p, v)``: position of the last backward (its ``W`` under a split backward) of
+        each chunk on each stage (its gradients are final when it ends)."""
         p, v = self.stages, self.chunks
+        release = self.release_kind
         out = np.zeros((p, v), dtype=np.int64)
         for s in range(p):
             for c in range(v):
-                out[s, c] = np.flatnonzero((self.kind[s] == BACKWARD) & (self.chunk[s] == c))[-1]
+                out[s, c] = np.flatnonzero((self.kind[s] == release) & (self.chunk[s] == c))[-1]
         return out
+
+
+@dataclass(frozen=True, eq=False)
+class InflightCounts:
+    """What the memory model reads of a :class:`ScheduleOrder` — the stage count, the
+    in-flight peaks and the per-chunk in-flight counts after each forward — without the op
+    arrays: a few hundred bytes where the order holds ``5·p·K`` integers, so the search keeps
+    one for every ``(kind, p, v, m)`` it visits (:func:`inflight_counts`)."""
+
+    stages: int
+    inflight_peak: np.ndarray               # (p, v), as ScheduleOrder.inflight_peak
+    profiles: tuple[np.ndarray, ...]        # per stage, (n, v): _inflight_profiles
+
+    def peak_inflight(self, weights: np.ndarray) -> np.ndarray:
+        """:meth:`ScheduleOrder.peak_inflight`."""
+        return np.array([float((self.profiles[s] @ weights[s]).max())
+                         for s in range(self.stages)])
+
+
+@lru_cache(maxsize=1 << 13)
+def inflight_counts(kind: str, stages: int, chunks: int, microbatches: int) -> InflightCounts:
+    """The cached :class:`InflightCounts` of :func:`schedule_order`'s order (which keeps only
+    the most recent orders: the search visits thousands of ``(kind, p, v, m)``)."""
+    order = schedule_order(kind, stages, chunks, microbatches)
+    return InflightCounts(order.stages, order.inflight_peak, _inflight_profiles(order))
+
+
+def _signs(kinds: np.ndarray) -> np.ndarray:
+    """+1 at a forward, −1 where a microbatch's activations are released (its ``W`` under a
+    split backward, else its backward), 0 at a split backward's ``B``."""
+    release = WEIGHT if (kinds == WEIGHT).any() else BACKWARD
+    return np.where(kinds == FORWARD, 1, np.where(kinds == release, -1, 0))
 
 
 @lru_cache(maxsize=256)
 def _inflight_profiles(order: ScheduleOrder) -> tuple[np.ndarray, ...]:
     """Per stage, the distinct per-chunk in-flight counts right after each forward (the only
     places a weighted total can peak), as ``(n, v)`` arrays."""
-    signs = np.where(order.kind == FORWARD, 1, -1)
+    signs = _signs(order.kind)
     counts = np.stack([np.cumsum(np.where(order.chunk == c, signs, 0), axis=1)
                        for c in range(order.chunks)], axis=-1)          # (p, K, v)
     forward = order.kind == FORWARD
-    return tuple(np.unique(counts[s][forward[s]], axis=0).astype(float)
+    return tuple(_unique_rows(counts[s][forward[s]]).astype(float)
                  for s in range(order.stages))
+
+
+def _unique_rows(rows: np.ndarray) -> np.ndarray:
+    """``np.unique(rows, axis=0)`` of small integer rows (sorted lexicographically), each row
+    packed into one integer first, its first column the most significant digit in base
+    ``max − min + 1``: ``np.unique`` along an axis sorts a structured view, and was most of
+    the time of building the search's in-flight counts."""
+    if rows.size == 0 or rows.ndim != 2:
+        return np.unique(rows, axis=0)
+    low = rows.min(axis=0)
+    base = int((rows.max(axis=0) - low).max()) + 1
+    if base ** rows.shape[1] >= 1 << 62:
+        return np.unique(rows, axis=0)
+    code = np.zeros(len(rows), dtype=np.int64)
+    for k in range(rows.shape[1]):
+        code = code * base + (rows[:, k] - low[k])
+    keys = np.unique(code)
+    out = np.empty((len(keys), rows.shape[1]), dtype=rows.dtype)
+    for k in range(rows.shape[1] - 1, -1, -1):
+        out[:, k] = keys % base + low[k]
+        keys = keys // base
+    return out
 
 
 def _gpipe(p: int, s: int, m: int) -> list[tuple[int, int, int]]:
@@ -129,12 +228,101 @@ def _interleaved(p: int, v: int, s: int, m: int) -> list[tuple[int, int, int]]:
     return ops + [virtual(k, BACKWARD) for k in range(total - warmup, total)]
 
 
+def _zero_bubble(p: int, v: int, s: int, m: int) -> list[tuple[int, int, int]]:
+    """torch's ``ScheduleInterleavedZeroBubble`` order of stage ``s`` (module docstring)."""
+    rounds = max(1, m // p)
+    per_round = m // rounds
+    warmup = min((v - 1) * per_round + (p - 1 - s), m * v)
+    total = m * v
+    steady = total - warmup
+    counters = {FORWARD: [0] * v, BACKWARD: [0] * v, WEIGHT: [0] * v}
+
+    def op(kind: int, chunk: int) -> tuple[int, int, int]:
+        mb = counters[kind][chunk]
+        counters[kind][chunk] += 1
+        return (kind, mb, chunk)
+
+    def f_chunk(step: int) -> int:
+        return (step // per_round) % v
+
+    def b_chunk(step: int) -> int:
+        return v - 1 - ((step - warmup) // per_round) % v
+
+    ops: list[tuple[int, int, int]] = []
+    backward_steps: list[int] = []
+    weights = 0
+    for step in range(warmup + steady + warmup):
+        if step < warmup:
+            ops.append(op(FORWARD, f_chunk(step)))
+            continue
+        if step < warmup + steady:
+            ops.append(op(FORWARD, f_chunk(step)))
+        ops.append(op(BACKWARD, b_chunk(step)))
+        backward_steps.append(step)
+        if step - warmup >= s:
+            ops.append(op(WEIGHT, b_chunk(backward_steps[weights])))
+            weights += 1
+    for step in backward_steps[weights:]:
+        ops.append(op(WEIGHT, b_chunk(step)))
+    return ops
+
+
+def _zbv(p: int, s: int, m: int) -> list[tuple[int, int, int]]:
+    """torch's ``ScheduleZBVZeroBubble`` order of stage ``s`` (module docstring); chunk 0 is
+    virtual stage ``s``, chunk 1 virtual stage ``2p−1−s``."""
+    n = max(2 * p - 1, m)
+    ops: list[tuple[int, int, int]] = []
+    count = {(k, c): 0 for k in (FORWARD, BACKWARD, WEIGHT) for c in (0, 1)}
+
+    def add(kind: int, chunk: int) -> None:
+        ops.append((kind, count[kind, chunk], chunk))
+        count[kind, chunk] += 1
+
+    for _ in range(2 * (p - s) - 1):
+        add(FORWARD, 0)
+    for _ in range(s):
+        add(FORWARD, 1)
+        add(FORWARD, 0)
+    for _ in range(p - s):
+        add(FORWARD, 1)
+        add(BACKWARD, 1)
+        add(WEIGHT, 1)
+    while count[FORWARD, 1] < count[FORWARD, 0] or count[FORWARD, 0] < n:
+        if count[FORWARD, 0] < n:
+            add(FORWARD, 0)
+        add(BACKWARD, 0)
+        add(WEIGHT, 0)
+        add(FORWARD, 1)
+        add(BACKWARD, 1)
+        add(WEIGHT, 1)
+    weights = {0: count[BACKWARD, 0], 1: count[BACKWARD, 1]}
+    for _ in range(s):
+        add(BACKWARD, 0)
+        add(BACKWARD, 1)
+    for _ in range(p - s):
+        add(BACKWARD, 0)
+        ops.append((WEIGHT, weights[0], 0))
+        weights[0] += 1
+    for chunk in (1, 0):
+        while weights[chunk] < count[BACKWARD, chunk]:
+            ops.append((WEIGHT, weights[chunk], chunk))
+            weights[chunk] += 1
+    return [o for o in ops if o[1] < m]
+
+
 @lru_cache(maxsize=256)
 def schedule_order(kind: str, stages: int, chunks: int, microbatches: int) -> ScheduleOrder:
-    """The cached :class:`ScheduleOrder` of ``kind`` (``gpipe``, ``1f1b``, ``interleaved``)."""
+    """The cached :class:`ScheduleOrder` of ``kind`` (``gpipe``, ``1f1b``, ``interleaved``,
+    ``zb``, ``zbv``)."""
     p, v, m = stages, chunks, microbatches
     if kind == "interleaved":
         rows = [_interleaved(p, v, s, m) for s in range(p)]
+    elif kind == "zb":
+        rows = [_zero_bubble(p, v, s, m) for s in range(p)]
+    elif kind == "zbv":
+        if v != 2:
+            raise ValueError(f"zbv runs two model chunks per stage, got v={v}")
+        rows = [_zbv(p, s, m) for s in range(p)]
     elif kind in ("gpipe", "1f1b"):
         if v != 1:
             raise ValueError(f"{kind} runs one model chunk per stage, got v={v}")
@@ -144,45 +332,45 @@ def schedule_order(kind: str, stages: int, chunks: int, microbatches: int) -> Sc
         raise ValueError(f"unknown schedule {kind!r}")
     ops = np.asarray(rows, dtype=np.int64)  # (p, K, 3)
     kinds, mbs, chs = ops[..., 0], ops[..., 1], ops[..., 2]
-    position = np.empty((p, 2, m, v), dtype=np.int64)
+    position = np.zeros((p, 3, m, v), dtype=np.int64)
     stage_idx = np.repeat(np.arange(p), ops.shape[1])
     position[stage_idx, kinds.ravel(), mbs.ravel(), chs.ravel()] = np.tile(
         np.arange(ops.shape[1]), p)
-    dep_stage, dep_pos = _dependencies(kinds, mbs, chs, position, p, v)
-    signs = np.where(kinds == FORWARD, 1, -1)
+    dep_stage, dep_pos = _dependencies(kinds, mbs, chs, position, p, v, kind in V_SHAPED)
+    signs = _signs(kinds)
     peak = np.zeros((p, v), dtype=np.int64)
     for c in range(v):
         peak[:, c] = np.cumsum(np.where(chs == c, signs, 0), axis=1).max(axis=1)
     total = np.cumsum(signs, axis=1).max(axis=1)
-    name = f"interleaved:{v}" if kind == "interleaved" else kind
+    name = (f"interleaved:{v}" if kind == "interleaved" else
+            (f"zb:{v}" if v > 1 else "zb") if kind == "zb" else kind)
     for array in (kinds, mbs, chs, dep_stage, dep_pos, peak, total):
         array.setflags(write=False)
     return ScheduleOrder(name, p, v, m, kinds, mbs, chs, dep_stage, dep_pos, peak, total)
 
 
 def _dependencies(kinds: np.ndarray, mbs: np.ndarray, chs: np.ndarray, position: np.ndarray,
-                  p: int, v: int) -> tuple[np.ndarray, np.ndarray]:
-    """``dep_stage``/``dep_pos`` arrays from the rules in the module docstring."""
+                  p: int, v: int, v_shape: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``dep_stage``/``dep_pos`` arrays from the rules in the module docstring: each op's
+    virtual stage ``j`` (loop or V placement), ``F`` waiting for ``F`` of ``j−1``, ``B`` for
+    ``B`` of ``j+1`` (the last virtual stage for its own ``F``), ``W`` for nothing."""
+    S = p * v
+    rank_of = np.empty(S, dtype=np.int64)
+    chunk_of = np.empty(S, dtype=np.int64)
+    virtual = np.empty((p, v), dtype=np.int64)
+    for s in range(p):
+        for c in range(v):
+            j = (s if c == 0 else 2 * p - 1 - s) if v_shape else c * p + s
+            virtual[s, c] = j
+            rank_of[j], chunk_of[j] = s, c
     stage = np.broadcast_to(np.arange(p)[:, None], kinds.shape)
+    j = virtual[stage, chs]
     fwd = kinds == FORWARD
-    # Forward: previous stage, same chunk; stage 0 wraps to the last stage, previous chunk.
-    f_stage = np.where(stage > 0, stage - 1, p - 1)
-    f_chunk = np.where(stage > 0, chs, chs - 1)
-    f_kind = np.full_like(kinds, FORWARD)
-    f_none = (stage == 0) & (chs == 0)
-    # Backward: next stage, same chunk; the last stage wraps to stage 0, next chunk; the
-    # last virtual stage waits for its own forward (the loss).
-    last = stage == p - 1
-    b_stage = np.where(last, 0, stage + 1)
-    b_chunk = np.where(last, chs + 1, chs)
-    b_kind = np.full_like(kinds, BACKWARD)
-    loss = last & (chs == v - 1)
-    b_stage = np.where(loss, stage, b_stage)
-    b_chunk = np.where(loss, chs, b_chunk)
-    b_kind = np.where(loss, FORWARD, b_kind)
-    dep_stage = np.where(fwd, f_stage, b_stage)
-    dep_chunk = np.clip(np.where(fwd, f_chunk, b_chunk), 0, v - 1)
-    dep_kind = np.where(fwd, f_kind, b_kind)
+    loss = j == S - 1
+    prev, nxt = np.maximum(j - 1, 0), np.minimum(j + 1, S - 1)
+    dep_stage = np.where(fwd, rank_of[prev], np.where(loss, stage, rank_of[nxt]))
+    dep_chunk = np.where(fwd, chunk_of[prev], np.where(loss, chs, chunk_of[nxt]))
+    dep_kind = np.where(fwd | loss, FORWARD, BACKWARD)
     dep_pos = position[dep_stage, dep_kind, mbs, dep_chunk]
-    dep_pos = np.where(fwd & f_none, -1, dep_pos)
+    dep_pos = np.where((fwd & (j == 0)) | (kinds == WEIGHT), -1, dep_pos)
     return dep_stage, dep_pos

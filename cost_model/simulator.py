@@ -6,7 +6,12 @@ depends on (on a neighbouring stage) has ended::
 
     end[s, k] = max(end[s, k−1], end[dep(s, k)]) + d[s, k]
 
-so bubbles fall out of the dependencies; nothing is discounted in closed form. Sends are
+so bubbles fall out of the dependencies; nothing is discounted in closed form. Under a
+zero-bubble schedule (``zb``, ``zbv``) the backward is two ops: ``B``, the input gradient
+(what the previous stage waits for: the recompute, the backward's communication and the
+compute less the weight-gradient GEMMs), and ``W``, the weight gradient
+(:attr:`StageCosts.weight`), which nothing waits for and which the schedule places in what
+would otherwise be a bubble. Sends are
 blocking, as in Megatron's ``send_forward_recv_backward``: ``d`` includes the send of the
 op's output, and the receiver may start when the send ends. For one stage, with
 ``C_k = Σ_{j≤k} d_j`` and ``r_k`` the end of ``dep(s, k)`` (0 if none), the recursion
@@ -25,14 +30,17 @@ runs the optimizer::
 
     T_s    = end_s + exposed_dp_s + post_s + optimizer_s + offload_s,      T = max_s T_s
 
-Gradient buckets become ready as the backward of the *last* microbatch of each model chunk
-passes their layers (bucket ``i`` of a chunk is ready at ``start + f_i·(end − start)`` of
-that op); one communication stream reduces them first come, first served, so only the part
-that cannot hide behind the remaining backward is exposed:
-``exposed_dp_s = max(0, comm_end_s − end_s)``. ``post_s`` is communication that must follow
-the whole backward (tied-embedding gradient sync, ZeRO-1/2 parameter all-gather).
-The breakdown of the critical stage ``c`` sums to ``T``: compute, exposed TP comm, ZeRO comm,
-p2p, idle time ``end_c − busy_c`` split in two, exposed DP comm, optimizer, and ``offload``
+Gradient buckets become ready as the backward (its ``W`` under a split backward) of the
+*last* microbatch of each model chunk passes their layers (bucket ``i`` of a chunk is ready
+at ``start + f_i·(end − start)`` of that op); one communication stream reduces them first
+come, first served, so only the part that cannot hide behind the remaining backward is
+exposed: ``exposed_dp_s = max(0, comm_end_s − end_s)``. Where the runtime reduces after the
+backward and waits (``StageCosts.dp_blocking``: torch's ``REDUCE_GRAD`` under the multi-stage
+schedules with FSDP2, :mod:`cost_model.overlap`) all of it is exposed, ``Σ t_i``. ``post_s``
+is communication that must follow the whole backward (tied-embedding gradient sync, ZeRO-1/2
+parameter all-gather). The breakdown of the critical stage ``c`` sums to ``T``: compute,
+exposed TP comm, ZeRO comm, p2p, idle time ``end_c − busy_c`` split in two, exposed DP comm,
+optimizer, and ``offload``
 (the host↔device copies and CPU optimizer step that are not hidden, :mod:`cost_model.offload`)
 when the configuration offloads.
 
@@ -60,7 +68,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from fxplan.cost_model.pipeline_schedules import BACKWARD, FORWARD, ScheduleOrder, schedule_order
+from fxplan.cost_model.pipeline_schedules import (FORWARD, SPLIT_BACKWARD, ScheduleOrder,
+                                                   schedule_order)
 
 __all__ = ["PipelineTimeline", "StageCosts", "StepSimulation", "TimelineEvent",
            "balanced_idle", "comm_stream", "comm_stream_end", "simulate_pipeline", "simulate_step"]
@@ -70,7 +79,8 @@ COMPONENTS: tuple[str, ...] = ("compute", "tp_comm", "zero_comm", "p2p")
 
 
 class TimelineEvent(NamedTuple):
-    """One op of the timeline: stage, ``"F"``/``"B"``, microbatch, model chunk, start, end (s)."""
+    """One op of the timeline: stage, ``"F"``/``"B"``/``"W"``, microbatch, model chunk, start,
+    end (s)."""
 
     stage: int
     kind: str
@@ -115,12 +125,13 @@ class PipelineTimeline:
         pos = _last_backward_pos(self.order)
         rows = np.arange(self.order.stages)[:, None]
         end = self.end[rows, pos]
-        return end - self.durations[:, :, BACKWARD][rows, np.arange(self.order.chunks)], end
+        kind = self.order.release_kind
+        return end - self.durations[:, :, kind][rows, np.arange(self.order.chunks)], end
 
     def events(self) -> list[TimelineEvent]:
         """All ops, stage by stage, for plots and reports."""
         o = self.order
-        return [TimelineEvent(s, "F" if o.kind[s, k] == FORWARD else "B", int(o.microbatch[s, k]),
+        return [TimelineEvent(s, "FBW"[o.kind[s, k]], int(o.microbatch[s, k]),
                               int(o.chunk[s, k]), float(self.start[s, k]), float(self.end[s, k]))
                 for s in range(o.stages) for k in range(o.ops_per_stage)]
 
@@ -208,8 +219,9 @@ _TIMELINES: "OrderedDict[tuple, PipelineTimeline]" = OrderedDict()
 
 def simulate_pipeline(schedule: str, stages: int, chunks: int, microbatches: int,
                       durations: np.ndarray) -> PipelineTimeline:
-    """Timeline of ``schedule`` (``gpipe``/``1f1b``/``interleaved``) with op durations
-    ``durations[s, c, kind]`` (seconds; ``kind`` 0 forward, 1 backward), shape ``(p, v, 2)``.
+    """Timeline of ``schedule`` (``gpipe``/``1f1b``/``interleaved``/``zb``/``zbv``) with op
+    durations ``durations[s, c, kind]`` (seconds; ``kind`` 0 forward, 1 backward, 2 a split
+    backward's weight gradient), shape ``(p, v, 2)``, or ``(p, v, 3)`` for ``zb``/``zbv``.
 
     Results are memoised on the exact durations (the planner re-prices the same candidates).
     """
@@ -255,10 +267,12 @@ class StageCosts:
 
     ``forward``/``backward`` are ``(4, p, v)`` arrays of seconds, rows in
     :data:`COMPONENTS` order (compute incl. recompute, exposed TP comm, exposed ZeRO-3 comm,
-    blocking p2p send). ``grad_buckets[s][c]`` lists ``(f, seconds)``: a bucket ready after
-    fraction ``f`` of the last backward of chunk ``c`` on stage ``s`` and the time its
-    data-parallel reduction takes. ``post``, ``optimizer`` and ``offload`` (``None``: no
-    offload) are ``(p,)`` seconds.
+    blocking p2p send). ``weight`` (``(p, v)``, or ``None``: 0) is the part of the backward's
+    compute that is weight-gradient work, which a split backward runs as its own op
+    (:func:`cost_model.layer_costs`'s ``weight_grad_share``). ``grad_buckets[s][c]``
+    lists ``(f, seconds)``: a bucket ready after fraction ``f`` of the last backward of
+    chunk ``c`` on stage ``s`` and the time its data-parallel reduction takes. ``post``,
+    ``optimizer`` and ``offload`` (``None``: no offload) are ``(p,)`` seconds.
     """
 
     forward: np.ndarray
@@ -267,6 +281,11 @@ class StageCosts:
     post: np.ndarray
     optimizer: np.ndarray
     offload: np.ndarray | None = None
+    weight: np.ndarray | None = None
+    #: the reductions run after each chunk's last backward and block the stage (torch's
+    #: ``REDUCE_GRAD``: :func:`cost_model.overlap.dp_reduce_blocks`) instead of hiding
+    #: behind it
+    dp_blocking: bool = False
 
     @property
     def stages(self) -> int:
@@ -276,9 +295,14 @@ class StageCosts:
     def chunks(self) -> int:
         return self.forward.shape[2]
 
-    def durations(self) -> np.ndarray:
-        """``(p, v, 2)`` op durations for :func:`simulate_pipeline`."""
-        return np.stack([self.forward.sum(axis=0), self.backward.sum(axis=0)], axis=-1)
+    def durations(self, split: bool = False) -> np.ndarray:
+        """``(p, v, 2)`` op durations for :func:`simulate_pipeline`; with ``split`` ``(p, v,
+        3)``: the backward less its weight-gradient work, then that work."""
+        backward = self.backward.sum(axis=0)
+        if not split:
+            return np.stack([self.forward.sum(axis=0), backward], axis=-1)
+        weight = np.zeros_like(backward) if self.weight is None else self.weight
+        return np.stack([self.forward.sum(axis=0), backward - weight, weight], axis=-1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -313,7 +337,8 @@ def balanced_idle(durations: np.ndarray, stage: int, schedule: str, microbatches
 def simulate_step(costs: StageCosts, schedule: str, microbatches: int) -> StepSimulation:
     """Simulate one step (module docstring) and break the critical stage's time down."""
     p, v, m = costs.stages, costs.chunks, microbatches
-    timeline = simulate_pipeline(schedule, p, v, m, costs.durations())
+    durations = costs.durations(schedule in SPLIT_BACKWARD)
+    timeline = simulate_pipeline(schedule, p, v, m, durations)
     lb_start, lb_end = timeline.last_backward()
     stage_end = timeline.stage_end
     exposed = np.zeros(p)
@@ -325,10 +350,13 @@ def simulate_step(costs: StageCosts, schedule: str, microbatches: int) -> StepSi
             for fraction, t in costs.grad_buckets[s][c]:
                 ready.append(lb_start[s, c] + fraction * span)
                 seconds.append(t)
+        if costs.dp_blocking:   # each chunk's reductions start after its last backward
+            ready = [float(lb_end[s].max())] * len(seconds)
         spans = comm_stream(ready, seconds)
         transfers.append(tuple((float(a), float(b)) for a, b in spans))
         if spans:
-            exposed[s] = max(0.0, spans[-1][1] - stage_end[s])
+            exposed[s] = (float(sum(seconds)) if costs.dp_blocking
+                          else max(0.0, spans[-1][1] - stage_end[s]))
     stage_time = stage_end + exposed + costs.post + costs.optimizer
     if costs.offload is not None:
         stage_time = stage_time + costs.offload
@@ -336,7 +364,7 @@ def simulate_step(costs: StageCosts, schedule: str, microbatches: int) -> StepSi
     breakdown = {name: float(m * (costs.forward[i, critical].sum() + costs.backward[i, critical].sum()))
                  for i, name in enumerate(COMPONENTS)}
     idle = max(0.0, float(stage_end[critical] - timeline.busy[critical]))
-    breakdown["bubble"] = min(idle, balanced_idle(costs.durations(), critical, schedule, m))
+    breakdown["bubble"] = min(idle, balanced_idle(durations, critical, schedule, m))
     breakdown["stage_imbalance"] = idle - breakdown["bubble"]
     breakdown["dp_comm"] = float(exposed[critical] + costs.post[critical])
     breakdown["optimizer"] = float(costs.optimizer[critical])

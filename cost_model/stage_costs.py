@@ -5,9 +5,13 @@ LogicalMesh` with axes ``("pp", "dp", "tp")``): rank ``= i_pp·dp·tp + i_dp·tp
 takes consecutive ranks (inside a node where it fits), dp strides by ``tp`` and pipeline
 stages by ``dp·tp``. Stage ``s`` is priced on its first data-parallel replica.
 
-**Chunks.** Virtual stage ``j = c·p + s`` (chunk ``c`` of stage ``s``) holds the ``j``-th run
-of layers (``ParallelConfig.layers_per_stage``); ``pre`` joins virtual stage 0 and ``post``
-the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
+**Chunks.** Virtual stage ``j = c·p + s`` (chunk ``c`` of stage ``s``; under ``zbv`` the V
+``j = s`` for chunk 0 and ``2p−1−s`` for chunk 1, :meth:`~fxplan.core.config.Schedule.
+placement`) holds the ``j``-th run of layers (``ParallelConfig.layers_per_stage``); ``pre``
+joins virtual stage 0 and ``post`` the last. Under a zero-bubble schedule the weight-gradient
+GEMMs of a chunk's backward (``Σ_seg share_seg·b_seg``, :class:`~cost_model.layer_costs.
+SegmentCost`'s ``weight_grad_share``) run as their own ``W`` op (``StageCosts.weight``).
+Per microbatch, chunk ``(s, c)`` costs (seconds):
 
 - compute: forward ``Σ f_seg``; backward ``Σ (b_seg + r_seg)`` (recompute runs first);
 - tp: the segments' collectives over the stage's tp group (on the critical path), each with
@@ -37,8 +41,9 @@ the last. Per microbatch, chunk ``(s, c)`` costs (seconds):
   (unless sequence parallel, where ``o`` is already split).
 
 **Data parallelism** (ZeRO 0–2): one bucket per segment, ready when the last backward of its
-chunk has passed it (fractions of that op's time, in backward order ``post``, layers last to
-first, ``pre``), all-reduced (ZeRO-0, and ZeRO-1 without tp, which the runtime runs as DDP +
+chunk has passed it (after that backward and blocking where a multi-stage schedule's runtime
+reduces so: :func:`cost_model.overlap.dp_reduce_blocks`; fractions of that op's time, in
+backward order ``post``, layers last to first, ``pre``), all-reduced (ZeRO-0, and ZeRO-1 without tp, which the runtime runs as DDP +
 ``ZeroRedundancyOptimizer``) or reduce-scattered (ZeRO-2, ZeRO-1 as FSDP2) over dp. After the
 backward: ZeRO-2 all-gathers the updated 16-bit weights, ZeRO-1 without tp broadcasts each
 parameter tensor from its owner (one collective per tensor) — under ``pg_overlap``
@@ -108,7 +113,8 @@ from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.cost_model.offload import offload_segment_s, offload_step_s, with_host_check
 from fxplan.cost_model.runtime_memory import (cuda_context_bytes, fragmentation_bytes,
                                               nccl_bytes)
-from fxplan.cost_model.pipeline_schedules import ScheduleOrder
+from fxplan.cost_model.pipeline_schedules import InflightCounts, ScheduleOrder
+from fxplan.cost_model.overlap import dp_reduce_blocks
 from fxplan.cost_model.simulator import StageCosts
 from fxplan.cost_model.step_scalars import step_scalars_s
 
@@ -146,7 +152,7 @@ def _chunk_keys(segments: GraphSegments, config: ParallelConfig) -> list[list[li
     keys: list[list[list[tuple[str, str]]]] = [[[] for _ in range(v)] for _ in range(p)]
     start = 0
     for j, count in enumerate(counts):
-        s, c = j % p, j // p
+        s, c = config.schedule.placement(j, p)
         chunk = [("pre", "pre")] if j == 0 else []
         chunk += [(key, f"L{start + i}") for i, (key, _) in
                   enumerate(segments.layers[start:start + count])]
@@ -163,12 +169,18 @@ def _collective(kind: str, nbytes: float, group: tuple[int, ...], cluster: Clust
     return collective_time_s(kind, nbytes, group, cluster)
 
 
-def _waited(kind: str, nbytes: float, group: tuple[int, ...], cluster: Cluster,
-            refill_s: float) -> float:
-    """A blocking collective: its time plus ``refill_s`` (:func:`_wait_refill_s`) where it
-    moves anything."""
-    seconds = _collective(kind, nbytes, group, cluster)
-    return seconds + refill_s if seconds > 0 else seconds
+@dataclass(frozen=True)
+class _Blocking:
+    """How a stage prices a blocking collective: its time (:func:`_collective`) plus, where it
+    moves anything, the cache refill its wait costs on time-shared cores (``refill_s``,
+    :func:`_wait_refill_s`: 0 without host costs, on every GPU spec)."""
+
+    cluster: Cluster
+    refill_s: float = 0.0
+
+    def __call__(self, kind: str, nbytes: float, group: tuple[int, ...]) -> float:
+        seconds = _collective(kind, nbytes, group, self.cluster)
+        return seconds + self.refill_s if seconds > 0 else seconds
 
 
 def _wait_refill_s(device: DeviceGroup, config: ParallelConfig) -> float:
@@ -178,19 +190,27 @@ def _wait_refill_s(device: DeviceGroup, config: ParallelConfig) -> float:
     meanwhile. With ``pp > 1`` the ranks beside it run other stages, busy or idle as the
     schedule has it: only the tensor-parallel waits beside another replica are priced
     (:func:`_replicas_beside`)."""
-    return evicted_waits_s(1, device, config.pp == 1)
+    return evicted_waits_s(1, device.host, config.pp == 1)
 
 
 @lru_cache(maxsize=1 << 12)
 def _optimizer_s(optimizer: OptimizerSpec, params: float, tensors: int, dtensor: bool,
                  device: DeviceGroup) -> float:
     """Memory-bound optimizer step over ``params`` local parameters in ``tensors`` tensors,
-    its per-tensor host loop (:func:`~cost_model.host_overhead.optimizer_host_s`) and the
-    device's fixed host cost per step:
-    ``op_time(12·Ψ FLOPs, 28·Ψ bytes) + t_opt_host + step_overhead_us``."""
+    its host work (:func:`_step_host_s`): ``op_time(12·Ψ FLOPs, 28·Ψ bytes) + t_host``."""
     return (op_time_s("elementwise", optimizer.step_flops * params, optimizer.step_bytes * params,
                       torch.float32, device)
-            + optimizer_host_s(tensors, device, dtensor=dtensor) + device.step_overhead_us * 1e-6)
+            + _step_host_s(tensors, dtensor, device))
+
+
+def _step_host_s(tensors: int, dtensor: bool, device: DeviceGroup) -> float:
+    """The optimizer's per-tensor host loop (:func:`~cost_model.host_overhead.
+    optimizer_host_s`) and the training loop's fixed host work per step (``step_overhead_us``):
+    ``t_opt_host + step_overhead_us``, 0 without host costs (the GPU specs)."""
+    host = device.host
+    if not host:
+        return 0.0
+    return optimizer_host_s(tensors, host, dtensor=dtensor) + host.step_overhead_us * 1e-6
 
 
 def _zero1_broadcasts(config: ParallelConfig) -> bool:
@@ -244,132 +264,230 @@ def _expert_work(graph: CapturedGraph, layer: MoELayer | None, config: ParallelC
                        placements=config.placements)
 
 
+@dataclass(frozen=True)
+class _ModelParts:
+    """What every stage of one configuration reads about the model: the MoE layers (``ep >
+    1``) and attention layers (``cp > 1``) found in the graph, the expert parameters, the
+    microbatch's scale against the capture, the pp group of the loss broadcast and the norm,
+    whether FSDP2 shards over dp, the parameters whose gradients come out ``Partial`` under
+    sp, and the model's buffers ``(name, bytes, dtype)`` and layer paths for DDP's buffer
+    broadcasts."""
+
+    moe: dict
+    attn: dict
+    experts: frozenset[str]
+    scale: float
+    pp_group: tuple[int, ...]
+    sharded_dp: bool
+    partial: frozenset[str] | set[str]
+    buffers: list[tuple[str, float, str]]
+    layer_paths: list[str]
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """One pipeline stage as priced: its first replica's groups (:func:`stage_ranks`,
+    :func:`~cost_model.expert_parallel.ep_groups`), its device group and how it prices a
+    blocking collective (:class:`_Blocking`)."""
+
+    index: int
+    tp_group: tuple[int, ...]
+    dp_group: tuple[int, ...]
+    ep_group: tuple[int, ...]
+    edp_group: tuple[int, ...]
+    device: DeviceGroup
+    waited: _Blocking
+
+
+def _model_parts(graph: CapturedGraph, segments: GraphSegments,
+                 config: ParallelConfig) -> _ModelParts:
+    """Step 1 of :func:`build_stages`: what every stage reads about the model."""
+    moe = moe_layers(graph) if config.ep > 1 else {}     # expert parallelism: expert_parallel.py
+    return _ModelParts(
+        moe=moe, attn=cp_layers(graph) if config.cp > 1 else {},   # context_parallel.py
+        experts=frozenset().union(*(m.expert_params for m in moe.values())),
+        scale=config.microbatch_size / segments.batch,
+        pp_group=tuple(stage_ranks(config, k)[0][0] for k in range(config.pp)),
+        sharded_dp=fsdp_params(config), partial=partial_grad_params(graph, config),
+        buffers=[(name, float(b.numel() * b.element_size()), str(b.dtype))
+                 for name, b in graph.gm.named_buffers()],
+        layer_paths=list(graph.layer_names.values()))
+
+
+def _stage(s: int, cluster: Cluster, config: ParallelConfig) -> _Stage:
+    """Step 2: stage ``s``'s groups, device and blocking collectives."""
+    tp_group, dp_group = stage_ranks(config, s)
+    ep_group, edp_group = ep_groups(dp_group, config.ep)
+    device = cluster.device(tp_group[0])
+    return _Stage(s, tp_group, dp_group, ep_group, edp_group, device,
+                  _Blocking(cluster, _wait_refill_s(device, config)))
+
+
+def _stage_segments(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig,
+                    model: _ModelParts, stage: _Stage,
+                    keys: list[list[tuple[str, str]]]) -> tuple[tuple[SegmentCost, ...], ...]:
+    """Step 3: each chunk's segments priced on the stage's device (``[c]`` → segments),
+    under expert and context parallelism as their own modules adjust them."""
+    tp, device = config.tp, stage.device
+    return tuple(tuple(cp_segment(ep_segment(
+        segment_cost(graph, key, tp=tp, sequence_parallel=config.sequence_parallel,
+                     recompute=config.recompute, microbatch=config.microbatch_size,
+                     device=device, placements=config.placements, cluster=cluster,
+                     fp8=config.fp8),
+        model.moe.get(key), config.ep, _expert_work(graph, model.moe.get(key), config, device),
+        config.recompute), config.cp, kv_bytes(model.attn.get(key), scale=model.scale, tp=tp),
+        config.recompute) for key, _ in chunk) for chunk in keys)
+
+
+def _chunk_costs(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig,
+                 optimizer: OptimizerSpec, model: _ModelParts, stage: _Stage,
+                 segs: tuple[SegmentCost, ...], keys: list[tuple[str, str]],
+                 stage_params: dict[str, float]
+                 ) -> tuple[list[float], list[float], float, tuple[tuple[float, float], ...]]:
+    """Step 4, per chunk: ``(forward [compute, tp, zero], backward [same], seconds after the
+    step's last backward, gradient buckets)`` — :func:`_chunk_times`, the MoE all-to-alls and
+    the CP K/V exchange in the tp row, the CPU host's FSDP2 and pipeline work, the buckets
+    (collecting the chunk's parameters into ``stage_params``)."""
+    tp, device = config.tp, stage.device
+    f_c, b_c = _chunk_times(segs, stage.tp_group, stage.dp_group, cluster, config, optimizer,
+                            device, stage.waited, model.experts, stage.edp_group)
+    for key, _ in keys:
+        if key in model.moe:
+            a2a = alltoall_seconds(model.moe[key], scale=model.scale,
+                                   tp=tp, ep_group=stage.ep_group, cluster=cluster,
+                                   recompute_full=config.recompute == "full",
+                                   tp_group=stage.tp_group)
+            f_c[1], b_c[1] = f_c[1] + a2a[0], b_c[1] + a2a[1]
+        if key in model.attn:
+            kv = layer_exchange(graph, key, group=cp_group(stage.dp_group, config.cp), tp=tp,
+                                sequence_parallel=config.sequence_parallel,
+                                microbatch=config.microbatch_size,
+                                recompute=config.recompute, device=device,
+                                cluster=cluster).priced
+            f_c[1], b_c[1] = f_c[1] + kv[0], b_c[1] + kv[1]
+    labels = [label for _, label in keys]
+    post = 0.0
+    if model.sharded_dp and device.host:
+        # FSDP2's host work per fully_shard group (cost_model.fsdp_host; CPU hosts)
+        fsdp = fsdp_host_s(fsdp_groups((label, seg.params) for label, seg in zip(labels, segs)),
+                           device.host, zero3=config.zero_stage == 3)
+        f_c[2], b_c[2], post = f_c[2] + fsdp.forward, b_c[2] + fsdp.backward, fsdp.post
+    if config.pp > 1 and device.host:   # the pipeline runtime's per microbatch
+        pipe_f, pipe_b, _ = pipeline_host_s(device.host)
+        f_c[0], b_c[0] = f_c[0] + pipe_f, b_c[0] + pipe_b
+    buckets = overlapped_buckets(
+        _buckets(segs, labels, stage_params, stage.dp_group, cluster, config, optimizer,
+                 stage.waited, model.experts, stage.edp_group, stage.tp_group),
+        device.comm_overlap)
+    return f_c, b_c, post, buckets
+
+
+def _step_reductions(graph: CapturedGraph, config: ParallelConfig, optimizer: OptimizerSpec,
+                     model: _ModelParts, stage: _Stage, keys: list[list[tuple[str, str]]],
+                     stage_params: dict[str, float]) -> float:
+    """Step 5: the stage's blocking collectives after the step's last backward — the
+    trainer's loss and gradient-norm scalars (:mod:`cost_model.step_scalars`), under sp the
+    replicated parameters' partial-sum gradients (one flattened all-reduce), and where DDP
+    runs its broadcast of the stage's buffers (one per dtype)."""
+    waited = stage.waited
+    seconds = step_scalars_s(
+        config, {"pp": model.pp_group, "dp": stage.dp_group, "tp": stage.tp_group}, waited,
+        sharded_dp=model.sharded_dp)
+    psi_p = sum(n for k, n in stage_params.items() if k in model.partial)
+    if psi_p:
+        seconds += waited("all_reduce", optimizer.grad_bytes * psi_p, stage.tp_group)
+    if ddp_runs(config):
+        stage_layers = [graph.layer_names.get(int(label[1:]), "") for chunk in keys
+                        for _, label in chunk if label.startswith("L")]
+        seconds += sum(waited("broadcast", nbytes, stage.dp_group)
+                       for nbytes in ddp_buffer_bytes(model.buffers, model.layer_paths,
+                                                      stage_layers, first=stage.index == 0))
+    return seconds
+
+
+def _optimizer_step(config: ParallelConfig, optimizer: OptimizerSpec, stage: _Stage,
+                    stage_params: dict[str, float], local: float) -> float:
+    """Step 6: the optimizer row — the step over ``local`` parameters (:func:`_optimizer_s`;
+    offloaded, only its host loop: the host's memory traffic is the offload row's), the
+    pipeline schedule's and DDP's host work per step (CPU hosts)."""
+    device = stage.device
+    # ZeRO-1 without FSDP (tp = ep = 1: fsdp_params) steps only the tensors its rank owns
+    # (ZeroRedundancyOptimizer).
+    owned = config.dp if _zero1_broadcasts(config) else 1
+    tensors = -(-len(stage_params) // owned)
+    seconds = (_optimizer_s(optimizer, local, tensors, dtensor_params(config), device)
+               if config.offload == "none" else
+               _step_host_s(tensors, dtensor_params(config), device))
+    if config.pp > 1 and device.host:   # the pipeline schedule's per step (host_overhead)
+        seconds += pipeline_host_s(device.host)[2]
+    if ddp_runs(config) and device.host:   # DDP's hooks and bucket copies (host_overhead)
+        seconds += ddp_host_s(len(stage_params), device.host)
+    return seconds
+
+
+def _updated_params_gather(config: ParallelConfig, optimizer: OptimizerSpec, stage: _Stage,
+                           stage_params: dict[str, float], psi: float, psi_e: float) -> float:
+    """Step 7: the updated parameters back to every dp rank (ZeRO-1/2) — as
+    ``ZeroRedundancyOptimizer`` does it, each tensor broadcast from its owner, all issued async
+    and waited once, or one all-gather (the experts' over their dp/ep replicas)."""
+    waited, dp_group = stage.waited, stage.dp_group
+    if _zero1_broadcasts(config):
+        host = stage.device.host
+        return async_batch_s(
+            [waited("broadcast", optimizer.param_bytes * n, dp_group)
+             for n in stage_params.values()],
+            # its latency: the same broadcast of one byte (0 bytes is priced 0); the batch is
+            # waited once, so one refill
+            [waited("broadcast", 1.0, dp_group)] * len(stage_params),
+            host.queued_collective_us * 1e-6 if host else 0.0)
+    if config.zero_stage in (1, 2):
+        return (waited("all_gather", optimizer.param_bytes * (psi - psi_e), dp_group)
+                + waited("all_gather", optimizer.param_bytes * psi_e, stage.edp_group))
+    return 0.0
+
+
 def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster,
                  config: ParallelConfig,
                  optimizer: OptimizerSpec) -> StagePlan:
-    """Per-(stage, chunk) costs (module docstring) for the simulator."""
-    p, v, tp = config.pp, config.virtual_stages, config.tp
+    """Per-(stage, chunk) costs (module docstring) for the simulator, in named steps: what
+    every stage reads about the model (:func:`_model_parts`); per stage its groups
+    (:func:`_stage`), its chunks' segments (:func:`_stage_segments`) and costs
+    (:func:`_chunk_costs`), the reductions after its last backward
+    (:func:`_step_reductions`), the optimizer row (:func:`_optimizer_step`) and the updated
+    parameters' gather (:func:`_updated_params_gather`, hidden behind the next forward under
+    ``pg_overlap``); then the pipeline messages, tied weights and offload across stages."""
+    p, v = config.pp, config.virtual_stages
     keys = _chunk_keys(segments, config)
+    model = _model_parts(graph, segments, config)
     forward, backward = np.zeros((4, p, v)), np.zeros((4, p, v))
-    chunks, params, devices, buckets = [], [], [], []
+    chunks, params, devices, buckets, ep_share = [], [], [], [], []
     post, opt_time, off_time = np.zeros(p), np.zeros(p), np.zeros(p)
-    moe = moe_layers(graph) if config.ep > 1 else {}     # expert parallelism: expert_parallel.py
-    attn = cp_layers(graph) if config.cp > 1 else {}     # context parallelism: context_parallel.py
-    scale = config.microbatch_size / segments.batch
-    experts, ep_share = frozenset().union(*(m.expert_params for m in moe.values())), []
-    # the same for every stage: the pp group of the loss broadcast and the norm, whether FSDP2
-    # shards over dp, and the parameters whose gradients come out Partial under sp
-    pp_group = tuple(stage_ranks(config, k)[0][0] for k in range(p))
-    sharded_dp = fsdp_params(config)
-    partial = partial_grad_params(graph, config)
-    # the model's buffers (name, bytes, dtype) and layer paths, for DDP's buffer broadcasts
-    buffers = [(name, float(b.numel() * b.element_size()), str(b.dtype))
-               for name, b in graph.gm.named_buffers()]
-    layer_paths = list(graph.layer_names.values())
     for s in range(p):
-        tp_group, dp_group = stage_ranks(config, s)
-        ep_group, edp_group = ep_groups(dp_group, config.ep)
-        device = cluster.device(tp_group[0])
-        devices.append(device)
-        refill = _wait_refill_s(device, config)
-        row = tuple(tuple(cp_segment(ep_segment(
-            segment_cost(graph, key, tp=tp, sequence_parallel=config.sequence_parallel,
-                         recompute=config.recompute, microbatch=config.microbatch_size,
-                         device=device, placements=config.placements, cluster=cluster,
-                         fp8=config.fp8),
-            moe.get(key), config.ep, _expert_work(graph, moe.get(key), config, device),
-            config.recompute), config.cp, kv_bytes(attn.get(key), scale=scale, tp=tp),
-            config.recompute) for key, _ in keys[s][c]) for c in range(v))
+        stage = _stage(s, cluster, config)
+        devices.append(stage.device)
+        row = _stage_segments(graph, cluster, config, model, stage, keys[s])
         chunks.append(row)
         stage_params: dict[str, float] = {}
         stage_buckets = []
         for c, segs in enumerate(row):
-            f_c, b_c = _chunk_times(segs, tp_group, dp_group, cluster, config, optimizer, device,
-                                    refill, experts, edp_group)
-            for key, _ in keys[s][c]:
-                if key in moe:
-                    a2a = alltoall_seconds(moe[key], scale=scale,
-                                           tp=tp, ep_group=ep_group, cluster=cluster,
-                                           recompute_full=config.recompute == "full",
-                                           tp_group=tp_group)
-                    f_c[1], b_c[1] = f_c[1] + a2a[0], b_c[1] + a2a[1]
-                if key in attn:
-                    kv = layer_exchange(graph, key, group=cp_group(dp_group, config.cp), tp=tp,
-                                        sequence_parallel=config.sequence_parallel,
-                                        microbatch=config.microbatch_size,
-                                        recompute=config.recompute, device=device,
-                                        cluster=cluster).priced
-                    f_c[1], b_c[1] = f_c[1] + kv[0], b_c[1] + kv[1]
-            labels = [label for _, label in keys[s][c]]
-            if sharded_dp:
-                # FSDP2's host work per fully_shard group (cost_model.fsdp_host; 0 on GPUs)
-                host = fsdp_host_s(fsdp_groups((label, seg.params) for label, seg in
-                                               zip(labels, segs)),
-                                   device, zero3=config.zero_stage == 3)
-                f_c[2], b_c[2], post[s] = (f_c[2] + host.forward, b_c[2] + host.backward,
-                                           post[s] + host.post)
-            if config.pp > 1:   # the pipeline runtime's host work per microbatch (host_overhead)
-                pipe_f, pipe_b, _ = pipeline_host_s(device)
-                f_c[0], b_c[0] = f_c[0] + pipe_f, b_c[0] + pipe_b
+            f_c, b_c, after, chunk_buckets = _chunk_costs(graph, cluster, config, optimizer,
+                                                          model, stage, segs, keys[s][c],
+                                                          stage_params)
             forward[:3, s, c], backward[:3, s, c] = f_c, b_c
-            stage_buckets.append(overlapped_buckets(
-                _buckets(segs, labels, stage_params, dp_group, cluster, config, optimizer,
-                         refill, experts, edp_group, tp_group),
-                device.comm_overlap))
+            post[s] += after
+            stage_buckets.append(chunk_buckets)
         params.append(stage_params)
         buckets.append(tuple(stage_buckets))
-        # the trainer's loss and gradient-norm scalars (cost_model.step_scalars)
-        post[s] += step_scalars_s(
-            config, {"pp": pp_group, "dp": dp_group, "tp": tp_group},
-            lambda kind, nbytes, group: _waited(kind, nbytes, group, cluster, refill),
-            sharded_dp=sharded_dp)
-        # sp: the replicated parameters' partial-sum gradients, one flattened all-reduce
-        psi_p = sum(n for k, n in stage_params.items() if k in partial)
-        if psi_p:
-            post[s] += _waited("all_reduce", optimizer.grad_bytes * psi_p, tp_group, cluster,
-                               refill)
+        post[s] += _step_reductions(graph, config, optimizer, model, stage, keys[s],
+                                    stage_params)
         psi = sum(stage_params.values())
-        psi_e = expert_share(stage_params, moe)
+        psi_e = expert_share(stage_params, model.moe)
         ep_share.append(psi_e)
         # ZeRO ≥ 1: the others sharded over dp, the experts over their dp/ep replicas
         local = (psi - psi_e) / config.dp + psi_e * config.ep / config.dp \
             if config.zero_stage >= 1 else psi
-        # ZeRO-1 without FSDP (tp = ep = 1: fsdp_params) steps only the tensors its rank owns
-        # (ZeroRedundancyOptimizer).
-        owned = config.dp if _zero1_broadcasts(config) else 1
-        tensors = -(-len(stage_params) // owned)
-        # offloaded, the host runs the same per-tensor loop; its memory traffic is the offload
-        # row's host step (cost_model.offload)
-        opt_time[s] = (_optimizer_s(optimizer, local, tensors, dtensor_params(config), device)
-                       if config.offload == "none" else
-                       optimizer_host_s(tensors, device, dtensor=dtensor_params(config))
-                       + device.step_overhead_us * 1e-6)
-        if config.pp > 1:        # the pipeline schedule's host work per step (host_overhead)
-            opt_time[s] += pipeline_host_s(device)[2]
-        if ddp_runs(config):     # DDP's hooks and bucket copies (host_overhead; 0 on GPUs)
-            opt_time[s] += ddp_host_s(len(stage_params), device)
-            # and its blocking broadcast of the stage's buffers, one per dtype, every step
-            stage_layers = [graph.layer_names.get(int(label[1:]), "") for c in range(v)
-                            for _, label in keys[s][c] if label.startswith("L")]
-            post[s] += sum(_waited("broadcast", nbytes, dp_group, cluster, refill)
-                           for nbytes in ddp_buffer_bytes(buffers, layer_paths, stage_layers,
-                                                          first=s == 0))
-        gather = 0.0   # the updated parameters back to every dp rank (ZeRO-1/2)
-        if _zero1_broadcasts(config):
-            # ZeroRedundancyOptimizer: each updated tensor broadcast from the rank that owns it,
-            # all issued async, then waited
-            gather = async_batch_s(
-                [_waited("broadcast", optimizer.param_bytes * n, dp_group, cluster, refill)
-                 for n in stage_params.values()],
-                # its latency: the same broadcast of one byte (0 bytes is priced 0); the
-                # batch is waited once, so one refill
-                [_waited("broadcast", 1.0, dp_group, cluster, refill)] * len(stage_params),
-                device.queued_collective_us * 1e-6)
-        elif config.zero_stage in (1, 2):
-            gather = (_waited("all_gather", optimizer.param_bytes * (psi - psi_e), dp_group,
-                              cluster, refill)
-                      + _waited("all_gather", optimizer.param_bytes * psi_e, edp_group,
-                                cluster, refill))
+        opt_time[s] = _optimizer_step(config, optimizer, stage, stage_params, local)
+        gather = _updated_params_gather(config, optimizer, stage, stage_params, psi, psi_e)
         post[s] += _hidden_gather(gather, float(forward[:, s].sum()), config)
     _p2p(chunks, forward, backward, config, cluster)
     _tied_sync(params, post, config, cluster, optimizer)
@@ -377,8 +495,12 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         for s in range(p):
             off_time[s] = offload_step_s(config, sum(params[s].values()),
                                          float(backward[:, s].sum()), devices[s], optimizer)
+    # the weight-gradient GEMMs of each chunk's backward, a split backward's W op
+    weight = np.array([[sum(seg.weight_grad_share * seg.backward_s for seg in chunks[s][c])
+                        for c in range(v)] for s in range(p)])
     costs = StageCosts(forward, backward, tuple(buckets), post, opt_time,
-                       off_time if config.offload != "none" else None)
+                       off_time if config.offload != "none" else None, weight,
+                       dp_reduce_blocks(config))
     return StagePlan(costs, tuple(chunks), tuple(params), tuple(devices), tuple(ep_share))
 
 
@@ -393,14 +515,14 @@ def _replicas_beside(tp_group: tuple[int, ...], dp_group: tuple[int, ...],
 
 def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
                  dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
-                 optimizer: OptimizerSpec, device: DeviceGroup, refill: float,
+                 optimizer: OptimizerSpec, device: DeviceGroup, waited: _Blocking,
                  experts: frozenset[str] = frozenset(),
                  edp_group: tuple[int, ...] = ()) -> tuple[list[float], list[float]]:
     """``[compute, tp, zero]`` seconds of one chunk's forward and backward; ZeRO-3's
     exposed gathers and reduce-scatters by :func:`~cost_model.host_overhead.zero3_exposed_s`
     with the device's ``comm_overlap`` (expert weights over their ``edp_group`` under expert
     parallelism, plus the host↔device copies of each shard under parameter offload), each
-    paying the stage's ``refill`` (:func:`_wait_refill_s`)."""
+    each a blocking collective of the stage (``waited``, :class:`_Blocking`)."""
     f = [0.0, 0.0, 0.0]
     b = [0.0, 0.0, 0.0]
     # a tp wait lets another rank of the step run on the core (host_overhead.evicted_waits_s)
@@ -416,26 +538,23 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
         else:
             f[1] += _price(seg.tp_forward, tp_group, cluster)
             b[1] += _price(seg.tp_backward, tp_group, cluster)
-        # DTensor's host work per redistribution, and the caches refilled after a wait that
-        # let another replica's rank run (host_overhead; 0 on GPU specs)
-        f[1] += (redistribute_host_s(len(seg.tp_forward), device)
-                 + evicted_waits_s(len(seg.tp_forward), device, beside))
-        b[1] += (redistribute_host_s(len(seg.tp_backward), device)
-                 + evicted_waits_s(len(seg.tp_backward), device, beside))
+        if device.host:
+            # DTensor's host work per redistribution, and the caches refilled after a wait
+            # that let another replica's rank run (host_overhead; CPU hosts only)
+            f[1] += (redistribute_host_s(len(seg.tp_forward), device.host)
+                     + evicted_waits_s(len(seg.tp_forward), device.host, beside))
+            b[1] += (redistribute_host_s(len(seg.tp_backward), device.host)
+                     + evicted_waits_s(len(seg.tp_backward), device.host, beside))
     if config.zero_stage == 3 and config.dp > 1:
         gather, scatter = [], []
         for seg in segs:
             psi = seg.param_count
             mine = sum(n for k, n in seg.params.items() if k in experts)
-            ag = _waited("all_gather", optimizer.param_bytes * (psi - mine), dp_group, cluster,
-                         refill)
-            rs = _waited("reduce_scatter", optimizer.grad_bytes * (psi - mine), dp_group,
-                         cluster, refill)
+            ag = waited("all_gather", optimizer.param_bytes * (psi - mine), dp_group)
+            rs = waited("reduce_scatter", optimizer.grad_bytes * (psi - mine), dp_group)
             if mine:
-                ag += _waited("all_gather", optimizer.param_bytes * mine, edp_group, cluster,
-                              refill)
-                rs += _waited("reduce_scatter", optimizer.grad_bytes * mine, edp_group,
-                              cluster, refill)
+                ag += waited("all_gather", optimizer.param_bytes * mine, edp_group)
+                rs += waited("reduce_scatter", optimizer.grad_bytes * mine, edp_group)
             h2d, d2h = offload_segment_s(config, psi, device)
             gather.append(ag + h2d)
             scatter.append(rs + d2h)
@@ -447,7 +566,8 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
 
 def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dict[str, float],
              dp_group: tuple[int, ...], cluster: Cluster, config: ParallelConfig,
-             optimizer: OptimizerSpec, refill: float, experts: frozenset[str] = frozenset(),
+             optimizer: OptimizerSpec, waited: _Blocking,
+             experts: frozenset[str] = frozenset(),
              edp_group: tuple[int, ...] = (), tp_group: tuple[int, ...] = ()
              ) -> tuple[tuple[float, float], ...]:
     """Gradient buckets of one chunk as ``(fraction of its last backward, seconds)``; also
@@ -473,12 +593,12 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
             mine = sum(n for k, n in new.items() if k.rpartition(":")[2] in experts)
             dense.append((elapsed / total, optimizer.grad_bytes * (sum(new.values()) - mine)))
             if mine:
-                out.append((elapsed / total, _waited(kind, optimizer.grad_bytes * mine,
-                                                     edp_group, cluster, refill)))
+                out.append((elapsed / total, waited(kind, optimizer.grad_bytes * mine,
+                                                     edp_group)))
             if mine and len(tp_group) > 1:
-                out.append((elapsed / total, _waited(
-                    "all_reduce", optimizer.grad_bytes * mine, tp_group, cluster, refill)))
-    out += [(f, _waited(kind, nbytes, dp_group, cluster, refill))
+                out.append((elapsed / total, waited(
+                    "all_reduce", optimizer.grad_bytes * mine, tp_group)))
+    out += [(f, waited(kind, nbytes, dp_group))
             for f, nbytes in ddp_buckets(dense, ddp_cap)]
     return tuple(sorted(out))
 
@@ -489,8 +609,8 @@ def _p2p(chunks: list, forward: np.ndarray, backward: np.ndarray, config: Parall
     p, v, tp = config.pp, config.virtual_stages, config.tp
     last = p * v - 1
     for j in range(last):
-        s, c = j % p, j // p
-        s2, c2 = (j + 1) % p, (j + 1) // p
+        s, c = config.schedule.placement(j, p)
+        s2, c2 = config.schedule.placement(j + 1, p)
         if s2 == s:
             continue
         message = chunks[s][c][-1].output_bytes
@@ -546,7 +666,7 @@ def buffer_bytes(max_output_bytes: float, max_segment_params: float, *, pp: int,
     return out
 
 
-def rank_memory(order: ScheduleOrder, *, params: Sequence[float], saved: np.ndarray,
+def rank_memory(order: ScheduleOrder | InflightCounts, *, params: Sequence[float], saved: np.ndarray,
                 working: Sequence[float], max_output_bytes: Sequence[float],
                 max_segment_params: Sequence[float], reserved: Sequence[float],
                 capacity: Sequence[float], tp: int, dp: int, zero_stage: int,

@@ -22,10 +22,13 @@ class ModelSpecError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class InputSpec:
-    """Shape and dtype of one example input; capture turns it into a fake tensor."""
+    """Shape and dtype of one example input; capture turns it into a fake tensor. ``high``:
+    for integer inputs whose values index something (token ids, class ids), the exclusive
+    upper bound of their values when it is known (synthetic data draws from ``[0, high)``)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype = torch.float32
+    high: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
@@ -55,7 +58,10 @@ class ModelBundle:
     ``config`` is the model's config dataclass (``None`` for a user file; a
     ``transformers`` config for ``hf:``). ``capture_method`` is how capture should obtain
     the graph by default: ``"auto"`` (``symbolic_trace``, falling back to ``torch.export``)
-    or ``"export"`` (Hugging Face models).
+    or ``"export"`` (Hugging Face models). ``loss``: the training loss ``(output, targets) ->
+    scalar`` when the bundle fixes one (a user file: :mod:`fxplan.examples.user_loss`): capture
+    traces the forward followed by ``loss`` on the ``targets`` input, unless the forward takes
+    ``targets`` itself and ``loss_outside`` is false (the forward's own loss is then priced).
     """
 
     name: str
@@ -64,6 +70,9 @@ class ModelBundle:
     _build: BuildFn = field(repr=False, compare=False)
     _inputs: InputsFn = field(repr=False, compare=False)
     capture_method: str = "auto"
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(
+        default=None, repr=False, compare=False)
+    loss_outside: bool = False
 
     def build(self, device: str | torch.device = "meta") -> torch.nn.Module:
         """Construct the model with its parameters on ``device`` (``"meta"``: no memory)."""

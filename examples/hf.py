@@ -2,17 +2,23 @@
 ``hf:<preset>[:key=value,...]`` and ``hf:path/to/config.json``.
 
 The config comes from ``transformers.AutoConfig.for_model(model_type, **overrides)`` (or a
-local ``config.json`` read as JSON, never through the hub), and the model from
-``AutoModelForMaskedLM`` when the model type has a masked-LM head (BERT, RoBERTa, …),
-else ``AutoModelForCausalLM`` (GPT-2, Llama, Mistral, Qwen2, any decoder of that shape);
-``task=causal`` or ``task=masked`` picks one explicitly. No model-specific code: what works
-for one decoder type works for the others. The model is built on the bundle's device
+local ``config.json`` read as JSON, never through the hub), and the model from the first head
+the model type has of ``AutoModelForMaskedLM`` (BERT, RoBERTa, …), ``AutoModelForCausalLM``
+(GPT-2, Llama, Mistral, Qwen2, any decoder of that shape), ``AutoModelForSeq2SeqLM`` (T5,
+an encoder-decoder trained text to text) and ``AutoModelForImageClassification`` (ViT);
+``task=causal|masked|seq2seq|image`` picks one explicitly. No model-specific code: what works
+for one type of a task works for the others. The model is built on the bundle's device
 (``meta`` for capture: no weights, no memory) with ``HF_HUB_OFFLINE=1``, so nothing ever
 reaches the network; its KV cache is off (training). Needs ``pip install 'fxplan[hf]'``.
 
-Example inputs: ``input_ids`` and ``labels`` of shape ``(batch, seq)``, int64; ``seq``
-defaults to the config's ``max_position_embeddings`` and may not exceed it. With labels,
-the model's forward ends in its own loss. Captured with ``torch.export`` (the forwards take
+Example inputs, by task: ``input_ids`` and ``labels`` of shape ``(batch, seq)``, int64
+(causal, masked); ``input_ids``, ``decoder_input_ids`` and ``labels``, each ``(batch, seq)``
+(seq2seq: the decoder reads ``seq`` target tokens); ``pixel_values`` ``(batch, channels,
+image_size, image_size)`` float and ``labels`` ``(batch,)`` class ids below ``num_labels``
+(image: no sequence, ``seq`` cannot be set). ``seq`` defaults to a training length,
+:data:`DEFAULT_SEQ` = 4096 tokens, or the config's ``max_position_embeddings`` when that is
+shorter (Mistral's config allows 131,072; pass ``--seq`` for more), and may not exceed it. With
+labels, the model's forward ends in its own loss (cross-entropy, as the trainer's). Captured with ``torch.export`` (the forwards take
 ``**kwargs`` and build masks with Python control flow that ``symbolic_trace`` cannot follow).
 
 Override values are parsed to the type of the config's default for that key (``int``,
@@ -34,9 +40,13 @@ from fxplan.examples.bundle import InputSpec, ModelBundle, ModelSpecError
 from fxplan.examples.hf_presets import HF_PRESETS
 from fxplan.examples.values import parse_value
 
-__all__ = ["hf_bundle", "hf_model_class", "canonical_hf_spec"]
+__all__ = ["hf_bundle", "hf_model_class", "hf_task", "canonical_hf_spec", "DEFAULT_SEQ"]
 
-_TASKS = ("causal", "masked")
+#: The heads fxplan builds, in the order a model type's default is picked.
+_TASKS = ("masked", "causal", "seq2seq", "image")
+
+#: The default sequence length of a text model (tokens), unless its config allows fewer.
+DEFAULT_SEQ = 4096
 
 
 def _transformers() -> Any:
@@ -58,24 +68,35 @@ def _model_types() -> list[str]:
     return sorted(CONFIG_MAPPING_NAMES)
 
 
-def hf_model_class(model_type: str, task: str | None = None) -> Any:
-    """``AutoModelForMaskedLM`` or ``AutoModelForCausalLM`` for ``model_type`` (module
-    docstring); ``task`` forces one."""
-    transformers = _transformers()
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+#: The ``transformers`` class fxplan builds for each task.
+_CLASSES = {"masked": "AutoModelForMaskedLM", "causal": "AutoModelForCausalLM",
+            "seq2seq": "AutoModelForSeq2SeqLM", "image": "AutoModelForImageClassification"}
 
-    has = {"masked": model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-           "causal": model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES}
-    if task is None:
-        task = "masked" if has["masked"] else "causal"
-    if not has[task]:
-        heads = [t for t in _TASKS if has[t]]
-        raise ModelSpecError(f"Hugging Face model type {model_type!r} has no {task} language-"
-                             f"model head; it has: {', '.join(heads) or 'neither'} (fxplan "
-                             f"builds AutoModelForCausalLM or AutoModelForMaskedLM)")
-    return (transformers.AutoModelForMaskedLM if task == "masked"
-            else transformers.AutoModelForCausalLM)
+
+def hf_task(model_type: str, task: str | None = None) -> str:
+    """The task fxplan builds ``model_type`` for: ``task`` when the type has that head, else
+    the first of :data:`_TASKS` it has (module docstring)."""
+    _transformers()
+    from transformers.models.auto import modeling_auto as auto
+
+    mappings = {"masked": auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+                "causal": auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                "seq2seq": auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+                "image": auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES}
+    heads = [t for t in _TASKS if model_type in mappings[t]]
+    if task is None and heads:
+        task = heads[0]
+    if task not in heads:
+        raise ModelSpecError(f"Hugging Face model type {model_type!r} has no "
+                             f"{task or 'language-model or image-classification'} head; it has: "
+                             f"{', '.join(heads) or 'none fxplan builds'} (fxplan builds "
+                             f"{', '.join(_CLASSES.values())})")
+    return task
+
+
+def hf_model_class(model_type: str, task: str | None = None) -> Any:
+    """The ``AutoModelFor…`` class of ``model_type`` for :func:`hf_task`."""
+    return getattr(_transformers(), _CLASSES[hf_task(model_type, task)])
 
 
 def _parse_value(raw: str, default: Any, where: str) -> Any:
@@ -94,10 +115,11 @@ def _overrides(model_type: str, text: str, spec: str) -> tuple[dict[str, Any], s
         if not eq or not key:
             raise ModelSpecError(f"model {spec!r}: override {item!r} is not key=value (keys "
                                  f"are attributes of the {model_type} config, e.g. "
-                                 f"num_hidden_layers=2,hidden_size=64; or task=causal|masked)")
+                                 f"num_hidden_layers=2,hidden_size=64; or task={'|'.join(_TASKS)})")
         if key == "task":
             if raw not in _TASKS:
-                raise ModelSpecError(f"model {spec!r}: task={raw!r}; expected causal or masked")
+                raise ModelSpecError(f"model {spec!r}: task={raw!r}; expected one of "
+                                     f"{', '.join(_TASKS)}")
             task = raw
             continue
         if not hasattr(base, key):
@@ -174,6 +196,19 @@ def _check_experts(config: Any, spec: str) -> None:
                                  "per token than experts")
 
 
+def _image_inputs(config: Any, spec: str, batch: int, seq: int | None,
+                  with_targets: bool) -> dict[str, InputSpec]:
+    """``pixel_values`` (and ``labels``, class ids) of an image classifier: no sequence."""
+    if seq is not None:
+        raise ModelSpecError(f"{spec}: an image classifier has no sequence length (seq={seq}); "
+                             f"its input is {config.num_channels}×{config.image_size}×"
+                             f"{config.image_size} pixels, set by the config (image_size=…)")
+    size = config.image_size
+    pixels = InputSpec((batch, config.num_channels, size, size), torch.float32)
+    labels = InputSpec((batch,), torch.int64, config.num_labels)
+    return {"pixel_values": pixels, "labels": labels} if with_targets else {"pixel_values": pixels}
+
+
 def hf_bundle(spec: str) -> ModelBundle:
     """Resolve ``hf:…`` (module docstring) to a bundle built on any device, captured by
     ``torch.export``."""
@@ -205,6 +240,7 @@ def hf_bundle(spec: str) -> ModelBundle:
                              f"{_one_line(err)}") from err
     _check_experts(config, spec)
     config.use_cache = False  # training: no KV cache in the graph
+    task = hf_task(model_type, task)
     model_cls = hf_model_class(model_type, task)
     max_seq = getattr(config, "max_position_embeddings", None)
 
@@ -216,15 +252,21 @@ def hf_bundle(spec: str) -> ModelBundle:
                                  f"{_one_line(err)}") from err
 
     def inputs(batch: int, seq: int | None, with_targets: bool) -> dict[str, InputSpec]:
-        seq = max_seq if seq is None else seq
+        if task == "image":
+            return _image_inputs(config, spec, batch, seq, with_targets)
+        if seq is None:
+            seq = DEFAULT_SEQ if not isinstance(max_seq, int) else min(max_seq, DEFAULT_SEQ)
         if not isinstance(seq, int) or seq < 1:
-            raise ModelSpecError(f"{spec}: seq must be a positive integer (the config has no "
-                                 f"max_position_embeddings to default to); got {seq!r}")
+            raise ModelSpecError(f"{spec}: seq must be a positive integer; got {seq!r}")
         if max_seq is not None and seq > max_seq:
             raise ModelSpecError(f"{spec}: seq={seq} exceeds the config's "
                                  f"max_position_embeddings={max_seq}")
-        ids = InputSpec((batch, seq), torch.int64)
-        return {"input_ids": ids, "labels": ids} if with_targets else {"input_ids": ids}
+        vocab = getattr(config, "vocab_size", None)
+        ids = InputSpec((batch, seq), torch.int64, vocab)
+        named = {"input_ids": ids}
+        if task == "seq2seq":
+            named["decoder_input_ids"] = ids
+        return {**named, "labels": ids} if with_targets else named
 
     return ModelBundle(name=spec, family="hf", config=config, _build=build, _inputs=inputs,
                        capture_method="export")

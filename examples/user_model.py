@@ -4,8 +4,9 @@
 tensor, a tuple/list of tensors (matched to ``forward``'s parameters in order) or a dict keyed
 by parameter name. It is called under ``torch.device(device)``, so tensors it creates without an
 explicit device land on ``"meta"`` during capture and cost nothing. ``batch`` replaces the
-first dimension of every example input; ``seq`` cannot be set and targets are what the
-function returns.
+first dimension of every example input; ``seq`` cannot be set. The file may define
+``loss(outputs, batch)``, and a ``targets`` entry of the inputs names the targets; without them
+the default loss and targets derived from the output apply (:mod:`fxplan.examples.user_loss`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any, Callable
 import torch
 
 from fxplan.examples.bundle import InputSpec, ModelBundle, ModelSpecError
+from fxplan.examples.user_loss import (TARGETS, default_loss, file_loss, loss_for,
+                                        training_targets)
 
 
 #: Seconds a model file may take to import (``FXPLAN_IMPORT_TIMEOUT_S`` overrides): importing
@@ -64,6 +67,11 @@ def _import_timeout() -> float:
 
 def load_function(path: str, function: str) -> Callable[[], Any]:
     """Import ``path`` as a module and return its ``function``."""
+    return _load(path, function)[1]
+
+
+def _load(path: str, function: str) -> tuple[Any, Callable[[], Any]]:
+    """Import ``path`` as a module: ``(module, its function)``."""
     file = Path(path)
     if not file.is_file():
         raise ModelSpecError(f"model file {path!r} does not exist (spec form: "
@@ -97,7 +105,7 @@ def load_function(path: str, function: str) -> Callable[[], Any]:
                        if inspect.isfunction(v) and v.__module__ == module_name)
         raise ModelSpecError(f"{path!r} has no function {function!r}; functions defined there: "
                              f"{', '.join(found) or 'none'}")
-    return fn
+    return module, fn
 
 
 def _input_specs(model: torch.nn.Module, inputs: Any, origin: str) -> dict[str, InputSpec]:
@@ -118,9 +126,13 @@ def _input_specs(model: torch.nn.Module, inputs: Any, origin: str) -> dict[str, 
 
 
 def user_file_bundle(path: str, function: str = "build") -> ModelBundle:
-    """A bundle whose model and example inputs come from ``function`` in ``path``."""
-    fn = load_function(path, function)
+    """A bundle whose model and example inputs come from ``function`` in ``path``, and whose
+    loss is the file's ``loss(outputs, batch)`` or the default (:mod:`.user_loss`)."""
+    module, fn = _load(path, function)
     origin = f"{path}:{function}()"
+    own_loss = getattr(module, "loss", None)
+    if not inspect.isfunction(own_loss):
+        own_loss = None
 
     def call() -> tuple[torch.nn.Module, dict[str, InputSpec]]:
         try:
@@ -139,18 +151,44 @@ def user_file_bundle(path: str, function: str = "build") -> ModelBundle:
                                  f"{type(result).__name__}")
         return result[0], _input_specs(result[0], result[1], origin)
 
-    cache: dict[str, dict[str, InputSpec]] = {}
+    cache: dict[str, Any] = {}
 
-    def inputs(batch: int, seq: int | None, with_targets: bool) -> dict[str, InputSpec]:
+    def built() -> tuple[torch.nn.Module, dict[str, InputSpec]]:
         if "specs" not in cache:
             with torch.device("meta"):
-                cache["specs"] = call()[1]
-        own = {s.shape[1] for s in cache["specs"].values() if len(s.shape) > 1}
-        if seq is not None and own != {seq}:  # its own length (a plan's stored seq) is fine
+                cache["model"], cache["specs"] = call()
+        return cache["model"], cache["specs"]
+
+    def inputs(batch: int, seq: int | None, with_targets: bool) -> dict[str, InputSpec]:
+        model_meta, specs = built()
+        own = {s.shape[1] for s in specs.values() if len(s.shape) > 1}
+        if seq is not None and seq not in own:  # its own length (a plan's stored seq) is fine
             raise ModelSpecError(f"{origin} fixes its own input shapes; seq cannot be set "
                                  f"(its inputs' dim 1: {', '.join(map(str, sorted(own))) or 'none'})")
-        return {k: InputSpec((batch, *s.shape[1:]) if s.shape else s.shape, s.dtype)
-                for k, s in cache["specs"].items()}
+        sized = {k: InputSpec((batch, *s.shape[1:]) if s.shape else s.shape, s.dtype, s.high)
+                 for k, s in specs.items()}
+        given = sized.pop(TARGETS, None)
+        key = ("targets", batch)
+        if key not in cache:
+            cache[key] = training_targets(model_meta, sized, given, origin,
+                                          checked=own_loss is None)
+        targets = cache[key]
+        cache["dtype"] = targets.dtype
+        token = [k for k, s in sized.items() if s.shape == targets.shape
+                 and not s.dtype.is_floating_point and targets.high is not None]
+        for name in token:   # a language model's token ids span its vocabulary
+            sized[name] = InputSpec(sized[name].shape, sized[name].dtype, targets.high)
+        return {**sized, TARGETS: targets} if with_targets else sized
 
+    def loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The file's loss, else the default for the targets' dtype (known from their spec:
+        under ``symbolic_trace`` ``targets`` is a proxy whose dtype cannot be branched on)."""
+        if own is not None:
+            return own(output, targets)
+        dtype = targets.dtype if isinstance(targets, torch.Tensor) else cache.get("dtype")
+        return default_loss(output, targets) if dtype is None else loss_for(dtype)(output, targets)
+
+    own = file_loss(own_loss, f"{path}: loss") if own_loss is not None else None
     return ModelBundle(name=f"{path}:{function}", family="file", config=None,
-                       _build=lambda: call()[0], _inputs=inputs)
+                       _build=lambda: call()[0], _inputs=inputs, loss=loss,
+                       loss_outside=own_loss is not None)

@@ -2,7 +2,10 @@
 
 Steps (each in its own module):
 
-1. build the model on the ``meta`` device (a bundle) and cast it to ``dtype``;
+1. build the model on the ``meta`` device (a bundle) and cast it to ``dtype``; a bundle that
+   fixes its loss (a user file) has the forward followed by that loss traced, so the graph ends
+   in what training computes (:mod:`passes.forward_swap`); FlexAttention is traced as fused
+   attention (:mod:`passes.flex_attention`);
 2. obtain the fx graph by one of two methods (recorded in ``CapturedGraph.method``):
    ``"symbolic_trace"`` with :class:`~passes.tracer.CaptureTracer` (user leaf modules, clear
    errors; forward parameters without an example input are fixed to their defaults through
@@ -22,6 +25,7 @@ A 96-layer GPT-3 175B or a 128-layer 1T model captures in a few seconds on a lap
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -34,6 +38,8 @@ from fxplan.passes.analyses.params import is_parameter, node_params, param_table
 from fxplan.passes.captured_graph import CapturedGraph, LayerRow
 from fxplan.passes.errors import CaptureError
 from fxplan.passes.exporter import export_graph
+from fxplan.passes.flex_attention import priced_as_fused
+from fxplan.passes.forward_swap import TARGETS, forward_with_loss, traces_loss
 from fxplan.passes.unroll import UNROLLED
 from fxplan.passes.fake_run import fake_run
 from fxplan.passes.node_info import META_KEY, NodeInfo, ParamInfo, RepeatedBlock, cast_dtype
@@ -66,12 +72,27 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
     on. ``method``: one of :data:`METHODS`; ``auto`` takes the bundle's preference
     (``capture_method``) when it has one.
     """
-    start = time.perf_counter()
-    if method not in METHODS:
-        raise CaptureError(f"capture method {method!r} is not one of {', '.join(METHODS)}")
-    preferred = getattr(model, "capture_method", "auto")
-    built = not isinstance(model, torch.nn.Module)   # a bundle, built on meta here
-    model, example, name = _model_and_inputs(model, inputs, batch, seq, dtype)
+    with contextlib.ExitStack() as scope:
+        scope.enter_context(priced_as_fused())   # FlexAttention: fused, no CPU kernel needed
+        start = time.perf_counter()
+        if method not in METHODS:
+            raise CaptureError(f"capture method {method!r} is not one of {', '.join(METHODS)}")
+        preferred = getattr(model, "capture_method", "auto")
+        built = not isinstance(model, torch.nn.Module)   # a bundle, built on meta here
+        bundle = model
+        model, example, name = _model_and_inputs(model, inputs, batch, seq, dtype)
+        if traces_loss(bundle, model, example):   # the graph ends in the trainer's loss
+            scope.enter_context(forward_with_loss(model, bundle.loss,
+                                                  [k for k in example if k != TARGETS]))
+        return _capture(model, example, name, built, start, method, preferred, leaf_modules,
+                        concrete_args, dtype, device)
+
+
+def _capture(model: torch.nn.Module, example: Any, name: str, built: bool, start: float,
+             method: str, preferred: str, leaf_modules: Sequence[Any],
+             concrete_args: Mapping[str, Any] | None, dtype: torch.dtype | None,
+             device: str) -> CapturedGraph:
+    """:func:`capture` of a module with its example inputs (the bundle resolved)."""
     if method == "auto":
         method = preferred
     if method in ("export", "export-core") and leaf_modules:

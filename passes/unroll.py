@@ -49,6 +49,7 @@ import torch
 import torch.fx
 
 from fxplan.passes.analyses.blocks import layer_containers, module_path
+from fxplan.passes.analyses.lifted import LIFTED, constant_key
 from fxplan.passes.analyses.params import is_parameter
 
 __all__ = ["MIN_LAYERS", "SHALLOW_LAYERS", "UNROLLED", "NotUnrollable", "export_unrolled",
@@ -247,7 +248,26 @@ def _signature(node: torch.fx.Node, path: str, index: int) -> Any:
     val = node.meta.get("val")
     shape = (tuple(val.shape), val.dtype) if isinstance(val, torch.Tensor) else type(val).__name__
     target = _renamed(str(node.target), path, index, 0) if node.op == "get_attr" else node.target
-    return node.op, target, shape, _stack_key(node, path, index)
+    return node.op, constant_key(node, target), shape, _stack_key(node, path, index)
+
+
+def _renumbered(gm: torch.fx.GraphModule, target: str, before: str, template: str,
+                steps: int) -> str:
+    """The name of a lifted constant ``steps`` layers after the template's, numbered as export
+    numbers a model exported whole: the number grows by the template's number less the
+    layer before's at each layer (``lifted_tensor_2`` in layer 1, ``_4`` in 2, ``_6`` in 3).
+    The copied layer's attribute is renamed to it."""
+    def number(name: str) -> int:
+        return int(re.search(r"(\d+)$", name)[1])   # type: ignore[index]
+    new = number(template) + steps * (number(template) - number(before))
+    owner_path, _, old_name = target.rpartition(".")
+    renamed = f"{old_name[:len(old_name) - len(str(number(old_name)))]}{new}"
+    owner = gm.get_submodule(owner_path) if owner_path else gm
+    if renamed != old_name and hasattr(owner, old_name):
+        value = getattr(owner, old_name)
+        delattr(owner, old_name)
+        setattr(owner, renamed, value)
+    return f"{owner_path}.{renamed}" if owner_path else renamed
 
 
 def _check_isomorphic(prev: list[torch.fx.Node], layer: list[torch.fx.Node],
@@ -308,10 +328,12 @@ def _unroll(gm: torch.fx.GraphModule, path: str, total: int, k: int) -> None:
                 return prior[previous_position[value]]
             return value
 
-        for node in template:
+        for node, before in zip(template, layers[last - 1]):
             with graph.inserting_after(anchor):
                 target = (_renamed(node.target, path, last, index) if node.op == "get_attr"
                           else node.target)
+                if node.op == "get_attr" and LIFTED.search(target):
+                    target = _renumbered(gm, target, before.target, node.target, index - last)
                 name = None if node.op == "get_attr" else _base_name(node.name)
                 new = graph.create_node(node.op, target, *torch.fx.node.map_arg(
                     (node.args, node.kwargs), arg), name=name, type_expr=node.type)

@@ -156,53 +156,26 @@ def runtime_check(graph: CapturedGraph, cluster: "str | Cluster"
     a graph captured from a module the caller gave (capture keeps no module then)."""
     import torch
 
+    from fxplan.passes.flex_attention import priced_as_fused
+    from fxplan.passes.forward_swap import taking
     from fxplan.runtime.plan_runnable import graph_rewrite_tp_refusal, runtime_refusal
 
     module = graph.module
     if module is None:
         return None
-    check_lm_output(graph)
-    shapes = [(s, d) for k, (s, d) in graph.inputs.items() if k not in _TARGETS]
+    named = {k: v for k, v in graph.inputs.items() if k not in _TARGETS}
+    shapes = list(named.values())
     cpu = all(g.kind == "cpu" for g in _load_cluster(cluster).device_groups)
     rewrite_tp = graph_rewrite_tp_refusal(graph, cpu)
 
     def refusal(plan: Plan) -> str | None:
         inputs = [torch.zeros((plan.microbatch_size, *s[1:]), dtype=d) for s, d in shapes]
-        return runtime_refusal(module, plan, inputs, rewrite_tp=rewrite_tp,
-                               graph_rewrite=graph.method == "symbolic_trace")
+        # by position, bound by name as at launch; the probe's fake run on the host's CPU
+        # prices FlexAttention as capture does (the devices run their own kernel)
+        with taking(module, list(named)), priced_as_fused():
+            return runtime_refusal(module, plan, inputs, rewrite_tp=rewrite_tp,
+                                   graph_rewrite=graph.method == "symbolic_trace")
     return refusal
-
-
-class LossShapeError(UserError):
-    """The model's output does not fit the loss the trainer computes on it."""
-
-
-def check_lm_output(graph: CapturedGraph) -> None:
-    """A model fed token ids alone (one integer ``(b, t)`` input, no targets) is trained on
-    the next-token loss over every position, ``cross_entropy(logits.reshape(-1, V),
-    targets.reshape(-1))`` with targets of the tokens' shape (``fxplan launch``'s worker):
-    its first output must be logits ``(b, t, V)``. nanoGPT's ``forward(idx)`` returns the
-    last position's logits ``(b, 1, V)`` (its inference path), which the search would price
-    and every rank then fail on: a :class:`LossShapeError` at capture instead."""
-    import torch.fx
-
-    if any(k in graph.inputs for k in _TARGETS):
-        return
-    tokens = [s for s, d in graph.inputs.values() if len(s) == 2 and not d.is_floating_point]
-    if len(graph.inputs) != 1 or not tokens:
-        return
-    output = next(n for n in graph.gm.graph.nodes if n.op == "output")
-    first: list[torch.fx.Node] = []
-    torch.fx.node.map_arg(output.args, lambda n: first.append(n) or n)
-    shape = graph.info(first[0]).shape if first else None
-    if isinstance(shape, tuple) and len(shape) == 3 and tuple(shape[:2]) == tokens[0]:
-        return
-    raise LossShapeError(
-        f"{graph.name} returns {tuple(shape) if isinstance(shape, tuple) else shape} for token "
-        f"ids of shape {tokens[0]}: training computes the next-token loss over every "
-        f"position, which needs logits of shape {(*tokens[0], 'vocab')}. A forward that "
-        "returns only the last position's logits when it gets no targets (an inference "
-        "path) must return every position's for training.")
 
 
 def _headroom_alias(options: dict[str, Any]) -> dict[str, Any]:

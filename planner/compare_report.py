@@ -21,7 +21,7 @@ _HEADER = ("cluster", "devices", "plan", "step", "MFU", "memory", "days", "devic
 
 
 def _cells(row: CompareRow) -> tuple[str, ...]:
-    from fxplan.cli.units import seconds
+    from fxplan.core.units import seconds
 
     return (row.cluster, f"{row.devices:,}", row.summary, seconds(row.step_time_s),
             "–" if row.mfu is None else f"{100 * row.mfu:.1f} %",
@@ -32,7 +32,7 @@ def _cells(row: CompareRow) -> tuple[str, ...]:
 
 
 def _heading(result: Comparison) -> str:
-    from fxplan.cli.units import count
+    from fxplan.core.units import count
 
     what = (f"{result.model}: {count(result.tokens)} tokens, batch {result.batch:,}"
             + (f" × {result.seq:,}" if result.seq else ""))

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from fxplan.cli.units import gib, seconds
+from fxplan.core.units import gib, seconds
 from fxplan.core.config import CostModelError, ParallelConfig, Schedule
 from fxplan.core.errors import UserError
 from fxplan.core.plan import Plan, PlanError
@@ -142,7 +142,9 @@ def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[Parallel
         wanted = schedule
         if pp == 1:
             schedule = Schedule("1f1b")
-        elif schedule.kind == "interleaved" and m % pp:
+        elif schedule.needs_round_microbatches and m % pp:
+            schedule = Schedule("1f1b")
+        elif schedule.split_backward and dp > 1:   # runtime.pipeline.zero_bubble_refusal
             schedule = Schedule("1f1b")
         if schedule.kind == "1f1b" and pp > 1 and m < pp:
             schedule = Schedule("gpipe")

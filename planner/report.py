@@ -15,7 +15,7 @@ rank against the capacity with its breakdown (on a heterogeneous cluster the mes
 capacity and the memory table per device group: :func:`stage_groups`), the top three runners-up with their deltas (one
 row per configuration), the pruning reasons grouped by kind with the near-misses first
 (:func:`fxplan.report_pruning.group_pruned`), the notes on fallbacks and the solver status.
-Every number goes through :mod:`fxplan.cli.units` (units, three significant digits).
+Every number goes through :mod:`fxplan.core.units` (units, three significant digits).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from fxplan.cli.units import count, gib, percent, seconds, si
+from fxplan.core.units import count, gib, percent, seconds, si
 from fxplan.core.plan import Plan
 from fxplan.cost_model.memory import MEMORY_LEGEND, MEMORY_ROWS
 from fxplan.cost_model.memory_headroom import parse_headroom
@@ -160,6 +160,18 @@ def offload_line(plan: Plan) -> str:
                "(not hidden)" if seconds_ is not None else ""))
 
 
+def overlap_line(plan: Plan) -> str:
+    """What the estimate hides behind compute, as the runtime does it
+    (``estimate["overlaps"]``, :mod:`fxplan.cost_model.overlap`), or that it hides nothing."""
+    overlaps = plan.estimate.get("overlaps")
+    if overlaps is None:
+        return "not recorded (a plan written before the estimate listed its overlaps)"
+    if not overlaps:
+        return "none relied on (pipeline sends priced blocking)"
+    return "; ".join(f"{o['name']}: {o['mechanism']}" for o in overlaps) + \
+        " (pipeline sends priced blocking)"
+
+
 def _memory_line(plan: Plan) -> str:
     """``peak 27.9 GiB of 32 GiB per device (fits)``; per group on a heterogeneous cluster."""
     est = plan.estimate
@@ -254,7 +266,8 @@ def render_report(plan: Plan, console: Any = None) -> None:
     est = plan.estimate
     levels = mesh_levels(plan)
     console.print(f"[bold]{plan.model}[/bold] on [bold]{plan.cluster}[/bold] ({plan.world_size} "
-                  f"devices), batch {plan.batch} × seq {plan.seq}")
+                  f"devices), batch {plan.batch}"
+                  f"{f' × seq {plan.seq}' if plan.seq is not None else ''}")  # images: no seq
     console.print(f"plan            [bold green]{plan.summary}[/bold green]")
     console.print(f"mesh            {levels}; stages (layers) "
                   f"{'/'.join(str(s.num_layers) for s in plan.stages)}")
@@ -262,6 +275,7 @@ def render_report(plan: Plan, console: Any = None) -> None:
     parts = " · ".join(f"{k} {seconds(v)}" for k, v in est.get("breakdown", {}).items()
                        if v > 1e-9)
     console.print(f"breakdown       {parts}")
+    console.print(f"overlap         {overlap_line(plan)}", markup=False)
     console.print(f"memory          {_memory_line(plan)}")
     if plan.offload != "none":
         console.print(f"offload         {offload_line(plan)}")

@@ -83,13 +83,13 @@ def _time(seconds: float | None) -> str:
 
 def _gib(value: float | None) -> str:
     """GiB for people: ``0.502 GiB`` → ``514 MiB``, ``226 KiB``, ``79.1 GiB``."""
-    from fxplan.cli.units import binary_bytes
+    from fxplan.core.units import binary_bytes
 
     return "–" if value is None else binary_bytes(value * 2 ** 30)
 
 
 def _bytes(value: float) -> str:
-    from fxplan.cli.units import binary_bytes
+    from fxplan.core.units import binary_bytes
 
     return binary_bytes(value) if value else "0"
 
@@ -197,7 +197,7 @@ def _placement_summary(names: Sequence[str], plan: Plan) -> str:
 
 
 def _layers(plan: Plan, result: Estimate, graph: CapturedGraph) -> str:
-    from fxplan.cli.units import count
+    from fxplan.core.units import count
     from fxplan.cost_model.layer_costs import graph_segments
 
     if result.stage_plan is None:

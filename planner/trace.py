@@ -63,6 +63,22 @@ def _metadata(stages: int, ranks: list[str]) -> list[dict]:
     return events
 
 
+def _op_parts(costs: Any, kind: int, stage: int, chunk: int, split: bool) -> Any:
+    """The component seconds of one op: the forward's, the backward's (less its weight
+    gradient under a split backward) or, for a split backward's ``W``, that weight-gradient
+    compute alone."""
+    if kind == 0:
+        return costs.forward[:, stage, chunk]
+    weight = 0.0 if costs.weight is None or not split else float(costs.weight[stage, chunk])
+    parts = costs.backward[:, stage, chunk].copy()
+    if kind == 2:
+        parts[:] = 0.0
+        parts[0] = weight
+    else:
+        parts[0] -= weight
+    return parts
+
+
 def predicted_trace(result: Estimate, *, title: str = "") -> dict[str, Any]:
     """The trace-event JSON object of ``result`` (module docstring)."""
     from fxplan.cost_model.simulator import COMPONENTS, FORWARD
@@ -81,14 +97,14 @@ def predicted_trace(result: Estimate, *, title: str = "") -> dict[str, Any]:
         for k in range(order.ops_per_stage):
             kind, c = int(order.kind[s, k]), int(order.chunk[s, k])
             mb = int(order.microbatch[s, k])
-            parts = (costs.forward if kind == FORWARD else costs.backward)[:, s, c]
-            letter = "F" if kind == FORWARD else "B"
+            parts = _op_parts(costs, kind, s, c, order.split_backward)
+            letter = "FBW"[kind]
             at = float(timeline.start[s, k])
             for tid, (component, seconds) in enumerate(zip(COMPONENTS, parts.tolist())):
                 if seconds > 0:
                     name = letter + str(mb) if component == "compute" else f"{letter}{mb} {component}"
                     events.append(_event(name, s, tid, at, seconds, microbatch=mb, chunk=c,
-                                         op="forward" if kind == FORWARD else "backward"))
+                                         op=("forward", "backward", "weight-gradient")[kind]))
                 at += seconds
         for i, (begin, end) in enumerate(sim.dp_transfers[s] if sim.dp_transfers else ()):
             events.append(_event(f"grad bucket {i}", s, 4, begin, end - begin,

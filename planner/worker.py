@@ -28,6 +28,7 @@ import argparse
 import gc
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,12 +46,20 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def loss_fn(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every position (integer targets), else mean squared error; the
-    runtime adds a Hugging Face MoE's router auxiliary loss (``router_aux_loss_coef · aux``,
-    when its config sets ``output_router_logits``: :mod:`fxplan.runtime.router_aux`)."""
-    if targets.dtype.is_floating_point:
-        return F.mse_loss(output, targets)
-    return F.cross_entropy(output.reshape(-1, output.size(-1)), targets.reshape(-1))
+    """Mean cross-entropy over every position (integer targets), else mean squared error
+    (:func:`fxplan.examples.user_loss.default_loss`); the runtime adds a Hugging Face MoE's
+    router auxiliary loss (``router_aux_loss_coef · aux``, when its config sets
+    ``output_router_logits``: :mod:`fxplan.runtime.router_aux`). A bundle that fixes its own
+    loss (a user file's ``loss(outputs, batch)``) is trained on that (:func:`training_loss`)."""
+    from fxplan.examples.user_loss import default_loss
+
+    return default_loss(output, targets)
+
+
+def training_loss(bundle: Any) -> Any:
+    """The loss ``bundle``'s model is trained on: the bundle's own (a user file's, the one
+    capture priced), else :func:`loss_fn`."""
+    return getattr(bundle, "loss", None) or loss_fn
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -115,7 +124,7 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     else:  # a CPU rank: its own core(s), and the heap's pages reused from step to step
-        from fxplan.passes.rewrite.base import record_fallback
+        from fxplan.core.fallbacks import record_fallback
         from fxplan.runtime.affinity import pin_rank
         from fxplan.runtime.heap import keep_heap
 
@@ -135,6 +144,13 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
             raise
         sys.stdout.flush()
         os._exit(INPUT_ERROR_EXIT)  # no collective teardown: the other ranks may wait in one
+    except Exception as err:  # under fxplan launch: one paragraph, the traceback in RUN_DIR
+        from fxplan.runtime.rank_errors import FAILURE_EXIT, report_failure
+
+        if not report_failure(dist.get_rank(), err, args.run_dir):
+            raise
+        sys.stdout.flush()
+        os._exit(FAILURE_EXIT)
     finally:
         gc.collect()  # drop DTensor/FSDP state before the groups go (clean exit, no SIGABRT)
         dist.destroy_process_group()
@@ -147,8 +163,9 @@ def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, st
                                      replica_coordinates, token_dtype)
     from fxplan.runtime.hf_data import HFDataset
 
-    vocab = getattr(bundle.config, "vocab", None) or getattr(bundle.config, "vocab_size", None)
     specs = _input_specs(bundle, plan)
+    vocab = (getattr(bundle.config, "vocab", None) or getattr(bundle.config, "vocab_size", None)
+             or getattr(specs.get("targets"), "high", None))   # a user file's: its output's
     if args.data == "synthetic":
         return SyntheticData(specs, high=vocab or 2, seed=args.seed)
     path, sep, function = args.data.rpartition(":")
@@ -184,26 +201,60 @@ def flop_counts(plan: Plan, cluster: Cluster) -> tuple[FlopCounts | None, str | 
     return FlopCounts(float(model), float(hardware), peak, plan.world_size), None
 
 
-def _train(args: argparse.Namespace) -> None:
-    import dataclasses
+@dataclass
+class Run:
+    """What one rank trains: the plan as applied here and everything the loop needs."""
 
-    from fxplan.cluster_specs import Cluster
+    rank: int
+    events: Any
+    plan: Any
+    replanned: Any
+    bundle: Any
+    cluster: Any
+    identity: tuple[str, str]          # (model spec, fingerprint): in every manifest
+    precision: Any
+    sharded: Any
+    resume: Any                        # the located checkpoint (``--resume``), or None
+    config: Any
+    optimizer: Any
+    data: Any
+    flops: Any
+    no_flops: str | None
+
+
+def _train(args: argparse.Namespace) -> None:
+    """One rank's run: :func:`_prepare` the sharded model, :func:`_resume` its position,
+    :func:`_announce` it on rank 0, :func:`_run_steps`, then :func:`_summarise`."""
+    run = _prepare(args)
+    position, notes = _resume(run, args)
+    start_step = 0 if position is None else position.step
+    from fxplan.runtime.metrics import MetricsLog
+
+    log = MetricsLog(args.run_dir, args.steps, resume_after=start_step if position else None
+                     ) if run.rank == 0 else None
+    if log is not None:
+        _announce(run, args, log, position, notes)
+    result = _run_steps(run, args, log, start_step)
+    if log is not None:
+        _summarise(run, args, log, result)
+
+
+def _prepare(args: argparse.Namespace) -> Run:
+    """The plan for this world (re-planned after a resize), the model built on ``meta`` with
+    only this rank's stages made real (seeded values, or the ``--resume`` checkpoint's), the
+    optimizer and this replica's data."""
+    from fxplan.cluster_specs import Cluster, training_dtype
     from fxplan.core.plan import load_plan
+    from fxplan.core.training import TrainConfig
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.cluster_specs import training_dtype
+    from fxplan.passes.forward_swap import forward_taking
     from fxplan.runtime.apply import apply_plan
     from fxplan.runtime.build import meta_parameters
-    from fxplan.runtime.metrics import MetricsLog
+    from fxplan.runtime.events import EventLog
     from fxplan.runtime.optim import build_optimizer
     from fxplan.runtime.precision import resolve_precision
-    from fxplan.runtime.train_checkpoint import (TrainPosition, data_identity,
-                                                 load_training_checkpoint, locate_checkpoint,
-                                                 model_fingerprint, save_training_checkpoint)
-    from fxplan.core.training import TrainConfig
-    from fxplan.runtime.trainer import train
-
-    from fxplan.runtime.events import EventLog
     from fxplan.runtime.process_group import restart_count
+    from fxplan.runtime.train_checkpoint import locate_checkpoint, model_fingerprint
 
     rank = dist.get_rank()
     # attempt: fxplan's supervised attempts plus torchrun's own restarts within one
@@ -218,14 +269,16 @@ def _train(args: argparse.Namespace) -> None:
         args.resume = newest_checkpoint(args.run_dir) or args.resume
     torch.manual_seed(args.seed)
 
+    batch = {k: v for k, v in _example_batch(bundle, plan).items() if k != "targets"}
+    example = tuple(batch.values())
+
     def seeded_model() -> torch.nn.Module:
         torch.manual_seed(0)
-        return bundle.build("cpu")
+        return forward_taking(bundle.build("cpu"), list(batch))
 
-    with meta_parameters():
-        model = bundle.build("cpu")
-    identity = (args.model or plan.model, model_fingerprint(model))  # in every manifest
-    example = tuple(v for k, v in _example_batch(bundle, plan).items() if k != "targets")
+    with meta_parameters():   # inputs fed by position, bound by name as capture bound them
+        model = forward_taking(bundle.build("cpu"), list(batch))
+    identity = (args.model or plan.model, model_fingerprint(model))
     precision = resolve_precision(args.dtype, training_dtype(cluster))
     resume = None
     if args.resume:  # verified (manifest and hashes) before DCP unpickles anything
@@ -244,39 +297,66 @@ def _train(args: argparse.Namespace) -> None:
     start, stop = sharded.replica_slice()
     data = data_source(args, bundle, plan, start, stop)
     flops, no_flops = flop_counts(plan, cluster)
-    capacity = plan.estimate.get("capacity_gib")
-    position, notes = None, []
-    if resume is not None:  # last before training: the generators are restored here
-        position, notes = load_training_checkpoint(sharded, optimizer, *resume)
-        notes += resume_notes(position, args, plan)
-        if hasattr(data, "skip"):
-            data.skip(position.step)
-    start_step = 0 if position is None else position.step
-    log = MetricsLog(args.run_dir, args.steps, resume_after=start_step if position else None
-                     ) if rank == 0 else None
-    if log is not None:
-        log.write_json("run_config.json", {k: v for k, v in vars(args).items()
-                                           if k not in ("plan_object", "heartbeat")})
-        log.print(f"fxplan launch: {plan.model} on {plan.cluster} | {plan.summary} | "
-                  f"{dist.get_world_size()} ranks, backend {dist.get_backend()} | data {args.data} | "
-                  f"applied: {sharded.path} level")
-        if replanned is not None:
-            from fxplan.replan import report_replan
+    return Run(rank=rank, events=events, plan=plan, replanned=replanned, bundle=bundle,
+               cluster=cluster, identity=identity, precision=precision, sharded=sharded,
+               resume=resume, config=config, optimizer=optimizer, data=data, flops=flops,
+               no_flops=no_flops)
 
-            report_replan(replanned, log.print, events)
-        if position is not None and resume is not None:
-            log.print(f"resumed parameters, optimizer state and data position from {resume[0]}: "
-                      f"step {position.step} done, going on at step {position.step + 1} "
-                      f"(global sample {position.next_sample}) up to step {args.steps}")
-            log_resume(log, events, position, resume[0], plan)
-        for line in notes:
-            log.print(f"resume: {line}")
-        log_precision(log, precision, training_dtype(cluster))
-        if no_flops:
-            log.print(no_flops)
-        if getattr(args, "affinity", None):
-            log.print(args.affinity)
-    tokens = plan.batch * (plan.seq or 1)
+
+def _resume(run: Run, args: argparse.Namespace) -> tuple[Any, list[str]]:
+    """The position a ``--resume`` checkpoint holds (parameters, optimizer state, random
+    generators and the data position restored — last before training), and what differs from
+    the run that saved it; ``(None, [])`` for a fresh run."""
+    if run.resume is None:
+        return None, []
+    from fxplan.runtime.train_checkpoint import load_training_checkpoint
+
+    position, notes = load_training_checkpoint(run.sharded, run.optimizer, *run.resume)
+    notes += resume_notes(position, args, run.plan)
+    if hasattr(run.data, "skip"):
+        run.data.skip(position.step)
+    return position, notes
+
+
+def _announce(run: Run, args: argparse.Namespace, log: Any, position: Any,
+              notes: list[str]) -> None:
+    """Rank 0, before the first step: the settings, the plan as applied, a re-plan, a resume,
+    the precision and what the FLOP counts could not cover."""
+    from fxplan.cluster_specs import training_dtype
+
+    plan = run.plan
+    log.write_json("run_config.json", {k: v for k, v in vars(args).items()
+                                       if k not in ("plan_object", "heartbeat")})
+    log.print(f"fxplan launch: {plan.model} on {plan.cluster} | {plan.summary} | "
+              f"{dist.get_world_size()} ranks, backend {dist.get_backend()} | data {args.data} | "
+              f"applied: {run.sharded.path} level")
+    if run.replanned is not None:
+        from fxplan.replan import report_replan
+
+        report_replan(run.replanned, log.print, run.events)
+    if position is not None and run.resume is not None:
+        log.print(f"resumed parameters, optimizer state and data position from {run.resume[0]}: "
+                  f"step {position.step} done, going on at step {position.step + 1} "
+                  f"(global sample {position.next_sample}) up to step {args.steps}")
+        log_resume(log, run.events, position, run.resume[0], plan)
+    for line in notes:
+        log.print(f"resume: {line}")
+    log_precision(log, run.precision, training_dtype(run.cluster))
+    if run.no_flops:
+        log.print(run.no_flops)
+    if getattr(args, "affinity", None):
+        log.print(args.affinity)
+
+
+def _run_steps(run: Run, args: argparse.Namespace, log: Any, start_step: int) -> Any:
+    """Steps ``start_step + 1 … --steps`` (:func:`fxplan.runtime.trainer.train`) with the
+    heartbeat, checkpoints every ``--checkpoint-every`` and after the last, injected faults
+    (tests), and the ``--save`` checkpoint at the end; the loop's result."""
+    from fxplan.runtime.train_checkpoint import TrainPosition, data_identity, \
+        save_training_checkpoint
+    from fxplan.runtime.trainer import train
+
+    plan, sharded = run.plan, run.sharded
 
     def here(step: int) -> TrainPosition:
         return TrainPosition(step=step, seed=args.seed, global_batch=plan.batch,
@@ -285,38 +365,47 @@ def _train(args: argparse.Namespace) -> None:
 
     def on_step(step: int) -> None:
         if step == start_step + 1:
-            _print_fallbacks(sharded, rank, args.fallbacks)
-        inject_fault(step, rank, events.attempt, "step")
+            _print_fallbacks(sharded, run.rank, args.fallbacks)
+        inject_fault(step, run.rank, run.events.attempt, "step")
         args.heartbeat.beat(step, "step")
         every = args.checkpoint_every
         if every and (step % every == 0 or step == args.steps):
             final = Path(args.run_dir) / "checkpoints" / f"step-{step}"
             args.heartbeat.beat(step, "save")
-            inject_fault(step, rank, events.attempt, "save")
-            save_training_checkpoint(sharded, optimizer, here(step), final,
-                                     model=identity)
+            inject_fault(step, run.rank, run.events.attempt, "save")
+            save_training_checkpoint(sharded, run.optimizer, here(step), final,
+                                     model=run.identity)
             args.heartbeat.beat(step, "step")
             if log is not None:
                 log.print(f"checkpoint: step {step} saved to {final}")
 
-    trace = None if args.trace is None else Path(args.trace) / f"measured-rank{rank}.json"
-    result, optimizer = train(
-        sharded, data, loss_fn, config, tokens_per_step=tokens, optimizer=optimizer, flops=flops,
-        capacity_gib=capacity, log=log, on_step=on_step, start_step=start_step, trace=trace)
+    trace = None if args.trace is None else Path(args.trace) / f"measured-rank{run.rank}.json"
+    result, run.optimizer = train(
+        sharded, run.data, training_loss(run.bundle), run.config,
+        tokens_per_step=plan.batch * (plan.seq or 1), optimizer=run.optimizer, flops=run.flops,
+        capacity_gib=plan.estimate.get("capacity_gib"), log=log, on_step=on_step,
+        start_step=start_step, trace=trace)
     if trace is not None and log is not None:
         log.print(f"measured trace of steps {start_step + 2}…: {trace.parent}/measured-rank*.json")
     args.heartbeat.beat(args.steps, "end")
     if args.save:
-        save_training_checkpoint(sharded, optimizer, here(args.steps), args.save, latest=False,
-                                 model=identity)
+        save_training_checkpoint(sharded, run.optimizer, here(args.steps), args.save,
+                                 latest=False, model=run.identity)
         if log is not None:
             log.print(f"saved parameters, optimizer state and data position to {args.save}")
-    if log is None:
-        return
-    measured = result.median_step_time_s
+    return result
+
+
+def _summarise(run: Run, args: argparse.Namespace, log: Any, result: Any) -> None:
+    """Rank 0, at the end: ``summary.json`` (predicted against measured step time, memory,
+    MFU and tokens/s, every rank's own figures) and the same as a table."""
+    import dataclasses
+
+    plan, measured = run.plan, result.median_step_time_s
+    tokens = plan.batch * (plan.seq or 1)
     summary = {
         "plan": plan.summary, "model": plan.model, "cluster": plan.cluster,
-        "applied": sharded.path,  # module (the user's module) or graph (the graph rewrite)
+        "applied": run.sharded.path,  # module (the user's module) or graph (the graph rewrite)
         "world_size": plan.world_size, "batch": plan.batch, "seq": plan.seq,
         "steps": args.steps, "final_loss": result.losses[-1],
         "predicted_step_time_s": _number(plan.estimate.get("step_time_s")),
@@ -324,16 +413,17 @@ def _train(args: argparse.Namespace) -> None:
         "predicted_peak_memory_gib": _number(plan.estimate.get("peak_memory_gib")),
         "measured_peak_memory_gib": result.peak_memory_gib,
         "predicted_mfu": _number(plan.estimate.get("mfu")),
-        "measured_mfu": None if flops is None else flops.mfu(measured),
+        "measured_mfu": None if run.flops is None else run.flops.mfu(measured),
         "predicted_tokens_per_s": _number(plan.estimate.get("tokens_per_s")),
         "measured_tokens_per_s": tokens / measured,
-        "capacity_gib": capacity,
-        "mixed_precision": precision.describe(), "compute_dtype": precision.name,
-        "memory_measured_as": ("torch.cuda.max_memory_allocated" if sharded.device.type == "cuda"
+        "capacity_gib": plan.estimate.get("capacity_gib"),
+        "mixed_precision": run.precision.describe(), "compute_dtype": run.precision.name,
+        "memory_measured_as": ("torch.cuda.max_memory_allocated"
+                               if run.sharded.device.type == "cuda"
                                else "peak resident set size of the process (getrusage)"),
         "step_time_measured_as": "median over steps 2… of the slowest rank's step",
         "ranks": result.ranks,   # each rank's own step times and peaks (fxplan validate)
-        "config": dataclasses.asdict(config),
+        "config": dataclasses.asdict(run.config),
     }
     log.write_json("summary.json", summary)
     rows = [("step time", "predicted_step_time_s", "measured_step_time_s", 1e3, "ms"),
@@ -473,16 +563,13 @@ def resume_notes(position: Any, args: argparse.Namespace, plan: Any) -> list[str
 
 
 def _input_specs(bundle: Any, plan: Any) -> dict[str, Any]:
-    """The bundle's inputs at the plan's batch; an ``hf:`` model's ``labels`` become the
-    ``targets`` of the worker's loss (the model is run without them: logits out). A model
-    with one integer ``(batch, seq)`` input and no targets (a user file's language model)
-    gets targets of that shape: token ids, as a token file gives."""
+    """The bundle's inputs at the plan's batch, with the targets of the loss; an ``hf:``
+    model's ``labels`` become the ``targets`` of the worker's loss (the model is run without
+    them: logits out). A user file's bundle names its targets itself (given by ``build()`` or
+    derived from the output: :mod:`fxplan.examples.user_loss`)."""
     specs = dict(bundle.example_inputs(plan.batch, plan.seq))
     if "labels" in specs and "targets" not in specs:
         specs["targets"] = specs.pop("labels")
-    tokens = [v for v in specs.values() if len(v.shape) == 2 and not v.dtype.is_floating_point]
-    if "targets" not in specs and len(specs) == 1 and tokens:
-        specs["targets"] = tokens[0]
     return specs
 
 
@@ -512,7 +599,7 @@ def _number(value: Any) -> float | None:
 
 
 def _show(value: float | None, scale: float = 1.0) -> str:
-    from fxplan.cli.units import plain
+    from fxplan.core.units import plain
 
     return "n/a" if value is None else plain(value * scale)
 

@@ -158,3 +158,38 @@ def test_layers_are_ordered(layer: str) -> None:
     """No component may import one that may import it back (the table itself is a DAG)."""
     for other in ALLOWED[layer]:
         assert layer not in ALLOWED[other]
+
+
+#: Presentation: what renders plans and predictions for people (terminal and HTML reports,
+#: pruning reasons, explain, diff, trace, plots). The command line sits above it and calls it;
+#: it takes its number formatting from the shared types (``fxplan.core.units``).
+PRESENTATION: tuple[str, ...] = ("fxplan.report", "fxplan.report_html", "fxplan.report_pruning",
+                                 "fxplan.explain", "fxplan.plan_diff", "fxplan.trace",
+                                 "fxplan.plots")
+
+
+def test_presentation_does_not_import_the_cli() -> None:
+    assert set(PRESENTATION) <= set(MODULES)
+    upward = [f"{MODULES[source].relative_to(REPO)}:{data['line']} imports {target}"
+              for source, target, data in GRAPH.edges(data=True)
+              if source in PRESENTATION and (target == "fxplan.cli"
+                                             or target.startswith("fxplan.cli."))]
+    assert not upward, "presentation modules that import the CLI:\n" + "\n".join(sorted(upward))
+
+
+def test_the_runtime_takes_its_shared_vocabulary_from_core() -> None:
+    """Fallbacks, the pass error and a stage's shapes are the runtime's and the rewrite's
+    shared words (``fxplan.core``): the runtime imports ``passes.rewrite`` only where it runs
+    the rewrite (the graph path's passes and their placements)."""
+    shared = {"fxplan.core.fallbacks", "fxplan.core.pass_error", "fxplan.core.stage_io"}
+    assert shared <= set(MODULES)
+    for source, path in MODULES.items():
+        if component(source) != "runtime":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "fxplan.passes.rewrite"):
+                names = {alias.name for alias in node.names}
+                assert not names & {"record_fallback", "PassError", "StageIO"}, \
+                    f"{path.relative_to(REPO)}:{node.lineno} imports {sorted(names)}"

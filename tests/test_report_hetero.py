@@ -1,4 +1,4 @@
-"""The report on a heterogeneous cluster (issue 12): the mesh line, the capacity and the memory
+"""The report on a heterogeneous cluster: the mesh line, the capacity and the memory
 table per device group, and the MFU against every device's own peak."""
 
 from __future__ import annotations

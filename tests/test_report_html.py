@@ -70,6 +70,7 @@ def _console_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
 
 
+@pytest.mark.browser
 def test_console_errors_are_detected(tmp_path):
     """The detector sees a page's console error (so the check below can fail)."""
     browser = _chromium()
@@ -80,6 +81,7 @@ def test_console_errors_are_detected(tmp_path):
         done.stderr[-2000:]
 
 
+@pytest.mark.browser
 def test_page_renders_in_chromium_with_images_and_no_console_errors(page, tmp_path):
     from PIL import Image, ImageStat
 

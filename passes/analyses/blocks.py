@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from fxplan.passes.analyses.lifted import constant_key
 from fxplan.passes.analyses.structural_blocks import segment_signature, structural_layers
 from fxplan.passes.node_info import NodeInfo, ParamInfo, RepeatedBlock, target_name
 
@@ -105,8 +106,8 @@ def layer_signature(gm: torch.fx.GraphModule, prefix: str, names: list[str],
         node, info = nodes[name], infos[name]
         args = torch.fx.node.map_arg((node.args, node.kwargs), ref)  # slices included
         owned = [(relative(p), params[p].shape, str(params[p].dtype)) for p in info.params]
-        parts.append(repr((node.op, relative(node.target), args, info.shape, str(info.dtype),
-                           owned)))
+        parts.append(repr((node.op, constant_key(node, relative(node.target)), args,
+                           info.shape, str(info.dtype), owned)))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 

@@ -174,10 +174,15 @@ class Price:
 
 
 def _aliases_input(call: OpCall) -> bool:
-    """Whether every output shares storage with some input (a view, no data moved)."""
-    inputs = {StorageWeakRef(t.untyped_storage()) for t in call.inputs}
-    outs = call.outputs
-    return bool(outs) and all(StorageWeakRef(t.untyped_storage()) in inputs for t in outs)
+    """Whether every output shares storage with some input (a view, no data moved); ``False``
+    for tensors without a storage to compare (vmap's batched tensors, as FlexAttention's block
+    mask is built under ``vmap``)."""
+    try:
+        inputs = {StorageWeakRef(t.untyped_storage()) for t in call.inputs}
+        outs = call.outputs
+        return bool(outs) and all(StorageWeakRef(t.untyped_storage()) in inputs for t in outs)
+    except (NotImplementedError, RuntimeError):
+        return False
 
 
 def price(call: OpCall, measured_flops: int | None = None) -> Price:

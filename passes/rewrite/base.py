@@ -20,45 +20,20 @@ graph after each (``graph.lint()``).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 from torch import fx
 
-from fxplan.core.errors import UserError
+from fxplan.core.fallbacks import record_fallback
+from fxplan.core.pass_error import PassError
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
 __all__ = ["PassError", "PassInternalError", "PassResult", "RewritePass", "PassManager",
            "record_fallback"]
-
-logger = logging.getLogger("fxplan.runtime")
-
-
-def record_fallback(fallbacks: list[str] | None, line: str) -> bool:
-    """Record one fallback, a deviation of the running program from its plan (``[where]
-    what runs instead``): logged as a warning and appended to ``fallbacks`` (the lines the
-    launch and the report show, in order, without repeats) unless it is already there;
-    ``fallbacks=None`` logs only. Returns whether the line was new."""
-    if fallbacks is not None and line in fallbacks:
-        return False
-    logger.warning("fxplan runtime fallback: %s", line)
-    if fallbacks is not None:
-        fallbacks.append(line)
-    return True
-
-
-class PassError(UserError):
-    """A rewrite pass could not realise the plan; the message names the pass and the node."""
-
-    def __init__(self, pass_name: str, message: str, node: fx.Node | str | None = None) -> None:
-        self.pass_name = pass_name
-        self.node = node.name if isinstance(node, fx.Node) else node
-        where = f" node {self.node!r}:" if self.node is not None else ""
-        super().__init__(f"[{pass_name}]{where} {message}")
 
 
 class PassInternalError(RuntimeError):

@@ -69,7 +69,8 @@ def _stage_lines(plan: "Plan") -> list[str]:
     for stage in plan.stages:
         parts = (["embed"] if stage.has_embedding else []) + [
             f"layer_{i}" for i in range(*stage.layers)] + (["head"] if stage.has_head else [])
-        lines.append(f"# stage {stage.index} (pp rank {stage.index % plan.pp}): {', '.join(parts)}")
+        rank = plan.schedule.placement(stage.index, plan.pp)[0]
+        lines.append(f"# stage {stage.index} (pp rank {rank}): {', '.join(parts)}")
     return lines
 
 

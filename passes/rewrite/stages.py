@@ -26,7 +26,6 @@ compute exactly what the original graph did (so this pass can be tested on one p
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,6 +33,7 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
+from fxplan.core.stage_io import StageIO
 from fxplan.passes.rewrite.base import PassResult, RewritePass
 from fxplan.passes.rewrite.layers import EMBED, HEAD
 
@@ -41,14 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
 __all__ = ["SplitStages", "StagedProgram", "StageIO"]
-
-
-@dataclass(frozen=True)
-class StageIO:
-    """Meta tensors with the shapes/dtypes of a stage's inputs and outputs for one microbatch."""
-
-    inputs: tuple[torch.Tensor, ...]
-    outputs: tuple[torch.Tensor, ...]
 
 
 class StagedProgram(nn.Module):

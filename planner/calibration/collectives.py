@@ -28,7 +28,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,17 +71,14 @@ class LevelFit:
 
 def measure(ranks: int, sizes: Sequence[int], iters: int, *, timeout_s: float = 600) -> dict[str, Any]:
     """Run the worker on ``ranks`` local ranks under torchrun; its JSON (module docstring)."""
-    from fxplan.cli.torchrun_command import free_loopback_port, loopback_interface
+    from fxplan.core.loopback import loopback_torchrun
 
     with tempfile.TemporaryDirectory(prefix="fxplan-calibrate-") as tmp:
         out = Path(tmp) / "collectives.json"
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-            env.setdefault(key, loopback_interface())
-        cmd = [sys.executable, "-m", "fxplan.runtime.torchrun", "--nnodes=1",
-               f"--nproc-per-node={ranks}", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{free_loopback_port()}", "--local-addr=127.0.0.1",
-               "-m", "fxplan.calibration.collectives_worker", "--out", str(out),
+        sockets, torchrun = loopback_torchrun(ranks)
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               **sockets}
+        cmd = [*torchrun, "-m", "fxplan.calibration.collectives_worker", "--out", str(out),
                "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters)]
         try:
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)

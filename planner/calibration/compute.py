@@ -47,15 +47,14 @@ class ImpliedEfficiency:
 
 
 def _spec_key(op_class: str, spec: Mapping[str, float]) -> str:
-    """The ``compute_efficiency`` key the cost model reads for ``op_class`` (module docstring)."""
-    model = load_efficiency()
-    family = family_of(op_class, model)
-    compute_bound = model.families[family]["bound"] == "compute"
-    keys = (op_class, family) if compute_bound else (op_class, family, "memory_bound")
-    for key in keys:
-        if key in spec:
-            return key
-    return op_class if compute_bound else "memory_bound"
+    """The ``compute_efficiency`` key the cost model reads for ``op_class`` (module docstring):
+    the first present of the keys of the curve that bounds it
+    (:meth:`~fxplan.cost_model.efficiency.EfficiencyModel.spec_keys`), else the class's own
+    name (compute-bound) or ``memory_bound``."""
+    compute_keys, memory_keys = load_efficiency().spec_keys(op_class)
+    keys = compute_keys or memory_keys
+    default = compute_keys[0] if compute_keys else memory_keys[-1]
+    return next((key for key in keys if key in spec), default)
 
 
 def _current(device: Any, op_class: str) -> float:

@@ -57,7 +57,9 @@ def default_spec() -> str:
 def _table(cal) -> None:  # type: ignore[no-untyped-def]
     from rich.table import Table
 
-    from fxplan.cli.units import console, plain, percent
+    from fxplan.core.units import plain, percent
+
+    from fxplan.cli.units import console
 
     table = Table(title=f"fxplan calibrate: {cal.base} → {cal.spec['name']}", title_justify="left")
     for column in ("quantity", "spec", "measured", "difference", "written", "how"):

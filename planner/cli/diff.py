@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _value(key: str, value: Any) -> str:
-    from fxplan.cli.units import gib, percent, seconds, si
+    from fxplan.core.units import gib, percent, seconds, si
 
     if value is None:
         return "–"
@@ -58,7 +58,7 @@ def _value(key: str, value: Any) -> str:
 
 
 def _delta(key: str, a: Any, b: Any) -> str:
-    from fxplan.cli.units import gib, percent, seconds, si
+    from fxplan.core.units import gib, percent, seconds, si
 
     if isinstance(a, bool) or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
         return ""

@@ -134,7 +134,7 @@ def _check_nccl() -> Check:
 def _check_cuda(devices: list[Devices]) -> Check:
     import torch
 
-    from fxplan.cli.units import binary_bytes
+    from fxplan.core.units import binary_bytes
 
     if not torch.cuda.is_available():
         built = torch.version.cuda is not None
@@ -155,7 +155,7 @@ def _check_cuda(devices: list[Devices]) -> Check:
 
 
 def _check_cpu() -> Check:
-    from fxplan.cli.units import binary_bytes
+    from fxplan.core.units import binary_bytes
     from fxplan.cluster_specs.local_cpu import cpu_cores, cpu_model, memory_gib
 
     cores, memory = cpu_cores(), memory_gib()

@@ -66,15 +66,15 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> Any:
 def _print(result: dict[str, Any], model: str, cluster: str) -> None:
     from rich.console import Console
 
-    from fxplan.cli.units import gib, percent, seconds
+    from fxplan.core.units import gib, percent, seconds
     from fxplan.cost_model.memory import MEMORY_LEGEND, MEMORY_ROWS
     from fxplan.report import headroom_text, rate_line
 
     console = Console(width=None if sys.stdout.isatty() else 140, highlight=False, emoji=False)
     r = result
     verdict = "[green]fits[/green]" if r["fits"] else "[red]does not fit[/red]"
-    console.print(f"[bold]{model}[/bold] on {cluster} · batch {r['batch']} × seq {r['seq']} · "
-                  f"{r['num_devices']} devices")
+    shape = f"batch {r['batch']}" + (f" × seq {r['seq']}" if r["seq"] is not None else "")
+    console.print(f"[bold]{model}[/bold] on {cluster} · {shape} · {r['num_devices']} devices")
     console.print(f"config      {r['summary']}")
     console.print(f"step time   {rate_line(r)} · {verdict}")
     step = r["step_time_s"]

@@ -46,7 +46,7 @@ def _is_plan_file(text: str) -> bool:
 
 
 def _side_rows(data: dict[str, Any]) -> list[list[str]]:
-    from fxplan.cli.units import percent, seconds
+    from fxplan.core.units import percent, seconds
     from fxplan.explain import TERMS
 
     plan, alt = data["plan"], data["alternative"]
@@ -70,7 +70,7 @@ def _side_rows(data: dict[str, Any]) -> list[list[str]]:
 
 
 def _memory_rows(data: dict[str, Any]) -> list[list[str]]:
-    from fxplan.cli.units import gib
+    from fxplan.core.units import gib
 
     plan, alt = data["plan"], data["alternative"]
     mine = plan["memory_gib"]
@@ -115,7 +115,7 @@ def _print(data: dict[str, Any]) -> None:
         out.print(table)
     recorded = plan.get("recorded_step_time_s")
     if recorded is not None and abs(recorded - plan["step_time_s"]) > 1e-6 * recorded:
-        from fxplan.cli.units import seconds
+        from fxplan.core.units import seconds
 
         out.print(f"note: the plan file records {seconds(recorded)}; this fxplan's cost model "
                   f"prices it at {seconds(plan['step_time_s'])} (both sides above are priced now)")

@@ -24,7 +24,7 @@ from typing import Any
 
 from fxplan.cli.arguments import (DTYPES, add_capture_arguments, add_dtype_argument,
                                   add_model_argument, add_workload_arguments)
-from fxplan.cli.units import binary_bytes, seconds, si
+from fxplan.core.units import binary_bytes, seconds, si
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -62,6 +62,7 @@ import argparse
 import math
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -236,7 +237,8 @@ def _start(args: argparse.Namespace, plan: "Plan", cluster: "Cluster", nnodes: i
         print(f"predicted trace written to {written}", flush=True)
     print(f"running: {line}", flush=True)
     from fxplan.runtime.heartbeat import STATUS_DIR_ENV, StepWatch, default_step_timeout
-    from fxplan.runtime.rank_errors import read_reports, summarize
+    from fxplan.runtime.rank_errors import (read_failures, read_reports, summarize,
+                                            summarize_failures)
 
     status = tempfile.mkdtemp(prefix="fxplan-status-")
     try:
@@ -264,6 +266,9 @@ def _start(args: argparse.Namespace, plan: "Plan", cluster: "Cluster", nnodes: i
         refusal = input_error() if code else None
         if refusal:
             raise WorkerInputError(refusal)
+        failures = read_failures(status) if code else []
+        if failures:   # once, not every rank's traceback: those are in the run directory
+            print(f"fxplan launch: {summarize_failures(failures)}", file=sys.stderr, flush=True)
         return code
     finally:
         shutil.rmtree(status, ignore_errors=True)

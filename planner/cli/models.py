@@ -81,7 +81,7 @@ def collect() -> dict[str, Any]:
 
 
 def _params_text(params: int | None) -> str:
-    from fxplan.cli.units import count
+    from fxplan.core.units import count
 
     return "–" if params is None else count(params)
 

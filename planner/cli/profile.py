@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fxplan.cli.units import seconds
+from fxplan.core.units import seconds
 from fxplan.cli.arguments import count, number, output_path
 from fxplan.core.errors import UserError
 

@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import socket
 import sys
 
 from fxplan.cli.run_config import LaunchError, RunSettings
+from fxplan.core.loopback import loopback_torchrun
 from fxplan.core.training import AFFINITY_ENV
 
-__all__ = ["OWN_TORCHRUN_FLAGS", "check_endpoint", "free_loopback_port", "launch_command",
-           "loopback_interface", "needs_endpoint", "passthrough", "shell_line", "trace_dir",
-           "worker_command"]
+__all__ = ["OWN_TORCHRUN_FLAGS", "check_endpoint", "launch_command", "needs_endpoint",
+           "passthrough", "shell_line", "trace_dir", "worker_command"]
 
 #: torchrun flags ``fxplan launch`` sets itself: refused after ``--`` (with the flag to use).
 OWN_TORCHRUN_FLAGS = {
@@ -75,23 +74,6 @@ def passthrough(args: argparse.Namespace) -> list[str]:
     return extra
 
 
-def loopback_interface() -> str:
-    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
-    names = [name for _, name in socket.if_nameindex()]
-    for name in ("lo", "lo0"):
-        if name in names:
-            return name
-    raise LaunchError(f"no loopback interface among {names}: a single-node launch binds its "
-                      "sockets to loopback; give --rdzv-endpoint HOST:PORT to use another")
-
-
-def free_loopback_port() -> int:
-    """A port free on 127.0.0.1 now (torchrun binds it a moment later)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def affinity_env(args: argparse.Namespace) -> dict[str, str]:
     """``FXPLAN_CPU_AFFINITY`` for the ranks where ``--cpu-affinity`` was given
     (:mod:`fxplan.runtime.affinity`; unset, the worker's default, ``auto``)."""
@@ -133,20 +115,15 @@ def launch_command(args: argparse.Namespace, nnodes: int, nproc: int, settings: 
     from fxplan.cli.elastic import elastic_torchrun_flags
 
     nodes_flag, *elastic = elastic_torchrun_flags(args, nnodes, attempt, settings.run_dir, env)
-    cmd = [sys.executable, "-m"]
     if args.rdzv_endpoint:
-        cmd += ["torch.distributed.run", nodes_flag, f"--nproc-per-node={nproc}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint={check_endpoint(args.rdzv_endpoint)}"]
+        cmd = [sys.executable, "-m", "torch.distributed.run", nodes_flag,
+               f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint={check_endpoint(args.rdzv_endpoint)}"]
         if args.node_rank is not None:
             cmd += [f"--node-rank={args.node_rank}"]
     else:
-        loopback = loopback_interface()
-        for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-            if key not in os.environ:
-                env[key] = loopback
-        cmd += ["fxplan.runtime.torchrun", nodes_flag, f"--nproc-per-node={nproc}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_loopback_port()}",
-                "--local-addr=127.0.0.1"]
+        sockets, cmd = loopback_torchrun(nproc, nodes_flag)
+        env.update(sockets)
     return env, cmd + elastic + extra + worker_command(args, settings)
 
 

@@ -61,7 +61,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def _print(result) -> None:  # type: ignore[no-untyped-def]
     from rich.table import Table
 
-    from fxplan.cli.units import console, gib, percent, seconds
+    from fxplan.core.units import gib, percent, seconds
+
+    from fxplan.cli.units import console
 
     out = console()
     table = Table(title=f"fxplan validate: {result.plan} ({result.device}; steps "

@@ -4,8 +4,10 @@ that the search enumerates, the cost model prices and a plan carries.
 A configuration fixes the degrees ``dp × tp × pp`` (their product is the world size), the
 microbatching (``microbatch_size`` sequences per microbatch, ``num_microbatches`` per step
 and pipeline, so that ``batch = dp · microbatch_size · num_microbatches``), the pipeline
-:class:`Schedule` (``gpipe``, ``1f1b`` or ``interleaved:v`` with ``v ≥ 2`` model chunks per
-stage), the ZeRO stage (0–3), the recompute policy (:data:`RECOMPUTE_POLICIES`: ``none``,
+:class:`Schedule` (``gpipe``, ``1f1b``, ``interleaved:v`` with ``v ≥ 2`` model chunks per
+stage, or the zero-bubble ``zb[:v]`` and ``zbv``, whose backward is split into the input
+gradient and the weight gradient, the latter run in the bubbles), the ZeRO stage (0–3),
+the recompute policy (:data:`RECOMPUTE_POLICIES`: ``none``,
 ``selective`` = the attention core, ``full`` = whole layers), sequence parallelism,
 optionally explicit layer counts per (virtual) stage and the placements to price
 (:class:`~fxplan.core.placements.PlacementMap`).
@@ -58,10 +60,17 @@ from fxplan.core.errors import UserError
 from fxplan.core.placements import PlacementMap
 
 __all__ = ["CP_ATTENTION", "CostModelError", "OFFLOAD_POLICIES", "ParallelConfig",
-           "RECOMPUTE_POLICIES", "SCHEDULE_KINDS", "Schedule"]
+           "RECOMPUTE_POLICIES", "SCHEDULE_KINDS", "SPLIT_BACKWARD_KINDS", "Schedule"]
 
-#: Pipeline schedule kinds; ``interleaved`` is written ``interleaved:v`` (``v ≥ 2``).
-SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+#: Pipeline schedule kinds; ``interleaved`` is written ``interleaved:v`` (``v ≥ 2``), ``zb``
+#: (torch's ``ScheduleInterleavedZeroBubble``, ZB1P of Qi et al. 2024) ``zb`` (``v = 1``) or
+#: ``zb:v``, ``zbv`` (torch's ``ScheduleZBVZeroBubble``) always runs ``v = 2`` chunks per stage
+#: placed in a V: pipeline rank ``r`` holds virtual stages ``r`` and ``2·pp − 1 − r``.
+SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb", "zbv")
+
+#: Kinds whose backward runs as two ops, the input gradient ``B`` (sent on at once) and the
+#: weight gradient ``W`` (run later, in what would be a bubble).
+SPLIT_BACKWARD_KINDS: tuple[str, ...] = ("zb", "zbv")
 
 #: Activation recompute policies.
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
@@ -125,8 +134,9 @@ def _parse_int(name: str, text: str) -> int:
 @dataclass(frozen=True)
 class Schedule:
     """A pipeline schedule: ``kind`` (:data:`SCHEDULE_KINDS`) and ``chunks``, the ``v`` model
-    chunks per pipeline stage of ``interleaved:v`` (``v ≥ 2``; ``interleaved:1`` would be
-    1F1B, so it is written ``1f1b``); ``gpipe`` and ``1f1b`` have ``chunks = 1``."""
+    chunks per pipeline stage: ``interleaved:v`` (``v ≥ 2``; ``interleaved:1`` would be
+    1F1B, so it is written ``1f1b``), ``zb:v`` (``v ≥ 1``, written ``zb`` for ``v = 1``),
+    ``zbv`` (``v = 2``, placed in a V); ``gpipe`` and ``1f1b`` have ``chunks = 1``."""
 
     kind: str = "1f1b"
     chunks: int = 1
@@ -140,35 +150,83 @@ class Schedule:
             raise CostModelError(_schedule_message(
                 f"interleaved:{self.chunks}", "interleaved needs its chunk count v ≥ 2, e.g. "
                 "interleaved:2 (interleaved:1 is 1f1b)"))
-        if self.kind != "interleaved" and self.chunks != 1:
+        if self.kind == "zb" and self.chunks < 1:
+            raise CostModelError(_schedule_message(f"zb:{self.chunks}",
+                                                   "zb needs its chunk count v ≥ 1"))
+        if self.kind == "zbv" and self.chunks != 2:
+            raise CostModelError(_schedule_message(f"zbv:{self.chunks}",
+                                                   "zbv always runs 2 chunks per stage"))
+        if self.kind in ("gpipe", "1f1b") and self.chunks != 1:
             raise CostModelError(_schedule_message(f"{self.kind}:{self.chunks}",
-                                                   "only interleaved takes ':v'"))
+                                                   "only interleaved and zb take ':v'"))
 
     @classmethod
     def parse(cls, text: str) -> "Schedule":
-        """``"gpipe"``, ``"1f1b"`` or ``"interleaved:v"`` (case and spaces ignored)."""
+        """``"gpipe"``, ``"1f1b"``, ``"interleaved:v"``, ``"zb"``, ``"zb:v"`` or ``"zbv"``
+        (case and spaces ignored)."""
         kind, sep, chunks = str(text).strip().lower().partition(":")
         if kind not in SCHEDULE_KINDS:
             raise CostModelError(_schedule_message(text))
-        if kind != "interleaved":
+        if kind == "zbv":
             if sep:
-                raise CostModelError(_schedule_message(text, "only interleaved takes ':v'"))
+                raise CostModelError(_schedule_message(text, "zbv always runs 2 chunks per "
+                                                             "stage; write zbv"))
+            return cls(kind, 2)
+        if kind not in ("interleaved", "zb"):
+            if sep:
+                raise CostModelError(_schedule_message(text, "only interleaved and zb take ':v'"))
             return cls(kind)
+        if kind == "zb" and not sep:
+            return cls(kind, 1)
         if not chunks.isdigit():
             raise CostModelError(_schedule_message(
-                text, "interleaved needs its chunk count v ≥ 2, e.g. interleaved:2"))
+                text, f"{kind} needs its chunk count v as an integer, e.g. {kind}:2"))
         return cls(kind, int(chunks))
 
     @property
     def interleaved(self) -> bool:
         return self.kind == "interleaved"
 
+    @property
+    def split_backward(self) -> bool:
+        """Whether the backward runs as an input-gradient and a weight-gradient op."""
+        return self.kind in SPLIT_BACKWARD_KINDS
+
+    @property
+    def v_shape(self) -> bool:
+        """Whether the chunks sit in a V (``zbv``): pipeline rank ``r`` holds virtual stages
+        ``r`` and ``2·pp − 1 − r``, so the first and the last stage share rank 0."""
+        return self.kind == "zbv"
+
+    @property
+    def needs_round_microbatches(self) -> bool:
+        """Whether the microbatch count must be a multiple of pp (torch's interleaved
+        schedules run whole rounds of pp microbatches)."""
+        return self.kind in ("interleaved", "zb")
+
+    def virtual_stage(self, rank: int, chunk: int, pp: int) -> int:
+        """The virtual stage ``j`` that chunk ``chunk`` of pipeline rank ``rank`` holds: the
+        loop ``j = chunk·pp + rank`` (Megatron's and torch's interleaved assignment), or under
+        ``zbv`` the V ``j = rank`` (chunk 0), ``2·pp − 1 − rank`` (chunk 1)."""
+        if self.v_shape:
+            return rank if chunk == 0 else 2 * pp - 1 - rank
+        return chunk * pp + rank
+
+    def placement(self, virtual: int, pp: int) -> tuple[int, int]:
+        """``(rank, chunk)`` of virtual stage ``virtual`` (the inverse of
+        :meth:`virtual_stage`)."""
+        if self.v_shape:
+            return (virtual, 0) if virtual < pp else (2 * pp - 1 - virtual, 1)
+        return virtual % pp, virtual // pp
+
     def __str__(self) -> str:
+        if self.kind == "zb":
+            return "zb" if self.chunks == 1 else f"zb:{self.chunks}"
         return f"{self.kind}:{self.chunks}" if self.interleaved else self.kind
 
 
 def _schedule_message(text: str, why: str = "") -> str:
-    return (f"schedule {text!r} is not one of gpipe, 1f1b, interleaved:v"
+    return (f"schedule {text!r} is not one of gpipe, 1f1b, interleaved:v, zb, zb:v, zbv"
             + (f": {why}" if why else " (v an integer ≥ 2)"))
 
 
@@ -285,7 +343,8 @@ class ParallelConfig:
 
     @property
     def virtual_stages(self) -> int:
-        """Model chunks per pipeline stage: ``v`` for ``interleaved:v``, else 1."""
+        """Model chunks per pipeline stage: ``v`` for ``interleaved:v`` and ``zb:v``, 2 for
+        ``zbv``, else 1."""
         return self.schedule.chunks
 
     def replace(self, **changes: Any) -> "ParallelConfig":
@@ -454,7 +513,7 @@ class ParallelConfig:
         if batch is not None:
             resolved = self.resolve(batch)
             m = resolved.num_microbatches or 0
-            if self.schedule.interleaved and self.pp > 1 and m % self.pp:
+            if self.schedule.needs_round_microbatches and self.pp > 1 and m % self.pp:
                 raise CostModelError(
                     f"{self.schedule} needs the microbatch count to be a multiple of pp: "
                     f"m = batch / ({'dp·mb' if self.cp == 1 else '(dp/cp)·mb'}) = {batch} / "
@@ -494,7 +553,8 @@ class ParallelConfig:
         """Layer count of each virtual stage in pipeline order (``pp · v`` entries).
 
         Virtual stage ``j`` is chunk ``j // pp`` of pipeline stage ``j mod pp`` (Megatron's
-        interleaved assignment); without interleaving ``j`` is simply stage ``j``.
+        interleaved assignment), under ``zbv`` the V of :meth:`Schedule.placement`; without
+        chunks ``j`` is simply stage ``j``.
         """
         if self.stage_layers is not None:
             return self.stage_layers

@@ -33,8 +33,9 @@ class PlanError(UserError):
 class StageAssignment:
     """Pipeline stage ``index`` runs repeated blocks ``layers[0] … layers[1]-1``.
 
-    With an interleaved schedule there are ``pp · v`` stages; stage ``i`` runs on pipeline
-    rank ``i mod pp``.
+    With an interleaved or zero-bubble schedule there are ``pp · v`` stages; stage ``i`` runs
+    on pipeline rank ``i mod pp`` (under ``zbv`` on the V's rank,
+    :meth:`~fxplan.core.config.Schedule.placement`).
     """
 
     index: int

@@ -39,6 +39,10 @@ FEATURES: dict[str, tuple[str, str, str]] = {
     "fsdp_spmd_mesh_dims": ("torch.distributed.fsdp", "DataParallelMeshDims",
                             "FSDP2's DataParallelMeshDims (expert weights sharded over the "
                             "expert-data-parallel group with ZeRO ≥ 1 beside ep > 1; torch 2.13)"),
+    "pipelining_zbv": ("torch.distributed.pipelining.stage", "_StageMeta",
+                       "torch.distributed.pipelining's reworked stage set-up (_StageMeta) "
+                       "under which ScheduleZBVZeroBubble runs (schedule zbv; torch 2.13 — on "
+                       "2.11 its stages' set-up fails on gloo ranks)"),
 }
 
 

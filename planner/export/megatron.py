@@ -36,7 +36,7 @@ from typing import Any
 
 from fxplan.core.config import Schedule
 from fxplan.export.errors import ExportError
-from fxplan.export.target_config import TargetConfig
+from fxplan.export.target_config import TargetConfig, without_zero_bubble
 
 __all__ = ["export", "parse"]
 
@@ -156,6 +156,7 @@ def _pipeline_layout(target: TargetConfig, notes: list[str],
     pp, v = target.pp or 1, target.virtual_stages or 1
     if pp == 1:
         return []
+    without_zero_bubble(target, "Megatron-LM", notes, changes)
     if target.schedule == "gpipe":
         changes["schedule"] = Schedule("1f1b")
         notes.append("approximated: Megatron-LM has no GPipe schedule; it runs 1F1B over the "

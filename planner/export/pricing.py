@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from fxplan.cli.units import gib, percent, seconds
+from fxplan.core.units import gib, percent, seconds
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.core.errors import UserError
 from fxplan.core.plan import Plan

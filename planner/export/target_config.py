@@ -21,10 +21,29 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from fxplan.core.config import RECOMPUTE_POLICIES
+from typing import Any
+
+from fxplan.core.config import RECOMPUTE_POLICIES, Schedule
 from fxplan.core.plan import Plan
 
-__all__ = ["TargetConfig", "plan_dtype"]
+__all__ = ["TargetConfig", "plan_dtype", "without_zero_bubble"]
+
+
+def without_zero_bubble(target: "TargetConfig", framework: str, notes: list[str],
+                        changes: dict[str, Any]) -> str | None:
+    """The schedule a framework without zero-bubble schedules runs instead of the plan's
+    ``zb:v``/``zbv`` (``1f1b`` for ``v = 1``, else ``interleaved:v`` over the same chunks in
+    the loop placement), with a note and the change priced; ``None`` for any other schedule."""
+    text = target.schedule or "1f1b"
+    kind, _, chunks = text.partition(":")
+    if kind not in ("zb", "zbv"):
+        return None
+    v = 2 if kind == "zbv" else int(chunks or 1)
+    schedule = Schedule("interleaved", v) if v > 1 else Schedule("1f1b")
+    changes["schedule"] = schedule
+    notes.append(f"approximated: {framework} has no zero-bubble schedule; the plan's {text} "
+                 f"runs as {schedule} (the weight-gradient work no longer fills the bubbles)")
+    return str(schedule)
 
 
 @dataclass(frozen=True)

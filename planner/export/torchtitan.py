@@ -50,7 +50,7 @@ from typing import Any
 
 from fxplan.export.errors import ExportError
 from fxplan.export.framework_tables import load_table
-from fxplan.export.target_config import TargetConfig
+from fxplan.export.target_config import TargetConfig, without_zero_bubble
 from fxplan.export.torchtitan_recipe import is_recipe, render, sections
 from fxplan.export.torchtitan_settings import Settings
 
@@ -146,8 +146,9 @@ def settings(target: TargetConfig, version: str) -> Settings:
         s.parallelism["context_parallel_rotate_method"] = "allgather"
     s.parallelism["expert_parallel_degree"] = target.ep or 1
     if pp > 1:
-        s.parallelism["pipeline_parallel_schedule"] = _SCHEDULES[(target.schedule or "1f1b")
-                                                                 .split(":")[0]]
+        schedule = (without_zero_bubble(target, "this torchtitan's table", s.notes, s.changes)
+                    or target.schedule or "1f1b")
+        s.parallelism["pipeline_parallel_schedule"] = _SCHEDULES[schedule.split(":")[0]]
         s.parallelism.update(_stage_layout(target, s.notes, s.changes))
     s.recompute = target.recompute or "none"
     if target.recompute == "selective":

@@ -49,6 +49,7 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     from fxplan.cluster_specs import Cluster
     from fxplan.cost_model.layer_costs import graph_segments
     from fxplan.core.errors import UserError
+    from fxplan.cost_model.op_database import frozen_databases
     from fxplan.inter_op.driver import DEFAULT_FINALISTS, run_search
 
     timer = timer or PhaseTimer()
@@ -68,11 +69,13 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     if seq is not None and captured_seq is not None and seq != captured_seq:
         raise UserError(f"seq={seq} but the graph was captured at seq={captured_seq}; capture "
                         "it at the sequence length to plan for")
-    plan = run_search(graph, cluster, batch=batch, model=str(name), time_budget_s=time_budget_s,
-                      progress=progress, constraints=constraints or {},
-                      finalists=finalists or DEFAULT_FINALISTS, timer=timer,
-                      memory_headroom=headroom, runnable=runnable)
-    return plan
+    # the op databases on the search path are read once for the whole search
+    with frozen_databases():
+        return run_search(graph, cluster, batch=batch, model=str(name),
+                          time_budget_s=time_budget_s, progress=progress,
+                          constraints=constraints or {},
+                          finalists=finalists or DEFAULT_FINALISTS, timer=timer,
+                          memory_headroom=headroom, runnable=runnable)
 
 
 def check_search_arguments(*, batch: Any, seq: Any = None, time_budget_s: Any = None,

@@ -24,6 +24,22 @@ is at least its busy time, so with ``W`` the whole model's per-microbatch work o
 
 Candidates are visited in increasing order of this bound; once it reaches the ``K``-th best
 estimate found so far, no later candidate can enter the top ``K`` and the search stops.
+
+**Pipeline** bound of a candidate on one kind of device, checked before its partition is
+solved. The closed form (:mod:`fxplan.inter_op.surrogate`) is at least its slowest rank's
+``m·w_max + β·w_max`` with ``β = (p−1)/v`` (:func:`~fxplan.inter_op.surrogate.bubble_weight`),
+every other term (exposed gradient sync, ZeRO gathers, optimizer step, offload) being
+``≥ 0``, and ``w_max ≥ Σ_s w_s / p ≥ W / p`` (the stages' work covers every layer and the
+embedding and head once, plus sends and ZeRO-3 traffic ``≥ 0``), at every memory rung and for
+every split, so
+
+    T̂ ≥ (m + β) · W / pp
+
+A candidate whose bound exceeds the ``K``-th best estimate found so far cannot enter the top
+``K``: it is skipped without pricing its partition (the gain is the pipeline's fill and drain,
+which the visiting order ``m·W/pp`` leaves out). On several device groups each rank's ``w``
+is priced on its own group, and ``Σ_s w_s ≥ W`` need not hold for the fastest group's ``W``:
+the bound is not used there.
 """
 
 from __future__ import annotations
@@ -34,8 +50,9 @@ from fxplan.core.config import ParallelConfig
 from fxplan.inter_op.reasons import MEMORY, Reason
 from fxplan.inter_op.space import Family
 from fxplan.inter_op.stage_memory import DeviceMemory, state_bytes_per_param
+from fxplan.inter_op.surrogate import bubble_weight
 
-__all__ = ["memory_lower_bound", "memory_reason", "time_lower_bound"]
+__all__ = ["memory_lower_bound", "memory_reason", "pipeline_lower_bound", "time_lower_bound"]
 
 
 def memory_lower_bound(family: Family, zero: int, lightest: SegmentProfile,
@@ -75,3 +92,9 @@ def memory_reason(family: Family, zero: int, needed: float, lightest: SegmentPro
 def time_lower_bound(c: ParallelConfig, prof: SegmentProfile) -> float:
     """``m · W / pp`` seconds (module docstring)."""
     return c.num_microbatches * prof.total_work / c.pp
+
+
+def pipeline_lower_bound(c: ParallelConfig, prof: SegmentProfile) -> float:
+    """``(m + (p−1)/v) · W / pp`` seconds: a lower bound of ``c``'s closed form ``T̂`` at every
+    memory rung and split on one kind of device (module docstring)."""
+    return (c.num_microbatches + bubble_weight(c)) * prof.total_work / c.pp

@@ -7,7 +7,8 @@ collection (list, tuple, set, frozenset) of values. Allowed keys and values:
 ``tp``, ``pp``, ``dp``  divisors of the world size
 ``microbatch_size``     positive integers
 ``schedule``            ``1f1b``, ``gpipe``, ``interleaved:v`` (``v`` in
-                        :data:`fxplan.inter_op.space.INTERLEAVE_CHUNKS`)
+                        :data:`fxplan.inter_op.space.INTERLEAVE_CHUNKS`), ``zb``,
+                        ``zb:v`` (:data:`~fxplan.inter_op.space.ZERO_BUBBLE_CHUNKS`), ``zbv``
 ``recompute``           ``none``, ``selective``, ``full``
 ``sequence_parallel``   ``True``, ``False``
 ``zero_stage``          ``0``–``3``
@@ -35,7 +36,7 @@ from typing import Any, Mapping
 
 from fxplan.core.config import OFFLOAD_POLICIES, RECOMPUTE_POLICIES, ParallelConfig, Schedule
 from fxplan.core.errors import UserError
-from fxplan.inter_op.space import INTERLEAVE_CHUNKS, divisors, expert_degrees
+from fxplan.inter_op.space import INTERLEAVE_CHUNKS, ZERO_BUBBLE_CHUNKS, divisors, expert_degrees
 
 __all__ = ["ConstraintError", "CONSTRAINT_FIELDS", "allowed", "allowed_values",
            "check_cp_constraint", "check_ep_constraint", "describe", "ep_degrees", "only",
@@ -51,10 +52,16 @@ class ConstraintError(UserError, ValueError):
     constraints exclude every candidate."""
 
 
+def _schedule_names() -> list[str]:
+    """The schedules a constraint may name: those the search offers (:mod:`.space`)."""
+    return (["1f1b", "gpipe"] + [f"interleaved:{v}" for v in INTERLEAVE_CHUNKS]
+            + [str(Schedule("zb", v)) for v in ZERO_BUBBLE_CHUNKS] + ["zbv"])
+
+
 def allowed_values(world: int) -> dict[str, str]:
     """Field → the values it accepts, as text (for messages)."""
     degrees = ", ".join(map(str, divisors(world)))
-    schedules = ", ".join(["1f1b", "gpipe"] + [f"interleaved:{v}" for v in INTERLEAVE_CHUNKS])
+    schedules = ", ".join(_schedule_names())
     return {"tp": f"{degrees} (divisors of the {world} devices)",
             "pp": f"{degrees} (divisors of the {world} devices)",
             "dp": f"{degrees} (divisors of the {world} devices)",
@@ -72,8 +79,7 @@ def _valid(key: str, value: Any, world: int) -> bool:
             return False
         return key == "microbatch_size" or world % value == 0
     if key == "schedule":
-        return value in ("1f1b", "gpipe") or value in {f"interleaved:{v}"
-                                                      for v in INTERLEAVE_CHUNKS}
+        return value in _schedule_names()
     if key == "recompute":
         return value in RECOMPUTE_POLICIES
     if key in ("sequence_parallel", "fp8"):

@@ -18,7 +18,9 @@ priced and checked on its own group; the bounds take the mean free memory, the f
    offload; :mod:`.offload`). Offload rungs only in a second pass when the first found
    nothing that fits, or from the start when the ``offload`` constraint excludes ``none``.
 3. Candidates (:mod:`.space`) visited by the time bound ``m·W/pp`` until it reaches the
-   ``K``-th best ``T̂`` or the time budget ends (once one fits).
+   ``K``-th best ``T̂`` or the time budget ends (once one fits); on one kind of device a
+   candidate whose pipeline bound ``(m + (p−1)/v)·W/pp`` exceeds the ``K``-th best ``T̂``
+   is skipped unpriced (:func:`.bounds.pipeline_lower_bound`: ``T̂`` is never below it).
 4. Per candidate and rung: the partition DP under the memory cap (:mod:`.partition`), the
    per-rank memory by the estimate's own formula (:mod:`.stage_memory`), and the closed form
    ``T̂`` (:mod:`.surrogate`); the cheapest kept (ties → the lower rung). No "lowest ZeRO
@@ -44,7 +46,8 @@ from fxplan.cost_model.memory import MemoryBreakdown
 from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.core.plan import Plan
 from fxplan.cost_model.expert_parallel import num_experts
-from fxplan.inter_op.bounds import memory_lower_bound, memory_reason, time_lower_bound
+from fxplan.inter_op.bounds import (memory_lower_bound, memory_reason, pipeline_lower_bound,
+                                    time_lower_bound)
 from fxplan.inter_op.build_plan import build_plan
 from fxplan.inter_op.context_bound import (Dropped, context_reasons, offered_cps, plain_config,
                                             possible_cps, short_reason)
@@ -83,6 +86,10 @@ class _Scored:
     config: ParallelConfig
     surrogate_s: float
 
+
+#: Relative margin of the pipeline bound against the ``K``-th best ``T̂``: the two sum the same
+#: seconds in different orders.
+_ROUND_OFF = 1e-9
 
 #: Constraints the memory rungs apply (:mod:`fxplan.inter_op.offload`), not the candidates.
 _RUNG_KEYS = ("zero_stage", "offload")
@@ -203,8 +210,9 @@ class _Search:
     def rank(self, fams: dict[Family, int]) -> list[_Scored]:
         """Steps 3–4: the ``K`` best candidates by ``T̂``."""
         prof = self.profile
-        queue: list[tuple[float, int, ParallelConfig]] = []
-        groups = (None,) if len(self.cluster.device_groups) == 1 else self.cluster.device_groups
+        queue: list[tuple[float, int, ParallelConfig, float]] = []
+        uniform = len(self.cluster.device_groups) == 1
+        groups = (None,) if uniform else self.cluster.device_groups
         # the constraints other than the memory rung's (zero stage, offload): the same for all
         unsettled = {k: v for k, v in self.constraints.items() if k not in _RUNG_KEYS}
         for fam, (zmin, off) in fams.items():
@@ -212,11 +220,14 @@ class _Search:
                 c = c.replace(zero_stage=zmin, offload=off)
                 if allowed(c, unsettled):
                     lb = min(time_lower_bound(c, prof.of(c, g)) for g in groups)
-                    queue.append((lb, len(queue), c))
-        queue.sort()
+                    # the pipeline bound (bounds.py) holds on one kind of device only
+                    piped = pipeline_lower_bound(c, prof.of(c)) if uniform else 0.0
+                    queue.append((lb, len(queue), c, piped))
+        queue.sort(key=lambda item: item[:2])
         best: list[tuple[float, int, _Scored]] = []   # max-heap of the K best by T̂ (negated)
+        skipped = 0
         with progress_bar(len(queue), "inter-op search", self.progress) as bar:
-            for index, (lb, _, c) in enumerate(queue):
+            for index, (lb, _, c, piped) in enumerate(queue):
                 if len(best) >= self.K and lb >= -best[0][0]:
                     self.pruned.append(Reason(
                         f"{len(queue) - index} candidates: compute lower bound m·W/pp ≥ "
@@ -225,6 +236,11 @@ class _Search:
                     self.stopped = (f"the search stopped before them: their compute lower "
                                     f"bound reached the {self.K}-th best estimate")
                     break
+                # strictly above, past round-off: a tie could still enter the top K
+                if len(best) >= self.K and piped > -best[0][0] * (1.0 + _ROUND_OFF):
+                    skipped += 1
+                    bar.advance()
+                    continue
                 if best and self.budget.expired():
                     self._budget_fallback(index, len(queue))
                     self.stopped = "the time budget ran out before they were ranked"
@@ -239,6 +255,12 @@ class _Search:
                     heapq.heappush(best, item)
                 elif item > best[0]:
                     heapq.heapreplace(best, item)
+        if skipped:
+            self.pruned.append(Reason(
+                f"{skipped} candidates: pipeline lower bound (m + (pp−1)/v)·W/pp above the "
+                f"{self.K}-th best estimate at their turn", TIME_BOUND))
+            self.stopped = self.stopped or (
+                "their pipeline lower bound exceeded the best estimates found")
         return [s for _, _, s in sorted(best, key=lambda t: -t[0])]
 
     def possible_cps(self, dp: int) -> tuple[int, ...]:

@@ -13,11 +13,15 @@ Inside a family a **candidate**, a :class:`~fxplan.core.config.ParallelConfig`, 
 microbatch size ``b`` (a divisor of ``batch/(dp/cp)`` up to :data:`MAX_MICROBATCH`;
 ``m = batch/((dp/cp)·b)``), the schedule (``gpipe``, and ``1f1b`` when ``m ≥ pp``; ``interleaved:v``
 for ``v ∈`` :data:`INTERLEAVE_CHUNKS` when ``m mod pp = 0`` and ``L ≥ pp·v``; no pipeline:
-``1f1b`` only), recompute (:data:`~fxplan.core.config.RECOMPUTE_POLICIES`), sequence
-parallelism (``tp > 1``, ``tp | seq``), the ZeRO stage (0–3; 0 when ``dp = 1``) and, for a
-mixture of experts, the expert-parallel degree ``ep`` (``ep | dp``, ``ep | E``; ``ep > 1``
-only with sequence parallelism off, the form the runtime runs beside tp) and the
-context-parallel degree ``cp`` (:func:`context_degrees`: ``cp | dp``, ``2·cp | seq``, and
+``1f1b`` only; with ``dp = 1`` also the zero-bubble ``zb:v`` for ``v ∈``
+:data:`ZERO_BUBBLE_CHUNKS` under the same conditions as ``interleaved:v`` and ``zbv`` when
+``L ≥ 2·pp``, each with recompute ``none`` only — the split backward torch runs, see
+:func:`fxplan.runtime.pipeline.zero_bubble_refusal`), recompute
+(:data:`~fxplan.core.config.RECOMPUTE_POLICIES`), sequence parallelism (``tp > 1``,
+``tp | seq``), the ZeRO stage (0–3; 0 when ``dp = 1``) and, for a mixture of experts, the
+expert-parallel degree ``ep`` (``ep | dp``, ``ep | E``; ``ep > 1`` only with sequence
+parallelism off, the form the runtime runs beside tp) and the context-parallel degree ``cp``
+(:func:`context_degrees`: ``cp | dp``, ``2·cp | seq``, and
 ``(dp/cp) | batch``; which of them the search offers a family is its bound,
 :mod:`fxplan.inter_op.context_bound`); the search fills in ``stage_layers`` (the partition).
 """
@@ -30,12 +34,14 @@ from typing import Callable, Iterator, Mapping
 from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
 from fxplan.inter_op.reasons import DIVIDE, STAGES, Reason
 
-__all__ = ["Family", "INTERLEAVE_CHUNKS", "MAX_MICROBATCH", "context_degrees", "divisors",
+__all__ = ["Family", "INTERLEAVE_CHUNKS", "MAX_MICROBATCH", "ZERO_BUBBLE_CHUNKS", "context_degrees", "divisors",
            "expert_degrees", "families", "options"]
 
 MAX_MICROBATCH = 16
 #: The ``v`` of ``interleaved:v`` the search offers.
 INTERLEAVE_CHUNKS = (2, 4)
+#: The ``v`` of the zero-bubble ``zb:v`` the search offers (``zb`` is ZB1P, ``v = 1``).
+ZERO_BUBBLE_CHUNKS = (1, 2)
 
 
 def divisors(n: int) -> list[int]:
@@ -144,8 +150,12 @@ def _options(family: Family, *, batch: int, layers: int, seq: int | None,
             schedules.append(Schedule("gpipe"))
             schedules += [Schedule("interleaved", v) for v in INTERLEAVE_CHUNKS
                           if m % pp == 0 and layers >= pp * v]
+            if dp == 1:   # what torch's split backward runs (runtime.pipeline)
+                schedules += [Schedule("zb", v) for v in ZERO_BUBBLE_CHUNKS
+                              if m % pp == 0 and layers >= pp * v]
+                schedules += [Schedule("zbv", 2)] if layers >= 2 * pp else []
         for schedule in schedules:
-            for recompute in RECOMPUTE_POLICIES:
+            for recompute in (RECOMPUTE_POLICIES if not schedule.split_backward else ("none",)):
                 for sp in sps:
                     # sequence parallelism with ep > 1: not in the runtime
                     # (fxplan.runtime.expert_tp), so not offered

@@ -45,7 +45,7 @@ from fxplan.cost_model.memory import GIB, MemoryBreakdown, model_state_bytes
 from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.cost_model.runtime_memory import (cuda_context_bytes, fragmentation_bytes,
                                               nccl_bytes)
-from fxplan.cost_model.pipeline_schedules import ScheduleOrder, schedule_order
+from fxplan.cost_model.pipeline_schedules import InflightCounts, inflight_counts
 from fxplan.cost_model.stage_costs import buffer_bytes, rank_memory
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig
@@ -101,9 +101,11 @@ def state_bytes_per_param(dp: int, zero: int, offload: str = "none") -> float:
     return model_state_bytes(1.0, dp, zero, offload=offload).total
 
 
-def order(c: ParallelConfig) -> ScheduleOrder:
-    """The schedule's op order (cached by :func:`schedule_order`)."""
-    return schedule_order(c.schedule.kind, c.pp, c.virtual_stages, c.num_microbatches)
+def order(c: ParallelConfig) -> InflightCounts:
+    """What the memory formula reads of the schedule's op order (cached by
+    :func:`~fxplan.cost_model.pipeline_schedules.inflight_counts` for every schedule the search
+    visits)."""
+    return inflight_counts(c.schedule.kind, c.pp, c.virtual_stages, c.num_microbatches)
 
 
 def inflight(c: ParallelConfig) -> np.ndarray:
@@ -153,7 +155,6 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
     max_params = max(most(prof.params), prof.pre[2], prof.post[2])
     working = max(most(prof.working), *prof.end_working)
     transient = _buffers(c, max_output, max_params) + working
-    rank = np.arange(S) % c.pp
 
     def fixed_of(m: DeviceMemory) -> float:
         return (m.reserved + transient + m.fixed_runtime(c)
@@ -164,13 +165,16 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
     if isinstance(mem, DeviceMemory):   # one kind of device (the search's hot path)
         fixed, cap = np.full(S, fixed_of(mem) / v), np.full(S, mem.limit / v)
     else:
+        rank = [c.schedule.placement(j, c.pp)[0] for j in range(S)]
         fixed = np.array([fixed_of(mems[s]) / v for s in rank])
         cap = np.array([mems[s].limit / v for s in rank])
-    counts = np.array([n[j % c.pp, j // c.pp] for j in range(S)])
+    counts = np.array([n[c.schedule.placement(j, c.pp)] for j in range(S)])
     extra[0] += first.pre[0] + first.pre[1]
     extra[-1] += last.post[0] + last.post[1]
     fixed[0] += k * prof.pre[2] + counts[0] * prof.pre[3] * grow
-    fixed[-1] += k * (prof.post[2] - (prof.tied_params if S == 1 or c.pp == 1 else 0.0))
+    # a weight tied between the first and last stage is held once where one rank holds both
+    shared = S == 1 or c.pp == 1 or c.schedule.v_shape
+    fixed[-1] += k * (prof.post[2] - (prof.tied_params if shared else 0.0))
     fixed[-1] += counts[-1] * prof.post[3] * grow
     layer_state = k * prof.params
     if prof.expert_params is not None:   # experts: ZeRO over their dp/ep replicas
@@ -198,19 +202,20 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
     saved[0] += prof.pre[3]
     out[0], big[0], work[0] = (max(out[0], prof.end_out_bytes[0]), max(big[0], prof.pre[2]),
                                max(work[0], prof.end_working[0]))
-    psi[-1] += prof.post[2] - (prof.tied_params if p == 1 else 0.0)
+    psi[-1] += prof.post[2] - (prof.tied_params if p == 1 or c.schedule.v_shape else 0.0)
     saved[-1] += prof.post[3]
     out[-1], big[-1], work[-1] = (max(out[-1], prof.end_out_bytes[1]),
                                   max(big[-1], prof.post[2]),
                                   max(work[-1], prof.end_working[1]))
     experts = (np.zeros(len(psi)) if prof.expert_params is None else
                np.diff(np.concatenate([[0.0], np.cumsum(prof.expert_params)])[edges]))
-    # virtual stage j = c·p + s → [c, s]
-    return dict(params=psi.reshape(v, p).sum(axis=0), saved=saved.reshape(v, p).T,
-                expert_params=experts.reshape(v, p).sum(axis=0),
-                working=work.reshape(v, p).max(axis=0),
-                max_output_bytes=out.reshape(v, p).max(axis=0),
-                max_segment_params=big.reshape(v, p).max(axis=0))
+    # virtual stage j (c·p + s, or the V of zbv) → [c, s]
+    at = np.array([[c.schedule.virtual_stage(s, k, p) for s in range(p)] for k in range(v)])
+    return dict(params=psi[at].sum(axis=0), saved=saved[at].T,
+                expert_params=experts[at].sum(axis=0),
+                working=work[at].max(axis=0),
+                max_output_bytes=out[at].max(axis=0),
+                max_segment_params=big[at].max(axis=0))
 
 
 def stage_memory(c: ParallelConfig, prof: SegmentProfile,

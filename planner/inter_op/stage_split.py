@@ -55,7 +55,8 @@ class StageSplits:
             time = prof.layer_time
         else:   # each virtual stage j priced on its pipeline rank's group (stage_devices)
             inputs = partition_inputs(c, prof, mems, ends=(profs[0], profs[-1]))
-            time = np.stack([profs[j % c.pp].layer_time for j in range(c.pp * c.virtual_stages)])
+            time = np.stack([profs[c.schedule.placement(j, c.pp)[0]].layer_time
+                             for j in range(c.pp * c.virtual_stages)])
         key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8, c.ep, c.cp,
                c.pp, c.virtual_stages, c.dp, inputs.cap.tobytes(), inputs.extra_time.tobytes(),
                inputs.fixed_bytes.tobytes(), inputs.inflight.tobytes(),

@@ -53,7 +53,15 @@ from fxplan.core.config import ParallelConfig
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["surrogate_step_s"]
+__all__ = ["bubble_weight", "surrogate_step_s"]
+
+
+def bubble_weight(c: ParallelConfig) -> float:
+    """``(p−1)/v``: how many times the slowest rank's per-microbatch work ``max_s w_s`` the
+    pipeline's fill and drain add to the step in ``T̂`` (module docstring); the search's
+    pipeline lower bound (:func:`fxplan.inter_op.bounds.pipeline_lower_bound`) uses the same
+    term, so the two cannot drift apart."""
+    return (c.pp - 1) / c.virtual_stages
 
 
 @lru_cache(maxsize=1 << 15)
@@ -164,4 +172,4 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
         opt = np.array([offload_step_s(c, float(psi_s[s]), float(b_s[s] * v),
                                        cluster.device(s * c.dp * c.tp), ADAM_MIXED)
                         for s in range(p)])
-    return float(np.max(m * w + (p - 1) / v * w.max() + exposed + post + opt))
+    return float(np.max(m * w + bubble_weight(c) * w.max() + exposed + post + opt))

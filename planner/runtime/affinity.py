@@ -5,11 +5,11 @@ kernel's scheduler, a rank's threads — the main thread and gloo's worker and t
 threads — wander between the machine's cores: a wake-up places a thread where the waker ran,
 the load balancer moves it back later, and each move starts the thread on a cold cache.
 Launched on 2 cores with 4 ranks (``fxplan launch PLAN --cpu-affinity core|none``,
-gpt-tiny at batch 16, two launches each, alternating; session 25,
-``benchmarks/data/affinity_launch_s25.json``), pinned against unpinned, ms a step: tp=4 sp
+gpt-tiny at batch 16, two launches each, alternating; 2026-11-25 (`e1334ce`),
+``benchmarks/data/affinity_launch_2026-11-25_e1334ce.json``), pinned against unpinned, ms a step: tp=4 sp
 138–146 against 179–190, dp=4 ZeRO-3 72–74 / 91–94, dp=2 tp=2 sp 150–151 / 171–180, dp=4
 34–37 / 42–44, pp=2 tp=2 81–93 / 97–101, pp=2 dp=2 44–46 / 49. In
-``benchmarks/step_phases.py`` (``benchmarks/data/affinity_s25.json``) the CPU of gloo's
+``benchmarks/step_phases.py`` (``benchmarks/data/affinity_2026-11-25_e1334ce.json``) the CPU of gloo's
 threads falls most (tp=4: 11.6–12.8 ms a step against 23.9–32.7).
 
 :func:`rank_cores` gives local rank ``r`` of ``R`` ranks on a node whose process may run on
@@ -32,7 +32,7 @@ ranks it pins is the mode (``fxplan launch --cpu-affinity``, environment ``FXPLA
 
 ``auto`` because pinning pays only where ranks time-share cores: launched with a core per rank
 (2 ranks on 2 cores) dp=2 stepped 23.2–24.0 ms pinned against 21.5–22.3 unpinned, tp=2 sp
-64.9–73.3 against 72.3–76.5 (``benchmarks/data/affinity_launch_s25.json``): a rank's gloo
+64.9–73.3 against 72.3–76.5 (``benchmarks/data/affinity_launch_2026-11-25_e1334ce.json``): a rank's gloo
 threads may then use an idle core. ``taskset`` and cgroup limits are respected (the cores are
 those the process may run on); where ``sched_setaffinity`` does not exist (macOS) the ranks are
 not pinned and the fallback line says so.

@@ -32,7 +32,8 @@ import torch.distributed as dist
 from torch import fx, nn
 
 from fxplan.core.training import APPLY_PATHS
-from fxplan.passes.rewrite.base import PassManager, record_fallback
+from fxplan.core.fallbacks import record_fallback
+from fxplan.passes.rewrite.base import PassManager
 from fxplan.passes.rewrite.distribute import DistributeParameters
 from fxplan.passes.rewrite.layers import OutlineLayers
 from fxplan.passes.rewrite.recompute import Recompute
@@ -123,7 +124,7 @@ def apply_plan(model: nn.Module, plan: "Plan", inputs: Any, *, ranks: Sequence[i
     (:func:`fxplan.runtime.offload.check_runnable`); FP8 converts the linears with torchao.
     ``precision``: mixed precision (:mod:`fxplan.runtime.precision`; default fp32).
     """
-    from fxplan.passes.rewrite.base import PassError
+    from fxplan.core.pass_error import PassError
 
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -224,7 +225,7 @@ def _traced_program(model: nn.Module, plan: "Plan", inputs: tuple,
     """:func:`staged_program`, or a :class:`PassError` (one paragraph, before any process
     group) when ``torch.fx.symbolic_trace`` cannot trace the model — an export-only model
     (Hugging Face, ``nn.TransformerEncoder``) whose plan the module level refused."""
-    from fxplan.passes.rewrite.base import PassError
+    from fxplan.core.pass_error import PassError
 
     try:
         return staged_program(model, plan, inputs)

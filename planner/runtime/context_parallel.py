@@ -78,7 +78,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from fxplan.passes.rewrite.base import record_fallback
+from fxplan.core.fallbacks import record_fallback
 from fxplan.runtime.offload import RuntimeSupportError
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -153,7 +153,9 @@ class TokenFile(TokenStream):
 
 
 class SyntheticData:
-    """One seeded random global batch, repeated every step (a memorisation smoke test)."""
+    """One seeded random global batch, repeated every step (a memorisation smoke test).
+    Integer tensors draw from ``[0, spec.high)`` where the spec knows its bound (a user file's
+    token ids and class ids: :mod:`fxplan.examples.user_loss`), else from ``[0, high)``."""
 
     def __init__(self, specs: Mapping[str, Any], *, high: int, seed: int = 0) -> None:
         generator = torch.Generator().manual_seed(seed)
@@ -162,8 +164,8 @@ class SyntheticData:
             if spec.dtype.is_floating_point:
                 made[name] = torch.randn(spec.shape, generator=generator, dtype=spec.dtype)
             else:
-                made[name] = torch.randint(0, high, spec.shape, generator=generator,
-                                           dtype=spec.dtype)
+                made[name] = torch.randint(0, getattr(spec, "high", None) or high, spec.shape,
+                                           generator=generator, dtype=spec.dtype)
         self.targets = made.pop("targets")
         self.inputs = tuple(made.values())
 

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from fxplan.passes.rewrite.base import record_fallback
+from fxplan.core.fallbacks import record_fallback
 from fxplan.runtime.offload import offload_fallback, offload_policy
 from fxplan.runtime.precision import Precision, autocast_stage, mixed_precision_policy
 

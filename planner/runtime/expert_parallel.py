@@ -481,7 +481,7 @@ def recompute_policies(blocks: Sequence[nn.Module], policies: Sequence[str],
     expert-parallel layer (a fallback, logged and listed): the selective checkpoint's replay of
     its kept results does not cover the experts' DTensor weights (their recompute sees other
     tensors), and full recompute re-runs the block as it ran, collectives included."""
-    from fxplan.passes.rewrite.base import record_fallback
+    from fxplan.core.fallbacks import record_fallback
 
     out = list(policies)
     for i, block in enumerate(blocks):

@@ -7,7 +7,7 @@ free, and gives the free top of its heap back to the kernel once it exceeds
 activations at the end of the backward, so by default the next step's forward faults a large
 part of them in again: each first touch of a 4 KiB page is a minor fault, the kernel zeroing
 the page, missing the caches. Measured on gpt-tiny at batch 16 (``benchmarks/
-local_cpu_calibration.py --first-touch``, session 22): 1511–3552 faults a step, 1.74 µs
+local_cpu_calibration.py --first-touch``, 2026-11-24 (`613a7a6`)): 1511–3552 faults a step, 1.74 µs
 each, about 3–5 ms of a 32 ms step, and a varying share from step to step.
 
 :func:`keep_heap` sets, before the rank allocates its model::

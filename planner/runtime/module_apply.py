@@ -73,7 +73,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.tensor.parallel.style import ParallelStyle
 
     from fxplan.core.plan import Plan
-    from fxplan.passes.rewrite.stages import StageIO
+    from fxplan.core.stage_io import StageIO
     from fxplan.runtime.context_parallel import ContextParallel
     from fxplan.runtime.precision import Precision
     from fxplan.runtime.sharded_module import LocalStage
@@ -199,7 +199,7 @@ def _meta(t: torch.Tensor) -> torch.Tensor:
 
 def _stage_io(plan: "Plan", probe: ModuleProbe, microbatch: Sequence[torch.Tensor]
               ) -> list["StageIO"]:
-    from fxplan.passes.rewrite.stages import StageIO
+    from fxplan.core.stage_io import StageIO
 
     stages = plan.stages or ()
     if len(stages) <= 1:
@@ -231,7 +231,7 @@ def _check_stages_run(model: nn.Module, plan: "Plan", probe: ModuleProbe,
     out: tuple[torch.Tensor, ...] = tuple(microbatch)
     for k in range(len(plan.stages)):
         try:
-            ran = probe_module(stage_module(model, plan, k, probe), out)
+            ran = probe_module(stage_module(model, plan, k, probe, share_blocks=True), out)
         except NotExpressible:
             raise
         except Exception as err:  # noqa: BLE001 - any failure is the reason, named

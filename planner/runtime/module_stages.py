@@ -192,14 +192,22 @@ def _set(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def stage_module(model: nn.Module, plan: "Plan", index: int, probe: ModuleProbe,
-                 copy_model: bool = True) -> nn.Module:
+                 copy_model: bool = True, share_blocks: bool = False) -> nn.Module:
     """Stage ``index`` of ``plan`` cut from ``model`` (a deep copy unless ``copy_model`` is
-    false: then ``model`` itself is cut)."""
+    false: then ``model`` itself is cut). ``share_blocks``: the copy holds ``model``'s own
+    blocks instead of copies of them (the cut replaces the container and the modules outside
+    the blocks, never a block): for a check that only runs the stage, so that cutting each of
+    ``pp·v`` stages does not copy the whole model ``pp·v`` times."""
     stage = plan.stages[index]
     first, last = stage.layers
     if first >= last:
         raise NotExpressible(f"stage {index} holds no block")
-    module = copy.deepcopy(model) if copy_model else model
+    if copy_model and share_blocks:
+        named = dict(model.named_modules())
+        shared = {id(named[b]): named[b] for b in probe.blocks if b in named}
+        module = copy.deepcopy(model, shared)
+    else:
+        module = copy.deepcopy(model) if copy_model else model
     container = probe.containers[0]
     holder = module.get_submodule(container)
     kept = {f"{container}.{key}" if container else key: child

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
-from fxplan.passes.rewrite.base import record_fallback
+from fxplan.core.fallbacks import record_fallback
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.runtime.sharded_module import ShardedModule

@@ -7,6 +7,10 @@ process, on the model built on ``meta`` (fake tensors: nothing is allocated, no 
 group), and says why the plan cannot run:
 
 * the expert-parallel checks refuse it (``ep`` against the model's experts);
+* a zero-bubble schedule beside recompute or data parallelism, which torch's split backward
+  does not run (:func:`~fxplan.runtime.pipeline.zero_bubble_refusal`);
+* ``zbv`` puts the first and the last stage on one rank, where a weight tied between the
+  embedding and the head cannot be kept tied (:func:`~fxplan.runtime.tied.same_rank_refusal`);
 * the module level refuses it (:class:`~fxplan.runtime.tp_styles.NotExpressible`: a pipeline
   cut the model's forward does not allow, placements without a parallel style, attention
   that reshapes by a head count fixed in the code, …) and the graph rewrite cannot take it:
@@ -29,7 +33,9 @@ from torch import nn
 
 from fxplan.core.errors import UserError
 from fxplan.runtime.context_parallel import cp_degree
-from fxplan.runtime.module_apply import module_level_plan
+from fxplan.runtime.module_apply import module_level_plan, tied_aliases
+from fxplan.runtime.pipeline import zero_bubble_refusal
+from fxplan.runtime.tied import same_rank_refusal
 from fxplan.runtime.tp_styles import NotExpressible
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,6 +73,15 @@ def runtime_refusal(model: nn.Module, plan: "Plan", inputs: Sequence[torch.Tenso
         check_expert_layers(model, plan)
     except UserError as err:
         return str(err)
+    refusal = zero_bubble_refusal(plan)
+    if refusal:
+        return refusal
+    if plan.schedule.v_shape:   # the first and the last stage on one rank (runtime.tied)
+        last = plan.pp * plan.virtual_stages - 1
+        refusal = same_rank_refusal(plan, {first: (0, last) for first in
+                                           set(tied_aliases(model).values())})
+        if refusal:
+            return refusal
     cp = cp_degree(plan)
     inputs = tuple(x.narrow(1, 0, x.size(1) // cp) if cp > 1 and x.dim() > 1 and
                    x.size(1) == plan.seq else x for x in inputs)

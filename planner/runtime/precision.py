@@ -23,7 +23,7 @@ Two mechanisms, one per wrapper (:func:`fxplan.runtime.data_parallel.apply_data_
                                                 tables say; parameters and gradients fp32
 
 Either way a stage returns fp32 floating outputs, so pipeline stages exchange the dtype their
-static metadata (:class:`~fxplan.passes.rewrite.stages.StageIO`) declares and the loss is
+static metadata (:class:`~fxplan.core.stage_io.StageIO`) declares and the loss is
 computed in fp32 on the logits. ``fp32`` (``--dtype fp32``) turns mixed precision off.
 ``float16`` runs without a loss scaler (a fallback, logged): small gradients may underflow.
 """

@@ -6,7 +6,7 @@ Why: with torchrun's c10d rendezvous the workers' store is the agent's
 so no need to add prefix for each attempt"). But the c10d rendezvous keeps one store across
 restarts, so after ``--max-restarts`` restarts a group the new workers read the *dead* workers'
 gloo addresses, still in the store: every worker fails in ``connectFullMesh`` (connection
-refused) and the next restart hangs (issue 11; reproduced with a plain 2-rank gloo script and
+refused) and the next restart hangs (reproduced with a plain 2-rank gloo script and
 ``python -m torch.distributed.run --max-restarts=2``, fixed by this prefix).
 
 :func:`init_process_group` connects to the same store and prefixes every key with

@@ -49,7 +49,7 @@ from fxplan.runtime.strided import full_tensor
 from fxplan.runtime.tied import TiedGradSync
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.passes.rewrite.stages import StageIO
+    from fxplan.core.stage_io import StageIO
     from fxplan.core.plan import Plan
     from fxplan.runtime.context_parallel import ContextParallel
 
@@ -209,7 +209,8 @@ class ShardedModule:
                 else torch.zeros((), device=self.device))
         loss = loss.to(self.device, torch.float32)
         if self.plan.pp > 1:
-            last_pp = (self.plan.pp * self.plan.virtual_stages - 1) % self.plan.pp
+            last_pp = self.plan.schedule.placement(self.plan.pp * self.plan.virtual_stages - 1,
+                                                   self.plan.pp)[0]
             src = int(self.mesh["pp"].mesh[last_pp].item())
             dist.broadcast(loss, src=src, group=self.mesh["pp"].get_group())
         if self.plan.dp > 1:

@@ -2,7 +2,7 @@
 
 Why not torchrun's own ``--max-restarts``: with torch 2.13 and gloo, the workers of the
 restarted group fail in gloo's ``connectFullMesh`` (connection refused) and a second restart
-hangs (issue 11; a plain DDP script does the same). A *fresh* torchrun per attempt has none of
+hangs (a plain DDP script does the same). A *fresh* torchrun per attempt has none of
 that state: a new agent, a new rendezvous store on a new port (single node: a free loopback
 port) or a new rendezvous id (many nodes), new worker processes.
 

@@ -22,11 +22,28 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from fxplan.runtime.mesh import rank_at
+from fxplan.runtime.offload import RuntimeSupportError
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
-__all__ = ["TiedGradSync"]
+__all__ = ["TiedGradSync", "same_rank_refusal"]
+
+
+def same_rank_refusal(plan: "Plan", users: Mapping[str, Iterable[int]]) -> str | None:
+    """Why the runtime cannot keep a weight tied when two of the stages that use it run on one
+    pipeline rank (``zbv`` puts the first and the last stage on rank 0), or ``None``: each
+    stage holds its own copy of a tied weight, and the copies are kept equal by summing their
+    gradients across pipeline ranks (this module), not between two stages of one rank."""
+    for fqn in sorted(users):
+        stages = sorted(set(users[fqn]))
+        ranks = [plan.schedule.placement(k, plan.pp)[0] for k in stages]
+        if len(set(ranks)) < len(ranks):
+            return (f"schedule {plan.schedule} runs stages {stages} on pipeline rank(s) {ranks}, "
+                    f"and the weight {fqn!r} is tied between them (embedding and head): the "
+                    "runtime keeps a tied weight's copies equal across pipeline ranks only. "
+                    "Choose another schedule (zb, interleaved) or untie the weight")
+    return None
 
 
 class TiedGradSync:
@@ -40,11 +57,14 @@ class TiedGradSync:
         #: tied weights whose copy here is not the one on their first pipeline rank (a global
         #: gradient norm counts each weight once: on its first stage)
         self.not_first: set[str] = set()
+        refusal = same_rank_refusal(plan, users)
+        if refusal:
+            raise RuntimeSupportError(refusal)
         coordinate = mesh.get_coordinate()
         names = mesh.mesh_dim_names or ()
         mine = dict(zip(names, coordinate)) if coordinate is not None else None
         for fqn in sorted(users):
-            pp_ranks = sorted({k % plan.pp for k in users[fqn]})
+            pp_ranks = sorted({plan.schedule.placement(k, plan.pp)[0] for k in users[fqn]})
             if len(pp_ranks) < 2:
                 continue
             for dp, tp in itertools.product(range(plan.dp), range(plan.tp)):

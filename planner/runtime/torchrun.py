@@ -25,7 +25,7 @@ from typing import Any
 import torch.distributed as dist
 
 from fxplan.runtime.heartbeat import STATUS_DIR_ENV
-from fxplan.runtime.rank_errors import INPUT_ERROR_EXIT, read_reports
+from fxplan.runtime.rank_errors import FAILURE_EXIT, INPUT_ERROR_EXIT, read_failures, read_reports
 
 __all__ = ["is_loopback", "LoopbackTCPStore", "main"]
 
@@ -66,21 +66,27 @@ class LoopbackTCPStore(_TCPStore):  # type: ignore[misc, valid-type]
 
 
 class _QuietOnInputError(logging.Filter):
-    """Drops torchrun's failure log lines once a worker has reported an input error: the
-    launcher reports it, once (:mod:`fxplan.runtime.rank_errors`)."""
+    """Drops torchrun's failure log lines once a worker has reported an input error or a
+    failure: the launcher reports it, once (:mod:`fxplan.runtime.rank_errors`)."""
 
     def __init__(self, directory: str) -> None:
         super().__init__()
         self.directory = directory
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno < logging.WARNING or not read_reports(self.directory)
+        return record.levelno < logging.WARNING or not _reported(self.directory)
+
+
+def _reported(directory: str) -> bool:
+    """A worker reported an input error or a failure (the launcher prints it)."""
+    return bool(read_reports(directory) or read_failures(directory))
 
 
 def main(argv: list[str] | None = None) -> None:
     """``torch.distributed.run`` with :class:`LoopbackTCPStore` in place of ``TCPStore``. Under
     ``fxplan launch`` (a status directory), a worker's input error ends torchrun with exit code
-    :data:`~fxplan.runtime.rank_errors.INPUT_ERROR_EXIT` and no traceback of its own."""
+    :data:`~fxplan.runtime.rank_errors.INPUT_ERROR_EXIT` and a reported failure with
+    :data:`~fxplan.runtime.rank_errors.FAILURE_EXIT`, neither with a traceback of its own."""
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
@@ -98,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     except ChildFailedError:
         if status and read_reports(status):
             raise SystemExit(INPUT_ERROR_EXIT) from None
+        if status and read_failures(status):   # no error box: the launcher's paragraph
+            raise SystemExit(FAILURE_EXIT) from None
         raise
 
 

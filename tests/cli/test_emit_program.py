@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
+
+import pytest
 
 from fxplan.cli.main import main
-from fxplan.cli.torchrun_command import free_loopback_port, loopback_interface
+from fxplan.core.loopback import loopback_torchrun
 from launch_here import launch_here
 
 
@@ -19,18 +20,18 @@ def _losses(run_dir) -> list[float]:
     return [row["loss"] for row in rows if "loss" in row]
 
 
+@pytest.mark.multirank
 def test_emitted_program_trains_like_launch(tmp_path, capfd, monkeypatch):
     plan, program = tmp_path / "plan.json", tmp_path / "program.py"
     assert main(["plan", "gpt-tiny", "--cluster", "local-cpu:devices=2", "--batch", "4",
                  "--constrain", "pp=2,mb=2", "--json", "-o", str(plan),
                  "--emit", str(program)]) == 0
     capfd.readouterr()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": loopback_interface()}
+    sockets, torchrun = loopback_torchrun(2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **sockets}
     common = ["--data", "synthetic", "--steps", "2", "--seed", "3"]
     ran = subprocess.run(
-        [sys.executable, "-m", "fxplan.runtime.torchrun", "--nnodes=1", "--nproc-per-node=2",
-         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_loopback_port()}",
-         "--local-addr=127.0.0.1", str(program), *common, "--run-dir", str(tmp_path / "prog")],
+        [*torchrun, str(program), *common, "--run-dir", str(tmp_path / "prog")],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     monkeypatch.chdir(tmp_path)

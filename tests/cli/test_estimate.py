@@ -50,7 +50,7 @@ def _estimate_json(capsys, cluster: str, *extra: str) -> dict:  # type: ignore[n
 
 
 def test_default_dtype_follows_the_devices(capsys) -> None:  # type: ignore[no-untyped-def]
-    """No bf16 on a V100 or a CPU: the default is fp16 there, fp32 here (issue 12)."""
+    """No bf16 on a V100 or a CPU: the default is fp16 there, fp32 here."""
     v100 = _estimate_json(capsys, "aws-p3-v100")
     cpu = _estimate_json(capsys, "local-cpu:devices=2")
     assert v100["step_time_s"] > 0 and cpu["step_time_s"] > 0

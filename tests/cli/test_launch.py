@@ -80,6 +80,7 @@ def _metrics_losses(run_dir) -> dict[int, float]:
     return {row["step"]: row["loss"] for row in map(json.loads, lines)}
 
 
+@pytest.mark.multirank
 def test_launch_trains_50_steps_from_a_token_file_on_loopback_only(plan_file, tmp_path):
     """A real torchrun on 4 CPU ranks: 50 steps from a token file; the loss falls, every
     metric is logged, the summary is written, and while it runs every listening socket of the
@@ -146,6 +147,7 @@ def test_plan_for_another_cluster_refused(plan_file, tmp_path, capfd):
     assert "was made for cluster" in done.stderr
 
 
+@pytest.mark.multirank
 def test_training_goes_on_after_a_replan_for_fewer_devices(first_run, tmp_path, capfd):
     """The shared first run (4 steps on 4 ranks, a checkpoint every 2); re-plan for 2 ranks (two
     devices gone); resume there from its step-2 checkpoint to step 4 (``--steps`` is the total)
@@ -188,6 +190,7 @@ def test_resume_from_a_missing_checkpoint_is_refused_before_start(plan_file, tmp
     assert "no such checkpoint directory" in done.stderr
 
 
+@pytest.mark.multirank
 def test_resumed_launch_continues_at_the_next_sample(plan_file, first_run, tmp_path, capfd):
     """Two real launches: the shared first run (4 steps with a checkpoint every 2), then a
     resume from ``step-2`` into another run directory gives steps 3 and 4 with the first run's

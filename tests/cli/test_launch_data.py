@@ -16,6 +16,7 @@ MODEL = "gpt-tiny:dropout=0,seq=16"
 LINE = "mixed precision: bf16 params/compute, fp32 master+reduce (--dtype bf16)"
 
 
+@pytest.mark.multirank
 def test_launch_from_a_datasets_directory_in_bf16_resumes_exactly(tmp_path, capfd):
     datasets = pytest.importorskip("datasets")
     from fxplan import search

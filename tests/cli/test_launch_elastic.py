@@ -78,6 +78,7 @@ def same_losses(got: dict[int, float], want: dict[int, float]) -> None:
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.multirank
 def test_b_sigkill_during_a_save_restarts_and_resumes_from_the_last_checkpoint(
         plans, tokens, uninterrupted, tmp_path, capfd):
     """Rank 1 of attempt 0 dies as the checkpoint of step 4 is being written: the step-2
@@ -117,6 +118,7 @@ def _stopped(capfd, plan, tokens, run_dir, *extra: str) -> None:
     assert not (run_dir / "checkpoints" / "step-4").exists()
 
 
+@pytest.mark.multirank
 def test_c_four_ranks_stopped_resume_on_two_replanned(plans, tokens, uninterrupted, tmp_path,
                                                       capfd):
     """Case (c): two devices are gone. ``fxplan launch plan4.json --nproc-per-node 2`` is not
@@ -145,6 +147,7 @@ def test_c_four_ranks_stopped_resume_on_two_replanned(plans, tokens, uninterrupt
     same_losses(losses(run_dir), uninterrupted)
 
 
+@pytest.mark.multirank
 def test_d_two_ranks_stopped_resume_on_four(plans, tokens, uninterrupted, tmp_path, capfd):
     """Case (d): devices are added. The 4-rank plan run under ``--elastic`` on 2 ranks — the
     workers read their world and replan (rank 0 searches, broadcasts) — is stopped, then
@@ -166,6 +169,7 @@ def test_d_two_ranks_stopped_resume_on_four(plans, tokens, uninterrupted, tmp_pa
     same_losses(losses(run_dir), uninterrupted)
 
 
+@pytest.mark.multirank
 def test_torchruns_own_restart_works_too(plans, tokens, uninterrupted, tmp_path, capfd):
     """torchrun's own ``--max-restarts`` (after ``--``): the restarted workers meet on a store
     namespace of their own (``fxplan.runtime.process_group``; without it they read the dead

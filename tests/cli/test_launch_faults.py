@@ -61,6 +61,7 @@ def _one_paragraph(done: subprocess.CompletedProcess, words: str) -> None:
     assert done.stderr.strip().count("\n") == 0, done.stderr[-3000:]
 
 
+@pytest.mark.multirank
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc for the launch's processes")
 def test_killing_the_launcher_ends_every_process_and_frees_the_run_dir(plan, tmp_path, capfd):
     """A launch is SIGKILLed mid-run: torchrun and both workers end with it (before: they
@@ -104,6 +105,7 @@ def test_killing_the_launcher_ends_every_process_and_frees_the_run_dir(plan, tmp
     assert _steps(run_dir) == [1, 2]
 
 
+@pytest.mark.multirank
 def test_a_finished_or_cut_run_dir_is_refused_resumed_or_overwritten(plan, tmp_path, capfd):
     """A run dies at step 3 (step-2 committed) and the last lines of ``metrics.jsonl`` and
     ``events.jsonl`` are cut, as a kill or a full disk leaves them. Launching into it again
@@ -137,6 +139,7 @@ def test_a_finished_or_cut_run_dir_is_refused_resumed_or_overwritten(plan, tmp_p
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step-2"]
 
 
+@pytest.mark.multirank
 def test_another_models_checkpoint_is_refused_before_any_worker(plan, tmp_path, capfd):
     """A checkpoint of gpt-tiny resumed by a plan of a wider gpt-tiny: refused by the launcher
     from the manifest's model fingerprint (before: "manifest and file hashes verified", then
@@ -161,6 +164,7 @@ def test_another_models_checkpoint_is_refused_before_any_worker(plan, tmp_path, 
     assert not (tmp_path / "run2" / "metrics.jsonl").exists()
 
 
+@pytest.mark.multirank
 def test_a_hung_rank_ends_its_attempt_and_the_run_goes_on(plan, tmp_path, capfd):
     """Rank 1 SIGSTOPs itself after step 3: rank 0 waits in the next collective. The launcher
     sees no step for ``--step-timeout`` seconds, logs a ``stall`` event, ends the attempt and
@@ -180,6 +184,7 @@ def test_a_hung_rank_ends_its_attempt_and_the_run_goes_on(plan, tmp_path, capfd)
     assert _steps(run_dir) == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.multirank
 def test_what_only_a_worker_sees_is_reported_once_without_a_restart(plan, tmp_path, capfd):
     """A data hook that returns no iterable and a checkpoint write that fails for lack of room:
     one paragraph from the launcher, exit 2, no restart spent (before: a traceback per rank,

@@ -14,6 +14,7 @@ LLAMA = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_a
          "num_key_value_heads=2,vocab_size=64,max_position_embeddings=16")
 
 
+@pytest.mark.multirank
 def test_launch_hf_llama_runs_the_plan_on_the_users_module(tmp_path, capfd):
     pytest.importorskip("transformers")
     from fxplan.cli.main import main

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from fxplan.cli.main import main
 from launch_here import launch_here
 
@@ -30,6 +32,7 @@ def _losses(capfd, plan: str, run_dir) -> list[float]:
     return [row["loss"] for row in rows]
 
 
+@pytest.mark.multirank
 def test_offloaded_zero3_trains(tmp_path, capfd) -> None:  # type: ignore[no-untyped-def]
     """One real torchrun of the offloaded plan; its losses against the same plan without
     offload are compared in the pooled numerics (tests/runtime/test_numerics.py, 1e-5), so

@@ -29,7 +29,8 @@ def one_rank(launch_args: list[str]) -> subprocess.CompletedProcess:
     """The worker of ``fxplan launch LAUNCH_ARGS`` (its argv built by the launch verb's own
     :func:`fxplan.cli.torchrun_command.worker_command`) run as rank 0 of a one-process gloo group."""
     from fxplan.cli.launch_checks import settings_for
-    from fxplan.cli.torchrun_command import free_loopback_port, worker_command
+    from fxplan.cli.torchrun_command import worker_command
+    from fxplan.core.loopback import free_loopback_port
     from fxplan.cli.main import parse_args
 
     args = parse_args(["launch", *launch_args])
@@ -67,12 +68,14 @@ def _agree(losses: list[float], reference: list[float]) -> None:
     assert losses[-1] < losses[0], losses
 
 
+@pytest.mark.multirank
 def test_launch_encoder_user_file_tp_dp_like_one_process(tmp_path, capfd):
     one = _losses(tmp_path, capfd, "one", ENCODER, 1, "tp=1,dp=1,pp=1")
     four = _losses(tmp_path, capfd, "four", ENCODER, 4, "tp=2,dp=2,sp=false,zero=0")
     _agree(four, one)
 
 
+@pytest.mark.multirank
 def test_launch_hf_llama_pipeline_like_one_process(tmp_path, capfd):
     pytest.importorskip("transformers")
     one = _losses(tmp_path, capfd, "one", LLAMA, 1, "tp=1,dp=1,pp=1")

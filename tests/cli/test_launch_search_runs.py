@@ -25,6 +25,7 @@ CASES = [
 
 @pytest.mark.parametrize("model,constraints,path", CASES, ids=["one-block", "tp-sp-dropout",
                                                                "odd-shapes-zero3", "pipeline"])
+@pytest.mark.multirank
 def test_the_chosen_plan_trains_a_step(model, constraints, path, tmp_path, capfd):
     from fxplan import search
 
@@ -40,6 +41,7 @@ def test_the_chosen_plan_trains_a_step(model, constraints, path, tmp_path, capfd
     assert [row["step"] for row in rows] == [1] and rows[0]["loss"] > 0
 
 
+@pytest.mark.multirank
 def test_a_partial_activation_before_dropout_runs_on_the_graph_rewrite(tmp_path, capfd):
     """The placement of ``h_N_mlp_fc2`` the search chose for ``gpt:layers=4,hidden=512,…`` on
     4 ranks (``P`` on tp; its consumer, dropout, ``S(1)``) given to gpt-tiny's ``tp=2, sp=on``

@@ -2,7 +2,11 @@
 graph's parameters adding up to the model's), searched on 4 CPU devices under data, tensor
 and pipeline parallelism, ZeRO-3 and no constraint, and every plan the search returns trained
 two SGD steps on 4 gloo ranks, its losses equal to one process's (fp32, relative 1e-5, the
-tolerance of the numerics tests); more Hugging Face types (GPT-NeoX, Phi-3, Qwen2, Gemma 2,
+tolerance of the numerics tests). Beside the language models: a timm-style image classifier
+(image in, class scores out, the default loss against class ids), an encoder-decoder user file
+(its inputs a dict in another order than its forward's parameters, bound by name at capture and
+at launch, and its own ``loss(outputs, batch)``), Hugging Face T5 (text to text) and ViT (image
+classification). More Hugging Face types (GPT-NeoX, Phi-3, Qwen2, Gemma 2,
 Mistral, Falcon, OLMo 2, GPT-2, DeepSeek-V3 with dense first layers) are captured and searched
 under the same five, every plan put to the runtime's check, without a launch. A plan the
 runtime cannot run is never returned: the search either offers a plan that trains right or
@@ -41,7 +45,16 @@ ZOO = {
     "titan-style": f"{MODELS / 'titan_style.py'}:build",
     "hf-bloom": "hf:bloom:n_layer=2,hidden_size=32,n_head=4,vocab_size=64,hidden_dropout=0.0,"
                 "attention_dropout=0.0",
+    "timm-style": f"{MODELS / 'timm_style.py'}:build",
+    "seq2seq-style": f"{MODELS / 'seq2seq_style.py'}:build",
+    "hf-t5": "hf:t5:num_layers=2,num_decoder_layers=2,d_model=32,d_ff=64,num_heads=4,d_kv=8,"
+             "vocab_size=64,dropout_rate=0.0",
+    "hf-vit": "hf:vit:num_hidden_layers=2,hidden_size=32,intermediate_size=64,"
+              "num_attention_heads=4,image_size=16,patch_size=8,num_labels=10,"
+              "hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0",
 }
+#: Models without a sequence length to set: user files fix their own shapes, images have none.
+NO_SEQ = ("timm-style", "seq2seq-style", "nanogpt-style", "titan-style", "hf-vit")
 _COMMON = "hidden_size=32,num_attention_heads=4,vocab_size=64,max_position_embeddings=32"
 #: More model types, captured and searched (every plan put to the runtime's check on one
 #: process), not launched: CI's time.
@@ -68,11 +81,10 @@ KINDS = {"dp": {"tp": 1, "pp": 1}, "tp": {"tp": 2}, "pp": {"pp": 2},
          "zero3": {"zero_stage": 3}, "default": {}}
 
 
-def _captured(spec: str):  # type: ignore[no-untyped-def]
+def _captured(spec: str, seq: int | None = SEQ):  # type: ignore[no-untyped-def]
     """The model captured for the search at fp32, its graph's parameters checked against the
     model's own (every parameter read, none twice, none foreign)."""
-    graph = capture_for_search(spec, seq=SEQ if spec.startswith("hf:") else None,
-                               dtype="float32")
+    graph = capture_for_search(spec, seq=seq, dtype="float32")
     read = {p for _, info in graph.nodes() for p in info.params}
     assert unique_numel(sorted(read), graph.params) == graph.num_params == \
         sum(p.numel() for p in graph.module.parameters())
@@ -102,9 +114,9 @@ def test_every_model_type_is_captured_whole_and_searched_to_a_runnable_plan(name
 def test_every_plan_the_search_returns_trains_like_one_process(name, rank_pool):
     if ZOO[name].startswith("hf:"):
         pytest.importorskip("transformers")
-    seq = SEQ if ZOO[name].startswith("hf:") else None
-    graph = _captured(ZOO[name])
-    reference = one_process(ZOO[name], BATCH, SEQ)
+    seq = None if name in NO_SEQ else SEQ
+    graph = _captured(ZOO[name], seq)
+    reference = one_process(ZOO[name], BATCH, seq)
     trained: dict[str, list[float]] = {}
     outcome: dict[str, str] = {}
     for kind, constraints in KINDS.items():

@@ -75,7 +75,7 @@ def test_plot_writes_timeline_and_memory_pngs(capsys, tmp_path) -> None:  # type
 
 
 def test_plans_for_part_of_a_node(capsys) -> None:  # type: ignore[no-untyped-def]
-    """A 4-GPU job on an 8-GPU V100 box (``devices=4``, issue 12)."""
+    """A 4-GPU job on an 8-GPU V100 box (``devices=4``)."""
     assert main(["plan", "gpt-tiny", "--cluster", "aws-p3-v100:devices=4", "--batch", "8",
                  "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -113,7 +113,7 @@ def test_a_headroom_nothing_leaves_is_refused_with_the_headroom_named(capsys) ->
 
 def test_constrain_sp_off_is_honoured_for_dp_by_tp(capsys) -> None:  # type: ignore[no-untyped-def]
     # dp=2 pinned: with tp=2 alone the search returns pp=2 × tp=2 on local-cpu (63.9 ms with
-    # the FSDP2/gloo pricing of session 21, where dp=2 × tp=2 prices 62.9 ms when asked for)
+    # the FSDP2/gloo pricing of 2026-11-24 (`6803fb5`), where dp=2 × tp=2 prices 62.9 ms when asked for)
     assert main(["plan", "gpt-tiny", "--cluster", "local-cpu:devices=4", "--batch", "16",
                  "--constrain", "tp=2,dp=2,sp=off", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

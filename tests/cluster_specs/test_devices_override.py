@@ -1,4 +1,4 @@
-"""``devices=N`` on any one-group spec: part of a node, or whole nodes (issue 12, fix 3)."""
+"""``devices=N`` on any one-group spec: part of a node, or whole nodes."""
 
 from __future__ import annotations
 

@@ -108,9 +108,9 @@ def test_local_cpu_devices_splits_the_machine():
     assert share == (1.0 if cores >= 4 else local_cpu.TIME_SHARING_EFFICIENCY * cores / 4)
     assert cpu.peak_tflops["fp32"] == pytest.approx(local_cpu.FP32_TFLOPS_PER_CORE * share, abs=1e-5)
     assert cpu.kernel_launch_us == pytest.approx(local_cpu.EAGER_OP_US / share, abs=1e-3)
-    assert cpu.step_overhead_us == pytest.approx(local_cpu.STEP_OVERHEAD_US / share, abs=0.1)
-    assert cpu.pipeline_step_us == pytest.approx(local_cpu.PIPELINE_STEP_US / share, abs=0.1)
-    assert cpu.pipeline_microbatch_us == pytest.approx(local_cpu.PIPELINE_MICROBATCH_US / share,
+    assert cpu.host.step_overhead_us == pytest.approx(local_cpu.STEP_OVERHEAD_US / share, abs=0.1)
+    assert cpu.host.pipeline_step_us == pytest.approx(local_cpu.PIPELINE_STEP_US / share, abs=0.1)
+    assert cpu.host.pipeline_microbatch_us == pytest.approx(local_cpu.PIPELINE_MICROBATCH_US / share,
                                                        abs=0.1)
     assert Cluster.load("local-cpu:devices=2,nodes=2").num_devices == 4
 
@@ -124,7 +124,7 @@ def test_local_cpu_time_shared_ranks_take_the_shared_regimes_constants():
         (cpu,), level = cluster.device_groups, cluster.levels[0]
         share = local_cpu.core_share(cores, devices)
         shared = devices > cores
-        assert cpu.switch_refill_us == (pytest.approx(local_cpu.SWITCH_REFILL_US / share, abs=0.1)
+        assert cpu.host.switch_refill_us == (pytest.approx(local_cpu.SWITCH_REFILL_US / share, abs=0.1)
                                         if shared else 0.0)
         steps = local_cpu.GLOO_STEP_CPU_SHARED_US if shared else local_cpu.GLOO_STEP_CPU_US
         assert level.latency_us == (local_cpu.GLOO_WAKEUP_SHARED_US if shared
@@ -148,7 +148,7 @@ def test_local_cpu_takes_the_rates_measured_now():
                 "dtensor_to_local_backward_us",
                 "optimizer_tensor_us", "dtensor_optimizer_tensor_us", "step_overhead_us",
                 "ddp_tensor_us", "fsdp_gather_us", "fsdp_reduce_tensor_us"):
-        assert getattr(now, key) == pytest.approx(2 * getattr(base, key), rel=1e-3), key
+        assert getattr(now.host, key) == pytest.approx(2 * getattr(base.host, key), rel=1e-3), key
     assert Cluster.load("local-cpu:devices=4").fingerprint() != Cluster.load(
         "local-cpu:devices=4,matmul_tflops=0.0833").fingerprint()
     # the constants by default: the same spec as before the keys existed

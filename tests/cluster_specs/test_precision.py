@@ -1,4 +1,4 @@
-"""The training precision of a cluster (issue 12): one rule for the search, CLI and cost model."""
+"""The training precision of a cluster: one rule for the search, CLI and cost model."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_estimate_refuses_a_graph_in_a_precision_the_device_lacks() -> None:
 
 
 def test_a_mixed_cluster_trains_each_group_in_its_own_precision() -> None:
-    """V100 + A100: bf16 where the A100s have it, the V100s in their fp16 (issue 12)."""
+    """V100 + A100: bf16 where the A100s have it, the V100s in their fp16."""
     from fxplan.cluster_specs import group_precisions
 
     cluster = Cluster.load("hetero-v100-a100")

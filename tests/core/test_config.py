@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import CostModelError, ParallelConfig, Schedule
 
 TEXT = "dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off"
 
@@ -34,7 +34,7 @@ def test_resolve_derives_microbatches() -> None:
     ("schedule=zigzag", "is not one of gpipe, 1f1b, interleaved:v"),
     ("schedule=interleaved:1", "interleaved:1 is 1f1b"),
     ("schedule=interleaved", "interleaved needs its chunk count"),
-    ("schedule=1f1b:2", "only interleaved takes ':v'"),
+    ("schedule=1f1b:2", "only interleaved and zb take ':v'"),
     ("zero=4", "zero_stage must be 0, 1, 2 or 3"),
     ("recompute=some", "expected one of none, selective, full"),
     ("sp=maybe", "expected on or off"),
@@ -82,3 +82,28 @@ def test_error_is_a_user_error_of_the_cli() -> None:
 
     assert issubclass(CostModelError, UserError)
     assert issubclass(CostModelError, ValueError)
+
+
+@pytest.mark.parametrize("text,kind,chunks", [("zb", "zb", 1), ("zb:2", "zb", 2),
+                                              ("ZBV", "zbv", 2)])
+def test_zero_bubble_schedules_parse_and_print(text: str, kind: str, chunks: int) -> None:
+    schedule = Schedule.parse(text)
+    assert (schedule.kind, schedule.chunks, schedule.split_backward) == (kind, chunks, True)
+    assert Schedule.parse(str(schedule)) == schedule
+
+
+def test_zbv_places_its_chunks_in_a_v() -> None:
+    """Rank r holds virtual stages r and 2·pp − 1 − r; the loop placement j = c·pp + r
+    otherwise."""
+    zbv, loop = Schedule.parse("zbv"), Schedule.parse("zb:2")
+    assert [zbv.placement(j, 4) for j in range(8)] == [
+        (0, 0), (1, 0), (2, 0), (3, 0), (3, 1), (2, 1), (1, 1), (0, 1)]
+    assert all(zbv.virtual_stage(*zbv.placement(j, 4), 4) == j for j in range(8))
+    assert [loop.placement(j, 4) for j in range(8)] == [(j % 4, j // 4) for j in range(8)]
+
+
+@pytest.mark.parametrize("text,message", [("schedule=zbv:3", "zbv always runs 2 chunks"),
+                                          ("schedule=zb:x", "zb needs its chunk count")])
+def test_zero_bubble_parse_errors(text: str, message: str) -> None:
+    with pytest.raises(CostModelError, match=message):
+        ParallelConfig.parse(text)

@@ -22,15 +22,15 @@ def test_groups_are_the_root_then_one_per_layer_with_a_tied_weight_once() -> Non
 
 
 def test_the_formula_per_group_and_tensor() -> None:
-    cpu = dataclasses.replace(Cluster.load("local-cpu:devices=2").device_groups[0],
-                              **dict(zip(FIELDS, (100.0, 10.0, 50.0, 5.0, 70.0, 7.0))))
+    host = dataclasses.replace(Cluster.load("local-cpu:devices=2").device_groups[0].host,
+                               **dict(zip(FIELDS, (100.0, 10.0, 50.0, 5.0, 70.0, 7.0))))
     groups = (4, 12, 12)                                   # root, two layers
-    z2 = fsdp_host_s(groups, cpu, zero3=False)
+    z2 = fsdp_host_s(groups, host, zero3=False)
     assert z2.forward == pytest.approx((3 * 100 + 28 * 10) * 1e-6)
     assert z2.post == pytest.approx((3 * 50 + 28 * 5) * 1e-6)
     assert z2.backward == 0.0
     # ZeRO-3 re-gathers every group, the root's too (the runtime's reshard_after_forward=True)
-    z3 = fsdp_host_s(groups, cpu, zero3=True)
+    z3 = fsdp_host_s(groups, host, zero3=True)
     assert z3.backward == pytest.approx((3 * 70 + 28 * 7) * 1e-6)
     assert (z3.forward, z3.post) == (z2.forward, z2.post)
 
@@ -38,12 +38,13 @@ def test_the_formula_per_group_and_tensor() -> None:
 def test_local_cpu_measures_it_and_the_gpu_specs_hide_it() -> None:
     two = Cluster.load("local-cpu:devices=2").device_groups[0]
     four = Cluster.load("local-cpu:devices=4").device_groups[0]
-    assert all(getattr(two, f) >= 0 for f in FIELDS) and two.fsdp_gather_us > 0
+    assert all(getattr(two.host, f) >= 0 for f in FIELDS) and two.host.fsdp_gather_us > 0
     # host work is slowed by time-sharing like every host cost (s = η·C/N on 4 ranks)
-    assert four.fsdp_gather_us > two.fsdp_gather_us
+    assert four.host.fsdp_gather_us > two.host.fsdp_gather_us
     for name in ("dgx-a100-80g", "dgx-h100"):
         gpu = Cluster.load(name).device_groups[0]
-        assert fsdp_host_s((4, 12, 12), gpu, zero3=True) == fsdp_host_s((), gpu, zero3=False)
+        assert gpu.host is None
+        assert fsdp_host_s((4, 12, 12), gpu.host, zero3=True) == fsdp_host_s((), None, zero3=False)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_fsdp_rows_pay_it_per_group_and_microbatch(tiny, text: str) -> None:  # 
     m = 8 // config.dp // config.microbatch_size          # microbatches per step
     # the tiny GPT: a root (token and position embeddings, final norm; head tied) and two
     # layers of 12 tensors; forward per microbatch, ZeRO-3's re-gather too, reduce once
-    host = fsdp_host_s((4, 12, 12), cpu, zero3=config.zero_stage == 3)
+    host = fsdp_host_s((4, 12, 12), cpu.host, zero3=config.zero_stage == 3)
     expected = m * (host.forward + host.backward) + host.post
     extra = sum(on.values()) - sum(without.values())
     assert extra == pytest.approx(expected, rel=1e-6)

@@ -1,4 +1,4 @@
-"""The fit of ``benchmarks/gloo_in_situ.py`` (issue 12): the marginal costs it measures are
+"""The fit of ``benchmarks/gloo_in_situ.py``: the marginal costs it measures are
 fitted in the cost model's own form, so constants that generated them come back, and the
 spec priced with the fitted constants reproduces every point. No launch, no wall clock."""
 

@@ -1,4 +1,4 @@
-"""The estimate on a heterogeneous cluster (issue 12): each group in its own precision, the MFU
+"""The estimate on a heterogeneous cluster: each group in its own precision, the MFU
 against every device's own peak."""
 
 from __future__ import annotations

@@ -60,14 +60,16 @@ def test_dtensor_parameters_follow_the_runtime() -> None:
 def test_local_cpu_prices_host_work_and_no_overlap() -> None:
     cpu = Cluster.load("local-cpu:devices=2").device_groups[0]
     assert cpu.comm_overlap == 0.0
-    assert optimizer_host_s(28, cpu, dtensor=True) > optimizer_host_s(28, cpu, dtensor=False) > 0
+    assert optimizer_host_s(28, cpu.host, dtensor=True) > optimizer_host_s(28, cpu.host,
+                                                                     dtensor=False) > 0
 
 
 def test_gpu_specs_keep_their_overlap_and_no_host_terms() -> None:
     gpu = Cluster.load("dgx-a100-80g").device_groups[0]
     assert gpu.comm_overlap == 1.0
-    assert optimizer_host_s(100, gpu, dtensor=True) == 0.0
-    assert redistribute_host_s(100, gpu) == 0.0
+    assert gpu.host is None
+    assert optimizer_host_s(100, gpu.host, dtensor=True) == 0.0
+    assert redistribute_host_s(100, gpu.host) == 0.0
 
 
 def test_each_tp_collective_pays_dtensors_redistribution_on_local_cpu() -> None:
@@ -75,8 +77,8 @@ def test_each_tp_collective_pays_dtensors_redistribution_on_local_cpu() -> None:
     from fxplan.cli.constraint_text import parse_constraints
 
     cpu = Cluster.load("local-cpu:devices=2").device_groups[0]
-    assert cpu.dtensor_redistribute_us > 0
-    assert redistribute_host_s(3, cpu) == pytest.approx(3 * cpu.dtensor_redistribute_us * 1e-6)
+    assert cpu.host.dtensor_redistribute_us > 0
+    assert redistribute_host_s(3, cpu.host) == pytest.approx(3 * cpu.host.dtensor_redistribute_us * 1e-6)
 
     def tp_row(cluster: str) -> float:
         plan = fxplan.search("gpt-tiny", cluster, batch=16, progress=False,
@@ -86,7 +88,7 @@ def test_each_tp_collective_pays_dtensors_redistribution_on_local_cpu() -> None:
     # the same plan with the term off: the tp row differs by a whole number of collectives,
     # at least the layout's 2 + 2 per layer forward and backward (gpt-tiny: 2 layers)
     extra = tp_row("local-cpu:devices=2") - tp_row("local-cpu:devices=2,cpu.dtensor_redistribute_us=0")
-    count = extra / redistribute_host_s(1, cpu)
+    count = extra / redistribute_host_s(1, cpu.host)
     assert count == pytest.approx(round(count), abs=1e-6) and round(count) >= 16
 
 
@@ -147,16 +149,16 @@ def test_zero1_without_tp_prices_ddp_and_an_async_batch_of_broadcasts(tiny) -> N
     one = collective_time_s("broadcast", 4.0, range(2), cluster)  # latency of one collective
     # ZeRO-0's all-reduce, then one rendezvous and a queued broadcast per further tensor
     extra = z1.breakdown["dp_comm"] - z0.breakdown["dp_comm"]
-    assert extra >= 0.9 * (one + (tensors - 1) * cpu.queued_collective_us * 1e-6)
+    assert extra >= 0.9 * (one + (tensors - 1) * cpu.host.queued_collective_us * 1e-6)
     # on 4 ranks (3 hops per broadcast) cheaper than every broadcast meeting the others, each
     # a blocking wait with its cache refill (measured on 4 pinned ranks of 2 cores: each
     # further one 816–823 µs against 1075–1171 for one alone,
-    # benchmarks/data/queued_collective_s25.json)
+    # benchmarks/data/queued_collective_2026-11-25_e1334ce.json)
     four = Cluster.load("local-cpu:devices=4")
     extra4 = (_estimate(tiny, "dp=4,mb=2,zero=1", 4).breakdown["dp_comm"]
               - _estimate(tiny, "dp=4,mb=2", 4).breakdown["dp_comm"])
     meeting = (collective_time_s("broadcast", 4.0, range(4), four)
-               + four.device_groups[0].switch_refill_us * 1e-6)
+               + four.device_groups[0].host.switch_refill_us * 1e-6)
     assert extra4 < 0.9 * tensors * meeting
 
 
@@ -209,8 +211,8 @@ def test_ddp_host_work_is_charged_only_where_ddp_runs(tiny) -> None:  # type: ig
     assert not any(ddp_runs(c) for c in (config(), config(dp=2, zero_stage=2),
                                          config(dp=2, tp=2), config(tp=2)))
     cpu = Cluster.load("local-cpu:devices=2").device_groups[0]
-    assert cpu.ddp_step_us > 0 and cpu.ddp_tensor_us > 0
-    assert ddp_host_s(28, Cluster.load("dgx-a100-80g").device_groups[0]) == 0.0
+    assert cpu.host.ddp_step_us > 0 and cpu.host.ddp_tensor_us > 0
+    assert ddp_host_s(28, Cluster.load("dgx-a100-80g").device_groups[0].host) == 0.0
     tensors = len({p.tied_to or name for name, p in tiny.params.items()})
     off = "local-cpu:devices=2,cpu.ddp_step_us=0,cpu.ddp_tensor_us=0"
     from fxplan.cost_model import estimate
@@ -220,7 +222,7 @@ def test_ddp_host_work_is_charged_only_where_ddp_runs(tiny) -> None:  # type: ig
                         batch=8).breakdown["optimizer"]
 
     assert optimizer("dp=2,mb=4", "local-cpu:devices=2") - optimizer("dp=2,mb=4", off) == \
-        pytest.approx(ddp_host_s(tensors, cpu), rel=1e-6)
+        pytest.approx(ddp_host_s(tensors, cpu.host), rel=1e-6)
     assert optimizer("dp=2,mb=4,zero=2", "local-cpu:devices=2") == \
         optimizer("dp=2,mb=4,zero=2", off)
 
@@ -246,10 +248,10 @@ def test_first_touch_adds_the_saved_activations_pages_to_the_forward(tiny) -> No
     from fxplan.cost_model.layer_costs import graph_segments, segment_cost
 
     cpu = Cluster.load("local-cpu:devices=1").device_groups[0]
-    assert cpu.first_touch_us_per_mib == pytest.approx(
+    assert cpu.host.first_touch_us_per_mib == pytest.approx(
         local_cpu.REFAULT_FRACTION * 256 * local_cpu.FIRST_TOUCH_PAGE_US, rel=1e-3)
-    assert first_touch_s(2**20, cpu) == pytest.approx(cpu.first_touch_us_per_mib * 1e-6)
-    assert Cluster.load("dgx-a100-80g").device_groups[0].first_touch_us_per_mib == 0.0
+    assert first_touch_s(2**20, cpu.host) == pytest.approx(cpu.host.first_touch_us_per_mib * 1e-6)
+    assert Cluster.load("dgx-a100-80g").device_groups[0].host is None
     off = Cluster.load("local-cpu:devices=1,cpu.first_touch_us_per_mib=0").device_groups[0]
     key = graph_segments(tiny).layers[0][0]
 
@@ -260,11 +262,11 @@ def test_first_touch_adds_the_saved_activations_pages_to_the_forward(tiny) -> No
     on, bare = seg(cpu), seg(off)
     assert on.activations.saved > 0
     assert on.forward_s - bare.forward_s == pytest.approx(
-        first_touch_s(on.activations.saved, cpu), rel=1e-9)
+        first_touch_s(on.activations.saved, cpu.host), rel=1e-9)
     assert on.backward_s == bare.backward_s
     full, full_bare = seg(cpu, "full"), seg(off, "full")
     assert full.recompute_s - full_bare.recompute_s == pytest.approx(
-        first_touch_s(on.activations.saved - full.activations.saved, cpu), rel=1e-9)
+        first_touch_s(on.activations.saved - full.activations.saved, cpu.host), rel=1e-9)
 
 
 def test_view_nodes_pay_their_dispatch_on_local_cpu_only(tiny) -> None:  # type: ignore[no-untyped-def]
@@ -273,9 +275,9 @@ def test_view_nodes_pay_their_dispatch_on_local_cpu_only(tiny) -> None:  # type:
     from fxplan.cost_model.layer_costs import graph_segments, segment_cost
 
     cpu = Cluster.load("local-cpu:devices=1").device_groups[0]
-    assert cpu.view_op_us > 0 and cpu.view_backward_op_us > 0
+    assert cpu.host.view_op_us > 0 and cpu.host.view_backward_op_us > 0
     gpu = Cluster.load("dgx-a100-80g").device_groups[0]
-    assert gpu.view_op_us == 0.0 and gpu.view_backward_op_us == 0.0
+    assert gpu.host is None
     off = Cluster.load("local-cpu:devices=1,cpu.view_op_us=0,cpu.view_backward_op_us=0"
                        ).device_groups[0]
     key, names = graph_segments(tiny).layers[0]
@@ -287,9 +289,9 @@ def test_view_nodes_pay_their_dispatch_on_local_cpu_only(tiny) -> None:  # type:
                             microbatch=4, device=device)
 
     assert seg(cpu).forward_s - seg(off).forward_s == pytest.approx(
-        views * cpu.view_op_us * 1e-6, rel=1e-9)
+        views * cpu.host.view_op_us * 1e-6, rel=1e-9)
     assert seg(cpu).backward_s - seg(off).backward_s == pytest.approx(
-        views * cpu.view_backward_op_us * 1e-6, rel=1e-9)
+        views * cpu.host.view_backward_op_us * 1e-6, rel=1e-9)
 
 
 def test_waits_refill_the_caches_where_the_core_has_other_work(tiny) -> None:  # type: ignore[no-untyped-def]
@@ -303,8 +305,8 @@ def test_waits_refill_the_caches_where_the_core_has_other_work(tiny) -> None:  #
     on = Cluster.load(f"local-cpu:devices=4,cpu.switch_refill_us={refill}")
     off = Cluster.load("local-cpu:devices=4,cpu.switch_refill_us=0")
     device = on.device_groups[0]
-    assert evicted_waits_s(3, device, True) == pytest.approx(3 * refill * 1e-6)
-    assert evicted_waits_s(3, device, False) == 0.0
+    assert evicted_waits_s(3, device.host, True) == pytest.approx(3 * refill * 1e-6)
+    assert evicted_waits_s(3, device.host, False) == 0.0
 
     def row(cluster: Cluster, text: str, name: str) -> float:
         return estimate(tiny, cluster, ParallelConfig.parse(text), batch=8).breakdown.get(
@@ -330,7 +332,7 @@ def test_waits_refill_the_caches_where_the_core_has_other_work(tiny) -> None:  #
     assert row(on, "pp=2,dp=2,mb=2", "dp_comm") == pytest.approx(row(off, "pp=2,dp=2,mb=2",
                                                                        "dp_comm"))
     # GPU specs: nothing
-    assert not Cluster.load("dgx-a100-80g").device_groups[0].switch_refill_us
+    assert Cluster.load("dgx-a100-80g").device_groups[0].host is None
 
 
 def test_pipeline_runtime_host_work_per_microbatch_and_step(tiny) -> None:  # type: ignore[no-untyped-def]
@@ -343,7 +345,7 @@ def test_pipeline_runtime_host_work_per_microbatch_and_step(tiny) -> None:  # ty
                       f"cpu.pipeline_step_us={per_step}")
     off = Cluster.load("local-cpu:devices=2,cpu.pipeline_microbatch_us=0,"
                        "cpu.pipeline_step_us=0")
-    assert pipeline_host_s(on.device_groups[0]) == pytest.approx(
+    assert pipeline_host_s(on.device_groups[0].host) == pytest.approx(
         (per_microbatch / 2 * 1e-6, per_microbatch / 2 * 1e-6, per_step * 1e-6))
 
     def costs(cluster: Cluster, text: str):  # type: ignore[no-untyped-def]
@@ -360,4 +362,4 @@ def test_pipeline_runtime_host_work_per_microbatch_and_step(tiny) -> None:  # ty
     assert one_stage[0].optimizer == pytest.approx(one_stage[1].optimizer)
     # GPU specs: nothing
     gpu = Cluster.load("dgx-a100-80g").device_groups[0]
-    assert gpu.pipeline_step_us == gpu.pipeline_microbatch_us == 0.0
+    assert gpu.host is None and pipeline_host_s(gpu.host) == (0.0, 0.0, 0.0)

@@ -1,4 +1,4 @@
-"""The planner on ``local-cpu`` picks what its own cost model prices best (issue 12, item 2).
+"""The planner on ``local-cpu`` picks what its own cost model prices best.
 
 gpt-tiny at global batch 16 on ``local-cpu:devices=4`` (4 one-thread ranks time-sharing the
 cores): the search's plan must be the cheapest, under the simulator, of the grid that
@@ -34,7 +34,7 @@ def test_planner_pick_is_the_models_best_of_the_grid(planned) -> None:  # type: 
 
 def test_dp4_is_priced_below_the_pipeline_on_time_shared_cores(planned) -> None:  # type: ignore[no-untyped-def]
     # DDP reduces gpt-tiny's 0.55 MB of gradients in one bucket: one all-reduce, not one per
-    # segment; the quiet baseline of issue 12 measured dp=4 32.5 ms, pp=2 dp=2 1f1b 41.2 ms
+    # segment; the quiet baseline of 2026-11-24 measured dp=4 32.5 ms, pp=2 dp=2 1f1b 41.2 ms
     plan, grid = planned
     assert (plan.pp, plan.dp, plan.tp) == (1, 4, 1)
     assert grid["dp=4,zero=0,recompute=none"] < grid["pp=2,dp=2,schedule=1f1b,zero=0,recompute=none"]

@@ -1,4 +1,4 @@
-"""The measurement method of ``benchmarks/measured_vs_predicted.py`` (issue 12): launches
+"""The measurement method of ``benchmarks/measured_vs_predicted.py``: launches
 interleaved across rounds (every round runs every case once, in a new order), the median per
 case and its spread stored with the results. No launch, no wall clock."""
 
@@ -69,7 +69,7 @@ def test_probed_rates_are_the_medians_of_the_priced_keys(mvp) -> None:  # type: 
     assert summary["mae_step_time"] == pytest.approx(1 / 3)
     assert summary["mae_step_time_probed"] == pytest.approx(0.0)
     assert mvp.Case("x", 1, "").probed_rates == {}
-    # from session 24 the probe also measures the in-cache vector rate, which prices too
+    # from 2026-11-24 (`c352b19`) the probe also measures the in-cache vector rate, which prices too
     vector = [dict(p, vector_gb_per_s=v) for p, v in zip(probes, (6.0, 5.0, 5.5))]
     assert mvp.Case("v", 1, "", probes=vector).probed_rates == {
         "matmul_tflops": 0.09, "eager_op_us": 5.4, "vector_gb_per_s": 5.5}

@@ -107,3 +107,21 @@ def test_op_formulas() -> None:
     assert OPS["sdpa"].flops(((1, 2, 8, 4),) * 3) == 4 * 2 * 64 * 4
     assert OPS["add"].bytes(((10, 10), (10, 10)), 2) == 600
     assert OPS["embedding"].features(((4, 8), (100, 16))) == (32, 16)
+
+
+def test_frozen_databases_read_the_search_path_once(db: OpDatabase, tmp_path,
+                                                    monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Inside :func:`frozen_databases` a database written after entry is not seen (the
+    search path is listed once per search); after the block it is."""
+    from fxplan.cost_model.op_database import database_files, frozen_databases
+
+    monkeypatch.setenv("FXPLAN_OP_DB_PATH", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+    with frozen_databases():
+        assert find_database("A100-SXM4-80GB") is None
+        db.save(tmp_path / "a100.json")
+        with frozen_databases():          # nested: the outer snapshot still holds
+            assert find_database("A100-SXM4-80GB") is None
+        assert database_files() == ()
+    assert [p for p, _ in database_files()] == [str(tmp_path / "a100.json")]
+    assert find_database("A100-SXM4-80GB") is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fxplan.cost_model.pipeline_schedules import BACKWARD, FORWARD, schedule_order
+from fxplan.cost_model.pipeline_schedules import BACKWARD, FORWARD, SPLIT_BACKWARD, schedule_order
 from fxplan.cost_model.simulator import StageCosts, comm_stream_end, simulate_pipeline, simulate_step
 
 
@@ -39,13 +39,14 @@ def reference_ends(kind: str, p: int, v: int, m: int, durations: np.ndarray) -> 
 
 CASES = [("gpipe", 4, 1, 6), ("1f1b", 4, 1, 8), ("1f1b", 5, 1, 3), ("1f1b", 1, 1, 4),
          ("interleaved", 4, 2, 8), ("interleaved", 3, 3, 6), ("interleaved", 4, 2, 4),
-         ("interleaved", 2, 4, 6)]
+         ("interleaved", 2, 4, 6), ("zb", 4, 1, 8), ("zb", 3, 2, 6), ("zb", 4, 3, 4),
+         ("zbv", 4, 2, 8), ("zbv", 3, 2, 4), ("zbv", 2, 2, 7)]
 
 
 @pytest.mark.parametrize("kind,p,v,m", CASES)
 def test_matches_event_driven_reference(kind: str, p: int, v: int, m: int) -> None:
     rng = np.random.default_rng(p * 100 + v * 10 + m)
-    durations = rng.uniform(0.5, 2.0, (p, v, 2))
+    durations = rng.uniform(0.5, 2.0, (p, v, 3 if kind in SPLIT_BACKWARD else 2))
     timeline = simulate_pipeline(kind, p, v, m, durations)
     np.testing.assert_allclose(timeline.end, reference_ends(kind, p, v, m, durations), rtol=1e-12)
 

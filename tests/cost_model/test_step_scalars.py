@@ -43,7 +43,7 @@ def test_priced_as_latency_over_the_stage_groups() -> None:
     # the 4-byte loss and the 8-byte norm: latency, a wake-up and a little of gloo's CPU per
     # step of the ring (the scalars fill 1 and 2 of its 2n segments), ≈ 6·(w + c·e/8/s) µs;
     # a 4-byte all-reduce between compute measured 0.70–0.83 ms on 4 pinned ranks of 2 cores
-    # (benchmarks/data/gloo_cpu_s25.json; unpinned 1.5–1.6 ms)
+    # (benchmarks/data/gloo_cpu_2026-11-25_e1334ce.json; unpinned 1.5–1.6 ms)
     assert zero3 == pytest.approx(dp4 + price("all_reduce", 8.0, groups["dp"]))
     assert 5e-4 < dp4 < 2e-3
     # NVSwitch: microseconds

@@ -37,6 +37,7 @@ def test_expected_max_of_normals(sync_skew) -> None:  # type: ignore[no-untyped-
     assert e(8) > e(4) > e(2)
 
 
+@pytest.mark.multirank
 def test_two_ranks_measure_every_gap(sync_skew) -> None:  # type: ignore[no-untyped-def]
     result = sync_skew.sync_skew(2, [0.05, 0.5], iterations=4, rounds=1)
     assert result["ranks"] == 2 and result["e_n"] == pytest.approx(0.5642, abs=1e-4)

@@ -79,8 +79,9 @@ def test_local_config_file(tmp_path):
     ("hf:llama:layers=2", "'layers' is not a field of the llama config; fields include num_hidden_layers"),
     ("hf:llama:num_hidden_layers=two", "expected an integer"),
     ("hf:llama:num_hidden_layers", "is not key=value"),
-    ("hf:llama:task=seq2seq", "expected causal or masked"),
-    ("hf:llama:task=masked", "has no masked language-model head"),
+    ("hf:llama:task=translate", "expected one of masked, causal, seq2seq, image"),
+    ("hf:llama:task=seq2seq", "has no seq2seq head; it has: causal"),
+    ("hf:llama:task=masked", "has no masked head"),
     ("hf:missing/config.json", "does not exist"),
 ])
 def test_spec_errors_say_what_is_allowed(spec, expected):
@@ -93,6 +94,36 @@ def test_seq_is_bounded_by_the_config():
     assert bundle.example_inputs(1)["input_ids"].shape == (1, 64)
     with pytest.raises(ModelSpecError, match="exceeds the config's max_position_embeddings=64"):
         bundle.example_inputs(1, 65)
+
+
+def test_seq_defaults_to_a_training_length_not_the_configs_maximum():
+    """Mistral's config allows 131,072 positions; a plan means a training length (4096)."""
+    from fxplan.examples.hf import DEFAULT_SEQ
+
+    bundle = resolve_model("hf:mistral:num_hidden_layers=1,hidden_size=32,intermediate_size=64,"
+                           "num_attention_heads=4,num_key_value_heads=2,vocab_size=64")
+    assert bundle.config.max_position_embeddings == 131072
+    assert bundle.example_inputs(1)["input_ids"].shape == (1, DEFAULT_SEQ) == (1, 4096)
+    assert bundle.example_inputs(1, 8192)["input_ids"].shape == (1, 8192)
+
+
+def test_encoder_decoder_and_image_classifier_heads():
+    """T5 is built as a text-to-text model (encoder ids, decoder ids, labels); ViT as an image
+    classifier (pixels and class ids below num_labels, no sequence length)."""
+    t5 = resolve_model("hf:t5:num_layers=1,num_decoder_layers=1,d_model=16,d_ff=32,num_heads=2,"
+                       "d_kv=8,vocab_size=64")
+    assert type(t5.build("meta")).__name__ == "T5ForConditionalGeneration"
+    inputs = t5.example_inputs(2, 8)
+    assert list(inputs) == ["input_ids", "decoder_input_ids", "labels"]
+    assert {s.shape for s in inputs.values()} == {(2, 8)} and inputs["labels"].high == 64
+    vit = resolve_model("hf:vit:num_hidden_layers=1,hidden_size=16,intermediate_size=32,"
+                        "num_attention_heads=2,image_size=16,patch_size=8,num_labels=10")
+    assert type(vit.build("meta")).__name__ == "ViTForImageClassification"
+    inputs = vit.example_inputs(2)
+    assert inputs["pixel_values"].shape == (2, 3, 16, 16)
+    assert (inputs["labels"].shape, inputs["labels"].high) == ((2,), 10)
+    with pytest.raises(ModelSpecError, match="an image classifier has no sequence length"):
+        vit.example_inputs(2, 8)
 
 
 def test_file_without_model_type(tmp_path):

@@ -83,7 +83,10 @@ def test_user_file_spec(tmp_path):
     path.write_text(textwrap.dedent(USER_FILE))
     bundle = resolve_model(f"{path}:build")
     assert bundle.family == "file" and bundle.config is None
-    assert bundle.example_inputs(3) == {"x": InputSpec((3, 8), torch.float32)}
+    assert bundle.example_inputs(3, with_targets=False) == {"x": InputSpec((3, 8), torch.float32)}
+    # no loss in the file, no targets named: class ids of the output (3, 4) less its last dim
+    targets = bundle.example_inputs(3)["targets"]
+    assert (targets.shape, targets.dtype, targets.high) == ((3,), torch.int64, 4)
     assert next(bundle.build().parameters()).device.type == "meta"
     assert resolve_model(str(path)).name.endswith(":build")  # :build is the default
     real = bundle.build(device="cpu")

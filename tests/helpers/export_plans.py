@@ -65,4 +65,8 @@ MORE = {
                                "sp=off,offload=optimizer", batch=16, layers=(8,)),
     "offload-zero1": make_plan("dp=8,tp=1,pp=1,mb=1,schedule=1f1b,zero=1,recompute=none,"
                                "sp=off,offload=optimizer", batch=16, layers=(8,)),
+    "zbv": make_plan("dp=1,tp=4,pp=4,mb=1,schedule=zbv,zero=0,recompute=none,sp=on",
+                     batch=8, layers=(1,) * 8),
+    "zb": make_plan("dp=1,tp=4,pp=4,mb=1,schedule=zb,zero=0,recompute=none,sp=on",
+                    batch=8, layers=(2, 2, 2, 2)),
 }

@@ -42,7 +42,7 @@ def llama_plan(**kwargs: Any) -> Plan:
     return plan_for(llama_model(), seq=SEQ, **kwargs)
 
 
-#: The three plan shapes of the trainer acceptance (issue 10: dp, tp+sp, pp+ZeRO) on 4 CPU
+#: The three plan shapes of the trainer acceptance (dp, tp+sp, pp+ZeRO) on 4 CPU
 #: ranks, as ``plan_kwargs`` of :func:`trainer_matches_reference`: the same global batch (8)
 #: under every plan, so all three train on the same samples.
 TRAINER_PLANS = {

@@ -1,6 +1,7 @@
 """Jobs the rank pool runs for the model zoo test (``tests/cli/test_model_zoo.py``): a model
 spec trained two SGD steps under a plan, on the ranks of the plan's mesh, against the same
-steps on one process."""
+steps on one process. The batch is the launch's synthetic data for the spec (its inputs bound
+to the forward by name, its targets and loss the ones ``fxplan launch`` trains on)."""
 
 from __future__ import annotations
 
@@ -10,35 +11,44 @@ import torch
 
 from fxplan.core.plan import Plan
 from fxplan.examples.model_spec import resolve_model
+from fxplan.passes.forward_swap import forward_taking
 from fxplan.runtime.apply import apply_plan
+from fxplan.runtime.data import SyntheticData
 from fxplan.runtime.module_probe import model_output
+from fxplan.worker import training_loss
 from rt_cases import train_steps
-from rt_module_cases import lm_loss
 
 LR = 0.1
 VOCAB = 64
 STEPS = 2
 
 
-def build(spec: str) -> torch.nn.Module:
-    """The model of ``spec``, seeded (every rank and the reference alike)."""
+def batch(spec: str, size: int, seq: int | None
+          ) -> tuple[list[str], tuple[torch.Tensor, ...], torch.Tensor]:
+    """The names of the forward's inputs, a seeded batch of them and its targets (an ``hf:``
+    model's ``labels``)."""
+    specs = dict(resolve_model(spec).example_inputs(size, seq))
+    specs["targets"] = specs.pop("labels", None) or specs["targets"]
+    data = SyntheticData(specs, high=VOCAB, seed=1)
+    return [k for k in specs if k != "targets"], data.inputs, data.targets
+
+
+def build(spec: str, names: list[str]) -> torch.nn.Module:
+    """The model of ``spec``, seeded (every rank and the reference alike), taking ``names``
+    by position."""
     torch.manual_seed(0)
-    return resolve_model(spec).build("cpu")
+    return forward_taking(resolve_model(spec).build("cpu"), names)
 
 
-def batch(size: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    tokens = torch.randint(0, VOCAB, (size, seq + 1), generator=torch.Generator().manual_seed(1))
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-
-def one_process(spec: str, size: int, seq: int) -> list[float]:
+def one_process(spec: str, size: int, seq: int | None) -> list[float]:
     """The losses of :data:`STEPS` SGD steps of the whole model on one process."""
-    model = build(spec)
-    tokens, targets = batch(size, seq)
+    names, inputs, targets = batch(spec, size, seq)
+    model = build(spec, names)
+    loss_fn = training_loss(resolve_model(spec))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for _ in range(STEPS):
-        loss = lm_loss(model_output(model(tokens)), targets)
+        loss = loss_fn(model_output(model(*inputs)), targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -50,10 +60,10 @@ def train(spec: str, plan_json: str) -> dict[str, Any] | None:
     """:data:`STEPS` SGD steps of ``spec`` under the plan (``None`` on a rank outside its
     mesh): the losses, the path that ran and the fallbacks taken."""
     plan = Plan.from_json(plan_json)
-    tokens, targets = batch(plan.batch, plan.seq)
-    sharded = apply_plan(build(spec), plan, tokens)
+    names, inputs, targets = batch(spec, plan.batch, plan.seq)
+    sharded = apply_plan(build(spec, names), plan, inputs)
     if sharded is None:
         return None
     losses = train_steps(sharded, sharded.optimizer(torch.optim.SGD, lr=LR),
-                         (tokens, targets), STEPS)
+                         (inputs, targets), STEPS, training_loss(resolve_model(spec)))
     return dict(losses=losses, path=sharded.path, fallbacks=list(sharded.fallbacks))

@@ -53,7 +53,7 @@ def test_alpa_moe_pipelines_across_slow_nodes(moe27b, nodes):  # type: ignore[no
     """Alpa (Zheng et al., OSDI'22, its MoE evaluation): the 27B GShard MoE (``moe-27b``;
     S=1024, H=2048, L=16, E=48, batch 1024; the config from Alpa's benchmark code) on 2–4
     p3.16xlarge nodes (8× V100 16 GB, 25 Gb/s between nodes) trains about 10× faster (the
-    figure issue 15 quotes; the per-node-count values are not in the repository) with
+    figure quoted for the 2–4 node runs; the per-node-count values are not in the repository) with
     pipeline stages across the nodes and intra-op parallelism inside them than DeepSpeed's intra-op
     (data + expert) parallelism alone. The planner must choose a pipeline that crosses the
     nodes, and price the best plan without one well behind it. (Measured on branch eptp:

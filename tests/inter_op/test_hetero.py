@@ -1,4 +1,4 @@
-"""Heterogeneous clusters in the search (issue 12, item 6): every stage on one device group,
+"""Heterogeneous clusters in the search: every stage on one device group,
 stage sizes by each group's speed and memory, the plan against the even split."""
 
 from __future__ import annotations

@@ -23,9 +23,13 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "megatron_table.py
 megatron_table = SimpleNamespace(**runpy.run_path(str(SCRIPT), run_name="megatron_table_for_plans"))
 
 ROWS = megatron_table.load_rows()
+#: From this many GPUs a row's search takes a minute or more on 2 cores: ``slow``.
+SLOW_GPUS = 1536
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.preset for r in ROWS])
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.preset, marks=[pytest.mark.slow]
+                                              if r.gpus >= SLOW_GPUS else [])
+                                 for r in ROWS])
 def test_plan_at_least_as_fast_as_published(row) -> None:  # type: ignore[no-untyped-def]
     graph = capture_for_search(row.preset, seq=megatron_table.SEQ)
     cluster = Cluster.load(f"dgx-a100-80g:nodes={row.gpus // 8}")

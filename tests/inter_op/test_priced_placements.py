@@ -1,4 +1,4 @@
-"""The plan's step time is the price of the placements it carries (issue 4, "Search")."""
+"""The plan's step time is the price of the placements it carries."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Pruning reasons are true: every "does not fit" reason the search records is checked with
-the cost model's ``estimate`` (issue 14, item 7).
+the cost model's ``estimate``.
 
 For each memory reason of a plan (``Plan.pruned_detail``, kind "does not fit in memory"):
 

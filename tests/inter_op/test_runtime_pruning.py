@@ -87,10 +87,11 @@ def test_a_named_tp_splits_weights(gpt):
 def test_a_model_returning_the_last_positions_logits_is_refused_at_capture():
     """nanoGPT's ``forward(idx)`` returns ``(b, 1, V)`` logits: priced as it is, it failed on
     every rank at the loss (``Expected input batch_size (8) to match target batch_size
-    (256)``); the search refuses it before pricing anything."""
+    (256)``); capture refuses it (the trainer's loss does not fit the output) before the
+    search prices anything."""
     from pathlib import Path
 
-    from fxplan.api import LossShapeError
+    from fxplan.examples.user_loss import LossShapeError
     models = Path(__file__).resolve().parents[1] / "runtime" / "models"
     with pytest.raises(LossShapeError, match=r"returns \(1, 1, 64\) for token ids of shape "
                                              r"\(1, 8\).*logits of shape \(1, 8, 'vocab'\)"):

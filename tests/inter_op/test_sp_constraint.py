@@ -1,4 +1,4 @@
-"""A ``sequence_parallel`` constraint binds the plan's placements (issue 12, fix 1).
+"""A ``sequence_parallel`` constraint binds the plan's placements.
 
 Sequence parallelism is read off the intra-op solver's placements; a constraint on it must
 win over that reading, in both directions, and the plan's step time must price the layout the
@@ -122,7 +122,7 @@ def test_unconstrained_search_still_reads_sp_off_the_solver(cpu4) -> None:  # ty
 def test_api_plan_honours_sp_off_for_dp_by_tp_and_keeps_the_headroom() -> None:
     """``fxplan.plan(..., constraints={"tp": 2, "sequence_parallel": False}, headroom=…)`` on
     4 CPU ranks, on the model whose solver placements shard the sequence: dp×tp with sp off
-    (issue 12), the headroom stored in the plan."""
+   , the headroom stored in the plan."""
     import fxplan
     from fxplan.examples.model_spec import resolve_model
 

@@ -1,4 +1,4 @@
-"""The search keeps the ZeRO stage its own cost model prices cheapest (issue 12), not the
+"""The search keeps the ZeRO stage its own cost model prices cheapest, not the
 lowest stage that fits: every allowed stage that fits is priced by ``T̂`` and the cheapest
 kept, ties going to the lower stage."""
 
@@ -52,7 +52,7 @@ def test_zero_constraint_still_binds(state) -> None:  # type: ignore[no-untyped-
 
 
 def test_plan_is_the_model_cheapest_zero_stage(state) -> None:  # type: ignore[no-untyped-def]
-    """Issue 12's example (dp=4 on local-cpu:devices=4, gpt-tiny): the plan's step time is at
+    """The example (dp=4 on local-cpu:devices=4, gpt-tiny): the plan's step time is at
     most the estimate of the same configuration at any other ZeRO stage."""
     from fxplan import search
     from fxplan.cost_model import estimate

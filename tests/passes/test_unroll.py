@@ -25,6 +25,10 @@ TINY = {
     "gpt2": "hf:gpt2:n_layer=7,n_embd=64,n_head=4,vocab_size=128,n_positions=64",
     "bert": "hf:bert:num_hidden_layers=7,hidden_size=64,intermediate_size=128,"
             "num_attention_heads=4,vocab_size=128,max_position_embeddings=64",
+    # its attention lifts constants numbered across the model (lifted_tensor_2 in layer 1,
+    # lifted_tensor_4 in layer 2): the same by value, so its layers repeat
+    "falcon": "hf:falcon:num_hidden_layers=7,hidden_size=64,num_attention_heads=4,"
+              "vocab_size=128",
 }
 
 
@@ -198,3 +202,13 @@ def test_the_layer_index_attribute_is_not_a_difference():
     assert len({layer_structure(m, ignore) for m in layers}) == 1
     layers[4].window = 16
     assert layer_structure(layers[4], ignore) != layer_structure(layers[3], ignore)
+
+
+def test_layers_whose_lifted_constants_are_numbered_apart_repeat():
+    """Falcon's attention lifts two constants per layer, numbered across the model
+    (``lifted_tensor_2`` in layer 1, ``_4`` in layer 2): equal by value, so its layers are
+    unrolled from three and listed as one repeated block."""
+    pytest.importorskip("transformers")
+    graph = capture(f"{TINY['falcon']}", seq=16)
+    assert "transformer.h: layers 0-2 traced, 3-6 repeated from layer 2" in graph.method_note
+    assert [b.layers for b in graph.blocks] == [list(range(7))]

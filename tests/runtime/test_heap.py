@@ -78,7 +78,7 @@ def test_a_kept_heap_faults_no_pages_in_again() -> None:
     assert mapped >= 7, mapped
     assert min(trimmed) >= 6 * 1024, trimmed
     # kept: every activation from the heap, its pages reused step after step. The heap may
-    # still grow now and then as its free lists fragment (session 24, 20 fresh processes: no
+    # still grow now and then as its free lists fragment (2026-11-24 (`c352b19`), 20 fresh processes: no
     # fault in the 10 steps in 12, 1024-5121 in the others — one to five activations' pages,
     # in one or two of the steps where they were counted per step), but a steady step faults
     # nothing: the median step 0, and the 10 steps together fewer than one trimmed step

@@ -13,6 +13,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from fxplan.passes.rewrite.base import PassError
 from fxplan.runtime.apply import apply_plan
 from fxplan.runtime.module_apply import module_level_plan, replicated_tp_note
+from fxplan.runtime.module_probe import model_output
 from fxplan.runtime.module_stages import StageBlocks, stage_module
 from fxplan.runtime.tp_styles import NotExpressible
 from fxplan.runtime.tp_attention import HeadParallelAttention
@@ -360,3 +361,34 @@ def test_a_router_auxiliary_loss_under_pipelining_is_refused_before_launch():
     with pytest.raises(NotExpressible, match=r"auxiliary loss.*--constrain pp=1"):
         module_level_plan(model, plan_for(model, pp=2), TOKENS)
     module_level_plan(model, plan_for(model, dp=2), TOKENS)
+
+
+def test_a_stage_cut_for_a_check_shares_the_blocks_and_leaves_the_model_alone():
+    """``share_blocks``: the stage holds the model's own blocks (no copy of the ``pp·v − 1``
+    other stages' blocks per stage), computes what the copied stage computes, and the model
+    keeps its container, embedding and head."""
+    model = build("encoder")
+    plan = plan_for(model, pp=2)
+    decided = module_level_plan(model, plan, TOKENS)
+    container = decided.probe.containers[0]
+    before = dict(model.named_modules())
+    for k in range(2):
+        shared = stage_module(model, plan, k, decided.probe, share_blocks=True)
+        copied = stage_module(model, plan, k, decided.probe)
+        kept = decided.probe.blocks[plan.stages[k].layers[0]:plan.stages[k].layers[1]]
+        for name in kept:
+            key = name.rpartition(".")[2]
+            assert dict(shared.get_submodule(container).named_children())[key] is before[name]
+            assert dict(copied.get_submodule(container).named_children())[key] \
+                is not before[name]
+        assert [n for n, _ in shared.named_parameters()] == \
+            [n for n, _ in copied.named_parameters()]
+    assert dict(model.named_modules()) == before
+    x = TOKENS
+    with torch.no_grad():
+        for k in range(2):
+            got = model_output(stage_module(model, plan, k, decided.probe,
+                                            share_blocks=True).eval()(x))
+            want = model_output(stage_module(model, plan, k, decided.probe).eval()(x))
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+            x = want

@@ -20,6 +20,9 @@ CASES = {
     "pp_gpipe": dict(pp=2, schedule="gpipe", num_microbatches=2),
     "pp_1f1b": dict(pp=2, schedule="1f1b", num_microbatches=4, microbatch_size=1),
     "pp_interleaved": dict(pp=2, schedule="interleaved:2", num_microbatches=2, layers=4),
+    "pp_zb": dict(pp=2, schedule="zb", num_microbatches=4, microbatch_size=1),
+    "pp_zb2": dict(pp=2, schedule="zb:2", num_microbatches=2, layers=4),
+    "pp_tp_zb": dict(pp=2, tp=2, schedule="zb", num_microbatches=2, sp=True),
     "dp_tp": dict(dp=2, tp=2, zero=2),
     "dp_tp_zero0": dict(dp=2, tp=2, zero=0),
     "dp_tp_zero1": dict(dp=2, tp=2, zero=1),  # runs as FSDP2 (a reported fallback)

@@ -29,6 +29,6 @@ def build():
 def build_wide():
     """The same model 32× wider (hidden 1024, 4 heads): wide enough that the search splits it
     over tp (at hidden 32, at 256 since the cost model prices DTensor's per-op dispatch on
-    local-cpu, and at 512 since the CPU's class efficiencies were re-measured in session 24,
+    local-cpu, and at 512 since the CPU's class efficiencies were re-measured in 2026-11-24 (`c352b19`),
     replicating it is cheaper than the tp collectives and dispatch; 768 splits)."""
     return EncoderLM(hidden=1024), torch.zeros(4, SEQ, dtype=torch.long)

@@ -1,8 +1,8 @@
-"""``fxplan.cli.units``: numbers for people, never a raw float."""
+"""``fxplan.core.units``: numbers for people, never a raw float."""
 
 from __future__ import annotations
 
-from fxplan.cli.units import binary_bytes, gib, percent, seconds
+from fxplan.core.units import binary_bytes, gib, percent, seconds
 
 
 def test_seconds_pick_a_unit_and_hide_float_noise() -> None:

@@ -1,0 +1,29 @@
+"""``fxplan.core.loopback``: the one spelling of fxplan's single-machine torchrun, shared by
+``fxplan launch``, ``fxplan calibrate`` and the emitted programs' tests."""
+
+from __future__ import annotations
+
+import sys
+
+from fxplan.core.loopback import loopback_interface, loopback_torchrun
+
+
+def test_the_command_rendezvous_on_a_loopback_port(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    env, argv = loopback_torchrun(3)
+    assert env == {"GLOO_SOCKET_IFNAME": loopback_interface(),
+                   "NCCL_SOCKET_IFNAME": loopback_interface()}
+    assert argv[:4] == [sys.executable, "-m", "fxplan.runtime.torchrun", "--nnodes=1"]
+    assert "--nproc-per-node=3" in argv and argv[-1] == "--local-addr=127.0.0.1"
+    endpoint = next(a for a in argv if a.startswith("--rdzv-endpoint="))
+    host, port = endpoint.split("=", 1)[1].rsplit(":", 1)
+    assert host == "127.0.0.1" and 0 < int(port) < 65536
+
+
+def test_an_interface_the_environment_names_is_kept(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    env, argv = loopback_torchrun(2, "--nnodes=1:4")
+    assert "GLOO_SOCKET_IFNAME" not in env and "NCCL_SOCKET_IFNAME" in env
+    assert argv[3] == "--nnodes=1:4"

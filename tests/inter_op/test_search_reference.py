@@ -1,0 +1,127 @@
+"""The search's answers do not move when the search gets faster: for a fixed set of searches,
+the plan chosen (configuration, stages, placements as a digest, recomputed blocks), its
+estimate and its runners-up equal the ones recorded in ``data/search_reference.json``
+(floats within round-off).
+
+The reference was recorded on 2026-11-27 at commit ``51202f4``, before the search's
+speed-ups (the pipeline lower bound, the schedules' in-flight counts cached, op
+databases listed once per search, segment prices shared across cluster sizes), and is
+re-recorded only for a change that is meant to move a plan:
+
+    .venv/bin/python tests/inter_op/test_search_reference.py --record [NAME ...]
+
+The Megatron-LM SC'21 sizes of ``benchmarks/search_time.py`` are marked ``slow`` (minutes on
+two cores); the others run in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DATA = Path(__file__).resolve().parent / "data" / "search_reference.json"
+
+#: name -> (model, cluster, batch, constraints, slow)
+CASES: dict[str, tuple[str, str, int, dict[str, Any], bool]] = {
+    "gpt-1.7b/32": ("gpt-1.7b", "dgx-a100-80g:nodes=4", 512, {}, False),
+    "gpt-7.5b/128": ("gpt-7.5b", "dgx-a100-80g:nodes=16", 512, {}, False),
+    "gpt-39.1b/512": ("gpt-39.1b", "dgx-a100-80g:nodes=64", 1536, {}, False),
+    "gpt-small/hetero": ("gpt:layers=12,hidden=512,heads=8,vocab=4096,seq=512",
+                         "hetero-v100-a100:v100.nodes=1,a100.nodes=1", 32, {}, False),
+    "gpt-7.5b/pp4": ("gpt-7.5b", "dgx-a100-80g:nodes=4", 256, {"pp": 4}, False),
+    "moe-27b/v100": ("moe-27b", "aws-p3-v100:nodes=4", 1024, {}, False),
+    "gpt3-175b/1024": ("gpt3-175b", "dgx-a100-80g:nodes=128", 1536, {}, True),
+    "gpt-310.1b/1920": ("gpt-310.1b", "dgx-a100-80g:nodes=240", 2160, {}, True),
+    "gpt-529.6b/2520": ("gpt-529.6b", "dgx-a100-80g:nodes=315", 2520, {}, True),
+    "gpt-1t/3072": ("gpt-1t", "dgx-a100-80g:nodes=384", 3072, {}, True),
+}
+
+#: Fields of the plan that depend on the search's path or clock, not on its answer.
+_UNSTABLE = ("search_time_s", "timings", "pruned", "pruned_detail", "solver")
+
+
+def answer(name: str) -> dict[str, Any]:
+    """The plan of case ``name`` as JSON, less the fields of :data:`_UNSTABLE` and the count
+    of candidates the ranking visited (pruning may visit fewer for the same answer)."""
+    from fxplan.api import capture_for_search, search
+    from fxplan.cluster_specs import Cluster, training_dtype
+
+    model, spec, batch, constraints, _ = CASES[name]
+    cluster = Cluster.load(spec)
+    graph = capture_for_search(model, dtype=training_dtype(cluster))
+    plan = search(graph, cluster, batch=batch, constraints=constraints, progress=False)
+    out = json.loads(plan.to_json())
+    for key in _UNSTABLE:
+        out.pop(key, None)
+    out["estimate"].pop("candidates_visited", None)
+    out["placements"] = digest(out["placements"])
+    return out
+
+
+def digest(value: Any) -> str:
+    """SHA-256 of ``value``'s canonical JSON (the placements of a 96-layer model are a
+    megabyte; equal digests mean equal placements)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def mismatches(got: Any, want: Any, where: str = "") -> list[str]:
+    """Where ``got`` differs from ``want``: floats compared to 1e-9 relative (round-off of a
+    reordered sum), everything else exactly. A field of the reference missing from the answer
+    is a mismatch; a field the answer has and the reference lacks (one the plan gained since
+    the recording) is not an answer that moved, and is left out."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        return [m for k in sorted(want) for m in (
+            mismatches(got[k], want[k], f"{where}.{k}") if k in got
+            else [f"{where}.{k}: only in the reference"])]
+    if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        return [m for i, (g, w) in enumerate(zip(got, want)) for m in mismatches(g, w, f"{where}[{i}]")]
+    if isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        return [] if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12) else [
+            f"{where}: {got!r} != {want!r}"]
+    return [] if got == want else [f"{where}: {str(got)[:200]} != {str(want)[:200]}"]
+
+
+def _params() -> list[Any]:
+    return [pytest.param(name, marks=[pytest.mark.slow] if case[-1] else [], id=name)
+            for name, case in CASES.items()]
+
+
+@pytest.mark.parametrize("name", _params())
+def test_search_answer_equals_the_reference(name: str) -> None:
+    want = json.loads(DATA.read_text())[name]
+    assert mismatches(answer(name), want) == []
+
+
+def test_mismatches_sees_a_moved_float_and_a_changed_field() -> None:
+    want = {"estimate": {"step_time_s": 1.0}, "config": "dp=2"}
+    assert mismatches({"estimate": {"step_time_s": 1.0 + 1e-12}, "config": "dp=2"}, want) == []
+    assert mismatches({"estimate": {"step_time_s": 1.001}, "config": "dp=4"}, want) == [
+        ".config: dp=4 != dp=2", ".estimate.step_time_s: 1.001 != 1.0"]
+    assert mismatches({"estimate": {"step_time_s": 1.0, "new": 1}, "config": "dp=2"}, want) == []
+    assert mismatches({"estimate": {}, "config": "dp=2"}, want) == [
+        ".estimate.step_time_s: only in the reference"]
+
+
+def record(names: list[str]) -> None:
+    """Write the answers of ``names`` (all cases when empty) into :data:`DATA`."""
+    data = json.loads(DATA.read_text()) if DATA.exists() else {}
+    for name in names or list(CASES):
+        data[name] = answer(name)
+        print(f"recorded {name}: {data[name]['summary']}", flush=True)
+    DATA.parent.mkdir(exist_ok=True)
+    DATA.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--record"]:
+        sys.exit(__doc__)
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)
+    record(sys.argv[2:])
