@@ -5,8 +5,11 @@ estimate and its runners-up equal the ones recorded in ``data/search_reference.j
 
 The reference was recorded on 2026-11-27 at commit ``51202f4``, before the search's
 speed-ups (the pipeline lower bound, the schedules' in-flight counts cached, op
-databases listed once per search, segment prices shared across cluster sizes), and is
-re-recorded only for a change that is meant to move a plan:
+databases listed once per search, segment prices shared across cluster sizes); its four
+SC'21 sizes were re-recorded at ``6c69dd8``, whose cost model prices the gradient reduction
+that FSDP2 leaves exposed under interleaved schedules (it moved those plans: 310.1B to
+pp=12, 529.6B to pp=9, 1T to pp=16). It is re-recorded only for a change that is meant to
+move a plan:
 
     .venv/bin/python tests/inter_op/test_search_reference.py --record [NAME ...]
 
