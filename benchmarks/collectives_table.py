@@ -4,7 +4,7 @@
     python benchmarks/collectives_table.py --no-gloo  # published rows only
 
 Published numbers: ``benchmarks/data/hardware.md`` (nccl-tests bus bandwidths, NCCL
-maintainers' statements). Predictions: :func:`cost_model.collectives.collective_cost` on the
+maintainers' statements). Predictions: :func:`cost_model.comm.collectives.collective_cost` on the
 built-in cluster specs. The gloo rows time ``all_reduce`` between real processes on this
 machine and compare with the ``local-cpu`` spec, whose loopback level was itself set from
 such measurements (``benchmarks/local_cpu_calibration.py``, see :mod:`cluster_specs.local_cpu`), so
@@ -56,7 +56,7 @@ PUBLISHED: tuple[Row, ...] = (
 
 def predicted(row: Row) -> tuple[float, str]:
     from fxplan.cluster_specs import Cluster
-    from fxplan.cost_model.collectives import collective_cost
+    from fxplan.cost_model.comm.collectives import collective_cost
 
     cost = collective_cost(row.kind, row.nbytes, range(row.ranks), Cluster.load(row.spec),
                            algorithm=row.algorithm)

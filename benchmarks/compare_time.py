@@ -35,7 +35,7 @@ def main() -> None:
     from fxplan.api import capture_for_search
     from fxplan.batch_tokens import parse_batch_tokens
     from fxplan.compare import compare, parse_size_range, parse_tokens
-    from fxplan.compare_report import render_comparison
+    from fxplan.report.compare import render_comparison
     from fxplan.examples.model_spec import canonical_spec
 
     start = time.perf_counter()

@@ -6,9 +6,9 @@ Plans gpt-tiny at global batch 16 on ``local-cpu:devices=N`` under the ``--const
 applies the plan on N gloo ranks (``torch.multiprocessing``, one thread each), runs one
 warm-up step, then counts with DTensor's ``CommDebugMode`` the functional collectives of one
 ``train_step`` (forward + backward), of the trainer's Partial-gradient reduction and clipping
-(:mod:`fxplan.runtime.partial_grads`, then ``clip_grad_norm``) and of one
+(:mod:`fxplan.runtime.apply.partial_grads`, then ``clip_grad_norm``) and of one
 ``optimizer.step()`` + ``zero_grad()``, the ATen ops dispatched on DTensors in that
-``train_step`` (forward, backward; what :mod:`fxplan.cost_model.dtensor_dispatch` prices), and
+``train_step`` (forward, backward; what :mod:`fxplan.cost_model.host.dtensor_dispatch` prices), and
 prints the placements of the gradients after the backward. What the cost model prices is in
 ``fxplan estimate`` (``tp_comm`` of the breakdown); this script says what the runtime does,
 for the comparison in docs/benchmarks.md. Collectives outside DTensor's functional
@@ -31,9 +31,9 @@ def _worker(rank: int, world: int, port: int, constrain: str, steps: int) -> Non
     import fxplan
     from fxplan.cli.constraint_text import parse_constraints
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.apply import apply_plan
-    from fxplan.runtime.optim import clip_grad_norm
-    from fxplan.runtime.partial_grads import reduce_partial_grads
+    from fxplan.runtime.apply.graph import apply_plan
+    from fxplan.runtime.train.optim import clip_grad_norm
+    from fxplan.runtime.apply.partial_grads import reduce_partial_grads
     from fxplan.worker import loss_fn
 
     torch.set_num_threads(1)
@@ -151,8 +151,8 @@ def _time_steps(sharded, optimizer, batch, loss_fn, steps: int, rank: int) -> No
 
     import torch.distributed as dist
 
-    from fxplan.runtime.optim import clip_grad_norm
-    from fxplan.runtime.partial_grads import reduce_partial_grads
+    from fxplan.runtime.train.optim import clip_grad_norm
+    from fxplan.runtime.apply.partial_grads import reduce_partial_grads
 
     times: dict[bool, list[float]] = {False: [], True: []}
     for i in range(2 * steps):

@@ -15,10 +15,10 @@ runs).
 
 **What runs.** For each ``N`` it plans gpt-tiny at global batch 16 on
 ``local-cpu:devices=N`` as plain data parallelism (``fxplan.search``, ``dp=N, zero=0,
-recompute=none``) and runs the plan's training step (:func:`fxplan.runtime.apply.apply_plan`
+recompute=none``) and runs the plan's training step (:func:`fxplan.runtime.apply.graph.apply_plan`
 and the trainer's phases: schedule, partial gradients, clipping, AdamW, zeroed gradients) on
 ``N`` one-thread gloo ranks placed as ``fxplan launch`` places them
-(:mod:`fxplan.runtime.affinity`). Forward hooks on the attention and the MLP of each block
+(:mod:`fxplan.runtime.launch.affinity`). Forward hooks on the attention and the MLP of each block
 (``k = 4`` for gpt-tiny) can each issue one blocking collective — a kind ``K`` of the
 runtime's (all-reduce, all-gather, broadcast, and a send/recv ping-pong between rank pairs
 ``(2i, 2i+1)``, two messages) at a size ``S`` (nccl-tests sizes: the gathered output of an
@@ -29,7 +29,7 @@ alternate for ``--rounds`` rounds (the first step of a block untimed); per rank
 over ``--runs`` runs (fresh process groups) the median.
 
 **The fit.** The cost model prices a collective over ``n`` ranks of one node
-(:mod:`fxplan.cost_model.collectives`) as::
+(:mod:`fxplan.cost_model.comm.collectives`) as::
 
     t_K(S) = α + s_K·(h + c_K·f_K(S)) + b_K·S/B
 
@@ -78,8 +78,8 @@ def _worker(rank: int, world: int, plan_file: str, port: int, points: list[tuple
             rounds: int, block: int, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from fxplan.runtime.optim import build_optimizer, clip_grad_norm, set_lr
-    from fxplan.runtime.partial_grads import reduce_partial_grads
+    from fxplan.runtime.train.optim import build_optimizer, clip_grad_norm, set_lr
+    from fxplan.runtime.apply.partial_grads import reduce_partial_grads
     from fxplan.worker import loss_fn
 
     launched = launched_rank(rank, world, plan_file, port)
@@ -189,7 +189,7 @@ def fit(points: list[dict[str, Any]], n: int) -> dict[str, Any]:
 def spec_price_us(kind: str, nbytes: int, world: int) -> float:
     """The cost model's price of one hooked call with the spec as it is."""
     from fxplan.cluster_specs import Cluster
-    from fxplan.cost_model.collectives import collective_time_s
+    from fxplan.cost_model.comm.collectives import collective_time_s
 
     cluster = Cluster.load(f"local-cpu:devices={world}")
     if kind == "send_recv":

@@ -22,7 +22,7 @@ published MFU from ``X`` (a check of the transcription). The prediction is compa
 throughput, so the two FLOP conventions never mix: the predicted MFU column is the published
 one scaled by predicted / published throughput.
 
-Predicted: :func:`cost_model.estimate` of each row on ``dgx-h100`` or ``dgx-a100-80g`` with
+Predicted: :func:`cost_model.step.estimate` of each row on ``dgx-h100`` or ``dgx-a100-80g`` with
 ``n/8`` nodes and attention priced as the fused (flash) kernel on both (``dgx-a100-80g``
 says op by op, for its 2021 table: the llm-foundry runs used a flash-attention kernel):
 ``dp = n``, ZeRO stage by the sharding, recompute ``full`` where checkpointed
@@ -327,7 +327,7 @@ PROSE = """\
 ## Cost model vs llm-foundry's H100 and A100 tables (every argument published)
 
 Public H100 training results whose whole configuration is published, priced by \
-`cost_model.estimate`: MosaicML llm-foundry's MPT throughput tables \
+`cost_model.step.estimate`: MosaicML llm-foundry's MPT throughput tables \
 (`benchmarks/data/llm_foundry_mpt_tables.csv`, source in `benchmarks/data/README.md`), the \
 rows of 1B–70B at s = 2048, 4096, 8192 on H100 80GB and, as the control, the same software on \
 A100 80GB. Each row publishes microbatch, gradient accumulation, FSDP sharding (ZeRO-3 or -2, \

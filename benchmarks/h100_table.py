@@ -11,19 +11,19 @@ MFU counts ``F = 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))`` FLOPs per step 
 full ``s×s`` attention square) against the 989 TFLOP/s bf16 dense peak; the published
 TFLOP/s per GPU ``X`` implies the step time ``T = F / (n·X)`` and MFU ``X / 989``.
 
-Predicted: :func:`cost_model.estimate` of the published configuration on ``dgx-h100`` with
+Predicted: :func:`cost_model.step.estimate` of the published configuration on ``dgx-h100`` with
 ``n/8`` nodes — tensor parallel ``t``, pipeline ``p``, data parallel ``d = n/(t·p)``, global
 batch ``B`` — and what the README says the runs used: bf16, the distributed optimizer
 (ZeRO-1: ``--overlap-param-gather`` needs it), sequence parallelism with ``t > 1`` and
 tensor-parallel communication overlapped with the GEMMs (``--tp-comm-overlap``, which needs
-sequence parallelism: ``tp_overlap=on``, :mod:`cost_model.stage_costs`) and the parameter
+sequence parallelism: ``tp_overlap=on``, :mod:`cost_model.step.stage_costs`) and the parameter
 all-gather of the distributed optimizer hidden behind the next step's forward
 (``--overlap-param-gather``: ``pg_overlap=on``). The model is this repository's ``gpt`` family at the
 row's shape (its LM head is tied to the embedding, Megatron-Core's is not: the FLOPs are
 the same); its loss is computed on the logits upcast to fp32, as Megatron's
 ``vocab_parallel_cross_entropy`` does (:func:`capture_row`). Attention is priced as the
 device's fused kernel (``dgx-h100`` has ``fused_attention: true``;
-:mod:`cost_model.attention_kernel`), which is what Megatron-Core runs on H100 (Transformer
+:mod:`cost_model.compute.attention_kernel`), which is what Megatron-Core runs on H100 (Transformer
 Engine's flash/cuDNN attention).
 
 Not published, so chosen by the rule of ``benchmarks/published_table.py`` (the same for
@@ -124,7 +124,7 @@ def predict(row: Row, graph: Any, cluster: Any = None, *, fused: bool = True,
     step, ``recompute`` the policies tried (a probe forces one: ``("full",)``)."""
     from fxplan.cluster_specs import Cluster
     from fxplan.cost_model import estimate
-    from fxplan.cost_model.memory import OptimizerSpec
+    from fxplan.cost_model.memory.breakdown import OptimizerSpec
 
     # Megatron with bf16 accumulates and reduces gradients in fp32 (arguments.py: "bfloat16
     # requires gradient accumulation and all-reduce to be done in fp32"): 4-byte gradients;
@@ -199,7 +199,7 @@ PROSE = """\
 ## Cost model vs the Megatron-Core H100 table
 
 Predicted MFU of each published configuration (Megatron-LM README, Megatron-Core r0.8.0, GPT \
-1.7B–462B, s = 4096, V = 131072, DGX H100) by `cost_model.estimate` against the published one; \
+1.7B–462B, s = 4096, V = 131072, DGX H100) by `cost_model.step.estimate` against the published one; \
 `v`, `mb` and recompute by the rule in `benchmarks/h100_table.py`. Priced as the README says the \
 runs ran: tensor-parallel communication pipelined with the GEMMs (`tp_overlap=on`, \
 `--tp-comm-overlap`) and the distributed optimizer's parameter all-gather hidden behind the next \
@@ -220,7 +220,7 @@ fastest fitting estimate over every `v` with `l` divisible by `p·v` (`chunk_cho
 `benchmarks/published_table.py`). How the pricing reached this table, with the probes that \
 ruled other explanations out: `docs/benchmarks-history.md`.
 
-Pricing attention as the fused kernel (`cost_model/attention_kernel.py`: no `s×s` traffic, \
+Pricing attention as the fused kernel (`cost_model/compute/attention_kernel.py`: no `s×s` traffic, \
 causal tiles skipped, a causal kernel at 0.88 of the full-square rate, backward at 0.83 of the \
 forward rate) moves every row up from the op-by-op column. The loss is Megatron's: \
 cross-entropy on the logits upcast to fp32, its backward priced as ATen runs it (4 passes over \
@@ -228,7 +228,7 @@ the logits).
 
 Tensor-parallel communication overlap (`tp_overlap=on` on every row with `t > 1`): each \
 sequence-parallel all-gather or reduce-scatter of a linear layer costs only what exceeds the \
-GEMM it is pipelined with, `max(0, t_comm − t_gemm)` (`cost_model/stage_costs.py`). Priced fully \
+GEMM it is pipelined with, `max(0, t_comm − t_gemm)` (`cost_model/step/stage_costs.py`). Priced fully \
 exposed instead (`python benchmarks/h100_table_probe.py --no-tp-overlap`), the rows read \
 +12.5, +9.4, +4.4, +0.2, +2.1, −4.6, +3.4, +1.7, +3.0 points (7 of 9 within ±5) — closer \
 only because communication the runs hide is charged in place of compute the model misses: the \

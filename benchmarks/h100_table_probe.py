@@ -111,7 +111,7 @@ def main() -> int:
     args = parser.parse_args()
     table = _table()
     if args.matmul_half_flops is not None:
-        from fxplan.cost_model.efficiency import load_efficiency
+        from fxplan.cost_model.compute.efficiency import load_efficiency
 
         load_efficiency().devices["h100"]["matmul"]["half_flops"] = args.matmul_half_flops
     from fxplan.cluster_specs import Cluster

@@ -1,11 +1,11 @@
 """Measure the host side of offload on this machine: torch's CPU AdamW step against the
-machine's memory bandwidth, as JSON (the figures behind :mod:`fxplan.cost_model.offload`).
+machine's memory bandwidth, as JSON (the figures behind :mod:`fxplan.cost_model.memory.offload`).
 
     python benchmarks/host_adam_rate.py [--params 16] [--threads 1 2] [--repeats 5]
 
 What the runtime runs. ``offload != none`` runs as FSDP2's ``CPUOffloadPolicy``: the
 parameter shards (fp32 ``DTensor``s) and their gradients live on the CPU, and the optimizer
-the runtime builds, ``torch.optim.AdamW(params, lr, betas)`` (``fxplan.runtime.optim``), keeps
+the runtime builds, ``torch.optim.AdamW(params, lr, betas)`` (``fxplan.runtime.train.optim``), keeps
 its moments beside them. With neither ``foreach`` nor ``fused`` given, torch 2.13 picks
 ``_default_to_fused_or_foreach``: fused never by default, foreach only on CUDA/XPU/MTIA
 devices — on the CPU it runs ``_single_tensor_adam``: per parameter tensor, one eager kernel
@@ -21,7 +21,7 @@ after another::
     p.addcdiv_(m, d, −lr/(1−β₁ᵗ))  read p, m, d, write p                16 B
                                                              total  80 B per parameter
 
-and before it the gradient clipping of ``fxplan.runtime.optim`` (``grad_clip`` 1.0 by default)
+and before it the gradient clipping of ``fxplan.runtime.train.optim`` (``grad_clip`` 1.0 by default)
 on the same host gradients: ``torch._foreach_norm`` (read g, 4 B) and ``torch._foreach_mul_``
 (read g, write g, 8 B) — 92 B per parameter of host traffic in all (``HOST_STEP_BYTES``).
 
@@ -112,7 +112,7 @@ def adamw_rate(variant: str, mparams: int, threads: int, repeats: int) -> dict[s
     n = sum(p.numel() for p in params)
 
     def step() -> None:
-        if variant == "clip":  # fxplan.runtime.optim.clip_grad_norm's host work
+        if variant == "clip":  # fxplan.runtime.train.optim.clip_grad_norm's host work
             grads = [p.grad for p in params]
             norm = torch.stack(torch._foreach_norm(grads)).double().pow(2).sum().sqrt()
             torch._foreach_mul_(grads, (1.0 / (norm + 1e-6)).clamp(max=1.0).float())

@@ -3,9 +3,9 @@ time a launched step from inside (``step_phases.py``, ``gloo_in_situ.py``,
 ``pipeline_host.py``).
 
 :func:`launched_rank` places the process as the launcher places its ranks
-(:mod:`fxplan.runtime.affinity`), runs it on one thread with the heap kept between steps
-(:func:`fxplan.runtime.heap.keep_heap`), joins a gloo group over loopback and applies the plan
-to its model (:func:`fxplan.runtime.apply.apply_plan`) with a fixed batch of random tokens at
+(:mod:`fxplan.runtime.launch.affinity`), runs it on one thread with the heap kept between steps
+(:func:`fxplan.runtime.train.heap.keep_heap`), joins a gloo group over loopback and applies the plan
+to its model (:func:`fxplan.runtime.apply.graph.apply_plan`) with a fixed batch of random tokens at
 the plan's global batch; :func:`free_port` gives the group a port;
 :func:`add_measurement_arguments` and :func:`apply_autogroup_nice` the scripts' shared options.
 """
@@ -37,9 +37,9 @@ def launched_rank(rank: int, world: int, plan_file: str, port: int) -> LaunchedR
 
     from fxplan.core.plan import Plan
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.affinity import pin_rank
-    from fxplan.runtime.apply import apply_plan
-    from fxplan.runtime.heap import keep_heap
+    from fxplan.runtime.launch.affinity import pin_rank
+    from fxplan.runtime.apply.graph import apply_plan
+    from fxplan.runtime.train.heap import keep_heap
 
     pin_rank(rank, world)   # as fxplan's worker places its ranks, before gloo starts threads
     torch.set_num_threads(1)

@@ -6,7 +6,7 @@
 Every figure is a median; CPU-bound figures are read on the thread's CPU clock
 (``time.thread_time``), so they are the time on a core of one's own even when the machine is
 shared (the spec divides them among ranks itself, see :mod:`cluster_specs.local_cpu`). Every
-spawned process is placed as ``fxplan launch`` places its ranks (:mod:`fxplan.runtime.affinity`:
+spawned process is placed as ``fxplan launch`` places its ranks (:mod:`fxplan.runtime.launch.affinity`:
 pinned to a core, round robin, where they outnumber the cores; 2026-11-25 (`e1334ce`)), so the lines
 measure what a launched rank does; ``FXPLAN_CPU_AFFINITY=none`` (or ``core``) measures
 processes never (always) pinned.
@@ -73,7 +73,7 @@ processes never (always) pinned.
    main thread's minor page faults per step (``getrusage(RUSAGE_THREAD)``): the cost of a
    re-faulted 4 KiB page inside the step (the heap trimmed at every free against kept, set
    with glibc's ``mallopt``; ``Δt / Δfaults``), and with the heap as a launched rank keeps it
-   (:func:`fxplan.runtime.heap.keep_heap`) the mean share of the microbatch's saved activation bytes faulted in
+   (:func:`fxplan.runtime.train.heap.keep_heap`) the mean share of the microbatch's saved activation bytes faulted in
    again per step, at batch 4, 8 and 16 (:func:`first_touch`).
 10. **the trainer's host work after ``train_step``** (also ``--step`` alone, as JSON) — the runtime's
    one-rank gpt-tiny plan at batch 16, each phase once per step in the trainer's order:
@@ -562,7 +562,7 @@ def process_baseline_gib() -> float:
     import sys
 
     code = ("import resource, torch, torch.distributed as dist, fxplan.worker, "
-            "fxplan.runtime.apply;"
+            "fxplan.runtime.apply.graph;"
             f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{_free_port()}', "
             "rank=0, world_size=1);"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
@@ -605,7 +605,7 @@ def _sharing_worker(rank: int, world: int, iterations: int, out: str) -> None:
     import torch.nn.functional as F
 
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.affinity import pin_rank
+    from fxplan.runtime.launch.affinity import pin_rank
 
     pin_rank(rank, world)   # as fxplan launch places its ranks
     torch.set_num_threads(1)
@@ -966,11 +966,11 @@ def _print_gloo_cpu(result: dict[str, Any]) -> None:
 
 def _join_gloo(rank: int, world: int, port: int) -> None:
     """A spawned calibration rank: one thread, placed as ``fxplan launch`` would place it
-    (:func:`fxplan.runtime.affinity.pin_rank`), the gloo group of ``world`` ranks on
+    (:func:`fxplan.runtime.launch.affinity.pin_rank`), the gloo group of ``world`` ranks on
     loopback."""
     import torch.distributed as dist
 
-    from fxplan.runtime.affinity import pin_rank
+    from fxplan.runtime.launch.affinity import pin_rank
 
     pin_rank(rank, world)
     torch.set_num_threads(1)
@@ -1009,8 +1009,8 @@ PAGE_BYTES = 4096
 
 def _mallopt(**params: int) -> None:
     """Set glibc malloc parameters by name (``trim``, ``top_pad``, ``mmap``), bytes, or raise
-    (:func:`fxplan.runtime.heap.set_malloc`)."""
-    from fxplan.runtime.heap import set_malloc
+    (:func:`fxplan.runtime.train.heap.set_malloc`)."""
+    from fxplan.runtime.train.heap import set_malloc
 
     failed = set_malloc(**params)
     if failed:
@@ -1067,10 +1067,10 @@ def _first_touch_worker(rank: int, world: int, port: int, batch: int, steps: int
                         in_situ: bool, out: str) -> None:
     """A fresh process: gpt-tiny's step at ``batch``; ``in_situ``: alternating blocks with
     the heap trimmed after every free and with it kept (``mallopt``), else the heap as a
-    launched rank has it (:func:`fxplan.runtime.heap.keep_heap`, module docstring, 9.)."""
+    launched rank has it (:func:`fxplan.runtime.train.heap.keep_heap`, module docstring, 9.)."""
     torch.set_num_threads(1)
     if not in_situ:
-        from fxplan.runtime.heap import keep_heap
+        from fxplan.runtime.train.heap import keep_heap
 
         note = keep_heap()
         if note:
@@ -1110,7 +1110,7 @@ def first_touch(batches: tuple[int, ...] = (4, 8, 16), runs: int = 3, steps: int
     ``(t_trim − t_keep) / (faults_trim − faults_keep)``, the seconds a re-faulted 4 KiB page
     costs the step (the fault, the kernel zeroing it, the missed cache), at the spec's eager
     op (``· EAGER_OP_US / e``, each run's own probe). ``fraction``: with the heap as a
-    launched rank keeps it (:func:`fxplan.runtime.heap.keep_heap`), the mean over ``runs`` fresh processes × ``steps`` steps of the faults
+    launched rank keeps it (:func:`fxplan.runtime.train.heap.keep_heap`), the mean over ``runs`` fresh processes × ``steps`` steps of the faults
     per step, in bytes, over the saved activation bytes of the microbatch
     (:func:`_saved_bytes`), per batch size; the pooled fraction weighs each batch size by its
     bytes."""
@@ -1145,12 +1145,12 @@ def _step_host_worker(rank: int, world: int, port: int, steps: int, out: str) ->
     9.)."""
     import fxplan
     from fxplan.cluster_specs import Cluster
-    from fxplan.cost_model.compute import op_time_s
-    from fxplan.cost_model.memory import adam_for
+    from fxplan.cost_model.compute.op_time import op_time_s
+    from fxplan.cost_model.memory.breakdown import adam_for
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.apply import apply_plan
-    from fxplan.runtime.optim import build_optimizer, clip_grad_norm, set_lr
-    from fxplan.runtime.partial_grads import reduce_partial_grads
+    from fxplan.runtime.apply.graph import apply_plan
+    from fxplan.runtime.train.optim import build_optimizer, clip_grad_norm, set_lr
+    from fxplan.runtime.apply.partial_grads import reduce_partial_grads
     from fxplan.worker import loss_fn
 
     _join_gloo(rank, world, port)

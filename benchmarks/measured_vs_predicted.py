@@ -18,7 +18,7 @@ every one is a configuration of the same workload on the same 4 ranks, so the pl
 choice can be compared with the best measured one.
 
 **What is measured.** Step time: each launch's ``summary.json`` ``measured_step_time_s``, the
-median over steps 2… of the slowest rank's step (``fxplan.runtime.trainer``); the table shows
+median over steps 2… of the slowest rank's step (``fxplan.runtime.train.trainer``); the table shows
 the median over launches and their spread (min–max in the table; min, max, quartiles and
 the load of every launch in the JSON). Peak memory: ``measured_peak_memory_gib``, the largest over ranks of
 the process's peak resident set (``getrusage(RUSAGE_SELF).ru_maxrss``), against the largest
@@ -334,7 +334,7 @@ def reprice(cases: list[Case]) -> None:
     from fxplan.api import capture_for_search
     from fxplan.cluster_specs import Cluster, training_dtype
     from fxplan.core.plan import Plan
-    from fxplan.plots import simulate_plan
+    from fxplan.plan_context import simulate_plan
 
     for case in cases:
         plan = Plan.from_dict(case.plan)
@@ -555,7 +555,7 @@ def main() -> None:
             "in a shuffled (seed) or rotated order",
             "seed": args.seed, "probe": args.probe,
             "memory_measured_as": "median over launches of the largest ru_maxrss over ranks",
-            # how fxplan launch placed the ranks (fxplan.runtime.affinity; 2026-11-25 (`e1334ce`) on)
+            # how fxplan launch placed the ranks (fxplan.runtime.launch.affinity; 2026-11-25 (`e1334ce`) on)
             "cpu_affinity": os.environ.get(AFFINITY_ENV, "auto")}
     if args.phase == "launch":
         cases = [c for c in load(args.out) if wanted is None or c.label in wanted]

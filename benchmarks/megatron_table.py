@@ -10,7 +10,7 @@ GPT weak scaling on DGX A100 80GB, mixed precision, s = 2048, V = 51200, activat
 recompute, interleaved schedule). The measured X TFLOP/s per GPU implies the step time
 ``T = F / (n·X)`` with ``F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``.
 
-Predicted: :func:`cost_model.estimate` of the published configuration — tensor parallel
+Predicted: :func:`cost_model.step.estimate` of the published configuration — tensor parallel
 ``t``, pipeline ``p``, data parallel ``d = n/(t·p)``, global batch ``B``, ``n/8`` DGX A100
 80GB nodes, full recompute, bf16, ZeRO-0, no sequence parallelism (SC'21 predates it). Not
 published, so chosen by a fixed rule, the same for every row:
@@ -136,7 +136,7 @@ def markdown(predictions: list[Prediction]) -> str:
 def write_section(table: str, path: Path = DOC) -> None:
     """Replace this benchmark's section of ``docs/benchmarks.md`` (others keep theirs)."""
     section = ("## Cost model vs Megatron-LM SC'21 Table 1\n\n"
-               "Predicted step time of each published configuration by `cost_model.estimate` "
+               "Predicted step time of each published configuration by `cost_model.step.estimate` "
                "against the step time implied by the published TFLOP/s per GPU "
                "(`F/(n·X)`); `v` and `mb` by the rule in `benchmarks/megatron_table.py`. "
                "TF/s counts the recompute forward (Megatron's convention).\n\n"
@@ -151,7 +151,7 @@ def speed(repeats: int = 8) -> None:
     not seen before (four configuration variants in turn, the timeline memo cleared)."""
     import statistics
 
-    import fxplan.cost_model.simulator as simulator
+    import fxplan.cost_model.step.simulator as simulator
     from fxplan.cluster_specs import Cluster
     from fxplan.cost_model import ParallelConfig, estimate
 

@@ -9,9 +9,9 @@ NVIDIA-NeMo/Megatron-Bridge): Llama 3 8B and 70B pre-training at s = 8192 in FP8
 scaling (Transformer Engine), tokens/s per GPU. Dense BF16 rows are not published for these
 systems (``benchmarks/data/hardware.md``, "Devices of 2025").
 
-Predicted: :func:`fxplan.cost_model.estimate` of the published configuration — the zoo's
+Predicted: :func:`fxplan.cost_model.step.estimate` of the published configuration — the zoo's
 ``llama`` family at the row's shape, ``fp8=on`` (the cost model's FP8 recipe is torchao's,
-:mod:`cost_model.fp8`: dynamic per-tensor scales, activations saved in 16 bits), the row's
+:mod:`cost_model.compute.fp8`: dynamic per-tensor scales, activations saved in 16 bits), the row's
 tensor/pipeline degrees, microbatch and global batch, ZeRO-3 where the row uses FSDP and
 ZeRO-1 (the distributed optimizer) otherwise, sequence parallelism with ``tp > 1`` — on the
 row's spec (``dgx-h100``, ``dgx-b200``, ``gb200-nvl72``). Not published, so chosen by one rule

@@ -4,12 +4,12 @@
     python benchmarks/op_class_calibration.py [--model gpt-tiny] [--batches 4,16] [--rounds 3]
 
 One thread. Each round: the model's captured graph run node by node at every microbatch size
-of ``--batches`` (:func:`fxplan.cost_model.class_efficiency.time_graph_nodes`: thread CPU
+of ``--batches`` (:func:`fxplan.cost_model.compute.class_efficiency.time_graph_nodes`: thread CPU
 time of each node's forward and backward, autograd recording as in training), with the rate
 probe of ``benchmarks/local_cpu_calibration.py`` (1024³ fp32 matmul ``R``, eager op ``e``:
 the definitions of the spec's constants) before and after each batch size; the round's ``R``
 and ``e`` are the medians of its probes. Per op class the efficiency is the ratio of sums of
-:func:`~fxplan.cost_model.class_efficiency.fit_class_efficiency` over the nodes of every
+:func:`~fxplan.cost_model.compute.class_efficiency.fit_class_efficiency` over the nodes of every
 batch size: relative to ``R`` for compute-bound classes, and for memory-bound ones relative
 to the bandwidth ``M₀ · V / V₀`` (the spec's constants ``M₀``, ``V₀``; ``V`` the probe's
 in-cache vector rate). The model's tensors are in cache (gpt-tiny at batch 16: 0.25–2 MiB),
@@ -42,7 +42,7 @@ from local_cpu_calibration import rate_probe  # noqa: E402
 from fxplan.api import capture_for_search  # noqa: E402
 from fxplan.cluster_specs.local_cpu import (EAGER_OP_US,  # noqa: E402
                                             memory_bound_reference_gb_per_s)
-from fxplan.cost_model.class_efficiency import (NodeSample, fit_class_efficiency,  # noqa: E402
+from fxplan.cost_model.compute.class_efficiency import (NodeSample, fit_class_efficiency,  # noqa: E402
                                                 time_graph_nodes)
 from fxplan.examples.model_spec import resolve_model  # noqa: E402
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/op_database_accuracy.py [--rounds 2] [--min-run-time 0.02]
 
-Profiles the quick grid (:func:`cost_model.profiler.profile`, every other scale of the CPU
+Profiles the quick grid (:func:`cost_model.compute.profiler.profile`, every other scale of the CPU
 grid, factor 4 apart in size) and measures the shapes of ``OFF_GRID``, which lie between two
 of its scales. Both sides are medians of single-threaded ``blocked_autorange`` runs on the
 thread's CPU clock (immune to time slices taken by other processes), and the fresh
@@ -25,8 +25,8 @@ import os
 import statistics
 import sys
 
-from fxplan.cost_model.op_database import OPS
-from fxplan.cost_model.profiler import make_call, measure, profile
+from fxplan.cost_model.compute.op_database import OPS
+from fxplan.cost_model.compute.profiler import make_call, measure, profile
 
 #: Shapes not in the quick grid, each between two of its scales. Chosen in the smooth parts of
 #: the CPU's time curves (see docs/cost_model.md on cache cliffs).

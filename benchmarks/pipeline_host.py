@@ -5,7 +5,7 @@ compute of the same stages.
     flock bench.lock python benchmarks/pipeline_host.py --autogroup-nice -19 --out F
 
 A pipeline stage of ``fxplan launch`` runs :mod:`torch.distributed.pipelining` (the plan's
-schedule over ``m`` microbatches, :mod:`fxplan.runtime.pipeline`): per step it splits the
+schedule over ``m`` microbatches, :mod:`fxplan.runtime.train.pipeline`): per step it splits the
 batch and builds the schedule's actions, per microbatch and stage it prepares the received
 activations, runs the forward, keeps the outputs for the backward, runs the backward through
 ``torch.autograd`` with the received gradient and posts the sends and receives. That is
@@ -20,7 +20,7 @@ median over steps (the first 3 dropped) of the main thread's CPU time (``thread_
 the schedule's ``step`` (forward, loss, backward, sends and receives), and of the wall.
 
 **What it reports.** The cost model's compute of each stage for the step,
-``m·(f_s + b_s)`` (:attr:`fxplan.cost_model.estimate.Estimate.stage_plan`, at the per-core
+``m·(f_s + b_s)`` (:attr:`fxplan.cost_model.step.estimate.Estimate.stage_plan`, at the per-core
 rates probed before each plan: ``local_cpu_calibration.rate_probe``, without the spec's own
 pipeline host work), and the residual
 ``r_s(m) = CPU_s(m) − m·(f_s + b_s)``; the least-squares line through every stage's
@@ -90,7 +90,7 @@ def _planned(schedule: str, microbatches: int, rates: dict[str, float]) -> tuple
     from fxplan.api import capture_for_search
     from fxplan.cli.constraint_text import parse_constraints
     from fxplan.cluster_specs import Cluster, training_dtype
-    from fxplan.plots import simulate_plan
+    from fxplan.plan_context import simulate_plan
 
     text = f"pp=2,schedule={schedule},mb={BATCH // microbatches},recompute=none"
     plan = fxplan.search(MODEL, "local-cpu:devices=2", batch=BATCH, seq=SEQ,

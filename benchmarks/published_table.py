@@ -1,6 +1,6 @@
 """The driver the published-table benchmarks share (``megatron_table.py``, ``h100_table.py``).
 
-Each of those scripts compares :func:`fxplan.cost_model.estimate` with a published table of
+Each of those scripts compares :func:`fxplan.cost_model.step.estimate` with a published table of
 Megatron runs. What a published row leaves out — the microbatch size, the interleaving and
 (for the H100 table) the recompute policy — is chosen by the same rule in both:
 

@@ -56,7 +56,7 @@ def _gpt_block(mesh_shape: tuple[int, ...], names: tuple[str, ...], merge: bool)
         import torch
 
         from fxplan.cluster_specs import Cluster
-        from fxplan.cost_model.mesh import LogicalMesh
+        from fxplan.cost_model.comm.mesh import LogicalMesh
         from fxplan.api import capture
         from fxplan.intra_op.build import build_problem, op_graph
         from fxplan.intra_op.coarsen import coarsen

@@ -3,15 +3,15 @@
     python benchmarks/step_phases.py PLAN.json [--steps 20] [--autogroup-nice -19]
     flock bench.lock python benchmarks/step_phases.py PLAN.json     # timing: under the lock
 
-Runs the phases of :func:`fxplan.runtime.trainer.train` on a plan's ranks (``torch.
+Runs the phases of :func:`fxplan.runtime.train.trainer.train` on a plan's ranks (``torch.
 multiprocessing``, gloo over loopback, one thread per rank placed as ``fxplan launch`` places
-it — :mod:`fxplan.runtime.affinity`, ``FXPLAN_CPU_AFFINITY`` —, the plan's own model at its
+it — :mod:`fxplan.runtime.launch.affinity`, ``FXPLAN_CPU_AFFINITY`` —, the plan's own model at its
 global batch, random tokens), in the trainer's order:
 
 1. ``train_step`` — the schedule: forward, loss, backward and the data-parallel reduction
    (DDP / FSDP2 hooks, pipeline sends and receives);
-2. ``partial`` — :func:`fxplan.runtime.partial_grads.reduce_partial_grads`;
-3. ``clip`` — :func:`fxplan.runtime.optim.clip_grad_norm` (its norm's all-reduce);
+2. ``partial`` — :func:`fxplan.runtime.apply.partial_grads.reduce_partial_grads`;
+3. ``clip`` — :func:`fxplan.runtime.train.optim.clip_grad_norm` (its norm's all-reduce);
 4. ``opt`` — ``set_lr`` and the optimizer's ``step``;
 5. ``zero`` — ``zero_grad``.
 
@@ -26,7 +26,7 @@ main thread's **run-queue wait** (``/proc/thread-self/schedstat``, second field:
 runnable but another thread had its core) splits ``wall − CPU`` into waiting for a core and
 sleeping (``wall − CPU − queue``: blocked in a collective or a pipeline receive). Last, the median minor page faults of the main thread per phase
 (``getrusage(RUSAGE_THREAD)``): pages the allocator had given back to the kernel and the
-phase touched again (``cost_model/host_overhead.py``, first touch); and the main thread's
+phase touched again (``cost_model/host/host_overhead.py``, first touch); and the main thread's
 context switches per step, voluntary (it blocked: a collective, a receive) and involuntary
 (preempted: another thread took its core). The model's
 counterparts: ``compute`` and the communication rows for ``train_step``, the
@@ -56,8 +56,8 @@ WARMUP = 3
 def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> None:
     import torch.distributed as dist
 
-    from fxplan.runtime.optim import build_optimizer, clip_grad_norm, set_lr
-    from fxplan.runtime.partial_grads import reduce_partial_grads
+    from fxplan.runtime.train.optim import build_optimizer, clip_grad_norm, set_lr
+    from fxplan.runtime.apply.partial_grads import reduce_partial_grads
     from fxplan.worker import loss_fn
 
     launched = launched_rank(rank, world, plan_file, port)

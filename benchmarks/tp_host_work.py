@@ -22,7 +22,7 @@ At a small batch the kernels cost little, so what remains is host work: the figu
 the "2026-11-24 (`613a7a6`) (branch `tpcpu`)" block of ``docs/benchmarks.md``. ``--log`` prints, for the
 first measured step of rank 0, every redistribution (shape, from → to placements) and every
 ``from_local``/``to_local`` backward, which is how the counts of
-:mod:`fxplan.cost_model.dtensor_dispatch` ("The styles' boundaries") were read. The wrappers
+:mod:`fxplan.cost_model.host.dtensor_dispatch` ("The styles' boundaries") were read. The wrappers
 cost ≈ 1–2 ms per step themselves. Not a timing benchmark to put under the lock: thread CPU
 time is a rank's own time even on a shared machine, though a loaded machine inflates it.
 """
@@ -134,9 +134,9 @@ def _worker(rank: int, world: int, port: int, constrain: str, batch: int, steps:
     import fxplan
     from fxplan.cli.constraint_text import parse_constraints
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.apply import apply_plan
-    from fxplan.runtime.optim import build_optimizer, clip_grad_norm
-    from fxplan.runtime.partial_grads import reduce_partial_grads
+    from fxplan.runtime.apply.graph import apply_plan
+    from fxplan.runtime.train.optim import build_optimizer, clip_grad_norm
+    from fxplan.runtime.apply.partial_grads import reduce_partial_grads
     from fxplan.worker import loss_fn
 
     torch.set_num_threads(1)

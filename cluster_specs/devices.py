@@ -44,12 +44,12 @@ class DeviceGroup:
     ``None`` on every GPU spec, whose host runs ahead of the kernels; the schema keeps them
     as keys of the device group.
     ``fused_attention`` says that attention runs as one fused (flash) kernel on these devices,
-    whatever the model's code spells out (:mod:`cost_model.attention_kernel` prices it so):
+    whatever the model's code spells out (:mod:`cost_model.compute.attention_kernel` prices it so):
     the training stack's choice (Megatron-Core / Transformer Engine, PyTorch SDPA on GPUs
     with flash kernels), an explicit assumption of the spec. ``sm_count`` is the number of
     streaming multiprocessors of one device (0: not given); with it the cost model prices the
     SMs that communication kernels overlapped with compute hold (Transformer Engine's
-    userbuffers under ``tp_overlap``, :mod:`cost_model.stage_costs`).
+    userbuffers under ``tp_overlap``, :mod:`cost_model.step.stage_costs`).
 
     Host side, for offload (all optional; ``None``: not given, and then nothing is offloaded
     to this group's hosts): ``host_memory_gib`` is the host (CPU) memory of one node,
@@ -61,7 +61,7 @@ class DeviceGroup:
     ``cuda_context_gib`` is what one process holds on a GPU before its first tensor (CUDA
     context, library handles, workspaces), as ``fxplan calibrate`` measured it on these
     devices; ``None``: the cost model's public-figure default
-    (:data:`fxplan.cost_model.runtime_memory.CUDA_CONTEXT_BYTES`).
+    (:data:`fxplan.cost_model.memory.runtime.CUDA_CONTEXT_BYTES`).
     """
 
     name: str

@@ -8,8 +8,8 @@ one of them lands on the step. A device group holds them as one optional object,
 keeps them as keys of the device group (``dtensor_op_us: 34.7``, …), which
 :func:`split_host` gathers into this object when a spec is loaded.
 
-All times are µs on one core of the group's devices; :mod:`fxplan.cost_model.host_overhead`,
-:mod:`fxplan.cost_model.fsdp_host` and :mod:`fxplan.cost_model.dtensor_dispatch` price them:
+All times are µs on one core of the group's devices; :mod:`fxplan.cost_model.host.host_overhead`,
+:mod:`fxplan.cost_model.host.fsdp_host` and :mod:`fxplan.cost_model.host.dtensor_dispatch` price them:
 
 - ``step_overhead_us``: the training loop's fixed host work per step (clipping, the
   partial-gradient pass, ``zero_grad``).

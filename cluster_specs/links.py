@@ -34,7 +34,7 @@ LEVEL_KINDS: dict[str, tuple[str, ...]] = {
 }
 
 #: Collective kinds a level may give a per-step CPU cost for (``step_cpu_us``): the cost
-#: model's kinds (``cost_model.collectives.KINDS``).
+#: model's kinds (``cost_model.comm.collectives.KINDS``).
 COLLECTIVE_KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter",
                                      "all_to_all", "broadcast", "send_recv")
 

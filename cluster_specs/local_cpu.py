@@ -4,7 +4,7 @@ Generated at load time (``Cluster.load("local-cpu")``, ``local-cpu:devices=4``) 
 for it really run here. ``devices=N`` is the number of CPU ranks (default: one per core, the
 cores this process may run on). ``fxplan launch`` runs every rank on one thread
 (``OMP_NUM_THREADS=1``), so a rank gets at most one core, and with more ranks than cores the
-ranks time-share the cores (each pinned to one, round robin: :mod:`fxplan.runtime.affinity`).
+ranks time-share the cores (each pinned to one, round robin: :mod:`fxplan.runtime.launch.affinity`).
 With ``C`` cores each rank's share of a core is::
 
     s = 1                    if N ≤ C                             (core_share)
@@ -87,7 +87,7 @@ training step, where it comes after the model's compute on busy cores
 (``benchmarks/gloo_in_situ.py``; not scaled by the probed eager op). In tight loops of
 collectives the same collectives cost 2–3× less between ranks with a core each.
 ``fxplan launch`` pins every CPU rank to a core, round robin, where the ranks outnumber the
-cores (:mod:`fxplan.runtime.affinity`; with a core each it leaves them to the scheduler), and
+cores (:mod:`fxplan.runtime.launch.affinity`; with a core each it leaves them to the scheduler), and
 the calibration lines place their processes the same way: the time-shared constants of ``η``
 and of gloo describe pinned ranks.
 
@@ -128,7 +128,7 @@ VECTOR_GB_PER_S_PER_CORE = 5.80
 EAGER_OP_US = 4.61
 
 # -- host costs of a step (µs at EAGER_OP_US) --------------------------------------------------
-#: DDP's main-thread work, µs per step + per tensor (:func:`fxplan.cost_model.host_overhead.
+#: DDP's main-thread work, µs per step + per tensor (:func:`fxplan.cost_model.host.host_overhead.
 #: ddp_host_s`): ``--fsdp``, its DDP figure.
 DDP_STEP_US, DDP_TENSOR_US = 151.0, 8.2
 #: The pipeline schedule's host work, µs per step + per microbatch of a stage:
@@ -142,7 +142,7 @@ VIEW_OP_US, VIEW_BACKWARD_OP_US = 5.72, 10.04
 #: A page of activations faulted in again, µs per 4 KiB page: ``--first-touch``.
 FIRST_TOUCH_PAGE_US = 1.74
 #: The share of a microbatch's saved bytes faulted in again per step, the worker's heap kept
-#: (:func:`fxplan.runtime.heap.keep_heap`): ``--first-touch``.
+#: (:func:`fxplan.runtime.train.heap.keep_heap`): ``--first-touch``.
 REFAULT_FRACTION = 0.0073
 #: The page the kernel faults in, bytes (x86-64, no huge pages for malloc's heap).
 PAGE_BYTES = 4096
@@ -177,7 +177,7 @@ TIME_SHARING_EFFICIENCY = 0.856
 SHARE_MEASURED_AT = TIME_SHARING_EFFICIENCY * 2 / 4
 #: A cache refill after another rank ran on the core, µs per switch: ``--sharing``
 #: (``gloo_cpu_2026-11-25_e1334ce.json``); priced per time-shared tp wait
-#: (:func:`fxplan.cost_model.host_overhead.evicted_waits_s`).
+#: (:func:`fxplan.cost_model.host.host_overhead.evicted_waits_s`).
 SWITCH_REFILL_US = 625.0
 
 # -- per-class efficiencies ------------------------------------------------------------------
@@ -191,7 +191,7 @@ COMPUTE_EFFICIENCY: dict[str, float] = {
     # matmuls and softmax; the other memory-bound classes keep the roofline's default
     "attention": 0.6, "memory_bound": 0.8,
 }
-#: The same for each class's backward kernels (``cost_model.compute.BACKWARD``; dropout's is
+#: The same for each class's backward kernels (``cost_model.compute.op_time.BACKWARD``; dropout's is
 #: elementwise), same run. Above 1: faster than the reference, in cache.
 BACKWARD_EFFICIENCY: dict[str, float] = {
     "matmul": 0.674, "elementwise": 1.192, "norm": 0.920, "softmax": 1.287, "loss": 0.631,
@@ -219,15 +219,15 @@ GLOO_WAKEUP_US = 85.0
 GLOO_WAKEUP_SHARED_US = 133.0
 
 #: ``DistributedDataParallel``'s default ``bucket_cap_mb`` (torch 2.13), MiB, which the runtime
-#: keeps (:mod:`fxplan.runtime.data_parallel`); the first bucket is 1 MiB
-#: (:data:`fxplan.cost_model.host_overhead.DDP_FIRST_BUCKET_MIB`).
+#: keeps (:mod:`fxplan.runtime.styles.data_parallel`); the first bucket is 1 MiB
+#: (:data:`fxplan.cost_model.host.host_overhead.DDP_FIRST_BUCKET_MIB`).
 DDP_BUCKET_MIB = 25.0
 #: Each further 4-byte broadcast of an async batch between bursts of compute, µs, per regime:
 #: "gloo async broadcast batch between compute" (``queued_collective_2026-11-25_e1334ce.json``).
 QUEUED_COLLECTIVE_US = 217.7
 QUEUED_COLLECTIVE_SHARED_US = 819.3
 #: FSDP2's main-thread work per ``fully_shard`` group, µs per group + per tensor
-#: (:mod:`fxplan.cost_model.fsdp_host`): unshard, reduce, ZeRO-3's re-gather: ``--fsdp``.
+#: (:mod:`fxplan.cost_model.host.fsdp_host`): unshard, reduce, ZeRO-3's re-gather: ``--fsdp``.
 FSDP_GATHER_US, FSDP_GATHER_TENSOR_US = 522.0, 24.3
 FSDP_REDUCE_US, FSDP_REDUCE_TENSOR_US = 269.0, 3.4
 FSDP_REGATHER_US, FSDP_REGATHER_TENSOR_US = 219.0, 21.4

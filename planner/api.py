@@ -22,8 +22,8 @@ and captured graphs.
    and loss), so only its world size is checked, and a log line says so.
 2. Without ``torch.distributed`` initialised there is no mesh to apply it on: the result holds
    the plan alone, with ``status="not-distributed"`` and a logged message (plan and report).
-3. Otherwise every process applies it (:func:`fxplan.runtime.apply.apply_plan`) and the
-   result holds its :class:`~fxplan.runtime.sharded_module.ShardedModule`; the world size
+3. Otherwise every process applies it (:func:`fxplan.runtime.apply.graph.apply_plan`) and the
+   result holds its :class:`~fxplan.runtime.apply.sharded_module.ShardedModule`; the world size
    must be the plan's. Every case returns one type, :class:`PlanResult`.
 """
 
@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.examples.bundle import ModelBundle
     from fxplan.inter_op.progress import PhaseTimer
     from fxplan.passes.captured_graph import CapturedGraph
-    from fxplan.runtime.sharded_module import ShardedModule
+    from fxplan.runtime.apply.sharded_module import ShardedModule
 
 __all__ = ["ApiArgumentError", "PlanResult", "capture", "capture_for_search", "plan", "search"]
 
@@ -151,14 +151,14 @@ _TARGETS = ("targets", "labels")
 def runtime_check(graph: CapturedGraph, cluster: "str | Cluster"
                   ) -> "Callable[[Plan], str | None] | None":
     """The search's question to the runtime for ``graph``'s model on ``cluster``:
-    ``plan -> reason | None`` (:func:`fxplan.runtime.plan_runnable.runtime_refusal` on the
+    ``plan -> reason | None`` (:func:`fxplan.runtime.apply.runnable.runtime_refusal` on the
     module capture built on ``meta``, with zero inputs of the plan's microbatch). ``None`` for
     a graph captured from a module the caller gave (capture keeps no module then)."""
     import torch
 
     from fxplan.passes.flex_attention import priced_as_fused
     from fxplan.passes.forward_swap import taking
-    from fxplan.runtime.plan_runnable import graph_rewrite_tp_refusal, runtime_refusal
+    from fxplan.runtime.apply.runnable import graph_rewrite_tp_refusal, runtime_refusal
 
     module = graph.module
     if module is None:
@@ -181,7 +181,7 @@ def runtime_check(graph: CapturedGraph, cluster: "str | Cluster"
 def _headroom_alias(options: dict[str, Any]) -> dict[str, Any]:
     """``headroom=`` is ``memory_headroom=`` (parsed, so a bad value fails before capture);
     both at once is an :class:`ApiArgumentError`."""
-    from fxplan.cost_model.memory_headroom import parse_headroom
+    from fxplan.cost_model.memory.headroom import parse_headroom
 
     options = dict(options)
     if "headroom" in options:
@@ -304,7 +304,7 @@ def plan(model: "torch.nn.Module", cluster: "str | Cluster", *, inputs: Any, bat
     ``PassError`` when it cannot), ``graph`` runs the graph rewrite, ``auto`` (default) the
     module level where the plan allows it, else the graph rewrite (the reason in the sharded
     module's ``fallbacks``). Returns a :class:`PlanResult` on every process: the plan, and this
-    process's :class:`~fxplan.runtime.sharded_module.ShardedModule` where it was applied
+    process's :class:`~fxplan.runtime.apply.sharded_module.ShardedModule` where it was applied
     (``.path`` says which ran). ``search_options`` go to the search (:func:`search`):
     ``constraints``, ``time_budget_s``, ``finalists``, ``memory_headroom`` (or ``headroom``: a
     fraction such as ``0.1``/``"10%"`` or ``"4GiB"`` each device must leave free; default 5 %).
@@ -347,7 +347,7 @@ def plan(model: "torch.nn.Module", cluster: "str | Cluster", *, inputs: Any, bat
     world = dist.get_world_size()
     needed = len(ranks) if ranks is not None else world
     chosen.check_matches(world_size=needed, source="plan")
-    from fxplan.runtime.apply import apply_plan
+    from fxplan.runtime.apply.graph import apply_plan
 
     module = apply_plan(model, chosen, inputs, ranks=ranks, debug=debug, path=path)
     if module is None:

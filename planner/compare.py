@@ -205,7 +205,7 @@ def compare(model: str, *, tokens: float, batch: int | None = None,
     """Plan ``model`` on each cluster kind at each size (module docstring). The global batch is
     ``batch`` sequences, or ``batch_tokens`` tokens (:mod:`fxplan.batch_tokens`; one of them)."""
     from fxplan.batch_tokens import batch_from_tokens
-    from fxplan.cost_model.layer_costs import graph_segments
+    from fxplan.cost_model.step.layer_costs import graph_segments
     from fxplan.api import capture_for_search
     from fxplan.cluster_specs import Cluster, training_dtype
     from fxplan.cluster_specs.overrides import with_devices

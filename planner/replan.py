@@ -80,7 +80,7 @@ class Replan:
 
 def report_replan(found: Replan, say: Callable[[str], None], events: Any) -> None:
     """Print the old and new plans and what changed, and log the ``replan`` event to
-    ``events`` (an :class:`~fxplan.runtime.events.EventLog`; ``None``: print only) — the
+    ``events`` (an :class:`~fxplan.runtime.train.events.EventLog`; ``None``: print only) — the
     launcher's and the workers' one report."""
     say(f"replan: the job has {found.new.world_size} ranks, its plan is for "
         f"{found.old.world_size}: replanned in {found.replan_time_s * 1e3:.0f} ms "

@@ -3,19 +3,19 @@
 Builds the plan's model on ``meta`` and materialises only this rank's stages and shards
 (values from the seeded single-device initialisation, or from ``--resume CKPT``, a sharded
 checkpoint saved under any plan — that is how training goes on after a re-plan for a changed
-cluster), applies the plan, and trains with :func:`fxplan.runtime.trainer.train` on ``--data``
+cluster), applies the plan, and trains with :func:`fxplan.runtime.train.trainer.train` on ``--data``
 (a token file, a Hugging Face datasets directory, ``synthetic`` or a ``data.py:build`` hook;
-:mod:`fxplan.runtime.data`) in the plan's dtype with fp32 master weights (``--dtype``;
-:mod:`fxplan.runtime.precision`): AdamW or SGD, warm-up + cosine learning rate, global-norm
+:mod:`fxplan.runtime.train.data`) in the plan's dtype with fp32 master weights (``--dtype``;
+:mod:`fxplan.runtime.apply.precision`): AdamW or SGD, warm-up + cosine learning rate, global-norm
 clipping. ``--checkpoint-every K`` writes a
 training checkpoint (parameters, optimizer state, step and data position, every rank's random
 generators) to ``RUN_DIR/checkpoints/step-N/`` every K steps and after the last;
 ``--resume DIR`` (a run directory, its ``checkpoints/`` or one ``step-N``) verifies the
 checkpoint's manifest before anything is unpickled and goes on at exactly the next sample, up to
-``--steps`` in all (:mod:`fxplan.runtime.train_checkpoint`). ``--save CKPT`` writes the same
+``--steps`` in all (:mod:`fxplan.runtime.checkpoint.training`). ``--save CKPT`` writes the same
 checkpoint at the end to a directory of the user's choosing.
 
-Rank 0 logs every ``--log-every`` steps (:mod:`fxplan.runtime.metrics`: loss, grad norm, lr,
+Rank 0 logs every ``--log-every`` steps (:mod:`fxplan.runtime.train.metrics`: loss, grad norm, lr,
 tokens/s, TFLOP/s and MFU per device, peak memory and its share of the device) to the terminal
 and to ``RUN_DIR/metrics.jsonl``, prints every rank's runtime fallbacks once after the first
 step, and at the end the plan's predicted step time, MFU and memory against the measured ones,
@@ -42,14 +42,14 @@ from fxplan.core.training import APPLY_PATHS
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import Plan
-    from fxplan.runtime.metrics import FlopCounts
+    from fxplan.runtime.train.metrics import FlopCounts
 
 
 def loss_fn(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over every position (integer targets), else mean squared error
     (:func:`fxplan.examples.user_loss.default_loss`); the runtime adds a Hugging Face MoE's
     router auxiliary loss (``router_aux_loss_coef · aux``, when its config sets
-    ``output_router_logits``: :mod:`fxplan.runtime.router_aux`). A bundle that fixes its own
+    ``output_router_logits``: :mod:`fxplan.runtime.styles.router_aux`). A bundle that fixes its own
     loss (a user file's ``loss(outputs, batch)``) is trained on that (:func:`training_loss`)."""
     from fxplan.examples.user_loss import default_loss
 
@@ -113,10 +113,10 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
     if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun: die with it, however it ends
         import signal
 
-        from fxplan.runtime.parent_death import die_with_parent
+        from fxplan.runtime.launch.parent_death import die_with_parent
 
         die_with_parent(signal.SIGKILL)
-    from fxplan.runtime.heartbeat import Heartbeat
+    from fxplan.runtime.launch.heartbeat import Heartbeat
 
     args.heartbeat = Heartbeat(int(os.environ.get("RANK", "0")))
     args.heartbeat.beat(0, "start")
@@ -125,27 +125,27 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     else:  # a CPU rank: its own core(s), and the heap's pages reused from step to step
         from fxplan.core.fallbacks import record_fallback
-        from fxplan.runtime.affinity import pin_rank
-        from fxplan.runtime.heap import keep_heap
+        from fxplan.runtime.launch.affinity import pin_rank
+        from fxplan.runtime.train.heap import keep_heap
 
         args.affinity, affinity_fallback = pin_rank()   # before gloo starts its threads
         for note in (affinity_fallback, keep_heap()):
             if note:
                 record_fallback(args.fallbacks, note)
-    from fxplan.runtime.process_group import init_process_group
+    from fxplan.runtime.launch.process_group import init_process_group
 
     init_process_group(backend)  # a fresh store namespace per torchrun restart
     try:
         _train(args)
     except UserError as err:  # under fxplan launch: reported once by the launcher, exit 2
-        from fxplan.runtime.rank_errors import INPUT_ERROR_EXIT, report_error
+        from fxplan.runtime.launch.rank_errors import INPUT_ERROR_EXIT, report_error
 
         if not report_error(dist.get_rank(), err):
             raise
         sys.stdout.flush()
         os._exit(INPUT_ERROR_EXIT)  # no collective teardown: the other ranks may wait in one
     except Exception as err:  # under fxplan launch: one paragraph, the traceback in RUN_DIR
-        from fxplan.runtime.rank_errors import FAILURE_EXIT, report_failure
+        from fxplan.runtime.launch.rank_errors import FAILURE_EXIT, report_failure
 
         if not report_failure(dist.get_rank(), err, args.run_dir):
             raise
@@ -158,10 +158,10 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
 
 
 def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, stop: int) -> Any:
-    """The ``--data`` source for this rank (:mod:`fxplan.runtime.data`)."""
-    from fxplan.runtime.data import (DataError, HookData, SyntheticData, TokenFile,
+    """The ``--data`` source for this rank (:mod:`fxplan.runtime.train.data`)."""
+    from fxplan.runtime.train.data import (DataError, HookData, SyntheticData, TokenFile,
                                      replica_coordinates, token_dtype)
-    from fxplan.runtime.hf_data import HFDataset
+    from fxplan.runtime.train.hf_data import HFDataset
 
     specs = _input_specs(bundle, plan)
     vocab = (getattr(bundle.config, "vocab", None) or getattr(bundle.config, "vocab_size", None)
@@ -187,11 +187,11 @@ def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, st
 
 def flop_counts(plan: Plan, cluster: Cluster) -> tuple[FlopCounts | None, str | None]:
     """FLOPs of a step from the plan's estimate and the devices' peak, or ``None`` and why.
-    The peak is the mean of every device's own (:func:`fxplan.cost_model.estimate.peak_flops`,
+    The peak is the mean of every device's own (:func:`fxplan.cost_model.step.estimate.peak_flops`,
     each group in its own precision), so the measured MFU is defined as the predicted one."""
     from fxplan.cluster_specs import group_precisions, training_precision
-    from fxplan.cost_model.estimate import peak_flops
-    from fxplan.runtime.metrics import FlopCounts
+    from fxplan.cost_model.step.estimate import peak_flops
+    from fxplan.runtime.train.metrics import FlopCounts
 
     model, hardware = plan.estimate.get("model_flops"), plan.estimate.get("hardware_flops")
     if model is None or hardware is None:
@@ -228,7 +228,7 @@ def _train(args: argparse.Namespace) -> None:
     run = _prepare(args)
     position, notes = _resume(run, args)
     start_step = 0 if position is None else position.step
-    from fxplan.runtime.metrics import MetricsLog
+    from fxplan.runtime.train.metrics import MetricsLog
 
     log = MetricsLog(args.run_dir, args.steps, resume_after=start_step if position else None
                      ) if run.rank == 0 else None
@@ -248,13 +248,13 @@ def _prepare(args: argparse.Namespace) -> Run:
     from fxplan.core.training import TrainConfig
     from fxplan.examples.model_spec import resolve_model
     from fxplan.passes.forward_swap import forward_taking
-    from fxplan.runtime.apply import apply_plan
-    from fxplan.runtime.build import meta_parameters
-    from fxplan.runtime.events import EventLog
-    from fxplan.runtime.optim import build_optimizer
-    from fxplan.runtime.precision import resolve_precision
-    from fxplan.runtime.process_group import restart_count
-    from fxplan.runtime.train_checkpoint import locate_checkpoint, model_fingerprint
+    from fxplan.runtime.apply.graph import apply_plan
+    from fxplan.runtime.apply.build import meta_parameters
+    from fxplan.runtime.train.events import EventLog
+    from fxplan.runtime.train.optim import build_optimizer
+    from fxplan.runtime.apply.precision import resolve_precision
+    from fxplan.runtime.launch.process_group import restart_count
+    from fxplan.runtime.checkpoint.training import locate_checkpoint, model_fingerprint
 
     rank = dist.get_rank()
     # attempt: fxplan's supervised attempts plus torchrun's own restarts within one
@@ -309,7 +309,7 @@ def _resume(run: Run, args: argparse.Namespace) -> tuple[Any, list[str]]:
     the run that saved it; ``(None, [])`` for a fresh run."""
     if run.resume is None:
         return None, []
-    from fxplan.runtime.train_checkpoint import load_training_checkpoint
+    from fxplan.runtime.checkpoint.training import load_training_checkpoint
 
     position, notes = load_training_checkpoint(run.sharded, run.optimizer, *run.resume)
     notes += resume_notes(position, args, run.plan)
@@ -349,12 +349,12 @@ def _announce(run: Run, args: argparse.Namespace, log: Any, position: Any,
 
 
 def _run_steps(run: Run, args: argparse.Namespace, log: Any, start_step: int) -> Any:
-    """Steps ``start_step + 1 … --steps`` (:func:`fxplan.runtime.trainer.train`) with the
+    """Steps ``start_step + 1 … --steps`` (:func:`fxplan.runtime.train.trainer.train`) with the
     heartbeat, checkpoints every ``--checkpoint-every`` and after the last, injected faults
     (tests), and the ``--save`` checkpoint at the end; the loop's result."""
-    from fxplan.runtime.train_checkpoint import TrainPosition, data_identity, \
+    from fxplan.runtime.checkpoint.training import TrainPosition, data_identity, \
         save_training_checkpoint
-    from fxplan.runtime.trainer import train
+    from fxplan.runtime.train.trainer import train
 
     plan, sharded = run.plan, run.sharded
 
@@ -438,9 +438,9 @@ def _summarise(run: Run, args: argparse.Namespace, log: Any, result: Any) -> Non
 
 
 def log_precision(log: Any, precision: Any, plan_dtype: str) -> None:
-    """Rank 0: the run's mixed precision (:mod:`fxplan.runtime.precision`), where it departs
+    """Rank 0: the run's mixed precision (:mod:`fxplan.runtime.apply.precision`), where it departs
     from the dtype the plan was priced in, and its fallback (fp16 without a loss scaler)."""
-    from fxplan.runtime.precision import DTYPES
+    from fxplan.runtime.apply.precision import DTYPES
 
     log.print(f"mixed precision: {precision.describe()} ({precision.source})")
     if DTYPES.get(plan_dtype) != precision.compute:
@@ -484,7 +484,7 @@ def plan_for_world(plan: "Plan", world: int, run_dir: str) -> "tuple[Plan, Any]"
 def log_resume(log: Any, events: Any, position: Any, checkpoint: Any, plan: Any) -> None:
     """Rank 0: the checkpoint resumed from and the samples skipped or replayed, from the data
     position: the checkpoint's next sample against the first global sample this run's first
-    step reads (``step · B`` of this plan; :mod:`fxplan.runtime.data`)."""
+    step reads (``step · B`` of this plan; :mod:`fxplan.runtime.train.data`)."""
     first = position.step * plan.batch
     skipped, replayed = max(0, first - position.next_sample), max(0, position.next_sample - first)
     log.print(f"resume: checkpoint step {position.step}, next sample {position.next_sample}, "
@@ -496,7 +496,7 @@ def log_resume(log: Any, events: Any, position: Any, checkpoint: Any, plan: Any)
 
 def newest_checkpoint(run_dir: str) -> str | None:
     """``run_dir`` when it holds a committed checkpoint (``--resume`` finds the newest)."""
-    from fxplan.runtime.ckpt_manifest import newest_committed_step
+    from fxplan.runtime.checkpoint.manifest import newest_committed_step
 
     return run_dir if newest_committed_step(run_dir) is not None else None
 
@@ -537,8 +537,8 @@ def inject_fault(step: int, rank: int, attempt: int, where: str) -> None:
 def resume_notes(position: Any, args: argparse.Namespace, plan: Any) -> list[str]:
     """What differs between the checkpoint's run and this one, as lines to print; refuses a
     checkpoint already at or past ``--steps``."""
-    from fxplan.runtime.ckpt_manifest import CheckpointError
-    from fxplan.runtime.train_checkpoint import data_identity
+    from fxplan.runtime.checkpoint.manifest import CheckpointError
+    from fxplan.runtime.checkpoint.training import data_identity
 
     if position.step >= args.steps:
         raise CheckpointError(f"--resume: the checkpoint has done {position.step} steps and "

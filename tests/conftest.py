@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 #: A child process whose command line holds one of these starts a multi-process launch.
-_LAUNCHERS = ("fxplan.runtime.torchrun", "torch.distributed.run", "torchrun")
+_LAUNCHERS = ("fxplan.runtime.launch.torchrun", "torch.distributed.run", "torchrun")
 
 
 def _launches(argv: Any) -> bool:

@@ -130,7 +130,7 @@ def test_search_captures_in_the_training_dtype(monkeypatch):
 
 
 def test_schedule_is_built_once_per_equal_loss_function(monkeypatch):
-    import fxplan.runtime.sharded_module as sm
+    import fxplan.runtime.apply.sharded_module as sm
 
     built = []
     monkeypatch.setattr(sm, "build_schedule", lambda *args: built.append(args[-1]) or object())

@@ -8,7 +8,7 @@ import re
 from rich.console import Console
 
 import fxplan
-from fxplan.report import render_report
+from fxplan.report.terminal import render_report
 
 
 def test_memory_rows_are_numbered_by_stage_even_when_stages_are_identical():
@@ -35,7 +35,7 @@ def _plan_with_runners(runners):  # type: ignore[no-untyped-def]
 
 
 def test_runners_up_list_each_configuration_once() -> None:
-    from fxplan.report import unique_runners_up
+    from fxplan.report.terminal import unique_runners_up
 
     other = {"summary": "pp=1 dp=8 tp=1 | …", "config": "dp=8,tp=1", "mfu": 0.3,
              "peak_memory_gib": 30.0}

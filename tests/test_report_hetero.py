@@ -9,7 +9,7 @@ import re
 from rich.console import Console
 
 import fxplan
-from fxplan.report import capacity_text, mesh_levels, plan_summary, render_report
+from fxplan.report.terminal import capacity_text, mesh_levels, plan_summary, render_report
 
 CLUSTER = "hetero-v100-a100:v100.nodes=1,a100.nodes=1"
 MODEL = "gpt:layers=8,hidden=512,heads=8,vocab=4096,seq=512"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import fxplan
-from fxplan.plots import plan_context, simulate_plan
-from fxplan.report_html import render_html
+from fxplan.plan_context import plan_context, simulate_plan
+from fxplan.report.html import render_html
 
 MODEL = "gpt:layers=4,hidden=64,heads=4,seq=32,vocab=256"
 CLUSTER = "local-cpu:devices=4"

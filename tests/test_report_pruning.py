@@ -1,4 +1,4 @@
-"""``fxplan.report_pruning.group_pruned``: reasons grouped by kind, near-misses first, each
+"""``fxplan.report.pruning.group_pruned``: reasons grouped by kind, near-misses first, each
 group ordered by how close its candidate came; plans without ``pruned_detail`` read from their
 wording."""
 
@@ -11,8 +11,8 @@ from rich.console import Console
 from fxplan.core.config import ParallelConfig
 from fxplan.core.plan import Plan
 from fxplan.inter_op.reasons import DIVIDE, MEMORY, STAGES, TIME_BOUND
-from fxplan.report import render_pruned
-from fxplan.report_pruning import OTHER, group_pruned
+from fxplan.report.terminal import render_pruned
+from fxplan.report.pruning import OTHER, group_pruned
 
 REASONS = [
     ("tp=16: does not divide heads=24 (24 mod 16 = 8)", {"kind": DIVIDE}),

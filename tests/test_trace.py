@@ -11,7 +11,7 @@ from fxplan.cluster_specs import Cluster
 from fxplan.api import capture_for_search
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model import estimate
-from fxplan.trace import LANES, predicted_trace, write_trace
+from fxplan.report.trace import LANES, predicted_trace, write_trace
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The data coordinates a ``--data FILE.py:FUNCTION`` hook gets (``fxplan.worker.data_source``):
 ``dp_rank``/``dp_size`` are the data replica's, so under context parallelism (``cp`` consecutive
 dp ranks per CP group, Megatron's layout) the ranks of a group get the same coordinates and
-read the same samples (:func:`fxplan.runtime.data.replica_coordinates`)."""
+read the same samples (:func:`fxplan.runtime.train.data.replica_coordinates`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fxplan.runtime.data import replica_coordinates
-from fxplan.runtime.sharded_module import ShardedModule
+from fxplan.runtime.train.data import replica_coordinates
+from fxplan.runtime.apply.sharded_module import ShardedModule
 from fxplan.worker import data_source
 
 HOOK = '''

@@ -179,7 +179,7 @@ class MoELayer(nn.Module):
         return self.finish(y, probs, choice, x)
 
     # The steps of :meth:`forward`, separate so that expert parallelism
-    # (:mod:`fxplan.runtime.expert_parallel`) runs the same math with the routing of every
+    # (:mod:`fxplan.runtime.styles.expert_parallel`) runs the same math with the routing of every
     # data-parallel replica and the experts on their EP ranks.
     def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Router probabilities ``p [T, E]`` (fp32), top-``k`` choices ``[T, k]`` and their

@@ -114,7 +114,7 @@ def _group_path(key: str) -> SpecPath:
 
 def _compute(cal: Calibration, cluster: Cluster, device: str, quick: bool, out: Path,
              say: Callable[[str], None]) -> None:
-    from fxplan.cost_model.profiler import profile
+    from fxplan.cost_model.compute.profiler import profile
 
     gpu = device == "cuda"
     dtype = "bf16" if gpu else "fp32"
@@ -138,7 +138,7 @@ def _compute(cal: Calibration, cluster: Cluster, device: str, quick: bool, out: 
     if not gpu:
         cal.notes.append("CPU: the op grid's efficiencies are reported, not written — local-cpu's "
                          "class efficiencies come from a model's timed graph nodes "
-                         "(cost_model/class_efficiency.py)")
+                         "(cost_model/compute/class_efficiency.py)")
 
 
 def _collectives(cal: Calibration, cluster: Cluster, ranks: int, kind: str, quick: bool,
@@ -198,7 +198,7 @@ def _memory(cal: Calibration, cluster: Cluster, kind: str) -> None:
     stamp = _stamp(data["ranks"], data["backend"])
     memory = [m for m in data["memory"] if m]
     if kind == "gpu":
-        from fxplan.cost_model.runtime_memory import CUDA_CONTEXT_BYTES
+        from fxplan.cost_model.memory.runtime import CUDA_CONTEXT_BYTES
 
         context = max(m["context_gib"] for m in memory)
         total = min(m["total_gib"] for m in memory)
@@ -215,7 +215,7 @@ def _memory(cal: Calibration, cluster: Cluster, kind: str) -> None:
         cal.rows += [Row("memory per device", "GiB", group.memory_gib, total, True),
                      Row("CUDA context per process", "GiB", spec_context, context, True),
                      Row("NCCL communicator (world group)", "GiB", None, nccl, False,
-                         "priced per plan by cost_model/runtime_memory.py")]
+                         "priced per plan by cost_model/memory/runtime.py")]
         link = data.get("host_link_gb_per_s")
         if link:
             cal.spec["device_groups"][0]["host_link_gb_per_s"] = round(link, 3)

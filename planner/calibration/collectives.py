@@ -6,7 +6,7 @@ local ranks (gloo over loopback on CPU, nccl on GPUs) and returns what rank 0 wr
 :func:`fit_level` fits the two constants of the node's link level — the effective bandwidth
 ``B = bandwidth_gb_per_s × efficiency`` and the hop latency ``h = latency_us`` — to the measured
 times in the cost model's own form. For a fixed algorithm every collective's price
-(:mod:`fxplan.cost_model.collectives`) is affine in ``h`` and in ``u = 1/B``:
+(:mod:`fxplan.cost_model.comm.collectives`) is affine in ``h`` and in ``u = 1/B``:
 
     t_i(h, u) = t_i(h₀, u₀) + a_i·(h − h₀) + b_i·(u − u₀)
 
@@ -37,7 +37,7 @@ import numpy as np
 
 from fxplan.cluster_specs import Cluster
 from fxplan.core.errors import UserError
-from fxplan.cost_model.collectives import collective_time_s
+from fxplan.cost_model.comm.collectives import collective_time_s
 
 __all__ = ["CalibrationError", "Point", "LevelFit", "measure", "points", "fit_level",
            "with_level", "predict"]
@@ -210,7 +210,7 @@ def fit_level(spec: Mapping[str, Any], level_name: str, measured: Sequence[Point
 
 def busbw_gb_per_s(point: Point, ranks: int) -> float:
     """nccl-tests' bus bandwidth of a measured point (GB/s)."""
-    from fxplan.cost_model.collectives import bus_factor
+    from fxplan.cost_model.comm.collectives import bus_factor
 
     n = 2 if point.kind == "send_recv" else ranks
     return point.nbytes / point.seconds * bus_factor(point.kind, n) / 1e9 if point.seconds > 0 \

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--kinds", default=",".join(KINDS))
     args = parser.parse_args(argv)
-    from fxplan.runtime.process_group import init_process_group
+    from fxplan.runtime.launch.process_group import init_process_group
 
     # torch 2.13 renames reduce_scatter_tensor; the old name is the one every supported torch has
     warnings.filterwarnings("ignore", category=FutureWarning, message=".*reduce_scatter_tensor")

@@ -1,7 +1,7 @@
 """The compute efficiencies an op database implies, in the spec's own terms.
 
 The roofline prices a forward op of class ``c`` as ``t = max(F/(P·e_c(F)), B/(BW·e_m(B))) +
-t_launch`` (:mod:`fxplan.cost_model.compute`), where the saturating curves ``e(x) = e_max ·
+t_launch`` (:mod:`fxplan.cost_model.compute.op_time`), where the saturating curves ``e(x) = e_max ·
 x/(x + x_half)`` reach the spec's ``compute_efficiency`` value ``e_max`` on large ops. A
 measured time ``t_meas`` of the same op therefore implies
 
@@ -10,7 +10,7 @@ measured time ``t_meas`` of the same op therefore implies
 (the roofline's time scales as ``1/e_max`` on the leg that binds). Small ops are dominated by
 the launch and the saturation curve, so the implied value of a class is the median over its
 largest third of measurements (by FLOPs or bytes). Each op class is written to the key the
-cost model reads for it (:meth:`~fxplan.cost_model.efficiency.EfficiencyModel.curves`: the
+cost model reads for it (:meth:`~fxplan.cost_model.compute.efficiency.EfficiencyModel.curves`: the
 class itself, else its family, else ``memory_bound`` for memory-bound classes), so the
 values land where the pricing looks; classes that share a key are pooled.
 """
@@ -21,13 +21,13 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from fxplan.cost_model.compute import roofline_time_s
-from fxplan.cost_model.efficiency import family_of, load_efficiency
-from fxplan.cost_model.op_database import OpDatabase
+from fxplan.cost_model.compute.op_time import roofline_time_s
+from fxplan.cost_model.compute.efficiency import family_of, load_efficiency
+from fxplan.cost_model.compute.op_database import OpDatabase
 
 __all__ = ["OP_CLASSES", "ImpliedEfficiency", "implied_efficiencies"]
 
-#: The op class each measured op is priced as (:data:`fxplan.cost_model.op_database.OPS`).
+#: The op class each measured op is priced as (:data:`fxplan.cost_model.compute.op_database.OPS`).
 OP_CLASSES: dict[str, str] = {"linear": "matmul", "bmm": "matmul", "sdpa": "attention",
                               "add": "elementwise", "mul": "elementwise", "gelu": "elementwise",
                               "layer_norm": "norm", "softmax": "softmax"}
@@ -49,7 +49,7 @@ class ImpliedEfficiency:
 def _spec_key(op_class: str, spec: Mapping[str, float]) -> str:
     """The ``compute_efficiency`` key the cost model reads for ``op_class`` (module docstring):
     the first present of the keys of the curve that bounds it
-    (:meth:`~fxplan.cost_model.efficiency.EfficiencyModel.spec_keys`), else the class's own
+    (:meth:`~fxplan.cost_model.compute.efficiency.EfficiencyModel.spec_keys`), else the class's own
     name (compute-bound) or ``memory_bound``."""
     compute_keys, memory_keys = load_efficiency().spec_keys(op_class)
     keys = compute_keys or memory_keys

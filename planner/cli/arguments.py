@@ -106,7 +106,7 @@ def add_dtype_argument(parser: argparse.ArgumentParser, *, what: str,
 
 def add_headroom_argument(parser: argparse.ArgumentParser) -> None:
     """``--memory-headroom``: kept as text and parsed by the command
-    (:func:`fxplan.cost_model.memory_headroom.parse_headroom`), so a bad value is a one-paragraph
+    (:func:`fxplan.cost_model.memory.headroom.parse_headroom`), so a bad value is a one-paragraph
     user error (exit 2)."""
     parser.add_argument("--memory-headroom", metavar="H", default=None,
                         help="memory every device must leave free beyond the estimate: a "

@@ -59,7 +59,7 @@ def _table(cal) -> None:  # type: ignore[no-untyped-def]
 
     from fxplan.core.units import plain, percent
 
-    from fxplan.cli.units import console
+    from fxplan.report.console import console
 
     table = Table(title=f"fxplan calibrate: {cal.base} → {cal.spec['name']}", title_justify="left")
     for column in ("quantity", "spec", "measured", "difference", "written", "how"):

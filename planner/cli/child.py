@@ -7,9 +7,9 @@ torchrun and its ranks running. :func:`run_foreground` forwards the interrupt to
 waits up to ``grace_s`` seconds for it to stop (torchrun stops its ranks on SIGINT), kills it
 after that, and raises ``KeyboardInterrupt`` so that the command exits with code 130 and one
 line (:func:`fxplan.cli.main.interrupted`). A SIGKILL of fxplan runs no handler at all: the
-child is started with a parent-death signal (:mod:`fxplan.runtime.parent_death`), so the kernel
+child is started with a parent-death signal (:mod:`fxplan.runtime.launch.parent_death`), so the kernel
 sends it SIGTERM when fxplan dies, and its ranks die with it. With a step watchdog
-(:class:`~fxplan.runtime.heartbeat.StepWatch`) a stalled step ends the child the same way as an
+(:class:`~fxplan.runtime.launch.heartbeat.StepWatch`) a stalled step ends the child the same way as an
 interrupt and is reported with ``say``.
 """
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.runtime.heartbeat import StepWatch
+    from fxplan.runtime.launch.heartbeat import StepWatch
 
 __all__ = ["run_foreground"]
 
@@ -44,8 +44,8 @@ def run_foreground(cmd: Sequence[str], env: Mapping[str, str], *, grace_s: float
     own death, or (``watch``) after a stalled step."""
     # here, not at the top: importing the runtime package imports torch, and ``fxplan --help``
     # and ``--version`` import every verb module
-    from fxplan.runtime.parent_death import parent_death_hook
-    from fxplan.runtime.supervisor import STALL_GRACE_S, wait_attempt
+    from fxplan.runtime.launch.parent_death import parent_death_hook
+    from fxplan.runtime.launch.supervisor import STALL_GRACE_S, wait_attempt
 
     child = subprocess.Popen(list(cmd), env=dict(env),
                              preexec_fn=parent_death_hook(signal.SIGTERM))

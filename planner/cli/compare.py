@@ -10,7 +10,7 @@ smallest size meeting it): its summary, step time, MFU, memory, the days to trai
 and cost (:mod:`fxplan.compare` has the arithmetic); the table is sorted by cost (by
 device-hours when no prices are given, which the command says), the Pareto front of days
 against cost is marked, ``--plot PNG`` draws it and ``--html PAGE`` writes both to one page
-(:mod:`fxplan.compare_report`). Prices are per device-hour, the user's: ``--price`` inline or
+(:mod:`fxplan.report.compare`). Prices are per device-hour, the user's: ``--price`` inline or
 ``--prices`` a YAML mapping of kind to price.
 """
 
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.batch_tokens import parse_batch_tokens
     from fxplan.compare import (DEFAULT_CLUSTERS, compare, parse_duration_days,
                                 parse_size_range, parse_tokens)
-    from fxplan.compare_report import plot_comparison, render_comparison, write_html
+    from fxplan.report.compare import plot_comparison, render_comparison, write_html
 
     tokens = parse_tokens(args.tokens)
     deadline = parse_duration_days(args.deadline) if args.deadline else None

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.cluster_specs import Cluster
     from fxplan.cluster_specs.summary import renderable
     from fxplan.cli.graph import _print as print_graph
-    from fxplan.report import render_report
+    from fxplan.report.terminal import render_report
     from fxplan.api import capture_for_search
     from fxplan.cluster_specs import training_dtype
     from fxplan.inter_op import search

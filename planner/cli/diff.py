@@ -6,7 +6,7 @@
 Prints the differing fields (model, cluster, batch; degrees, link levels, schedule,
 microbatching, ZeRO, recompute, sequence parallelism, the layout the step time priced), the
 stages' layer ranges when they differ, the placements summarised by pattern (layer numbers
-folded into ``*``, most frequent first; :mod:`fxplan.plan_diff`) and the predicted step time,
+folded into ``*``, most frequent first; :mod:`fxplan.report.diff`) and the predicted step time,
 MFU and memory with ``b − a``. Identical plans say so. ``--json``: the same as JSON
 (``identical``, ``fields``, ``stages``, ``placements``, ``predicted``).
 """
@@ -80,7 +80,7 @@ def _stages(ranges: list[list[int]]) -> str:
 def _print(data: dict[str, Any], a: str, b: str) -> None:
     from rich.table import Table
 
-    from fxplan.cli.units import console
+    from fxplan.report.console import console
 
     out = console()
     if data["identical"]:
@@ -124,7 +124,7 @@ def _print(data: dict[str, Any], a: str, b: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fxplan.core.plan import load_plan
-    from fxplan.plan_diff import diff_plans
+    from fxplan.report.diff import diff_plans
 
     data = diff_plans(load_plan(args.a), load_plan(args.b)).to_dict()
     if args.json:

@@ -178,7 +178,7 @@ def _check_cluster_spec(devices: list[Devices]) -> Check:
         spec = f"local-cpu:devices={cpu_cores()}"
         Cluster.load(spec)  # a spec that does not load is a failure of this check
         return Check("cluster spec", OK, f"{spec} (CPU ranks on gloo)", {"spec": spec})
-    from fxplan.cost_model.efficiency import normalise_model
+    from fxplan.cost_model.compute.efficiency import normalise_model
 
     family, count = _gpu_family(found.names[0]), len(found.names)
     memory, gpu_name = min(found.memory_gib), normalise_model(found.names[0])
@@ -215,7 +215,7 @@ def _check_cluster_spec(devices: list[Devices]) -> Check:
 
 def _check_op_database(devices: list[Devices]) -> Check:
     from fxplan.cluster_specs.local_cpu import cpu_model
-    from fxplan.cost_model.op_database import find_database_file
+    from fxplan.cost_model.compute.op_database import find_database_file
 
     model = devices[0].names[0] if devices[0].names else cpu_model()
     path = find_database_file(model)
@@ -307,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
         return 1 if failed else 0
     from rich.table import Table
 
-    from fxplan.cli.units import console
+    from fxplan.report.console import console
 
     style = {OK: "green", WARN: "yellow", FAIL: "bold red"}
     table = Table(title="fxplan doctor", title_justify="left")

@@ -1,7 +1,7 @@
 """``fxplan launch … --elastic MIN:MAX --max-restarts N``: the launch flags of elastic training.
 
 - ``--max-restarts N``: ``fxplan launch`` supervises torchrun itself
-  (:mod:`fxplan.runtime.supervisor`): torchrun runs with ``--max-restarts=0``; when it exits
+  (:mod:`fxplan.runtime.launch.supervisor`): torchrun runs with ``--max-restarts=0``; when it exits
   non-zero (a worker died), every process of that attempt is ended and a fresh torchrun starts —
   on one node a new free loopback port, on many a new rendezvous id
   ``fxplan-<run>-<attempt>`` (``<run>``: ``$FXPLAN_JOB_ID``, else ``$SLURM_JOB_ID``, else a
@@ -31,7 +31,7 @@ from fxplan.cli.run_config import LaunchError
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
-    from fxplan.runtime.heartbeat import StepWatch
+    from fxplan.runtime.launch.heartbeat import StepWatch
 
 __all__ = ["add_elastic_arguments", "parse_elastic", "elastic_torchrun_flags", "rdzv_id",
            "run_supervised", "replan_before_start", "resume_newest"]
@@ -98,9 +98,9 @@ def run_supervised(args: argparse.Namespace, run_dir: str,
                    make_attempt: Callable[[int], "tuple[dict[str, str], list[str]]"],
                    watch: "StepWatch | None" = None,
                    input_error: "Callable[[], str | None] | None" = None) -> int:
-    """Run the launch under :func:`fxplan.runtime.supervisor.supervise` (``watch``: the step
+    """Run the launch under :func:`fxplan.runtime.launch.supervisor.supervise` (``watch``: the step
     watchdog; ``input_error``: the workers' input-error report, which ends it unrestarted)."""
-    from fxplan.runtime.supervisor import supervise
+    from fxplan.runtime.launch.supervisor import supervise
 
     def say(text: str) -> None:
         print(f"fxplan launch: {text}", flush=True)
@@ -119,7 +119,7 @@ def replan_before_start(args: argparse.Namespace, plan: "Plan", world: int, run_
     from pathlib import Path
 
     from fxplan.replan import replan, report_replan
-    from fxplan.runtime.events import EventLog
+    from fxplan.runtime.train.events import EventLog
 
     found = replan(plan, world=world)
 
@@ -141,7 +141,7 @@ def resume_newest(args: argparse.Namespace, run_dir: str) -> None:
     """Under ``--max-restarts``/``--elastic`` without ``--resume``: a run directory that holds a
     committed checkpoint is resumed from it (a re-run or requeued job goes on), checked by the
     launch before any process starts like any ``--resume``."""
-    from fxplan.runtime.ckpt_manifest import newest_committed_step
+    from fxplan.runtime.checkpoint.manifest import newest_committed_step
 
     if (args.max_restarts or args.elastic) and not args.resume and \
             newest_committed_step(run_dir) is not None:

@@ -67,8 +67,8 @@ def _print(result: dict[str, Any], model: str, cluster: str) -> None:
     from rich.console import Console
 
     from fxplan.core.units import gib, percent, seconds
-    from fxplan.cost_model.memory import MEMORY_LEGEND, MEMORY_ROWS
-    from fxplan.report import headroom_text, rate_line
+    from fxplan.cost_model.memory.breakdown import MEMORY_LEGEND, MEMORY_ROWS
+    from fxplan.report.terminal import headroom_text, rate_line
 
     console = Console(width=None if sys.stdout.isatty() else 140, highlight=False, emoji=False)
     r = result
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from fxplan.cost_model import ParallelConfig, estimate
     from fxplan.api import capture
 
-    from fxplan.cost_model.memory_headroom import parse_headroom
+    from fxplan.cost_model.memory.headroom import parse_headroom
 
     config = ParallelConfig.parse(args.config)
     headroom = parse_headroom(args.memory_headroom)
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     result = estimate(graph, cluster, config, batch=args.batch, seq=args.seq,
                       memory_headroom=headroom)
     if args.plot:
-        from fxplan.cost_model.timeline_plot import plot_timeline
+        from fxplan.report.timeline_plot import plot_timeline
 
         plot_timeline(result.timeline(), args.plot, title=f"{args.model} · {result.config.summary()}")
     data = result.to_dict()

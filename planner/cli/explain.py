@@ -6,9 +6,9 @@
     fxplan explain plan.json --vs "tp=8" --json
 
 ``--vs`` takes the ``--constrain`` text of ``fxplan plan`` (one value per key; the keys not
-given keep the plan's values, the rest follows as :func:`fxplan.explain.alternative_config`
+given keep the plan's values, the rest follows as :func:`fxplan.report.explain.alternative_config`
 says) or a plan file. Both sides are priced now by the cost model on the plan's model
-(re-captured from its spec), cluster and batch (:mod:`fxplan.explain`). Prints the step time
+(re-captured from its spec), cluster and batch (:mod:`fxplan.report.explain`). Prints the step time
 of each and the difference term by term (compute, each kind of communication, pipeline
 send/recv and bubble, optimizer), the stage imbalance, the peak memory of every pipeline rank
 against the capacity, and the sentence saying what decided. ``--json`` prints the same as
@@ -47,7 +47,7 @@ def _is_plan_file(text: str) -> bool:
 
 def _side_rows(data: dict[str, Any]) -> list[list[str]]:
     from fxplan.core.units import percent, seconds
-    from fxplan.explain import TERMS
+    from fxplan.report.explain import TERMS
 
     plan, alt = data["plan"], data["alternative"]
     delta = data.get("delta", {})
@@ -92,7 +92,7 @@ def _memory_rows(data: dict[str, Any]) -> list[list[str]]:
 def _print(data: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from fxplan.cli.units import console
+    from fxplan.report.console import console
 
     out = console()
     plan, alt = data["plan"], data["alternative"]
@@ -125,7 +125,7 @@ def _print(data: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from fxplan.cli.constraint_text import parse_constraints
     from fxplan.core.plan import load_plan
-    from fxplan.explain import compare
+    from fxplan.report.explain import compare
 
     plan = load_plan(args.plan)
     if _is_plan_file(args.vs):

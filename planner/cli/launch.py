@@ -36,19 +36,19 @@ its own newest checkpoint) or ``--overwrite`` is given. Data that cannot feed th
 empty, odd-length or too short token file, ids beyond the vocabulary) and a checkpoint of
 another model (the manifest's model fingerprint) are refused before any process starts. While
 it runs, torchrun dies with the launcher and the workers with torchrun
-(:mod:`fxplan.runtime.parent_death`); a rank that finishes no step for ``--step-timeout``
-seconds ends the attempt (:mod:`fxplan.runtime.heartbeat`; restarted under
+(:mod:`fxplan.runtime.launch.parent_death`); a rank that finishes no step for ``--step-timeout``
+seconds ends the attempt (:mod:`fxplan.runtime.launch.heartbeat`; restarted under
 ``--max-restarts``); an input error only a worker sees is printed once, exit code 2, no
-restart spent (:mod:`fxplan.runtime.rank_errors`). docs/elastic.md has the details.
+restart spent (:mod:`fxplan.runtime.launch.rank_errors`). docs/elastic.md has the details.
 
 Single-node runs rendezvous on ``127.0.0.1`` at a free port and nothing listens beyond loopback:
-``python -m fxplan.runtime.torchrun`` (torchrun with its store servers bound to loopback) and
+``python -m fxplan.runtime.launch.torchrun`` (torchrun with its store servers bound to loopback) and
 ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` set to the loopback interface. The command is
 printed before it runs (``--print-command``: printed, not run).
 
-``--trace [DIR]`` writes ``DIR/predicted.json``, the plan's simulated step (:mod:`fxplan.trace`),
+``--trace [DIR]`` writes ``DIR/predicted.json``, the plan's simulated step (:mod:`fxplan.report.trace`),
 before the run, and has every rank record a few steps with :mod:`torch.profiler` into
-``DIR/measured-rank<R>.json`` (:func:`fxplan.runtime.trainer.train`), in the same Chrome trace
+``DIR/measured-rank<R>.json`` (:func:`fxplan.runtime.train.trainer.train`), in the same Chrome trace
 format, for a side-by-side look (default ``DIR``: ``RUN_DIR/trace``).
 
 Modules: the pre-flight checks are :mod:`fxplan.cli.launch_checks`, the torchrun and worker
@@ -163,7 +163,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="CPU ranks: auto (default) pins each rank to a core, round robin, "
                        "where there are more ranks than cores; core pins every rank (a block of "
                        "cores each); none leaves placement to the scheduler "
-                       "(fxplan.runtime.affinity)")
+                       "(fxplan.runtime.launch.affinity)")
     from fxplan.cli.elastic import add_elastic_arguments
 
     add_elastic_arguments(parser)
@@ -174,11 +174,12 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def write_predicted_trace(plan: Plan, cluster: Cluster, model: str | None, directory: str) -> str:
-    """``DIR/predicted.json``: the plan's simulated step (:mod:`fxplan.trace`)."""
+    """``DIR/predicted.json``: the plan's simulated step (:mod:`fxplan.report.trace`)."""
     from fxplan.api import capture_for_search
     from fxplan.cluster_specs import training_dtype
-    from fxplan.plots import plan_title, simulate_plan
-    from fxplan.trace import predicted_trace, write_trace
+    from fxplan.plan_context import simulate_plan
+    from fxplan.report.plots import plan_title
+    from fxplan.report.trace import predicted_trace, write_trace
 
     graph = capture_for_search(model or plan.model, seq=plan.seq, dtype=training_dtype(cluster))
     result = simulate_plan(plan, graph, cluster)
@@ -236,8 +237,8 @@ def _start(args: argparse.Namespace, plan: "Plan", cluster: "Cluster", nnodes: i
         written = write_predicted_trace(plan, cluster, args.model, trace_dir(args, settings))
         print(f"predicted trace written to {written}", flush=True)
     print(f"running: {line}", flush=True)
-    from fxplan.runtime.heartbeat import STATUS_DIR_ENV, StepWatch, default_step_timeout
-    from fxplan.runtime.rank_errors import (read_failures, read_reports, summarize,
+    from fxplan.runtime.launch.heartbeat import STATUS_DIR_ENV, StepWatch, default_step_timeout
+    from fxplan.runtime.launch.rank_errors import (read_failures, read_reports, summarize,
                                             summarize_failures)
 
     status = tempfile.mkdtemp(prefix="fxplan-status-")
@@ -275,7 +276,7 @@ def _start(args: argparse.Namespace, plan: "Plan", cluster: "Cluster", nnodes: i
 
 
 class WorkerInputError(LaunchError):
-    """An input error a worker reported (:mod:`fxplan.runtime.rank_errors`): exit code 2."""
+    """An input error a worker reported (:mod:`fxplan.runtime.launch.rank_errors`): exit code 2."""
 
 
 def _largest(value: object) -> float | None:

@@ -46,7 +46,7 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
     from fxplan.api import capture_for_search
     from fxplan.cluster_specs import Cluster
     from fxplan.core.plan import load_plan
-    from fxplan.cost_model.plan_check import check_plan as check_plan_against
+    from fxplan.cost_model.step.plan_check import check_plan as check_plan_against
     from fxplan.cluster_specs import training_dtype
 
     plan = load_plan(args.plan)
@@ -58,10 +58,10 @@ def check_plan(args: argparse.Namespace) -> tuple[Any, int, int, Any]:
                                dtype=training_dtype(cluster))
     plan.check_matches(graph_fingerprint=graph.fingerprint(), source=args.plan)
     check_plan_against(plan, cluster, graph, source=args.plan)
-    from fxplan.runtime.offload import check_runnable
+    from fxplan.runtime.apply.offload import check_runnable
 
     check_runnable(plan, cluster.device(0).kind)   # offload layout, fp8 on CPU
-    from fxplan.runtime.expert_parallel import check_expert_parallel
+    from fxplan.runtime.styles.expert_parallel import check_expert_parallel
 
     check_expert_parallel(plan)                     # ep > 1 with tp > 1 under sp: not run
     check_expert_model(model, plan, built=graph.module)   # the capture's meta build
@@ -72,18 +72,18 @@ def check_expert_model(model: str, plan: "Plan", built: "torch.nn.Module | None"
                        ) -> None:
     """For an ``ep > 1`` plan, refuse a model whose expert weights are in no layer the runtime
     can split, as the workers would refuse it
-    (:func:`fxplan.runtime.expert_parallel.check_expert_layers`), before any process starts.
+    (:func:`fxplan.runtime.styles.expert_parallel.check_expert_layers`), before any process starts.
     ``built``: the model already built on ``meta`` (the capture's,
     :attr:`~fxplan.passes.captured_graph.CapturedGraph.module`); else the model spec ``model``
     is built on ``meta`` as the worker builds it (no weights are allocated or initialised).
     An ``ep = 1`` plan is not checked."""
     if plan.config.ep <= 1:
         return
-    from fxplan.runtime.expert_parallel import check_expert_layers
+    from fxplan.runtime.styles.expert_parallel import check_expert_layers
 
     if built is None:
         from fxplan.examples.model_spec import resolve_model
-        from fxplan.runtime.build import meta_parameters
+        from fxplan.runtime.apply.build import meta_parameters
 
         bundle = resolve_model(model)
         with meta_parameters():
@@ -99,7 +99,7 @@ def check_checkpoints(args: argparse.Namespace, settings: RunSettings,
     checkpoint directory ``--resume`` resolves to: in a run or checkpoints directory the newest
     that passes the check, the newer ones that fail it appended to ``refused`` (the launch
     moves them aside: :func:`set_aside`)."""
-    from fxplan.runtime.ckpt_manifest import CheckpointError, read_json_file, resolve_checkpoint
+    from fxplan.runtime.checkpoint.manifest import CheckpointError, read_json_file, resolve_checkpoint
 
     if args.save and os.path.exists(args.save):
         raise LaunchError(f"--save {args.save} exists: a checkpoint is written to a new "
@@ -142,12 +142,12 @@ def set_aside(refused: list[Path]) -> None:
 def check_resume_model(checkpoint: str, model: str) -> None:
     """Before any process starts: the ``--resume`` checkpoint must hold the parameters of the
     model this launch runs, as its manifest records them
-    (:func:`fxplan.runtime.ckpt_manifest.check_model`); the model is built on ``meta`` as the
+    (:func:`fxplan.runtime.checkpoint.manifest.check_model`); the model is built on ``meta`` as the
     worker builds it (no weights allocated)."""
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.build import meta_parameters
-    from fxplan.runtime.ckpt_manifest import MANIFEST, check_model, read_json_file
-    from fxplan.runtime.train_checkpoint import model_fingerprint
+    from fxplan.runtime.apply.build import meta_parameters
+    from fxplan.runtime.checkpoint.manifest import MANIFEST, check_model, read_json_file
+    from fxplan.runtime.checkpoint.training import model_fingerprint
 
     manifest = read_json_file(Path(checkpoint), MANIFEST)
     if not isinstance(manifest.get("model_fingerprint"), str):
@@ -160,16 +160,16 @@ def check_resume_model(checkpoint: str, model: str) -> None:
 def check_data(settings: RunSettings, plan: "Plan", model: str) -> None:
     """Before any process starts: a token file must feed the plan's model — not empty, a whole
     number of ids, at least one sample of ``seq + 1`` tokens, no id at or above the
-    vocabulary in its first :data:`~fxplan.runtime.data.SCAN_BYTES` bytes
-    (:func:`fxplan.runtime.data.check_token_file`). Synthetic data, datasets directories
+    vocabulary in its first :data:`~fxplan.runtime.train.data.SCAN_BYTES` bytes
+    (:func:`fxplan.runtime.train.data.check_token_file`). Synthetic data, datasets directories
     (:func:`check_dataset_dir`) and hooks are not read here; what only a worker sees is
-    reported once by the launcher (:mod:`fxplan.runtime.rank_errors`)."""
+    reported once by the launcher (:mod:`fxplan.runtime.launch.rank_errors`)."""
     data = settings.data
     if data == "synthetic" or os.path.isdir(data) or \
             (data.rpartition(":")[1] and data.rpartition(":")[0].endswith(".py")):
         return
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.data import SCAN_BYTES, check_token_file, token_dtype
+    from fxplan.runtime.train.data import SCAN_BYTES, check_token_file, token_dtype
 
     config = resolve_model(model).config
     vocab = getattr(config, "vocab", None) or getattr(config, "vocab_size", None)
@@ -240,9 +240,9 @@ def settings_for(args: argparse.Namespace) -> RunSettings:
 
 def check_dataset_dir(path: str) -> str:
     """A ``--data`` directory must be a saved Hugging Face dataset with an ``input_ids``
-    column (:mod:`fxplan.runtime.hf_data`), checked before any process starts; its absolute
+    column (:mod:`fxplan.runtime.train.hf_data`), checked before any process starts; its absolute
     path."""
-    from fxplan.runtime.hf_data import is_dataset_dir, load_token_column
+    from fxplan.runtime.train.hf_data import is_dataset_dir, load_token_column
 
     if not is_dataset_dir(path):
         raise LaunchError(f"--data {path} is a directory without the files "

@@ -89,7 +89,7 @@ def _params_text(params: int | None) -> str:
 def _print(listing: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from fxplan.cli.units import console
+    from fxplan.report.console import console
 
     out = console()
     table = Table(title="presets (MODEL, or MODEL:key=value,... to change a key)",

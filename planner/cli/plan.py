@@ -9,7 +9,7 @@
     fxplan plan model.py:build --cluster local-cpu:devices=4 --batch 8 --leaf Attention
     fxplan plan gpt-1.7b --cluster dgx-a100-80g:nodes=4 --batch 512 --constrain "tp=8,zero=1"
 
-Prints the report (:mod:`fxplan.report`) or, with ``--json``, the flat summary; ``-o`` writes
+Prints the report (:mod:`fxplan.report.terminal`) or, with ``--json``, the flat summary; ``-o`` writes
 the full plan JSON; ``--time-budget`` bounds the search; ``--emit`` writes a program that
 embeds the plan and trains it like ``fxplan launch`` under torchrun (:mod:`fxplan.program`;
 the launch's flags, ``--path auto|module|graph`` among them: how the plan is applied, as
@@ -18,7 +18,7 @@ with the model's fx code per stage, every planned placement annotated, as commen
 (:func:`fxplan.passes.rewrite.emit.emit_program`); ``--html``/``--trace`` write the report
 page and the predicted trace (:mod:`fxplan.cli.report`); ``--plot
 PREFIX`` draws ``PREFIX-timeline.png`` and ``PREFIX-memory.png`` of the chosen plan
-(:func:`fxplan.plots.plot_plan`). ``--leaf`` and ``--method`` capture as ``fxplan graph``
+(:func:`fxplan.report.plots.plot_plan`). ``--leaf`` and ``--method`` capture as ``fxplan graph``
 does; ``--constrain`` restricts the search as the API's ``constraints=``
 (:mod:`fxplan.cli.constraint_text`); ``--allow-fp8`` lets it try FP8 linear layers. The plan
 names its model as a spec that resolves from
@@ -104,7 +104,7 @@ def _emit(plan: Plan, graph: CapturedGraph, cluster: Cluster, path: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from fxplan.cluster_specs import Cluster
-    from fxplan.report import plan_summary, render_report
+    from fxplan.report.terminal import plan_summary, render_report
     from fxplan.api import capture_for_search, runtime_check
     from fxplan.cli.constraint_text import parse_constraints
     from fxplan.examples.model_spec import canonical_spec
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
     if args.json:
         logging.getLogger("fxplan.planner").setLevel(logging.ERROR)  # fallbacks are in the JSON
-    from fxplan.cost_model.memory_headroom import parse_headroom
+    from fxplan.cost_model.memory.headroom import parse_headroom
 
     check_batch_arguments(args)
     constraints = parse_constraints(args.constrain)
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     timer = PhaseTimer()
     graph = capture_for_search(model, seq=args.seq, dtype=training_dtype(cluster), timer=timer,
                                leaf_modules=tuple(args.leaf), method=args.method)
-    from fxplan.cost_model.layer_costs import graph_segments
+    from fxplan.cost_model.step.layer_costs import graph_segments
 
     batch = resolve_batch(args, args.seq or graph_segments(graph).seq)
     plan = search(graph, cluster, batch=batch, seq=args.seq, constraints=constraints,
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         plan.save(args.output)
     emitted = _emit(plan, graph, cluster, args.emit) if args.emit else None
     if args.plot:
-        from fxplan.plots import plot_plan
+        from fxplan.report.plots import plot_plan
 
         plotted = " and ".join(map(str, plot_plan(plan, graph, cluster, args.plot)))
         emitted = "\n".join(filter(None, [emitted, f"plots written to {plotted}"]))

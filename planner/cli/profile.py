@@ -1,4 +1,4 @@
-"""``fxplan profile``: measure the op database of the local device (see ``cost_model.profiler``)."""
+"""``fxplan profile``: measure the op database of the local device (see ``cost_model.compute.profiler``)."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fxplan.cost_model.op_database import OPS, default_database_path
-    from fxplan.cost_model.profiler import profile
+    from fxplan.cost_model.compute.op_database import OPS, default_database_path
+    from fxplan.cost_model.compute.profiler import profile
 
     ops = [op.strip() for op in args.ops.split(",") if op.strip()] if args.ops is not None else None
     if ops == []:

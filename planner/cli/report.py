@@ -1,13 +1,13 @@
 """``fxplan report plan.json``: the report of a saved plan, in the terminal or as a web page.
 
     fxplan report plan.json                       # the terminal report `fxplan plan` prints
-    fxplan report plan.json --html plan.html      # one self-contained page (fxplan.report_html)
-    fxplan report plan.json --trace plan.trace.json   # Chrome/Perfetto trace (fxplan.trace)
+    fxplan report plan.json --html plan.html      # one self-contained page (fxplan.report.html)
+    fxplan report plan.json --trace plan.trace.json   # Chrome/Perfetto trace (fxplan.report.trace)
 
 ``--html`` and ``--trace`` need the step simulation, which a plan file does not hold: the
 plan's model is captured again and its cluster loaded (both checked against the plan's
-fingerprints, :func:`fxplan.plots.plan_context`) and the configuration the plan priced is
-estimated again (:func:`fxplan.plots.simulate_plan`). ``fxplan plan`` takes the same two flags
+fingerprints, :func:`fxplan.plan_context.plan_context`) and the configuration the plan priced is
+estimated again (:func:`fxplan.plan_context.simulate_plan`). ``fxplan plan`` takes the same two flags
 (:func:`write_artifacts`).
 """
 
@@ -36,16 +36,17 @@ def write_artifacts(plan: Plan, graph: CapturedGraph, cluster: Cluster, *,
     """Write the page and/or the trace of ``plan``; one line per file written."""
     if not html and not trace:
         return []
-    from fxplan.plots import plan_title, simulate_plan
+    from fxplan.plan_context import simulate_plan
+    from fxplan.report.plots import plan_title
 
     result = simulate_plan(plan, graph, cluster)
     lines = []
     if html:
-        from fxplan.report_html import write_html
+        from fxplan.report.html import write_html
 
         lines.append(f"report page written to {write_html(plan, graph, result, html)}")
     if trace:
-        from fxplan.trace import predicted_trace, write_trace
+        from fxplan.report.trace import predicted_trace, write_trace
 
         written = write_trace(predicted_trace(result, title=plan_title(plan)), trace)
         lines.append(f"predicted trace written to {written} (chrome://tracing, ui.perfetto.dev)")
@@ -65,8 +66,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from fxplan.core.plan import load_plan
-    from fxplan.plots import plan_context
-    from fxplan.report import render_report
+    from fxplan.plan_context import plan_context
+    from fxplan.report.terminal import render_report
 
     plan = load_plan(args.plan)
     lines = []

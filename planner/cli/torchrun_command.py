@@ -4,7 +4,7 @@ One node's command is ``torchrun --nnodes N --nproc-per-node P --rdzv-backend=c1
 --rdzv-endpoint E [flags after --] -m fxplan.worker PLAN --setting value …`` (every run setting
 explicit, :func:`worker_command`). Multi-node runs meet at the user's ``--rdzv-endpoint
 HOST:PORT``; a single-node run meets on ``127.0.0.1`` at a free port and binds nothing beyond
-loopback: ``python -m fxplan.runtime.torchrun`` (torchrun with its store servers bound to
+loopback: ``python -m fxplan.runtime.launch.torchrun`` (torchrun with its store servers bound to
 loopback) and ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` set to the loopback interface. The
 torchrun flags fxplan sets itself are refused after ``--`` (:data:`OWN_TORCHRUN_FLAGS`).
 """
@@ -76,7 +76,7 @@ def passthrough(args: argparse.Namespace) -> list[str]:
 
 def affinity_env(args: argparse.Namespace) -> dict[str, str]:
     """``FXPLAN_CPU_AFFINITY`` for the ranks where ``--cpu-affinity`` was given
-    (:mod:`fxplan.runtime.affinity`; unset, the worker's default, ``auto``)."""
+    (:mod:`fxplan.runtime.launch.affinity`; unset, the worker's default, ``auto``)."""
     mode = getattr(args, "cpu_affinity", None)
     return {AFFINITY_ENV: mode} if mode else {}
 

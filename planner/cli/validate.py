@@ -63,7 +63,7 @@ def _print(result) -> None:  # type: ignore[no-untyped-def]
 
     from fxplan.core.units import gib, percent, seconds
 
-    from fxplan.cli.units import console
+    from fxplan.report.console import console
 
     out = console()
     table = Table(title=f"fxplan validate: {result.plan} ({result.device}; steps "

@@ -21,20 +21,20 @@ The one-line form is the edge to text: what ``fxplan estimate --config`` takes, 
 
 ``offload`` (:data:`OFFLOAD_POLICIES`) puts the optimizer states, or the optimizer states and
 the ZeRO-3 parameter shards, in host memory; ``fp8`` runs the matrix products in FP8 (the cost
-model's :mod:`fxplan.cost_model.fp8` says what that assumes); ``ep`` (expert parallelism, a
-divisor of ``dp``: :mod:`fxplan.cost_model.expert_parallel`) splits a mixture of experts'
+model's :mod:`fxplan.cost_model.compute.fp8` says what that assumes); ``ep`` (expert parallelism, a
+divisor of ``dp``: :mod:`fxplan.cost_model.parallel.expert_parallel`) splits a mixture of experts'
 experts over ``ep`` of the data-parallel ranks; ``cp`` (context parallelism, a divisor of
-``dp``: :mod:`fxplan.cost_model.context_parallel`) splits every sample's sequence over ``cp`` of
+``dp``: :mod:`fxplan.cost_model.parallel.context_parallel`) splits every sample's sequence over ``cp`` of
 the data-parallel ranks, so ``batch = (dp/cp) · microbatch_size · num_microbatches``. ``tp_overlap`` says the runtime overlaps the
 sequence-parallel all-gathers and reduce-scatters with their adjacent GEMMs (Megatron-Core's
 ``--tp-comm-overlap``, Transformer Engine's userbuffers); the cost model then prices each such
-collective as ``max(0, t_comm − t_gemm)`` (:mod:`fxplan.cost_model.stage_costs`). The search
+collective as ``max(0, t_comm − t_gemm)`` (:mod:`fxplan.cost_model.step.stage_costs`). The search
 never sets it: fxplan's own runtime does not overlap tensor-parallel communication.
 ``pg_overlap`` (ZeRO-1/2 only) says the runtime hides the all-gather of the updated parameters
 behind the next step's forward, as Megatron-Core's distributed optimizer does with
 ``--overlap-param-gather`` (each bucket gathered before its module's first forward); the cost
 model then charges only what exceeds the stage's forward of one microbatch,
-``max(0, t_gather − t_forward)`` (:mod:`fxplan.cost_model.stage_costs`). The search never sets
+``max(0, t_gather − t_forward)`` (:mod:`fxplan.cost_model.step.stage_costs`). The search never sets
 it either: fxplan's runtime gathers the parameters after the optimizer step.
 
 and :meth:`ParallelConfig.summary` prints ``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 |
@@ -83,7 +83,7 @@ OFFLOAD_POLICIES: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
 #: How a context-parallel rank gets the keys and values of its group's other sequence chunks in
 #: the runtime: an all-gather of K and V over the CP group (a reduce-scatter of dK, dV in the
 #: backward). A plan with ``cp > 1`` names it (``cp_attention``); the cost model also prices
-#: ring attention (:mod:`fxplan.cost_model.context_parallel`) for comparison.
+#: ring attention (:mod:`fxplan.cost_model.parallel.context_parallel`) for comparison.
 CP_ATTENTION = "allgather"
 
 _ON = ("on", "true", "yes", "1")
@@ -241,8 +241,8 @@ class ParallelConfig:
     ``placements`` are the placements the cost model prices on the ``(dp, tp)`` mesh of one
     stage (:class:`~fxplan.core.placements.PlacementMap`: outputs only override the default
     layout's node states, a map with edges or parameters is priced edge by edge, see
-    :mod:`fxplan.cost_model.priced_layout`); ``None`` uses the default Megatron layout derived
-    from the graph (:mod:`fxplan.cost_model.megatron_layout`).
+    :mod:`fxplan.cost_model.parallel.priced_layout`); ``None`` uses the default Megatron layout derived
+    from the graph (:mod:`fxplan.cost_model.parallel.megatron_layout`).
     """
 
     dp: int = 1

@@ -2,7 +2,7 @@
 
 A single-node run needs no port other machines can reach: ``fxplan launch`` (without
 ``--rdzv-endpoint``), the programs ``--emit`` writes and ``fxplan calibrate``'s collectives
-benchmark all start :mod:`fxplan.runtime.torchrun` (torchrun whose stores listen on loopback
+benchmark all start :mod:`fxplan.runtime.launch.torchrun` (torchrun whose stores listen on loopback
 only) with the rendezvous on ``127.0.0.1`` and gloo's and NCCL's sockets on the loopback
 interface, unless the environment names another.
 """
@@ -44,13 +44,13 @@ def free_loopback_port() -> int:
 
 def loopback_torchrun(nproc: int, nodes_flag: str = "--nnodes=1") -> tuple[dict[str, str],
                                                                           list[str]]:
-    """``(environment to add, argv)`` of :mod:`fxplan.runtime.torchrun` starting ``nproc``
+    """``(environment to add, argv)`` of :mod:`fxplan.runtime.launch.torchrun` starting ``nproc``
     local ranks, rendezvous on a free loopback port; the argv ends before the worker's module
     or script. ``nodes_flag``: torchrun's ``--nnodes`` (an elastic range under
     ``fxplan launch --elastic``). The environment binds the sockets of gloo and NCCL to
     loopback where this process's environment does not bind them already."""
     env = {key: loopback_interface() for key in SOCKET_IFNAME_ENV if key not in os.environ}
-    argv = [sys.executable, "-m", "fxplan.runtime.torchrun", nodes_flag,
+    argv = [sys.executable, "-m", "fxplan.runtime.launch.torchrun", nodes_flag,
             f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{free_loopback_port()}", "--local-addr=127.0.0.1"]
     return env, argv

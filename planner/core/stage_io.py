@@ -1,8 +1,8 @@
 """``StageIO``: the shapes a pipeline stage exchanges, shared by the stage split and the runtime.
 
 The graph rewrite's stage split (:mod:`fxplan.passes.rewrite.stages`) and the module-level
-path (:mod:`fxplan.runtime.module_apply`) both describe each stage by meta tensors of its
-inputs and outputs for one microbatch; the pipeline runtime (:mod:`fxplan.runtime.pipeline`)
+path (:mod:`fxplan.runtime.apply.module`) both describe each stage by meta tensors of its
+inputs and outputs for one microbatch; the pipeline runtime (:mod:`fxplan.runtime.train.pipeline`)
 builds its ``PipelineStage`` buffers from them.
 """
 

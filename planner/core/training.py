@@ -2,7 +2,7 @@
 
 One type for the command line (``fxplan launch`` flags and the TOML run config, which extend
 it with the run's data and directories: :class:`fxplan.cli.run_config.RunSettings`) and the
-runtime's training loop (:func:`fxplan.runtime.trainer.train`).
+runtime's training loop (:func:`fxplan.runtime.train.trainer.train`).
 
 **Schedule** for the update of step ``t = 1 … T`` with peak ``η``, floor ``η_min`` (default
 ``η / 10``) and ``W`` warm-up steps::
@@ -25,7 +25,7 @@ __all__ = ["AFFINITY_ENV", "AFFINITY_MODES", "APPLY_PATHS", "TrainConfig", "lr_a
 #: rewrite, ``auto`` the module level where the plan allows it, else the graph rewrite.
 APPLY_PATHS: tuple[str, ...] = ("auto", "module", "graph")
 #: Where CPU ranks run (``fxplan launch --cpu-affinity``, handed to the ranks as
-#: ``AFFINITY_ENV``; :mod:`fxplan.runtime.affinity`): ``auto`` pins where ranks outnumber cores
+#: ``AFFINITY_ENV``; :mod:`fxplan.runtime.launch.affinity`): ``auto`` pins where ranks outnumber cores
 #: (the default), ``core`` always, ``none`` never.
 AFFINITY_MODES: tuple[str, ...] = ("auto", "core", "none")
 AFFINITY_ENV = "FXPLAN_CPU_AFFINITY"

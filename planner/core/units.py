@@ -2,12 +2,12 @@
 
 Every verb, the reports and the exports print numbers through these so that one table reads
 like the next: three significant digits and a unit (``1.68 B`` parameters, ``79.1 GiB``,
-``312 TFLOP``). The command line's console lives with the CLI (:mod:`fxplan.cli.units`).
+``312 TFLOP``). The command line's console lives with the CLI (:mod:`fxplan.report.console`).
 """
 
 from __future__ import annotations
 
-__all__ = ["binary_bytes", "count", "gib", "percent", "plain", "seconds", "si"]
+__all__ = ["binary_bytes", "count", "gib", "percent", "plain", "seconds", "si", "time_unit"]
 
 _SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 _COUNT = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K"))
@@ -87,3 +87,12 @@ def gib(value: float, digits: int = 3, *, sign: bool = False) -> str:
         return "0 B"
     plus = "+" if sign and value > 0 else ""
     return plus + binary_bytes(value * 2 ** 30, digits)
+
+
+def time_unit(seconds: float) -> tuple[float, str]:
+    """``(scale, unit)`` for an axis spanning ``seconds``: µs below 1 ms, ms below 10 s, else s."""
+    if seconds < 1e-3:
+        return 1e6, "µs"
+    if seconds < 10:
+        return 1e3, "ms"
+    return 1.0, "s"

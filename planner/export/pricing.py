@@ -4,7 +4,7 @@ An exporter that cannot write the plan exactly returns the changes the framework
 instead, as :class:`~fxplan.core.config.ParallelConfig` fields (``{"zero_stage": 2}``,
 ``{"schedule": Schedule("1f1b")}``, ``{"stage_layers": None}``, …). :func:`price_changes`
 prices both runs on the plan's model and cluster, re-captured as the search captured them and
-checked against the plan's fingerprints (:func:`fxplan.plots.plan_context`):
+checked against the plan's fingerprints (:func:`fxplan.plan_context.plan_context`):
 
 * the plan: :func:`fxplan.inter_op.pricing.priced_config`, the configuration its step time
   priced, against the plan's memory headroom;
@@ -27,7 +27,7 @@ from fxplan.core.errors import UserError
 from fxplan.core.plan import Plan
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.cost_model.estimate import Estimate
+    from fxplan.cost_model.step.estimate import Estimate
 
 __all__ = ["describe_changes", "price_changes"]
 
@@ -66,7 +66,7 @@ def price_changes(plan: Plan, changes: Mapping[str, Any]) -> str:
     fxplan's cost model now, or why it could not be priced."""
     from fxplan.cost_model import estimate
     from fxplan.inter_op.pricing import priced_config
-    from fxplan.plots import plan_context
+    from fxplan.plan_context import plan_context
 
     what = f"fxplan's estimate of the run as exported ({describe_changes(changes)})"
     try:

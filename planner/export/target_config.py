@@ -60,7 +60,7 @@ class TargetConfig:
     (Megatron-Core ``--tp-comm-overlap``), ``param_gather_overlap`` whether the updated
     parameters' all-gather hides behind the next forward (``--overlap-param-gather``);
     ``cp_comm`` how context parallelism exchanges K/V (``all_gather``, what
-    :mod:`fxplan.cost_model.context_parallel` prices; ``None`` without context parallelism);
+    :mod:`fxplan.cost_model.parallel.context_parallel` prices; ``None`` without context parallelism);
     ``model`` the plan's model spec (``hf:mixtral-8x7b``), for the targets that name models.
     """
 

@@ -31,7 +31,7 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     ``cluster``: a ``Cluster`` or a spec string. ``timer``: the phase timer of a caller
     that captured the graph, so its ``capture`` phase shows in the plan's timings.
     ``seq`` must match the captured sequence when given (ignored for a graph without a
-    sequence dimension, as :func:`cost_model.estimate.estimate` does). ``constraints`` fixes
+    sequence dimension, as :func:`cost_model.step.estimate.estimate` does). ``constraints`` fixes
     fields of the candidates, each to a value or a collection of values: ``tp, pp, dp,
     microbatch_size, schedule, recompute, sequence_parallel, zero_stage``
     (:mod:`fxplan.inter_op.constraints`).
@@ -39,7 +39,7 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     ``time_budget_s`` bounds the whole search after capture (ranking, intra-op solves and
     simulation; see ``docs/planner.md``).
     ``memory_headroom``: what every device must leave free — a fraction (``0.1``, ``"10%"``)
-    or GiB (``"4GiB"``); ``None``: 5 % (:mod:`fxplan.cost_model.memory_headroom`). A plan
+    or GiB (``"4GiB"``); ``None``: 5 % (:mod:`fxplan.cost_model.memory.headroom`). A plan
     whose estimated peak does not leave it is refused, and the pruning reasons say so.
     ``runnable``: the runtime's check of a plan on this model (``plan -> reason | None``;
     :func:`fxplan.api.runtime_check` builds it), asked of the finalists best first: a plan it
@@ -47,13 +47,13 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     :class:`ConstraintError` (a ``UserError``) for invalid or over-restrictive constraints.
     """
     from fxplan.cluster_specs import Cluster
-    from fxplan.cost_model.layer_costs import graph_segments
+    from fxplan.cost_model.step.layer_costs import graph_segments
     from fxplan.core.errors import UserError
-    from fxplan.cost_model.op_database import frozen_databases
+    from fxplan.cost_model.compute.op_database import frozen_databases
     from fxplan.inter_op.driver import DEFAULT_FINALISTS, run_search
 
     timer = timer or PhaseTimer()
-    from fxplan.cost_model.memory_headroom import parse_headroom
+    from fxplan.cost_model.memory.headroom import parse_headroom
 
     check_search_arguments(batch=batch, seq=seq, time_budget_s=time_budget_s,
                            finalists=finalists, constraints=constraints)

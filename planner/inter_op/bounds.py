@@ -6,7 +6,7 @@ the average share of the (tp-local) parameters, and activations are never negati
     M ≥ k_z(dp) · Ψ_tp / pp + reserved + C_ctx + NCCL    k_0 = 16, k_1 = 4 + 12/dp, k_2 = 2 + 14/dp,
                                                  k_3 = 16/dp  bytes per parameter
 
-(the runtime terms of :mod:`cost_model.runtime_memory` that do not depend on the split). If
+(the runtime terms of :mod:`cost_model.memory.runtime` that do not depend on the split). If
 this exceeds the capacity less the headroom, ``C − H``, every candidate of the family at that
 stage is pruned before any microbatch variant is tried. With pipeline ranks on device groups
 of different capacities ``C_s`` (reserves ``r_s``, headrooms ``H_s``) the stages may be
@@ -44,7 +44,7 @@ the bound is not used there.
 
 from __future__ import annotations
 
-from fxplan.cost_model.memory import GIB
+from fxplan.cost_model.memory.breakdown import GIB
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig
 from fxplan.inter_op.reasons import MEMORY, Reason

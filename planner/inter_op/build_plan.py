@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 from fxplan.core.config import ParallelConfig
 from fxplan.core.placements import PlacementMap, Replicate
 from fxplan.core.plan import MESH_AXES, Plan, StageAssignment
-from fxplan.cost_model.estimate import Estimate
-from fxplan.cost_model.expert_parallel import moe_layers
-from fxplan.cost_model.memory import GIB
-from fxplan.cost_model.mesh import LogicalMesh
-from fxplan.cost_model.stage_costs import stage_ranks
+from fxplan.cost_model.step.estimate import Estimate
+from fxplan.cost_model.parallel.expert_parallel import moe_layers
+from fxplan.cost_model.memory.breakdown import GIB
+from fxplan.cost_model.comm.mesh import LogicalMesh
+from fxplan.cost_model.step.stage_costs import stage_ranks
 from fxplan.inter_op.pricing import Priced
 from fxplan.inter_op.reasons import Reason
 
@@ -116,8 +116,8 @@ def experts_whole_over_tp(graph: CapturedGraph, config: ParallelConfig,
                           placements: PlacementMap) -> PlacementMap:
     """``placements`` with every expert weight replicated over the mesh under ``ep > 1`` and
     ``tp > 1``. There each EP rank holds its ``E/ep`` experts whole on every tp rank
-    (:mod:`fxplan.runtime.expert_tp`, Megatron-Core's expert tensor-parallel size 1) and the
-    cost model prices them so (:mod:`fxplan.cost_model.expert_parallel`), whatever split the
+    (:mod:`fxplan.runtime.styles.expert_tp`, Megatron-Core's expert tensor-parallel size 1) and the
+    cost model prices them so (:mod:`fxplan.cost_model.parallel.expert_parallel`), whatever split the
     intra-op solver chose for the batched products; the plan says what runs. An expert weight:
     a 3-D parameter ``[E, ·, ·]`` whose ``E`` is a mixture-of-experts layer's expert count."""
     if config.ep == 1 or config.tp == 1 or not placements.params:

@@ -5,7 +5,7 @@ context_degrees` (``cp | dp``, ``2·cp | s``, ``(dp/cp) | batch``) that the cons
 Each rank of a CP group runs ``1/cp`` of every sequence, so at a fixed microbatch ``b`` a rank
 computes the same tokens per step at every ``cp`` (``m = batch·cp/(dp·b)`` microbatches of
 ``b·s/cp`` tokens each); what ``cp`` buys is activation memory (÷ ``cp``) and what it costs is
-the K/V exchange (:mod:`fxplan.cost_model.context_parallel`). Let ``cp*`` be the smallest
+the K/V exchange (:mod:`fxplan.cost_model.parallel.context_parallel`). Let ``cp*`` be the smallest
 possible degree at which one sequence per microbatch fits **without recompute**
 (the search's per-rank memory at ``b = 1``, ``recompute = none``, even stages,
 the family's first ZeRO/offload rung: :func:`plain_config`). A larger ``cp`` then has nothing left to buy: it runs

@@ -4,9 +4,9 @@
 global batch ``B``, choose ``x = (tp, pp, dp, b, schedule, zero, recompute, sp, stages)`` with
 ``pp·dp·tp = N`` and ``B = dp·b·m`` to
 
-    minimise  T(x)     (the step simulator, :func:`cost_model.estimate.estimate`)
-    s.t.      M_s(x) + H ≤ C  for every pipeline rank s    (:mod:`cost_model.memory`; ``H``
-                                  the headroom, :mod:`cost_model.memory_headroom`)
+    minimise  T(x)     (the step simulator, :func:`cost_model.step.estimate.estimate`)
+    s.t.      M_s(x) + H ≤ C  for every pipeline rank s    (:mod:`cost_model.memory.breakdown`; ``H``
+                                  the headroom, :mod:`cost_model.memory.headroom`)
 
 **Method**: branch and bound over an enumerated space (docs/planner.md, "The search", tells
 each step in words). On several device groups (:mod:`.stage_devices`) each pipeline rank is
@@ -42,10 +42,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.memory import MemoryBreakdown
-from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
+from fxplan.cost_model.memory.breakdown import MemoryBreakdown
+from fxplan.cost_model.memory.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.core.plan import Plan
-from fxplan.cost_model.expert_parallel import num_experts
+from fxplan.cost_model.parallel.expert_parallel import num_experts
 from fxplan.inter_op.bounds import (memory_lower_bound, memory_reason, pipeline_lower_bound,
                                     time_lower_bound)
 from fxplan.inter_op.build_plan import build_plan

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from fxplan.cost_model.memory import GIB, MemoryBreakdown
+from fxplan.cost_model.memory.breakdown import GIB, MemoryBreakdown
 from fxplan.core.errors import UserError
 from fxplan.inter_op.constraints import ConstraintError
 from fxplan.inter_op.reasons import Reason

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Mapping
 
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.memory import MemoryBreakdown
+from fxplan.cost_model.memory.breakdown import MemoryBreakdown
 from fxplan.inter_op.constraints import allowed
 from fxplan.inter_op.offload import Rung
 from fxplan.inter_op.partition import balanced_counts

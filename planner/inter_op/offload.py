@@ -26,9 +26,9 @@ over PCIe every step. ``(0, optimizer)`` with ``dp > 1`` is
 left out: ``(1, optimizer)`` keeps the same device bytes with ``1/dp`` of the host bytes and
 of the CPU step. Only the rungs the ``zero_stage`` and ``offload`` constraints allow are
 tried, and offload rungs only when every device group's spec gives its host side
-(:class:`fxplan.cost_model.offload.HostSide`). A rung fits when the device memory fits and
+(:class:`fxplan.cost_model.memory.offload.HostSide`). A rung fits when the device memory fits and
 every node's host memory holds its ranks' offloaded states
-(:func:`fxplan.cost_model.offload.with_host_check`). When nothing fits even with offload, the
+(:func:`fxplan.cost_model.memory.offload.with_host_check`). When nothing fits even with offload, the
 error adds the host memory a node needs at least (:meth:`MemoryRungs.host_note`): every state
 on the host, 16 B per parameter, sharded over the ranks, ``16·Ψ·(N/nodes)/N`` per node.
 """
@@ -38,9 +38,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Collection, Mapping
 
 from fxplan.core.config import CostModelError, ParallelConfig
-from fxplan.cost_model.fp8 import check_fp8
-from fxplan.cost_model.memory import GIB
-from fxplan.cost_model.offload import HostSide, with_host_check
+from fxplan.cost_model.compute.fp8 import check_fp8
+from fxplan.cost_model.memory.breakdown import GIB
+from fxplan.cost_model.memory.offload import HostSide, with_host_check
 from fxplan.inter_op.constraints import ConstraintError
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory

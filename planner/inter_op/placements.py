@@ -4,8 +4,8 @@ The intra-op solver (:func:`fxplan.intra_op.solve_intra_op`, repeated blocks sha
 of variables) places the graph on the ``(1, tp)`` slice of the stage mesh at the captured
 microbatch, once per tensor-parallel degree (:class:`IntraOpCache`); the ``dp`` token is the
 search's data parallelism (the batch ``S(0)`` for activations, ``S(0)`` for parameters under
-ZeRO-3). :meth:`PlacementChoice.priced` placements are what :func:`cost_model.estimate.estimate`
-prices (:mod:`cost_model.priced_layout`): a :class:`~fxplan.core.placements.PlacementMap` of every
+ZeRO-3). :meth:`PlacementChoice.priced` placements are what :func:`cost_model.step.estimate.estimate`
+prices (:mod:`cost_model.parallel.priced_layout`): a :class:`~fxplan.core.placements.PlacementMap` of every
 node's output, what each consumer needs where it differs from its producer's output (keyed by
 the :class:`~fxplan.core.placements.DataEdge`), every parameter.
 Sequence parallelism is read off the answer: it is on when an activation the Megatron layout
@@ -14,7 +14,7 @@ replicates (layer norms, the residual stream) is sharded over tp.
 Where the solver is not importable, finds no feasible placement, or the search's time budget
 leaves it no time (its limit is the smaller of :data:`SOLVER_TIME_LIMIT_S` and the budget
 left), the placements come from the cost
-model's default Megatron layout (:func:`fxplan.cost_model.tp_layout.tp_layout`, derived from
+model's default Megatron layout (:func:`fxplan.cost_model.parallel.tp_layout.tp_layout`, derived from
 dataflow), priced by that layout's rules, and the fallback is logged and recorded in
 ``Plan.fallbacks`` — never silently:
 
@@ -37,9 +37,9 @@ from fxplan.core.config import ParallelConfig
 from fxplan.core.placements import (DataEdge, Placement, PlacementMap, Placements, Replicate,
                                     Shard, parse_placements)
 from fxplan.core.plan import SolverInfo
-from fxplan.cost_model.megatron_layout import CONST, REPL, used_params
-from fxplan.cost_model.tp_layout import tp_layout
-from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.cost_model.parallel.megatron_layout import CONST, REPL, used_params
+from fxplan.cost_model.parallel.tp_layout import tp_layout
+from fxplan.cost_model.comm.mesh import LogicalMesh
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -69,7 +69,7 @@ class PlacementChoice:
     objective_s: float = float("nan")
 
     def priced_placements(self) -> PlacementMap | None:
-        """``ParallelConfig.placements`` for :func:`cost_model.estimate.estimate`: the map when
+        """``ParallelConfig.placements`` for :func:`cost_model.step.estimate.estimate`: the map when
         it is priced, ``None`` (the default Megatron layout) otherwise."""
         return self.placements if self.priced else None
 

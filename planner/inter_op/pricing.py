@@ -3,7 +3,7 @@
 For a finalist ``c`` the intra-op solver's placements ``π`` for its tp degree
 (:class:`fxplan.inter_op.placements.IntraOpCache`) go into
 ``ParallelConfig.placements`` and the step simulator prices them
-(:func:`cost_model.estimate.estimate`, :mod:`cost_model.priced_layout`): compute split as
+(:func:`cost_model.step.estimate.estimate`, :mod:`cost_model.parallel.priced_layout`): compute split as
 ``π`` splits it, activation memory as ``π`` shards it, tensor-parallel communication as the
 reshards of ``π`` (``reshard_cost``, the function the solver priced them with). Sequence
 parallelism is what ``π`` says (``c_π = c`` with ``sp`` read off ``π``).
@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any, Collection
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.core.placements import PlacementMap
 from fxplan.core.plan import Plan
-from fxplan.cost_model.estimate import Estimate, estimate
-from fxplan.cost_model.memory import GIB
-from fxplan.cost_model.memory_headroom import MemoryHeadroom
-from fxplan.cost_model.plotting import time_unit
+from fxplan.cost_model.step.estimate import Estimate, estimate
+from fxplan.cost_model.memory.breakdown import GIB
+from fxplan.cost_model.memory.headroom import MemoryHeadroom
+from fxplan.core.units import time_unit
 from fxplan.inter_op.placements import IntraOpCache, PlacementChoice, megatron_placements
 from fxplan.inter_op.progress import Budget
 from fxplan.inter_op.reasons import DUPLICATE, MEMORY, REFUSED, Reason

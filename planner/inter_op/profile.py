@@ -1,9 +1,9 @@
 """Per-segment prices the inter-op search needs, from the cost model, in seconds and bytes.
 
 The search never prices an op itself. For one *shape key* ``(tp, sp, recompute, microbatch)``
-it asks :func:`cost_model.layer_costs.segment_cost` for every segment (``pre`` = embeddings,
+it asks :func:`cost_model.step.layer_costs.segment_cost` for every segment (``pre`` = embeddings,
 each repeated layer, ``post`` = final norm, head, loss) and adds the tensor-parallel
-collectives of the segment, priced by :func:`cost_model.collectives.collective_time_s` over
+collectives of the segment, priced by :func:`cost_model.comm.collectives.collective_time_s` over
 the tp group of the mesh (ranks ``0 … tp−1``; a tp group larger than a node straddles the
 network and the collective model prices that). Per microbatch and tp rank:
 
@@ -17,12 +17,12 @@ and the segment keeps ``ψ_i`` parameters (locally, tied weights counted once pe
 output (pipeline message) bytes (``pre``/``post`` likewise: their ``w`` and ``o`` in
 ``end_working`` and ``end_out_bytes``).
 
-With expert parallelism (``ep > 1``, :mod:`cost_model.expert_parallel`) a mixture of experts'
+With expert parallelism (``ep > 1``, :mod:`cost_model.parallel.expert_parallel`) a mixture of experts'
 layer keeps ``1/ep`` of its expert parameters (``ψ^e_i``, the expert part of ``ψ_i``) and its
 dispatch and combine all-to-alls over the EP group of the first replica (dp ranks
 ``0, tp, …, (ep−1)·tp``) join ``c^f_i`` and ``c^b_i``.
 
-With context parallelism (``cp > 1``, :mod:`cost_model.context_parallel`) every segment runs
+With context parallelism (``cp > 1``, :mod:`cost_model.parallel.context_parallel`) every segment runs
 ``1/cp`` of each microbatch's tokens (its ``f, b, a, o`` and tp collectives ÷ ``cp``; the
 parameters unchanged), a layer with attention holds the gathered ``K, V`` (``a``, ``w``), and
 its K/V all-gather (forward) and reduce-scatter (backward) over the CP group of the first
@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fxplan.cost_model.collectives import collective_time_s
-from fxplan.cost_model.context_parallel import cp_layers, cp_segment, kv_bytes, layer_exchange
-from fxplan.cost_model.expert_parallel import (alltoall_seconds, ep_segment, expert_work,
+from fxplan.cost_model.comm.collectives import collective_time_s
+from fxplan.cost_model.parallel.context_parallel import cp_layers, cp_segment, kv_bytes, layer_exchange
+from fxplan.cost_model.parallel.expert_parallel import (alltoall_seconds, ep_segment, expert_work,
                                                moe_layers)
-from fxplan.cost_model.layer_costs import SegmentCost, graph_segments, segment_cost
+from fxplan.cost_model.step.layer_costs import SegmentCost, graph_segments, segment_cost
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster, DeviceGroup

@@ -1,7 +1,7 @@
 """The inter-op strategy space: mesh families ``(tp, pp, dp)`` and the options inside each.
 
 A **family** is a factorisation ``pp · dp · tp = N`` of the world size, ranks laid out
-row-major with ``tp`` fastest (:class:`cost_model.mesh.LogicalMesh`), so ``tp`` stays inside a
+row-major with ``tp`` fastest (:class:`cost_model.comm.mesh.LogicalMesh`), so ``tp`` stays inside a
 node whenever ``tp ≤ devices per node`` and otherwise straddles nodes (allowed, priced by the
 collective model). A family is **invalid**, with the reason recorded, when
 
@@ -16,7 +16,7 @@ for ``v ∈`` :data:`INTERLEAVE_CHUNKS` when ``m mod pp = 0`` and ``L ≥ pp·v`
 ``1f1b`` only; with ``dp = 1`` also the zero-bubble ``zb:v`` for ``v ∈``
 :data:`ZERO_BUBBLE_CHUNKS` under the same conditions as ``interleaved:v`` and ``zbv`` when
 ``L ≥ 2·pp``, each with recompute ``none`` only — the split backward torch runs, see
-:func:`fxplan.runtime.pipeline.zero_bubble_refusal`), recompute
+:func:`fxplan.runtime.train.pipeline.zero_bubble_refusal`), recompute
 (:data:`~fxplan.core.config.RECOMPUTE_POLICIES`), sequence parallelism (``tp > 1``,
 ``tp | seq``), the ZeRO stage (0–3; 0 when ``dp = 1``) and, for a mixture of experts, the
 expert-parallel degree ``ep`` (``ep | dp``, ``ep | E``; ``ep > 1`` only with sequence
@@ -158,7 +158,7 @@ def _options(family: Family, *, batch: int, layers: int, seq: int | None,
             for recompute in (RECOMPUTE_POLICIES if not schedule.split_backward else ("none",)):
                 for sp in sps:
                     # sequence parallelism with ep > 1: not in the runtime
-                    # (fxplan.runtime.expert_tp), so not offered
+                    # (fxplan.runtime.styles.expert_tp), so not offered
                     for ep in (eps if not sp else (1,) if 1 in eps else ()):
                         yield ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=mb,
                                              num_microbatches=m, schedule=schedule,

@@ -1,14 +1,14 @@
 """Which device group each pipeline rank runs on: heterogeneous clusters in the search.
 
 The mesh is ``pp × dp × tp`` row-major over the cluster's ranks
-(:mod:`cost_model.stage_costs`), so pipeline rank ``s`` holds ranks
+(:mod:`cost_model.step.stage_costs`), so pipeline rank ``s`` holds ranks
 ``[s·dp·tp, (s+1)·dp·tp)``. Device groups are contiguous rank ranges
 (:mod:`cluster_specs.devices`), so the stage lies in one group exactly when its first and last
 ranks do; on a cluster of several groups a family whose stages straddle a group boundary is
 pruned (each stage on one device group: a stage that spans a V100 and an A100 node would run
 at the V100's pace with the V100's memory, and the cost model prices a stage on one device).
 Likewise a family whose tensor-parallel groups would cross a domain of a domain-scope level
-(a GB200 NVL72 rack; :func:`cost_model.mesh.domain_straddle`) is pruned: tensor parallelism
+(a GB200 NVL72 rack; :func:`cost_model.comm.mesh.domain_straddle`) is pruned: tensor parallelism
 stays inside the NVLink domain, data and pipeline parallelism go across.
 
 Per pipeline rank ``s`` the search then uses the group's own numbers:
@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
-from fxplan.cost_model.mesh import domain_straddle
+from fxplan.cost_model.memory.headroom import DEFAULT_HEADROOM, MemoryHeadroom
+from fxplan.cost_model.comm.mesh import domain_straddle
 from fxplan.inter_op.profile import ModelProfile, SegmentProfile
 from fxplan.inter_op.reasons import DIVIDE, Reason
 from fxplan.inter_op.space import Family

@@ -1,5 +1,5 @@
 """Peak bytes per pipeline rank of a candidate: the cost model's own formula
-(:func:`cost_model.stage_costs.rank_memory`, the one :func:`cost_model.estimate.estimate`
+(:func:`cost_model.step.stage_costs.rank_memory`, the one :func:`cost_model.step.estimate.estimate`
 reports as ``peak_memory_gib``) fed from the search's per-layer profile.
 
 Virtual stage ``j = c·p + s`` (chunk ``c`` of pipeline rank ``s``) holds layers ``[k_j, k_{j+1})``,
@@ -11,14 +11,14 @@ plus ``pre`` on ``j = 0`` and ``post`` on ``j = S−1``. Per rank ``s``::
     acts_s    = max over time τ of Σ_c n_{s,c}(τ) · A_{s,c}
                 A_{s,c} = Σ_{i ∈ j} a_i + a_pre[j = 0] + a_post[j = S−1]   (saved bytes, one
                 microbatch), n_{s,c}(τ) the microbatches of chunk c forwarded and not yet
-                backwarded at τ (:meth:`cost_model.pipeline_schedules.ScheduleOrder.peak_inflight`)
+                backwarded at τ (:meth:`cost_model.step.pipeline_schedules.ScheduleOrder.peak_inflight`)
     working_s = max_{segments on s} w         (one segment re-run at a time; 0 without recompute)
-    buffers_s = :func:`cost_model.stage_costs.buffer_bytes` of the rank's largest output and
+    buffers_s = :func:`cost_model.step.stage_costs.buffer_bytes` of the rank's largest output and
                 largest segment (ZeRO-3 gathers)
     runtime_s = CUDA context + NCCL buffers + f·(acts_s + working_s + buffers_s)   (GPU only,
-                :mod:`cost_model.runtime_memory`)
+                :mod:`cost_model.memory.runtime`)
     total_s   = states_s + acts_s + working_s + buffers_s + runtime_s + reserved
-    fits:       total_s + headroom ≤ memory_gib          (:mod:`cost_model.memory_headroom`)
+    fits:       total_s + headroom ≤ memory_gib          (:mod:`cost_model.memory.headroom`)
 
 On a homogeneous cluster and the default layout this *is* the estimate's per-stage peak
 memory (tested to 1e-6); the finalists' estimates price each stage on its own devices and with
@@ -41,12 +41,12 @@ from typing import Sequence
 
 import numpy as np
 
-from fxplan.cost_model.memory import GIB, MemoryBreakdown, model_state_bytes
-from fxplan.cost_model.memory_headroom import DEFAULT_HEADROOM, MemoryHeadroom
-from fxplan.cost_model.runtime_memory import (cuda_context_bytes, fragmentation_bytes,
+from fxplan.cost_model.memory.breakdown import GIB, MemoryBreakdown, model_state_bytes
+from fxplan.cost_model.memory.headroom import DEFAULT_HEADROOM, MemoryHeadroom
+from fxplan.cost_model.memory.runtime import (cuda_context_bytes, fragmentation_bytes,
                                               nccl_bytes)
-from fxplan.cost_model.pipeline_schedules import InflightCounts, inflight_counts
-from fxplan.cost_model.stage_costs import buffer_bytes, rank_memory
+from fxplan.cost_model.step.pipeline_schedules import InflightCounts, inflight_counts
+from fxplan.cost_model.step.stage_costs import buffer_bytes, rank_memory
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig
 
@@ -103,7 +103,7 @@ def state_bytes_per_param(dp: int, zero: int, offload: str = "none") -> float:
 
 def order(c: ParallelConfig) -> InflightCounts:
     """What the memory formula reads of the schedule's op order (cached by
-    :func:`~fxplan.cost_model.pipeline_schedules.inflight_counts` for every schedule the search
+    :func:`~fxplan.cost_model.step.pipeline_schedules.inflight_counts` for every schedule the search
     visits)."""
     return inflight_counts(c.schedule.kind, c.pp, c.virtual_stages, c.num_microbatches)
 
@@ -184,7 +184,7 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
 
 
 def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
-    """Per pipeline rank aggregates of :func:`cost_model.stage_costs.rank_memory`."""
+    """Per pipeline rank aggregates of :func:`cost_model.step.stage_costs.rank_memory`."""
     p, v = c.pp, c.virtual_stages
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
     starts = edges[:-1]

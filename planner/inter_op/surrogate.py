@@ -8,7 +8,7 @@ layers ``[k_j, k_{j+1})`` (embedding on ``j = 0``, head on ``j = S−1``), per m
 
 with ``p2p_j`` the blocking sends of the chunk's output forward (``j < S−1``) and of its input
 gradient backward (``j > 0``), ``send_recv`` between ranks ``dp·tp`` apart, and ``z_j`` the
-exposed ZeRO-3 traffic of the chunk's segments, as :mod:`cost_model.stage_costs` prices it
+exposed ZeRO-3 traffic of the chunk's segments, as :mod:`cost_model.step.stage_costs` prices it
 (each segment's weights all-gathered over dp before its forward and its backward, its
 gradients reduce-scattered after, prefetched one segment ahead)::
 
@@ -20,20 +20,20 @@ gradients reduce-scattered after, prefetched one segment ahead)::
     exposed_s = max(0, Σ_{i on s} AR/RS(2ψ_i) − ω_s·b_s)  gradient buckets behind one backward
     post_s    = AG(2Ψ_s) [zero ∈ {1,2}] + AR(2ψ_tied) [tied weights on the first and last rank]
     opt_s     = 28·Ψ_s / dp^{[zero ≥ 1]} / memory bandwidth          (offload = none)
-              = T_off(Ψ_s, B_s)   (:func:`cost_model.offload.offload_step_s`, ``B_s`` one
+              = T_off(Ψ_s, B_s)   (:func:`cost_model.memory.offload.offload_step_s`, ``B_s`` one
                                    microbatch's backward on rank s)        (offload ≠ none)
 
 Under ``offload=optimizer+params`` each segment's fp32 shard is copied to the device before
 each of its all-gathers and its gradient back after the reduce-scatter
-(:func:`cost_model.offload.offload_segment_s`): ``AG`` and ``RS`` in ``z_j`` carry those
+(:func:`cost_model.memory.offload.offload_segment_s`): ``AG`` and ``RS`` in ``z_j`` carry those
 copies.
 
 with ``ω_s`` the stage's ``comm_overlap`` (1 on GPUs), and where the devices run PyTorch DDP
 (``ddp_bucket_mib > 0``, tp = 1, ZeRO ≤ 1) the sum over DDP's buckets of the stage's
-gradient instead of one collective per layer (:func:`cost_model.host_overhead.ddp_buckets`).
+gradient instead of one collective per layer (:func:`cost_model.host.host_overhead.ddp_buckets`).
 ``m·w_s + (p−1)/v·w_max`` is exact for the uniform 1F1B and interleaved timelines of
-:mod:`cost_model.simulator` and close for nearly balanced stages; the simulator, through
-:func:`cost_model.estimate.estimate`, re-prices every candidate the search keeps.
+:mod:`cost_model.step.simulator` and close for nearly balanced stages; the simulator, through
+:func:`cost_model.step.estimate.estimate`, re-prices every candidate the search keeps.
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from fxplan.cost_model.collectives import collective_time_s
-from fxplan.cost_model.host_overhead import ddp_buckets
-from fxplan.cost_model.memory import ADAM_MIXED
-from fxplan.cost_model.offload import offload_segment_s, offload_step_s
+from fxplan.cost_model.comm.collectives import collective_time_s
+from fxplan.cost_model.host.host_overhead import ddp_buckets
+from fxplan.cost_model.memory.breakdown import ADAM_MIXED
+from fxplan.cost_model.memory.offload import offload_segment_s, offload_step_s
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig
 

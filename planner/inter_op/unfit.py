@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Callable
 
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.memory import GIB, MemoryBreakdown
+from fxplan.cost_model.memory.breakdown import GIB, MemoryBreakdown
 from fxplan.inter_op.reasons import MEMORY, Reason
 from fxplan.inter_op.space import Family
 from fxplan.inter_op.stage_memory import limit_text

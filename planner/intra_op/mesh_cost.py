@@ -1,9 +1,9 @@
-"""The cost model's prices for the intra-op solver, on a :class:`~cost_model.mesh.LogicalMesh`.
+"""The cost model's prices for the intra-op solver, on a :class:`~cost_model.comm.mesh.LogicalMesh`.
 
 Node ``v`` under strategy ``s`` (``split_a``: the op's work is divided over axis ``a``):
 
     compute_s = t_fwd(v, 1/f) + t_bwd(v, 1/f)            f = Π_{a: split_a} n_a
-                (``cost_model.compute.node_time_s``; no backward for a node no gradient
+                (``cost_model.compute.op_time.node_time_s``; no backward for a node no gradient
                 reaches, such as index or mask arithmetic)
     comm_s    = Σ_a Σ_{c ∈ comms_a} t_c                  the op's own collectives
               + Σ_{params p} t(grad_p → placement_p)     gradient sync: a parameter replicated
@@ -20,12 +20,12 @@ Edge ``u → v`` carrying tensor ``x`` from placements ``src`` to ``dst``:
 
     with, per axis, grad(dst) = P if dst is R and v is split on the axis (each rank's share of
     v's work yields a partial gradient of a replicated input), R if dst is P, else dst; and
-    grad(src) = R if src is P, else src (:func:`cost_model.edge_reshard.gradient_placements`,
-    the rule :func:`cost_model.estimate.estimate` prices explicit placements with). This is how
+    grad(src) = R if src is P, else src (:func:`cost_model.comm.edge_reshard.gradient_placements`,
+    the rule :func:`cost_model.step.estimate.estimate` prices explicit placements with). This is how
     Megatron's f/g operators arise: the replicated input of a column-parallel linear
     all-reduces its gradient.
 
-Reshards and collectives are priced by ``cost_model.reshard.reshard_cost`` (a collective of
+Reshards and collectives are priced by ``cost_model.comm.reshard.reshard_cost`` (a collective of
 kind k on axis a is the reshard that performs it: P→R all-reduce, P→S reduce-scatter, S→R
 all-gather), so every axis is priced over its slowest group. An edge into ``P`` from a
 placement that is not ``P`` is forbidden (infinite): ``reshard_cost`` calls R→P and S→P free
@@ -42,11 +42,11 @@ from typing import Any, Sequence
 
 import torch
 
-from fxplan.cost_model.compute import node_time_s
-from fxplan.cost_model.edge_reshard import gradient_placements
-from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.cost_model.compute.op_time import node_time_s
+from fxplan.cost_model.comm.edge_reshard import gradient_placements
+from fxplan.cost_model.comm.mesh import LogicalMesh
 from fxplan.core.placements import Partial, Placements, Replicate, local_shape
-from fxplan.cost_model.reshard import reshard_cost
+from fxplan.cost_model.comm.reshard import reshard_cost
 from fxplan.intra_op.costs import NodePrice
 from fxplan.sharding.api import NodeStrategies
 from fxplan.sharding.context import Operand, tensor_shape

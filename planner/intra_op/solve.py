@@ -24,7 +24,7 @@ import logging
 import time
 from typing import Optional
 
-from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.cost_model.comm.mesh import LogicalMesh
 from fxplan.core.placements import format_placements
 from fxplan.passes.captured_graph import CapturedGraph
 from fxplan.intra_op.backends import solve_problem

@@ -5,8 +5,8 @@
 ``fxplan launch`` starts under torchrun is :mod:`fxplan.worker`.
 """
 
-from fxplan.runtime.apply import apply_plan, staged_program
-from fxplan.runtime.build import meta_parameters
-from fxplan.runtime.sharded_module import ShardedModule
+from fxplan.runtime.apply.graph import apply_plan, staged_program
+from fxplan.runtime.apply.build import meta_parameters
+from fxplan.runtime.apply.sharded_module import ShardedModule
 
 __all__ = ["apply_plan", "staged_program", "meta_parameters", "ShardedModule"]

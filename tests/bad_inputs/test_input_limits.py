@@ -58,7 +58,7 @@ def test_a_cluster_file_beyond_the_size_limit_is_refused_unread(tmp_path):
 
 
 def _commit(run_dir, step: int) -> None:
-    from fxplan.runtime.ckpt_manifest import commit_checkpoint
+    from fxplan.runtime.checkpoint.manifest import commit_checkpoint
 
     staging = run_dir / "checkpoints" / f"step-{step}.tmp-x"
     staging.mkdir(parents=True)
@@ -70,7 +70,7 @@ def _commit(run_dir, step: int) -> None:
 def test_an_altered_newest_checkpoint_falls_back_to_the_one_before(tmp_path):
     """A cut shard in the newest committed checkpoint of a run directory: the resume goes on
     from the previous one and says which it refused; named itself, it is still refused."""
-    from fxplan.runtime.ckpt_manifest import CheckpointError, resolve_checkpoint
+    from fxplan.runtime.checkpoint.manifest import CheckpointError, resolve_checkpoint
 
     for step in (2, 4):
         _commit(tmp_path, step)

@@ -12,8 +12,8 @@ from fxplan.calibration.collectives import Point, fit_level, predict, with_level
 from fxplan.calibration.compute import implied_efficiencies
 from fxplan.calibration.spec_yaml import dump
 from fxplan.cluster_specs import Cluster
-from fxplan.cost_model.compute import roofline_time_s
-from fxplan.cost_model.op_database import OpDatabase, Record
+from fxplan.cost_model.compute.op_time import roofline_time_s
+from fxplan.cost_model.compute.op_database import OpDatabase, Record
 
 SIZES = (1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30)
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")

@@ -10,7 +10,7 @@ import pytest
 
 import fxplan
 from fxplan.cli.main import main
-from fxplan.plan_diff import layer_pattern
+from fxplan.report.diff import layer_pattern
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from fxplan.cli.main import main
-from fxplan.cost_model.plotting import is_png
+from fxplan.report.plotting import is_png
 
 
 def test_json_and_plot(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

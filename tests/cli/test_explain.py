@@ -14,7 +14,7 @@ from fxplan.cli.main import main
 from fxplan.cluster_specs import Cluster, training_dtype
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model import estimate
-from fxplan.cost_model.memory import GIB
+from fxplan.cost_model.memory.breakdown import GIB
 
 MODEL, CLUSTER, BATCH = "gpt-1.7b", "dgx-a100-40g", 64
 
@@ -52,7 +52,7 @@ def test_alternative_is_priced_by_estimate_and_terms_add_up(capsys, plan_file) -
     if delta["step_time_s"] > 0:
         worst = max(delta["breakdown"], key=delta["breakdown"].get)
         assert data["verdict"].startswith("the alternative is ") and "slower" in data["verdict"]
-        from fxplan.explain import TERMS
+        from fxplan.report.explain import TERMS
 
         assert f"mostly {TERMS[worst]}" in data["verdict"]
 

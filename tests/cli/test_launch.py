@@ -101,7 +101,7 @@ def test_launch_trains_50_steps_from_a_token_file_on_loopback_only(plan_file, tm
     assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     assert sockets, "no listening socket seen while the launch ran"
     assert all(address.startswith(LOOPBACK) for address in sockets), sockets
-    assert stdout.startswith("running: ") and "fxplan.runtime.torchrun" in stdout.splitlines()[0]
+    assert stdout.startswith("running: ") and "fxplan.runtime.launch.torchrun" in stdout.splitlines()[0]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [10, 20, 30, 40, 50]
     for key in ("step", "loss", "grad_norm", "lr", "tokens_per_s_per_device",

@@ -29,7 +29,7 @@ def build(seq, global_batch, start, stop, seed, dp_rank, dp_size):
 def test_a_failure_is_summarized_once_first_in_time(tmp_path):
     """Unit: the paragraph names the first failure, the ranks that hit the same one and the
     folder of the tracebacks; a later failure of another kind is counted, not repeated."""
-    from fxplan.runtime.rank_errors import read_failures, report_failure, summarize_failures
+    from fxplan.runtime.launch.rank_errors import read_failures, report_failure, summarize_failures
 
     status = tmp_path / "status"
     status.mkdir()

@@ -36,7 +36,7 @@ def test_single_node_command_rendezvous_on_loopback(plans, capsys, tmp_path):
     assert code == 0, err
     words = shlex.split(out)
     assert "OMP_NUM_THREADS=1" in words and "GLOO_SOCKET_IFNAME=lo" in words
-    assert words[words.index("-m") + 1] == "fxplan.runtime.torchrun"
+    assert words[words.index("-m") + 1] == "fxplan.runtime.launch.torchrun"
     assert "--nnodes=1" in words and "--nproc-per-node=4" in words
     assert "--local-addr=127.0.0.1" in words and "--standalone" not in words
     assert any(w.startswith("--rdzv-endpoint=127.0.0.1:") for w in words)
@@ -95,7 +95,7 @@ def test_restartable_launch_resumes_a_run_dir_with_a_checkpoint(plans, capsys, t
     re-run job goes on), checked before start as any --resume."""
     import json
 
-    from fxplan.runtime.ckpt_manifest import commit_checkpoint
+    from fxplan.runtime.checkpoint.manifest import commit_checkpoint
 
     staging = tmp_path / "run" / "checkpoints" / "step-2.tmp-x"
     staging.mkdir(parents=True)

@@ -172,7 +172,7 @@ def test_d_two_ranks_stopped_resume_on_four(plans, tokens, uninterrupted, tmp_pa
 @pytest.mark.multirank
 def test_torchruns_own_restart_works_too(plans, tokens, uninterrupted, tmp_path, capfd):
     """torchrun's own ``--max-restarts`` (after ``--``): the restarted workers meet on a store
-    namespace of their own (``fxplan.runtime.process_group``; without it they read the dead
+    namespace of their own (``fxplan.runtime.launch.process_group``; without it they read the dead
     workers' gloo addresses and fail in connectFullMesh), go on from the newest checkpoint and
     give the uninterrupted losses."""
     run_dir = tmp_path / "run"

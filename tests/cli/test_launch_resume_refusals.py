@@ -15,7 +15,7 @@ import pytest
 
 from launch_here import launch_here
 
-from fxplan.runtime.ckpt_manifest import (CheckpointError, commit_checkpoint, resolve_checkpoint,
+from fxplan.runtime.checkpoint.manifest import (CheckpointError, commit_checkpoint, resolve_checkpoint,
                                           verify_checkpoint)
 
 

@@ -65,7 +65,7 @@ def test_demo_prints_graph_cluster_and_plan(capsys) -> None:  # type: ignore[no-
 
 
 def test_plot_writes_timeline_and_memory_pngs(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from fxplan.cost_model.plotting import is_png
+    from fxplan.report.plotting import is_png
 
     prefix = tmp_path / "tiny"
     assert main([*TINY, "--plot", str(prefix)]) == 0

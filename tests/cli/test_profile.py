@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from fxplan.cli.main import main
-from fxplan.cost_model.op_database import OpDatabase
-from fxplan.cost_model.profiler import GRID
+from fxplan.cost_model.compute.op_database import OpDatabase
+from fxplan.cost_model.compute.profiler import GRID
 
 
 def test_writes_a_versioned_database(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -79,7 +79,7 @@ def test_constraints_accept_the_new_keys() -> None:
 
 
 def test_explain_alternatives_change_offload_and_fp8() -> None:
-    from fxplan.explain import ExplainError, alternative_config
+    from fxplan.report.explain import ExplainError, alternative_config
 
     plan = make_plan()   # pp=2 dp=2 tp=1, zero=1
     config, _ = alternative_config(plan, {"offload": "optimizer", "fp8": True})

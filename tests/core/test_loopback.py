@@ -14,7 +14,7 @@ def test_the_command_rendezvous_on_a_loopback_port(monkeypatch) -> None:  # type
     env, argv = loopback_torchrun(3)
     assert env == {"GLOO_SOCKET_IFNAME": loopback_interface(),
                    "NCCL_SOCKET_IFNAME": loopback_interface()}
-    assert argv[:4] == [sys.executable, "-m", "fxplan.runtime.torchrun", "--nnodes=1"]
+    assert argv[:4] == [sys.executable, "-m", "fxplan.runtime.launch.torchrun", "--nnodes=1"]
     assert "--nproc-per-node=3" in argv and argv[-1] == "--local-addr=127.0.0.1"
     endpoint = next(a for a in argv if a.startswith("--rdzv-endpoint="))
     host, port = endpoint.split("=", 1)[1].rsplit(":", 1)

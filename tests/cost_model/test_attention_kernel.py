@@ -9,10 +9,10 @@ import torch
 
 from fxplan.api import capture
 from fxplan.cluster_specs import Cluster
-from fxplan.cost_model.attention_kernel import (causal_fraction, fused_attention_core,
+from fxplan.cost_model.compute.attention_kernel import (causal_fraction, fused_attention_core,
                                                 prices_fused_attention)
-from fxplan.cost_model.layer_costs import graph_segments, segment_cost
-from fxplan.cost_model.tp_layout import tp_layout
+from fxplan.cost_model.step.layer_costs import graph_segments, segment_cost
+from fxplan.cost_model.parallel.tp_layout import tp_layout
 
 SEQ, HIDDEN, HEADS = 256, 128, 4
 
@@ -82,9 +82,9 @@ def test_causal_kernel_runs_at_causal_speed(graph) -> None:  # type: ignore[no-u
     """A causal kernel costs its executed FLOPs at CAUSAL_SPEED of the rate: the same kernel
     marked non-causal (same executed FLOPs) is faster by exactly that factor where the
     compute leg dominates."""
-    from fxplan.cost_model.attention_kernel import CAUSAL_SPEED
-    from fxplan.cost_model.compute import op_time_s
-    from fxplan.cost_model.layer_costs import _fused_times
+    from fxplan.cost_model.compute.attention_kernel import CAUSAL_SPEED
+    from fxplan.cost_model.compute.op_time import op_time_s
+    from fxplan.cost_model.step.layer_costs import _fused_times
 
     device, _ = _devices()
     _, names = graph_segments(graph).layers[0]

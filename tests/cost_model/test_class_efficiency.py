@@ -1,4 +1,4 @@
-"""Per-op-class efficiencies (cost_model/class_efficiency.py): the ratio-of-sums fit gives back
+"""Per-op-class efficiencies (cost_model/compute/class_efficiency.py): the ratio-of-sums fit gives back
 the efficiency of times that follow the roofline's law, the roofline then prices those nodes
 at their measured total, and the node timer attributes forward and backward to fx nodes."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from fxplan.cluster_specs import Cluster
-from fxplan.cost_model.class_efficiency import NodeSample, fit_class_efficiency, time_graph_nodes
-from fxplan.cost_model.compute import BACKWARD, backward_time_s, op_time_s
-from fxplan.cost_model.efficiency import load_efficiency
+from fxplan.cost_model.compute.class_efficiency import NodeSample, fit_class_efficiency, time_graph_nodes
+from fxplan.cost_model.compute.op_time import BACKWARD, backward_time_s, op_time_s
+from fxplan.cost_model.compute.efficiency import load_efficiency
 
 P, M, LAUNCH = 1e11, 2e10, 5e-6
 HALVES = load_efficiency().devices["cpu"]

@@ -1,12 +1,12 @@
 """Collective times: the published numbers of benchmarks/data/hardware.md, and the α-β
-formulas of cost_model/collectives.py worked by hand from the built-in spec values."""
+formulas of cost_model/comm/collectives.py worked by hand from the built-in spec values."""
 
 from __future__ import annotations
 
 import pytest
 
 from fxplan.cluster_specs import Cluster
-from fxplan.cost_model.collectives import ALGORITHMS, bus_factor, collective_cost, collective_time_s
+from fxplan.cost_model.comm.collectives import ALGORITHMS, bus_factor, collective_cost, collective_time_s
 
 GiB = 2**30
 US = 1e-6

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from fxplan.cluster_specs import Cluster
-from fxplan.cost_model.compute import BACKWARD, backward_time_s, node_time_s, op_time_s, roofline_time_s
-from fxplan.cost_model.op_database import OpDatabase, Record
+from fxplan.cost_model.compute.op_time import BACKWARD, backward_time_s, node_time_s, op_time_s, roofline_time_s
+from fxplan.cost_model.compute.op_database import OpDatabase, Record
 from fxplan.passes.node_info import NodeInfo
 
 LAUNCH = 5e-6

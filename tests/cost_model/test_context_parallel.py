@@ -9,10 +9,10 @@ import fxplan
 from fxplan.cluster_specs import Cluster
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model import estimate
-from fxplan.cost_model.collectives import collective_time_s
-from fxplan.cost_model.context_parallel import (check_cp, cp_group, cp_layers, cp_segment,
+from fxplan.cost_model.comm.collectives import collective_time_s
+from fxplan.cost_model.parallel.context_parallel import (check_cp, cp_group, cp_layers, cp_segment,
                                                 kv_exchange)
-from fxplan.cost_model.layer_costs import segment_cost
+from fxplan.cost_model.step.layer_costs import segment_cost
 from fxplan.examples.presets import PRESETS
 
 
@@ -59,7 +59,7 @@ def test_segment_scales_by_one_over_cp_and_holds_the_gathered_kv(llama):
 
 def test_segment_under_tp_overlap_scales_its_gemms_and_held_collectives(llama):
     """With sp: the GEMM seconds each tp collective pipelines with and the collectives that
-    hold SMs (tp_overlap, cost_model/stage_costs.py) shrink with the rank's 1/cp share."""
+    hold SMs (tp_overlap, cost_model/step/stage_costs.py) shrink with the rank's 1/cp share."""
     (key,) = cp_layers(llama)
     seg = segment_cost(llama, key, tp=2, sequence_parallel=True, recompute="none",
                        microbatch=2, device=Cluster.load("dgx-h100").device(0))

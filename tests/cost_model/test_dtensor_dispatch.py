@@ -1,4 +1,4 @@
-"""DTensor's host work per node under tensor parallelism (:mod:`fxplan.cost_model.dtensor_dispatch`):
+"""DTensor's host work per node under tensor parallelism (:mod:`fxplan.cost_model.host.dtensor_dispatch`):
 which nodes run on DTensors and how many ordinary and view ops each dispatches."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fxplan.cluster_specs import Cluster
-from fxplan.cost_model.dtensor_dispatch import dispatch_s, dtensor_ops
+from fxplan.cost_model.host.dtensor_dispatch import dispatch_s, dtensor_ops
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +20,8 @@ def tiny():  # type: ignore[no-untyped-def]
 
 
 def _totals(graph, key: str, sp: bool) -> tuple[int, ...]:  # type: ignore[no-untyped-def]
-    from fxplan.cost_model.layer_costs import graph_segments
-    from fxplan.cost_model.tp_layout import tp_layout
+    from fxplan.cost_model.step.layer_costs import graph_segments
+    from fxplan.cost_model.parallel.tp_layout import tp_layout
 
     layout = tp_layout(graph)
     rows = [dtensor_ops(graph, n, layout, split=True, sp=sp)
@@ -30,7 +30,7 @@ def _totals(graph, key: str, sp: bool) -> tuple[int, ...]:  # type: ignore[no-un
 
 
 def test_a_layer_dispatches_its_linears_and_under_sp_its_residual_stream(tiny) -> None:  # type: ignore[no-untyped-def]
-    from fxplan.cost_model.layer_costs import graph_segments
+    from fxplan.cost_model.step.layer_costs import graph_segments
 
     key = graph_segments(tiny).layers[0][0]
     # 4 linears (1 op + 3 views forward, 1 op + 7 views backward each); the attention core
@@ -57,9 +57,9 @@ def test_local_cpu_prices_views_and_gpus_nothing() -> None:
 
 
 def test_the_styles_boundaries_are_counted_per_parallelized_node(tiny) -> None:  # type: ignore[no-untyped-def]
-    from fxplan.cost_model.dtensor_dispatch import style_boundaries
-    from fxplan.cost_model.layer_costs import graph_segments
-    from fxplan.cost_model.tp_layout import tp_layout
+    from fxplan.cost_model.host.dtensor_dispatch import style_boundaries
+    from fxplan.cost_model.step.layer_costs import graph_segments
+    from fxplan.cost_model.parallel.tp_layout import tp_layout
 
     layout, segments = tp_layout(tiny), graph_segments(tiny)
 
@@ -81,7 +81,7 @@ def test_the_styles_boundaries_are_counted_per_parallelized_node(tiny) -> None: 
 
 
 def test_the_boundaries_cost_host_time_on_local_cpu_only() -> None:
-    from fxplan.cost_model.dtensor_dispatch import boundary_s
+    from fxplan.cost_model.host.dtensor_dispatch import boundary_s
 
     cpu = Cluster.load("local-cpu:devices=2").device_groups[0]
     fwd, bwd = boundary_s((2, 1, 3, 1), cpu.host)

@@ -1,4 +1,4 @@
-"""``cost_model.estimate``: the surface, its accounting, and the effects each part of a
+"""``cost_model.step.estimate``: the surface, its accounting, and the effects each part of a
 configuration must have (``fxplan estimate`` itself: ``tests/cli/test_estimate.py``)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from fxplan.cluster_specs import Cluster
 from fxplan.core.placements import Partial, PlacementMap, Replicate, Shard
 from fxplan.cost_model import CostModelError, Estimate, ParallelConfig, estimate
-from fxplan.cost_model.megatron_layout import REPL, SHARD
-from fxplan.cost_model.tp_layout import tp_layout
+from fxplan.cost_model.parallel.megatron_layout import REPL, SHARD
+from fxplan.cost_model.parallel.tp_layout import tp_layout
 from fxplan.api import capture
 
 SPEC = "gpt:layers=8,hidden=256,heads=8,vocab=1024,seq=128"
@@ -67,7 +67,7 @@ def test_tensor_parallel_communication(graph, cluster) -> None:  # type: ignore[
 
 
 def test_data_parallel_sync_overlaps_backward(graph, cluster) -> None:  # type: ignore[no-untyped-def]
-    from fxplan.cost_model.collectives import collective_time_s
+    from fxplan.cost_model.comm.collectives import collective_time_s
 
     e = run(graph, cluster, "dp=16,mb=1")
     whole = collective_time_s("all_reduce", 2 * graph.num_params, range(16), cluster)

@@ -10,10 +10,10 @@ import fxplan
 from fxplan.cluster_specs import Cluster
 from fxplan.core.config import CostModelError, ParallelConfig
 from fxplan.cost_model import estimate
-from fxplan.cost_model.collectives import collective_time_s
-from fxplan.cost_model.expert_parallel import (alltoall_seconds, check_ep, ep_groups,
+from fxplan.cost_model.comm.collectives import collective_time_s
+from fxplan.cost_model.parallel.expert_parallel import (alltoall_seconds, check_ep, ep_groups,
                                                expert_work, model_states, moe_layers)
-from fxplan.cost_model.memory import ADAM_MIXED, model_state_bytes
+from fxplan.cost_model.memory.breakdown import ADAM_MIXED, model_state_bytes
 from fxplan.examples.models.moe import MoEConfig, expert_capacity
 from fxplan.examples.presets import PRESETS
 
@@ -150,8 +150,8 @@ def test_ep_refused_where_it_cannot_apply(tiny):
 def test_experts_whole_per_ep_rank_under_tensor_parallelism(tiny):
     """A rank holds E/ep whole experts whatever the tp layout (runtime.expert_tp); its
     segment's expert time is the runtime's ρ/tp share."""
-    from fxplan.cost_model.expert_parallel import ep_segment
-    from fxplan.cost_model.layer_costs import segment_cost
+    from fxplan.cost_model.parallel.expert_parallel import ep_segment
+    from fxplan.cost_model.step.layer_costs import segment_cost
 
     device = Cluster.load("local-cpu:devices=4").device(0)
     key, layer = next(iter(moe_layers(tiny).items()))
@@ -170,8 +170,8 @@ def test_experts_whole_per_ep_rank_under_tensor_parallelism(tiny):
 def test_zero1_with_ep_is_priced_as_the_fsdp2_it_runs_as():
     """ZeRO-1 with ep > 1 runs as FSDP2 (the expert weights are DTensors), not as DDP with
     ZeroRedundancyOptimizer's broadcasts: priced so."""
-    from fxplan.cost_model.host_overhead import fsdp_params
-    from fxplan.cost_model.stage_costs import _zero1_broadcasts
+    from fxplan.cost_model.host.host_overhead import fsdp_params
+    from fxplan.cost_model.step.stage_costs import _zero1_broadcasts
 
     dense = ParallelConfig(dp=4, tp=1, pp=1, microbatch_size=2, zero_stage=1)
     assert _zero1_broadcasts(dense) and not fsdp_params(dense)

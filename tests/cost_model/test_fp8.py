@@ -1,4 +1,4 @@
-"""``cost_model.fp8``: linear layers priced at the FP8 peak with their casts, the transient
+"""``cost_model.compute.fp8``: linear layers priced at the FP8 peak with their casts, the transient
 FP8 copies in memory, and FP8 refused on devices without an FP8 peak."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 from fxplan.api import capture
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import CostModelError, ParallelConfig, estimate
-from fxplan.cost_model.compute import node_time_s
-from fxplan.cost_model.fp8 import CAST_BYTES, FP8_GEMM_EFFICIENCY, converted, fp8_node_time_s
+from fxplan.cost_model.compute.op_time import node_time_s
+from fxplan.cost_model.compute.fp8 import CAST_BYTES, FP8_GEMM_EFFICIENCY, converted, fp8_node_time_s
 
 WIDE = "gpt:layers=2,hidden=4096,heads=32,vocab=51200,seq=2048"
 

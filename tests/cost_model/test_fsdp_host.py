@@ -1,4 +1,4 @@
-"""FSDP2's host work per ``fully_shard`` group (:mod:`fxplan.cost_model.fsdp_host`)."""
+"""FSDP2's host work per ``fully_shard`` group (:mod:`fxplan.cost_model.host.fsdp_host`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from fxplan.cluster_specs import Cluster
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.fsdp_host import fsdp_groups, fsdp_host_s
+from fxplan.cost_model.host.fsdp_host import fsdp_groups, fsdp_host_s
 
 FIELDS = ("fsdp_gather_us", "fsdp_gather_tensor_us", "fsdp_reduce_us", "fsdp_reduce_tensor_us",
           "fsdp_regather_us", "fsdp_regather_tensor_us")

@@ -59,7 +59,7 @@ def test_fit_keeps_every_constant_non_negative(in_situ) -> None:  # type: ignore
 def test_the_spec_prices_the_fitted_points_as_the_fit_does(in_situ) -> None:  # type: ignore[no-untyped-def]
     # the spec's loopback level, given the fit's constants, prices each point at the fit's value
     from fxplan.cluster_specs import Cluster
-    from fxplan.cost_model.collectives import collective_time_s
+    from fxplan.cost_model.comm.collectives import collective_time_s
 
     cpu = {"all_reduce": 859.0, "all_gather": 1494.0, "broadcast": 904.0, "send_recv": 453.0}
     points = _points(in_situ, 2, 0.0, cpu, 1.695)

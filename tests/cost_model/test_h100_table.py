@@ -84,7 +84,7 @@ def test_capture_computes_the_loss_on_fp32_logits(small_graph) -> None:  # type:
     """Megatron's loss: the s×V logits upcast to fp32, then an fp32 cross-entropy."""
     import torch
 
-    from fxplan.cost_model.layer_costs import graph_segments
+    from fxplan.cost_model.step.layer_costs import graph_segments
 
     graph = small_graph
     segments = graph_segments(graph)

@@ -1,4 +1,4 @@
-"""Host-overhead and communication-overlap terms (:mod:`fxplan.cost_model.host_overhead`)."""
+"""Host-overhead and communication-overlap terms (:mod:`fxplan.cost_model.host.host_overhead`)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 
 from fxplan.cluster_specs import Cluster
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.host_overhead import (async_batch_s, ddp_buckets, dtensor_params,
+from fxplan.cost_model.host.host_overhead import (async_batch_s, ddp_buckets, dtensor_params,
                                              evicted_waits_s, optimizer_host_s,
                                              overlapped_buckets, pipeline_host_s,
                                              redistribute_host_s, zero3_exposed_s)
-from fxplan.cost_model.memory import ADAM_FP32, ADAM_MIXED, adam_for, model_state_bytes
+from fxplan.cost_model.memory.breakdown import ADAM_FP32, ADAM_MIXED, adam_for, model_state_bytes
 
 GATHER = [1.0, 2.0, 3.0]
 SCATTER = [0.5, 0.25, 0.125]
@@ -118,7 +118,7 @@ def _estimate(graph, text: str, devices: int = 2):  # type: ignore[no-untyped-de
 
 
 def test_no_overlap_exposes_the_whole_gradient_sync_and_every_zero3_gather(tiny) -> None:  # type: ignore[no-untyped-def]
-    from fxplan.cost_model.collectives import collective_time_s
+    from fxplan.cost_model.comm.collectives import collective_time_s
 
     cluster = Cluster.load("local-cpu:devices=2")
     dp = _estimate(tiny, "dp=2,mb=4")
@@ -139,7 +139,7 @@ def test_tensor_parallel_pays_dtensor_dispatch(tiny) -> None:  # type: ignore[no
 
 
 def test_zero1_without_tp_prices_ddp_and_an_async_batch_of_broadcasts(tiny) -> None:  # type: ignore[no-untyped-def]
-    from fxplan.cost_model.collectives import collective_time_s
+    from fxplan.cost_model.comm.collectives import collective_time_s
 
     cluster = Cluster.load("local-cpu:devices=2")
     cpu = cluster.device_groups[0]
@@ -179,7 +179,7 @@ def test_ddp_buckets_pack_gradients_up_to_the_cap() -> None:
 
 
 def test_local_cpu_reduces_a_small_model_in_one_ddp_bucket(tiny) -> None:  # type: ignore[no-untyped-def]
-    from fxplan.cost_model.collectives import collective_time_s
+    from fxplan.cost_model.comm.collectives import collective_time_s
 
     cluster = Cluster.load("local-cpu:devices=2")
     assert cluster.device_groups[0].ddp_bucket_mib == 25.0
@@ -189,7 +189,7 @@ def test_local_cpu_reduces_a_small_model_in_one_ddp_bucket(tiny) -> None:  # typ
     # one all-reduce of the whole gradient (< 1 MiB), exposed after the backward (ω = 0),
     # the trainer's 4-byte loss all-reduce (cost_model.step_scalars) and DDP's broadcast of
     # the buffers, one per dtype, all in the dp row
-    from fxplan.cost_model.host_overhead import ddp_buffer_bytes
+    from fxplan.cost_model.host.host_overhead import ddp_buffer_bytes
 
     buffers = [(n, float(b.numel() * b.element_size()), str(b.dtype))
                for n, b in tiny.gm.named_buffers()]
@@ -202,7 +202,7 @@ def test_local_cpu_reduces_a_small_model_in_one_ddp_bucket(tiny) -> None:  # typ
 
 
 def test_ddp_host_work_is_charged_only_where_ddp_runs(tiny) -> None:  # type: ignore[no-untyped-def]
-    from fxplan.cost_model.host_overhead import ddp_host_s, ddp_runs
+    from fxplan.cost_model.host.host_overhead import ddp_host_s, ddp_runs
 
     def config(**kw: int) -> ParallelConfig:
         return ParallelConfig(**{"dp": 1, "tp": 1, "pp": 1, **kw})
@@ -229,7 +229,7 @@ def test_ddp_host_work_is_charged_only_where_ddp_runs(tiny) -> None:  # type: ig
 
 def test_ddp_buffer_bytes_one_broadcast_per_dtype_on_the_stage_holding_the_buffer() -> None:
     # gpt-tiny's buffers: the positions (outside the layers) and one causal mask per layer
-    from fxplan.cost_model.host_overhead import ddp_buffer_bytes
+    from fxplan.cost_model.host.host_overhead import ddp_buffer_bytes
 
     buffers = [("positions", 512.0, "torch.int64"), ("h.0.attn.future", 4096.0, "torch.bool"),
                ("h.1.attn.future", 4096.0, "torch.bool")]
@@ -244,8 +244,8 @@ def test_first_touch_adds_the_saved_activations_pages_to_the_forward(tiny) -> No
     # local-cpu: every segment's forward carries A / MiB · first_touch_us_per_mib, A its saved
     # bytes; a recomputed forward the bytes the policy no longer keeps; 0 on the GPU specs
     from fxplan.cluster_specs import local_cpu
-    from fxplan.cost_model.host_overhead import first_touch_s
-    from fxplan.cost_model.layer_costs import graph_segments, segment_cost
+    from fxplan.cost_model.host.host_overhead import first_touch_s
+    from fxplan.cost_model.step.layer_costs import graph_segments, segment_cost
 
     cpu = Cluster.load("local-cpu:devices=1").device_groups[0]
     assert cpu.host.first_touch_us_per_mib == pytest.approx(
@@ -272,7 +272,7 @@ def test_first_touch_adds_the_saved_activations_pages_to_the_forward(tiny) -> No
 def test_view_nodes_pay_their_dispatch_on_local_cpu_only(tiny) -> None:  # type: ignore[no-untyped-def]
     # a view node runs no kernel (the roofline prices it 0) but costs the host view_op_us
     # forward and view_backward_op_us backward; 0 on the GPU specs
-    from fxplan.cost_model.layer_costs import graph_segments, segment_cost
+    from fxplan.cost_model.step.layer_costs import graph_segments, segment_cost
 
     cpu = Cluster.load("local-cpu:devices=1").device_groups[0]
     assert cpu.host.view_op_us > 0 and cpu.host.view_backward_op_us > 0

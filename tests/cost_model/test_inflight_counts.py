@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fxplan.cost_model.pipeline_schedules import (_unique_rows, inflight_counts,
+from fxplan.cost_model.step.pipeline_schedules import (_unique_rows, inflight_counts,
                                                   schedule_order)
 
 KINDS = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zb", 1),

@@ -1,4 +1,4 @@
-"""Segment costs price every node with ``cost_model.compute.node_time_s`` (the intra-op
+"""Segment costs price every node with ``cost_model.compute.op_time.node_time_s`` (the intra-op
 solver's function), multi-output nodes included."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from torch import nn
 
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import CostModelError, ParallelConfig, estimate
-from fxplan.cost_model.compute import node_time_s
-from fxplan.cost_model.layer_costs import graph_segments, segment_cost
+from fxplan.cost_model.compute.op_time import node_time_s
+from fxplan.cost_model.step.layer_costs import graph_segments, segment_cost
 from fxplan.api import capture
 
 

@@ -1,8 +1,8 @@
 """Collectives and the mesh at each level scope: node, domain (a rack of trays), cluster.
 
-The α-β formulas of ``cost_model/collectives.py`` evaluated by hand with the bandwidth and
+The α-β formulas of ``cost_model/comm/collectives.py`` evaluated by hand with the bandwidth and
 latency of the level the group reaches, and the mesh mapping that keeps tensor parallelism
-inside a domain (``cost_model.mesh.domain_straddle``, pruned by the search).
+inside a domain (``cost_model.comm.mesh.domain_straddle``, pruned by the search).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from fxplan.cluster_specs import Cluster
-from fxplan.cost_model.collectives import _constants, collective_cost
-from fxplan.cost_model.mesh import LogicalMesh, domain_straddle
+from fxplan.cost_model.comm.collectives import _constants, collective_cost
+from fxplan.cost_model.comm.mesh import LogicalMesh, domain_straddle
 from fxplan.inter_op.space import Family
 from fxplan.inter_op.stage_devices import straddle_reason
 from rack_spec import rack_spec

@@ -10,11 +10,11 @@ import torch
 from fxplan.cluster_specs import Cluster
 from fxplan.core.config import Schedule
 from fxplan.cost_model import ParallelConfig, estimate
-from fxplan.cost_model.activations import segment_activations
-from fxplan.cost_model.layer_costs import graph_segments, segment_cost
-from fxplan.cost_model.tp_layout import tp_layout
-from fxplan.cost_model.memory import ADAM_MIXED, model_state_bytes
-from fxplan.cost_model.pipeline_schedules import schedule_order
+from fxplan.cost_model.memory.activations import segment_activations
+from fxplan.cost_model.step.layer_costs import graph_segments, segment_cost
+from fxplan.cost_model.parallel.tp_layout import tp_layout
+from fxplan.cost_model.memory.breakdown import ADAM_MIXED, model_state_bytes
+from fxplan.cost_model.step.pipeline_schedules import schedule_order
 from fxplan.api import capture
 
 S, B, H, A, V, L = 32, 2, 64, 4, 512, 8
@@ -163,7 +163,7 @@ def test_recompute_shrinks_activations_and_fits_flips(graph, cluster) -> None:  
 
 def test_runtime_terms_are_gpu_only_and_named() -> None:
     """CUDA context and NCCL per communicator on a GPU; nothing of either on a CPU device."""
-    from fxplan.cost_model.runtime_memory import (CUDA_CONTEXT_BYTES, NCCL_BUFFSIZE,
+    from fxplan.cost_model.memory.runtime import (CUDA_CONTEXT_BYTES, NCCL_BUFFSIZE,
                                                   communicators, cuda_context_bytes,
                                                   fragmentation_bytes, nccl_bytes)
 
@@ -194,7 +194,7 @@ def test_estimate_memory_rows_include_runtime_terms(graph, cluster) -> None:  # 
 def test_a_measured_cuda_context_replaces_the_default(graph, cluster) -> None:  # type: ignore[no-untyped-def]
     """``cuda_context_gib`` (written by ``fxplan calibrate``) prices the context of every rank,
     in the estimate and in the search's memory check alike."""
-    from fxplan.cost_model.runtime_memory import CUDA_CONTEXT_BYTES
+    from fxplan.cost_model.memory.runtime import CUDA_CONTEXT_BYTES
     from fxplan.inter_op.stage_memory import DeviceMemory
 
     spec = cluster.to_dict()

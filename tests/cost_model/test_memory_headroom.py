@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fxplan.core.errors import UserError
-from fxplan.cost_model.memory_headroom import (DEFAULT_HEADROOM, MemoryHeadroom,
+from fxplan.cost_model.memory.headroom import (DEFAULT_HEADROOM, MemoryHeadroom,
                                                parse_headroom)
 
 GIB = 2 ** 30

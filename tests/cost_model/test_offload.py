@@ -1,4 +1,4 @@
-"""``cost_model.offload``: device and host bytes under offload, the step's ``offload`` row
+"""``cost_model.memory.offload``: device and host bytes under offload, the step's ``offload`` row
 (PCIe copies and the CPU Adam step), and the host-memory check per node."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 from fxplan.api import capture
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import CostModelError, ParallelConfig, estimate
-from fxplan.cost_model.memory import model_state_bytes
-from fxplan.cost_model.offload import (CORE_MEMORY_GB_PER_S, HOST_STEP_BYTES,
+from fxplan.cost_model.memory.breakdown import model_state_bytes
+from fxplan.cost_model.memory.offload import (CORE_MEMORY_GB_PER_S, HOST_STEP_BYTES,
                                        HOST_STEP_EFFICIENCY, HostSide, host_step_s)
 
 SPEC = "gpt:layers=4,hidden=256,heads=8,vocab=1024,seq=128"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fxplan import cost_model
 from fxplan.cluster_specs import OP_CLASSES as SCHEMA_KEYS
-from fxplan.cost_model.compute import BACKWARD
+from fxplan.cost_model.compute.op_time import BACKWARD
 from fxplan.passes.node_info import OP_CLASSES
 
 #: Schema keys that name families of classes rather than a class (``memory_bound`` covers every

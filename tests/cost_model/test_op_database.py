@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from fxplan.cost_model.op_database import OPS, OpDatabase, Record, find_database
+from fxplan.cost_model.compute.op_database import OPS, OpDatabase, Record, find_database
 
 
 def linear_record(m: int, k: int, n: int, family: str, seconds: float) -> Record:
@@ -113,7 +113,7 @@ def test_frozen_databases_read_the_search_path_once(db: OpDatabase, tmp_path,
                                                     monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Inside :func:`frozen_databases` a database written after entry is not seen (the
     search path is listed once per search); after the block it is."""
-    from fxplan.cost_model.op_database import database_files, frozen_databases
+    from fxplan.cost_model.compute.op_database import database_files, frozen_databases
 
     monkeypatch.setenv("FXPLAN_OP_DB_PATH", str(tmp_path))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))

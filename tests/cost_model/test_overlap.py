@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.overlap import dp_reduce_blocks, relied_overlaps
-from fxplan.cost_model.simulator import StageCosts, simulate_step
+from fxplan.cost_model.step.overlap import dp_reduce_blocks, relied_overlaps
+from fxplan.cost_model.step.simulator import StageCosts, simulate_step
 
 
 def _names(text: str, overlap: float = 1.0) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import CostModelError, ParallelConfig, estimate
-from fxplan.cost_model.stage_costs import _hidden_gather
+from fxplan.cost_model.step.stage_costs import _hidden_gather
 
 def test_config_text_round_trips_and_needs_a_sharded_optimizer() -> None:
     config = ParallelConfig.parse("dp=4,tp=2,mb=1,zero=1,sp=on,pg_overlap=on")

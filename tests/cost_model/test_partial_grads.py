@@ -1,4 +1,4 @@
-"""The Partial-gradient reduction under sequence parallelism (:mod:`fxplan.cost_model.partial_grads`):
+"""The Partial-gradient reduction under sequence parallelism (:mod:`fxplan.cost_model.comm.partial_grads`):
 which parameters, and one flattened tp all-reduce per stage after the backward."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from fxplan.cluster_specs import Cluster
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.partial_grads import partial_grad_params
+from fxplan.cost_model.comm.partial_grads import partial_grad_params
 
 GPU = "dgx-a100-80g"
 
@@ -34,7 +34,7 @@ def test_layer_norms_and_positions_are_partial_only_under_sp(tiny) -> None:  # t
 
 def test_sp_prices_one_all_reduce_of_the_partial_gradients(tiny) -> None:  # type: ignore[no-untyped-def]
     from fxplan.cost_model import estimate
-    from fxplan.cost_model.collectives import collective_time_s
+    from fxplan.cost_model.comm.collectives import collective_time_s
 
     cluster = Cluster.load("local-cpu:devices=2")
     sp = estimate(tiny, cluster, ParallelConfig.parse("tp=2,sp=on,mb=8"), batch=8)
@@ -61,8 +61,8 @@ def test_sp_collectives_are_the_runtimes(tiny) -> None:  # type: ignore[no-untyp
     cost_model.layer_costs._tp_collectives); the positions cost no collective under sp
     (runtime.tp_positions: each tp rank looks up its own), the token embedding's
     reduce-scatter and its gradient's gather are all of the embedding segment."""
-    from fxplan.cost_model.layer_costs import graph_segments, segment_cost
-    from fxplan.cost_model.tp_layout import tp_layout
+    from fxplan.cost_model.step.layer_costs import graph_segments, segment_cost
+    from fxplan.cost_model.parallel.tp_layout import tp_layout
 
     key, names = graph_segments(tiny).layers[0]
     layout = tp_layout(tiny)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fxplan.cost_model.memory_plot import PARTS, plot_memory
-from fxplan.cost_model.plotting import is_png
-from fxplan.cost_model.timeline_plot import plot_timeline
+from fxplan.report.memory_plot import PARTS, plot_memory
+from fxplan.report.plotting import is_png
+from fxplan.report.timeline_plot import plot_timeline
 
 
 def assert_png(path: Path) -> None:
@@ -40,8 +40,8 @@ def test_long_steady_state_is_cut_and_short_timelines_are_not() -> None:
     nothing is cut."""
     import numpy as np
 
-    from fxplan.cost_model.simulator import simulate_pipeline
-    from fxplan.cost_model.timeline_plot import compress_events
+    from fxplan.cost_model.step.simulator import simulate_pipeline
+    from fxplan.report.timeline_plot import compress_events
 
     durations = np.tile([[[1.0, 2.0]]], (4, 1, 1))
     long = simulate_pipeline("1f1b", 4, 1, 256, durations).events()
@@ -60,7 +60,7 @@ def test_memory_plot_draws_one_capacity_line_per_device_group(tmp_path: Path,
                                                               monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A V100 stage (32 GiB) and an A100 stage (80 GiB): one capacity line each, named by
     group in the legend and under each stage."""
-    import fxplan.cost_model.memory_plot as memory_plot
+    import fxplan.report.memory_plot as memory_plot
 
     drawn = {}
     real = memory_plot.save_figure

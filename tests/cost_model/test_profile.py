@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from fxplan.cost_model import profiler
-from fxplan.cost_model.op_database import OPS, OpDatabase, element_bytes
-from fxplan.cost_model.profiler import GRID, profile
+from fxplan.cost_model.compute import profiler
+from fxplan.cost_model.compute.op_database import OPS, OpDatabase, element_bytes
+from fxplan.cost_model.compute.profiler import GRID, profile
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "op_database_accuracy.py"
 #: The shapes the accuracy benchmark measures, between two scales of the quick grid.
@@ -86,7 +86,7 @@ def test_cpu_database_model_is_the_local_cpu_spec_model(monkeypatch) -> None:  #
     from pathlib import Path
 
     from fxplan.cluster_specs import Cluster
-    from fxplan.cost_model.profiler import local_device_model
+    from fxplan.cost_model.compute.profiler import local_device_model
 
     real_exists = Path.exists
     monkeypatch.setattr(Path, "exists",

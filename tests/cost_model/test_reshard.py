@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from fxplan.cluster_specs import Cluster
-from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.cost_model.comm.mesh import LogicalMesh
 from fxplan.core.placements import Partial, Replicate, Shard
-from fxplan.cost_model.reshard import reshard_cost
+from fxplan.cost_model.comm.reshard import reshard_cost
 
 SHAPE = (8192, 4096)
 FULL = 8192 * 4096 * 2

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fxplan.cost_model.pipeline_schedules import BACKWARD, FORWARD, SPLIT_BACKWARD, schedule_order
-from fxplan.cost_model.simulator import StageCosts, comm_stream_end, simulate_pipeline, simulate_step
+from fxplan.cost_model.step.pipeline_schedules import BACKWARD, FORWARD, SPLIT_BACKWARD, schedule_order
+from fxplan.cost_model.step.simulator import StageCosts, comm_stream_end, simulate_pipeline, simulate_step
 
 
 def reference_ends(kind: str, p: int, v: int, m: int, durations: np.ndarray) -> np.ndarray:

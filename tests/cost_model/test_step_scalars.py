@@ -1,4 +1,4 @@
-"""The trainer's scalar collectives per step (:mod:`fxplan.cost_model.step_scalars`)."""
+"""The trainer's scalar collectives per step (:mod:`fxplan.cost_model.comm.step_scalars`)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 
 from fxplan.cluster_specs import Cluster
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.collectives import collective_time_s
-from fxplan.cost_model.host_overhead import fsdp_params
-from fxplan.cost_model.step_scalars import step_scalar_collectives, step_scalars_s
+from fxplan.cost_model.comm.collectives import collective_time_s
+from fxplan.cost_model.host.host_overhead import fsdp_params
+from fxplan.cost_model.comm.step_scalars import step_scalar_collectives, step_scalars_s
 
 
 def config(**kw: int) -> ParallelConfig:

@@ -7,7 +7,7 @@ import pytest
 
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import CostModelError, ParallelConfig, estimate
-from fxplan.cost_model.layer_costs import graph_segments, segment_cost
+from fxplan.cost_model.step.layer_costs import graph_segments, segment_cost
 
 def test_config_text_round_trips_and_needs_sequence_parallel() -> None:
     config = ParallelConfig.parse("dp=2,tp=2,mb=1,sp=on,tp_overlap=on")
@@ -85,8 +85,8 @@ def test_userbuffers_collectives_that_hold_sms(gpt_512) -> None:  # type: ignore
 def test_sms_held_by_overlapped_collectives_slow_the_gemms(gpt_512) -> None:  # type: ignore[no-untyped-def]
     """Each such collective of duration t holds 16 of the N SMs: the tp row grows by
     Σ t·16/(N − 16) per microbatch; a device without an SM count prices none of it."""
-    from fxplan.cost_model.collectives import collective_time_s
-    from fxplan.cost_model.stage_costs import UB_COMM_SMS
+    from fxplan.cost_model.comm.collectives import collective_time_s
+    from fxplan.cost_model.step.stage_costs import UB_COMM_SMS
 
     config = ParallelConfig.parse("dp=4,tp=2,pp=1,mb=1,sp=on,tp_overlap=on")
     priced = Cluster.load("dgx-h100")

@@ -9,8 +9,8 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from fxplan.cost_model.pipeline_schedules import BACKWARD, FORWARD, WEIGHT, schedule_order
-from fxplan.cost_model.simulator import StageCosts, simulate_pipeline, simulate_step
+from fxplan.cost_model.step.pipeline_schedules import BACKWARD, FORWARD, WEIGHT, schedule_order
+from fxplan.cost_model.step.simulator import StageCosts, simulate_pipeline, simulate_step
 
 _KIND = {"F": FORWARD, "I": BACKWARD, "W": WEIGHT}
 

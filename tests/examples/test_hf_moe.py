@@ -54,7 +54,7 @@ def test_captures_with_layers_and_prices_the_experts(spec, moe_layers):
 
 
 def test_mixtral_plans_on_local_cpu_with_expert_parallelism():
-    from fxplan.cost_model.expert_parallel import moe_layers
+    from fxplan.cost_model.parallel.expert_parallel import moe_layers
 
     graph = fxplan.capture(MIXTRAL, batch=1, seq=16, dtype=torch.float32)
     (layer,) = moe_layers(graph).values()          # both layers share one signature

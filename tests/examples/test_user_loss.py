@@ -14,7 +14,7 @@ from fxplan.api import capture
 from fxplan.examples.model_spec import resolve_model
 from fxplan.examples.user_loss import LossShapeError
 from fxplan.passes.forward_swap import forward_taking
-from fxplan.runtime.data import SyntheticData
+from fxplan.runtime.train.data import SyntheticData
 
 MODELS = Path(__file__).resolve().parents[1] / "runtime" / "models"
 NANOGPT = f"{MODELS / 'nanogpt_style.py'}:build"

@@ -8,8 +8,8 @@ import torch
 
 from fxplan.examples.models.lm import lm_loss
 from fxplan.core.plan import Plan
-from fxplan.runtime.apply import apply_plan, staged_program
-from fxplan.runtime.pipeline import local_stage_indices
+from fxplan.runtime.apply.graph import apply_plan, staged_program
+from fxplan.runtime.train.pipeline import local_stage_indices
 from torch.distributed.tensor import DTensor
 from rt_plans import build_model, fixed_batch, make_plan
 
@@ -77,7 +77,7 @@ def train_matches_reference(plan_kwargs: dict[str, Any] | None = None, plan_json
     """Train ``steps`` SGD steps under the plan (hand-made from ``plan_kwargs`` or a JSON plan);
     errors against one process (rank 0 reports). ``meta``: build the model on meta, each rank
     materialising its stages from the reference builder; also reports parameter bytes.
-    ``path``: :func:`~fxplan.runtime.apply.apply_plan`'s."""
+    ``path``: :func:`~fxplan.runtime.apply.graph.apply_plan`'s."""
     plan = _plan(plan_kwargs, plan_json)
     layers = (plan_kwargs or {}).get("layers", 2)
     model = build_model(layers, meta=meta)

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fxplan.runtime.apply import apply_plan
-from fxplan.runtime.optim_state import full_optimizer_state
+from fxplan.runtime.apply.graph import apply_plan
+from fxplan.runtime.checkpoint.optim_state import full_optimizer_state
 from rt_cases import OPTIMIZERS, reference, relative_error, train_steps
 from rt_plans import build_model, fixed_batch, make_plan
 

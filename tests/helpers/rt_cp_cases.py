@@ -1,5 +1,5 @@
 """Jobs the rank pool runs for context parallelism: the tiny GPT and the tiny ``hf:llama``
-train under a ``cp > 1`` plan like one process (:mod:`fxplan.runtime.context_parallel`)."""
+train under a ``cp > 1`` plan like one process (:mod:`fxplan.runtime.styles.context_parallel`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from fxplan.core.plan import Plan
 from fxplan.examples.models.lm import lm_loss
-from fxplan.runtime.apply import apply_plan
+from fxplan.runtime.apply.graph import apply_plan
 
 
 def with_cp(plan: Plan, cp: int) -> Plan:

@@ -13,8 +13,8 @@ from fxplan.core.config import ParallelConfig
 from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan, StageAssignment
 from fxplan.examples.models.lm import lm_loss
-from fxplan.runtime.apply import apply_plan
-from fxplan.runtime.optim import global_grad_norm
+from fxplan.runtime.apply.graph import apply_plan
+from fxplan.runtime.train.optim import global_grad_norm
 from torch.distributed.tensor import DTensor
 from rt_cases import LR, relative_error
 from rt_plans import param_placements
@@ -31,7 +31,7 @@ def build_moe(seed: int = 0, meta: bool = False) -> torch.nn.Module:
     import contextlib
 
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.build import meta_parameters
+    from fxplan.runtime.apply.build import meta_parameters
 
     torch.manual_seed(seed)
     with meta_parameters() if meta else contextlib.nullcontext():
@@ -42,7 +42,7 @@ def make_ep_plan(*, dp: int, ep: int, zero: int = 0, tp: int = 1, microbatch_siz
                  recompute: str = "none", sp: bool = False, cp: int = 1) -> Plan:
     """An ``ep > 1`` plan for moe-tiny; ``tp > 1``: attention Megatron-style (QKV
     column-parallel, projection row-parallel, embedding vocabulary-parallel), experts whole
-    (:mod:`fxplan.runtime.expert_tp`); ``sp``: sequence parallelism; ``cp``: context
+    (:mod:`fxplan.runtime.styles.expert_tp`); ``sp``: sequence parallelism; ``cp``: context
     parallelism too (the ``dp/cp`` replicas read ``dp/cp · mb`` samples)."""
     config = ParallelConfig(dp=dp, tp=tp, ep=ep, cp=cp, microbatch_size=microbatch_size,
                             num_microbatches=1, zero_stage=zero, recompute=recompute,

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from fxplan.core.config import ParallelConfig, Schedule
 from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan
-from fxplan.runtime.apply import apply_plan
-from fxplan.runtime.module_probe import model_output
+from fxplan.runtime.apply.graph import apply_plan
+from fxplan.runtime.apply.probe import model_output
 from torch.distributed.tensor import DTensor
 from rt_cases import train_steps
 from rt_plans import stages_for
@@ -79,7 +79,7 @@ def build(kind: str, seed: int = 0, meta: bool = False) -> torch.nn.Module:
     import contextlib
 
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.build import meta_parameters
+    from fxplan.runtime.apply.build import meta_parameters
 
     torch.manual_seed(seed)
     with meta_parameters() if meta else contextlib.nullcontext():
@@ -161,7 +161,7 @@ def _tied_copies_equal(sharded: Any, model: torch.nn.Module) -> bool:
     all ranks (pipeline stages, replicas) are equal after training (collective)."""
     import torch.distributed as dist
 
-    from fxplan.runtime.module_apply import tied_aliases
+    from fxplan.runtime.apply.module import tied_aliases
 
     aliases = tied_aliases(model)
     one_object = True

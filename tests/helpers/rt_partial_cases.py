@@ -1,4 +1,4 @@
-"""Rank-pool job: the trainer's Partial-gradient reduction (:mod:`fxplan.runtime.partial_grads`)
+"""Rank-pool job: the trainer's Partial-gradient reduction (:mod:`fxplan.runtime.apply.partial_grads`)
 under tp=2 with sequence parallelism, against DTensor's own per-tensor redistribution."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 from torch.distributed.tensor import DTensor, Partial
 
 from fxplan.examples.models.lm import lm_loss
-from fxplan.runtime.apply import apply_plan
-from fxplan.runtime.partial_grads import reduce_partial_grads
+from fxplan.runtime.apply.graph import apply_plan
+from fxplan.runtime.apply.partial_grads import reduce_partial_grads
 from rt_plans import build_model, fixed_batch, make_plan
 
 

@@ -31,7 +31,7 @@ def build_model(layers: int = 2, seed: int = 0, attention: str = "math", meta: b
     import contextlib
 
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.build import meta_parameters
+    from fxplan.runtime.apply.build import meta_parameters
 
     torch.manual_seed(seed)
     with meta_parameters() if meta else contextlib.nullcontext():

@@ -13,16 +13,16 @@ import torch.distributed as dist
 
 from fxplan.examples.model_spec import resolve_model
 from fxplan.examples.models.lm import lm_loss
-from fxplan.runtime import train_checkpoint
-from fxplan.runtime.apply import apply_plan
-from fxplan.runtime.build import meta_parameters
-from fxplan.runtime.ckpt_manifest import resolve_checkpoint
-from fxplan.runtime.data import TokenFile
-from fxplan.runtime.optim import build_optimizer
-from fxplan.runtime.train_checkpoint import (TrainPosition, load_training_checkpoint,
+from fxplan.runtime.checkpoint import training as train_checkpoint
+from fxplan.runtime.apply.graph import apply_plan
+from fxplan.runtime.apply.build import meta_parameters
+from fxplan.runtime.checkpoint.manifest import resolve_checkpoint
+from fxplan.runtime.train.data import TokenFile
+from fxplan.runtime.train.optim import build_optimizer
+from fxplan.runtime.checkpoint.training import (TrainPosition, load_training_checkpoint,
                                              locate_checkpoint, save_training_checkpoint)
 from fxplan.core.training import TrainConfig
-from fxplan.runtime.trainer import train
+from fxplan.runtime.train.trainer import train
 from rt_plans import SEQ, VOCAB, fixed_batch, make_plan
 
 DATA_SEED = 3
@@ -155,7 +155,7 @@ def crash_during_save(plan_kwargs: dict[str, Any], token_file: str, config: dict
 
 def refused_by_workers(path: str) -> str:
     """``locate_checkpoint`` on every rank: the message each rank raises, or ``""``."""
-    from fxplan.runtime.ckpt_manifest import CheckpointError
+    from fxplan.runtime.checkpoint.manifest import CheckpointError
 
     try:
         locate_checkpoint(path)

@@ -7,9 +7,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import fxplan.runtime.sharded_module as sharded_module
+import fxplan.runtime.apply.sharded_module as sharded_module
 from fxplan.examples.models.lm import lm_loss
-from fxplan.runtime.apply import apply_plan
+from fxplan.runtime.apply.graph import apply_plan
 from rt_plans import build_model, fixed_batch, make_plan
 
 

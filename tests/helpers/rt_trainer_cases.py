@@ -10,14 +10,14 @@ import torch
 import torch.distributed as dist
 
 from fxplan.examples.models.lm import lm_loss
-from fxplan.runtime.apply import apply_plan
-from fxplan.runtime.data import TokenFile
-from fxplan.runtime.module_probe import model_output
-from fxplan.runtime.precision import DTYPES, Precision, fp32_outputs
+from fxplan.runtime.apply.graph import apply_plan
+from fxplan.runtime.train.data import TokenFile
+from fxplan.runtime.apply.probe import model_output
+from fxplan.runtime.apply.precision import DTYPES, Precision, fp32_outputs
 from fxplan.core.training import lr_at
-from fxplan.runtime.optim import param_groups
+from fxplan.runtime.train.optim import param_groups
 from fxplan.core.training import TrainConfig
-from fxplan.runtime.trainer import train
+from fxplan.runtime.train.trainer import train
 from fxplan.core.plan import Plan
 from rt_plans import SEQ, VOCAB, build_model, fixed_batch, make_plan
 
@@ -143,8 +143,8 @@ def precision_facts(sharded: Any, optimizer: torch.optim.Optimizer) -> dict[str,
 def trainer_matches_reference(plan_kwargs: dict[str, Any], token_file: str,
                               config: dict[str, Any], dtype: str = "fp32",
                               model: str | None = None, cp: int = 1) -> dict[str, Any] | None:
-    """Train under the plan with :func:`fxplan.runtime.trainer.train` in ``dtype``
-    (:mod:`fxplan.runtime.precision`); rank 0 reports the curves of both, the largest relative
+    """Train under the plan with :func:`fxplan.runtime.train.trainer.train` in ``dtype``
+    (:mod:`fxplan.runtime.apply.precision`); rank 0 reports the curves of both, the largest relative
     differences, and the dtypes seen (Linear outputs, parameters, optimizer state); the other
     ranks train and return ``None`` (only rank 0 runs the one-process reference, see
     :func:`cached_reference`). ``model``: ``"llama"`` for the tiny ``hf:llama`` of

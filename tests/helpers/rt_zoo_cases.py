@@ -12,9 +12,9 @@ import torch
 from fxplan.core.plan import Plan
 from fxplan.examples.model_spec import resolve_model
 from fxplan.passes.forward_swap import forward_taking
-from fxplan.runtime.apply import apply_plan
-from fxplan.runtime.data import SyntheticData
-from fxplan.runtime.module_probe import model_output
+from fxplan.runtime.apply.graph import apply_plan
+from fxplan.runtime.train.data import SyntheticData
+from fxplan.runtime.apply.probe import model_output
 from fxplan.worker import training_loss
 from rt_cases import train_steps
 

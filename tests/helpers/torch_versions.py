@@ -26,7 +26,7 @@ def needs(feature: str) -> pytest.MarkDecorator:
 def skip_without_expert_zero(plan_kwargs: dict) -> None:
     """Skip a case whose expert weights are sharded over the expert-data-parallel group (ZeRO ≥ 1
     with ``dp/ep > 1``): it needs FSDP2's ``DataParallelMeshDims`` (the runtime refuses it
-    before training without; ``fxplan.runtime.expert_zero``)."""
+    before training without; ``fxplan.runtime.styles.expert_zero``)."""
     sharded = plan_kwargs.get("zero", 0) >= 1 and plan_kwargs.get("dp", 1) // plan_kwargs.get("ep", 1) > 1
     if sharded and not torch_has("fsdp_spmd_mesh_dims"):
         pytest.skip(f"needs {FEATURES['fsdp_spmd_mesh_dims'][2]} (torch {torch.__version__})")

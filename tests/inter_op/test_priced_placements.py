@@ -7,10 +7,10 @@ import torch
 
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import ParallelConfig, estimate
-from fxplan.cost_model.collectives import collective_time_s
-from fxplan.cost_model.edge_reshard import edge_collectives
-from fxplan.cost_model.tp_layout import tp_layout
-from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.cost_model.comm.collectives import collective_time_s
+from fxplan.cost_model.comm.edge_reshard import edge_collectives
+from fxplan.cost_model.parallel.tp_layout import tp_layout
+from fxplan.cost_model.comm.mesh import LogicalMesh
 from fxplan.api import capture
 from fxplan import search
 from fxplan.core.placements import DataEdge, PlacementMap, Replicate, Shard

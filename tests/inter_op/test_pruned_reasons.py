@@ -24,7 +24,7 @@ from fxplan.api import capture_for_search
 from fxplan.cluster_specs import Cluster, training_dtype
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model import estimate
-from fxplan.cost_model.memory import GIB
+from fxplan.cost_model.memory.breakdown import GIB
 from fxplan.inter_op.partition import balanced_counts
 from fxplan.inter_op.reasons import MEMORY
 from fxplan.inter_op.space import Family, options
@@ -58,7 +58,7 @@ def _family_lightest_gib(graph, cluster, config: ParallelConfig, batch: int) -> 
 
 
 def graph_seq(graph) -> int | None:  # type: ignore[no-untyped-def]
-    from fxplan.cost_model.layer_costs import graph_segments
+    from fxplan.cost_model.step.layer_costs import graph_segments
 
     return graph_segments(graph).seq
 

@@ -15,8 +15,8 @@ from fxplan.cluster_specs import Cluster
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model import estimate
 from fxplan.core.placements import Shard
-from fxplan.cost_model.megatron_layout import REPL
-from fxplan.cost_model.tp_layout import tp_layout
+from fxplan.cost_model.parallel.megatron_layout import REPL
+from fxplan.cost_model.parallel.tp_layout import tp_layout
 from fxplan.cluster_specs import training_dtype
 from fxplan.inter_op.placements import IntraOpCache
 from fxplan.inter_op.pricing import priced_config

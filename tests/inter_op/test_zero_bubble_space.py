@@ -1,5 +1,5 @@
 """The search offers the zero-bubble schedules where torch's split backward runs them: a
-pipeline without data parallelism, recompute none (``runtime.pipeline.zero_bubble_refusal``)."""
+pipeline without data parallelism, recompute none (``runtime.train.pipeline.zero_bubble_refusal``)."""
 
 from __future__ import annotations
 

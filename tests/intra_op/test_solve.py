@@ -10,7 +10,7 @@ from typing import Sequence
 import pytest
 
 from fxplan.cluster_specs import Cluster
-from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.cost_model.comm.mesh import LogicalMesh
 from fxplan.api import capture
 from fxplan.intra_op import NodePrice, solve_intra_op
 from fxplan.core.placements import Placements

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fxplan.cluster_specs import Cluster
-from fxplan.cost_model.mesh import LogicalMesh
+from fxplan.cost_model.comm.mesh import LogicalMesh
 from fxplan.passes.capture import CapturedGraph
 from fxplan.api import capture
 from fxplan.intra_op import IntraOpInfeasible, IntraOpSolution, solve_intra_op

@@ -120,7 +120,7 @@ def test_core_aten_lowering_keeps_layers_flops_and_the_megatron_layout():
     rules cover it (ops without one are listed, replicated), and the cost model's Megatron
     layout sees the weights through ``aten.t`` (the same parameters split)."""
     pytest.importorskip("transformers")
-    from fxplan.cost_model.tp_layout import tp_layout
+    from fxplan.cost_model.parallel.tp_layout import tp_layout
     from fxplan.sharding.api import rule_sources
 
     spec = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,"

@@ -1,4 +1,4 @@
-"""Where a CPU rank is pinned (:mod:`fxplan.runtime.affinity`)."""
+"""Where a CPU rank is pinned (:mod:`fxplan.runtime.launch.affinity`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fxplan.runtime.affinity import AFFINITY_ENV, pin_rank, rank_cores
+from fxplan.runtime.launch.affinity import AFFINITY_ENV, pin_rank, rank_cores
 
 
 def test_a_block_of_cores_each_when_every_rank_can_have_one():
@@ -41,7 +41,7 @@ def _run(code: str, **env: str) -> str:
 def test_pin_rank_sets_the_mask_and_says_where():
     allowed = sorted(os.sched_getaffinity(0))
     world = len(allowed) + 1               # more ranks than cores: round robin
-    code = ("import os; from fxplan.runtime.affinity import pin_rank; "
+    code = ("import os; from fxplan.runtime.launch.affinity import pin_rank; "
             f"note, fallback = pin_rank({world - 1}, {world}); "
             "print(sorted(os.sched_getaffinity(0)), note, fallback)")
     out = _run(code)
@@ -55,7 +55,7 @@ def test_pin_rank_sets_the_mask_and_says_where():
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity")
 def test_opting_out_and_a_wrong_mode_leave_the_mask_alone():
     allowed = sorted(os.sched_getaffinity(0))
-    code = ("import os; from fxplan.runtime.affinity import pin_rank; "
+    code = ("import os; from fxplan.runtime.launch.affinity import pin_rank; "
             "note, fallback = pin_rank(0, 64); print(sorted(os.sched_getaffinity(0)), '|', note, "
             "'|', fallback)")
     mask, note, fallback = _run(code, **{AFFINITY_ENV: "none"}).split(" | ")
@@ -79,7 +79,7 @@ def test_torchrun_environment_is_the_default(monkeypatch):
 def test_auto_leaves_a_core_per_rank_to_the_scheduler_and_core_pins_it():
     """By default only time-shared ranks are pinned; ``core`` pins a core-per-rank job too."""
     allowed = sorted(os.sched_getaffinity(0))
-    code = ("import os; from fxplan.runtime.affinity import pin_rank; "
+    code = ("import os; from fxplan.runtime.launch.affinity import pin_rank; "
             f"note, fallback = pin_rank(0, {len(allowed)}); "
             "print(sorted(os.sched_getaffinity(0)), '|', note, '|', fallback)")
     mask, note, fallback = _run(code).split(" | ")

@@ -33,7 +33,7 @@ def test_materialize_one_process_keeps_ties_and_values():
     the tied embedding/LM head stays one Parameter, and buffers were never on meta."""
     import torch
 
-    from fxplan.runtime.build import has_meta, init_values, materialize
+    from fxplan.runtime.apply.build import has_meta, init_values, materialize
     from rt_plans import build_model
 
     model = build_model(2, meta=True)
@@ -47,7 +47,7 @@ def test_materialize_one_process_keeps_ties_and_values():
 
 
 def test_meta_model_without_values_is_refused():
-    from fxplan.runtime.apply import apply_plan
+    from fxplan.runtime.apply.graph import apply_plan
     from rt_plans import build_model, fixed_batch, make_plan
 
     plan = make_plan()
@@ -61,7 +61,7 @@ def test_materialize_moves_the_host_buffers_to_the_parameters_device():
     launch fail in its first embedding). ``meta`` stands in for the other device here."""
     import torch
 
-    from fxplan.runtime.build import materialize
+    from fxplan.runtime.apply.build import materialize
     from rt_plans import build_model
 
     model = build_model(2, meta=True)

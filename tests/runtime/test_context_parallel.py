@@ -3,7 +3,7 @@ math attention run as SDPA; also with tp = 2 and sequence parallelism, its posit
 embedding each tp rank's shard of the chunk's positions) and the tiny ``hf:llama`` (RoPE, grouped-query SDPA; also with
 tp = 2 and sequence parallelism, where each rank's ``s/cp`` chunk is split again over tp
 between the blocks' tp regions) on pooled gloo ranks, 3 SGD steps in fp32, losses and every gathered parameter within the numerics tests'
-relative 1e-5 (:mod:`fxplan.runtime.context_parallel`)."""
+relative 1e-5 (:mod:`fxplan.runtime.styles.context_parallel`)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def test_cp_matches_single_process(rank_pool, name):
 
 def test_load_balanced_chunks():
     """Rank r holds chunks r and 2·cp−1−r; the ranks' positions together are the sequence."""
-    from fxplan.runtime.context_parallel import local_positions
-    from fxplan.runtime.offload import RuntimeSupportError
+    from fxplan.runtime.styles.context_parallel import local_positions
+    from fxplan.runtime.apply.offload import RuntimeSupportError
 
     assert local_positions(8, 2, 0).tolist() == [0, 1, 6, 7]
     assert local_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
@@ -64,8 +64,8 @@ def _cp_plan(**kwargs):
 def test_attention_spelled_out_is_refused_before_launch():
     """A block whose attention is not a causal SDPA call is refused, naming the block (no
     process group is needed: the check runs before any)."""
-    from fxplan.runtime.apply import apply_plan
-    from fxplan.runtime.offload import RuntimeSupportError
+    from fxplan.runtime.apply.graph import apply_plan
+    from fxplan.runtime.apply.offload import RuntimeSupportError
     from rt_plans import build_model, fixed_batch
 
     plan = _cp_plan()
@@ -77,8 +77,8 @@ def test_attention_spelled_out_is_refused_before_launch():
 
 
 def test_graph_path_is_refused():
-    from fxplan.runtime.apply import apply_plan
-    from fxplan.runtime.offload import RuntimeSupportError
+    from fxplan.runtime.apply.graph import apply_plan
+    from fxplan.runtime.apply.offload import RuntimeSupportError
     from rt_plans import build_model, fixed_batch
 
     plan = _cp_plan()
@@ -107,8 +107,8 @@ def test_gpt_fused_qkv_runs_head_parallel():
     it (its proj row-parallel, checked without a local-shape probe of its own forward): its tp
     plans run at module level, not as the graph rewrite (where DTensor all-gathers the fused
     output at the q/k/v split and every rank runs the whole attention)."""
-    from fxplan.runtime.module_apply import module_level_plan
-    from fxplan.runtime.tp_fused_qkv import FusedQKVAttention
+    from fxplan.runtime.apply.module import module_level_plan
+    from fxplan.runtime.styles.tp_fused_qkv import FusedQKVAttention
     from rt_plans import build_model, fixed_batch, make_plan
 
     plain = make_plan(dp=2, tp=2)
@@ -128,8 +128,8 @@ def test_collectives_per_layer_are_the_priced_ones(rank_pool, recompute):
     reduce-scatter backward, and the all-gather again under full recompute only (selective
     recompute keeps the gathered K/V: the re-run collective is served from its cache)."""
     import fxplan
-    from fxplan.cost_model.context_parallel import cp_layers, kv_bytes
-    from fxplan.cost_model.layer_costs import graph_segments
+    from fxplan.cost_model.parallel.context_parallel import cp_layers, kv_bytes
+    from fxplan.cost_model.step.layer_costs import graph_segments
     from rt_plans import MODEL
 
     report = rank_pool.run("rt_cp_cases:cp_collectives", recompute=recompute)[0]
@@ -146,9 +146,9 @@ def test_gpt_position_embedding_takes_its_sequence_shard_under_sp():
     """Under cp with tp and sequence parallelism the zoo GPT's replicated position embedding
     runs PositionShard (each tp rank embeds its shard of the chunk's positions) instead of
     being refused; a later pipeline stage's NoPositions takes no style."""
-    from fxplan.runtime.module_apply import _present, module_level_plan
-    from fxplan.runtime.module_stages import stage_module
-    from fxplan.runtime.tp_positions import PositionShard
+    from fxplan.runtime.apply.module import _present, module_level_plan
+    from fxplan.runtime.apply.stages import stage_module
+    from fxplan.runtime.styles.tp_positions import PositionShard
     from rt_plans import build_model, fixed_batch
 
     piped = _cp_plan(tp=2, sp=True, pp=2, num_microbatches=2)
@@ -162,7 +162,7 @@ def test_gpt_position_embedding_takes_its_sequence_shard_under_sp():
 def test_gathered_order_is_the_one_process_token_order():
     """The dp ranks' gathered tokens (rank order, each rank its two chunks of its group's
     samples) map one-to-one onto the one-process order; identity without cp."""
-    from fxplan.runtime.context_parallel import gathered_order
+    from fxplan.runtime.styles.context_parallel import gathered_order
 
     assert gathered_order(2, 8, 1, 2).tolist() == list(range(32))
     order = gathered_order(2, 4, 2, 4)      # 2 CP groups × 2 ranks, 2 samples of 8 tokens

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fxplan.runtime.offload import RuntimeSupportError
+from fxplan.runtime.apply.offload import RuntimeSupportError
 from torch_versions import skip_without_expert_zero
 
 CASES = {
@@ -71,7 +71,7 @@ def test_sharded_checkpoint_loads_into_the_unsharded_model(rank_pool, tmp_path, 
 def test_sequence_parallel_with_experts_is_refused():
     from rt_ep_cases import build_moe, make_ep_plan
 
-    from fxplan.runtime.apply import apply_plan
+    from fxplan.runtime.apply.graph import apply_plan
 
     plan = make_ep_plan(dp=2, ep=2, tp=2, sp=True)
     with pytest.raises(RuntimeSupportError, match="ep=2 with tp=2 and sequence parallelism: "
@@ -84,7 +84,7 @@ def test_expert_weights_in_no_known_layer_are_refused_before_any_collective():
     routed experts module) are refused by apply_plan before a process group is needed."""
     from rt_ep_cases import make_ep_plan
 
-    from fxplan.runtime.apply import apply_plan
+    from fxplan.runtime.apply.graph import apply_plan
 
     class Unknown(torch.nn.Module):
         def __init__(self) -> None:

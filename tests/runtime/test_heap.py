@@ -1,4 +1,4 @@
-"""A CPU rank keeps its heap between steps (:mod:`fxplan.runtime.heap`): the second step
+"""A CPU rank keeps its heap between steps (:mod:`fxplan.runtime.train.heap`): the second step
 faults no pages in again. Counts page faults and glibc's mmapped blocks, not time."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from fxplan.runtime import heap
+from fxplan.runtime.train import heap
 
 #: One process: 25 steps of 7 activations of 4 MiB (1024 pages) each; prints the minor page
 #: faults of each of the last 10 and how many more blocks glibc served with their own ``mmap``
@@ -19,7 +19,7 @@ STEPS = textwrap.dedent("""
     import ctypes, resource, sys
     import torch
     if sys.argv[1] == "kept":
-        from fxplan.runtime.heap import keep_heap
+        from fxplan.runtime.train.heap import keep_heap
         assert keep_heap() is None
     torch.set_num_threads(1)
     libc = ctypes.CDLL("libc.so.6")
@@ -53,7 +53,7 @@ STEPS = textwrap.dedent("""
 
 def _step_faults(mode: str, **malloc_env: str) -> tuple[list[int], int]:
     """(page faults of each of 10 steady steps, blocks mmapped by the last step at its peak) of
-    a fresh process, ``mode`` "kept" calling :func:`~fxplan.runtime.heap.keep_heap` first."""
+    a fresh process, ``mode`` "kept" calling :func:`~fxplan.runtime.train.heap.keep_heap` first."""
     env = {k: v for k, v in os.environ.items() if k not in heap.USER_SETTINGS} | malloc_env
     out = subprocess.run([sys.executable, "-c", STEPS, mode], capture_output=True, text=True,
                          env=env, timeout=120, check=True)

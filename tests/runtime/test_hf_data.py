@@ -1,4 +1,4 @@
-"""A local Hugging Face ``datasets`` directory as training data (:mod:`fxplan.runtime.hf_data`):
+"""A local Hugging Face ``datasets`` directory as training data (:mod:`fxplan.runtime.train.hf_data`):
 the same samples in the same order as a token file holding the rows' ids back to back, a rank's
 slice equal to its part of the global batch, and clear refusals of directories that are not
 a saved dataset with token ids."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fxplan.runtime.data import DataError, TokenFile
+from fxplan.runtime.train.data import DataError, TokenFile
 
 datasets = pytest.importorskip("datasets")
 
@@ -31,7 +31,7 @@ def saved(rows, tmp_path_factory):
 
 
 def test_same_samples_as_the_token_file_of_its_rows(rows, saved, tmp_path):
-    from fxplan.runtime.hf_data import HFDataset
+    from fxplan.runtime.train.hf_data import HFDataset
 
     flat = tmp_path / "tokens.bin"
     np.concatenate([np.asarray(r, dtype=np.uint16) for r in rows]).tofile(flat)
@@ -49,7 +49,7 @@ def test_same_samples_as_the_token_file_of_its_rows(rows, saved, tmp_path):
 
 
 def test_dataset_dict_uses_its_train_split(rows, tmp_path):
-    from fxplan.runtime.hf_data import HFDataset
+    from fxplan.runtime.train.hf_data import HFDataset
 
     path = str(tmp_path / "dict")
     split = datasets.Dataset.from_dict({"input_ids": rows})
@@ -61,7 +61,7 @@ def test_dataset_dict_uses_its_train_split(rows, tmp_path):
 def test_refusals(tmp_path):
     from fxplan.cli.launch_checks import check_dataset_dir
     from fxplan.cli.run_config import LaunchError
-    from fxplan.runtime.hf_data import HFDataset
+    from fxplan.runtime.train.hf_data import HFDataset
 
     with pytest.raises(LaunchError, match="without the files Dataset.save_to_disk writes"):
         check_dataset_dir(str(tmp_path))

@@ -1,4 +1,4 @@
-"""Mixed precision in the runtime (:mod:`fxplan.runtime.precision`) on 4 pooled gloo ranks: bf16
+"""Mixed precision in the runtime (:mod:`fxplan.runtime.apply.precision`) on 4 pooled gloo ranks: bf16
 compute with fp32 master weights, optimizer state and gradient reduction, under dp (DDP +
 autocast), tp+sp (parallelize_module + autocast) and pp+ZeRO-3 (FSDP2 MixedPrecisionPolicy).
 

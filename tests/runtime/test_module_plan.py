@@ -11,12 +11,12 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel)
 
 from fxplan.passes.rewrite.base import PassError
-from fxplan.runtime.apply import apply_plan
-from fxplan.runtime.module_apply import module_level_plan, replicated_tp_note
-from fxplan.runtime.module_probe import model_output
-from fxplan.runtime.module_stages import StageBlocks, stage_module
-from fxplan.runtime.tp_styles import NotExpressible
-from fxplan.runtime.tp_attention import HeadParallelAttention
+from fxplan.runtime.apply.graph import apply_plan
+from fxplan.runtime.apply.module import module_level_plan, replicated_tp_note
+from fxplan.runtime.apply.probe import model_output
+from fxplan.runtime.apply.stages import StageBlocks, stage_module
+from fxplan.runtime.styles.tp_styles import NotExpressible
+from fxplan.runtime.styles.tp_attention import HeadParallelAttention
 from rt_module_cases import ENCODER_MLP_TP, ENCODER_TP, build, plan_for
 
 TOKENS = torch.zeros(2, 8, dtype=torch.long)
@@ -167,8 +167,8 @@ def test_gpt_sequence_parallel_runs_at_module_level():
     each tp rank's own sequence shard (``PositionShard``: no collective), the
     vocabulary-parallel lookup reduce-scatters to ``Shard(1)``, the attention is
     head-parallel and each region passes its gathered input on as a DTensor."""
-    from fxplan.runtime.tp_fused_qkv import FusedQKVAttention
-    from fxplan.runtime.tp_positions import PositionShard
+    from fxplan.runtime.styles.tp_fused_qkv import FusedQKVAttention
+    from fxplan.runtime.styles.tp_positions import PositionShard
     from rt_plans import build_model, fixed_batch, make_plan
 
     plan = make_plan(tp=2, sp=True)
@@ -188,9 +188,9 @@ def test_gpt_pipeline_cut_skips_the_prologue_on_later_stages():
     ``wte``'s place while its ``NoPositions`` takes no style."""
     from torch import nn
 
-    from fxplan.runtime.module_apply import _present
-    from fxplan.runtime.module_stages import NoPositions, token_embedding
-    from fxplan.runtime.tp_positions import PositionShard
+    from fxplan.runtime.apply.module import _present
+    from fxplan.runtime.apply.stages import NoPositions, token_embedding
+    from fxplan.runtime.styles.tp_positions import PositionShard
     from rt_cp_cases import with_cp
     from rt_plans import build_model, fixed_batch, make_plan
 
@@ -334,7 +334,7 @@ class _TwoInputs(torch.nn.Module):
 
 def test_a_stage_that_cannot_run_on_its_input_is_refused_on_one_process():
     """The stages' fake run finds it before any launch, for a model on ``meta`` too."""
-    from fxplan.runtime.build import meta_parameters
+    from fxplan.runtime.apply.build import meta_parameters
     with meta_parameters():
         model = _TwoInputs()
     with pytest.raises(NotExpressible, match=r"pipeline stage 1 \(blocks 1-1\) does not run on "

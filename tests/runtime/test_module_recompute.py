@@ -1,4 +1,4 @@
-"""Module-level recompute (:mod:`fxplan.runtime.module_recompute`): ``selective`` re-runs the
+"""Module-level recompute (:mod:`fxplan.runtime.apply.recompute`): ``selective`` re-runs the
 attention core in the backward and nothing else, ``full`` re-runs the whole block, and the
 gradients are those without recompute."""
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxplan.runtime.module_recompute import apply_recompute
+from fxplan.runtime.apply.recompute import apply_recompute
 
 
 class Block(nn.Module):

@@ -1,4 +1,4 @@
-"""``runtime.offload`` and ``runtime.fp8`` without a process group: what the runtime refuses,
+"""``runtime.apply.offload`` and ``runtime.apply.fp8`` without a process group: what the runtime refuses,
 the FSDP2 policy it passes, and FP8 left alone when the plan does not ask for it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
-from fxplan.runtime.fp8 import apply_fp8
-from fxplan.runtime.offload import (RuntimeSupportError, check_runnable, offload_fallback,
+from fxplan.runtime.apply.fp8 import apply_fp8
+from fxplan.runtime.apply.offload import (RuntimeSupportError, check_runnable, offload_fallback,
                                     offload_policy)
 from tests.core.test_plan import make_plan
 

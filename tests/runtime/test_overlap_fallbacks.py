@@ -7,7 +7,7 @@ import dataclasses
 
 from rt_plans import make_plan
 
-from fxplan.runtime.apply import unrun_overlaps
+from fxplan.runtime.apply.graph import unrun_overlaps
 
 
 def _with(plan, **config):  # type: ignore[no-untyped-def]

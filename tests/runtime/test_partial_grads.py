@@ -1,6 +1,6 @@
 """The trainer's Partial-gradient reduction: under tp=2 with sequence parallelism the layer
 norms' and the position embedding's gradients come out ``Partial(sum)``; after
-:func:`fxplan.runtime.partial_grads.reduce_partial_grads` none is, each equals DTensor's own
+:func:`fxplan.runtime.apply.partial_grads.reduce_partial_grads` none is, each equals DTensor's own
 ``Partial → Replicate`` redistribution (the same sum over the same 2 ranks, so ≤ 1 ulp-level
 rounding), and the whole set took one flattened all-reduce."""
 

@@ -1,5 +1,5 @@
 """With ``pp > 1`` (GPipe, 1F1B) the dp gradient reduction runs inside the last microbatch's
-backward of each stage, block by block (:class:`fxplan.runtime.pipeline.ReduceInLastBackward`
+backward of each stage, block by block (:class:`fxplan.runtime.train.pipeline.ReduceInLastBackward`
 for FSDP2; DDP's reducer, armed by torch for the last backward), not in a pass after the
 schedule (pooled gloo ranks, pp=2 × dp=2; the values are test_numerics.py's ``pp_dp*`` cases)."""
 

@@ -1,4 +1,4 @@
-"""A ``pp = 1`` step is a plain gradient-accumulation loop (:mod:`fxplan.runtime.accumulate`):
+"""A ``pp = 1`` step is a plain gradient-accumulation loop (:mod:`fxplan.runtime.train.accumulate`):
 no pipeline schedule, and the dp gradient reduction runs once per step, inside the last
 microbatch's backward (pooled gloo ranks; the values are test_numerics.py's business)."""
 

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from fxplan.runtime.router_aux import RouterAux, install_router_aux, with_router_aux  # noqa: E402
+from fxplan.runtime.styles.router_aux import RouterAux, install_router_aux, with_router_aux  # noqa: E402
 
 
 def test_one_replica_is_transformers_loss():
@@ -26,7 +26,7 @@ def _mixtral(output_router_logits: bool):
     from rt_module_cases import MIXTRAL
 
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.runtime.build import meta_parameters
+    from fxplan.runtime.apply.build import meta_parameters
 
     spec = MIXTRAL + (",output_router_logits=True,router_aux_loss_coef=0.1"
                       if output_router_logits else "")
@@ -37,7 +37,7 @@ def _mixtral(output_router_logits: bool):
 def test_hooked_where_the_config_asks_and_not_under_pipelining():
     """Under pipelining the auxiliary loss cannot be computed: refused, never left out of the
     loss (which trained another loss than one process, with only a fallback line)."""
-    from fxplan.runtime.offload import RuntimeSupportError
+    from fxplan.runtime.apply.offload import RuntimeSupportError
 
     fallbacks: list[str] = []
     assert install_router_aux(_mixtral(False), None, False, fallbacks) is None

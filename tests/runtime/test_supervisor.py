@@ -8,8 +8,8 @@ import os
 import sys
 import time
 
-from fxplan.runtime.events import read_events
-from fxplan.runtime.supervisor import group_members, last_logged_step, supervise
+from fxplan.runtime.train.events import read_events
+from fxplan.runtime.launch.supervisor import group_members, last_logged_step, supervise
 
 #: Attempt 0 starts a grandchild that would outlive it (sleeps 60 s), writes its pid, exits 3;
 #: later attempts exit with the code in argv[2].

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from fxplan.runtime.data import DataError, TokenFile
-from fxplan.runtime.metrics import FlopCounts, MetricsLog, StepMetrics
+from fxplan.runtime.train.data import DataError, TokenFile
+from fxplan.runtime.train.metrics import FlopCounts, MetricsLog, StepMetrics
 from fxplan.core.training import lr_at
 
 

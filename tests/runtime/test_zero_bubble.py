@@ -11,8 +11,8 @@ from rt_plans import make_plan
 from rt_zoo_cases import one_process
 from torch_versions import needs
 
-from fxplan.runtime.pipeline import zero_bubble_refusal
-from fxplan.runtime.tied import same_rank_refusal
+from fxplan.runtime.train.pipeline import zero_bubble_refusal
+from fxplan.runtime.apply.tied import same_rank_refusal
 
 SPEC = "llama-tiny:layers=4"
 BATCH, SEQ = 8, 8
@@ -52,7 +52,7 @@ def test_split_backward_refusals(kwargs, why):
 
 def test_zbv_needs_the_reworked_stage_set_up(monkeypatch):
     """On a torch without it (2.11) zbv is refused by name; zb still runs."""
-    from fxplan.runtime import pipeline
+    from fxplan.runtime.train import pipeline
 
     monkeypatch.setattr(pipeline, "torch_has", lambda feature: feature != "pipelining_zbv")
     assert "zbv needs" in pipeline.zero_bubble_refusal(

@@ -1,0 +1,1 @@
+"""Compute time of ops: roofline, efficiencies, profiled op databases, fused attention and FP8."""

@@ -1,0 +1,189 @@
+"""Offload: optimizer states (and parameters) in host memory, priced over the host link and
+the host's memory bandwidth.
+
+Follows DeepSpeed ZeRO-Offload's design (Ren et al., 2021) for ``offload=optimizer``: the
+gradients go to the host as the backward produces them, the optimizer (Adam) steps on the CPU
+over fp32 master weights and moments kept in host memory, and the updated 16-bit weights come
+back to the device. For ``offload=optimizer+params`` (ZeRO-3 only), FSDP2's CPU offload
+(``CPUOffloadPolicy``): the fp32 parameter shards live on the host, each all-gather first copies
+the rank's shard to the device, each reduce-scatter's result is copied back to the host, and the
+optimizer steps on the CPU.
+
+With ``Ψ_o`` the parameters this rank's optimizer updates (``Ψ_s/N`` under ZeRO ≥ 1, else
+``Ψ_s``), ``L`` the host↔device bandwidth of one device (``host_link_gb_per_s``, per direction,
+every device of the node copying at once), ``H`` the node's host memory bandwidth, ``r`` the
+devices of the node and ``B_last`` the backward of one microbatch on the stage::
+
+    offload=optimizer (per step)
+      d2h   = k_g·Ψ_o / L                 gradients to the host, overlapping the last
+                                          microbatch's backward (gradients are final only
+                                          then): exposed max(0, d2h − B_last)
+      cpu   = Ψ_o · Q / (η_q · min(t·b_c, H/r))
+                                          the runtime's host step (below)
+      h2d   = k_p·Ψ_o / L                 updated 16-bit weights back (not overlapped: the
+                                          next forward needs them)
+      T_off = max(0, d2h − B_last) + cpu + h2d
+
+    offload=optimizer+params, per segment and microbatch (added to the ZeRO-3 prefetch term)
+      h2d_seg = 4·ψ_seg/N / L   the fp32 shard before each all-gather (forward and backward)
+      d2h_seg = 4·ψ_seg/N / L   the fp32 reduce-scattered gradient after the backward
+    and per step T_off = cpu (the parameters stay on the host: nothing comes back).
+
+**The host step is what the runtime runs, measured** (``benchmarks/host_adam_rate.py``;
+figures in ``benchmarks/data/hardware.md``, "Host optimizer step"). The runtime offloads with
+FSDP2's ``CPUOffloadPolicy`` and steps ``torch.optim.AdamW`` built without ``foreach`` or
+``fused``: on CPU tensors torch 2.13 then runs its single-tensor loop, eight eager
+elementwise kernels per parameter tensor that move ``80 B`` per parameter (the fused step's
+``28``: the moments, ``v.sqrt()``, its division and ``+ε`` each make a pass of their own),
+after the gradient clipping's norm and multiply (``12 B``): ``Q`` =
+:data:`HOST_STEP_BYTES` = 92 B per parameter. Each kernel runs on ``torch.get_num_threads()``
+threads, and ``fxplan launch`` starts every rank with ``OMP_NUM_THREADS=1``: ``t`` =
+:data:`RANK_THREADS` = 1 core per rank. One core streams at most ``b_c`` =
+:data:`CORE_MEMORY_GB_PER_S` (the copy of a 512 MiB tensor on one core); the node's ``r``
+ranks stepping at once share ``H``; the chain reaches ``η_q`` =
+:data:`HOST_STEP_EFFICIENCY` of the lesser. Measured on one core of an AMD EPYC (Zen 4):
+``b_c`` = 21–23 GB/s, the chain (clip + AdamW, 32 M parameters) 0.143–0.145 G parameters/s,
+``η_q = 92 B × 0.144 G/s / 21.9 GB/s`` = 0.58–0.63; in the cost model's 28-byte unit that is
+4.0 GB/s per core, 0.18 of the core's copy bandwidth (the 0.5 of ``H/r`` priced before it was
+measured was 2.2× too fast on a DGX-1 and 8.6× on a DGX H100, whose ``H/r`` a core cannot
+reach alone). ``b_c`` is this machine's core; the DGX hosts' cores are not measured here
+(their per-core bandwidth is taken as the same: an assumption, bounded by ``H/r``, which
+binds on the DGX-1: 136.5/8 = 17 GB/s). Cross-check, public: DeepSpeed reports its
+vectorised CPU-Adam 5.1–6.5× faster than ``torch.optim.Adam`` on 1–10 B parameters and
+56 s → 8.2 s for an 11.6 B GPT-2 (0.21 G parameters/s for torch's, host not given; PR #735);
+torch's own one-pass kernel (``fused=True``) measures 1.26–1.29 G parameters/s here, 8.9×
+the runtime's chain — an option the runtime does not take.
+
+The CPU step and the copies back are not overlapped with compute: ZeRO-Offload's one-step
+delayed parameter update would hide them but changes the numerics (the step uses the previous
+step's gradients), so it is not priced. The ``optimizer`` row then keeps the per-tensor loop
+(the host steps the tensors one at a time as the device would) and the fixed
+``step_overhead_us``.
+
+**Host memory** per node: the sum over the node's ranks of their host bytes
+(:func:`cost_model.memory.breakdown.model_state_bytes`), at most ``host_memory_gib``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.cost_model.memory.breakdown import GIB, MemoryBreakdown, OptimizerSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.cluster_specs import Cluster, DeviceGroup
+
+__all__ = ["CORE_MEMORY_GB_PER_S", "HOST_STEP_BYTES", "HOST_STEP_EFFICIENCY", "HostSide",
+           "MASTER_BYTES", "RANK_THREADS", "host_bytes_per_node", "host_step_s",
+           "offload_segment_s", "offload_step_s", "with_host_check"]
+
+#: ``Q``: bytes per parameter the runtime's host step moves: torch 2.13's single-tensor
+#: AdamW on CPU tensors, 80 (with weight decay; module docstring), after the gradient
+#: clipping's norm (4) and multiply (8).
+HOST_STEP_BYTES = 92.0
+#: ``η_q``: the fraction of the streaming bandwidth that chain reaches. Measured
+#: (``benchmarks/host_adam_rate.py``, one core, 32 M parameters, two runs): 0.634, 0.579.
+HOST_STEP_EFFICIENCY = 0.6
+#: ``b_c``: what one host core streams, GB/s (bytes read + written), the one-thread copy of
+#: a 512 MiB fp32 tensor. Measured on this machine's cores (AMD EPYC, Zen 4): 21.0, 22.8;
+#: taken for every host (the DGX CPUs' cores are not measured: an assumption).
+CORE_MEMORY_GB_PER_S = 21.9
+#: ``t``: the threads each rank's host step runs on: ``fxplan launch`` sets
+#: ``OMP_NUM_THREADS=1`` (``fxplan.cli.torchrun_command.launch_command``).
+RANK_THREADS = 1
+
+#: Bytes per parameter of what FSDP2's CPU offload copies each way: the fp32 shard and gradient.
+MASTER_BYTES = 4.0
+
+
+@dataclass(frozen=True)
+class HostSide:
+    """The host facts of one device group: bytes, bytes per second."""
+
+    memory: float
+    memory_bandwidth: float
+    link: float
+    devices_per_node: int
+
+    @classmethod
+    def of(cls, device: DeviceGroup) -> "HostSide":
+        """The group's host side; :class:`CostModelError` naming the missing keys."""
+        missing = [k for k in ("host_memory_gib", "host_memory_bandwidth_gb_per_s",
+                               "host_link_gb_per_s") if getattr(device, k, None) is None]
+        if missing:
+            raise CostModelError(
+                f"offload needs the host side of {device.model} ({device.name}): the cluster "
+                f"spec does not give {', '.join(missing)} (host memory per node in GiB, its "
+                "bandwidth and the host↔device bandwidth per device, GB/s; "
+                "docs/cluster_specs.md)")
+        return cls(device.host_memory_gib * GIB, device.host_memory_bandwidth_gb_per_s * 1e9,
+                   device.host_link_gb_per_s * 1e9, device.devices_per_node)
+
+
+def _updated(config: ParallelConfig, params: float) -> float:
+    return params / config.dp if config.zero_stage >= 1 else params
+
+
+def offload_step_s(config: ParallelConfig, params: float, backward_s: float, device: DeviceGroup,
+                   optimizer: OptimizerSpec) -> float:
+    """``T_off`` of one pipeline rank holding ``params`` parameters (module docstring);
+    ``backward_s`` is one microbatch's backward on the rank. 0 without offload."""
+    if config.offload == "none":
+        return 0.0
+    host = HostSide.of(device)
+    psi = _updated(config, params)
+    cpu = host_step_s(psi, host)
+    if config.offload == "optimizer+params":
+        return cpu
+    d2h = optimizer.grad_bytes * psi / host.link
+    h2d = optimizer.param_bytes * psi / host.link
+    return max(0.0, d2h - backward_s) + cpu + h2d
+
+
+def host_step_s(params: float, host: HostSide) -> float:
+    """``cpu = Ψ_o·Q / (η_q·min(t·b_c, H/r))`` (module docstring): seconds of the runtime's
+    host step over ``params`` parameters on one rank, the node's ranks stepping at once."""
+    per_rank = min(RANK_THREADS * CORE_MEMORY_GB_PER_S * 1e9,
+                   host.memory_bandwidth / host.devices_per_node)
+    return params * HOST_STEP_BYTES / (HOST_STEP_EFFICIENCY * per_rank)
+
+
+def offload_segment_s(config: ParallelConfig, segment_params: float,
+                      device: DeviceGroup) -> tuple[float, float]:
+    """``(before each all-gather, after the reduce-scatter)`` seconds of one segment's copies
+    under ``offload=optimizer+params`` (module docstring); ``(0, 0)`` otherwise."""
+    if config.offload != "optimizer+params":
+        return 0.0, 0.0
+    seconds = MASTER_BYTES * segment_params / config.dp / HostSide.of(device).link
+    return seconds, seconds
+
+
+def host_bytes_per_node(config: ParallelConfig, host_per_stage: Sequence[float],
+                        cluster: Cluster) -> dict[int, float]:
+    """Node → the host bytes its ranks keep: rank ``r`` runs stage ``r // (dp·tp)`` (the
+    ``pp × dp × tp`` row-major mesh) and keeps ``host_per_stage`` of it."""
+    per_stage = config.dp * config.tp
+    out: dict[int, float] = {}
+    for rank in range(cluster.num_devices):
+        node = cluster.node_of(rank)
+        out[node] = out.get(node, 0.0) + float(host_per_stage[rank // per_stage])
+    return out
+
+
+def with_host_check(memory: Sequence[MemoryBreakdown], config: ParallelConfig,
+                    cluster: Cluster) -> list[MemoryBreakdown]:
+    """``memory`` (one breakdown per pipeline stage, ``host`` filled) with each stage's
+    ``host_node_total`` (its fullest node's host bytes, over every rank on that node) and that
+    node's ``host_capacity``; :class:`CostModelError` when a node gives no host side."""
+    nodes = host_bytes_per_node(config, [m.host for m in memory], cluster)
+    per_stage = config.dp * config.tp
+    out = []
+    for s, m in enumerate(memory):
+        worst = max(range(s * per_stage, (s + 1) * per_stage), key=lambda r: nodes[cluster.node_of(r)])
+        node = cluster.node_of(worst)
+        host = HostSide.of(cluster.device(worst))
+        out.append(dataclasses.replace(m, host_capacity=host.memory, host_node_total=nodes[node]))
+    return out

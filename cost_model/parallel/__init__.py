@@ -1,0 +1,1 @@
+"""What each parallelism implies for the graph: tensor-parallel layouts, context and expert parallelism."""

@@ -1,0 +1,1 @@
+"""One training step: per-layer profiles, per-stage costs, pipeline schedules, the simulator and the estimate."""

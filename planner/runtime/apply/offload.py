@@ -1,0 +1,76 @@
+"""Offload and FP8 at run time: what the runtime can run, and the pieces PyTorch gives for it.
+
+**Offload** runs as FSDP2's CPU offload: ``fully_shard(..., offload_policy=CPUOffloadPolicy())``
+keeps each rank's fp32 parameter shard, its gradient and the optimizer states in host memory,
+copies the shard to the device before each all-gather and the reduce-scattered gradient back,
+and the optimizer steps on the CPU (:mod:`fxplan.cost_model.memory.offload` prices exactly that for
+``offload=optimizer+params``). It needs ZeRO-3 (``fully_shard``) over ``dp > 1``.
+``offload=optimizer`` (DeepSpeed's ZeRO-Offload: parameters stay on the device) has no PyTorch
+counterpart; under ZeRO-3 it runs as FSDP2's CPU offload — a fallback, logged and listed in
+``ShardedModule.fallbacks``: less device memory and more host↔device copies than priced. Any
+other ZeRO stage with offload is refused before launch (:func:`check_runnable`), naming what
+would run it (``zero=3``, or the DeepSpeed export).
+
+**FP8** runs as torchao's float8 training (``convert_to_float8_training``) on CUDA devices
+with FP8 tensor cores; it is refused on CPU ("fp8 is not runnable on CPU") and when torchao is
+not importable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+from fxplan.core.errors import UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.core.plan import Plan
+
+__all__ = ["RuntimeSupportError", "check_runnable", "offload_fallback", "offload_policy"]
+
+
+class RuntimeSupportError(UserError):
+    """A plan the runtime cannot run on this kind of device (offload layout, FP8 on CPU)."""
+
+
+def check_runnable(plan: "Plan", device_kind: str) -> None:
+    """Refuse a plan whose offload or FP8 the runtime cannot run on ``device_kind``
+    (``"cpu"`` or ``"gpu"``), with what would run it (module docstring)."""
+    sharded = plan.zero_stage in (2, 3) or (plan.zero_stage == 1 and plan.tp > 1)
+    if plan.offload != "none" and (not sharded or plan.dp == 1):
+        raise RuntimeSupportError(
+            f"offload={plan.offload} with zero={plan.zero_stage}, dp={plan.dp}, tp={plan.tp} is "
+            "not runnable by fxplan's runtime: it offloads with FSDP2's CPUOffloadPolicy, which "
+            "needs fully_shard over dp > 1 (zero=2 or 3, or zero=1 with tp > 1); re-plan with --constrain \"zero=3,offload=optimizer+params\", "
+            "or run this plan with DeepSpeed (`fxplan export PLAN --to deepspeed`: "
+            "offload_optimizer)")
+    if plan.config.fp8:
+        if device_kind == "cpu":
+            raise RuntimeSupportError(
+                "fp8 is not runnable on CPU: FP8 matrix products need GPU tensor cores (H100, "
+                "H200); re-plan without fp8 (--constrain fp8=false) to train on CPU")
+        if importlib.util.find_spec("torchao") is None:
+            raise RuntimeSupportError(
+                "fp8 needs torchao's float8 training (pip install torchao -c constraints.txt); "
+                "torchao is not importable here")
+
+
+def offload_fallback(plan: "Plan") -> str | None:
+    """The fallback line when ``offload=optimizer`` runs as FSDP2's CPU offload."""
+    if plan.offload != "optimizer":
+        return None
+    return ("[offload] offload=optimizer runs as FSDP2's CPUOffloadPolicy, which keeps the "
+            "parameter shards on the host too (PyTorch has no optimizer-only offload): less "
+            "device memory and more host↔device copies than the plan priced")
+
+
+def offload_policy(plan: "Plan") -> Any:
+    """``CPUOffloadPolicy`` for ``fully_shard`` when the plan offloads (pinned host memory on
+    CUDA, where it speeds the copies; plain on CPU, where there is nothing to pin for), else
+    ``None`` (FSDP2's default, no offload)."""
+    if plan.offload == "none":
+        return None
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())

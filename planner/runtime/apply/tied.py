@@ -1,0 +1,89 @@
+"""Gradient sync for a weight shared by two pipeline stages (tied embedding / LM head).
+
+In one process the tied weight ``W`` is one Parameter and autograd sums both uses:
+``∂L/∂W = ∂L/∂W|_embed + ∂L/∂W|_head``. Split across pipeline ranks, the first and the last stage
+each hold a copy (initialised equal) and each sees only its own term. After backward (and after
+the dp reduction) the copies' gradients are summed over the group of pipeline ranks that hold
+``W`` — one group per ``(dp, tp)`` coordinate, so each shard meets its counterpart — and both
+copies take the same optimizer step and stay equal (Megatron's embedding group).
+
+Groups are created on every process in the same order (``new_group`` is collective over the
+default group), from the plan alone: which stages use ``W`` is the same on every rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from fxplan.runtime.apply.mesh import rank_at
+from fxplan.runtime.apply.offload import RuntimeSupportError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.core.plan import Plan
+
+__all__ = ["TiedGradSync", "same_rank_refusal"]
+
+
+def same_rank_refusal(plan: "Plan", users: Mapping[str, Iterable[int]]) -> str | None:
+    """Why the runtime cannot keep a weight tied when two of the stages that use it run on one
+    pipeline rank (``zbv`` puts the first and the last stage on rank 0), or ``None``: each
+    stage holds its own copy of a tied weight, and the copies are kept equal by summing their
+    gradients across pipeline ranks (this module), not between two stages of one rank."""
+    for fqn in sorted(users):
+        stages = sorted(set(users[fqn]))
+        ranks = [plan.schedule.placement(k, plan.pp)[0] for k in stages]
+        if len(set(ranks)) < len(ranks):
+            return (f"schedule {plan.schedule} runs stages {stages} on pipeline rank(s) {ranks}, "
+                    f"and the weight {fqn!r} is tied between them (embedding and head): the "
+                    "runtime keeps a tied weight's copies equal across pipeline ranks only. "
+                    "Choose another schedule (zb, interleaved) or untie the weight")
+    return None
+
+
+class TiedGradSync:
+    """All-reduce (sum) the gradients of weights held by more than one pipeline rank.
+
+    ``users``: for each shared parameter name, the stage indices whose modules use it.
+    """
+
+    def __init__(self, plan: "Plan", mesh: DeviceMesh, users: Mapping[str, Iterable[int]]) -> None:
+        self.groups: dict[str, dist.ProcessGroup] = {}
+        #: tied weights whose copy here is not the one on their first pipeline rank (a global
+        #: gradient norm counts each weight once: on its first stage)
+        self.not_first: set[str] = set()
+        refusal = same_rank_refusal(plan, users)
+        if refusal:
+            raise RuntimeSupportError(refusal)
+        coordinate = mesh.get_coordinate()
+        names = mesh.mesh_dim_names or ()
+        mine = dict(zip(names, coordinate)) if coordinate is not None else None
+        for fqn in sorted(users):
+            pp_ranks = sorted({plan.schedule.placement(k, plan.pp)[0] for k in users[fqn]})
+            if len(pp_ranks) < 2:
+                continue
+            for dp, tp in itertools.product(range(plan.dp), range(plan.tp)):
+                ranks = [rank_at(mesh, pp=p, dp=dp, tp=tp) for p in pp_ranks]
+                group = dist.new_group(ranks)
+                if mine is not None and mine["dp"] == dp and mine["tp"] == tp and mine["pp"] in pp_ranks:
+                    self.groups[fqn] = group
+                    if mine["pp"] != pp_ranks[0]:
+                        self.not_first.add(fqn)
+
+    def __call__(self, params: Mapping[str, nn.Parameter]) -> None:
+        for fqn, group in self.groups.items():
+            param = params.get(fqn)
+            if param is None or param.grad is None:
+                continue
+            grad = param.grad
+            if isinstance(grad, DTensor) and grad.placements != param.placements:
+                # autograd may leave a DTensor grad in another layout than its parameter
+                grad = grad.redistribute(param.device_mesh, param.placements)
+                param.grad = grad
+            local = grad._local_tensor if isinstance(grad, DTensor) else grad
+            dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)

@@ -1,0 +1,1 @@
+"""Parallel styles of the runtime: tensor, sequence, context, expert and data parallelism applied to modules."""
