@@ -77,7 +77,8 @@ def write_section(table: str, load: float, path: Path = DOC) -> None:
                "Wall-clock of `fxplan.search` (inter-op enumeration and bounds, stage DP, "
                "closed-form ranking, intra-op solve per tp degree of the finalists, step "
                "simulator on the finalists priced with their placements and with the default "
-               f"layout) on a 2-core machine (1-minute load average {load:.1f} before the run), "
+               "layout, and the runtime's check that it can apply the plan to the model, which "
+               f"the phase column leaves out) on a 2-core machine (1-minute load average {load:.1f} before the run), "
                "after capture (timed apart). DGX A100 80GB nodes, s = 2048. Reproduce with "
                "`python benchmarks/search_time.py`.\n\n"
                f"{table}")
