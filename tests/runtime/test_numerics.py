@@ -11,6 +11,7 @@ CASES = {
     "zero1": dict(dp=2, zero=1),
     "zero2": dict(dp=2, zero=2),
     "zero3": dict(dp=2, zero=3),
+    "zero3_accumulate": dict(dp=2, zero=3, num_microbatches=2),   # reduce-scatter per microbatch
     "zero3_offload": dict(dp=2, zero=3, offload="optimizer+params"),   # FSDP2 CPUOffloadPolicy
     "zero3_offload_optimizer": dict(dp=2, zero=3, offload="optimizer"),  # the same (fallback)
     "dp_tp_zero3_offload": dict(dp=2, tp=2, zero=3, offload="optimizer+params"),

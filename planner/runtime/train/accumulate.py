@@ -15,20 +15,24 @@ FSDP's gradient sync off for every backward and reduces all blocks in one pass a
 (``perform_reduce_grad``), keeping the gathered parameters until then; here gradient sync is
 off for microbatches ``1 … m−1`` only (FSDP2 ``set_requires_gradient_sync(False)``, DDP
 ``no_sync``), so the last microbatch's backward reduce-scatters (all-reduces) each block as its
-backward finishes — once per step, overlapping the rest of the backward — and ZeRO-3
-reshards each block after its backward as planned. The reduction averages over ``dp``; the
+backward finishes — once per step, overlapping the rest of the backward. ZeRO-3 keeps sync
+on in every backward (:func:`reduce_every_microbatch`): each block is reduce-scattered and
+resharded after each microbatch's backward, so no unsharded gradient outlives a microbatch. The reduction averages over ``dp``; the
 division by ``m`` after it gives ``(1/dp) Σ_d (1/m) Σ_j ∇L_j^d``, the pipeline's gradient.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
-__all__ = ["accumulate_microbatches", "grad_sync"]
+if TYPE_CHECKING:  # pragma: no cover
+    from fxplan.core.plan import Plan
+
+__all__ = ["accumulate_microbatches", "grad_sync", "reduce_every_microbatch"]
 
 
 def grad_sync(module: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
@@ -46,20 +50,33 @@ def grad_sync(module: nn.Module, enabled: bool) -> contextlib.AbstractContextMan
     return contextlib.nullcontext()
 
 
+def reduce_every_microbatch(plan: "Plan") -> bool:
+    """Whether the data-parallel gradient reduction runs in every microbatch's backward
+    rather than the last one only: under ZeRO-3 with ``dp > 1``, whose point is that no rank
+    holds a whole stage's parameters or gradients. Deferring the reduce-scatter to the last
+    backward would keep ``4·ψ_stage`` bytes of unsharded fp32 gradients (FSDP2 accumulates
+    in its ``reduce_dtype``) between microbatches, and torch's pipeline stage would keep
+    every block gathered as well; reducing each time costs ``m`` reduce-scatters per step,
+    which is what the cost model prices for ZeRO-3 (a re-gather and a reduce-scatter per
+    block per microbatch, :func:`fxplan.cost_model.host.host_overhead.zero3_exposed_s`)."""
+    return plan.zero_stage == 3 and plan.dp > 1
+
+
 def accumulate_microbatches(module: nn.Module, args: tuple[torch.Tensor, ...],
                             target: torch.Tensor, num_microbatches: int,
                             loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
-                            losses: list[torch.Tensor]) -> None:
+                            losses: list[torch.Tensor], *, reduce_every: bool = False) -> None:
     """Forward, loss and backward of ``module`` over ``num_microbatches`` chunks of ``args``
     and ``target`` (dim 0), gradients accumulated and divided by ``num_microbatches``, the dp
-    reduction in the last backward only (module docstring); each microbatch's loss is
-    appended to ``losses``."""
+    reduction in the last backward only (module docstring) — in every backward when
+    ``reduce_every`` (ZeRO-3: :func:`reduce_every_microbatch`);
+    each microbatch's loss is appended to ``losses``."""
     m = num_microbatches
     arg_chunks = [torch.tensor_split(arg, m, 0) for arg in args]
     target_chunks = torch.tensor_split(target, m, 0)
     for j in range(m):
         last = j == m - 1
-        with grad_sync(module, enabled=last):
+        with grad_sync(module, enabled=last or reduce_every):
             output = module(*(chunks[j] for chunks in arg_chunks))
             loss = loss_fn(output, target_chunks[j])
             loss.backward()

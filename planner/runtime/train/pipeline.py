@@ -34,7 +34,10 @@ with sync and resharding on, as a hand-written accumulation loop's last backward
 block's reduce-scatter is issued by FSDP's own post-backward hook as that block's backward
 finishes, and the pass after the schedule only divides by ``m`` (``scale_grads``). The sums
 are the same in the same order — ``Σ_{j<m} g_j`` accumulated unsharded with sync off, ``+ g_m``,
-then one reduce over dp, then ``/ m`` — so the gradients equal the deferred pass's. DDP needs
+then one reduce over dp, then ``/ m`` — so the gradients equal the deferred pass's. Under
+ZeRO-3 the stage reduces (and reshards) in every microbatch's backward instead
+(:func:`~fxplan.runtime.train.accumulate.reduce_every_microbatch`): ``Σ_j reduce(g_j)``, the
+same sum in another order. DDP needs
 nothing: torch arms its reducer for the last backward (``prepare_for_backward``), whose
 buckets all-reduce inside that backward already. The interleaved and zero-bubble schedules
 keep torch's ``REDUCE_GRAD`` action (issued right after each stage's last backward, with its own
@@ -56,6 +59,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 from torch.distributed.pipelining._backward import stage_backward
 
 from fxplan.core.stage_io import StageIO
+from fxplan.runtime.train.accumulate import reduce_every_microbatch
 from fxplan.core.torch_support import FEATURES, installed_torch, torch_has
 from fxplan.runtime.apply.offload import RuntimeSupportError
 
@@ -108,14 +112,20 @@ def local_stage_indices(plan: "Plan", pp_rank: int) -> list[int]:
 class ReduceInLastBackward(PipelineStage):
     """A ``PipelineStage`` whose FSDP2 / ``replicate`` gradient reduction runs inside the last
     microbatch's backward, block by block, instead of in a pass after the schedule (module
-    docstring). For GPipe and 1F1B, whose schedule calls ``perform_reduce_grad`` once after
-    the stage's last backward; any other stage behaves as torch's."""
+    docstring) — inside *every* microbatch's backward when ``reduce_every`` (ZeRO-3 with
+    ``dp > 1``: gradients reduce-scattered and blocks resharded after each backward, so no
+    block stays gathered and no unsharded gradient is kept between microbatches, as the
+    stage memory model counts). For GPipe and 1F1B, whose schedule calls
+    ``perform_reduce_grad`` once after the stage's last backward; any other stage behaves as
+    torch's."""
 
     _reduced_in_backward = False
+    reduce_every = False
 
     def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict,
                                    last_backward: bool = False) -> Any:
-        if not (last_backward and backward_type == "full" and isinstance(self.submod, FSDPModule)):
+        if not ((last_backward or self.reduce_every) and backward_type == "full"
+                and isinstance(self.submod, FSDPModule)):
             return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
         # what perform_reduce_grad would switch on afterwards, switched on for this backward:
         # FSDP's post-backward hooks reduce-scatter (and reshard) each group as it finishes,
@@ -152,6 +162,9 @@ def build_schedule(plan: "Plan", modules: Sequence[tuple[int, nn.Module]],
                       output_args=_on(stage_io[index].outputs, device), group=group)
         for index, module in modules
     ]
+    for stage in stages:
+        if isinstance(stage, ReduceInLastBackward):
+            stage.reduce_every = reduce_every_microbatch(plan)
     n = plan.num_microbatches
     if multi:
         return _MULTI[plan.schedule.kind](stages, n, loss_fn=loss_fn)
