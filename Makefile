@@ -39,7 +39,7 @@ demo: $(STAMP)
 	$(VENV)/bin/fxplan demo
 
 test: $(STAMP) browser
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 #: the quick loop: no gloo pool, no torchrun, no chromium (an unmarked test that starts them
 #: fails under this selection, naming the marker it lacks), and none of the searches of a

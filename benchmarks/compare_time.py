@@ -9,7 +9,9 @@ tokens (1024 sequences); the kinds ``dgx-h100``, ``hgx-h200``, ``dgx-b200``, ``g
 and ``mi300x``; the sizes the powers of two from 64 to 8192 (8 per kind). It prints the
 comparison (:func:`fxplan.compare.compare`) and the time of the capture, of every search and
 of the whole; ``--time-budget S`` bounds each search as ``fxplan compare --time-budget`` does.
-Not a test: the times are this machine's.
+With several worker processes (``--jobs``, default one per CPU) a kind's rows arrive together
+when its worker is done: the time printed beside a row is then the wait since the previous
+one, not its search's. Not a test: the times are this machine's.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def main() -> None:
     parser.add_argument("--tokens", default="2T")
     parser.add_argument("--time-budget", type=float, default=None,
                         help="bound each search to this many seconds (fxplan compare --time-budget)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="worker processes (fxplan compare --jobs; default one per CPU)")
     args = parser.parse_args()
 
     from fxplan.api import capture_for_search
@@ -54,7 +58,7 @@ def main() -> None:
     result = compare(args.model, tokens=parse_tokens(args.tokens),
                      batch_tokens=parse_batch_tokens("4M"),
                      clusters=args.clusters.split(","), sizes=parse_size_range(args.sizes),
-                     time_budget_s=args.time_budget, on_row=tick)
+                     time_budget_s=args.time_budget, on_row=tick, jobs=args.jobs)
     total = time.perf_counter() - start
     render_comparison(result)
     print(f"capture {captured:.1f} s; {len(times)} searches, {sum(times):.1f} s "

@@ -1,7 +1,9 @@
-"""Cost model vs published training throughput on B200 and GB200 (and H100 beside them).
+"""Cost model vs published training throughput on B200 and GB200 (and H100 beside them), and
+vs AMD's expected throughput on MI300X and MI325X.
 
     python benchmarks/new_devices_table.py            # print the table
     python benchmarks/new_devices_table.py --write    # and rewrite its section of docs/benchmarks.md
+    python benchmarks/new_devices_table.py --rows amd [--write]     # the MI300X/MI325X table
 
 Published: ``benchmarks/data/megatron_bridge_2025_table.csv``, rows of NVIDIA's Megatron-Bridge
 performance summary (NeMo container 25.11; ``docs/performance-summary.md`` of
@@ -19,6 +21,14 @@ for every row: the recompute policy, the fastest of none, selective, full that f
 (the fastest of all when none fits, marked), and the interleaving of a pipelined row as the
 shared driver chooses it (:mod:`published_table`). No constant is fitted to these rows: the
 specs' efficiencies come from the rule of ``hardware.md``.
+
+``--rows amd``: ``benchmarks/data/amd_cvs_2025_table.csv``, the Megatron-LM rows of AMD's
+cluster validation suite (ROCm/cvs, ``singlenode_megatron_llama.json``; container
+``rocm/megatron-lm:v25.5_py310``): Llama 3.1 8B and 70B on one node of 8 MI300X or MI325X,
+s = 8192, Transformer Engine FP8, each with its degrees, microbatch, global batch and
+recompute (none) published, and the tokens/s and TFLOP/s per GPU a run is expected to reach
+(the suite's pass thresholds, set by AMD; not one measured run). Priced as above on
+``mi300x`` / ``mi325x``, with the published recompute.
 """
 
 from __future__ import annotations
@@ -33,8 +43,15 @@ import published_table  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "benchmarks" / "data" / "megatron_bridge_2025_table.csv"
+AMD_TABLE = REPO / "benchmarks" / "data" / "amd_cvs_2025_table.csv"
 DOC = REPO / "docs" / "benchmarks.md"
 START, END = "<!-- new-devices-table:start -->", "<!-- new-devices-table:end -->"
+#: ``--rows``: the published table and the markers of its section of docs/benchmarks.md.
+SOURCES = {"nvidia": (TABLE, START, END),
+           "amd": (AMD_TABLE, "<!-- amd-devices-table:start -->",
+                   "<!-- amd-devices-table:end -->")}
+#: The CSV's ``recompute`` column (where published): 0 none, 1 full.
+PUBLISHED_RECOMPUTE = {"0": "none", "1": "full"}
 #: Llama 3 shapes (Meta's configs): layers, hidden, heads, kv heads, FFN, vocabulary.
 SHAPES = {"llama3-8b": (32, 4096, 32, 8, 14336, 128256),
           "llama3-70b": (80, 8192, 64, 8, 28672, 128256)}
@@ -54,6 +71,7 @@ class Row:
     tp: int
     pp: int
     tokens_per_s_per_gpu: float
+    recompute: str | None = None     # the published policy; None: not published
 
     @property
     def dp(self) -> int:
@@ -78,18 +96,19 @@ def load_rows(path: Path = TABLE) -> list[Row]:
     return published_table.read_rows(path, lambda r: Row(
         r["system"], r["cluster"], r["model"], int(r["gpus"]), int(r["global_batch"]),
         int(r["micro_batch"]), int(r["seq"]), r["fsdp"] == "1", int(r["tp"]), int(r["pp"]),
-        float(r["tokens_per_s_per_gpu"])))
+        float(r["tokens_per_s_per_gpu"]), PUBLISHED_RECOMPUTE.get(r.get("recompute") or "")))
 
 
 def predict(row: Row, graph) -> tuple[object, str, bool]:
-    """The estimate kept by the module docstring's rule, its recompute policy, whether it fits."""
+    """The estimate kept by the module docstring's rule (the published recompute where there
+    is one), its recompute policy, whether it fits."""
     from fxplan.cluster_specs import Cluster
     from fxplan.core.config import Schedule
     from fxplan.cost_model import ParallelConfig, estimate
 
     cluster = Cluster.load(row.cluster)
     best = None
-    for policy in RECOMPUTE:
+    for policy in (row.recompute,) if row.recompute else RECOMPUTE:
         for v in published_table.chunk_choices(row, row.batch // (row.dp * row.microbatch), 8):
             config = ParallelConfig(
                 dp=row.dp, tp=row.tp, pp=row.pp, microbatch_size=row.microbatch,
@@ -124,13 +143,16 @@ def table(rows: list[Row]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write", action="store_true", help="rewrite the docs section")
+    parser.add_argument("--rows", choices=sorted(SOURCES), default="nvidia",
+                        help="the published table to price (module docstring)")
     args = parser.parse_args()
-    text = table(load_rows())
+    path, start, end = SOURCES[args.rows]
+    text = table(load_rows(path))
     if args.write:
         doc = DOC.read_text(encoding="utf-8")
-        head, _, rest = doc.partition(START)
-        _, _, tail = rest.partition(END)
-        DOC.write_text(f"{head}{START}\n{text}\n{END}{tail}", encoding="utf-8")
+        head, _, rest = doc.partition(start)
+        _, _, tail = rest.partition(end)
+        DOC.write_text(f"{head}{start}\n{text}\n{end}{tail}", encoding="utf-8")
         print(f"wrote {DOC}")
 
 

@@ -18,16 +18,21 @@ or an ``InputSpec``) fixes their shape and dtype, the batch dimension replaced. 
 derived from what the forward returns when run without targets (on ``meta``: nothing allocated):
 integer class ids of the output's shape less its last dimension, ``0 ≤ y < C``. A model fed token
 ids alone, ``(b, t)``, is a language model: its targets are token ids of the same shape (the next
-tokens), so its output must be every position's logits ``(b, t, V)``; nanoGPT's
-``forward(idx, targets=None)`` returns only the last position's (its inference path) and is
-refused here, at capture, not by every rank at launch. With the default loss the shapes are
-checked the same way when ``build()`` names the targets.
+tokens), so its output must be every position's logits ``(b, t, V)``; a ``forward(idx)`` that
+returns only the last position's (an inference path) is refused here, at capture, not by every
+rank at launch. With the default loss the shapes are checked the same way when ``build()``
+names the targets.
 
-**Where the loss is priced.** When the forward takes a ``targets`` parameter (and the file
-defines no ``loss``), capture passes the targets to it and prices the loss the forward computes;
-training runs the forward without them and applies the default loss to its output (the forward's
-own loss must be that one: otherwise define ``loss``). In every other case capture traces the
-forward followed by the loss, so the loss is in the graph the search prices either way.
+**A forward that takes the targets.** When the forward has a ``targets`` parameter and the file
+defines no ``loss``, the forward's own loss is the training loss (nanoGPT's
+``forward(idx, targets=None)``, which returns ``(logits, loss)`` given targets and the last
+position's logits without): capture passes the targets to it and prices the loss it computes,
+and training feeds it the targets and minimises the loss it returns
+(:mod:`fxplan.runtime.train.fed_targets`). Its targets are ``build()``'s, else the token ids'
+shape for a model fed token ids alone, else class ids derived from its output; run with them
+(on ``meta``) it must return a scalar loss (:func:`fxplan.core.model_output.returned_loss`), or
+capture refuses it. In every other case capture traces the forward followed by the loss, so the
+loss training minimises is in the graph the search prices either way.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch.nn import functional as F
 
-from fxplan.core.model_output import model_output
+from fxplan.core.model_output import describe_output, model_output, returned_loss
 from fxplan.examples.bundle import InputSpec, ModelSpecError
 
 __all__ = ["LossShapeError", "default_loss", "loss_for", "file_loss", "training_targets",
@@ -90,11 +95,15 @@ def file_loss(function: Callable[..., Any], origin: str) -> LossFn:
 
 
 def training_targets(model: torch.nn.Module, inputs: Mapping[str, InputSpec],
-                     given: InputSpec | None, origin: str, *, checked: bool) -> InputSpec:
+                     given: InputSpec | None, origin: str, *, checked: bool,
+                     fed: bool = False) -> InputSpec:
     """The targets of a batch of ``inputs`` (module docstring): ``given`` (its batch dimension
     already replaced), else derived from the output of ``model`` (on ``meta``) run on ``inputs``.
-    ``checked``: the default loss is used, so the output must fit it."""
+    ``checked``: the default loss is used, so the output must fit it. ``fed``: the forward
+    takes the targets and is trained on the loss it returns (:func:`_fed_targets`)."""
     tokens = _token_input(inputs)
+    if fed:
+        return _fed_targets(model, inputs, given, tokens, origin)
     if given is not None and not checked:   # the file's loss: the shapes are its own affair
         try:
             return _classes(_meta_output(model, inputs, origin), given)
@@ -116,6 +125,30 @@ def training_targets(model: torch.nn.Module, inputs: Mapping[str, InputSpec],
         _check(output, InputSpec(tokens.shape, tokens.dtype), tokens, origin)
         return InputSpec(tokens.shape, tokens.dtype, high=int(output.shape[-1]))
     return derived
+
+
+def _fed_targets(model: torch.nn.Module, inputs: Mapping[str, InputSpec],
+                 given: InputSpec | None, tokens: InputSpec | None, origin: str) -> InputSpec:
+    """The targets of a forward that takes them and returns its own loss: ``given``, else a
+    language model's next tokens (the token ids' shape), else class ids derived from the
+    output without targets; the forward, run on ``meta`` with them, must return a scalar loss
+    (:func:`fxplan.core.model_output.returned_loss`). Token and class ids are bounded by the
+    class count of the output it returns beside the loss."""
+    if given is None and tokens is not None:
+        given = InputSpec(tokens.shape, tokens.dtype)
+    if given is None:
+        given = training_targets(model, inputs, None, origin, checked=False)
+    out = _meta_run(model, {**inputs, TARGETS: given}, origin)
+    try:
+        returned_loss(out)
+    except TypeError:
+        raise LossShapeError(
+            f"{origin}: forward takes targets, so it is trained on the loss it returns when "
+            f"given them, but given targets {given.shape} it returns {describe_output(out)}, "
+            f"no scalar loss. Return (outputs, loss) with the loss a "
+            f"scalar tensor (as nanoGPT's forward(idx, targets)), or define loss(outputs, batch) "
+            f"in the file.") from None
+    return _classes(model_output(out), given)
 
 
 def _classes(output: torch.Tensor, targets: InputSpec) -> InputSpec:
@@ -159,10 +192,10 @@ def _check(output: torch.Tensor, targets: InputSpec, tokens: InputSpec | None,
             f"{origin}: forward returns {_shape(output)} for token ids of shape "
             f"{tokens.shape}: training computes the next-token loss over every position, "
             f"which needs logits of shape {(*tokens.shape, 'vocab')}. A forward that returns "
-            f"only the last position's logits when it gets no targets (an inference path, as "
-            f"nanoGPT's forward(idx, targets=None)) must return every position's for training "
-            f"(fxplan runs the forward without targets and computes the loss on its output); "
-            f"or define loss(outputs, batch) in the file.")
+            f"only the last position's logits (an inference path) must return every "
+            f"position's for training, or take the targets and return its own loss with them "
+            f"(nanoGPT's forward(idx, targets=None) returning (logits, loss): fxplan then "
+            f"trains on that loss); or define loss(outputs, batch) in the file.")
     raise LossShapeError(
         f"{origin}: forward returns {_shape(output)} and the targets are {targets.shape} "
         f"integer: the default loss (cross-entropy over the last dimension) needs "
@@ -173,18 +206,24 @@ def _check(output: torch.Tensor, targets: InputSpec, tokens: InputSpec | None,
 
 def _meta_output(model: torch.nn.Module, inputs: Mapping[str, InputSpec],
                  origin: str) -> torch.Tensor:
-    """The tensor ``model`` (built on ``meta``) returns for ``inputs`` without targets: run on
-    ``meta`` tensors, else (an op with no meta kernel, FlexAttention's device check) on fake
-    CPU tensors; neither allocates."""
-    example = {k: torch.zeros(s.shape, dtype=s.dtype, device="meta")
-               for k, s in inputs.items() if k != TARGETS}
+    """The tensor ``model`` (built on ``meta``) returns for ``inputs`` without targets
+    (:func:`_meta_run`)."""
+    return model_output(_meta_run(model, {k: s for k, s in inputs.items() if k != TARGETS},
+                                  origin))
+
+
+def _meta_run(model: torch.nn.Module, inputs: Mapping[str, InputSpec], origin: str) -> Any:
+    """What ``model`` (built on ``meta``) returns for ``inputs``: run on ``meta`` tensors,
+    else (an op with no meta kernel, FlexAttention's device check) on fake CPU tensors
+    (tensors of the output come back on ``meta``); neither allocates."""
+    example = {k: torch.zeros(s.shape, dtype=s.dtype, device="meta") for k, s in inputs.items()}
     try:
         with torch.no_grad():
-            return model_output(model(**example))
+            return model(**example)
     except Exception as err:
         on_meta = err
     try:
-        return _fake_output(model, inputs)
+        return _fake_run(model, inputs)
     except Exception:
         pass
     raise ModelSpecError(
@@ -194,17 +233,19 @@ def _meta_output(model: torch.nn.Module, inputs: Mapping[str, InputSpec],
         f"(a 'targets' entry: a tensor or InputSpec of one batch's targets).") from on_meta
 
 
-def _fake_output(model: torch.nn.Module, inputs: Mapping[str, InputSpec]) -> torch.Tensor:
-    """:func:`_meta_output` on fake CPU tensors: parameters and buffers swapped for fakes of
-    their shapes for the one call."""
+def _fake_run(model: torch.nn.Module, inputs: Mapping[str, InputSpec]) -> Any:
+    """:func:`_meta_run` on fake CPU tensors: parameters and buffers swapped for fakes of
+    their shapes for the one call; the output's tensors returned as ``meta`` tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.nn.utils.stateless import _reparametrize_module
+    from torch.utils._pytree import tree_map
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         state = {name: torch.empty(t.shape, dtype=t.dtype, device="cpu")
                  for name, t in [*model.named_parameters(), *model.named_buffers()]}
         example = {k: torch.zeros(s.shape, dtype=s.dtype, device="cpu")
-                   for k, s in inputs.items() if k != TARGETS}
+                   for k, s in inputs.items()}
         with _reparametrize_module(model, state), torch.no_grad():
-            out = model_output(model(**example))
-        return torch.empty(out.shape, dtype=out.dtype, device="meta")
+            out = model(**example)
+        return tree_map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")
+                        if isinstance(t, torch.Tensor) else t, out)

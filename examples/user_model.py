@@ -170,8 +170,9 @@ def user_file_bundle(path: str, function: str = "build") -> ModelBundle:
         given = sized.pop(TARGETS, None)
         key = ("targets", batch)
         if key not in cache:
+            fed = own_loss is None and TARGETS in inspect.signature(model_meta.forward).parameters
             cache[key] = training_targets(model_meta, sized, given, origin,
-                                          checked=own_loss is None)
+                                          checked=own_loss is None, fed=fed)
         targets = cache[key]
         cache["dtype"] = targets.dtype
         token = [k for k, s in sized.items() if s.shape == targets.shape

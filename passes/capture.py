@@ -39,7 +39,8 @@ from fxplan.passes.captured_graph import CapturedGraph, LayerRow
 from fxplan.passes.errors import CaptureError
 from fxplan.passes.exporter import export_graph
 from fxplan.passes.flex_attention import priced_as_fused
-from fxplan.passes.forward_swap import TARGETS, forward_with_loss, traces_loss
+from fxplan.passes.forward_swap import (TARGETS, computes_own_loss, forward_with_loss,
+                                        traces_loss)
 from fxplan.passes.unroll import UNROLLED
 from fxplan.passes.fake_run import fake_run
 from fxplan.passes.node_info import META_KEY, NodeInfo, ParamInfo, RepeatedBlock, cast_dtype
@@ -81,11 +82,15 @@ def capture(model: Any, *, inputs: Any = None, batch: int | None = None,
         built = not isinstance(model, torch.nn.Module)   # a bundle, built on meta here
         bundle = model
         model, example, name = _model_and_inputs(model, inputs, batch, seq, dtype)
+        fed = built and isinstance(example, dict) and TARGETS in example \
+            and computes_own_loss(bundle, model)   # the forward's own loss is priced
         if traces_loss(bundle, model, example):   # the graph ends in the trainer's loss
             scope.enter_context(forward_with_loss(model, bundle.loss,
                                                   [k for k in example if k != TARGETS]))
-        return _capture(model, example, name, built, start, method, preferred, leaf_modules,
-                        concrete_args, dtype, device)
+        graph = _capture(model, example, name, built, start, method, preferred, leaf_modules,
+                         concrete_args, dtype, device)
+        graph.fed_targets = fed
+        return graph
 
 
 def _capture(model: torch.nn.Module, example: Any, name: str, built: bool, start: float,

@@ -87,6 +87,9 @@ class CapturedGraph:
     #: checks that need its classes (``fxplan launch``'s expert-layer check builds no second
     #: one); ``None`` for a module the caller gave (not kept alive by the graph).
     module: torch.nn.Module | None = field(default=None, repr=False, compare=False)
+    #: The forward is given the targets and trained on the loss it returns
+    #: (:func:`fxplan.passes.forward_swap.computes_own_loss`): the runtime's check feeds them too.
+    fed_targets: bool = False
 
     # --- nodes ---------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from fxplan.core.model_output import model_output
 from fxplan.passes.errors import CaptureError
 
 __all__ = ["forward_with_loss", "forward_taking", "taking", "binds_by_position", "traces_loss",
-           "TARGETS"]
+           "computes_own_loss", "TARGETS"]
 
 #: The input that carries the loss's targets.
 TARGETS = "targets"
@@ -106,5 +106,15 @@ def traces_loss(bundle: Any, model: torch.nn.Module, example: Any) -> bool:
     if getattr(bundle, "loss", None) is None or not isinstance(example, dict) \
             or TARGETS not in example:
         return False
-    takes = TARGETS in inspect.signature(model.forward).parameters
-    return bool(getattr(bundle, "loss_outside", False)) or not takes
+    return not computes_own_loss(bundle, model)
+
+
+def computes_own_loss(bundle: Any, model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward is trained on the loss it computes itself: the bundle fixes
+    a loss (a user file), the file defines none (``loss_outside``) and the forward takes
+    ``targets``. Capture then feeds it the targets and prices its loss, and the launch feeds
+    it the targets and minimises the loss it returns
+    (:func:`fxplan.core.model_output.returned_loss`)."""
+    return getattr(bundle, "loss", None) is not None \
+        and not getattr(bundle, "loss_outside", False) \
+        and TARGETS in inspect.signature(model.forward).parameters

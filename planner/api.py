@@ -152,29 +152,36 @@ def runtime_check(graph: CapturedGraph, cluster: "str | Cluster"
                   ) -> "Callable[[Plan], str | None] | None":
     """The search's question to the runtime for ``graph``'s model on ``cluster``:
     ``plan -> reason | None`` (:func:`fxplan.runtime.apply.runnable.runtime_refusal` on the
-    module capture built on ``meta``, with zero inputs of the plan's microbatch). ``None`` for
-    a graph captured from a module the caller gave (capture keeps no module then)."""
+    module capture built on ``meta``, with zero inputs of the plan's microbatch; the targets
+    among them when the forward is trained on the loss it returns, which needs the module
+    level and ``pp = 1``: :mod:`fxplan.runtime.train.fed_targets`). ``None`` for a graph
+    captured from a module the caller gave (capture keeps no module then)."""
     import torch
 
     from fxplan.passes.flex_attention import priced_as_fused
     from fxplan.passes.forward_swap import taking
     from fxplan.runtime.apply.runnable import graph_rewrite_tp_refusal, runtime_refusal
+    from fxplan.runtime.train.fed_targets import pipeline_refusal
 
     module = graph.module
     if module is None:
         return None
-    named = {k: v for k, v in graph.inputs.items() if k not in _TARGETS}
+    named = {k: v for k, v in graph.inputs.items()
+             if k not in _TARGETS or (graph.fed_targets and k == "targets")}
     shapes = list(named.values())
     cpu = all(g.kind == "cpu" for g in _load_cluster(cluster).device_groups)
     rewrite_tp = graph_rewrite_tp_refusal(graph, cpu)
 
     def refusal(plan: Plan) -> str | None:
+        if graph.fed_targets and pipeline_refusal(plan):
+            return pipeline_refusal(plan)
         inputs = [torch.zeros((plan.microbatch_size, *s[1:]), dtype=d) for s, d in shapes]
         # by position, bound by name as at launch; the probe's fake run on the host's CPU
         # prices FlexAttention as capture does (the devices run their own kernel)
         with taking(module, list(named)), priced_as_fused():
             return runtime_refusal(module, plan, inputs, rewrite_tp=rewrite_tp,
-                                   graph_rewrite=graph.method == "symbolic_trace")
+                                   graph_rewrite=graph.method == "symbolic_trace"
+                                   and not graph.fed_targets)
     return refusal
 
 

@@ -19,7 +19,9 @@ beats on both, i.e. with ``D_j ≤ D_i`` and ``C_j ≤ C_i`` and one of them str
 
 Sizes: the powers of two in ``[low, high]`` that the kind can be resized to (part of one node,
 or whole nodes). One graph is captured per training dtype (:func:`capture_for_search`) and
-reused by every search.
+reused by every search. The searches of one kind share their intra-op answers
+(:func:`fxplan.inter_op.placements.shared_solves`), and with several worker processes
+(``jobs``) each sweeps whole kinds; neither changes a row.
 """
 
 from __future__ import annotations
@@ -196,23 +198,141 @@ def _row(kind: str, spec: str, devices: int, plan: Any, tokens: float, batch: in
         meets_deadline=None if deadline_days is None else days <= deadline_days)
 
 
+@dataclass
+class _Sweep:
+    """What every size of every kind is planned with: the graphs by training dtype, the
+    global batch, the search options, and the arithmetic's inputs (module docstring)."""
+
+    graphs: dict[str, Any]
+    batch: int
+    seq: int | None
+    options: dict[str, Any]
+    tokens: float
+    prices: Mapping[str, float]
+    deadline_days: float | None
+    sizes: tuple[int, int]
+
+    def kind(self, kind: str, on_row: Callable[[CompareRow], None] | None = None) -> _Swept:
+        """The rows of ``kind`` (every size, or with a deadline the one kept) and the sizes it
+        could not plan, with their reasons."""
+        from fxplan.cluster_specs import Cluster, training_dtype
+        from fxplan.cluster_specs.overrides import with_devices
+        from fxplan.inter_op import search
+        from fxplan.inter_op.constraints import ConstraintError
+        from fxplan.inter_op.infeasible import InfeasibleError
+        from fxplan.inter_op.placements import shared_solves
+
+        base = Cluster.load(kind)
+        graph = self.graphs[training_dtype(base)]
+        found = sizes_for(base.devices_per_node(), *self.sizes)
+        if not found:
+            return _Swept([], [{"cluster": kind, "reason": f"no power-of-two size in "
+                                f"{self.sizes[0]}..{self.sizes[1]} fits its "
+                                f"{base.devices_per_node()} devices per node"}])
+        kept: list[CompareRow] = []
+        unplanned: list[dict[str, Any]] = []
+        seqs: list[int | None] = []
+        with shared_solves():     # an intra-op answer per tp degree, not one per size
+            for n in found:
+                resized = with_devices(kind, n)
+                try:
+                    plan = search(graph, Cluster.load(resized), batch=self.batch, seq=self.seq,
+                                  **self.options)
+                except (InfeasibleError, ConstraintError) as err:
+                    unplanned.append({"cluster": kind, "devices": n,
+                                      "reason": str(err).split("\n")[0]})
+                    continue
+                seqs.append(plan.seq)
+                row = _row(kind, resized, n, plan, self.tokens, self.batch, plan.seq or 1,
+                           self.prices.get(kind), self.deadline_days)
+                kept.append(row)
+                if on_row is not None:
+                    on_row(row)
+                if self.deadline_days is not None and row.meets_deadline:
+                    break
+        if self.deadline_days is not None and kept:
+            kept = [kept[-1]]          # the first meeting the deadline, else the largest tried
+        return _Swept(kept, unplanned, seqs)
+
+
+@dataclass
+class _Swept:
+    """A kind swept: its rows, the sizes it could not plan, the ``seq`` of each plan made."""
+
+    rows: list[CompareRow]
+    unplanned: list[dict[str, Any]]
+    seqs: list[int | None] = field(default_factory=list)
+
+
+#: The sweep the worker processes of :func:`_sweep_in_parallel` run (inherited when they fork).
+_FORKED: list[_Sweep] = []
+
+
+def _sweep_forked(kind: str) -> _Swept | None:
+    """:meth:`_Sweep.kind` in a worker process; ``None`` when it raised (the parent then plans
+    the kind itself, so the error is raised there as it would be without workers)."""
+    try:
+        return _FORKED[-1].kind(kind)
+    except Exception:  # noqa: BLE001 - re-raised by the parent's own run of the kind
+        return None
+
+
+def _sweep_in_parallel(sweep: _Sweep, kinds: Sequence[str], jobs: int,
+                       on_row: Callable[[CompareRow], None] | None
+                       ) -> dict[str, _Swept]:
+    """Each kind swept in one of ``jobs`` forked worker processes (the captured graphs are
+    inherited, not copied); ``on_row`` sees a kind's rows when it is done. The searches are
+    the same as in one process (no time budget enters them: :func:`compare`), so are the
+    rows."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    _FORKED.append(sweep)
+    out: dict[str, _Swept] = {}
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = {pool.submit(_sweep_forked, kind): kind for kind in kinds}
+            for future in as_completed(futures):
+                kind = futures[future]
+                done = future.result()
+                out[kind] = done if done is not None else sweep.kind(kind)
+                for row in out[kind].rows if on_row is not None else ():
+                    on_row(row)
+    finally:
+        _FORKED.pop()
+    return out
+
+
+def _jobs(jobs: int | None, kinds: int, time_budget_s: float | None) -> int:
+    """Worker processes for ``kinds`` kinds: ``jobs``, or one per CPU (at most one per kind);
+    one under a time budget, whose searches depend on the CPU time they get."""
+    import multiprocessing
+    import os
+
+    if time_budget_s is not None or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    if jobs is None:
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+    return max(1, min(jobs, kinds))
+
+
 def compare(model: str, *, tokens: float, batch: int | None = None,
             batch_tokens: int | None = None, seq: int | None = None,
             clusters: Iterable[str] = DEFAULT_CLUSTERS, sizes: tuple[int, int] = (64, 4096),
             prices: Mapping[str, float] | None = None, deadline_days: float | None = None,
             time_budget_s: float | None = None, constraints: Mapping[str, Any] | None = None,
-            on_row: Callable[[CompareRow], None] | None = None) -> Comparison:
+            on_row: Callable[[CompareRow], None] | None = None,
+            jobs: int | None = None) -> Comparison:
     """Plan ``model`` on each cluster kind at each size (module docstring). The global batch is
-    ``batch`` sequences, or ``batch_tokens`` tokens (:mod:`fxplan.batch_tokens`; one of them)."""
+    ``batch`` sequences, or ``batch_tokens`` tokens (:mod:`fxplan.batch_tokens`; one of them).
+    ``jobs``: worker processes, each sweeping whole kinds (default: one per CPU, at most one
+    per kind; 1 with a time budget); the rows do not depend on it."""
     from fxplan.batch_tokens import batch_from_tokens
     from fxplan.cost_model.step.layer_costs import graph_segments
     from fxplan.api import capture_for_search
     from fxplan.cluster_specs import Cluster, training_dtype
-    from fxplan.cluster_specs.overrides import with_devices
     from fxplan.examples.model_spec import canonical_spec
-    from fxplan.inter_op import search
-    from fxplan.inter_op.constraints import ConstraintError
-    from fxplan.inter_op.infeasible import InfeasibleError
 
     start = time.perf_counter()
     prices = dict(prices or {})
@@ -220,43 +340,23 @@ def compare(model: str, *, tokens: float, batch: int | None = None,
     _check_prices(prices, kinds)
     spec = canonical_spec(model)
     graphs: dict[str, Any] = {}
-    seq_seen = seq
-    rows: list[CompareRow] = []
-    unplanned: list[dict[str, Any]] = []
-    for kind in kinds:
-        base = Cluster.load(kind)
-        dtype = training_dtype(base)
+    for kind in kinds:             # one capture per training dtype, before any search
+        dtype = training_dtype(Cluster.load(kind))
         if dtype not in graphs:
             graphs[dtype] = capture_for_search(spec, seq=seq, dtype=dtype)
-        graph = graphs[dtype]
         if batch is None:
-            batch = batch_from_tokens(int(batch_tokens or 0), seq or graph_segments(graph).seq)
-        found = sizes_for(base.devices_per_node(), *sizes)
-        if not found:
-            unplanned.append({"cluster": kind, "reason": f"no power-of-two size in {sizes[0]}.."
-                              f"{sizes[1]} fits its {base.devices_per_node()} devices per node"})
-            continue
-        kept: list[CompareRow] = []
-        for n in found:
-            resized = with_devices(kind, n)
-            try:
-                plan = search(graph, Cluster.load(resized), batch=batch, seq=seq,
-                              constraints=dict(constraints or {}), time_budget_s=time_budget_s,
-                              progress=False, model=spec)
-            except (InfeasibleError, ConstraintError) as err:
-                unplanned.append({"cluster": kind, "devices": n, "reason": str(err).split("\n")[0]})
-                continue
-            seq_seen = plan.seq
-            row = _row(kind, resized, n, plan, tokens, batch, plan.seq or 1, prices.get(kind),
-                       deadline_days)
-            kept.append(row)
-            if on_row is not None:
-                on_row(row)
-            if deadline_days is not None and row.meets_deadline:
-                break
-        if deadline_days is not None and kept:
-            kept = [kept[-1]]          # the first meeting the deadline, else the largest tried
-        rows.extend(kept)
+            batch = batch_from_tokens(int(batch_tokens or 0),
+                                      seq or graph_segments(graphs[dtype]).seq)
+    sweep = _Sweep(graphs, batch or 0, seq, {
+        "constraints": dict(constraints or {}), "time_budget_s": time_budget_s,
+        "progress": False, "model": spec}, tokens, prices, deadline_days, sizes)
+    workers = _jobs(jobs, len(kinds), time_budget_s)
+    swept = (_sweep_in_parallel(sweep, kinds, workers, on_row) if workers > 1
+             else {kind: sweep.kind(kind, on_row) for kind in kinds})
+    rows = [row for kind in kinds for row in swept[kind].rows]
+    unplanned = [item for kind in kinds for item in swept[kind].unplanned]
+    seqs = [s for kind in kinds for s in swept[kind].seqs]
+    seq_seen = seqs[-1] if seqs else seq      # the last plan's, as one process finds it
     ranked_by = "cost" if prices else "device-hours"
     metric = (lambda r: r.cost) if prices else (lambda r: r.device_hours)
     front = pareto_front([(r.days, metric(r)) for r in rows])

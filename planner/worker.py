@@ -58,7 +58,8 @@ def loss_fn(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def training_loss(bundle: Any) -> Any:
     """The loss ``bundle``'s model is trained on: the bundle's own (a user file's, the one
-    capture priced), else :func:`loss_fn`."""
+    capture priced), else :func:`loss_fn`; a forward that takes the targets and returns its
+    own loss is trained on that instead (:func:`_returned_loss`)."""
     return getattr(bundle, "loss", None) or loss_fn
 
 
@@ -161,9 +162,10 @@ def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, st
     """The ``--data`` source for this rank (:mod:`fxplan.runtime.train.data`)."""
     from fxplan.runtime.train.data import (DataError, HookData, SyntheticData, TokenFile,
                                      replica_coordinates, token_dtype)
-    from fxplan.runtime.train.hf_data import HFDataset
+    from fxplan.runtime.train.array_data import is_array_data, model_array_data
+    from fxplan.runtime.train.hf_data import HFDataset, is_dataset_dir
 
-    specs = _input_specs(bundle, plan)
+    specs = input_specs(bundle, plan)
     vocab = (getattr(bundle.config, "vocab", None) or getattr(bundle.config, "vocab_size", None)
              or getattr(specs.get("targets"), "high", None))   # a user file's: its output's
     if args.data == "synthetic":
@@ -173,11 +175,17 @@ def data_source(args: argparse.Namespace, bundle: Any, plan: Any, start: int, st
         replica, replicas = replica_coordinates(plan.batch, start, stop)   # (d/cp, dp/cp)
         return HookData(args.data, seq=plan.seq, global_batch=plan.batch, start=start, stop=stop,
                         seed=args.seed, dp_rank=replica, dp_size=replicas)
+    if is_array_data(args.data) and not is_dataset_dir(args.data):
+        return model_array_data(args.data, specs, bundle.config, global_batch=plan.batch,
+                                seed=args.seed)
     inputs = {k: v for k, v in specs.items() if k != "targets"}
     shapes = [(tuple(v.shape), v.dtype) for v in inputs.values()]
     if len(inputs) != 1 or shapes[0][1].is_floating_point or len(shapes[0][0]) != 2:
         raise DataError(f"--data {args.data}: token data feeds a language model (one integer "
-                        f"input of shape (batch, seq)); {plan.model} takes {shapes}")
+                        f"input of shape (batch, seq)); {plan.model} takes {shapes}. Give it "
+                        f"arrays named after its inputs and the targets instead (FILE.npz, "
+                        f"FILE.pt or a directory of NAME.npy files; docs/runtime.md), or "
+                        f"FILE.py:FUNCTION")
     if os.path.isdir(args.data):
         return HFDataset(args.data, seq=plan.seq, global_batch=plan.batch, vocab=vocab,
                          seed=args.seed)
@@ -220,6 +228,7 @@ class Run:
     data: Any
     flops: Any
     no_flops: str | None
+    loss: Any                          # the loss the steps minimise (:func:`training_loss`)
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -247,7 +256,7 @@ def _prepare(args: argparse.Namespace) -> Run:
     from fxplan.core.plan import load_plan
     from fxplan.core.training import TrainConfig
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.passes.forward_swap import forward_taking
+    from fxplan.passes.forward_swap import computes_own_loss, forward_taking
     from fxplan.runtime.apply.graph import apply_plan
     from fxplan.runtime.apply.build import meta_parameters
     from fxplan.runtime.train.events import EventLog
@@ -269,7 +278,12 @@ def _prepare(args: argparse.Namespace) -> Run:
         args.resume = newest_checkpoint(args.run_dir) or args.resume
     torch.manual_seed(args.seed)
 
-    batch = {k: v for k, v in _example_batch(bundle, plan).items() if k != "targets"}
+    # a forward trained on the loss it returns is fed the targets, last (runtime.train.fed_targets)
+    fed = computes_own_loss(bundle, bundle.build("meta"))
+    examples = _example_batch(bundle, plan)
+    batch = {k: v for k, v in examples.items() if k != "targets"}
+    if fed:
+        batch["targets"] = examples["targets"]
     example = tuple(batch.values())
 
     def seeded_model() -> torch.nn.Module:
@@ -278,16 +292,18 @@ def _prepare(args: argparse.Namespace) -> Run:
 
     with meta_parameters():   # inputs fed by position, bound by name as capture bound them
         model = forward_taking(bundle.build("cpu"), list(batch))
+    loss, path = _returned_loss(plan, model, args.path) if fed else (training_loss(bundle),
+                                                                      args.path)
     identity = (args.model or plan.model, model_fingerprint(model))
     precision = resolve_precision(args.dtype, training_dtype(cluster))
     resume = None
     if args.resume:  # verified (manifest and hashes) before DCP unpickles anything
         resume = locate_checkpoint(args.resume)
         sharded = apply_plan(model, plan, example, checkpoint=str(resume[0]), precision=precision,
-                             path=args.path)
+                             path=path)
     else:
         sharded = apply_plan(model, plan, example, init=seeded_model, precision=precision,
-                             path=args.path)
+                             path=path)
     config = TrainConfig(
         steps=args.steps, optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr,
         warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, beta1=args.beta1,
@@ -296,11 +312,30 @@ def _prepare(args: argparse.Namespace) -> Run:
                                 weight_decay=config.weight_decay, betas=(config.beta1, config.beta2))
     start, stop = sharded.replica_slice()
     data = data_source(args, bundle, plan, start, stop)
+    if fed:
+        from fxplan.runtime.train.fed_targets import FedTargets
+
+        data = FedTargets(data)
     flops, no_flops = flop_counts(plan, cluster)
     return Run(rank=rank, events=events, plan=plan, replanned=replanned, bundle=bundle,
                cluster=cluster, identity=identity, precision=precision, sharded=sharded,
                resume=resume, config=config, optimizer=optimizer, data=data, flops=flops,
-               no_flops=no_flops)
+               no_flops=no_flops, loss=loss)
+
+
+def _returned_loss(plan: Any, model: torch.nn.Module, path: str) -> tuple[Any, str]:
+    """The loss and apply path of a forward trained on the loss it returns
+    (:mod:`fxplan.runtime.train.fed_targets`): its returned loss, at module level; a
+    pipeline or the graph rewrite (which does not run the user's forward) refused."""
+    from fxplan.runtime.apply.offload import RuntimeSupportError
+    from fxplan.runtime.train.fed_targets import ReturnedLoss, pipeline_refusal
+
+    refusal = pipeline_refusal(plan) or ("--path graph: the graph rewrite does not run the "
+                                         "user's forward, whose own loss is trained"
+                                         if path == "graph" else None)
+    if refusal:
+        raise RuntimeSupportError(f"{plan.summary}: {refusal}")
+    return ReturnedLoss(model), "module"
 
 
 def _resume(run: Run, args: argparse.Namespace) -> tuple[Any, list[str]]:
@@ -381,7 +416,7 @@ def _run_steps(run: Run, args: argparse.Namespace, log: Any, start_step: int) ->
 
     trace = None if args.trace is None else Path(args.trace) / f"measured-rank{run.rank}.json"
     result, run.optimizer = train(
-        sharded, run.data, training_loss(run.bundle), run.config,
+        sharded, run.data, run.loss, run.config,
         tokens_per_step=plan.batch * (plan.seq or 1), optimizer=run.optimizer, flops=run.flops,
         capacity_gib=plan.estimate.get("capacity_gib"), log=log, on_step=on_step,
         start_step=start_step, trace=trace)
@@ -562,7 +597,7 @@ def resume_notes(position: Any, args: argparse.Namespace, plan: Any) -> list[str
     return notes
 
 
-def _input_specs(bundle: Any, plan: Any) -> dict[str, Any]:
+def input_specs(bundle: Any, plan: Any) -> dict[str, Any]:
     """The bundle's inputs at the plan's batch, with the targets of the loss; an ``hf:``
     model's ``labels`` become the ``targets`` of the worker's loss (the model is run without
     them: logits out). A user file's bundle names its targets itself (given by ``build()`` or
@@ -576,7 +611,7 @@ def _input_specs(bundle: Any, plan: Any) -> dict[str, Any]:
 def _example_batch(bundle: Any, plan: Any) -> dict[str, torch.Tensor]:
     """Zero tensors of the plan's global batch: shapes for tracing and stage metadata."""
     return {name: torch.zeros(spec.shape, dtype=spec.dtype)
-            for name, spec in _input_specs(bundle, plan).items()}
+            for name, spec in input_specs(bundle, plan).items()}
 
 
 def _print_fallbacks(sharded: Any, rank: int, process: list[str]) -> None:

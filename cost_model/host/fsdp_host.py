@@ -10,8 +10,10 @@ on the main thread around its collectives: before its forward the unshard (all-g
 copy-in of the group's shards into one flat buffer, the all-gather, copy-out into the
 unsharded parameters), after its backward the reduce (copy-in of the gradients, the
 reduce-scatter, the divide by the dp size, copy-out into the sharded gradients) — which run
-once per step, on the microbatch whose gradients are synchronised (``set_requires_gradient_
-sync``: the last) — and under ZeRO-3 (``reshard_after_forward=True``) the reshard after the
+on each microbatch whose gradients are synchronised (``set_requires_gradient_sync``: the last,
+or every one under ZeRO-2/3 with ``m > 1``, ``ParallelConfig.reduces_every_microbatch``;
+ZeRO-2 then keeps its blocks gathered from the step's first forward to its last backward, so
+its unshard runs once per step) — and under ZeRO-3 (``reshard_after_forward=True``) the reshard after the
 forward and a second unshard before the backward, on every group, the root's included (FSDP2
 keeps the root gathered only when ``reshard_after_forward`` is left at its default, and the
 runtime passes ``True``; counted: 6 all-gathers per step for 3 groups, 3 with ``False``).
@@ -27,6 +29,10 @@ spec fields ``fsdp_gather_us``, ``fsdp_gather_tensor_us`` and so on)::
 and over a chunk's groups ``g``::
 
     t_fwd += Σ_g A(k_g)        t_bwd += [ZeRO-3]·Σ_g B(k_g)        t_post += Σ_g R(k_g)
+
+— with the reduction in every backward (``every``) ``Σ_g R(k_g)`` joins ``t_bwd`` instead of
+``t_post``, and with the blocks kept gathered (``gathered``) ``Σ_g A(k_g)`` joins ``t_post``
+(once per step) instead of ``t_fwd``.
 
 The collectives' own time (their latency and bytes) is not here: gloo runs them on its own
 threads, and the ZeRO/dp communication terms price them (:mod:`cost_model.step.stage_costs`).
@@ -73,18 +79,21 @@ def fsdp_groups(segments: Iterable[tuple[str, Iterable[str]]]) -> tuple[int, ...
     return (len(root), *layers)
 
 
-def fsdp_host_s(groups: Sequence[int], host: HostCosts | None, *, zero3: bool) -> FsdpHost:
+def fsdp_host_s(groups: Sequence[int], host: HostCosts | None, *, zero3: bool,
+                every: bool = False, gathered: bool = False) -> FsdpHost:
     """FSDP2's host work of a chunk whose groups hold ``groups`` tensors (root first,
     :func:`fsdp_groups`) on a device group with host costs ``host`` (``None``: none);
-    ``zero3``: parameters resharded after the forward."""
+    ``zero3``: parameters resharded after the forward; ``every``: gradients reduced in every
+    microbatch's backward; ``gathered``: blocks gathered once per step (module docstring)."""
     if not host:
         return FsdpHost()
 
     def cost(per_group_us: float, per_tensor_us: float, counts: Sequence[int]) -> float:
         return sum(per_group_us + k * per_tensor_us for k in counts) * 1e-6
 
-    return FsdpHost(
-        forward=cost(host.fsdp_gather_us, host.fsdp_gather_tensor_us, groups),
-        backward=(cost(host.fsdp_regather_us, host.fsdp_regather_tensor_us, groups)
-                  if zero3 else 0.0),
-        post=cost(host.fsdp_reduce_us, host.fsdp_reduce_tensor_us, groups))
+    gather = cost(host.fsdp_gather_us, host.fsdp_gather_tensor_us, groups)
+    regather = cost(host.fsdp_regather_us, host.fsdp_regather_tensor_us, groups) if zero3 else 0.0
+    reduce = cost(host.fsdp_reduce_us, host.fsdp_reduce_tensor_us, groups)
+    return FsdpHost(forward=0.0 if gathered else gather,
+                    backward=regather + (reduce if every else 0.0),
+                    post=(0.0 if every else reduce) + (gather if gathered else 0.0))

@@ -12,7 +12,8 @@ its last backward only (``runtime.train.accumulate``), DDP's reducer all-reduces
 FSDP2 reduce-scatters each block as its backward finishes; under GPipe and 1F1B the same
 happens in the last microbatch's backward of the stage (``runtime.train.pipeline.
 ReduceInLastBackward``, DDP's ``prepare_for_backward``). Under the multi-stage schedules
-(``interleaved``, ``zb``, ``zbv``) with FSDP2 or ``replicate`` torch runs its ``REDUCE_GRAD``
+(``interleaved``, ``zb``, ``zbv``, ``dualpipev``) with FSDP2 or ``replicate`` torch runs its
+``REDUCE_GRAD``
 action after each stage's last backward and waits for it, so nothing overlaps: the
 simulator prices those reductions blocking (:func:`dp_reduce_blocks`), and the overlap is
 not listed. (DDP beside those schedules still reduces inside the last backward; and a
@@ -24,8 +25,11 @@ current block computes (forward: issued ahead by the CPU's run-ahead; backward: 
 prefetch), so ``ω`` of every gather but a chunk's first may hide
 (:func:`cost_model.host.host_overhead.zero3_exposed_s`).
 
-``weight_grad_in_bubbles`` (``zb``, ``zbv``): the weight-gradient GEMMs run as their own op
-where the schedule has a bubble (:mod:`cost_model.step.pipeline_schedules`).
+``weight_grad_in_bubbles`` (``zb``, ``zbv``, ``dualpipev``): the weight-gradient GEMMs run as
+their own op where the schedule has a bubble (:mod:`cost_model.step.pipeline_schedules`;
+``dualpipev`` splits only some of its backwards). ``dualpipev``'s overlapped forward-backward
+pairs are not an overlap the runtime performs (torch runs them one after the other) and are
+not credited.
 
 ``tp_comm`` and ``param_gather``: only when the configuration sets ``tp_overlap`` /
 ``pg_overlap`` (Megatron-Core's ``--tp-comm-overlap``, ``--overlap-param-gather``), which the
@@ -48,7 +52,7 @@ __all__ = ["MULTI_STAGE_SCHEDULES", "Overlap", "dp_reduce_blocks", "megatron_pri
            "relied_overlaps"]
 
 #: Schedules that torch runs with its action runtime, several stages per rank.
-MULTI_STAGE_SCHEDULES: tuple[str, ...] = ("interleaved", "zb", "zbv")
+MULTI_STAGE_SCHEDULES: tuple[str, ...] = ("interleaved", "zb", "zbv", "dualpipev")
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,10 @@ def relied_overlaps(config: ParallelConfig, comm_overlap: float = 1.0) -> tuple[
                    else "DDP's bucketed all-reduce" if ddp_runs(config)
                    else "FSDP2's per-block reduce-scatter" if config.zero_stage >= 1
                    else "replicate's per-block all-reduce")
-        out.append(Overlap("dp_grad_reduce", f"{wrapper} during the last microbatch's backward "
-                                             f"(ω = {comm_overlap:g} of each bucket)"))
+        every = config.reduces_every_microbatch and (config.num_microbatches or 1) > 1
+        out.append(Overlap("dp_grad_reduce", f"{wrapper} during "
+                                             f"{'every' if every else 'the last'} microbatch's "
+                                             f"backward (ω = {comm_overlap:g} of each bucket)"))
     if hide and config.zero_stage == 3 and config.dp > 1:
         out.append(Overlap("zero3_prefetch", "FSDP2 all-gathers the next block while the "
                                              f"current one computes (ω = {comm_overlap:g})"))

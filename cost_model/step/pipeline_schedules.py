@@ -39,11 +39,28 @@ The orders (what each stage runs next, whatever has arrived):
   ``s`` pairs ``F1 F0``, ``p−s`` triples ``F1 B1 W1``; steady state ``F0 B0 W0 F1 B1 W1``;
   cool-down ``s`` pairs ``B0 B1``, ``p−s`` pairs ``B0 W0``, then the ``W`` left; torch builds
   it for ``max(2p−1, m)`` microbatches and drops the ops of microbatches ``≥ m``.
+- ``dualpipev`` (torch's ``ScheduleDualPipeV``: DeepSeek's DualPipe, DeepSeek-V3 report
+  2024, folded into the same V; ``m ≥ 2p``): stage ``s`` runs ``2(p−s−1)`` forwards of chunk
+  0, ``s+1`` pairs ``F0 F1``, ``p−s−1`` triples ``B1 W F1``; then the main phase, ``m−2p+s+1``
+  times ``(F0 & B1) (F1 & B0)``, then ``p−s−1`` times ``B1 (F1 & B0)``; the cool-down
+  alternates ``B1 B0`` for ``2(s+1)`` backwards, ``p−s−1`` times ``W B0``, then ``s+1`` ``W``.
+  Every ``W`` is the oldest split backward's. ``F & B`` is torch's ``OVERLAP_F_B``: a
+  forward and a backward of two different microbatches meant to overlap one's compute with
+  the other's communication; torch runs it as the forward, then the backward, unless a custom
+  overlap function is registered (fxplan registers none), so it is priced as the two in
+  sequence, with no compute overlap. Most backwards are whole (torch's ``FULL_BACKWARD``,
+  here a ``B`` with its ``W`` right after it): those in an ``F & B`` pair, the lone ``B1``
+  and the first ``s+1`` of the cool-down; the others (warm-up's ``B1``, the cool-down's last
+  ``s+1`` and its ``B0``) are split, their ``W`` run later in the bubbles.
 
 For the V, the dependencies read virtual stages: ``F`` of virtual stage ``j`` waits for ``F``
 of ``j−1``, ``B`` of ``j`` for ``B`` of ``j+1`` (the last virtual stage for its own ``F``),
 each located at the ``(stage, chunk)`` of :meth:`~fxplan.core.config.Schedule.placement`.
 ``W`` waits for nothing but its stage's order (its ``B`` runs earlier on the same stage).
+An op's output leaves its stage when torch sends it: right after the op, except under
+``dualpipev``, where a whole backward sends its input gradient after its ``W`` and an
+``F & B`` pair sends both outputs after the pair, so what waits for them waits for those
+ends (``dep_pos`` points there).
 
 Peak in-flight microbatches (forwards whose backward has not run) fall out of the orders:
 ``m`` on every stage for GPipe, ``min(p−s, m)`` for 1F1B, and ``w + 1`` chunk-microbatches
@@ -72,9 +89,9 @@ BACKWARD = 1
 #: the weight-gradient part of a split backward
 WEIGHT = 2
 #: Schedule kinds whose backward is split into ``B`` and ``W``.
-SPLIT_BACKWARD: tuple[str, ...] = ("zb", "zbv")
+SPLIT_BACKWARD: tuple[str, ...] = ("zb", "zbv", "dualpipev")
 #: Schedule kinds whose two chunks sit in a V.
-V_SHAPED: tuple[str, ...] = ("zbv",)
+V_SHAPED: tuple[str, ...] = ("zbv", "dualpipev")
 
 
 @dataclass(frozen=True, eq=False)
@@ -310,11 +327,74 @@ def _zbv(p: int, s: int, m: int) -> list[tuple[int, int, int]]:
     return [o for o in ops if o[1] < m]
 
 
+def _dualpipev(p: int, s: int, m: int) -> list[tuple[int, int, int, int]]:
+    """torch's ``ScheduleDualPipeV`` order of stage ``s`` (module docstring) as ``(kind,
+    microbatch, chunk, later)``: the op's output leaves the stage ``later`` ops after it
+    (a whole backward's input gradient after its ``W``, both outputs of an ``F & B`` pair
+    after the pair)."""
+    ops: list[tuple[int, int, int, int]] = []
+    issued = {(k, c): 0 for k in (FORWARD, BACKWARD) for c in (0, 1)}
+    unweighted: list[tuple[int, int]] = []      # split backwards whose W has not run, oldest first
+
+    def take(kind: int, chunk: int) -> int:
+        issued[kind, chunk] += 1
+        return issued[kind, chunk] - 1
+
+    def forward(chunk: int, later: int = 0) -> None:
+        ops.append((FORWARD, take(FORWARD, chunk), chunk, later))
+
+    def backward(chunk: int, whole: bool) -> None:
+        mb = take(BACKWARD, chunk)
+        ops.append((BACKWARD, mb, chunk, 1 if whole else 0))
+        if whole:
+            ops.append((WEIGHT, mb, chunk, 0))
+        else:
+            unweighted.append((mb, chunk))
+
+    def weight() -> None:
+        if unweighted:
+            mb, chunk = unweighted.pop(0)
+            ops.append((WEIGHT, mb, chunk, 0))
+
+    def pair(f_chunk: int, b_chunk: int) -> None:   # OVERLAP_F_B, run in sequence
+        forward(f_chunk, later=2)
+        backward(b_chunk, whole=True)
+
+    for _ in range(2 * (p - s - 1)):
+        forward(0)
+    for _ in range(s + 1):
+        forward(0)
+        forward(1)
+    for _ in range(p - s - 1):
+        backward(1, whole=False)
+        weight()
+        forward(1)
+    for i in range(m - 2 * p + s + 1):
+        if i == 0 and s == p - 1:   # torch keeps this first pair apart (a smaller bubble)
+            forward(0)
+            backward(1, whole=True)
+        else:
+            pair(0, 1)
+        pair(1, 0)
+    for _ in range(p - s - 1):
+        backward(1, whole=True)
+        pair(1, 0)
+    for i in range(2 * (s + 1)):
+        backward(1 - i % 2, whole=i < s + 1)
+    for _ in range(p - s - 1):
+        weight()
+        backward(0, whole=False)
+    for _ in range(s + 1):
+        weight()
+    return ops
+
+
 @lru_cache(maxsize=256)
 def schedule_order(kind: str, stages: int, chunks: int, microbatches: int) -> ScheduleOrder:
     """The cached :class:`ScheduleOrder` of ``kind`` (``gpipe``, ``1f1b``, ``interleaved``,
-    ``zb``, ``zbv``)."""
+    ``zb``, ``zbv``, ``dualpipev``)."""
     p, v, m = stages, chunks, microbatches
+    later = None
     if kind == "interleaved":
         rows = [_interleaved(p, v, s, m) for s in range(p)]
     elif kind == "zb":
@@ -323,6 +403,12 @@ def schedule_order(kind: str, stages: int, chunks: int, microbatches: int) -> Sc
         if v != 2:
             raise ValueError(f"zbv runs two model chunks per stage, got v={v}")
         rows = [_zbv(p, s, m) for s in range(p)]
+    elif kind == "dualpipev":
+        if v != 2 or m < 2 * p:
+            raise ValueError(f"dualpipev runs two model chunks per stage and m ≥ 2p "
+                             f"microbatches, got v={v}, p={p}, m={m}")
+        full = np.asarray([_dualpipev(p, s, m) for s in range(p)], dtype=np.int64)
+        rows, later = full[..., :3], full[..., 3]
     elif kind in ("gpipe", "1f1b"):
         if v != 1:
             raise ValueError(f"{kind} runs one model chunk per stage, got v={v}")
@@ -337,6 +423,9 @@ def schedule_order(kind: str, stages: int, chunks: int, microbatches: int) -> Sc
     position[stage_idx, kinds.ravel(), mbs.ravel(), chs.ravel()] = np.tile(
         np.arange(ops.shape[1]), p)
     dep_stage, dep_pos = _dependencies(kinds, mbs, chs, position, p, v, kind in V_SHAPED)
+    if later is not None:   # wait for the op after which the output is sent
+        sent = np.arange(ops.shape[1])[None, :] + later
+        dep_pos = np.where(dep_pos >= 0, sent[dep_stage, np.maximum(dep_pos, 0)], dep_pos)
     signs = _signs(kinds)
     peak = np.zeros((p, v), dtype=np.int64)
     for c in range(v):

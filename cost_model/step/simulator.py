@@ -7,11 +7,12 @@ depends on (on a neighbouring stage) has ended::
     end[s, k] = max(end[s, k−1], end[dep(s, k)]) + d[s, k]
 
 so bubbles fall out of the dependencies; nothing is discounted in closed form. Under a
-zero-bubble schedule (``zb``, ``zbv``) the backward is two ops: ``B``, the input gradient
-(what the previous stage waits for: the recompute, the backward's communication and the
-compute less the weight-gradient GEMMs), and ``W``, the weight gradient
-(:attr:`StageCosts.weight`), which nothing waits for and which the schedule places in what
-would otherwise be a bubble. Sends are
+zero-bubble schedule (``zb``, ``zbv``, ``dualpipev``) the backward is two ops: ``B``, the
+input gradient (what the previous stage waits for: the recompute, the backward's
+communication and the compute less the weight-gradient GEMMs), and ``W``, the weight
+gradient (:attr:`StageCosts.weight`), which nothing waits for and which the schedule places
+in what would otherwise be a bubble (``dualpipev`` runs most of its backwards whole: ``B``
+then ``W`` at once, the input gradient sent after both). Sends are
 blocking, as in Megatron's ``send_forward_recv_backward``: ``d`` includes the send of the
 op's output, and the receiver may start when the send ends. For one stage, with
 ``C_k = Σ_{j≤k} d_j`` and ``r_k`` the end of ``dep(s, k)`` (0 if none), the recursion
@@ -219,9 +220,10 @@ _TIMELINES: "OrderedDict[tuple, PipelineTimeline]" = OrderedDict()
 
 def simulate_pipeline(schedule: str, stages: int, chunks: int, microbatches: int,
                       durations: np.ndarray) -> PipelineTimeline:
-    """Timeline of ``schedule`` (``gpipe``/``1f1b``/``interleaved``/``zb``/``zbv``) with op
-    durations ``durations[s, c, kind]`` (seconds; ``kind`` 0 forward, 1 backward, 2 a split
-    backward's weight gradient), shape ``(p, v, 2)``, or ``(p, v, 3)`` for ``zb``/``zbv``.
+    """Timeline of ``schedule`` (``gpipe``/``1f1b``/``interleaved``/``zb``/``zbv``/
+    ``dualpipev``) with op durations ``durations[s, c, kind]`` (seconds; ``kind`` 0 forward,
+    1 backward, 2 a split backward's weight gradient), shape ``(p, v, 2)``, or ``(p, v, 3)``
+    for ``zb``/``zbv``/``dualpipev``.
 
     Results are memoised on the exact durations (the planner re-prices the same candidates).
     """

@@ -5,10 +5,10 @@ LogicalMesh` with axes ``("pp", "dp", "tp")``): rank ``= i_pp·dp·tp + i_dp·tp
 takes consecutive ranks (inside a node where it fits), dp strides by ``tp`` and pipeline
 stages by ``dp·tp``. Stage ``s`` is priced on its first data-parallel replica.
 
-**Chunks.** Virtual stage ``j = c·p + s`` (chunk ``c`` of stage ``s``; under ``zbv`` the V
-``j = s`` for chunk 0 and ``2p−1−s`` for chunk 1, :meth:`~fxplan.core.config.Schedule.
-placement`) holds the ``j``-th run of layers (``ParallelConfig.layers_per_stage``); ``pre``
-joins virtual stage 0 and ``post`` the last. Under a zero-bubble schedule the weight-gradient
+**Chunks.** Virtual stage ``j = c·p + s`` (chunk ``c`` of stage ``s``; in the V of ``zbv``
+and ``dualpipev`` ``j = s`` for chunk 0 and ``2p−1−s`` for chunk 1,
+:meth:`~fxplan.core.config.Schedule.placement`) holds the ``j``-th run of layers
+(``ParallelConfig.layers_per_stage``); ``pre`` joins virtual stage 0 and ``post`` the last. Under a zero-bubble schedule the weight-gradient
 GEMMs of a chunk's backward (``Σ_seg share_seg·b_seg``, :class:`~cost_model.step.layer_costs.
 SegmentCost`'s ``weight_grad_share``) run as their own ``W`` op (``StageCosts.weight``).
 Per microbatch, chunk ``(s, c)`` costs (seconds):
@@ -39,6 +39,23 @@ Per microbatch, chunk ``(s, c)`` costs (seconds):
   backward sends the gradient of its input to the previous one; with tp, as Megatron's
   scatter/gather optimisation: each tp rank sends ``o/t`` and the receiver all-gathers
   (unless sequence parallel, where ``o`` is already split).
+
+**Recompute per layer.** Each layer is priced under its own policy
+(:meth:`~fxplan.core.config.ParallelConfig.layer_recompute`): with ``recompute_layers =
+(k_j)`` the first ``k_j`` of the ``n_j`` layers of virtual stage ``j`` run the policy ``ρ``
+(``selective`` or ``full``) and the others ``none``. With ``f_i``, ``b_i`` (the same under every
+policy), ``r^ρ_i`` the forward work ``ρ`` re-runs, ``a^0_i`` / ``a^ρ_i`` the saved bytes
+without / with ``ρ`` and ``w^ρ_i`` the working bytes of its re-run
+(:mod:`cost_model.memory.activations`), per microbatch::
+
+    F_j = Σ_{i ∈ j} f_i                 B_j(k_j) = Σ_{i ∈ j} b_i + Σ_{i < k_j} r^ρ_i
+    A_j(k_j) = Σ_{i < k_j} a^ρ_i + Σ_{i ≥ k_j} a^0_i      W_j = max_{i < k_j} w^ρ_i  (0 if k_j = 0)
+
+(``i < k_j``: the stage's first ``k_j`` layers; full recompute also repeats their forward tp
+collectives and MoE all-to-alls). ``k_j = 0`` and ``k_j = n_j`` are the whole-plan ``none``
+and ``ρ`` prices; for identical layers ``B_j`` grows and ``A_j`` falls linearly in ``k_j``,
+by ``r^ρ`` and ``a^0 − a^ρ`` per layer. The rank's peak memory then holds ``A_j`` per
+microbatch in flight (:func:`rank_memory`).
 
 **Data parallelism** (ZeRO 0–2): one bucket per segment, ready when the last backward of its
 chunk has passed it (after that backward and blocking where a multi-stage schedule's runtime
@@ -122,7 +139,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster, DeviceGroup
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["StagePlan", "buffer_bytes", "build_stages", "rank_memory", "stage_memory",
+__all__ = ["StagePlan", "buffer_bytes", "build_stages", "reduced_per_microbatch", "zero1_broadcasts",
+           "zero2_reduces_per_microbatch", "rank_memory", "stage_memory",
            "stage_ranks"]
 
 
@@ -213,7 +231,7 @@ def _step_host_s(tensors: int, dtensor: bool, device: DeviceGroup) -> float:
     return optimizer_host_s(tensors, host, dtensor=dtensor) + host.step_overhead_us * 1e-6
 
 
-def _zero1_broadcasts(config: ParallelConfig) -> bool:
+def zero1_broadcasts(config: ParallelConfig) -> bool:
     """ZeRO-1 as the runtime runs it without tensor parallelism: DDP all-reduces the gradients
     and ``ZeroRedundancyOptimizer`` broadcasts every parameter tensor from its owner after
     the step (:mod:`fxplan.runtime.styles.data_parallel`); with ``tp > 1`` or ``ep > 1`` it runs as
@@ -270,8 +288,8 @@ class _ModelParts:
     1``) and attention layers (``cp > 1``) found in the graph, the expert parameters, the
     microbatch's scale against the capture, the pp group of the loss broadcast and the norm,
     whether FSDP2 shards over dp, the parameters whose gradients come out ``Partial`` under
-    sp, and the model's buffers ``(name, bytes, dtype)`` and layer paths for DDP's buffer
-    broadcasts."""
+    sp, the model's buffers ``(name, bytes, dtype)`` and layer paths for DDP's buffer
+    broadcasts, and each layer's recompute policy (``policies``)."""
 
     moe: dict
     attn: dict
@@ -282,6 +300,7 @@ class _ModelParts:
     partial: frozenset[str] | set[str]
     buffers: list[tuple[str, float, str]]
     layer_paths: list[str]
+    policies: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -311,7 +330,8 @@ def _model_parts(graph: CapturedGraph, segments: GraphSegments,
         sharded_dp=fsdp_params(config), partial=partial_grad_params(graph, config),
         buffers=[(name, float(b.numel() * b.element_size()), str(b.dtype))
                  for name, b in graph.gm.named_buffers()],
-        layer_paths=list(graph.layer_names.values()))
+        layer_paths=list(graph.layer_names.values()),
+        policies=config.layer_recompute(len(segments.layers)))
 
 
 def _stage(s: int, cluster: Cluster, config: ParallelConfig) -> _Stage:
@@ -323,20 +343,29 @@ def _stage(s: int, cluster: Cluster, config: ParallelConfig) -> _Stage:
                   _Blocking(cluster, _wait_refill_s(device, config)))
 
 
+def _policy(model: _ModelParts, label: str) -> str:
+    """The recompute policy of the segment labelled ``label``: layer ``L<i>``'s
+    (:meth:`~fxplan.core.config.ParallelConfig.layer_recompute`), ``none`` for ``pre`` and
+    ``post`` (never recomputed)."""
+    return model.policies[int(label[1:])] if label.startswith("L") else "none"
+
+
 def _stage_segments(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig,
                     model: _ModelParts, stage: _Stage,
                     keys: list[list[tuple[str, str]]]) -> tuple[tuple[SegmentCost, ...], ...]:
-    """Step 3: each chunk's segments priced on the stage's device (``[c]`` → segments),
-    under expert and context parallelism as their own modules adjust them."""
+    """Step 3: each chunk's segments priced on the stage's device (``[c]`` → segments), each
+    under its own recompute policy (:func:`_policy`), under expert and context parallelism as
+    their own modules adjust them."""
     tp, device = config.tp, stage.device
     return tuple(tuple(cp_segment(ep_segment(
         segment_cost(graph, key, tp=tp, sequence_parallel=config.sequence_parallel,
-                     recompute=config.recompute, microbatch=config.microbatch_size,
+                     recompute=_policy(model, label), microbatch=config.microbatch_size,
                      device=device, placements=config.placements, cluster=cluster,
                      fp8=config.fp8),
         model.moe.get(key), config.ep, _expert_work(graph, model.moe.get(key), config, device),
-        config.recompute), config.cp, kv_bytes(model.attn.get(key), scale=model.scale, tp=tp),
-        config.recompute) for key, _ in chunk) for chunk in keys)
+        _policy(model, label)), config.cp, kv_bytes(model.attn.get(key), scale=model.scale,
+                                                    tp=tp),
+        _policy(model, label)) for key, label in chunk) for chunk in keys)
 
 
 def _chunk_costs(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig,
@@ -351,18 +380,18 @@ def _chunk_costs(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig,
     tp, device = config.tp, stage.device
     f_c, b_c = _chunk_times(segs, stage.tp_group, stage.dp_group, cluster, config, optimizer,
                             device, stage.waited, model.experts, stage.edp_group)
-    for key, _ in keys:
+    for key, label in keys:
         if key in model.moe:
             a2a = alltoall_seconds(model.moe[key], scale=model.scale,
                                    tp=tp, ep_group=stage.ep_group, cluster=cluster,
-                                   recompute_full=config.recompute == "full",
+                                   recompute_full=_policy(model, label) == "full",
                                    tp_group=stage.tp_group)
             f_c[1], b_c[1] = f_c[1] + a2a[0], b_c[1] + a2a[1]
         if key in model.attn:
             kv = layer_exchange(graph, key, group=cp_group(stage.dp_group, config.cp), tp=tp,
                                 sequence_parallel=config.sequence_parallel,
                                 microbatch=config.microbatch_size,
-                                recompute=config.recompute, device=device,
+                                recompute=_policy(model, label), device=device,
                                 cluster=cluster).priced
             f_c[1], b_c[1] = f_c[1] + kv[0], b_c[1] + kv[1]
     labels = [label for _, label in keys]
@@ -370,7 +399,9 @@ def _chunk_costs(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig,
     if model.sharded_dp and device.host:
         # FSDP2's host work per fully_shard group (cost_model.fsdp_host; CPU hosts)
         fsdp = fsdp_host_s(fsdp_groups((label, seg.params) for label, seg in zip(labels, segs)),
-                           device.host, zero3=config.zero_stage == 3)
+                           device.host, zero3=config.zero_stage == 3,
+                           every=reduced_per_microbatch(config),
+                           gathered=zero2_reduces_per_microbatch(config))
         f_c[2], b_c[2], post = f_c[2] + fsdp.forward, b_c[2] + fsdp.backward, fsdp.post
     if config.pp > 1 and device.host:   # the pipeline runtime's per microbatch
         pipe_f, pipe_b, _ = pipeline_host_s(device.host)
@@ -413,7 +444,7 @@ def _optimizer_step(config: ParallelConfig, optimizer: OptimizerSpec, stage: _St
     device = stage.device
     # ZeRO-1 without FSDP (tp = ep = 1: fsdp_params) steps only the tensors its rank owns
     # (ZeroRedundancyOptimizer).
-    owned = config.dp if _zero1_broadcasts(config) else 1
+    owned = config.dp if zero1_broadcasts(config) else 1
     tensors = -(-len(stage_params) // owned)
     seconds = (_optimizer_s(optimizer, local, tensors, dtensor_params(config), device)
                if config.offload == "none" else
@@ -431,7 +462,7 @@ def _updated_params_gather(config: ParallelConfig, optimizer: OptimizerSpec, sta
     ``ZeroRedundancyOptimizer`` does it, each tensor broadcast from its owner, all issued async
     and waited once, or one all-gather (the experts' over their dp/ep replicas)."""
     waited, dp_group = stage.waited, stage.dp_group
-    if _zero1_broadcasts(config):
+    if zero1_broadcasts(config):
         host = stage.device.host
         return async_batch_s(
             [waited("broadcast", optimizer.param_bytes * n, dp_group)
@@ -519,7 +550,8 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
                  experts: frozenset[str] = frozenset(),
                  edp_group: tuple[int, ...] = ()) -> tuple[list[float], list[float]]:
     """``[compute, tp, zero]`` seconds of one chunk's forward and backward; ZeRO-3's
-    exposed gathers and reduce-scatters by :func:`~cost_model.host.host_overhead.zero3_exposed_s`
+    exposed gathers and reduce-scatters (ZeRO-2's reduce-scatters with ``m > 1``,
+    :func:`zero2_reduces_per_microbatch`) by :func:`~cost_model.host.host_overhead.zero3_exposed_s`
     with the device's ``comm_overlap`` (expert weights over their ``edp_group`` under expert
     parallelism, plus the host↔device copies of each shard under parameter offload), each
     each a blocking collective of the stage (``waited``, :class:`_Blocking`)."""
@@ -545,15 +577,16 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
                      + evicted_waits_s(len(seg.tp_forward), device.host, beside))
             b[1] += (redistribute_host_s(len(seg.tp_backward), device.host)
                      + evicted_waits_s(len(seg.tp_backward), device.host, beside))
-    if config.zero_stage == 3 and config.dp > 1:
+    if config.zero_stage == 3 and config.dp > 1 or zero2_reduces_per_microbatch(config):
         gather, scatter = [], []
+        regather = config.zero_stage == 3
         for seg in segs:
             psi = seg.param_count
             mine = sum(n for k, n in seg.params.items() if k in experts)
-            ag = waited("all_gather", optimizer.param_bytes * (psi - mine), dp_group)
+            ag = regather * waited("all_gather", optimizer.param_bytes * (psi - mine), dp_group)
             rs = waited("reduce_scatter", optimizer.grad_bytes * (psi - mine), dp_group)
             if mine:
-                ag += waited("all_gather", optimizer.param_bytes * mine, edp_group)
+                ag += regather * waited("all_gather", optimizer.param_bytes * mine, edp_group)
                 rs += waited("reduce_scatter", optimizer.grad_bytes * mine, edp_group)
             h2d, d2h = offload_segment_s(config, psi, device)
             gather.append(ag + h2d)
@@ -562,6 +595,23 @@ def _chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
                                      [seg.backward_s + seg.recompute_s for seg in segs],
                                      gather, scatter, device.comm_overlap)
     return f, b
+
+
+def zero2_reduces_per_microbatch(config: ParallelConfig) -> bool:
+    """ZeRO-2 with ``m > 1`` microbatches: each backward reduce-scatters the gradients it
+    produced (:attr:`~fxplan.core.config.ParallelConfig.reduces_every_microbatch`), so its
+    reductions are priced per microbatch as ZeRO-3's are — block by block, each hidden
+    behind the next block's backward (:func:`~cost_model.host.host_overhead.zero3_exposed_s`)
+    — without ZeRO-3's gathers (the blocks stay gathered from the step's first forward to
+    its last backward), and the last backward carries no gradient buckets. With one
+    microbatch the one reduction is the last backward's buckets (:func:`_buckets`)."""
+    return config.zero_stage == 2 and reduced_per_microbatch(config)
+
+
+def reduced_per_microbatch(config: ParallelConfig) -> bool:
+    """The dp gradient reduction runs in every one of ``m > 1`` backwards
+    (:attr:`~fxplan.core.config.ParallelConfig.reduces_every_microbatch`)."""
+    return config.reduces_every_microbatch and (config.num_microbatches or 1) > 1
 
 
 def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dict[str, float],
@@ -578,7 +628,7 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
     the rows: :mod:`fxplan.runtime.styles.expert_tp`)."""
     total = sum(seg.backward_s + seg.recompute_s for seg in segs) or 1.0
     elapsed, out = 0.0, []
-    kind = ("all_reduce" if config.zero_stage == 0 or _zero1_broadcasts(config)
+    kind = ("all_reduce" if config.zero_stage == 0 or zero1_broadcasts(config)
             else "reduce_scatter")
     # PyTorch DDP (tp = 1, ZeRO-0 / ZeRO-1) packs the dense gradients into its own buckets.
     ddp_cap = (cluster.device(dp_group[0]).ddp_bucket_mib
@@ -589,7 +639,7 @@ def _buckets(segs: tuple[SegmentCost, ...], labels: list[str], stage_params: dic
         prefix = f"{label}:" if label.startswith("L") else ""
         new = {prefix + k: n for k, n in seg.params.items() if prefix + k not in stage_params}
         stage_params.update(new)
-        if config.zero_stage < 3 and config.dp > 1 and new:
+        if config.zero_stage < 3 and config.dp > 1 and new and not zero2_reduces_per_microbatch(config):
             mine = sum(n for k, n in new.items() if k.rpartition(":")[2] in experts)
             dense.append((elapsed / total, optimizer.grad_bytes * (sum(new.values()) - mine)))
             if mine:

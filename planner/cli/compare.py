@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="sequence length (default: the model's)")
     parser.add_argument("--time-budget", type=number(0, MAX_TIME_BUDGET_S, low_open=False),
                         default=None, metavar="S", help="bound each search to S seconds")
+    parser.add_argument("--jobs", type=count(1, 1024), default=None, metavar="N",
+                        help="worker processes, each planning whole cluster kinds (default: "
+                        "one per CPU; 1 with --time-budget); the rows do not depend on it")
     parser.add_argument("--plot", metavar="PNG", type=output_path(".png"), default=None,
                         help="draw days against cost (the Pareto front) here")
     parser.add_argument("--html", metavar="PAGE", type=output_path(".html"), default=None,
@@ -98,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     batch_tokens = None if args.batch else parse_batch_tokens(args.batch_tokens or "4M")
     result = compare(args.model, tokens=tokens, batch=args.batch, batch_tokens=batch_tokens,
                      seq=args.seq, clusters=kinds, sizes=sizes, prices=prices,
-                     deadline_days=deadline, time_budget_s=args.time_budget)
+                     deadline_days=deadline, time_budget_s=args.time_budget,
+                     jobs=args.jobs)
     written: list[str] = []
     png = Path(args.plot) if args.plot else None
     if args.html:

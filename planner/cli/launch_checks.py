@@ -2,6 +2,8 @@
 
 * the run settings (:func:`settings_for`): flags over ``--config`` over defaults, ``--data`` an
   existing token file, a saved Hugging Face dataset with ``input_ids`` (:func:`check_dataset_dir`),
+  arrays named after the model's inputs (``FILE.npz``, ``FILE.pt`` or a directory of them:
+  :func:`check_data` reads their names, shapes and kinds against the model's inputs),
   ``synthetic`` or ``FILE.py:FUNCTION``;
 * the checkpoints (:func:`check_checkpoints`): ``--resume`` a complete, unaltered fxplan
   checkpoint (manifest and sha256 of every file, checked before anything is unpickled) with fewer
@@ -161,10 +163,20 @@ def check_data(settings: RunSettings, plan: "Plan", model: str) -> None:
     """Before any process starts: a token file must feed the plan's model — not empty, a whole
     number of ids, at least one sample of ``seq + 1`` tokens, no id at or above the
     vocabulary in its first :data:`~fxplan.runtime.train.data.SCAN_BYTES` bytes
-    (:func:`fxplan.runtime.train.data.check_token_file`). Synthetic data, datasets directories
+    (:func:`fxplan.runtime.train.data.check_token_file`); arrays must be named after the
+    model's inputs and targets with their sample shapes and kinds
+    (:class:`fxplan.runtime.train.array_data.ArrayData`). Synthetic data, datasets directories
     (:func:`check_dataset_dir`) and hooks are not read here; what only a worker sees is
     reported once by the launcher (:mod:`fxplan.runtime.launch.rank_errors`)."""
     data = settings.data
+    if _arrays(data):   # names, shapes and kinds against the model's inputs
+        from fxplan.examples.model_spec import resolve_model
+        from fxplan.runtime.train.array_data import model_array_data
+        from fxplan.worker import input_specs
+
+        bundle = resolve_model(model)
+        model_array_data(data, input_specs(bundle, plan), bundle.config, global_batch=plan.batch)
+        return
     if data == "synthetic" or os.path.isdir(data) or \
             (data.rpartition(":")[1] and data.rpartition(":")[0].endswith(".py")):
         return
@@ -223,6 +235,8 @@ def settings_for(args: argparse.Namespace) -> RunSettings:
                 raise LaunchError(f"--data {data}: expected FILE.py:FUNCTION with an existing "
                                   "file and a function name")
             data = f"{os.path.abspath(path)}:{function}"
+        elif _arrays(data):
+            data = os.path.abspath(data)
         elif os.path.isdir(data):
             data = check_dataset_dir(data)
         elif not_regular(data):
@@ -238,6 +252,15 @@ def settings_for(args: argparse.Namespace) -> RunSettings:
                           "run_dir": os.path.abspath(settings.run_dir)})
 
 
+def _arrays(data: str) -> bool:
+    """Whether ``--data`` names arrays (:mod:`fxplan.runtime.train.array_data`), not a
+    datasets directory."""
+    from fxplan.runtime.train.array_data import is_array_data
+    from fxplan.runtime.train.hf_data import is_dataset_dir
+
+    return data != "synthetic" and is_array_data(data) and not is_dataset_dir(data)
+
+
 def check_dataset_dir(path: str) -> str:
     """A ``--data`` directory must be a saved Hugging Face dataset with an ``input_ids``
     column (:mod:`fxplan.runtime.train.hf_data`), checked before any process starts; its absolute
@@ -247,7 +270,8 @@ def check_dataset_dir(path: str) -> str:
     if not is_dataset_dir(path):
         raise LaunchError(f"--data {path} is a directory without the files "
                           "Dataset.save_to_disk writes (state.json, dataset_info.json or "
-                          "dataset_dict.json): expected a Hugging Face datasets directory, a "
-                          "token file, 'synthetic' or FILE.py:FUNCTION")
+                          "dataset_dict.json) and without .npy or .pt arrays: expected a Hugging "
+                          "Face datasets directory, a directory of arrays, a token file, "
+                          "'synthetic' or FILE.py:FUNCTION")
     load_token_column(path)
     return os.path.abspath(path)

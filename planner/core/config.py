@@ -5,8 +5,9 @@ A configuration fixes the degrees ``dp × tp × pp`` (their product is the world
 microbatching (``microbatch_size`` sequences per microbatch, ``num_microbatches`` per step
 and pipeline, so that ``batch = dp · microbatch_size · num_microbatches``), the pipeline
 :class:`Schedule` (``gpipe``, ``1f1b``, ``interleaved:v`` with ``v ≥ 2`` model chunks per
-stage, or the zero-bubble ``zb[:v]`` and ``zbv``, whose backward is split into the input
-gradient and the weight gradient, the latter run in the bubbles), the ZeRO stage (0–3),
+stage, or the zero-bubble ``zb[:v]`` and ``zbv`` and DeepSeek's ``dualpipev``, whose backward
+is split into the input gradient and the weight gradient, the latter run in the bubbles), the
+ZeRO stage (0–3),
 the recompute policy (:data:`RECOMPUTE_POLICIES`: ``none``,
 ``selective`` = the attention core, ``full`` = whole layers), sequence parallelism,
 optionally explicit layer counts per (virtual) stage and the placements to price
@@ -16,8 +17,15 @@ The one-line form is the edge to text: what ``fxplan estimate --config`` takes, 
 :meth:`ParallelConfig.parse` reads and :meth:`ParallelConfig.to_string` writes::
 
     dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off
-    [,m=96][,stages=3/3/2/2][,offload=optimizer][,fp8=on][,cp=1][,ep=1][,tp_overlap=on]
-    [,pg_overlap=on]
+    [,m=96][,stages=3/3/2/2][,recompute_layers=3/2/1/0][,offload=optimizer][,fp8=on][,cp=1]
+    [,ep=1][,tp_overlap=on][,pg_overlap=on]
+
+``recompute_layers`` (with ``stages``) recomputes only some layers: virtual stage ``j``'s first
+``k_j`` layers run the ``recompute`` policy and its other ``n_j − k_j`` layers none — the
+per-stage memory knob of Mist (EuroSys'25) and the ``block`` method of Megatron-LM's
+``--recompute-num-layers``, one count per stage (:meth:`ParallelConfig.layer_recompute`). A
+count list equal to ``stages`` is every layer (stored as ``None``); all zeros is
+``recompute=none`` and refused in this form.
 
 ``offload`` (:data:`OFFLOAD_POLICIES`) puts the optimizer states, or the optimizer states and
 the ZeRO-3 parameter shards, in host memory; ``fp8`` runs the matrix products in FP8 (the cost
@@ -60,17 +68,23 @@ from fxplan.core.errors import UserError
 from fxplan.core.placements import PlacementMap
 
 __all__ = ["CP_ATTENTION", "CostModelError", "OFFLOAD_POLICIES", "ParallelConfig",
-           "RECOMPUTE_POLICIES", "SCHEDULE_KINDS", "SPLIT_BACKWARD_KINDS", "Schedule"]
+           "RECOMPUTE_POLICIES", "SCHEDULE_KINDS", "SPLIT_BACKWARD_KINDS", "Schedule",
+           "V_SHAPE_KINDS"]
 
 #: Pipeline schedule kinds; ``interleaved`` is written ``interleaved:v`` (``v ≥ 2``), ``zb``
 #: (torch's ``ScheduleInterleavedZeroBubble``, ZB1P of Qi et al. 2024) ``zb`` (``v = 1``) or
-#: ``zb:v``, ``zbv`` (torch's ``ScheduleZBVZeroBubble``) always runs ``v = 2`` chunks per stage
-#: placed in a V: pipeline rank ``r`` holds virtual stages ``r`` and ``2·pp − 1 − r``.
-SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb", "zbv")
+#: ``zb:v``, ``zbv`` (torch's ``ScheduleZBVZeroBubble``) and ``dualpipev`` (torch's
+#: ``ScheduleDualPipeV``, DeepSeek's DualPipe folded into a V; ``m ≥ 2·pp``) always run
+#: ``v = 2`` chunks per stage placed in a V: pipeline rank ``r`` holds virtual stages ``r``
+#: and ``2·pp − 1 − r``.
+SCHEDULE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb", "zbv", "dualpipev")
 
 #: Kinds whose backward runs as two ops, the input gradient ``B`` (sent on at once) and the
 #: weight gradient ``W`` (run later, in what would be a bubble).
-SPLIT_BACKWARD_KINDS: tuple[str, ...] = ("zb", "zbv")
+SPLIT_BACKWARD_KINDS: tuple[str, ...] = ("zb", "zbv", "dualpipev")
+
+#: Kinds whose two chunks per stage sit in a V (:attr:`Schedule.v_shape`).
+V_SHAPE_KINDS: tuple[str, ...] = ("zbv", "dualpipev")
 
 #: Activation recompute policies.
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
@@ -100,10 +114,11 @@ _KEYS: dict[str, str] = {
     "stages": "stage_layers", "cp": "cp", "ep": "ep", "offload": "offload", "fp8": "fp8",
     "tp_overlap": "tp_comm_overlap", "tp_comm_overlap": "tp_comm_overlap",
     "pg_overlap": "param_gather_overlap", "param_gather_overlap": "param_gather_overlap",
+    "recompute_layers": "recompute_layers",
 }
 #: The short keys the error messages list (the others in :data:`_KEYS` are their long names).
-_KEY_NAMES = ("dp, tp, pp, mb, m, schedule, zero, recompute, sp, stages, cp, ep, offload, fp8, "
-              "tp_overlap, pg_overlap")
+_KEY_NAMES = ("dp, tp, pp, mb, m, schedule, zero, recompute, sp, stages, recompute_layers, cp, "
+              "ep, offload, fp8, tp_overlap, pg_overlap")
 
 
 class CostModelError(UserError, ValueError):
@@ -136,7 +151,8 @@ class Schedule:
     """A pipeline schedule: ``kind`` (:data:`SCHEDULE_KINDS`) and ``chunks``, the ``v`` model
     chunks per pipeline stage: ``interleaved:v`` (``v ≥ 2``; ``interleaved:1`` would be
     1F1B, so it is written ``1f1b``), ``zb:v`` (``v ≥ 1``, written ``zb`` for ``v = 1``),
-    ``zbv`` (``v = 2``, placed in a V); ``gpipe`` and ``1f1b`` have ``chunks = 1``."""
+    ``zbv`` and ``dualpipev`` (``v = 2``, placed in a V); ``gpipe`` and ``1f1b`` have
+    ``chunks = 1``."""
 
     kind: str = "1f1b"
     chunks: int = 1
@@ -153,24 +169,24 @@ class Schedule:
         if self.kind == "zb" and self.chunks < 1:
             raise CostModelError(_schedule_message(f"zb:{self.chunks}",
                                                    "zb needs its chunk count v ≥ 1"))
-        if self.kind == "zbv" and self.chunks != 2:
-            raise CostModelError(_schedule_message(f"zbv:{self.chunks}",
-                                                   "zbv always runs 2 chunks per stage"))
+        if self.kind in V_SHAPE_KINDS and self.chunks != 2:
+            raise CostModelError(_schedule_message(f"{self.kind}:{self.chunks}",
+                                                   f"{self.kind} always runs 2 chunks per stage"))
         if self.kind in ("gpipe", "1f1b") and self.chunks != 1:
             raise CostModelError(_schedule_message(f"{self.kind}:{self.chunks}",
                                                    "only interleaved and zb take ':v'"))
 
     @classmethod
     def parse(cls, text: str) -> "Schedule":
-        """``"gpipe"``, ``"1f1b"``, ``"interleaved:v"``, ``"zb"``, ``"zb:v"`` or ``"zbv"``
-        (case and spaces ignored)."""
+        """``"gpipe"``, ``"1f1b"``, ``"interleaved:v"``, ``"zb"``, ``"zb:v"``, ``"zbv"`` or
+        ``"dualpipev"`` (case and spaces ignored)."""
         kind, sep, chunks = str(text).strip().lower().partition(":")
         if kind not in SCHEDULE_KINDS:
             raise CostModelError(_schedule_message(text))
-        if kind == "zbv":
+        if kind in V_SHAPE_KINDS:
             if sep:
-                raise CostModelError(_schedule_message(text, "zbv always runs 2 chunks per "
-                                                             "stage; write zbv"))
+                raise CostModelError(_schedule_message(text, f"{kind} always runs 2 chunks per "
+                                                             f"stage; write {kind}"))
             return cls(kind, 2)
         if kind not in ("interleaved", "zb"):
             if sep:
@@ -194,9 +210,15 @@ class Schedule:
 
     @property
     def v_shape(self) -> bool:
-        """Whether the chunks sit in a V (``zbv``): pipeline rank ``r`` holds virtual stages
-        ``r`` and ``2·pp − 1 − r``, so the first and the last stage share rank 0."""
-        return self.kind == "zbv"
+        """Whether the chunks sit in a V (``zbv``, ``dualpipev``): pipeline rank ``r`` holds
+        virtual stages ``r`` and ``2·pp − 1 − r``, so the first and the last stage share
+        rank 0."""
+        return self.kind in V_SHAPE_KINDS
+
+    def min_microbatches(self, pp: int) -> int:
+        """The fewest microbatches the schedule runs on ``pp`` stages: ``2·pp`` (one per
+        virtual stage) for ``dualpipev`` (torch's ``ScheduleDualPipeV`` refuses fewer), else 1."""
+        return 2 * pp if self.kind == "dualpipev" and pp > 1 else 1
 
     @property
     def needs_round_microbatches(self) -> bool:
@@ -206,8 +228,8 @@ class Schedule:
 
     def virtual_stage(self, rank: int, chunk: int, pp: int) -> int:
         """The virtual stage ``j`` that chunk ``chunk`` of pipeline rank ``rank`` holds: the
-        loop ``j = chunk·pp + rank`` (Megatron's and torch's interleaved assignment), or under
-        ``zbv`` the V ``j = rank`` (chunk 0), ``2·pp − 1 − rank`` (chunk 1)."""
+        loop ``j = chunk·pp + rank`` (Megatron's and torch's interleaved assignment), or in
+        the V (``zbv``, ``dualpipev``) ``j = rank`` (chunk 0), ``2·pp − 1 − rank`` (chunk 1)."""
         if self.v_shape:
             return rank if chunk == 0 else 2 * pp - 1 - rank
         return chunk * pp + rank
@@ -226,7 +248,8 @@ class Schedule:
 
 
 def _schedule_message(text: str, why: str = "") -> str:
-    return (f"schedule {text!r} is not one of gpipe, 1f1b, interleaved:v, zb, zb:v, zbv"
+    return (f"schedule {text!r} is not one of gpipe, 1f1b, interleaved:v, zb, zb:v, zbv, "
+            "dualpipev"
             + (f": {why}" if why else " (v an integer ≥ 2)"))
 
 
@@ -262,6 +285,7 @@ class ParallelConfig:
     fp8: bool = False
     tp_comm_overlap: bool = False
     param_gather_overlap: bool = False
+    recompute_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.offload not in OFFLOAD_POLICIES:
@@ -331,11 +355,53 @@ class ParallelConfig:
                     f"pp·v = {self.pp}·{self.virtual_stages} = {self.pp * self.virtual_stages}"
                 )
             object.__setattr__(self, "stage_layers", layers)
+        self._check_recompute_layers()
         if self.placements is not None and not isinstance(self.placements, PlacementMap):
             raise CostModelError(f"placements must be a PlacementMap, got "
                                  f"{type(self.placements).__name__}")
 
+    def _check_recompute_layers(self) -> None:
+        """``recompute_layers``: one count ``0 ≤ k_j ≤ n_j`` per entry of ``stage_layers``
+        (which it needs), under a policy other than ``none``; every ``k_j = n_j`` is stored as
+        ``None`` (every layer recomputes), all zeros refused (write ``recompute=none``)."""
+        if self.recompute_layers is None:
+            return
+        counts = tuple(self.recompute_layers)
+        text = "/".join(map(str, counts))
+        if self.recompute == "none":
+            raise CostModelError(f"recompute_layers={text} needs recompute=selective or full "
+                                 "(the policy its counted layers run); got recompute=none")
+        if self.stage_layers is None:
+            raise CostModelError(f"recompute_layers={text} counts layers of each stage: give "
+                                 "stages=… too (the layer count of each virtual stage)")
+        if len(counts) != len(self.stage_layers):
+            raise CostModelError(f"recompute_layers={text} lists {len(counts)} counts for "
+                                 f"{len(self.stage_layers)} stages "
+                                 f"(stages={'/'.join(map(str, self.stage_layers))})")
+        for k, n in zip(counts, self.stage_layers):
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n:
+                raise CostModelError(
+                    f"recompute_layers={text}: each count must be an integer from 0 to its "
+                    f"stage's layers (stages={'/'.join(map(str, self.stage_layers))})")
+        if not any(counts):
+            raise CostModelError(f"recompute_layers={text} recomputes no layer: write "
+                                 "recompute=none instead")
+        object.__setattr__(self, "recompute_layers",
+                           None if counts == self.stage_layers else counts)
+
     # -- derived ------------------------------------------------------------------------
+    def layer_recompute(self, layers: int) -> tuple[str, ...]:
+        """The recompute policy of each of the model's ``layers`` repeated layers: with
+        ``recompute_layers`` the first ``k_j`` layers of virtual stage ``j`` (which holds
+        layers ``[Σ_{i<j} n_i, Σ_{i≤j} n_i)`` in model order) run ``recompute`` and the rest
+        ``none``; without, every layer runs ``recompute``."""
+        if self.recompute_layers is None:
+            return (self.recompute,) * layers
+        out: list[str] = []
+        for k, n in zip(self.recompute_layers, self.layers_per_stage(layers)):
+            out += [self.recompute] * k + ["none"] * (n - k)
+        return tuple(out)
+
     @property
     def world_size(self) -> int:
         """``dp · tp · pp``."""
@@ -344,8 +410,21 @@ class ParallelConfig:
     @property
     def virtual_stages(self) -> int:
         """Model chunks per pipeline stage: ``v`` for ``interleaved:v`` and ``zb:v``, 2 for
-        ``zbv``, else 1."""
+        ``zbv`` and ``dualpipev``, else 1."""
         return self.schedule.chunks
+
+    @property
+    def reduces_every_microbatch(self) -> bool:
+        """Whether the data-parallel gradient reduction runs in every microbatch's backward
+        (ZeRO ≥ 2 with ``dp > 1``: a rank keeps only its shard of the gradients, so each
+        microbatch's are reduce-scattered as its backward passes them, ``m`` reductions per
+        step) rather than once, in the last microbatch's backward, after gradients accumulated
+        unsharded (ZeRO-0/1: one all-reduce or reduce-scatter per step). Without a
+        pipeline or under GPipe and 1F1B; torch's multi-stage schedules (interleaved,
+        zero-bubble) keep their own reduction pass after the last backward. The runtime does
+        what this says and the cost model prices it."""
+        return (self.zero_stage >= 2 and self.dp > 1
+                and (self.pp == 1 or self.schedule.kind in ("gpipe", "1f1b")))
 
     def replace(self, **changes: Any) -> "ParallelConfig":
         """A copy with some fields changed (validated again)."""
@@ -357,6 +436,7 @@ class ParallelConfig:
         """Read ``"dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off"``.
 
         Keys: ``dp tp pp mb m schedule zero recompute sp stages`` (``stages=3/3/2/2``),
+        ``recompute_layers`` (``recompute_layers=2/1/1/0``, with ``stages``)
         and ``cp ep offload fp8 tp_overlap pg_overlap`` (``offload=optimizer``, ``fp8=on``,
         ``tp_overlap=on``, ``pg_overlap=on``; absent: 1, 1, ``none``, off, off, off); unknown or
         repeated keys are errors.
@@ -380,7 +460,7 @@ class ParallelConfig:
                 values[name] = _parse_bool(key, value)
             elif name == "offload":
                 values[name] = value.lower()
-            elif name == "stage_layers":
+            elif name in ("stage_layers", "recompute_layers"):
                 values[name] = tuple(_parse_int(key, v) for v in value.split("/"))
             elif name == "schedule":
                 values[name] = Schedule.parse(value)
@@ -402,6 +482,8 @@ class ParallelConfig:
                   f"recompute={self.recompute}", f"sp={'on' if self.sequence_parallel else 'off'}"]
         if self.stage_layers is not None:
             parts.append("stages=" + "/".join(map(str, self.stage_layers)))
+        if self.recompute_layers is not None:
+            parts.append("recompute_layers=" + "/".join(map(str, self.recompute_layers)))
         parts += [f"{k}={v}" for k, v in self.extras().items()]
         return ",".join(parts)
 
@@ -426,13 +508,21 @@ class ParallelConfig:
         """``pp=8 dp=24 tp=8 | zero=0 | interleaved:2 mb=1×96 | recompute=full | sp=off``
         (``mb=1×?`` while ``num_microbatches`` is not resolved), then ``| offload=optimizer``
         and ``| fp8=on`` when set. ``recompute`` replaces the policy's name: a plan whose
-        blocks recompute differently prints ``mixed``."""
+        blocks recompute differently prints ``mixed``; a configuration that recomputes some
+        layers per stage prints the policy and the counts, ``recompute=full:3/2/1/0``."""
         m = "?" if self.num_microbatches is None else str(self.num_microbatches)
         extras = "".join(f" | {k}={v}" for k, v in self.extras().items())
         return (f"pp={self.pp} dp={self.dp} tp={self.tp} | zero={self.zero_stage} | "
                 f"{self.schedule} mb={self.microbatch_size}×{m} | "
-                f"recompute={recompute or self.recompute} | "
+                f"recompute={recompute or self.recompute_text} | "
                 f"sp={'on' if self.sequence_parallel else 'off'}{extras}")
+
+    @property
+    def recompute_text(self) -> str:
+        """``full``, or ``full:3/2/1/0`` with per-stage counts (``recompute_layers``)."""
+        if self.recompute_layers is None:
+            return self.recompute
+        return f"{self.recompute}:{'/'.join(map(str, self.recompute_layers))}"
 
     def __str__(self) -> str:
         return self.summary()
@@ -520,6 +610,11 @@ class ParallelConfig:
                     f"({self.replicas}·{self.microbatch_size}) = {m}, {m} mod {self.pp} = "
                     f"{m % self.pp}"
                 )
+            if m < self.schedule.min_microbatches(self.pp):
+                raise CostModelError(
+                    f"{self.schedule} needs at least 2·pp = {2 * self.pp} microbatches (one per "
+                    f"virtual stage): m = batch / ({'dp·mb' if self.cp == 1 else '(dp/cp)·mb'}) "
+                    f"= {batch} / ({self.replicas}·{self.microbatch_size}) = {m}")
 
     def _check_stages(self, layers: int) -> None:
         v = self.virtual_stages
@@ -553,8 +648,8 @@ class ParallelConfig:
         """Layer count of each virtual stage in pipeline order (``pp · v`` entries).
 
         Virtual stage ``j`` is chunk ``j // pp`` of pipeline stage ``j mod pp`` (Megatron's
-        interleaved assignment), under ``zbv`` the V of :meth:`Schedule.placement`; without
-        chunks ``j`` is simply stage ``j``.
+        interleaved assignment), in a V (``zbv``, ``dualpipev``) that of
+        :meth:`Schedule.placement`; without chunks ``j`` is simply stage ``j``.
         """
         if self.stage_layers is not None:
             return self.stage_layers

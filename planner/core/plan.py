@@ -9,8 +9,12 @@ A plan holds
   ZeRO stage, recompute policy and sequence parallelism. ``config.placements`` is always
   ``None`` in a plan: the placements are ``placements``;
 * ``block_recompute``: an optional per-repeated-block override of ``config.recompute`` (one
-  policy per block, for hand-written plans; the search leaves it ``None`` = every block runs
-  ``config.recompute``, the policy the estimate priced). A uniform override equal to the
+  policy per block). A configuration that recomputes some layers of each stage
+  (``config.recompute_layers``, what the search chooses where memory needs it) fills it in
+  from :meth:`~fxplan.core.config.ParallelConfig.layer_recompute`, the policies the estimate
+  priced, and one given beside it must equal them; a hand-written one without
+  ``recompute_layers`` is run as written while the estimate prices ``config.recompute``.
+  ``None`` = every block runs ``config.recompute``. A uniform override equal to the
   config's policy is stored as ``None``; a uniform one that differs is refused (set the
   config's policy instead);
 * ``placements``: per fx node output, per consumer input (keyed by
@@ -145,6 +149,15 @@ class Plan:
         self._check_block_recompute()
 
     def _check_block_recompute(self) -> None:
+        counts = self.config.recompute_layers
+        if counts is not None:
+            derived = self.config.layer_recompute(sum(self.config.stage_layers or ()))
+            if self.block_recompute is not None and tuple(self.block_recompute) != derived:
+                raise PlanError(
+                    f"block_recompute disagrees with the config's recompute_layers="
+                    f"{'/'.join(map(str, counts))} (the first k layers of each stage run "
+                    f"{self.config.recompute!r}, the others none)")
+            object.__setattr__(self, "block_recompute", derived)
         if self.block_recompute is None:
             return
         policies = tuple(self.block_recompute)

@@ -43,6 +43,9 @@ FEATURES: dict[str, tuple[str, str, str]] = {
                        "torch.distributed.pipelining's reworked stage set-up (_StageMeta) "
                        "under which ScheduleZBVZeroBubble runs (schedule zbv; torch 2.13 — on "
                        "2.11 its stages' set-up fails on gloo ranks)"),
+    "pipelining_dualpipev": ("torch.distributed.pipelining", "ScheduleDualPipeV",
+                             "torch.distributed.pipelining's ScheduleDualPipeV (schedule "
+                             "dualpipev; it runs on the same V stage set-up as zbv)"),
 }
 
 

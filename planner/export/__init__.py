@@ -75,6 +75,8 @@ def export_plan(plan: Plan, target: str, *, torchtitan_version: str | None = Non
             raise ExportError(f"--torchtitan-version applies to --to torchtitan, not {name}")
         text, own, changes = fmt.export(config)
     notes += own
+    if plan.config.recompute_layers is not None:   # every export recomputes every layer
+        changes = {"recompute_layers": None, **changes}
     if changes and price:
         from fxplan.export.pricing import price_changes
 

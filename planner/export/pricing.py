@@ -45,6 +45,8 @@ def describe_changes(changes: Mapping[str, Any]) -> str:
             value = "on" if value else "off"
         elif key == "stage_layers":
             value = "even" if value is None else "/".join(map(str, value))
+        elif key == "recompute_layers":
+            value = "every layer" if value is None else "/".join(map(str, value))
         parts.append(f"{names.get(key, key)}={value}")
     return ", ".join(parts)
 

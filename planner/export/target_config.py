@@ -32,13 +32,14 @@ __all__ = ["TargetConfig", "plan_dtype", "without_zero_bubble"]
 def without_zero_bubble(target: "TargetConfig", framework: str, notes: list[str],
                         changes: dict[str, Any]) -> str | None:
     """The schedule a framework without zero-bubble schedules runs instead of the plan's
-    ``zb:v``/``zbv`` (``1f1b`` for ``v = 1``, else ``interleaved:v`` over the same chunks in
-    the loop placement), with a note and the change priced; ``None`` for any other schedule."""
+    ``zb:v``/``zbv``/``dualpipev`` (``1f1b`` for ``v = 1``, else ``interleaved:v`` over the same
+    chunks in the loop placement), with a note and the change priced; ``None`` for any other
+    schedule."""
     text = target.schedule or "1f1b"
     kind, _, chunks = text.partition(":")
-    if kind not in ("zb", "zbv"):
+    if kind not in ("zb", "zbv", "dualpipev"):
         return None
-    v = 2 if kind == "zbv" else int(chunks or 1)
+    v = 2 if kind in ("zbv", "dualpipev") else int(chunks or 1)
     schedule = Schedule("interleaved", v) if v > 1 else Schedule("1f1b")
     changes["schedule"] = schedule
     notes.append(f"approximated: {framework} has no zero-bubble schedule; the plan's {text} "

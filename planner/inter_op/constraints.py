@@ -8,8 +8,11 @@ collection (list, tuple, set, frozenset) of values. Allowed keys and values:
 ``microbatch_size``     positive integers
 ``schedule``            ``1f1b``, ``gpipe``, ``interleaved:v`` (``v`` in
                         :data:`fxplan.inter_op.space.INTERLEAVE_CHUNKS`), ``zb``,
-                        ``zb:v`` (:data:`~fxplan.inter_op.space.ZERO_BUBBLE_CHUNKS`), ``zbv``
-``recompute``           ``none``, ``selective``, ``full``
+                        ``zb:v`` (:data:`~fxplan.inter_op.space.ZERO_BUBBLE_CHUNKS`), ``zbv``,
+                        ``dualpipev``
+``recompute``           ``none``, ``selective``, ``full`` (naming it fixes the policy of
+                        every layer; unnamed, the search recomputes as few layers of
+                        each stage as memory needs, :mod:`fxplan.inter_op.driver`)
 ``sequence_parallel``   ``True``, ``False``
 ``zero_stage``          ``0``–``3``
 ``offload``             ``none``, ``optimizer``, ``optimizer+params``
@@ -55,7 +58,7 @@ class ConstraintError(UserError, ValueError):
 def _schedule_names() -> list[str]:
     """The schedules a constraint may name: those the search offers (:mod:`.space`)."""
     return (["1f1b", "gpipe"] + [f"interleaved:{v}" for v in INTERLEAVE_CHUNKS]
-            + [str(Schedule("zb", v)) for v in ZERO_BUBBLE_CHUNKS] + ["zbv"])
+            + [str(Schedule("zb", v)) for v in ZERO_BUBBLE_CHUNKS] + ["zbv", "dualpipev"])
 
 
 def allowed_values(world: int) -> dict[str, str]:

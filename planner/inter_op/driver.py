@@ -23,7 +23,10 @@ priced and checked on its own group; the bounds take the mean free memory, the f
    is skipped unpriced (:func:`.bounds.pipeline_lower_bound`: ``T̂`` is never below it).
 4. Per candidate and rung: the partition DP under the memory cap (:mod:`.partition`), the
    per-rank memory by the estimate's own formula (:mod:`.stage_memory`), and the closed form
-   ``T̂`` (:mod:`.surrogate`); the cheapest kept (ties → the lower rung). No "lowest ZeRO
+   ``T̂`` (:mod:`.surrogate`); the cheapest kept (ties → the lower rung). Unless the
+   constraints name ``recompute``, a candidate's policy runs on as few layers of each stage
+   as memory needs, chosen with the split (:meth:`.stage_split.StageSplits.fit_recompute`;
+   its bounds are then those without recompute, the least it may cost). No "lowest ZeRO
    stage that fits" rule: a higher stage moves more bytes but may shrink the optimizer step,
    the gradient sync or the memory that forces recompute; only the model can weigh them.
 5. Placements ``π``: one intra-op solve per distinct tp of the ``K`` best (:mod:`.placements`).
@@ -80,6 +83,9 @@ log = logging.getLogger("fxplan.planner")
 
 #: ``K``: candidates priced by the step simulator.
 DEFAULT_FINALISTS = 8
+#: Rounds of ``K`` finalists put to the runtime's check (step 7): when it refuses every one of
+#: a round, the next ``K`` candidates by ``T̂`` are priced and checked, up to this many rounds.
+RUNTIME_ROUNDS = 4
 
 @dataclass
 class _Scored:
@@ -116,6 +122,8 @@ class _Search:
         self.short_cps: set[int] = set()      # cp > 1 left out for too few tokens per rank
         self.mem = DeviceMemory.of(cluster.device(0), headroom)
         self.pruned: list[Reason] = []
+        # the configurations rank returned already: a later round (step 7) ranks the others
+        self.ranked_before: set[ParallelConfig] = set()
         self.fallbacks: list[str] = []
         self.splits = StageSplits(cluster)    # the partition DP's answers, memoized
         self.devices = StageDeviceTable(cluster, headroom)
@@ -132,6 +140,10 @@ class _Search:
         # Offload rungs join the search in a second pass when nothing fits without them
         # (run_search), or from the start when the constraints leave no other choice.
         self.rungs = MemoryRungs(self.constraints, cluster)
+        # the recomputed layers chosen per stage (stage_split.fit_recompute) unless the
+        # constraints fix the policy of every layer
+        self.per_stage = "recompute" not in self.constraints and self.profile.num_layers > 0
+        self._estimates: dict[ParallelConfig, float] = {}   # T̂ of placed candidates
 
     def offload_pass(self) -> bool:
         """Start the second pass, with the offload rungs, when the first found nothing that
@@ -205,7 +217,23 @@ class _Search:
         """``c`` with the stage split that fits (:mod:`fxplan.inter_op.stage_split`), or
         ``None``."""
         prof, profs, devs = self._profiles(c)
-        return self.splits.fit(c, prof, profs, self._memory(devs), self.mem)
+        if not self.per_stage or c.recompute == "none":
+            return self.splits.fit(c, prof, profs, self._memory(devs), self.mem)
+        none, nones, _ = self._profiles(c.replace(recompute="none"))
+        fitting = self.splits.fit_recompute(c, prof, profs, none, nones, self._memory(devs),
+                                            self.mem, self.profile.of)
+        # the cheapest by T̂ (the split's DP balances the slowest stage, not the step)
+        return min(fitting, key=self._estimate, default=None)
+
+    def _estimate(self, placed: ParallelConfig) -> float:
+        """``T̂`` of a placed candidate (:func:`fxplan.inter_op.surrogate.surrogate_step_s`),
+        each layer priced under its own recompute policy (memoized: step 4 prices the
+        variants of a candidate, then scores the one it keeps)."""
+        hit = self._estimates.get(placed)
+        if hit is None:
+            prof, profs, _ = self._profiles(placed)
+            hit = self._estimates[placed] = surrogate_step_s(placed, prof, self.cluster, profs)
+        return hit
 
     def rank(self, fams: dict[Family, int]) -> list[_Scored]:
         """Steps 3–4: the ``K`` best candidates by ``T̂``."""
@@ -215,16 +243,22 @@ class _Search:
         groups = (None,) if uniform else self.cluster.device_groups
         # the constraints other than the memory rung's (zero stage, offload): the same for all
         unsettled = {k: v for k, v in self.constraints.items() if k not in _RUNG_KEYS}
+        # the bounds' work: without recompute where a candidate may recompute fewer layers
+        # than all (step 4), else the candidate's own policy
+        floor = "none" if self.per_stage else None
         for fam, (zmin, off) in fams.items():
             for c in self._options(fam):
                 c = c.replace(zero_stage=zmin, offload=off)
                 if allowed(c, unsettled):
-                    lb = min(time_lower_bound(c, prof.of(c, g)) for g in groups)
+                    lb = min(time_lower_bound(c, prof.of(c, g, floor)) for g in groups)
                     # the pipeline bound (bounds.py) holds on one kind of device only
-                    piped = pipeline_lower_bound(c, prof.of(c)) if uniform else 0.0
+                    piped = pipeline_lower_bound(c, prof.of(c, None, floor)) if uniform else 0.0
                     queue.append((lb, len(queue), c, piped))
         queue.sort(key=lambda item: item[:2])
         best: list[tuple[float, int, _Scored]] = []   # max-heap of the K best by T̂ (negated)
+        # two policies chosen per stage may both find that no layer needs recompute: one
+        # configuration, ranked once
+        scored_configs: set[ParallelConfig] = set()
         skipped = 0
         with progress_bar(len(queue), "inter-op search", self.progress) as bar:
             for index, (lb, _, c, piped) in enumerate(queue):
@@ -248,8 +282,10 @@ class _Search:
                 self.visited += 1
                 bar.advance()
                 scored = self._score(c)
-                if scored is None:
+                if scored is None or scored.config in scored_configs \
+                        or scored.config in self.ranked_before:
                     continue
+                scored_configs.add(scored.config)
                 item = (-scored.surrogate_s, index, scored)
                 if len(best) < self.K:
                     heapq.heappush(best, item)
@@ -261,7 +297,16 @@ class _Search:
                 f"{self.K}-th best estimate at their turn", TIME_BOUND))
             self.stopped = self.stopped or (
                 "their pipeline lower bound exceeded the best estimates found")
-        return [s for _, _, s in sorted(best, key=lambda t: -t[0])]
+        ranked = [s for _, _, s in sorted(best, key=lambda t: -t[0])]
+        self.ranked_before.update(s.config for s in ranked)
+        return ranked
+
+    def next_round(self, fams: dict[Family, int]) -> list[_Scored]:
+        """Step 7's next round: the ``K`` best candidates by ``T̂`` not ranked before (every
+        finalist of the last round was refused by the runtime); the time bound's reasons are
+        those of this ranking."""
+        self.pruned = [r for r in self.pruned if r.kind != TIME_BOUND]
+        return self.rank(fams)
 
     def possible_cps(self, dp: int) -> tuple[int, ...]:
         """:func:`fxplan.inter_op.context_bound.possible_cps` of a family with ``dp``
@@ -286,7 +331,8 @@ class _Search:
         prof = self.profile
         cps = self.cps_of.get(fam) or self.possible_cps(fam.dp)
         for c in options(fam, batch=self.batch, layers=prof.num_layers, seq=prof.segments.seq,
-                         eps=ep_degrees(fam.dp, self.experts, self.constraints), cps=cps):
+                         eps=ep_degrees(fam.dp, self.experts, self.constraints), cps=cps,
+                         per_stage_recompute=self.per_stage):
             for fp8 in self.fp8_choices:
                 yield c.replace(fp8=fp8) if fp8 else c
 
@@ -302,8 +348,7 @@ class _Search:
                 break                     # offload only where no on-device rung fits
             placed = self._partition(c.replace(zero_stage=zero, offload=off))
             if placed is not None:
-                prof, profs, _ = self._profiles(c)
-                scored = _Scored(placed, surrogate_step_s(placed, prof, self.cluster, profs))
+                scored = _Scored(placed, self._estimate(placed))
                 if best is None or scored.surrogate_s < best.surrogate_s:
                     best = scored
         if best is not None:
@@ -417,8 +462,11 @@ def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str
     """Steps 1–6 on a captured graph (the public wrapper is :func:`fxplan.inter_op.search`).
     ``runnable``: step 7, the runtime's check of each finalist, best first; the first it
     accepts is the plan, the ones it refuses are pruned with its reason (kind
-    :data:`~fxplan.inter_op.reasons.RUNTIME`), and when it refuses all the search fails
-    saying why."""
+    :data:`~fxplan.inter_op.reasons.RUNTIME`). When it refuses every finalist, the next ``K``
+    candidates by ``T̂`` (those not ranked before) are priced and checked, for up to
+    :data:`RUNTIME_ROUNDS` rounds in all — the fastest plans may all share what the runtime
+    cannot run (pp > 1 for a model whose forward cannot be cut) while slower ones run —; when
+    it refuses all of them the search fails saying why."""
     budget = Budget(time_budget_s)
     state = _Search(graph, cluster, batch, constraints, finalists, timer, budget, progress,
                     memory_headroom)
@@ -448,15 +496,30 @@ def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str
                           visited=state.visited)
 
     refused: list[Reason] = []
-    for k, candidate in enumerate(done):
-        plan = plan_of(k, [*state.pruned, *refused])
-        if runnable is None:
-            return plan
-        with timer("runtime check"):
-            why = runnable(plan)
-        if why is None:
-            return plan
-        refused.append(Reason(f"{candidate.config.summary()}: {why}", RUNTIME,
-                              config=candidate.config.to_string()))
+    checked: set[ParallelConfig] = set()   # a later round's candidate may price as an earlier
+    for round_ in range(RUNTIME_ROUNDS):
+        for k, candidate in enumerate(done):
+            if candidate.config in checked:
+                continue
+            checked.add(candidate.config)
+            plan = plan_of(k, [*state.pruned, *refused])
+            if runnable is None:
+                return plan
+            with timer("runtime check"):
+                why = runnable(plan)
+            if why is None:
+                return plan
+            refused.append(Reason(f"{candidate.config.summary()}: {why}", RUNTIME,
+                                  config=candidate.config.to_string()))
+        if round_ + 1 == RUNTIME_ROUNDS or budget.expired():
+            break
+        with timer("inter-op"):
+            ranked = state.next_round(fams)
+        if not ranked:
+            break
+        with timer("intra-op"):
+            state.solve_placements(ranked)
+        with timer("simulate"):
+            done = state.finalists(ranked)
     raise NoRunnablePlan(model, refused)
 

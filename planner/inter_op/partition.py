@@ -29,16 +29,41 @@ layers placed, and stage ``j`` with ``n_j`` layers costs ``e_j + n_j·t_j`` and 
 ``T``: binary search), then surplus layers are taken off the fullest stages
 (:func:`_uniform_partition`, ``O(S·L)``, same answer as the DP). ``∞`` means no split fits; the pruning
 message then quotes the memory of the most even split (:func:`balanced_counts`).
+
+**Recompute chosen per stage** (:func:`partition_recompute`). Stage ``j`` may recompute its
+first ``q_j`` layers under a policy ``ρ`` and keep the others whole: layer ``i`` then costs
+``t^0_i`` and keeps ``a^0_i`` per microbatch, or ``t^ρ_i = t^0_i + δt_i`` and
+``a^ρ_i = a^0_i − δa_i``; a stage that recomputes anything also holds ``ρ``'s working set,
+``c^ρ_j = c^0_j + Δc_j``. For the span ``[k, i)`` with ``M^0_j(k, i)`` its bytes without
+recompute, the fewest layers that make it fit are
+
+    q_j(k, i) = 0                                                  if M^0_j(k, i) ≤ cap_j
+              = min { q ≥ 1 : n_j·(P_δa[k+q] − P_δa[k]) ≥ M^0_j(k, i) + Δc_j − cap_j }
+    T_j(k, i) = e_j + P_{t0}[i] − P_{t0}[k] + P_δt[k+q] − P_δt[k]     (∞ when q > i − k)
+
+(a binary search in the prefix sums ``P_δa``), and the same DP over prefixes runs on these
+``T_j``: the split and each stage's recompute are chosen together, so an early 1F1B stage,
+holding ``p − j`` microbatches in flight, recomputes more layers than a late one (Mist,
+EuroSys'25). For identical layers it is closed form: stage ``j`` with ``n`` layers needs
+
+    q_j(n) = 0                                             if c^0_j + n·(ψ + n_j·a^0) ≤ cap_j
+           = ⌈(c^0_j + Δc_j + n·(ψ + n_j·a^0) − cap_j) / (n_j·δa)⌉   else (fits while ≤ n)
+    T_j(n) = e_j + n·t^0_j + q_j(n)·δt_j
+
+both non-decreasing in ``n``, so the bottleneck search of the identical case applies to the
+table ``T_j(n)`` (``O(S·L)`` per probe). ``q ≡ 0`` is the split without recompute and
+``q_j = n_j`` everywhere the split with ``ρ`` on every layer: the answer is never slower than
+either (under the same linearised memory).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Partition", "partition_layers", "balanced_counts"]
+__all__ = ["Partition", "partition_layers", "partition_recompute", "balanced_counts"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +74,8 @@ class Partition:
     bottleneck_s: float
     stage_time_s: tuple[float, ...]
     stage_bytes: tuple[float, ...]
+    #: layers each stage recomputes (:func:`partition_recompute`); ``None``: as priced
+    recomputed: tuple[int, ...] | None = None
 
     @property
     def bounds(self) -> tuple[tuple[int, int], ...]:
@@ -133,6 +160,14 @@ def _uniform_partition(t: np.ndarray, psi: float, a: float, extra: np.ndarray, f
         return np.minimum(nu, by_time)
 
     values = np.unique((extra[:, None] + t[:, None] * np.arange(1, L + 1)[None, :]).ravel())
+    return _bottleneck(values, take, lambda n: extra + n * t, L)
+
+
+def _bottleneck(values: np.ndarray, take: Callable[[float], np.ndarray],
+                cost: Callable[[np.ndarray], np.ndarray], L: int) -> list[int] | None:
+    """The smallest ``T`` of the sorted ``values`` at which the stages can take ``L`` layers
+    (``take(T)``: each stage's most layers with time ``≤ T``; monotone in ``T``), then the
+    surplus taken off the stages of largest ``cost(n)``, one layer at a time."""
     lo, hi = 0, len(values) - 1
     while lo < hi:
         mid = (lo + hi) // 2
@@ -141,13 +176,131 @@ def _uniform_partition(t: np.ndarray, psi: float, a: float, extra: np.ndarray, f
             hi = mid
         else:
             lo = mid + 1
+    if not len(values):
+        return None
     n = take(values[lo]).astype(int)
     if (n < 1).any() or n.sum() < L:
         return None
     for _ in range(int(n.sum()) - L):
-        j = int(np.argmax(np.where(n > 1, extra + n * t, -np.inf)))
+        j = int(np.argmax(np.where(n > 1, cost(n), -np.inf)))
         n[j] -= 1
     return [int(x) for x in n]
+
+
+def partition_recompute(time: np.ndarray, time_r: np.ndarray, state: Sequence[float],
+                        acts: Sequence[float], acts_r: Sequence[float],
+                        extra_time: Sequence[float], fixed_bytes: Sequence[float],
+                        fixed_r: Sequence[float], inflight: Sequence[float],
+                        cap: float | Sequence[float]) -> Partition | None:
+    """The split and the layers each stage recomputes (module docstring, "Recompute chosen
+    per stage"), or ``None`` when nothing fits even with every layer recomputed.
+
+    ``time``/``acts``/``fixed_bytes``: the layers and stages without recompute; ``time_r``,
+    ``acts_r``, ``fixed_r``: the same under the policy ``ρ`` (``fixed_r − fixed_bytes`` is
+    ``ρ``'s working set); shapes as :func:`partition_layers`'s."""
+    S, L = len(extra_time), np.shape(time)[-1]
+    if S > L or S < 1:
+        return None
+    T0, Tr = _per_stage(time, S, L), _per_stage(time_r, S, L)
+    caps = _per_stage(cap, S, None)
+    extra, fixed0, n_in = (np.asarray(x, dtype=float) for x in (extra_time, fixed_bytes,
+                                                                 inflight))
+    dfixed = np.asarray(fixed_r, dtype=float) - fixed0
+    psi = np.asarray(state, dtype=float)
+    a0 = np.asarray(acts, dtype=float)
+    da = np.maximum(0.0, a0 - np.asarray(acts_r, dtype=float))
+    dT = Tr - T0
+    if np.ptp(T0, axis=1).max() == 0 and np.ptp(dT, axis=1).max() == 0 and all(
+            np.ptp(x) == 0 for x in (psi, a0, da)):
+        table, need = _recompute_table(T0[:, 0], dT[:, 0], float(psi[0]), float(a0[0]),
+                                       float(da[0]), extra, fixed0, dfixed, n_in, caps, L)
+        finite = table[np.isfinite(table)]
+        rows = np.arange(S)
+
+        def take(T: float) -> np.ndarray:
+            return (table[:, 1:] <= T).sum(axis=1)
+
+        counts = _bottleneck(np.unique(finite), take, lambda n: table[rows, n], L)
+        if counts is None:
+            return None
+        q = [int(need[j, n]) for j, n in enumerate(counts)]
+    else:
+        found = _recompute_dp(T0, dT, psi, a0, da, extra, fixed0, dfixed, n_in, caps, S, L)
+        if found is None:
+            return None
+        counts, q = found
+    edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    Pt0 = np.concatenate([np.zeros((S, 1)), np.cumsum(T0, axis=1)], axis=1)
+    PdT = np.concatenate([np.zeros((S, 1)), np.cumsum(dT, axis=1)], axis=1)
+    Ppsi, Pa, Pda = _prefix(psi), _prefix(a0), _prefix(da)
+    times, mems = [], []
+    for j, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+        times.append(float(extra[j] + Pt0[j, b] - Pt0[j, a] + PdT[j, a + q[j]] - PdT[j, a]))
+        mems.append(float(fixed0[j] + (dfixed[j] if q[j] else 0.0) + Ppsi[b] - Ppsi[a]
+                          + n_in[j] * (Pa[b] - Pa[a] - (Pda[a + q[j]] - Pda[a]))))
+    return Partition(tuple(int(n) for n in counts), max(times), tuple(times), tuple(mems),
+                     tuple(q))
+
+
+def _recompute_table(t0: np.ndarray, dt: np.ndarray, psi: float, a0: float, da: float,
+                     extra: np.ndarray, fixed0: np.ndarray, dfixed: np.ndarray,
+                     inflight: np.ndarray, cap: np.ndarray, L: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Identical layers: ``T_j(n)`` and ``q_j(n)`` for ``n = 0 … L`` (``(S, L+1)`` each; ``∞``
+    where stage ``j`` cannot hold ``n`` layers, and at ``n = 0``)."""
+    n = np.arange(L + 1, dtype=float)[None, :]
+    bare = fixed0[:, None] + n * (psi + inflight[:, None] * a0)
+    saving = inflight[:, None] * da
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need = np.where(bare <= cap[:, None], 0.0,
+                        np.where(saving > 0, np.ceil((bare + dfixed[:, None] - cap[:, None])
+                                                     / np.where(saving > 0, saving, 1.0)),
+                                 np.inf))
+    ok = need <= n
+    ok[:, 0] = False
+    table = np.where(ok, extra[:, None] + n * t0[:, None] + np.where(ok, need, 0.0)
+                     * dt[:, None], np.inf)
+    return table, np.where(ok, need, 0).astype(int)
+
+
+def _recompute_dp(T0: np.ndarray, dT: np.ndarray, psi: np.ndarray, a0: np.ndarray,
+                  da: np.ndarray, extra: np.ndarray, fixed0: np.ndarray, dfixed: np.ndarray,
+                  inflight: np.ndarray, caps: np.ndarray, S: int, L: int
+                  ) -> tuple[list[int], list[int]] | None:
+    """The DP over prefixes with ``T_j(k, i)`` and ``q_j(k, i)`` of the module docstring."""
+    Ppsi, Pa, Pda = _prefix(psi), _prefix(a0), _prefix(da)
+    span_psi = Ppsi[None, :] - Ppsi[:, None]
+    span_a = Pa[None, :] - Pa[:, None]
+    rows = np.arange(L + 1)[:, None]
+    cols = np.arange(L + 1)[None, :]
+    nonempty = cols > rows
+    D = np.full(L + 1, np.inf)
+    D[0] = 0.0
+    choice = np.zeros((S, L + 1), dtype=np.int64)
+    recomputed = np.zeros((S, L + 1), dtype=np.int64)
+    for j in range(S):
+        Pt, Pdt = _prefix(T0[j]), _prefix(dT[j])
+        bare = fixed0[j] + span_psi + inflight[j] * span_a
+        fits = bare <= caps[j]
+        target = Pda[:, None] + (bare + dfixed[j] - caps[j]) / inflight[j]
+        end = np.searchsorted(Pda, target.ravel(), side="left").reshape(target.shape)
+        q = np.where(fits, 0, np.maximum(end - rows, 1))
+        ok = nonempty & (fits | (end <= cols))
+        stop = np.minimum(rows + np.where(ok, q, 0), L)
+        span_t = Pt[None, :] - Pt[:, None] + Pdt[stop] - Pdt[rows] + extra[j]
+        val = np.where(ok, np.maximum(D[:, None], span_t), np.inf)
+        choice[j] = np.argmin(val, axis=0)
+        D = val[choice[j], np.arange(L + 1)]
+        recomputed[j] = np.where(ok, q, 0)[choice[j], np.arange(L + 1)]
+    if not np.isfinite(D[L]):
+        return None
+    counts, q_out, i = [], [], L
+    for j in range(S - 1, -1, -1):
+        k = int(choice[j, i])
+        counts.append(i - k)
+        q_out.append(int(recomputed[j, i]))
+        i = k
+    return counts[::-1], q_out[::-1]
 
 
 def _describe(counts: Sequence[int], time: np.ndarray, state: Sequence[float],

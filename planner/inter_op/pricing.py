@@ -44,7 +44,7 @@ from fxplan.cost_model.step.estimate import Estimate, estimate
 from fxplan.cost_model.memory.breakdown import GIB
 from fxplan.cost_model.memory.headroom import MemoryHeadroom
 from fxplan.core.units import time_unit
-from fxplan.inter_op.placements import IntraOpCache, PlacementChoice, megatron_placements
+from fxplan.inter_op.placements import IntraOpCache, PlacementChoice
 from fxplan.inter_op.progress import Budget
 from fxplan.inter_op.reasons import DUPLICATE, MEMORY, REFUSED, Reason
 from fxplan.inter_op.stage_memory import limit_text
@@ -153,7 +153,7 @@ def price_finalist(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, ba
         except CostModelError as err:
             errors.append(f"intra-op placements: {err}")
     try:
-        default = megatron_placements(graph, c) if solved.priced else solved
+        default = cache.megatron(c) if solved.priced else solved
         est = _estimate(graph, cluster, c, batch, None, memory_headroom)
         options.append(Priced(c, est, default, MEGATRON, ""))
     except CostModelError as err:

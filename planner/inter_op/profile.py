@@ -29,12 +29,15 @@ its K/V all-gather (forward) and reduce-scatter (backward) over the CP group of 
 replica (dp ranks ``0, tp, …, (cp−1)·tp``) join ``c^f_i`` and ``c^b_i``.
 
 Profiles are cached per shape key: the thousands of candidates the search visits share a few
-dozen of them.
+dozen of them. A candidate that recomputes only some layers (``recompute_layers``) reads each
+layer's row from the profile of its own policy (:func:`mixed_profile`): layer ``i`` takes
+``(f, b, c^f, c^b, a, w)`` of policy ``ρ`` where it recomputes and of ``none`` elsewhere
+(``ψ``, ``o`` and ``pre``/``post``, never recomputed, are the same in both).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -50,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.config import ParallelConfig
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["ShapeKey", "SegmentProfile", "ModelProfile"]
+__all__ = ["ShapeKey", "SegmentProfile", "ModelProfile", "mixed_profile"]
 
 #: ``(tp, sequence_parallel, recompute, microbatch, fp8, ep, cp, device group name)``.
 ShapeKey = tuple[int, bool, str, int, bool, int, int, str]
@@ -76,6 +79,8 @@ class SegmentProfile:
     expert_params: np.ndarray | None = None   # ψ^e_i (ep > 1; None: no expert parallelism)
     ep: int = 1
     cp: int = 1
+    tensors: np.ndarray | None = None         # n_i: parameter tensors of each layer
+    end_tensors: tuple[int, int, int] = (0, 0, 0)  # of pre, post, and tied between them
 
     @property
     def layers(self) -> int:
@@ -96,6 +101,17 @@ class SegmentProfile:
         return float(self.params.sum() + self.pre[2] + self.post[2] - self.tied_params)
 
 
+def mixed_profile(none: SegmentProfile, policy: SegmentProfile,
+                  recomputed: np.ndarray) -> SegmentProfile:
+    """The profile of a candidate whose layers ``recomputed`` (a boolean mask over the ``L``
+    layers) run ``policy``'s recompute and the others none (module docstring)."""
+    def pick(name: str) -> np.ndarray:
+        return np.where(recomputed, getattr(policy, name), getattr(none, name))
+
+    return replace(none, fwd=pick("fwd"), bwd=pick("bwd"), tp_fwd=pick("tp_fwd"),
+                   tp_bwd=pick("tp_bwd"), acts=pick("acts"), working=pick("working"))
+
+
 class ModelProfile:
     """The graph's segments priced on ``cluster`` for each shape key (cached)."""
 
@@ -106,6 +122,7 @@ class ModelProfile:
         self.segments = graph_segments(graph)
         self.keys = [key for key, _ in self.segments.layers]
         self._cache: dict[ShapeKey, SegmentProfile] = {}
+        self._mixed: dict[tuple, SegmentProfile] = {}
 
     @property
     def num_layers(self) -> int:
@@ -140,10 +157,25 @@ class ModelProfile:
         return segment_cost(self.graph, key, tp=tp, sequence_parallel=sp, recompute=recompute,
                             microbatch=mb, device=group, fp8=fp8)
 
-    def of(self, c: "ParallelConfig", device: DeviceGroup | None = None) -> SegmentProfile:
-        """The profile of candidate ``c``'s shape key (on ``device``'s group)."""
-        return self.get(c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8,
-                        c.ep, c.cp, device)
+    def of(self, c: "ParallelConfig", device: DeviceGroup | None = None,
+           recompute: str | None = None) -> SegmentProfile:
+        """The profile of candidate ``c``'s shape key (on ``device``'s group); with
+        ``recompute_layers``, each layer's row from its own policy's (:func:`mixed_profile`);
+        ``recompute``: another policy on every layer instead."""
+        prof = self.get(c.tp, c.sequence_parallel, recompute or c.recompute,
+                        c.microbatch_size, c.fp8, c.ep, c.cp, device)
+        if c.recompute_layers is None or recompute is not None:
+            return prof
+        policies = c.layer_recompute(self.num_layers)
+        key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8, c.ep, c.cp,
+               (device or self.device).name, policies)
+        hit = self._mixed.get(key)
+        if hit is None:
+            none = self.get(c.tp, c.sequence_parallel, "none", c.microbatch_size, c.fp8,
+                            c.ep, c.cp, device)
+            hit = self._mixed[key] = mixed_profile(none, prof,
+                                                   np.array([p != "none" for p in policies]))
+        return hit
 
     def _build(self, tp: int, sp: bool, recompute: str, mb: int, fp8: bool, ep: int, cp: int,
                group: DeviceGroup) -> SegmentProfile:
@@ -181,7 +213,11 @@ class ModelProfile:
                       c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp, group),
                       c.param_count, c.activations.saved) for c in ends)
         tied = sum(v for k, v in ends[0].params.items() if k in ends[1].params)
+        tensors = np.array([len(self._segment(k, tp, sp, recompute, mb, fp8, group).params)
+                            for k in self.keys], dtype=float)
+        end_tensors = (len(ends[0].params), len(ends[1].params),
+                       sum(1 for k in ends[0].params if k in ends[1].params))
         return SegmentProfile(*(rows[:, i] for i in range(8)), pre, post, float(tied),
                               (ends[0].activations.working, ends[1].activations.working),
                               (ends[0].output_bytes, ends[1].output_bytes),
-                              rows[:, 8] if ep > 1 else None, ep, cp)
+                              rows[:, 8] if ep > 1 else None, ep, cp, tensors, end_tensors)

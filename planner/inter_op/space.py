@@ -14,10 +14,13 @@ microbatch size ``b`` (a divisor of ``batch/(dp/cp)`` up to :data:`MAX_MICROBATC
 ``m = batch/((dp/cp)·b)``), the schedule (``gpipe``, and ``1f1b`` when ``m ≥ pp``; ``interleaved:v``
 for ``v ∈`` :data:`INTERLEAVE_CHUNKS` when ``m mod pp = 0`` and ``L ≥ pp·v``; no pipeline:
 ``1f1b`` only; with ``dp = 1`` also the zero-bubble ``zb:v`` for ``v ∈``
-:data:`ZERO_BUBBLE_CHUNKS` under the same conditions as ``interleaved:v`` and ``zbv`` when
-``L ≥ 2·pp``, each with recompute ``none`` only — the split backward torch runs, see
-:func:`fxplan.runtime.train.pipeline.zero_bubble_refusal`), recompute
-(:data:`~fxplan.core.config.RECOMPUTE_POLICIES`), sequence parallelism (``tp > 1``,
+:data:`ZERO_BUBBLE_CHUNKS` under the same conditions as ``interleaved:v``, ``zbv`` when
+``L ≥ 2·pp`` and ``dualpipev`` when also ``m ≥ 2·pp``, each with recompute ``none`` only —
+the split backward torch runs, see :func:`fxplan.runtime.train.pipeline.zero_bubble_refusal`), recompute
+(:data:`~fxplan.core.config.RECOMPUTE_POLICIES`; with ``per_stage_recompute`` only
+:data:`PER_STAGE_POLICIES`, each run by the search on as few layers of each stage as memory
+needs, none at all where none need it, :meth:`fxplan.inter_op.stage_split.StageSplits.
+fit_recompute`, so ``none`` is among their answers), sequence parallelism (``tp > 1``,
 ``tp | seq``), the ZeRO stage (0–3; 0 when ``dp = 1``) and, for a mixture of experts, the
 expert-parallel degree ``ep`` (``ep | dp``, ``ep | E``; ``ep > 1`` only with sequence
 parallelism off, the form the runtime runs beside tp) and the context-parallel degree ``cp``
@@ -34,7 +37,8 @@ from typing import Callable, Iterator, Mapping
 from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
 from fxplan.inter_op.reasons import DIVIDE, STAGES, Reason
 
-__all__ = ["Family", "INTERLEAVE_CHUNKS", "MAX_MICROBATCH", "ZERO_BUBBLE_CHUNKS", "context_degrees", "divisors",
+__all__ = ["Family", "INTERLEAVE_CHUNKS", "MAX_MICROBATCH", "PER_STAGE_POLICIES",
+           "ZERO_BUBBLE_CHUNKS", "context_degrees", "divisors",
            "expert_degrees", "families", "options"]
 
 MAX_MICROBATCH = 16
@@ -42,6 +46,8 @@ MAX_MICROBATCH = 16
 INTERLEAVE_CHUNKS = (2, 4)
 #: The ``v`` of the zero-bubble ``zb:v`` the search offers (``zb`` is ZB1P, ``v = 1``).
 ZERO_BUBBLE_CHUNKS = (1, 2)
+#: The policies a candidate carries when the search chooses the recomputed layers per stage.
+PER_STAGE_POLICIES = ("selective", "full")
 
 
 def divisors(n: int) -> list[int]:
@@ -127,17 +133,21 @@ def context_degrees(dp: int, seq: int | None, batch: int) -> tuple[int, ...]:
 
 
 def options(family: Family, *, batch: int, layers: int, seq: int | None,
-            eps: tuple[int, ...] = (1,), cps: tuple[int, ...] = (1,)
-            ) -> Iterator[ParallelConfig]:
+            eps: tuple[int, ...] = (1,), cps: tuple[int, ...] = (1,),
+            per_stage_recompute: bool = False) -> Iterator[ParallelConfig]:
     """Every candidate of ``family`` at ZeRO stage 0 (the search raises the stage as needed),
     for each expert-parallel degree of ``eps`` (:func:`expert_degrees`) and context-parallel
-    degree of ``cps`` (:func:`context_degrees`)."""
+    degree of ``cps`` (:func:`context_degrees`); ``per_stage_recompute``: the policies of
+    :data:`PER_STAGE_POLICIES` (module docstring) on a model with repeated layers."""
+    policies = PER_STAGE_POLICIES if per_stage_recompute and layers else RECOMPUTE_POLICIES
     for cp in cps:
-        yield from _options(family, batch=batch, layers=layers, seq=seq, eps=eps, cp=cp)
+        yield from _options(family, batch=batch, layers=layers, seq=seq, eps=eps, cp=cp,
+                            policies=policies)
 
 
 def _options(family: Family, *, batch: int, layers: int, seq: int | None,
-             eps: tuple[int, ...], cp: int) -> Iterator[ParallelConfig]:
+             eps: tuple[int, ...], cp: int,
+             policies: tuple[str, ...] = RECOMPUTE_POLICIES) -> Iterator[ParallelConfig]:
     tp, pp, dp = family.tp, family.pp, family.dp
     per_replica = batch // (dp // cp)
     sps = [False] + ([True] if tp > 1 and (seq is None or seq % (tp * cp) == 0) else [])
@@ -154,8 +164,10 @@ def _options(family: Family, *, batch: int, layers: int, seq: int | None,
                 schedules += [Schedule("zb", v) for v in ZERO_BUBBLE_CHUNKS
                               if m % pp == 0 and layers >= pp * v]
                 schedules += [Schedule("zbv", 2)] if layers >= 2 * pp else []
+                schedules += ([Schedule("dualpipev", 2)] if layers >= 2 * pp and m >= 2 * pp
+                              else [])
         for schedule in schedules:
-            for recompute in (RECOMPUTE_POLICIES if not schedule.split_backward else ("none",)):
+            for recompute in (policies if not schedule.split_backward else ("none",)):
                 for sp in sps:
                     # sequence parallelism with ep > 1: not in the runtime
                     # (fxplan.runtime.styles.expert_tp), so not offered

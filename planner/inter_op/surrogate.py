@@ -7,18 +7,29 @@ layers ``[k_j, k_{j+1})`` (embedding on ``j = 0``, head on ``j = S−1``), per m
     w_s = Σ_{j on s} u_j                                  (pipeline rank s = j mod p)
 
 with ``p2p_j`` the blocking sends of the chunk's output forward (``j < S−1``) and of its input
-gradient backward (``j > 0``), ``send_recv`` between ranks ``dp·tp`` apart, and ``z_j`` the
+gradient backward (``j > 0``), ``send_recv`` between the first ranks of the pipeline ranks
+holding ``j`` and ``j + 1`` (so a boundary that crosses nodes pays the slower link), and ``z_j`` the
 exposed ZeRO-3 traffic of the chunk's segments, as :mod:`cost_model.step.stage_costs` prices it
 (each segment's weights all-gathered over dp before its forward and its backward, its
-gradients reduce-scattered after, prefetched one segment ahead)::
+gradients reduce-scattered after, prefetched one segment ahead:
+:func:`cost_model.host.host_overhead.zero3_exposed_s`). Over the chunk's segments ``k = 0…n−1``
+(``pre`` first on ``j = 0``, ``post`` last on ``j = S−1``), with ``AG_k = AG(2ψ_k)``,
+``RS_k = RS(2ψ_k)`` and ``ω`` the device's ``comm_overlap``::
 
-    z_j = Σ_{i ∈ j} max(0, AG(2ψ_i) − f_i) + max(0, AG(2ψ_i) + RS(2ψ_i) − b_i)
+    z_j = AG_0 + Σ_{k>0} [(1−ω)·AG_k + max(0, ω·AG_k − f_{k−1})]
+              + AG_{n−1} + RS_0 + Σ_k [(1−ω)·h_k + max(0, ω·h_k − b_k)],
+    h_k = AG_{k−1} [k > 0] + RS_{k+1} [k < n−1]
 
-(``pre``/``post`` likewise on the first/last virtual stage). Then::
+(a layer's gather hides behind the layer before it: a light layer before a heavy one — the
+dense layer before a mixture of experts — leaves the heavy one's gather exposed). ZeRO-2 with
+``m > 1`` reduce-scatters in every backward
+(:func:`cost_model.step.stage_costs.zero2_reduces_per_microbatch`): its ``z_j`` is the same
+with every ``AG_k = 0`` (the blocks stay gathered), and it has no ``exposed_s``. Then::
 
     T̂ = max_s ( m·w_s + (p−1)/v · max_s w_s + exposed_s + post_s + opt_s )
     exposed_s = max(0, Σ_{i on s} AR/RS(2ψ_i) − ω_s·b_s)  gradient buckets behind one backward
     post_s    = AG(2Ψ_s) [zero ∈ {1,2}] + AR(2ψ_tied) [tied weights on the first and last rank]
+                (ZeRO-1 without DTensor parameters: ``n_s`` broadcasts, :func:`_broadcasts`)
     opt_s     = 28·Ψ_s / dp^{[zero ≥ 1]} / memory bandwidth          (offload = none)
               = T_off(Ψ_s, B_s)   (:func:`cost_model.memory.offload.offload_step_s`, ``B_s`` one
                                    microbatch's backward on rank s)        (offload ≠ none)
@@ -34,6 +45,14 @@ gradient instead of one collective per layer (:func:`cost_model.host.host_overhe
 ``m·w_s + (p−1)/v·w_max`` is exact for the uniform 1F1B and interleaved timelines of
 :mod:`cost_model.step.simulator` and close for nearly balanced stages; the simulator, through
 :func:`cost_model.step.estimate.estimate`, re-prices every candidate the search keeps.
+
+Under expert parallelism (``ep > 1``) each layer's local expert parameters ``ψ^e_i``
+(:mod:`fxplan.inter_op.profile`) are synced as the step simulator syncs them: ``AR/RS``, ``AG``
+(ZeRO-1/2's gather and ZeRO-3's ``z_j``) of ``2(ψ_i − ψ^e_i)`` over the dp ranks plus those of
+``2ψ^e_i`` over the expert-data-parallel group (every ``ep``-th dp rank), with ``tp > 1`` an
+all-reduce of ``2ψ^e_i`` over the tp group besides, and the optimizer steps
+``(Ψ_s − Ψ^e_s)/dp + Ψ^e_s·ep/dp`` parameters under ZeRO ≥ 1 (the experts' states are sharded
+over their ``dp/ep`` replicas only).
 """
 
 from __future__ import annotations
@@ -47,6 +66,7 @@ from fxplan.cost_model.comm.collectives import collective_time_s
 from fxplan.cost_model.host.host_overhead import ddp_buckets
 from fxplan.cost_model.memory.breakdown import ADAM_MIXED
 from fxplan.cost_model.memory.offload import offload_segment_s, offload_step_s
+from fxplan.cost_model.step.stage_costs import zero1_broadcasts, zero2_reduces_per_microbatch
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig
 
@@ -76,6 +96,23 @@ def _per_layer(kind: str, params: np.ndarray, ranks: tuple[int, ...],
     return np.array([_coll(kind, 2.0 * float(x), ranks, cluster) for x in values])[inverse]
 
 
+def _experts(prof: SegmentProfile) -> np.ndarray:
+    """``ψ^e_i``: each layer's local expert parameters (zero without expert parallelism)."""
+    return prof.expert_params if prof.expert_params is not None else np.zeros_like(prof.params)
+
+
+def _split_per_layer(kind: str, prof: SegmentProfile, dp_ranks: tuple[int, ...],
+                     cluster: Cluster) -> np.ndarray:
+    """``kind`` of each layer's ``2ψ_i`` bytes as the runtime syncs them: the experts'
+    ``ψ^e_i`` over their expert-data-parallel group (every ``ep``-th dp rank,
+    :func:`~cost_model.parallel.expert_parallel.ep_groups`), the rest over all dp ranks."""
+    experts = _experts(prof)
+    out = _per_layer(kind, prof.params - experts, dp_ranks, cluster)
+    if experts.any():
+        out = out + _per_layer(kind, experts, dp_ranks[::prof.ep], cluster)
+    return out
+
+
 def _spans(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """``Σ_{i ∈ j} values_i`` for every virtual stage ``j`` (``edges``: its layer bounds)."""
     P = np.concatenate([[0.0], np.cumsum(values)])
@@ -85,21 +122,66 @@ def _spans(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
 def _zero3_exposed(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray,
                    dp_ranks: tuple[int, ...], cluster: Cluster) -> np.ndarray:
     """``z_j`` of every virtual stage (module docstring), seconds per microbatch (priced with
-    rank 0's profile on a heterogeneous cluster)."""
-    gather = _per_layer("all_gather", prof.params, dp_ranks, cluster)
-    scatter = _per_layer("reduce_scatter", prof.params, dp_ranks, cluster)
+    rank 0's profile on a heterogeneous cluster): ZeRO-3's exposed gathers and
+    reduce-scatters of the chunk's segments ``pre?, layers, post?`` as
+    :func:`cost_model.host.host_overhead.zero3_exposed_s` prices them — each gather prefetched
+    behind the previous segment's compute, the chunk's first gather and its backward's first
+    gather and last reduce-scatter exposed — with every segment's terms at once."""
+    S, L = len(edges) - 1, len(prof.params)
+    gather = _split_per_layer("all_gather", prof, dp_ranks, cluster)
+    scatter = _split_per_layer("reduce_scatter", prof, dp_ranks, cluster)
+    psi = np.concatenate([[prof.pre[2]], prof.params, [prof.post[2]]])
+    ends = [(_coll("all_gather", 2.0 * float(x), dp_ranks, cluster),
+             _coll("reduce_scatter", 2.0 * float(x), dp_ranks, cluster))
+            for x in (prof.pre[2], prof.post[2])]
+    ag = np.concatenate([[ends[0][0]], gather, [ends[1][0]]])
+    rs = np.concatenate([[ends[0][1]], scatter, [ends[1][1]]])
     if c.offload == "optimizer+params":
-        copy = np.array([offload_segment_s(c, float(x), cluster.device(0))[0]
-                         for x in prof.params])
-        gather, scatter = gather + copy, scatter + copy
-    z = (np.maximum(0.0, gather - prof.fwd)
-         + np.maximum(0.0, gather + scatter - prof.bwd))
-    out = _spans(z, edges)
-    for j, (f, b, psi) in ((0, prof.pre[:3]), (-1, prof.post[:3])):
-        copy = offload_segment_s(c, float(psi), cluster.device(0))[0]
-        ag = _coll("all_gather", 2.0 * float(psi), dp_ranks, cluster) + copy
-        rs = _coll("reduce_scatter", 2.0 * float(psi), dp_ranks, cluster) + copy
-        out[j] += max(0.0, ag - f) + max(0.0, ag + rs - b)
+        copy = np.array([offload_segment_s(c, float(x), cluster.device(0))[0] for x in psi])
+        ag, rs = ag + copy, rs + copy
+    if c.zero_stage != 3:   # ZeRO-2 reducing in every backward: its blocks stay gathered
+        ag = np.zeros_like(ag)
+    f = np.concatenate([[prof.pre[0]], prof.fwd, [prof.post[0]]])
+    b = np.concatenate([[prof.pre[1]], prof.bwd, [prof.post[1]]])
+    # segment i of L + 2 (pre, layers, post); chunk j runs segments starts[j] … lasts[j]
+    starts = np.concatenate([[0], edges[1:-1] + 1]).astype(int)
+    lasts = np.concatenate([edges[1:-1], [L + 1]]).astype(int)
+    chunk = np.repeat(np.arange(S), lasts - starts + 1)
+    first = np.zeros(L + 2, dtype=bool)
+    first[starts] = True
+    last = np.zeros(L + 2, dtype=bool)
+    last[lasts] = True
+    omega = np.array([cluster.device((j % c.pp) * c.dp * c.tp).comm_overlap
+                      for j in range(S)])[chunk]
+    prev_f = np.concatenate([[0.0], f[:-1]])
+    fwd = np.where(first, ag, (1 - omega) * ag + np.maximum(0.0, omega * ag - prev_f))
+    hidden = (np.where(first, 0.0, np.concatenate([[0.0], ag[:-1]]))
+              + np.where(last, 0.0, np.concatenate([rs[1:], [0.0]])))
+    bwd = (1 - omega) * hidden + np.maximum(0.0, omega * hidden - b)
+    return np.add.reduceat(fwd + bwd, starts) + ag[lasts] + rs[starts]
+
+
+def _broadcasts(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray, stage: np.ndarray,
+                psi_s: np.ndarray, dp_ranks: tuple[int, ...], cluster: Cluster) -> np.ndarray:
+    """ZeRO-1 without DTensor parameters (:func:`cost_model.step.stage_costs.zero1_broadcasts`):
+    ``ZeroRedundancyOptimizer`` broadcasts each of the stage's ``n_s`` parameter tensors from
+    its owner, issued async and waited once (``async_batch_s``). For an affine collective
+    time ``t(x) = λ + x/β`` the batch costs ``Σ_i t(2ψ_i) = t(2Ψ_s) + (n_s − 1)·λ``, or with
+    a host that queues each further collective at ``q`` seconds, ``t(2Ψ_s) + (n_s − 1)·q``;
+    ``λ`` is the broadcast of one byte."""
+    counts = np.concatenate([[0.0], np.cumsum(prof.tensors)])
+    n = np.bincount(stage, weights=counts[edges[1:]] - counts[edges[:-1]], minlength=c.pp)
+    pre, post, tied = prof.end_tensors
+    n[0] += pre
+    n[stage[-1]] += post - (tied if c.pp == 1 else 0)
+    out = np.zeros(c.pp)
+    for s in range(c.pp):
+        device = cluster.device(s * c.dp * c.tp)
+        each = (device.host.queued_collective_us * 1e-6 if device.host
+                and device.host.queued_collective_us > 0
+                else _coll("broadcast", 1.0, dp_ranks, cluster))
+        out[s] = _coll("broadcast", 2.0 * float(psi_s[s]), dp_ranks, cluster) \
+            + max(0.0, n[s] - 1) * each
     return out
 
 
@@ -129,27 +211,36 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
     psi[0] += prof.pre[2]
     psi[-1] += prof.post[2] - (prof.tied_params if p == 1 else 0.0)
     if p > 1:
-        pair = (0, c.dp * c.tp)
         out = prof.out_bytes[edges[1:] - 1] / (1 if c.sequence_parallel else c.tp)
-        u[:-1] += [_coll("send_recv", float(x), pair, cluster) for x in out[:-1]]
-        u[1:] += [_coll("send_recv", float(x), pair, cluster) for x in out[:-1]]
-    if c.zero_stage == 3 and c.dp > 1:
+        first_rank = [c.schedule.placement(j, p)[0] * c.dp * c.tp for j in range(S)]
+        sends = [_coll("send_recv", float(x), (first_rank[j], first_rank[j + 1]), cluster)
+                 if first_rank[j] != first_rank[j + 1] else 0.0   # the turn of a V
+                 for j, x in enumerate(out[:-1])]
+        u[:-1] += sends
+        u[1:] += sends
+    per_microbatch = zero2_reduces_per_microbatch(c)
+    if c.zero_stage == 3 and c.dp > 1 or per_microbatch:
         u += _zero3_exposed(c, prof, edges, dp_ranks, cluster)
     w = np.bincount(stage, weights=u, minlength=p)
     b_s = np.bincount(stage, weights=back, minlength=p) / v
     psi_s = np.bincount(stage, weights=psi, minlength=p)
+    experts = _experts(prof)
+    experts_s = np.bincount(stage, weights=_spans(experts, edges), minlength=p)
     exposed = np.zeros(p)
-    if c.dp > 1 and c.zero_stage < 3:
+    if c.dp > 1 and c.zero_stage < 3 and not per_microbatch:
         kind = "all_reduce" if c.zero_stage == 0 else "reduce_scatter"
-        layer_sync = np.concatenate([[0.0], np.cumsum(_per_layer(kind, prof.params, dp_ranks,
-                                                                  cluster))])
+        per_layer = _split_per_layer(kind, prof, dp_ranks, cluster)
+        if experts.any() and c.tp > 1:   # each tp rank's expert copy saw its share of rows
+            per_layer = per_layer + _per_layer("all_reduce", experts, tuple(range(c.tp)),
+                                               cluster)
+        layer_sync = np.concatenate([[0.0], np.cumsum(per_layer)])
         sync = np.bincount(stage, weights=layer_sync[edges[1:]] - layer_sync[edges[:-1]],
                            minlength=p)
         ends = _per_layer(kind, np.array([prof.pre[2], prof.post[2]]), dp_ranks, cluster)
         sync[0] += ends[0]
         sync[stage[-1]] += ends[1]
         cap = cluster.device(0).ddp_bucket_mib
-        if cap > 0 and c.tp == 1 and c.zero_stage <= 1:
+        if cap > 0 and c.tp == 1 and c.zero_stage <= 1 and not experts.any():
             # the runtime's DDP packs the gradients into its own buckets (host_overhead)
             sync = np.array([sum(_coll("all_reduce", nbytes, dp_ranks, cluster)
                                  for _, nbytes in ddp_buckets([(0.0, 2.0 * x)], cap))
@@ -157,8 +248,12 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
         overlap = np.array([cluster.device(s * c.dp * c.tp).comm_overlap for s in range(p)])
         exposed = np.maximum(0.0, sync - overlap * b_s)
     post = np.zeros(p)
-    if c.dp > 1 and c.zero_stage in (1, 2):
-        post += [_coll("all_gather", 2.0 * float(x), dp_ranks, cluster) for x in psi_s]
+    if zero1_broadcasts(c) and prof.tensors is not None:
+        post += _broadcasts(c, prof, edges, stage, psi_s, dp_ranks, cluster)
+    elif c.dp > 1 and c.zero_stage in (1, 2):
+        post += [_coll("all_gather", 2.0 * float(x - e), dp_ranks, cluster)
+                 + (_coll("all_gather", 2.0 * float(e), dp_ranks[::c.ep], cluster) if e else 0.0)
+                 for x, e in zip(psi_s, experts_s)]
     if p > 1 and prof.tied_params > 0:
         tied = _coll("all_reduce", 2.0 * prof.tied_params, (0, (p - 1) * c.dp * c.tp), cluster)
         post[0] += tied
@@ -168,6 +263,9 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
         cluster.device(0).memory_bandwidth_gb_per_s * 1e9
     if c.offload == "none":
         opt = ADAM_MIXED.step_bytes * psi_s / (c.dp if c.zero_stage >= 1 else 1) / bandwidth
+        if experts.any() and c.zero_stage >= 1:   # the experts' states over dp/ep replicas
+            opt = ADAM_MIXED.step_bytes * ((psi_s - experts_s) / c.dp
+                                           + experts_s * c.ep / c.dp) / bandwidth
     else:
         opt = np.array([offload_step_s(c, float(psi_s[s]), float(b_s[s] * v),
                                        cluster.device(s * c.dp * c.tp), ADAM_MIXED)

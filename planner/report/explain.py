@@ -89,7 +89,8 @@ def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[Parallel
     What follows, in order: the degree not given (``dp = N/(tp·pp)``, or ``pp = N/(dp·tp)``
     when ``dp`` is given without ``pp``); the microbatch size (the plan's, else the largest
     divisor of ``batch/dp`` below it) and ``m = batch/(dp·b)``; the schedule (``1f1b`` without
-    a pipeline, ``gpipe`` when ``m < pp``, an interleaved one only when ``m mod pp = 0``); ZeRO
+    a pipeline, ``gpipe`` when ``m < pp``, an interleaved one only when ``m mod pp = 0``,
+    ``dualpipev`` only when ``m ≥ 2·pp``); ZeRO
     0 without data parallelism; sequence parallelism off without tensor parallelism; the
     plan's stage split only when ``pp`` and the schedule stay (else an even split); the plan's
     placements only when ``dp``, ``tp`` and ``sp`` stay (else the default Megatron layout)."""
@@ -144,6 +145,8 @@ def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[Parallel
             schedule = Schedule("1f1b")
         elif schedule.needs_round_microbatches and m % pp:
             schedule = Schedule("1f1b")
+        elif m < schedule.min_microbatches(pp):   # dualpipev: m ≥ 2·pp
+            schedule = Schedule("1f1b")
         elif schedule.split_backward and dp > 1:   # runtime.pipeline.zero_bubble_refusal
             schedule = Schedule("1f1b")
         if schedule.kind == "1f1b" and pp > 1 and m < pp:
@@ -165,10 +168,17 @@ def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[Parallel
         notes.append("sequence parallelism follows: off without tensor parallelism")
     keep_split = pp == base.pp and schedule == base.schedule
     keep_layout = (dp, tp, sp) == (base.dp, base.tp, base.sequence_parallel)
+    recompute = changes.get("recompute", base.recompute)
+    # the plan's recomputed layers per stage hold for its own split and policy only
+    per_stage = changes.get("recompute_layers", base.recompute_layers
+                            if keep_split and "recompute" not in changes else None)
+    if base.recompute_layers is not None and per_stage is None:
+        notes.append(f"the plan's recompute per stage ({base.recompute_text}) is dropped: "
+                     f"every layer runs recompute={recompute}")
     config = base.replace(
         dp=dp, tp=tp, pp=pp, cp=cp, microbatch_size=mb, num_microbatches=m, schedule=schedule,
         zero_stage=zero, offload=offload, fp8=changes.get("fp8", base.fp8),
-        recompute=changes.get("recompute", base.recompute),
+        recompute=recompute, recompute_layers=per_stage,
         sequence_parallel=sp, stage_layers=base.stage_layers if keep_split else None,
         placements=base.placements if keep_layout else None)
     if base.placements is not None and not keep_layout:

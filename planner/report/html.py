@@ -24,7 +24,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from fxplan.report.terminal import capacity_text, context_line, headroom_text, mesh_levels, offload_line
+from fxplan.report.terminal import (capacity_text, context_line, headroom_text, mesh_levels,
+                                    offload_line, recompute_line, stage_recompute)
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -140,7 +141,8 @@ def _summary(plan: Plan, result: Estimate) -> str:
             ("ZeRO stage", plan.zero_stage), ("offload", offload_line(plan) or "none"),
             ("fp8", "on" if plan.config.fp8 else "off"), ("schedule", plan.schedule),
             ("microbatches", f"{plan.num_microbatches} × {plan.microbatch_size} samples"),
-            ("recompute", plan.recompute_summary),
+            ("recompute", plan.recompute_summary + (f" — per stage: {recompute_line(plan)}"
+                                                    if stage_recompute(plan) else "")),
             ("sequence parallel", "on" if plan.sequence_parallel else "off"),
             ("context parallel", context_line(plan) if plan.config.cp > 1 else "off"),
             ("stages (layers)", " / ".join(str(s.num_layers) for s in plan.stages)),

@@ -3,14 +3,16 @@
 :func:`plan_summary` is the flat dictionary ``fxplan plan --json`` prints: ``summary``,
 ``degrees``, ``cp_attention`` (``"allgather"`` with context parallelism, else ``None``),
 ``zero_stage``, ``schedule``, ``microbatch_size``, ``num_microbatches``,
-``recompute``, ``sequence_parallel``, ``step_time_s``, ``tokens_per_s``, ``mfu``,
+``recompute``, ``recompute_per_stage`` (``[recomputed, layers]`` blocks of each stage, or
+``None`` when every block runs the config's policy), ``sequence_parallel``, ``step_time_s``, ``tokens_per_s``, ``mfu``,
 ``peak_memory_gib`` (the heaviest pipeline rank), ``capacity_gib``, ``fits``,
 ``search_time_s``, ``timings``, ``solver_status``, ``runners_up``, ``pruned``, ``fallbacks``.
 
 :func:`render_report` prints the rich report: the summary line, predicted step time,
 tokens/s, the achieved TFLOP/s per device (counting recompute, Megatron's convention) and the
 MFU (model FLOPs only, against the devices' peaks, each device its own), the step's breakdown,
-with context parallelism how the sequence is split and K/V exchanged (:func:`context_line`), memory per pipeline
+with context parallelism how the sequence is split and K/V exchanged (:func:`context_line`), where blocks
+recompute differently the recomputed layers of each stage (:func:`recompute_line`), memory per pipeline
 rank against the capacity with its breakdown (on a heterogeneous cluster the mesh line, the
 capacity and the memory table per device group: :func:`stage_groups`), the top three runners-up with their deltas (one
 row per configuration), the pruning reasons grouped by kind with the near-misses first
@@ -30,7 +32,7 @@ from fxplan.cost_model.memory.headroom import parse_headroom
 from fxplan.report.pruning import group_pruned
 
 __all__ = ["capacity_text", "context_line", "headroom_text", "mesh_levels", "offload_line",
-           "plan_summary",
+           "plan_summary", "recompute_line", "stage_recompute",
            "rate_line", "render_report", "stage_groups", "unique_runners_up"]
 
 #: Pruning reasons printed per kind (closest first); the rest of the kind are counted.
@@ -48,6 +50,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "schedule": str(plan.schedule),
         "microbatch_size": plan.microbatch_size, "num_microbatches": plan.num_microbatches,
         "recompute": plan.recompute_summary, "sequence_parallel": plan.sequence_parallel,
+        "recompute_per_stage": [list(pair) for pair in stage_recompute(plan)] or None,
         "stage_layers": [s.num_layers for s in plan.stages],
         "step_time_s": est.get("step_time_s"), "tokens_per_s": est.get("tokens_per_s"),
         "tflops_per_device": est.get("tflops_per_device"), "mfu": est.get("mfu"),
@@ -260,6 +263,27 @@ def context_line(plan: Plan) -> str:
             f"only for comparison, the runtime runs the all-gather)")
 
 
+def stage_recompute(plan: Plan) -> list[tuple[int, int]]:
+    """``(recomputed, layers)`` blocks of each (virtual) stage, in pipeline order; ``[]`` when
+    every block runs the config's policy or the plan records no stages."""
+    if plan.block_recompute is None or not plan.stages:
+        return []
+    return [(sum(plan.recompute(i) != "none" for i in range(*st.layers)), st.num_layers)
+            for st in plan.stages]
+
+
+def recompute_line(plan: Plan) -> str:
+    """``6/8, 4/8, 2/8, 0/8 layers full``: the recomputed blocks of each (virtual) stage and
+    the policies they run, where blocks recompute differently (``""`` otherwise)."""
+    per_stage = stage_recompute(plan)
+    if not per_stage:
+        return ""
+    policies = sorted({p for p in plan.block_recompute or () if p != "none"},
+                      key=lambda p: ("selective", "full").index(p))
+    return (", ".join(f"{k}/{n}" for k, n in per_stage)
+            + f" layers {' or '.join(policies) or 'none'}, the others none")
+
+
 def render_report(plan: Plan, console: Any = None) -> None:
     """Print the rich report of ``plan`` (module docstring)."""
     console = _console(console)
@@ -271,6 +295,8 @@ def render_report(plan: Plan, console: Any = None) -> None:
     console.print(f"plan            [bold green]{plan.summary}[/bold green]")
     console.print(f"mesh            {levels}; stages (layers) "
                   f"{'/'.join(str(s.num_layers) for s in plan.stages)}")
+    if stage_recompute(plan):
+        console.print(f"recompute       per stage: {recompute_line(plan)}", markup=False)
     console.print(f"step time       {rate_line(est)}")
     parts = " · ".join(f"{k} {seconds(v)}" for k, v in est.get("breakdown", {}).items()
                        if v > 1e-9)

@@ -172,3 +172,13 @@ def test_plan_batch_arguments_refused(capsys):
     assert "both --batch and --batch-tokens" in capsys.readouterr().err
     assert main(["plan", MODEL, "--cluster", "local-cpu:devices=2", "--batch-tokens", "4Q"]) == 2
     assert "--batch-tokens: found '4Q'" in capsys.readouterr().err
+
+
+def test_worker_processes_give_the_rows_of_one_process(kinds, capsys):
+    slow, fast = kinds
+    argv = ["compare", MODEL, "--tokens", "10M", "--clusters", f"{slow},{fast}", "--devices",
+            "2..8", "--batch", str(BATCH), "--json"]
+    one = run_json(capsys, *argv, "--jobs", "1")
+    two = run_json(capsys, *argv, "--jobs", "2")
+    assert one["rows"] and one["rows"] == two["rows"]
+    assert one["unplanned"] == two["unplanned"] and one["seq"] == two["seq"]

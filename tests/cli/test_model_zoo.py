@@ -3,7 +3,11 @@ graph's parameters adding up to the model's), searched on 4 CPU devices under da
 and pipeline parallelism, ZeRO-3 and no constraint, and every plan the search returns trained
 two SGD steps on 4 gloo ranks, its losses equal to one process's (fp32, relative 1e-5, the
 tolerance of the numerics tests). Beside the language models: a timm-style image classifier
-(image in, class scores out, the default loss against class ids), an encoder-decoder user file
+(image in, class scores out, the default loss against class ids), nanoGPT's own
+``forward(idx, targets)`` whose loss (label-smoothed) is not the default (fed the targets and
+trained on the loss it returns, as it is priced), an attention that reshapes by head counts
+stored on the module (``view(b, t, self.n_head, self.head_dim)``, grouped-query; head-parallel
+with the local counts set per rank), an encoder-decoder user file
 (its inputs a dict in another order than its forward's parameters, bound by name at capture and
 at launch, and its own ``loss(outputs, batch)``), Hugging Face T5 (text to text) and ViT (image
 classification). More Hugging Face types (GPT-NeoX, Phi-3, Qwen2, Gemma 2,
@@ -42,6 +46,8 @@ ZOO = {
               "vocab_size=64,max_position_embeddings=32,word_embed_proj_dim=32,dropout=0.0,"
               "attention_dropout=0.0",
     "nanogpt-style": f"{MODELS / 'nanogpt_style.py'}:build",
+    "nanogpt-own-loss": f"{MODELS / 'nanogpt_style.py'}:build_smoothed",
+    "head-count-style": f"{MODELS / 'head_count_style.py'}:build",
     "titan-style": f"{MODELS / 'titan_style.py'}:build",
     "hf-bloom": "hf:bloom:n_layer=2,hidden_size=32,n_head=4,vocab_size=64,hidden_dropout=0.0,"
                 "attention_dropout=0.0",
@@ -54,7 +60,8 @@ ZOO = {
               "hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0",
 }
 #: Models without a sequence length to set: user files fix their own shapes, images have none.
-NO_SEQ = ("timm-style", "seq2seq-style", "nanogpt-style", "titan-style", "hf-vit")
+NO_SEQ = ("timm-style", "seq2seq-style", "nanogpt-style", "nanogpt-own-loss", "head-count-style",
+          "titan-style", "hf-vit")
 _COMMON = "hidden_size=32,num_attention_heads=4,vocab_size=64,max_position_embeddings=32"
 #: More model types, captured and searched (every plan put to the runtime's check on one
 #: process), not launched: CI's time.

@@ -85,7 +85,7 @@ def test_error_is_a_user_error_of_the_cli() -> None:
 
 
 @pytest.mark.parametrize("text,kind,chunks", [("zb", "zb", 1), ("zb:2", "zb", 2),
-                                              ("ZBV", "zbv", 2)])
+                                              ("ZBV", "zbv", 2), ("DualPipeV", "dualpipev", 2)])
 def test_zero_bubble_schedules_parse_and_print(text: str, kind: str, chunks: int) -> None:
     schedule = Schedule.parse(text)
     assert (schedule.kind, schedule.chunks, schedule.split_backward) == (kind, chunks, True)
@@ -100,9 +100,25 @@ def test_zbv_places_its_chunks_in_a_v() -> None:
         (0, 0), (1, 0), (2, 0), (3, 0), (3, 1), (2, 1), (1, 1), (0, 1)]
     assert all(zbv.virtual_stage(*zbv.placement(j, 4), 4) == j for j in range(8))
     assert [loop.placement(j, 4) for j in range(8)] == [(j % 4, j // 4) for j in range(8)]
+    dual = Schedule.parse("dualpipev")
+    assert dual.v_shape and [dual.placement(j, 4) for j in range(8)] == [
+        zbv.placement(j, 4) for j in range(8)]
+
+
+def test_dualpipev_round_trips_and_needs_two_microbatches_per_stage() -> None:
+    """``schedule=dualpipev`` prints as it parses; torch's ScheduleDualPipeV runs at least one
+    microbatch per virtual stage, m ≥ 2·pp, which the check says with the arithmetic."""
+    config = ParallelConfig.parse("dp=1,tp=1,pp=2,mb=1,schedule=dualpipev,zero=0,"
+                                  "recompute=none,sp=off")
+    assert ParallelConfig.parse(config.to_string()) == config
+    assert config.virtual_stages == 2 and "dualpipev" in config.to_string()
+    config.check(layers=4, heads=4, world_size=2, batch=4)
+    with pytest.raises(CostModelError, match=r"at least 2·pp = 4 microbatches.* = 3"):
+        config.check(layers=4, heads=4, world_size=2, batch=3)
 
 
 @pytest.mark.parametrize("text,message", [("schedule=zbv:3", "zbv always runs 2 chunks"),
+                                          ("schedule=dualpipev:2", "dualpipev always runs 2"),
                                           ("schedule=zb:x", "zb needs its chunk count")])
 def test_zero_bubble_parse_errors(text: str, message: str) -> None:
     with pytest.raises(CostModelError, match=message):

@@ -100,3 +100,16 @@ def test_a_cp_plan_names_its_attention_exchange_and_round_trips() -> None:
     data["cp_attention"] = "ring"
     with pytest.raises(Exception, match="cp_attention 'ring'"):
         Plan.from_dict(data)
+
+
+def test_explain_keeps_dualpipev_only_with_two_microbatches_per_stage() -> None:
+    """An alternative that leaves a dualpipev plan with m < 2·pp microbatches (torch's
+    ScheduleDualPipeV refuses it) falls back to 1f1b, and says so."""
+    from fxplan.report.explain import alternative_config
+
+    plan = make_plan(dp=1, tp=2, zero_stage=0, schedule="dualpipev", num_microbatches=8,
+                     stages=())   # pp=2, batch 16
+    kept, _ = alternative_config(plan, {"microbatch_size": 4})      # m = 4 = 2·pp
+    assert str(kept.schedule) == "dualpipev" and kept.num_microbatches == 4
+    fell, notes = alternative_config(plan, {"microbatch_size": 8})  # m = 2
+    assert str(fell.schedule) == "1f1b" and any("schedule follows: 1f1b" in n for n in notes)

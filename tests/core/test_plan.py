@@ -152,3 +152,16 @@ def test_typed_placements_round_trip_and_derived_keys_are_checked():
     with pytest.raises(PlanError, match=r"key 'placements'.*must be one torch Placement per mesh "
                                         r"axis \('dp', 'tp'\)"):
         Plan.from_dict(bad)
+
+
+def test_recompute_layers_per_stage_give_the_blocks_policies():
+    """A configuration that recomputes the first k layers of each stage fills in the blocks'
+    policies, the ones its estimate priced; one given beside it must agree."""
+    config = ParallelConfig(pp=2, dp=2, microbatch_size=2, num_microbatches=4, zero_stage=1,
+                            recompute="full", stage_layers=(2, 2), recompute_layers=(2, 1))
+    plan = make_plan(config=config, block_recompute=None)
+    assert plan.block_recompute == ("full", "full", "full", "none")
+    assert plan.recompute_summary == "mixed" and plan.recompute(3) == "none"
+    assert Plan.from_json(plan.to_json()) == plan
+    with pytest.raises(PlanError, match="disagrees with the config's recompute_layers=2/1"):
+        make_plan(config=config, block_recompute=("full", "none", "full", "none"))

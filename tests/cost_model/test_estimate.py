@@ -81,6 +81,28 @@ def test_zero3_gathers_weights(graph, cluster) -> None:  # type: ignore[no-untyp
     assert z3.memory[0].optimizer == pytest.approx(z0.memory[0].optimizer / 16)
 
 
+def test_zero2_reduce_scatters_in_every_microbatch_backward(graph, cluster) -> None:  # type: ignore[no-untyped-def]
+    """ZeRO-2 keeps only its gradient shard, so with m > 1 each backward reduce-scatters
+    (ParallelConfig.reduces_every_microbatch, as the runtime does): priced per microbatch in
+    the ZeRO row, without ZeRO-3's gathers; with m = 1 the one reduction is the last
+    backward's gradient buckets."""
+    from fxplan.cost_model.step.overlap import relied_overlaps
+
+    once = run(graph, cluster, "dp=16,mb=4,zero=2")      # m = 1
+    every = run(graph, cluster, "dp=16,mb=1,zero=2")     # m = 4
+    zero3 = run(graph, cluster, "dp=16,mb=1,zero=3")
+    zero1 = run(graph, cluster, "dp=16,mb=1,zero=1")
+    assert once.config.num_microbatches == 1 and every.config.num_microbatches == 4
+    assert once.breakdown["zero_comm"] == 0 < every.breakdown["zero_comm"]
+    assert zero1.breakdown["zero_comm"] == 0
+    assert every.breakdown["zero_comm"] < zero3.breakdown["zero_comm"]   # no re-gathers
+    assert every.config.reduces_every_microbatch and not zero1.config.reduces_every_microbatch
+    texts = {o.name: o.mechanism for o in relied_overlaps(every.config)}
+    assert "every microbatch's backward" in texts["dp_grad_reduce"]
+    texts = {o.name: o.mechanism for o in relied_overlaps(zero1.config)}
+    assert "the last microbatch's backward" in texts["dp_grad_reduce"]
+
+
 def test_pipeline_bubble_shrinks_with_microbatches(graph, cluster) -> None:  # type: ignore[no-untyped-def]
     few = run(graph, cluster, "dp=4,pp=4,mb=4,schedule=1f1b")
     many = run(graph, cluster, "dp=4,pp=4,mb=1,schedule=1f1b")

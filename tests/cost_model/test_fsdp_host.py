@@ -33,6 +33,13 @@ def test_the_formula_per_group_and_tensor() -> None:
     z3 = fsdp_host_s(groups, host, zero3=True)
     assert z3.backward == pytest.approx((3 * 70 + 28 * 7) * 1e-6)
     assert (z3.forward, z3.post) == (z2.forward, z2.post)
+    # reduced in every backward: the reduce joins the backward; ZeRO-2 kept gathered: its
+    # unshard runs once per step
+    every = fsdp_host_s(groups, host, zero3=True, every=True)
+    assert every.backward == pytest.approx(z3.backward + z2.post) and every.post == 0.0
+    kept = fsdp_host_s(groups, host, zero3=False, every=True, gathered=True)
+    assert kept.forward == 0.0 and kept.post == pytest.approx(z2.forward)
+    assert kept.backward == pytest.approx(z2.post)
 
 
 def test_local_cpu_measures_it_and_the_gpu_specs_hide_it() -> None:
@@ -63,7 +70,7 @@ def _breakdown(graph, text: str, cluster: str):  # type: ignore[no-untyped-def]
     return estimate(graph, Cluster.load(cluster), ParallelConfig.parse(text), batch=8).breakdown
 
 
-@pytest.mark.parametrize("text", ["dp=2,mb=4,zero=2", "dp=2,mb=2,zero=3"])
+@pytest.mark.parametrize("text", ["dp=2,mb=4,zero=2", "dp=2,mb=2,zero=3", "dp=2,mb=1,zero=2"])
 def test_fsdp_rows_pay_it_per_group_and_microbatch(tiny, text: str) -> None:  # type: ignore[no-untyped-def]
     cpu = Cluster.load("local-cpu:devices=2").device_groups[0]
     off = "local-cpu:devices=2," + ",".join(f"cpu.{f}=0" for f in FIELDS)
@@ -71,8 +78,12 @@ def test_fsdp_rows_pay_it_per_group_and_microbatch(tiny, text: str) -> None:  # 
     config = ParallelConfig.parse(text)
     m = 8 // config.dp // config.microbatch_size          # microbatches per step
     # the tiny GPT: a root (token and position embeddings, final norm; head tied) and two
-    # layers of 12 tensors; forward per microbatch, ZeRO-3's re-gather too, reduce once
-    host = fsdp_host_s((4, 12, 12), cpu.host, zero3=config.zero_stage == 3)
+    # layers of 12 tensors; forward per microbatch, ZeRO-3's re-gather too, reduce once — or
+    # per microbatch under ZeRO-3 with m > 1 (ParallelConfig.reduces_every_microbatch)
+    # (ZeRO-2 then gathers once per step)
+    every = config.reduces_every_microbatch and m > 1
+    host = fsdp_host_s((4, 12, 12), cpu.host, zero3=config.zero_stage == 3, every=every,
+                       gathered=every and config.zero_stage == 2)
     expected = m * (host.forward + host.backward) + host.post
     extra = sum(on.values()) - sum(without.values())
     assert extra == pytest.approx(expected, rel=1e-6)

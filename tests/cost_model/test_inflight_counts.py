@@ -11,7 +11,7 @@ from fxplan.cost_model.step.pipeline_schedules import (_unique_rows, inflight_co
                                                   schedule_order)
 
 KINDS = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zb", 1),
-         ("zb", 2), ("zbv", 2))
+         ("zb", 2), ("zbv", 2), ("dualpipev", 2))
 
 
 def test_unique_rows_is_numpys_unique_along_rows() -> None:

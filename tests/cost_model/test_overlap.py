@@ -23,6 +23,8 @@ def _names(text: str, overlap: float = 1.0) -> list[str]:
     ("dp=4,tp=1,pp=2,schedule=interleaved:2,zero=0", ["dp_grad_reduce"]),  # DDP's reducer
     ("dp=8,zero=3", ["zero3_prefetch"]),
     ("dp=1,tp=2,pp=4,schedule=zbv", ["weight_grad_in_bubbles"]),
+    ("dp=1,tp=2,pp=4,schedule=dualpipev", ["weight_grad_in_bubbles"]),   # its pairs: none
+    ("dp=4,tp=2,pp=2,schedule=dualpipev,zero=1", ["weight_grad_in_bubbles"]),  # REDUCE_GRAD
     ("dp=4,tp=2,pp=2,schedule=interleaved:2,zero=1,sp=on,pg_overlap=on",
      ["dp_grad_reduce", "param_gather"]),                              # priced as Megatron runs it
     ("dp=1,tp=8", []),

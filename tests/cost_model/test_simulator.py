@@ -40,7 +40,8 @@ def reference_ends(kind: str, p: int, v: int, m: int, durations: np.ndarray) -> 
 CASES = [("gpipe", 4, 1, 6), ("1f1b", 4, 1, 8), ("1f1b", 5, 1, 3), ("1f1b", 1, 1, 4),
          ("interleaved", 4, 2, 8), ("interleaved", 3, 3, 6), ("interleaved", 4, 2, 4),
          ("interleaved", 2, 4, 6), ("zb", 4, 1, 8), ("zb", 3, 2, 6), ("zb", 4, 3, 4),
-         ("zbv", 4, 2, 8), ("zbv", 3, 2, 4), ("zbv", 2, 2, 7)]
+         ("zbv", 4, 2, 8), ("zbv", 3, 2, 4), ("zbv", 2, 2, 7), ("dualpipev", 4, 2, 8),
+         ("dualpipev", 3, 2, 9), ("dualpipev", 2, 2, 4)]
 
 
 @pytest.mark.parametrize("kind,p,v,m", CASES)

@@ -77,7 +77,7 @@ def test_a_files_own_loss_is_priced_and_trained_on(tmp_path):
 def test_shapes_that_do_not_fit_the_default_loss_are_refused_at_capture(tmp_path):
     with pytest.raises(LossShapeError, match=r"returns \(4, 1, 64\) for token ids of shape "
                                              r"\(4, 8\)"):
-        capture(f"{MODELS / 'nanogpt_style.py'}:build_inference", batch=4)
+        capture(f"{MODELS / 'nanogpt_style.py'}:build_last_position", batch=4)
     scalar = _linear(tmp_path, 1, "self.fc(x).sum(-1)", """
         def build():
             return Net(), torch.zeros(2, 8)
@@ -94,27 +94,68 @@ def test_shapes_that_do_not_fit_the_default_loss_are_refused_at_capture(tmp_path
         capture(mismatched, batch=2)
 
 
-def test_a_forward_that_takes_targets_is_priced_with_its_own_loss(tmp_path):
-    spec = _file(tmp_path, """
-        class LM(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.embed = nn.Embedding(32, 16)
-                self.head = nn.Linear(16, 32)
-            def forward(self, idx, targets=None):
-                logits = self.head(self.embed(idx))
-                if targets is None:
-                    return logits
-                return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+def _lm(tmp_path: Path, given_targets: str) -> str:
+    """A file whose ``forward(idx, targets=None)`` returns the logits without targets and
+    ``given_targets`` (of ``logits``) with them."""
+    return _file(tmp_path, f"""
+class LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(32, 16)
+        self.head = nn.Linear(16, 32)
+    def forward(self, idx, targets=None):
+        logits = self.head(self.embed(idx))
+        if targets is None:
+            return logits
+        return {given_targets}
 
-        def build():
-            return LM(), torch.zeros(2, 8, dtype=torch.long)
-    """)
+def build():
+    return LM(), torch.zeros(2, 8, dtype=torch.long)
+""")
+
+
+def test_a_forward_that_takes_targets_is_priced_with_its_own_loss(tmp_path):
+    spec = _lm(tmp_path, "logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())")
     graph = capture(spec, batch=2)
     assert graph.inputs["targets"] == ((2, 8), torch.int64)
+    assert graph.fed_targets   # and trained on it: the launch feeds the targets too
     output = next(n for n in graph.gm.graph.nodes if n.op == "output")
     assert len(output.args[0]) == 2   # the forward's (logits, loss): no loss traced after it
     assert sum("cross_entropy" in op for op in _ops(graph)) == 1
+
+
+def test_nanogpts_own_forward_is_captured_on_its_training_path():
+    """nanoGPT's ``forward(idx, targets=None)`` returns the last position's logits without
+    targets; given them, every position's and its loss: capture takes that path (targets the
+    token ids' shape, bounded by the vocabulary), not the inference path."""
+    bundle = resolve_model(f"{MODELS / 'nanogpt_style.py'}:build_smoothed")
+    specs = bundle.example_inputs(4)
+    assert (specs["targets"].shape, specs["targets"].high, specs["idx"].high) == ((4, 8), 64, 64)
+    graph = capture(bundle, batch=4)
+    assert graph.fed_targets and graph.inputs["targets"] == ((4, 8), torch.int64)
+    assert sum("cross_entropy" in op for op in _ops(graph)) == 1
+
+
+def test_a_forward_that_takes_targets_and_returns_no_loss_is_refused_at_capture(tmp_path):
+    spec = _lm(tmp_path, "logits")
+    with pytest.raises(LossShapeError, match=r"forward takes targets, so it is trained on the "
+                                             r"loss it returns .* given targets \(2, 8\) it "
+                                             r"returns a tensor of shape \(2, 8, 32\), no scalar "
+                                             r"loss\. Return \(outputs, loss\)"):
+        capture(spec, batch=2)
+
+
+def test_the_loss_a_forward_returns_is_found():
+    from fxplan.core.model_output import returned_loss
+
+    logits, loss = torch.randn(2, 3), torch.tensor(1.5)
+    assert returned_loss((logits, loss)) is loss
+    assert returned_loss((logits, None, loss)) is loss
+    with pytest.raises(TypeError, match=r"returns a tuple \(\(2, 3\), NoneType\), not a loss"):
+        returned_loss((logits, None))
+    assert returned_loss(loss) is loss   # the loss alone
+    with pytest.raises(TypeError, match=r"returns a tensor of shape \(2, 3\), not a loss"):
+        returned_loss(logits)
 
 
 def test_synthetic_ids_span_the_vocabulary_and_the_classes(tmp_path):

@@ -271,3 +271,12 @@ def test_a_plan_that_cannot_be_rebuilt_says_it_is_not_priced() -> None:
     note = export_plan(MORE["gpipe"], "megatron").notes[-1]
     assert note.startswith("fxplan's estimate of the run as exported (schedule=1f1b): not "
                            "priced, the plan's model and cluster cannot be rebuilt here")
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
+def test_dualpipev_is_approximated_as_zbv_is(target: str) -> None:
+    """No framework table here has DualPipeV: Megatron-LM and torchtitan run the same two
+    chunks per rank interleaved, DeepSpeed its own 1F1B, each said in a note."""
+    notes = " ".join(export_plan(ALL["dualpipev"], target, price=False).notes)
+    assert "dualpipev" in notes, notes
+    assert ("interleaved:2" if target != "deepspeed" else "1F1B") in notes, notes

@@ -69,4 +69,6 @@ MORE = {
                      batch=8, layers=(1,) * 8),
     "zb": make_plan("dp=1,tp=4,pp=4,mb=1,schedule=zb,zero=0,recompute=none,sp=on",
                     batch=8, layers=(2, 2, 2, 2)),
+    "dualpipev": make_plan("dp=1,tp=4,pp=4,mb=1,schedule=dualpipev,zero=0,recompute=none,"
+                           "sp=on", batch=8, layers=(1,) * 8),
 }

@@ -14,7 +14,7 @@ from fxplan.inter_op.infeasible import NoRunnablePlan
 from fxplan.inter_op.reasons import RUNTIME
 
 CLUSTER = "local-cpu:devices=4"
-#: OPT in small: its attention reshapes by ``self.num_heads`` (no head-parallel split).
+#: OPT in small: its attention reshapes by ``self.num_heads`` (set per rank under tp).
 OPT = ("hf:opt:num_hidden_layers=2,hidden_size=32,ffn_dim=64,num_attention_heads=4,"
        "vocab_size=64,max_position_embeddings=32,word_embed_proj_dim=32,dropout=0.0,"
        "attention_dropout=0.0")
@@ -42,21 +42,59 @@ def test_a_refused_finalist_is_pruned_with_the_runtimes_reason(gpt):
 
 
 def test_every_finalist_refused_is_one_error_naming_each(gpt):
+    from fxplan.inter_op.driver import RUNTIME_ROUNDS
+
+    asked = []
     with pytest.raises(NoRunnablePlan, match=r"(?s)cannot apply any of the \d+ plan\(s\).*· pp="):
-        search_graph(gpt, CLUSTER, batch=4, progress=False, runnable=lambda plan: "no")
+        search_graph(gpt, CLUSTER, batch=4, progress=False, finalists=2,
+                     runnable=lambda plan: asked.append(plan.config) or "no")
+    assert 2 < len(asked) <= 2 * RUNTIME_ROUNDS          # rounds of 2 finalists, then it stops
+    assert len(set(asked)) == len(asked)                   # no plan checked twice
 
 
-def test_hf_opt_tensor_parallel_plans_are_refused_before_any_launch():
-    """The search asked for tp=2, dp=2 with sequence parallelism on OPT (whose launch trained
-    to a wrong loss) refuses, naming the head count fixed in the code; with tp free the plan
-    it offers is one the runtime checked."""
+def test_when_a_round_of_finalists_is_refused_the_next_candidates_are_checked(gpt):
+    """The runtime refuses every pp > 1 plan: when the K fastest candidates all have pp > 1,
+    the search prices and checks the next K (not the same ones again) and offers the first
+    pp = 1 plan among them."""
+    first = search_graph(gpt, CLUSTER, batch=4, progress=False, finalists=2,
+                         constraints={"zero_stage": 3})
+    assert first.pp > 1   # the fastest two have pp > 1: the case to test
+    plan = search_graph(gpt, CLUSTER, batch=4, progress=False, finalists=2,
+                        constraints={"zero_stage": 3},
+                        runnable=lambda plan: "no pipeline here" if plan.pp > 1 else None)
+    assert plan.pp == 1 and plan.zero_stage == 3
+    refused = [r for r, d in zip(plan.pruned, plan.pruned_detail) if d["kind"] == RUNTIME]
+    assert refused and all("no pipeline here" in r for r in refused)
+
+
+def test_vit_under_zero3_is_offered_without_a_pipeline():
+    """``hf:vit`` cannot be cut into stages (its patch embedding), and the fastest finalists
+    under zero=3 all had pp=2: the search refused the model outright; the next round offers
+    a pp = 1 plan."""
     pytest.importorskip("transformers")
-    with pytest.raises(NoRunnablePlan, match=r"head count fixed at build time"):
-        search(OPT, CLUSTER, batch=4, seq=8, progress=False,
-               constraints={"tp": 2, "dp": 2, "sequence_parallel": True})
-    plan = search(OPT, CLUSTER, batch=4, seq=8, progress=False)
+    vit = ("hf:vit:num_hidden_layers=2,hidden_size=32,intermediate_size=64,"
+           "num_attention_heads=4,image_size=16,patch_size=8,num_labels=10")
+    plan = search(vit, CLUSTER, batch=4, progress=False, constraints={"zero_stage": 3})
+    assert plan.pp == 1 and plan.zero_stage == 3
+
+
+def test_hf_opt_tensor_parallel_plans_run_head_parallel_and_fixed_counts_are_refused():
+    """OPT's attention views by ``self.num_heads``: the runtime sets the local head count per
+    rank, so tp=2, dp=2 with sequence parallelism is offered (and trains like one process:
+    ``tests/runtime/test_tp_head_counts.py``). A forward whose head count and widths are
+    constants of the code has nothing to set: refused, naming it."""
+    pytest.importorskip("transformers")
+    plan = search(OPT, CLUSTER, batch=4, seq=8, progress=False,
+                  constraints={"tp": 2, "dp": 2, "sequence_parallel": True})
     from fxplan.api import runtime_check
     assert runtime_check(capture_for_search(OPT, seq=8, dtype="float32"), CLUSTER)(plan) is None
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parents[1] / "runtime" / "models"
+    with pytest.raises(NoRunnablePlan, match=r"the forward fails with the tensor-parallel local "
+                                             r"shapes .*a head count fixed in the code"):
+        search(f"{models / 'nanogpt_style.py'}:build", CLUSTER, batch=4, progress=False,
+               constraints={"tp": 2, "pp": 1})
 
 
 def test_degrees_the_constraints_leave_free_are_reported(gpt):
@@ -85,7 +123,7 @@ def test_a_named_tp_splits_weights(gpt):
 
 
 def test_a_model_returning_the_last_positions_logits_is_refused_at_capture():
-    """nanoGPT's ``forward(idx)`` returns ``(b, 1, V)`` logits: priced as it is, it failed on
+    """A ``forward(idx)`` that returns ``(b, 1, V)`` logits: priced as it is, it failed on
     every rank at the loss (``Expected input batch_size (8) to match target batch_size
     (256)``); capture refuses it (the trainer's loss does not fit the output) before the
     search prices anything."""
@@ -95,6 +133,23 @@ def test_a_model_returning_the_last_positions_logits_is_refused_at_capture():
     models = Path(__file__).resolve().parents[1] / "runtime" / "models"
     with pytest.raises(LossShapeError, match=r"returns \(1, 1, 64\) for token ids of shape "
                                              r"\(1, 8\).*logits of shape \(1, 8, 'vocab'\)"):
-        search(f"{models / 'nanogpt_style.py'}:build_inference", CLUSTER, batch=4,
+        search(f"{models / 'nanogpt_style.py'}:build_last_position", CLUSTER, batch=4,
                progress=False)
     search(f"{models / 'nanogpt_style.py'}:build", CLUSTER, batch=4, progress=False)
+
+
+def test_a_forward_trained_on_its_own_loss_is_not_offered_a_pipeline():
+    """nanoGPT's ``forward(idx, targets)`` is fed the targets and trained on the loss it
+    returns (as priced): a pipeline cannot cut that, so every pp > 1 plan is pruned with the
+    reason, and pp = 1 plans are offered."""
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parents[1] / "runtime" / "models"
+    graph = capture_for_search(f"{models / 'nanogpt_style.py'}:build_smoothed", dtype="float32")
+    assert graph.fed_targets
+    with pytest.raises(NoRunnablePlan) as refused:
+        search(graph, CLUSTER, batch=4, constraints={"pp": 2}, progress=False)
+    assert "pp=2: the forward takes targets and is trained on the loss it returns, which a " \
+           "pipeline cannot cut into stages" in str(refused.value)
+    plan = search(graph, CLUSTER, batch=4, constraints={"pp": 1}, progress=False)
+    assert plan.pp == 1

@@ -8,8 +8,18 @@ speed-ups (the pipeline lower bound, the schedules' in-flight counts cached, op
 databases listed once per search, segment prices shared across cluster sizes); its four
 SC'21 sizes were re-recorded at ``6c69dd8``, whose cost model prices the gradient reduction
 that FSDP2 leaves exposed under interleaved schedules (it moved those plans: 310.1B to
-pp=12, 529.6B to pp=9, 1T to pp=16). It is re-recorded only for a change that is meant to
-move a plan:
+pp=12, 529.6B to pp=9, 1T to pp=16). Seven cases were re-recorded on 2026-11-28 when the search began to choose
+the recomputed layers of each stage (with that choice switched off their answers were still
+the recorded ones); under the same cost model 39.1B went from 8.340 s (selective on every
+layer) to 8.063 s (21 of 48 layers), the MoE from 18.382 s (full) to 16.894 s (4/3/2/2 of
+4 layers per stage), GPT-3 175B from 17.757 s to 17.741 s (94 of 96 layers), 529.6B on 2520
+from 36.572 s to 36.121 s (recompute on 18 of its 36 virtual stages); 7.5B on 128, 310.1B
+and 1T kept their plans and gained faster runners-up. Three were re-recorded the same day when
+the closed-form ranking learned what the simulator prices (a pipeline boundary that crosses
+nodes pays the slower link; ZeRO-1's per-tensor broadcasts; ZeRO-2's reduce-scatter in every
+microbatch's backward; expert gradients over their own replicas): 7.5B on pp=4 went from 5.662 s
+to 5.372 s, the heterogeneous GPT from 0.01664 s to 0.01661 s, and 1.7B kept its plan with
+faster runners-up. It is re-recorded only for a change that is meant to move a plan:
 
     .venv/bin/python tests/inter_op/test_search_reference.py --record [NAME ...]
 

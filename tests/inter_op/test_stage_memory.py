@@ -48,3 +48,31 @@ def test_search_memory_is_the_estimates(gpt17, cfg) -> None:  # type: ignore[no-
     est = estimate(graph, cluster, c, batch=dp * mb * m)
     want = [mem.total for mem in est.memory]
     assert list(got) == pytest.approx(want, rel=1e-6)
+
+
+# (tp, pp, dp, mb, m, schedule, recompute, sp, zero, stage_layers, recompute_layers)
+PER_STAGE = [
+    (1, 4, 8, 2, 32, "1f1b", "full", False, 1, (6, 6, 6, 6), (5, 3, 1, 0)),
+    (2, 2, 8, 1, 16, "interleaved:2", "selective", True, 0, (6, 6, 6, 6), (6, 2, 0, 1)),
+    (1, 1, 32, 4, 4, "1f1b", "full", False, 3, (24,), (7,)),
+]
+
+
+@pytest.mark.parametrize("cfg", PER_STAGE, ids=lambda c: f"pp{c[1]}-{c[5]}-{c[6]}")
+def test_search_memory_is_the_estimates_with_recompute_per_stage(gpt17, cfg) -> None:  # type: ignore[no-untyped-def]
+    """With some layers of each stage recomputed, the search's per-rank memory (each layer's
+    row from its own policy's profile, ``ModelProfile.of``) is still the estimate's."""
+    graph, cluster = gpt17
+    tp, pp, dp, mb, m, schedule, recompute, sp, zero, stages, counts = cfg
+    c = _config(tp, pp, dp, mb, m, schedule, recompute, sp, zero).replace(
+        stage_layers=stages, recompute_layers=counts)
+    prof = ModelProfile(graph, cluster)
+    got = stage_totals(c, prof.of(c), DeviceMemory.of(cluster.device(0)))
+    est = estimate(graph, cluster, c, batch=dp * mb * m)
+    assert list(got) == pytest.approx([mem.total for mem in est.memory], rel=1e-6)
+    plain = estimate(graph, cluster, c.replace(recompute_layers=None, recompute="none"),
+                     batch=dp * mb * m)
+    whole = estimate(graph, cluster, c.replace(recompute_layers=None), batch=dp * mb * m)
+    for s in range(pp):   # between no recompute and the policy on every layer, rank by rank
+        assert whole.memory[s].activations <= est.memory[s].activations \
+            <= plain.memory[s].activations

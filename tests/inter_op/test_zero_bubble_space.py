@@ -3,8 +3,13 @@ pipeline without data parallelism, recompute none (``runtime.train.pipeline.zero
 
 from __future__ import annotations
 
+import json
+
+from fxplan.cli.main import main
 from fxplan.inter_op.constraints import validate_constraints
 from fxplan.inter_op.space import Family, options
+
+SPLIT = {"zb", "zb:2", "zbv", "dualpipev"}
 
 
 def _schedules(family: Family) -> set[tuple[str, str]]:
@@ -14,17 +19,38 @@ def _schedules(family: Family) -> set[tuple[str, str]]:
 
 def test_zero_bubble_offered_without_data_parallelism() -> None:
     offered = _schedules(Family(tp=1, pp=4, dp=1))
-    split = {s for s in offered if s[0] in ("zb", "zb:2", "zbv")}
-    assert {s for s, _ in split} == {"zb", "zb:2", "zbv"}
+    split = {s for s in offered if s[0] in SPLIT}
+    assert {s for s, _ in split} == SPLIT
     assert {r for _, r in split} == {"none"}
 
 
 def test_zero_bubble_not_offered_beside_data_parallelism() -> None:
-    assert not {s for s, _ in _schedules(Family(tp=1, pp=2, dp=2))} & {"zb", "zb:2", "zbv"}
+    assert not {s for s, _ in _schedules(Family(tp=1, pp=2, dp=2))} & SPLIT
+
+
+def test_dualpipev_offered_from_two_microbatches_per_stage() -> None:
+    """torch's ScheduleDualPipeV runs m ≥ 2·pp: batch 8 on pp=4 offers it at mb=1 (m = 8),
+    not at mb=2 (m = 4), where zbv is still offered."""
+    by_mb = {(c.microbatch_size, str(c.schedule))
+             for c in options(Family(tp=1, pp=4, dp=1), batch=8, layers=8, seq=64)}
+    assert (1, "dualpipev") in by_mb and (2, "dualpipev") not in by_mb
+    assert (2, "zbv") in by_mb
 
 
 def test_constraints_name_them() -> None:
     from fxplan.core.config import Schedule
 
-    got = validate_constraints({"schedule": ["zb", "zbv", "zb:2"]}, 8)["schedule"]
-    assert got == (Schedule("zb", 1), Schedule("zbv", 2), Schedule("zb", 2))
+    got = validate_constraints({"schedule": ["zb", "zbv", "zb:2", "dualpipev"]}, 8)["schedule"]
+    assert got == (Schedule("zb", 1), Schedule("zbv", 2), Schedule("zb", 2),
+                   Schedule("dualpipev", 2))
+
+
+def test_plan_constrained_to_dualpipev(capsys) -> None:  # type: ignore[no-untyped-def]
+    """``fxplan plan … --constrain schedule=dualpipev`` returns a dualpipev plan for the untied
+    Llama on two ranks, with the fewest microbatches it runs (2·pp) or more."""
+    assert main(["plan", "llama-tiny:layers=4", "--cluster", "local-cpu:devices=2",
+                 "--batch", "8", "--seq", "8", "--constrain", "pp=2,schedule=dualpipev",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "dualpipev" in data["summary"], data["summary"]
+    assert data["degrees"]["pp"] == 2

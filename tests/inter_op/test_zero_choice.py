@@ -28,12 +28,12 @@ def test_score_keeps_the_cheapest_fitting_zero_stage(state) -> None:  # type: ig
     checked = 0
     for c in options(family, batch=16, layers=prof_.num_layers, seq=prof_.segments.seq):
         scored = state._score(c.replace(zero_stage=zmin))
-        prof = prof_.of(c)
         prices = {}
         for z in range(zmin, 4):
             placed = state._partition(c.replace(zero_stage=z))
-            if placed is not None:
-                prices[z] = surrogate_step_s(placed, prof, state.cluster)
+            if placed is not None:   # priced with its own layers' recompute (a placed policy
+                # may recompute fewer layers than all, or none)
+                prices[z] = surrogate_step_s(placed, prof_.of(placed), state.cluster)
         assert scored is not None and prices
         cheapest = min(prices, key=lambda z: (prices[z], z))
         assert scored.config.zero_stage == cheapest, (c.summary(), prices)

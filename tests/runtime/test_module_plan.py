@@ -126,16 +126,22 @@ def test_tied_weight_takes_one_layout_and_pipeline_copies():
 
 
 @pytest.mark.parametrize("case, reason", [
-    ("llama_zoo_tp", "local shapes"),
+    ("fixed_heads_tp", "local shapes"),
     ("bias_mismatch", "not a column- or row-parallel layout"),
     ("sp_replicated_head", "'emb' is replicated over tp: with sequence parallelism"),
 ])
 def test_module_level_refusals_name_the_reason(case, reason):
     from fxplan.examples.model_spec import resolve_model
 
-    if case == "llama_zoo_tp":  # its attention views q as (b, t, self.heads, d): global heads
-        model = resolve_model("llama-tiny:layers=2").build("cpu")
-        plan = plan_for(model, tp=2)
+    if case == "fixed_heads_tp":  # fused c_attn split by a constant width, heads constant
+        from pathlib import Path
+
+        models = Path(__file__).resolve().parent / "models"
+        model = resolve_model(f"{models / 'nanogpt_style.py'}:build").build("cpu")
+        plan = plan_for(model, tp=2, overrides={
+            **{f"transformer.h.{i}.c_attn.{p}": "RS(0)" for i in range(2)
+               for p in ("weight", "bias")},
+            **{f"transformer.h.{i}.c_proj.weight": "RS(1)" for i in range(2)}})
     elif case == "sp_replicated_head":
         model = build("encoder")
         plan = plan_for(model, tp=2, sp=True, overrides=ENCODER_MLP_TP)
@@ -275,17 +281,30 @@ def _head_parallel(model: torch.nn.Module) -> dict[str, str]:
 def test_a_head_count_fixed_in_the_code_is_refused_not_run_wrong():
     """OPT's ``view(bsz, -1, self.num_heads, head_dim)`` runs on the local shards, attending
     over half the positions (4 ranks trained to a loss 1.6e-3 off one process); the local
-    probe's attention shapes tell, and the module level refuses."""
+    probe's attention shapes tell. The module level then sets the local head count on each
+    rank (``self.num_heads = 2``), which it checks the same way; a count it could not set
+    (pinned here by a property) stays refused, never run wrong."""
     pytest.importorskip("transformers")
     from fxplan.examples.model_spec import resolve_model
     torch.manual_seed(0)
     model = resolve_model(OPT).build("cpu")
+    plan = plan_for(model, tp=2, overrides=_head_parallel(model))
+    decided = module_level_plan(model, plan, TOKENS)
+    assert decided.head_counts["model.decoder.layers.0.self_attn"] == {"num_heads": 2,
+                                                                        "embed_dim": 16}
+    attention = type(model.model.decoder.layers[0].self_attn)
+    pinned = type("Pinned", (attention,), {"num_heads": property(lambda self: 4,
+                                                                 lambda self, value: None)})
+    for layer in model.model.decoder.layers:
+        layer.self_attn.__class__ = pinned
+        del layer.self_attn.__dict__["num_heads"]
     with pytest.raises(NotExpressible, match=r"attention's query is \(2, 4, 4, 8\) where the "
                                              r"model's is \(2, 4, 8, 8\).*head count fixed"):
-        module_level_plan(model, plan_for(model, tp=2, overrides=_head_parallel(model)), TOKENS)
+        module_level_plan(model, plan, TOKENS)
     module_level_plan(model, plan_for(model, tp=1), TOKENS)   # one rank: nothing to refuse
     llama = build("llama")                                      # heads from -1: splits right
-    assert module_level_plan(llama, plan_for(llama, tp=2), TOKENS).styles
+    decided = module_level_plan(llama, plan_for(llama, tp=2), TOKENS)
+    assert decided.styles and not decided.head_counts          # nothing to set
 
 
 def _user_model(name: str) -> torch.nn.Module:

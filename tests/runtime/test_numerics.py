@@ -10,6 +10,8 @@ CASES = {
     "dp": dict(dp=2),
     "zero1": dict(dp=2, zero=1),
     "zero2": dict(dp=2, zero=2),
+    "zero2_accumulate": dict(dp=2, zero=2, num_microbatches=2),   # gathered until the last backward
+    "pp_dp_zero2": dict(pp=2, dp=2, zero=2, num_microbatches=2, microbatch_size=1),
     "zero3": dict(dp=2, zero=3),
     "zero3_accumulate": dict(dp=2, zero=3, num_microbatches=2),   # reduce-scatter per microbatch
     "zero3_offload": dict(dp=2, zero=3, offload="optimizer+params"),   # FSDP2 CPUOffloadPolicy
@@ -72,3 +74,23 @@ def test_planner_found_local_cpu_plan(rank_pool):
     results = rank_pool.run("rt_cases:train_matches_reference", plan_json=plan.to_json())
     report = results[0]
     assert report["loss_error"] <= 1e-5 and report["param_error"] <= 1e-5, (plan.summary, report)
+
+
+def test_recompute_per_stage_matches_single_process(rank_pool):
+    """pp=2 whose stages recompute different numbers of their layers (what the search chooses
+    where memory needs it: both of stage 0's in full, one of stage 1's, the last none) trains
+    like one process."""
+    import dataclasses
+
+    from rt_plans import make_plan
+
+    plan = make_plan(pp=2, layers=4, recompute="full", num_microbatches=4, microbatch_size=1)
+    plan = dataclasses.replace(plan, config=plan.config.replace(stage_layers=(2, 2),
+                                                                recompute_layers=(2, 1)))
+    assert plan.block_recompute == ("full", "full", "full", "none")
+    report = rank_pool.run("rt_cases:train_matches_reference", plan_kwargs={"layers": 4},
+                           plan_json=plan.to_json())[0]
+    assert not report["missing"], report
+    assert report["loss_error"] <= 1e-5 and report["param_error"] <= 1e-5, report
+    assert report["losses"][-1] < report["losses"][0]
+    assert report["path"] == "module", report["fallbacks"]

@@ -1,6 +1,6 @@
 """A ``pp = 1`` step is a plain gradient-accumulation loop (:mod:`fxplan.runtime.train.accumulate`):
 no pipeline schedule, and the dp gradient reduction runs once per step, inside the last
-microbatch's backward — under ZeRO-3 inside every microbatch's backward, so that no unsharded
+microbatch's backward — under ZeRO-2/3 inside every microbatch's backward, so that no unsharded
 gradient is kept between microbatches (pooled gloo ranks; the values are test_numerics.py's
 business)."""
 
@@ -24,8 +24,8 @@ def test_pp1_step_reduces_in_backward(rank_pool, name):
     assert per_step[0] > 0 and len(set(per_step)) == 1, report
     assert report["in_backward"] == per_step, report  # overlapped with the backward
     if kind == "fsdp":  # one reduce-scatter per FSDP group (2 blocks + the stage root) per
-        # step, per microbatch under ZeRO-3
-        reductions = plan_kwargs["num_microbatches"] if plan_kwargs["zero"] == 3 else 1
+        # step, per microbatch under ZeRO-2/3
+        reductions = plan_kwargs["num_microbatches"] if plan_kwargs["zero"] >= 2 else 1
         assert report["fsdp_groups"] == 3, report
         assert per_step[0] == 3 * reductions, report
     else:  # every DDP bucket reduced once, not once per microbatch

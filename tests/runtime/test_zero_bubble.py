@@ -1,5 +1,6 @@
-"""Zero-bubble schedules on gloo ranks: ``zbv`` (two stages per rank in a V) trains like one
-process; what torch's split backward cannot run is refused before launch, with the reason.
+"""Zero-bubble schedules on gloo ranks: ``zbv`` and ``dualpipev`` (two stages per rank in a
+V) train like one process; what torch's split backward cannot run is refused before launch,
+with the reason.
 
 (``zb`` and ``zb:2`` on the tiny GPT, alone and beside tensor parallelism, are cases of
 ``test_numerics.py``.)"""
@@ -19,20 +20,37 @@ BATCH, SEQ = 8, 8
 TOL = 1e-5
 
 
-@needs("pipelining_zbv")
-def test_zbv_trains_like_one_process(rank_pool):
-    """The search, held to ``zbv`` on two ranks, plans the untied Llama; its losses equal
-    one process's (the V puts stages 0 and 3 on rank 0, 1 and 2 on rank 1)."""
+def _searched_plan_trains_like_one_process(rank_pool, **constraints):
+    """The search, held to ``constraints`` on two ranks, plans the untied Llama; the plan's
+    losses equal one process's. Returns the plan."""
     import fxplan
 
     plan = fxplan.search(SPEC, "local-cpu:devices=2", batch=BATCH, seq=SEQ, progress=False,
-                         constraints={"pp": 2, "schedule": "zbv"})
-    assert str(plan.schedule) == "zbv" and plan.pp == 2, plan.summary
+                         constraints={"pp": 2, **constraints})
+    assert str(plan.schedule) == constraints["schedule"] and plan.pp == 2, plan.summary
     result = rank_pool.run("rt_zoo_cases:train", timeout=300, spec=SPEC,
                            plan_json=plan.to_json())[0]
     reference = one_process(SPEC, BATCH, SEQ)
     error = max(abs(a - b) / abs(b) for a, b in zip(result["losses"], reference))
     assert error <= TOL, (plan.summary, result, reference)
+    return plan
+
+
+@needs("pipelining_zbv")
+def test_zbv_trains_like_one_process(rank_pool):
+    """``zbv``: the V puts stages 0 and 3 on rank 0, 1 and 2 on rank 1."""
+    _searched_plan_trains_like_one_process(rank_pool, schedule="zbv")
+
+
+@needs("pipelining_zbv")
+@needs("pipelining_dualpipev")
+def test_dualpipev_trains_like_one_process(rank_pool):
+    """``dualpipev`` with 2 sequences per microbatch: 4 stages in the same V and m = 8/2 = 4
+    = 2·pp microbatches, the fewest torch's ScheduleDualPipeV runs (its paired
+    forward-backward steps, its whole and its split backwards)."""
+    plan = _searched_plan_trains_like_one_process(rank_pool, schedule="dualpipev",
+                                                  microbatch_size=2)
+    assert plan.num_microbatches == 4 and len(plan.stages) == 4, plan.summary
 
 
 @pytest.mark.parametrize("kwargs,why", [
@@ -41,6 +59,9 @@ def test_zbv_trains_like_one_process(rank_pool):
      "recompute=selective"),
     (dict(pp=2, dp=2, schedule="zb", num_microbatches=2), "dp=2"),
     (dict(pp=2, dp=2, zero=3, schedule="zb:2", num_microbatches=2, layers=4), "dp=2"),
+    (dict(pp=2, schedule="dualpipev", recompute="full", num_microbatches=4, layers=4),
+     "recompute=full"),
+    (dict(pp=2, dp=2, schedule="dualpipev", num_microbatches=4, layers=4), "dp=2"),
 ])
 def test_split_backward_refusals(kwargs, why):
     """Measured on gloo ranks with torch 2.13: the checkpoint's recompute fails in the weight
@@ -51,29 +72,47 @@ def test_split_backward_refusals(kwargs, why):
 
 
 def test_zbv_needs_the_reworked_stage_set_up(monkeypatch):
-    """On a torch without it (2.11) zbv is refused by name; zb still runs."""
+    """On a torch without it (2.11) zbv and dualpipev (the same V) are refused by name; zb
+    still runs."""
     from fxplan.runtime.train import pipeline
 
     monkeypatch.setattr(pipeline, "torch_has", lambda feature: feature != "pipelining_zbv")
     assert "zbv needs" in pipeline.zero_bubble_refusal(
         make_plan(pp=2, schedule="zbv", num_microbatches=2, layers=4))
+    assert "dualpipev needs" in pipeline.zero_bubble_refusal(
+        make_plan(pp=2, schedule="dualpipev", num_microbatches=4, layers=4))
     assert pipeline.zero_bubble_refusal(make_plan(pp=2, schedule="zb", num_microbatches=2)) is None
 
 
-def test_zbv_refuses_a_weight_tied_across_the_v():
-    """Under zbv stage 0 (embedding) and the last stage (head) share rank 0, where the
-    runtime cannot keep a tied weight's two copies equal; other schedules keep them apart."""
-    zbv = make_plan(pp=2, schedule="zbv", num_microbatches=2, layers=4)
-    assert "tied" in same_rank_refusal(zbv, {"wte.weight": (0, 3)})
+def test_dualpipev_needs_its_schedule_class(monkeypatch):
+    """A torch without ScheduleDualPipeV refuses dualpipev by name; zbv still runs."""
+    from fxplan.runtime.train import pipeline
+
+    monkeypatch.setattr(pipeline, "torch_has", lambda feature: feature != "pipelining_dualpipev")
+    assert "ScheduleDualPipeV" in pipeline.zero_bubble_refusal(
+        make_plan(pp=2, schedule="dualpipev", num_microbatches=4, layers=4))
+    assert pipeline.zero_bubble_refusal(
+        make_plan(pp=2, schedule="zbv", num_microbatches=2, layers=4)) is None
+
+
+@pytest.mark.parametrize("schedule,m", [("zbv", 2), ("dualpipev", 4)])
+def test_v_schedules_refuse_a_weight_tied_across_the_v(schedule, m):
+    """Under zbv and dualpipev stage 0 (embedding) and the last stage (head) share rank 0,
+    where the runtime cannot keep a tied weight's two copies equal; other schedules keep them
+    apart."""
+    v = make_plan(pp=2, schedule=schedule, num_microbatches=m, layers=4)
+    assert "tied" in same_rank_refusal(v, {"wte.weight": (0, 3)})
     zb2 = make_plan(pp=2, schedule="zb:2", num_microbatches=2, layers=4)
     assert same_rank_refusal(zb2, {"wte.weight": (0, 3)}) is None
 
 
 @needs("pipelining_zbv")
-def test_search_never_offers_zbv_for_the_tied_gpt():
+@needs("pipelining_dualpipev")
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_search_never_offers_a_v_for_the_tied_gpt(schedule):
     import fxplan
     from fxplan.inter_op.infeasible import NoRunnablePlan
 
     with pytest.raises(NoRunnablePlan, match="tied"):
         fxplan.search("gpt-tiny:dropout=0,seq=16,layers=4", "local-cpu:devices=2", batch=4,
-                      seq=16, progress=False, constraints={"pp": 2, "schedule": "zbv"})
+                      seq=16, progress=False, constraints={"pp": 2, "schedule": schedule})

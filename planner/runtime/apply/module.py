@@ -61,7 +61,8 @@ from torch.distributed.tensor import DTensor, Shard
 from fxplan.runtime.apply.build import materialize
 from fxplan.runtime.styles.context_parallel import install
 from fxplan.runtime.styles.data_parallel import apply_data_parallel
-from fxplan.runtime.apply.probe import ModuleProbe, model_output, probe_module
+from fxplan.runtime.apply.block_replay import block_structure, call_signature
+from fxplan.runtime.apply.probe import ModuleProbe, ReplayMemo, model_output, probe_module
 from fxplan.runtime.apply.recompute import apply_recompute
 from fxplan.runtime.apply.stages import (NoPositions, check_splittable, stage_module,
                                           token_embedding)
@@ -103,7 +104,9 @@ class ModuleLevel:
     """The decision that the plan runs at module level, and what building it needs.
 
     ``aliases``: every name of a tied weight → its first name; ``tied_users``: first name →
-    the stages that hold a copy (for :class:`~fxplan.runtime.apply.tied.TiedGradSync`)."""
+    the stages that hold a copy (for :class:`~fxplan.runtime.apply.tied.TiedGradSync`);
+    ``head_counts``: the local head counts set on attention modules under tp
+    (:mod:`fxplan.runtime.styles.tp_head_counts`)."""
 
     probe: ModuleProbe
     styles: dict[str, "ParallelStyle"]
@@ -111,6 +114,7 @@ class ModuleLevel:
     aliases: dict[str, str] = field(default_factory=dict)
     tied_users: dict[str, list[int]] = field(default_factory=dict)
     fallbacks: list[str] = field(default_factory=list)
+    head_counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def tied_aliases(model: nn.Module) -> dict[str, str]:
@@ -220,28 +224,42 @@ def _stage_io(plan: "Plan", probe: ModuleProbe, microbatch: Sequence[torch.Tenso
     return io
 
 
-def _check_stages_run(model: nn.Module, plan: "Plan", probe: ModuleProbe,
+def _check_stages_run(model: nn.Module, plan: "Plan", probe: ModuleProbe, memo: ReplayMemo,
                       microbatch: Sequence[torch.Tensor]) -> None:
     """Every stage's forward runs on fake tensors of its input, and the last returns the
     model's output shape: a forward that reads the token ids' shape (``b, t = idx.size()``
     on a later stage, which receives ``(b, t, h)``), iterates its layer container in a way
     the cut does not keep, or calls a replaced module with arguments it does not take,
     fails here, on one process and before any launch, not on every rank after it. (The
-    values are checked by :func:`_check_chain` when the model holds them.)"""
+    values are checked by :func:`_check_chain` when the model holds them.)
+
+    A stage that repeats one already run — the same ends (embedding, head), blocks of the
+    same structure (:func:`~fxplan.runtime.apply.block_replay.block_structure`) and an input
+    of the same metadata — returns what that one returned, unprobed: the middle stages of an
+    interleaved pipeline over identical layers are probed once."""
+    named = dict(model.named_modules())
+    outputs: dict[Any, torch.Tensor] = {}   # stage signature -> its output (meta)
     out: tuple[torch.Tensor, ...] = tuple(microbatch)
-    for k in range(len(plan.stages)):
-        try:
-            ran = probe_module(stage_module(model, plan, k, probe, share_blocks=True), out)
-        except NotExpressible:
-            raise
-        except Exception as err:  # noqa: BLE001 - any failure is the reason, named
-            text = (str(err).strip().splitlines() or [""])[0]
-            raise NotExpressible(f"pipeline stage {k} (blocks {plan.stages[k].layers[0]}-"
-                                 f"{plan.stages[k].layers[1] - 1}) does not run on its input "
-                                 f"{tuple(out[0].shape)} ({type(err).__name__}: {text})") from err
-        if ran.output is None:
-            raise NotExpressible(f"pipeline stage {k} returns no tensor")
-        out = (torch.empty(ran.output.shape, dtype=ran.output.dtype),)
+    for k, stage in enumerate(plan.stages):
+        key = (stage.has_embedding, stage.has_head, call_signature(out, {}),
+               tuple(block_structure(named[b], b, {}) for b in
+                     probe.blocks[stage.layers[0]:stage.layers[1]]))
+        if key not in outputs:
+            try:
+                ran = probe_module(stage_module(model, plan, k, probe, share_blocks=True), out,
+                                   memo=memo)
+            except NotExpressible:
+                raise
+            except Exception as err:  # noqa: BLE001 - any failure is the reason, named
+                text = (str(err).strip().splitlines() or [""])[0]
+                raise NotExpressible(f"pipeline stage {k} (blocks {stage.layers[0]}-"
+                                     f"{stage.layers[1] - 1}) does not run on its input "
+                                     f"{tuple(out[0].shape)} ({type(err).__name__}: "
+                                     f"{text})") from err
+            if ran.output is None:
+                raise NotExpressible(f"pipeline stage {k} returns no tensor")
+            outputs[key] = ran.output
+        out = (torch.empty(outputs[key].shape, dtype=outputs[key].dtype),)
     if probe.output is not None and out[0].shape != probe.output.shape:
         raise NotExpressible(f"the last pipeline stage returns {tuple(out[0].shape)} where the "
                              f"model returns {tuple(probe.output.shape)}")
@@ -273,8 +291,9 @@ def module_level_plan(model: nn.Module, plan: "Plan",
     module level; :class:`NotExpressible` says why not (module docstring)."""
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     microbatch = tuple(x[: plan.microbatch_size] for x in inputs)
+    memo = ReplayMemo()   # each kind of block runs once for all of this decision's probes
     try:
-        probe = probe_module(model, microbatch)
+        probe = probe_module(model, microbatch, memo=memo)
     except Exception as err:  # noqa: BLE001 - any failure of the probe is a reason to fall back
         raise NotExpressible(f"the module does not run on fake tensors ({type(err).__name__}: "
                              f"{err})") from err
@@ -301,20 +320,60 @@ def module_level_plan(model: nn.Module, plan: "Plan",
     if plan.tp > 1 and not styles:
         notes.append(replicated_tp_note(plan.tp))
     shapes = _local_shapes(model, plan, probe, styles)
+    head_counts: dict[str, dict[str, int]] = {}
     if shapes:
         try:
-            local = probe_module(model, microbatch, shapes)
-        except Exception as err:  # noqa: BLE001
-            raise NotExpressible(f"the forward fails with the tensor-parallel local shapes "
-                                 f"({type(err).__name__}: {err}); a fused projection or a "
-                                 "head count fixed in the code needs the graph rewrite") from err
-        check_local_attention(probe, local, plan.tp)
+            _check_local_run(model, plan, probe, microbatch, shapes, memo)
+        except NotExpressible as why:   # reshaped by counts on the module: set them locally
+            head_counts = _with_local_head_counts(model, plan, probe, microbatch, shapes, styles,
+                                                  why)
     if pipelined:
-        _check_stages_run(model, plan, probe, microbatch)
+        _check_stages_run(model, plan, probe, memo, microbatch)
     if pipelined and not any(t.is_meta for t in model.parameters()):
         _check_chain(model, plan, probe, microbatch)
     return ModuleLevel(probe, styles, _stage_io(plan, probe, microbatch), aliases, tied_users,
-                       notes)
+                       notes, head_counts)
+
+
+def _check_local_run(model: nn.Module, plan: "Plan", probe: ModuleProbe,
+                     microbatch: Sequence[torch.Tensor], shapes: Mapping[str, tuple[int, ...]],
+                     memo: ReplayMemo | None) -> None:
+    """The forward runs with the tensor-parallel local shapes and attends over the model's
+    positions (:func:`check_local_attention`); :class:`NotExpressible` otherwise."""
+    try:
+        local = probe_module(model, microbatch, shapes, memo=memo)
+    except Exception as err:  # noqa: BLE001
+        raise NotExpressible(f"the forward fails with the tensor-parallel local shapes "
+                             f"({type(err).__name__}: {err}); a fused projection or a "
+                             "head count fixed in the code needs the graph rewrite") from err
+    check_local_attention(probe, local, plan.tp)
+
+
+def _with_local_head_counts(model: nn.Module, plan: "Plan", probe: ModuleProbe,
+                            microbatch: Sequence[torch.Tensor],
+                            shapes: Mapping[str, tuple[int, ...]],
+                            styles: Mapping[str, Any], why: NotExpressible
+                            ) -> dict[str, dict[str, int]]:
+    """The local head counts under which the forward runs head-parallel
+    (:mod:`fxplan.runtime.styles.tp_head_counts`), checked as :func:`_check_local_run` checks
+    the forward without them (a fresh replay memo: the attributes change what a block does);
+    :class:`NotExpressible` with both reasons when there are none or they do not help."""
+    from fxplan.runtime.styles.tp_head_counts import local_head_counts, set_head_counts
+
+    try:
+        counts = local_head_counts(model, styles, plan.tp)
+    except NotExpressible as cannot:
+        raise NotExpressible(f"{why}; nor can its head counts be set per rank: {cannot}") from why
+    if not counts:
+        raise why
+    try:
+        with set_head_counts(model, counts):
+            _check_local_run(model, plan, probe, microbatch, shapes, None)
+    except NotExpressible as still:
+        named = ", ".join(f"{n}.{a}" for n, attrs in counts.items() for a in attrs)
+        raise NotExpressible(f"{still} (with the local head counts {named} set: the forward "
+                             "reshapes by a count fixed in the code)") from why
+    return counts
 
 
 def check_local_attention(full: ModuleProbe, local: ModuleProbe, tp: int) -> None:
@@ -382,6 +441,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
     from torch.distributed.tensor.parallel import parallelize_module
 
     from fxplan.runtime.apply.sharded_module import LocalStage
+    from fxplan.runtime.styles.tp_head_counts import apply_head_counts
 
     on_meta = any(t.is_meta for t in [*model.parameters(), *model.buffers()])
     pipelined = plan.pp * plan.virtual_stages > 1
@@ -402,6 +462,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             parallelize_module(inner, mesh["tp"], styles,
                                src_data_rank=None if on_meta else 0)
             _retie(inner, decided.aliases)
+            apply_head_counts(inner, decided.head_counts)   # this rank's heads (tp_head_counts)
         if ep_mesh is not None:
             shard_experts(inner, plan, mesh, ep_mesh, context)
         if on_meta:

@@ -26,19 +26,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.nn.utils.stateless import _reparametrize_module
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from fxplan.core.model_output import model_output
+from fxplan.runtime.apply.block_replay import BlockReplay, ReplayMemo, replaced_forwards
 from fxplan.passes.analyses.blocks import layer_containers
 
-__all__ = ["Call", "ModuleProbe", "probe_module", "model_output"]
+__all__ = ["Call", "ModuleProbe", "ReplayMemo", "probe_module", "model_output"]
 
 
 @dataclass
@@ -79,6 +81,16 @@ def _meta(t: torch.Tensor) -> torch.Tensor:
         return torch.empty(t.shape, dtype=t.dtype, device="meta")
 
 
+def _fake_empty(mode: FakeTensorMode, shape: Sequence[int], dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype, device=device)`` under ``mode``, made without
+    dispatch (a fake tensor over a contiguous ``meta`` tensor, as the dispatched call makes
+    it): the probe makes one per parameter, a quarter of its time through dispatch."""
+    with unset_fake_temporarily():
+        elem = torch.empty(shape, dtype=dtype, device="meta")
+    return FakeTensor(mode, elem, torch.device(device))
+
+
 def _first_tensor(value: Any) -> torch.Tensor | None:
     if isinstance(value, torch.Tensor):
         return value
@@ -101,16 +113,8 @@ def _routed_experts_by_shape(model: nn.Module) -> Iterator[None]:
     the eager loop's ``nonzero`` is data-dependent. The probe records shapes only."""
     from fxplan.runtime.styles.expert_parallel import is_routed_experts
 
-    patched = [(m, m.__dict__.get("forward")) for m in model.modules() if is_routed_experts(m)]
-    for module, _ in patched:
-        module.forward = _same_shape  # type: ignore[method-assign]
-    try:
+    with replaced_forwards([(m, _same_shape) for m in model.modules() if is_routed_experts(m)]):
         yield
-    finally:
-        for module, before in patched:
-            del module.forward
-            if before is not None:
-                module.forward = before  # type: ignore[method-assign]
 
 
 def _same_shape(hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -147,13 +151,29 @@ def _quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def _replayed(model: nn.Module, prefixes: Sequence[str], named: Mapping[str, nn.Module],
+              shapes: Mapping[str, tuple[int, ...]], started: dict[str, int],
+              probe: ModuleProbe, memo: ReplayMemo | None) -> contextlib.AbstractContextManager:
+    """The probe's run with the shortcut through repeated blocks installed on ``prefixes``
+    (:class:`~fxplan.runtime.apply.block_replay.BlockReplay`)."""
+    blocks = {p: named[p] for p in prefixes if p in named}
+    return BlockReplay(model, blocks, shapes, started, probe.calls, probe.attention,
+                       lambda call, order: replace(call, order=order), memo).installed()
+
+
 def probe_module(model: nn.Module, inputs: Sequence[torch.Tensor],
-                 shapes: Mapping[str, tuple[int, ...]] | None = None) -> ModuleProbe:
+                 shapes: Mapping[str, tuple[int, ...]] | None = None, *,
+                 replay: bool = True, memo: ReplayMemo | None = None) -> ModuleProbe:
     """Run ``model(*inputs)`` once on fake tensors and record its calls (module docstring).
 
     ``shapes``: parameters to give another shape for this run (their local shard shapes: a
     forward that hard-codes the global head count fails here, on one process, not later on
-    all of them)."""
+    all of them). ``replay``: a block that repeats one already run on arguments of the same
+    metadata is replayed, not run (:mod:`fxplan.runtime.apply.block_replay`: the same
+    answer, one layer's time); ``False`` runs every block, as does a probe run under a
+    caller's own torch function or dispatch mode (it watches the ops each block runs: the
+    context-parallel check counts each block's attention calls). ``memo``: the blocks already
+    run by other probes of the same model, in the same decision (:class:`ReplayMemo`)."""
     containers = layer_containers(model)
     named = dict(model.named_modules())
     prefixes = [f"{c}.{k}" if c else k for c in containers for k, _ in named[c].named_children()]
@@ -193,13 +213,17 @@ def probe_module(model: nn.Module, inputs: Sequence[torch.Tensor],
     device = inputs[0].device if inputs else torch.device("cpu")
     state = [*model.named_parameters(remove_duplicate=False),
              *model.named_buffers(remove_duplicate=False)]
+    shapes = shapes or {}
+    replay = replay and not (_get_current_dispatch_mode_stack()
+                             or _get_current_function_mode_stack())
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.no_grad(), _quiet():
-            shapes = shapes or {}
-            fakes = {n: torch.empty(shapes.get(n, t.shape), dtype=t.dtype, device=device)
+            fakes = {n: _fake_empty(mode, shapes.get(n, t.shape), t.dtype, device)
                      for n, t in state if t.is_meta or n in shapes}
             with _reparametrize_module(model, fakes) if fakes else contextlib.nullcontext(), \
-                    _routed_experts_by_shape(model), _AttentionShapes(probe.attention):
+                    _routed_experts_by_shape(model), \
+                    _replayed(model, prefixes, named, shapes, started, probe, memo) if replay \
+                    else contextlib.nullcontext(), _AttentionShapes(probe.attention):
                 out = model(*(mode.from_tensor(x) for x in inputs))
             probe.output = _meta(model_output(out))
     finally:

@@ -9,8 +9,9 @@ group), and says why the plan cannot run:
 * the expert-parallel checks refuse it (``ep`` against the model's experts);
 * a zero-bubble schedule beside recompute or data parallelism, which torch's split backward
   does not run (:func:`~fxplan.runtime.train.pipeline.zero_bubble_refusal`);
-* ``zbv`` puts the first and the last stage on one rank, where a weight tied between the
-  embedding and the head cannot be kept tied (:func:`~fxplan.runtime.apply.tied.same_rank_refusal`);
+* ``zbv`` and ``dualpipev`` put the first and the last stage on one rank, where a weight tied
+  between the embedding and the head cannot be kept tied
+  (:func:`~fxplan.runtime.apply.tied.same_rank_refusal`);
 * the module level refuses it (:class:`~fxplan.runtime.styles.tp_styles.NotExpressible`: a pipeline
   cut the model's forward does not allow, placements without a parallel style, attention
   that reshapes by a head count fixed in the code, …) and the graph rewrite cannot take it:

@@ -32,9 +32,10 @@ __all__ = ["TiedGradSync", "same_rank_refusal"]
 
 def same_rank_refusal(plan: "Plan", users: Mapping[str, Iterable[int]]) -> str | None:
     """Why the runtime cannot keep a weight tied when two of the stages that use it run on one
-    pipeline rank (``zbv`` puts the first and the last stage on rank 0), or ``None``: each
-    stage holds its own copy of a tied weight, and the copies are kept equal by summing their
-    gradients across pipeline ranks (this module), not between two stages of one rank."""
+    pipeline rank (``zbv``, ``dualpipev`` put the first and the last stage on rank 0), or
+    ``None``: each stage holds its own copy of a tied weight, and the copies are kept equal by
+    summing their gradients across pipeline ranks (this module), not between two stages of one
+    rank."""
     for fqn in sorted(users):
         stages = sorted(set(users[fqn]))
         ranks = [plan.schedule.placement(k, plan.pp)[0] for k in stages]

@@ -45,7 +45,7 @@ import torch
 
 from fxplan.core.errors import UserError
 
-__all__ = ["DataError", "DataSource", "TokenStream", "TokenFile", "SyntheticData", "HookData",
+__all__ = ["DataError", "DataSource", "EpochOrder", "TokenStream", "TokenFile", "SyntheticData", "HookData",
            "SCAN_BYTES", "check_token_file", "replica_coordinates", "token_dtype"]
 
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
@@ -69,6 +69,23 @@ def token_dtype(name: str, vocab: int | None) -> np.dtype:
     return np.dtype(name)
 
 
+class EpochOrder:
+    """The order of ``count`` items over epochs: global sample ``g`` is item ``π_e(g mod
+    count)`` of epoch ``e = ⌊g / count⌋``, ``π_e`` the permutation of ``0 … count−1`` drawn by
+    ``numpy.random.default_rng([seed, e])`` (module docstring; the last epoch's kept)."""
+
+    def __init__(self, count: int, seed: int) -> None:
+        self.count, self.seed = count, seed
+        self._permutation: tuple[int, np.ndarray] | None = None
+
+    def __call__(self, g: int) -> int:
+        epoch, position = divmod(g, self.count)
+        if self._permutation is None or self._permutation[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._permutation = (epoch, rng.permutation(self.count))
+        return int(self._permutation[1][position])
+
+
 class TokenStream:
     """Windows of a flat stream of token ids in a seeded, plan-independent order (module
     docstring). ``tokens``: anything with ``len`` whose slices ``tokens[a:b]`` are integer
@@ -83,15 +100,11 @@ class TokenStream:
         if self.windows < 1:
             raise DataError(f"{name}: {len(self.tokens)} tokens, fewer than one "
                             f"sample of seq + 1 = {seq + 1}")
-        self._permutation: tuple[int, np.ndarray] | None = None
+        self._order = EpochOrder(self.windows, seed)
 
     def window(self, g: int) -> int:
         """The window of global sample ``g``."""
-        epoch, position = divmod(g, self.windows)
-        if self._permutation is None or self._permutation[0] != epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._permutation = (epoch, rng.permutation(self.windows))
-        return int(self._permutation[1][position])
+        return self._order(g)
 
     def batch(self, step: int, start: int, stop: int) -> Batch:
         first = step * self.global_batch

@@ -11,11 +11,16 @@ shapes of one microbatch (from :class:`~fxplan.core.stage_io.StageIO`), communic
     zb[:v]          ScheduleInterleavedZeroBubble  backward split into input and weight
                                                    gradients, the weight's in the bubbles
     zbv             ScheduleZBVZeroBubble          the same, 2 stages per rank in a V
+    dualpipev       ScheduleDualPipeV              DeepSeek's DualPipe in the same V: forward
+                                                   and backward of two microbatches paired,
+                                                   run one after the other (m ≥ 2·pp)
 
-Under ``zbv`` rank ``r`` holds stages ``r`` and ``2·pp − 1 − r`` (:func:`local_stage_indices`),
-so the first and the last stage are both on rank 0. The zero-bubble schedules run each
-backward as torch's ``stage_backward_input`` (the autograd graph kept) and, later,
-``stage_backward_weight``.
+Under ``zbv`` and ``dualpipev`` rank ``r`` holds stages ``r`` and ``2·pp − 1 − r``
+(:func:`local_stage_indices`), so the first and the last stage are both on rank 0. The
+zero-bubble schedules run each split backward as torch's ``stage_backward_input`` (the
+autograd graph kept) and, later, ``stage_backward_weight`` (``dualpipev`` splits some of its
+backwards and runs the others whole). ``ScheduleDualPipeV``'s ``OVERLAP_F_B`` pairs run their
+forward, then their backward, as no custom overlap function is registered.
 
 The batch given to ``step`` is split into ``num_microbatches`` chunks along dim 0; the loss is
 computed per microbatch on the last stage and gradients are scaled by ``1/num_microbatches``
@@ -35,7 +40,7 @@ block's reduce-scatter is issued by FSDP's own post-backward hook as that block'
 finishes, and the pass after the schedule only divides by ``m`` (``scale_grads``). The sums
 are the same in the same order — ``Σ_{j<m} g_j`` accumulated unsharded with sync off, ``+ g_m``,
 then one reduce over dp, then ``/ m`` — so the gradients equal the deferred pass's. Under
-ZeRO-3 the stage reduces (and reshards) in every microbatch's backward instead
+ZeRO-2/3 the stage reduces in every microbatch's backward instead
 (:func:`~fxplan.runtime.train.accumulate.reduce_every_microbatch`): ``Σ_j reduce(g_j)``, the
 same sum in another order. DDP needs
 nothing: torch arms its reducer for the last backward (``prepare_for_backward``), whose
@@ -59,7 +64,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 from torch.distributed.pipelining._backward import stage_backward
 
 from fxplan.core.stage_io import StageIO
-from fxplan.runtime.train.accumulate import reduce_every_microbatch
+from fxplan.runtime.train.accumulate import keep_gathered, reduce_every_microbatch
 from fxplan.core.torch_support import FEATURES, installed_torch, torch_has
 from fxplan.runtime.apply.offload import RuntimeSupportError
 
@@ -76,6 +81,10 @@ logger = logging.getLogger("fxplan.runtime")
 #: kind.
 _MULTI: dict[str, type] = {"interleaved": ScheduleInterleaved1F1B,
                            "zb": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble}
+if torch_has("pipelining_dualpipev"):
+    from torch.distributed.pipelining import ScheduleDualPipeV
+
+    _MULTI["dualpipev"] = ScheduleDualPipeV
 
 
 def zero_bubble_refusal(plan: "Plan") -> str | None:
@@ -87,9 +96,11 @@ def zero_bubble_refusal(plan: "Plan") -> str | None:
     before the weight gradients exist (wrong gradients), and FSDP2's reduce-scatter deadlocks."""
     if not plan.schedule.split_backward or plan.pp == 1:
         return None
-    if plan.schedule.v_shape and not torch_has("pipelining_zbv"):
-        return (f"schedule zbv needs {FEATURES['pipelining_zbv'][2]}, which this torch "
-                f"({installed_torch()}) does not have; use zb or zb:2, or upgrade torch")
+    for feature in (("pipelining_zbv",) if plan.schedule.v_shape else ()) + (
+            ("pipelining_dualpipev",) if plan.schedule.kind == "dualpipev" else ()):
+        if not torch_has(feature):
+            return (f"schedule {plan.schedule} needs {FEATURES[feature][2]}, which this torch "
+                    f"({installed_torch()}) does not have; use zb or zb:2, or upgrade torch")
     if plan.recompute_summary != "none":
         return (f"schedule {plan.schedule} with recompute={plan.recompute_summary}: torch's "
                 "activation checkpoint cannot rerun its forward inside the split backward's "
@@ -104,23 +115,24 @@ def zero_bubble_refusal(plan: "Plan") -> str | None:
 
 def local_stage_indices(plan: "Plan", pp_rank: int) -> list[int]:
     """Stages this pipeline rank runs: ``k`` with ``k mod pp = pp_rank``, or under ``zbv``
-    the V ``pp_rank`` and ``2·pp − 1 − pp_rank`` (torch's ``stage_index_to_group_rank`` of
-    style ``"v"``)."""
+    and ``dualpipev`` the V ``pp_rank`` and ``2·pp − 1 − pp_rank`` (torch's
+    ``stage_index_to_group_rank`` of style ``"v"``)."""
     return [plan.schedule.virtual_stage(pp_rank, c, plan.pp) for c in range(plan.virtual_stages)]
 
 
 class ReduceInLastBackward(PipelineStage):
     """A ``PipelineStage`` whose FSDP2 / ``replicate`` gradient reduction runs inside the last
     microbatch's backward, block by block, instead of in a pass after the schedule (module
-    docstring) — inside *every* microbatch's backward when ``reduce_every`` (ZeRO-3 with
-    ``dp > 1``: gradients reduce-scattered and blocks resharded after each backward, so no
-    block stays gathered and no unsharded gradient is kept between microbatches, as the
-    stage memory model counts). For GPipe and 1F1B, whose schedule calls
+    docstring) — inside *every* microbatch's backward when ``reduce_every`` (ZeRO-2/3 with
+    ``dp > 1``: no unsharded gradient is kept between microbatches, as the stage memory
+    model counts), the blocks resharded after each backward unless ``gathered`` (ZeRO-2:
+    resharded after the last one only). For GPipe and 1F1B, whose schedule calls
     ``perform_reduce_grad`` once after the stage's last backward; any other stage behaves as
     torch's."""
 
     _reduced_in_backward = False
     reduce_every = False
+    gathered = False
 
     def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict,
                                    last_backward: bool = False) -> Any:
@@ -131,7 +143,7 @@ class ReduceInLastBackward(PipelineStage):
         # FSDP's post-backward hooks reduce-scatter (and reshard) each group as it finishes,
         # and its final callback (queued by the root's pre-backward hook) waits for them
         self.submod.set_is_last_backward(True)
-        self.submod.set_reshard_after_backward(True)
+        self.submod.set_reshard_after_backward(last_backward or not self.gathered)
         self.submod.set_requires_gradient_sync(True)
         self._reduced_in_backward = True
         grads = stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
@@ -165,6 +177,7 @@ def build_schedule(plan: "Plan", modules: Sequence[tuple[int, nn.Module]],
     for stage in stages:
         if isinstance(stage, ReduceInLastBackward):
             stage.reduce_every = reduce_every_microbatch(plan)
+            stage.gathered = keep_gathered(plan)
     n = plan.num_microbatches
     if multi:
         return _MULTI[plan.schedule.kind](stages, n, loss_fn=loss_fn)

@@ -1,6 +1,9 @@
 """A nanoGPT-style language model in small: its forward reads the token ids' shape
 (``b, t = idx.size()``) and computes its positions from it, and its blocks are
-``transformer.h``; the loss is the caller's (logits of every position)."""
+``transformer.h``; the loss is the caller's (logits of every position). Beside it: nanoGPT's
+own ``forward(idx, targets=None)`` (its loss when given targets, the last position's logits
+without), one whose own loss is not the trainer's default (label smoothing), and a
+``forward(idx)`` that returns the last position's logits only."""
 
 from __future__ import annotations
 
@@ -53,17 +56,45 @@ def build() -> tuple[nn.Module, torch.Tensor]:
 
 
 class InferenceGPT(GPT):
-    """nanoGPT's own ``forward(idx, targets=None)``: without targets it returns the last
-    position's logits and ``None`` (its inference path)."""
+    """nanoGPT's own ``forward(idx, targets=None)``: given targets, the logits and its loss;
+    without, the last position's logits and ``None`` (its inference path)."""
+
+    smoothing = 0.0
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits = super().forward(idx)
         if targets is None:
             return logits[:, [-1], :], None
-        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
+                                       ignore_index=-1, label_smoothing=self.smoothing)
 
 
 def build_inference() -> tuple[nn.Module, torch.Tensor]:
     """:class:`InferenceGPT` and an example batch of token ids (4 × 8)."""
     return InferenceGPT(), torch.zeros(4, 8, dtype=torch.long)
+
+
+class SmoothedGPT(InferenceGPT):
+    """nanoGPT's forward whose own loss is cross-entropy with label smoothing 0.1: not the
+    trainer's default, so a run on the default loss is told apart."""
+
+    smoothing = 0.1
+
+
+def build_smoothed() -> tuple[nn.Module, torch.Tensor]:
+    """:class:`SmoothedGPT` and an example batch of token ids (4 × 8)."""
+    return SmoothedGPT(), torch.zeros(4, 8, dtype=torch.long)
+
+
+class LastPositionGPT(GPT):
+    """A ``forward(idx)`` that returns the last position's logits only (an inference path
+    with no training path beside it)."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return super().forward(idx)[:, [-1], :]
+
+
+def build_last_position() -> tuple[nn.Module, torch.Tensor]:
+    """:class:`LastPositionGPT` and an example batch of token ids (4 × 8)."""
+    return LastPositionGPT(), torch.zeros(4, 8, dtype=torch.long)
