@@ -47,10 +47,19 @@ def test_constraints_name_them() -> None:
 
 def test_plan_constrained_to_dualpipev(capsys) -> None:  # type: ignore[no-untyped-def]
     """``fxplan plan … --constrain schedule=dualpipev`` returns a dualpipev plan for the untied
-    Llama on two ranks, with the fewest microbatches it runs (2·pp) or more."""
-    assert main(["plan", "llama-tiny:layers=4", "--cluster", "local-cpu:devices=2",
+    Llama on two ranks, with the fewest microbatches it runs (2·pp) or more — or, on a torch
+    without the pipelining it needs (2.11: no ``_StageMeta``), refuses in one paragraph that
+    says so."""
+    from fxplan.core.torch_support import torch_has
+
+    code = main(["plan", "llama-tiny:layers=4", "--cluster", "local-cpu:devices=2",
                  "--batch", "8", "--seq", "8", "--constrain", "pp=2,schedule=dualpipev",
-                 "--json"]) == 0
+                 "--json"])
+    if not (torch_has("pipelining_zbv") and torch_has("pipelining_dualpipev")):
+        assert code == 2
+        assert "schedule dualpipev needs torch.distributed.pipelining" in capsys.readouterr().err
+        return
+    assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert "dualpipev" in data["summary"], data["summary"]
     assert data["degrees"]["pp"] == 2
