@@ -605,7 +605,7 @@ def zero2_reduces_per_microbatch(config: ParallelConfig) -> bool:
     — without ZeRO-3's gathers (the blocks stay gathered from the step's first forward to
     its last backward), and the last backward carries no gradient buckets. With one
     microbatch the one reduction is the last backward's buckets (:func:`_buckets`)."""
-    return config.zero_stage == 2 and reduced_per_microbatch(config)
+    return config.keeps_blocks_gathered and reduced_per_microbatch(config)
 
 
 def reduced_per_microbatch(config: ParallelConfig) -> bool:

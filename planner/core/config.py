@@ -426,6 +426,15 @@ class ParallelConfig:
         return (self.zero_stage >= 2 and self.dp > 1
                 and (self.pp == 1 or self.schedule.kind in ("gpipe", "1f1b")))
 
+    @property
+    def keeps_blocks_gathered(self) -> bool:
+        """Whether the blocks stay gathered from one microbatch's backward to the next
+        forward: ZeRO-2 reducing in every backward (:attr:`reduces_every_microbatch`), whose
+        parameters are gathered once per step — before the step's first forward — and counted
+        whole by the memory model; only the last backward reshards them, so that the next
+        step gathers the updated shards."""
+        return self.zero_stage == 2 and self.reduces_every_microbatch
+
     def replace(self, **changes: Any) -> "ParallelConfig":
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)

@@ -180,6 +180,7 @@ class ModelProfile:
     def _build(self, tp: int, sp: bool, recompute: str, mb: int, fp8: bool, ep: int, cp: int,
                group: DeviceGroup) -> SegmentProfile:
         per_key: dict[str, tuple[float, ...]] = {}
+        tensors_of: dict[str, int] = {}
         moe = moe_layers(self.graph) if ep > 1 else {}
         attn = cp_layers(self.graph) if cp > 1 else {}
         ep_ranks = tuple(group.first_rank + j * tp for j in range(ep))
@@ -192,6 +193,7 @@ class ModelProfile:
             c = ep_segment(self._segment(key, tp, sp, recompute, mb, fp8, group), moe.get(key),
                            ep, work, recompute)
             c = cp_segment(c, cp, kv_bytes(attn.get(key), scale=scale, tp=tp), recompute)
+            tensors_of[key] = len(c.params)
             a2a = (alltoall_seconds(moe[key], scale=scale, tp=tp,
                                     ep_group=ep_ranks, cluster=self.cluster,
                                     recompute_full=recompute == "full", tp_group=tp_ranks)
@@ -213,8 +215,7 @@ class ModelProfile:
                       c.backward_s + c.recompute_s + self._comm(c.tp_backward, tp, group),
                       c.param_count, c.activations.saved) for c in ends)
         tied = sum(v for k, v in ends[0].params.items() if k in ends[1].params)
-        tensors = np.array([len(self._segment(k, tp, sp, recompute, mb, fp8, group).params)
-                            for k in self.keys], dtype=float)
+        tensors = np.array([tensors_of[k] for k in self.keys], dtype=float)
         end_tensors = (len(ends[0].params), len(ends[1].params),
                        sum(1 for k in ends[0].params if k in ends[1].params))
         return SegmentProfile(*(rows[:, i] for i in range(8)), pre, post, float(tied),

@@ -128,19 +128,19 @@ def _zero3_exposed(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray,
     behind the previous segment's compute, the chunk's first gather and its backward's first
     gather and last reduce-scatter exposed — with every segment's terms at once."""
     S, L = len(edges) - 1, len(prof.params)
-    gather = _split_per_layer("all_gather", prof, dp_ranks, cluster)
-    scatter = _split_per_layer("reduce_scatter", prof, dp_ranks, cluster)
-    psi = np.concatenate([[prof.pre[2]], prof.params, [prof.post[2]]])
-    ends = [(_coll("all_gather", 2.0 * float(x), dp_ranks, cluster),
-             _coll("reduce_scatter", 2.0 * float(x), dp_ranks, cluster))
-            for x in (prof.pre[2], prof.post[2])]
-    ag = np.concatenate([[ends[0][0]], gather, [ends[1][0]]])
-    rs = np.concatenate([[ends[0][1]], scatter, [ends[1][1]]])
+
+    def segments(kind: str) -> np.ndarray:   # pre, the layers, post
+        pre, post = (_coll(kind, 2.0 * float(x), dp_ranks, cluster)
+                     for x in (prof.pre[2], prof.post[2]))
+        return np.concatenate([[pre], _split_per_layer(kind, prof, dp_ranks, cluster), [post]])
+
+    rs = segments("reduce_scatter")
+    # ZeRO-2 reducing in every backward keeps its blocks gathered: no gathers
+    ag = segments("all_gather") if c.zero_stage == 3 else np.zeros_like(rs)
     if c.offload == "optimizer+params":
+        psi = np.concatenate([[prof.pre[2]], prof.params, [prof.post[2]]])
         copy = np.array([offload_segment_s(c, float(x), cluster.device(0))[0] for x in psi])
         ag, rs = ag + copy, rs + copy
-    if c.zero_stage != 3:   # ZeRO-2 reducing in every backward: its blocks stay gathered
-        ag = np.zeros_like(ag)
     f = np.concatenate([[prof.pre[0]], prof.fwd, [prof.post[0]]])
     b = np.concatenate([[prof.pre[1]], prof.bwd, [prof.post[1]]])
     # segment i of L + 2 (pre, layers, post); chunk j runs segments starts[j] … lasts[j]
@@ -169,8 +169,7 @@ def _broadcasts(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray, stag
     time ``t(x) = λ + x/β`` the batch costs ``Σ_i t(2ψ_i) = t(2Ψ_s) + (n_s − 1)·λ``, or with
     a host that queues each further collective at ``q`` seconds, ``t(2Ψ_s) + (n_s − 1)·q``;
     ``λ`` is the broadcast of one byte."""
-    counts = np.concatenate([[0.0], np.cumsum(prof.tensors)])
-    n = np.bincount(stage, weights=counts[edges[1:]] - counts[edges[:-1]], minlength=c.pp)
+    n = np.bincount(stage, weights=_spans(prof.tensors, edges), minlength=c.pp)
     pre, post, tied = prof.end_tensors
     n[0] += pre
     n[stage[-1]] += post - (tied if c.pp == 1 else 0)

@@ -40,8 +40,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from fxplan.runtime.train.accumulate import (accumulate_microbatches, keep_gathered,
-                                               reduce_every_microbatch)
+from fxplan.runtime.train.accumulate import accumulate_microbatches
 from fxplan.runtime.styles.data_parallel import make_optimizer
 from fxplan.runtime.styles.router_aux import with_router_aux
 from fxplan.runtime.apply.mesh import gather_merged
@@ -191,8 +190,8 @@ class ShardedModule:
                 (stage,) = self.stages
                 accumulate_microbatches(stage.module, args, kwargs["target"],
                                         self.plan.num_microbatches, loss_fn, losses,
-                                        reduce_every=reduce_every_microbatch(self.plan),
-                                        gathered=keep_gathered(self.plan))
+                                        reduce_every=self.plan.config.reduces_every_microbatch,
+                                        gathered=self.plan.config.keeps_blocks_gathered)
             else:
                 self._schedule(loss_fn).step(*args, **kwargs)
         if self.experts is not None:

@@ -16,26 +16,24 @@ FSDP's gradient sync off for every backward and reduces all blocks in one pass a
 off for microbatches ``1 … m−1`` only (FSDP2 ``set_requires_gradient_sync(False)``, DDP
 ``no_sync``), so the last microbatch's backward reduce-scatters (all-reduces) each block as its
 backward finishes — once per step, overlapping the rest of the backward. ZeRO-2 and ZeRO-3
-keep sync on in every backward (:func:`reduce_every_microbatch`): each block is
+keep sync on in every backward (``ParallelConfig.reduces_every_microbatch``): each block is
 reduce-scattered after each microbatch's backward, so no unsharded gradient outlives a
-microbatch; ZeRO-3 reshards each block after it, ZeRO-2 keeps the blocks gathered until the
-last backward (:func:`keep_gathered`). The reduction averages over ``dp``; the
+microbatch (deferred, FSDP2 would keep ``4·ψ_stage`` bytes of unsharded fp32 gradients, its
+``reduce_dtype``, where the memory model counts ``1/dp`` of them); ZeRO-3 reshards each block
+after it, ZeRO-2 keeps the blocks gathered until the last backward
+(``ParallelConfig.keeps_blocks_gathered``). The reduction averages over ``dp``; the
 division by ``m`` after it gives ``(1/dp) Σ_d (1/m) Σ_j ∇L_j^d``, the pipeline's gradient.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fxplan.core.plan import Plan
-
-__all__ = ["accumulate_microbatches", "grad_sync", "keep_gathered", "reduce_every_microbatch",
-           "reshard_after_backward"]
+__all__ = ["accumulate_microbatches", "grad_sync", "reshard_after_backward"]
 
 
 def grad_sync(module: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
@@ -51,23 +49,6 @@ def grad_sync(module: nn.Module, enabled: bool) -> contextlib.AbstractContextMan
         if isinstance(sub, FSDPModule):
             sub.set_requires_gradient_sync(enabled, recurse=False)
     return contextlib.nullcontext()
-
-
-def reduce_every_microbatch(plan: "Plan") -> bool:
-    """Whether the dp gradient reduction runs in every microbatch's backward
-    (:attr:`~fxplan.core.config.ParallelConfig.reduces_every_microbatch`: ZeRO-2/3 with
-    ``dp > 1``). Deferring it to the last backward would keep ``4·ψ_stage`` bytes of
-    unsharded fp32 gradients (FSDP2 accumulates in its ``reduce_dtype``) between
-    microbatches where the stage memory model counts ``1/dp`` of them."""
-    return plan.config.reduces_every_microbatch
-
-
-def keep_gathered(plan: "Plan") -> bool:
-    """Whether the blocks stay gathered from one microbatch's backward to the next forward:
-    ZeRO-2 with ``dp > 1`` (its parameters are gathered once per step — after the optimizer
-    step, before the first forward — and counted whole by the memory model; only the last
-    backward reshards them so that the next step gathers the updated shards)."""
-    return plan.zero_stage == 2 and plan.dp > 1
 
 
 def reshard_after_backward(module: nn.Module, enabled: bool) -> None:
@@ -87,9 +68,8 @@ def accumulate_microbatches(module: nn.Module, args: tuple[torch.Tensor, ...],
     """Forward, loss and backward of ``module`` over ``num_microbatches`` chunks of ``args``
     and ``target`` (dim 0), gradients accumulated and divided by ``num_microbatches``, the dp
     reduction in the last backward only (module docstring) — in every backward when
-    ``reduce_every`` (ZeRO-2/3: :func:`reduce_every_microbatch`), the blocks resharded in the
-    last backward only when ``gathered`` (ZeRO-2: :func:`keep_gathered`); each microbatch's
-    loss is appended to ``losses``."""
+    ``reduce_every`` (ZeRO-2/3), the blocks resharded in the last backward only when
+    ``gathered`` (ZeRO-2); each microbatch's loss is appended to ``losses``."""
     m = num_microbatches
     arg_chunks = [torch.tensor_split(arg, m, 0) for arg in args]
     target_chunks = torch.tensor_split(target, m, 0)

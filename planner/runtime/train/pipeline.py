@@ -41,7 +41,7 @@ finishes, and the pass after the schedule only divides by ``m`` (``scale_grads``
 are the same in the same order — ``Σ_{j<m} g_j`` accumulated unsharded with sync off, ``+ g_m``,
 then one reduce over dp, then ``/ m`` — so the gradients equal the deferred pass's. Under
 ZeRO-2/3 the stage reduces in every microbatch's backward instead
-(:func:`~fxplan.runtime.train.accumulate.reduce_every_microbatch`): ``Σ_j reduce(g_j)``, the
+(``ParallelConfig.reduces_every_microbatch``): ``Σ_j reduce(g_j)``, the
 same sum in another order. DDP needs
 nothing: torch arms its reducer for the last backward (``prepare_for_backward``), whose
 buckets all-reduce inside that backward already. The interleaved and zero-bubble schedules
@@ -64,7 +64,6 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 from torch.distributed.pipelining._backward import stage_backward
 
 from fxplan.core.stage_io import StageIO
-from fxplan.runtime.train.accumulate import keep_gathered, reduce_every_microbatch
 from fxplan.core.torch_support import FEATURES, installed_torch, torch_has
 from fxplan.runtime.apply.offload import RuntimeSupportError
 
@@ -176,8 +175,8 @@ def build_schedule(plan: "Plan", modules: Sequence[tuple[int, nn.Module]],
     ]
     for stage in stages:
         if isinstance(stage, ReduceInLastBackward):
-            stage.reduce_every = reduce_every_microbatch(plan)
-            stage.gathered = keep_gathered(plan)
+            stage.reduce_every = plan.config.reduces_every_microbatch
+            stage.gathered = plan.config.keeps_blocks_gathered
     n = plan.num_microbatches
     if multi:
         return _MULTI[plan.schedule.kind](stages, n, loss_fn=loss_fn)
