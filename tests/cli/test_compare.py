@@ -57,7 +57,7 @@ def test_sweep_arithmetic_against_plan(kinds, capsys, tmp_path):
     png = tmp_path / "pareto.png"
     out = run_json(capsys, "compare", MODEL, "--tokens", "10M", "--clusters", f"{slow},{fast}",
                    "--devices", "2..8", "--batch", str(BATCH), "--price",
-                   f"{slow}=1.0,{fast}=2.5", "--plot", str(png), "--json")
+                   f"{slow}=1.0,{fast}=2.5", "--plot", str(png), "--json", "--jobs", "1")
     rows = out["rows"]
     assert out["ranked_by"] == "cost" and out["seq"] == SEQ and out["batch"] == BATCH
     # sizes: powers of two in 2..8 each kind takes (4 per node: 2 (part of a node), 4, 8)
@@ -110,11 +110,11 @@ def test_deadline_keeps_the_smallest_size_meeting_it(kinds, capsys):
 def test_without_prices_it_ranks_by_device_hours(kinds, capsys):
     slow, fast = kinds
     assert main(["compare", MODEL, "--tokens", "10M", "--clusters", f"{slow},{fast}",
-                 "--devices", "4", "--batch", str(BATCH)]) == 0
+                 "--devices", "4", "--batch", str(BATCH), "--jobs", "1"]) == 0
     text = capsys.readouterr().out
     assert "no prices given: ranked by device-hours" in text
     out = run_json(capsys, "compare", MODEL, "--tokens", "10M", "--clusters", f"{slow},{fast}",
-                   "--devices", "4", "--batch", str(BATCH), "--json")
+                   "--devices", "4", "--batch", str(BATCH), "--json", "--jobs", "1")
     assert out["ranked_by"] == "device-hours"
     assert all(r["cost"] is None for r in out["rows"])
     hours = [r["device_hours"] for r in out["rows"]]
@@ -128,7 +128,7 @@ def test_prices_file_and_html(kinds, capsys, tmp_path):
     page = tmp_path / "compare.html"
     out = run_json(capsys, "compare", MODEL, "--tokens", "10M", "--clusters", f"{slow},{fast}",
                    "--devices", "4", "--batch", str(BATCH), "--prices", str(prices),
-                   "--html", str(page), "--json")
+                   "--html", str(page), "--json", "--jobs", "1")
     assert {r["price_per_device_hour"] for r in out["rows"]} == {1.5, 3.0}
     text = page.read_text(encoding="utf-8")
     assert "data:image/png;base64," in text and "ranked by cost" in text
@@ -174,6 +174,7 @@ def test_plan_batch_arguments_refused(capsys):
     assert "--batch-tokens: found '4Q'" in capsys.readouterr().err
 
 
+@pytest.mark.multirank
 def test_worker_processes_give_the_rows_of_one_process(kinds, capsys):
     slow, fast = kinds
     argv = ["compare", MODEL, "--tokens", "10M", "--clusters", f"{slow},{fast}", "--devices",
