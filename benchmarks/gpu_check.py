@@ -375,11 +375,32 @@ def _step(record: dict[str, Any], key: str, run: Any) -> Any:
     return record[key]
 
 
-def _save(record: dict[str, Any], stem: Path, started: float) -> None:
+def without_machine_paths(value: Any, places: dict[str, str]) -> Any:
+    """``value`` (a JSON tree) with each machine path of ``places`` replaced by its name.
+
+    The record is committed beside the project, so it names where things lay on the machine
+    that ran it by role (``<checkout>``, ``<python>``, ``<work>``), never by path; the longest
+    path is replaced first, so that one inside another keeps its own name.
+    """
+    if isinstance(value, dict):
+        return {k: without_machine_paths(v, places) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_machine_paths(v, places) for v in value]
+    if isinstance(value, str):
+        for path in sorted(places, key=len, reverse=True):
+            value = value.replace(path, places[path])
+    return value
+
+
+def _save(record: dict[str, Any], stem: Path, started: float, work: Path | None = None) -> None:
     """Write what is known so far (after every step, so that a check cut short keeps it)."""
     record["wall_time_s"] = round(time.perf_counter() - started, 1)
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(markdown(record))
+    places = {str(ROOT): "<checkout>", sys.prefix: "<python>", sys.base_prefix: "<python>"}
+    if work is not None:
+        places[str(work)] = "<work>"
+    public = without_machine_paths(record, places)
+    stem.with_suffix(".json").write_text(json.dumps(public, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(public))
 
 
 def main() -> int:
@@ -421,14 +442,14 @@ def main() -> int:
         if not gpu:
             base = "local-cpu:devices=1"
         record["base_spec"] = base
-        _save(record, stem, started)
+        _save(record, stem, started, work)
         print("gpu-check: numerics against a hand-written loop …", flush=True)
         _step(record, "numerics", lambda: numerics(base, model, batch, seq, steps, work, gpu))
-        _save(record, stem, started)
+        _save(record, stem, started, work)
         print("gpu-check: one device, each plan validated …", flush=True)
         rows = _step(record, "single_device", lambda: single_device(
             base, models, plans, steps, work, gpu, started + args.budget_s))
-        _save(record, stem, started)
+        _save(record, stem, started, work)
         print(f"gpu-check: calibrating from {base} …", flush=True)
         calibrated = work / "calibrated.yaml"
         _step(record, "calibration", lambda: fxplan_json("calibrate", "--cluster", base,
@@ -437,7 +458,7 @@ def main() -> int:
             record["calibrated_spec"] = calibrated.read_text()
             if isinstance(rows, list):
                 reprice(rows, calibrated, work, gpu)
-        _save(record, stem, started)
+        _save(record, stem, started, work)
         numerics_ok = not _failed(record["numerics"])
         if devices >= 2 and numerics_ok:
             multi = f"{base.split(':')[0]}:devices={devices}" if not gpu else base
@@ -445,7 +466,7 @@ def main() -> int:
             _step(record, "multi_device", lambda: multi_device(
                 multi, devices, model, batch, seq, steps, work, GPU_MULTI if gpu else CPU_MULTI,
                 record["numerics"]["launch_losses"]))
-        _save(record, stem, started)
+        _save(record, stem, started, work)
     print(markdown(record))
     print(f"gpu-check: wrote {stem}.json and {stem}.md in {record['wall_time_s']:.0f} s")
     return 0

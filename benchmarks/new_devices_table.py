@@ -4,6 +4,7 @@ vs AMD's expected throughput on MI300X and MI325X.
     python benchmarks/new_devices_table.py            # print the table
     python benchmarks/new_devices_table.py --write    # and rewrite its section of docs/benchmarks.md
     python benchmarks/new_devices_table.py --rows amd [--write]     # the MI300X/MI325X table
+    python benchmarks/new_devices_table.py --rows amd-measured [--write]  # measured MI300X/MI325X
 
 Published: ``benchmarks/data/megatron_bridge_2025_table.csv``, rows of NVIDIA's Megatron-Bridge
 performance summary (NeMo container 25.11; ``docs/performance-summary.md`` of
@@ -29,6 +30,10 @@ s = 8192, Transformer Engine FP8, each with its degrees, microbatch, global batc
 recompute (none) published, and the tokens/s and TFLOP/s per GPU a run is expected to reach
 (the suite's pass thresholds, set by AMD; not one measured run). Priced as above on
 ``mi300x`` / ``mi325x``, with the published recompute.
+
+``--rows amd-measured``: AMD's measured FSDP runs of Llama 3.1 8B on 8 MI300X or MI325X
+(``benchmarks/data/amd_pytorch_training_2025_table.csv``), priced by the same :func:`predict`
+with each row's precision (:mod:`amd_measured`).
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ class Row:
     pp: int
     tokens_per_s_per_gpu: float
     recompute: str | None = None     # the published policy; None: not published
+    fp8: bool = True                 # FP8 matmuls (every Megatron row); False: BF16
 
     @property
     def dp(self) -> int:
@@ -113,7 +119,7 @@ def predict(row: Row, graph) -> tuple[object, str, bool]:
             config = ParallelConfig(
                 dp=row.dp, tp=row.tp, pp=row.pp, microbatch_size=row.microbatch,
                 schedule=Schedule("interleaved", v) if v > 1 else Schedule("1f1b"),
-                recompute=policy, zero_stage=3 if row.fsdp else 1, fp8=True,
+                recompute=policy, zero_stage=3 if row.fsdp else 1, fp8=row.fp8,
                 sequence_parallel=row.tp > 1)
             result = estimate(graph, cluster, config, batch=row.batch, seq=row.seq)
             key = (not result.fits, result.step_time_s)
@@ -143,11 +149,16 @@ def table(rows: list[Row]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write", action="store_true", help="rewrite the docs section")
-    parser.add_argument("--rows", choices=sorted(SOURCES), default="nvidia",
+    parser.add_argument("--rows", choices=sorted([*SOURCES, "amd-measured"]), default="nvidia",
                         help="the published table to price (module docstring)")
     args = parser.parse_args()
-    path, start, end = SOURCES[args.rows]
-    text = table(load_rows(path))
+    if args.rows == "amd-measured":
+        import amd_measured
+        start, end = amd_measured.START, amd_measured.END
+        text = amd_measured.table(amd_measured.load_rows())
+    else:
+        path, start, end = SOURCES[args.rows]
+        text = table(load_rows(path))
     if args.write:
         doc = DOC.read_text(encoding="utf-8")
         head, _, rest = doc.partition(start)

@@ -96,7 +96,9 @@ V_SHAPED: tuple[str, ...] = ("zbv", "dualpipev")
 
 @dataclass(frozen=True, eq=False)
 class ScheduleOrder:
-    """Per-stage op orders as ``(p, K)`` integer arrays, ``K = 2·m·v``.
+    """Per-stage op orders as ``(p, K)`` integer arrays: ``K = 2·m·v`` ops per stage (a
+    forward and a backward per microbatch and chunk), ``K = 3·m·v`` where the backward is split
+    into ``B`` and ``W``.
 
     ``kind[s, k]`` is :data:`FORWARD`, :data:`BACKWARD` or (a split backward's weight
     gradient) :data:`WEIGHT`, ``microbatch`` and ``chunk`` the op's microbatch and model
