@@ -85,7 +85,10 @@ run on the main thread every step, with ``P`` parameter tensors (measured on ``l
     t_ddp = ddp_step_us + P · ddp_tensor_us                    (:func:`ddp_host_s`)
 
 charged with the optimizer's host work; the device's ``step_overhead_us`` is the host work
-every step has (clipping, the schedule, ``zero_grad``), DDP or not.
+every step has (clipping, the schedule, ``zero_grad``), DDP or not. Beside a zero-bubble
+pipeline no DDP runs (the gradients are all-reduced in one pass after the step,
+:mod:`fxplan.core.zero_bubble_dp`): that pass's copies into and out of its buckets are not
+measured, and not charged.
 
 **The pipeline runtime's host work.** Where ``pp > 1`` each stage runs
 ``torch.distributed.pipelining``'s schedule: per step it splits the batch and builds its
@@ -141,6 +144,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from fxplan.core.zero_bubble_dp import reduces_after_step
 from fxplan.cost_model.compute.efficiency import family_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -215,8 +219,11 @@ def fsdp_params(config: ParallelConfig) -> bool:
 
 def ddp_runs(config: ParallelConfig) -> bool:
     """Whether the runtime wraps the stage in PyTorch DDP: ``dp > 1`` without tensor
-    parallelism and without FSDP2 (ZeRO-0/1; :mod:`fxplan.runtime.styles.data_parallel`)."""
-    return config.dp > 1 and config.tp == 1 and not fsdp_params(config)
+    parallelism and without FSDP2 (ZeRO-0/1; :mod:`fxplan.runtime.styles.data_parallel`),
+    unless a zero-bubble pipeline reduces after its step instead
+    (:func:`fxplan.core.zero_bubble_dp.reduces_after_step`: no wrapper, no buffer broadcast)."""
+    return (config.dp > 1 and config.tp == 1 and not fsdp_params(config)
+            and not reduces_after_step(config))
 
 
 def ddp_buffer_bytes(buffers: Iterable[tuple[str, float, str]], layers: Sequence[str],

@@ -40,6 +40,7 @@ headroom free (:mod:`cost_model.memory.headroom`): ``total + headroom ≤ memory
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from operator import attrgetter
 
 __all__ = ["ADAM_FP32", "ADAM_MIXED", "GIB", "MEMORY_LEGEND", "MEMORY_ROWS", "MemoryBreakdown",
            "ModelStates", "OptimizerSpec", "adam_for", "model_state_bytes"]
@@ -129,6 +130,10 @@ MEMORY_ROWS: dict[str, str] = {
 }
 
 
+#: The :data:`MEMORY_ROWS` terms of a :class:`MemoryBreakdown` as a tuple, in their order.
+_ROW_VALUES = attrgetter(*MEMORY_ROWS)
+
+
 #: What the short column titles of :data:`MEMORY_ROWS` stand for (a table's caption).
 MEMORY_LEGEND = ("CUDA: CUDA context; NCCL: NCCL communicator buffers; frag.: caching-allocator "
                  "fragmentation; reserved: set aside by the device spec")
@@ -161,7 +166,7 @@ class MemoryBreakdown:
     def total(self) -> float:
         """Device bytes: the sum of the :data:`MEMORY_ROWS` terms (capacity, headroom and the
         host fields excluded)."""
-        return sum(getattr(self, name) for name in MEMORY_ROWS)
+        return sum(_ROW_VALUES(self))
 
     @property
     def free(self) -> float:

@@ -96,7 +96,8 @@ class Estimate:
         return all(m.fits for m in self.memory)
 
     def timeline(self) -> list[TimelineEvent]:
-        """``(stage, "F"|"B", microbatch, chunk, start, end)`` of every pipeline op."""
+        """``(stage, "F"|"B"|"W", microbatch, chunk, start, end)`` of every pipeline op (``W``: a
+        split backward's weight gradient)."""
         return self.simulation.timeline.events()
 
     def to_dict(self) -> dict[str, Any]:

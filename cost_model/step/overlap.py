@@ -14,9 +14,11 @@ happens in the last microbatch's backward of the stage (``runtime.train.pipeline
 ReduceInLastBackward``, DDP's ``prepare_for_backward``). Under the multi-stage schedules
 (``interleaved``, ``zb``, ``zbv``, ``dualpipev``) with FSDP2 or ``replicate`` torch runs its
 ``REDUCE_GRAD``
-action after each stage's last backward and waits for it, so nothing overlaps: the
+action after each stage's last backward and waits for it, and beside a zero-bubble schedule
+the runtime wraps nothing and all-reduces every gradient in one pass after the step's last
+weight-gradient op (:mod:`fxplan.core.zero_bubble_dp`), so nothing overlaps: the
 simulator prices those reductions blocking (:func:`dp_reduce_blocks`), and the overlap is
-not listed. (DDP beside those schedules still reduces inside the last backward; and a
+not listed. (DDP beside ``interleaved`` still reduces inside the last backward; and a
 configuration priced for Megatron-Core, :func:`megatron_priced`, keeps the overlap its
 ``--overlap-grad-reduce`` performs.)
 
@@ -68,8 +70,10 @@ class Overlap:
 
 def dp_reduce_blocks(config: ParallelConfig) -> bool:
     """Whether the data-parallel gradient reduction runs after the backward and blocks (torch's
-    ``REDUCE_GRAD`` action of the multi-stage schedules with FSDP2 / ``replicate``), rather
-    than inside the last microbatch's backward (module docstring)."""
+    ``REDUCE_GRAD`` action of the multi-stage schedules with FSDP2 / ``replicate``; the pass
+    after a zero-bubble schedule's step, where no DDP runs:
+    :func:`~fxplan.cost_model.host.host_overhead.ddp_runs`), rather than inside the last
+    microbatch's backward (module docstring)."""
     return (config.pp > 1 and config.dp > 1 and config.zero_stage < 3
             and config.schedule.kind in MULTI_STAGE_SCHEDULES and not ddp_runs(config)
             and not megatron_priced(config))
@@ -85,7 +89,17 @@ def megatron_priced(config: ParallelConfig) -> bool:
 
 def relied_overlaps(config: ParallelConfig, comm_overlap: float = 1.0) -> tuple[Overlap, ...]:
     """The overlaps the estimate of ``config`` credits (module docstring), ``comm_overlap``
-    the devices' ``ω`` (the smallest over the cluster's device groups)."""
+    the devices' ``ω`` (the smallest over the cluster's device groups). With a ZeRO stage per
+    pipeline rank (``zero_stages``), those of every rank's own configuration, each named once
+    with its ranks' mechanisms."""
+    if config.zero_stages is not None:
+        merged: dict[str, list[str]] = {}
+        for rank in range(config.pp):
+            for item in relied_overlaps(config.at_pipeline_rank(rank), comm_overlap):
+                mechanisms = merged.setdefault(item.name, [])
+                if item.mechanism not in mechanisms:
+                    mechanisms.append(item.mechanism)
+        return tuple(Overlap(name, "; ".join(m)) for name, m in merged.items())
     out: list[Overlap] = []
     hide = comm_overlap > 0
     if hide and config.dp > 1 and config.zero_stage < 3 and not dp_reduce_blocks(config):

@@ -171,10 +171,20 @@ class InflightCounts:
 
 @lru_cache(maxsize=1 << 13)
 def inflight_counts(kind: str, stages: int, chunks: int, microbatches: int) -> InflightCounts:
-    """The cached :class:`InflightCounts` of :func:`schedule_order`'s order (which keeps only
-    the most recent orders: the search visits thousands of ``(kind, p, v, m)``)."""
-    order = schedule_order(kind, stages, chunks, microbatches)
-    return InflightCounts(order.stages, order.inflight_peak, _inflight_profiles(order))
+    """The cached :class:`InflightCounts` of :func:`schedule_order`'s order, read off the op
+    kinds and chunks alone (:func:`_op_arrays`; the dependencies are not needed), kept for
+    every ``(kind, p, v, m)`` the search visits (:func:`schedule_order` keeps only the most
+    recent orders). One chunk per stage (GPipe, 1F1B), the count grows only at forwards, one at
+    a time, so it passes every value from 1 to its peak right after a forward: the profile
+    of stage ``s`` is ``1, 2, …, n_s`` with ``n_s = m`` (GPipe) or ``min(p − s, m)`` (1F1B)."""
+    if kind in ("gpipe", "1f1b") and chunks == 1:
+        peak = np.minimum(stages - np.arange(stages), microbatches) if kind == "1f1b" \
+            else np.full(stages, microbatches)
+        return InflightCounts(stages, peak[:, None],
+                              tuple(np.arange(1.0, n + 1.0)[:, None] for n in peak))
+    kinds, _, chunk, _ = _op_arrays(kind, stages, chunks, microbatches, numbered=False)
+    counts = _chunk_counts(kinds, chunk, chunks)
+    return InflightCounts(stages, counts.max(axis=1), _profiles(kinds, counts))
 
 
 def _signs(kinds: np.ndarray) -> np.ndarray:
@@ -186,14 +196,28 @@ def _signs(kinds: np.ndarray) -> np.ndarray:
 
 @lru_cache(maxsize=256)
 def _inflight_profiles(order: ScheduleOrder) -> tuple[np.ndarray, ...]:
+    """:func:`_profiles` of ``order``."""
+    return _profiles(order.kind, _chunk_counts(order.kind, order.chunk, order.chunks))
+
+
+def _chunk_counts(kinds: np.ndarray, chunk: np.ndarray, v: int) -> np.ndarray:
+    """``(p, K, v)``: the microbatches of each chunk each stage holds right after each of its
+    ops (``kinds``, ``chunk``: the ``(p, K)`` op arrays)."""
+    signs = _signs(kinds)
+    return np.stack([np.cumsum(np.where(chunk == c, signs, 0), axis=1) for c in range(v)],
+                    axis=-1)
+
+
+def _profiles(kinds: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, ...]:
     """Per stage, the distinct per-chunk in-flight counts right after each forward (the only
-    places a weighted total can peak), as ``(n, v)`` arrays."""
-    signs = _signs(order.kind)
-    counts = np.stack([np.cumsum(np.where(order.chunk == c, signs, 0), axis=1)
-                       for c in range(order.chunks)], axis=-1)          # (p, K, v)
-    forward = order.kind == FORWARD
-    return tuple(_unique_rows(counts[s][forward[s]]).astype(float)
-                 for s in range(order.stages))
+    places a weighted total can peak), as ``(n, v)`` arrays; ``counts``: :func:`_chunk_counts`
+    of the ``(p, K)`` op kinds ``kinds``."""
+    forward = kinds == FORWARD
+    # every stage's rows at once, the stage as their first column: sorted by stage, then row
+    stage = np.nonzero(forward)[0]
+    rows = _unique_rows(np.column_stack([stage, counts[forward]]))
+    ends = np.searchsorted(rows[:, 0], np.arange(1, kinds.shape[0]))
+    return tuple(part[:, 1:].astype(float) for part in np.split(rows, ends))
 
 
 def _unique_rows(rows: np.ndarray) -> np.ndarray:
@@ -218,177 +242,190 @@ def _unique_rows(rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def _gpipe(p: int, s: int, m: int) -> list[tuple[int, int, int]]:
-    return [(FORWARD, mb, 0) for mb in range(m)] + [(BACKWARD, mb, 0) for mb in range(m)]
+def _warmup_steady_drain(kind: str, p: int, v: int, m: int
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(kind, microbatch, chunk)`` op arrays, ``(p, 2·m·v)`` each, of ``gpipe``, ``1f1b`` and
+    ``interleaved:v`` (module docstring): stage ``s`` runs ``w_s`` warm-up forwards, then
+    alternates a forward and a backward, then drains the backwards, over the ``n = m·v``
+    virtual microbatches (``w_s = n`` for GPipe; ``v = 1`` but for interleaved). Forward
+    ``k`` and backward ``k`` of stage ``s`` thus sit at
 
+        pos_F(k) = k                    k < w_s       pos_B(k) = w_s + 2k + 1    k < n − w_s
+                 = w_s + 2(k − w_s)     else                   = n + k           else
 
-def _one_f_one_b(p: int, s: int, m: int) -> list[tuple[int, int, int]]:
-    warmup = min(p - s - 1, m)
-    ops = [(FORWARD, mb, 0) for mb in range(warmup)]
-    for k in range(m - warmup):
-        ops += [(FORWARD, warmup + k, 0), (BACKWARD, k, 0)]
-    return ops + [(BACKWARD, mb, 0) for mb in range(m - warmup, m)]
-
-
-def _interleaved(p: int, v: int, s: int, m: int) -> list[tuple[int, int, int]]:
-    total = m * v
+    and virtual microbatch ``k`` is microbatch ``(k div p·v)·p + k mod p`` of chunk
+    ``(k mod p·v) div p`` (the backwards visit the chunks in reverse)."""
+    n = m * v
+    s = np.arange(p)
+    if kind == "gpipe":
+        warmup = np.full(p, n)
+    elif kind == "1f1b":
+        warmup = np.minimum(p - s - 1, m)
+    else:
+        warmup = np.full(p, n) if m == p else np.minimum(2 * (p - s - 1) + (v - 1) * p, n)
+    k = np.arange(n)[None, :]
+    w = warmup[:, None]
+    forward = np.where(k < w, k, w + 2 * (k - w))
+    backward = np.where(k < n - w, w + 2 * k + 1, n + k)
     group = p * v
-
-    def virtual(k: int, kind: int) -> tuple[int, int, int]:
-        chunk = (k % group) // p
-        if kind == BACKWARD:
-            chunk = v - 1 - chunk
-        return (kind, (k // group) * p + k % p, chunk)
-
-    warmup = total if m == p else min(2 * (p - s - 1) + (v - 1) * p, total)
-    ops = [virtual(k, FORWARD) for k in range(warmup)]
-    for k in range(total - warmup):
-        ops += [virtual(warmup + k, FORWARD), virtual(k, BACKWARD)]
-    return ops + [virtual(k, BACKWARD) for k in range(total - warmup, total)]
+    microbatch = (k // group) * p + k % p
+    chunk = (k % group) // p
+    rows = np.broadcast_to(s[:, None], (p, n))
+    kinds = np.empty((p, 2 * n), dtype=np.int64)
+    mbs = np.empty((p, 2 * n), dtype=np.int64)
+    chs = np.empty((p, 2 * n), dtype=np.int64)
+    kinds[rows, forward], kinds[rows, backward] = FORWARD, BACKWARD
+    mbs[rows, forward], mbs[rows, backward] = microbatch, microbatch
+    chs[rows, forward], chs[rows, backward] = chunk, v - 1 - chunk
+    return kinds, mbs, chs
 
 
-def _zero_bubble(p: int, v: int, s: int, m: int) -> list[tuple[int, int, int]]:
-    """torch's ``ScheduleInterleavedZeroBubble`` order of stage ``s`` (module docstring)."""
+def _numbered(kinds: np.ndarray, chunks: np.ndarray, v: int) -> np.ndarray:
+    """Each op's microbatch where the ops of one kind and chunk take the microbatches in
+    order: how many ops of its kind and chunk come before it on its stage (``(p, K)`` op
+    arrays, the order along the last axis)."""
+    code = (kinds * v + chunks)[..., None]
+    seen = np.cumsum(code == np.arange(3 * v), axis=-2)
+    return np.take_along_axis(seen, code, axis=-1)[..., 0] - 1
+
+
+def _zero_bubble(p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """torch's ``ScheduleInterleavedZeroBubble`` order (module docstring) as ``(p, K)`` kind
+    and chunk arrays. Over steps ``t = 0, 1, …`` (``n = m·v`` virtual microbatches, ``w_s``
+    stage ``s``'s warm-up, ``q`` microbatches a round) step ``t`` of stage ``s`` runs
+
+        F of chunk (t div q) mod v                 t < n
+        B of chunk v−1 − ((t−w_s) div q) mod v      w_s ≤ t < w_s + n
+        W of the B of step t − s                   w_s + s ≤ t < w_s + s + n
+
+    (so ``s`` weight gradients wait, the last ``s`` run after the last ``B``): ``3n`` ops on
+    every stage."""
     rounds = max(1, m // p)
-    per_round = m // rounds
-    warmup = min((v - 1) * per_round + (p - 1 - s), m * v)
-    total = m * v
-    steady = total - warmup
-    counters = {FORWARD: [0] * v, BACKWARD: [0] * v, WEIGHT: [0] * v}
+    q = m // rounds
+    n = m * v
+    s = np.arange(p)[:, None]
+    w = np.minimum((v - 1) * q + (p - 1 - s), n)
+    t = np.arange(int((w + s).max()) + n)[None, :]
 
-    def op(kind: int, chunk: int) -> tuple[int, int, int]:
-        mb = counters[kind][chunk]
-        counters[kind][chunk] += 1
-        return (kind, mb, chunk)
+    def b_chunk(step: np.ndarray) -> np.ndarray:
+        return v - 1 - ((step - w) // q) % v
 
-    def f_chunk(step: int) -> int:
-        return (step // per_round) % v
-
-    def b_chunk(step: int) -> int:
-        return v - 1 - ((step - warmup) // per_round) % v
-
-    ops: list[tuple[int, int, int]] = []
-    backward_steps: list[int] = []
-    weights = 0
-    for step in range(warmup + steady + warmup):
-        if step < warmup:
-            ops.append(op(FORWARD, f_chunk(step)))
-            continue
-        if step < warmup + steady:
-            ops.append(op(FORWARD, f_chunk(step)))
-        ops.append(op(BACKWARD, b_chunk(step)))
-        backward_steps.append(step)
-        if step - warmup >= s:
-            ops.append(op(WEIGHT, b_chunk(backward_steps[weights])))
-            weights += 1
-    for step in backward_steps[weights:]:
-        ops.append(op(WEIGHT, b_chunk(step)))
-    return ops
+    present = np.stack([np.broadcast_to(t < n, (p, t.shape[1])), (t >= w) & (t < w + n),
+                        (t >= w + s) & (t < w + s + n)], axis=-1)
+    chunks = np.stack([np.broadcast_to((t // q) % v, (p, t.shape[1])), b_chunk(t),
+                       b_chunk(t - s)], axis=-1)
+    kinds = np.broadcast_to(np.array([FORWARD, BACKWARD, WEIGHT]), present.shape)
+    return kinds[present].reshape(p, 3 * n), chunks[present].reshape(p, 3 * n)
 
 
-def _zbv(p: int, s: int, m: int) -> list[tuple[int, int, int]]:
-    """torch's ``ScheduleZBVZeroBubble`` order of stage ``s`` (module docstring); chunk 0 is
-    virtual stage ``s``, chunk 1 virtual stage ``2p−1−s``."""
+def _repeated(*phases: tuple[tuple[tuple[int, ...], ...], int]) -> np.ndarray:
+    """The op rows of ``phases`` run in turn, each a pattern of rows (``(kind, chunk, …)``)
+    repeated a number of times (none when it is ``≤ 0``)."""
+    return np.concatenate([np.tile(np.array(pattern, dtype=np.int64), (max(times, 0), 1))
+                           for pattern, times in phases])
+
+
+def _zbv(p: int, s: int, m: int) -> np.ndarray:
+    """torch's ``ScheduleZBVZeroBubble`` order of stage ``s`` (module docstring) as ``(6n, 2)``
+    ``(kind, chunk)`` rows; chunk 0 is virtual stage ``s``, chunk 1 virtual stage ``2p−1−s``.
+    torch builds it
+    for ``n = max(2p−1, m)`` microbatches: warm-up ``2(p−s)−1`` ``F0``, ``s`` pairs
+    ``F1 F0``, ``p−s`` triples ``F1 B1 W1``; ``n−p`` steady steps ``F0 B0 W0 F1 B1 W1``, the
+    last ``p−s−1`` without their ``F0`` (chunk 0 has run its ``n`` forwards); cool-down ``s``
+    pairs ``B0 B1``, ``p−s`` pairs ``B0 W0``, then the ``s`` ``W1`` and ``s`` ``W0`` left
+    (the ops of microbatches ``≥ m`` are dropped by :func:`_op_arrays`)."""
     n = max(2 * p - 1, m)
-    ops: list[tuple[int, int, int]] = []
-    count = {(k, c): 0 for k in (FORWARD, BACKWARD, WEIGHT) for c in (0, 1)}
-
-    def add(kind: int, chunk: int) -> None:
-        ops.append((kind, count[kind, chunk], chunk))
-        count[kind, chunk] += 1
-
-    for _ in range(2 * (p - s) - 1):
-        add(FORWARD, 0)
-    for _ in range(s):
-        add(FORWARD, 1)
-        add(FORWARD, 0)
-    for _ in range(p - s):
-        add(FORWARD, 1)
-        add(BACKWARD, 1)
-        add(WEIGHT, 1)
-    while count[FORWARD, 1] < count[FORWARD, 0] or count[FORWARD, 0] < n:
-        if count[FORWARD, 0] < n:
-            add(FORWARD, 0)
-        add(BACKWARD, 0)
-        add(WEIGHT, 0)
-        add(FORWARD, 1)
-        add(BACKWARD, 1)
-        add(WEIGHT, 1)
-    weights = {0: count[BACKWARD, 0], 1: count[BACKWARD, 1]}
-    for _ in range(s):
-        add(BACKWARD, 0)
-        add(BACKWARD, 1)
-    for _ in range(p - s):
-        add(BACKWARD, 0)
-        ops.append((WEIGHT, weights[0], 0))
-        weights[0] += 1
-    for chunk in (1, 0):
-        while weights[chunk] < count[BACKWARD, chunk]:
-            ops.append((WEIGHT, weights[chunk], chunk))
-            weights[chunk] += 1
-    return [o for o in ops if o[1] < m]
+    F, B, W = FORWARD, BACKWARD, WEIGHT
+    rows = _repeated((((F, 0),), 2 * (p - s) - 1),
+                              (((F, 1), (F, 0)), s),
+                              (((F, 1), (B, 1), (W, 1)), p - s),
+                              (((F, 0), (B, 0), (W, 0), (F, 1), (B, 1), (W, 1)), n - 2 * p + s + 1),
+                              (((B, 0), (W, 0), (F, 1), (B, 1), (W, 1)), p - s - 1),
+                              (((B, 0), (B, 1)), s),
+                              (((B, 0), (W, 0)), p - s),
+                              (((W, 1),), s),
+                              (((W, 0),), s))
+    return rows
 
 
-def _dualpipev(p: int, s: int, m: int) -> list[tuple[int, int, int, int]]:
-    """torch's ``ScheduleDualPipeV`` order of stage ``s`` (module docstring) as ``(kind,
-    microbatch, chunk, later)``: the op's output leaves the stage ``later`` ops after it
-    (a whole backward's input gradient after its ``W``, both outputs of an ``F & B`` pair
-    after the pair)."""
-    ops: list[tuple[int, int, int, int]] = []
-    issued = {(k, c): 0 for k in (FORWARD, BACKWARD) for c in (0, 1)}
-    unweighted: list[tuple[int, int]] = []      # split backwards whose W has not run, oldest first
+def _dualpipev(p: int, s: int, m: int) -> np.ndarray:
+    """torch's ``ScheduleDualPipeV`` order of stage ``s`` (module docstring) as ``(6m, 4)``
+    ``(kind, chunk, later, waits)`` rows: the op's output leaves the stage ``later`` ops
+    after it (a whole backward's input gradient after its ``W``, both outputs of an
+    ``F & B`` pair after the pair). Built from the module docstring's phases with each op's
+    chunk and ``later``; the forwards and backwards of a chunk take its microbatches in
+    order, a ``W`` right after its ``B`` is that ``B``'s (``waits = 0``), and the other ``W``
+    take the split backwards still waiting (``waits = 1``), oldest first
+    (:func:`_dualpipev_numbered`)."""
+    F, B, W = FORWARD, BACKWARD, WEIGHT
+    # (kind, chunk, later, waits): a split backward whose W waits (waits = 1), a W taking
+    # the oldest of them (waits = 1, chunk set below), else a W right after its own B
+    f0, f1, pf0, pf1 = (F, 0, 0, 0), (F, 1, 0, 0), (F, 0, 2, 0), (F, 1, 2, 0)
+    whole0, whole1 = ((B, 0, 1, 0), (W, 0, 0, 0)), ((B, 1, 1, 0), (W, 1, 0, 0))
+    oldest = (W, 0, 0, 1)
+    steps = m - 2 * p + s + 1
+    apart = 1 if s == p - 1 and steps > 0 else 0   # torch keeps this first pair apart
+    drain = 1 - np.arange(2 * (s + 1)) % 2          # the cool-down's backwards' chunks
+    rows = np.concatenate([
+        _repeated(((f0,), 2 * (p - s - 1)),
+                  ((f0, f1), s + 1),
+                  (((B, 1, 0, 0), (W, 1, 0, 0), f1), p - s - 1),
+                  ((f0, *whole1, pf1, *whole0), apart),
+                  ((pf0, *whole1, pf1, *whole0), steps - apart),
+                  ((*whole1, pf1, *whole0), p - s - 1)),
+        *(np.array(whole1 if c else whole0, dtype=np.int64) for c in drain[:s + 1]),
+        np.array([(B, c, 0, 1) for c in drain[s + 1:]], dtype=np.int64).reshape(-1, 4),
+        _repeated(((oldest, (B, 0, 0, 1)), p - s - 1), ((oldest,), s + 1))])
+    kinds, chunks, waits = rows[:, 0], rows[:, 1], rows[:, 3]
+    chunks[(kinds == W) & (waits == 1)] = chunks[(kinds == B) & (waits == 1)]
+    return rows
 
-    def take(kind: int, chunk: int) -> int:
-        issued[kind, chunk] += 1
-        return issued[kind, chunk] - 1
 
-    def forward(chunk: int, later: int = 0) -> None:
-        ops.append((FORWARD, take(FORWARD, chunk), chunk, later))
+def _dualpipev_numbered(rows: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(kind, microbatch, chunk, later)`` ``(p, K)`` arrays of :func:`_dualpipev`'s rows
+    of every stage (``(p, K, 4)``): a ``W`` right after its ``B`` takes that ``B``'s
+    microbatch, the ``k``-th ``W`` that waits the ``k``-th split backward's."""
+    kinds, chunks, later, waits = (rows[..., k] for k in range(4))
+    mbs = _numbered(kinds, chunks, 2)
+    after = (kinds == WEIGHT) & (waits == 0)
+    after[:, 0] = False
+    mbs[:, 1:][after[:, 1:]] = mbs[:, :-1][after[:, 1:]]
+    mbs[(kinds == WEIGHT) & (waits == 1)] = mbs[(kinds == BACKWARD) & (waits == 1)]
+    return kinds, mbs, chunks, later
 
-    def backward(chunk: int, whole: bool) -> None:
-        mb = take(BACKWARD, chunk)
-        ops.append((BACKWARD, mb, chunk, 1 if whole else 0))
-        if whole:
-            ops.append((WEIGHT, mb, chunk, 0))
-        else:
-            unweighted.append((mb, chunk))
 
-    def weight() -> None:
-        if unweighted:
-            mb, chunk = unweighted.pop(0)
-            ops.append((WEIGHT, mb, chunk, 0))
-
-    def pair(f_chunk: int, b_chunk: int) -> None:   # OVERLAP_F_B, run in sequence
-        forward(f_chunk, later=2)
-        backward(b_chunk, whole=True)
-
-    for _ in range(2 * (p - s - 1)):
-        forward(0)
-    for _ in range(s + 1):
-        forward(0)
-        forward(1)
-    for _ in range(p - s - 1):
-        backward(1, whole=False)
-        weight()
-        forward(1)
-    for i in range(m - 2 * p + s + 1):
-        if i == 0 and s == p - 1:   # torch keeps this first pair apart (a smaller bubble)
-            forward(0)
-            backward(1, whole=True)
-        else:
-            pair(0, 1)
-        pair(1, 0)
-    for _ in range(p - s - 1):
-        backward(1, whole=True)
-        pair(1, 0)
-    for i in range(2 * (s + 1)):
-        backward(1 - i % 2, whole=i < s + 1)
-    for _ in range(p - s - 1):
-        weight()
-        backward(0, whole=False)
-    for _ in range(s + 1):
-        weight()
-    return ops
+def _op_arrays(kind: str, p: int, v: int, m: int, numbered: bool = True
+               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
+    """``(kind, microbatch, chunk)`` op arrays, ``(p, K)`` each, of ``kind``'s order, and under
+    ``dualpipev`` how many ops after each op its output is sent (``None`` elsewhere: right
+    after it). ``numbered=False``: the microbatches may be left out (``None``; the in-flight
+    counts read only the kinds and chunks)."""
+    if kind in ("gpipe", "1f1b") and v != 1:
+        raise ValueError(f"{kind} runs one model chunk per stage, got v={v}")
+    if kind in ("gpipe", "1f1b", "interleaved"):
+        return (*_warmup_steady_drain(kind, p, v, m), None)
+    if kind == "zb":
+        kinds, chunks = _zero_bubble(p, v, m)
+        return kinds, _numbered(kinds, chunks, v) if numbered else None, chunks, None
+    if kind == "zbv":
+        if v != 2:
+            raise ValueError(f"zbv runs two model chunks per stage, got v={v}")
+        rows = np.stack([_zbv(p, s, m) for s in range(p)])    # (p, 6n, 2), n ≥ m
+        if not numbered and m >= 2 * p - 1:                    # n = m: nothing dropped
+            return rows[..., 0], None, rows[..., 1], None
+        mbs = _numbered(rows[..., 0], rows[..., 1], 2)
+        kept = mbs < m                                         # 6m ops on every stage
+        return (rows[..., 0][kept].reshape(p, -1), mbs[kept].reshape(p, -1),
+                rows[..., 1][kept].reshape(p, -1), None)
+    if kind == "dualpipev":
+        if v != 2 or m < 2 * p:
+            raise ValueError(f"dualpipev runs two model chunks per stage and m ≥ 2p "
+                             f"microbatches, got v={v}, p={p}, m={m}")
+        rows = np.stack([_dualpipev(p, s, m) for s in range(p)])
+        if not numbered:
+            return rows[..., 0], None, rows[..., 1], rows[..., 2]
+        return _dualpipev_numbered(rows)
+    raise ValueError(f"unknown schedule {kind!r}")
 
 
 @lru_cache(maxsize=256)
@@ -396,43 +433,17 @@ def schedule_order(kind: str, stages: int, chunks: int, microbatches: int) -> Sc
     """The cached :class:`ScheduleOrder` of ``kind`` (``gpipe``, ``1f1b``, ``interleaved``,
     ``zb``, ``zbv``, ``dualpipev``)."""
     p, v, m = stages, chunks, microbatches
-    later = None
-    if kind == "interleaved":
-        rows = [_interleaved(p, v, s, m) for s in range(p)]
-    elif kind == "zb":
-        rows = [_zero_bubble(p, v, s, m) for s in range(p)]
-    elif kind == "zbv":
-        if v != 2:
-            raise ValueError(f"zbv runs two model chunks per stage, got v={v}")
-        rows = [_zbv(p, s, m) for s in range(p)]
-    elif kind == "dualpipev":
-        if v != 2 or m < 2 * p:
-            raise ValueError(f"dualpipev runs two model chunks per stage and m ≥ 2p "
-                             f"microbatches, got v={v}, p={p}, m={m}")
-        full = np.asarray([_dualpipev(p, s, m) for s in range(p)], dtype=np.int64)
-        rows, later = full[..., :3], full[..., 3]
-    elif kind in ("gpipe", "1f1b"):
-        if v != 1:
-            raise ValueError(f"{kind} runs one model chunk per stage, got v={v}")
-        build = _gpipe if kind == "gpipe" else _one_f_one_b
-        rows = [build(p, s, m) for s in range(p)]
-    else:
-        raise ValueError(f"unknown schedule {kind!r}")
-    ops = np.asarray(rows, dtype=np.int64)  # (p, K, 3)
-    kinds, mbs, chs = ops[..., 0], ops[..., 1], ops[..., 2]
+    kinds, mbs, chs, later = _op_arrays(kind, p, v, m)
+    K = kinds.shape[1]
     position = np.zeros((p, 3, m, v), dtype=np.int64)
-    stage_idx = np.repeat(np.arange(p), ops.shape[1])
-    position[stage_idx, kinds.ravel(), mbs.ravel(), chs.ravel()] = np.tile(
-        np.arange(ops.shape[1]), p)
+    stage_idx = np.repeat(np.arange(p), K)
+    position[stage_idx, kinds.ravel(), mbs.ravel(), chs.ravel()] = np.tile(np.arange(K), p)
     dep_stage, dep_pos = _dependencies(kinds, mbs, chs, position, p, v, kind in V_SHAPED)
     if later is not None:   # wait for the op after which the output is sent
-        sent = np.arange(ops.shape[1])[None, :] + later
+        sent = np.arange(K)[None, :] + later
         dep_pos = np.where(dep_pos >= 0, sent[dep_stage, np.maximum(dep_pos, 0)], dep_pos)
-    signs = _signs(kinds)
-    peak = np.zeros((p, v), dtype=np.int64)
-    for c in range(v):
-        peak[:, c] = np.cumsum(np.where(chs == c, signs, 0), axis=1).max(axis=1)
-    total = np.cumsum(signs, axis=1).max(axis=1)
+    peak = _chunk_counts(kinds, chs, v).max(axis=1)    # (p, v)
+    total = np.cumsum(_signs(kinds), axis=1).max(axis=1)
     name = (f"interleaved:{v}" if kind == "interleaved" else
             (f"zb:{v}" if v > 1 else "zb") if kind == "zb" else kind)
     for array in (kinds, mbs, chs, dep_stage, dep_pos, peak, total):

@@ -37,7 +37,8 @@ at ``start + f_i·(end − start)`` of that op); one communication stream reduce
 come, first served, so only the part that cannot hide behind the remaining backward is
 exposed: ``exposed_dp_s = max(0, comm_end_s − end_s)``. Where the runtime reduces after the
 backward and waits (``StageCosts.dp_blocking``: torch's ``REDUCE_GRAD`` under the multi-stage
-schedules with FSDP2, :mod:`cost_model.step.overlap`) all of it is exposed, ``Σ t_i``. ``post_s``
+schedules with FSDP2, the pass after a zero-bubble schedule's step beside dp,
+:mod:`cost_model.step.overlap`) all of it is exposed, ``Σ t_i``. ``post_s``
 is communication that must follow the whole backward (tied-embedding gradient sync, ZeRO-1/2
 parameter all-gather). The breakdown of the critical stage ``c`` sums to ``T``: compute,
 exposed TP comm, ZeRO comm, p2p, idle time ``end_c − busy_c`` split in two, exposed DP comm,
@@ -286,8 +287,14 @@ class StageCosts:
     weight: np.ndarray | None = None
     #: the reductions run after each chunk's last backward and block the stage (torch's
     #: ``REDUCE_GRAD``: :func:`cost_model.step.overlap.dp_reduce_blocks`) instead of hiding
-    #: behind it
-    dp_blocking: bool = False
+    #: behind it; one flag for every stage, or one per stage (a ZeRO stage per pipeline rank)
+    dp_blocking: bool | tuple[bool, ...] = False
+
+    def blocks(self, stage: int) -> bool:
+        """Whether stage ``stage``'s reductions block after its last backward
+        (:attr:`dp_blocking`)."""
+        return (self.dp_blocking if isinstance(self.dp_blocking, bool)
+                else self.dp_blocking[stage])
 
     @property
     def stages(self) -> int:
@@ -352,12 +359,13 @@ def simulate_step(costs: StageCosts, schedule: str, microbatches: int) -> StepSi
             for fraction, t in costs.grad_buckets[s][c]:
                 ready.append(lb_start[s, c] + fraction * span)
                 seconds.append(t)
-        if costs.dp_blocking:   # each chunk's reductions start after its last backward
+        blocking = costs.blocks(s)
+        if blocking:   # each chunk's reductions start after its last backward
             ready = [float(lb_end[s].max())] * len(seconds)
         spans = comm_stream(ready, seconds)
         transfers.append(tuple((float(a), float(b)) for a, b in spans))
         if spans:
-            exposed[s] = (float(sum(seconds)) if costs.dp_blocking
+            exposed[s] = (float(sum(seconds)) if blocking
                           else max(0.0, spans[-1][1] - stage_end[s]))
     stage_time = stage_end + exposed + costs.post + costs.optimizer
     if costs.offload is not None:

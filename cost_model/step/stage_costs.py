@@ -84,6 +84,18 @@ overlap the backward, and the step adds the optimizer's per-tensor host loop
 chunk's forward and backward carry half the pipeline runtime's host work per microbatch and
 the stage's step its host work per step (:func:`cost_model.host.host_overhead.pipeline_host_s`).
 
+**ZeRO per pipeline rank** (``zero_stages``): every term above that reads the ZeRO stage —
+ZeRO-3's gathers and reduce-scatters, ZeRO-2's reductions per microbatch, the buckets' kind,
+FSDP2's and DDP's host work, the optimizer's local parameters, ZeRO-1/2's gather of the
+updated weights, whether the reductions block after the backward, and the model states and
+ZeRO-3 buffers of the memory — reads the rank's own stage
+(:meth:`~fxplan.core.config.ParallelConfig.at_pipeline_rank`). Nothing else of one rank
+depends on another rank's stage (the pipeline messages and the scalars' reductions do not read
+it) but a weight tied between ranks that keep its gradient in different dp layouts (FSDP2's
+shard beside DDP's or ``replicate``'s whole gradient): its sharded holder all-gathers the
+gradient over dp before the tied all-reduce (:func:`_tied_sync`). With every entry equal the
+prices are the plan-wide ones.
+
 **Context parallelism** (``cp > 1``, :mod:`cost_model.parallel.context_parallel`): every segment runs
 ``1/cp`` of each microbatch's tokens (compute, activations, tp collectives and pipeline
 messages ÷ ``cp``), a layer with attention holds the gathered ``K, V`` and its all-gather
@@ -101,7 +113,7 @@ group.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Iterable, Sequence
 
@@ -497,42 +509,56 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         stage = _stage(s, cluster, config)
         devices.append(stage.device)
         row = _stage_segments(graph, cluster, config, model, stage, keys[s])
+        # the rank's own ZeRO stage (module docstring, "ZeRO per pipeline rank")
+        config_s, model_s = _rank_view(config, model, s)
         chunks.append(row)
         stage_params: dict[str, float] = {}
         stage_buckets = []
         for c, segs in enumerate(row):
-            f_c, b_c, after, chunk_buckets = _chunk_costs(graph, cluster, config, optimizer,
-                                                          model, stage, segs, keys[s][c],
+            f_c, b_c, after, chunk_buckets = _chunk_costs(graph, cluster, config_s, optimizer,
+                                                          model_s, stage, segs, keys[s][c],
                                                           stage_params)
             forward[:3, s, c], backward[:3, s, c] = f_c, b_c
             post[s] += after
             stage_buckets.append(chunk_buckets)
         params.append(stage_params)
         buckets.append(tuple(stage_buckets))
-        post[s] += _step_reductions(graph, config, optimizer, model, stage, keys[s],
+        post[s] += _step_reductions(graph, config_s, optimizer, model_s, stage, keys[s],
                                     stage_params)
         psi = sum(stage_params.values())
         psi_e = expert_share(stage_params, model.moe)
         ep_share.append(psi_e)
         # ZeRO ≥ 1: the others sharded over dp, the experts over their dp/ep replicas
         local = (psi - psi_e) / config.dp + psi_e * config.ep / config.dp \
-            if config.zero_stage >= 1 else psi
-        opt_time[s] = _optimizer_step(config, optimizer, stage, stage_params, local)
-        gather = _updated_params_gather(config, optimizer, stage, stage_params, psi, psi_e)
-        post[s] += _hidden_gather(gather, float(forward[:, s].sum()), config)
+            if config_s.zero_stage >= 1 else psi
+        opt_time[s] = _optimizer_step(config_s, optimizer, stage, stage_params, local)
+        gather = _updated_params_gather(config_s, optimizer, stage, stage_params, psi, psi_e)
+        post[s] += _hidden_gather(gather, float(forward[:, s].sum()), config_s)
     _p2p(chunks, forward, backward, config, cluster)
     _tied_sync(params, post, config, cluster, optimizer)
     if config.offload != "none":
         for s in range(p):
-            off_time[s] = offload_step_s(config, sum(params[s].values()),
+            off_time[s] = offload_step_s(config.at_pipeline_rank(s), sum(params[s].values()),
                                          float(backward[:, s].sum()), devices[s], optimizer)
     # the weight-gradient GEMMs of each chunk's backward, a split backward's W op
     weight = np.array([[sum(seg.weight_grad_share * seg.backward_s for seg in chunks[s][c])
                         for c in range(v)] for s in range(p)])
+    blocking = (dp_reduce_blocks(config) if config.zero_stages is None else
+                tuple(dp_reduce_blocks(config.at_pipeline_rank(s)) for s in range(p)))
     costs = StageCosts(forward, backward, tuple(buckets), post, opt_time,
-                       off_time if config.offload != "none" else None, weight,
-                       dp_reduce_blocks(config))
+                       off_time if config.offload != "none" else None, weight, blocking)
     return StagePlan(costs, tuple(chunks), tuple(params), tuple(devices), tuple(ep_share))
+
+
+def _rank_view(config: ParallelConfig, model: _ModelParts,
+               s: int) -> tuple[ParallelConfig, _ModelParts]:
+    """Pipeline rank ``s``'s configuration (its own ZeRO stage,
+    :meth:`~fxplan.core.config.ParallelConfig.at_pipeline_rank`) and model parts (whether
+    FSDP2 shards its parameters over dp); ``(config, model)`` with one stage for all ranks."""
+    view = config.at_pipeline_rank(s)
+    if view is config:
+        return config, model
+    return view, replace(model, sharded_dp=fsdp_params(view))
 
 
 def _replicas_beside(tp_group: tuple[int, ...], dp_group: tuple[int, ...],
@@ -686,7 +712,10 @@ def _hidden_gather(gather_s: float, forward_s: float, config: ParallelConfig) ->
 
 def _tied_sync(params: list[dict[str, float]], post: np.ndarray, config: ParallelConfig,
                cluster: Cluster, optimizer: OptimizerSpec) -> None:
-    """All-reduce the gradient of a weight held by several stages among them."""
+    """All-reduce the gradient of a weight held by several stages among them; where the
+    holders' ZeRO stages keep that gradient in different dp layouts (``zero_stages``: FSDP2's
+    shard on one rank, the whole gradient on another), each sharded holder also all-gathers
+    it over dp first (:class:`fxplan.runtime.apply.tied.TiedGradSync`)."""
     holders: dict[str, list[int]] = {}
     for s, stage_params in enumerate(params):
         for name in stage_params:
@@ -695,10 +724,14 @@ def _tied_sync(params: list[dict[str, float]], post: np.ndarray, config: Paralle
     for name, stages in holders.items():
         if len(stages) > 1:
             group = tuple(stage_ranks(config, s)[0][0] for s in stages)
-            seconds = _collective("all_reduce", optimizer.grad_bytes * params[stages[0]][name],
-                                  group, cluster)
-            for s in stages:
+            nbytes = optimizer.grad_bytes * params[stages[0]][name]
+            seconds = _collective("all_reduce", nbytes, group, cluster)
+            sharded = [fsdp_params(config.at_pipeline_rank(s)) for s in stages]
+            for s, shard in zip(stages, sharded):
                 post[s] += seconds
+                if shard and not all(sharded):
+                    post[s] += _collective("all_gather", nbytes, stage_ranks(config, s)[1],
+                                           cluster)
 
 
 def buffer_bytes(max_output_bytes: float, max_segment_params: float, *, pp: int, tp: int,
@@ -719,7 +752,7 @@ def buffer_bytes(max_output_bytes: float, max_segment_params: float, *, pp: int,
 def rank_memory(order: ScheduleOrder | InflightCounts, *, params: Sequence[float], saved: np.ndarray,
                 working: Sequence[float], max_output_bytes: Sequence[float],
                 max_segment_params: Sequence[float], reserved: Sequence[float],
-                capacity: Sequence[float], tp: int, dp: int, zero_stage: int,
+                capacity: Sequence[float], tp: int, dp: int, zero_stage: int | Sequence[int],
                 sequence_parallel: bool,
                 optimizer: OptimizerSpec = ADAM_MIXED, offload: str = "none",
                 kinds: Sequence[str] | None = None,
@@ -738,7 +771,9 @@ def rank_memory(order: ScheduleOrder | InflightCounts, *, params: Sequence[float
         runtime_s = CUDA context + NCCL buffers + fragmentation·(acts_s + working_s + buffers_s)
                     on a ``gpu`` rank (:mod:`cost_model.memory.runtime`), 0 on a ``cpu`` one
 
-    ``saved[s, c]`` is the saved bytes per microbatch of chunk ``c`` of rank ``s``;
+    ``zero_stage`` is one ZeRO stage for every rank or one per rank (``zero_stages``: each
+    rank's states and buffers under its own); ``saved[s, c]`` is the saved bytes per
+    microbatch of chunk ``c`` of rank ``s``;
     ``kinds[s]`` the device kind of rank ``s`` (``gpu`` when not given), ``headroom[s]`` the
     bytes it must leave free (0 when not given), ``contexts[s]`` its measured CUDA context in
     GiB (``None``: the default)."""
@@ -746,13 +781,15 @@ def rank_memory(order: ScheduleOrder | InflightCounts, *, params: Sequence[float
     p = order.stages
     kinds = kinds if kinds is not None else ["gpu"] * p
     out = []
+    zeros = [zero_stage] * p if isinstance(zero_stage, int) else list(zero_stage)
     for s in range(p):
+        zero = zeros[s]
         states = (model_states(float(params[s]), float(expert_params[s]), dp=dp, ep=ep,
-                               zero_stage=zero_stage, optimizer=optimizer, offload=offload)
+                               zero_stage=zero, optimizer=optimizer, offload=offload)
                   if ep > 1 and len(expert_params) else
-                  model_state_bytes(float(params[s]), dp, zero_stage, optimizer, offload))
+                  model_state_bytes(float(params[s]), dp, zero, optimizer, offload))
         buffers = buffer_bytes(float(max_output_bytes[s]), float(max_segment_params[s]),
-                               pp=p, tp=tp, dp=dp, zero_stage=zero_stage,
+                               pp=p, tp=tp, dp=dp, zero_stage=zero,
                                sequence_parallel=sequence_parallel, optimizer=optimizer)
         acts, work = float(inflight[s]), float(working[s])
         out.append(MemoryBreakdown(
@@ -783,7 +820,7 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
         max_segment_params=[max(seg.param_count for seg in row) for row in segs],
         reserved=[device.reserved_memory_gib * GIB for device in plan.devices],
         capacity=[device.memory_gib * GIB for device in plan.devices],
-        tp=config.tp, dp=config.dp, zero_stage=config.zero_stage,
+        tp=config.tp, dp=config.dp, zero_stage=config.rank_zero_stages,
         sequence_parallel=config.sequence_parallel, optimizer=optimizer, offload=config.offload,
         kinds=[device.kind for device in plan.devices],
         headroom=[headroom.bytes(device.memory_gib * GIB) for device in plan.devices],

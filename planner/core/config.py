@@ -17,8 +17,8 @@ The one-line form is the edge to text: what ``fxplan estimate --config`` takes, 
 :meth:`ParallelConfig.parse` reads and :meth:`ParallelConfig.to_string` writes::
 
     dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off
-    [,m=96][,stages=3/3/2/2][,recompute_layers=3/2/1/0][,offload=optimizer][,fp8=on][,cp=1]
-    [,ep=1][,tp_overlap=on][,pg_overlap=on]
+    [,m=96][,stages=3/3/2/2][,recompute_layers=3/2/1/0][,zero_stages=3/3/1/1][,offload=optimizer]
+    [,fp8=on][,cp=1][,ep=1][,tp_overlap=on][,pg_overlap=on]
 
 ``recompute_layers`` (with ``stages``) recomputes only some layers: virtual stage ``j``'s first
 ``k_j`` layers run the ``recompute`` policy and its other ``n_j − k_j`` layers none — the
@@ -26,6 +26,15 @@ per-stage memory knob of Mist (EuroSys'25) and the ``block`` method of Megatron-
 ``--recompute-num-layers``, one count per stage (:meth:`ParallelConfig.layer_recompute`). A
 count list equal to ``stages`` is every layer (stored as ``None``); all zeros is
 ``recompute=none`` and refused in this form.
+
+``zero_stages`` (one ZeRO stage per pipeline rank, ``zero_stages=3/3/1/1``) shards each rank's
+model states as its own memory needs: every virtual stage a rank holds shares its stage, since
+one rank's optimizer and its FSDP2 wrapping are per rank (:meth:`ParallelConfig.zero_stage_of`,
+:meth:`ParallelConfig.at_pipeline_rank`). ``zero`` is then the highest entry (what the
+plan-wide rules and the exports that take one stage read); a list whose entries are all equal
+is that plain ``zero`` (stored as ``None``). Each entry must be a ZeRO stage the plan-wide
+``zero`` could be for the same configuration (``offload=optimizer+params`` needs 3,
+``pg_overlap`` 1 or 2), and ``dp > 1`` (ZeRO shards over dp).
 
 ``offload`` (:data:`OFFLOAD_POLICIES`) puts the optimizer states, or the optimizer states and
 the ZeRO-3 parameter shards, in host memory; ``fp8`` runs the matrix products in FP8 (the cost
@@ -114,11 +123,11 @@ _KEYS: dict[str, str] = {
     "stages": "stage_layers", "cp": "cp", "ep": "ep", "offload": "offload", "fp8": "fp8",
     "tp_overlap": "tp_comm_overlap", "tp_comm_overlap": "tp_comm_overlap",
     "pg_overlap": "param_gather_overlap", "param_gather_overlap": "param_gather_overlap",
-    "recompute_layers": "recompute_layers",
+    "recompute_layers": "recompute_layers", "zero_stages": "zero_stages",
 }
 #: The short keys the error messages list (the others in :data:`_KEYS` are their long names).
-_KEY_NAMES = ("dp, tp, pp, mb, m, schedule, zero, recompute, sp, stages, recompute_layers, cp, "
-              "ep, offload, fp8, tp_overlap, pg_overlap")
+_KEY_NAMES = ("dp, tp, pp, mb, m, schedule, zero, recompute, sp, stages, recompute_layers, "
+              "zero_stages, cp, ep, offload, fp8, tp_overlap, pg_overlap")
 
 
 class CostModelError(UserError, ValueError):
@@ -286,8 +295,10 @@ class ParallelConfig:
     tp_comm_overlap: bool = False
     param_gather_overlap: bool = False
     recompute_layers: tuple[int, ...] | None = None
+    zero_stages: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        self._normalise_zero_stages()
         if self.offload not in OFFLOAD_POLICIES:
             raise CostModelError(f"offload={self.offload!r}: expected one of "
                                  f"{', '.join(OFFLOAD_POLICIES)}")
@@ -359,6 +370,51 @@ class ParallelConfig:
         if self.placements is not None and not isinstance(self.placements, PlacementMap):
             raise CostModelError(f"placements must be a PlacementMap, got "
                                  f"{type(self.placements).__name__}")
+        self._check_zero_stages()
+
+    def _normalise_zero_stages(self) -> None:
+        """``zero_stages``: integers 0–3, one per pipeline rank; all equal is stored as that
+        ``zero_stage`` (``None``); otherwise ``zero_stage`` becomes the highest entry (given
+        as 0, the default, or as that entry). Runs before the plan-wide checks, which then
+        see the highest stage; :meth:`_check_zero_stages` checks each entry after them."""
+        if self.zero_stages is None:
+            return
+        stages = tuple(self.zero_stages) if isinstance(self.zero_stages, (tuple, list)) else ()
+        text = "/".join(map(str, stages)) or repr(self.zero_stages)
+        if not stages or any(isinstance(z, bool) or z not in (0, 1, 2, 3) for z in stages):
+            raise CostModelError(f"zero_stages={text}: expected one ZeRO stage 0, 1, 2 or 3 per "
+                                 "pipeline rank, separated by '/' (e.g. zero_stages=3/3/1/1)")
+        pp = self.pp if isinstance(self.pp, int) and not isinstance(self.pp, bool) else None
+        if len(stages) != pp:
+            raise CostModelError(f"zero_stages={text} lists {len(stages)} ZeRO stages for "
+                                 f"pp={self.pp} pipeline ranks: give one per rank (every "
+                                 "virtual stage of a rank shares its rank's ZeRO stage)")
+        top = max(stages)
+        if self.zero_stage not in (0, top):
+            raise CostModelError(f"zero={self.zero_stage} disagrees with zero_stages={text}: "
+                                 f"with a stage per pipeline rank, zero is the highest of them "
+                                 f"({top}); leave zero out or write zero={top}")
+        object.__setattr__(self, "zero_stage", top)
+        object.__setattr__(self, "zero_stages", None if len(set(stages)) == 1 else stages)
+
+    def _check_zero_stages(self) -> None:
+        """Each entry of ``zero_stages`` is a ZeRO stage the plan-wide ``zero`` could be for
+        this configuration (its rank's view, :meth:`at_pipeline_rank`, passes every check),
+        over ``dp > 1`` replicas."""
+        if self.zero_stages is None:
+            return
+        text = "/".join(map(str, self.zero_stages))
+        if self.dp == 1:
+            raise CostModelError(f"zero_stages={text} needs dp > 1: ZeRO shards the model states "
+                                 "over the data-parallel ranks, and dp=1 has one, so every "
+                                 "stage is the same; write zero=0")
+        for rank in range(self.pp):
+            try:
+                self.at_pipeline_rank(rank)
+            except CostModelError as err:
+                raise CostModelError(f"zero_stages={text}: pipeline rank {rank}'s "
+                                     f"zero={self.zero_stages[rank]} is not allowed here: "
+                                     f"{err}") from None
 
     def _check_recompute_layers(self) -> None:
         """``recompute_layers``: one count ``0 ≤ k_j ≤ n_j`` per entry of ``stage_layers``
@@ -390,6 +446,35 @@ class ParallelConfig:
                            None if counts == self.stage_layers else counts)
 
     # -- derived ------------------------------------------------------------------------
+    def zero_stage_of(self, pp_rank: int) -> int:
+        """The ZeRO stage of pipeline rank ``pp_rank``: its ``zero_stages`` entry, else the
+        plan's ``zero_stage``."""
+        if not 0 <= pp_rank < self.pp:
+            raise CostModelError(f"pipeline rank {pp_rank} is not one of the pp={self.pp} ranks")
+        return self.zero_stage if self.zero_stages is None else self.zero_stages[pp_rank]
+
+    @property
+    def rank_zero_stages(self) -> tuple[int, ...]:
+        """The ZeRO stage of every pipeline rank (``pp`` entries, equal without
+        ``zero_stages``)."""
+        return self.zero_stages or (self.zero_stage,) * self.pp
+
+    def at_pipeline_rank(self, pp_rank: int) -> "ParallelConfig":
+        """The configuration as pipeline rank ``pp_rank`` runs it: ``zero_stage`` its own
+        (:meth:`zero_stage_of`), no ``zero_stages``. A rank's memory, its collectives and its
+        optimizer read only this view (the other ranks' ZeRO stages do not change them);
+        ``self`` when every rank shares one stage."""
+        if self.zero_stages is None:
+            return self
+        return self.replace(zero_stage=self.zero_stage_of(pp_rank), zero_stages=None)
+
+    @property
+    def zero_text(self) -> str:
+        """``3``, or ``3/3/1/1`` with a ZeRO stage per pipeline rank (``zero_stages``)."""
+        if self.zero_stages is None:
+            return str(self.zero_stage)
+        return "/".join(map(str, self.zero_stages))
+
     def layer_recompute(self, layers: int) -> tuple[str, ...]:
         """The recompute policy of each of the model's ``layers`` repeated layers: with
         ``recompute_layers`` the first ``k_j`` layers of virtual stage ``j`` (which holds
@@ -422,7 +507,8 @@ class ParallelConfig:
         unsharded (ZeRO-0/1: one all-reduce or reduce-scatter per step). Without a
         pipeline or under GPipe and 1F1B; torch's multi-stage schedules (interleaved,
         zero-bubble) keep their own reduction pass after the last backward. The runtime does
-        what this says and the cost model prices it."""
+        what this says and the cost model prices it; with ``zero_stages`` it is a rank's rule,
+        read on its view (:meth:`at_pipeline_rank`)."""
         return (self.zero_stage >= 2 and self.dp > 1
                 and (self.pp == 1 or self.schedule.kind in ("gpipe", "1f1b")))
 
@@ -469,7 +555,7 @@ class ParallelConfig:
                 values[name] = _parse_bool(key, value)
             elif name == "offload":
                 values[name] = value.lower()
-            elif name in ("stage_layers", "recompute_layers"):
+            elif name in ("stage_layers", "recompute_layers", "zero_stages"):
                 values[name] = tuple(_parse_int(key, v) for v in value.split("/"))
             elif name == "schedule":
                 values[name] = Schedule.parse(value)
@@ -493,6 +579,8 @@ class ParallelConfig:
             parts.append("stages=" + "/".join(map(str, self.stage_layers)))
         if self.recompute_layers is not None:
             parts.append("recompute_layers=" + "/".join(map(str, self.recompute_layers)))
+        if self.zero_stages is not None:
+            parts.append(f"zero_stages={self.zero_text}")
         parts += [f"{k}={v}" for k, v in self.extras().items()]
         return ",".join(parts)
 
@@ -518,10 +606,11 @@ class ParallelConfig:
         (``mb=1×?`` while ``num_microbatches`` is not resolved), then ``| offload=optimizer``
         and ``| fp8=on`` when set. ``recompute`` replaces the policy's name: a plan whose
         blocks recompute differently prints ``mixed``; a configuration that recomputes some
-        layers per stage prints the policy and the counts, ``recompute=full:3/2/1/0``."""
+        layers per stage prints the policy and the counts, ``recompute=full:3/2/1/0``; a ZeRO
+        stage per pipeline rank prints them all, ``zero=3/3/1/1``."""
         m = "?" if self.num_microbatches is None else str(self.num_microbatches)
         extras = "".join(f" | {k}={v}" for k, v in self.extras().items())
-        return (f"pp={self.pp} dp={self.dp} tp={self.tp} | zero={self.zero_stage} | "
+        return (f"pp={self.pp} dp={self.dp} tp={self.tp} | zero={self.zero_text} | "
                 f"{self.schedule} mb={self.microbatch_size}×{m} | "
                 f"recompute={recompute or self.recompute_text} | "
                 f"sp={'on' if self.sequence_parallel else 'off'}{extras}")

@@ -213,6 +213,13 @@ class Plan:
         """What lives in host memory (:data:`~fxplan.core.config.OFFLOAD_POLICIES`)."""
         return self.config.offload
 
+    def at_pipeline_rank(self, pp_rank: int) -> "Plan":
+        """The plan as pipeline rank ``pp_rank`` applies it: its config's rank view
+        (:meth:`~fxplan.core.config.ParallelConfig.at_pipeline_rank`, the rank's own ZeRO
+        stage); ``self`` when every rank shares one stage."""
+        config = self.config.at_pipeline_rank(pp_rank)
+        return self if config is self.config else dataclasses.replace(self, config=config)
+
     def recompute(self, block: int) -> str:
         """The recompute policy of repeated block ``block``: ``block_recompute[block]`` when
         the plan overrides per block, else ``config.recompute``."""

@@ -77,6 +77,8 @@ def export_plan(plan: Plan, target: str, *, torchtitan_version: str | None = Non
     notes += own
     if plan.config.recompute_layers is not None:   # every export recomputes every layer
         changes = {"recompute_layers": None, **changes}
+    if plan.config.zero_stages is not None:   # every export runs one ZeRO stage: the highest
+        changes = {"zero_stages": None, **changes}
     if changes and price:
         from fxplan.export.pricing import price_changes
 

@@ -104,6 +104,11 @@ class TargetConfig:
             notes.append(f"approximated: the plan chooses recompute per block ({mix}); the "
                          f"export applies the strongest, {recompute!r}, to every layer (more "
                          "recompute than planned, never more memory)")
+        if config.zero_stages is not None and config.dp > 1:
+            notes.append(f"approximated: the plan chooses the ZeRO stage per pipeline rank "
+                         f"({config.zero_text}); the export applies the strongest, "
+                         f"ZeRO-{config.zero_stage}, on every rank (less memory than planned, "
+                         "more communication where a rank planned a lower stage)")
         layers = _layer_counts(plan)
         dtype = plan_dtype(plan)
         if dtype is None:

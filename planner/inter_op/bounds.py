@@ -22,8 +22,10 @@ is at least its busy time, so with ``W`` the whole model's per-microbatch work o
 
     T ≥ m · max_s w_s ≥ m · W / pp
 
-Candidates are visited in increasing order of this bound; once it reaches the ``K``-th best
-estimate found so far, no later candidate can enter the top ``K`` and the search stops.
+A candidate whose bound reaches the ``K``-th best estimate found so far cannot enter the top
+``K``; candidates are visited in increasing order of the tightest bound that holds (the
+pipeline bound below on one kind of device, this one elsewhere), and once it exceeds the
+``K``-th best estimate the search stops.
 
 **Pipeline** bound of a candidate on one kind of device, checked before its partition is
 solved. The closed form (:mod:`fxplan.inter_op.surrogate`) is at least its slowest rank's
@@ -37,9 +39,9 @@ every split, so
 
 A candidate whose bound exceeds the ``K``-th best estimate found so far cannot enter the top
 ``K``: it is skipped without pricing its partition (the gain is the pipeline's fill and drain,
-which the visiting order ``m·W/pp`` leaves out). On several device groups each rank's ``w``
-is priced on its own group, and ``Σ_s w_s ≥ W`` need not hold for the fastest group's ``W``:
-the bound is not used there.
+which ``m·W/pp`` leaves out), and the search visits the candidates in the order of this
+bound. On several device groups each rank's ``w`` is priced on its own group, and
+``Σ_s w_s ≥ W`` need not hold for the fastest group's ``W``: the bound is not used there.
 """
 
 from __future__ import annotations

@@ -17,17 +17,23 @@ priced and checked on its own group; the bounds take the mean free memory, the f
    C − H`` prunes the pair; each candidate starts at the lowest surviving rung (ZeRO stage,
    offload; :mod:`.offload`). Offload rungs only in a second pass when the first found
    nothing that fits, or from the start when the ``offload`` constraint excludes ``none``.
-3. Candidates (:mod:`.space`) visited by the time bound ``m·W/pp`` until it reaches the
-   ``K``-th best ``T̂`` or the time budget ends (once one fits); on one kind of device a
-   candidate whose pipeline bound ``(m + (p−1)/v)·W/pp`` exceeds the ``K``-th best ``T̂``
-   is skipped unpriced (:func:`.bounds.pipeline_lower_bound`: ``T̂`` is never below it).
+3. Candidates (:mod:`.space`) visited in increasing order of their lower bound on ``T̂``
+   — on one kind of device the pipeline bound ``(m + (p−1)/v)·W/pp``
+   (:func:`.bounds.pipeline_lower_bound`), else the time bound ``m·W/pp`` — until it
+   exceeds the ``K``-th best ``T̂`` or the time budget ends (once one fits); a candidate
+   whose time bound reaches the ``K``-th best ``T̂`` is skipped unpriced. Visiting by the
+   tighter bound finds the good candidates first, so the ``K``-th best falls sooner and
+   fewer are priced; the ``K`` best are those of any visiting order (ties in ``T̂`` go to
+   the earlier in the order of ``m·W/pp``).
 4. Per candidate and rung: the partition DP under the memory cap (:mod:`.partition`), the
    per-rank memory by the estimate's own formula (:mod:`.stage_memory`), and the closed form
    ``T̂`` (:mod:`.surrogate`); the cheapest kept (ties → the lower rung). Unless the
    constraints name ``recompute``, a candidate's policy runs on as few layers of each stage
    as memory needs, chosen with the split (:meth:`.stage_split.StageSplits.fit_recompute`;
-   its bounds are then those without recompute, the least it may cost). No "lowest ZeRO
-   stage that fits" rule: a higher stage moves more bytes but may shrink the optimizer step,
+   its bounds are then those without recompute, the least it may cost). Unless the
+   constraints name ``zero_stage``, each pipeline rank may then take its own ZeRO stage for
+   the kept split (:mod:`.stage_zero`, exact for ``T̂``).
+   No "lowest ZeRO stage that fits" rule: a higher stage moves more bytes but may shrink the optimizer step,
    the gradient sync or the memory that forces recompute; only the model can weigh them.
 5. Placements ``π``: one intra-op solve per distinct tp of the ``K`` best (:mod:`.placements`).
 6. Finalists: ``min(T(x, π), T(x, μ))`` against the default Megatron layout ``μ``
@@ -70,6 +76,8 @@ from fxplan.inter_op.stage_devices import (StageDevices, StageDeviceTable, rank_
                                            rank_profiles, straddle_reason)
 from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory, stage_totals
 from fxplan.inter_op.stage_split import StageSplits
+from fxplan.inter_op.stage_zero import mix_zero_stages
+from fxplan.core.zero_bubble_dp import after_step_refusal, reduces_after_step
 from fxplan.inter_op.surrogate import surrogate_step_s
 from fxplan.inter_op.unfit import Unfit, overflow, record_unfit, unfit_reasons
 
@@ -143,6 +151,10 @@ class _Search:
         # the recomputed layers chosen per stage (stage_split.fit_recompute) unless the
         # constraints fix the policy of every layer
         self.per_stage = "recompute" not in self.constraints and self.profile.num_layers > 0
+        self.tied_ends = self.profile.tied_ends
+        # a ZeRO stage per pipeline rank (stage_zero.py) unless the constraints name the
+        # ZeRO stages a plan may take (one for all ranks, as an expert's grid does)
+        self.zero_per_rank = "zero_stage" not in self.constraints
         self._estimates: dict[ParallelConfig, float] = {}   # T̂ of placed candidates
 
     def offload_pass(self) -> bool:
@@ -249,34 +261,43 @@ class _Search:
         for fam, (zmin, off) in fams.items():
             for c in self._options(fam):
                 c = c.replace(zero_stage=zmin, offload=off)
-                if allowed(c, unsettled):
+                # zero-bubble beside dp at a rung the runtime cannot run (nor any above it)
+                if allowed(c, unsettled) and after_step_refusal(c) is None:
                     lb = min(time_lower_bound(c, prof.of(c, g, floor)) for g in groups)
                     # the pipeline bound (bounds.py) holds on one kind of device only
                     piped = pipeline_lower_bound(c, prof.of(c, None, floor)) if uniform else 0.0
                     queue.append((lb, len(queue), c, piped))
         queue.sort(key=lambda item: item[:2])
+        # visited by the tighter of the two bounds (the pipeline bound, where it holds), ties
+        # in the order above: the K-th best estimate falls sooner, and more are skipped
+        order = sorted(range(len(queue)), key=lambda i: (max(queue[i][0], queue[i][3]), i))
         best: list[tuple[float, int, _Scored]] = []   # max-heap of the K best by T̂ (negated)
         # two policies chosen per stage may both find that no layer needs recompute: one
         # configuration, ranked once
         scored_configs: set[ParallelConfig] = set()
-        skipped = 0
+        skipped, computed = 0, []   # pruned by the pipeline bound; the compute bounds pruned
         with progress_bar(len(queue), "inter-op search", self.progress) as bar:
-            for index, (lb, _, c, piped) in enumerate(queue):
-                if len(best) >= self.K and lb >= -best[0][0]:
-                    self.pruned.append(Reason(
-                        f"{len(queue) - index} candidates: compute lower bound m·W/pp ≥ "
-                        f"{lb:.4g} s ≥ the {self.K}-th best estimate {-best[0][0]:.4g} s",
-                        TIME_BOUND))
-                    self.stopped = (f"the search stopped before them: their compute lower "
-                                    f"bound reached the {self.K}-th best estimate")
-                    break
-                # strictly above, past round-off: a tie could still enter the top K
-                if len(best) >= self.K and piped > -best[0][0] * (1.0 + _ROUND_OFF):
-                    skipped += 1
-                    bar.advance()
-                    continue
+            for position, index in enumerate(order):
+                lb, _, c, piped = queue[index]
+                if len(best) >= self.K:
+                    kth = -best[0][0]
+                    if max(lb, piped) > kth * (1.0 + _ROUND_OFF):
+                        # every later bound is at least this one: all of them are pruned
+                        rest = [queue[i] for i in order[position:]]
+                        computed += [q[0] for q in rest if q[0] >= kth]
+                        skipped += sum(1 for q in rest if q[0] < kth)
+                        break
+                    if lb >= kth:
+                        computed.append(lb)
+                        bar.advance()
+                        continue
+                    # strictly above, past round-off: a tie could still enter the top K
+                    if piped > kth * (1.0 + _ROUND_OFF):
+                        skipped += 1
+                        bar.advance()
+                        continue
                 if best and self.budget.expired():
-                    self._budget_fallback(index, len(queue))
+                    self._budget_fallback(position, len(queue))
                     self.stopped = "the time budget ran out before they were ranked"
                     break
                 self.visited += 1
@@ -291,6 +312,13 @@ class _Search:
                     heapq.heappush(best, item)
                 elif item > best[0]:
                     heapq.heapreplace(best, item)
+        if computed:
+            self.pruned.append(Reason(
+                f"{len(computed)} candidates: compute lower bound m·W/pp ≥ "
+                f"{min(computed):.4g} s ≥ the {self.K}-th best estimate {-best[0][0]:.4g} s",
+                TIME_BOUND))
+            self.stopped = self.stopped or (f"the search stopped before them: their compute "
+                                            f"lower bound reached the {self.K}-th best estimate")
         if skipped:
             self.pruned.append(Reason(
                 f"{skipped} candidates: pipeline lower bound (m + (pp−1)/v)·W/pp above the "
@@ -332,7 +360,7 @@ class _Search:
         cps = self.cps_of.get(fam) or self.possible_cps(fam.dp)
         for c in options(fam, batch=self.batch, layers=prof.num_layers, seq=prof.segments.seq,
                          eps=ep_degrees(fam.dp, self.experts, self.constraints), cps=cps,
-                         per_stage_recompute=self.per_stage):
+                         per_stage_recompute=self.per_stage, tied_ends=self.tied_ends):
             for fp8 in self.fp8_choices:
                 yield c.replace(fp8=fp8) if fp8 else c
 
@@ -340,7 +368,7 @@ class _Search:
         """The cheapest by ``T̂`` of ``c`` at each allowed ZeRO stage that fits (ties → the
         lower stage), or ``None`` (and the family's unfit record) when none fits."""
         family = Family.of(c)
-        rungs = self.rungs.of(family.dp)
+        rungs = self._runnable(c, self.rungs.of(family.dp))
         rungs = rungs[rungs.index((c.zero_stage, c.offload)):]
         best: _Scored | None = None
         for zero, off in rungs:
@@ -353,11 +381,34 @@ class _Search:
                     best = scored
         if best is not None:
             self.fitted.add(family)
-            return best
+            return self._mix_zero(best) if self.zero_per_rank else best
         heaviest = evenly_at(c, rungs[-1] if rungs else (c.zero_stage, c.offload),
                              self.profile.num_layers)
         record_unfit(self.unfit, family, self._worst(heaviest), heaviest)
         return None
+
+    @staticmethod
+    def _runnable(c: ParallelConfig, rungs: list[Rung]) -> list[Rung]:
+        """``rungs`` without those a zero-bubble pipeline beside dp cannot run at (FSDP2:
+        :func:`fxplan.core.zero_bubble_dp.after_step_refusal`); all of them otherwise."""
+        if not reduces_after_step(c):
+            return rungs
+        return [(z, off) for z, off in rungs
+                if after_step_refusal(c.replace(zero_stage=z, offload=off)) is None]
+
+    def _mix_zero(self, best: _Scored) -> _Scored:
+        """``best`` with a ZeRO stage per pipeline rank where that lowers ``T̂``, each rank's
+        chosen among the family's on-device stages for ``best``'s split
+        (:mod:`fxplan.inter_op.stage_zero`)."""
+        zeros = [z for z, off in self._runnable(best.config, self.rungs.of(best.config.dp))
+                 if off == "none"]
+        prof, profs, devs = self._profiles(best.config)
+        mixed = mix_zero_stages(best.config, zeros, prof, profs, self._memory(devs),
+                                self.cluster, best.surrogate_s)
+        if mixed is None:
+            return best
+        self._estimates[mixed[0]] = mixed[1]
+        return _Scored(*mixed)
 
     def _budget_fallback(self, index: int, total: int) -> None:
         text = (f"time budget {self.budget.seconds:g} s reached after {index} of {total} "
@@ -396,8 +447,12 @@ class _Search:
         """The lightest candidate of ``fam`` the constraints allow and its heaviest rank's
         memory (:func:`fxplan.inter_op.lightest.lightest_allowed`); ``None`` when none."""
         rungs = self.rungs.of(fam.dp)
-        return lightest_allowed(self._options(fam), rungs[-1] if rungs else None,
-                                self.profile.num_layers, self.constraints, self._worst)
+        top = rungs[-1] if rungs else None
+        # a zero-bubble variant beside dp does not run at the top rung (zero_bubble_dp)
+        variants = (c for c in self._options(fam) if top is None or after_step_refusal(
+            c.replace(zero_stage=top[0], offload=top[1])) is None)
+        return lightest_allowed(variants, top, self.profile.num_layers, self.constraints,
+                                self._worst)
 
     def _worst(self, c: ParallelConfig) -> MemoryBreakdown:
         """The memory of ``c``'s pipeline rank that overflows most, each on its own device."""

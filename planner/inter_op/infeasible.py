@@ -98,7 +98,8 @@ def no_plan_error(where: str, world: int, valid: list[Family], invalid: list[Rea
             "of the allowed mesh families (microbatch sizes divide batch/dp up to "
             f"{MAX_MICROBATCH}; 1f1b needs m ≥ pp, interleaved:v needs m mod pp = 0 and "
             "pp·v ≤ layers; zb:v the same, zbv 2·pp ≤ layers, dualpipev that and m ≥ 2·pp, "
-            "all three dp = 1 and recompute none; sequence parallelism needs tp > 1)")
+            "all three recompute none and beside dp > 1 ZeRO-0 or ZeRO-1 without tp, ep "
+            "or offload; sequence parallelism needs tp > 1)")
     if failed:
         return InfeasibleError(
             f"{where}: every finalist failed when priced by the step simulator: "

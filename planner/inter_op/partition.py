@@ -89,11 +89,12 @@ def _prefix(x: Sequence[float]) -> np.ndarray:
 
 
 def _per_stage(values: Sequence[float] | np.ndarray | float, S: int, L: int | None) -> np.ndarray:
-    """``values`` as one row per stage: ``(S, L)`` for per-layer arrays, ``(S,)`` for scalars."""
+    """``values`` as one row per stage: ``(S, L)`` for per-layer arrays, ``(S,)`` for scalars
+    (a read-only view where ``values`` has one row for all)."""
     arr = np.asarray(values, dtype=float)
     if L is None:
-        return np.broadcast_to(arr, (S,)).astype(float)
-    return np.broadcast_to(arr if arr.ndim == 2 else arr[None, :], (S, L)).astype(float)
+        return np.broadcast_to(arr, (S,))
+    return np.broadcast_to(arr if arr.ndim == 2 else arr[None, :], (S, L))
 
 
 def partition_layers(time: Sequence[float] | np.ndarray, state: Sequence[float],
@@ -214,16 +215,17 @@ def partition_recompute(time: np.ndarray, time_r: np.ndarray, state: Sequence[fl
             np.ptp(x) == 0 for x in (psi, a0, da)):
         table, need = _recompute_table(T0[:, 0], dT[:, 0], float(psi[0]), float(a0[0]),
                                        float(da[0]), extra, fixed0, dfixed, n_in, caps, L)
-        finite = table[np.isfinite(table)]
         rows = np.arange(S)
 
         def take(T: float) -> np.ndarray:
             return (table[:, 1:] <= T).sum(axis=1)
 
-        counts = _bottleneck(np.unique(finite), take, lambda n: table[rows, n], L)
+        least = _least_bottleneck(table[:, 1:], L)
+        counts = None if least is None else \
+            _bottleneck(np.array([least]), take, lambda n: table[rows, n], L)
         if counts is None:
             return None
-        q = [int(need[j, n]) for j, n in enumerate(counts)]
+        q = need[rows, counts].tolist()
     else:
         found = _recompute_dp(T0, dT, psi, a0, da, extra, fixed0, dfixed, n_in, caps, S, L)
         if found is None:
@@ -233,13 +235,28 @@ def partition_recompute(time: np.ndarray, time_r: np.ndarray, state: Sequence[fl
     Pt0 = np.concatenate([np.zeros((S, 1)), np.cumsum(T0, axis=1)], axis=1)
     PdT = np.concatenate([np.zeros((S, 1)), np.cumsum(dT, axis=1)], axis=1)
     Ppsi, Pa, Pda = _prefix(psi), _prefix(a0), _prefix(da)
-    times, mems = [], []
-    for j, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
-        times.append(float(extra[j] + Pt0[j, b] - Pt0[j, a] + PdT[j, a + q[j]] - PdT[j, a]))
-        mems.append(float(fixed0[j] + (dfixed[j] if q[j] else 0.0) + Ppsi[b] - Ppsi[a]
-                          + n_in[j] * (Pa[b] - Pa[a] - (Pda[a + q[j]] - Pda[a]))))
+    j, a, b, qs = np.arange(S), edges[:-1], edges[1:], np.asarray(q, dtype=int)
+    times = (extra + Pt0[j, b] - Pt0[j, a] + PdT[j, a + qs] - PdT[j, a]).tolist()
+    mems = (fixed0 + np.where(qs > 0, dfixed, 0.0) + Ppsi[b] - Ppsi[a]
+            + n_in * (Pa[b] - Pa[a] - (Pda[a + qs] - Pda[a]))).tolist()
     return Partition(tuple(int(n) for n in counts), max(times), tuple(times), tuple(mems),
-                     tuple(q))
+                     tuple(int(n) for n in q))
+
+
+def _least_bottleneck(table: np.ndarray, L: int) -> float | None:
+    """The smallest ``T`` at which stages with times ``T_j(n)`` (``table[j, n−1]``,
+    non-decreasing in ``n``, ``∞`` where the stage cannot hold ``n`` layers) can take ``L``
+    layers with at least one each, or ``None``: stage ``j`` takes ``#{n : T_j(n) ≤ T}``, so
+    the stages take ``#{(j, n) : T_j(n) ≤ T}`` in all, ``≥ L`` from the ``L``-th smallest
+    entry on, and each at least one from ``max_j T_j(1)`` on —
+
+        T* = max(L-th smallest T_j(n), max_j T_j(1))
+
+    the value the bottleneck search over the sorted entries (:func:`_bottleneck`) ends at."""
+    finite = table[np.isfinite(table)]
+    if len(finite) < L or not np.isfinite(table[:, 0]).all():
+        return None
+    return max(float(np.partition(finite, L - 1)[L - 1]), float(table[:, 0].max()))
 
 
 def _recompute_table(t0: np.ndarray, dt: np.ndarray, psi: float, a0: float, da: float,

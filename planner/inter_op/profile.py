@@ -38,6 +38,7 @@ layer's row from the profile of its own policy (:func:`mixed_profile`): layer ``
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -86,12 +87,13 @@ class SegmentProfile:
     def layers(self) -> int:
         return len(self.fwd)
 
-    @property
+    @cached_property
     def layer_time(self) -> np.ndarray:
-        """``t_i = f_i + b_i + c^f_i + c^b_i``."""
+        """``t_i = f_i + b_i + c^f_i + c^b_i`` (computed once: the search reads it for every
+        candidate of the profile; not to be written)."""
         return self.fwd + self.bwd + self.tp_fwd + self.tp_bwd
 
-    @property
+    @cached_property
     def total_work(self) -> float:
         """``W = Σ_i t_i + pre + post`` seconds per microbatch, whole model."""
         return float(self.layer_time.sum() + sum(self.pre[:2]) + sum(self.post[:2]))
@@ -134,6 +136,12 @@ class ModelProfile:
 
     def tp_widths(self) -> dict[str, int]:
         return dict(self.segments.tp_widths)
+
+    @property
+    def tied_ends(self) -> bool:
+        """Whether the first and the last segment share a weight (a tied embedding and head),
+        which every split puts on the first and the last pipeline stage."""
+        return bool(self.get(1, False, "none", 1).end_tensors[2])
 
     def get(self, tp: int, sp: bool, recompute: str, microbatch: int,
             fp8: bool = False, ep: int = 1, cp: int = 1,

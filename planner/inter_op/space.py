@@ -13,10 +13,14 @@ Inside a family a **candidate**, a :class:`~fxplan.core.config.ParallelConfig`, 
 microbatch size ``b`` (a divisor of ``batch/(dp/cp)`` up to :data:`MAX_MICROBATCH`;
 ``m = batch/((dp/cp)·b)``), the schedule (``gpipe``, and ``1f1b`` when ``m ≥ pp``; ``interleaved:v``
 for ``v ∈`` :data:`INTERLEAVE_CHUNKS` when ``m mod pp = 0`` and ``L ≥ pp·v``; no pipeline:
-``1f1b`` only; with ``dp = 1`` also the zero-bubble ``zb:v`` for ``v ∈``
+``1f1b`` only; also the zero-bubble ``zb:v`` for ``v ∈``
 :data:`ZERO_BUBBLE_CHUNKS` under the same conditions as ``interleaved:v``, ``zbv`` when
-``L ≥ 2·pp`` and ``dualpipev`` when also ``m ≥ 2·pp``, each with recompute ``none`` only —
-the split backward torch runs, see :func:`fxplan.runtime.train.pipeline.zero_bubble_refusal`), recompute
+``L ≥ 2·pp`` and ``dualpipev`` when also ``m ≥ 2·pp`` (neither where the first and the last
+stage share a weight: both run on rank 0), each with recompute ``none`` only —
+the split backward torch runs, see :func:`fxplan.runtime.train.pipeline.zero_bubble_refusal`;
+with ``dp > 1`` their gradients are all-reduced after the step, so only at the memory rungs
+without FSDP2, ZeRO-0 and ZeRO-1 without offload (ZeRO-1 only with ``tp = ep = 1``):
+:func:`fxplan.core.zero_bubble_dp.after_step_refusal`, which the search's rungs obey), recompute
 (:data:`~fxplan.core.config.RECOMPUTE_POLICIES`; with ``per_stage_recompute`` only
 :data:`PER_STAGE_POLICIES`, each run by the search on as few layers of each stage as memory
 needs, none at all where none need it, :meth:`fxplan.inter_op.stage_split.StageSplits.
@@ -134,20 +138,25 @@ def context_degrees(dp: int, seq: int | None, batch: int) -> tuple[int, ...]:
 
 def options(family: Family, *, batch: int, layers: int, seq: int | None,
             eps: tuple[int, ...] = (1,), cps: tuple[int, ...] = (1,),
-            per_stage_recompute: bool = False) -> Iterator[ParallelConfig]:
+            per_stage_recompute: bool = False, tied_ends: bool = False
+            ) -> Iterator[ParallelConfig]:
     """Every candidate of ``family`` at ZeRO stage 0 (the search raises the stage as needed),
     for each expert-parallel degree of ``eps`` (:func:`expert_degrees`) and context-parallel
     degree of ``cps`` (:func:`context_degrees`); ``per_stage_recompute``: the policies of
-    :data:`PER_STAGE_POLICIES` (module docstring) on a model with repeated layers."""
+    :data:`PER_STAGE_POLICIES` (module docstring) on a model with repeated layers;
+    ``tied_ends``: the first and the last stage share a weight, so the V-shaped schedules,
+    which run both on pipeline rank 0, are not offered (the runtime keeps tied copies equal
+    across ranks only, :func:`fxplan.runtime.apply.tied.same_rank_refusal`)."""
     policies = PER_STAGE_POLICIES if per_stage_recompute and layers else RECOMPUTE_POLICIES
     for cp in cps:
         yield from _options(family, batch=batch, layers=layers, seq=seq, eps=eps, cp=cp,
-                            policies=policies)
+                            policies=policies, v_shapes=not tied_ends)
 
 
 def _options(family: Family, *, batch: int, layers: int, seq: int | None,
              eps: tuple[int, ...], cp: int,
-             policies: tuple[str, ...] = RECOMPUTE_POLICIES) -> Iterator[ParallelConfig]:
+             policies: tuple[str, ...] = RECOMPUTE_POLICIES, v_shapes: bool = True
+             ) -> Iterator[ParallelConfig]:
     tp, pp, dp = family.tp, family.pp, family.dp
     per_replica = batch // (dp // cp)
     sps = [False] + ([True] if tp > 1 and (seq is None or seq % (tp * cp) == 0) else [])
@@ -160,9 +169,11 @@ def _options(family: Family, *, batch: int, layers: int, seq: int | None,
             schedules.append(Schedule("gpipe"))
             schedules += [Schedule("interleaved", v) for v in INTERLEAVE_CHUNKS
                           if m % pp == 0 and layers >= pp * v]
-            if dp == 1:   # what torch's split backward runs (runtime.pipeline)
-                schedules += [Schedule("zb", v) for v in ZERO_BUBBLE_CHUNKS
-                              if m % pp == 0 and layers >= pp * v]
+            # what torch's split backward runs (runtime.pipeline; beside dp > 1 at the ZeRO
+            # stages core.zero_bubble_dp allows)
+            schedules += [Schedule("zb", v) for v in ZERO_BUBBLE_CHUNKS
+                          if m % pp == 0 and layers >= pp * v]
+            if v_shapes:
                 schedules += [Schedule("zbv", 2)] if layers >= 2 * pp else []
                 schedules += ([Schedule("dualpipev", 2)] if layers >= 2 * pp and m >= 2 * pp
                               else [])

@@ -48,7 +48,7 @@ from fxplan.cost_model.memory.runtime import (cuda_context_bytes, fragmentation_
 from fxplan.cost_model.step.pipeline_schedules import InflightCounts, inflight_counts
 from fxplan.cost_model.step.stage_costs import buffer_bytes, rank_memory
 from fxplan.inter_op.profile import SegmentProfile
-from fxplan.core.config import ParallelConfig
+from fxplan.core.config import ParallelConfig, Schedule
 
 __all__ = ["DeviceMemory", "PartitionInputs", "inflight", "partition_inputs", "per_rank",
            "stage_memory",
@@ -165,10 +165,10 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
     if isinstance(mem, DeviceMemory):   # one kind of device (the search's hot path)
         fixed, cap = np.full(S, fixed_of(mem) / v), np.full(S, mem.limit / v)
     else:
-        rank = [c.schedule.placement(j, c.pp)[0] for j in range(S)]
+        rank = _layout(c.schedule, c.pp)[0].tolist()
         fixed = np.array([fixed_of(mems[s]) / v for s in rank])
         cap = np.array([mems[s].limit / v for s in rank])
-    counts = np.array([n[c.schedule.placement(j, c.pp)] for j in range(S)])
+    counts = n[_layout(c.schedule, c.pp)[:2]]
     extra[0] += first.pre[0] + first.pre[1]
     extra[-1] += last.post[0] + last.post[1]
     fixed[0] += k * prof.pre[2] + counts[0] * prof.pre[3] * grow
@@ -181,6 +181,21 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
         k_e = state_bytes_per_param(c.dp // c.ep, c.zero_stage, c.offload)
         layer_state = layer_state + (k_e - k) * prof.expert_params
     return PartitionInputs(extra, fixed, counts, layer_state, cap, prof.acts * grow)
+
+
+@lru_cache(maxsize=1024)
+def _layout(schedule: Schedule, pp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where the virtual stages of ``schedule`` on ``pp`` ranks sit: the rank and the chunk
+    of each virtual stage ``j`` (:meth:`~fxplan.core.config.Schedule.placement`), and
+    ``(v, p)`` the virtual stage of chunk ``k`` on rank ``s``
+    (:meth:`~fxplan.core.config.Schedule.virtual_stage`); cached, the search reads them for
+    every candidate."""
+    v = schedule.chunks
+    rank, chunk = np.array([schedule.placement(j, pp) for j in range(pp * v)]).T
+    at = np.array([[schedule.virtual_stage(s, k, pp) for s in range(pp)] for k in range(v)])
+    for array in (rank, chunk, at):
+        array.setflags(write=False)
+    return rank, chunk, at
 
 
 def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
@@ -210,7 +225,7 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
     experts = (np.zeros(len(psi)) if prof.expert_params is None else
                np.diff(np.concatenate([[0.0], np.cumsum(prof.expert_params)])[edges]))
     # virtual stage j (c·p + s, or the V of zbv) → [c, s]
-    at = np.array([[c.schedule.virtual_stage(s, k, p) for s in range(p)] for k in range(v)])
+    at = _layout(c.schedule, p)[2]
     return dict(params=psi[at].sum(axis=0), saved=saved[at].T,
                 expert_params=experts[at].sum(axis=0),
                 working=work[at].max(axis=0),
@@ -220,12 +235,12 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
 
 def stage_memory(c: ParallelConfig, prof: SegmentProfile,
                  mem: DeviceMemory | Sequence[DeviceMemory]) -> list[MemoryBreakdown]:
-    """Peak bytes of each pipeline rank by kind (module docstring); ``mem`` one device or one
-    per pipeline rank."""
+    """Peak bytes of each pipeline rank by kind (module docstring), each rank's states under
+    its own ZeRO stage (``zero_stages``); ``mem`` one device or one per pipeline rank."""
     mems = per_rank(mem, c.pp)
     return rank_memory(order(c), **_rank_inputs(c, prof), reserved=[m.reserved for m in mems],
                        capacity=[m.capacity for m in mems], tp=c.tp, dp=c.dp,
-                       zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel,
+                       zero_stage=c.rank_zero_stages, sequence_parallel=c.sequence_parallel,
                        offload=c.offload, kinds=[m.kind for m in mems],
                        headroom=[m.headroom for m in mems], ep=c.ep,
                        contexts=[m.context_gib for m in mems])

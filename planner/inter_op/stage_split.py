@@ -55,6 +55,9 @@ class StageSplits:
         self.cluster = cluster
         self._dp: dict[tuple, Partition | None] = {}
         self._plain: dict[tuple, ParallelConfig | None] = {}   # fit() without recompute
+        # _inputs per (candidate, its profiles, memory): fit_recompute reads those of the
+        # candidate without recompute, then fit() the same for that candidate's own split
+        self._inputs: dict[tuple, tuple[tuple, PartitionInputs, np.ndarray]] = {}
 
     def fit(self, c: ParallelConfig, prof: SegmentProfile, profs: list[SegmentProfile] | None,
             mems: DeviceMemory | tuple[DeviceMemory, ...],
@@ -63,7 +66,7 @@ class StageSplits:
         profiles (:func:`fxplan.inter_op.stage_devices.rank_profiles`; ``profs`` one per
         pipeline rank, ``None`` on one kind of device); ``mems``: one kind of device's memory,
         or one per pipeline rank; ``host``: the memory :func:`host_fits` checks against."""
-        inputs, time = _inputs(c, prof, profs, mems)
+        inputs, time = self._inputs_of(c, prof, profs, mems)
         key = (c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8, c.ep, c.cp,
                c.pp, c.virtual_stages, c.dp, inputs.cap.tobytes(), inputs.extra_time.tobytes(),
                inputs.fixed_bytes.tobytes(), inputs.inflight.tobytes(),
@@ -80,6 +83,18 @@ class StageSplits:
             if self._fits(placed, prof, mems, host):
                 return placed
         return None
+
+    def _inputs_of(self, c: ParallelConfig, prof: SegmentProfile,
+                   profs: list[SegmentProfile] | None,
+                   mems: DeviceMemory | tuple[DeviceMemory, ...]
+                   ) -> tuple[PartitionInputs, np.ndarray]:
+        """:func:`_inputs`, memoized per candidate, profiles (by identity; the entry keeps
+        them alive, so an id names one profile) and memory."""
+        key = (c, id(prof), None if profs is None else tuple(map(id, profs)), mems)
+        hit = self._inputs.get(key)
+        if hit is None:
+            hit = self._inputs[key] = ((prof, profs), *_inputs(c, prof, profs, mems))
+        return hit[1], hit[2]
 
     def _fits(self, placed: ParallelConfig, prof: SegmentProfile,
               mems: DeviceMemory | tuple[DeviceMemory, ...], host: DeviceMemory) -> bool:
@@ -101,8 +116,8 @@ class StageSplits:
         ``c`` without recompute; ``profile_of``: the profile of a placed configuration (each
         layer's own policy)."""
         base = c.replace(recompute="none")
-        inputs_r, time_r = _inputs(c, prof, profs, mems)
-        inputs, time = _inputs(base, none, nones, mems)
+        inputs_r, time_r = self._inputs_of(c, prof, profs, mems)
+        inputs, time = self._inputs_of(base, none, nones, mems)
         key = ("recompute", c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8,
                c.ep, c.cp, c.pp, c.virtual_stages, c.dp, inputs.cap.tobytes(),
                inputs.extra_time.tobytes(), inputs.fixed_bytes.tobytes(),

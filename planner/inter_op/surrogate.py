@@ -28,6 +28,8 @@ with every ``AG_k = 0`` (the blocks stay gathered), and it has no ``exposed_s``.
 
     T̂ = max_s ( m·w_s + (p−1)/v · max_s w_s + exposed_s + post_s + opt_s )
     exposed_s = max(0, Σ_{i on s} AR/RS(2ψ_i) − ω_s·b_s)  gradient buckets behind one backward
+                (all of the sum beside a zero-bubble schedule, ``ω_s = 0``: the runtime
+                reduces after the step, :mod:`fxplan.core.zero_bubble_dp`)
     post_s    = AG(2Ψ_s) [zero ∈ {1,2}] + AR(2ψ_tied) [tied weights on the first and last rank]
                 (ZeRO-1 without DTensor parameters: ``n_s`` broadcasts, :func:`_broadcasts`)
     opt_s     = 28·Ψ_s / dp^{[zero ≥ 1]} / memory bandwidth          (offload = none)
@@ -53,6 +55,14 @@ Under expert parallelism (``ep > 1``) each layer's local expert parameters ``ψ^
 all-reduce of ``2ψ^e_i`` over the tp group besides, and the optimizer steps
 ``(Ψ_s − Ψ^e_s)/dp + Ψ^e_s·ep/dp`` parameters under ZeRO ≥ 1 (the experts' states are sharded
 over their ``dp/ep`` replicas only).
+
+With a ZeRO stage per pipeline rank (``zero_stages``) every term of rank ``s`` — its ``z_j``,
+``exposed_s``, ``post_s``, ``opt_s`` — reads only the rank's own stage, so ``T̂`` takes each
+rank's ``w_s`` and ``exposed_s + post_s + opt_s`` from the configuration with that stage on
+every rank (:func:`rank_terms`; :mod:`fxplan.inter_op.stage_zero` chooses the stages). A
+weight tied between two ranks that keep its gradient in different dp layouts adds a gather
+the step simulator prices (:func:`cost_model.step.stage_costs._tied_sync`) and ``T̂`` does
+not; the search never ranks such a configuration (its tied holders keep one layout).
 """
 
 from __future__ import annotations
@@ -69,11 +79,12 @@ from fxplan.cost_model.memory.offload import offload_segment_s, offload_step_s
 from fxplan.cost_model.step.stage_costs import zero1_broadcasts, zero2_reduces_per_microbatch
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig
+from fxplan.core.zero_bubble_dp import reduces_after_step
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["bubble_weight", "surrogate_step_s"]
+__all__ = ["bubble_weight", "rank_terms", "step_of_terms", "surrogate_step_s"]
 
 
 def bubble_weight(c: ParallelConfig) -> float:
@@ -187,8 +198,34 @@ def _broadcasts(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray, stag
 def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
                      stage_profs: Sequence[SegmentProfile] | None = None) -> float:
     """``T̂`` of the module docstring, seconds. ``stage_profs``: one profile per pipeline rank
-    (its device group's) on a heterogeneous cluster; ``None``: ``prof`` on every rank."""
-    p, v, S, m = c.pp, c.virtual_stages, c.pp * c.virtual_stages, c.num_microbatches
+    (its device group's) on a heterogeneous cluster; ``None``: ``prof`` on every rank. With a
+    ZeRO stage per pipeline rank (``zero_stages``) each rank's terms are those of the
+    configuration with its own stage on every rank (:func:`rank_terms`: a rank's terms read
+    only its own stage)."""
+    if c.zero_stages is None:
+        return step_of_terms(c, *rank_terms(c, prof, cluster, stage_profs))
+    terms = {z: rank_terms(c.replace(zero_stage=z, zero_stages=None), prof, cluster, stage_profs)
+             for z in set(c.zero_stages)}
+    rows = np.arange(c.pp)
+    w = np.array([terms[z][0][s] for s, z in zip(rows, c.zero_stages)])
+    rest = np.array([terms[z][1][s] for s, z in zip(rows, c.zero_stages)])
+    return step_of_terms(c, w, rest)
+
+
+def step_of_terms(c: ParallelConfig, w: np.ndarray, rest: np.ndarray) -> float:
+    """``T̂ = max_s (m·w_s + (p−1)/v · max_s w_s + rest_s)`` from each rank's work per
+    microbatch ``w_s`` and its once-per-step seconds ``rest_s = exposed_s + post_s + opt_s``
+    (:func:`rank_terms`)."""
+    return float(np.max(c.num_microbatches * w + bubble_weight(c) * w.max() + rest))
+
+
+def rank_terms(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
+               stage_profs: Sequence[SegmentProfile] | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Per pipeline rank ``s`` (one ZeRO stage for all: ``c.zero_stage``): ``w_s``, its work per
+    microbatch, and ``exposed_s + post_s + opt_s``, its seconds once per step (module
+    docstring); :func:`step_of_terms` combines them into ``T̂``."""
+    p, v, S = c.pp, c.virtual_stages, c.pp * c.virtual_stages
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
     dp_ranks = tuple(range(0, c.dp * c.tp, c.tp))
     stage = np.arange(S) % p
@@ -244,7 +281,9 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
             sync = np.array([sum(_coll("all_reduce", nbytes, dp_ranks, cluster)
                                  for _, nbytes in ddp_buckets([(0.0, 2.0 * x)], cap))
                              for x in psi_s])
-        overlap = np.array([cluster.device(s * c.dp * c.tp).comm_overlap for s in range(p)])
+        # beside a zero-bubble schedule the pass after the step hides nothing (zero_bubble_dp)
+        overlap = np.array([0.0 if reduces_after_step(c) else
+                            cluster.device(s * c.dp * c.tp).comm_overlap for s in range(p)])
         exposed = np.maximum(0.0, sync - overlap * b_s)
     post = np.zeros(p)
     if zero1_broadcasts(c) and prof.tensors is not None:
@@ -269,4 +308,4 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
         opt = np.array([offload_step_s(c, float(psi_s[s]), float(b_s[s] * v),
                                        cluster.device(s * c.dp * c.tp), ADAM_MIXED)
                         for s in range(p)])
-    return float(np.max(m * w + bubble_weight(c) * w.max() + exposed + post + opt))
+    return w, exposed + post + opt

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Callable
 
 from fxplan.intra_op.brute import solve_brute_force
-from fxplan.intra_op.cpsat import solve_cpsat
 from fxplan.intra_op.dp import solve_chain_dp
 from fxplan.intra_op.highs import solve_highs
 from fxplan.intra_op.problem import Problem
@@ -13,9 +12,18 @@ from fxplan.intra_op.result import SolverResult
 
 __all__ = ["BACKENDS", "solve_problem"]
 
+
+def _cpsat(problem: Problem, time_limit_s: float) -> SolverResult:
+    """CP-SAT, imported when asked for: its OR-Tools module loads pandas, a third of a second
+    of every search that ``auto`` (the DP or HiGHS) never needs."""
+    from fxplan.intra_op.cpsat import solve_cpsat
+
+    return solve_cpsat(problem, time_limit_s=time_limit_s)
+
+
 BACKENDS: dict[str, Callable[..., SolverResult]] = {
     "highs": lambda p, t: solve_highs(p, time_limit_s=t),
-    "cpsat": lambda p, t: solve_cpsat(p, time_limit_s=t),
+    "cpsat": _cpsat,
     "dp": lambda p, t: solve_chain_dp(p),
     "brute": lambda p, t: solve_brute_force(p),
 }

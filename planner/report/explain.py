@@ -29,6 +29,7 @@ from fxplan.core.units import gib, seconds
 from fxplan.core.config import CostModelError, ParallelConfig, Schedule
 from fxplan.core.errors import UserError
 from fxplan.core.plan import Plan, PlanError
+from fxplan.core.zero_bubble_dp import after_step_refusal
 from fxplan.cost_model.memory.breakdown import MEMORY_ROWS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -147,8 +148,6 @@ def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[Parallel
             schedule = Schedule("1f1b")
         elif m < schedule.min_microbatches(pp):   # dualpipev: m ≥ 2·pp
             schedule = Schedule("1f1b")
-        elif schedule.split_backward and dp > 1:   # runtime.pipeline.zero_bubble_refusal
-            schedule = Schedule("1f1b")
         if schedule.kind == "1f1b" and pp > 1 and m < pp:
             schedule = Schedule("gpipe")
         if schedule != wanted:
@@ -163,6 +162,13 @@ def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[Parallel
                                f"zero={zero})")
         offload = "optimizer"
         notes.append("offload follows: optimizer (parameters are offloaded only under ZeRO-3)")
+    if "schedule" not in changes and schedule.split_backward and dp > 1 and pp > 1 and \
+            after_step_refusal(ParallelConfig(dp=dp, tp=tp, pp=pp, schedule=schedule,
+                                              zero_stage=zero, ep=base.ep, offload=offload)):
+        # zero-bubble beside dp where FSDP2 would run (runtime.pipeline.zero_bubble_refusal)
+        schedule = Schedule("1f1b" if m >= pp else "gpipe")
+        notes.append(f"schedule follows: {schedule} (a zero-bubble schedule beside dp={dp} "
+                     f"runs at ZeRO-0/1 only)")
     sp = changes.get("sequence_parallel", base.sequence_parallel and tp > 1)
     if sp != base.sequence_parallel and "sequence_parallel" not in changes:
         notes.append("sequence parallelism follows: off without tensor parallelism")
@@ -175,9 +181,16 @@ def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[Parallel
     if base.recompute_layers is not None and per_stage is None:
         notes.append(f"the plan's recompute per stage ({base.recompute_text}) is dropped: "
                      f"every layer runs recompute={recompute}")
+    # the plan's ZeRO stage per pipeline rank holds for its own pipeline depth only
+    zero_stages = (base.zero_stages if pp == base.pp and dp > 1 and "zero_stage" not in changes
+                   else None)
+    if base.zero_stages is not None and zero_stages is None:
+        notes.append(f"the plan's ZeRO per stage ({base.zero_text}) is dropped: every pipeline "
+                     f"rank runs zero={zero}")
     config = base.replace(
         dp=dp, tp=tp, pp=pp, cp=cp, microbatch_size=mb, num_microbatches=m, schedule=schedule,
-        zero_stage=zero, offload=offload, fp8=changes.get("fp8", base.fp8),
+        zero_stage=zero, zero_stages=zero_stages, offload=offload,
+        fp8=changes.get("fp8", base.fp8),
         recompute=recompute, recompute_layers=per_stage,
         sequence_parallel=sp, stage_layers=base.stage_layers if keep_split else None,
         placements=base.placements if keep_layout else None)

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from fxplan.report.terminal import (capacity_text, context_line, headroom_text, mesh_levels,
-                                    offload_line, recompute_line, stage_recompute)
+                                    offload_line, recompute_line, stage_recompute,
+                                    zero_line)
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -138,7 +139,9 @@ def _summary(plan: Plan, result: Estimate) -> str:
 
     rows = [("plan", plan.summary), ("degrees", ", ".join(f"{k}={v}" for k, v in plan.degrees.items())),
             ("mesh levels", mesh_levels(plan)),
-            ("ZeRO stage", plan.zero_stage), ("offload", offload_line(plan) or "none"),
+            ("ZeRO stage", plan.config.zero_text + (f" — per stage: {zero_line(plan)}"
+                                                   if plan.config.zero_stages else "")),
+            ("offload", offload_line(plan) or "none"),
             ("fp8", "on" if plan.config.fp8 else "off"), ("schedule", plan.schedule),
             ("microbatches", f"{plan.num_microbatches} × {plan.microbatch_size} samples"),
             ("recompute", plan.recompute_summary + (f" — per stage: {recompute_line(plan)}"

@@ -12,7 +12,8 @@
 tokens/s, the achieved TFLOP/s per device (counting recompute, Megatron's convention) and the
 MFU (model FLOPs only, against the devices' peaks, each device its own), the step's breakdown,
 with context parallelism how the sequence is split and K/V exchanged (:func:`context_line`), where blocks
-recompute differently the recomputed layers of each stage (:func:`recompute_line`), memory per pipeline
+recompute differently the recomputed layers of each stage (:func:`recompute_line`), where pipeline
+ranks run their own ZeRO stages each rank's (:func:`zero_line`), memory per pipeline
 rank against the capacity with its breakdown (on a heterogeneous cluster the mesh line, the
 capacity and the memory table per device group: :func:`stage_groups`), the top three runners-up with their deltas (one
 row per configuration), the pruning reasons grouped by kind with the near-misses first
@@ -32,7 +33,7 @@ from fxplan.cost_model.memory.headroom import parse_headroom
 from fxplan.report.pruning import group_pruned
 
 __all__ = ["capacity_text", "context_line", "headroom_text", "mesh_levels", "offload_line",
-           "plan_summary", "recompute_line", "stage_recompute",
+           "plan_summary", "recompute_line", "stage_recompute", "zero_line",
            "rate_line", "render_report", "stage_groups", "unique_runners_up"]
 
 #: Pruning reasons printed per kind (closest first); the rest of the kind are counted.
@@ -45,7 +46,9 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     return {
         "model": plan.model, "cluster": plan.cluster, "batch": plan.batch, "seq": plan.seq,
         "summary": plan.summary, "degrees": plan.degrees, "axis_levels": list(plan.axis_levels),
-        "zero_stage": plan.zero_stage, "offload": plan.offload, "fp8": plan.config.fp8,
+        "zero_stage": plan.zero_stage,
+        "zero_stages": None if plan.config.zero_stages is None else list(plan.config.zero_stages),
+        "offload": plan.offload, "fp8": plan.config.fp8,
         "cp_attention": plan.cp_attention,
         "schedule": str(plan.schedule),
         "microbatch_size": plan.microbatch_size, "num_microbatches": plan.num_microbatches,
@@ -284,6 +287,18 @@ def recompute_line(plan: Plan) -> str:
             + f" layers {' or '.join(policies) or 'none'}, the others none")
 
 
+def zero_line(plan: Plan) -> str:
+    """``ZeRO-3 on pipeline ranks 0, 1 · ZeRO-1 on 2, 3``: the ZeRO stage of each pipeline rank
+    where they differ (``zero_stages``; ``""`` otherwise)."""
+    stages = plan.config.zero_stages
+    if stages is None:
+        return ""
+    parts = [f"ZeRO-{z} on " + ", ".join(str(r) for r, y in enumerate(stages) if y == z)
+             for z in sorted(set(stages), reverse=True)]
+    return parts[0].replace(" on ", " on pipeline ranks ", 1) + "".join(f" · {p}"
+                                                                        for p in parts[1:])
+
+
 def render_report(plan: Plan, console: Any = None) -> None:
     """Print the rich report of ``plan`` (module docstring)."""
     console = _console(console)
@@ -297,6 +312,8 @@ def render_report(plan: Plan, console: Any = None) -> None:
                   f"{'/'.join(str(s.num_layers) for s in plan.stages)}")
     if stage_recompute(plan):
         console.print(f"recompute       per stage: {recompute_line(plan)}", markup=False)
+    if plan.config.zero_stages is not None:
+        console.print(f"zero            per stage: {zero_line(plan)}", markup=False)
     console.print(f"step time       {rate_line(est)}")
     parts = " · ".join(f"{k} {seconds(v)}" for k, v in est.get("breakdown", {}).items()
                        if v > 1e-9)

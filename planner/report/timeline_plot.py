@@ -1,6 +1,7 @@
 """Plot a pipeline timeline (``Estimate.timeline()``) as one row of bars per stage.
 
-Forward ops are blue, backward ops orange; with an interleaved schedule each model chunk ``c``
+Forward ops are blue, backward ops orange and, where a zero-bubble schedule splits the
+backward, its weight-gradient ops green; with several model chunks per stage each chunk ``c``
 gets its own shade (darker for later chunks). Gaps are idle time: the schedule's bubble and
 waits for slower stages (the estimate's ``bubble`` and ``stage_imbalance``). The legend names
 kind and chunk; microbatch numbers are written into the bars that are wide enough to hold them (a bar
@@ -29,8 +30,9 @@ from fxplan.report.plotting import new_axes, save_figure
 __all__ = ["Cut", "compress_events", "plot_timeline"]
 
 _COLORS = {"F": ("#9ecae1", "#4292c6", "#08519c", "#08306b"),
-           "B": ("#fdae6b", "#f16913", "#d94801", "#8c2d04")}
-_NAMES = {"F": "forward", "B": "backward"}
+           "B": ("#fdae6b", "#f16913", "#d94801", "#8c2d04"),
+           "W": ("#a1d99b", "#41ab5d", "#006d2c", "#00441b")}
+_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient"}
 _TEXT_ON = ("#000000", "#000000", "#ffffff", "#ffffff")  # readable on each shade
 #: Smallest bar, as a fraction of the makespan, that gets its microbatch number.
 LABEL_MIN_FRACTION = 0.012
@@ -86,12 +88,12 @@ def _shade(kind: str, chunk: int) -> tuple[str, str]:
     return palette[i], _TEXT_ON[i]
 
 
-def _legend(ax: object, chunks: int) -> None:
+def _legend(ax: object, chunks: int, kinds: Sequence[str] = ("F", "B")) -> None:
     from matplotlib.patches import Patch
 
     handles = [Patch(facecolor=_shade(kind, c)[0], edgecolor="white",
                      label=_NAMES[kind] + (f", chunk {c}" if chunks > 1 else ""))
-               for kind in ("F", "B") for c in range(chunks)]
+               for kind in kinds for c in range(chunks)]
     handles.append(Patch(facecolor="white", edgecolor="#bbbbbb", label="idle (bubble, stage imbalance)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 if chunks > 1 else -0.28),
               ncol=min(len(handles), 5), frameon=False)
@@ -124,6 +126,7 @@ def plot_timeline(events: Iterable[Sequence], path: str | Path, *, title: str | 
         raise ValueError("no timeline events to plot")
     stages = max(e[0] for e in events) + 1
     chunks = max(e[3] for e in events) + 1
+    kinds = [kind for kind in _NAMES if any(e[1] == kind for e in events)]
     makespan = max(e[5] for e in events)
     busy = [0.0] * stages
     for e in events:
@@ -154,5 +157,5 @@ def plot_timeline(events: Iterable[Sequence], path: str | Path, *, title: str | 
     ax.set_xlim(0, end * scale * 1.08)
     ax.grid(axis="x", color="#e5e5e5", linewidth=0.6)
     ax.set_title(title or "pipeline timeline", pad=16 if cut is not None else 6)
-    _legend(ax, chunks)
+    _legend(ax, chunks, kinds)
     return save_figure(fig, path)

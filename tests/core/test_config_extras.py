@@ -113,3 +113,16 @@ def test_explain_keeps_dualpipev_only_with_two_microbatches_per_stage() -> None:
     assert str(kept.schedule) == "dualpipev" and kept.num_microbatches == 4
     fell, notes = alternative_config(plan, {"microbatch_size": 8})  # m = 2
     assert str(fell.schedule) == "1f1b" and any("schedule follows: 1f1b" in n for n in notes)
+
+
+def test_explain_keeps_zero_bubble_beside_dp_where_the_runtime_runs_it() -> None:
+    """A zb plan asked with dp=2 keeps zb at ZeRO-0/1 (the gradients are reduced after the
+    step) and falls back to 1f1b at ZeRO-3, which FSDP2 would run, saying so."""
+    from fxplan.report.explain import alternative_config
+
+    plan = make_plan(dp=1, tp=2, zero_stage=0, schedule="zb", num_microbatches=8,
+                     stages=())   # pp=2, batch 16
+    kept, _ = alternative_config(plan, {"dp": 2, "tp": 1})
+    assert str(kept.schedule) == "zb" and kept.dp == 2
+    fell, notes = alternative_config(plan, {"dp": 2, "tp": 1, "zero_stage": 3})
+    assert str(fell.schedule) == "1f1b" and any("ZeRO-0/1 only" in n for n in notes)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fxplan.cost_model.step.pipeline_schedules import (_unique_rows, inflight_counts,
-                                                  schedule_order)
+from fxplan.cost_model.step.pipeline_schedules import (BACKWARD, FORWARD, _inflight_profiles,
+                                                       _unique_rows, inflight_counts,
+                                                       schedule_order)
 
 KINDS = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zb", 1),
          ("zb", 2), ("zbv", 2), ("dualpipev", 2))
@@ -34,3 +35,55 @@ def test_counts_equal_the_orders(kind: str, v: int) -> None:
         assert (counts.inflight_peak == order.inflight_peak).all()
         weights = rng.uniform(0, 1e9, size=(p, v))
         assert (counts.peak_inflight(weights) == order.peak_inflight(weights)).all()
+
+
+def _warmup_steady_drain_reference(kind: str, p: int, v: int, s: int, m: int) -> list[tuple]:
+    """Stage ``s``'s order of ``gpipe``, ``1f1b`` and ``interleaved:v`` written op by op from
+    the module docstring's rule: ``w`` warm-up forwards, one forward and one backward at a
+    time, then the drain, over the ``m·v`` virtual microbatches."""
+    n, group = m * v, p * v
+    warmup = {"gpipe": n, "1f1b": min(p - s - 1, m)}.get(
+        kind, n if m == p else min(2 * (p - s - 1) + (v - 1) * p, n))
+
+    def op(k: int, what: int) -> tuple:
+        chunk = (k % group) // p
+        return (what, (k // group) * p + k % p, v - 1 - chunk if what == BACKWARD else chunk)
+
+    ops = [op(k, FORWARD) for k in range(warmup)]
+    for k in range(n - warmup):
+        ops += [op(warmup + k, FORWARD), op(k, BACKWARD)]
+    return ops + [op(k, BACKWARD) for k in range(n - warmup, n)]
+
+
+@pytest.mark.parametrize("kind,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2),
+                                    ("interleaved", 3)])
+def test_vectorised_orders_follow_the_rule(kind: str, v: int) -> None:
+    for p in (1, 2, 3, 5):
+        for m in sorted({1, 2, p, 2 * p, 3 * p + (0 if v > 1 else 1)}):
+            if v > 1 and m % p:
+                continue
+            order = schedule_order(kind, p, v, m)
+            for s in range(p):
+                ours = list(zip(order.kind[s].tolist(), order.microbatch[s].tolist(),
+                                order.chunk[s].tolist()))
+                assert ours == _warmup_steady_drain_reference(kind, p, v, s, m), (p, m, s)
+
+
+@pytest.mark.parametrize("kind,v", KINDS)
+def test_counts_equal_the_orders_on_more_shapes(kind: str, v: int) -> None:
+    """The closed form of one chunk (GPipe, 1F1B: the profile ``1 … n_s``) and the counts read
+    off the op kinds alone, against the full order's, where ``m`` is below, at and above
+    ``p``."""
+    rng = np.random.default_rng(2)
+    for p in (1, 3, 5):
+        for m in sorted({1, p, 2 * p, 3 * p + 1}):
+            try:
+                order = schedule_order(kind, p, v, m)
+            except (ValueError, IndexError):   # a shape the schedule does not run
+                continue
+            counts = inflight_counts(kind, p, v, m)
+            assert (counts.inflight_peak == order.inflight_peak).all()
+            assert [c.tolist() for c in counts.profiles] == \
+                [c.tolist() for c in _inflight_profiles(order)]
+            weights = rng.uniform(0, 1e9, size=(p, v))
+            assert (counts.peak_inflight(weights) == order.peak_inflight(weights)).all()

@@ -81,3 +81,29 @@ def test_memory_plot_draws_one_capacity_line_per_device_group(tmp_path: Path,
     assert drawn["legend"][:2] == ["capacity of v100: 32 GiB", "capacity of a100: 80 GiB"]
     assert drawn["ticks"] == ["stage 0\nv100", "stage 1\na100"]
     assert drawn["lines"] == [32.0, 80.0]
+
+
+def test_a_zero_bubble_timeline_draws_its_weight_gradient_ops(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A split backward's ``W`` ops (zero-bubble schedules) get their own colour and legend
+    entry; a plain schedule's legend names forward and backward only."""
+    import torch
+
+    from fxplan.api import capture
+    from fxplan.cluster_specs import Cluster
+    from fxplan.cost_model import ParallelConfig, estimate
+    from fxplan.report import timeline_plot
+
+    graph = capture("gpt:layers=8,hidden=256,heads=8,vocab=1024,seq=128", batch=1,
+                    dtype=torch.bfloat16)
+    cluster = Cluster.load("dgx-a100-80g:nodes=1")
+    events = estimate(graph, cluster, ParallelConfig.parse("dp=2,pp=4,mb=1,schedule=zbv"),
+                      batch=16).timeline()
+    assert {e[1] for e in events} == {"F", "B", "W"}
+    drawn: list[list[str]] = []
+    legend = timeline_plot._legend
+    monkeypatch.setattr(timeline_plot, "_legend", lambda ax, chunks, kinds: (
+        drawn.append(list(kinds)), legend(ax, chunks, kinds)))
+    assert_png(plot_timeline(events, tmp_path / "zbv.png", title="zbv"))
+    assert_png(plot_timeline([e for e in events if e[1] != "W"], tmp_path / "plain.png"))
+    assert drawn == [["F", "B", "W"], ["F", "B"]]

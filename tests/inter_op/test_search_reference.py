@@ -19,7 +19,19 @@ the closed-form ranking learned what the simulator prices (a pipeline boundary t
 nodes pays the slower link; ZeRO-1's per-tensor broadcasts; ZeRO-2's reduce-scatter in every
 microbatch's backward; expert gradients over their own replicas): 7.5B on pp=4 went from 5.662 s
 to 5.372 s, the heterogeneous GPT from 0.01664 s to 0.01661 s, and 1.7B kept its plan with
-faster runners-up. It is re-recorded only for a change that is meant to move a plan:
+faster runners-up. Two were re-recorded on 2026-11-28 (on ``92464a4``) when the search began to
+offer the zero-bubble schedules beside data parallelism (ZeRO-0/1, the gradients all-reduced
+after the step and priced exposed): 7.5B on pp=4 went from interleaved:4 at ZeRO-2 (5.372 s;
+still the answer with that offer switched off) to zb:2 at ZeRO-1 (5.329 s), the
+heterogeneous GPT from interleaved:2 (0.01661 s) to zb:2 at ZeRO-0 (0.01551 s; without the
+offer the ZeRO stage per pipeline rank gives interleaved:2 at ZeRO 2/0, 0.01650 s); 7.5B on
+pp=4 once more when the V-shaped schedules stopped being offered to models whose first and last
+stage share a weight (the runtime refuses them there): its plan stayed, a zbv runner-up gave
+way to zb. 529.6B on 2520 kept its plan when the ZeRO stage became a choice per pipeline
+rank; its third runner-up became a pp=18 candidate with ZeRO-2 on one rank (37.99 s
+simulated) where it was an interleaved:2 one (36.58 s): the closed-form ranking prices that
+pp=18 candidate 36.45 s at ZeRO-2 on every rank too, so the miss is the ranking's, not the
+mixing's. It is re-recorded only for a change that is meant to move a plan:
 
     .venv/bin/python tests/inter_op/test_search_reference.py --record [NAME ...]
 

@@ -129,3 +129,16 @@ def test_stopped_early_returns_a_feasible_choice_with_its_gap(monkeypatch) -> No
     assert optimum.status == "optimal" and optimum.gap == 0.0
     assert result.bound <= optimum.objective * (1 + 1e-9)
     assert optimum.objective <= result.objective
+
+
+def test_cpsat_is_imported_only_when_asked_for() -> None:
+    """``auto`` never runs CP-SAT, whose OR-Tools module loads pandas: importing the intra-op
+    package leaves it out."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fxplan.intra_op; "
+            "print('ortools.sat.python.cp_model' in sys.modules, 'pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.split() == ["False", "False"]

@@ -1,6 +1,7 @@
 """Zero-bubble schedules on gloo ranks: ``zbv`` and ``dualpipev`` (two stages per rank in a
-V) train like one process; what torch's split backward cannot run is refused before launch,
-with the reason.
+V) train like one process, and so do ``zb`` and ``zbv`` beside data parallelism (ZeRO-0 and
+ZeRO-1, the gradients averaged after the step: ``fxplan.runtime.train.dp_reduce``); what
+torch's split backward cannot run is refused before launch, with the reason.
 
 (``zb`` and ``zb:2`` on the tiny GPT, alone and beside tensor parallelism, are cases of
 ``test_numerics.py``.)"""
@@ -20,13 +21,13 @@ BATCH, SEQ = 8, 8
 TOL = 1e-5
 
 
-def _searched_plan_trains_like_one_process(rank_pool, **constraints):
-    """The search, held to ``constraints`` on two ranks, plans the untied Llama; the plan's
-    losses equal one process's. Returns the plan."""
+def _searched_plan_trains_like_one_process(rank_pool, devices=2, **constraints):
+    """The search, held to ``constraints`` on ``devices`` ranks, plans the untied Llama; the
+    plan's losses equal one process's. Returns the plan."""
     import fxplan
 
-    plan = fxplan.search(SPEC, "local-cpu:devices=2", batch=BATCH, seq=SEQ, progress=False,
-                         constraints={"pp": 2, **constraints})
+    plan = fxplan.search(SPEC, f"local-cpu:devices={devices}", batch=BATCH, seq=SEQ,
+                         progress=False, constraints={"pp": 2, **constraints})
     assert str(plan.schedule) == constraints["schedule"] and plan.pp == 2, plan.summary
     result = rank_pool.run("rt_zoo_cases:train", timeout=300, spec=SPEC,
                            plan_json=plan.to_json())[0]
@@ -53,22 +54,73 @@ def test_dualpipev_trains_like_one_process(rank_pool):
     assert plan.num_microbatches == 4 and len(plan.stages) == 4, plan.summary
 
 
+@pytest.mark.parametrize("zero", [0, 1])
+def test_zb_beside_data_parallelism_trains_like_one_process(rank_pool, zero):
+    """pp=2 × dp=2 under ``zb`` with m = 4 (the GPT's tied embedding and head on the two
+    pipeline ranks): no DDP wraps the stages, the pass after the step averages the gradients
+    (ZeRO-1: ZeroRedundancyOptimizer steps the shards); 3 SGD steps, losses and every
+    parameter within the suite's relative 1e-5 of one process."""
+    report = rank_pool.run("rt_cases:train_matches_reference", plan_kwargs=dict(
+        pp=2, dp=2, zero=zero, schedule="zb", num_microbatches=4, microbatch_size=1))[0]
+    assert not report["missing"], report
+    assert report["loss_error"] <= 1e-5, report
+    assert report["param_error"] <= 1e-5, report
+    assert report["losses"][-1] < report["losses"][0], report
+
+
+@pytest.mark.multirank
+def test_zb_beside_data_and_tensor_parallelism_trains_like_one_process():
+    """pp=2 × dp=2 × tp=2 with sequence parallelism under ``zb`` on eight ranks (a pool of its
+    own): the pass after the step averages each DTensor gradient's local shard over dp — the
+    sequence-parallel weights' Partial ones too, summed over tp afterwards."""
+    from rt_pool import RankPool
+
+    pool = RankPool(world=8)
+    try:
+        report = pool.run("rt_cases:train_matches_reference", timeout=600, plan_kwargs=dict(
+            pp=2, dp=2, tp=2, sp=True, schedule="zb", num_microbatches=4,
+            microbatch_size=1))[0]
+    finally:
+        pool.close()
+    assert not report["missing"], report
+    assert report["loss_error"] <= 1e-5, report
+    assert report["param_error"] <= 1e-5, report
+
+
+@needs("pipelining_zbv")
+@pytest.mark.parametrize("zero", [0, 1])
+def test_zbv_beside_data_parallelism_trains_like_one_process(rank_pool, zero):
+    """The search, held to pp=2, dp=2, ``zbv`` and the ZeRO stage on four ranks, plans the
+    untied Llama (stages 0 and 3 on one rank); its losses equal one process's."""
+    plan = _searched_plan_trains_like_one_process(
+        rank_pool, devices=4, schedule="zbv", dp=2, zero_stage=zero, microbatch_size=1)
+    assert (plan.dp, plan.zero_stage, plan.num_microbatches) == (2, zero, 4), plan.summary
+
+
 @pytest.mark.parametrize("kwargs,why", [
     (dict(pp=2, schedule="zb", recompute="full", num_microbatches=2), "recompute=full"),
     (dict(pp=2, schedule="zb", recompute="selective", num_microbatches=2),
      "recompute=selective"),
-    (dict(pp=2, dp=2, schedule="zb", num_microbatches=2), "dp=2"),
-    (dict(pp=2, dp=2, zero=3, schedule="zb:2", num_microbatches=2, layers=4), "dp=2"),
+    (dict(pp=2, dp=2, zero=2, schedule="zb", num_microbatches=2), "ZeRO-2"),
+    (dict(pp=2, dp=2, zero=3, schedule="zb:2", num_microbatches=2, layers=4), "ZeRO-3"),
+    (dict(pp=2, dp=2, tp=2, zero=1, schedule="zb", num_microbatches=2), "ZeRO-1 and tp=2"),
+    (dict(pp=2, dp=2, zero=3, offload="optimizer+params", schedule="zb",
+          num_microbatches=2), "ZeRO-3"),
     (dict(pp=2, schedule="dualpipev", recompute="full", num_microbatches=4, layers=4),
      "recompute=full"),
-    (dict(pp=2, dp=2, schedule="dualpipev", num_microbatches=4, layers=4), "dp=2"),
+    (dict(pp=2, dp=2, zero=2, schedule="dualpipev", num_microbatches=4, layers=4), "ZeRO-2"),
 ])
 def test_split_backward_refusals(kwargs, why):
     """Measured on gloo ranks with torch 2.13: the checkpoint's recompute fails in the weight
-    pass, DDP's gradients come out wrong, FSDP2 hangs — each refused by name instead."""
+    pass, FSDP2 hangs — each refused by name instead; ZeRO-0 and ZeRO-1 beside dp run."""
     assert why in zero_bubble_refusal(make_plan(**kwargs))
     assert zero_bubble_refusal(make_plan(pp=2, tp=2, schedule="zb", num_microbatches=2)) is None
     assert zero_bubble_refusal(make_plan(pp=2, dp=2, schedule="1f1b", num_microbatches=2)) is None
+    for zero in (0, 1):
+        assert zero_bubble_refusal(make_plan(pp=2, dp=2, zero=zero, schedule="zb",
+                                             num_microbatches=2)) is None
+    assert zero_bubble_refusal(make_plan(pp=2, dp=2, tp=2, schedule="zb:2",
+                                         num_microbatches=2, layers=4)) is None
 
 
 def test_zbv_needs_the_reworked_stage_set_up(monkeypatch):

@@ -60,7 +60,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from fxplan.runtime.apply.build import materialize
 from fxplan.runtime.styles.context_parallel import install
-from fxplan.runtime.styles.data_parallel import apply_data_parallel
+from fxplan.runtime.styles.data_parallel import apply_data_parallel, rank_plan
 from fxplan.runtime.apply.block_replay import block_structure, call_signature
 from fxplan.runtime.apply.probe import ModuleProbe, ReplayMemo, model_output, probe_module
 from fxplan.runtime.apply.recompute import apply_recompute
@@ -477,7 +477,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         apply_recompute(blocks, recompute_policies(blocks, policies, fallbacks) if held
                         else policies)
         # expert ZeRO: FSDP2 over edp reduces them; else ExpertGradSync, DDP/FSDP ignore them
-        ignored = [] if shard_expert_states(inner, plan, precision) else held
+        ignored = [] if shard_expert_states(inner, rank_plan(plan, mesh), precision) else held
         if experts is not None:
             experts.extend(ignored)
         before_last = pipelined and k < len(plan.stages) - 1

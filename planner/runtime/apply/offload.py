@@ -36,10 +36,12 @@ class RuntimeSupportError(UserError):
 def check_runnable(plan: "Plan", device_kind: str) -> None:
     """Refuse a plan whose offload or FP8 the runtime cannot run on ``device_kind``
     (``"cpu"`` or ``"gpu"``), with what would run it (module docstring)."""
-    sharded = plan.zero_stage in (2, 3) or (plan.zero_stage == 1 and plan.tp > 1)
+    zero = min(plan.config.rank_zero_stages)   # every pipeline rank's stage must shard
+    sharded = zero in (2, 3) or (zero == 1 and plan.tp > 1)
     if plan.offload != "none" and (not sharded or plan.dp == 1):
         raise RuntimeSupportError(
-            f"offload={plan.offload} with zero={plan.zero_stage}, dp={plan.dp}, tp={plan.tp} is "
+            f"offload={plan.offload} with zero={plan.config.zero_text}, dp={plan.dp}, "
+            f"tp={plan.tp} is "
             "not runnable by fxplan's runtime: it offloads with FSDP2's CPUOffloadPolicy, which "
             "needs fully_shard over dp > 1 (zero=2 or 3, or zero=1 with tp > 1); re-plan with --constrain \"zero=3,offload=optimizer+params\", "
             "or run this plan with DeepSpeed (`fxplan export PLAN --to deepspeed`: "

@@ -7,8 +7,10 @@ process, on the model built on ``meta`` (fake tensors: nothing is allocated, no 
 group), and says why the plan cannot run:
 
 * the expert-parallel checks refuse it (``ep`` against the model's experts);
-* a zero-bubble schedule beside recompute or data parallelism, which torch's split backward
-  does not run (:func:`~fxplan.runtime.train.pipeline.zero_bubble_refusal`);
+* a zero-bubble schedule beside recompute, which torch's split backward does not run, or
+  beside data parallelism that needs FSDP2 (ZeRO-2/3, ZeRO-1 with tp or ep, offload; ZeRO-0
+  and ZeRO-1 run, their gradients averaged after the step:
+  :func:`~fxplan.runtime.train.pipeline.zero_bubble_refusal`);
 * ``zbv`` and ``dualpipev`` put the first and the last stage on one rank, where a weight tied
   between the embedding and the head cannot be kept tied
   (:func:`~fxplan.runtime.apply.tied.same_rank_refusal`);

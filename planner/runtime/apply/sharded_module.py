@@ -8,7 +8,9 @@ keeps this replica's slice ``[d·B/dp, (d+1)·B/dp)`` along dim 0 (with context 
 CP group's slice ``[g·B/R, (g+1)·B/R)``, ``R = dp/cp``, and this rank's chunks of the sequence:
 :mod:`fxplan.runtime.styles.context_parallel`), runs the plan's schedule over
 ``num_microbatches`` microbatches (forward, loss, backward; with ``pp = 1`` a plain
-gradient-accumulation loop, :mod:`fxplan.runtime.train.accumulate`, instead of a schedule), sums the
+gradient-accumulation loop, :mod:`fxplan.runtime.train.accumulate`, instead of a schedule), under
+a zero-bubble schedule with ``dp > 1`` averages the gradients over dp after it
+(:mod:`fxplan.runtime.train.dp_reduce`), sums the
 gradients of weights shared
 between pipeline ranks, and returns the mean loss ``L = (1/dp) Σ_d (1/m) Σ_j loss(mb_j^d)`` — equal
 to ``loss_fn`` over the global batch when ``loss_fn`` is a mean. For a Hugging Face mixture of
@@ -40,7 +42,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from fxplan.core.zero_bubble_dp import reduces_after_step
 from fxplan.runtime.train.accumulate import accumulate_microbatches
+from fxplan.runtime.train.dp_reduce import AfterStepReduction
 from fxplan.runtime.styles.data_parallel import make_optimizer
 from fxplan.runtime.styles.router_aux import with_router_aux
 from fxplan.runtime.apply.mesh import gather_merged
@@ -91,6 +95,12 @@ class ShardedModule:
         #: expert parallelism's gradient reduction over the expert-data-parallel group
         #: (:class:`fxplan.runtime.styles.expert_parallel.ExpertGradSync`), run after each backward
         self.experts = experts
+        #: a zero-bubble pipeline's dp reduction after the step (unwrapped stages,
+        #: :mod:`fxplan.runtime.train.dp_reduce`; the expert weights are ``experts``')
+        self.dp_reduce = (AfterStepReduction([s.module for s in self.stages],
+                                             mesh["dp"].get_group(), plan.dp,
+                                             skip=getattr(experts, "params", ()))
+                          if reduces_after_step(plan.config) else None)
 
     @property
     def fallbacks(self) -> list[str]:
@@ -194,6 +204,8 @@ class ShardedModule:
                                         gathered=self.plan.config.keeps_blocks_gathered)
             else:
                 self._schedule(loss_fn).step(*args, **kwargs)
+        if self.dp_reduce is not None:
+            self.dp_reduce()
         if self.experts is not None:
             self.experts()
         self.tied(self.named_parameters())
@@ -221,6 +233,13 @@ class ShardedModule:
         return loss
 
     # -- checkpoints ----------------------------------------------------------------------
+    @property
+    def copies_saved_elsewhere(self) -> frozenset[str]:
+        """Tied weights whose copy here is not saved: held in another dp layout than on their
+        first pipeline rank, which saves them
+        (:func:`fxplan.runtime.checkpoint.dcp.save_sharded`)."""
+        return frozenset(self.tied.whole & self.tied.not_first)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Original name → local (sharded) parameter, for ``torch.distributed.checkpoint``."""
         return {fqn: param.detach() for fqn, param in self.named_parameters().items()}

@@ -7,6 +7,11 @@ the dp reduction) the copies' gradients are summed over the group of pipeline ra
 ``W`` — one group per ``(dp, tp)`` coordinate, so each shard meets its counterpart — and both
 copies take the same optimizer step and stay equal (Megatron's embedding group).
 
+With a ZeRO stage per pipeline rank (``zero_stages``) the holders may keep the gradient in
+different layouts: sharded over dp where FSDP2 wraps the rank's stage, whole where DDP or
+``replicate`` does. Then the sharded copy is gathered over dp before the sum and its own shard
+taken back after it (:meth:`TiedGradSync._sum_whole`), so both sum the same whole gradient.
+
 Groups are created on every process in the same order (``new_group`` is collective over the
 default group), from the plan alone: which stages use ``W`` is the same on every rank.
 """
@@ -19,7 +24,9 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
+
+from fxplan.cost_model.host.host_overhead import fsdp_params
 
 from fxplan.runtime.apply.mesh import rank_at
 from fxplan.runtime.apply.offload import RuntimeSupportError
@@ -58,6 +65,9 @@ class TiedGradSync:
         #: tied weights whose copy here is not the one on their first pipeline rank (a global
         #: gradient norm counts each weight once: on its first stage)
         self.not_first: set[str] = set()
+        #: tied weights whose holders keep the gradient in different dp layouts (module
+        #: docstring): summed whole
+        self.whole: set[str] = set()
         refusal = same_rank_refusal(plan, users)
         if refusal:
             raise RuntimeSupportError(refusal)
@@ -68,6 +78,8 @@ class TiedGradSync:
             pp_ranks = sorted({plan.schedule.placement(k, plan.pp)[0] for k in users[fqn]})
             if len(pp_ranks) < 2:
                 continue
+            if len({fsdp_params(plan.config.at_pipeline_rank(p)) for p in pp_ranks}) > 1:
+                self.whole.add(fqn)
             for dp, tp in itertools.product(range(plan.dp), range(plan.tp)):
                 ranks = [rank_at(mesh, pp=p, dp=dp, tp=tp) for p in pp_ranks]
                 group = dist.new_group(ranks)
@@ -86,5 +98,23 @@ class TiedGradSync:
                 # autograd may leave a DTensor grad in another layout than its parameter
                 grad = grad.redistribute(param.device_mesh, param.placements)
                 param.grad = grad
+            if fqn in self.whole and isinstance(grad, DTensor):
+                self._sum_whole(grad, group)
+                continue
             local = grad._local_tensor if isinstance(grad, DTensor) else grad
             dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
+
+    @staticmethod
+    def _sum_whole(grad: DTensor, group: dist.ProcessGroup) -> None:
+        """Sum ``grad`` over ``group`` as the whole gradient over dp: gathered on its ``dp``
+        mesh dim (other dims, tp, kept), summed, and this rank's shard taken back in place."""
+        names = grad.device_mesh.mesh_dim_names or ()
+        gathered = tuple(Replicate() if name == "dp" else p
+                         for name, p in zip(names, grad.placements))
+        if gathered == tuple(grad.placements):
+            dist.all_reduce(grad._local_tensor, op=dist.ReduceOp.SUM, group=group)
+            return
+        whole = grad.redistribute(grad.device_mesh, gathered)
+        dist.all_reduce(whole._local_tensor, op=dist.ReduceOp.SUM, group=group)
+        grad._local_tensor.copy_(whole.redistribute(grad.device_mesh,
+                                                    grad.placements)._local_tensor)

@@ -15,7 +15,9 @@ now; DCP reads the overlapping pieces of the saved chunks and copies them in pla
 plans by global offsets, so ``S(0)`` on tp=2 → ``S(0)`` on dp×tp=4 or → a plain tensor works the
 same way). Optimizer state follows its parameter's layout (an FSDP2 shard, a TP DTensor, a
 plain tensor, or ZeRO-1's owner rank) and reshards the same way. Weights held by two pipeline
-ranks (tied embedding/LM head) are saved under one name and loaded into both copies.
+ranks (tied embedding/LM head) are saved under one name and loaded into both copies; where the
+ranks hold them in different layouts (a ZeRO stage per pipeline rank) only the first rank's
+copy is written.
 
 A tensor strided over a mesh dim (``_StridedShard(d, split_factor=f)``: the head-parallel
 fused QKV weight, each rank its rows of q, of k and of v) has no chunk at one global offset,
@@ -90,9 +92,25 @@ def _merge(state: Any, portable: Any) -> Any:
 def save_sharded(module: ShardedState, path: str,
                  optimizer: torch.optim.Optimizer | None = None) -> None:
     """Every member rank writes its shards of the parameters (and of ``optimizer``'s state)
-    under ``path``."""
-    dcp.save(_portable(_state(module, optimizer), []), checkpoint_id=path,
-             process_group=module.group)
+    under ``path``, but the copies of tied weights its ``copies_saved_elsewhere`` names
+    (:func:`_without`)."""
+    state = _without(_state(module, optimizer), getattr(module, "copies_saved_elsewhere", ()))
+    dcp.save(_portable(state, []), checkpoint_id=path, process_group=module.group)
+
+
+def _without(state: dict[str, Any], names: Any) -> dict[str, Any]:
+    """``state`` less the parameters ``names`` and their optimizer entries
+    (``state.<fqn>.<key>``, ``param_groups.<fqn>.<key>``): copies of a weight tied between
+    pipeline ranks whose layouts differ (a ZeRO stage per rank: FSDP2's shard on one, the
+    whole tensor on the other), which DCP cannot record under one name twice; the copy on the
+    weight's first rank is saved, and both load from it."""
+    if not names:
+        return state
+    out = dict(state, model={k: v for k, v in state["model"].items() if k not in names})
+    if "optim" in state:
+        out["optim"] = {k: v for k, v in state["optim"].items()
+                        if k.partition(".")[2].rpartition(".")[0] not in names}
+    return out
 
 
 def load_sharded(module: ShardedState, path: str,

@@ -23,6 +23,15 @@ layout: optimizer state sharded as planned, gradients reduce-scattered as well, 
 values with less memory than the plan's ZeRO-1 estimate — with a plain optimizer over the
 dp-sharded DTensors. That is a fallback: logged, and listed in ``ShardedModule.fallbacks``.
 
+Beside a zero-bubble pipeline (``zb``, ``zbv``, ``dualpipev``) with ``dp > 1`` neither wrapper
+follows torch's split backward: the stage stays unwrapped and its gradients are averaged over
+dp after the schedule's step (:mod:`fxplan.core.zero_bubble_dp`,
+:mod:`fxplan.runtime.train.dp_reduce`); ZeRO-1's optimizer is the same.
+
+With a ZeRO stage per pipeline rank (``zero_stages``) each rank wraps its stages and builds
+its optimizer under its own stage (:func:`rank_plan`): the ranks of one stage's dp group share
+it, so their collectives match, and a rank's wrapping never meets another rank's parameters.
+
 Mixed precision (:mod:`fxplan.runtime.apply.precision`) rides on the same wrappers: FSDP2
 (``fully_shard``, ``replicate``) takes its ``MixedPrecisionPolicy``, a DDP or unwrapped stage
 runs its forward under ``torch.autocast``.
@@ -37,13 +46,25 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from fxplan.core.fallbacks import record_fallback
+from fxplan.core.zero_bubble_dp import reduces_after_step
+from fxplan.runtime.apply.mesh import mesh_coordinate
 from fxplan.runtime.apply.offload import offload_fallback, offload_policy
 from fxplan.runtime.apply.precision import Precision, autocast_stage, mixed_precision_policy
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
-__all__ = ["apply_data_parallel", "make_optimizer", "zero1_fallback"]
+__all__ = ["apply_data_parallel", "make_optimizer", "rank_plan", "zero1_fallback"]
+
+
+def rank_plan(plan: "Plan", mesh: DeviceMesh | None) -> "Plan":
+    """``plan`` as this process's pipeline rank applies it (its own ZeRO stage under
+    ``zero_stages``: :meth:`~fxplan.core.plan.Plan.at_pipeline_rank`); ``plan`` itself without
+    a mesh or outside it."""
+    coordinate = mesh_coordinate(mesh) if mesh is not None else None
+    if coordinate is None or "pp" not in coordinate:
+        return plan
+    return plan.at_pipeline_rank(coordinate["pp"])
 
 
 def _blocks(stage: nn.Module) -> list[nn.Module]:
@@ -91,8 +112,9 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
     :class:`fxplan.runtime.styles.expert_parallel.ExpertGradSync`; with it they are nested FSDP2
     modules of their own group, :mod:`fxplan.runtime.styles.expert_zero`, which the wrappers skip)."""
     precision = precision or Precision()
-    if plan.dp == 1:
-        return autocast_stage(stage, precision, mesh.device_type)
+    plan = rank_plan(plan, mesh)   # this pipeline rank's own ZeRO stage
+    if plan.dp == 1 or reduces_after_step(plan.config):   # zero-bubble: no wrapper, a pass
+        return autocast_stage(stage, precision, mesh.device_type)   # after the step
     dp_mesh = mesh["dp"]
     line = zero1_fallback(plan)
     extra = {"ignored_params": set(ignored)} if ignored else {}
@@ -144,6 +166,7 @@ def make_optimizer(params: Iterable[nn.Parameter], plan: "Plan", mesh: DeviceMes
     """``optimizer_class`` over the local parameters; ZeRO-1 shards its state over dp
     (``ZeroRedundancyOptimizer``; with tp > 1 the parameters are already dp-sharded by FSDP2)."""
     params = list(params)
+    plan = rank_plan(plan, mesh)
     if plan.zero_stage == 1 and plan.dp > 1 and zero1_fallback(plan) is None and mesh is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

@@ -44,9 +44,14 @@ ZeRO-2/3 the stage reduces in every microbatch's backward instead
 (``ParallelConfig.reduces_every_microbatch``): ``Σ_j reduce(g_j)``, the
 same sum in another order. DDP needs
 nothing: torch arms its reducer for the last backward (``prepare_for_backward``), whose
-buckets all-reduce inside that backward already. The interleaved and zero-bubble schedules
-keep torch's ``REDUCE_GRAD`` action (issued right after each stage's last backward, with its own
-unshard/reshard actions around it).
+buckets all-reduce inside that backward already. The interleaved schedule keeps torch's
+``REDUCE_GRAD`` action (issued right after each stage's last backward, with its own
+unshard/reshard actions around it). The zero-bubble schedules (``zb[:v]``, ``zbv``,
+``dualpipev``) cannot: a microbatch's weight gradients exist only after its ``W`` op, later
+than any hook DDP or FSDP2 reduces in, so with ``dp > 1`` their stages run unwrapped
+(``REDUCE_GRAD`` then only divides by ``m``) and :class:`~fxplan.runtime.train.dp_reduce.
+AfterStepReduction` averages every gradient over dp once the step has run its last ``W``
+(:mod:`fxplan.core.zero_bubble_dp`; ZeRO-0, and ZeRO-1 with its sharded optimizer).
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 from torch.distributed.pipelining._backward import stage_backward
 
 from fxplan.core.stage_io import StageIO
+from fxplan.core.zero_bubble_dp import after_step_refusal
 from fxplan.core.torch_support import FEATURES, installed_torch, torch_has
 from fxplan.runtime.apply.offload import RuntimeSupportError
 
@@ -90,9 +96,18 @@ def zero_bubble_refusal(plan: "Plan") -> str | None:
     """Why the runtime cannot run ``plan``'s zero-bubble schedule, or ``None``. torch runs a
     split backward as ``stage_backward_input`` then ``stage_backward_weight`` over the kept
     autograd graph, and in the supported torch (2.11 – 2.13, tested on CPU ranks) that works
-    for plain, tensor-parallel stages only: an activation checkpoint reruns its forward in the
-    weight pass and fails (its recompute context is entered twice), DDP's reducer all-reduces
-    before the weight gradients exist (wrong gradients), and FSDP2's reduce-scatter deadlocks."""
+    for plain and tensor-parallel stages: an activation checkpoint reruns its forward in the
+    weight pass and fails (its recompute context is entered twice), so recompute is refused.
+    (On torch 2.13, one process: the composable ``checkpoint`` the runtime applies fails so,
+    a selective checkpoint refuses the second backward of its region, and
+    ``torch.utils.checkpoint``'s full recompute runs but recomputes the block's forward in the
+    input pass and again in the weight pass — keeping the first recompute for the weight pass,
+    ``GraphExecGroup``, refuses a saved tensor both passes unpack.)
+    With ``dp > 1`` the stages are not wrapped (DDP's reducer would all-reduce before the
+    weight gradients exist, FSDP2's reduce-scatter deadlocks) and their gradients are
+    averaged after the step (:mod:`fxplan.runtime.train.dp_reduce`); what needs FSDP2 —
+    ZeRO-2/3, ZeRO-1 beside tp or ep, offload — is refused
+    (:func:`fxplan.core.zero_bubble_dp.after_step_refusal`)."""
     if not plan.schedule.split_backward or plan.pp == 1:
         return None
     for feature in (("pipelining_zbv",) if plan.schedule.v_shape else ()) + (
@@ -104,12 +119,7 @@ def zero_bubble_refusal(plan: "Plan") -> str | None:
         return (f"schedule {plan.schedule} with recompute={plan.recompute_summary}: torch's "
                 "activation checkpoint cannot rerun its forward inside the split backward's "
                 "weight pass; use recompute=none or a 1f1b/interleaved schedule")
-    if plan.dp > 1:
-        return (f"schedule {plan.schedule} with dp={plan.dp}: the data-parallel gradient "
-                "reduction (DDP's reducer, FSDP2's reduce-scatter) does not follow torch's "
-                "split backward (wrong gradients under DDP, a hang under FSDP2); use dp=1 in "
-                "the pipeline or a 1f1b/interleaved schedule")
-    return None
+    return after_step_refusal(plan.config)
 
 
 def local_stage_indices(plan: "Plan", pp_rank: int) -> list[int]:
@@ -174,9 +184,11 @@ def build_schedule(plan: "Plan", modules: Sequence[tuple[int, nn.Module]],
         for index, module in modules
     ]
     for stage in stages:
-        if isinstance(stage, ReduceInLastBackward):
-            stage.reduce_every = plan.config.reduces_every_microbatch
-            stage.gathered = plan.config.keeps_blocks_gathered
+        if isinstance(stage, ReduceInLastBackward):   # its pipeline rank's own ZeRO stage
+            own = plan.config.at_pipeline_rank(plan.schedule.placement(stage.stage_index,
+                                                                       plan.pp)[0])
+            stage.reduce_every = own.reduces_every_microbatch
+            stage.gathered = own.keeps_blocks_gathered
     n = plan.num_microbatches
     if multi:
         return _MULTI[plan.schedule.kind](stages, n, loss_fn=loss_fn)
