@@ -20,6 +20,14 @@ def _fxplan(*argv: str) -> list[str]:
     return [sys.executable, "-m", "fxplan.cli.main", *argv]
 
 
+def _default_sigint() -> None:
+    """In the child before it runs Python: SIGINT back to its default action. A shell that
+    starts the test run in the background (``cmd &`` without job control) ignores SIGINT, its
+    children inherit that, and Python then leaves it ignored: the interrupt these tests send
+    would never arrive as a KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _children(pid: int) -> list[int]:
     """Live child processes of ``pid`` (from /proc)."""
     out = []
@@ -38,6 +46,7 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc for child processes")
 def test_sigint_during_a_search_exits_130_with_one_line():
     proc = subprocess.Popen(_fxplan(*BIG), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_default_sigint,
                             text=True, env={**os.environ, "COLUMNS": "120"})
     # Wait until the search is running: torch imported, capture under way (the process has
     # read its modules); a guard against a hang only, not a timing assertion.
@@ -72,7 +81,7 @@ def test_launch_forwards_sigint_to_its_child_and_leaves_none(tmp_path):
         f"try:\n    run_foreground([sys.executable, {str(script)!r}], {{}})\n"
         "except KeyboardInterrupt:\n    sys.exit(interrupted('launch'))\n")
     proc = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
     assert proc.stdout.readline().strip() == "ready"
     child = _children(proc.pid)
     assert len(child) == 1
