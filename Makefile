@@ -38,8 +38,16 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/fxplan demo
 
+#: the suite in two parts, both always run (the recipe fails if either does): the single-process
+#: tests on two pytest-xdist workers (a file's tests stay on one worker, so module fixtures are
+#: made once), then the tests that start several processes or chromium one at a time (they use
+#: both cores themselves, and their hang guards assume no second launch beside them)
 test: $(STAMP) browser
-	$(PY) -m pytest -q --durations=25 tests
+	@status=0; \
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 -m "not multirank and not browser" \
+	  tests || status=$$?; \
+	$(PY) -m pytest -q --durations=25 -m "multirank or browser" tests || status=$$?; \
+	exit $$status
 
 #: the quick loop: no gloo pool, no torchrun, no chromium (an unmarked test that starts them
 #: fails under this selection, naming the marker it lacks), and none of the searches of a

@@ -74,15 +74,17 @@ def test_wheel_installs_only_fxplan_and_imports_beside_user_packages(tmp_path: P
                     "-q", "-w", str(wheels), str(source)], check=True, capture_output=True)
     (wheel,) = wheels.glob("fxplan-*.whl")
 
+    # The environment gets no pip of its own (ensurepip takes longer than the rest of the
+    # test): this environment's pip installs into it, run by its interpreter (``--python``).
     env_dir = tmp_path / "env"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path"
                                 "('purelib'))"], check=True, capture_output=True,
                                text=True).stdout.strip())
     before = set(os.listdir(site))
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                    str(wheel)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True)
     added = set(os.listdir(site)) - before
     assert {name for name in added if not name.endswith(".dist-info")} == {"fxplan"}, added
     # fxplan's dependencies (torch, OR-Tools, …) come from the test's own environment, appended

@@ -11,34 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from launch_here import launch_here
+from launch_here import launch_here, one_rank
 
 LLAMA = ("hf:llama:num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_attention_heads=4,"
          "num_key_value_heads=2,vocab_size=64,max_position_embeddings=16")
 ENCODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime",
                        "models", "encoder_lm.py:build_wide")
 TOL = 1e-5
-
-
-def one_rank(launch_args: list[str]) -> subprocess.CompletedProcess:
-    """The worker of ``fxplan launch LAUNCH_ARGS`` (its argv built by the launch verb's own
-    :func:`fxplan.cli.torchrun_command.worker_command`) run as rank 0 of a one-process gloo group."""
-    from fxplan.cli.launch_checks import settings_for
-    from fxplan.cli.torchrun_command import worker_command
-    from fxplan.core.loopback import free_loopback_port
-    from fxplan.cli.main import parse_args
-
-    args = parse_args(["launch", *launch_args])
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_loopback_port()), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, *worker_command(args, settings_for(args))],
-                          capture_output=True, text=True, timeout=300, env=env)
 
 
 def _losses(tmp_path, capfd, name: str, model: str, devices: int, constrain: str) -> list[float]:

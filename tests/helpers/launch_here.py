@@ -11,6 +11,10 @@ Hang guard (what the subprocess timeout was): after ``timeout`` seconds a ``SIGA
 ``SIGINT`` in this process, which the launch verb handles as a Ctrl-C (torchrun is interrupted,
 or the supervisor ends every process of the attempt), and the call fails with
 :class:`TimeoutError`.
+
+:func:`one_rank` is the reference run of a one-device plan: the worker ``fxplan launch`` would
+start, with the worker arguments the launch verb builds, run directly as rank 0 of a
+one-process gloo group — no torchrun agent to start for one process.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from typing import Any, Mapping
 
 
@@ -55,3 +60,20 @@ def launch_here(capfd: Any, *args: str, env: Mapping[str, str] | None = None,
         raise TimeoutError(f"fxplan launch {' '.join(args)}: no end in {timeout} s\n"
                            f"{out[-3000:]}\n{err[-3000:]}")
     return subprocess.CompletedProcess(["fxplan", "launch", *args], code, out, err)
+
+
+def one_rank(launch_args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    """The worker of ``fxplan launch LAUNCH_ARGS`` (its argv built by the launch verb's own
+    :func:`fxplan.cli.torchrun_command.worker_command`) run as rank 0 of a one-process gloo
+    group, with the thread count ``fxplan launch`` gives a CPU rank."""
+    from fxplan.cli.launch_checks import settings_for
+    from fxplan.cli.main import parse_args
+    from fxplan.cli.torchrun_command import worker_command
+    from fxplan.core.loopback import free_loopback_port
+
+    args = parse_args(["launch", *launch_args])
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_loopback_port()), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *worker_command(args, settings_for(args))],
+                          capture_output=True, text=True, timeout=timeout, env=env)
