@@ -475,7 +475,7 @@ class _Search:
             where, cluster.num_devices, valid, reasons, self.mesh_allowed,
             describe(self.constraints),
             lambda: all(self.lightest(f) is None for f in self.mesh_allowed),
-            self.failed_finalists)
+            self.failed_finalists, tied_ends=self.tied_ends)
         if error is not None:
             return error
         tried = [(which, least) for _, least, which in self.unfit.values()]

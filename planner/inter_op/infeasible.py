@@ -75,13 +75,14 @@ def infeasible_message(model: str, cluster: str, world: int, batch: int,
 
 def no_plan_error(where: str, world: int, valid: list[Family], invalid: list[Reason],
                   allowed: list[Family], constraints: str, no_candidate: Callable[[], bool],
-                  failed: list[Reason]) -> UserError | None:
+                  failed: list[Reason], tied_ends: bool = False) -> UserError | None:
     """Why the search found no finalist other than memory (module docstring), or ``None``.
     ``where``: "model on cluster (…)"; ``valid``: the valid families of the ``world`` devices
     (``invalid``: why the others are not); ``allowed``: those the mesh constraints allow;
     ``constraints``: the constraints as text; ``no_candidate()``: whether the constraints allow
     no candidate of any allowed family (asked only when it matters); ``failed``: the
-    finalists the step simulator refused or found over memory."""
+    finalists the step simulator refused or found over memory; ``tied_ends``: the model's
+    first and last stage share a weight, so the V-shaped schedules were not offered."""
     if not valid:
         shown = "; ".join(map(str, invalid[:4])) + (f"; … {len(invalid) - 4} more"
                                                     if len(invalid) > 4 else "")
@@ -99,7 +100,11 @@ def no_plan_error(where: str, world: int, valid: list[Family], invalid: list[Rea
             f"{MAX_MICROBATCH}; 1f1b needs m ≥ pp, interleaved:v needs m mod pp = 0 and "
             "pp·v ≤ layers; zb:v the same, zbv 2·pp ≤ layers, dualpipev that and m ≥ 2·pp, "
             "all three recompute none and beside dp > 1 ZeRO-0 or ZeRO-1 without tp, ep "
-            "or offload; sequence parallelism needs tp > 1)")
+            "or offload; sequence parallelism needs tp > 1)"
+            + ("; zbv and dualpipev are not offered to this model: its first and last stage "
+               "share a weight (a tied embedding and head), and both schedules run those two "
+               "stages on pipeline rank 0, where the runtime cannot keep the copies equal; use "
+               "zb or interleaved, or untie the weight" if tied_ends else ""))
     if failed:
         return InfeasibleError(
             f"{where}: every finalist failed when priced by the step simulator: "
