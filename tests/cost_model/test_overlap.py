@@ -24,7 +24,10 @@ def _names(text: str, overlap: float = 1.0) -> list[str]:
     ("dp=8,zero=3", ["zero3_prefetch"]),
     ("dp=1,tp=2,pp=4,schedule=zbv", ["weight_grad_in_bubbles"]),
     ("dp=1,tp=2,pp=4,schedule=dualpipev", ["weight_grad_in_bubbles"]),   # its pairs: none
-    ("dp=4,tp=2,pp=2,schedule=dualpipev,zero=1", ["weight_grad_in_bubbles"]),  # REDUCE_GRAD
+    # the cost model prices it (the runtime refuses ZeRO-1 with tp beside a zero-bubble
+    # schedule and dp > 1: core.zero_bubble_dp); its dp reduction blocks, no overlap credited
+    ("dp=4,tp=2,pp=2,schedule=dualpipev,zero=1", ["weight_grad_in_bubbles"]),
+    ("dp=4,tp=1,pp=2,schedule=zb,zero=0", ["weight_grad_in_bubbles"]),  # reduced after the step
     ("dp=4,tp=2,pp=2,schedule=interleaved:2,zero=1,sp=on,pg_overlap=on",
      ["dp_grad_reduce", "param_gather"]),                              # priced as Megatron runs it
     ("dp=1,tp=8", []),
