@@ -267,23 +267,23 @@ class _Search:
                     # the pipeline bound (bounds.py) holds on one kind of device only
                     piped = pipeline_lower_bound(c, prof.of(c, None, floor)) if uniform else 0.0
                     queue.append((lb, len(queue), c, piped))
-        queue.sort(key=lambda item: item[:2])
         # visited by the tighter of the two bounds (the pipeline bound, where it holds), ties
-        # in the order above: the K-th best estimate falls sooner, and more are skipped
-        order = sorted(range(len(queue)), key=lambda i: (max(queue[i][0], queue[i][3]), i))
-        best: list[tuple[float, int, _Scored]] = []   # max-heap of the K best by T̂ (negated)
+        # by the compute bound, then as generated: the K-th best estimate falls sooner, and
+        # more are skipped
+        queue.sort(key=lambda item: (max(item[0], item[3]), item[0], item[1]))
+        # max-heap of the K best by T̂ (negated); ties in T̂ go to the lower compute bound
+        best: list[tuple[float, tuple[float, int], _Scored]] = []
         # two policies chosen per stage may both find that no layer needs recompute: one
         # configuration, ranked once
         scored_configs: set[ParallelConfig] = set()
         skipped, computed = 0, []   # pruned by the pipeline bound; the compute bounds pruned
         with progress_bar(len(queue), "inter-op search", self.progress) as bar:
-            for position, index in enumerate(order):
-                lb, _, c, piped = queue[index]
+            for position, (lb, seq, c, piped) in enumerate(queue):
                 if len(best) >= self.K:
                     kth = -best[0][0]
                     if max(lb, piped) > kth * (1.0 + _ROUND_OFF):
                         # every later bound is at least this one: all of them are pruned
-                        rest = [queue[i] for i in order[position:]]
+                        rest = queue[position:]
                         computed += [q[0] for q in rest if q[0] >= kth]
                         skipped += sum(1 for q in rest if q[0] < kth)
                         break
@@ -307,7 +307,7 @@ class _Search:
                         or scored.config in self.ranked_before:
                     continue
                 scored_configs.add(scored.config)
-                item = (-scored.surrogate_s, index, scored)
+                item = (-scored.surrogate_s, (lb, seq), scored)
                 if len(best) < self.K:
                     heapq.heappush(best, item)
                 elif item > best[0]:
