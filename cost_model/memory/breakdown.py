@@ -42,8 +42,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from operator import attrgetter
 
+import numpy as np
+
 __all__ = ["ADAM_FP32", "ADAM_MIXED", "GIB", "MEMORY_LEGEND", "MEMORY_ROWS", "MemoryBreakdown",
-           "ModelStates", "OptimizerSpec", "adam_for", "model_state_bytes"]
+           "MemoryRows", "ModelStates", "OptimizerSpec", "adam_for", "model_state_bytes"]
 
 GIB = float(1 << 30)
 
@@ -97,14 +99,17 @@ class ModelStates:
         return self.params + self.grads + self.optimizer
 
 
-def model_state_bytes(num_params: float, dp: int, zero_stage: int,
+def model_state_bytes(num_params: float | np.ndarray, dp: int, zero_stage: int,
                       optimizer: OptimizerSpec = ADAM_MIXED,
                       offload: str = "none") -> ModelStates:
     """ZeRO model states of ``num_params`` parameters, with ``offload`` moving some of them
-    to the host (module docstring tables)."""
+    to the host (module docstring tables). ``num_params`` may be an array (one count per
+    rank, all under the same ZeRO stage and offload): every field is then that array's
+    elementwise result, each entry the float the scalar call gives."""
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0–3, got {zero_stage}")
-    psi, n = float(num_params), dp
+    psi = num_params.astype(float) if isinstance(num_params, np.ndarray) else float(num_params)
+    n = dp
     updated = psi / (n if zero_stage >= 1 else 1)   # the parameters this rank's optimizer steps
     if offload == "optimizer+params":
         return ModelStates(0.0, 0.0, 0.0, host=optimizer.host_bytes * updated)
@@ -199,3 +204,25 @@ class MemoryBreakdown:
 
 #: :class:`MemoryBreakdown` fields about the node's host memory (offload), not device bytes.
 _HOST_FIELDS = ("host", "host_capacity", "host_node_total")
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryRows:
+    """The :class:`MemoryBreakdown` of every rank of a plan as one array per field
+    (``rows[name][s]``: field ``name`` of rank ``s``; the node fields of the host check are
+    left out, 0), so a search can read the totals without building a breakdown per rank."""
+
+    rows: dict[str, np.ndarray]
+
+    @property
+    def total(self) -> np.ndarray:
+        """Each rank's :attr:`MemoryBreakdown.total`: the :data:`MEMORY_ROWS` terms summed in
+        the same order, so each entry is the float the breakdown's own total gives."""
+        return sum(self.rows[name] for name in MEMORY_ROWS)
+
+    def breakdowns(self) -> list[MemoryBreakdown]:
+        """One :class:`MemoryBreakdown` per rank."""
+        columns = {name: np.asarray(values, dtype=float).tolist()
+                   for name, values in self.rows.items()}
+        return [MemoryBreakdown(**row) for row in
+                (dict(zip(columns, values)) for values in zip(*columns.values()))]

@@ -61,7 +61,10 @@ step's gradients), so it is not priced. The ``optimizer`` row then keeps the per
 ``step_overhead_us``.
 
 **Host memory** per node: the sum over the node's ranks of their host bytes
-(:func:`cost_model.memory.breakdown.model_state_bytes`), at most ``host_memory_gib``.
+(:func:`cost_model.memory.breakdown.model_state_bytes`), at most ``host_memory_gib``. With an
+offload per pipeline rank (``offload_stages``) every term here is priced on the rank's own view
+(:meth:`~fxplan.core.config.ParallelConfig.at_pipeline_rank`): a rank that does not offload has
+no offload row, no copies and 0 host bytes in its node's sum.
 """
 
 from __future__ import annotations

@@ -77,6 +77,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
+import numpy as np
+
 from fxplan.core.config import CostModelError
 from fxplan.cost_model.comm.collectives import collective_time_s
 from fxplan.cost_model.memory.activations import ActivationBytes
@@ -335,12 +337,15 @@ def ep_segment(seg: SegmentCost, layer: MoELayer | None, ep: int,
         activations=ActivationBytes(saved, seg.activations.working))
 
 
-def model_states(params: float, expert_params: float, *, dp: int, ep: int, zero_stage: int,
-                 optimizer: OptimizerSpec = ADAM_MIXED, offload: str = "none") -> ModelStates:
+def model_states(params: float | np.ndarray, expert_params: float | np.ndarray, *, dp: int,
+                 ep: int, zero_stage: int, optimizer: OptimizerSpec = ADAM_MIXED,
+                 offload: str = "none") -> ModelStates:
     """``ZeRO(Ψ − Ψ_e, dp, z) + ZeRO(Ψ_e, dp/ep, z)`` with ``params`` = ``Ψ`` and
-    ``expert_params`` = ``Ψ_e`` the rank's local counts (experts already ``1/ep``)."""
+    ``expert_params`` = ``Ψ_e`` the rank's local counts (experts already ``1/ep``); arrays
+    give one entry per rank (:func:`~fxplan.cost_model.memory.breakdown.model_state_bytes`;
+    a rank without experts adds their ``0.0``, which leaves its sum exact)."""
     dense = model_state_bytes(params - expert_params, dp, zero_stage, optimizer, offload=offload)
-    if not expert_params:
+    if not np.any(expert_params):
         return dense
     experts = model_state_bytes(expert_params, dp // ep, zero_stage, optimizer, offload=offload)
     return ModelStates(dense.params + experts.params, dense.grads + experts.grads,

@@ -75,6 +75,7 @@ from fxplan.cost_model.parallel.tp_layout import tp_layout
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster, DeviceGroup
     from fxplan.passes.captured_graph import CapturedGraph
+    from fxplan.passes.node_info import NodeInfo
 
 __all__ = ["GraphSegments", "SegmentCost", "attention_seconds", "graph_segments",
            "segment_cost", "work_divisor"]
@@ -244,6 +245,20 @@ def work_divisor(name: str, layout: TPLayout, tp: int, sp: bool) -> int:
     return tp if sp and layout.state.get(name) != CONST else 1
 
 
+def _node_times(memo: dict[tuple[str, float], tuple[float, float]], name: str,
+                info: NodeInfo, device: DeviceGroup, shard: float) -> tuple[float, float]:
+    """:func:`~fxplan.cost_model.compute.op_time.node_time_s` of node ``name``'s forward and
+    backward on ``1/shard`` of its work, memoized in ``memo`` (one per graph and device): the
+    recompute policies of a segment, and its sequence-parallel variants, price the same
+    nodes."""
+    key = (name, shard)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (node_time_s(info, device, shard_factor=shard),
+                           node_time_s(info, device, shard_factor=shard, backward=True))
+    return hit
+
+
 def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str,
                   microbatch: int, device: DeviceGroup,
                   placements: PlacementMap | None,
@@ -275,6 +290,7 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     sm_fwd: list[tuple[str, float]] = []
     sm_bwd: list[tuple[str, float]] = []
     weight_grad = 0.0
+    times = graph.memo.setdefault(("node_times", device), {})
     for name in names:
         info = infos[name]
         fwd = bwd = 0.0
@@ -286,8 +302,7 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
                 bwd = fp8_node_time_s(info, device, shard_factor=shard, backward=True)
                 fp8_working = max(fp8_working, fp8_working_bytes(info, shard))
             else:
-                fwd = node_time_s(info, device, shard_factor=shard)
-                bwd = node_time_s(info, device, shard_factor=shard, backward=True)
+                fwd, bwd = _node_times(times, name, info, device, shard)
             if host and info.op_class == "view":   # no kernel, but its dispatch (CPU hosts)
                 fwd += host.view_op_us * 1e-6
                 bwd += host.view_backward_op_us * 1e-6

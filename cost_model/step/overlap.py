@@ -90,9 +90,9 @@ def megatron_priced(config: ParallelConfig) -> bool:
 def relied_overlaps(config: ParallelConfig, comm_overlap: float = 1.0) -> tuple[Overlap, ...]:
     """The overlaps the estimate of ``config`` credits (module docstring), ``comm_overlap``
     the devices' ``ω`` (the smallest over the cluster's device groups). With a ZeRO stage per
-    pipeline rank (``zero_stages``), those of every rank's own configuration, each named once
-    with its ranks' mechanisms."""
-    if config.zero_stages is not None:
+    pipeline rank (``zero_stages``) or an offload per rank (``offload_stages``), those of every
+    rank's own configuration, each named once with its ranks' mechanisms."""
+    if config.per_rank:
         merged: dict[str, list[str]] = {}
         for rank in range(config.pp):
             for item in relied_overlaps(config.at_pipeline_rank(rank), comm_overlap):

@@ -76,7 +76,7 @@ Everything here depends only on ``(kind, p, v, m)`` and is cached.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -163,10 +163,19 @@ class InflightCounts:
     inflight_peak: np.ndarray               # (p, v), as ScheduleOrder.inflight_peak
     profiles: tuple[np.ndarray, ...]        # per stage, (n, v): _inflight_profiles
 
+    @cached_property
+    def padded(self) -> np.ndarray:
+        """``(p, n, v)``: :attr:`profiles` stacked, each padded to the longest by repeating its
+        last row (a repeated row leaves every stage's maximum as it is)."""
+        n = max(len(rows) for rows in self.profiles)
+        return np.stack([np.concatenate([rows, np.repeat(rows[-1:], n - len(rows), axis=0)])
+                         for rows in self.profiles])
+
     def peak_inflight(self, weights: np.ndarray) -> np.ndarray:
-        """:meth:`ScheduleOrder.peak_inflight`."""
-        return np.array([float((self.profiles[s] @ weights[s]).max())
-                         for s in range(self.stages)])
+        """:meth:`ScheduleOrder.peak_inflight`, every stage at once: ``max_τ Σ_c
+        n_c(τ)·w[s, c]`` over the rows of :attr:`padded` (one batched product, each stage's
+        the one ``profiles[s] @ w[s]`` gives)."""
+        return np.matmul(self.padded, weights[:, :, None])[:, :, 0].max(axis=1)
 
 
 @lru_cache(maxsize=1 << 13)

@@ -96,6 +96,13 @@ shard beside DDP's or ``replicate``'s whole gradient): its sharded holder all-ga
 gradient over dp before the tied all-reduce (:func:`_tied_sync`). With every entry equal the
 prices are the plan-wide ones.
 
+**Offload per pipeline rank** (``offload_stages``) is read the same way: each rank's offload
+row (:func:`~cost_model.memory.offload.offload_step_s`), its optimizer row (the host loop only
+where it offloads), ZeRO-3's host↔device copies of each segment's shard
+(:func:`~cost_model.memory.offload.offload_segment_s`) and its device and host bytes are those
+of its own view; the host memory of a node sums the host bytes of the ranks actually on it
+(:func:`~cost_model.memory.offload.with_host_check`), a non-offloading rank's being 0.
+
 **Context parallelism** (``cp > 1``, :mod:`cost_model.parallel.context_parallel`): every segment runs
 ``1/cp`` of each microbatch's tokens (compute, activations, tp collectives and pipeline
 messages ÷ ``cp``), a layer with attention holds the gathered ``K, V`` and its all-gather
@@ -115,7 +122,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -136,8 +143,8 @@ from fxplan.cost_model.host.host_overhead import (async_batch_s, ddp_buckets, dd
                                              redistribute_host_s, zero3_exposed_s)
 from fxplan.cost_model.host.fsdp_host import fsdp_groups, fsdp_host_s
 from fxplan.cost_model.step.layer_costs import GraphSegments, SegmentCost, segment_cost
-from fxplan.cost_model.memory.breakdown import (ADAM_MIXED, GIB, MemoryBreakdown, OptimizerSpec,
-                               model_state_bytes)
+from fxplan.cost_model.memory.breakdown import (ADAM_MIXED, GIB, MemoryBreakdown, MemoryRows,
+                                                OptimizerSpec, model_state_bytes)
 from fxplan.cost_model.memory.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.cost_model.memory.offload import offload_segment_s, offload_step_s, with_host_check
 from fxplan.cost_model.memory.runtime import (cuda_context_bytes, fragmentation_bytes,
@@ -152,7 +159,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.passes.captured_graph import CapturedGraph
 
 __all__ = ["StagePlan", "buffer_bytes", "build_stages", "reduced_per_microbatch", "zero1_broadcasts",
-           "zero2_reduces_per_microbatch", "rank_memory", "stage_memory",
+           "zero2_reduces_per_microbatch", "rank_memory", "rank_memory_rows", "stage_memory",
            "stage_ranks"]
 
 
@@ -543,7 +550,7 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
     # the weight-gradient GEMMs of each chunk's backward, a split backward's W op
     weight = np.array([[sum(seg.weight_grad_share * seg.backward_s for seg in chunks[s][c])
                         for c in range(v)] for s in range(p)])
-    blocking = (dp_reduce_blocks(config) if config.zero_stages is None else
+    blocking = (dp_reduce_blocks(config) if not config.per_rank else
                 tuple(dp_reduce_blocks(config.at_pipeline_rank(s)) for s in range(p)))
     costs = StageCosts(forward, backward, tuple(buckets), post, opt_time,
                        off_time if config.offload != "none" else None, weight, blocking)
@@ -552,9 +559,9 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
 
 def _rank_view(config: ParallelConfig, model: _ModelParts,
                s: int) -> tuple[ParallelConfig, _ModelParts]:
-    """Pipeline rank ``s``'s configuration (its own ZeRO stage,
+    """Pipeline rank ``s``'s configuration (its own ZeRO stage and offload,
     :meth:`~fxplan.core.config.ParallelConfig.at_pipeline_rank`) and model parts (whether
-    FSDP2 shards its parameters over dp); ``(config, model)`` with one stage for all ranks."""
+    FSDP2 shards its parameters over dp); ``(config, model)`` with one of each for all ranks."""
     view = config.at_pipeline_rank(s)
     if view is config:
         return config, model
@@ -734,72 +741,115 @@ def _tied_sync(params: list[dict[str, float]], post: np.ndarray, config: Paralle
                                            cluster)
 
 
-def buffer_bytes(max_output_bytes: float, max_segment_params: float, *, pp: int, tp: int,
-                 dp: int, zero_stage: int, sequence_parallel: bool,
-                 optimizer: OptimizerSpec = ADAM_MIXED) -> float:
+def buffer_bytes(max_output_bytes: float | np.ndarray, max_segment_params: float | np.ndarray,
+                 *, pp: int, tp: int, dp: int, zero_stage: int, sequence_parallel: bool,
+                 optimizer: OptimizerSpec = ADAM_MIXED) -> float | np.ndarray:
     """Transient buffers of one pipeline rank, bytes: ``2·o`` (pipeline send/recv, ``pp > 1``)
     ``+ t·o`` (sequence parallel: a column-parallel input all-gathered) ``+ 2·(k_p + k_g)·ψ``
     (ZeRO-3: gathered weights and gradients of the running and the prefetched segment), with
-    ``o`` the largest segment output and ``ψ`` the largest segment's parameters on the rank."""
+    ``o`` the largest segment output and ``ψ`` the largest segment's parameters on the rank
+    (arrays: one entry per rank, all at ``zero_stage``)."""
     out = 2.0 * max_output_bytes if pp > 1 else 0.0
     if sequence_parallel and tp > 1:
-        out += max_output_bytes * tp
+        out = out + max_output_bytes * tp
     if zero_stage == 3 and dp > 1:
-        out += 2.0 * max_segment_params * (optimizer.param_bytes + optimizer.grad_bytes)
+        out = out + 2.0 * max_segment_params * (optimizer.param_bytes + optimizer.grad_bytes)
     return out
 
 
-def rank_memory(order: ScheduleOrder | InflightCounts, *, params: Sequence[float], saved: np.ndarray,
-                working: Sequence[float], max_output_bytes: Sequence[float],
-                max_segment_params: Sequence[float], reserved: Sequence[float],
-                capacity: Sequence[float], tp: int, dp: int, zero_stage: int | Sequence[int],
-                sequence_parallel: bool,
-                optimizer: OptimizerSpec = ADAM_MIXED, offload: str = "none",
-                kinds: Sequence[str] | None = None,
-                headroom: Sequence[float] | None = None,
-                contexts: Sequence[float | None] | None = None,
-                expert_params: Sequence[float] = (), ep: int = 1) -> list[MemoryBreakdown]:
-    """Peak memory of each pipeline rank ``s`` from its aggregates (the one formula
-    :func:`stage_memory` and the planner's search both use):
+def rank_memory(order: ScheduleOrder | InflightCounts, **inputs: Any) -> list[MemoryBreakdown]:
+    """:func:`rank_memory_rows` (same arguments) as one :class:`MemoryBreakdown` per pipeline
+    rank."""
+    return rank_memory_rows(order, **inputs).breakdowns()
 
-        states_s  = ZeRO(params[s], dp, zero), less what ``offload`` keeps on the host;
-                    with ``ep > 1``, ZeRO(params[s] − e_s, dp, zero) + ZeRO(e_s, dp/ep, zero)
+
+def _per_rank(value: Any, p: int, name: str) -> list:
+    """``value`` for each of ``p`` ranks: one value for all (an int or a str) or a sequence
+    of ``p``."""
+    if isinstance(value, (int, np.integer, str)):
+        return [value] * p
+    values = list(value)
+    if len(values) != p:
+        raise ValueError(f"{name} gives {len(values)} entries for {p} pipeline ranks")
+    return values
+
+
+def rank_memory_rows(order: ScheduleOrder | InflightCounts, *, params: Sequence[float],
+                     saved: np.ndarray, working: Sequence[float],
+                     max_output_bytes: Sequence[float], max_segment_params: Sequence[float],
+                     reserved: Sequence[float], capacity: Sequence[float], tp: int, dp: int,
+                     zero_stage: int | Sequence[int], sequence_parallel: bool,
+                     optimizer: OptimizerSpec = ADAM_MIXED,
+                     offload: str | Sequence[str] = "none",
+                     kinds: Sequence[str] | None = None,
+                     headroom: Sequence[float] | None = None,
+                     contexts: Sequence[float | None] | None = None,
+                     expert_params: Sequence[float] = (), ep: int = 1) -> MemoryRows:
+    """Peak memory of each pipeline rank ``s`` from its aggregates (the one formula
+    :func:`stage_memory` and the planner's search both use), every term an array over the
+    ranks:
+
+        states_s  = ZeRO(params[s], dp, zero_s), less what ``offload_s`` keeps on the host;
+                    with ``ep > 1``, ZeRO(params[s] − e_s, dp, zero_s) + ZeRO(e_s, dp/ep, zero_s)
                     for the rank's ``e_s = expert_params[s]`` (:mod:`cost_model.parallel.expert_parallel`)
         acts_s    = peak over time of Σ_c n_c(τ)·saved[s, c]   (``order.peak_inflight``)
         working_s = working[s]        (largest recompute working set of a segment on s)
-        buffers_s = :func:`buffer_bytes` of the rank's largest output and segment
+        buffers_s = :func:`buffer_bytes` of the rank's largest output and segment at ``zero_s``
         runtime_s = CUDA context + NCCL buffers + fragmentation·(acts_s + working_s + buffers_s)
                     on a ``gpu`` rank (:mod:`cost_model.memory.runtime`), 0 on a ``cpu`` one
 
-    ``zero_stage`` is one ZeRO stage for every rank or one per rank (``zero_stages``: each
-    rank's states and buffers under its own); ``saved[s, c]`` is the saved bytes per
-    microbatch of chunk ``c`` of rank ``s``;
-    ``kinds[s]`` the device kind of rank ``s`` (``gpu`` when not given), ``headroom[s]`` the
-    bytes it must leave free (0 when not given), ``contexts[s]`` its measured CUDA context in
-    GiB (``None``: the default)."""
-    inflight = order.peak_inflight(np.asarray(saved, dtype=float))
+    ``zero_stage`` is one ZeRO stage for every rank or one per rank (``zero_stages``) and
+    ``offload`` one offload for every rank or one per rank (``offload_stages``): each rank's
+    states and buffers under its own (the ranks sharing a ``(zero_s, offload_s)`` are priced
+    together, each entry the float the one-rank formula gives); ``saved[s, c]`` is the saved
+    bytes per microbatch of chunk ``c`` of rank ``s``; ``kinds[s]`` the device kind of rank
+    ``s`` (``gpu`` when not given), ``headroom[s]`` the bytes it must leave free (0 when not
+    given), ``contexts[s]`` its measured CUDA context in GiB (``None``: the default)."""
     p = order.stages
-    kinds = kinds if kinds is not None else ["gpu"] * p
-    out = []
-    zeros = [zero_stage] * p if isinstance(zero_stage, int) else list(zero_stage)
-    for s in range(p):
-        zero = zeros[s]
-        states = (model_states(float(params[s]), float(expert_params[s]), dp=dp, ep=ep,
-                               zero_stage=zero, optimizer=optimizer, offload=offload)
-                  if ep > 1 and len(expert_params) else
-                  model_state_bytes(float(params[s]), dp, zero, optimizer, offload))
-        buffers = buffer_bytes(float(max_output_bytes[s]), float(max_segment_params[s]),
-                               pp=p, tp=tp, dp=dp, zero_stage=zero,
-                               sequence_parallel=sequence_parallel, optimizer=optimizer)
-        acts, work = float(inflight[s]), float(working[s])
-        out.append(MemoryBreakdown(
-            states.params, states.grads, states.optimizer, acts, work, buffers,
-            float(reserved[s]), float(capacity[s]),
-            cuda_context=cuda_context_bytes(kinds[s], None if contexts is None else contexts[s]),
-            nccl=nccl_bytes(kinds[s], pp=p, dp=dp, tp=tp),
-            fragmentation=fragmentation_bytes(kinds[s], acts + work + buffers),
-            headroom=float(headroom[s]) if headroom is not None else 0.0, host=states.host))
-    return out
+    acts = order.peak_inflight(np.asarray(saved, dtype=float))
+    psi = np.asarray(params, dtype=float)
+    experts = (np.asarray(expert_params, dtype=float) if ep > 1 and len(expert_params)
+               else None)
+    biggest = np.asarray(max_segment_params, dtype=float)
+    largest_out = np.asarray(max_output_bytes, dtype=float)
+    groups: dict[tuple[int, str], list[int]] = {}
+    if isinstance(zero_stage, (int, np.integer)) and isinstance(offload, str):
+        groups[int(zero_stage), offload] = list(range(p))
+    else:
+        for s, key in enumerate(zip(_per_rank(zero_stage, p, "zero_stage"),
+                                    _per_rank(offload, p, "offload"))):
+            groups.setdefault((int(key[0]), key[1]), []).append(s)
+    rows = {name: np.zeros(p) for name in ("params", "grads", "optimizer", "buffers", "host")}
+    for (zero, off), ranks in groups.items():
+        at = slice(None) if len(groups) == 1 else np.array(ranks)
+        states = (model_states(psi[at], experts[at], dp=dp, ep=ep, zero_stage=zero,
+                               optimizer=optimizer, offload=off) if experts is not None else
+                  model_state_bytes(psi[at], dp, zero, optimizer, off))
+        for name in ("params", "grads", "optimizer", "host"):
+            rows[name][at] = getattr(states, name)
+        rows["buffers"][at] = buffer_bytes(largest_out[at], biggest[at], pp=p, tp=tp, dp=dp,
+                                           zero_stage=zero, sequence_parallel=sequence_parallel,
+                                           optimizer=optimizer)
+    work = np.asarray(working, dtype=float)
+    transient = acts + work + rows["buffers"]
+    kinds = ["gpu"] * p if kinds is None else list(kinds)
+    measured = contexts is not None and any(x is not None for x in contexts)
+    rows["cuda_context"] = np.zeros(p)
+    rows["nccl"], rows["fragmentation"] = np.zeros(p), np.zeros(p)
+    for name in set(kinds):
+        # the ranks of each device kind at once (every rank, on one kind of device)
+        on = slice(None) if len(set(kinds)) == 1 else np.array([k == name for k in kinds])
+        rows["nccl"][on] = nccl_bytes(name, pp=p, dp=dp, tp=tp)
+        rows["fragmentation"][on] = fragmentation_bytes(name, transient[on])
+        if not measured:
+            rows["cuda_context"][on] = cuda_context_bytes(name)
+    if measured:
+        rows["cuda_context"][:] = [cuda_context_bytes(k, x) for k, x in zip(kinds, contexts)]
+    rows.update(activations=acts, recompute_working=work,
+                reserved=np.asarray(reserved, dtype=float),
+                capacity=np.asarray(capacity, dtype=float),
+                headroom=np.zeros(p) if headroom is None else np.asarray(headroom, dtype=float))
+    return MemoryRows(rows)
 
 
 def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
@@ -821,7 +871,8 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
         reserved=[device.reserved_memory_gib * GIB for device in plan.devices],
         capacity=[device.memory_gib * GIB for device in plan.devices],
         tp=config.tp, dp=config.dp, zero_stage=config.rank_zero_stages,
-        sequence_parallel=config.sequence_parallel, optimizer=optimizer, offload=config.offload,
+        sequence_parallel=config.sequence_parallel, optimizer=optimizer,
+        offload=config.offload if config.offload_stages is None else config.rank_offloads,
         kinds=[device.kind for device in plan.devices],
         headroom=[headroom.bytes(device.memory_gib * GIB) for device in plan.devices],
         contexts=[device.cuda_context_gib for device in plan.devices],

@@ -18,6 +18,7 @@ The one-line form is the edge to text: what ``fxplan estimate --config`` takes, 
 
     dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off
     [,m=96][,stages=3/3/2/2][,recompute_layers=3/2/1/0][,zero_stages=3/3/1/1][,offload=optimizer]
+    [,offload_stages=none/none/optimizer/optimizer]
     [,fp8=on][,cp=1][,ep=1][,tp_overlap=on][,pg_overlap=on]
 
 ``recompute_layers`` (with ``stages``) recomputes only some layers: virtual stage ``j``'s first
@@ -37,7 +38,14 @@ is that plain ``zero`` (stored as ``None``). Each entry must be a ZeRO stage the
 ``pg_overlap`` 1 or 2), and ``dp > 1`` (ZeRO shards over dp).
 
 ``offload`` (:data:`OFFLOAD_POLICIES`) puts the optimizer states, or the optimizer states and
-the ZeRO-3 parameter shards, in host memory; ``fp8`` runs the matrix products in FP8 (the cost
+the ZeRO-3 parameter shards, in host memory. ``offload_stages`` (one policy per pipeline rank,
+``offload_stages=optimizer/optimizer/none/none``) offloads each rank's states as its own memory
+needs, exactly as ``zero_stages`` does for the ZeRO stage: ``offload`` is then the highest entry
+in the order ``none < optimizer < optimizer+params`` (what the plan-wide rules and the exports
+read), a list of equal entries is that plain ``offload`` (stored as ``None``), and each entry
+must be a policy the plan-wide ``offload`` could be beside its rank's ZeRO stage
+(``optimizer+params`` on a ZeRO-3 rank only). The rank view (:meth:`ParallelConfig.
+at_pipeline_rank`) carries both the rank's ZeRO stage and its offload; ``fp8`` runs the matrix products in FP8 (the cost
 model's :mod:`fxplan.cost_model.compute.fp8` says what that assumes); ``ep`` (expert parallelism, a
 divisor of ``dp``: :mod:`fxplan.cost_model.parallel.expert_parallel`) splits a mixture of experts'
 experts over ``ep`` of the data-parallel ranks; ``cp`` (context parallelism, a divisor of
@@ -124,10 +132,11 @@ _KEYS: dict[str, str] = {
     "tp_overlap": "tp_comm_overlap", "tp_comm_overlap": "tp_comm_overlap",
     "pg_overlap": "param_gather_overlap", "param_gather_overlap": "param_gather_overlap",
     "recompute_layers": "recompute_layers", "zero_stages": "zero_stages",
+    "offload_stages": "offload_stages",
 }
 #: The short keys the error messages list (the others in :data:`_KEYS` are their long names).
 _KEY_NAMES = ("dp, tp, pp, mb, m, schedule, zero, recompute, sp, stages, recompute_layers, "
-              "zero_stages, cp, ep, offload, fp8, tp_overlap, pg_overlap")
+              "zero_stages, cp, ep, offload, offload_stages, fp8, tp_overlap, pg_overlap")
 
 
 class CostModelError(UserError, ValueError):
@@ -296,9 +305,11 @@ class ParallelConfig:
     param_gather_overlap: bool = False
     recompute_layers: tuple[int, ...] | None = None
     zero_stages: tuple[int, ...] | None = None
+    offload_stages: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self._normalise_zero_stages()
+        self._normalise_offload_stages()
         if self.offload not in OFFLOAD_POLICIES:
             raise CostModelError(f"offload={self.offload!r}: expected one of "
                                  f"{', '.join(OFFLOAD_POLICIES)}")
@@ -370,7 +381,7 @@ class ParallelConfig:
         if self.placements is not None and not isinstance(self.placements, PlacementMap):
             raise CostModelError(f"placements must be a PlacementMap, got "
                                  f"{type(self.placements).__name__}")
-        self._check_zero_stages()
+        self._check_rank_views()
 
     def _normalise_zero_stages(self) -> None:
         """``zero_stages``: integers 0–3, one per pipeline rank; all equal is stored as that
@@ -397,24 +408,57 @@ class ParallelConfig:
         object.__setattr__(self, "zero_stage", top)
         object.__setattr__(self, "zero_stages", None if len(set(stages)) == 1 else stages)
 
-    def _check_zero_stages(self) -> None:
-        """Each entry of ``zero_stages`` is a ZeRO stage the plan-wide ``zero`` could be for
-        this configuration (its rank's view, :meth:`at_pipeline_rank`, passes every check),
-        over ``dp > 1`` replicas."""
-        if self.zero_stages is None:
+    def _normalise_offload_stages(self) -> None:
+        """``offload_stages``: one of :data:`OFFLOAD_POLICIES` per pipeline rank; all equal is
+        stored as that ``offload`` (``None``); otherwise ``offload`` becomes the highest entry
+        in the order ``none < optimizer < optimizer+params`` (given as ``none``, the default,
+        or as that entry). Runs before the plan-wide checks, as
+        :meth:`_normalise_zero_stages` does; :meth:`_check_rank_views` checks each entry."""
+        if self.offload_stages is None:
             return
-        text = "/".join(map(str, self.zero_stages))
-        if self.dp == 1:
-            raise CostModelError(f"zero_stages={text} needs dp > 1: ZeRO shards the model states "
-                                 "over the data-parallel ranks, and dp=1 has one, so every "
-                                 "stage is the same; write zero=0")
+        given = self.offload_stages
+        policies = tuple(given) if isinstance(given, (tuple, list)) else ()
+        text = "/".join(map(str, policies)) or repr(given)
+        if not policies or any(o not in OFFLOAD_POLICIES for o in policies):
+            raise CostModelError(f"offload_stages={text}: expected one offload policy "
+                                 f"({', '.join(OFFLOAD_POLICIES)}) per pipeline rank, separated "
+                                 "by '/' (e.g. offload_stages=optimizer/optimizer/none/none)")
+        pp = self.pp if isinstance(self.pp, int) and not isinstance(self.pp, bool) else None
+        if len(policies) != pp:
+            raise CostModelError(f"offload_stages={text} lists {len(policies)} offload policies "
+                                 f"for pp={self.pp} pipeline ranks: give one per rank (every "
+                                 "virtual stage of a rank shares its rank's offload)")
+        top = max(policies, key=OFFLOAD_POLICIES.index)
+        if self.offload not in ("none", top):
+            raise CostModelError(f"offload={self.offload} disagrees with offload_stages={text}: "
+                                 "with a policy per pipeline rank, offload is the highest of "
+                                 f"them (none < optimizer < optimizer+params: {top}); leave "
+                                 f"offload out or write offload={top}")
+        object.__setattr__(self, "offload", top)
+        object.__setattr__(self, "offload_stages", None if len(set(policies)) == 1 else policies)
+
+    def _check_rank_views(self) -> None:
+        """Each entry of ``zero_stages`` and ``offload_stages`` is what the plan-wide ``zero``
+        and ``offload`` could be for this configuration (its rank's view,
+        :meth:`at_pipeline_rank`, passes every check); ``zero_stages`` over ``dp > 1``
+        replicas."""
+        if self.zero_stages is None and self.offload_stages is None:
+            return
+        if self.zero_stages is not None and self.dp == 1:
+            raise CostModelError(f"zero_stages={self.zero_text} needs dp > 1: ZeRO shards the "
+                                 "model states over the data-parallel ranks, and dp=1 has one, "
+                                 "so every stage is the same; write zero=0")
         for rank in range(self.pp):
             try:
                 self.at_pipeline_rank(rank)
             except CostModelError as err:
-                raise CostModelError(f"zero_stages={text}: pipeline rank {rank}'s "
-                                     f"zero={self.zero_stages[rank]} is not allowed here: "
-                                     f"{err}") from None
+                given = [f"{name}={text}" for name, text, listed in (
+                    ("zero_stages", self.zero_text, self.zero_stages),
+                    ("offload_stages", self.offload_text, self.offload_stages)) if listed]
+                own = [f"zero={self.zero_stage_of(rank)}"] * (self.zero_stages is not None) \
+                    + [f"offload={self.offload_of(rank)}"] * (self.offload_stages is not None)
+                raise CostModelError(f"{', '.join(given)}: pipeline rank {rank}'s "
+                                     f"{' with '.join(own)} is not allowed here: {err}") from None
 
     def _check_recompute_layers(self) -> None:
         """``recompute_layers``: one count ``0 ≤ k_j ≤ n_j`` per entry of ``stage_layers``
@@ -449,9 +493,7 @@ class ParallelConfig:
     def zero_stage_of(self, pp_rank: int) -> int:
         """The ZeRO stage of pipeline rank ``pp_rank``: its ``zero_stages`` entry, else the
         plan's ``zero_stage``."""
-        if not 0 <= pp_rank < self.pp:
-            raise CostModelError(f"pipeline rank {pp_rank} is not one of the pp={self.pp} ranks")
-        return self.zero_stage if self.zero_stages is None else self.zero_stages[pp_rank]
+        return self.rank_zero_stages[self._rank(pp_rank)]
 
     @property
     def rank_zero_stages(self) -> tuple[int, ...]:
@@ -459,14 +501,44 @@ class ParallelConfig:
         ``zero_stages``)."""
         return self.zero_stages or (self.zero_stage,) * self.pp
 
+    def offload_of(self, pp_rank: int) -> str:
+        """The offload policy of pipeline rank ``pp_rank``: its ``offload_stages`` entry, else
+        the plan's ``offload``."""
+        return self.rank_offloads[self._rank(pp_rank)]
+
+    @property
+    def rank_offloads(self) -> tuple[str, ...]:
+        """The offload policy of every pipeline rank (``pp`` entries, equal without
+        ``offload_stages``)."""
+        return self.offload_stages or (self.offload,) * self.pp
+
+    def _rank(self, pp_rank: int) -> int:
+        """``pp_rank``, checked to be one of the ``pp`` pipeline ranks."""
+        if not 0 <= pp_rank < self.pp:
+            raise CostModelError(f"pipeline rank {pp_rank} is not one of the pp={self.pp} ranks")
+        return pp_rank
+
+    @property
+    def per_rank(self) -> bool:
+        """Whether some pipeline rank runs its own ZeRO stage or offload (``zero_stages``,
+        ``offload_stages``)."""
+        return self.zero_stages is not None or self.offload_stages is not None
+
     def at_pipeline_rank(self, pp_rank: int) -> "ParallelConfig":
-        """The configuration as pipeline rank ``pp_rank`` runs it: ``zero_stage`` its own
-        (:meth:`zero_stage_of`), no ``zero_stages``. A rank's memory, its collectives and its
-        optimizer read only this view (the other ranks' ZeRO stages do not change them);
-        ``self`` when every rank shares one stage."""
-        if self.zero_stages is None:
+        """The configuration as pipeline rank ``pp_rank`` runs it: ``zero_stage`` and
+        ``offload`` its own (:meth:`zero_stage_of`, :meth:`offload_of`), no ``zero_stages``
+        or ``offload_stages``. A rank's memory, its collectives, its host copies and its
+        optimizer read only this view (the other ranks' ZeRO stages and offload do not change
+        them); ``self`` when every rank shares one stage and one offload."""
+        if not self.per_rank:
             return self
-        return self.replace(zero_stage=self.zero_stage_of(pp_rank), zero_stages=None)
+        return self.replace(zero_stage=self.zero_stage_of(pp_rank), zero_stages=None,
+                            offload=self.offload_of(pp_rank), offload_stages=None)
+
+    def uniform(self, zero_stage: int, offload: str) -> "ParallelConfig":
+        """This configuration with one ZeRO stage and one offload on every pipeline rank."""
+        return self.replace(zero_stage=zero_stage, zero_stages=None, offload=offload,
+                            offload_stages=None)
 
     @property
     def zero_text(self) -> str:
@@ -474,6 +546,14 @@ class ParallelConfig:
         if self.zero_stages is None:
             return str(self.zero_stage)
         return "/".join(map(str, self.zero_stages))
+
+    @property
+    def offload_text(self) -> str:
+        """``optimizer``, or ``optimizer/optimizer/none/none`` with an offload per pipeline
+        rank (``offload_stages``)."""
+        if self.offload_stages is None:
+            return self.offload
+        return "/".join(self.offload_stages)
 
     def layer_recompute(self, layers: int) -> tuple[str, ...]:
         """The recompute policy of each of the model's ``layers`` repeated layers: with
@@ -531,7 +611,9 @@ class ParallelConfig:
         """Read ``"dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off"``.
 
         Keys: ``dp tp pp mb m schedule zero recompute sp stages`` (``stages=3/3/2/2``),
-        ``recompute_layers`` (``recompute_layers=2/1/1/0``, with ``stages``)
+        ``recompute_layers`` (``recompute_layers=2/1/1/0``, with ``stages``), one entry per
+        pipeline rank ``zero_stages`` (``zero_stages=3/3/1/1``) and ``offload_stages``
+        (``offload_stages=optimizer/none/none/none``)
         and ``cp ep offload fp8 tp_overlap pg_overlap`` (``offload=optimizer``, ``fp8=on``,
         ``tp_overlap=on``, ``pg_overlap=on``; absent: 1, 1, ``none``, off, off, off); unknown or
         repeated keys are errors.
@@ -555,6 +637,8 @@ class ParallelConfig:
                 values[name] = _parse_bool(key, value)
             elif name == "offload":
                 values[name] = value.lower()
+            elif name == "offload_stages":
+                values[name] = tuple(v.strip().lower() for v in value.split("/"))
             elif name in ("stage_layers", "recompute_layers", "zero_stages"):
                 values[name] = tuple(_parse_int(key, v) for v in value.split("/"))
             elif name == "schedule":
@@ -581,18 +665,21 @@ class ParallelConfig:
             parts.append("recompute_layers=" + "/".join(map(str, self.recompute_layers)))
         if self.zero_stages is not None:
             parts.append(f"zero_stages={self.zero_text}")
-        parts += [f"{k}={v}" for k, v in self.extras().items()]
+        # an offload per pipeline rank is written as its list (offload, the highest, follows)
+        parts += [f"{'offload_stages' if k == 'offload' and self.offload_stages else k}={v}"
+                  for k, v in self.extras().items()]
         return ",".join(parts)
 
     def extras(self) -> dict[str, str]:
         """The fields beyond the classic ones that differ from their defaults, as text:
-        ``{"cp": "2", "ep": "4", "offload": "optimizer", "fp8": "on"}``."""
+        ``{"cp": "2", "ep": "4", "offload": "optimizer", "fp8": "on"}``; an offload per
+        pipeline rank as its list (:attr:`offload_text`, ``"optimizer/none"``)."""
         out: dict[str, str] = {}
         for name in ("cp", "ep"):
             if getattr(self, name) != 1:
                 out[name] = str(getattr(self, name))
         if self.offload != "none":
-            out["offload"] = self.offload
+            out["offload"] = self.offload_text
         if self.fp8:
             out["fp8"] = "on"
         if self.tp_comm_overlap:
@@ -607,7 +694,8 @@ class ParallelConfig:
         and ``| fp8=on`` when set. ``recompute`` replaces the policy's name: a plan whose
         blocks recompute differently prints ``mixed``; a configuration that recomputes some
         layers per stage prints the policy and the counts, ``recompute=full:3/2/1/0``; a ZeRO
-        stage per pipeline rank prints them all, ``zero=3/3/1/1``."""
+        stage or an offload per pipeline rank prints them all, ``zero=3/3/1/1``,
+        ``offload=optimizer/none/none/none``."""
         m = "?" if self.num_microbatches is None else str(self.num_microbatches)
         extras = "".join(f" | {k}={v}" for k, v in self.extras().items())
         return (f"pp={self.pp} dp={self.dp} tp={self.tp} | zero={self.zero_text} | "

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -54,6 +55,13 @@ _TOKEN = re.compile(r"S\((-?\d+)\)|R|P")
 
 def format_placement(placement: Placement) -> str:
     """One token: ``S(d)``, ``R`` or ``P``."""
+    # the exact types first: torch's Placement classes check isinstance in Python, and a
+    # search formats tens of thousands of placements
+    kind = type(placement)
+    if kind is Replicate:
+        return "R"
+    if kind is Shard:
+        return f"S({placement.dim})"
     if isinstance(placement, Shard):
         return f"S({placement.dim})"
     if isinstance(placement, Replicate):
@@ -123,17 +131,26 @@ class DataEdge:
     producer: str
 
 
+#: Placement types checked by identity before ``isinstance`` (torch's is slow for them).
+_EXACT = frozenset({Shard, Replicate, Partial})
+
+
 def _frozen(items: Mapping[Any, Placements], axes: tuple[str, ...], what: str
             ) -> types.MappingProxyType:
     out = {}
     for key, placements in items.items():
         placements = tuple(placements)
-        if len(placements) != len(axes) or not all(isinstance(p, Placement) for p in placements):
+        if len(placements) != len(axes) or not all(type(p) in _EXACT or isinstance(p, Placement)
+                                                   for p in placements):
             raise ValueError(
                 f"{what} {key}: placements {placements!r} must be one torch Placement per mesh "
                 f"axis {axes} ({len(axes)}), got {len(placements)}")
         out[key] = placements
     return types.MappingProxyType(out)
+
+
+#: One live map per text hash, whose text the equal maps made later share (by identity).
+_TEXTS: "weakref.WeakValueDictionary[int, PlacementMap]" = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True, eq=True)
@@ -180,11 +197,18 @@ class PlacementMap:
                          for e, p in self.inputs.items())),
             tuple(sorted((name, format_placements(p)) for name, p in self.params.items()))))
         object.__setattr__(self, "_hash", hash(self._text))
+        # equal maps share one text (compared once here, by identity after): a finalist's map
+        # is looked up in the memos once per segment it prices
+        known = _TEXTS.get(self._hash)
+        if known is not None and known._text == self._text:
+            object.__setattr__(self, "_text", known._text)
+        else:
+            _TEXTS[self._hash] = self
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PlacementMap):
             return NotImplemented
-        return self is other or self._text == other._text
+        return self is other or self._text is other._text or self._text == other._text
 
     def __hash__(self) -> int:
         return self._hash

@@ -79,6 +79,8 @@ def export_plan(plan: Plan, target: str, *, torchtitan_version: str | None = Non
         changes = {"recompute_layers": None, **changes}
     if plan.config.zero_stages is not None:   # every export runs one ZeRO stage: the highest
         changes = {"zero_stages": None, **changes}
+    if plan.config.offload_stages is not None:   # and one offload: the highest
+        changes = {"offload_stages": None, **changes}
     if changes and price:
         from fxplan.export.pricing import price_changes
 

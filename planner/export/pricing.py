@@ -47,7 +47,7 @@ def describe_changes(changes: Mapping[str, Any]) -> str:
             value = "even" if value is None else "/".join(map(str, value))
         elif key == "recompute_layers":
             value = "every layer" if value is None else "/".join(map(str, value))
-        elif key == "zero_stages":
+        elif key in ("zero_stages", "offload_stages"):
             value = ("one for every pipeline rank" if value is None
                      else "/".join(map(str, value)))
         parts.append(f"{names.get(key, key)}={value}")

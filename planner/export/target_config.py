@@ -109,6 +109,12 @@ class TargetConfig:
                          f"({config.zero_text}); the export applies the strongest, "
                          f"ZeRO-{config.zero_stage}, on every rank (less memory than planned, "
                          "more communication where a rank planned a lower stage)")
+        if config.offload_stages is not None:
+            notes.append(f"approximated: the plan chooses the offload per pipeline rank "
+                         f"({config.offload_text}); the export applies the strongest, "
+                         f"offload={config.offload}, on every rank (less device memory than "
+                         "planned, more host↔device copies and CPU optimizer steps where a "
+                         "rank planned less offload)")
         layers = _layer_counts(plan)
         dtype = plan_dtype(plan)
         if dtype is None:

@@ -30,9 +30,10 @@ priced and checked on its own group; the bounds take the mean free memory, the f
    ``T̂`` (:mod:`.surrogate`); the cheapest kept (ties → the lower rung). Unless the
    constraints name ``recompute``, a candidate's policy runs on as few layers of each stage
    as memory needs, chosen with the split (:meth:`.stage_split.StageSplits.fit_recompute`;
-   its bounds are then those without recompute, the least it may cost). Unless the
-   constraints name ``zero_stage``, each pipeline rank may then take its own ZeRO stage for
-   the kept split (:mod:`.stage_zero`, exact for ``T̂``).
+   its bounds are then those without recompute, the least it may cost). Each pipeline rank
+   may then take its own ZeRO stage and offload for the kept split, among the rungs of the
+   pass (:mod:`.stage_zero`, exact for ``T̂``); a constraint naming ``zero_stage`` or
+   ``offload`` keeps that one plan-wide.
    No "lowest ZeRO stage that fits" rule: a higher stage moves more bytes but may shrink the optimizer step,
    the gradient sync or the memory that forces recompute; only the model can weigh them.
 5. Placements ``π``: one intra-op solve per distinct tp of the ``K`` best (:mod:`.placements`).
@@ -76,7 +77,7 @@ from fxplan.inter_op.stage_devices import (StageDevices, StageDeviceTable, rank_
                                            rank_profiles, straddle_reason)
 from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory, stage_totals
 from fxplan.inter_op.stage_split import StageSplits
-from fxplan.inter_op.stage_zero import mix_zero_stages
+from fxplan.inter_op.stage_zero import mix_rungs
 from fxplan.core.zero_bubble_dp import after_step_refusal, reduces_after_step
 from fxplan.inter_op.surrogate import surrogate_step_s
 from fxplan.inter_op.unfit import Unfit, overflow, record_unfit, unfit_reasons
@@ -152,9 +153,11 @@ class _Search:
         # constraints fix the policy of every layer
         self.per_stage = "recompute" not in self.constraints and self.profile.num_layers > 0
         self.tied_ends = self.profile.tied_ends
-        # a ZeRO stage per pipeline rank (stage_zero.py) unless the constraints name the
-        # ZeRO stages a plan may take (one for all ranks, as an expert's grid does)
+        # a ZeRO stage and an offload per pipeline rank (stage_zero.py) unless the constraints
+        # name the ZeRO stages or the offloads a plan may take (one for all ranks, as an
+        # expert's grid does)
         self.zero_per_rank = "zero_stage" not in self.constraints
+        self.offload_per_rank = "offload" not in self.constraints
         self._estimates: dict[ParallelConfig, float] = {}   # T̂ of placed candidates
 
     def offload_pass(self) -> bool:
@@ -231,9 +234,10 @@ class _Search:
         prof, profs, devs = self._profiles(c)
         if not self.per_stage or c.recompute == "none":
             return self.splits.fit(c, prof, profs, self._memory(devs), self.mem)
-        none, nones, _ = self._profiles(c.replace(recompute="none"))
+        base = c.replace(recompute="none")
+        none, nones, _ = self._profiles(base)
         fitting = self.splits.fit_recompute(c, prof, profs, none, nones, self._memory(devs),
-                                            self.mem, self.profile.of)
+                                            self.mem, self.profile.of, base)
         # the cheapest by T̂ (the split's DP balances the slowest stage, not the step)
         return min(fitting, key=self._estimate, default=None)
 
@@ -258,9 +262,8 @@ class _Search:
         # the bounds' work: without recompute where a candidate may recompute fewer layers
         # than all (step 4), else the candidate's own policy
         floor = "none" if self.per_stage else None
-        for fam, (zmin, off) in fams.items():
-            for c in self._options(fam):
-                c = c.replace(zero_stage=zmin, offload=off)
+        for fam, rung in fams.items():
+            for c in self._options(fam, rung):
                 # zero-bubble beside dp at a rung the runtime cannot run (nor any above it)
                 if allowed(c, unsettled) and after_step_refusal(c) is None:
                     lb = min(time_lower_bound(c, prof.of(c, g, floor)) for g in groups)
@@ -351,16 +354,17 @@ class _Search:
         mems = self._memory(devs)
         return bool((stage_totals(c, prof, mems) <= rank_limits(mems)).all())
 
-    def _options(self, fam: Family) -> Iterator[ParallelConfig]:
-        """The candidates of ``fam`` (:func:`fxplan.inter_op.space.options`, with the
-        expert-parallel degrees the constraints allow and the context-parallel ones the family
-        offers, :mod:`fxplan.inter_op.context_bound`), each with every FP8 choice the
+    def _options(self, fam: Family, rung: Rung = (0, "none")) -> Iterator[ParallelConfig]:
+        """The candidates of ``fam`` at ``rung`` (:func:`fxplan.inter_op.space.options`, with
+        the expert-parallel degrees the constraints allow and the context-parallel ones the
+        family offers, :mod:`fxplan.inter_op.context_bound`), each with every FP8 choice the
         constraints allow (FP8 only when allowed: it changes the numerics)."""
         prof = self.profile
         cps = self.cps_of.get(fam) or self.possible_cps(fam.dp)
         for c in options(fam, batch=self.batch, layers=prof.num_layers, seq=prof.segments.seq,
                          eps=ep_degrees(fam.dp, self.experts, self.constraints), cps=cps,
-                         per_stage_recompute=self.per_stage, tied_ends=self.tied_ends):
+                         per_stage_recompute=self.per_stage, tied_ends=self.tied_ends,
+                         zero_stage=rung[0], offload=rung[1]):
             for fp8 in self.fp8_choices:
                 yield c.replace(fp8=fp8) if fp8 else c
 
@@ -374,14 +378,15 @@ class _Search:
         for zero, off in rungs:
             if best is not None and off != "none":
                 break                     # offload only where no on-device rung fits
-            placed = self._partition(c.replace(zero_stage=zero, offload=off))
+            placed = self._partition(c if (zero, off) == (c.zero_stage, c.offload) else
+                                     c.replace(zero_stage=zero, offload=off))
             if placed is not None:
                 scored = _Scored(placed, self._estimate(placed))
                 if best is None or scored.surrogate_s < best.surrogate_s:
                     best = scored
         if best is not None:
             self.fitted.add(family)
-            return self._mix_zero(best) if self.zero_per_rank else best
+            return self._mix_rungs(best)
         heaviest = evenly_at(c, rungs[-1] if rungs else (c.zero_stage, c.offload),
                              self.profile.num_layers)
         record_unfit(self.unfit, family, self._worst(heaviest), heaviest)
@@ -396,15 +401,20 @@ class _Search:
         return [(z, off) for z, off in rungs
                 if after_step_refusal(c.replace(zero_stage=z, offload=off)) is None]
 
-    def _mix_zero(self, best: _Scored) -> _Scored:
-        """``best`` with a ZeRO stage per pipeline rank where that lowers ``T̂``, each rank's
-        chosen among the family's on-device stages for ``best``'s split
-        (:mod:`fxplan.inter_op.stage_zero`)."""
-        zeros = [z for z, off in self._runnable(best.config, self.rungs.of(best.config.dp))
-                 if off == "none"]
-        prof, profs, devs = self._profiles(best.config)
-        mixed = mix_zero_stages(best.config, zeros, prof, profs, self._memory(devs),
-                                self.cluster, best.surrogate_s)
+    def _mix_rungs(self, best: _Scored) -> _Scored:
+        """``best`` with a ZeRO stage and an offload per pipeline rank where that lowers
+        ``T̂``, each rank's chosen among the family's rungs of this pass for ``best``'s split
+        (:mod:`fxplan.inter_op.stage_zero`); a ZeRO stage or an offload the constraints name
+        stays ``best``'s on every rank."""
+        c = best.config
+        rungs = [(z, off) for z, off in self._runnable(c, self.rungs.of(c.dp))
+                 if (self.zero_per_rank or z == c.zero_stage)
+                 and (self.offload_per_rank or off == c.offload)]
+        if c.pp == 1 or c.dp == 1 or len(rungs) < 2:   # nothing to choose per rank
+            return best
+        prof, profs, devs = self._profiles(c)
+        mixed = mix_rungs(c, rungs, prof, profs, self._memory(devs), self.cluster,
+                          best.surrogate_s)
         if mixed is None:
             return best
         self._estimates[mixed[0]] = mixed[1]

@@ -94,6 +94,17 @@ class SegmentProfile:
         return self.fwd + self.bwd + self.tp_fwd + self.tp_bwd
 
     @cached_property
+    def prefix(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(P_ψ, P_a, P_e)``: prefix sums of the layers' parameters, saved bytes and expert
+        parameters from 0 (``P[i] = Σ_{k < i}``; ``P_e`` is ``None`` without experts), computed
+        once: the memory formula reads a span of them for every split of every candidate."""
+        def of(values: np.ndarray) -> np.ndarray:
+            return np.concatenate([[0.0], np.cumsum(values)])
+
+        return (of(self.params), of(self.acts),
+                None if self.expert_params is None else of(self.expert_params))
+
+    @cached_property
     def total_work(self) -> float:
         """``W = Σ_i t_i + pre + post`` seconds per microbatch, whole model."""
         return float(self.layer_time.sum() + sum(self.pre[:2]) + sum(self.post[:2]))

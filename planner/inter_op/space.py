@@ -138,9 +138,10 @@ def context_degrees(dp: int, seq: int | None, batch: int) -> tuple[int, ...]:
 
 def options(family: Family, *, batch: int, layers: int, seq: int | None,
             eps: tuple[int, ...] = (1,), cps: tuple[int, ...] = (1,),
-            per_stage_recompute: bool = False, tied_ends: bool = False
-            ) -> Iterator[ParallelConfig]:
-    """Every candidate of ``family`` at ZeRO stage 0 (the search raises the stage as needed),
+            per_stage_recompute: bool = False, tied_ends: bool = False,
+            zero_stage: int = 0, offload: str = "none") -> Iterator[ParallelConfig]:
+    """Every candidate of ``family`` at ZeRO stage ``zero_stage`` and ``offload`` (default 0
+    and none; the search raises the stage as needed),
     for each expert-parallel degree of ``eps`` (:func:`expert_degrees`) and context-parallel
     degree of ``cps`` (:func:`context_degrees`); ``per_stage_recompute``: the policies of
     :data:`PER_STAGE_POLICIES` (module docstring) on a model with repeated layers;
@@ -150,13 +151,15 @@ def options(family: Family, *, batch: int, layers: int, seq: int | None,
     policies = PER_STAGE_POLICIES if per_stage_recompute and layers else RECOMPUTE_POLICIES
     for cp in cps:
         yield from _options(family, batch=batch, layers=layers, seq=seq, eps=eps, cp=cp,
-                            policies=policies, v_shapes=not tied_ends)
+                            policies=policies, v_shapes=not tied_ends,
+                            rung={"zero_stage": zero_stage, "offload": offload})
 
 
 def _options(family: Family, *, batch: int, layers: int, seq: int | None,
              eps: tuple[int, ...], cp: int,
-             policies: tuple[str, ...] = RECOMPUTE_POLICIES, v_shapes: bool = True
-             ) -> Iterator[ParallelConfig]:
+             policies: tuple[str, ...] = RECOMPUTE_POLICIES, v_shapes: bool = True,
+             rung: dict[str, object] | None = None) -> Iterator[ParallelConfig]:
+    rung = rung or {}
     tp, pp, dp = family.tp, family.pp, family.dp
     per_replica = batch // (dp // cp)
     sps = [False] + ([True] if tp > 1 and (seq is None or seq % (tp * cp) == 0) else [])
@@ -186,4 +189,4 @@ def _options(family: Family, *, batch: int, layers: int, seq: int | None,
                         yield ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=mb,
                                              num_microbatches=m, schedule=schedule,
                                              recompute=recompute, sequence_parallel=sp, ep=ep,
-                                             cp=cp)
+                                             cp=cp, **rung)

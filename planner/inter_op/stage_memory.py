@@ -41,12 +41,12 @@ from typing import Sequence
 
 import numpy as np
 
-from fxplan.cost_model.memory.breakdown import GIB, MemoryBreakdown, model_state_bytes
+from fxplan.cost_model.memory.breakdown import GIB, MemoryBreakdown, MemoryRows, model_state_bytes
 from fxplan.cost_model.memory.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.cost_model.memory.runtime import (cuda_context_bytes, fragmentation_bytes,
                                               nccl_bytes)
 from fxplan.cost_model.step.pipeline_schedules import InflightCounts, inflight_counts
-from fxplan.cost_model.step.stage_costs import buffer_bytes, rank_memory
+from fxplan.cost_model.step.stage_costs import buffer_bytes, rank_memory_rows
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig, Schedule
 
@@ -203,8 +203,7 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
     p, v = c.pp, c.virtual_stages
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
     starts = edges[:-1]
-    P_psi = np.concatenate([[0.0], np.cumsum(prof.params)])
-    P_a = np.concatenate([[0.0], np.cumsum(prof.acts)])
+    P_psi, P_a, P_e = prof.prefix
     psi = P_psi[edges[1:]] - P_psi[edges[:-1]]
     saved = P_a[edges[1:]] - P_a[edges[:-1]]
     def stage_max(values: np.ndarray) -> np.ndarray:  # 0 for a model without layers
@@ -222,8 +221,7 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
     out[-1], big[-1], work[-1] = (max(out[-1], prof.end_out_bytes[1]),
                                   max(big[-1], prof.post[2]),
                                   max(work[-1], prof.end_working[1]))
-    experts = (np.zeros(len(psi)) if prof.expert_params is None else
-               np.diff(np.concatenate([[0.0], np.cumsum(prof.expert_params)])[edges]))
+    experts = np.zeros(len(psi)) if P_e is None else np.diff(P_e[edges])
     # virtual stage j (c·p + s, or the V of zbv) → [c, s]
     at = _layout(c.schedule, p)[2]
     return dict(params=psi[at].sum(axis=0), saved=saved[at].T,
@@ -236,17 +234,29 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
 def stage_memory(c: ParallelConfig, prof: SegmentProfile,
                  mem: DeviceMemory | Sequence[DeviceMemory]) -> list[MemoryBreakdown]:
     """Peak bytes of each pipeline rank by kind (module docstring), each rank's states under
-    its own ZeRO stage (``zero_stages``); ``mem`` one device or one per pipeline rank."""
+    its own ZeRO stage and offload (``zero_stages``, ``offload_stages``); ``mem`` one device or
+    one per pipeline rank."""
+    return _rows(c, prof, mem).breakdowns()
+
+
+def _rows(c: ParallelConfig, prof: SegmentProfile,
+          mem: DeviceMemory | Sequence[DeviceMemory]) -> MemoryRows:
+    """:func:`~fxplan.cost_model.step.stage_costs.rank_memory_rows` of ``c`` (each rank's
+    terms as arrays over the ranks)."""
     mems = per_rank(mem, c.pp)
-    return rank_memory(order(c), **_rank_inputs(c, prof), reserved=[m.reserved for m in mems],
-                       capacity=[m.capacity for m in mems], tp=c.tp, dp=c.dp,
-                       zero_stage=c.rank_zero_stages, sequence_parallel=c.sequence_parallel,
-                       offload=c.offload, kinds=[m.kind for m in mems],
-                       headroom=[m.headroom for m in mems], ep=c.ep,
-                       contexts=[m.context_gib for m in mems])
+    return rank_memory_rows(order(c), **_rank_inputs(c, prof),
+                            reserved=[m.reserved for m in mems],
+                            capacity=[m.capacity for m in mems], tp=c.tp, dp=c.dp,
+                            zero_stage=c.rank_zero_stages,
+                            sequence_parallel=c.sequence_parallel,
+                            offload=c.offload if c.offload_stages is None else c.rank_offloads,
+                            kinds=[m.kind for m in mems],
+                            headroom=[m.headroom for m in mems], ep=c.ep,
+                            contexts=[m.context_gib for m in mems])
 
 
 def stage_totals(c: ParallelConfig, prof: SegmentProfile,
                  mem: DeviceMemory | Sequence[DeviceMemory]) -> np.ndarray:
-    """``total_s`` of every pipeline rank, bytes (the search's hot path)."""
-    return np.array([m.total for m in stage_memory(c, prof, mem)])
+    """``total_s`` of every pipeline rank, bytes (the search's hot path: read off the rows,
+    no breakdown built per rank)."""
+    return _rows(c, prof, mem).total

@@ -107,15 +107,15 @@ class StageSplits:
                       profs: list[SegmentProfile] | None, none: SegmentProfile,
                       nones: list[SegmentProfile] | None,
                       mems: DeviceMemory | tuple[DeviceMemory, ...], host: DeviceMemory,
-                      profile_of: Callable[[ParallelConfig], SegmentProfile]
-                      ) -> list[ParallelConfig]:
+                      profile_of: Callable[[ParallelConfig], SegmentProfile],
+                      base: ParallelConfig | None = None) -> list[ParallelConfig]:
         """The placed variants of ``c`` (policy ``ρ = c.recompute``) that fit (module
         docstring, "Recompute per stage"): the split with the recomputed layers of each stage
         and the split without recompute, or else the split with ``ρ`` on every layer; ``[]``
         when none fits. ``prof``, ``profs``: ``c``'s profiles; ``none``, ``nones``: those of
         ``c`` without recompute; ``profile_of``: the profile of a placed configuration (each
-        layer's own policy)."""
-        base = c.replace(recompute="none")
+        layer's own policy); ``base``: ``c`` without recompute, where the caller made it."""
+        base = base or c.replace(recompute="none")
         inputs_r, time_r = self._inputs_of(c, prof, profs, mems)
         inputs, time = self._inputs_of(base, none, nones, mems)
         key = ("recompute", c.tp, c.sequence_parallel, c.recompute, c.microbatch_size, c.fp8,

@@ -1,47 +1,61 @@
-"""A ZeRO stage per pipeline rank, chosen with the stage split.
+"""A ZeRO stage and an offload per pipeline rank, chosen with the stage split.
 
-A candidate placed at one ZeRO stage (its stage split and recomputed layers fixed, see
-:mod:`fxplan.inter_op.stage_split`) may run each pipeline rank ``s`` at its own stage
-``z_s ∈ Z``, ``Z`` the on-device stages the plan-wide ``zero`` may take for the family (its
-memory rungs without offload, :func:`fxplan.inter_op.offload.memory_rungs`: 0–3 with
-``dp > 1``, less those the runtime cannot run beside the candidate's schedule; no mixing
-under offload, nor when the constraints name ``zero_stage``, the stages one plan-wide choice
-may take, as an expert's grid does). A rank with fewer activations in flight (the later
-ranks of 1F1B) or fewer layers can then afford a lower stage, with fewer collectives, than
-the one the heaviest rank needs.
+A candidate placed at one memory rung (its stage split and recomputed layers fixed, see
+:mod:`fxplan.inter_op.stage_split`) may run each pipeline rank ``s`` at its own rung
+``r_s = (z_s, o_s) ∈ R``, a ZeRO stage and an offload policy (``zero_stages``,
+``offload_stages``). ``R`` is the rungs the plan-wide choice may take for the family
+(:func:`fxplan.inter_op.offload.memory_rungs`: the on-device stages 0–3 with ``dp > 1``, and in
+the search's offload pass the offload rungs too), less those the runtime cannot run beside the
+candidate's schedule and the offload rungs the runtime cannot run on a rank
+(:func:`runnable_rungs`: FSDP2's CPU offload needs the rank's stage sharded by FSDP2). A
+constraint naming ``zero_stage`` or ``offload`` keeps that one plan-wide: ``R`` holds only the
+candidate's own stage or offload (both named: no choice per rank, as an expert's grid does).
+A rank with fewer activations in flight (the later ranks of 1F1B) or fewer layers can then
+afford a lower rung — fewer collectives, no host copies — than the one the heaviest rank needs.
 
-**Independence.** Rank ``s``'s memory ``M_s(z)`` (:mod:`fxplan.inter_op.stage_memory`: its
-states and ZeRO-3 buffers) and its surrogate terms — ``w_s(z)``, its work per microbatch,
-and ``e_s(z) = exposed_s + post_s + opt_s``, its seconds once per step
-(:func:`fxplan.inter_op.surrogate.rank_terms`) — read only its own stage (the pipeline
-messages and the tied weights' all-reduce do not read it); so each is priced once per
-``z ∈ Z`` from the configuration with ``z`` on every rank and the same split.
+**Independence.** Rank ``s``'s device memory ``M_s(r)`` (:mod:`fxplan.inter_op.stage_memory`:
+its states, less what it offloads, and its ZeRO-3 buffers) and its surrogate terms — ``w_s(r)``,
+its work per microbatch (with ``offload=optimizer+params``'s copies of each shard), and
+``e_s(r) = exposed_s + post_s + opt_s``, its seconds once per step (its offload row included:
+:func:`fxplan.inter_op.surrogate.rank_terms`) — read only its own rung (the pipeline messages
+and the tied weights' all-reduce do not read it); so each is priced once per ``r ∈ R`` from
+the configuration with ``r`` on every rank and the same split.
 
-**Tied weights.** The one coupling: a weight tied between the first and the last stage (the
-embedding and the head) on two ranks is summed between them, and where one keeps its gradient
-as FSDP2's dp shard (ZeRO-2/3, ZeRO-1 beside tp or ep) and the other whole, the sharded one
-gathers it first (:func:`cost_model.step.stage_costs._tied_sync`), a term neither rank's own
-configuration has. So both holders take stages of one gradient layout: the choice below runs
-once per layout, with both holders limited to its stages, and the cheaper is kept (exact, as
-the optimum has one of the two layouts). The runtime runs either; only the search keeps
-them alike.
+**Host memory** is the one sum over ranks: a node's host bytes are those of every rank on it
+(:func:`cost_model.memory.offload.with_host_check`). A rank may take an offload rung when its
+nodes hold the host bytes with that rung on *every* rank. That is sufficient for any mix: with
+``dp > 1`` every offload rung keeps the same ``16·Ψ_s/dp`` bytes on the host
+(:func:`cost_model.memory.breakdown.model_state_bytes`) and an on-device rung none, so a mix's
+node total is at most the all-offload one. It is exact unless host memory binds, where a mix
+of offloading and on-device ranks might fit a node that every rank offloading does not.
+
+**Tied weights.** The one coupling of times: a weight tied between the first and the last
+stage (the embedding and the head) on two ranks is summed between them, and where one keeps
+its gradient as FSDP2's dp shard (ZeRO-2/3, ZeRO-1 beside tp or ep) and the other whole, the
+sharded one gathers it first (:func:`cost_model.step.stage_costs._tied_sync`), a term neither
+rank's own configuration has; and the runtime keeps the copies of a tied weight equal only
+where both holders offload alike (:func:`fxplan.runtime.apply.tied.offload_refusal`). So both
+holders take rungs of one kind — gradient layout and whether they offload: the choice below
+runs once per kind, with both holders limited to its rungs, and the cheapest is kept (exact, as
+the optimum has one of the kinds).
 
 **The choice is exact for** ``T̂``. With ``b = (p−1)/v``,
 
-    T̂(z) = b·max_s w_s(z_s) + max_s (m·w_s(z_s) + e_s(z_s))
+    T̂(r) = b·max_s w_s(r_s) + max_s (m·w_s(r_s) + e_s(r_s))
 
 is non-decreasing in every rank's ``w_s`` and ``e_s``, but one rank's cheaper ``m·w + e`` may
 come with a larger ``w`` that raises the bubble term of all, so ranks cannot simply each take
-their cheapest stage. Fix a cap ``W`` on ``max_s w_s``: then the ranks decouple, each taking
-among its stages that fit (``M_s(z) ≤ C_s − r_s − H_s``) and have ``w_s(z) ≤ W`` the one that
-minimises ``m·w_s + e_s``. Let ``z*`` be optimal and ``W* = max_s w_s(z*_s)``, one of the
-finitely many values ``w_s(z)``; at ``W = W*`` the decoupled choice has ``max_s w_s ≤ W*`` and
-a second term no larger than ``z*``'s (``z*`` is feasible there), hence ``T̂`` no larger.
-Trying every ``W`` among the ``p·|Z|`` values finds the minimum exactly, in
-``O(p²·|Z|²)``. Ties go to the lower stage; the mixed stages replace the candidate only
-when their ``T̂`` is lower than its own (by more than round-off). The simulator re-prices
-every finalist (:func:`cost_model.step.estimate.estimate`, which prices each rank under its
-own stage).
+their cheapest rung. Fix a cap ``W`` on ``max_s w_s``: then the ranks decouple, each taking
+among its rungs that fit (``M_s(r) ≤ C_s − r_s − H_s``, and the host check above) and have
+``w_s(r) ≤ W`` the one that minimises ``m·w_s + e_s``. Let ``r*`` be optimal and
+``W* = max_s w_s(r*_s)``, one of the finitely many values ``w_s(r)``; at ``W = W*`` the
+decoupled choice has ``max_s w_s ≤ W*`` and a second term no larger than ``r*``'s (``r*`` is
+feasible there), hence ``T̂`` no larger. Trying every ``W`` among the ``p·|R|`` values finds
+the minimum exactly, in ``O(p²·|R|²)``. Ties go to the earlier rung of the ladder (the lower
+stage, then no offload); the mixed rungs replace the candidate only when their ``T̂`` is lower
+than its own (by more than round-off). The simulator re-prices every finalist
+(:func:`cost_model.step.estimate.estimate`, which prices each rank under its own stage and
+offload).
 """
 
 from __future__ import annotations
@@ -50,65 +64,81 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from fxplan.core.config import ParallelConfig
+from fxplan.core.config import OFFLOAD_POLICIES, ParallelConfig
 from fxplan.cost_model.host.host_overhead import fsdp_params
+from fxplan.cost_model.memory.offload import with_host_check
+from fxplan.inter_op.offload import Rung
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.inter_op.stage_devices import rank_limits
-from fxplan.inter_op.stage_memory import DeviceMemory, stage_totals
+from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory, stage_totals
 from fxplan.inter_op.surrogate import bubble_weight, rank_terms
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["RankOptions", "choose_zero_stages", "mix_zero_stages", "rank_options",
+__all__ = ["RankOptions", "choose_rungs", "mix_rungs", "rank_options", "runnable_rungs",
            "tied_holders"]
 
-#: Relative gain below which the mixed stages are a round-off tie, not cheaper: the plan
-#: keeps one stage for all ranks.
+#: Relative gain below which the mixed rungs are a round-off tie, not cheaper: the plan
+#: keeps one rung for all ranks.
 _ROUND_OFF = 1e-9
 
 
 class RankOptions:
-    """Per pipeline rank and ZeRO stage (columns ``zeros``): ``w`` the work per microbatch,
-    ``e`` the seconds once per step, ``fits`` whether the rank fits its memory."""
+    """Per pipeline rank and rung (columns ``rungs``, in the ladder's order): ``w`` the work
+    per microbatch, ``e`` the seconds once per step, ``fits`` whether the rank fits its
+    memory."""
 
-    def __init__(self, zeros: Sequence[int], w: np.ndarray, e: np.ndarray,
+    def __init__(self, rungs: Sequence[Rung], w: np.ndarray, e: np.ndarray,
                  fits: np.ndarray) -> None:
-        self.zeros, self.w, self.e, self.fits = tuple(zeros), w, e, fits
+        self.rungs, self.w, self.e, self.fits = tuple(rungs), w, e, fits
 
     def limited(self, ranks: Sequence[int], columns: np.ndarray) -> "RankOptions":
-        """The same options with ``ranks`` allowed only the stages of ``columns`` (a mask
-        over :attr:`zeros`)."""
+        """The same options with ``ranks`` allowed only the rungs of ``columns`` (a mask
+        over :attr:`rungs`)."""
         fits = self.fits.copy()
         fits[list(ranks)] &= columns
-        return RankOptions(self.zeros, self.w, self.e, fits)
+        return RankOptions(self.rungs, self.w, self.e, fits)
 
 
-def rank_options(placed: ParallelConfig, zeros: Sequence[int], prof: SegmentProfile,
+def runnable_rungs(placed: ParallelConfig, rungs: Sequence[Rung]) -> list[Rung]:
+    """``rungs`` less the offload rungs the runtime cannot run on a rank: FSDP2's
+    ``CPUOffloadPolicy`` needs the rank's parameters sharded by FSDP2 over ``dp > 1``
+    (:func:`~fxplan.cost_model.host.host_overhead.fsdp_params`;
+    :func:`fxplan.runtime.apply.offload.check_runnable` judges each rank by the same rule)."""
+    return [(z, o) for z, o in rungs if o == "none" or fsdp_params(placed.uniform(z, o))]
+
+
+def rank_options(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProfile,
                  profs: list[SegmentProfile] | None,
                  mems: DeviceMemory | tuple[DeviceMemory, ...], cluster: Cluster) -> RankOptions:
-    """Each rank's terms and fit at each stage of ``zeros`` (module docstring,
-    "Independence"), from ``placed``'s split at each stage on every rank. ``prof``,
-    ``profs``: ``placed``'s profiles; ``mems``: its ranks' memory."""
+    """Each rank's terms and fit at each of ``rungs`` (module docstring, "Independence",
+    "Host memory"), from ``placed``'s split at each rung on every rank. ``prof``, ``profs``:
+    ``placed``'s profiles; ``mems``: its ranks' memory."""
     w, e, fits = [], [], []
     limit = rank_limits(mems)
-    for z in zeros:
-        c = placed.replace(zero_stage=z, zero_stages=None)
-        fit = np.broadcast_to(np.asarray(stage_totals(c, prof, mems) <= limit), (placed.pp,))
-        # a stage no rank fits at is never chosen: its terms are not priced
+    for z, o in rungs:
+        c = placed.uniform(z, o)
+        if o == "none":
+            fit = np.asarray(stage_totals(c, prof, mems) <= limit)
+        else:   # and each rank's nodes hold every rank's host bytes at this rung
+            memory = stage_memory(c, prof, mems)
+            fit = (np.array([m.total for m in memory]) <= limit) & np.array(
+                [m.host_fits for m in with_host_check(memory, c, cluster)])
+        fit = np.broadcast_to(fit, (placed.pp,))
+        # a rung no rank fits at is never chosen: its terms are not priced
         w_z, e_z = (rank_terms(c, prof, cluster, profs) if fit.any() else
                     (np.full(placed.pp, np.inf), np.full(placed.pp, np.inf)))
         w.append(w_z)
         e.append(e_z)
         fits.append(fit)
-    return RankOptions(zeros, np.array(w).T, np.array(e).T, np.array(fits).T)
+    return RankOptions(rungs, np.array(w).T, np.array(e).T, np.array(fits).T)
 
 
-def choose_zero_stages(c: ParallelConfig,
-                       options: RankOptions) -> tuple[tuple[int, ...], float] | None:
-    """The stage of every rank minimising ``T̂`` (module docstring, "exact") and that
-    ``T̂``, or ``None`` when some rank fits at no stage. ``c``: the candidate (its ``m``,
-    ``p``, ``v``)."""
+def choose_rungs(c: ParallelConfig, options: RankOptions) -> tuple[tuple, float] | None:
+    """The rung of every rank minimising ``T̂`` (module docstring, "exact") and that ``T̂``,
+    or ``None`` when some rank fits at no rung. ``c``: the candidate (its ``m``, ``p``,
+    ``v``)."""
     m, b = c.num_microbatches, bubble_weight(c)
     w, e, fits = options.w, options.e, options.fits
     if not fits.any(axis=1).all():
@@ -119,12 +149,12 @@ def choose_zero_stages(c: ParallelConfig,
         allowed = fits & (w <= cap)
         if not allowed.any(axis=1).all():
             continue
-        # argmin takes the first of equal costs: the lower stage (zeros ascending)
+        # argmin takes the first of equal costs: the earlier rung of the ladder
         pick = np.argmin(np.where(allowed, cost, np.inf), axis=1)
         rows = np.arange(len(pick))
         t = float(b * w[rows, pick].max() + cost[rows, pick].max())
         if best is None or t < best[0]:
-            best = (t, tuple(options.zeros[k] for k in pick))
+            best = (t, tuple(options.rungs[k] for k in pick))
     if best is None:
         return None
     return best[1], best[0]
@@ -137,33 +167,37 @@ def tied_holders(c: ParallelConfig, prof: SegmentProfile) -> tuple[int, ...]:
     return (first, last) if prof.tied_params > 0 and first != last else ()
 
 
-def mix_zero_stages(placed: ParallelConfig, zeros: Sequence[int], prof: SegmentProfile,
-                    profs: list[SegmentProfile] | None,
-                    mems: DeviceMemory | tuple[DeviceMemory, ...], cluster: Cluster,
-                    estimate_s: float) -> tuple[ParallelConfig, float] | None:
-    """``placed`` with a ZeRO stage per pipeline rank and its ``T̂``, when that ``T̂`` is below
-    ``estimate_s`` (``placed``'s own); ``None`` otherwise, or when ``placed`` offloads, has one
-    pipeline rank or ``zeros`` offers one stage. The stages chosen may all be equal: one
-    stage for every rank, cheaper on this split than the stage the split was made for
-    (another stage's own split may have been slower)."""
-    zeros = sorted(set(zeros))
-    if placed.pp == 1 or placed.dp == 1 or placed.offload != "none" or len(zeros) < 2:
+def mix_rungs(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProfile,
+              profs: list[SegmentProfile] | None,
+              mems: DeviceMemory | tuple[DeviceMemory, ...], cluster: Cluster,
+              estimate_s: float) -> tuple[ParallelConfig, float] | None:
+    """``placed`` with a ZeRO stage and an offload per pipeline rank and its ``T̂``, when that
+    ``T̂`` is below ``estimate_s`` (``placed``'s own); ``None`` otherwise, or when ``placed``
+    has one pipeline rank or one dp replica, or ``rungs`` (after :func:`runnable_rungs`)
+    offers one rung. The rungs chosen may all be equal: one rung for every rank, cheaper on
+    this split than the rung the split was made for (another rung's own split may have been
+    slower)."""
+    rungs = list(dict.fromkeys(runnable_rungs(placed, rungs)))
+    if placed.pp == 1 or placed.dp == 1 or len(rungs) < 2:
         return None
-    options = rank_options(placed, zeros, prof, profs, mems, cluster)
+    options = rank_options(placed, rungs, prof, profs, mems, cluster)
     holders = tied_holders(placed, prof)
-    if holders:   # one gradient layout on both holders (module docstring, "Tied weights")
-        layout = np.array([fsdp_params(placed.replace(zero_stage=z, zero_stages=None))
-                           for z in zeros])
-        found = [choose_zero_stages(placed, options.limited(holders, layout == kind))
-                 for kind in (False, True)]
+    if holders:   # one kind of rung on both holders (module docstring, "Tied weights")
+        kind = [(fsdp_params(placed.uniform(z, o)), o != "none") for z, o in rungs]
+        found = [choose_rungs(placed, options.limited(holders, np.array([k == one for k in kind])))
+                 for one in dict.fromkeys(kind)]
         chosen = min((f for f in found if f is not None), key=lambda f: f[1], default=None)
     else:
-        chosen = choose_zero_stages(placed, options)
+        chosen = choose_rungs(placed, options)
     if chosen is None:
         return None
-    stages, t = chosen
+    picked, t = chosen
     if not t < estimate_s * (1.0 - _ROUND_OFF):
         return None
     # the same T̂ as surrogate_step_s prices the mixed configuration (its per-rank terms);
-    # equal stages collapse to the plain zero (ParallelConfig)
-    return placed.replace(zero_stage=max(stages), zero_stages=stages), t
+    # equal entries collapse to the plain zero and offload (ParallelConfig)
+    zeros = tuple(z for z, _ in picked)
+    offloads = tuple(o for _, o in picked)
+    return placed.replace(zero_stage=max(zeros), zero_stages=zeros,
+                          offload=max(offloads, key=OFFLOAD_POLICIES.index),
+                          offload_stages=offloads), t

@@ -56,10 +56,12 @@ all-reduce of ``2ψ^e_i`` over the tp group besides, and the optimizer steps
 ``(Ψ_s − Ψ^e_s)/dp + Ψ^e_s·ep/dp`` parameters under ZeRO ≥ 1 (the experts' states are sharded
 over their ``dp/ep`` replicas only).
 
-With a ZeRO stage per pipeline rank (``zero_stages``) every term of rank ``s`` — its ``z_j``,
-``exposed_s``, ``post_s``, ``opt_s`` — reads only the rank's own stage, so ``T̂`` takes each
-rank's ``w_s`` and ``exposed_s + post_s + opt_s`` from the configuration with that stage on
-every rank (:func:`rank_terms`; :mod:`fxplan.inter_op.stage_zero` chooses the stages). A
+With a ZeRO stage or an offload per pipeline rank (``zero_stages``, ``offload_stages``) every
+term of rank ``s`` — its ``z_j`` (the host copies of ``offload=optimizer+params`` included),
+``exposed_s``, ``post_s``, ``opt_s`` — reads only the rank's own stage and offload, so ``T̂``
+takes each rank's ``w_s`` and ``exposed_s + post_s + opt_s`` from the configuration with that
+stage and offload on every rank (:func:`rank_terms`; :mod:`fxplan.inter_op.stage_zero` chooses
+them). A
 weight tied between two ranks that keep its gradient in different dp layouts adds a gather
 the step simulator prices (:func:`cost_model.step.stage_costs._tied_sync`) and ``T̂`` does
 not; the search never ranks such a configuration (its tied holders keep one layout).
@@ -199,16 +201,16 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
                      stage_profs: Sequence[SegmentProfile] | None = None) -> float:
     """``T̂`` of the module docstring, seconds. ``stage_profs``: one profile per pipeline rank
     (its device group's) on a heterogeneous cluster; ``None``: ``prof`` on every rank. With a
-    ZeRO stage per pipeline rank (``zero_stages``) each rank's terms are those of the
-    configuration with its own stage on every rank (:func:`rank_terms`: a rank's terms read
-    only its own stage)."""
-    if c.zero_stages is None:
+    ZeRO stage or an offload per pipeline rank (``zero_stages``, ``offload_stages``) each
+    rank's terms are those of the configuration with its own stage and offload on every rank
+    (:func:`rank_terms`: a rank's terms read only its own)."""
+    if not c.per_rank:
         return step_of_terms(c, *rank_terms(c, prof, cluster, stage_profs))
-    terms = {z: rank_terms(c.replace(zero_stage=z, zero_stages=None), prof, cluster, stage_profs)
-             for z in set(c.zero_stages)}
-    rows = np.arange(c.pp)
-    w = np.array([terms[z][0][s] for s, z in zip(rows, c.zero_stages)])
-    rest = np.array([terms[z][1][s] for s, z in zip(rows, c.zero_stages)])
+    rungs = list(zip(c.rank_zero_stages, c.rank_offloads))
+    terms = {rung: rank_terms(c.uniform(*rung), prof, cluster, stage_profs)
+             for rung in set(rungs)}
+    w = np.array([terms[rung][0][s] for s, rung in enumerate(rungs)])
+    rest = np.array([terms[rung][1][s] for s, rung in enumerate(rungs)])
     return step_of_terms(c, w, rest)
 
 

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+import torch.fx
 
 from fxplan.passes.captured_graph import CapturedGraph
 from fxplan.intra_op.blocks import layer_representatives, representatives
 from fxplan.intra_op.costs import CostModel
 from fxplan.intra_op.problem import Problem
-from fxplan.sharding.api import NodeStrategies, node_strategies
-from fxplan.sharding.context import Operand
+from fxplan.sharding.api import NodeStrategies, is_tensor_node, node_strategies, same_role
+from fxplan.sharding.context import OpContext, Operand, make_context
 from fxplan.sharding.strategy import OpStrategy
 
 __all__ = ["OpGraph", "op_graph", "BuiltProblem", "build_problem"]
@@ -54,17 +55,40 @@ def _op_name(op: object) -> str:
     return getattr(op, "__name__", str(op))
 
 
+def _tensor_nodes(graph: CapturedGraph) -> list[tuple[torch.fx.Node, OpContext, str | None]]:
+    """Every tensor node of ``graph`` in order, with its context and the name of its layer
+    representative (:func:`~fxplan.intra_op.blocks.layer_representatives`) where the two
+    share a role (:func:`~fxplan.sharding.api.same_role`), else ``None``. None of it depends
+    on the mesh: made once per graph (``graph.memo``) for the solves of every tp degree."""
+    key = ("intra_op", "tensor_nodes")
+    if key not in graph.memo:
+        names = layer_representatives(graph)
+        contexts: dict[str, OpContext] = {}
+        nodes = []
+        for node in graph.gm.graph.nodes:
+            if not is_tensor_node(node):
+                continue
+            ctx = contexts[node.name] = make_context(graph.gm, node)
+            like = names.get(node.name)
+            nodes.append((node, ctx, like if like in contexts and like != node.name
+                          and same_role(contexts[like], ctx) else None))
+        graph.memo[key] = nodes
+    return graph.memo[key]
+
+
 def op_graph(graph: CapturedGraph, mesh_shape: Sequence[int]) -> OpGraph:
-    """Strategies of every tensor node on a mesh of ``mesh_shape``, and which need gradients."""
+    """Strategies of every tensor node on a mesh of ``mesh_shape``, and which need gradients
+    (a node sharing its representative's role shares its strategy list)."""
     ops: list[NodeStrategies] = []
     index: dict[str, int] = {}
     grad: list[bool] = []
     names = layer_representatives(graph)
-    for node in graph.gm.graph.nodes:
-        like = names.get(node.name)
-        op = node_strategies(graph.gm, node, mesh_shape, ops[index[like]] if like in index else None)
-        if op is None:
-            continue
+    for node, ctx, like in _tensor_nodes(graph):
+        if like is None:
+            op = node_strategies(graph.gm, node, mesh_shape, ctx=ctx)
+        else:
+            base = ops[index[like]]
+            op = NodeStrategies(ctx, base.strategies, base.rule, base.follows, base.fallback)
         index[node.name] = len(ops)
         owns = any(o.param for o in op.ctx.operands) or op.ctx.param is not None
         grad.append(owns or any(o.producer is not None and o.producer.name in index

@@ -84,7 +84,7 @@ def _config_fields(plan: Plan) -> dict[str, Any]:
             "axis levels": "/".join(plan.axis_levels),
             "schedule": str(plan.schedule), "microbatch size": plan.microbatch_size,
             "microbatches": plan.num_microbatches, "zero": plan.zero_stage,
-            "offload": plan.offload, "fp8": "on" if plan.config.fp8 else "off",
+            "offload": plan.config.offload_text, "fp8": "on" if plan.config.fp8 else "off",
             "cp": plan.config.cp, "ep": plan.config.ep,
             "recompute": plan.recompute_summary,
             "sequence parallel": "on" if plan.sequence_parallel else "off",

@@ -187,10 +187,16 @@ def alternative_config(plan: Plan, changes: Mapping[str, Any]) -> tuple[Parallel
     if base.zero_stages is not None and zero_stages is None:
         notes.append(f"the plan's ZeRO per stage ({base.zero_text}) is dropped: every pipeline "
                      f"rank runs zero={zero}")
+    # and its offload per pipeline rank, for its own pipeline depth and highest offload only
+    offload_stages = (base.offload_stages if pp == base.pp and offload == base.offload
+                      and "offload" not in changes else None)
+    if base.offload_stages is not None and offload_stages is None:
+        notes.append(f"the plan's offload per stage ({base.offload_text}) is dropped: every "
+                     f"pipeline rank runs offload={offload}")
     config = base.replace(
         dp=dp, tp=tp, pp=pp, cp=cp, microbatch_size=mb, num_microbatches=m, schedule=schedule,
         zero_stage=zero, zero_stages=zero_stages, offload=offload,
-        fp8=changes.get("fp8", base.fp8),
+        offload_stages=offload_stages, fp8=changes.get("fp8", base.fp8),
         recompute=recompute, recompute_layers=per_stage,
         sequence_parallel=sp, stage_layers=base.stage_layers if keep_split else None,
         placements=base.placements if keep_layout else None)

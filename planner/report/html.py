@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from fxplan.report.terminal import (capacity_text, context_line, headroom_text, mesh_levels,
-                                    offload_line, recompute_line, stage_recompute,
-                                    zero_line)
+                                    offload_line, offload_stage_line, recompute_line,
+                                    stage_recompute, zero_line)
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -141,7 +141,9 @@ def _summary(plan: Plan, result: Estimate) -> str:
             ("mesh levels", mesh_levels(plan)),
             ("ZeRO stage", plan.config.zero_text + (f" — per stage: {zero_line(plan)}"
                                                    if plan.config.zero_stages else "")),
-            ("offload", offload_line(plan) or "none"),
+            ("offload", (offload_line(plan) or "none")
+             + (f" — per stage: {offload_stage_line(plan)}" if plan.config.offload_stages
+                else "")),
             ("fp8", "on" if plan.config.fp8 else "off"), ("schedule", plan.schedule),
             ("microbatches", f"{plan.num_microbatches} × {plan.microbatch_size} samples"),
             ("recompute", plan.recompute_summary + (f" — per stage: {recompute_line(plan)}"

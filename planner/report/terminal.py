@@ -2,7 +2,8 @@
 
 :func:`plan_summary` is the flat dictionary ``fxplan plan --json`` prints: ``summary``,
 ``degrees``, ``cp_attention`` (``"allgather"`` with context parallelism, else ``None``),
-``zero_stage``, ``schedule``, ``microbatch_size``, ``num_microbatches``,
+``zero_stage``, ``zero_stages`` and ``offload_stages`` (one entry per pipeline rank, or
+``None`` when every rank shares the plan's), ``offload``, ``schedule``, ``microbatch_size``, ``num_microbatches``,
 ``recompute``, ``recompute_per_stage`` (``[recomputed, layers]`` blocks of each stage, or
 ``None`` when every block runs the config's policy), ``sequence_parallel``, ``step_time_s``, ``tokens_per_s``, ``mfu``,
 ``peak_memory_gib`` (the heaviest pipeline rank), ``capacity_gib``, ``fits``,
@@ -13,7 +14,8 @@ tokens/s, the achieved TFLOP/s per device (counting recompute, Megatron's conven
 MFU (model FLOPs only, against the devices' peaks, each device its own), the step's breakdown,
 with context parallelism how the sequence is split and K/V exchanged (:func:`context_line`), where blocks
 recompute differently the recomputed layers of each stage (:func:`recompute_line`), where pipeline
-ranks run their own ZeRO stages each rank's (:func:`zero_line`), memory per pipeline
+ranks run their own ZeRO stages or offload each rank's (:func:`zero_line`,
+:func:`offload_stage_line`), memory per pipeline
 rank against the capacity with its breakdown (on a heterogeneous cluster the mesh line, the
 capacity and the memory table per device group: :func:`stage_groups`), the top three runners-up with their deltas (one
 row per configuration), the pruning reasons grouped by kind with the near-misses first
@@ -26,6 +28,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from fxplan.core.config import OFFLOAD_POLICIES
 from fxplan.core.units import count, gib, percent, seconds, si
 from fxplan.core.plan import Plan
 from fxplan.cost_model.memory.breakdown import MEMORY_LEGEND, MEMORY_ROWS
@@ -33,7 +36,7 @@ from fxplan.cost_model.memory.headroom import parse_headroom
 from fxplan.report.pruning import group_pruned
 
 __all__ = ["capacity_text", "context_line", "headroom_text", "mesh_levels", "offload_line",
-           "plan_summary", "recompute_line", "stage_recompute", "zero_line",
+           "offload_stage_line", "plan_summary", "recompute_line", "stage_recompute", "zero_line",
            "rate_line", "render_report", "stage_groups", "unique_runners_up"]
 
 #: Pruning reasons printed per kind (closest first); the rest of the kind are counted.
@@ -48,7 +51,10 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "summary": plan.summary, "degrees": plan.degrees, "axis_levels": list(plan.axis_levels),
         "zero_stage": plan.zero_stage,
         "zero_stages": None if plan.config.zero_stages is None else list(plan.config.zero_stages),
-        "offload": plan.offload, "fp8": plan.config.fp8,
+        "offload": plan.offload,
+        "offload_stages": (None if plan.config.offload_stages is None
+                           else list(plan.config.offload_stages)),
+        "fp8": plan.config.fp8,
         "cp_attention": plan.cp_attention,
         "schedule": str(plan.schedule),
         "microbatch_size": plan.microbatch_size, "num_microbatches": plan.num_microbatches,
@@ -155,7 +161,9 @@ def offload_line(plan: Plan) -> str:
         return ""
     est = plan.estimate
     rows = est.get("memory_breakdown_gib", [])
-    worst = max(rows, key=lambda m: m.get("host_node_total", 0.0), default={})
+    # the fullest node, and on it a rank that offloads (offload_stages: others keep 0)
+    worst = max(rows, key=lambda m: (m.get("host_node_total", 0.0), m.get("host", 0.0)),
+                default={})
     what = ("optimizer states" if plan.offload == "optimizer"
             else "optimizer states and parameter shards")
     seconds_ = est.get("breakdown", {}).get("offload")
@@ -293,8 +301,25 @@ def zero_line(plan: Plan) -> str:
     stages = plan.config.zero_stages
     if stages is None:
         return ""
-    parts = [f"ZeRO-{z} on " + ", ".join(str(r) for r, y in enumerate(stages) if y == z)
-             for z in sorted(set(stages), reverse=True)]
+    return _per_rank_line([f"ZeRO-{z}" for z in stages],
+                          [f"ZeRO-{z}" for z in sorted(set(stages), reverse=True)])
+
+
+def offload_stage_line(plan: Plan) -> str:
+    """``optimizer+params on pipeline ranks 0 · none on 1, 2, 3``: the offload of each
+    pipeline rank where they differ (``offload_stages``; ``""`` otherwise), the highest
+    first."""
+    offloads = plan.config.offload_stages
+    if offloads is None:
+        return ""
+    return _per_rank_line(list(offloads), sorted(set(offloads), key=OFFLOAD_POLICIES.index,
+                                                 reverse=True))
+
+
+def _per_rank_line(values: list[str], order: list[str]) -> str:
+    """``A on pipeline ranks 0, 1 · B on 2, 3``: the ranks of each value, in ``order``."""
+    parts = [f"{value} on " + ", ".join(str(r) for r, y in enumerate(values) if y == value)
+             for value in order]
     return parts[0].replace(" on ", " on pipeline ranks ", 1) + "".join(f" · {p}"
                                                                         for p in parts[1:])
 
@@ -314,6 +339,8 @@ def render_report(plan: Plan, console: Any = None) -> None:
         console.print(f"recompute       per stage: {recompute_line(plan)}", markup=False)
     if plan.config.zero_stages is not None:
         console.print(f"zero            per stage: {zero_line(plan)}", markup=False)
+    if plan.config.offload_stages is not None:
+        console.print(f"offload         per stage: {offload_stage_line(plan)}", markup=False)
     console.print(f"step time       {rate_line(est)}")
     parts = " · ".join(f"{k} {seconds(v)}" for k, v in est.get("breakdown", {}).items()
                        if v > 1e-9)

@@ -14,7 +14,7 @@ from fxplan.sharding.expand import expand_options
 from fxplan.sharding.registry import find_rule, replicate_fallback
 from fxplan.sharding.strategy import OpStrategy
 
-__all__ = ["NodeStrategies", "node_strategies", "is_tensor_node", "describe", "describe_module", "rule_sources"]
+__all__ = ["NodeStrategies", "node_strategies", "is_tensor_node", "same_role", "describe", "describe_module", "rule_sources"]
 
 #: Rule name prefix of the options read from DTensor.
 DTENSOR_PREFIX = "dtensor:"
@@ -54,17 +54,25 @@ def is_tensor_node(node: torch.fx.Node) -> bool:
     return isinstance(shape, tuple) and bool(shape) and all(tensor_shape(s) is not None for s in shape)
 
 
+def same_role(like: OpContext, ctx: OpContext) -> bool:
+    """Whether two nodes get the same options on every mesh: the same op, operand shapes,
+    output shape and constant arguments (as in two layers of a repeated block)."""
+    return like.op == ctx.op and like.shapes == ctx.shapes and like.out == ctx.out \
+        and constant_args(like.node) == constant_args(ctx.node)
+
+
 def node_strategies(gm: torch.fx.GraphModule, node: torch.fx.Node, mesh_shape: Sequence[int],
-                    like: Optional[NodeStrategies] = None) -> Optional[NodeStrategies]:
+                    like: Optional[NodeStrategies] = None,
+                    ctx: Optional[OpContext] = None) -> Optional[NodeStrategies]:
     """All valid strategies of ``node`` on a mesh of ``mesh_shape``; ``None`` for a node that
-    is not a tensor. ``like``: a node of the same role (the same op, operand shapes, output
-    shape and constant arguments, as in another layer of a repeated block), whose strategy
-    list is then shared instead of derived again."""
-    if not is_tensor_node(node):
-        return None
-    ctx = make_context(gm, node)
-    if like is not None and like.ctx.op == ctx.op and like.ctx.shapes == ctx.shapes \
-            and like.ctx.out == ctx.out and constant_args(like.ctx.node) == constant_args(node):
+    is not a tensor. ``like``: a node of the same role (:func:`same_role`), whose strategy
+    list is then shared instead of derived again; ``ctx``: the node's context when the caller
+    made it already (it does not depend on the mesh)."""
+    if ctx is None:
+        if not is_tensor_node(node):
+            return None
+        ctx = make_context(gm, node)
+    if like is not None and same_role(like.ctx, ctx):
         return NodeStrategies(ctx, like.strategies, like.rule, like.follows, like.fallback)
     rule = find_rule(ctx.op)
     derived = dtensor_options(ctx) if rule is None else None

@@ -75,12 +75,14 @@ def stages_for(layers: int, pp: int, v: int) -> tuple[StageAssignment, ...]:
 def make_plan(*, pp: int = 1, dp: int = 1, tp: int = 1, zero: int = 0, schedule: str = "1f1b",
               microbatch_size: int = 2, num_microbatches: int = 1, sp: bool = False,
               layers: int = 2, recompute: str = "none", offload: str = "none",
-              zero_stages: tuple[int, ...] | None = None, **extra: Any) -> Plan:
+              zero_stages: tuple[int, ...] | None = None,
+              offload_stages: tuple[str, ...] | None = None, **extra: Any) -> Plan:
     model = build_model(layers)
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, microbatch_size=microbatch_size,
                             num_microbatches=num_microbatches, schedule=Schedule.parse(schedule),
                             zero_stage=zero, recompute=recompute, sequence_parallel=sp,
-                            offload=offload, zero_stages=zero_stages)
+                            offload=offload, zero_stages=zero_stages,
+                            offload_stages=offload_stages)
     nodes = node_placements(model, sp) if tp > 1 else {}
     placements = PlacementMap(
         nodes={name: parse_placements(text) for name, text in nodes.items()},

@@ -18,7 +18,7 @@ from fxplan.inter_op.space import options
 from fxplan.inter_op.stage_devices import rank_limits
 from fxplan.inter_op.stage_memory import stage_totals
 from fxplan.cost_model.host.host_overhead import fsdp_params
-from fxplan.inter_op.stage_zero import RankOptions, choose_zero_stages, tied_holders
+from fxplan.inter_op.stage_zero import RankOptions, choose_rungs, tied_holders
 from fxplan.inter_op.surrogate import surrogate_step_s
 
 
@@ -26,7 +26,7 @@ def _brute(c: ParallelConfig, opts: RankOptions) -> float:
     """``min T̂`` over every combination of fitting stages, by the formula itself."""
     p, b, m = c.pp, (c.pp - 1) / c.virtual_stages, c.num_microbatches
     best = np.inf
-    for pick in itertools.product(range(len(opts.zeros)), repeat=p):
+    for pick in itertools.product(range(len(opts.rungs)), repeat=p):
         rows = np.arange(p)
         if not opts.fits[rows, pick].all():
             continue
@@ -42,7 +42,7 @@ def test_threshold_choice_is_the_minimum_over_all_combinations(seed: int) -> Non
     c = ParallelConfig(dp=2, pp=p, num_microbatches=int(rng.integers(1, 9)))
     opts = RankOptions(zeros, rng.uniform(1, 2, (p, 4)), rng.uniform(0, 5, (p, 4)),
                        rng.uniform(size=(p, 4)) < 0.7)
-    chosen = choose_zero_stages(c, opts)
+    chosen = choose_rungs(c, opts)
     brute = _brute(c, opts)
     if not np.isfinite(brute):
         assert chosen is None

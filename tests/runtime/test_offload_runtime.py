@@ -44,3 +44,30 @@ def test_fp8_conversion_is_a_no_op_without_fp8_and_refused_on_cpu() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeSupportError, match="not runnable on CPU"):
             apply_fp8(model, _plan(fp8=True))
+
+
+def test_each_pipeline_rank_is_judged_under_its_own_stage_and_offload() -> None:
+    """offload_stages: a rank that offloads must have its stage sharded by FSDP2; a rank that
+    does not offload may run any stage."""
+    check_runnable(_plan(zero_stage=3, zero_stages=(3, 1),
+                        offload_stages=("optimizer+params", "none")), "gpu")
+    with pytest.raises(RuntimeSupportError, match="offload=optimizer with zero=1 on pipeline "
+                                                  "rank 1"):
+        check_runnable(_plan(zero_stage=3, zero_stages=(3, 1),
+                             offload_stages=("none", "optimizer")), "gpu")
+    rank0 = _plan(zero_stage=3, offload_stages=("optimizer+params", "none")).at_pipeline_rank(0)
+    rank1 = _plan(zero_stage=3, offload_stages=("optimizer+params", "none")).at_pipeline_rank(1)
+    assert isinstance(offload_policy(rank0), CPUOffloadPolicy) and offload_policy(rank1) is None
+
+
+def test_a_weight_tied_across_offloading_and_on_device_ranks_is_refused_on_gpus() -> None:
+    from fxplan.runtime.apply.tied import offload_refusal
+
+    plan = _plan(zero_stage=3, offload_stages=("optimizer+params", "none"))
+    users = {"wte.weight": (0, 1)}
+    assert offload_refusal(plan, users, "cpu") is None   # host tensors on both
+    why = offload_refusal(plan, users, "cuda")
+    assert why is not None and "'wte.weight' is tied between pipeline ranks [0, 1]" in why
+    assert offload_refusal(plan, {"wte.weight": (0,)}, "cuda") is None
+    alike = _plan(zero_stage=3, offload_stages=("optimizer+params", "optimizer"))
+    assert offload_refusal(alike, users, "cuda") is None

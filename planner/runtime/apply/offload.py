@@ -11,6 +11,12 @@ counterpart; under ZeRO-3 it runs as FSDP2's CPU offload — a fallback, logged 
 other ZeRO stage with offload is refused before launch (:func:`check_runnable`), naming what
 would run it (``zero=3``, or the DeepSpeed export).
 
+With an offload per pipeline rank (``offload_stages``) each rank applies its own view
+(:meth:`~fxplan.core.plan.Plan.at_pipeline_rank`): ``CPUOffloadPolicy`` only on the stages of
+the offloading ranks, and :func:`check_runnable` judges every rank under its own ZeRO stage
+and offload. A weight tied between an offloading and a non-offloading rank is refused on GPUs
+(:func:`fxplan.runtime.apply.tied.offload_refusal`).
+
 **FP8** runs as torchao's float8 training (``convert_to_float8_training``) on CUDA devices
 with FP8 tensor cores; it is refused on CPU ("fp8 is not runnable on CPU") and when torchao is
 not importable.
@@ -22,6 +28,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from fxplan.core.errors import UserError
+from fxplan.cost_model.host.host_overhead import fsdp_params
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -35,15 +42,20 @@ class RuntimeSupportError(UserError):
 
 def check_runnable(plan: "Plan", device_kind: str) -> None:
     """Refuse a plan whose offload or FP8 the runtime cannot run on ``device_kind``
-    (``"cpu"`` or ``"gpu"``), with what would run it (module docstring)."""
-    zero = min(plan.config.rank_zero_stages)   # every pipeline rank's stage must shard
-    sharded = zero in (2, 3) or (zero == 1 and plan.tp > 1)
-    if plan.offload != "none" and (not sharded or plan.dp == 1):
+    (``"cpu"`` or ``"gpu"``), with what would run it (module docstring). Every offloading
+    pipeline rank must have its stage sharded by FSDP2 (its own ZeRO stage:
+    :func:`~fxplan.cost_model.host.host_overhead.fsdp_params`)."""
+    config = plan.config
+    for rank in range(plan.pp):
+        own = config.at_pipeline_rank(rank)
+        if own.offload == "none" or fsdp_params(own):
+            continue
+        where = f" on pipeline rank {rank}" if config.per_rank else ""
         raise RuntimeSupportError(
-            f"offload={plan.offload} with zero={plan.config.zero_text}, dp={plan.dp}, "
+            f"offload={own.offload} with zero={own.zero_stage}{where}, dp={plan.dp}, "
             f"tp={plan.tp} is "
             "not runnable by fxplan's runtime: it offloads with FSDP2's CPUOffloadPolicy, which "
-            "needs fully_shard over dp > 1 (zero=2 or 3, or zero=1 with tp > 1); re-plan with --constrain \"zero=3,offload=optimizer+params\", "
+            "needs fully_shard over dp > 1 (zero=2 or 3, or zero=1 with tp or ep > 1); re-plan with --constrain \"zero=3,offload=optimizer+params\", "
             "or run this plan with DeepSpeed (`fxplan export PLAN --to deepspeed`: "
             "offload_optimizer)")
     if plan.config.fp8:

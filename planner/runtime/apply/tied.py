@@ -12,6 +12,12 @@ different layouts: sharded over dp where FSDP2 wraps the rank's stage, whole whe
 ``replicate`` does. Then the sharded copy is gathered over dp before the sum and its own shard
 taken back after it (:meth:`TiedGradSync._sum_whole`), so both sum the same whole gradient.
 
+With an offload per pipeline rank (``offload_stages``) an offloading holder keeps the
+gradient in host memory (FSDP2's ``CPUOffloadPolicy``) and a non-offloading one on the device:
+on CPU devices both are host tensors and the sum runs as above; on GPUs the runtime does not
+copy between them, so such a plan is refused (:func:`offload_refusal`), and the search keeps
+both holders' offload alike (:mod:`fxplan.inter_op.stage_zero`).
+
 Groups are created on every process in the same order (``new_group`` is collective over the
 default group), from the plan alone: which stages use ``W`` is the same on every rank.
 """
@@ -34,7 +40,7 @@ from fxplan.runtime.apply.offload import RuntimeSupportError
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
-__all__ = ["TiedGradSync", "same_rank_refusal"]
+__all__ = ["TiedGradSync", "offload_refusal", "same_rank_refusal"]
 
 
 def same_rank_refusal(plan: "Plan", users: Mapping[str, Iterable[int]]) -> str | None:
@@ -54,6 +60,25 @@ def same_rank_refusal(plan: "Plan", users: Mapping[str, Iterable[int]]) -> str |
     return None
 
 
+def offload_refusal(plan: "Plan", users: Mapping[str, Iterable[int]],
+                    device_type: str) -> str | None:
+    """Why the runtime cannot keep a weight tied between a pipeline rank that offloads and one
+    that does not on ``device_type`` devices (module docstring), or ``None``: on ``cpu`` both
+    gradients are host tensors and are summed as any other."""
+    if device_type == "cpu" or plan.config.offload_stages is None:
+        return None
+    for fqn in sorted(users):
+        ranks = sorted({plan.schedule.placement(k, plan.pp)[0] for k in users[fqn]})
+        offloads = {plan.config.offload_of(r) != "none" for r in ranks}
+        if len(offloads) > 1:
+            return (f"the weight {fqn!r} is tied between pipeline ranks {ranks}, whose offload "
+                    f"differs (offload={plan.config.offload_text}): the offloading rank keeps its "
+                    "gradient in host memory and the other on the device, and the runtime sums "
+                    "a tied weight's gradients only where both sit alike. Give both ranks the "
+                    "same offload (offload_stages) or untie the weight")
+    return None
+
+
 class TiedGradSync:
     """All-reduce (sum) the gradients of weights held by more than one pipeline rank.
 
@@ -68,7 +93,8 @@ class TiedGradSync:
         #: tied weights whose holders keep the gradient in different dp layouts (module
         #: docstring): summed whole
         self.whole: set[str] = set()
-        refusal = same_rank_refusal(plan, users)
+        refusal = same_rank_refusal(plan, users) or offload_refusal(plan, users,
+                                                                    mesh.device_type)
         if refusal:
             raise RuntimeSupportError(refusal)
         coordinate = mesh.get_coordinate()

@@ -28,9 +28,11 @@ follows torch's split backward: the stage stays unwrapped and its gradients are 
 dp after the schedule's step (:mod:`fxplan.core.zero_bubble_dp`,
 :mod:`fxplan.runtime.train.dp_reduce`); ZeRO-1's optimizer is the same.
 
-With a ZeRO stage per pipeline rank (``zero_stages``) each rank wraps its stages and builds
-its optimizer under its own stage (:func:`rank_plan`): the ranks of one stage's dp group share
-it, so their collectives match, and a rank's wrapping never meets another rank's parameters.
+With a ZeRO stage or an offload per pipeline rank (``zero_stages``, ``offload_stages``) each
+rank wraps its stages and builds its optimizer under its own stage and offload
+(:func:`rank_plan`; ``CPUOffloadPolicy`` on the offloading ranks' ``fully_shard`` only): the
+ranks of one stage's dp group share it, so their collectives match, and a rank's wrapping never
+meets another rank's parameters.
 
 Mixed precision (:mod:`fxplan.runtime.apply.precision`) rides on the same wrappers: FSDP2
 (``fully_shard``, ``replicate``) takes its ``MixedPrecisionPolicy``, a DDP or unwrapped stage

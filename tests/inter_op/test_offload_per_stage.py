@@ -1,0 +1,172 @@
+"""An offload per pipeline rank chosen with the split (:mod:`fxplan.inter_op.stage_zero`): where
+nothing fits without offload, the early ranks of 1F1B — the fullest, with more microbatches
+in flight — offload and the later ones do not, which prices below every plan that offloads
+all ranks alike; the choice is the cheapest combination of the rungs the runtime runs."""
+
+from __future__ import annotations
+
+import io
+import itertools
+
+import pytest
+
+from fxplan.cluster_specs import Cluster, training_dtype
+from fxplan.core.config import OFFLOAD_POLICIES
+
+#: Llama (untied head) 8 × 4096 at 4096 tokens on one DGX A100, pp=4 × dp=2, 1F1B, with most
+#: of each GPU held back: no split fits on the device at any ZeRO stage. ``early``: 70.2 GiB
+#: held back (9.8 GiB left), the first rank — four microbatches in flight — offloads its
+#: optimizer states and the others stay on the device; ``middle``: a 128k vocabulary at 69 GiB
+#: held back, whose split leaves the embedding's rank light and offloads the two middle ranks.
+CASES = {
+    "early": ("llama:layers=8,hidden=4096,heads=32,vocab=32000,seq=4096", "70.2GiB"),
+    "middle": ("llama:layers=8,hidden=4096,heads=32,vocab=128256,seq=4096", "69GiB"),
+}
+CONSTRAINTS = {"pp": 4, "tp": 1, "schedule": "1f1b", "recompute": "none",
+               "microbatch_size": 1}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def squeezed(request):  # type: ignore[no-untyped-def]
+    import fxplan
+    from fxplan.api import capture_for_search
+
+    model, headroom = CASES[request.param]
+    cluster = Cluster.load("dgx-a100-80g:nodes=1")
+    graph = capture_for_search(model, dtype=training_dtype(cluster))
+
+    def plan(**extra):  # type: ignore[no-untyped-def]
+        return fxplan.search(graph, cluster, batch=64, progress=False,
+                             constraints={**CONSTRAINTS, **extra}, memory_headroom=headroom)
+
+    return request.param, graph, cluster, plan(), plan
+
+
+def test_the_ranks_that_need_it_offload_and_the_plan_beats_offloading_every_rank(  # type: ignore[no-untyped-def]
+        squeezed) -> None:
+    from fxplan.cost_model import estimate
+    from fxplan.inter_op.pricing import priced_config
+
+    case, graph, cluster, plan, search = squeezed
+    offloads = plan.config.rank_offloads
+    assert plan.config.offload_stages is not None, plan.summary
+    assert offloads[-1] == "none", plan.summary
+    if case == "early":   # the fullest rank of 1F1B alone
+        assert offloads[0] != "none" and set(offloads[1:]) == {"none"}, plan.summary
+    assert plan.estimate["fits"]
+    headroom = plan.estimate["memory_headroom"]
+    again = estimate(graph, cluster, priced_config(plan), batch=64, memory_headroom=headroom)
+    assert again.step_time_s == pytest.approx(plan.estimate["step_time_s"], rel=1e-12)
+    # nothing fits on the device: the search's first pass found no plan
+    assert any("nothing fits in device memory without offload" in f for f in plan.fallbacks)
+    # the same split with its highest rung on every rank: slower
+    top = priced_config(plan).uniform(plan.zero_stage, plan.offload)
+    every = estimate(graph, cluster, top, batch=64, memory_headroom=headroom)
+    assert every.step_time_s > plan.estimate["step_time_s"]
+    # the best plan offloading every rank alike (a constraint naming offload keeps it
+    # plan-wide): slower too
+    alike = search(offload=list(OFFLOAD_POLICIES))
+    assert alike.config.offload_stages is None and alike.offload != "none", alike.summary
+    assert alike.estimate["step_time_s"] > plan.estimate["step_time_s"]
+
+
+def test_the_choice_is_the_cheapest_runnable_combination(squeezed) -> None:  # type: ignore[no-untyped-def]
+    """Every combination of the rungs the runtime runs (offload only where FSDP2 shards the
+    rank) for the plan's split that fits prices no lower by ``T̂`` than the plan's (host
+    memory does not bind here)."""
+    from fxplan.cost_model.host.host_overhead import fsdp_params
+    from fxplan.inter_op import driver
+    from fxplan.inter_op.offload import memory_rungs
+    from fxplan.inter_op.progress import Budget, PhaseTimer
+    from fxplan.inter_op.stage_devices import rank_limits
+    from fxplan.inter_op.stage_memory import stage_totals
+    from fxplan.inter_op.surrogate import surrogate_step_s
+    from fxplan.cost_model.memory.headroom import parse_headroom
+
+    case, graph, cluster, plan, _ = squeezed
+    state = driver._Search(graph, cluster, 64, CONSTRAINTS, 8, PhaseTimer(), Budget(None),
+                           False, parse_headroom(CASES[case][1]))
+    placed = plan.config.replace(placements=None)
+    prof, profs, devs = state._profiles(placed)
+    mems = state._memory(devs)
+    rungs = [(z, o) for z, o in memory_rungs(placed.dp)
+             if o == "none" or fsdp_params(placed.uniform(z, o))]
+    chosen = surrogate_step_s(placed, prof, cluster, profs)
+    best = float("inf")
+    for combo in itertools.product(rungs, repeat=placed.pp):
+        zeros, offs = zip(*combo)
+        trial = placed.replace(zero_stage=max(zeros), zero_stages=zeros,
+                               offload=max(offs, key=OFFLOAD_POLICIES.index),
+                               offload_stages=offs)
+        if (stage_totals(trial, prof, mems) <= rank_limits(mems)).all():
+            best = min(best, surrogate_step_s(trial, prof, cluster, profs))
+    assert chosen == pytest.approx(best, rel=1e-12)
+
+
+def test_reports_and_exports_name_the_offload_per_rank(squeezed) -> None:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+
+    from fxplan.export import export_plan
+    from fxplan.plan_context import simulate_plan
+    from fxplan.report.explain import alternative_config
+    from fxplan.report.html import render_html
+    from fxplan.report.terminal import offload_stage_line, plan_summary, render_report
+
+    _, graph, cluster, plan, _ = squeezed
+    offloads = plan.config.rank_offloads
+    assert plan_summary(plan)["offload_stages"] == list(offloads)
+    out = io.StringIO()
+    render_report(plan, Console(file=out, width=200))
+    assert f"offload         per stage: {offload_stage_line(plan)}" in out.getvalue()
+    page = render_html(plan, graph, simulate_plan(plan, graph, cluster))
+    assert f"— per stage: {offload_stage_line(plan)}" in page
+    assert f"offload={plan.config.offload_text}" in plan.summary
+    ranks = ", ".join(str(r) for r, o in enumerate(offloads) if o == plan.offload)
+    assert offload_stage_line(plan).startswith(f"{plan.offload} on pipeline ranks {ranks} · ")
+    assert type(plan).from_json(plan.to_json()).config == plan.config
+    out = export_plan(plan, "deepspeed")
+    text = " ".join(out.notes)
+    assert f"offload per pipeline rank ({plan.config.offload_text})" in text, out.notes
+    assert "offload_stages=one for every pipeline rank" in text, out.notes
+    same, notes = alternative_config(plan, {"microbatch_size": 2})
+    assert same.offload_stages == plan.config.offload_stages, notes
+    other, notes = alternative_config(plan, {"offload": "optimizer+params", "zero_stage": 3})
+    assert other.offload_stages is None and any("offload per stage" in n for n in notes), notes
+
+
+def test_tied_holders_offload_alike() -> None:
+    """GPT ties its embedding (rank 0) and head (the last rank): in the offload pass every
+    candidate that offloads per rank gives both holders the same kind of rung — gradient
+    layout and whether it offloads — since the runtime sums a tied weight's gradients only
+    where both sit alike (:func:`fxplan.runtime.apply.tied.offload_refusal`)."""
+    from fxplan.api import capture_for_search
+    from fxplan.cost_model.host.host_overhead import fsdp_params
+    from fxplan.cost_model.memory.headroom import parse_headroom
+    from fxplan.inter_op import driver
+    from fxplan.inter_op.progress import Budget, PhaseTimer
+    from fxplan.inter_op.stage_zero import tied_holders
+    from fxplan.inter_op.surrogate import surrogate_step_s
+
+    cluster = Cluster.load("dgx-a100-80g:nodes=1")
+    graph = capture_for_search("gpt:layers=8,hidden=4096,heads=32,vocab=32000,seq=4096",
+                               dtype=training_dtype(cluster))
+    state = driver._Search(graph, cluster, 64, {"pp": 4, "tp": 1, "dp": 2}, 8, PhaseTimer(),
+                           Budget(None), False, parse_headroom("58GiB"))
+    state.rungs.start_offload()
+    mixed = 0
+    for family, (zero, off) in state.families().items():
+        for c in state._options(family):
+            scored = state._score(c.replace(zero_stage=zero, offload=off))
+            if scored is None or scored.config.offload_stages is None:
+                continue
+            mixed += 1
+            placed = scored.config
+            prof, profs, _ = state._profiles(placed)
+            holders = tied_holders(placed, prof)
+            assert holders == (0, 3)
+            kinds = {(fsdp_params(placed.at_pipeline_rank(r)),
+                      placed.offload_of(r) != "none") for r in holders}
+            assert len(kinds) == 1, placed.summary()
+            assert surrogate_step_s(placed, prof, cluster, profs) == \
+                pytest.approx(scored.surrogate_s, rel=1e-12)
+    assert mixed >= 1
