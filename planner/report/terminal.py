@@ -167,7 +167,8 @@ def offload_line(plan: Plan) -> str:
     what = ("optimizer states" if plan.offload == "optimizer"
             else "optimizer states and parameter shards")
     seconds_ = est.get("breakdown", {}).get("offload")
-    return (f"{what} on the host: {gib(worst.get('host', 0.0))} per rank, "
+    ranks = "per offloading rank" if plan.config.offload_stages is not None else "per rank"
+    return (f"{what} on the host: {gib(worst.get('host', 0.0))} {ranks}, "
             f"{gib(worst.get('host_node_total', 0.0))} of {gib(worst.get('host_capacity', 0.0))} "
             "host memory per node"
             + (f"; host↔device copies and CPU optimizer step {seconds(seconds_)} per step "

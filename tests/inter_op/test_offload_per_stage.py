@@ -118,6 +118,7 @@ def test_reports_and_exports_name_the_offload_per_rank(squeezed) -> None:  # typ
     out = io.StringIO()
     render_report(plan, Console(file=out, width=200))
     assert f"offload         per stage: {offload_stage_line(plan)}" in out.getvalue()
+    assert "on the host: " in out.getvalue() and " per offloading rank, " in out.getvalue()
     page = render_html(plan, graph, simulate_plan(plan, graph, cluster))
     assert f"— per stage: {offload_stage_line(plan)}" in page
     assert f"offload={plan.config.offload_text}" in plan.summary
