@@ -15,7 +15,8 @@ Writes ``OUT_DIR/<date>-<device>.json`` (everything measured) and ``.md`` (the t
 3. **Numerics** — the bf16 loss curve of ``fxplan launch`` against a plain hand-written torch
    loop on the same device (same seed, initial weights, token file, AdamW settings, schedule
    and clipping), and the step-time ratio launch / hand-written.
-4. **Two or more GPUs** — dp, ZeRO-3, tp + sp and pp plans over nccl, each validated and its
+4. **Two or more GPUs** — dp, ZeRO-3 (also with FSDP2's CPU offload: the gradient norm
+   and its clipping over host-memory shards), tp + sp and pp plans over nccl, each validated and its
    loss curve compared with one GPU's on the same data; the calibrated collectives beside them.
 
 Without a CUDA device it says so in one line and runs the same steps in a shortened form on CPU
@@ -71,7 +72,9 @@ GPU_PLANS = {
 }
 #: the Llama model runs the first two plans only (the 8-minute budget)
 GPU_LLAMA_PLANS = ("recompute none, mb 1", "recompute full, mb 4")
-GPU_MULTI = {"dp": "dp={n},zero=0", "ZeRO-3": "dp={n},zero=3", "tp+sp": "tp={n},sp=true",
+GPU_MULTI = {"dp": "dp={n},zero=0", "ZeRO-3": "dp={n},zero=3",
+             "ZeRO-3 offloaded": "dp={n},zero=3,offload=optimizer+params",
+             "tp+sp": "tp={n},sp=true",
              "pp": "pp={n}"}
 CPU_MODELS = {"gpt-tiny": ("gpt-tiny:dropout=0", 8, 64)}
 CPU_PLANS = {"recompute full, mb 4": "dp=1,tp=1,pp=1,recompute=full,mb=4"}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Iterable, Mapping
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -87,6 +88,8 @@ class TiedGradSync:
 
     def __init__(self, plan: "Plan", mesh: DeviceMesh, users: Mapping[str, Iterable[int]]) -> None:
         self.groups: dict[str, dist.ProcessGroup] = {}
+        #: the device type the groups' backend reduces on (the mesh's)
+        self.device_type = mesh.device_type
         #: tied weights whose copy here is not the one on their first pipeline rank (a global
         #: gradient norm counts each weight once: on its first stage)
         self.not_first: set[str] = set()
@@ -128,7 +131,19 @@ class TiedGradSync:
                 self._sum_whole(grad, group)
                 continue
             local = grad._local_tensor if isinstance(grad, DTensor) else grad
+            self._sum_on(local, group, self.device_type)
+
+    @staticmethod
+    def _sum_on(local: torch.Tensor, group: dist.ProcessGroup, device_type: str) -> None:
+        """Sum ``local`` in place over ``group``, on a ``device_type`` device: a gradient FSDP2's
+        CPU offload keeps in host memory is summed on the rank's accelerator (NCCL reduces no
+        host memory) and copied back."""
+        if local.device.type == device_type:
             dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
+            return
+        on_device = local.to(device_type)   # the current device of that type
+        dist.all_reduce(on_device, op=dist.ReduceOp.SUM, group=group)
+        local.copy_(on_device)
 
     @staticmethod
     def _sum_whole(grad: DTensor, group: dist.ProcessGroup) -> None:

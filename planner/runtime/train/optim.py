@@ -98,7 +98,10 @@ def _same_order_everywhere(item: tuple[tuple[Any, tuple[int, ...]], Any]) -> tup
 
 
 def global_grad_norm(sharded: "ShardedModule") -> torch.Tensor:
-    """``‖g‖₂`` of the whole model's gradient, the same on every member rank (collective)."""
+    """``‖g‖₂`` of the whole model's gradient, the same on every member rank (collective).
+    Each partial sum is reduced on the rank's device (``sharded.device``): under FSDP2's CPU
+    offload the gradient shards, and so their norms, live in host memory, which NCCL cannot
+    reduce."""
     groups: dict[tuple[Any, tuple[int, ...]], list[torch.Tensor]] = defaultdict(list)
     for grad in _grads(sharded):
         if isinstance(grad, DTensor):
@@ -114,7 +117,7 @@ def global_grad_norm(sharded: "ShardedModule") -> torch.Tensor:
     # per group Σ‖g_i‖² in fp64 from the per-tensor norms of one fused kernel (as
     # torch.nn.utils.clip_grad_norm_ computes them), not one cast + pow + sum per tensor
     partial = {key: torch.stack(torch._foreach_norm(tensors)).double().pow(2).sum()
-               for key, tensors in groups.items()}
+                    .to(sharded.device) for key, tensors in groups.items()}
     total = torch.zeros((), dtype=torch.float64, device=sharded.device)
     for (mesh, dims), value in sorted(partial.items(), key=_same_order_everywhere):
         for dim in dims:
@@ -131,12 +134,13 @@ def clip_grad_norm(sharded: "ShardedModule", max_norm: float) -> float:
     norm = global_grad_norm(sharded)
     if max_norm > 0:
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
+        # one fused multiply per device and dtype (offloaded gradients are on the host)
+        by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
         for param in sharded.parameters():
             if param.grad is not None:
                 grad = param.grad
                 local = grad._local_tensor if isinstance(grad, DTensor) else grad
-                by_dtype[local.dtype].append(local)
-        for dtype, locals_ in by_dtype.items():  # one fused multiply per dtype
-            torch._foreach_mul_(locals_, coef.to(dtype))
+                by_kind[(local.device, local.dtype)].append(local)
+        for (device, dtype), locals_ in by_kind.items():
+            torch._foreach_mul_(locals_, coef.to(device, dtype))
     return float(norm)
