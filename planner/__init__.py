@@ -21,10 +21,10 @@ package (``fxplan.cluster_specs``) does not pull in torch, OR-Tools or the searc
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fxplan.core.errors import UserError
+from fxplan.core.lazy_names import lazy_names
 
 __version__ = "0.1.0"
 
@@ -46,11 +46,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan, PlanError, load_plan
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first access (PEP 562)."""
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fxplan' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _PUBLIC, globals())
