@@ -813,12 +813,9 @@ def rank_memory_rows(order: ScheduleOrder | InflightCounts, *, params: Sequence[
     biggest = np.asarray(max_segment_params, dtype=float)
     largest_out = np.asarray(max_output_bytes, dtype=float)
     groups: dict[tuple[int, str], list[int]] = {}
-    if isinstance(zero_stage, (int, np.integer)) and isinstance(offload, str):
-        groups[int(zero_stage), offload] = list(range(p))
-    else:
-        for s, key in enumerate(zip(_per_rank(zero_stage, p, "zero_stage"),
-                                    _per_rank(offload, p, "offload"))):
-            groups.setdefault((int(key[0]), key[1]), []).append(s)
+    for s, key in enumerate(zip(_per_rank(zero_stage, p, "zero_stage"),
+                                _per_rank(offload, p, "offload"))):
+        groups.setdefault((int(key[0]), key[1]), []).append(s)
     rows = {name: np.zeros(p) for name in ("params", "grads", "optimizer", "buffers", "host")}
     for (zero, off), ranks in groups.items():
         at = slice(None) if len(groups) == 1 else np.array(ranks)
