@@ -128,7 +128,7 @@ class TiedGradSync:
                 grad = grad.redistribute(param.device_mesh, param.placements)
                 param.grad = grad
             if fqn in self.whole and isinstance(grad, DTensor):
-                self._sum_whole(grad, group)
+                self._sum_whole(grad, group, self.device_type)
                 continue
             local = grad._local_tensor if isinstance(grad, DTensor) else grad
             self._sum_on(local, group, self.device_type)
@@ -145,15 +145,15 @@ class TiedGradSync:
         dist.all_reduce(on_device, op=dist.ReduceOp.SUM, group=group)
         local.copy_(on_device)
 
-    @staticmethod
-    def _sum_whole(grad: DTensor, group: dist.ProcessGroup) -> None:
+    @classmethod
+    def _sum_whole(cls, grad: DTensor, group: dist.ProcessGroup, device_type: str) -> None:
         """Sum ``grad`` over ``group`` as the whole gradient over dp: gathered on its ``dp``
         mesh dim (other dims, tp, kept), summed, and this rank's shard taken back in place."""
         names = grad.device_mesh.mesh_dim_names or ()
         gathered = tuple(Replicate() if name == "dp" else p
                          for name, p in zip(names, grad.placements))
         if gathered == tuple(grad.placements):
-            dist.all_reduce(grad._local_tensor, op=dist.ReduceOp.SUM, group=group)
+            cls._sum_on(grad._local_tensor, group, device_type)
             return
         whole = grad.redistribute(grad.device_mesh, gathered)
         dist.all_reduce(whole._local_tensor, op=dist.ReduceOp.SUM, group=group)
