@@ -532,8 +532,7 @@ class ParallelConfig:
         them); ``self`` when every rank shares one stage and one offload."""
         if not self.per_rank:
             return self
-        return self.replace(zero_stage=self.zero_stage_of(pp_rank), zero_stages=None,
-                            offload=self.offload_of(pp_rank), offload_stages=None)
+        return self.uniform(self.zero_stage_of(pp_rank), self.offload_of(pp_rank))
 
     def uniform(self, zero_stage: int, offload: str) -> "ParallelConfig":
         """This configuration with one ZeRO stage and one offload on every pipeline rank."""
