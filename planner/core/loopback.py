@@ -10,6 +10,7 @@ interface, unless the environment names another.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 
@@ -35,8 +36,41 @@ def loopback_interface() -> str:
                         "sockets to loopback; give --rdzv-endpoint HOST:PORT to use another")
 
 
-def free_loopback_port() -> int:
-    """A port free on 127.0.0.1 now (torchrun binds it a moment later)."""
+#: The lowest port :func:`free_loopback_port` draws (above the registered services people run).
+LOWEST_DRAWN_PORT = 20000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for ``bind(0)`` and outgoing connections (Linux:
+    ``/proc/sys/net/ipv4/ip_local_port_range``; elsewhere the IANA range 49152–65535)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            low, high = (int(word) for word in handle.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+def free_loopback_port(rng: random.Random | None = None) -> int:
+    """A port free on 127.0.0.1 now (torchrun binds it a moment later), drawn at random below
+    the kernel's ephemeral range where there is room (:data:`LOWEST_DRAWN_PORT` up to it).
+
+    A port the kernel handed out by ``bind(0)`` lies in the ephemeral range, from which it also
+    takes the local port of every outgoing connection: between this check and torchrun's bind
+    any process connecting anywhere may take it (``EADDRINUSE``, seen with two launches on one
+    machine). A port below that range is only taken by a process that names it; drawn at random
+    from the thousands there, two launches meet with a chance of about one in ten thousand.
+    Falls back to ``bind(0)`` when 64 draws are all taken or the range leaves no room."""
+    draw = rng or random.SystemRandom()
+    low = _ephemeral_range()[0]
+    for _ in range(64 if low - LOWEST_DRAWN_PORT >= 1024 else 0):
+        port = draw.randrange(LOWEST_DRAWN_PORT, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

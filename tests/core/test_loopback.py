@@ -27,3 +27,32 @@ def test_an_interface_the_environment_names_is_kept(monkeypatch) -> None:  # typ
     env, argv = loopback_torchrun(2, "--nnodes=1:4")
     assert "GLOO_SOCKET_IFNAME" not in env and "NCCL_SOCKET_IFNAME" in env
     assert argv[3] == "--nnodes=1:4"
+
+
+def test_a_free_port_is_drawn_below_the_ephemeral_range_and_skips_taken_ones(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The port comes from below the kernel's ephemeral range (where no ``bind(0)`` or outgoing
+    connection takes it), is free, and a port already bound is drawn past, not returned."""
+    import random
+    import socket
+
+    from fxplan.core import loopback
+
+    low = loopback._ephemeral_range()[0]
+    ports = [loopback.free_loopback_port(random.Random(seed)) for seed in range(20)]
+    assert all(loopback.LOWEST_DRAWN_PORT <= port < low for port in ports)
+    taken = ports[0]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        assert loopback.free_loopback_port(random.Random(0)) != taken  # seed 0 drew it first
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", loopback.free_loopback_port()))  # free: binds
+
+
+def test_with_no_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from fxplan.core import loopback
+
+    low, high = loopback._ephemeral_range()  # the kernel's own, where bind(0) draws
+    monkeypatch.setattr(loopback, "_ephemeral_range", lambda: (loopback.LOWEST_DRAWN_PORT, high))
+    port = loopback.free_loopback_port()
+    assert low <= port <= high

@@ -21,10 +21,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
+import signal
 import sys
 import traceback
 from typing import Any
+
+from fxplan.core.loopback import free_loopback_port
 
 WORKER_TIMEOUT_S = 30
 
@@ -32,17 +34,14 @@ WORKER_TIMEOUT_S = 30
 THREAD_LIMIT = 300
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, jobs: Any, results: Any, path: list[str]) -> None:
     import datetime
     import gc
     import importlib
 
+    from fxplan.runtime.launch.parent_death import die_with_parent
+
+    die_with_parent(signal.SIGKILL)  # a test run killed outright takes its pool along
     sys.path[:0] = [p for p in path if p not in sys.path]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     import torch
@@ -73,7 +72,7 @@ class RankPool:
     def __init__(self, world: int = 4) -> None:
         self.world = world
         ctx = mp.get_context("spawn")
-        port = _free_port()
+        port = free_loopback_port()
         self.jobs = [ctx.Queue() for _ in range(world)]
         self.results = ctx.Queue()
         self.procs = [

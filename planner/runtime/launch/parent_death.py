@@ -1,7 +1,9 @@
 """A process that ends when the process that started it ends (Linux ``PR_SET_PDEATHSIG``).
 
-``fxplan launch`` starts torchrun, and torchrun starts one worker per rank, each in a session of
-its own (torch's ``SubprocessHandler``: ``start_new_session=True``). A launcher that is killed
+``fxplan launch`` starts torchrun, and torchrun starts one worker per rank: forked from the
+forkserver its agent starts (:mod:`~fxplan.runtime.launch.forked_workers`; the server ends with
+the agent), or with ``FXPLAN_FORK_WORKERS=0`` each its own interpreter in a session of its own
+(torch's ``SubprocessHandler``: ``start_new_session=True``). A launcher that is killed
 outright (SIGKILL, the OOM killer) runs no handler, so nothing would stop torchrun, and a
 torchrun killed outright would leave its workers training on, orphaned (parent pid 1), still
 writing the run directory. Two links close that chain:
@@ -9,8 +11,8 @@ writing the run directory. Two links close that chain:
 * the launcher starts torchrun with :func:`parent_death_hook` as ``preexec_fn``: the kernel
   sends torchrun ``SIGTERM`` when the launcher dies (torchrun's own handler then stops its
   workers);
-* every worker calls :func:`die_with_parent` with ``SIGKILL`` at start: it dies with torchrun,
-  whatever ended torchrun.
+* every worker calls :func:`die_with_parent` with ``SIGKILL`` at start: it dies with its
+  parent (torchrun, or the forkserver that ends with it), whatever ended torchrun.
 
 The signal is sent when the *thread* that forked the child ends; both forks happen on the main
 thread (the launcher's, torchrun's agent loop), which lives as long as the process. The race of a

@@ -11,6 +11,9 @@ a loopback address (``127.0.0.1``, ``::1``, ``localhost``) is given a socket bou
 address (``TCPStore(master_listen_fd=…)``), so it listens on loopback only. Stores for other
 hosts (multi-node rendezvous) are untouched. Gloo's own sockets follow ``GLOO_SOCKET_IFNAME``,
 which ``fxplan launch`` sets to the loopback interface for single-node runs.
+
+The ranks of ``-m fxplan.worker`` are forked from one server that imported torch once
+(:mod:`fxplan.runtime.launch.forked_workers`) rather than each started as an interpreter.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from fxplan.runtime.launch.forked_workers import forking_elastic_launch
 from fxplan.runtime.launch.heartbeat import STATUS_DIR_ENV
 from fxplan.runtime.launch.rank_errors import FAILURE_EXIT, INPUT_ERROR_EXIT, read_failures, read_reports
 
@@ -92,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
 
     dist.TCPStore = LoopbackTCPStore  # dynamic_rendezvous looks it up as dist.TCPStore
+    run.elastic_launch = forking_elastic_launch(run.elastic_launch)  # looked up by name in run.run
     c10d_rendezvous_backend.TCPStore = LoopbackTCPStore  # imported by name there
     status = os.environ.get(STATUS_DIR_ENV)
     if status:

@@ -1,0 +1,85 @@
+"""Ranks forked from one process that imported torch once, instead of one interpreter each.
+
+``torchrun -m fxplan.worker`` starts every rank as ``python -u -m fxplan.worker …``: each
+interpreter imports torch, ``torch.distributed.tensor``, ``torch.distributed.pipelining`` (and
+with them dynamo and sympy) and fxplan's runtime before its first step — measured on a 2-core
+machine (2026-11-28), 12.5 s of a 4-rank launch's 13.4 s per rank went to that, four times
+over, against a training loop of a few seconds; and a restarted or resized job pays it again.
+
+Under ``python -m fxplan.runtime.launch.torchrun`` (what ``fxplan launch`` runs) the agent
+instead starts the ranks with multiprocessing's *forkserver*: a server process, started once
+per agent from a clean interpreter (no threads, no CUDA context), imports :data:`PRELOAD`, and
+each rank is a ``fork`` of it running :func:`run_module` — ``fxplan.worker`` as ``-m`` runs it,
+with the same arguments, the same environment (torchrun's per-rank variables are set before the
+call) and unbuffered output, as ``-u`` gives. The rendezvous, the agent's monitoring, its
+restarts and the exit codes are torchrun's own: torchrun's function entry point (its
+``--run-path`` path) instead of its command entry point.
+
+What differs from the command form: a rank's parent is the server, not the agent (the server
+ends when the agent does, and a rank dies with its parent: :mod:`~fxplan.runtime.launch.
+parent_death`); the ranks share the agent's process group rather than a session each. Set
+``FXPLAN_FORK_WORKERS=0`` to start every rank as its own interpreter; a command other than
+``-m fxplan.worker``, ``--no-python`` or ``--run-path`` is started as torchrun starts it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import runpy
+import sys
+from typing import Any, Callable
+
+__all__ = ["PRELOAD", "FORK_ENV", "forks_workers", "run_module", "forking_elastic_launch"]
+
+#: what the server imports before it forks a rank: everything a rank imports before its first
+#: step, whatever the plan (a module that fails to import is skipped by multiprocessing)
+PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor",
+           "torch.distributed.pipelining", "torch.distributed.fsdp",
+           "torch.distributed.checkpoint", "fxplan.worker", "fxplan.runtime.apply.graph",
+           "fxplan.runtime.apply.module", "fxplan.runtime.train.pipeline",
+           "fxplan.runtime.train.trainer"]
+
+#: ``0`` starts each rank as its own interpreter (torchrun's command form)
+FORK_ENV = "FXPLAN_FORK_WORKERS"
+
+_WORKER = ("-u", "-m", "fxplan.worker")
+
+
+def forks_workers(entrypoint: Callable[..., Any] | str, args: tuple[str, ...]) -> bool:
+    """Whether the ranks of ``entrypoint args`` are forked: the entry point is this Python
+    running ``-u -m fxplan.worker``, the platform has a forkserver and :data:`FORK_ENV` is not
+    ``0``."""
+    return (entrypoint == sys.executable and tuple(args[:3]) == _WORKER
+            and os.environ.get(FORK_ENV, "1") != "0"
+            and "forkserver" in multiprocessing.get_all_start_methods())
+
+
+def run_module(module: str, *argv: str) -> None:
+    """``python -u -m MODULE ARGV…`` in a forked process: ``sys.argv`` and output as the command
+    form has them (line-buffered, as ``-u`` leaves them), then the module run as ``__main__``
+    (:func:`runpy.run_module`, what ``-m`` does), so its exit — ``raise SystemExit(main())`` in
+    ``fxplan.worker`` — ends the process with the same code."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(write_through=True, line_buffering=True)
+    sys.argv = [module, *argv]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def forking_elastic_launch(elastic_launch: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.distributed.launcher.api.elastic_launch`` with the ranks of ``-m fxplan.worker``
+    forked from a server that imported :data:`PRELOAD` (:func:`forks_workers`), other entry
+    points unchanged."""
+
+    def launch(config: Any, entrypoint: Callable[..., Any] | str) -> Callable[..., Any]:
+        def call(*args: str) -> Any:
+            if not forks_workers(entrypoint, args):
+                return elastic_launch(config=config, entrypoint=entrypoint)(*args)
+            multiprocessing.set_forkserver_preload(PRELOAD)
+            config.start_method = "forkserver"
+            return elastic_launch(config=config, entrypoint=run_module)(*args[2:])
+
+        return call
+
+    return launch

@@ -1,0 +1,126 @@
+"""Ranks forked from one server that imported torch (``fxplan.runtime.launch.forked_workers``):
+which launches fork, what a forked rank runs, and a real launch either way training alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fxplan.runtime.launch import forked_workers
+from fxplan.runtime.launch.forked_workers import FORK_ENV, forks_workers, run_module
+from processes import descendants
+
+WORKER = ("-u", "-m", "fxplan.worker", "plan.json", "--steps", "3")
+
+
+def test_only_this_pythons_fxplan_worker_is_forked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(FORK_ENV, raising=False)
+    assert forks_workers(sys.executable, WORKER)
+    assert not forks_workers(sys.executable, ("-u", "-m", "my_trainer", "--steps", "3"))
+    assert not forks_workers(sys.executable, ("-u", "train.py"))
+    assert not forks_workers("/usr/bin/python3-other", WORKER)
+    assert not forks_workers(print, WORKER)          # a function entry point stays as it is
+    monkeypatch.setenv(FORK_ENV, "0")
+    assert not forks_workers(sys.executable, WORKER)
+
+
+@pytest.mark.parametrize("code", [0, 2, 3])
+def test_a_forked_rank_runs_the_module_as_python_m_does(tmp_path: Path, code: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_module`` runs the module as ``__main__`` with ``sys.argv`` as ``-m`` gives it, and the
+    module's ``raise SystemExit(main())`` ends the process with that code."""
+    (tmp_path / "fake_rank.py").write_text(
+        "import json, sys\n"
+        "def main():\n"
+        "    open(sys.argv[-1], 'w').write(json.dumps([__name__, sys.argv[1:]]))\n"
+        f"    return {code}\n"
+        "if __name__ == '__main__':\n"
+        "    raise SystemExit(main())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    out = tmp_path / "seen.json"
+    with pytest.raises(SystemExit) as ended:
+        run_module("fake_rank", "--steps", "3", str(out))
+    assert ended.value.code == code
+    assert json.loads(out.read_text()) == ["__main__", ["--steps", "3", str(out)]]
+
+
+def test_the_launch_wrapper_swaps_only_the_worker_entry_point(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What torchrun's ``elastic_launch`` receives: ``run_module`` with the worker's module and
+    arguments under the forkserver, anything else unchanged."""
+    monkeypatch.delenv(FORK_ENV, raising=False)
+    calls: list[tuple[object, object, tuple[str, ...]]] = []
+
+    class Config:
+        start_method = "spawn"
+
+    def elastic_launch(config: Config, entrypoint: object):  # torch's signature, by keyword
+        return lambda *args: calls.append((config.start_method, entrypoint, args))
+
+    preload: list[list[str]] = []
+    monkeypatch.setattr(forked_workers.multiprocessing, "set_forkserver_preload", preload.append)
+    launch = forked_workers.forking_elastic_launch(elastic_launch)
+    launch(config=Config(), entrypoint=sys.executable)(*WORKER)
+    launch(config=Config(), entrypoint=sys.executable)("-u", "train.py")
+    assert calls == [("forkserver", run_module, WORKER[2:]),
+                     ("spawn", sys.executable, ("-u", "train.py"))]
+    assert preload == [forked_workers.PRELOAD]
+
+
+def _plan(tmp_path: Path) -> Path:
+    from fxplan import search
+
+    plan = search("gpt-tiny:dropout=0,seq=16", "local-cpu:devices=2", batch=4, seq=16,
+                  progress=False, constraints={"pp": 1, "tp": 1})
+    return plan.save(tmp_path / "plan.json")
+
+
+def _rank_commands(pid: int) -> set[str]:
+    """The command lines of the processes below ``pid``."""
+    lines = set()
+    for child in descendants(pid) - {pid}:
+        try:
+            lines.add(Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return lines
+
+
+@pytest.mark.multirank
+def test_a_launch_trains_alike_with_forked_and_started_ranks(tmp_path: Path) -> None:
+    """Two real launches of one dp=2 plan: with the ranks forked from the server (the default)
+    and with ``FXPLAN_FORK_WORKERS=0`` (one interpreter per rank). Both end with code 0, seen
+    while running as a forkserver's children and as ``python -u -m fxplan.worker`` processes, and log the
+    same losses."""
+    from rt_trainer_cases import make_token_file
+
+    plan = _plan(tmp_path)
+    tokens = make_token_file(str(tmp_path / "tokens.bin"))
+    losses, seen = {}, {}
+    for fork in ("1", "0"):
+        run_dir = tmp_path / f"run{fork}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fxplan.cli.main", "launch", str(plan), "--data", tokens,
+             "--steps", "3", "--optimizer", "sgd", "--lr", "0.3", "--run-dir", str(run_dir)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, FORK_ENV: fork})
+        commands: set[str] = set()
+        while proc.poll() is None:
+            commands |= _rank_commands(proc.pid)
+            time.sleep(0.1)
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, out[-3000:] + err[-3000:]
+        seen[fork] = commands
+        losses[fork] = [json.loads(line)["loss"]
+                        for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("multiprocessing.forkserver" in line for line in seen["1"]), seen["1"]
+    assert not any("-u -m fxplan.worker" in line for line in seen["1"]), seen["1"]
+    assert any("-u -m fxplan.worker" in line for line in seen["0"]), seen["0"]
+    assert len(losses["1"]) == 3 and losses["1"] == losses["0"]
