@@ -63,7 +63,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launched_rank import (add_measurement_arguments, apply_autogroup_nice,  # noqa: E402
                            free_port, launched_rank)  # (benchmarks/, a script)
-from local_cpu_calibration import _collective_call  # noqa: E402
+from local_cpu_lines.gloo_cpu import collective_call  # noqa: E402
 
 #: Modules whose forward ends with the hooked collective (suffixes of module names).
 HOOKED = (".attn", ".mlp")
@@ -80,7 +80,7 @@ def _worker(rank: int, world: int, plan_file: str, port: int, points: list[tuple
 
     from fxplan.runtime.train.optim import build_optimizer, clip_grad_norm, set_lr
     from fxplan.runtime.apply.partial_grads import reduce_partial_grads
-    from fxplan.worker import loss_fn
+    from fxplan.rank.loss import loss_fn
 
     launched = launched_rank(rank, world, plan_file, port)
     sharded, batch = launched.sharded, launched.batch
@@ -110,7 +110,7 @@ def _worker(rank: int, world: int, plan_file: str, port: int, points: list[tuple
         step()
     rows = []
     for kind, nbytes in points:
-        collective = _collective_call(kind, nbytes, rank, world)
+        collective = collective_call(kind, nbytes, rank, world)
         times: dict[bool, list[float]] = {False: [], True: []}
         for r in range(rounds):
             for on in ((False, True) if r % 2 == 0 else (True, False)):

@@ -130,9 +130,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--variants", nargs="+", default=list(TRAFFIC_BYTES))
     args = ap.parse_args(argv)
-    from local_cpu_calibration import _single_rank_group  # benchmarks/, on sys.path as a script
+    from local_cpu_lines.ranks import single_rank_group  # benchmarks/, on sys.path as a script
 
-    _single_rank_group()  # DTensor needs a device mesh
+    single_rank_group()  # DTensor needs a device mesh
     rows: dict[str, object] = {"torch": torch.__version__, "cores": os.cpu_count(),
                                "load": os.getloadavg()[0], "by_threads": {}}
     for t in sorted(set(args.threads)):

@@ -109,7 +109,7 @@ def predict(row: Row, graph) -> tuple[object, str, bool]:
     """The estimate kept by the module docstring's rule (the published recompute where there
     is one), its recompute policy, whether it fits."""
     from fxplan.cluster_specs import Cluster
-    from fxplan.core.config import Schedule
+    from fxplan.core.schedule import Schedule
     from fxplan.cost_model import ParallelConfig, estimate
 
     cluster = Cluster.load(row.cluster)

@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_cpu_calibration import rate_probe  # noqa: E402
+from local_cpu_lines.rates import rate_probe  # noqa: E402
 
 from fxplan.api import capture_for_search  # noqa: E402
 from fxplan.cluster_specs.local_cpu import (EAGER_OP_US,  # noqa: E402
@@ -110,7 +110,7 @@ def out_of_cache(memory_gb_per_s: float, mib: int = 64) -> dict[str, float]:
     """GB/s over ``M`` of the memory-bound classes' ops on ``mib`` MiB fp32 tensors."""
     import torch.nn.functional as F
 
-    from local_cpu_calibration import _median_thread_time
+    from local_cpu_lines.rates import median_thread_time
 
     x = torch.randn(mib * 2**18)
     y = torch.randn(mib * 2**18)
@@ -119,7 +119,7 @@ def out_of_cache(memory_gb_per_s: float, mib: int = 64) -> dict[str, float]:
            "softmax": (lambda: torch.softmax(rows, -1), 2),
            "norm": (lambda: F.layer_norm(rows, (256,)), 2),
            "dropout": (lambda: F.dropout(x, 0.1, True), 2)}
-    return {name: passes * x.numel() * 4 / _median_thread_time(fn, repeats=5) / 1e9
+    return {name: passes * x.numel() * 4 / median_thread_time(fn, repeats=5) / 1e9
             / memory_gb_per_s for name, (fn, passes) in ops.items()}
 
 

@@ -21,7 +21,7 @@ the schedule's ``step`` (forward, loss, backward, sends and receives), and of th
 
 **What it reports.** The cost model's compute of each stage for the step,
 ``m·(f_s + b_s)`` (:attr:`fxplan.cost_model.step.estimate.Estimate.stage_plan`, at the per-core
-rates probed before each plan: ``local_cpu_calibration.rate_probe``, without the spec's own
+rates probed before each plan: ``local_cpu_lines.rates.rate_probe``, without the spec's own
 pipeline host work), and the residual
 ``r_s(m) = CPU_s(m) − m·(f_s + b_s)``; the least-squares line through every stage's
 residuals over ``m`` and both schedules::
@@ -53,7 +53,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launched_rank import (add_measurement_arguments, apply_autogroup_nice,  # noqa: E402
                            free_port, launched_rank)  # (benchmarks/, a script)
-from local_cpu_calibration import rate_probe  # noqa: E402
+from local_cpu_lines.rates import rate_probe  # noqa: E402
 
 MODEL, SEQ, BATCH = "gpt:layers=2,hidden=8,heads=1,vocab=16", 8, 16
 SCHEDULES = ("gpipe", "1f1b")
@@ -64,7 +64,7 @@ def _worker(rank: int, world: int, plan_file: str, port: int, steps: int,
             out_dir: str) -> None:
     import torch.distributed as dist
 
-    from fxplan.worker import loss_fn
+    from fxplan.rank.loss import loss_fn
 
     launched = launched_rank(rank, world, plan_file, port)
     sharded, batch = launched.sharded, launched.batch

@@ -91,7 +91,7 @@ def fastest_fit(row: Any, price: Callable[[Any], Any], *, microbatches: Iterable
     the fastest that fits. ``price(config)`` returns the estimate of a
     :class:`~fxplan.core.config.ParallelConfig`; ``fields`` are its fields beyond the
     degrees, microbatch, schedule and recompute (``zero_stage=1``, …)."""
-    from fxplan.core.config import Schedule
+    from fxplan.core.schedule import Schedule
     from fxplan.cost_model import ParallelConfig
 
     best, priced = None, 0

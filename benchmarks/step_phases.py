@@ -58,7 +58,7 @@ def _worker(rank: int, world: int, plan_file: str, port: int, steps: int) -> Non
 
     from fxplan.runtime.train.optim import build_optimizer, clip_grad_norm, set_lr
     from fxplan.runtime.apply.partial_grads import reduce_partial_grads
-    from fxplan.worker import loss_fn
+    from fxplan.rank.loss import loss_fn
 
     launched = launched_rank(rank, world, plan_file, port)
     sharded, batch = launched.sharded, launched.batch

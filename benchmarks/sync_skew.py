@@ -48,7 +48,8 @@ from typing import Any
 
 import torch
 
-from local_cpu_calibration import _gather_and_leave, _join_gloo, _line, _spawn_json
+from local_cpu_lines.gloo_cpu import fit_line
+from local_cpu_lines.ranks import gather_and_leave, join_gloo, spawn_json
 
 
 def expected_max_normal(n: int) -> float:
@@ -69,7 +70,7 @@ def _skew_worker(rank: int, world: int, port: int, gaps: list[float], iterations
                  rounds: int, out: str) -> None:
     import torch.distributed as dist
 
-    _join_gloo(rank, world, port)
+    join_gloo(rank, world, port)
     a, scalar = torch.randn(96, 96), torch.ones(1)
     start = time.thread_time()
     for _ in range(400):
@@ -99,13 +100,13 @@ def _skew_worker(rank: int, world: int, port: int, gaps: list[float], iterations
                      "block_cv": statistics.pstdev(blocks) / statistics.fmean(blocks),
                      "block_s": statistics.fmean(blocks),
                      "synced_block_s": statistics.fmean(synced)})
-    _gather_and_leave(rows, world, rank, out)
+    gather_and_leave(rows, world, rank, out)
 
 
 def sync_skew(world: int, gaps: list[float], iterations: int = 40,
               rounds: int = 3) -> dict[str, Any]:
     """The rows and the fit of the module docstring for ``world`` ranks."""
-    per_rank = _spawn_json(_skew_worker, world, gaps, iterations, rounds)
+    per_rank = spawn_json(_skew_worker, world, gaps, iterations, rounds)
     rows, e_n = [], expected_max_normal(world)
     for i, gap in enumerate(gaps):
         mine = [r[i] for r in per_rank]
@@ -118,7 +119,7 @@ def sync_skew(world: int, gaps: list[float], iterations: int = 40,
                      "block_cv": statistics.median(r["block_cv"] for r in mine)})
         # what the arrival skew of blocks that scatter so would cost: e_N·σ·W
         rows[-1]["skew_us"] = e_n * rows[-1]["block_cv"] * work * 1e6
-    intercept, slope = _line([(r["work_ms"] * 1e3, r["added_us"]) for r in rows])
+    intercept, slope = fit_line([(r["work_ms"] * 1e3, r["added_us"]) for r in rows])
     return {"ranks": world, "cores": len(os.sched_getaffinity(0)), "load": os.getloadavg()[0],
             "rows": rows, "latency_us": intercept, "slope": slope, "e_n": e_n,
             "sigma_fit": slope / e_n,

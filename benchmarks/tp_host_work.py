@@ -137,7 +137,7 @@ def _worker(rank: int, world: int, port: int, constrain: str, batch: int, steps:
     from fxplan.runtime.apply.graph import apply_plan
     from fxplan.runtime.train.optim import build_optimizer, clip_grad_norm
     from fxplan.runtime.apply.partial_grads import reduce_partial_grads
-    from fxplan.worker import loss_fn
+    from fxplan.rank.loss import loss_fn
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

@@ -14,7 +14,8 @@ function (``import cost_model.estimate as module`` still reaches the module).
 
 from __future__ import annotations
 
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
 from fxplan.cost_model.step.estimate import Estimate, estimate
 
 __all__ = ["CostModelError", "Estimate", "ParallelConfig", "estimate"]

@@ -1,4 +1,4 @@
-"""The data coordinates a ``--data FILE.py:FUNCTION`` hook gets (``fxplan.worker.data_source``):
+"""The data coordinates a ``--data FILE.py:FUNCTION`` hook gets (``fxplan.rank.data_source.data_source``):
 ``dp_rank``/``dp_size`` are the data replica's, so under context parallelism (``cp`` consecutive
 dp ranks per CP group, Megatron's layout) the ranks of a group get the same coordinates and
 read the same samples (:func:`fxplan.runtime.train.data.replica_coordinates`)."""
@@ -12,7 +12,7 @@ import torch
 
 from fxplan.runtime.train.data import replica_coordinates
 from fxplan.runtime.apply.sharded_module import ShardedModule
-from fxplan.worker import data_source
+from fxplan.rank.data_source import data_source
 
 HOOK = '''
 import torch

@@ -1,4 +1,4 @@
-"""The measured MFU's peak (``fxplan.worker.flop_counts``): every device's own, as predicted."""
+"""The measured MFU's peak (``fxplan.rank.flops.flop_counts``): every device's own, as predicted."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from fxplan.cluster_specs import Cluster
-from fxplan.worker import flop_counts
+from fxplan.rank.flops import flop_counts
 
 
 @pytest.mark.parametrize("spec, mean_peak", [

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fxplan.core.config import CostModelError
+from fxplan.core.config_error import CostModelError
 from fxplan.cost_model.compute.op_time import node_time_s, op_time_s
 
 if TYPE_CHECKING:  # pragma: no cover

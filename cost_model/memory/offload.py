@@ -73,7 +73,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
 from fxplan.cost_model.memory.breakdown import GIB, MemoryBreakdown, OptimizerSpec
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -34,7 +34,7 @@ used: ``s/cp`` is thousands of tokens).
 CP group of ``n = cp`` ranks on ``m`` nodes (:mod:`cost_model.comm.collectives`, α-β with the
 intra-node vs network bandwidths):
 
-- *all-gather* (what the runtime runs, :data:`~fxplan.core.config.CP_ATTENTION`): forward
+- *all-gather* (what the runtime runs, :data:`~fxplan.core.config_fields.CP_ATTENTION`): forward
   ``t_AG(KV)``, backward ``t_RS(KV)`` (the reduce-scatter of ``dK, dV``), both on the
   critical path, one collective each for K and V together (the runtime stacks them; counted
   per layer in ``tests/runtime/test_context_parallel.py``); full recompute repeats the
@@ -64,7 +64,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fxplan.core.config import CP_ATTENTION, CostModelError
+from fxplan.core.config_error import CostModelError
+from fxplan.core.config_fields import CP_ATTENTION
 from fxplan.cost_model.memory.activations import ActivationBytes, attention_core, tensor_bytes
 from fxplan.cost_model.comm.collectives import collective_time_s
 from fxplan.cost_model.step.layer_costs import SegmentCost, attention_seconds, graph_segments
@@ -95,7 +96,7 @@ class KVExchange:
 
     @property
     def priced(self) -> tuple[float, float]:
-        """The exchange the runtime runs (:data:`~fxplan.core.config.CP_ATTENTION`)."""
+        """The exchange the runtime runs (:data:`~fxplan.core.config_fields.CP_ATTENTION`)."""
         return self.allgather if CP_ATTENTION == "allgather" else self.ring
 
     @property

@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from fxplan.core.config import CostModelError
+from fxplan.core.config_error import CostModelError
 from fxplan.cost_model.comm.collectives import collective_time_s
 from fxplan.cost_model.memory.activations import ActivationBytes
 from fxplan.cost_model.compute.op_time import node_time_s

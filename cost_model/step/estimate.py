@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fxplan.cluster_specs.precision import group_precisions
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
 from fxplan.cost_model.compute.efficiency import dtype_key
 from fxplan.cost_model.parallel.context_parallel import check_cp
 from fxplan.cost_model.parallel.expert_parallel import check_ep
@@ -40,7 +41,9 @@ from fxplan.cost_model.memory.headroom import MemoryHeadroom, parse_headroom
 from fxplan.cost_model.step.pipeline_schedules import schedule_order
 from fxplan.cost_model.step.overlap import Overlap, relied_overlaps
 from fxplan.cost_model.step.simulator import StepSimulation, TimelineEvent, simulate_step
-from fxplan.cost_model.step.stage_costs import StagePlan, build_stages, stage_memory
+from fxplan.cost_model.memory.rank_memory import stage_memory
+from fxplan.cost_model.step.stage_costs import build_stages
+from fxplan.cost_model.step.stage_plan import StagePlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster

@@ -60,7 +60,7 @@ from fxplan.cost_model.memory.activations import (ActivationBytes, attention_cor
 from fxplan.cost_model.compute.attention_kernel import (BACKWARD_SPEED, CAUSAL_SPEED, FusedAttention,
                                                fused_attention_core, prices_fused_attention)
 from fxplan.cost_model.compute.op_time import BACKWARD, node_time_s, op_time_s
-from fxplan.core.config import CostModelError
+from fxplan.core.config_error import CostModelError
 from fxplan.core.placements import PlacementMap
 from fxplan.cost_model.comm.edge_reshard import edge_collectives
 from fxplan.cost_model.compute.fp8 import converted, fp8_node_time_s, fp8_working_bytes

@@ -55,7 +55,7 @@ The orders (what each stage runs next, whatever has arrived):
 
 For the V, the dependencies read virtual stages: ``F`` of virtual stage ``j`` waits for ``F``
 of ``j−1``, ``B`` of ``j`` for ``B`` of ``j+1`` (the last virtual stage for its own ``F``),
-each located at the ``(stage, chunk)`` of :meth:`~fxplan.core.config.Schedule.placement`.
+each located at the ``(stage, chunk)`` of :meth:`~fxplan.core.schedule.Schedule.placement`.
 ``W`` waits for nothing but its stage's order (its ``B`` runs earlier on the same stage).
 An op's output leaves its stage when torch sends it: right after the op, except under
 ``dualpipev``, where a whole backward sends its input gradient after its ``W`` and an

@@ -51,7 +51,7 @@ def check_plan(plan: Plan, cluster: Cluster, graph: CapturedGraph | None = None,
 
 
 def _check_graph(plan: Plan, graph: CapturedGraph, source: str) -> None:
-    from fxplan.core.config import CostModelError
+    from fxplan.core.config_error import CostModelError
 
     segments = graph_segments(graph)
     layers = len(segments.layers)

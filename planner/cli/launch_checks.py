@@ -172,7 +172,7 @@ def check_data(settings: RunSettings, plan: "Plan", model: str) -> None:
     if _arrays(data):   # names, shapes and kinds against the model's inputs
         from fxplan.examples.model_spec import resolve_model
         from fxplan.runtime.train.array_data import model_array_data
-        from fxplan.worker import input_specs
+        from fxplan.rank.data_source import input_specs
 
         bundle = resolve_model(model)
         model_array_data(data, input_specs(bundle, plan), bundle.config, global_batch=plan.batch)

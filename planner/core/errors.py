@@ -2,7 +2,7 @@
 
 Each package raises its own subclass (:class:`~fxplan.cluster_specs.ClusterSpecError`,
 :class:`~fxplan.examples.bundle.ModelSpecError`, :class:`~fxplan.passes.errors.CaptureError`,
-:class:`~fxplan.core.config.CostModelError`, :class:`~fxplan.core.plan.PlanError`, …).
+:class:`~fxplan.core.config_error.CostModelError`, :class:`~fxplan.core.plan.PlanError`, …).
 The command line catches :class:`UserError` alone and prints its message as one paragraph with
 exit code 2; ``--debug`` shows the traceback. The message says what was wrong and what was
 expected, with the arithmetic where there is arithmetic.

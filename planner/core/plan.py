@@ -51,7 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Mapping, TypeVar
 
-from fxplan.core.config import CP_ATTENTION, RECOMPUTE_POLICIES, ParallelConfig, Schedule
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_fields import CP_ATTENTION, RECOMPUTE_POLICIES
+from fxplan.core.schedule import Schedule
 from fxplan.core.bounds import MAX_BATCH, MAX_SEQ, check_count
 from fxplan.core.files import read_text
 from fxplan.core.json_object import parse_json_object
@@ -210,7 +212,7 @@ class Plan:
 
     @property
     def offload(self) -> str:
-        """What lives in host memory (:data:`~fxplan.core.config.OFFLOAD_POLICIES`)."""
+        """What lives in host memory (:data:`~fxplan.core.config_fields.OFFLOAD_POLICIES`)."""
         return self.config.offload
 
     def at_pipeline_rank(self, pp_rank: int) -> "Plan":

@@ -35,7 +35,7 @@ class StageAssignment:
 
     With an interleaved or zero-bubble schedule there are ``pp · v`` stages; stage ``i`` runs
     on pipeline rank ``i mod pp`` (under ``zbv`` on the V's rank,
-    :meth:`~fxplan.core.config.Schedule.placement`).
+    :meth:`~fxplan.core.schedule.Schedule.placement`).
     """
 
     index: int

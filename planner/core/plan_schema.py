@@ -20,7 +20,8 @@ import math
 from typing import Any, Callable, Mapping, TypeVar
 
 from fxplan.core.bounds import BoundsError
-from fxplan.core.config import CP_ATTENTION, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_fields import CP_ATTENTION
 from fxplan.core.placements import PlacementMap
 from fxplan.core.plan_parts import (MESH_AXES, PLAN_FORMAT_VERSION, PlanError, SolverInfo,
                                     StageAssignment)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fxplan.core.config import Schedule
+from fxplan.core.schedule import Schedule
 from fxplan.core.json_object import parse_json_object
 from fxplan.export.errors import ExportError
 from fxplan.export.target_config import TargetConfig

@@ -34,7 +34,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from fxplan.core.config import Schedule
+from fxplan.core.schedule import Schedule
 from fxplan.export.errors import ExportError
 from fxplan.export.target_config import TargetConfig, without_zero_bubble
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from fxplan.core.units import gib, percent, seconds
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
 from fxplan.core.errors import UserError
 from fxplan.core.plan import Plan
 

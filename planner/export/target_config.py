@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from typing import Any
 
-from fxplan.core.config import RECOMPUTE_POLICIES, Schedule
+from fxplan.core.config_fields import RECOMPUTE_POLICIES
+from fxplan.core.schedule import Schedule
 from fxplan.core.plan import Plan
 
 __all__ = ["TargetConfig", "plan_dtype", "without_zero_bubble"]

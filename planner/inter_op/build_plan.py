@@ -22,7 +22,7 @@ from fxplan.cost_model.step.estimate import Estimate
 from fxplan.cost_model.parallel.expert_parallel import moe_layers
 from fxplan.cost_model.memory.breakdown import GIB
 from fxplan.cost_model.comm.mesh import LogicalMesh
-from fxplan.cost_model.step.stage_costs import stage_ranks
+from fxplan.cost_model.step.stage_plan import stage_ranks
 from fxplan.inter_op.pricing import Priced
 from fxplan.inter_op.reasons import Reason
 

@@ -25,7 +25,7 @@ collection (list, tuple, set, frozenset) of values. Allowed keys and values:
 
 Anything else raises :class:`ConstraintError` (a ``UserError``) naming the allowed keys or
 values, before any work is done. Schedules are given as text (``"interleaved:2"``) and read
-into :class:`~fxplan.core.config.Schedule` values by :func:`validate_constraints`.
+into :class:`~fxplan.core.schedule.Schedule` values by :func:`validate_constraints`.
 
 Two degrees are checked against the model as well, once it is profiled: an ``ep`` constraint
 that only ``ep > 1`` satisfies needs ``E mod ep = 0`` for some allowed ``ep`` (``E`` the experts,
@@ -37,7 +37,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fxplan.core.config import OFFLOAD_POLICIES, RECOMPUTE_POLICIES, ParallelConfig, Schedule
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_fields import OFFLOAD_POLICIES, RECOMPUTE_POLICIES
+from fxplan.core.schedule import Schedule
 from fxplan.core.errors import UserError
 from fxplan.inter_op.space import INTERLEAVE_CHUNKS, ZERO_BUBBLE_CHUNKS, divisors, expert_degrees
 

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from fxplan.core.config import ParallelConfig, Schedule
+from fxplan.core.config import ParallelConfig
+from fxplan.core.schedule import Schedule
 from fxplan.inter_op.constraints import allowed, only
 from fxplan.inter_op.partition import balanced_counts
 from fxplan.inter_op.reasons import CONTEXT, Reason

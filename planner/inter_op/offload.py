@@ -37,7 +37,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Collection, Mapping
 
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
 from fxplan.cost_model.compute.fp8 import check_fp8
 from fxplan.cost_model.memory.breakdown import GIB
 from fxplan.cost_model.memory.offload import HostSide, with_host_check

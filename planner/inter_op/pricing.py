@@ -37,7 +37,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Collection
 
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
 from fxplan.core.placements import PlacementMap
 from fxplan.core.plan import Plan
 from fxplan.cost_model.step.estimate import Estimate, estimate

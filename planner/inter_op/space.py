@@ -21,7 +21,7 @@ the split backward torch runs, see :func:`fxplan.runtime.train.pipeline.zero_bub
 with ``dp > 1`` their gradients are all-reduced after the step, so only at the memory rungs
 without FSDP2, ZeRO-0 and ZeRO-1 without offload (ZeRO-1 only with ``tp = ep = 1``):
 :func:`fxplan.core.zero_bubble_dp.after_step_refusal`, which the search's rungs obey), recompute
-(:data:`~fxplan.core.config.RECOMPUTE_POLICIES`; with ``per_stage_recompute`` only
+(:data:`~fxplan.core.config_fields.RECOMPUTE_POLICIES`; with ``per_stage_recompute`` only
 :data:`PER_STAGE_POLICIES`, each run by the search on as few layers of each stage as memory
 needs, none at all where none need it, :meth:`fxplan.inter_op.stage_split.StageSplits.
 fit_recompute`, so ``none`` is among their answers), sequence parallelism (``tp > 1``,
@@ -38,7 +38,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
-from fxplan.core.config import RECOMPUTE_POLICIES, ParallelConfig, Schedule
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_fields import RECOMPUTE_POLICIES
+from fxplan.core.schedule import Schedule
 from fxplan.inter_op.reasons import DIVIDE, STAGES, Reason
 
 __all__ = ["Family", "INTERLEAVE_CHUNKS", "MAX_MICROBATCH", "PER_STAGE_POLICIES",

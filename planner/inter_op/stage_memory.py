@@ -1,5 +1,5 @@
 """Peak bytes per pipeline rank of a candidate: the cost model's own formula
-(:func:`cost_model.step.stage_costs.rank_memory`, the one :func:`cost_model.step.estimate.estimate`
+(:func:`cost_model.memory.rank_memory.rank_memory`, the one :func:`cost_model.step.estimate.estimate`
 reports as ``peak_memory_gib``) fed from the search's per-layer profile.
 
 Virtual stage ``j = c·p + s`` (chunk ``c`` of pipeline rank ``s``) holds layers ``[k_j, k_{j+1})``,
@@ -13,7 +13,7 @@ plus ``pre`` on ``j = 0`` and ``post`` on ``j = S−1``. Per rank ``s``::
                 microbatch), n_{s,c}(τ) the microbatches of chunk c forwarded and not yet
                 backwarded at τ (:meth:`cost_model.step.pipeline_schedules.ScheduleOrder.peak_inflight`)
     working_s = max_{segments on s} w         (one segment re-run at a time; 0 without recompute)
-    buffers_s = :func:`cost_model.step.stage_costs.buffer_bytes` of the rank's largest output and
+    buffers_s = :func:`cost_model.memory.rank_memory.buffer_bytes` of the rank's largest output and
                 largest segment (ZeRO-3 gathers)
     runtime_s = CUDA context + NCCL buffers + f·(acts_s + working_s + buffers_s)   (GPU only,
                 :mod:`cost_model.memory.runtime`)
@@ -46,9 +46,10 @@ from fxplan.cost_model.memory.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.cost_model.memory.runtime import (cuda_context_bytes, fragmentation_bytes,
                                               nccl_bytes)
 from fxplan.cost_model.step.pipeline_schedules import InflightCounts, inflight_counts
-from fxplan.cost_model.step.stage_costs import buffer_bytes, rank_memory_rows
+from fxplan.cost_model.memory.rank_memory import buffer_bytes, rank_memory_rows
 from fxplan.inter_op.profile import SegmentProfile
-from fxplan.core.config import ParallelConfig, Schedule
+from fxplan.core.config import ParallelConfig
+from fxplan.core.schedule import Schedule
 
 __all__ = ["DeviceMemory", "PartitionInputs", "inflight", "partition_inputs", "per_rank",
            "stage_memory",
@@ -186,7 +187,7 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
 @lru_cache(maxsize=1024)
 def _layout(schedule: Schedule, pp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Where the virtual stages of ``schedule`` on ``pp`` ranks sit: the rank and the chunk
-    of each virtual stage ``j`` (:meth:`~fxplan.core.config.Schedule.placement`), and
+    of each virtual stage ``j`` (:meth:`~fxplan.core.schedule.Schedule.placement`), and
     ``(v, p)`` the virtual stage of chunk ``k`` on rank ``s``
     (:meth:`~fxplan.core.config.Schedule.virtual_stage`); cached, the search reads them for
     every candidate."""
@@ -199,7 +200,7 @@ def _layout(schedule: Schedule, pp: int) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
-    """Per pipeline rank aggregates of :func:`cost_model.step.stage_costs.rank_memory`."""
+    """Per pipeline rank aggregates of :func:`cost_model.memory.rank_memory.rank_memory`."""
     p, v = c.pp, c.virtual_stages
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
     starts = edges[:-1]
@@ -241,7 +242,7 @@ def stage_memory(c: ParallelConfig, prof: SegmentProfile,
 
 def _rows(c: ParallelConfig, prof: SegmentProfile,
           mem: DeviceMemory | Sequence[DeviceMemory]) -> MemoryRows:
-    """:func:`~fxplan.cost_model.step.stage_costs.rank_memory_rows` of ``c`` (each rank's
+    """:func:`~fxplan.cost_model.memory.rank_memory.rank_memory_rows` of ``c`` (each rank's
     terms as arrays over the ranks)."""
     mems = per_rank(mem, c.pp)
     return rank_memory_rows(order(c), **_rank_inputs(c, prof),

@@ -32,7 +32,7 @@ of offloading and on-device ranks might fit a node that every rank offloading do
 **Tied weights.** The one coupling of times: a weight tied between the first and the last
 stage (the embedding and the head) on two ranks is summed between them, and where one keeps
 its gradient as FSDP2's dp shard (ZeRO-2/3, ZeRO-1 beside tp or ep) and the other whole, the
-sharded one gathers it first (:func:`cost_model.step.stage_costs._tied_sync`), a term neither
+sharded one gathers it first (:func:`cost_model.step.cross_stage.tied_sync`), a term neither
 rank's own configuration has; and the runtime keeps the copies of a tied weight equal only
 where both holders offload alike (:func:`fxplan.runtime.apply.tied.offload_refusal`). So both
 holders take rungs of one kind — gradient layout and whether they offload: the choice below
@@ -64,7 +64,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from fxplan.core.config import OFFLOAD_POLICIES, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_fields import OFFLOAD_POLICIES
 from fxplan.cost_model.host.host_overhead import fsdp_params
 from fxplan.cost_model.memory.offload import with_host_check
 from fxplan.inter_op.offload import Rung

@@ -78,7 +78,7 @@ from fxplan.cost_model.comm.collectives import collective_time_s
 from fxplan.cost_model.host.host_overhead import ddp_buckets
 from fxplan.cost_model.memory.breakdown import ADAM_MIXED
 from fxplan.cost_model.memory.offload import offload_segment_s, offload_step_s
-from fxplan.cost_model.step.stage_costs import zero1_broadcasts, zero2_reduces_per_microbatch
+from fxplan.cost_model.step.dp_reductions import zero1_broadcasts, zero2_reduces_per_microbatch
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig
 from fxplan.core.zero_bubble_dp import reduces_after_step
@@ -176,7 +176,7 @@ def _zero3_exposed(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray,
 
 def _broadcasts(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray, stage: np.ndarray,
                 psi_s: np.ndarray, dp_ranks: tuple[int, ...], cluster: Cluster) -> np.ndarray:
-    """ZeRO-1 without DTensor parameters (:func:`cost_model.step.stage_costs.zero1_broadcasts`):
+    """ZeRO-1 without DTensor parameters (:func:`cost_model.step.dp_reductions.zero1_broadcasts`):
     ``ZeroRedundancyOptimizer`` broadcasts each of the stage's ``n_s`` parameter tensors from
     its owner, issued async and waited once (``async_batch_s``). For an affine collective
     time ``t(x) = λ + x/β`` the batch costs ``Σ_i t(2ψ_i) = t(2Ψ_s) + (n_s − 1)·λ``, or with

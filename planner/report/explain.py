@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from fxplan.core.units import gib, seconds
-from fxplan.core.config import CostModelError, ParallelConfig, Schedule
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
+from fxplan.core.schedule import Schedule
 from fxplan.core.errors import UserError
 from fxplan.core.plan import Plan, PlanError
 from fxplan.core.zero_bubble_dp import after_step_refusal

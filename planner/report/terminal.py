@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from fxplan.core.config import OFFLOAD_POLICIES
+from fxplan.core.config_fields import OFFLOAD_POLICIES
 from fxplan.core.units import count, gib, percent, seconds, si
 from fxplan.core.plan import Plan
 from fxplan.cost_model.memory.breakdown import MEMORY_LEGEND, MEMORY_ROWS

@@ -215,7 +215,7 @@ def test_run_config_then_flags(plans, capsys, tmp_path):
 def test_path_reaches_the_worker(plans, capsys, tmp_path, flag, expected):
     """``--path`` (as ``fxplan.plan(path=...)``) is passed to every worker, which hands it to
     ``apply_plan``; the worker's own parser reads it back."""
-    from fxplan.worker import parse_args
+    from fxplan.rank.args import parse_args
 
     code, out, err = launch(capsys, plans[0], "--data", "synthetic", *flag,
                             "--run-dir", str(tmp_path / "run"), "--print-command")

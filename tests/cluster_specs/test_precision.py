@@ -8,7 +8,8 @@ import torch
 from fxplan.api import capture
 from fxplan.cluster_specs import (Cluster, ClusterSpecError, check_precision, training_dtype,
                                   training_precision)
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
 from fxplan.core.errors import UserError
 from fxplan.cost_model import estimate
 

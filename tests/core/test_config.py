@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fxplan.core.config import CostModelError, ParallelConfig, Schedule
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
+from fxplan.core.schedule import Schedule
 
 TEXT = "dp=24,tp=8,pp=8,mb=1,schedule=interleaved:2,zero=0,recompute=full,sp=off"
 

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from fxplan.cli.constraint_text import parse_constraints
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
 from fxplan.core.plan import Plan
 from fxplan.inter_op.constraints import ConstraintError, validate_constraints
 from tests.core.test_plan import make_plan

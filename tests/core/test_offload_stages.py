@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
 from fxplan.core.plan import Plan, StageAssignment
 
 

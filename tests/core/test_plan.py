@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from fxplan.core.config import ParallelConfig, Schedule
+from fxplan.core.config import ParallelConfig
+from fxplan.core.schedule import Schedule
 from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan, PlanError, SolverInfo, StageAssignment, load_plan
 

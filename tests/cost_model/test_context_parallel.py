@@ -7,7 +7,8 @@ import pytest
 
 import fxplan
 from fxplan.cluster_specs import Cluster
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
 from fxplan.cost_model import estimate
 from fxplan.cost_model.comm.collectives import collective_time_s
 from fxplan.cost_model.parallel.context_parallel import (check_cp, cp_group, cp_layers, cp_segment,

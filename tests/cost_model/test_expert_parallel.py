@@ -8,7 +8,8 @@ import pytest
 
 import fxplan
 from fxplan.cluster_specs import Cluster
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
 from fxplan.cost_model import estimate
 from fxplan.cost_model.comm.collectives import collective_time_s
 from fxplan.cost_model.parallel.expert_parallel import (alltoall_seconds, check_ep, ep_groups,
@@ -171,7 +172,7 @@ def test_zero1_with_ep_is_priced_as_the_fsdp2_it_runs_as():
     """ZeRO-1 with ep > 1 runs as FSDP2 (the expert weights are DTensors), not as DDP with
     ZeroRedundancyOptimizer's broadcasts: priced so."""
     from fxplan.cost_model.host.host_overhead import fsdp_params
-    from fxplan.cost_model.step.stage_costs import zero1_broadcasts
+    from fxplan.cost_model.step.dp_reductions import zero1_broadcasts
 
     dense = ParallelConfig(dp=4, tp=1, pp=1, microbatch_size=2, zero_stage=1)
     assert zero1_broadcasts(dense) and not fsdp_params(dense)

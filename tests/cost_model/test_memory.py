@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fxplan.cluster_specs import Cluster
-from fxplan.core.config import Schedule
+from fxplan.core.schedule import Schedule
 from fxplan.cost_model import ParallelConfig, estimate
 from fxplan.cost_model.memory.activations import segment_activations
 from fxplan.cost_model.step.layer_costs import graph_segments, segment_cost

@@ -8,7 +8,7 @@ import pytest
 
 from fxplan.cluster_specs import Cluster
 from fxplan.cost_model import CostModelError, ParallelConfig, estimate
-from fxplan.cost_model.step.stage_costs import _hidden_gather
+from fxplan.cost_model.step.after_backward import hidden_gather
 
 def test_config_text_round_trips_and_needs_a_sharded_optimizer() -> None:
     config = ParallelConfig.parse("dp=4,tp=2,mb=1,zero=1,sp=on,pg_overlap=on")
@@ -26,9 +26,9 @@ def test_config_text_round_trips_and_needs_a_sharded_optimizer() -> None:
 def test_only_the_gather_beyond_the_forward_is_charged() -> None:
     on = ParallelConfig.parse("dp=4,zero=1,pg_overlap=on")
     off = ParallelConfig.parse("dp=4,zero=1")
-    assert _hidden_gather(0.3, 0.1, on) == pytest.approx(0.2)
-    assert _hidden_gather(0.05, 0.1, on) == 0.0
-    assert _hidden_gather(0.3, 0.1, off) == 0.3
+    assert hidden_gather(0.3, 0.1, on) == pytest.approx(0.2)
+    assert hidden_gather(0.05, 0.1, on) == 0.0
+    assert hidden_gather(0.3, 0.1, off) == 0.3
 
 
 @pytest.mark.parametrize("config", ["dp=8,tp=1,mb=1,zero=1", "dp=4,tp=2,mb=1,zero=1,sp=on",

@@ -10,7 +10,8 @@ import pytest
 
 from fxplan.api import capture
 from fxplan.cluster_specs import Cluster
-from fxplan.core.config import CostModelError, ParallelConfig
+from fxplan.core.config import ParallelConfig
+from fxplan.core.config_error import CostModelError
 from fxplan.cost_model import estimate
 from fxplan.cost_model.step.layer_costs import graph_segments, segment_cost
 

@@ -10,7 +10,7 @@ from fxplan.cost_model.memory.breakdown import MEMORY_ROWS, model_state_bytes
 from fxplan.cost_model.memory.runtime import cuda_context_bytes, fragmentation_bytes, nccl_bytes
 from fxplan.cost_model.parallel.expert_parallel import model_states
 from fxplan.cost_model.step.pipeline_schedules import inflight_counts
-from fxplan.cost_model.step.stage_costs import buffer_bytes, rank_memory, rank_memory_rows
+from fxplan.cost_model.memory.rank_memory import buffer_bytes, rank_memory, rank_memory_rows
 
 P = 4
 OFFLOADS = ("none", "optimizer", "optimizer+params")

@@ -15,7 +15,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 @pytest.fixture(scope="module")
 def sync_skew():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(BENCHMARKS))     # the script imports local_cpu_calibration
+    sys.path.insert(0, str(BENCHMARKS))     # the script imports local_cpu_lines
     try:
         spec = importlib.util.spec_from_file_location("sync_skew", BENCHMARKS / "sync_skew.py")
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]

@@ -86,7 +86,7 @@ def test_sms_held_by_overlapped_collectives_slow_the_gemms(gpt_512) -> None:  # 
     """Each such collective of duration t holds 16 of the N SMs: the tp row grows by
     Σ t·16/(N − 16) per microbatch; a device without an SM count prices none of it."""
     from fxplan.cost_model.comm.collectives import collective_time_s
-    from fxplan.cost_model.step.stage_costs import UB_COMM_SMS
+    from fxplan.cost_model.step.stage_collectives import UB_COMM_SMS
 
     config = ParallelConfig.parse("dp=4,tp=2,pp=1,mb=1,sp=on,tp_overlap=on")
     priced = Cluster.load("dgx-h100")

@@ -10,7 +10,8 @@ import pytest
 
 from fxplan.api import capture
 from fxplan.cluster_specs import Cluster
-from fxplan.core.config import ParallelConfig, Schedule
+from fxplan.core.config import ParallelConfig
+from fxplan.core.schedule import Schedule
 from fxplan.cost_model import estimate
 from fxplan.cost_model.memory.breakdown import ADAM_FP32
 
@@ -67,7 +68,7 @@ def test_a_tied_weight_between_layouts_adds_the_sharded_holders_gather(  # type:
     whole (ZeRO-0/1): the sharded holder all-gathers it over dp before the sum, the one term
     by which its rank differs from the plain plan at its stage."""
     from fxplan.cost_model.comm.collectives import collective_time_s
-    from fxplan.cost_model.step.stage_costs import stage_ranks
+    from fxplan.cost_model.step.stage_plan import stage_ranks
 
     graph, cluster = tiny
     mixed = estimate(graph, cluster, _config("1f1b", zero_stages=stages), batch=32)

@@ -199,7 +199,7 @@ def unknown_node_is_a_fallback() -> dict[str, Any]:
     from types import SimpleNamespace
 
     from fxplan.core.placements import Replicate, Shard
-    from fxplan.worker import _print_fallbacks
+    from fxplan.rank.steps import print_fallbacks
 
     plan = make_plan(tp=2)
     placements = plan.placements
@@ -220,7 +220,7 @@ def unknown_node_is_a_fallback() -> dict[str, Any]:
     with contextlib.redirect_stdout(printed):
         import torch.distributed as dist
 
-        _print_fallbacks(sharded or SimpleNamespace(fallbacks=[]), dist.get_rank(), [])
+        print_fallbacks(sharded or SimpleNamespace(fallbacks=[]), dist.get_rank(), [])
     if sharded is None:
         return dict(printed=printed.getvalue())
     return dict(fallbacks=sharded.fallbacks, logged=records, printed=printed.getvalue())

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fxplan.core.config import ParallelConfig, Schedule
+from fxplan.core.config import ParallelConfig
+from fxplan.core.schedule import Schedule
 from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan
 from fxplan.runtime.apply.graph import apply_plan

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from fxplan.core.config import ParallelConfig, Schedule
+from fxplan.core.config import ParallelConfig
+from fxplan.core.schedule import Schedule
 from fxplan.core.placements import PlacementMap, parse_placements
 from fxplan.core.plan import Plan, StageAssignment
 

@@ -18,7 +18,7 @@ from fxplan.runtime.apply.graph import apply_plan
 from fxplan.runtime.train.data import SyntheticData
 from fxplan.runtime.train.fed_targets import ReturnedLoss
 from fxplan.runtime.apply.probe import model_output
-from fxplan.worker import training_loss
+from fxplan.rank.loss import training_loss
 from rt_cases import train_steps
 
 LR = 0.1

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from fxplan import search
 from fxplan.cluster_specs import Cluster
-from fxplan.core.config import CostModelError
+from fxplan.core.config_error import CostModelError
 from fxplan.api import capture_for_search
 from fxplan.inter_op import InfeasibleError
 from fxplan.inter_op import driver, pricing

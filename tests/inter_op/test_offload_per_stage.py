@@ -11,7 +11,7 @@ import itertools
 import pytest
 
 from fxplan.cluster_specs import Cluster, training_dtype
-from fxplan.core.config import OFFLOAD_POLICIES
+from fxplan.core.config_fields import OFFLOAD_POLICIES
 
 #: Llama (untied head) 8 × 4096 at 4096 tokens on one DGX A100, pp=4 × dp=2, 1F1B, with most
 #: of each GPU held back: no split fits on the device at any ZeRO stage. ``early``: 70.2 GiB

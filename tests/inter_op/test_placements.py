@@ -10,7 +10,8 @@ import fxplan.intra_op
 from fxplan import search
 from fxplan.cluster_specs import Cluster
 from fxplan.api import capture_for_search
-from fxplan.core.config import ParallelConfig, Schedule
+from fxplan.core.config import ParallelConfig
+from fxplan.core.schedule import Schedule
 from fxplan.core.placements import PlacementMap, Replicate, Shard
 from fxplan.inter_op.placements import IntraOpCache, megatron_placements
 from fxplan.inter_op.progress import Budget

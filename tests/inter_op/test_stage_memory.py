@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fxplan.core.config import Schedule
+from fxplan.core.schedule import Schedule
 from fxplan.cost_model import ParallelConfig, estimate
 from fxplan.inter_op.partition import balanced_counts
 from fxplan.inter_op.profile import ModelProfile

@@ -59,7 +59,7 @@ def test_dualpipev_offered_from_two_microbatches_per_stage() -> None:
 
 
 def test_constraints_name_them() -> None:
-    from fxplan.core.config import Schedule
+    from fxplan.core.schedule import Schedule
 
     got = validate_constraints({"schedule": ["zb", "zbv", "zb:2", "dualpipev"]}, 8)["schedule"]
     assert got == (Schedule("zb", 1), Schedule("zbv", 2), Schedule("zb", 2),

@@ -165,13 +165,13 @@ def test_what_is_array_data(tmp_path):
 
 
 def test_the_worker_feeds_t5_from_arrays(tmp_path):
-    """``fxplan.worker.data_source``: an ``hf:t5`` plan's inputs in the forward's order, its
+    """``fxplan.rank.data_source.data_source``: an ``hf:t5`` plan's inputs in the forward's order, its
     ``labels`` as the targets, the decoder inputs shifted behind the config's start id."""
     pytest.importorskip("transformers")
     from types import SimpleNamespace
 
     from fxplan.examples.model_spec import resolve_model
-    from fxplan.worker import data_source
+    from fxplan.rank.data_source import data_source
 
     spec = ("hf:t5:num_layers=2,num_decoder_layers=2,d_model=32,d_ff=64,num_heads=4,d_kv=8,"
             "vocab_size=64,dropout_rate=0.0")

@@ -178,7 +178,7 @@ def _interleaved(plan: Any, pp: int, v: int) -> Any:
     """``plan`` under the interleaved schedule with ``v`` chunks per pipeline rank."""
     from dataclasses import replace
 
-    from fxplan.core.config import Schedule
+    from fxplan.core.schedule import Schedule
     from rt_plans import stages_for
 
     return replace(plan, config=replace(plan.config, schedule=Schedule.parse(f"interleaved:{v}")),

@@ -40,7 +40,7 @@ Tied weights (one Parameter ``W`` under several names, e.g. ``model.embed_tokens
   ranks that hold ``W`` each step (Megatron's embedding group), so both take the same step.
 
 Sequence parallelism with pp: the stage boundary carries the sequence-sharded activation, as
-the cost model prices it (``cost_model.step.stage_costs._p2p``: under sp each tp rank sends its
+the cost model prices it (``cost_model.step.cross_stage.p2p_sends``: under sp each tp rank sends its
 ``1/tp`` sequence shard, no all-gather at the receiver). A stage's output DTensor ``Shard(1)``
 leaves as its local shard (``to_local``), and the next stage's input is taken back as
 ``Shard(1)`` before its blocks (``PrepareModuleInput`` on the ``Identity`` in the embedding's

@@ -82,7 +82,7 @@ __all__ = ["local_stage_indices", "build_schedule", "ReduceInLastBackward",
 logger = logging.getLogger("fxplan.runtime")
 
 
-#: The schedules that take a list of stages per rank, by :class:`~fxplan.core.config.Schedule`
+#: The schedules that take a list of stages per rank, by :class:`~fxplan.core.schedule.Schedule`
 #: kind.
 _MULTI: dict[str, type] = {"interleaved": ScheduleInterleaved1F1B,
                            "zb": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble}
