@@ -22,7 +22,9 @@ WORKER = ("-u", "-m", "fxplan.worker", "plan.json", "--steps", "3")
 def test_only_this_pythons_fxplan_worker_is_forked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FORK_ENV, raising=False)
     assert forks_workers(sys.executable, WORKER)
+    assert forks_workers(sys.executable, ("-u", "-m", "fxplan.calibration.collectives_worker"))
     assert not forks_workers(sys.executable, ("-u", "-m", "my_trainer", "--steps", "3"))
+    assert not forks_workers(sys.executable, ("-u", "-m"))
     assert not forks_workers(sys.executable, ("-u", "train.py"))
     assert not forks_workers("/usr/bin/python3-other", WORKER)
     assert not forks_workers(print, WORKER)          # a function entry point stays as it is

@@ -19,7 +19,8 @@ What differs from the command form: a rank's parent is the server, not the agent
 ends when the agent does, and a rank dies with its parent: :mod:`~fxplan.runtime.launch.
 parent_death`); the ranks share the agent's process group rather than a session each. Set
 ``FXPLAN_FORK_WORKERS=0`` to start every rank as its own interpreter; a command other than
-``-m fxplan.worker``, ``--no-python`` or ``--run-path`` is started as torchrun starts it.
+``-m fxplan.worker`` or ``fxplan calibrate``'s worker (:data:`FORKED_MODULES`), ``--no-python``
+or ``--run-path`` is started as torchrun starts it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import runpy
 import sys
 from typing import Any, Callable
 
-__all__ = ["PRELOAD", "FORK_ENV", "forks_workers", "run_module", "forking_elastic_launch"]
+__all__ = ["PRELOAD", "FORK_ENV", "FORKED_MODULES", "forks_workers", "run_module",
+           "forking_elastic_launch"]
 
 #: what the server imports before it forks a rank: everything a rank imports before its first
 #: step, whatever the plan (a module that fails to import is skipped by multiprocessing)
@@ -43,14 +45,17 @@ PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor",
 #: ``0`` starts each rank as its own interpreter (torchrun's command form)
 FORK_ENV = "FXPLAN_FORK_WORKERS"
 
-_WORKER = ("-u", "-m", "fxplan.worker")
+#: the modules whose ranks are forked: a launch's and ``fxplan calibrate``'s (whose memory
+#: baseline is then measured as a launch's ranks have it)
+FORKED_MODULES = frozenset({"fxplan.worker", "fxplan.calibration.collectives_worker"})
 
 
 def forks_workers(entrypoint: Callable[..., Any] | str, args: tuple[str, ...]) -> bool:
     """Whether the ranks of ``entrypoint args`` are forked: the entry point is this Python
-    running ``-u -m fxplan.worker``, the platform has a forkserver and :data:`FORK_ENV` is not
-    ``0``."""
-    return (entrypoint == sys.executable and tuple(args[:3]) == _WORKER
+    running ``-u -m`` one of :data:`FORKED_MODULES`, the platform has a forkserver and
+    :data:`FORK_ENV` is not ``0``."""
+    return (entrypoint == sys.executable and tuple(args[:2]) == ("-u", "-m")
+            and len(args) > 2 and args[2] in FORKED_MODULES
             and os.environ.get(FORK_ENV, "1") != "0"
             and "forkserver" in multiprocessing.get_all_start_methods())
 
