@@ -8,7 +8,7 @@ Writes ``OUT_DIR/<date>-<device>.json`` (everything measured) and ``.md`` (the t
 2. **One device, several plans** — a GPT-style model of about 0.9 B parameters (seq 2048) and a
    Llama-style one of about 0.85 B (seq 4096), bf16, each plan made with ``fxplan plan
    --constrain`` on the base spec (recompute none / selective / full, two microbatch sizes, FP8
-   linears where the GPU has an FP8 peak, the optimizer offloaded), run through ``fxplan
+   linears where the GPU has an FP8 peak), run through ``fxplan
    validate`` (predicted against measured step time and peak memory), and re-priced on the
    calibrated spec with its op database (``fxplan estimate``): the error before and after
    calibration against the same measurement.
@@ -68,8 +68,9 @@ GPU_PLANS = {
     "recompute selective, mb 2": "dp=1,tp=1,pp=1,recompute=selective,mb=2",
     "recompute full, mb 4": "dp=1,tp=1,pp=1,recompute=full,mb=4",
     "FP8 linears": "dp=1,tp=1,pp=1,fp8=true,recompute=selective",
-    "optimizer offloaded": "dp=1,tp=1,pp=1,offload=optimizer,recompute=full",
 }
+#: offload runs as FSDP2's CPU offload, which needs dp > 1 (fxplan.runtime.apply.offload): it is
+#: checked with two or more GPUs ("ZeRO-3 offloaded" below), not on one
 #: the Llama model runs the first two plans only (the 8-minute budget)
 GPU_LLAMA_PLANS = ("recompute none, mb 1", "recompute full, mb 4")
 GPU_MULTI = {"dp": "dp={n},zero=0", "ZeRO-3": "dp={n},zero=3",

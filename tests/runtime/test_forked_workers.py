@@ -30,6 +30,9 @@ def test_only_this_pythons_fxplan_worker_is_forked(monkeypatch: pytest.MonkeyPat
     assert not forks_workers(print, WORKER)          # a function entry point stays as it is
     monkeypatch.setenv(FORK_ENV, "0")
     assert not forks_workers(sys.executable, WORKER)
+    monkeypatch.delenv(FORK_ENV)
+    monkeypatch.setattr(forked_workers, "_cuda_devices", lambda: True)  # CUDA ranks: exec'd
+    assert not forks_workers(sys.executable, WORKER)
 
 
 @pytest.mark.parametrize("code", [0, 2, 3])

@@ -2,9 +2,10 @@
 
 ``torchrun -m fxplan.worker`` starts every rank as ``python -u -m fxplan.worker …``: each
 interpreter imports torch, ``torch.distributed.tensor``, ``torch.distributed.pipelining`` (and
-with them dynamo and sympy) and fxplan's runtime before its first step — measured on a 2-core
-machine (2026-11-28), 12.5 s of a 4-rank launch's 13.4 s per rank went to that, four times
-over, against a training loop of a few seconds; and a restarted or resized job pays it again.
+with them dynamo and sympy) and fxplan's runtime before its first step — profiled on a 2-core
+machine (2026-11-28, a 4-rank launch of 4 steps), more than half of each rank's 12.5 s went to
+imports (5.0 s to ``import torch`` alone), four ranks over, against a training loop of a few
+seconds; and a restarted or resized job pays it again.
 
 Under ``python -m fxplan.runtime.launch.torchrun`` (what ``fxplan launch`` runs) the agent
 instead starts the ranks with multiprocessing's *forkserver*: a server process, started once
@@ -14,6 +15,12 @@ with the same arguments, the same environment (torchrun's per-rank variables are
 call) and unbuffered output, as ``-u`` gives. The rendezvous, the agent's monitoring, its
 restarts and the exit codes are torchrun's own: torchrun's function entry point (its
 ``--run-path`` path) instead of its command entry point.
+
+Only CPU ranks are forked: where torch sees a CUDA device the ranks start as their own
+interpreters, as torchrun starts them. A preloaded module that asks for the device count
+initialises the CUDA driver in the server, which no forked child may inherit (torch's "Cannot
+re-initialize CUDA in forked subprocess"); and the import time forking saves is spread over a
+GPU node's many cores, while CPU ranks share the cores they import on.
 
 What differs from the command form: a rank's parent is the server, not the agent (the server
 ends when the agent does, and a rank dies with its parent: :mod:`~fxplan.runtime.launch.
@@ -52,12 +59,21 @@ FORKED_MODULES = frozenset({"fxplan.worker", "fxplan.calibration.collectives_wor
 
 def forks_workers(entrypoint: Callable[..., Any] | str, args: tuple[str, ...]) -> bool:
     """Whether the ranks of ``entrypoint args`` are forked: the entry point is this Python
-    running ``-u -m`` one of :data:`FORKED_MODULES`, the platform has a forkserver and
-    :data:`FORK_ENV` is not ``0``."""
+    running ``-u -m`` one of :data:`FORKED_MODULES`, the platform has a forkserver,
+    :data:`FORK_ENV` is not ``0`` and the ranks are CPU ranks (the module docstring)."""
     return (entrypoint == sys.executable and tuple(args[:2]) == ("-u", "-m")
             and len(args) > 2 and args[2] in FORKED_MODULES
             and os.environ.get(FORK_ENV, "1") != "0"
-            and "forkserver" in multiprocessing.get_all_start_methods())
+            and "forkserver" in multiprocessing.get_all_start_methods()
+            and not _cuda_devices())
+
+
+def _cuda_devices() -> bool:
+    """Whether this machine's ranks are CUDA ranks (asked in the agent, which forks nothing:
+    the server is a fresh interpreter)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def run_module(module: str, *argv: str) -> None:

@@ -1,8 +1,9 @@
 """A process that ends when the process that started it ends (Linux ``PR_SET_PDEATHSIG``).
 
-``fxplan launch`` starts torchrun, and torchrun starts one worker per rank: forked from the
-forkserver its agent starts (:mod:`~fxplan.runtime.launch.forked_workers`; the server ends with
-the agent), or with ``FXPLAN_FORK_WORKERS=0`` each its own interpreter in a session of its own
+``fxplan launch`` starts torchrun, and torchrun starts one worker per rank: CPU ranks forked
+from the forkserver its agent starts (:mod:`~fxplan.runtime.launch.forked_workers`; the server
+ends with the agent), GPU ranks (and any under ``FXPLAN_FORK_WORKERS=0``) each its own
+interpreter in a session of its own
 (torch's ``SubprocessHandler``: ``start_new_session=True``). A launcher that is killed
 outright (SIGKILL, the OOM killer) runs no handler, so nothing would stop torchrun, and a
 torchrun killed outright would leave its workers training on, orphaned (parent pid 1), still
