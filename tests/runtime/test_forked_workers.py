@@ -79,6 +79,21 @@ def test_the_launch_wrapper_swaps_only_the_worker_entry_point(
     assert preload == [forked_workers.PRELOAD]
 
 
+def test_the_preloaded_modules_import_and_leave_the_ranks_modules_to_run_as_main() -> None:
+    """In a fresh interpreter, as the server: every module of ``PRELOAD`` imports (the server
+    skips one that fails, silently), and none of them imports a rank's own module, which
+    runpy would otherwise find in ``sys.modules`` and warn about on every rank."""
+    code = ("import importlib, sys\n"
+            "from fxplan.runtime.launch.forked_workers import PRELOAD, FORKED_MODULES\n"
+            "for name in PRELOAD:\n"
+            "    importlib.import_module(name)\n"
+            "print(sorted(FORKED_MODULES & set(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]", done.stdout
+
+
 def _plan(tmp_path: Path) -> Path:
     from fxplan import search
 

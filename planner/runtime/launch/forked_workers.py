@@ -42,12 +42,15 @@ __all__ = ["PRELOAD", "FORK_ENV", "FORKED_MODULES", "forks_workers", "run_module
            "forking_elastic_launch"]
 
 #: what the server imports before it forks a rank: everything a rank imports before its first
-#: step, whatever the plan (a module that fails to import is skipped by multiprocessing)
+#: step, whatever the plan (a module that fails to import is skipped by multiprocessing) — but
+#: not the rank's own module (:data:`FORKED_MODULES`), which runs as ``__main__`` as under
+#: ``-m`` (found in ``sys.modules`` beforehand, runpy would warn on every rank)
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor",
            "torch.distributed.pipelining", "torch.distributed.fsdp",
-           "torch.distributed.checkpoint", "fxplan.worker", "fxplan.runtime.apply.graph",
-           "fxplan.runtime.apply.module", "fxplan.runtime.train.pipeline",
-           "fxplan.runtime.train.trainer"]
+           "torch.distributed.checkpoint", "fxplan.rank.args", "fxplan.rank.prepare",
+           "fxplan.rank.resume", "fxplan.rank.run_report", "fxplan.rank.steps",
+           "fxplan.runtime.apply.graph", "fxplan.runtime.apply.module",
+           "fxplan.runtime.train.pipeline", "fxplan.runtime.train.trainer"]
 
 #: ``0`` starts each rank as its own interpreter (torchrun's command form)
 FORK_ENV = "FXPLAN_FORK_WORKERS"
