@@ -1,6 +1,7 @@
 """A pool of gloo worker processes kept alive for a whole test session.
 
-``RankPool(world=4)`` spawns ``world`` processes once; each joins one gloo process group and then
+``RankPool(world=4)`` starts ``world`` processes once (forked from a server that imported torch,
+:func:`_context`); each joins one gloo process group and then
 runs jobs: ``pool.run("rt_cases:dp_case", plan=…)`` calls that function on every rank and returns
 the per-rank results (a 2-rank case runs on all four: the other two take part in creating process
 groups and return ``None``). A torchrun per test costs 4–6 s here; a job on the pool costs the
@@ -66,12 +67,26 @@ def _worker(rank: int, world: int, port: int, jobs: Any, results: Any, path: lis
     dist.destroy_process_group()
 
 
+def _context() -> Any:
+    """The processes' start method: forks of one server that imported what a rank imports
+    (``forked_workers.PRELOAD``, as ``fxplan launch`` starts CPU ranks), so that a pool started
+    again — a fresh one after a broken test or past the thread limit, or an 8-rank one — costs
+    no interpreter start per rank; the server lives as long as the test run. ``spawn`` where
+    there is no forkserver."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    from fxplan.runtime.launch.forked_workers import PRELOAD
+
+    mp.set_forkserver_preload(PRELOAD)
+    return mp.get_context("forkserver")
+
+
 class RankPool:
     """See the module docstring."""
 
     def __init__(self, world: int = 4) -> None:
         self.world = world
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         port = free_loopback_port()
         self.jobs = [ctx.Queue() for _ in range(world)]
         self.results = ctx.Queue()
