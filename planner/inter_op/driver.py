@@ -15,8 +15,9 @@ priced and checked on its own group; the bounds take the mean free memory, the f
 1. Families ``(tp, pp, dp)`` (:mod:`.space`), invalid ones pruned with their reason.
 2. Memory bound per (family, rung) (:mod:`.bounds`): ``k_z(dp)·Ψ/pp + reserved + runtime >
    C − H`` prunes the pair; each candidate starts at the lowest surviving rung (ZeRO stage,
-   offload; :mod:`.offload`). Offload rungs only in a second pass when the first found
-   nothing that fits, or from the start when the ``offload`` constraint excludes ``none``.
+   offload; :mod:`.offload`). Offload rungs plan-wide only in a second pass when the first
+   found nothing that fits, or from the start when the ``offload`` constraint excludes
+   ``none``; per pipeline rank also in the first pass with :data:`JOINT_RUNGS` (step 4).
 3. Candidates (:mod:`.space`) visited in increasing order of their lower bound on ``T̂``
    — on one kind of device the pipeline bound ``(m + (p−1)/v)·W/pp``
    (:func:`.bounds.pipeline_lower_bound`), else the time bound ``m·W/pp`` — until it
@@ -32,8 +33,12 @@ priced and checked on its own group; the bounds take the mean free memory, the f
    as memory needs, chosen with the split (:meth:`.stage_split.StageSplits.fit_recompute`;
    its bounds are then those without recompute, the least it may cost). Each pipeline rank
    may then take its own ZeRO stage and offload for the kept split, among the rungs of the
-   pass (:mod:`.stage_zero`, exact for ``T̂``); a constraint naming ``zero_stage`` or
-   ``offload`` keeps that one plan-wide.
+   pass (:mod:`.stage_zero`, exact for ``T̂`` on a split); a constraint naming ``zero_stage``
+   or ``offload`` keeps that one plan-wide. With :data:`JOINT_RUNGS` the split is chosen with
+   those rungs: the candidate is placed at every rung a rank may take, the offload rungs
+   included in every pass, and the per-rank choice runs on each distinct split
+   (:mod:`.stage_zero`, "With the split"); a split whose bound
+   :func:`.surrogate.split_bound` exceeds the ``K``-th best ``T̂`` is not mixed.
    No "lowest ZeRO stage that fits" rule: a higher stage moves more bytes but may shrink the optimizer step,
    the gradient sync or the memory that forces recompute; only the model can weigh them.
 5. Placements ``π``: one intra-op solve per distinct tp of the ``K`` best (:mod:`.placements`).
@@ -47,7 +52,9 @@ the arithmetic (:mod:`.reasons`, :mod:`.unfit`), every fallback is logged and ke
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -79,7 +86,7 @@ from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory, stage_total
 from fxplan.inter_op.stage_split import StageSplits
 from fxplan.inter_op.stage_zero import mix_rungs
 from fxplan.core.zero_bubble_dp import after_step_refusal, reduces_after_step
-from fxplan.inter_op.surrogate import surrogate_step_s
+from fxplan.inter_op.surrogate import split_bound, surrogate_step_s
 from fxplan.inter_op.unfit import Unfit, overflow, record_unfit, unfit_reasons
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -105,6 +112,14 @@ class _Scored:
 #: Relative margin of the pipeline bound against the ``K``-th best ``T̂``: the two sum the same
 #: seconds in different orders.
 _ROUND_OFF = 1e-9
+
+#: Whether step 4 chooses the split and the per-rank rungs together (:meth:`_Search._joint`:
+#: the candidate's split at every rung a rank may take gets the per-rank choice too, and the
+#: offload rungs are offered per rank in every pass); off, each rank's rung is chosen for the
+#: split of the cheapest plan-wide rung only, among the rungs of the pass. Off by default: on, it moves three
+#: recorded search answers (``tests/inter_op/test_search_reference.py``) to plans the
+#: simulator prices faster, which are re-recorded only when the default changes.
+JOINT_RUNGS = False
 
 #: Constraints the memory rungs apply (:mod:`fxplan.inter_op.offload`), not the candidates.
 _RUNG_KEYS = ("zero_stage", "offload")
@@ -229,17 +244,24 @@ class _Search:
 
     # -- step 4 ---------------------------------------------------------------------------
     def _partition(self, c: ParallelConfig) -> ParallelConfig | None:
-        """``c`` with the stage split that fits (:mod:`fxplan.inter_op.stage_split`), or
-        ``None``."""
+        """``c`` with the stage split that fits (:mod:`fxplan.inter_op.stage_split`), the
+        cheapest by ``T̂`` of :meth:`_placements` (the split's DP balances the slowest stage,
+        not the step), or ``None``."""
+        return min(self._placements(c), key=self._estimate, default=None)
+
+    def _placements(self, c: ParallelConfig) -> list[ParallelConfig]:
+        """``c``'s placed variants that fit: its split, and where its recompute policy may
+        run on only some layers the split with the recomputed layers of each stage and the
+        split without recompute (:meth:`~fxplan.inter_op.stage_split.StageSplits.
+        fit_recompute`)."""
         prof, profs, devs = self._profiles(c)
         if not self.per_stage or c.recompute == "none":
-            return self.splits.fit(c, prof, profs, self._memory(devs), self.mem)
+            placed = self.splits.fit(c, prof, profs, self._memory(devs), self.mem)
+            return [] if placed is None else [placed]
         base = c.replace(recompute="none")
         none, nones, _ = self._profiles(base)
-        fitting = self.splits.fit_recompute(c, prof, profs, none, nones, self._memory(devs),
-                                            self.mem, self.profile.of, base)
-        # the cheapest by T̂ (the split's DP balances the slowest stage, not the step)
-        return min(fitting, key=self._estimate, default=None)
+        return self.splits.fit_recompute(c, prof, profs, none, nones, self._memory(devs),
+                                         self.mem, self.profile.of, base)
 
     def _estimate(self, placed: ParallelConfig) -> float:
         """``T̂`` of a placed candidate (:func:`fxplan.inter_op.surrogate.surrogate_step_s`),
@@ -265,7 +287,7 @@ class _Search:
         for fam, rung in fams.items():
             for c in self._options(fam, rung):
                 # zero-bubble beside dp at a rung the runtime cannot run (nor any above it)
-                if allowed(c, unsettled) and after_step_refusal(c) is None:
+                if allowed(c, unsettled) and self._runnable(c, [(c.zero_stage, c.offload)]):
                     lb = min(time_lower_bound(c, prof.of(c, g, floor)) for g in groups)
                     # the pipeline bound (bounds.py) holds on one kind of device only
                     piped = pipeline_lower_bound(c, prof.of(c, None, floor)) if uniform else 0.0
@@ -305,7 +327,7 @@ class _Search:
                     break
                 self.visited += 1
                 bar.advance()
-                scored = self._score(c)
+                scored = self._score(c, -best[0][0] if len(best) >= self.K else math.inf)
                 if scored is None or scored.config in scored_configs \
                         or scored.config in self.ranked_before:
                     continue
@@ -368,25 +390,29 @@ class _Search:
             for fp8 in self.fp8_choices:
                 yield c.replace(fp8=fp8) if fp8 else c
 
-    def _score(self, c: ParallelConfig) -> _Scored | None:
+    def _score(self, c: ParallelConfig, kth: float = math.inf) -> _Scored | None:
         """The cheapest by ``T̂`` of ``c`` at each allowed ZeRO stage that fits (ties → the
-        lower stage), or ``None`` (and the family's unfit record) when none fits."""
+        lower stage), then with a rung per pipeline rank chosen with the split (:meth:`_joint`;
+        ``kth``: the ``K``-th best ``T̂`` so far), or ``None`` (and the family's unfit record)
+        when none fits."""
         family = Family.of(c)
         rungs = self._runnable(c, self.rungs.of(family.dp))
         rungs = rungs[rungs.index((c.zero_stage, c.offload)):]
         best: _Scored | None = None
+        tried: dict[Rung, ParallelConfig | None] = {}   # each plan-wide rung's split
         for zero, off in rungs:
             if best is not None and off != "none":
-                break                     # offload only where no on-device rung fits
-            placed = self._partition(c if (zero, off) == (c.zero_stage, c.offload) else
-                                     c.replace(zero_stage=zero, offload=off))
+                break                     # offload plan-wide only where no on-device rung fits
+            placed = tried[(zero, off)] = self._partition(
+                c if (zero, off) == (c.zero_stage, c.offload) else
+                c.replace(zero_stage=zero, offload=off))
             if placed is not None:
                 scored = _Scored(placed, self._estimate(placed))
                 if best is None or scored.surrogate_s < best.surrogate_s:
                     best = scored
         if best is not None:
             self.fitted.add(family)
-            return self._mix_rungs(best)
+            return self._joint(c, best, tried, kth)
         heaviest = evenly_at(c, rungs[-1] if rungs else (c.zero_stage, c.offload),
                              self.profile.num_layers)
         record_unfit(self.unfit, family, self._worst(heaviest), heaviest)
@@ -395,30 +421,69 @@ class _Search:
     @staticmethod
     def _runnable(c: ParallelConfig, rungs: list[Rung]) -> list[Rung]:
         """``rungs`` without those a zero-bubble pipeline beside dp cannot run at (FSDP2:
-        :func:`fxplan.core.zero_bubble_dp.after_step_refusal`); all of them otherwise."""
+        :func:`fxplan.core.zero_bubble_dp.after_step_refusal`, asked here only); all of them
+        otherwise."""
         if not reduces_after_step(c):
             return rungs
         return [(z, off) for z, off in rungs
                 if after_step_refusal(c.replace(zero_stage=z, offload=off)) is None]
 
-    def _mix_rungs(self, best: _Scored) -> _Scored:
-        """``best`` with a ZeRO stage and an offload per pipeline rank where that lowers
-        ``T̂``, each rank's chosen among the family's rungs of this pass for ``best``'s split
-        (:mod:`fxplan.inter_op.stage_zero`); a ZeRO stage or an offload the constraints name
-        stays ``best``'s on every rank."""
-        c = best.config
-        rungs = [(z, off) for z, off in self._runnable(c, self.rungs.of(c.dp))
-                 if (self.zero_per_rank or z == c.zero_stage)
-                 and (self.offload_per_rank or off == c.offload)]
+    def _mixable(self, c: ParallelConfig) -> list[Rung]:
+        """The rungs a pipeline rank of ``c`` may take (:mod:`fxplan.inter_op.stage_zero`):
+        the family's rungs, the offload ones included wherever offload can be priced and the
+        constraints allow it (:meth:`~fxplan.inter_op.offload.MemoryRungs.per_rank`), that the
+        runtime runs beside ``c``'s schedule; a ZeRO stage or an offload the constraints name
+        stays ``c``'s on every rank."""
+        ladder = self.rungs.per_rank(c.dp) if JOINT_RUNGS else self.rungs.of(c.dp)
+        return [(z, off) for z, off in self._runnable(c, ladder)
+                if (self.zero_per_rank or z == c.zero_stage)
+                and (self.offload_per_rank or off == c.offload)]
+
+    def _joint(self, c: ParallelConfig, best: _Scored,
+               tried: Mapping[Rung, ParallelConfig | None], kth: float = math.inf) -> _Scored:
+        """``best`` with a rung per pipeline rank (:mod:`fxplan.inter_op.stage_zero`, exact
+        for a split): chosen for ``best``'s split and, with :data:`JOINT_RUNGS`, also for the
+        split of ``c`` at every other rung a rank may take (``tried``: the splits of the
+        plan-wide rungs already placed; a split that fits only where some rank takes a high
+        ZeRO stage or offloads: :mod:`~fxplan.inter_op.stage_zero`, "With the split"); the
+        cheapest by ``T̂`` is kept (ties → ``best``'s, then the lower rung's split). A split
+        whose bound :func:`~fxplan.inter_op.surrogate.split_bound` exceeds ``kth`` (the
+        ``K``-th best ``T̂`` so far) is not mixed: nothing on it enters the ``K`` best."""
+        rungs = self._mixable(best.config)
         if c.pp == 1 or c.dp == 1 or len(rungs) < 2:   # nothing to choose per rank
             return best
-        prof, profs, devs = self._profiles(c)
-        mixed = mix_rungs(c, rungs, prof, profs, self._memory(devs), self.cluster,
-                          best.surrogate_s)
-        if mixed is None:
-            return best
-        self._estimates[mixed[0]] = mixed[1]
-        return _Scored(*mixed)
+        splits: Iterator[ParallelConfig] = iter([best.config])
+        if JOINT_RUNGS:
+            splits = itertools.chain(splits, *(
+                ([tried[r]] if tried[r] is not None else []) if r in tried else
+                self._placements(c.replace(zero_stage=r[0], offload=r[1]))
+                for r in self._split_rungs(c, rungs)))
+        out, seen = best, set()
+        for placed in splits:
+            key = (placed.stage_layers, placed.recompute_layers)
+            if key in seen:
+                continue
+            seen.add(key)
+            # every rank at the split's own rung is one of the choices: no need to price it
+            prof, profs, devs = self._profiles(placed)
+            if split_bound(placed, prof, profs) > kth * (1.0 + _ROUND_OFF):
+                continue
+            mixed = mix_rungs(placed, rungs, prof, profs, self._memory(devs), self.cluster,
+                              out.surrogate_s)
+            if mixed is not None:
+                self._estimates[mixed[0]] = mixed[1]
+                out = _Scored(*mixed)
+        return out
+
+    def _split_rungs(self, c: ParallelConfig, rungs: list[Rung]) -> list[Rung]:
+        """The rungs of ``rungs`` at which :meth:`_joint` places ``c`` on every rank: none
+        below ``c``'s own (the first the memory bound of step 2 passes: below it no split fits
+        every rank), and of the offload rungs only ZeRO-3's, those of least device memory
+        (placing at each offload rung costs a partition each; measured on GPT-1T the lower
+        ZeRO stages' offload splits rarely won)."""
+        ladder = self.rungs.per_rank(c.dp)
+        above = set(ladder[ladder.index((c.zero_stage, c.offload)):])
+        return [(z, off) for z, off in rungs if (z, off) in above and (off == "none" or z == 3)]
 
     def _budget_fallback(self, index: int, total: int) -> None:
         text = (f"time budget {self.budget.seconds:g} s reached after {index} of {total} "
@@ -459,8 +524,7 @@ class _Search:
         rungs = self.rungs.of(fam.dp)
         top = rungs[-1] if rungs else None
         # a zero-bubble variant beside dp does not run at the top rung (zero_bubble_dp)
-        variants = (c for c in self._options(fam) if top is None or after_step_refusal(
-            c.replace(zero_stage=top[0], offload=top[1])) is None)
+        variants = (c for c in self._options(fam) if top is None or self._runnable(c, [top]))
         return lightest_allowed(variants, top, self.profile.num_layers, self.constraints,
                                 self._worst)
 

@@ -22,7 +22,11 @@ that fits without offload (:meth:`MemoryRungs.start_offload`, called by
 :func:`fxplan.inter_op.driver.run_search`; or from the start when the ``offload`` constraint
 excludes ``none``): it keeps the search as fast as before
 for models that fit, and a plan that fits without offload is not traded for one that copies
-over PCIe every step. ``(0, optimizer)`` with ``dp > 1`` is
+over PCIe every step. Per pipeline rank (:mod:`fxplan.inter_op.stage_zero`) the offload rungs
+may join in every pass (:meth:`MemoryRungs.per_rank`, with
+:data:`fxplan.inter_op.driver.JOINT_RUNGS`): there a rank offloads only where that lowers the
+closed-form step time — its optimizer states on the host free the memory that made it
+recompute, or let the split even out. ``(0, optimizer)`` with ``dp > 1`` is
 left out: ``(1, optimizer)`` keeps the same device bytes with ``1/dp`` of the host bytes and
 of the CPU step. Only the rungs the ``zero_stage`` and ``offload`` constraints allow are
 tried, and offload rungs only when every device group's spec gives its host side
@@ -35,22 +39,25 @@ on the host, 16 B per parameter, sharded over the ranks, ``16·Ψ·(N/nodes)/N``
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Collection, Mapping
+
+import numpy as np
 
 from fxplan.core.config import ParallelConfig
 from fxplan.core.config_error import CostModelError
 from fxplan.cost_model.compute.fp8 import check_fp8
 from fxplan.cost_model.memory.breakdown import GIB
-from fxplan.cost_model.memory.offload import HostSide, with_host_check
+from fxplan.cost_model.memory.offload import HostSide
 from fxplan.inter_op.constraints import ConstraintError
 from fxplan.inter_op.profile import SegmentProfile
-from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory
+from fxplan.inter_op.stage_memory import DeviceMemory, stage_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["MemoryRungs", "Rung", "fp8_choices", "host_fits", "host_missing", "memory_rungs",
-           "offload_allows_none"]
+__all__ = ["MemoryRungs", "Rung", "fp8_choices", "host_fit_ranks", "host_fits", "host_missing",
+           "memory_rungs", "offload_allows_none"]
 
 #: ``(zero_stage, offload)``.
 Rung = tuple[int, str]
@@ -102,6 +109,13 @@ class MemoryRungs:
         return memory_rungs(dp, self.zero_want, self.offload_want,
                             self.offloading and not self.no_offload)
 
+    def per_rank(self, dp: int) -> list[Rung]:
+        """The rungs a pipeline rank may take in the choice per rank
+        (:mod:`fxplan.inter_op.stage_zero`): those of :meth:`of` with the offload rungs in
+        every pass, wherever offload can be priced and the constraints allow it — a plan that
+        fits on the device may still offload one rank where that makes it faster."""
+        return memory_rungs(dp, self.zero_want, self.offload_want, not self.no_offload)
+
     def start_offload(self) -> bool:
         """Offer the offload rungs from now on; ``False`` (nothing changes) when they are
         offered already or offload cannot be priced here."""
@@ -141,7 +155,7 @@ def host_fits(c: ParallelConfig, prof: SegmentProfile, mem: DeviceMemory,
     without offload)."""
     if c.offload == "none":
         return True
-    return all(m.host_fits for m in with_host_check(stage_memory(c, prof, mem), c, cluster))
+    return bool(host_fit_ranks(c, stage_rows(c, prof, mem).rows["host"], cluster).all())
 
 
 def fp8_choices(constraints: Mapping[str, Any], cluster: Cluster) -> tuple[bool, ...]:
@@ -156,3 +170,41 @@ def fp8_choices(constraints: Mapping[str, Any], cluster: Cluster) -> tuple[bool,
         except CostModelError as err:
             raise ConstraintError(f"constraint fp8: {err}") from None
     return choices
+
+
+@lru_cache(maxsize=64)
+def _host_layout(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank of ``cluster``: its node, and its node's host memory in bytes (``inf`` where
+    its group gives no host side: nothing is offloaded there)."""
+    def host_memory(rank: int) -> float:
+        try:
+            return HostSide.of(cluster.device(rank)).memory
+        except CostModelError:
+            return np.inf
+
+    ranks = range(cluster.num_devices)
+    nodes = np.array([cluster.node_of(r) for r in ranks], dtype=np.int64)
+    caps = np.array([host_memory(r) for r in ranks], dtype=float)
+    nodes.setflags(write=False)
+    caps.setflags(write=False)
+    return nodes, caps
+
+
+def host_fit_ranks(c: ParallelConfig, host: np.ndarray, cluster: Cluster) -> np.ndarray:
+    """Per pipeline rank of ``c`` (``host``: the host bytes each keeps): whether the fullest
+    node its ranks sit on holds the host bytes of every rank on that node — the
+    ``host_fits`` of :func:`~fxplan.cost_model.memory.offload.with_host_check`, as arrays:
+    rank ``r`` runs pipeline rank ``r // (dp·tp)``, node ``n`` keeps
+    ``H_n = Σ_{r on n} host_{r // (dp·tp)}`` (summed in rank order: the same floats), and
+    pipeline rank ``s`` fits when ``H_n ≤ C_n`` or ``H_n = 0`` on its first rank of largest
+    ``H_n``."""
+    nodes, caps = _host_layout(cluster)
+    per_stage = c.dp * c.tp
+    stage_of = np.arange(len(nodes)) // per_stage
+    totals = np.bincount(nodes, weights=np.asarray(host, dtype=float)[stage_of])[nodes]
+    out = np.empty(c.pp, dtype=bool)
+    for s in range(c.pp):
+        span = slice(s * per_stage, (s + 1) * per_stage)
+        worst = int(np.argmax(totals[span])) + s * per_stage
+        out[s] = totals[worst] <= caps[worst] or totals[worst] == 0.0
+    return out

@@ -1,6 +1,7 @@
 """Peak bytes per pipeline rank of a candidate: the cost model's own formula
-(:func:`cost_model.memory.rank_memory.rank_memory`, the one :func:`cost_model.step.estimate.estimate`
-reports as ``peak_memory_gib``) fed from the search's per-layer profile.
+(:func:`cost_model.memory.rank_memory.rank_memory`, the one
+:func:`cost_model.step.estimate.estimate` reports as ``peak_memory_gib``) fed from the search's
+per-layer profile.
 
 Virtual stage ``j = c·p + s`` (chunk ``c`` of pipeline rank ``s``) holds layers ``[k_j, k_{j+1})``,
 plus ``pre`` on ``j = 0`` and ``post`` on ``j = S−1``. Per rank ``s``::
@@ -52,8 +53,7 @@ from fxplan.core.config import ParallelConfig
 from fxplan.core.schedule import Schedule
 
 __all__ = ["DeviceMemory", "PartitionInputs", "inflight", "partition_inputs", "per_rank",
-           "stage_memory",
-           "stage_totals", "state_bytes_per_param"]
+           "rung_rows", "stage_memory", "stage_rows", "stage_totals", "state_bytes_per_param"]
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ def _layout(schedule: Schedule, pp: int) -> tuple[np.ndarray, np.ndarray, np.nda
     """Where the virtual stages of ``schedule`` on ``pp`` ranks sit: the rank and the chunk
     of each virtual stage ``j`` (:meth:`~fxplan.core.schedule.Schedule.placement`), and
     ``(v, p)`` the virtual stage of chunk ``k`` on rank ``s``
-    (:meth:`~fxplan.core.config.Schedule.virtual_stage`); cached, the search reads them for
+    (:meth:`~fxplan.core.schedule.Schedule.virtual_stage`); cached, the search reads them for
     every candidate."""
     v = schedule.chunks
     rank, chunk = np.array([schedule.placement(j, pp) for j in range(pp * v)]).T
@@ -237,15 +237,27 @@ def stage_memory(c: ParallelConfig, prof: SegmentProfile,
     """Peak bytes of each pipeline rank by kind (module docstring), each rank's states under
     its own ZeRO stage and offload (``zero_stages``, ``offload_stages``); ``mem`` one device or
     one per pipeline rank."""
-    return _rows(c, prof, mem).breakdowns()
+    return stage_rows(c, prof, mem).breakdowns()
 
 
-def _rows(c: ParallelConfig, prof: SegmentProfile,
-          mem: DeviceMemory | Sequence[DeviceMemory]) -> MemoryRows:
+def stage_rows(c: ParallelConfig, prof: SegmentProfile,
+               mem: DeviceMemory | Sequence[DeviceMemory]) -> MemoryRows:
     """:func:`~fxplan.cost_model.memory.rank_memory.rank_memory_rows` of ``c`` (each rank's
-    terms as arrays over the ranks)."""
-    mems = per_rank(mem, c.pp)
-    return rank_memory_rows(order(c), **_rank_inputs(c, prof),
+    terms as arrays over the ranks, its host bytes as ``rows["host"]``)."""
+    return _rows_of(c, _rank_inputs(c, prof), per_rank(mem, c.pp))
+
+
+def rung_rows(c: ParallelConfig, rungs: Sequence[tuple[int, str]], prof: SegmentProfile,
+              mem: DeviceMemory | Sequence[DeviceMemory]) -> list[MemoryRows]:
+    """:func:`stage_rows` of ``c`` at each rung ``(zero, offload)`` on every rank: the split's
+    aggregates (:func:`_rank_inputs`, read by no rung) taken once."""
+    inputs, mems = _rank_inputs(c, prof), per_rank(mem, c.pp)
+    return [_rows_of(c.uniform(z, o), inputs, mems) for z, o in rungs]
+
+
+def _rows_of(c: ParallelConfig, inputs: dict[str, object],
+             mems: tuple[DeviceMemory, ...]) -> MemoryRows:
+    return rank_memory_rows(order(c), **inputs,
                             reserved=[m.reserved for m in mems],
                             capacity=[m.capacity for m in mems], tp=c.tp, dp=c.dp,
                             zero_stage=c.rank_zero_stages,
@@ -260,4 +272,4 @@ def stage_totals(c: ParallelConfig, prof: SegmentProfile,
                  mem: DeviceMemory | Sequence[DeviceMemory]) -> np.ndarray:
     """``total_s`` of every pipeline rank, bytes (the search's hot path: read off the rows,
     no breakdown built per rank)."""
-    return _rows(c, prof, mem).total
+    return stage_rows(c, prof, mem).total

@@ -5,7 +5,8 @@ A candidate placed at one memory rung (its stage split and recomputed layers fix
 ``r_s = (z_s, o_s) ∈ R``, a ZeRO stage and an offload policy (``zero_stages``,
 ``offload_stages``). ``R`` is the rungs the plan-wide choice may take for the family
 (:func:`fxplan.inter_op.offload.memory_rungs`: the on-device stages 0–3 with ``dp > 1``, and in
-the search's offload pass the offload rungs too), less those the runtime cannot run beside the
+the search's offload pass — or in every pass, with the split chosen jointly below — the offload
+rungs too), less those the runtime cannot run beside the
 candidate's schedule and the offload rungs the runtime cannot run on a rank
 (:func:`runnable_rungs`: FSDP2's CPU offload needs the rank's stage sharded by FSDP2). A
 constraint naming ``zero_stage`` or ``offload`` keeps that one plan-wide: ``R`` holds only the
@@ -56,6 +57,33 @@ stage, then no offload); the mixed rungs replace the candidate only when their `
 than its own (by more than round-off). The simulator re-prices every finalist
 (:func:`cost_model.step.estimate.estimate`, which prices each rank under its own stage and
 offload).
+
+**Offload that cannot win.** An offload rung ``(z, o)`` has the ``w_s`` of its on-device twin
+``(z, none)`` (``optimizer``) or a larger one (``optimizer+params`` adds its copies to
+``z_j``), and the same ``exposed_s + post_s``; only ``opt_s`` differs
+(:class:`~fxplan.inter_op.surrogate.RungTerms`). Where the twin fits on every rank and the
+offload rung's ``opt_s`` is no lower than the twin's on every rank, putting the twin in place
+of that rung in any choice keeps it fitting (the twin fits everywhere; the host holds less)
+and does not raise ``T̂``; ``fsdp_params`` reads no offload, so the twin keeps the rank's
+gradient layout. The rung is left out (:func:`rank_options` prices neither its memory nor its
+terms) without changing the minimum, and ties go to the twin anyway (earlier in the ladder).
+With tied holders a choice must keep both holders offloading alike, so the offload rungs are
+left out only when every one of them is dominated (then every offloading rank of a choice
+takes its twin, both holders included).
+
+**With the split** (:data:`fxplan.inter_op.driver.JOINT_RUNGS`). The exact choice above is for
+one split. The split comes from the partition DP at one rung on every rank
+(:mod:`fxplan.inter_op.partition`), which balances the slowest stage under that rung's memory:
+a split that fits only where some ranks take a high ZeRO stage or offload and others do not is
+not among the plan-wide rungs' splits. The search therefore places the candidate at every rung
+of ``R`` (:meth:`fxplan.inter_op.driver._Search._joint`), runs the exact choice on each
+distinct split and keeps the cheapest by ``T̂`` — exact over the union of those splits, a
+heuristic over all splits: the DP does not see each stage's rung costs, so a split that no
+rung's DP returns (one that puts fewer layers on the offloading rank than the even split) is
+missed; ``tests/inter_op/test_joint_rungs.py`` compares it with every split × every rung per
+rank on small cases and shows one it misses. An exact method would run the min–max DP over
+stages with the rung in the stage's state, for each cap ``W`` on ``max_s w_s`` as above, with
+every term priced per layer span.
 """
 
 from __future__ import annotations
@@ -67,12 +95,11 @@ import numpy as np
 from fxplan.core.config import ParallelConfig
 from fxplan.core.config_fields import OFFLOAD_POLICIES
 from fxplan.cost_model.host.host_overhead import fsdp_params
-from fxplan.cost_model.memory.offload import with_host_check
-from fxplan.inter_op.offload import Rung
+from fxplan.inter_op.offload import Rung, host_fit_ranks
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.inter_op.stage_devices import rank_limits
-from fxplan.inter_op.stage_memory import DeviceMemory, stage_memory, stage_totals
-from fxplan.inter_op.surrogate import bubble_weight, rank_terms
+from fxplan.inter_op.stage_memory import DeviceMemory, rung_rows
+from fxplan.inter_op.surrogate import RungTerms, bubble_weight
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -114,26 +141,34 @@ def rank_options(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentPro
                  profs: list[SegmentProfile] | None,
                  mems: DeviceMemory | tuple[DeviceMemory, ...], cluster: Cluster) -> RankOptions:
     """Each rank's terms and fit at each of ``rungs`` (module docstring, "Independence",
-    "Host memory"), from ``placed``'s split at each rung on every rank. ``prof``, ``profs``:
+    "Host memory"), from ``placed``'s split at each rung on every rank; an offload rung its
+    on-device twin dominates on every rank is left out (marked fitting nowhere, its memory and
+    terms not priced: module docstring, "Offload that cannot win"). ``prof``, ``profs``:
     ``placed``'s profiles; ``mems``: its ranks' memory."""
-    w, e, fits = [], [], []
     limit = rank_limits(mems)
-    for z, o in rungs:
-        c = placed.uniform(z, o)
-        if o == "none":
-            fit = np.asarray(stage_totals(c, prof, mems) <= limit)
-        else:   # and each rank's nodes hold every rank's host bytes at this rung
-            memory = stage_memory(c, prof, mems)
-            fit = (np.array([m.total for m in memory]) <= limit) & np.array(
-                [m.host_fits for m in with_host_check(memory, c, cluster)])
-        fit = np.broadcast_to(fit, (placed.pp,))
-        # a rung no rank fits at is never chosen: its terms are not priced
-        w_z, e_z = (rank_terms(c, prof, cluster, profs) if fit.any() else
-                    (np.full(placed.pp, np.inf), np.full(placed.pp, np.inf)))
-        w.append(w_z)
-        e.append(e_z)
-        fits.append(fit)
-    return RankOptions(rungs, np.array(w).T, np.array(e).T, np.array(fits).T)
+    pricer = RungTerms(placed, prof, cluster, profs)
+    nowhere = np.zeros(placed.pp, dtype=bool)
+    fits: dict[Rung, np.ndarray] = {}
+    on = [r for r in rungs if r[1] == "none"]
+    for r, rows in zip(on, rung_rows(placed, on, prof, mems)):
+        fits[r] = np.broadcast_to(np.asarray(rows.total <= limit), (placed.pp,))
+    offload = [(z, o) for z, o in rungs if o != "none"]
+    dominated = [(z, o) for z, o in offload if (z, "none") in fits and fits[(z, "none")].all()
+                 and (pricer.optimizer_s(z, o) >= pricer.optimizer_s(z, "none")).all()]
+    if tied_holders(placed, prof) and len(dominated) < len(offload):
+        dominated = []      # all or none where the tied holders take one kind
+    for r in dominated:
+        fits[r] = nowhere
+    off = [r for r in offload if r not in dominated]
+    for (z, o), rows in zip(off, rung_rows(placed, off, prof, mems)):
+        # and each rank's nodes hold every rank's host bytes at this rung
+        fits[(z, o)] = np.asarray(rows.total <= limit) & host_fit_ranks(
+            placed.uniform(z, o), rows.rows["host"], cluster)
+    # a rung no rank fits at is never chosen: its terms are not priced
+    never = (np.full(placed.pp, np.inf),) * 2
+    w, e = zip(*(pricer.terms(*r) if fits[r].any() else never for r in rungs))
+    return RankOptions(rungs, np.array(w).T, np.array(e).T,
+                       np.array([fits[r] for r in rungs]).T)
 
 
 def choose_rungs(c: ParallelConfig, options: RankOptions) -> tuple[tuple, float] | None:

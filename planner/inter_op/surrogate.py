@@ -23,7 +23,7 @@ gradients reduce-scattered after, prefetched one segment ahead:
 (a layer's gather hides behind the layer before it: a light layer before a heavy one — the
 dense layer before a mixture of experts — leaves the heavy one's gather exposed). ZeRO-2 with
 ``m > 1`` reduce-scatters in every backward
-(:func:`cost_model.step.stage_costs.zero2_reduces_per_microbatch`): its ``z_j`` is the same
+(:func:`cost_model.step.dp_reductions.zero2_reduces_per_microbatch`): its ``z_j`` is the same
 with every ``AG_k = 0`` (the blocks stay gathered), and it has no ``exposed_s``. Then::
 
     T̂ = max_s ( m·w_s + (p−1)/v · max_s w_s + exposed_s + post_s + opt_s )
@@ -63,12 +63,13 @@ takes each rank's ``w_s`` and ``exposed_s + post_s + opt_s`` from the configurat
 stage and offload on every rank (:func:`rank_terms`; :mod:`fxplan.inter_op.stage_zero` chooses
 them). A
 weight tied between two ranks that keep its gradient in different dp layouts adds a gather
-the step simulator prices (:func:`cost_model.step.stage_costs._tied_sync`) and ``T̂`` does
+the step simulator prices (:func:`cost_model.step.cross_stage.tied_sync`) and ``T̂`` does
 not; the search never ranks such a configuration (its tied holders keep one layout).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
@@ -86,7 +87,8 @@ from fxplan.core.zero_bubble_dp import reduces_after_step
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["bubble_weight", "rank_terms", "step_of_terms", "surrogate_step_s"]
+__all__ = ["RungTerms", "bubble_weight", "rank_terms", "rung_terms", "split_bound", "step_of_terms",
+           "surrogate_step_s"]
 
 
 def bubble_weight(c: ParallelConfig) -> float:
@@ -227,6 +229,110 @@ def rank_terms(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
     """Per pipeline rank ``s`` (one ZeRO stage for all: ``c.zero_stage``): ``w_s``, its work per
     microbatch, and ``exposed_s + post_s + opt_s``, its seconds once per step (module
     docstring); :func:`step_of_terms` combines them into ``T̂``."""
+    return RungTerms(c, prof, cluster, stage_profs).terms(c.zero_stage, c.offload)
+
+
+def rung_terms(c: ParallelConfig, rungs: Sequence[tuple[int, str]], prof: SegmentProfile,
+               cluster: Cluster, stage_profs: Sequence[SegmentProfile] | None = None
+               ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`rank_terms` of ``c`` at each rung ``(zero, offload)`` on every rank
+    (:class:`RungTerms`)."""
+    terms = RungTerms(c, prof, cluster, stage_profs)
+    return [terms.terms(zero, offload) for zero, offload in rungs]
+
+
+class RungTerms:
+    """:func:`rank_terms` of one split (``c``'s) at any rung ``(zero, offload)`` on every rank.
+    Of the terms only ``opt_s`` reads ``offload=optimizer`` (module docstring: ``z_j`` reads
+    ``optimizer+params``' copies, ``exposed_s`` and ``post_s`` no offload; ``Ψ_s`` and ``b_s``
+    no rung), so a rung with ``optimizer`` shares ``w_s`` and ``exposed_s + post_s`` with the
+    same stage without offload: priced once, the same floats."""
+
+    def __init__(self, c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
+                 stage_profs: Sequence[SegmentProfile] | None = None) -> None:
+        self.c, self.prof, self.cluster, self.stage_profs = c, prof, cluster, stage_profs
+        self._parts: dict[tuple[int, bool], _Parts] = {}
+        self._configs: dict[tuple[int, str], ParallelConfig] = {}
+        if not c.per_rank:
+            self._configs[(c.zero_stage, c.offload)] = c
+
+    def _at(self, zero: int, offload: str) -> ParallelConfig:
+        """The split's configuration with the rung on every rank."""
+        hit = self._configs.get((zero, offload))
+        if hit is None:
+            hit = self._configs[(zero, offload)] = self.c.uniform(zero, offload)
+        return hit
+
+    def _of(self, zero: int, offload: str) -> _Parts:
+        key = (zero, offload == "optimizer+params")
+        hit = self._parts.get(key)
+        if hit is None:
+            hit = self._parts[key] = _Parts(*_parts(self._at(zero, offload), self.prof,
+                                                    self.cluster, self.stage_profs))
+        return hit
+
+    def terms(self, zero: int, offload: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(w_s, exposed_s + post_s + opt_s)`` of every rank at the rung."""
+        parts = self._of(zero, offload)
+        return parts.w, parts.rest + parts.optimizer_s(self._at(zero, offload), self.cluster)
+
+    def optimizer_s(self, zero: int, offload: str) -> np.ndarray:
+        """``opt_s`` of every rank at the rung, from the parts of the same stage without
+        offload (``Ψ_s``, ``b_s`` read no rung): no ``z_j`` is priced for it."""
+        return self._of(zero, "none").optimizer_s(self._at(zero, offload), self.cluster)
+
+
+def split_bound(c: ParallelConfig, prof: SegmentProfile,
+                stage_profs: Sequence[SegmentProfile] | None = None) -> float:
+    """``(m + (p−1)/v)·max_s Σ_{j on s} (Σ_{i ∈ j} t_i + pre[j = 0] + post[j = S−1])``: a lower
+    bound of ``T̂`` of ``c``'s split at every rung on every rank — ``w_s`` adds the sends and
+    ``z_j`` (``≥ 0``) to that compute and ``exposed_s + post_s + opt_s ≥ 0``, so
+    ``T̂ ≥ m·max_s w_s + (p−1)/v·max_s w_s``."""
+    p, S = c.pp, c.pp * c.virtual_stages
+    edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
+    stage = np.arange(S) % p
+    if stage_profs is None:
+        first = last = prof
+        u = _spans(prof.layer_time, edges)
+    else:
+        first, last = stage_profs[0], stage_profs[stage[-1]]
+        u = np.array([_spans(stage_profs[s].layer_time, edges)[j] for j, s in enumerate(stage)])
+    u[0] += first.pre[0] + first.pre[1]
+    u[-1] += last.post[0] + last.post[1]
+    return (c.num_microbatches + bubble_weight(c)) * float(
+        np.bincount(stage, weights=u, minlength=p).max())
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """Per pipeline rank: ``w_s``, ``exposed_s + post_s`` (``rest``), and what ``opt_s``
+    reads — the rank's parameters ``Ψ_s``, its experts' ``Ψ^e_s``, one microbatch's backward
+    ``b_s`` (over ``v`` chunks) and the memory bandwidth."""
+
+    w: np.ndarray
+    rest: np.ndarray
+    psi_s: np.ndarray
+    experts_s: np.ndarray
+    b_s: np.ndarray
+    bandwidth: np.ndarray | float
+    experts: bool
+
+    def optimizer_s(self, c: ParallelConfig, cluster: Cluster) -> np.ndarray:
+        """``opt_s`` of every rank under ``c``'s ZeRO stage and offload (module docstring)."""
+        psi_s, experts_s, bandwidth = self.psi_s, self.experts_s, self.bandwidth
+        if c.offload == "none":
+            if self.experts and c.zero_stage >= 1:   # the experts' states over dp/ep replicas
+                return ADAM_MIXED.step_bytes * ((psi_s - experts_s) / c.dp
+                                                + experts_s * c.ep / c.dp) / bandwidth
+            return ADAM_MIXED.step_bytes * psi_s / (c.dp if c.zero_stage >= 1 else 1) / bandwidth
+        return np.array([offload_step_s(c, float(psi_s[s]), float(self.b_s[s] * c.virtual_stages),
+                                        cluster.device(s * c.dp * c.tp), ADAM_MIXED)
+                         for s in range(c.pp)])
+
+
+def _parts(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
+           stage_profs: Sequence[SegmentProfile] | None) -> tuple:
+    """The fields of :class:`_Parts` (module docstring)."""
     p, v, S = c.pp, c.virtual_stages, c.pp * c.virtual_stages
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
     dp_ranks = tuple(range(0, c.dp * c.tp, c.tp))
@@ -301,13 +407,4 @@ def rank_terms(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
     bandwidth = np.array([cluster.device(s * c.dp * c.tp).memory_bandwidth_gb_per_s * 1e9
                           for s in range(p)]) if stage_profs is not None else \
         cluster.device(0).memory_bandwidth_gb_per_s * 1e9
-    if c.offload == "none":
-        opt = ADAM_MIXED.step_bytes * psi_s / (c.dp if c.zero_stage >= 1 else 1) / bandwidth
-        if experts.any() and c.zero_stage >= 1:   # the experts' states over dp/ep replicas
-            opt = ADAM_MIXED.step_bytes * ((psi_s - experts_s) / c.dp
-                                           + experts_s * c.ep / c.dp) / bandwidth
-    else:
-        opt = np.array([offload_step_s(c, float(psi_s[s]), float(b_s[s] * v),
-                                       cluster.device(s * c.dp * c.tp), ADAM_MIXED)
-                        for s in range(p)])
-    return w, exposed + post + opt
+    return w, exposed + post, psi_s, experts_s, b_s, bandwidth, bool(experts.any())
