@@ -116,10 +116,9 @@ _ROUND_OFF = 1e-9
 #: Whether step 4 chooses the split and the per-rank rungs together (:meth:`_Search._joint`:
 #: the candidate's split at every rung a rank may take gets the per-rank choice too, and the
 #: offload rungs are offered per rank in every pass); off, each rank's rung is chosen for the
-#: split of the cheapest plan-wide rung only, among the rungs of the pass. Off by default: on, it moves three
-#: recorded search answers (``tests/inter_op/test_search_reference.py``) to plans the
-#: simulator prices faster, which are re-recorded only when the default changes.
-JOINT_RUNGS = False
+#: split of the cheapest plan-wide rung only, among the rungs of the pass (kept for comparison
+#: in ``tests/inter_op/test_joint_rungs.py``).
+JOINT_RUNGS = True
 
 #: Constraints the memory rungs apply (:mod:`fxplan.inter_op.offload`), not the candidates.
 _RUNG_KEYS = ("zero_stage", "offload")
