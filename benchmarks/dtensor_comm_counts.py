@@ -18,10 +18,11 @@ ops (DDP's reducer, ``ZeroRedundancyOptimizer``) are not seen by ``CommDebugMode
 from __future__ import annotations
 
 import argparse
-import socket
 from collections import Counter
 
 import torch
+
+from fxplan.core.loopback import free_loopback_port
 
 
 def _worker(rank: int, world: int, port: int, constrain: str, steps: int) -> None:
@@ -181,9 +182,7 @@ def main() -> None:
     parser.add_argument("--time", type=int, default=0, metavar="N",
                         help="then time N steps of each Partial-gradient reduction, alternated")
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_loopback_port()
     import torch.multiprocessing as mp
 
     mp.spawn(_worker, args=(args.ranks, port, args.constrain, args.time), nprocs=args.ranks)

@@ -60,9 +60,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fxplan.core.loopback import free_loopback_port
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launched_rank import (add_measurement_arguments, apply_autogroup_nice,  # noqa: E402
-                           free_port, launched_rank)  # (benchmarks/, a script)
+                           launched_rank)  # (benchmarks/, a script)
 from local_cpu_lines.gloo_cpu import collective_call  # noqa: E402
 
 #: Modules whose forward ends with the hooked collective (suffixes of module names).
@@ -212,7 +214,7 @@ def gloo_in_situ(world: int, runs: int, rounds: int, block: int) -> dict[str, An
             out = Path(tmp, f"run{run}")
             out.mkdir()
             loads.append(os.getloadavg()[0])
-            mp.spawn(_worker, args=(world, str(plan_file), free_port(), grid, rounds, block,
+            mp.spawn(_worker, args=(world, str(plan_file), free_loopback_port(), grid, rounds, block,
                                     str(out)), nprocs=world)
             ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
             per_run.append([{**ranks[0][i], "marginal_us": statistics.median(

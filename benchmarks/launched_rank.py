@@ -6,7 +6,7 @@ time a launched step from inside (``step_phases.py``, ``gloo_in_situ.py``,
 (:mod:`fxplan.runtime.launch.affinity`), runs it on one thread with the heap kept between steps
 (:func:`fxplan.runtime.train.heap.keep_heap`), joins a gloo group over loopback and applies the plan
 to its model (:func:`fxplan.runtime.apply.graph.apply_plan`) with a fixed batch of random tokens at
-the plan's global batch; :func:`free_port` gives the group a port;
+the plan's global batch; :func:`fxplan.core.loopback.free_loopback_port` gives the group a port;
 :func:`add_measurement_arguments` and :func:`apply_autogroup_nice` the scripts' shared options.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,13 +53,6 @@ def launched_rank(rank: int, world: int, plan_file: str, port: int) -> LaunchedR
     sharded = apply_plan(bundle.build("cpu"), plan, (tokens,))
     start, stop = sharded.replica_slice()
     return LaunchedRank(plan, sharded, ((tokens[start:stop],), targets[start:stop]))
-
-
-def free_port() -> int:
-    """A free loopback port for a gloo group."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def add_measurement_arguments(parser: argparse.ArgumentParser, *, out: bool = True) -> None:

@@ -50,9 +50,11 @@ from typing import Any
 
 import numpy as np
 
+from fxplan.core.loopback import free_loopback_port
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launched_rank import (add_measurement_arguments, apply_autogroup_nice,  # noqa: E402
-                           free_port, launched_rank)  # (benchmarks/, a script)
+                           launched_rank)  # (benchmarks/, a script)
 from local_cpu_lines.rates import rate_probe  # noqa: E402
 
 MODEL, SEQ, BATCH = "gpt:layers=2,hidden=8,heads=1,vocab=16", 8, 16
@@ -123,7 +125,7 @@ def pipeline_host(microbatches: list[int], steps: int) -> dict[str, Any]:
                 out = Path(tmp, f"{schedule}-{m}")
                 out.mkdir()
                 load = os.getloadavg()[0]
-                mp.spawn(_worker, args=(2, str(plan_file), free_port(), steps, str(out)),
+                mp.spawn(_worker, args=(2, str(plan_file), free_loopback_port(), steps, str(out)),
                          nprocs=2)
                 ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(2)]
                 points.append({

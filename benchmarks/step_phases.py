@@ -45,9 +45,11 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from fxplan.core.loopback import free_loopback_port
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launched_rank import (add_measurement_arguments, apply_autogroup_nice,  # noqa: E402
-                           free_port, launched_rank)  # (benchmarks/, a script)
+                           launched_rank)  # (benchmarks/, a script)
 
 PHASES = ("train_step", "partial", "clip", "opt", "zero")
 WARMUP = 3
@@ -142,7 +144,7 @@ def main() -> None:
     print(f"{plan.summary}: {world} ranks, load average {os.getloadavg()[0]:.1f}; per phase "
           f"wall / main-thread CPU / other threads' CPU / main-thread run-queue wait ms (median of {args.steps - WARMUP} "
           "steps)", flush=True)
-    mp.spawn(_worker, args=(world, args.plan, free_port(), args.steps), nprocs=world)
+    mp.spawn(_worker, args=(world, args.plan, free_loopback_port(), args.steps), nprocs=world)
 
 
 if __name__ == "__main__":

@@ -33,11 +33,12 @@ import argparse
 import collections
 import functools
 import os
-import socket
 import time
 from typing import Any, Callable
 
 import torch
+
+from fxplan.core.loopback import free_loopback_port
 
 #: name → [calls, seconds] of the current process (one rank)
 _ACC: collections.defaultdict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
@@ -195,9 +196,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch.multiprocessing as mp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_loopback_port()
     context = mp.get_context("spawn")
     queue = context.Queue()
     procs = [context.Process(target=_worker, args=(r, args.ranks, port, args.constrain,

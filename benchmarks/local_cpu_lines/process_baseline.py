@@ -3,7 +3,7 @@ in ``local_cpu_calibration.py``'s docstring."""
 
 from __future__ import annotations
 
-from local_cpu_lines.ranks import free_port
+from fxplan.core.loopback import free_loopback_port
 
 __all__ = ["process_baseline_gib"]
 
@@ -16,7 +16,7 @@ def process_baseline_gib() -> float:
 
     code = ("import resource, torch, torch.distributed as dist, fxplan.worker, "
             "fxplan.runtime.apply.graph;"
-            f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', "
+            f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_loopback_port()}', "
             "rank=0, world_size=1);"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -6,19 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["free_port", "gather_and_leave", "join_gloo", "single_rank_group", "spawn_json"]
+from fxplan.core.loopback import free_loopback_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["gather_and_leave", "join_gloo", "single_rank_group", "spawn_json"]
 
 
 def single_rank_group() -> None:
@@ -26,7 +21,7 @@ def single_rank_group() -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_loopback_port()}", rank=0,
                                 world_size=1)
 
 
@@ -66,5 +61,5 @@ def spawn_json(worker: Callable[..., None], world: int, *args: Any) -> Any:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        mp.spawn(worker, args=(world, free_port(), *args, out), nprocs=world)
+        mp.spawn(worker, args=(world, free_loopback_port(), *args, out), nprocs=world)
         return json.loads(Path(out).read_text())

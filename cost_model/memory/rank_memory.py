@@ -1,7 +1,7 @@
 """Peak memory of each pipeline rank: the one formula (:func:`rank_memory_rows`) that the
 estimate (:func:`stage_memory`, from a :class:`~cost_model.step.stage_plan.StagePlan`) and the
 planner's search both use, its transient buffers (:func:`buffer_bytes`) and the breakdown per
-rank (:func:`rank_memory`).
+rank (:meth:`~cost_model.memory.breakdown.MemoryRows.breakdowns`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cost_model.step.pipeline_schedules import InflightCounts, ScheduleOrder
     from fxplan.cost_model.step.stage_plan import StagePlan
 
-__all__ = ["buffer_bytes", "rank_memory", "rank_memory_rows", "stage_memory"]
+__all__ = ["buffer_bytes", "rank_memory_rows", "stage_memory"]
 
 
 def buffer_bytes(max_output_bytes: float | np.ndarray, max_segment_params: float | np.ndarray,
@@ -40,27 +40,6 @@ def buffer_bytes(max_output_bytes: float | np.ndarray, max_segment_params: float
     if zero_stage == 3 and dp > 1:
         out = out + 2.0 * max_segment_params * (optimizer.param_bytes + optimizer.grad_bytes)
     return out
-
-
-def rank_memory(order: ScheduleOrder | InflightCounts, *, params: Sequence[float],
-                saved: np.ndarray, working: Sequence[float],
-                max_output_bytes: Sequence[float], max_segment_params: Sequence[float],
-                reserved: Sequence[float], capacity: Sequence[float], tp: int, dp: int,
-                zero_stage: int | Sequence[int], sequence_parallel: bool,
-                optimizer: OptimizerSpec = ADAM_MIXED,
-                offload: str | Sequence[str] = "none",
-                kinds: Sequence[str] | None = None,
-                headroom: Sequence[float] | None = None,
-                contexts: Sequence[float | None] | None = None,
-                expert_params: Sequence[float] = (), ep: int = 1) -> list[MemoryBreakdown]:
-    """:func:`rank_memory_rows` (same arguments) as one :class:`MemoryBreakdown` per pipeline
-    rank."""
-    return rank_memory_rows(
-        order, params=params, saved=saved, working=working, max_output_bytes=max_output_bytes,
-        max_segment_params=max_segment_params, reserved=reserved, capacity=capacity, tp=tp,
-        dp=dp, zero_stage=zero_stage, sequence_parallel=sequence_parallel, optimizer=optimizer,
-        offload=offload, kinds=kinds, headroom=headroom, contexts=contexts,
-        expert_params=expert_params, ep=ep).breakdowns()
 
 
 def _per_rank(value: Any, p: int, name: str) -> list:
@@ -152,7 +131,7 @@ def rank_memory_rows(order: ScheduleOrder | InflightCounts, *, params: Sequence[
 def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
                  optimizer: OptimizerSpec, cluster: Cluster | None = None,
                  headroom: MemoryHeadroom = DEFAULT_HEADROOM) -> list[MemoryBreakdown]:
-    """Peak memory per stage (:func:`rank_memory`, :mod:`cost_model.memory.breakdown`), each stage on
+    """Peak memory per stage (:func:`rank_memory_rows`, :mod:`cost_model.memory.breakdown`), each stage on
     its own devices (kind, capacity, reserve, headroom); under offload, with the host memory of
     each stage's fullest node against its capacity (:func:`cost_model.memory.offload.with_host_check`,
     needs ``cluster``)."""
@@ -160,7 +139,7 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
     saved = np.array([[sum(seg.activations.saved for seg in plan.chunks[s][c]) for c in range(v)]
                       for s in range(p)])
     segs = [[seg for c in range(v) for seg in plan.chunks[s][c]] for s in range(p)]
-    memory = rank_memory(
+    memory = rank_memory_rows(
         order, params=[sum(plan.params[s].values()) for s in range(p)], saved=saved,
         working=[max(seg.activations.working for seg in row) for row in segs],
         max_output_bytes=[max(seg.output_bytes for seg in row) for row in segs],
@@ -173,7 +152,7 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
         kinds=[device.kind for device in plan.devices],
         headroom=[headroom.bytes(device.memory_gib * GIB) for device in plan.devices],
         contexts=[device.cuda_context_gib for device in plan.devices],
-        expert_params=plan.expert_params, ep=config.ep)
+        expert_params=plan.expert_params, ep=config.ep).breakdowns()
     if config.offload == "none" or cluster is None:
         return memory
     return with_host_check(memory, config, cluster)

@@ -21,11 +21,38 @@ is that plain ``zero`` (stored as ``None``). Each entry must be a ZeRO stage the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fxplan.core.config_error import CostModelError
 from fxplan.core.config_fields import OFFLOAD_POLICIES
 from fxplan.core.config_ranks import RankViews
 
 __all__ = ["StageLists"]
+
+
+@dataclass(frozen=True)
+class _RankList:
+    """A per-pipeline-rank field and the words its errors use."""
+
+    name: str                          # the list field: ``zero_stages``
+    plain: str                         # the plan-wide field it sets: ``zero_stage``
+    word: str                          # how users write the plan-wide field: ``zero``
+    allowed: tuple                     # its values, lowest first (the default first)
+    what: str                          # one entry, in words
+    plural: str
+    shared: str                        # what a rank's virtual stages share
+    noun: str
+    order: str                         # the order the highest is taken in, in words
+    example: str
+
+
+_ZERO_LIST = _RankList("zero_stages", "zero_stage", "zero", (0, 1, 2, 3),
+                       "ZeRO stage 0, 1, 2 or 3", "ZeRO stages", "ZeRO stage", "stage", "",
+                       "3/3/1/1")
+_OFFLOAD_LIST = _RankList("offload_stages", "offload", "offload", OFFLOAD_POLICIES,
+                          f"offload policy ({', '.join(OFFLOAD_POLICIES)})", "offload policies",
+                          "offload", "policy", f"{' < '.join(OFFLOAD_POLICIES)}: ",
+                          "optimizer/optimizer/none/none")
 
 
 class StageLists(RankViews):
@@ -37,25 +64,7 @@ class StageLists(RankViews):
         ``zero_stage`` (``None``); otherwise ``zero_stage`` becomes the highest entry (given
         as 0, the default, or as that entry). Runs before the plan-wide checks, which then
         see the highest stage; :meth:`_check_zero_stages` checks each entry after them."""
-        if self.zero_stages is None:
-            return
-        stages = tuple(self.zero_stages) if isinstance(self.zero_stages, (tuple, list)) else ()
-        text = "/".join(map(str, stages)) or repr(self.zero_stages)
-        if not stages or any(isinstance(z, bool) or z not in (0, 1, 2, 3) for z in stages):
-            raise CostModelError(f"zero_stages={text}: expected one ZeRO stage 0, 1, 2 or 3 per "
-                                 "pipeline rank, separated by '/' (e.g. zero_stages=3/3/1/1)")
-        pp = self.pp if isinstance(self.pp, int) and not isinstance(self.pp, bool) else None
-        if len(stages) != pp:
-            raise CostModelError(f"zero_stages={text} lists {len(stages)} ZeRO stages for "
-                                 f"pp={self.pp} pipeline ranks: give one per rank (every "
-                                 "virtual stage of a rank shares its rank's ZeRO stage)")
-        top = max(stages)
-        if self.zero_stage not in (0, top):
-            raise CostModelError(f"zero={self.zero_stage} disagrees with zero_stages={text}: "
-                                 f"with a stage per pipeline rank, zero is the highest of them "
-                                 f"({top}); leave zero out or write zero={top}")
-        object.__setattr__(self, "zero_stage", top)
-        object.__setattr__(self, "zero_stages", None if len(set(stages)) == 1 else stages)
+        self._normalise_rank_list(_ZERO_LIST)
 
     def _normalise_offload_stages(self) -> None:
         """``offload_stages``: one of :data:`OFFLOAD_POLICIES` per pipeline rank; all equal is
@@ -63,28 +72,35 @@ class StageLists(RankViews):
         in the order ``none < optimizer < optimizer+params`` (given as ``none``, the default,
         or as that entry). Runs before the plan-wide checks, as
         :meth:`_normalise_zero_stages` does; :meth:`_check_rank_views` checks each entry."""
-        if self.offload_stages is None:
+        self._normalise_rank_list(_OFFLOAD_LIST)
+
+    def _normalise_rank_list(self, kind: "_RankList") -> None:
+        """One value per pipeline rank in field ``kind.name``, each among ``kind.allowed``,
+        ``pp`` of them; the plan-wide field ``kind.plain`` becomes the highest (in the order
+        of ``kind.allowed``) and must have been left at its default or given as it; a list of
+        equal entries is stored as ``None`` (the plan-wide value says it all)."""
+        given = getattr(self, kind.name)
+        if given is None:
             return
-        given = self.offload_stages
-        policies = tuple(given) if isinstance(given, (tuple, list)) else ()
-        text = "/".join(map(str, policies)) or repr(given)
-        if not policies or any(o not in OFFLOAD_POLICIES for o in policies):
-            raise CostModelError(f"offload_stages={text}: expected one offload policy "
-                                 f"({', '.join(OFFLOAD_POLICIES)}) per pipeline rank, separated "
-                                 "by '/' (e.g. offload_stages=optimizer/optimizer/none/none)")
+        values = tuple(given) if isinstance(given, (tuple, list)) else ()
+        text = "/".join(map(str, values)) or repr(given)
+        if not values or any(isinstance(x, bool) or x not in kind.allowed for x in values):
+            raise CostModelError(f"{kind.name}={text}: expected one {kind.what} per pipeline "
+                                 f"rank, separated by '/' (e.g. {kind.name}={kind.example})")
         pp = self.pp if isinstance(self.pp, int) and not isinstance(self.pp, bool) else None
-        if len(policies) != pp:
-            raise CostModelError(f"offload_stages={text} lists {len(policies)} offload policies "
-                                 f"for pp={self.pp} pipeline ranks: give one per rank (every "
-                                 "virtual stage of a rank shares its rank's offload)")
-        top = max(policies, key=OFFLOAD_POLICIES.index)
-        if self.offload not in ("none", top):
-            raise CostModelError(f"offload={self.offload} disagrees with offload_stages={text}: "
-                                 "with a policy per pipeline rank, offload is the highest of "
-                                 f"them (none < optimizer < optimizer+params: {top}); leave "
-                                 f"offload out or write offload={top}")
-        object.__setattr__(self, "offload", top)
-        object.__setattr__(self, "offload_stages", None if len(set(policies)) == 1 else policies)
+        if len(values) != pp:
+            raise CostModelError(f"{kind.name}={text} lists {len(values)} {kind.plural} for "
+                                 f"pp={self.pp} pipeline ranks: give one per rank (every "
+                                 f"virtual stage of a rank shares its rank's {kind.shared})")
+        top = max(values, key=kind.allowed.index)
+        plain = getattr(self, kind.plain)
+        if plain not in (kind.allowed[0], top):
+            raise CostModelError(f"{kind.word}={plain} disagrees with {kind.name}={text}: "
+                                 f"with a {kind.noun} per pipeline rank, {kind.word} is the "
+                                 f"highest of them ({kind.order}{top}); leave {kind.word} out "
+                                 f"or write {kind.word}={top}")
+        object.__setattr__(self, kind.plain, top)
+        object.__setattr__(self, kind.name, None if len(set(values)) == 1 else values)
 
     def _check_rank_views(self) -> None:
         """Each entry of ``zero_stages`` and ``offload_stages`` is what the plan-wide ``zero``

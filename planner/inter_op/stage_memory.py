@@ -1,5 +1,5 @@
 """Peak bytes per pipeline rank of a candidate: the cost model's own formula
-(:func:`cost_model.memory.rank_memory.rank_memory`, the one
+(:func:`cost_model.memory.rank_memory.rank_memory_rows`, the one
 :func:`cost_model.step.estimate.estimate` reports as ``peak_memory_gib``) fed from the search's
 per-layer profile.
 
@@ -200,7 +200,7 @@ def _layout(schedule: Schedule, pp: int) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
-    """Per pipeline rank aggregates of :func:`cost_model.memory.rank_memory.rank_memory`."""
+    """Per pipeline rank aggregates of :func:`cost_model.memory.rank_memory.rank_memory_rows`."""
     p, v = c.pp, c.virtual_stages
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
     starts = edges[:-1]

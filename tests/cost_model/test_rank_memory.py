@@ -1,4 +1,4 @@
-"""``rank_memory``: ZeRO stage and offload given once or per pipeline rank, the ranks priced
+"""``rank_memory_rows``: ZeRO stage and offload given once or per pipeline rank, the ranks priced
 together as arrays equal to the one-rank formula, entry by entry."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from fxplan.cost_model.memory.breakdown import MEMORY_ROWS, model_state_bytes
 from fxplan.cost_model.memory.runtime import cuda_context_bytes, fragmentation_bytes, nccl_bytes
 from fxplan.cost_model.parallel.expert_parallel import model_states
 from fxplan.cost_model.step.pipeline_schedules import inflight_counts
-from fxplan.cost_model.memory.rank_memory import buffer_bytes, rank_memory, rank_memory_rows
+from fxplan.cost_model.memory.rank_memory import buffer_bytes, rank_memory_rows
 
 P = 4
 OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -32,19 +32,24 @@ def _order():
     return inflight_counts("1f1b", P, 1, 8)
 
 
+def _breakdowns(order, **inputs) -> list:
+    """One :class:`MemoryBreakdown` per rank from the rows."""
+    return rank_memory_rows(order, **inputs).breakdowns()
+
+
 @pytest.mark.parametrize("offload", OFFLOADS)
 def test_offload_per_rank_of_equal_entries_is_the_plan_wide_one(offload):
-    one = rank_memory(_order(), **_inputs(), zero_stage=3, offload=offload)
-    each = rank_memory(_order(), **_inputs(), zero_stage=[3] * P, offload=[offload] * P)
+    one = _breakdowns(_order(), **_inputs(), zero_stage=3, offload=offload)
+    each = _breakdowns(_order(), **_inputs(), zero_stage=[3] * P, offload=[offload] * P)
     assert one == each
 
 
 @pytest.mark.parametrize("ep", [1, 2])
 def test_mixed_offload_and_zero_price_each_rank_by_its_own_entry(ep):
     zeros, offloads = [3, 1, 3, 2], ["optimizer+params", "none", "none", "optimizer"]
-    mixed = rank_memory(_order(), **_inputs(ep), zero_stage=zeros, offload=offloads)
+    mixed = _breakdowns(_order(), **_inputs(ep), zero_stage=zeros, offload=offloads)
     for s, (zero, offload) in enumerate(zip(zeros, offloads)):
-        alone = rank_memory(_order(), **_inputs(ep), zero_stage=zero, offload=offload)[s]
+        alone = _breakdowns(_order(), **_inputs(ep), zero_stage=zero, offload=offload)[s]
         assert mixed[s] == alone
     # the entries differ where the rungs do: the ranks are not priced alike
     assert mixed[0].params == 0.0 and mixed[0].host > 0.0
@@ -59,7 +64,7 @@ def test_each_rank_equals_the_one_rank_formula(ep, contexts, kinds):
     """Every field of every rank is the float the scalar functions give for that rank."""
     zeros, offloads = [0, 1, 2, 3], ["none", "optimizer", "none", "optimizer+params"]
     x = _inputs(ep, contexts, kinds)
-    got = rank_memory(_order(), **x, zero_stage=zeros, offload=offloads)
+    got = _breakdowns(_order(), **x, zero_stage=zeros, offload=offloads)
     acts = _order().peak_inflight(x["saved"])
     for s in range(P):
         psi, kind = float(x["params"][s]), x["kinds"][s]
@@ -92,12 +97,12 @@ def test_rows_total_is_each_breakdowns_total():
 def test_a_per_rank_list_of_the_wrong_length_is_refused(name, value):
     given = {"zero_stage": 3, "offload": "none", name: value}
     with pytest.raises(ValueError, match=f"{name} gives {len(value)} entries for {P}"):
-        rank_memory(_order(), **_inputs(), **given)
+        _breakdowns(_order(), **_inputs(), **given)
 
 
 def test_an_unknown_offload_in_the_list_is_refused():
     with pytest.raises(ValueError, match="offload must be"):
-        rank_memory(_order(), **_inputs(), zero_stage=3, offload=["none", "disk", "none", "none"])
+        _breakdowns(_order(), **_inputs(), zero_stage=3, offload=["none", "disk", "none", "none"])
 
 
 @pytest.mark.parametrize("kind,v", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2),
