@@ -184,10 +184,12 @@ def file_error(err: BaseException) -> str:
 
 def run_program() -> None:
     """The ``fxplan`` program (console script and ``python -m fxplan.cli.main``): :func:`main`,
-    then exit with its code. After Ctrl-C (130) the process leaves at once (``os._exit``, the
-    streams flushed): an interrupt that lands again while the interpreter shuts down (an exit
-    hook, a solver's thread) would otherwise end it by SIGINT with a traceback instead of one
-    line and 130. No child is running by then: ``launch`` ends its torchrun before returning."""
+    then exit with its code, without the interpreter's teardown (a second or more once torch
+    is imported; :func:`fxplan.core.quick_exit.exit_now`). After Ctrl-C (130) the process
+    leaves at once (``os._exit``, the streams flushed): an interrupt that lands again while the
+    interpreter shuts down (an exit hook, a solver's thread) would otherwise end it by SIGINT
+    with a traceback instead of one line and 130. No child is running by then: ``launch`` ends
+    its torchrun before returning."""
     import signal
 
     try:
@@ -203,7 +205,9 @@ def run_program() -> None:
             except (OSError, ValueError):  # pragma: no cover - closed or redirected
                 pass
         os._exit(130)
-    sys.exit(code)
+    from fxplan.core.quick_exit import exit_now
+
+    exit_now(code)   # as sys.exit, without the interpreter's teardown (fxplan.core.quick_exit)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,6 +8,10 @@ groups and return ``None``). A torchrun per test costs 4–6 s here; a job on th
 job. A job that raises or hangs fails the test with every rank's traceback, and the pool is torn
 down so the next test starts fresh. Workers exit through ``gc.collect()`` then
 ``destroy_process_group()``, which avoids the SIGABRT seen at interpreter exit after DTensor work.
+A worker collects after every job (a job's DTensors and groups go with it); what it imported
+before its first job is frozen (:func:`gc.freeze`), so that those collections, and the
+interpreter's own, walk only what jobs made (a full collection over what a rank imports,
+about 300 000 objects, took 0.16 s on the 2-core machine, 2026-11-28).
 
 Each job's process groups (every mesh, every stage) stay alive in the workers, and gloo keeps
 threads per group and connection: over a session a worker grew past a thousand threads, many of
@@ -51,6 +55,7 @@ def _worker(rank: int, world: int, port: int, jobs: Any, results: Any, path: lis
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=WORKER_TIMEOUT_S))
+    gc.freeze()   # what is imported lives as long as the worker: no collection walks it again
     while True:
         job = jobs.get()
         if job is None:

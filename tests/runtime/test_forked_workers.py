@@ -35,6 +35,37 @@ def test_only_this_pythons_fxplan_worker_is_forked(monkeypatch: pytest.MonkeyPat
     assert not forks_workers(sys.executable, WORKER)
 
 
+def test_the_server_starts_before_torch_only_where_a_fork_is_sure(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The agent starts its ranks' server first thing only for ``-m`` a forked module, with
+    forking on, ``OMP_NUM_THREADS`` set and no GPU device node; anything else waits for the
+    first rank, as before (``forked_workers.early_start_applies``)."""
+    agent = ["--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+             "--rdzv-endpoint=127.0.0.1:29500", "--local-addr=127.0.0.1"]
+    monkeypatch.delenv(FORK_ENV, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(forked_workers, "GPU_DEVICE_NODES", (str(tmp_path / "no-such-node"),))
+    applies = forked_workers.early_start_applies
+    assert applies([*agent, "-m", "fxplan.worker", "plan.json", "--steps", "3"])
+    assert applies([*agent, "--module", "fxplan.calibration.collectives_worker"])
+    assert not applies([*agent, "-m", "my_trainer", "fxplan.worker"])
+    assert not applies([*agent, "train.py", "-m", "fxplan.worker"])   # the script's own -m
+    assert not applies([*agent, "--no-python", "-m", "fxplan.worker"])
+    assert not applies([*agent, "--run-path", "-m", "fxplan.worker"])
+    assert not applies([*agent, "-m"])
+    worker = [*agent, "-m", "fxplan.worker", "plan.json"]
+    monkeypatch.setenv(FORK_ENV, "0")
+    assert not applies(worker)
+    monkeypatch.delenv(FORK_ENV)
+    monkeypatch.delenv("OMP_NUM_THREADS")       # torchrun would set it after the server started
+    assert not applies(worker)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    (tmp_path / "nvidiactl").touch()            # a GPU machine: torch decides, later
+    monkeypatch.setattr(forked_workers, "GPU_DEVICE_NODES", (str(tmp_path / "nvidiactl"),))
+    assert not applies(worker)
+    assert not forked_workers.start_server_early(worker)
+
+
 @pytest.mark.parametrize("code", [0, 2, 3])
 def test_a_forked_rank_runs_the_module_as_python_m_does(tmp_path: Path, code: int,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,10 +80,12 @@ def test_a_forked_rank_runs_the_module_as_python_m_does(tmp_path: Path, code: in
         "    raise SystemExit(main())\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
+    frozen: list[bool] = []   # the rank's inherited heap is frozen (not this test process's)
+    monkeypatch.setattr(forked_workers.gc, "freeze", lambda: frozen.append(True))
     out = tmp_path / "seen.json"
     with pytest.raises(SystemExit) as ended:
         run_module("fake_rank", "--steps", "3", str(out))
-    assert ended.value.code == code
+    assert ended.value.code == code and frozen == [True]
     assert json.loads(out.read_text()) == ["__main__", ["--steps", "3", str(out)]]
 
 

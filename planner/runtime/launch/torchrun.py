@@ -13,7 +13,9 @@ hosts (multi-node rendezvous) are untouched. Gloo's own sockets follow ``GLOO_SO
 which ``fxplan launch`` sets to the loopback interface for single-node runs.
 
 The ranks of ``-m fxplan.worker`` are forked from one server that imported torch once
-(:mod:`fxplan.runtime.launch.forked_workers`) rather than each started as an interpreter.
+(:mod:`fxplan.runtime.launch.forked_workers`) rather than each started as an interpreter; run
+as the agent, this module starts that server before it imports torch, so that both import at
+once (:func:`~fxplan.runtime.launch.forked_workers.start_server_early`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ import socket
 import sys
 from typing import Any
 
-import torch.distributed as dist
-
-from fxplan.runtime.launch.forked_workers import forking_elastic_launch
+from fxplan.runtime.launch.forked_workers import forking_elastic_launch, start_server_early
 from fxplan.runtime.launch.heartbeat import STATUS_DIR_ENV
 from fxplan.runtime.launch.rank_errors import FAILURE_EXIT, INPUT_ERROR_EXIT, read_failures, read_reports
+
+if __name__ == "__main__":  # pragma: no cover - the agent: the ranks' server imports meanwhile
+    start_server_early(sys.argv[1:])
+
+import torch.distributed as dist  # noqa: E402  (after the server's start, on purpose)
 
 __all__ = ["is_loopback", "LoopbackTCPStore", "main"]
 
@@ -115,4 +120,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    from fxplan.core.quick_exit import exit_now
+    from fxplan.runtime.launch.forked_workers import stop_server
+
+    try:
+        main()
+        code: int | str | None = 0
+    except SystemExit as ended:   # the agent's own exit codes, and torchrun's
+        code = ended.code
+    stop_server()   # every rank has ended: the server's teardown is nobody's wait
+    exit_now(code)   # nor the agent's, which the launcher waits for (fxplan.core.quick_exit)
