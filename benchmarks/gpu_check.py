@@ -16,8 +16,13 @@ Writes ``OUT_DIR/<date>-<device>.json`` (everything measured) and ``.md`` (the t
    loop on the same device (same seed, initial weights, token file, AdamW settings, schedule
    and clipping), and the step-time ratio launch / hand-written.
 4. **Two or more GPUs** — dp, ZeRO-3 (also with FSDP2's CPU offload: the gradient norm
-   and its clipping over host-memory shards), tp + sp and pp plans over nccl, each validated and its
+   and its clipping over host-memory shards), ZeRO-1 with the optimizer offloaded (AdamW
+   stepping on the host over pinned fp32 masters, the copies asynchronous:
+   ``fxplan.runtime.train.host_optimizer``), tp + sp and pp plans over nccl, each validated and its
    loss curve compared with one GPU's on the same data; the calibrated collectives beside them.
+
+Every plan of steps 2–4 is made first, as many at once as there are cores (``fxplan plan``
+measures nothing); every launch, validation and calibration then runs alone.
 
 Without a CUDA device it says so in one line and runs the same steps in a shortened form on CPU
 ranks (gloo, ``gpt-tiny``, fp32, ``local-cpu``), so CI exercises the whole script; the result
@@ -54,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +75,13 @@ GPU_PLANS = {
     "recompute full, mb 4": "dp=1,tp=1,pp=1,recompute=full,mb=4",
     "FP8 linears": "dp=1,tp=1,pp=1,fp8=true,recompute=selective",
 }
-#: offload runs as FSDP2's CPU offload, which needs dp > 1 (fxplan.runtime.apply.offload): it is
-#: checked with two or more GPUs ("ZeRO-3 offloaded" below), not on one
+#: offload is checked with two or more GPUs ("ZeRO-3 offloaded": FSDP2's CPU offload, which
+#: needs dp > 1; "ZeRO-1, optimizer offloaded": the host optimizer), not on one
 #: the Llama model runs the first two plans only (the 8-minute budget)
 GPU_LLAMA_PLANS = ("recompute none, mb 1", "recompute full, mb 4")
 GPU_MULTI = {"dp": "dp={n},zero=0", "ZeRO-3": "dp={n},zero=3",
              "ZeRO-3 offloaded": "dp={n},zero=3,offload=optimizer+params",
+             "ZeRO-1, optimizer offloaded": "dp={n},zero=1,offload=optimizer",
              "tp+sp": "tp={n},sp=true",
              "pp": "pp={n}"}
 CPU_MODELS = {"gpt-tiny": ("gpt-tiny:dropout=0", 8, 64)}
@@ -126,44 +133,86 @@ def _commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
+#: ``fxplan plan`` arguments → the error of its run made ahead (``None``: the plan was written)
+Planned = dict[tuple[str, ...], "RuntimeError | None"]
+
+#: the numerics' one-device plan
+NUMERICS_CONSTRAIN = "dp=1,tp=1,pp=1,recompute=none"
+
+
+def plan_args(model: str, cluster: str, batch: int, seq: int, constrain: str,
+              out: Path) -> tuple[str, ...]:
+    """The arguments of ``fxplan plan`` for one plan of the check, written to ``out``."""
+    return (model, "--cluster", cluster, "--batch", str(batch), "--seq", str(seq),
+            "--constrain", constrain, "-o", str(out))
+
+
+def plan_all(requests: list[tuple[str, ...]], workers: int) -> Planned:
+    """Every ``fxplan plan`` the check runs, ``workers`` at a time, before anything is measured
+    (a plan is made, not timed: side by side they change no measured number, and every launch,
+    validation and calibration after them still runs alone). A failed plan is recorded, as
+    the step that needs it records its own failure."""
+    def attempt(args: tuple[str, ...]) -> RuntimeError | None:
+        try:
+            fxplan("plan", *args)
+        except RuntimeError as err:
+            return err
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return dict(zip(requests, pool.map(attempt, requests)))
+
+
+def make_plan(planned: Planned, args: tuple[str, ...]) -> None:
+    """The plan of ``fxplan plan ARGS``: made ahead (its error raised again), else made now."""
+    if args not in planned:
+        fxplan("plan", *args)
+    elif planned[args] is not None:
+        raise planned[args]
+
+
+def single_rows(models: dict, plans: dict, gpu: bool) -> list[tuple[str, str, str, str, int, int]]:
+    """Step 2's rows in order: ``(model name, plan name, --constrain, spec, batch, seq)``."""
+    return [(model_name, plan_name, constrain, model, batch, seq)
+            for model_name, (model, batch, seq) in models.items()
+            for plan_name, constrain in plans.items()
+            if not (gpu and model_name.startswith("Llama") and plan_name not in GPU_LLAMA_PLANS)]
+
+
 def single_device(base: str, models: dict, plans: dict, steps: int, work: Path, gpu: bool,
-                  deadline: float) -> list[dict[str, Any]]:
+                  deadline: float, planned: Planned) -> list[dict[str, Any]]:
     """Step 2: each model × plan planned on the base spec and validated (predicted against
     measured); rows not started by ``deadline`` (``time.perf_counter()``) are recorded as
     skipped, so that calibration still runs within the check's budget."""
     rows: list[dict[str, Any]] = []
-    for model_name, (model, batch, seq) in models.items():
-        for plan_name, constrain in plans.items():
-            if gpu and model_name.startswith("Llama") and plan_name not in GPU_LLAMA_PLANS:
-                continue
-            row: dict[str, Any] = {"model": model_name, "plan": plan_name, "constrain": constrain,
-                                   "spec": model, "batch": batch, "seq": seq}
-            rows.append(row)
-            if time.perf_counter() > deadline:
-                row["error"] = "skipped: the check's time budget was spent"
-                continue
-            plan_file = work / f"{len(rows)}.json"
-            print(f"gpu-check:   {model_name}, {plan_name}", flush=True)
-            try:
-                fxplan("plan", model, "--cluster", base, "--batch", str(batch), "--seq", str(seq),
-                       "--constrain", constrain, "-o", str(plan_file))
-                plan = json.loads(plan_file.read_text())
-                result = fxplan_json("validate", str(plan_file), "--steps", str(steps),
-                                     "--tolerance", "100", "--memory-tolerance", "100")
-            except RuntimeError as err:      # a crash is a finding: recorded, the check goes on
-                row["error"] = str(err).strip().splitlines()[-1][:400]
-                row["error_detail"] = str(err)[-2500:]
-                continue
-            rank = result["ranks"][0]
-            row.update(summary=plan["summary"], config=plan["estimate"]["config"],
-                       losses=result["losses"],
-                       measured_step_s=rank["measured_step_s"],
-                       predicted_step_s=rank["predicted_step_s"], step_error=rank["step_error"],
-                       measured_memory_gib=rank["measured_memory_gib"],
-                       predicted_memory_gib=rank["predicted_memory_gib"],
-                       memory_error=rank["memory_error"],
-                       measured_reserved_gib=rank["measured_reserved_gib"],
-                       reserved_error=rank["reserved_error"])
+    for model_name, plan_name, constrain, model, batch, seq in single_rows(models, plans, gpu):
+        row: dict[str, Any] = {"model": model_name, "plan": plan_name, "constrain": constrain,
+                               "spec": model, "batch": batch, "seq": seq}
+        rows.append(row)
+        if time.perf_counter() > deadline:
+            row["error"] = "skipped: the check's time budget was spent"
+            continue
+        plan_file = work / f"{len(rows)}.json"
+        print(f"gpu-check:   {model_name}, {plan_name}", flush=True)
+        try:
+            make_plan(planned, plan_args(model, base, batch, seq, constrain, plan_file))
+            plan = json.loads(plan_file.read_text())
+            result = fxplan_json("validate", str(plan_file), "--steps", str(steps),
+                                 "--tolerance", "100", "--memory-tolerance", "100")
+        except RuntimeError as err:      # a crash is a finding: recorded, the check goes on
+            row["error"] = str(err).strip().splitlines()[-1][:400]
+            row["error_detail"] = str(err)[-2500:]
+            continue
+        rank = result["ranks"][0]
+        row.update(summary=plan["summary"], config=plan["estimate"]["config"],
+                   losses=result["losses"],
+                   measured_step_s=rank["measured_step_s"],
+                   predicted_step_s=rank["predicted_step_s"], step_error=rank["step_error"],
+                   measured_memory_gib=rank["measured_memory_gib"],
+                   predicted_memory_gib=rank["predicted_memory_gib"],
+                   memory_error=rank["memory_error"],
+                   measured_reserved_gib=rank["measured_reserved_gib"],
+                   reserved_error=rank["reserved_error"])
     return rows
 
 
@@ -248,13 +297,12 @@ def handwritten(plan_file: str, tokens_file: str, steps: int, out: str) -> None:
 
 
 def numerics(base: str, model: str, batch: int, seq: int, steps: int, work: Path,
-             gpu: bool) -> dict[str, Any]:
+             gpu: bool, planned: Planned) -> dict[str, Any]:
     """Step 3: ``fxplan launch`` against the hand-written loop on one device."""
     vocab = 51200 if gpu else 512
     tokens = _token_file(work / "tokens.bin", batch, seq, vocab)
     plan_file = work / "numerics.json"
-    fxplan("plan", model, "--cluster", base, "--batch", str(batch), "--seq", str(seq),
-           "--constrain", "dp=1,tp=1,pp=1,recompute=none", "-o", str(plan_file))
+    make_plan(planned, plan_args(model, base, batch, seq, NUMERICS_CONSTRAIN, plan_file))
     run_dir = work / "numerics-run"
     fxplan("launch", str(plan_file), "--data", str(tokens), "--steps", str(steps), "--run-dir",
            str(run_dir))
@@ -275,7 +323,7 @@ def numerics(base: str, model: str, batch: int, seq: int, steps: int, work: Path
 
 
 def multi_device(base: str, n: int, model: str, batch: int, seq: int, steps: int, work: Path,
-                 plans: dict, reference: list[float]) -> list[dict[str, Any]]:
+                 plans: dict, reference: list[float], planned: Planned) -> list[dict[str, Any]]:
     """Step 4: multi-device plans validated on the numerics' token file, their losses against
     the one-device launch's on the same data."""
     rows = []
@@ -283,8 +331,7 @@ def multi_device(base: str, n: int, model: str, batch: int, seq: int, steps: int
         row: dict[str, Any] = {"plan": name, "constrain": constrain.format(n=n)}
         plan_file = work / f"multi-{name}.json"
         try:
-            fxplan("plan", model, "--cluster", base, "--batch", str(batch), "--seq", str(seq),
-                   "--constrain", row["constrain"], "-o", str(plan_file))
+            make_plan(planned, plan_args(model, base, batch, seq, row["constrain"], plan_file))
             result = fxplan_json("validate", str(plan_file), "--steps", str(steps), "--data",
                                  str(work / "tokens.bin"), "--tolerance", "100",
                                  "--memory-tolerance", "100")
@@ -447,12 +494,24 @@ def main() -> int:
             base = "local-cpu:devices=1"
         record["base_spec"] = base
         _save(record, stem, started, work)
+        multi = f"{base.split(':')[0]}:devices={devices}" if not gpu else base
+        multi_plans = GPU_MULTI if gpu else CPU_MULTI
+        requests = [plan_args(model, base, batch, seq, NUMERICS_CONSTRAIN, work / "numerics.json")]
+        requests += [plan_args(spec, base, b, s, constrain, work / f"{i}.json") for i, (
+            _, _, constrain, spec, b, s) in enumerate(single_rows(models, plans, gpu), start=1)]
+        if devices >= 2:
+            requests += [plan_args(model, multi, batch, seq, constrain.format(n=devices),
+                                   work / f"multi-{name}.json")
+                         for name, constrain in multi_plans.items()]
+        print(f"gpu-check: making the {len(requests)} plans, side by side …", flush=True)
+        planned = plan_all(requests, workers=os.cpu_count() or 1)
         print("gpu-check: numerics against a hand-written loop …", flush=True)
-        _step(record, "numerics", lambda: numerics(base, model, batch, seq, steps, work, gpu))
+        _step(record, "numerics", lambda: numerics(base, model, batch, seq, steps, work, gpu,
+                                                   planned))
         _save(record, stem, started, work)
         print("gpu-check: one device, each plan validated …", flush=True)
         rows = _step(record, "single_device", lambda: single_device(
-            base, models, plans, steps, work, gpu, started + args.budget_s))
+            base, models, plans, steps, work, gpu, started + args.budget_s, planned))
         _save(record, stem, started, work)
         print(f"gpu-check: calibrating from {base} …", flush=True)
         calibrated = work / "calibrated.yaml"
@@ -465,11 +524,10 @@ def main() -> int:
         _save(record, stem, started, work)
         numerics_ok = not _failed(record["numerics"])
         if devices >= 2 and numerics_ok:
-            multi = f"{base.split(':')[0]}:devices={devices}" if not gpu else base
             print(f"gpu-check: {devices} devices …", flush=True)
             _step(record, "multi_device", lambda: multi_device(
-                multi, devices, model, batch, seq, steps, work, GPU_MULTI if gpu else CPU_MULTI,
-                record["numerics"]["launch_losses"]))
+                multi, devices, model, batch, seq, steps, work, multi_plans,
+                record["numerics"]["launch_losses"], planned))
         _save(record, stem, started, work)
     print(markdown(record))
     print(f"gpu-check: wrote {stem}.json and {stem}.md in {record['wall_time_s']:.0f} s")
@@ -477,4 +535,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from fxplan.core.quick_exit import exit_now
+
+    exit_now(main())   # as SystemExit, without the second of teardown torch's import costs

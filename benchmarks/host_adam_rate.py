@@ -3,13 +3,15 @@ machine's memory bandwidth, as JSON (the figures behind :mod:`fxplan.cost_model.
 
     python benchmarks/host_adam_rate.py [--params 16] [--threads 1 2] [--repeats 5]
 
-What the runtime runs. ``offload != none`` runs as FSDP2's ``CPUOffloadPolicy``: the
-parameter shards (fp32 ``DTensor``s) and their gradients live on the CPU, and the optimizer
-the runtime builds, ``torch.optim.AdamW(params, lr, betas)`` (``fxplan.runtime.train.optim``), keeps
-its moments beside them. With neither ``foreach`` nor ``fused`` given, torch 2.13 picks
-``_default_to_fused_or_foreach``: fused never by default, foreach only on CUDA/XPU/MTIA
-devices — on the CPU it runs ``_single_tensor_adam``: per parameter tensor, one eager kernel
-after another::
+What the runtime runs. ``offload=optimizer`` steps ``torch.optim.AdamW`` on the host over
+fp32 masters of the rank's local tensors (``fxplan.runtime.train.host_optimizer``, built with
+``foreach=False, fused=False``); ``offload=optimizer+params`` runs as FSDP2's
+``CPUOffloadPolicy``: the parameter shards (fp32 ``DTensor``s) and their gradients live on the
+CPU, and the optimizer the runtime builds, ``torch.optim.AdamW(params, lr, betas)``
+(``fxplan.runtime.train.optim``), keeps its moments beside them. With neither ``foreach`` nor
+``fused`` given, torch 2.13 picks ``_default_to_fused_or_foreach``: fused never by default,
+foreach only on CUDA/XPU/MTIA devices — on the CPU either way it runs ``_single_tensor_adam``:
+per parameter tensor, one eager kernel after another::
 
     p.mul_(1 − lr·wd)              read p, write p                      8 B   (decay group)
     m.lerp_(g, 1 − β₁)             read m, g, write m                   12 B
@@ -21,9 +23,11 @@ after another::
     p.addcdiv_(m, d, −lr/(1−β₁ᵗ))  read p, m, d, write p                16 B
                                                              total  80 B per parameter
 
-and before it the gradient clipping of ``fxplan.runtime.train.optim`` (``grad_clip`` 1.0 by default)
-on the same host gradients: ``torch._foreach_norm`` (read g, 4 B) and ``torch._foreach_mul_``
-(read g, write g, 8 B) — 92 B per parameter of host traffic in all (``HOST_STEP_BYTES``).
+and, under ``optimizer+params`` only (whose gradients are on the host), before it the gradient
+clipping of ``fxplan.runtime.train.optim`` (``grad_clip`` 1.0 by default): ``torch._foreach_norm``
+(read g, 4 B) and ``torch._foreach_mul_`` (read g, write g, 8 B) — 92 B per parameter of host
+traffic in all; ``offload=optimizer`` clips on the device, 80 B (``ADAM_HOST_BYTES``,
+``CLIP_HOST_BYTES``).
 
 against the 28 B a fused step streams (read p, m, v, g; write p, m, v: the cost model's
 ``OptimizerSpec.step_bytes`` unit). Each kernel is an ATen CPU elementwise loop over

@@ -1,64 +1,74 @@
 """Offload: optimizer states (and parameters) in host memory, priced over the host link and
-the host's memory bandwidth.
+the host's memory bandwidth, as fxplan's runtime runs it.
 
 Follows DeepSpeed ZeRO-Offload's design (Ren et al., 2021) for ``offload=optimizer``: the
-gradients go to the host as the backward produces them, the optimizer (Adam) steps on the CPU
-over fp32 master weights and moments kept in host memory, and the updated 16-bit weights come
-back to the device. For ``offload=optimizer+params`` (ZeRO-3 only), FSDP2's CPU offload
-(``CPUOffloadPolicy``): the fp32 parameter shards live on the host, each all-gather first copies
-the rank's shard to the device, each reduce-scatter's result is copied back to the host, and the
-optimizer steps on the CPU.
+parameters and gradients stay on the device under the plan's ZeRO stage, the optimizer (Adam)
+steps on the CPU over fp32 master weights and moments kept in host memory, and the updated
+weights come back to the device (the runtime's :mod:`fxplan.runtime.train.host_optimizer`).
+For ``offload=optimizer+params`` (ZeRO-3 only), FSDP2's CPU offload (``CPUOffloadPolicy``):
+the fp32 parameter shards live on the host, each all-gather first copies the rank's shard to
+the device, each reduce-scatter's result is copied back to the host, and the optimizer steps
+on the CPU.
 
-With ``Ψ_o`` the parameters this rank's optimizer updates (``Ψ_s/N`` under ZeRO ≥ 1, else
-``Ψ_s``), ``L`` the host↔device bandwidth of one device (``host_link_gb_per_s``, per direction,
-every device of the node copying at once), ``H`` the node's host memory bandwidth, ``r`` the
-devices of the node and ``B_last`` the backward of one microbatch on the stage::
+With ``Ψ_o`` the parameters this rank's optimizer updates (``Ψ_s`` without ZeRO; under
+ZeRO ≥ 1 ``(Ψ_s − e_s)/N + e_s·ep/N``, the rank's expert parameters ``e_s`` sharded over their
+``N/ep`` expert-data-parallel replicas only, as the memory's model states count them), ``L``
+the host↔device bandwidth of one device (``host_link_gb_per_s``, per direction, every device
+of the node copying at once), ``H`` the node's host memory bandwidth, ``r`` the
+devices of the node and ``k`` = :data:`MASTER_BYTES` = 4 the bytes of every copy (the
+runtime keeps parameters and gradients in fp32 on the device — its master weights; mixed
+precision casts inside the forward, ``fxplan.runtime.apply.precision`` — so whatever the
+compute dtype, what crosses the link is fp32)::
 
-    offload=optimizer (per step)
-      d2h   = k_g·Ψ_o / L                 gradients to the host, overlapping the last
-                                          microbatch's backward (gradients are final only
-                                          then): exposed max(0, d2h − B_last)
-      cpu   = Ψ_o · Q / (η_q · min(t·b_c, H/r))
-                                          the runtime's host step (below)
-      h2d   = k_p·Ψ_o / L                 updated 16-bit weights back (not overlapped: the
-                                          next forward needs them)
-      T_off = max(0, d2h − B_last) + cpu + h2d
+    offload=optimizer (per step, after the trainer's gradient clipping on the device)
+      d2h   = k·Ψ_o / L                   the clipped gradients to the host (not overlapped:
+                                          the clipping needs every gradient's final value)
+      cpu   = Ψ_o · Q_o / (η_q · min(t·b_c, H/r))
+                                          the host step (below), AdamW alone: Q_o = 80
+      h2d   = k·Ψ_o / L                   the updated weights back (not overlapped: the next
+                                          forward needs them)
+      T_off = d2h + cpu + h2d
 
     offload=optimizer+params, per segment and microbatch (added to the ZeRO-3 prefetch term)
-      h2d_seg = 4·ψ_seg/N / L   the fp32 shard before each all-gather (forward and backward)
-      d2h_seg = 4·ψ_seg/N / L   the fp32 reduce-scattered gradient after the backward
-    and per step T_off = cpu (the parameters stay on the host: nothing comes back).
+      h2d_seg = k·ψ_o,seg / L   the fp32 shard before each all-gather (forward and backward)
+      d2h_seg = k·ψ_o,seg / L   the fp32 reduce-scattered gradient after the backward
+                                (ψ_o,seg: the segment's shard, its experts' as in Ψ_o)
+    and per step T_off = cpu with Q_p = 92: the gradients are on the host, so the clipping's
+    norm and multiply run there too (the parameters stay on the host: nothing comes back).
 
 **The host step is what the runtime runs, measured** (``benchmarks/host_adam_rate.py``;
-figures in ``benchmarks/data/hardware.md``, "Host optimizer step"). The runtime offloads with
-FSDP2's ``CPUOffloadPolicy`` and steps ``torch.optim.AdamW`` built without ``foreach`` or
-``fused``: on CPU tensors torch 2.13 then runs its single-tensor loop, eight eager
-elementwise kernels per parameter tensor that move ``80 B`` per parameter (the fused step's
-``28``: the moments, ``v.sqrt()``, its division and ``+ε`` each make a pass of their own),
-after the gradient clipping's norm and multiply (``12 B``): ``Q`` =
-:data:`HOST_STEP_BYTES` = 92 B per parameter. Each kernel runs on ``torch.get_num_threads()``
-threads, and ``fxplan launch`` starts every rank with ``OMP_NUM_THREADS=1``: ``t`` =
-:data:`RANK_THREADS` = 1 core per rank. One core streams at most ``b_c`` =
-:data:`CORE_MEMORY_GB_PER_S` (the copy of a 512 MiB tensor on one core); the node's ``r``
-ranks stepping at once share ``H``; the chain reaches ``η_q`` =
+figures in ``benchmarks/data/hardware.md``, "Host optimizer step"). Both offloads step
+``torch.optim.AdamW`` without ``foreach`` or ``fused`` on CPU tensors (the host optimizer
+passes ``foreach=False, fused=False``; FSDP2's offloaded shards get torch's default, which on
+the CPU is the same): torch 2.13's single-tensor loop, eight eager elementwise kernels per
+parameter tensor that move :data:`ADAM_HOST_BYTES` = ``80 B`` per parameter (the fused step's
+``28``: the moments, ``v.sqrt()``, its division and ``+ε`` each make a pass of their own);
+where the gradients sit on the host the clipping's norm and multiply add
+:data:`CLIP_HOST_BYTES` = ``12 B`` (:func:`host_step_bytes`). Each kernel runs on
+``torch.get_num_threads()`` threads, and ``fxplan launch`` starts every rank with
+``OMP_NUM_THREADS=1``: ``t`` = :data:`RANK_THREADS` = 1 core per rank. One core streams at
+most ``b_c`` = :data:`CORE_MEMORY_GB_PER_S` (the copy of a 512 MiB tensor on one core); the
+node's ``r`` ranks stepping at once share ``H``; either chain reaches ``η_q`` =
 :data:`HOST_STEP_EFFICIENCY` of the lesser. Measured on one core of an AMD EPYC (Zen 4):
-``b_c`` = 21–23 GB/s, the chain (clip + AdamW, 32 M parameters) 0.143–0.145 G parameters/s,
-``η_q = 92 B × 0.144 G/s / 21.9 GB/s`` = 0.58–0.63; in the cost model's 28-byte unit that is
-4.0 GB/s per core, 0.18 of the core's copy bandwidth (the 0.5 of ``H/r`` priced before it was
-measured was 2.2× too fast on a DGX-1 and 8.6× on a DGX H100, whose ``H/r`` a core cannot
-reach alone). ``b_c`` is this machine's core; the DGX hosts' cores are not measured here
-(their per-core bandwidth is taken as the same: an assumption, bounded by ``H/r``, which
-binds on the DGX-1: 136.5/8 = 17 GB/s). Cross-check, public: DeepSpeed reports its
-vectorised CPU-Adam 5.1–6.5× faster than ``torch.optim.Adam`` on 1–10 B parameters and
-56 s → 8.2 s for an 11.6 B GPT-2 (0.21 G parameters/s for torch's, host not given; PR #735);
-torch's own one-pass kernel (``fused=True``) measures 1.26–1.29 G parameters/s here, 8.9×
-the runtime's chain — an option the runtime does not take.
+``b_c`` = 21–23 GB/s; AdamW alone 0.151–0.160 G parameters/s, ``η = 80 B × rate / b_c`` =
+0.53–0.61; clip + AdamW (32 M parameters) 0.143–0.145 G parameters/s, ``η = 92 B × rate /
+b_c`` = 0.58–0.63; in the cost model's 28-byte unit that is 4.0 GB/s per core, 0.18 of the
+core's copy bandwidth (the 0.5 of ``H/r`` priced before it was measured was 2.2× too fast on
+a DGX-1 and 8.6× on a DGX H100, whose ``H/r`` a core cannot reach alone). ``b_c`` is this
+machine's core; the DGX hosts' cores are not measured here (their per-core bandwidth is taken
+as the same: an assumption, bounded by ``H/r``, which binds on the DGX-1: 136.5/8 = 17 GB/s).
+Cross-check, public: DeepSpeed reports its vectorised CPU-Adam 5.1–6.5× faster than
+``torch.optim.Adam`` on 1–10 B parameters and 56 s → 8.2 s for an 11.6 B GPT-2 (0.21 G
+parameters/s for torch's, host not given; PR #735); torch's own one-pass kernel
+(``fused=True``) measures 1.26–1.29 G parameters/s here, 8.9× the runtime's chain — an option
+the runtime does not take.
 
-The CPU step and the copies back are not overlapped with compute: ZeRO-Offload's one-step
-delayed parameter update would hide them but changes the numerics (the step uses the previous
-step's gradients), so it is not priced. The ``optimizer`` row then keeps the per-tensor loop
-(the host steps the tensors one at a time as the device would) and the fixed
-``step_overhead_us``.
+Nothing of the offload step is overlapped with compute: ZeRO-Offload streams the gradients to
+the host during the backward and its one-step delayed parameter update hides the CPU step and
+the copies back, but the runtime copies after the clipping and does not delay the update
+(that would change the numerics: the step would use the previous step's gradients), so
+neither is priced. The ``optimizer`` row then keeps the per-tensor loop (the host steps the
+tensors one at a time as the device would) and the fixed ``step_overhead_us``.
 
 **Host memory** per node: the sum over the node's ranks of their host bytes
 (:func:`cost_model.memory.breakdown.model_state_bytes`), at most ``host_memory_gib``. With an
@@ -80,16 +90,19 @@ from fxplan.cost_model.memory.breakdown import GIB, MemoryBreakdown, OptimizerSp
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster, DeviceGroup
 
-__all__ = ["CORE_MEMORY_GB_PER_S", "HOST_STEP_BYTES", "HOST_STEP_EFFICIENCY", "HostSide",
-           "MASTER_BYTES", "RANK_THREADS", "host_bytes_per_node", "host_step_s",
-           "offload_segment_s", "offload_step_s", "with_host_check"]
+__all__ = ["ADAM_HOST_BYTES", "CLIP_HOST_BYTES", "CORE_MEMORY_GB_PER_S", "HOST_STEP_EFFICIENCY",
+           "HostSide", "MASTER_BYTES", "RANK_THREADS", "host_bytes_per_node", "host_step_bytes",
+           "host_step_s", "offload_segment_s", "offload_step_s", "with_host_check"]
 
-#: ``Q``: bytes per parameter the runtime's host step moves: torch 2.13's single-tensor
-#: AdamW on CPU tensors, 80 (with weight decay; module docstring), after the gradient
-#: clipping's norm (4) and multiply (8).
-HOST_STEP_BYTES = 92.0
-#: ``η_q``: the fraction of the streaming bandwidth that chain reaches. Measured
-#: (``benchmarks/host_adam_rate.py``, one core, 32 M parameters, two runs): 0.634, 0.579.
+#: Bytes per parameter torch 2.13's single-tensor AdamW moves on CPU tensors (with weight
+#: decay; module docstring): the host step of both offloads.
+ADAM_HOST_BYTES = 80.0
+#: Bytes per parameter of the gradient clipping's norm (4) and multiply (8), on the host where
+#: the gradients sit there (``offload=optimizer+params``).
+CLIP_HOST_BYTES = 12.0
+#: ``η_q``: the fraction of the streaming bandwidth either chain reaches. Measured
+#: (``benchmarks/host_adam_rate.py``, one core, 32 M parameters, two runs): AdamW alone
+#: 0.607, 0.531; clip + AdamW 0.634, 0.579.
 HOST_STEP_EFFICIENCY = 0.6
 #: ``b_c``: what one host core streams, GB/s (bytes read + written), the one-thread copy of
 #: a 512 MiB fp32 tensor. Measured on this machine's cores (AMD EPYC, Zen 4): 21.0, 22.8;
@@ -99,7 +112,9 @@ CORE_MEMORY_GB_PER_S = 21.9
 #: ``OMP_NUM_THREADS=1`` (``fxplan.cli.torchrun_command.launch_command``).
 RANK_THREADS = 1
 
-#: Bytes per parameter of what FSDP2's CPU offload copies each way: the fp32 shard and gradient.
+#: ``k``: bytes per parameter of every host↔device copy of both offloads: the runtime keeps
+#: parameters and gradients in fp32 (FSDP2's shard and gradient; the host optimizer's clipped
+#: gradient down and updated weight back).
 MASTER_BYTES = 4.0
 
 
@@ -127,41 +142,55 @@ class HostSide:
                    device.host_link_gb_per_s * 1e9, device.devices_per_node)
 
 
-def _updated(config: ParallelConfig, params: float) -> float:
-    return params / config.dp if config.zero_stage >= 1 else params
+def _updated(config: ParallelConfig, params: float, experts: float) -> float:
+    """``Ψ_o`` (module docstring) of a rank holding ``params`` parameters, ``experts`` of them
+    expert parameters."""
+    if config.zero_stage == 0:
+        return params
+    return (params - experts) / config.dp + experts * config.ep / config.dp
 
 
 def offload_step_s(config: ParallelConfig, params: float, backward_s: float, device: DeviceGroup,
-                   optimizer: OptimizerSpec) -> float:
-    """``T_off`` of one pipeline rank holding ``params`` parameters (module docstring);
-    ``backward_s`` is one microbatch's backward on the rank. 0 without offload."""
+                   optimizer: OptimizerSpec, *, expert_params: float = 0.0) -> float:
+    """``T_off`` of one pipeline rank holding ``params`` parameters, ``expert_params`` of them
+    expert parameters (module docstring); 0 without offload. ``backward_s`` (one microbatch's
+    backward on the rank) and ``optimizer`` do not change it: nothing of the copies overlaps
+    a backward, and every copy is fp32 whatever the optimizer's device bytes
+    (:data:`MASTER_BYTES`)."""
     if config.offload == "none":
         return 0.0
     host = HostSide.of(device)
-    psi = _updated(config, params)
-    cpu = host_step_s(psi, host)
+    psi = _updated(config, params, expert_params)
+    cpu = host_step_s(psi, host, config.offload)
     if config.offload == "optimizer+params":
         return cpu
-    d2h = optimizer.grad_bytes * psi / host.link
-    h2d = optimizer.param_bytes * psi / host.link
-    return max(0.0, d2h - backward_s) + cpu + h2d
+    return 2 * MASTER_BYTES * psi / host.link + cpu
 
 
-def host_step_s(params: float, host: HostSide) -> float:
-    """``cpu = Ψ_o·Q / (η_q·min(t·b_c, H/r))`` (module docstring): seconds of the runtime's
-    host step over ``params`` parameters on one rank, the node's ranks stepping at once."""
+def host_step_bytes(offload: str) -> float:
+    """``Q``: bytes per parameter of the host step under ``offload`` (module docstring):
+    AdamW, and the clipping where the gradients are on the host (``optimizer+params``)."""
+    return ADAM_HOST_BYTES + (CLIP_HOST_BYTES if offload == "optimizer+params" else 0.0)
+
+
+def host_step_s(params: float, host: HostSide, offload: str) -> float:
+    """``cpu = Ψ_o·Q/(η_q·min(t·b_c, H/r))`` (module docstring): seconds of the runtime's
+    host step under ``offload`` over ``params`` parameters on one rank, the node's ranks
+    stepping at once."""
     per_rank = min(RANK_THREADS * CORE_MEMORY_GB_PER_S * 1e9,
                    host.memory_bandwidth / host.devices_per_node)
-    return params * HOST_STEP_BYTES / (HOST_STEP_EFFICIENCY * per_rank)
+    return params * host_step_bytes(offload) / (HOST_STEP_EFFICIENCY * per_rank)
 
 
-def offload_segment_s(config: ParallelConfig, segment_params: float,
-                      device: DeviceGroup) -> tuple[float, float]:
+def offload_segment_s(config: ParallelConfig, segment_params: float, device: DeviceGroup, *,
+                      expert_params: float = 0.0) -> tuple[float, float]:
     """``(before each all-gather, after the reduce-scatter)`` seconds of one segment's copies
-    under ``offload=optimizer+params`` (module docstring); ``(0, 0)`` otherwise."""
+    under ``offload=optimizer+params`` (module docstring): its shard, ``(ψ_seg − e)/N`` and
+    the ``expert_params`` ``e`` over their ``N/ep`` replicas; ``(0, 0)`` otherwise."""
     if config.offload != "optimizer+params":
         return 0.0, 0.0
-    seconds = MASTER_BYTES * segment_params / config.dp / HostSide.of(device).link
+    shard = _updated(config, segment_params, expert_params)
+    seconds = MASTER_BYTES * shard / HostSide.of(device).link
     return seconds, seconds
 
 

@@ -71,7 +71,7 @@ def chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
             if mine:
                 ag += regather * waited("all_gather", optimizer.param_bytes * mine, edp_group)
                 rs += waited("reduce_scatter", optimizer.grad_bytes * mine, edp_group)
-            h2d, d2h = offload_segment_s(config, psi, device)
+            h2d, d2h = offload_segment_s(config, psi, device, expert_params=mine)
             gather.append(ag + h2d)
             scatter.append(rs + d2h)
         f[2], b[2] = zero3_exposed_s([seg.forward_s for seg in segs],

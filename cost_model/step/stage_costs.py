@@ -278,7 +278,8 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
     if config.offload != "none":
         for s in range(p):
             off_time[s] = offload_step_s(config.at_pipeline_rank(s), sum(params[s].values()),
-                                         float(backward[:, s].sum()), devices[s], optimizer)
+                                         float(backward[:, s].sum()), devices[s], optimizer,
+                                         expert_params=ep_share[s])
     # the weight-gradient GEMMs of each chunk's backward, a split backward's W op
     weight = np.array([[sum(seg.weight_grad_share * seg.backward_s for seg in chunks[s][c])
                         for c in range(v)] for s in range(p)])

@@ -15,15 +15,17 @@ modules in neither and reduces their gradients in one explicit pass after the sc
     g  ←  (1/dp) · Σ_{r ∈ dp group} g_r          per parameter, in fp32 buckets
 
 then steps the optimizer — ZeRO-1's ``ZeroRedundancyOptimizer`` its shard, as without a
-pipeline. Nothing of that pass overlaps a backward: the cost model prices all of it exposed
-after the stage's last op (:func:`fxplan.cost_model.step.overlap.dp_reduce_blocks`) and lists
-no ``dp_grad_reduce`` overlap.
+pipeline; under ``offload=optimizer`` that step runs on the host, as at any ZeRO stage
+(``fxplan.runtime.train.host_optimizer``: the averaged, clipped gradients copied down, the
+updated weights back). Nothing of that pass overlaps a backward: the cost model prices all of
+it exposed after the stage's last op (:func:`fxplan.cost_model.step.overlap.dp_reduce_blocks`)
+and lists no ``dp_grad_reduce`` overlap.
 
 What the pass cannot replace is FSDP2's sharding (:func:`after_step_refusal`): ZeRO-2 and
-ZeRO-3 (gradients or parameters sharded over dp), ZeRO-1 with ``tp > 1`` or ``ep > 1`` (which
-the runtime runs as FSDP2: ``ZeroRedundancyOptimizer`` cannot hold DTensor parameters) and
-offload (FSDP2's ``CPUOffloadPolicy``) stay refused beside a zero-bubble pipeline with
-``dp > 1``, and the search does not offer them.
+ZeRO-3 (gradients or parameters sharded over dp; ``offload=optimizer+params``, FSDP2's
+``CPUOffloadPolicy``, is ZeRO-3 only) and ZeRO-1 with ``tp > 1`` or ``ep > 1`` (which the
+runtime runs as FSDP2: ``ZeroRedundancyOptimizer`` cannot hold DTensor parameters) stay
+refused beside a zero-bubble pipeline with ``dp > 1``, and the search does not offer them.
 """
 
 from __future__ import annotations
@@ -60,8 +62,4 @@ def after_step_refusal(config: "ParallelConfig") -> str | None:
                 "(ZeroRedundancyOptimizer cannot hold DTensor parameters), whose "
                 "reduce-scatter does not follow torch's split backward; use ZeRO-0, or a "
                 "1f1b/interleaved schedule")
-    if config.offload != "none":
-        return (f"{head} and offload={config.offload}: offload runs as FSDP2's "
-                "CPUOffloadPolicy, whose reduce-scatter does not follow torch's split backward; "
-                "use offload=none or a 1f1b/interleaved schedule")
     return None

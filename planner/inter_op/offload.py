@@ -24,7 +24,7 @@ excludes ``none``): it keeps the search as fast as before
 for models that fit, and a plan that fits without offload is not traded for one that copies
 over PCIe every step. Per pipeline rank (:mod:`fxplan.inter_op.stage_zero`) the offload rungs
 may join in every pass (:meth:`MemoryRungs.per_rank`, with
-:data:`fxplan.inter_op.driver.JOINT_RUNGS`): there a rank offloads only where that lowers the
+:data:`fxplan.inter_op.joint_rungs.JOINT_RUNGS`): there a rank offloads only where that lowers the
 closed-form step time — its optimizer states on the host free the memory that made it
 recompute, or let the split even out. ``(0, optimizer)`` with ``dp > 1`` is
 left out: ``(1, optimizer)`` keeps the same device bytes with ``1/dp`` of the host bytes and
@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
 __all__ = ["MemoryRungs", "Rung", "fp8_choices", "host_fit_ranks", "host_fits", "host_missing",
-           "memory_rungs", "offload_allows_none"]
+           "memory_rungs", "node_shares", "offload_allows_none"]
 
 #: ``(zero_stage, offload)``.
 Rung = tuple[int, str]
@@ -188,6 +188,18 @@ def _host_layout(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     nodes.setflags(write=False)
     caps.setflags(write=False)
     return nodes, caps
+
+
+def node_shares(c: ParallelConfig, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """``(shares, caps)``: ``shares[N, s]`` the devices of pipeline rank ``s`` of ``c`` on node
+    ``N`` (rank ``r`` runs pipeline rank ``r // (dp·tp)``, as :func:`host_fit_ranks` reads
+    it) and ``caps[N]`` the node's host bytes (``inf`` without a host side)."""
+    nodes, caps = _host_layout(cluster)
+    shares = np.zeros((int(nodes.max()) + 1, c.pp))
+    np.add.at(shares, (nodes, np.arange(len(nodes)) // (c.dp * c.tp)), 1.0)
+    node_caps = np.full(len(shares), np.inf)
+    node_caps[nodes] = caps
+    return shares, node_caps
 
 
 def host_fit_ranks(c: ParallelConfig, host: np.ndarray, cluster: Cluster) -> np.ndarray:

@@ -71,19 +71,18 @@ With tied holders a choice must keep both holders offloading alike, so the offlo
 left out only when every one of them is dominated (then every offloading rank of a choice
 takes its twin, both holders included).
 
-**With the split** (:data:`fxplan.inter_op.driver.JOINT_RUNGS`). The exact choice above is for
-one split. The split comes from the partition DP at one rung on every rank
+**With the split** (:data:`fxplan.inter_op.joint_rungs.JOINT_RUNGS`). The exact choice above is
+for one split. The split comes from the partition DP at one rung on every rank
 (:mod:`fxplan.inter_op.partition`), which balances the slowest stage under that rung's memory:
 a split that fits only where some ranks take a high ZeRO stage or offload and others do not is
-not among the plan-wide rungs' splits. The search therefore places the candidate at every rung
-of ``R`` (:meth:`fxplan.inter_op.driver._Search._joint`), runs the exact choice on each
-distinct split and keeps the cheapest by ``T̂`` — exact over the union of those splits, a
-heuristic over all splits: the DP does not see each stage's rung costs, so a split that no
-rung's DP returns (one that puts fewer layers on the offloading rank than the even split) is
-missed; ``tests/inter_op/test_joint_rungs.py`` compares it with every split × every rung per
-rank on small cases and shows one it misses. An exact method would run the min–max DP over
-stages with the rung in the stage's state, for each cap ``W`` on ``max_s w_s`` as above, with
-every term priced per layer span.
+not among the plan-wide rungs' splits. Where it applies (one chunk per rank, identical layers,
+one recompute policy on every layer, one kind of device), :mod:`fxplan.inter_op.joint_split`
+chooses the split and the rungs together, exactly for ``T̂``: the min–max DP over stages with
+the rung in each stage's choice, for each cap on ``max_s w_s`` as above. Elsewhere the search
+places the candidate at every rung of ``R`` (:meth:`fxplan.inter_op.joint_rungs.JointRungs.
+_joint`), runs the exact choice on each distinct split and keeps the cheapest by ``T̂`` — exact
+over the union of those splits, a heuristic over all splits.
+``tests/inter_op/test_joint_rungs.py`` compares both with every split × every rung per rank.
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
 __all__ = ["RankOptions", "choose_rungs", "mix_rungs", "rank_options", "runnable_rungs",
-           "tied_holders"]
+           "tied_holders", "with_rungs"]
 
 #: Relative gain below which the mixed rungs are a round-off tie, not cheaper: the plan
 #: keeps one rung for all ranks.
@@ -130,11 +129,12 @@ class RankOptions:
 
 
 def runnable_rungs(placed: ParallelConfig, rungs: Sequence[Rung]) -> list[Rung]:
-    """``rungs`` less the offload rungs the runtime cannot run on a rank: FSDP2's
-    ``CPUOffloadPolicy`` needs the rank's parameters sharded by FSDP2 over ``dp > 1``
-    (:func:`~fxplan.cost_model.host.host_overhead.fsdp_params`;
-    :func:`fxplan.runtime.apply.offload.check_runnable` judges each rank by the same rule)."""
-    return [(z, o) for z, o in rungs if o == "none" or fsdp_params(placed.uniform(z, o))]
+    """``rungs`` less the offload rungs the runtime cannot run on a rank: ``optimizer+params``
+    runs as FSDP2's ``CPUOffloadPolicy``, which needs the rank's parameters sharded by FSDP2
+    over ``dp > 1`` (:func:`~fxplan.cost_model.host.host_overhead.fsdp_params`;
+    :func:`fxplan.runtime.apply.offload.check_runnable` judges each rank by the same rule);
+    ``optimizer`` runs at every ZeRO stage (the runtime's host optimizer)."""
+    return [(z, o) for z, o in rungs if o != "optimizer+params" or fsdp_params(placed.uniform(z, o))]
 
 
 def rank_options(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProfile,
@@ -230,10 +230,16 @@ def mix_rungs(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProfil
     picked, t = chosen
     if not t < estimate_s * (1.0 - _ROUND_OFF):
         return None
-    # the same T̂ as surrogate_step_s prices the mixed configuration (its per-rank terms);
-    # equal entries collapse to the plain zero and offload (ParallelConfig)
+    # the same T̂ as surrogate_step_s prices the mixed configuration (its per-rank terms)
+    return with_rungs(placed, picked), t
+
+
+def with_rungs(placed: ParallelConfig, picked: Sequence[Rung]) -> ParallelConfig:
+    """``placed`` with rung ``picked[s]`` on pipeline rank ``s`` (``zero_stages``,
+    ``offload_stages``; equal entries collapse to the plain ZeRO stage and offload,
+    :class:`~fxplan.core.config.ParallelConfig`)."""
     zeros = tuple(z for z, _ in picked)
     offloads = tuple(o for _, o in picked)
     return placed.replace(zero_stage=max(zeros), zero_stages=zeros,
                           offload=max(offloads, key=OFFLOAD_POLICIES.index),
-                          offload_stages=offloads), t
+                          offload_stages=offloads)

@@ -31,7 +31,8 @@ with every ``AG_k = 0`` (the blocks stay gathered), and it has no ``exposed_s``.
                 (all of the sum beside a zero-bubble schedule, ``ω_s = 0``: the runtime
                 reduces after the step, :mod:`fxplan.core.zero_bubble_dp`)
     post_s    = AG(2Ψ_s) [zero ∈ {1,2}] + AR(2ψ_tied) [tied weights on the first and last rank]
-                (ZeRO-1 without DTensor parameters: ``n_s`` broadcasts, :func:`_broadcasts`)
+                (ZeRO-1 without DTensor parameters: ``n_s`` broadcasts,
+                :func:`fxplan.inter_op.rank_parts._broadcasts`)
     opt_s     = 28·Ψ_s / dp^{[zero ≥ 1]} / memory bandwidth          (offload = none)
               = T_off(Ψ_s, B_s)   (:func:`cost_model.memory.offload.offload_step_s`, ``B_s`` one
                                    microbatch's backward on rank s)        (offload ≠ none)
@@ -60,29 +61,22 @@ With a ZeRO stage or an offload per pipeline rank (``zero_stages``, ``offload_st
 term of rank ``s`` — its ``z_j`` (the host copies of ``offload=optimizer+params`` included),
 ``exposed_s``, ``post_s``, ``opt_s`` — reads only the rank's own stage and offload, so ``T̂``
 takes each rank's ``w_s`` and ``exposed_s + post_s + opt_s`` from the configuration with that
-stage and offload on every rank (:func:`rank_terms`; :mod:`fxplan.inter_op.stage_zero` chooses
-them). A
-weight tied between two ranks that keep its gradient in different dp layouts adds a gather
+stage and offload on every rank (:func:`rank_terms`, priced in :mod:`fxplan.inter_op.rank_parts`;
+:mod:`fxplan.inter_op.stage_zero` and :mod:`fxplan.inter_op.joint_split` choose them). A weight
+tied between two ranks that keep its gradient in different dp layouts adds a gather
 the step simulator prices (:func:`cost_model.step.cross_stage.tied_sync`) and ``T̂`` does
 not; the search never ranks such a configuration (its tied holders keep one layout).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from fxplan.cost_model.comm.collectives import collective_time_s
-from fxplan.cost_model.host.host_overhead import ddp_buckets
-from fxplan.cost_model.memory.breakdown import ADAM_MIXED
-from fxplan.cost_model.memory.offload import offload_segment_s, offload_step_s
-from fxplan.cost_model.step.dp_reductions import zero1_broadcasts, zero2_reduces_per_microbatch
-from fxplan.inter_op.profile import SegmentProfile
 from fxplan.core.config import ParallelConfig
-from fxplan.core.zero_bubble_dp import reduces_after_step
+from fxplan.inter_op.profile import SegmentProfile
+from fxplan.inter_op.rank_parts import RankParts, rank_parts, spans
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -97,106 +91,6 @@ def bubble_weight(c: ParallelConfig) -> float:
     pipeline lower bound (:func:`fxplan.inter_op.bounds.pipeline_lower_bound`) uses the same
     term, so the two cannot drift apart."""
     return (c.pp - 1) / c.virtual_stages
-
-
-@lru_cache(maxsize=1 << 15)
-def _coll(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Cluster) -> float:
-    return collective_time_s(kind, nbytes, ranks, cluster)
-
-
-def _per_layer(kind: str, params: np.ndarray, ranks: tuple[int, ...],
-               cluster: Cluster) -> np.ndarray:
-    """``kind`` over ``ranks`` of ``2ψ_i`` bytes for each layer (priced once per distinct ψ)."""
-    values, inverse = np.unique(params, return_inverse=True)
-    return np.array([_coll(kind, 2.0 * float(x), ranks, cluster) for x in values])[inverse]
-
-
-def _experts(prof: SegmentProfile) -> np.ndarray:
-    """``ψ^e_i``: each layer's local expert parameters (zero without expert parallelism)."""
-    return prof.expert_params if prof.expert_params is not None else np.zeros_like(prof.params)
-
-
-def _split_per_layer(kind: str, prof: SegmentProfile, dp_ranks: tuple[int, ...],
-                     cluster: Cluster) -> np.ndarray:
-    """``kind`` of each layer's ``2ψ_i`` bytes as the runtime syncs them: the experts'
-    ``ψ^e_i`` over their expert-data-parallel group (every ``ep``-th dp rank,
-    :func:`~cost_model.parallel.expert_parallel.ep_groups`), the rest over all dp ranks."""
-    experts = _experts(prof)
-    out = _per_layer(kind, prof.params - experts, dp_ranks, cluster)
-    if experts.any():
-        out = out + _per_layer(kind, experts, dp_ranks[::prof.ep], cluster)
-    return out
-
-
-def _spans(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """``Σ_{i ∈ j} values_i`` for every virtual stage ``j`` (``edges``: its layer bounds)."""
-    P = np.concatenate([[0.0], np.cumsum(values)])
-    return P[edges[1:]] - P[edges[:-1]]
-
-
-def _zero3_exposed(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray,
-                   dp_ranks: tuple[int, ...], cluster: Cluster) -> np.ndarray:
-    """``z_j`` of every virtual stage (module docstring), seconds per microbatch (priced with
-    rank 0's profile on a heterogeneous cluster): ZeRO-3's exposed gathers and
-    reduce-scatters of the chunk's segments ``pre?, layers, post?`` as
-    :func:`cost_model.host.host_overhead.zero3_exposed_s` prices them — each gather prefetched
-    behind the previous segment's compute, the chunk's first gather and its backward's first
-    gather and last reduce-scatter exposed — with every segment's terms at once."""
-    S, L = len(edges) - 1, len(prof.params)
-
-    def segments(kind: str) -> np.ndarray:   # pre, the layers, post
-        pre, post = (_coll(kind, 2.0 * float(x), dp_ranks, cluster)
-                     for x in (prof.pre[2], prof.post[2]))
-        return np.concatenate([[pre], _split_per_layer(kind, prof, dp_ranks, cluster), [post]])
-
-    rs = segments("reduce_scatter")
-    # ZeRO-2 reducing in every backward keeps its blocks gathered: no gathers
-    ag = segments("all_gather") if c.zero_stage == 3 else np.zeros_like(rs)
-    if c.offload == "optimizer+params":
-        psi = np.concatenate([[prof.pre[2]], prof.params, [prof.post[2]]])
-        copy = np.array([offload_segment_s(c, float(x), cluster.device(0))[0] for x in psi])
-        ag, rs = ag + copy, rs + copy
-    f = np.concatenate([[prof.pre[0]], prof.fwd, [prof.post[0]]])
-    b = np.concatenate([[prof.pre[1]], prof.bwd, [prof.post[1]]])
-    # segment i of L + 2 (pre, layers, post); chunk j runs segments starts[j] … lasts[j]
-    starts = np.concatenate([[0], edges[1:-1] + 1]).astype(int)
-    lasts = np.concatenate([edges[1:-1], [L + 1]]).astype(int)
-    chunk = np.repeat(np.arange(S), lasts - starts + 1)
-    first = np.zeros(L + 2, dtype=bool)
-    first[starts] = True
-    last = np.zeros(L + 2, dtype=bool)
-    last[lasts] = True
-    omega = np.array([cluster.device((j % c.pp) * c.dp * c.tp).comm_overlap
-                      for j in range(S)])[chunk]
-    prev_f = np.concatenate([[0.0], f[:-1]])
-    fwd = np.where(first, ag, (1 - omega) * ag + np.maximum(0.0, omega * ag - prev_f))
-    hidden = (np.where(first, 0.0, np.concatenate([[0.0], ag[:-1]]))
-              + np.where(last, 0.0, np.concatenate([rs[1:], [0.0]])))
-    bwd = (1 - omega) * hidden + np.maximum(0.0, omega * hidden - b)
-    return np.add.reduceat(fwd + bwd, starts) + ag[lasts] + rs[starts]
-
-
-def _broadcasts(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray, stage: np.ndarray,
-                psi_s: np.ndarray, dp_ranks: tuple[int, ...], cluster: Cluster) -> np.ndarray:
-    """ZeRO-1 without DTensor parameters (:func:`cost_model.step.dp_reductions.zero1_broadcasts`):
-    ``ZeroRedundancyOptimizer`` broadcasts each of the stage's ``n_s`` parameter tensors from
-    its owner, issued async and waited once (``async_batch_s``). For an affine collective
-    time ``t(x) = λ + x/β`` the batch costs ``Σ_i t(2ψ_i) = t(2Ψ_s) + (n_s − 1)·λ``, or with
-    a host that queues each further collective at ``q`` seconds, ``t(2Ψ_s) + (n_s − 1)·q``;
-    ``λ`` is the broadcast of one byte."""
-    n = np.bincount(stage, weights=_spans(prof.tensors, edges), minlength=c.pp)
-    pre, post, tied = prof.end_tensors
-    n[0] += pre
-    n[stage[-1]] += post - (tied if c.pp == 1 else 0)
-    out = np.zeros(c.pp)
-    for s in range(c.pp):
-        device = cluster.device(s * c.dp * c.tp)
-        each = (device.host.queued_collective_us * 1e-6 if device.host
-                and device.host.queued_collective_us > 0
-                else _coll("broadcast", 1.0, dp_ranks, cluster))
-        out[s] = _coll("broadcast", 2.0 * float(psi_s[s]), dp_ranks, cluster) \
-            + max(0.0, n[s] - 1) * each
-    return out
 
 
 def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
@@ -251,7 +145,7 @@ class RungTerms:
     def __init__(self, c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
                  stage_profs: Sequence[SegmentProfile] | None = None) -> None:
         self.c, self.prof, self.cluster, self.stage_profs = c, prof, cluster, stage_profs
-        self._parts: dict[tuple[int, bool], _Parts] = {}
+        self._parts: dict[tuple[int, bool], RankParts] = {}
         self._configs: dict[tuple[int, str], ParallelConfig] = {}
         if not c.per_rank:
             self._configs[(c.zero_stage, c.offload)] = c
@@ -263,11 +157,11 @@ class RungTerms:
             hit = self._configs[(zero, offload)] = self.c.uniform(zero, offload)
         return hit
 
-    def _of(self, zero: int, offload: str) -> _Parts:
+    def _of(self, zero: int, offload: str) -> RankParts:
         key = (zero, offload == "optimizer+params")
         hit = self._parts.get(key)
         if hit is None:
-            hit = self._parts[key] = _Parts(*_parts(self._at(zero, offload), self.prof,
+            hit = self._parts[key] = RankParts(*rank_parts(self._at(zero, offload), self.prof,
                                                     self.cluster, self.stage_profs))
         return hit
 
@@ -293,118 +187,11 @@ def split_bound(c: ParallelConfig, prof: SegmentProfile,
     stage = np.arange(S) % p
     if stage_profs is None:
         first = last = prof
-        u = _spans(prof.layer_time, edges)
+        u = spans(prof.layer_time, edges)
     else:
         first, last = stage_profs[0], stage_profs[stage[-1]]
-        u = np.array([_spans(stage_profs[s].layer_time, edges)[j] for j, s in enumerate(stage)])
+        u = np.array([spans(stage_profs[s].layer_time, edges)[j] for j, s in enumerate(stage)])
     u[0] += first.pre[0] + first.pre[1]
     u[-1] += last.post[0] + last.post[1]
     return (c.num_microbatches + bubble_weight(c)) * float(
         np.bincount(stage, weights=u, minlength=p).max())
-
-
-@dataclass(frozen=True)
-class _Parts:
-    """Per pipeline rank: ``w_s``, ``exposed_s + post_s`` (``rest``), and what ``opt_s``
-    reads — the rank's parameters ``Ψ_s``, its experts' ``Ψ^e_s``, one microbatch's backward
-    ``b_s`` (over ``v`` chunks) and the memory bandwidth."""
-
-    w: np.ndarray
-    rest: np.ndarray
-    psi_s: np.ndarray
-    experts_s: np.ndarray
-    b_s: np.ndarray
-    bandwidth: np.ndarray | float
-    experts: bool
-
-    def optimizer_s(self, c: ParallelConfig, cluster: Cluster) -> np.ndarray:
-        """``opt_s`` of every rank under ``c``'s ZeRO stage and offload (module docstring)."""
-        psi_s, experts_s, bandwidth = self.psi_s, self.experts_s, self.bandwidth
-        if c.offload == "none":
-            if self.experts and c.zero_stage >= 1:   # the experts' states over dp/ep replicas
-                return ADAM_MIXED.step_bytes * ((psi_s - experts_s) / c.dp
-                                                + experts_s * c.ep / c.dp) / bandwidth
-            return ADAM_MIXED.step_bytes * psi_s / (c.dp if c.zero_stage >= 1 else 1) / bandwidth
-        return np.array([offload_step_s(c, float(psi_s[s]), float(self.b_s[s] * c.virtual_stages),
-                                        cluster.device(s * c.dp * c.tp), ADAM_MIXED)
-                         for s in range(c.pp)])
-
-
-def _parts(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
-           stage_profs: Sequence[SegmentProfile] | None) -> tuple:
-    """The fields of :class:`_Parts` (module docstring)."""
-    p, v, S = c.pp, c.virtual_stages, c.pp * c.virtual_stages
-    edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
-    dp_ranks = tuple(range(0, c.dp * c.tp, c.tp))
-    stage = np.arange(S) % p
-    P_psi = np.concatenate([[0.0], np.cumsum(prof.params)])
-    psi = P_psi[edges[1:]] - P_psi[edges[:-1]]
-    if stage_profs is None:
-        first = last = prof
-        u = _spans(prof.layer_time, edges)
-        back = _spans(prof.bwd + prof.tp_bwd, edges)
-    else:
-        first, last = stage_profs[0], stage_profs[stage[-1]]
-        u = np.array([_spans(stage_profs[s].layer_time, edges)[j] for j, s in enumerate(stage)])
-        back = np.array([_spans(stage_profs[s].bwd + stage_profs[s].tp_bwd, edges)[j]
-                         for j, s in enumerate(stage)])
-    u[0] += first.pre[0] + first.pre[1]
-    u[-1] += last.post[0] + last.post[1]
-    back[0] += first.pre[1]
-    back[-1] += last.post[1]
-    psi[0] += prof.pre[2]
-    psi[-1] += prof.post[2] - (prof.tied_params if p == 1 else 0.0)
-    if p > 1:
-        out = prof.out_bytes[edges[1:] - 1] / (1 if c.sequence_parallel else c.tp)
-        first_rank = [c.schedule.placement(j, p)[0] * c.dp * c.tp for j in range(S)]
-        sends = [_coll("send_recv", float(x), (first_rank[j], first_rank[j + 1]), cluster)
-                 if first_rank[j] != first_rank[j + 1] else 0.0   # the turn of a V
-                 for j, x in enumerate(out[:-1])]
-        u[:-1] += sends
-        u[1:] += sends
-    per_microbatch = zero2_reduces_per_microbatch(c)
-    if c.zero_stage == 3 and c.dp > 1 or per_microbatch:
-        u += _zero3_exposed(c, prof, edges, dp_ranks, cluster)
-    w = np.bincount(stage, weights=u, minlength=p)
-    b_s = np.bincount(stage, weights=back, minlength=p) / v
-    psi_s = np.bincount(stage, weights=psi, minlength=p)
-    experts = _experts(prof)
-    experts_s = np.bincount(stage, weights=_spans(experts, edges), minlength=p)
-    exposed = np.zeros(p)
-    if c.dp > 1 and c.zero_stage < 3 and not per_microbatch:
-        kind = "all_reduce" if c.zero_stage == 0 else "reduce_scatter"
-        per_layer = _split_per_layer(kind, prof, dp_ranks, cluster)
-        if experts.any() and c.tp > 1:   # each tp rank's expert copy saw its share of rows
-            per_layer = per_layer + _per_layer("all_reduce", experts, tuple(range(c.tp)),
-                                               cluster)
-        layer_sync = np.concatenate([[0.0], np.cumsum(per_layer)])
-        sync = np.bincount(stage, weights=layer_sync[edges[1:]] - layer_sync[edges[:-1]],
-                           minlength=p)
-        ends = _per_layer(kind, np.array([prof.pre[2], prof.post[2]]), dp_ranks, cluster)
-        sync[0] += ends[0]
-        sync[stage[-1]] += ends[1]
-        cap = cluster.device(0).ddp_bucket_mib
-        if cap > 0 and c.tp == 1 and c.zero_stage <= 1 and not experts.any():
-            # the runtime's DDP packs the gradients into its own buckets (host_overhead)
-            sync = np.array([sum(_coll("all_reduce", nbytes, dp_ranks, cluster)
-                                 for _, nbytes in ddp_buckets([(0.0, 2.0 * x)], cap))
-                             for x in psi_s])
-        # beside a zero-bubble schedule the pass after the step hides nothing (zero_bubble_dp)
-        overlap = np.array([0.0 if reduces_after_step(c) else
-                            cluster.device(s * c.dp * c.tp).comm_overlap for s in range(p)])
-        exposed = np.maximum(0.0, sync - overlap * b_s)
-    post = np.zeros(p)
-    if zero1_broadcasts(c) and prof.tensors is not None:
-        post += _broadcasts(c, prof, edges, stage, psi_s, dp_ranks, cluster)
-    elif c.dp > 1 and c.zero_stage in (1, 2):
-        post += [_coll("all_gather", 2.0 * float(x - e), dp_ranks, cluster)
-                 + (_coll("all_gather", 2.0 * float(e), dp_ranks[::c.ep], cluster) if e else 0.0)
-                 for x, e in zip(psi_s, experts_s)]
-    if p > 1 and prof.tied_params > 0:
-        tied = _coll("all_reduce", 2.0 * prof.tied_params, (0, (p - 1) * c.dp * c.tp), cluster)
-        post[0] += tied
-        post[-1] += tied
-    bandwidth = np.array([cluster.device(s * c.dp * c.tp).memory_bandwidth_gb_per_s * 1e9
-                          for s in range(p)]) if stage_profs is not None else \
-        cluster.device(0).memory_bandwidth_gb_per_s * 1e9
-    return w, exposed + post, psi_s, experts_s, b_s, bandwidth, bool(experts.any())

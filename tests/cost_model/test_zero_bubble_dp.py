@@ -29,7 +29,9 @@ def priced():
 
 @pytest.mark.parametrize("text", ["dp=4,pp=2,schedule=zb,zero=0", "dp=4,pp=2,schedule=zb:2",
                                   "dp=2,tp=2,pp=2,schedule=zbv", "dp=4,pp=2,schedule=zbv,zero=1",
-                                  "dp=4,pp=2,schedule=dualpipev,mb=1"])
+                                  "dp=4,pp=2,schedule=dualpipev,mb=1",
+                                  # the host optimizer steps after the pass
+                                  "dp=4,pp=2,schedule=zb,zero=1,offload=optimizer"])
 def test_the_reduction_after_the_step_blocks_and_hides_nothing(text: str) -> None:
     config = ParallelConfig.parse(text)
     assert reduces_after_step(config) and after_step_refusal(config) is None
@@ -40,7 +42,7 @@ def test_the_reduction_after_the_step_blocks_and_hides_nothing(text: str) -> Non
 @pytest.mark.parametrize("text,why", [
     ("dp=4,pp=2,schedule=zb,zero=2", "ZeRO-2"), ("dp=4,pp=2,schedule=zbv,zero=3", "ZeRO-3"),
     ("dp=2,tp=2,pp=2,schedule=zb,zero=1", "tp=2"),
-    ("dp=4,pp=2,schedule=zb,zero=1,offload=optimizer", "offload=optimizer"),
+    ("dp=4,pp=2,schedule=zb,zero=3,offload=optimizer+params", "ZeRO-3"),
 ])
 def test_what_needs_fsdp2_is_refused(text: str, why: str) -> None:
     assert why in after_step_refusal(ParallelConfig.parse(text))

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from fxplan.runtime.apply.graph import apply_plan
-from fxplan.runtime.checkpoint.optim_state import full_optimizer_state
+from fxplan.runtime.checkpoint.optim_state import full_optimizer_state, local_optimizer
 from rt_cases import OPTIMIZERS, reference, relative_error, train_steps
 from rt_plans import build_model, fixed_batch, make_plan
 
@@ -36,8 +36,10 @@ def optimizer_state_reshards(save_plan: dict[str, Any], load_plan: dict[str, Any
     batch = fixed_batch(plan_a)
     sharded = apply_plan(build_model(layers), plan_a, batch[0])
     saved: dict[str, Any] = {}
+    kinds = []
     if sharded is not None:
         opt = sharded.optimizer(optimizer_class, **kwargs)
+        kinds.append(type(local_optimizer(opt)).__name__)
         losses = train_steps(sharded, opt, batch, before)
         sharded.save(path, opt)
         saved = dict(params=sharded.full_parameters(), optim=full_optimizer_state(sharded, opt))
@@ -46,6 +48,7 @@ def optimizer_state_reshards(save_plan: dict[str, Any], load_plan: dict[str, Any
     if loaded is None:
         return None
     opt = loaded.optimizer(optimizer_class, **kwargs)
+    kinds.append(type(local_optimizer(opt)).__name__)
     loaded.load(path, opt)
     params, state = loaded.full_parameters(), full_optimizer_state(loaded, opt)
     losses += train_steps(loaded, opt, batch, after)
@@ -57,6 +60,7 @@ def optimizer_state_reshards(save_plan: dict[str, Any], load_plan: dict[str, Any
         param_diffs=_differences(params, saved["params"]),
         optim_diffs=_differences(state, saved["optim"]),
         optim_keys=len(state), optim_keys_list=sorted(state), losses=losses, ref_losses=ref_losses,
+        optimizers=kinds,   # this rank's local optimizer class, saving then loading
         loss_error=max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
         param_error=max(relative_error(final[k], ref_params[k]) for k in ref_params),
     )

@@ -39,14 +39,16 @@ def build_moe(seed: int = 0, meta: bool = False) -> torch.nn.Module:
 
 
 def make_ep_plan(*, dp: int, ep: int, zero: int = 0, tp: int = 1, microbatch_size: int = 2,
-                 recompute: str = "none", sp: bool = False, cp: int = 1) -> Plan:
+                 recompute: str = "none", sp: bool = False, cp: int = 1,
+                 offload: str = "none") -> Plan:
     """An ``ep > 1`` plan for moe-tiny; ``tp > 1``: attention Megatron-style (QKV
     column-parallel, projection row-parallel, embedding vocabulary-parallel), experts whole
     (:mod:`fxplan.runtime.styles.expert_tp`); ``sp``: sequence parallelism; ``cp``: context
-    parallelism too (the ``dp/cp`` replicas read ``dp/cp · mb`` samples)."""
+    parallelism too (the ``dp/cp`` replicas read ``dp/cp · mb`` samples); ``offload``: the
+    plan's offload."""
     config = ParallelConfig(dp=dp, tp=tp, ep=ep, cp=cp, microbatch_size=microbatch_size,
                             num_microbatches=1, zero_stage=zero, recompute=recompute,
-                            sequence_parallel=sp)
+                            sequence_parallel=sp, offload=offload)
     params = ({name: parse_placements(text) for name, text in
                param_placements(build_moe(meta=True), tp).items()} if tp > 1 else {})
     return Plan(model=MODEL, cluster="local-cpu", graph_fingerprint="test",

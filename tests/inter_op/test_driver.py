@@ -14,7 +14,9 @@ from fxplan.cluster_specs import Cluster
 from fxplan.core.config_error import CostModelError
 from fxplan.api import capture_for_search
 from fxplan.inter_op import InfeasibleError
-from fxplan.inter_op import driver, pricing
+from fxplan.inter_op import pricing, search_state
+from fxplan.inter_op.progress import PhaseTimer
+from fxplan.inter_op.stage_memory import DeviceMemory
 from fxplan.inter_op.progress import Budget
 from fxplan.api import capture
 
@@ -33,10 +35,10 @@ def _unfit_state(capacity_scale: float):  # type: ignore[no-untyped-def]
     """A search whose first family had a fitting variant and whose second had none ranked;
     the device capacity scaled by ``capacity_scale`` after the families were found."""
     graph = capture_for_search(SMALL)
-    state = driver._Search(graph, Cluster.load("dgx-a100-80g"), 64, {}, 8, driver.PhaseTimer(),
+    state = search_state._Search(graph, Cluster.load("dgx-a100-80g"), 64, {}, 8, PhaseTimer(),
                            Budget(None), False)
     fams = list(state.families())[:2]
-    state.mem = driver.DeviceMemory(state.mem.capacity * capacity_scale, state.mem.reserved)
+    state.mem = DeviceMemory(state.mem.capacity * capacity_scale, state.mem.reserved)
     config, lightest = state.lightest(fams[0])
     state.unfit = {fams[0]: (3, lightest, config), fams[1]: (5, lightest, config)}
     state.fitted = {fams[0]}

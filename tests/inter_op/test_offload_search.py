@@ -8,7 +8,7 @@ import pytest
 
 from fxplan.api import capture_for_search
 from fxplan.cluster_specs import Cluster
-from fxplan.inter_op import ConstraintError, InfeasibleError, driver, search
+from fxplan.inter_op import ConstraintError, InfeasibleError, search, search_state
 from fxplan.inter_op.offload import memory_rungs
 from fxplan.inter_op.progress import Budget, PhaseTimer
 from fxplan.inter_op.surrogate import surrogate_step_s
@@ -62,7 +62,7 @@ def test_search_closed_form_prices_the_offload(gpt75) -> None:  # type: ignore[n
     cluster = Cluster.load("dgx1-v100-16g")
     plan = search(gpt75, cluster, batch=64, time_budget_s=60,
                   constraints={"offload": "optimizer"})
-    state = driver._Search(gpt75, cluster, 64, {}, 8, PhaseTimer(), Budget(None), False)
+    state = search_state._Search(gpt75, cluster, 64, {}, 8, PhaseTimer(), Budget(None), False)
     c = plan.config
     priced = surrogate_step_s(c, state.profile.of(c), cluster)
     without = surrogate_step_s(c.replace(offload="none"), state.profile.of(c), cluster)

@@ -10,7 +10,7 @@ import pytest
 
 from fxplan.api import capture_for_search
 from fxplan.cluster_specs import Cluster
-from fxplan.inter_op import driver, search
+from fxplan.inter_op import ranking, search, search_state
 from fxplan.inter_op.bounds import pipeline_lower_bound
 from fxplan.inter_op.reasons import TIME_BOUND
 
@@ -33,14 +33,14 @@ def _answer(plan) -> dict:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("pp", [1, 2, 4])
 def test_the_bound_is_below_every_priced_closed_form(small, monkeypatch, pp) -> None:  # type: ignore[no-untyped-def]
     priced: list[tuple[float, float]] = []
-    closed_form = driver.surrogate_step_s
+    closed_form = search_state.surrogate_step_s
 
     def recording(c, prof, cluster, profs=None):  # type: ignore[no-untyped-def]
         t = closed_form(c, prof, cluster, profs)
         priced.append((t, pipeline_lower_bound(c, prof)))
         return t
 
-    monkeypatch.setattr(driver, "surrogate_step_s", recording)
+    monkeypatch.setattr(search_state, "surrogate_step_s", recording)
     search(small, Cluster.load("dgx-a100-80g:nodes=4"), batch=256, progress=False,
            constraints={"pp": pp})
     assert len(priced) > 10
@@ -55,7 +55,7 @@ def test_skipping_by_the_bound_changes_no_answer(small, monkeypatch) -> None:  #
     skipped = [d for r, d in zip(with_bound.pruned, with_bound.pruned_detail)
                if "pipeline lower bound" in r]
     assert skipped and all(d["kind"] == TIME_BOUND for d in skipped)
-    monkeypatch.setattr(driver, "pipeline_lower_bound", lambda c, prof: 0.0)
+    monkeypatch.setattr(ranking, "pipeline_lower_bound", lambda c, prof: 0.0)
     without = search(small, cluster, batch=512, progress=False)
     assert not [r for r in without.pruned if "pipeline lower bound" in r]
     assert without.estimate["candidates_visited"] > with_bound.estimate["candidates_visited"]

@@ -32,13 +32,18 @@ rank; its third runner-up became a pp=18 candidate with ZeRO-2 on one rank (37.9
 simulated) where it was an interleaved:2 one (36.58 s): the closed-form ranking prices that
 pp=18 candidate 36.45 s at ZeRO-2 on every rank too, so the miss is the ranking's, not the
 mixing's. Three were re-recorded on 2026-11-28 (on ``0faefdb``) when the stage split began to
-be chosen with the per-rank ZeRO stages and offloads (``fxplan.inter_op.driver.JOINT_RUNGS``;
+be chosen with the per-rank ZeRO stages and offloads (``fxplan.inter_op.joint_rungs.JOINT_RUNGS``;
 with it off the answers were still the recorded ones): the MoE on V100 went from ZeRO-1 with
 recompute on some layers (16.894 s) to ZeRO-1 without recompute and the optimizer offloaded on
 every rank (15.786 s), 529.6B on 2520 from ZeRO-2 (36.121 s) to ZeRO-2 on its first five
 pipeline ranks and ZeRO-1 on the last four (35.988 s), 1T from ZeRO-1 with selective recompute
-(66.212 s) to ZeRO 2/…/1 per rank with recompute on some stages (65.660 s). It is re-recorded
-only for a change that is meant to move a plan:
+(66.212 s) to ZeRO 2/…/1 per rank with recompute on some stages (65.660 s). The MoE on V100
+was re-recorded again on 2026-11-28 (on ``d18ddee`` with the change) when ``offload=optimizer``
+began to be priced as the runtime's host optimizer runs it (fp32 copies both ways, the
+gradients' copy not hidden behind the backward, the experts' states over their dp/ep replicas):
+the offloading plan prices 21.615 s there, and the answer is again the plan recorded before the
+joint choice, entry for entry (16.894 s). It is re-recorded only for a change that is meant to
+move a plan:
 
     .venv/bin/python tests/inter_op/test_search_reference.py --record [NAME ...]
 

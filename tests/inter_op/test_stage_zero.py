@@ -12,7 +12,7 @@ import pytest
 from fxplan.api import capture_for_search
 from fxplan.cluster_specs import Cluster, training_dtype
 from fxplan.core.config import ParallelConfig
-from fxplan.inter_op import driver
+from fxplan.inter_op import search_state
 from fxplan.inter_op.progress import Budget, PhaseTimer
 from fxplan.inter_op.space import options
 from fxplan.inter_op.stage_devices import rank_limits
@@ -59,7 +59,7 @@ def search():  # type: ignore[no-untyped-def]
     ranks' activations in flight decide their ZeRO stages."""
     cluster = Cluster.load("dgx1-v100-16g:nodes=1")
     graph = capture_for_search("gpt-1.7b", dtype=training_dtype(cluster))
-    return driver._Search(graph, cluster, 32, {"pp": 2, "dp": 4}, 8, PhaseTimer(),
+    return search_state._Search(graph, cluster, 32, {"pp": 2, "dp": 4}, 8, PhaseTimer(),
                           Budget(None), False)
 
 

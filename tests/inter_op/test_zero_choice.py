@@ -8,7 +8,7 @@ import pytest
 
 from fxplan.api import capture_for_search
 from fxplan.cluster_specs import Cluster, training_dtype
-from fxplan.inter_op import driver
+from fxplan.inter_op import search_state
 from fxplan.inter_op.progress import Budget, PhaseTimer
 from fxplan.inter_op.space import options
 from fxplan.inter_op.surrogate import surrogate_step_s
@@ -18,7 +18,7 @@ from fxplan.inter_op.surrogate import surrogate_step_s
 def state():  # type: ignore[no-untyped-def]
     cluster = Cluster.load("local-cpu:devices=4")
     graph = capture_for_search("gpt-tiny", dtype=training_dtype(cluster))
-    return driver._Search(graph, cluster, 16, {"dp": 4}, 8, PhaseTimer(), Budget(None), False)
+    return search_state._Search(graph, cluster, 16, {"dp": 4}, 8, PhaseTimer(), Budget(None), False)
 
 
 def test_score_keeps_the_cheapest_fitting_zero_stage(state) -> None:  # type: ignore[no-untyped-def]
@@ -43,7 +43,7 @@ def test_score_keeps_the_cheapest_fitting_zero_stage(state) -> None:  # type: ig
 
 
 def test_zero_constraint_still_binds(state) -> None:  # type: ignore[no-untyped-def]
-    pinned = driver._Search(state.graph, state.cluster, 16, {"dp": 4, "zero_stage": 1}, 8,
+    pinned = search_state._Search(state.graph, state.cluster, 16, {"dp": 4, "zero_stage": 1}, 8,
                             PhaseTimer(), Budget(None), False)
     (family, (zmin, _offload)), = pinned.families().items()
     c = next(options(family, batch=16, layers=pinned.profile.num_layers,

@@ -1,20 +1,24 @@
 """Offload and FP8 at run time: what the runtime can run, and the pieces PyTorch gives for it.
 
-**Offload** runs as FSDP2's CPU offload: ``fully_shard(..., offload_policy=CPUOffloadPolicy())``
-keeps each rank's fp32 parameter shard, its gradient and the optimizer states in host memory,
-copies the shard to the device before each all-gather and the reduce-scattered gradient back,
-and the optimizer steps on the CPU (:mod:`fxplan.cost_model.memory.offload` prices exactly that for
-``offload=optimizer+params``). It needs ZeRO-3 (``fully_shard``) over ``dp > 1``.
-``offload=optimizer`` (DeepSpeed's ZeRO-Offload: parameters stay on the device) has no PyTorch
-counterpart; under ZeRO-3 it runs as FSDP2's CPU offload — a fallback, logged and listed in
-``ShardedModule.fallbacks``: less device memory and more host↔device copies than priced. Any
-other ZeRO stage with offload is refused before launch (:func:`check_runnable`), naming what
-would run it (``zero=3``, or the DeepSpeed export).
+Offload runs as the cost model prices it (:mod:`fxplan.cost_model.memory.offload`):
+
+* ``offload=optimizer`` — DeepSpeed's ZeRO-Offload: the parameters and gradients stay on the
+  device under the plan's ZeRO stage; the optimizer keeps fp32 master weights and its moments
+  in host memory, and each step copies the (clipped) gradients down, steps there and copies
+  the updated weights back (:mod:`fxplan.runtime.train.host_optimizer`, built by
+  :func:`~fxplan.runtime.styles.data_parallel.make_optimizer`). Runnable at every ZeRO stage,
+  dp and tp, ZeRO-1's ``ZeroRedundancyOptimizer`` included (its partition steps on the host).
+* ``offload=optimizer+params`` — FSDP2's CPU offload: ``fully_shard(...,
+  offload_policy=CPUOffloadPolicy())`` keeps each rank's fp32 parameter shard, its gradient
+  and the optimizer states in host memory, copies the shard to the device before each
+  all-gather and the reduce-scattered gradient back, and the optimizer steps on the CPU. It
+  needs the stage sharded by FSDP2 over ``dp > 1``; otherwise it is refused before launch
+  (:func:`check_runnable`), naming what would run it.
 
 With an offload per pipeline rank (``offload_stages``) each rank applies its own view
-(:meth:`~fxplan.core.plan.Plan.at_pipeline_rank`): ``CPUOffloadPolicy`` only on the stages of
-the offloading ranks, and :func:`check_runnable` judges every rank under its own ZeRO stage
-and offload. A weight tied between an offloading and a non-offloading rank is refused on GPUs
+(:meth:`~fxplan.core.plan.Plan.at_pipeline_rank`): the host optimizer or ``CPUOffloadPolicy``
+only on the offloading ranks, and :func:`check_runnable` judges every rank under its own ZeRO
+stage and offload. A weight tied between ranks whose offload differs is refused on GPUs
 (:func:`fxplan.runtime.apply.tied.offload_refusal`).
 
 **FP8** runs as torchao's float8 training (``convert_to_float8_training``) on CUDA devices
@@ -33,7 +37,7 @@ from fxplan.cost_model.host.host_overhead import fsdp_params
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
 
-__all__ = ["RuntimeSupportError", "check_runnable", "offload_fallback", "offload_policy"]
+__all__ = ["RuntimeSupportError", "check_runnable", "offload_policy"]
 
 
 class RuntimeSupportError(UserError):
@@ -42,22 +46,23 @@ class RuntimeSupportError(UserError):
 
 def check_runnable(plan: "Plan", device_kind: str) -> None:
     """Refuse a plan whose offload or FP8 the runtime cannot run on ``device_kind``
-    (``"cpu"`` or ``"gpu"``), with what would run it (module docstring). Every offloading
-    pipeline rank must have its stage sharded by FSDP2 (its own ZeRO stage:
-    :func:`~fxplan.cost_model.host.host_overhead.fsdp_params`)."""
+    (``"cpu"`` or ``"gpu"``), with what would run it (module docstring). Every pipeline rank
+    offloading its parameters (``optimizer+params``) must have its stage sharded by FSDP2 (its
+    own ZeRO stage: :func:`~fxplan.cost_model.host.host_overhead.fsdp_params`);
+    ``offload=optimizer`` runs under any."""
     config = plan.config
     for rank in range(plan.pp):
         own = config.at_pipeline_rank(rank)
-        if own.offload == "none" or fsdp_params(own):
+        if own.offload != "optimizer+params" or fsdp_params(own):
             continue
         where = f" on pipeline rank {rank}" if config.per_rank else ""
         raise RuntimeSupportError(
             f"offload={own.offload} with zero={own.zero_stage}{where}, dp={plan.dp}, "
-            f"tp={plan.tp} is "
-            "not runnable by fxplan's runtime: it offloads with FSDP2's CPUOffloadPolicy, which "
-            "needs fully_shard over dp > 1 (zero=2 or 3, or zero=1 with tp or ep > 1); re-plan with --constrain \"zero=3,offload=optimizer+params\", "
-            "or run this plan with DeepSpeed (`fxplan export PLAN --to deepspeed`: "
-            "offload_optimizer)")
+            f"tp={plan.tp} is not runnable by fxplan's runtime: it keeps the parameter shards "
+            "on the host with FSDP2's CPUOffloadPolicy, which needs fully_shard over dp > 1 "
+            "(zero=2 or 3, or zero=1 with tp or ep > 1); re-plan with --constrain "
+            "\"zero=3,offload=optimizer+params\", or offload the optimizer only "
+            "(offload=optimizer, which runs at any ZeRO stage)")
     if plan.config.fp8:
         if device_kind == "cpu":
             raise RuntimeSupportError(
@@ -69,20 +74,12 @@ def check_runnable(plan: "Plan", device_kind: str) -> None:
                 "torchao is not importable here")
 
 
-def offload_fallback(plan: "Plan") -> str | None:
-    """The fallback line when ``offload=optimizer`` runs as FSDP2's CPU offload."""
-    if plan.offload != "optimizer":
-        return None
-    return ("[offload] offload=optimizer runs as FSDP2's CPUOffloadPolicy, which keeps the "
-            "parameter shards on the host too (PyTorch has no optimizer-only offload): less "
-            "device memory and more host↔device copies than the plan priced")
-
-
 def offload_policy(plan: "Plan") -> Any:
-    """``CPUOffloadPolicy`` for ``fully_shard`` when the plan offloads (pinned host memory on
-    CUDA, where it speeds the copies; plain on CPU, where there is nothing to pin for), else
-    ``None`` (FSDP2's default, no offload)."""
-    if plan.offload == "none":
+    """``CPUOffloadPolicy`` for ``fully_shard`` when the plan offloads its parameters
+    (``offload=optimizer+params``; pinned host memory on CUDA, where it speeds the copies;
+    plain on CPU, where there is nothing to pin for), else ``None`` (FSDP2's default: the
+    parameters on the device, also under ``offload=optimizer``)."""
+    if plan.offload != "optimizer+params":
         return None
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy

@@ -8,8 +8,8 @@ group), and says why the plan cannot run:
 
 * the expert-parallel checks refuse it (``ep`` against the model's experts);
 * a zero-bubble schedule beside recompute, which torch's split backward does not run, or
-  beside data parallelism that needs FSDP2 (ZeRO-2/3, ZeRO-1 with tp or ep, offload; ZeRO-0
-  and ZeRO-1 run, their gradients averaged after the step:
+  beside data parallelism that needs FSDP2 (ZeRO-2/3, ZeRO-1 with tp or ep; ZeRO-0 and
+  ZeRO-1 run, ``offload=optimizer`` too, their gradients averaged after the step:
   :func:`~fxplan.runtime.train.pipeline.zero_bubble_refusal`);
 * ``zbv`` and ``dualpipev`` put the first and the last stage on one rank, where a weight tied
   between the embedding and the head cannot be kept tied

@@ -12,10 +12,14 @@ different layouts: sharded over dp where FSDP2 wraps the rank's stage, whole whe
 ``replicate`` does. Then the sharded copy is gathered over dp before the sum and its own shard
 taken back after it (:meth:`TiedGradSync._sum_whole`), so both sum the same whole gradient.
 
-With an offload per pipeline rank (``offload_stages``) an offloading holder keeps the
-gradient in host memory (FSDP2's ``CPUOffloadPolicy``) and a non-offloading one on the device:
-on CPU devices both are host tensors and the sum runs as above; on GPUs the runtime does not
-copy between them, so such a plan is refused (:func:`offload_refusal`), and the search keeps
+With an offload per pipeline rank (``offload_stages``) an offloading holder steps its copy on
+the host — torch's single-tensor loop on the CPU, after the gradient went down
+(``offload=optimizer``, :mod:`fxplan.runtime.train.host_optimizer`) or where FSDP2's
+``CPUOffloadPolicy`` keeps it (``optimizer+params``, whose host gradient is summed on the
+device and copied back, :meth:`TiedGradSync._sum_on`) — and a non-offloading one on the
+device. On CPU devices both steps are the same loop on the same kind of core and the copies
+stay equal; on GPUs the device's kernels may round otherwise than the host's, and the copies
+would drift apart, so such a plan is refused (:func:`offload_refusal`), and the search keeps
 both holders' offload alike (:mod:`fxplan.inter_op.stage_zero`).
 
 Groups are created on every process in the same order (``new_group`` is collective over the
@@ -65,7 +69,7 @@ def offload_refusal(plan: "Plan", users: Mapping[str, Iterable[int]],
                     device_type: str) -> str | None:
     """Why the runtime cannot keep a weight tied between a pipeline rank that offloads and one
     that does not on ``device_type`` devices (module docstring), or ``None``: on ``cpu`` both
-    gradients are host tensors and are summed as any other."""
+    copies step with the same loop on the same kind of core."""
     if device_type == "cpu" or plan.config.offload_stages is None:
         return None
     for fqn in sorted(users):
@@ -73,9 +77,9 @@ def offload_refusal(plan: "Plan", users: Mapping[str, Iterable[int]],
         offloads = {plan.config.offload_of(r) != "none" for r in ranks}
         if len(offloads) > 1:
             return (f"the weight {fqn!r} is tied between pipeline ranks {ranks}, whose offload "
-                    f"differs (offload={plan.config.offload_text}): the offloading rank keeps its "
-                    "gradient in host memory and the other on the device, and the runtime sums "
-                    "a tied weight's gradients only where both sit alike. Give both ranks the "
+                    f"differs (offload={plan.config.offload_text}): the offloading rank steps "
+                    "its copy on the host's CPU and the other on the GPU, whose kernels may "
+                    "round otherwise, so the copies would drift apart. Give both ranks the "
                     "same offload (offload_stages) or untie the weight")
     return None
 

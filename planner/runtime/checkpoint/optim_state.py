@@ -16,7 +16,11 @@ it: DCP reshards the tensors by global offsets like the parameters themselves.
 
 ZeRO-1 (``ZeroRedundancyOptimizer``) keeps the state of each parameter on the one dp rank that
 owns its partition; its local ``optim`` covers exactly those parameters, so each rank saves and
-loads the keys of its own partition (no consolidation to one rank is needed). Loading asks the
+loads the keys of its own partition (no consolidation to one rank is needed). Under
+``offload=optimizer`` the optimizer (:mod:`fxplan.runtime.train.host_optimizer`) shows its
+host state in the plain optimizer's form — the same keys, a ``DTensor`` parameter's moments as
+``DTensor`` objects of its layout over host tensors — so a checkpoint written with offload loads
+without it and the other way round. Loading asks the
 optimizer for its state first; an optimizer that has not stepped yet is initialised by
 ``get_optimizer_state_dict`` with one zero-gradient, zero-learning-rate step (parameters do not
 change), and DCP then overwrites those tensors in place.

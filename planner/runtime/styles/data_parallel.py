@@ -10,8 +10,13 @@ decides what else is split over ``dp`` (Rajbhandari et al., 2020):
     stage 1  optimizer state: as stage 0 + ``ZeroRedundancyOptimizer`` over the dp group
     stage 2  + gradients:     ``fully_shard(reshard_after_forward=False)`` (reduce-scatter grads,
                               keep the gathered parameters between forward and backward)
-    stage 3  + parameters:    ``fully_shard(reshard_after_forward=True)``; with offload,
-                              ``offload_policy=CPUOffloadPolicy()`` (:mod:`fxplan.runtime.apply.offload`)
+    stage 3  + parameters:    ``fully_shard(reshard_after_forward=True)``; with
+                              ``offload=optimizer+params``, ``offload_policy=CPUOffloadPolicy()``
+                              (:mod:`fxplan.runtime.apply.offload`)
+
+``offload=optimizer`` leaves the wrapping alone at every stage: :func:`make_optimizer` builds
+the optimizer to step on the host (:mod:`fxplan.runtime.train.host_optimizer`), ZeRO-1's
+``ZeroRedundancyOptimizer`` included (its partition's optimizer is the host one).
 
 FSDP/replicate wrap every block (the outlined ``layer_i`` of the graph rewrite, recompute
 wrapper included, or the user's ``model.layers.N`` at module level) and then the stage root, so parameters are gathered block by block. With ``tp > 1`` the parameters are
@@ -30,7 +35,8 @@ dp after the schedule's step (:mod:`fxplan.core.zero_bubble_dp`,
 
 With a ZeRO stage or an offload per pipeline rank (``zero_stages``, ``offload_stages``) each
 rank wraps its stages and builds its optimizer under its own stage and offload
-(:func:`rank_plan`; ``CPUOffloadPolicy`` on the offloading ranks' ``fully_shard`` only): the
+(:func:`rank_plan`; ``CPUOffloadPolicy`` on the ``offload=optimizer+params`` ranks'
+``fully_shard`` only, the host optimizer on the ``offload=optimizer`` ones): the
 ranks of one stage's dp group share it, so their collectives match, and a rank's wrapping never
 meets another rank's parameters.
 
@@ -50,8 +56,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from fxplan.core.fallbacks import record_fallback
 from fxplan.core.zero_bubble_dp import reduces_after_step
 from fxplan.runtime.apply.mesh import mesh_coordinate
-from fxplan.runtime.apply.offload import offload_fallback, offload_policy
+from fxplan.runtime.apply.offload import offload_policy
 from fxplan.runtime.apply.precision import Precision, autocast_stage, mixed_precision_policy
+from fxplan.runtime.train.host_optimizer import host_offloaded
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -120,9 +127,8 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
     dp_mesh = mesh["dp"]
     line = zero1_fallback(plan)
     extra = {"ignored_params": set(ignored)} if ignored else {}
-    for text in (line, offload_fallback(plan)):
-        if text is not None:
-            record_fallback(fallbacks, text)
+    if line is not None:
+        record_fallback(fallbacks, line)
     if plan.zero_stage in (2, 3) or line is not None:
         from torch.distributed.fsdp import fully_shard
 
@@ -154,11 +160,13 @@ def apply_data_parallel(stage: nn.Module, plan: "Plan", mesh: DeviceMesh,
 def _fsdp_policies(precision: Precision, plan: "Plan | None" = None, *,
                    root: bool = False) -> dict[str, Any]:
     """Keyword arguments of ``fully_shard``/``replicate`` beyond the mesh: the mixed-precision
-    policy (none when fp32) and, when ``plan`` offloads, FSDP2's CPU offload policy."""
+    policy (none when fp32) and, when ``plan`` offloads its parameters
+    (``offload=optimizer+params``), FSDP2's CPU offload policy."""
     policy = mixed_precision_policy(precision, root=root)
     out: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
-    if plan is not None and plan.offload != "none":
-        out["offload_policy"] = offload_policy(plan)
+    offload = offload_policy(plan) if plan is not None else None
+    if offload is not None:
+        out["offload_policy"] = offload
     return out
 
 
@@ -166,9 +174,13 @@ def make_optimizer(params: Iterable[nn.Parameter], plan: "Plan", mesh: DeviceMes
                    optimizer_class: type[torch.optim.Optimizer], **kwargs: Any
                    ) -> torch.optim.Optimizer:
     """``optimizer_class`` over the local parameters; ZeRO-1 shards its state over dp
-    (``ZeroRedundancyOptimizer``; with tp > 1 the parameters are already dp-sharded by FSDP2)."""
+    (``ZeroRedundancyOptimizer``; with tp > 1 the parameters are already dp-sharded by FSDP2).
+    Under ``offload=optimizer`` (this pipeline rank's own) it steps on the host
+    (:func:`~fxplan.runtime.train.host_optimizer.host_offloaded`)."""
     params = list(params)
     plan = rank_plan(plan, mesh)
+    if plan.offload == "optimizer":
+        optimizer_class = host_offloaded(optimizer_class)
     if plan.zero_stage == 1 and plan.dp > 1 and zero1_fallback(plan) is None and mesh is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

@@ -105,8 +105,9 @@ def zero_bubble_refusal(plan: "Plan") -> str | None:
     ``GraphExecGroup``, refuses a saved tensor both passes unpack.)
     With ``dp > 1`` the stages are not wrapped (DDP's reducer would all-reduce before the
     weight gradients exist, FSDP2's reduce-scatter deadlocks) and their gradients are
-    averaged after the step (:mod:`fxplan.runtime.train.dp_reduce`); what needs FSDP2 —
-    ZeRO-2/3, ZeRO-1 beside tp or ep, offload — is refused
+    averaged after the step (:mod:`fxplan.runtime.train.dp_reduce`; ``offload=optimizer``
+    then steps on the host as anywhere); what needs FSDP2 — ZeRO-2/3 (``optimizer+params``
+    included), ZeRO-1 beside tp or ep — is refused
     (:func:`fxplan.core.zero_bubble_dp.after_step_refusal`)."""
     if not plan.schedule.split_backward or plan.pp == 1:
         return None
