@@ -88,11 +88,14 @@ from fxplan.core.config_error import CostModelError
 from fxplan.cost_model.memory.breakdown import GIB, MemoryBreakdown, OptimizerSpec
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from fxplan.cluster_specs import Cluster, DeviceGroup
 
 __all__ = ["ADAM_HOST_BYTES", "CLIP_HOST_BYTES", "CORE_MEMORY_GB_PER_S", "HOST_STEP_EFFICIENCY",
            "HostSide", "MASTER_BYTES", "RANK_THREADS", "host_bytes_per_node", "host_step_bytes",
-           "host_step_s", "offload_segment_s", "offload_step_s", "with_host_check"]
+           "host_step_s", "offload_segment_s", "offload_step_s", "updated_params",
+           "with_host_check"]
 
 #: Bytes per parameter torch 2.13's single-tensor AdamW moves on CPU tensors (with weight
 #: decay; module docstring): the host step of both offloads.
@@ -142,25 +145,26 @@ class HostSide:
                    device.host_link_gb_per_s * 1e9, device.devices_per_node)
 
 
-def _updated(config: ParallelConfig, params: float, experts: float) -> float:
-    """``Ψ_o`` (module docstring) of a rank holding ``params`` parameters, ``experts`` of them
-    expert parameters."""
+def updated_params(config: ParallelConfig, params: float | np.ndarray,
+                   experts: float | np.ndarray = 0.0) -> float | np.ndarray:
+    """``Ψ_o`` (module docstring): the parameters the optimizer of a rank holding ``params``
+    parameters, ``experts`` of them expert parameters, updates — with or without offload;
+    arrays give one entry per rank."""
     if config.zero_stage == 0:
         return params
     return (params - experts) / config.dp + experts * config.ep / config.dp
 
 
-def offload_step_s(config: ParallelConfig, params: float, backward_s: float, device: DeviceGroup,
-                   optimizer: OptimizerSpec, *, expert_params: float = 0.0) -> float:
+def offload_step_s(config: ParallelConfig, params: float, device: DeviceGroup, *,
+                   expert_params: float = 0.0) -> float:
     """``T_off`` of one pipeline rank holding ``params`` parameters, ``expert_params`` of them
-    expert parameters (module docstring); 0 without offload. ``backward_s`` (one microbatch's
-    backward on the rank) and ``optimizer`` do not change it: nothing of the copies overlaps
-    a backward, and every copy is fp32 whatever the optimizer's device bytes
+    expert parameters (module docstring); 0 without offload. Nothing of it overlaps a
+    backward, and every copy is fp32 whatever the optimizer's device bytes
     (:data:`MASTER_BYTES`)."""
     if config.offload == "none":
         return 0.0
     host = HostSide.of(device)
-    psi = _updated(config, params, expert_params)
+    psi = updated_params(config, params, expert_params)
     cpu = host_step_s(psi, host, config.offload)
     if config.offload == "optimizer+params":
         return cpu
@@ -189,7 +193,7 @@ def offload_segment_s(config: ParallelConfig, segment_params: float, device: Dev
     the ``expert_params`` ``e`` over their ``N/ep`` replicas; ``(0, 0)`` otherwise."""
     if config.offload != "optimizer+params":
         return 0.0, 0.0
-    shard = _updated(config, segment_params, expert_params)
+    shard = updated_params(config, segment_params, expert_params)
     seconds = MASTER_BYTES * shard / HostSide.of(device).link
     return seconds, seconds
 

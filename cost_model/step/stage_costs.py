@@ -127,7 +127,7 @@ from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.host.fsdp_host import fsdp_groups, fsdp_host_s
 from fxplan.cost_model.host.host_overhead import overlapped_buckets, pipeline_host_s
 from fxplan.cost_model.memory.breakdown import OptimizerSpec
-from fxplan.cost_model.memory.offload import offload_step_s
+from fxplan.cost_model.memory.offload import offload_step_s, updated_params
 from fxplan.cost_model.parallel.context_parallel import (cp_group, cp_segment, kv_bytes,
                                                          layer_exchange)
 from fxplan.cost_model.parallel.expert_parallel import (ExpertWork, MoELayer, alltoall_seconds,
@@ -268,8 +268,7 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
         psi_e = expert_share(stage_params, model.moe)
         ep_share.append(psi_e)
         # ZeRO ≥ 1: the others sharded over dp, the experts over their dp/ep replicas
-        local = (psi - psi_e) / config.dp + psi_e * config.ep / config.dp \
-            if config_s.zero_stage >= 1 else psi
+        local = updated_params(config_s, psi, psi_e)
         opt_time[s] = optimizer_row(config_s, optimizer, stage, stage_params, local)
         gather = updated_params_gather(config_s, optimizer, stage, stage_params, psi, psi_e)
         post[s] += hidden_gather(gather, float(forward[:, s].sum()), config_s)
@@ -278,8 +277,7 @@ def build_stages(graph: CapturedGraph, segments: GraphSegments, cluster: Cluster
     if config.offload != "none":
         for s in range(p):
             off_time[s] = offload_step_s(config.at_pipeline_rank(s), sum(params[s].values()),
-                                         float(backward[:, s].sum()), devices[s], optimizer,
-                                         expert_params=ep_share[s])
+                                         devices[s], expert_params=ep_share[s])
     # the weight-gradient GEMMs of each chunk's backward, a split backward's W op
     weight = np.array([[sum(seg.weight_grad_share * seg.backward_s for seg in chunks[s][c])
                         for c in range(v)] for s in range(p)])

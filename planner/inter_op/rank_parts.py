@@ -2,8 +2,8 @@
 :mod:`fxplan.inter_op.surrogate`'s docstring): per rank ``s`` its work per microbatch ``w_s``
 (the layers' compute, the pipeline sends ``p2p_j`` and ZeRO-3's exposed traffic ``z_j`` of its
 chunks), its once-per-step ``exposed_s + post_s``, and what its optimizer step ``opt_s`` reads
-— its parameters ``Ψ_s``, its experts' ``Ψ^e_s``, one microbatch's backward ``b_s`` and the
-memory bandwidth (:class:`RankParts`, made by :func:`rank_parts`).
+— its parameters ``Ψ_s``, its experts' ``Ψ^e_s`` and the memory bandwidth
+(:class:`RankParts`, made by :func:`rank_parts`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from fxplan.core.zero_bubble_dp import reduces_after_step
 from fxplan.cost_model.comm.collectives import collective_time_s
 from fxplan.cost_model.host.host_overhead import ddp_buckets
 from fxplan.cost_model.memory.breakdown import ADAM_MIXED
-from fxplan.cost_model.memory.offload import offload_segment_s, offload_step_s
+from fxplan.cost_model.memory.offload import offload_segment_s, offload_step_s, updated_params
 from fxplan.cost_model.step.dp_reductions import zero1_broadcasts, zero2_reduces_per_microbatch
 from fxplan.inter_op.profile import SegmentProfile
 
@@ -134,27 +134,20 @@ def _broadcasts(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray, stag
 @dataclass(frozen=True)
 class RankParts:
     """Per pipeline rank: ``w_s``, ``exposed_s + post_s`` (``rest``), and what ``opt_s``
-    reads — the rank's parameters ``Ψ_s``, its experts' ``Ψ^e_s``, one microbatch's backward
-    ``b_s`` (over ``v`` chunks) and the memory bandwidth."""
+    reads — the rank's parameters ``Ψ_s``, its experts' ``Ψ^e_s`` and the memory bandwidth."""
 
     w: np.ndarray
     rest: np.ndarray
     psi_s: np.ndarray
     experts_s: np.ndarray
-    b_s: np.ndarray
     bandwidth: np.ndarray | float
-    experts: bool
 
     def optimizer_s(self, c: ParallelConfig, cluster: Cluster) -> np.ndarray:
         """``opt_s`` of every rank under ``c``'s ZeRO stage and offload (module docstring)."""
         psi_s, experts_s, bandwidth = self.psi_s, self.experts_s, self.bandwidth
-        if c.offload == "none":
-            if self.experts and c.zero_stage >= 1:   # the experts' states over dp/ep replicas
-                return ADAM_MIXED.step_bytes * ((psi_s - experts_s) / c.dp
-                                                + experts_s * c.ep / c.dp) / bandwidth
-            return ADAM_MIXED.step_bytes * psi_s / (c.dp if c.zero_stage >= 1 else 1) / bandwidth
-        return np.array([offload_step_s(c, float(psi_s[s]), float(self.b_s[s] * c.virtual_stages),
-                                        cluster.device(s * c.dp * c.tp), ADAM_MIXED,
+        if c.offload == "none":   # the experts' states over their dp/ep replicas
+            return ADAM_MIXED.step_bytes * updated_params(c, psi_s, experts_s) / bandwidth
+        return np.array([offload_step_s(c, float(psi_s[s]), cluster.device(s * c.dp * c.tp),
                                         expert_params=float(experts_s[s]))
                          for s in range(c.pp)])
 
@@ -236,4 +229,4 @@ def rank_parts(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
     bandwidth = np.array([cluster.device(s * c.dp * c.tp).memory_bandwidth_gb_per_s * 1e9
                           for s in range(p)]) if stage_profs is not None else \
         cluster.device(0).memory_bandwidth_gb_per_s * 1e9
-    return w, exposed + post, psi_s, experts_s, b_s, bandwidth, bool(experts.any())
+    return w, exposed + post, psi_s, experts_s, bandwidth

@@ -172,7 +172,7 @@ class RungTerms:
 
     def optimizer_s(self, zero: int, offload: str) -> np.ndarray:
         """``opt_s`` of every rank at the rung, from the parts of the same stage without
-        offload (``Ψ_s``, ``b_s`` read no rung): no ``z_j`` is priced for it."""
+        offload (``Ψ_s`` and ``Ψ^e_s`` read no rung): no ``z_j`` is priced for it."""
         return self._of(zero, "none").optimizer_s(self._at(zero, offload), self.cluster)
 
 

@@ -102,11 +102,11 @@ def test_expert_states_are_updated_over_their_own_replicas() -> None:
     only: with ep = dp = 8 its experts' optimizer steps whole on its host."""
     device = Cluster.load("dgx1-v100-16g").device(0)
     config = ParallelConfig(dp=8, zero_stage=1, offload="optimizer", ep=8)
-    dense = offload_step_s(config, 1e9, 0.0, device, None)
-    moe = offload_step_s(config, 1e9, 0.0, device, None, expert_params=0.5e9)
+    dense = offload_step_s(config, 1e9, device)
+    moe = offload_step_s(config, 1e9, device, expert_params=0.5e9)
     # Ψ_o = 0.5e9/8 + 0.5e9 against 1e9/8: the copies and the host step scale alike
     assert moe == pytest.approx(dense * (0.5e9 / 8 + 0.5e9) / (1e9 / 8))
-    assert offload_step_s(config.replace(zero_stage=0), 1e9, 0.0, device, None,
+    assert offload_step_s(config.replace(zero_stage=0), 1e9, device,
                           expert_params=0.5e9) == pytest.approx(8 * dense)
     # optimizer+params: each segment's expert shard is copied whole too (4 B per parameter)
     z3 = config.replace(zero_stage=3, offload="optimizer+params")
