@@ -19,7 +19,7 @@ from fxplan.cost_model.step.stage_plan import stage_ranks
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["p2p_sends", "tied_sync"]
+__all__ = ["boundary_send_s", "p2p_sends", "tied_sync"]
 
 
 def p2p_sends(chunks: Sequence[Sequence[Sequence[SegmentCost]]], forward: np.ndarray,
@@ -27,21 +27,30 @@ def p2p_sends(chunks: Sequence[Sequence[Sequence[SegmentCost]]], forward: np.nda
     """Fill row 3 (blocking sends) of ``forward``/``backward`` (``[row, stage, chunk]``):
     each virtual stage's output sent to the next one on another stage
     (:mod:`cost_model.step.stage_costs`, "p2p")."""
-    p, v, tp = config.pp, config.virtual_stages, config.tp
+    p, v = config.pp, config.virtual_stages
     last = p * v - 1
     for j in range(last):
         s, c = config.schedule.placement(j, p)
         s2, c2 = config.schedule.placement(j + 1, p)
         if s2 == s:
             continue
-        message = chunks[s][c][-1].output_bytes
-        a, b = stage_ranks(config, s)[0][0], stage_ranks(config, s2)[0][0]
-        per_rank = message if config.sequence_parallel or tp == 1 else message / tp
-        seconds = collective_s("send_recv", per_rank, (a, b), cluster)
-        if tp > 1 and not config.sequence_parallel:
-            seconds += collective_s("all_gather", message, stage_ranks(config, s2)[0], cluster)
+        seconds = boundary_send_s(config, chunks[s][c][-1].output_bytes, s, s2, cluster)
         forward[3, s, c] += seconds
         backward[3, s2, c2] += seconds
+
+
+def boundary_send_s(config: ParallelConfig, message: float, s: int, s2: int,
+                    cluster: Cluster) -> float:
+    """Seconds of one blocking send of a chunk's output (``message`` bytes on each tp rank)
+    from pipeline rank ``s`` to ``s2``, between their first replicas: under sequence
+    parallelism each tp rank sends its own shard; without it each sends ``1/tp`` of the
+    replicated tensor and the receivers all-gather it (Megatron's scatter–gather)."""
+    tp = config.tp
+    a, b = stage_ranks(config, s)[0][0], stage_ranks(config, s2)[0][0]
+    if config.sequence_parallel or tp == 1:
+        return collective_s("send_recv", message, (a, b), cluster)
+    return (collective_s("send_recv", message / tp, (a, b), cluster)
+            + collective_s("all_gather", message, stage_ranks(config, s2)[0], cluster))
 
 
 def tied_sync(params: list[dict[str, float]], post: np.ndarray, config: ParallelConfig,

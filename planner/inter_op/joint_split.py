@@ -5,11 +5,12 @@
 split of the ``L`` layers into ``p`` contiguous stages (at least one layer each) and every rung
 per rank that fits, the minimum of the closed form (:mod:`fxplan.inter_op.surrogate`)
 
-    T̂ = b·max_s w_s + max_s c_s,       c_s = m·w_s + e_s,    b = (p−1)/v
+    T̂ = (m + b)·max_s w_s + max_s (e_s − δ_s),    δ_s = Σ_{j<s} β_j,    b = (p−1)/v
 
 where rank ``s`` holding ``n_s`` layers at rung ``r_s`` has work per microbatch
-``w_s = w_s(n_s, r_s)``, seconds once per step ``e_s = e_s(n_s, r_s)`` and device bytes
-``M_s(n_s, r_s)``.
+``w_s = w_s(n_s, r_s)``, seconds once per step ``e_s = e_s(n_s, r_s)``, device bytes
+``M_s(n_s, r_s)`` and its step of the drain ``β_s = β_s(n_s)`` (no rung's; ``δ_s`` is how long
+before the first rank it ends its last backward, :func:`~fxplan.inter_op.surrogate.drain_slack`).
 
 **Scope.** One chunk per rank (``v = 1``: stage ``j`` is rank ``j``), one kind of device, one
 recompute policy on every layer, and identical repeated layers (every per-layer row of the
@@ -26,30 +27,34 @@ fills column ``k`` of every rank's tables ``w[s, n, r]``, ``e[s, n, r]``, ``M[s,
 host bytes ``h[s, n, r]``; ``K = max_s (hi_s − lo_s + 1)`` pricings in all.
 
 **Window.** ``w_s ≥ u_s(n) = n·t + pre[s = 0] + post[s = p−1]`` (compute alone; the sends and
-ZeRO-3's exposed traffic add ``≥ 0``) and ``e_s ≥ 0``, so ``T̂ ≥ (m + b)·u_s(n_s)`` for every
-rank: a split beating the incumbent ``T̂₀`` (the best found on the plan-wide rungs' splits, or
-the ``K``-th best of the search) has ``n_s ≤ hi_s = max{n : (m+b)·u_s(n) < T̂₀}`` and so
-``n_s ≥ lo_s = max(1, L − Σ_{s'≠s} hi_{s'})``; no split at all when ``Σ_s hi_s < L``. Near the
-optimum the window is a few counts wide, which keeps ``K`` small.
+ZeRO-3's exposed traffic add ``≥ 0``) and ``max_s (e_s − δ_s) ≥ e_0 ≥ 0`` (``δ_0 = 0``), so
+``T̂ ≥ (m + b)·u_s(n_s)`` for every rank: a split beating the incumbent ``T̂₀`` (the best found
+on the plan-wide rungs' splits, or the ``K``-th best of the search) has
+``n_s ≤ hi_s = max{n : (m+b)·u_s(n) < T̂₀}`` and so ``n_s ≥ lo_s = max(1, L − Σ_{s'≠s} hi_{s'})``;
+no split at all when ``Σ_s hi_s < L``. Near the optimum the window is a few counts wide, which
+keeps ``K`` small.
 
 **Exact for a cap.** Fix a cap ``W`` on ``max_s w_s``. Rank ``s`` at ``n`` layers then takes
-``f_s(n; W) = min {c_s(n, r) : r fits, w_s(n, r) ≤ W}`` (``∞`` when none), and the min–max DP
-over prefixes
+``f_s(n; W) = min {e_s(n, r) : r fits, w_s(n, r) ≤ W}`` (``∞`` when none; ``β_s`` reads no
+rung, so the least ``e`` is the best rung). ``max_s (f_s − δ_s)`` unrolls from the last rank
+as ``G_s = max(f_s, G_{s+1} − β_s)`` (``G_p = −∞``, the answer ``G_0``), non-decreasing in
+``G_{s+1}``, so the least ``G`` of each suffix is all a rank needs of the ranks after it: the
+DP over suffixes (``i`` layers on the ranks before ``s``)
 
-    D_0(i) = f_0(i; W),    D_s(i) = min_{lo_s ≤ n ≤ hi_s} max(D_{s−1}(i − n), f_s(n; W)),
+    G_p(L) = −∞,    G_s(i) = min_{lo_s ≤ n ≤ hi_s} max(f_s(n; W), G_{s+1}(i + n) − β_s(n)),
 
-gives ``D(W) = D_{p−1}(L)``, the least ``max_s c_s`` of any split and rungs with
-``max_s w_s ≤ W`` (a max of per-stage terms over contiguous stages: the DP of
-:mod:`fxplan.inter_op.partition`). Let ``(σ*, r*)`` be optimal and ``W* = max_s w_s`` there,
-one of the finitely many table values; at ``W = W*`` the DP's answer has ``max w ≤ W*`` and
-``max c ≤ D(W*) ≤ max c(σ*, r*)``, so ``T̂ ≤ T̂*``: the minimum over the caps of
-``b·W + D(W)`` is the optimum.
+gives ``D(W) = G_0(0)``, the least ``max_s (e_s − δ_s)`` of any split and rungs with
+``max_s w_s ≤ W`` (with ``β = 0`` the min–max DP of :mod:`fxplan.inter_op.partition`). Let
+``(σ*, r*)`` be optimal and ``W* = max_s w_s`` there, one of the finitely many table values; at
+``W = W*`` the DP's answer has ``max w ≤ W*`` and a second term ``≤ D(W*)``, no larger than
+``(σ*, r*)``'s, so ``T̂ ≤ T̂*``: the minimum over the caps of ``(m + b)·W + D(W)`` is the
+optimum.
 
 **Few caps.** ``D`` is non-increasing in ``W``. The caps (the table's ``w`` at or above the
 least feasible ``max_s w_s``, itself one min–max DP on ``w``) are sorted, ``D`` is evaluated at
 both ends, and an open interval ``(W_a, W_b)`` of caps is split at its middle only while its
-bound ``b·W_{a+1} + D(W_b)`` (every solution in it has ``max w ≥ W_{a+1}`` and
-``max c ≥ D(W_b)``) is below the best ``T̂`` found: every cap is evaluated or bounded out, so
+bound ``(m + b)·W_{a+1} + D(W_b)`` (every solution in it has ``max w ≥ W_{a+1}`` and a
+second term ``≥ D(W_b)``) is below the best ``T̂`` found: every cap is evaluated or bounded out, so
 the answer stays exact, and where ``D`` has few steps it takes ``O(log)`` evaluations. One
 evaluation costs ``O(p·K·(|R| + L))`` numpy work.
 
@@ -82,7 +87,7 @@ from fxplan.inter_op.profile import SegmentProfile
 from fxplan.inter_op.stage_devices import rank_limits
 from fxplan.inter_op.stage_memory import DeviceMemory, rung_rows, stage_rows, stage_totals
 from fxplan.inter_op.stage_zero import with_rungs
-from fxplan.inter_op.surrogate import RungTerms, bubble_weight, surrogate_step_s
+from fxplan.inter_op.surrogate import RungTerms, bubble_weight, drains_in_turn, surrogate_step_s
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -117,9 +122,10 @@ def _resized(prof: SegmentProfile, layers: int) -> SegmentProfile:
 
 
 class _Tables:
-    """``w``, ``c = m·w + e``, the device fit and host bytes of every rank ``s``, window
-    position ``k`` (``n = lo_s + k`` layers) and rung (module docstring, "Tables"),
-    ``(p, K, |R|)`` each; positions past ``hi_s`` are ``∞`` / unfit."""
+    """``w``, ``e``, the device fit and host bytes of every rank ``s``, window position ``k``
+    (``n = lo_s + k`` layers) and rung (module docstring, "Tables"), ``(p, K, |R|)`` each
+    (positions past ``hi_s`` are ``∞`` / unfit), and its step of the drain ``β[s, k]``
+    (no rung's; 0 where the ranks do not drain in turn)."""
 
     def __init__(self, placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProfile,
                  mems: DeviceMemory | tuple[DeviceMemory, ...], cluster: Cluster,
@@ -131,6 +137,7 @@ class _Tables:
         self.e = np.full((p, K, R), np.inf)
         self.fits = np.zeros((p, K, R), dtype=bool)
         self.host = np.zeros((p, K, R))
+        self.drain = np.zeros((p, K))
         limit = rank_limits(mems)
         ranks = np.arange(p)
         for k in range(K):
@@ -145,7 +152,8 @@ class _Tables:
                 if self.fits[live, k, r].any():   # a rung no rank fits at is never chosen
                     w, e = pricer.terms(*rung)
                     self.w[live, k, r], self.e[live, k, r] = w[live], e[live]
-        self.cost = placed.num_microbatches * self.w + self.e
+            if drains_in_turn(placed) and self.fits[live, k].any():
+                self.drain[live, k] = pricer.drain()[live]
 
 
 def joint_split(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProfile,
@@ -175,10 +183,10 @@ def joint_split(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProf
     relaxed = _host_fits(tables, shares, caps, offloads, least=True)
     strict = _host_fits(tables, shares, caps, offloads, least=False)
     kinds = _kinds(placed, rungs, prof)
-    best = _search(tables, relaxed, kinds, m, b, L, incumbent_s)
+    best = _search(tables, relaxed, kinds, m + b, L, incumbent_s)
     if best is not None and not (relaxed == strict).all():
         if _check(placed, rungs, tables, best, prof, mems, cluster) is None:
-            best = _search(tables, strict, kinds, m, b, L, incumbent_s)
+            best = _search(tables, strict, kinds, m + b, L, incumbent_s)
     if best is None:
         return None
     return _check(placed, rungs, tables, best, prof, mems, cluster, incumbent_s)
@@ -217,8 +225,8 @@ def _kinds(placed: ParallelConfig, rungs: Sequence[Rung],
     return [np.array([k == one for k in kind]) for one in dict.fromkeys(kind)]
 
 
-def _search(tables: _Tables, fits: np.ndarray, kinds: list[np.ndarray | None], m: int,
-            b: float, L: int, incumbent_s: float
+def _search(tables: _Tables, fits: np.ndarray, kinds: list[np.ndarray | None], scale: float,
+            L: int, incumbent_s: float
             ) -> tuple[float, np.ndarray, np.ndarray] | None:
     """The least ``T̂`` below ``incumbent_s`` over every kind of the tied holders, as
     ``(T̂, window positions, rungs)``; ``None`` when none beats it."""
@@ -228,16 +236,16 @@ def _search(tables: _Tables, fits: np.ndarray, kinds: list[np.ndarray | None], m
         allowed = fits.copy()
         if kind is not None:
             allowed[[0, -1]] &= kind[None, None, :]
-        found = _caps(tables, allowed, b, L, bound)
+        found = _caps(tables, allowed, scale, L, bound)
         if found is not None and found[0] < bound:
             best, bound = found, found[0]
     return best
 
 
-def _caps(tables: _Tables, allowed: np.ndarray, b: float, L: int,
+def _caps(tables: _Tables, allowed: np.ndarray, scale: float, L: int,
           bound: float) -> tuple[float, np.ndarray, np.ndarray] | None:
-    """``min_W b·W + D(W)`` over the caps, bounded by ``bound`` (module docstring, "Few
-    caps")."""
+    """``min_W (m + b)·W + D(W)`` over the caps (``scale = m + b``), bounded by ``bound``
+    (module docstring, "Few caps")."""
     w_min = _minmax(np.where(allowed, tables.w, np.inf).min(axis=2), tables, L)
     if w_min is None:
         return None
@@ -250,15 +258,17 @@ def _caps(tables: _Tables, allowed: np.ndarray, b: float, L: int,
         """``D(caps[i])``; the answer there, if better, kept."""
         if i not in memo:
             ok = allowed & (tables.w <= caps[i])
-            cost = np.where(ok, tables.cost, np.inf)
-            rung = np.argmin(cost, axis=2)                              # (p, K)
-            found = _minmax(np.take_along_axis(cost, rung[..., None], 2)[..., 0], tables, L)
+            e = np.where(ok, tables.e, np.inf)
+            rung = np.argmin(e, axis=2)                                 # (p, K)
+            found = _minmax(np.take_along_axis(e, rung[..., None], 2)[..., 0], tables, L,
+                            tables.drain)
             memo[i] = np.inf if found is None else found[0]
             if found is not None:
                 pos = found[1]
                 s = np.arange(len(pos))
                 r = rung[s, pos]
-                t = float(b * tables.w[s, pos, r].max() + tables.cost[s, pos, r].max())
+                slack = np.concatenate([[0.0], np.cumsum(tables.drain[s, pos][:-1])])
+                t = float(scale * tables.w[s, pos, r].max() + (tables.e[s, pos, r] - slack).max())
                 if t < best[1]:
                     best[:] = [(t, pos, r), t]
         return memo[i]
@@ -268,7 +278,7 @@ def _caps(tables: _Tables, allowed: np.ndarray, b: float, L: int,
     stack = [(0, last)] if at(last) < np.inf else []
     while stack:
         a, z = stack.pop()
-        if z - a < 2 or b * caps[a + 1] + memo[z] >= best[1]:
+        if z - a < 2 or scale * caps[a + 1] + memo[z] >= best[1]:
             continue
         mid = (a + z) // 2
         at(mid)
@@ -276,29 +286,33 @@ def _caps(tables: _Tables, allowed: np.ndarray, b: float, L: int,
     return best[0]
 
 
-def _minmax(f: np.ndarray, tables: _Tables, L: int) -> tuple[float, np.ndarray] | None:
-    """The min–max DP over prefixes (module docstring) of ``f[s, k]``, rank ``s``'s value at
-    ``lo_s + k`` layers: the least ``max_s f`` of a split of ``L`` layers and each rank's
-    window position; ``None`` when every split is ``∞``."""
+def _minmax(f: np.ndarray, tables: _Tables, L: int,
+            drain: np.ndarray | None = None) -> tuple[float, np.ndarray] | None:
+    """The least ``max_s (f_s − δ_s)``, ``δ_s = Σ_{j<s} β_j``, of a split of ``L`` layers,
+    ``f[s, k]`` and ``β = drain[s, k]`` rank ``s``'s values at ``lo_s + k`` layers (``drain``
+    ``None``: ``δ = 0``, the min–max of ``f``), with each rank's window position; ``None``
+    when every split is ``∞``. The DP over suffixes of the module docstring."""
     p, K = f.shape
-    D = np.full(L + 1, np.inf)
-    D[0] = 0.0
+    beta = np.zeros((p, K)) if drain is None else drain
+    G = np.full(L + 1, np.inf)
+    G[L] = -np.inf
     choice = np.zeros((p, L + 1), dtype=np.int64)
-    ends = np.arange(L + 1)
-    for s in range(p):
-        n = tables.lo[s] + np.arange(K)                                  # (K,)
-        start = ends[None, :] - n[:, None]                               # (K, L+1)
-        ok = (start >= 0) & (np.arange(K) < tables.size[s])[:, None]
-        val = np.where(ok, np.maximum(D[np.clip(start, 0, L)], f[s][:, None]), np.inf)
-        choice[s] = np.argmin(val, axis=0)
-        D = val[choice[s], ends]
-    if not np.isfinite(D[L]):
-        return None
-    pos, i = np.zeros(p, dtype=np.int64), L
+    starts = np.arange(L + 1)
     for s in range(p - 1, -1, -1):
+        n = tables.lo[s] + np.arange(K)                                  # (K,)
+        end = starts[None, :] + n[:, None]                               # (K, L+1)
+        ok = (end <= L) & (np.arange(K) < tables.size[s])[:, None]
+        val = np.where(ok, np.maximum(f[s][:, None], G[np.clip(end, 0, L)] - beta[s][:, None]),
+                       np.inf)
+        choice[s] = np.argmin(val, axis=0)
+        G = val[choice[s], starts]
+    if not np.isfinite(G[0]):
+        return None
+    pos, i = np.zeros(p, dtype=np.int64), 0
+    for s in range(p):
         pos[s] = choice[s, i]
-        i -= int(tables.lo[s] + pos[s])
-    return float(D[L]), pos
+        i += int(tables.lo[s] + pos[s])
+    return float(G[0]), pos
 
 
 def _check(placed: ParallelConfig, rungs: Sequence[Rung], tables: _Tables,

@@ -1,7 +1,8 @@
 """Each pipeline rank's terms of the closed form ``T̂`` of one configuration (the math is
 :mod:`fxplan.inter_op.surrogate`'s docstring): per rank ``s`` its work per microbatch ``w_s``
 (the layers' compute, the pipeline sends ``p2p_j`` and ZeRO-3's exposed traffic ``z_j`` of its
-chunks), its once-per-step ``exposed_s + post_s``, and what its optimizer step ``opt_s`` reads
+chunks), its once-per-step ``exposed_s + post_s``, its step ``β_s`` of the pipeline's drain,
+and what its optimizer step ``opt_s`` reads
 — its parameters ``Ψ_s``, its experts' ``Ψ^e_s`` and the memory bandwidth
 (:class:`RankParts`, made by :func:`rank_parts`).
 """
@@ -20,6 +21,7 @@ from fxplan.cost_model.comm.collectives import collective_time_s
 from fxplan.cost_model.host.host_overhead import ddp_buckets
 from fxplan.cost_model.memory.breakdown import ADAM_MIXED
 from fxplan.cost_model.memory.offload import offload_segment_s, offload_step_s, updated_params
+from fxplan.cost_model.step.cross_stage import boundary_send_s
 from fxplan.cost_model.step.dp_reductions import zero1_broadcasts, zero2_reduces_per_microbatch
 from fxplan.inter_op.profile import SegmentProfile
 
@@ -133,11 +135,14 @@ def _broadcasts(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray, stag
 
 @dataclass(frozen=True)
 class RankParts:
-    """Per pipeline rank: ``w_s``, ``exposed_s + post_s`` (``rest``), and what ``opt_s``
-    reads — the rank's parameters ``Ψ_s``, its experts' ``Ψ^e_s`` and the memory bandwidth."""
+    """Per pipeline rank: ``w_s``, ``exposed_s + post_s`` (``rest``), ``β_s`` (``drain``: the
+    backward of its first chunk and its send to the rank before, one microbatch's), and what
+    ``opt_s`` reads — the rank's parameters ``Ψ_s``, its experts' ``Ψ^e_s`` and the memory
+    bandwidth."""
 
     w: np.ndarray
     rest: np.ndarray
+    drain: np.ndarray
     psi_s: np.ndarray
     experts_s: np.ndarray
     bandwidth: np.ndarray | float
@@ -176,14 +181,15 @@ def rank_parts(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
     back[-1] += last.post[1]
     psi[0] += prof.pre[2]
     psi[-1] += prof.post[2] - (prof.tied_params if p == 1 else 0.0)
+    drain = back[:p].copy()
     if p > 1:
-        out = prof.out_bytes[edges[1:] - 1] / (1 if c.sequence_parallel else c.tp)
-        first_rank = [c.schedule.placement(j, p)[0] * c.dp * c.tp for j in range(S)]
-        sends = [_coll("send_recv", float(x), (first_rank[j], first_rank[j + 1]), cluster)
-                 if first_rank[j] != first_rank[j + 1] else 0.0   # the turn of a V
-                 for j, x in enumerate(out[:-1])]
+        rank = [c.schedule.placement(j, p)[0] for j in range(S)]
+        sends = [boundary_send_s(c, float(x), rank[j], rank[j + 1], cluster)
+                 if rank[j] != rank[j + 1] else 0.0   # the turn of a V
+                 for j, x in enumerate(prof.out_bytes[edges[1:-1] - 1])]
         u[:-1] += sends
         u[1:] += sends
+        drain[1:] += sends[:p - 1]
     per_microbatch = zero2_reduces_per_microbatch(c)
     if c.zero_stage == 3 and c.dp > 1 or per_microbatch:
         u += _zero3_exposed(c, prof, edges, dp_ranks, cluster)
@@ -229,4 +235,4 @@ def rank_parts(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
     bandwidth = np.array([cluster.device(s * c.dp * c.tp).memory_bandwidth_gb_per_s * 1e9
                           for s in range(p)]) if stage_profs is not None else \
         cluster.device(0).memory_bandwidth_gb_per_s * 1e9
-    return w, exposed + post, psi_s, experts_s, bandwidth
+    return w, exposed + post, drain, psi_s, experts_s, bandwidth

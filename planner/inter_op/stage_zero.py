@@ -40,15 +40,17 @@ holders take rungs of one kind — gradient layout and whether they offload: the
 runs once per kind, with both holders limited to its rungs, and the cheapest is kept (exact, as
 the optimum has one of the kinds).
 
-**The choice is exact for** ``T̂``. With ``b = (p−1)/v``,
+**The choice is exact for** ``T̂``. With ``b = (p−1)/v`` and ``δ_s`` the slack of rank ``s``
+in the pipeline's drain (:func:`fxplan.inter_op.surrogate.drain_slack`, the split's: no rung
+moves it),
 
-    T̂(r) = b·max_s w_s(r_s) + max_s (m·w_s(r_s) + e_s(r_s))
+    T̂(r) = (m + b)·max_s w_s(r_s) + max_s (e_s(r_s) − δ_s)
 
-is non-decreasing in every rank's ``w_s`` and ``e_s``, but one rank's cheaper ``m·w + e`` may
-come with a larger ``w`` that raises the bubble term of all, so ranks cannot simply each take
+is non-decreasing in every rank's ``w_s`` and ``e_s``, but one rank's cheaper ``e`` may come
+with a larger ``w`` that raises the first term for all, so ranks cannot simply each take
 their cheapest rung. Fix a cap ``W`` on ``max_s w_s``: then the ranks decouple, each taking
 among its rungs that fit (``M_s(r) ≤ C_s − r_s − H_s``, and the host check above) and have
-``w_s(r) ≤ W`` the one that minimises ``m·w_s + e_s``. Let ``r*`` be optimal and
+``w_s(r) ≤ W`` the one that minimises ``e_s``. Let ``r*`` be optimal and
 ``W* = max_s w_s(r*_s)``, one of the finitely many values ``w_s(r)``; at ``W = W*`` the
 decoupled choice has ``max_s w_s ≤ W*`` and a second term no larger than ``r*``'s (``r*`` is
 feasible there), hence ``T̂`` no larger. Trying every ``W`` among the ``p·|R|`` values finds
@@ -98,7 +100,7 @@ from fxplan.inter_op.offload import Rung, host_fit_ranks
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.inter_op.stage_devices import rank_limits
 from fxplan.inter_op.stage_memory import DeviceMemory, rung_rows
-from fxplan.inter_op.surrogate import RungTerms, bubble_weight
+from fxplan.inter_op.surrogate import RungTerms, bubble_weight, drain_slack
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -114,18 +116,18 @@ _ROUND_OFF = 1e-9
 class RankOptions:
     """Per pipeline rank and rung (columns ``rungs``, in the ladder's order): ``w`` the work
     per microbatch, ``e`` the seconds once per step, ``fits`` whether the rank fits its
-    memory."""
+    memory; per rank ``drain``, its step ``β_s`` of the pipeline's drain (no rung's)."""
 
     def __init__(self, rungs: Sequence[Rung], w: np.ndarray, e: np.ndarray,
-                 fits: np.ndarray) -> None:
-        self.rungs, self.w, self.e, self.fits = tuple(rungs), w, e, fits
+                 fits: np.ndarray, drain: np.ndarray) -> None:
+        self.rungs, self.w, self.e, self.fits, self.drain = tuple(rungs), w, e, fits, drain
 
     def limited(self, ranks: Sequence[int], columns: np.ndarray) -> "RankOptions":
         """The same options with ``ranks`` allowed only the rungs of ``columns`` (a mask
         over :attr:`rungs`)."""
         fits = self.fits.copy()
         fits[list(ranks)] &= columns
-        return RankOptions(self.rungs, self.w, self.e, fits)
+        return RankOptions(self.rungs, self.w, self.e, fits, self.drain)
 
 
 def runnable_rungs(placed: ParallelConfig, rungs: Sequence[Rung]) -> list[Rung]:
@@ -168,19 +170,19 @@ def rank_options(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentPro
     never = (np.full(placed.pp, np.inf),) * 2
     w, e = zip(*(pricer.terms(*r) if fits[r].any() else never for r in rungs))
     return RankOptions(rungs, np.array(w).T, np.array(e).T,
-                       np.array([fits[r] for r in rungs]).T)
+                       np.array([fits[r] for r in rungs]).T, pricer.drain())
 
 
 def choose_rungs(c: ParallelConfig, options: RankOptions) -> tuple[tuple, float] | None:
     """The rung of every rank minimising ``T̂`` (module docstring, "exact") and that ``T̂``,
     or ``None`` when some rank fits at no rung. ``c``: the candidate (its ``m``, ``p``,
     ``v``)."""
-    m, b = c.num_microbatches, bubble_weight(c)
+    scale = c.num_microbatches + bubble_weight(c)
     w, e, fits = options.w, options.e, options.fits
     if not fits.any(axis=1).all():
         return None
     best: tuple[float, tuple[int, ...]] | None = None
-    cost = m * w + e
+    cost = e - drain_slack(c, options.drain)[:, None]
     for cap in np.unique(w[fits]):
         allowed = fits & (w <= cap)
         if not allowed.any(axis=1).all():
@@ -188,7 +190,7 @@ def choose_rungs(c: ParallelConfig, options: RankOptions) -> tuple[tuple, float]
         # argmin takes the first of equal costs: the earlier rung of the ladder
         pick = np.argmin(np.where(allowed, cost, np.inf), axis=1)
         rows = np.arange(len(pick))
-        t = float(b * w[rows, pick].max() + cost[rows, pick].max())
+        t = float(scale * w[rows, pick].max() + cost[rows, pick].max())
         if best is None or t < best[0]:
             best = (t, tuple(options.rungs[k] for k in pick))
     if best is None:

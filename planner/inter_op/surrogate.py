@@ -26,7 +26,9 @@ dense layer before a mixture of experts — leaves the heavy one's gather expose
 (:func:`cost_model.step.dp_reductions.zero2_reduces_per_microbatch`): its ``z_j`` is the same
 with every ``AG_k = 0`` (the blocks stay gathered), and it has no ``exposed_s``. Then::
 
-    T̂ = max_s ( m·w_s + (p−1)/v · max_s w_s + exposed_s + post_s + opt_s )
+    T̂ = (m + (p−1)/v)·max_s w_s + max_s ( exposed_s + post_s + opt_s − δ_s )
+    δ_s = Σ_{j<s} β_j,   β_j = one microbatch's backward of rank j's first chunk + its send
+                            to rank j − 1 (compute and exposed tp traffic of virtual stage j)
     exposed_s = max(0, Σ_{i on s} AR/RS(2ψ_i) − ω_s·b_s)  gradient buckets behind one backward
                 (all of the sum beside a zero-bubble schedule, ``ω_s = 0``: the runtime
                 reduces after the step, :mod:`fxplan.core.zero_bubble_dp`)
@@ -34,8 +36,8 @@ with every ``AG_k = 0`` (the blocks stay gathered), and it has no ``exposed_s``.
                 (ZeRO-1 without DTensor parameters: ``n_s`` broadcasts,
                 :func:`fxplan.inter_op.rank_parts._broadcasts`)
     opt_s     = 28·Ψ_s / dp^{[zero ≥ 1]} / memory bandwidth          (offload = none)
-              = T_off(Ψ_s, B_s)   (:func:`cost_model.memory.offload.offload_step_s`, ``B_s`` one
-                                   microbatch's backward on rank s)        (offload ≠ none)
+              = T_off(Ψ_o)  (:func:`cost_model.memory.offload.offload_step_s`, ``Ψ_o`` the
+                             parameters the rank's optimizer updates)    (offload ≠ none)
 
 Under ``offload=optimizer+params`` each segment's fp32 shard is copied to the device before
 each of its all-gathers and its gradient back after the reduce-scatter
@@ -45,9 +47,19 @@ copies.
 with ``ω_s`` the stage's ``comm_overlap`` (1 on GPUs), and where the devices run PyTorch DDP
 (``ddp_bucket_mib > 0``, tp = 1, ZeRO ≤ 1) the sum over DDP's buckets of the stage's
 gradient instead of one collective per layer (:func:`cost_model.host.host_overhead.ddp_buckets`).
-``m·w_s + (p−1)/v·w_max`` is exact for the uniform 1F1B and interleaved timelines of
-:mod:`cost_model.step.simulator` and close for nearly balanced stages; the simulator, through
-:func:`cost_model.step.estimate.estimate`, re-prices every candidate the search keeps.
+``(m + (p−1)/v)·w_max`` is when the first rank runs its last backward: exact for the uniform
+1F1B and interleaved timelines of :mod:`cost_model.step.simulator` and close for nearly
+balanced stages, every rank paced by the slowest. After it each rank's once-per-step work
+follows its own last backward, and the ranks end those in turn, the last first: rank ``s``'s
+last backward (of virtual stage ``s``, its first chunk) is followed by those of virtual stages
+``s−1, …, 0`` on ranks ``s−1, …, 0``, each waiting for the gradient of the one before, so rank
+``s`` ends ``δ_s`` before the first (at least: a rank still busy with earlier microbatches
+ends later, and ``β_j`` leaves out ZeRO's exposed traffic) and its ``exposed_s + post_s +
+opt_s`` hides that much. A light rank gets no slack of its own: it is paced by the slowest
+and waits for it at the end, as the simulator finds. Under a split backward (``zb``, ``zbv``,
+``dualpipev``) the weight-gradient work fills the drain and ``δ_s = 0``
+(:func:`drains_in_turn`). The simulator, through :func:`cost_model.step.estimate.estimate`,
+re-prices every candidate the search keeps.
 
 Under expert parallelism (``ep > 1``) each layer's local expert parameters ``ψ^e_i``
 (:mod:`fxplan.inter_op.profile`) are synced as the step simulator syncs them: ``AR/RS``, ``AG``
@@ -75,14 +87,15 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from fxplan.core.config import ParallelConfig
+from fxplan.cost_model.step.pipeline_schedules import SPLIT_BACKWARD
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.inter_op.rank_parts import RankParts, rank_parts, spans
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["RungTerms", "bubble_weight", "rank_terms", "rung_terms", "split_bound", "step_of_terms",
-           "surrogate_step_s"]
+__all__ = ["RungTerms", "bubble_weight", "drain_slack", "drains_in_turn", "rank_terms", "rung_terms", "split_bound",
+           "step_of_terms", "surrogate_step_s"]
 
 
 def bubble_weight(c: ParallelConfig) -> float:
@@ -100,21 +113,39 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
     ZeRO stage or an offload per pipeline rank (``zero_stages``, ``offload_stages``) each
     rank's terms are those of the configuration with its own stage and offload on every rank
     (:func:`rank_terms`: a rank's terms read only its own)."""
+    pricer = RungTerms(c, prof, cluster, stage_profs)
     if not c.per_rank:
-        return step_of_terms(c, *rank_terms(c, prof, cluster, stage_profs))
+        return step_of_terms(c, *pricer.terms(c.zero_stage, c.offload), pricer.drain())
     rungs = list(zip(c.rank_zero_stages, c.rank_offloads))
-    terms = {rung: rank_terms(c.uniform(*rung), prof, cluster, stage_profs)
-             for rung in set(rungs)}
+    terms = {rung: pricer.terms(*rung) for rung in set(rungs)}
     w = np.array([terms[rung][0][s] for s, rung in enumerate(rungs)])
     rest = np.array([terms[rung][1][s] for s, rung in enumerate(rungs)])
-    return step_of_terms(c, w, rest)
+    return step_of_terms(c, w, rest, pricer.drain())
 
 
-def step_of_terms(c: ParallelConfig, w: np.ndarray, rest: np.ndarray) -> float:
-    """``T̂ = max_s (m·w_s + (p−1)/v · max_s w_s + rest_s)`` from each rank's work per
-    microbatch ``w_s`` and its once-per-step seconds ``rest_s = exposed_s + post_s + opt_s``
-    (:func:`rank_terms`)."""
-    return float(np.max(c.num_microbatches * w + bubble_weight(c) * w.max() + rest))
+def step_of_terms(c: ParallelConfig, w: np.ndarray, rest: np.ndarray,
+                  drain: np.ndarray) -> float:
+    """``T̂ = (m + (p−1)/v)·max_s w_s + max_s (rest_s − δ_s)`` from each rank's work per
+    microbatch ``w_s``, its once-per-step seconds ``rest_s = exposed_s + post_s + opt_s`` and
+    its step of the drain ``β_s`` (:func:`rank_terms`, :meth:`RungTerms.drain`;
+    ``δ_s`` :func:`drain_slack`)."""
+    return float((c.num_microbatches + bubble_weight(c)) * w.max()
+                 + np.max(rest - drain_slack(c, drain)))
+
+
+def drain_slack(c: ParallelConfig, drain: np.ndarray) -> np.ndarray:
+    """``δ_s = Σ_{j<s} β_j``: how long before the first rank pipeline rank ``s`` runs its last
+    op (module docstring); all zero where :func:`drains_in_turn` does not hold."""
+    if not drains_in_turn(c):
+        return np.zeros(len(drain))
+    return np.concatenate([[0.0], np.cumsum(drain[:-1])])
+
+
+def drains_in_turn(c: ParallelConfig) -> bool:
+    """Whether the pipeline ranks end their steps' backwards one after the other, the last
+    first (GPipe, 1F1B, interleaved): not under a split backward (``zb``, ``zbv``,
+    ``dualpipev``), whose weight-gradient work fills the drain."""
+    return c.schedule.kind not in SPLIT_BACKWARD
 
 
 def rank_terms(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
@@ -169,6 +200,12 @@ class RungTerms:
         """``(w_s, exposed_s + post_s + opt_s)`` of every rank at the rung."""
         parts = self._of(zero, offload)
         return parts.w, parts.rest + parts.optimizer_s(self._at(zero, offload), self.cluster)
+
+    def drain(self) -> np.ndarray:
+        """``β_s`` of every rank (one microbatch's backward of its first chunk and its send
+        down): it reads no rung, so it is taken from any rung already priced."""
+        parts = next(iter(self._parts.values()), None)
+        return (parts if parts is not None else self._of(self.c.zero_stage, "none")).drain
 
     def optimizer_s(self, zero: int, offload: str) -> np.ndarray:
         """``opt_s`` of every rank at the rung, from the parts of the same stage without

@@ -28,7 +28,8 @@ from fxplan.inter_op.progress import Budget, PhaseTimer
 from fxplan.inter_op.stage_devices import rank_limits
 from fxplan.inter_op.stage_memory import rung_rows, stage_memory, stage_rows, stage_totals
 from fxplan.inter_op.stage_zero import tied_holders
-from fxplan.inter_op.surrogate import rank_terms, rung_terms, surrogate_step_s
+from fxplan.inter_op.surrogate import (RungTerms, drain_slack, rank_terms, rung_terms,
+                                       surrogate_step_s)
 
 #: (model, held back per GPU, offload pass) on one DGX A100, pp=4 × dp=2, 1F1B, no recompute,
 #: batch 64: memory shapes the split and the rungs. GPT ties its embedding and head (rank 0 and
@@ -57,7 +58,8 @@ def _brute(state: search_state._Search, c: ParallelConfig) -> float:
     (:mod:`fxplan.inter_op.stage_zero`, "Tied weights"), and every split at each rung of the
     search's plan-wide ladder on all ranks. Each rank's
     terms read its own rung only, so ``T̂`` of a combination is
-    ``b·max_s w_s + max_s (m·w_s + e_s)`` with rank ``s``'s terms from its rung on every rank."""
+    ``(m + b)·max_s w_s + max_s (e_s − δ_s)`` with rank ``s``'s terms from its rung on every
+    rank and the split's drain slack ``δ_s`` (no rung's)."""
     ladder = list(dict.fromkeys(memory_rungs(c.dp) if state.rungs.offloading else
                                 state.rungs.of(c.dp) + state.rungs.per_rank(c.dp)))
     runs = [o != "optimizer+params" or fsdp_params(c.uniform(z, o)) for z, o in ladder]
@@ -71,6 +73,7 @@ def _brute(state: search_state._Search, c: ParallelConfig) -> float:
         prof, profs, devs = state._profiles(placed)
         mems = state._memory(devs)
         w, e, fits = [], [], []
+        slack = drain_slack(placed, RungTerms(placed, prof, state.cluster, profs).drain())
         for z, o in ladder:
             u = placed.uniform(z, o)
             fit = stage_totals(u, prof, mems) <= rank_limits(mems)
@@ -90,7 +93,7 @@ def _brute(state: search_state._Search, c: ParallelConfig) -> float:
         if not ok.any():
             continue
         w_c, e_c = W[rows, combos[ok]], E[rows, combos[ok]]
-        best = min(best, float((b * w_c.max(axis=1) + (m * w_c + e_c).max(axis=1)).min()))
+        best = min(best, float(((m + b) * w_c.max(axis=1) + (e_c - slack).max(axis=1)).min()))
     return best
 
 
@@ -174,7 +177,8 @@ def test_a_split_no_dp_returns_is_found(monkeypatch) -> None:  # type: ignore[no
     """In ``gpt-56`` the cheapest plan splits 1/2/2/3 with rank 1 alone offloading; the
     partition DP at every plan-wide rung returns 1/1/2/4 (on the device) or 1/2/3/2
     (offloading), so the union of their splits keeps 1/1/2/4 at ZeRO-1; the exact joint split
-    finds 1/2/2/3 and its ``T̂`` is the brute-force minimum."""
+    finds 1/2/2/3 and its ``T̂`` is the brute-force minimum, 1.7 % below the union's best
+    (6.161 s against 6.268 s)."""
     joint = _scores("gpt-56", True, monkeypatch)
     state = _state("gpt-56")
     (c, scored), = [(c, s) for c, s in joint.items() if s is not None]
@@ -187,7 +191,7 @@ def test_a_split_no_dp_returns_is_found(monkeypatch) -> None:  # type: ignore[no
         assert (1, 2, 2, 3) not in splits, (z, o)
     alone = _scores("gpt-56", False, monkeypatch)
     assert alone[c].config.stage_layers == (1, 1, 2, 4)
-    assert alone[c].surrogate_s > brute * 1.2
+    assert alone[c].surrogate_s > brute * 1.01
 
 
 #: random small cases: (seed, how many drawn)

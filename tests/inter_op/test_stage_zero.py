@@ -23,15 +23,17 @@ from fxplan.inter_op.surrogate import surrogate_step_s
 
 
 def _brute(c: ParallelConfig, opts: RankOptions) -> float:
-    """``min T̂`` over every combination of fitting stages, by the formula itself."""
+    """``min T̂`` over every combination of fitting stages, by the formula itself (1F1B: rank
+    ``s`` ends its last backward ``Σ_{j<s} β_j`` before the first)."""
     p, b, m = c.pp, (c.pp - 1) / c.virtual_stages, c.num_microbatches
+    slack = np.concatenate([[0.0], np.cumsum(opts.drain[:-1])])
     best = np.inf
     for pick in itertools.product(range(len(opts.rungs)), repeat=p):
         rows = np.arange(p)
         if not opts.fits[rows, pick].all():
             continue
         w, e = opts.w[rows, pick], opts.e[rows, pick]
-        best = min(best, b * w.max() + (m * w + e).max())
+        best = min(best, (m + b) * w.max() + (e - slack).max())
     return best
 
 
@@ -41,7 +43,7 @@ def test_threshold_choice_is_the_minimum_over_all_combinations(seed: int) -> Non
     p, zeros = int(rng.integers(2, 5)), (0, 1, 2, 3)
     c = ParallelConfig(dp=2, pp=p, num_microbatches=int(rng.integers(1, 9)))
     opts = RankOptions(zeros, rng.uniform(1, 2, (p, 4)), rng.uniform(0, 5, (p, 4)),
-                       rng.uniform(size=(p, 4)) < 0.7)
+                       rng.uniform(size=(p, 4)) < 0.7, rng.uniform(0, 2, p))
     chosen = choose_rungs(c, opts)
     brute = _brute(c, opts)
     if not np.isfinite(brute):
