@@ -153,7 +153,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "ddp_buffer_bytes",
            "ddp_host_s", "ddp_runs", "dtensor_params", "evicted_waits_s",
-           "first_touch_s", "fsdp_params", "optimizer_host_s", "overlapped_buckets",
+           "first_touch_s", "fsdp_params", "offload_runs", "optimizer_host_s", "overlapped_buckets",
            "pipeline_host_s", "redistribute_host_s", "runs_kernel", "zero3_exposed_s"]
 
 
@@ -215,6 +215,16 @@ def fsdp_params(config: ParallelConfig) -> bool:
     with ``tp > 1`` or ``ep > 1`` (DTensor parameters: :mod:`fxplan.runtime.styles.data_parallel`)."""
     return config.dp > 1 and (config.zero_stage >= 2 or (
         config.zero_stage == 1 and (config.tp > 1 or config.ep > 1)))
+
+
+def offload_runs(config: ParallelConfig) -> bool:
+    """Whether the runtime runs ``config``'s offload: ``optimizer+params`` keeps the parameter
+    shards on the host with FSDP2's ``CPUOffloadPolicy``, so only where FSDP2 shards the
+    parameters (:func:`fsdp_params`); ``optimizer`` (the runtime's host optimizer) and
+    ``none`` at every ZeRO stage. The search offers (:func:`fxplan.inter_op.stage_zero.
+    runnable_rungs`) and the runtime accepts (:func:`fxplan.runtime.apply.offload.
+    check_runnable`) by this one rule, each pipeline rank under its own stage and offload."""
+    return config.offload != "optimizer+params" or fsdp_params(config)
 
 
 def ddp_runs(config: ParallelConfig) -> bool:

@@ -38,9 +38,9 @@ the fastest work.
    pass (:mod:`.stage_zero`, exact for ``T̂`` on a split); a constraint naming ``zero_stage``
    or ``offload`` keeps that one plan-wide. With :data:`.joint_rungs.JOINT_RUNGS` the split
    is chosen with those rungs, the offload rungs included in every pass
-   (:mod:`.joint_rungs`): exactly for ``T̂`` by the min–max DP over stages with each rank's
+   (:mod:`.joint_rungs`): exactly for ``T̂`` by the DP over stages with each rank's
    rung, for every cap on the slowest rank's work (:mod:`.joint_split`: one chunk per rank,
-   identical layers, one recompute policy on every layer, one kind of device); elsewhere the
+   identical layers, one recompute policy on every layer); elsewhere the
    candidate is placed at every rung a rank may take and the per-rank choice runs on each
    distinct split (:mod:`.stage_zero`, "With the split"), a split whose bound
    :func:`.surrogate.split_bound` exceeds the ``K``-th best ``T̂`` not mixed. A candidate

@@ -4,7 +4,7 @@ per pipeline rank chosen with the candidate's stage split.
 The rungs a rank may take are the family's, the offload ones included in every pass where
 offload can be priced, less those the runtime cannot run beside the candidate's schedule
 (:meth:`JointRungs._runnable`, :meth:`JointRungs._mixable`). Where the exact joint split applies
-(:mod:`fxplan.inter_op.joint_split`: one chunk per rank, one kind of device, identical layers,
+(:mod:`fxplan.inter_op.joint_split`: one chunk per rank, identical layers,
 one recompute policy on every layer) it chooses the split and every rank's rung together,
 exactly for ``T̂``; elsewhere the per-rank choice (:mod:`fxplan.inter_op.stage_zero`, exact
 for a split) runs on the union of the splits of the plan-wide rungs. A candidate that fits at
@@ -159,8 +159,9 @@ class JointRungs:
         """The exact joint split of ``placed`` over the rungs ``runs``
         (:func:`~fxplan.inter_op.joint_split.joint_split`) when its ``T̂`` is below
         ``incumbent_s``; ``None`` otherwise."""
-        prof, _, devs = self._profiles(placed)
-        found = joint_split(placed, runs, prof, self._memory(devs), self.cluster, incumbent_s)
+        prof, profs, devs = self._profiles(placed)
+        found = joint_split(placed, runs, prof, profs, self._memory(devs), self.cluster,
+                            incumbent_s)
         if found is None:
             return None
         self._estimates[found[0]] = found[1]

@@ -12,22 +12,23 @@ where rank ``s`` holding ``n_s`` layers at rung ``r_s`` has work per microbatch
 ``M_s(n_s, r_s)`` and its step of the drain ``β_s = β_s(n_s)`` (no rung's; ``δ_s`` is how long
 before the first rank it ends its last backward, :func:`~fxplan.inter_op.surrogate.drain_slack`).
 
-**Scope.** One chunk per rank (``v = 1``: stage ``j`` is rank ``j``), one kind of device, one
-recompute policy on every layer, and identical repeated layers (every per-layer row of the
-profile constant, as in a GPT or a Llama): then a rank's terms and memory read only its own
-layer count (not where its span sits) and its own rung (:mod:`~fxplan.inter_op.stage_zero`,
-"Independence"). Elsewhere the search keeps the union of the plan-wide rungs' splits
+**Scope.** One chunk per rank (``v = 1``: stage ``j`` is rank ``j``), one recompute policy on
+every layer, and identical repeated layers (every per-layer row of the profile constant, as in
+a GPT or a Llama; on a heterogeneous cluster every rank's profile, its device group's): then a
+rank's terms and memory read only its own layer count (not where its span sits), its own rung
+and its own devices (:mod:`~fxplan.inter_op.stage_zero`, "Independence"). Elsewhere the search keeps the union of the plan-wide rungs' splits
 (:meth:`fxplan.inter_op.joint_rungs.JointRungs._joint`).
 
-**Tables.** A rank's terms at ``n`` layers are those of any split giving it ``n`` layers on a
-profile of as many identical layers as that split sums to: fake split ``k`` gives rank ``s``
-``n_s(k) = min(lo_s + k, hi_s)`` layers, and one pricing of it at each rung on every rank
-(:class:`~fxplan.inter_op.surrogate.RungTerms`, :func:`~fxplan.inter_op.stage_memory.rung_rows`)
-fills column ``k`` of every rank's tables ``w[s, n, r]``, ``e[s, n, r]``, ``M[s, n, r]`` and its
-host bytes ``h[s, n, r]``; ``K = max_s (hi_s − lo_s + 1)`` pricings in all.
+**Tables.** A rank's terms at ``n`` layers are those of any split giving it ``n`` layers on
+profiles of as many identical layers as that split sums to (each rank's its own devices'):
+fake split ``k`` gives rank ``s`` ``n_s(k) = min(lo_s + k, hi_s)`` layers, and one pricing of
+it at each rung on every rank (:class:`~fxplan.inter_op.surrogate.RungTerms`,
+:func:`~fxplan.inter_op.stage_memory.rung_rows`) fills column ``k`` of every rank's tables
+``w[s, n, r]``, ``e[s, n, r]``, ``M[s, n, r]``, its host bytes ``h[s, n, r]`` and ``β[s, n]``;
+``K = max_s (hi_s − lo_s + 1)`` pricings in all.
 
-**Window.** ``w_s ≥ u_s(n) = n·t + pre[s = 0] + post[s = p−1]`` (compute alone; the sends and
-ZeRO-3's exposed traffic add ``≥ 0``) and ``max_s (e_s − δ_s) ≥ e_0 ≥ 0`` (``δ_0 = 0``), so
+**Window.** ``w_s ≥ u_s(n) = n·t_s + pre[s = 0] + post[s = p−1]`` (``t_s`` a layer's time
+on rank ``s``; compute alone: the sends and ZeRO-3's exposed traffic add ``≥ 0``) and ``max_s (e_s − δ_s) ≥ e_0 ≥ 0`` (``δ_0 = 0``), so
 ``T̂ ≥ (m + b)·u_s(n_s)`` for every rank: a split beating the incumbent ``T̂₀`` (the best found
 on the plan-wide rungs' splits, or the ``K``-th best of the search) has
 ``n_s ≤ hi_s = max{n : (m+b)·u_s(n) < T̂₀}`` and so ``n_s ≥ lo_s = max(1, L − Σ_{s'≠s} hi_{s'})``;
@@ -105,13 +106,13 @@ _ROUND_OFF = 1e-9
 def splits_jointly(c: ParallelConfig, prof: SegmentProfile,
                    profs: Sequence[SegmentProfile] | None) -> bool:
     """Whether :func:`joint_split` covers ``c`` (module docstring, "Scope")."""
-    if c.pp < 2 or c.dp < 2 or c.virtual_stages != 1 or profs is not None \
+    if c.pp < 2 or c.dp < 2 or c.virtual_stages != 1 \
             or c.recompute_layers is not None or prof.layers < c.pp:
         return False
     if any(c.schedule.placement(j, c.pp)[0] != j for j in range(c.pp)):
         return False
-    return all(getattr(prof, name) is None or np.ptp(getattr(prof, name)) == 0
-               for name in _ROWS)
+    return all(getattr(one, name) is None or np.ptp(getattr(one, name)) == 0
+               for one in [prof, *(profs or ())] for name in _ROWS)
 
 
 def _resized(prof: SegmentProfile, layers: int) -> SegmentProfile:
@@ -128,6 +129,7 @@ class _Tables:
     (no rung's; 0 where the ranks do not drain in turn)."""
 
     def __init__(self, placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProfile,
+                 profs: Sequence[SegmentProfile] | None,
                  mems: DeviceMemory | tuple[DeviceMemory, ...], cluster: Cluster,
                  lo: np.ndarray, hi: np.ndarray) -> None:
         p, R = placed.pp, len(rungs)
@@ -143,8 +145,10 @@ class _Tables:
         for k in range(K):
             counts = np.minimum(lo + k, hi)
             fake = placed.replace(stage_layers=tuple(int(n) for n in counts))
-            fprof = _resized(prof, int(counts.sum()))
-            pricer = RungTerms(fake, fprof, cluster)
+            total = int(counts.sum())
+            fprof = _resized(prof, total)
+            pricer = RungTerms(fake, fprof, cluster,
+                               None if profs is None else [_resized(x, total) for x in profs])
             live = ranks[k < self.size]
             for r, (rung, rows) in enumerate(zip(rungs, rung_rows(fake, rungs, fprof, mems))):
                 self.fits[live, k, r] = np.broadcast_to(rows.total <= limit, (p,))[live]
@@ -157,25 +161,29 @@ class _Tables:
 
 
 def joint_split(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProfile,
+                profs: Sequence[SegmentProfile] | None,
                 mems: DeviceMemory | tuple[DeviceMemory, ...], cluster: Cluster,
                 incumbent_s: float) -> tuple[ParallelConfig, float] | None:
     """The split and the rung of every rank minimising ``T̂`` (module docstring), with that
     ``T̂``, when it is below ``incumbent_s`` by more than round-off; else ``None``. ``placed``:
     the candidate at one rung on every rank (its ``m``, ``p``, recompute policy; any split);
     ``rungs``: those a rank may take, in the ladder's order (ties go to the earlier);
-    ``prof``, ``mems``: the candidate's profile and memory. :func:`splits_jointly` must hold."""
+    ``prof``, ``profs``, ``mems``: the candidate's profile, its ranks' (on a heterogeneous
+    cluster; else ``None``) and its memory. :func:`splits_jointly` must hold."""
     m, b, p, L = placed.num_microbatches, bubble_weight(placed), placed.pp, prof.layers
-    t = float(prof.layer_time[0])
+    own = list(profs) if profs is not None else [prof] * p
+    t = np.array([float(x.layer_time[0]) for x in own])
     ends = np.zeros(p)
-    ends[0] += prof.pre[0] + prof.pre[1]
-    ends[-1] += prof.post[0] + prof.post[1]
+    ends[0] += own[0].pre[0] + own[0].pre[1]
+    ends[-1] += own[-1].post[0] + own[-1].post[1]
     # the window: (m + b)·u_s(n) < T̂₀ (module docstring, "Window")
     room = incumbent_s / (m + b) * (1.0 + _ROUND_OFF) - ends
-    hi = np.minimum(np.floor(room / t) if t > 0 else np.full(p, L), L - (p - 1)).astype(int)
+    per_layer = np.floor(room / np.where(t > 0, t, 1.0))
+    hi = np.minimum(np.where(t > 0, per_layer, L), L - (p - 1)).astype(int)
     lo = np.maximum(1, L - (hi.sum() - hi))
     if (hi < lo).any() or hi.sum() < L:
         return None
-    tables = _Tables(placed, rungs, prof, mems, cluster, lo, hi)
+    tables = _Tables(placed, rungs, prof, profs, mems, cluster, lo, hi)
     if not tables.fits.any(axis=(1, 2)).all():   # a rank that fits at no count and rung
         return None
     shares, caps = node_shares(placed, cluster)
@@ -185,11 +193,11 @@ def joint_split(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProf
     kinds = _kinds(placed, rungs, prof)
     best = _search(tables, relaxed, kinds, m + b, L, incumbent_s)
     if best is not None and not (relaxed == strict).all():
-        if _check(placed, rungs, tables, best, prof, mems, cluster) is None:
+        if _check(placed, rungs, tables, best, prof, profs, mems, cluster) is None:
             best = _search(tables, strict, kinds, m + b, L, incumbent_s)
     if best is None:
         return None
-    return _check(placed, rungs, tables, best, prof, mems, cluster, incumbent_s)
+    return _check(placed, rungs, tables, best, prof, profs, mems, cluster, incumbent_s)
 
 
 def _host_fits(tables: _Tables, shares: np.ndarray, caps: np.ndarray, offloads: np.ndarray,
@@ -317,6 +325,7 @@ def _minmax(f: np.ndarray, tables: _Tables, L: int,
 
 def _check(placed: ParallelConfig, rungs: Sequence[Rung], tables: _Tables,
            found: tuple[float, np.ndarray, np.ndarray], prof: SegmentProfile,
+           profs: Sequence[SegmentProfile] | None,
            mems: DeviceMemory | tuple[DeviceMemory, ...], cluster: Cluster,
            incumbent_s: float = np.inf) -> tuple[ParallelConfig, float] | None:
     """The answer as a configuration on its own split with its ``T̂``
@@ -335,5 +344,5 @@ def _check(placed: ParallelConfig, rungs: Sequence[Rung], tables: _Tables,
             ok = host_fit_ranks(on, stage_rows(on, prof, mems).rows["host"], cluster)
             if not ok[[s for s, x in enumerate(picked) if x == rung]].all():
                 return None
-    t = surrogate_step_s(mixed, prof, cluster)
+    t = surrogate_step_s(mixed, prof, cluster, profs)
     return (mixed, t) if t < incumbent_s * (1.0 - _ROUND_OFF) else None

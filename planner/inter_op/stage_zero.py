@@ -78,8 +78,8 @@ for one split. The split comes from the partition DP at one rung on every rank
 (:mod:`fxplan.inter_op.partition`), which balances the slowest stage under that rung's memory:
 a split that fits only where some ranks take a high ZeRO stage or offload and others do not is
 not among the plan-wide rungs' splits. Where it applies (one chunk per rank, identical layers,
-one recompute policy on every layer, one kind of device), :mod:`fxplan.inter_op.joint_split`
-chooses the split and the rungs together, exactly for ``T̂``: the min–max DP over stages with
+one recompute policy on every layer), :mod:`fxplan.inter_op.joint_split`
+chooses the split and the rungs together, exactly for ``T̂``: a DP over stages with
 the rung in each stage's choice, for each cap on ``max_s w_s`` as above. Elsewhere the search
 places the candidate at every rung of ``R`` (:meth:`fxplan.inter_op.joint_rungs.JointRungs.
 _joint`), runs the exact choice on each distinct split and keeps the cheapest by ``T̂`` — exact
@@ -95,7 +95,7 @@ import numpy as np
 
 from fxplan.core.config import ParallelConfig
 from fxplan.core.config_fields import OFFLOAD_POLICIES
-from fxplan.cost_model.host.host_overhead import fsdp_params
+from fxplan.cost_model.host.host_overhead import fsdp_params, offload_runs
 from fxplan.inter_op.offload import Rung, host_fit_ranks
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.inter_op.stage_devices import rank_limits
@@ -131,12 +131,12 @@ class RankOptions:
 
 
 def runnable_rungs(placed: ParallelConfig, rungs: Sequence[Rung]) -> list[Rung]:
-    """``rungs`` less the offload rungs the runtime cannot run on a rank: ``optimizer+params``
-    runs as FSDP2's ``CPUOffloadPolicy``, which needs the rank's parameters sharded by FSDP2
-    over ``dp > 1`` (:func:`~fxplan.cost_model.host.host_overhead.fsdp_params`;
-    :func:`fxplan.runtime.apply.offload.check_runnable` judges each rank by the same rule);
-    ``optimizer`` runs at every ZeRO stage (the runtime's host optimizer)."""
-    return [(z, o) for z, o in rungs if o != "optimizer+params" or fsdp_params(placed.uniform(z, o))]
+    """``rungs`` less the offload rungs the runtime cannot run on a rank
+    (:func:`~fxplan.cost_model.host.host_overhead.offload_runs`, the rule the runtime's
+    :func:`fxplan.runtime.apply.offload.check_runnable` applies to each rank):
+    ``optimizer+params`` only where FSDP2 shards the rank's parameters, ``optimizer`` at every
+    ZeRO stage."""
+    return [(z, o) for z, o in rungs if offload_runs(placed.uniform(z, o))]
 
 
 def rank_options(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProfile,

@@ -27,7 +27,7 @@ from fxplan.inter_op.offload import host_fit_ranks, memory_rungs
 from fxplan.inter_op.progress import Budget, PhaseTimer
 from fxplan.inter_op.stage_devices import rank_limits
 from fxplan.inter_op.stage_memory import rung_rows, stage_memory, stage_rows, stage_totals
-from fxplan.inter_op.stage_zero import tied_holders
+from fxplan.inter_op.stage_zero import runnable_rungs, tied_holders
 from fxplan.inter_op.surrogate import (RungTerms, drain_slack, rank_terms, rung_terms,
                                        surrogate_step_s)
 
@@ -41,8 +41,13 @@ CASES = {
     "gpt-56": (GPT, "56GiB", False),      # see test_a_split_no_dp_returns_is_found
     "llama-66": (LLAMA, "66GiB", True),   # mb=2 fits only offloading rank 1, on split 1/2/2/3
     "llama-70": (LLAMA, "70.2GiB", True),   # the first rank offloads
+    "llama-hetero": (LLAMA, "0GiB", False),   # pipeline ranks 0–1 on V100s, 2–3 on A100s
 }
 CONSTRAINTS = {"pp": 4, "tp": 1, "dp": 2, "schedule": "1f1b", "recompute": "none"}
+#: the cluster of each case (default: one DGX A100): ``llama-hetero`` splits over a V100 and
+#: an A100 node (each rank's terms its own devices'), dp=4: ZeRO 3/3/3/0 on split 1/1/3/3, the
+#: slower V100 ranks holding fewer layers (priced as V100s everywhere, 2/2/2/2 would win)
+CLUSTERS = {"llama-hetero": ("hetero-v100-a100:v100.nodes=1,a100.nodes=1", {"dp": 4})}
 
 
 def _compositions(layers: int, stages: int) -> list[tuple[int, ...]]:
@@ -102,11 +107,12 @@ _GRAPHS: dict[str, object] = {}
 
 def _state(case: str) -> search_state._Search:
     model, headroom, offload = CASES[case]
-    cluster = Cluster.load("dgx-a100-80g:nodes=1")
+    spec, extra = CLUSTERS.get(case, ("dgx-a100-80g:nodes=1", {}))
+    cluster = Cluster.load(spec)
     if model not in _GRAPHS:
         _GRAPHS[model] = capture_for_search(model, dtype=training_dtype(cluster))
-    state = search_state._Search(_GRAPHS[model], cluster, 64, CONSTRAINTS, 8, PhaseTimer(),
-                           Budget(None), False, parse_headroom(headroom))
+    state = search_state._Search(_GRAPHS[model], cluster, 64, {**CONSTRAINTS, **extra}, 8,
+                                 PhaseTimer(), Budget(None), False, parse_headroom(headroom))
     if offload:
         state.rungs.start_offload()
     return state
@@ -171,6 +177,36 @@ def test_the_joint_choice_against_brute_force(case, monkeypatch) -> None:  # typ
             assert alone[c].surrogate_s >= scored.surrogate_s * (1 - 1e-9)
         gained += alone[c] is None or alone[c].surrogate_s > scored.surrogate_s * (1 + 1e-9)
     assert (gained > 0) == (case in GAINED)
+
+
+def test_a_heterogeneous_pipeline_is_split_jointly(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """On a V100 node and an A100 node each rank's terms are its own devices' (the fake
+    splits priced with every rank's profile): the exact joint split runs there, and its answer
+    is the brute-force minimum (:func:`test_the_joint_choice_against_brute_force`)."""
+    calls = []
+    exact = joint_rungs.joint_split
+
+    def recording(placed, rungs, prof, profs, *args):  # type: ignore[no-untyped-def]
+        calls.append(profs)
+        return exact(placed, rungs, prof, profs, *args)
+
+    monkeypatch.setattr(joint_rungs, "joint_split", recording)
+    joint = _scores("llama-hetero", True, monkeypatch)
+    state = _state("llama-hetero")
+    assert calls and all(profs is not None and len(profs) == 4 for profs in calls)
+    checked = _check_exact(state, joint)
+    assert checked and all(c.stage_layers == (1, 1, 3, 3) for c in checked)
+    # the exact split alone, with no incumbent to beat, reaches the minimum too
+    placed = checked[0]
+    prof, profs, devs = state._profiles(placed)
+    slow, fast = profs[0], profs[-1]
+    assert slow.layer_time[0] > fast.layer_time[0]   # V100 layers slower: fewer of them
+    ladder = list(dict.fromkeys(state.rungs.of(placed.dp) + state.rungs.per_rank(placed.dp)))
+    alone = joint_rungs.joint_split(placed, runnable_rungs(placed, ladder), prof, profs,
+                                    state._memory(devs), state.cluster, np.inf)
+    assert alone is not None and alone[0].stage_layers == (1, 1, 3, 3)
+    assert alone[1] == pytest.approx(_brute(state, placed.replace(
+        zero_stage=0, offload="none", zero_stages=None, offload_stages=None)), rel=1e-9)
 
 
 def test_a_split_no_dp_returns_is_found(monkeypatch) -> None:  # type: ignore[no-untyped-def]

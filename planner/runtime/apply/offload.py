@@ -32,7 +32,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from fxplan.core.errors import UserError
-from fxplan.cost_model.host.host_overhead import fsdp_params
+from fxplan.cost_model.host.host_overhead import offload_runs
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -46,14 +46,15 @@ class RuntimeSupportError(UserError):
 
 def check_runnable(plan: "Plan", device_kind: str) -> None:
     """Refuse a plan whose offload or FP8 the runtime cannot run on ``device_kind``
-    (``"cpu"`` or ``"gpu"``), with what would run it (module docstring). Every pipeline rank
-    offloading its parameters (``optimizer+params``) must have its stage sharded by FSDP2 (its
-    own ZeRO stage: :func:`~fxplan.cost_model.host.host_overhead.fsdp_params`);
-    ``offload=optimizer`` runs under any."""
+    (``"cpu"`` or ``"gpu"``), with what would run it (module docstring). Every pipeline rank's
+    offload must run under its own ZeRO stage
+    (:func:`~fxplan.cost_model.host.host_overhead.offload_runs`, the rule the search offers
+    by): ``optimizer+params`` needs the stage sharded by FSDP2, ``offload=optimizer`` runs
+    under any."""
     config = plan.config
     for rank in range(plan.pp):
         own = config.at_pipeline_rank(rank)
-        if own.offload != "optimizer+params" or fsdp_params(own):
+        if offload_runs(own):
             continue
         where = f" on pipeline rank {rank}" if config.per_rank else ""
         raise RuntimeSupportError(
