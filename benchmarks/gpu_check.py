@@ -140,6 +140,21 @@ Planned = dict[tuple[str, ...], "RuntimeError | None"]
 NUMERICS_CONSTRAIN = "dp=1,tp=1,pp=1,recompute=none"
 
 
+def numerics_file(work: Path) -> Path:
+    """Where the numerics' one-device plan is written (made ahead and read by step 3)."""
+    return work / "numerics.json"
+
+
+def row_file(work: Path, row: int) -> Path:
+    """Where step 2's plan of row ``row`` (from 1, :func:`single_rows`' order) is written."""
+    return work / f"{row}.json"
+
+
+def multi_file(work: Path, name: str) -> Path:
+    """Where step 4's multi-device plan ``name`` is written."""
+    return work / f"multi-{name}.json"
+
+
 def plan_args(model: str, cluster: str, batch: int, seq: int, constrain: str,
               out: Path) -> tuple[str, ...]:
     """The arguments of ``fxplan plan`` for one plan of the check, written to ``out``."""
@@ -192,7 +207,7 @@ def single_device(base: str, models: dict, plans: dict, steps: int, work: Path, 
         if time.perf_counter() > deadline:
             row["error"] = "skipped: the check's time budget was spent"
             continue
-        plan_file = work / f"{len(rows)}.json"
+        plan_file = row_file(work, len(rows))
         print(f"gpu-check:   {model_name}, {plan_name}", flush=True)
         try:
             make_plan(planned, plan_args(model, base, batch, seq, constrain, plan_file))
@@ -301,7 +316,7 @@ def numerics(base: str, model: str, batch: int, seq: int, steps: int, work: Path
     """Step 3: ``fxplan launch`` against the hand-written loop on one device."""
     vocab = 51200 if gpu else 512
     tokens = _token_file(work / "tokens.bin", batch, seq, vocab)
-    plan_file = work / "numerics.json"
+    plan_file = numerics_file(work)
     make_plan(planned, plan_args(model, base, batch, seq, NUMERICS_CONSTRAIN, plan_file))
     run_dir = work / "numerics-run"
     fxplan("launch", str(plan_file), "--data", str(tokens), "--steps", str(steps), "--run-dir",
@@ -329,7 +344,7 @@ def multi_device(base: str, n: int, model: str, batch: int, seq: int, steps: int
     rows = []
     for name, constrain in plans.items():
         row: dict[str, Any] = {"plan": name, "constrain": constrain.format(n=n)}
-        plan_file = work / f"multi-{name}.json"
+        plan_file = multi_file(work, name)
         try:
             make_plan(planned, plan_args(model, base, batch, seq, row["constrain"], plan_file))
             result = fxplan_json("validate", str(plan_file), "--steps", str(steps), "--data",
@@ -496,12 +511,12 @@ def main() -> int:
         _save(record, stem, started, work)
         multi = f"{base.split(':')[0]}:devices={devices}" if not gpu else base
         multi_plans = GPU_MULTI if gpu else CPU_MULTI
-        requests = [plan_args(model, base, batch, seq, NUMERICS_CONSTRAIN, work / "numerics.json")]
-        requests += [plan_args(spec, base, b, s, constrain, work / f"{i}.json") for i, (
+        requests = [plan_args(model, base, batch, seq, NUMERICS_CONSTRAIN, numerics_file(work))]
+        requests += [plan_args(spec, base, b, s, constrain, row_file(work, i)) for i, (
             _, _, constrain, spec, b, s) in enumerate(single_rows(models, plans, gpu), start=1)]
         if devices >= 2:
             requests += [plan_args(model, multi, batch, seq, constrain.format(n=devices),
-                                   work / f"multi-{name}.json")
+                                   multi_file(work, name))
                          for name, constrain in multi_plans.items()]
         print(f"gpu-check: making the {len(requests)} plans, side by side …", flush=True)
         planned = plan_all(requests, workers=os.cpu_count() or 1)
