@@ -16,7 +16,8 @@ before the first rank it ends its last backward, :func:`~fxplan.inter_op.surroga
 every layer, and identical repeated layers (every per-layer row of the profile constant, as in
 a GPT or a Llama; on a heterogeneous cluster every rank's profile, its device group's): then a
 rank's terms and memory read only its own layer count (not where its span sits), its own rung
-and its own devices (:mod:`~fxplan.inter_op.stage_zero`, "Independence"). Elsewhere the search keeps the union of the plan-wide rungs' splits
+and its own devices (:mod:`~fxplan.inter_op.stage_zero`, "Independence"). Elsewhere the
+search keeps the union of the plan-wide rungs' splits
 (:meth:`fxplan.inter_op.joint_rungs.JointRungs._joint`).
 
 **Tables.** A rank's terms at ``n`` layers are those of any split giving it ``n`` layers on
@@ -28,7 +29,8 @@ it at each rung on every rank (:class:`~fxplan.inter_op.surrogate.RungTerms`,
 ``K = max_s (hi_s − lo_s + 1)`` pricings in all.
 
 **Window.** ``w_s ≥ u_s(n) = n·t_s + pre[s = 0] + post[s = p−1]`` (``t_s`` a layer's time
-on rank ``s``; compute alone: the sends and ZeRO-3's exposed traffic add ``≥ 0``) and ``max_s (e_s − δ_s) ≥ e_0 ≥ 0`` (``δ_0 = 0``), so
+on rank ``s``; compute alone: the sends and ZeRO-3's exposed traffic add ``≥ 0``) and
+``max_s (e_s − δ_s) ≥ e_0 ≥ 0`` (``δ_0 = 0``), so
 ``T̂ ≥ (m + b)·u_s(n_s)`` for every rank: a split beating the incumbent ``T̂₀`` (the best found
 on the plan-wide rungs' splits, or the ``K``-th best of the search) has
 ``n_s ≤ hi_s = max{n : (m+b)·u_s(n) < T̂₀}`` and so ``n_s ≥ lo_s = max(1, L − Σ_{s'≠s} hi_{s'})``;

@@ -94,8 +94,8 @@ from fxplan.inter_op.rank_parts import RankParts, rank_parts, spans
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["RungTerms", "bubble_weight", "drain_slack", "drains_in_turn", "rank_terms", "rung_terms", "split_bound",
-           "step_of_terms", "surrogate_step_s"]
+__all__ = ["RungTerms", "bubble_weight", "drain_slack", "drains_in_turn", "rank_terms",
+           "rung_terms", "split_bound", "step_of_terms", "surrogate_step_s"]
 
 
 def bubble_weight(c: ParallelConfig) -> float:
@@ -134,8 +134,8 @@ def step_of_terms(c: ParallelConfig, w: np.ndarray, rest: np.ndarray,
 
 
 def drain_slack(c: ParallelConfig, drain: np.ndarray) -> np.ndarray:
-    """``δ_s = Σ_{j<s} β_j``: how long before the first rank pipeline rank ``s`` runs its last
-    op (module docstring); all zero where :func:`drains_in_turn` does not hold."""
+    """``δ_s = Σ_{j<s} β_j``: how much earlier than the first pipeline rank rank ``s`` runs
+    its last op (module docstring); all zero where :func:`drains_in_turn` does not hold."""
     if not drains_in_turn(c):
         return np.zeros(len(drain))
     return np.concatenate([[0.0], np.cumsum(drain[:-1])])

@@ -162,8 +162,9 @@ def test_the_lists_cover_every_configuration():
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="the model splits 2 (bf16 weights) + 2 (bf16 grads) + 12 (fp32 master "
-    "+ moments); the runtime keeps 4 (fp32 params, the masters) + 4 (fp32 grads) + 8 (moments)"))
+    strict=True, raises=AssertionError, reason="the model splits 2 (bf16 weights) + 2 (bf16 "
+    "grads) + 12 (fp32 master + moments); the runtime keeps 4 (fp32 params, the masters) + 4 "
+    "(fp32 grads) + 8 (moments)"))
     for name in CONFIGS if CONFIGS[name].get("offload") is None])
 def test_the_model_prices_each_state(rank_pool, name):
     """Weights, gradients (DDP's buckets with them) and optimizer state one by one; ZeRO-3's
@@ -186,8 +187,9 @@ def test_the_model_prices_the_host(rank_pool, name):
     assert all(r["bytes"]["optimizer"] == 0 for r in reports)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="gradients are reduced in fp32 (DDP's buckets, FSDP2's "
-                   "reduce_dtype): 4 B/param; the cost model prices optimizer.grad_bytes = 2")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "gradients are reduced in fp32 (DDP's buckets, FSDP2's reduce_dtype): 4 B/param; the cost "
+    "model prices optimizer.grad_bytes = 2"))
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_model_prices_the_gradient_reduction(rank_pool, name):
     from fxplan.cost_model.memory.breakdown import adam_for
