@@ -31,9 +31,9 @@ pipeline bound below on one kind of device, this one elsewhere), and once it exc
 solved. The closed form (:mod:`fxplan.inter_op.surrogate`) is at least its slowest rank's
 ``m·w_max + β·w_max`` with ``β = (p−1)/v`` (:func:`~fxplan.inter_op.surrogate.bubble_weight`),
 the first rank's once-per-step terms (exposed gradient sync, ZeRO gathers, optimizer step,
-offload; no drain hides them) being ``≥ 0``, and ``w_max ≥ Σ_s w_s / p ≥ W / p`` (the stages' work covers every layer and the
-embedding and head once, plus sends and ZeRO-3 traffic ``≥ 0``), at every memory rung and for
-every split, so
+offload; no drain hides them) being ``≥ 0``, and ``w_max ≥ Σ_s w_s / p ≥ W / p`` (the
+stages' work covers every layer and the embedding and head once, plus sends and ZeRO-3
+traffic ``≥ 0``), at every memory rung and for every split, so
 
     T̂ ≥ (m + β) · W / pp
 

@@ -87,10 +87,12 @@ from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.host.host_overhead import fsdp_params
 from fxplan.inter_op.offload import Rung, host_fit_ranks, node_shares
 from fxplan.inter_op.profile import SegmentProfile
+from fxplan.inter_op.scored import ROUND_OFF
 from fxplan.inter_op.stage_devices import rank_limits
 from fxplan.inter_op.stage_memory import DeviceMemory, rung_rows, stage_rows, stage_totals
 from fxplan.inter_op.stage_zero import with_rungs
-from fxplan.inter_op.surrogate import RungTerms, bubble_weight, drains_in_turn, surrogate_step_s
+from fxplan.inter_op.surrogate import (RungTerms, bubble_weight, drain_slack, drains_in_turn,
+                                       surrogate_step_s)
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
@@ -100,9 +102,6 @@ __all__ = ["joint_split", "splits_jointly"]
 #: the per-layer rows of a profile (all constant: identical layers)
 _ROWS = ("fwd", "bwd", "tp_fwd", "tp_bwd", "params", "acts", "working", "out_bytes",
          "expert_params", "tensors")
-
-#: Relative gain below which an answer is a round-off tie with the incumbent, not cheaper.
-_ROUND_OFF = 1e-9
 
 
 def splits_jointly(c: ParallelConfig, prof: SegmentProfile,
@@ -128,7 +127,7 @@ class _Tables:
     """``w``, ``e``, the device fit and host bytes of every rank ``s``, window position ``k``
     (``n = lo_s + k`` layers) and rung (module docstring, "Tables"), ``(p, K, |R|)`` each
     (positions past ``hi_s`` are ``∞`` / unfit), and its step of the drain ``β[s, k]``
-    (no rung's; 0 where the ranks do not drain in turn)."""
+    (no rung's; 0 where the ranks do not drain in turn); ``placed`` the candidate."""
 
     def __init__(self, placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProfile,
                  profs: Sequence[SegmentProfile] | None,
@@ -136,7 +135,8 @@ class _Tables:
                  lo: np.ndarray, hi: np.ndarray) -> None:
         p, R = placed.pp, len(rungs)
         K = int((hi - lo).max()) + 1
-        self.lo, self.size = lo, hi - lo + 1
+        self.placed, self.lo, self.size = placed, lo, hi - lo + 1
+        in_turn = drains_in_turn(placed)
         self.w = np.full((p, K, R), np.inf)
         self.e = np.full((p, K, R), np.inf)
         self.fits = np.zeros((p, K, R), dtype=bool)
@@ -158,7 +158,7 @@ class _Tables:
                 if self.fits[live, k, r].any():   # a rung no rank fits at is never chosen
                     w, e = pricer.terms(*rung)
                     self.w[live, k, r], self.e[live, k, r] = w[live], e[live]
-            if drains_in_turn(placed) and self.fits[live, k].any():
+            if in_turn and self.fits[live, k].any():
                 self.drain[live, k] = pricer.drain()[live]
 
 
@@ -179,7 +179,7 @@ def joint_split(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProf
     ends[0] += own[0].pre[0] + own[0].pre[1]
     ends[-1] += own[-1].post[0] + own[-1].post[1]
     # the window: (m + b)·u_s(n) < T̂₀ (module docstring, "Window")
-    room = incumbent_s / (m + b) * (1.0 + _ROUND_OFF) - ends
+    room = incumbent_s / (m + b) * (1.0 + ROUND_OFF) - ends
     per_layer = np.floor(room / np.where(t > 0, t, 1.0))
     hi = np.minimum(np.where(t > 0, per_layer, L), L - (p - 1)).astype(int)
     lo = np.maximum(1, L - (hi.sum() - hi))
@@ -277,7 +277,7 @@ def _caps(tables: _Tables, allowed: np.ndarray, scale: float, L: int,
                 pos = found[1]
                 s = np.arange(len(pos))
                 r = rung[s, pos]
-                slack = np.concatenate([[0.0], np.cumsum(tables.drain[s, pos][:-1])])
+                slack = drain_slack(tables.placed, tables.drain[s, pos])
                 t = float(scale * tables.w[s, pos, r].max() + (tables.e[s, pos, r] - slack).max())
                 if t < best[1]:
                     best[:] = [(t, pos, r), t]
@@ -347,4 +347,4 @@ def _check(placed: ParallelConfig, rungs: Sequence[Rung], tables: _Tables,
             if not ok[[s for s, x in enumerate(picked) if x == rung]].all():
                 return None
     t = surrogate_step_s(mixed, prof, cluster, profs)
-    return (mixed, t) if t < incumbent_s * (1.0 - _ROUND_OFF) else None
+    return (mixed, t) if t < incumbent_s * (1.0 - ROUND_OFF) else None

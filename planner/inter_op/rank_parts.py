@@ -10,19 +10,18 @@ and what its optimizer step ``opt_s`` reads
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from fxplan.core.config import ParallelConfig
 from fxplan.core.zero_bubble_dp import reduces_after_step
-from fxplan.cost_model.comm.collectives import collective_time_s
 from fxplan.cost_model.host.host_overhead import ddp_buckets
 from fxplan.cost_model.memory.breakdown import ADAM_MIXED
 from fxplan.cost_model.memory.offload import offload_segment_s, offload_step_s, updated_params
 from fxplan.cost_model.step.cross_stage import boundary_send_s
 from fxplan.cost_model.step.dp_reductions import zero1_broadcasts, zero2_reduces_per_microbatch
+from fxplan.cost_model.step.stage_collectives import collective_s
 from fxplan.inter_op.profile import SegmentProfile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,16 +30,11 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["RankParts", "rank_parts", "spans"]
 
 
-@lru_cache(maxsize=1 << 15)
-def _coll(kind: str, nbytes: float, ranks: tuple[int, ...], cluster: Cluster) -> float:
-    return collective_time_s(kind, nbytes, ranks, cluster)
-
-
 def _per_layer(kind: str, params: np.ndarray, ranks: tuple[int, ...],
                cluster: Cluster) -> np.ndarray:
     """``kind`` over ``ranks`` of ``2ψ_i`` bytes for each layer (priced once per distinct ψ)."""
     values, inverse = np.unique(params, return_inverse=True)
-    return np.array([_coll(kind, 2.0 * float(x), ranks, cluster) for x in values])[inverse]
+    return np.array([collective_s(kind, 2.0 * float(x), ranks, cluster) for x in values])[inverse]
 
 
 def _experts(prof: SegmentProfile) -> np.ndarray:
@@ -77,7 +71,7 @@ def _zero3_exposed(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray,
     S, L = len(edges) - 1, len(prof.params)
 
     def segments(kind: str) -> np.ndarray:   # pre, the layers, post
-        pre, post = (_coll(kind, 2.0 * float(x), dp_ranks, cluster)
+        pre, post = (collective_s(kind, 2.0 * float(x), dp_ranks, cluster)
                      for x in (prof.pre[2], prof.post[2]))
         return np.concatenate([[pre], _split_per_layer(kind, prof, dp_ranks, cluster), [post]])
 
@@ -127,8 +121,8 @@ def _broadcasts(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray, stag
         device = cluster.device(s * c.dp * c.tp)
         each = (device.host.queued_collective_us * 1e-6 if device.host
                 and device.host.queued_collective_us > 0
-                else _coll("broadcast", 1.0, dp_ranks, cluster))
-        out[s] = _coll("broadcast", 2.0 * float(psi_s[s]), dp_ranks, cluster) \
+                else collective_s("broadcast", 1.0, dp_ranks, cluster))
+        out[s] = collective_s("broadcast", 2.0 * float(psi_s[s]), dp_ranks, cluster) \
             + max(0.0, n[s] - 1) * each
     return out
 
@@ -214,7 +208,7 @@ def rank_parts(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
         cap = cluster.device(0).ddp_bucket_mib
         if cap > 0 and c.tp == 1 and c.zero_stage <= 1 and not experts.any():
             # the runtime's DDP packs the gradients into its own buckets (host_overhead)
-            sync = np.array([sum(_coll("all_reduce", nbytes, dp_ranks, cluster)
+            sync = np.array([sum(collective_s("all_reduce", nbytes, dp_ranks, cluster)
                                  for _, nbytes in ddp_buckets([(0.0, 2.0 * x)], cap))
                              for x in psi_s])
         # beside a zero-bubble schedule the pass after the step hides nothing (zero_bubble_dp)
@@ -225,11 +219,11 @@ def rank_parts(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
     if zero1_broadcasts(c) and prof.tensors is not None:
         post += _broadcasts(c, prof, edges, stage, psi_s, dp_ranks, cluster)
     elif c.dp > 1 and c.zero_stage in (1, 2):
-        post += [_coll("all_gather", 2.0 * float(x - e), dp_ranks, cluster)
-                 + (_coll("all_gather", 2.0 * float(e), dp_ranks[::c.ep], cluster) if e else 0.0)
+        post += [collective_s("all_gather", 2.0 * float(x - e), dp_ranks, cluster)
+                 + (collective_s("all_gather", 2.0 * float(e), dp_ranks[::c.ep], cluster) if e else 0.0)
                  for x, e in zip(psi_s, experts_s)]
     if p > 1 and prof.tied_params > 0:
-        tied = _coll("all_reduce", 2.0 * prof.tied_params, (0, (p - 1) * c.dp * c.tp), cluster)
+        tied = collective_s("all_reduce", 2.0 * prof.tied_params, (0, (p - 1) * c.dp * c.tp), cluster)
         post[0] += tied
         post[-1] += tied
     bandwidth = np.array([cluster.device(s * c.dp * c.tp).memory_bandwidth_gb_per_s * 1e9

@@ -9,8 +9,10 @@ from fxplan.core.config import ParallelConfig
 
 __all__ = ["ROUND_OFF", "Scored"]
 
-#: Relative margin of the pipeline bound against the ``K``-th best ``T̂``: the two sum the same
-#: seconds in different orders.
+#: Relative margin within which two closed-form times are a round-off tie (the same seconds
+#: summed in different orders): a bound against the ``K``-th best ``T̂``, a per-rank choice
+#: (:mod:`~fxplan.inter_op.stage_zero`) or a joint split (:mod:`~fxplan.inter_op.joint_split`)
+#: against the time it must beat; a tie keeps what was there.
 ROUND_OFF = 1e-9
 
 

@@ -18,7 +18,7 @@ afford a lower rung — fewer collectives, no host copies — than the one the h
 its states, less what it offloads, and its ZeRO-3 buffers) and its surrogate terms — ``w_s(r)``,
 its work per microbatch (with ``offload=optimizer+params``'s copies of each shard), and
 ``e_s(r) = exposed_s + post_s + opt_s``, its seconds once per step (its offload row included:
-:func:`fxplan.inter_op.surrogate.rank_terms`) — read only its own rung (the pipeline messages
+:meth:`fxplan.inter_op.surrogate.RungTerms.terms`) — read only its own rung (the pipeline messages
 and the tied weights' all-reduce do not read it); so each is priced once per ``r ∈ R`` from
 the configuration with ``r`` on every rank and the same split.
 
@@ -98,6 +98,7 @@ from fxplan.core.config_fields import OFFLOAD_POLICIES
 from fxplan.cost_model.host.host_overhead import fsdp_params, offload_runs
 from fxplan.inter_op.offload import Rung, host_fit_ranks
 from fxplan.inter_op.profile import SegmentProfile
+from fxplan.inter_op.scored import ROUND_OFF
 from fxplan.inter_op.stage_devices import rank_limits
 from fxplan.inter_op.stage_memory import DeviceMemory, rung_rows
 from fxplan.inter_op.surrogate import RungTerms, bubble_weight, drain_slack
@@ -107,10 +108,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["RankOptions", "choose_rungs", "mix_rungs", "rank_options", "runnable_rungs",
            "tied_holders", "with_rungs"]
-
-#: Relative gain below which the mixed rungs are a round-off tie, not cheaper: the plan
-#: keeps one rung for all ranks.
-_ROUND_OFF = 1e-9
 
 
 class RankOptions:
@@ -230,7 +227,7 @@ def mix_rungs(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProfil
     if chosen is None:
         return None
     picked, t = chosen
-    if not t < estimate_s * (1.0 - _ROUND_OFF):
+    if not t < estimate_s * (1.0 - ROUND_OFF):   # a tie keeps one rung for all ranks
         return None
     # the same T̂ as surrogate_step_s prices the mixed configuration (its per-rank terms)
     return with_rungs(placed, picked), t

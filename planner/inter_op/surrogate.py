@@ -73,8 +73,9 @@ With a ZeRO stage or an offload per pipeline rank (``zero_stages``, ``offload_st
 term of rank ``s`` — its ``z_j`` (the host copies of ``offload=optimizer+params`` included),
 ``exposed_s``, ``post_s``, ``opt_s`` — reads only the rank's own stage and offload, so ``T̂``
 takes each rank's ``w_s`` and ``exposed_s + post_s + opt_s`` from the configuration with that
-stage and offload on every rank (:func:`rank_terms`, priced in :mod:`fxplan.inter_op.rank_parts`;
-:mod:`fxplan.inter_op.stage_zero` and :mod:`fxplan.inter_op.joint_split` choose them). A weight
+stage and offload on every rank (:meth:`RungTerms.terms`, priced in
+:mod:`fxplan.inter_op.rank_parts`; :mod:`fxplan.inter_op.stage_zero` and
+:mod:`fxplan.inter_op.joint_split` choose them). A weight
 tied between two ranks that keep its gradient in different dp layouts adds a gather
 the step simulator prices (:func:`cost_model.step.cross_stage.tied_sync`) and ``T̂`` does
 not; the search never ranks such a configuration (its tied holders keep one layout).
@@ -94,8 +95,8 @@ from fxplan.inter_op.rank_parts import RankParts, rank_parts, spans
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["RungTerms", "bubble_weight", "drain_slack", "drains_in_turn", "rank_terms",
-           "rung_terms", "split_bound", "step_of_terms", "surrogate_step_s"]
+__all__ = ["RungTerms", "bubble_weight", "drain_slack", "drains_in_turn", "split_bound",
+           "step_of_terms", "surrogate_step_s"]
 
 
 def bubble_weight(c: ParallelConfig) -> float:
@@ -112,7 +113,7 @@ def surrogate_step_s(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
     (its device group's) on a heterogeneous cluster; ``None``: ``prof`` on every rank. With a
     ZeRO stage or an offload per pipeline rank (``zero_stages``, ``offload_stages``) each
     rank's terms are those of the configuration with its own stage and offload on every rank
-    (:func:`rank_terms`: a rank's terms read only its own)."""
+    (:meth:`RungTerms.terms`: a rank's terms read only its own)."""
     pricer = RungTerms(c, prof, cluster, stage_profs)
     if not c.per_rank:
         return step_of_terms(c, *pricer.terms(c.zero_stage, c.offload), pricer.drain())
@@ -127,7 +128,7 @@ def step_of_terms(c: ParallelConfig, w: np.ndarray, rest: np.ndarray,
                   drain: np.ndarray) -> float:
     """``T̂ = (m + (p−1)/v)·max_s w_s + max_s (rest_s − δ_s)`` from each rank's work per
     microbatch ``w_s``, its once-per-step seconds ``rest_s = exposed_s + post_s + opt_s`` and
-    its step of the drain ``β_s`` (:func:`rank_terms`, :meth:`RungTerms.drain`;
+    its step of the drain ``β_s`` (:meth:`RungTerms.terms`, :meth:`RungTerms.drain`;
     ``δ_s`` :func:`drain_slack`)."""
     return float((c.num_microbatches + bubble_weight(c)) * w.max()
                  + np.max(rest - drain_slack(c, drain)))
@@ -148,26 +149,10 @@ def drains_in_turn(c: ParallelConfig) -> bool:
     return c.schedule.kind not in SPLIT_BACKWARD
 
 
-def rank_terms(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
-               stage_profs: Sequence[SegmentProfile] | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """Per pipeline rank ``s`` (one ZeRO stage for all: ``c.zero_stage``): ``w_s``, its work per
-    microbatch, and ``exposed_s + post_s + opt_s``, its seconds once per step (module
-    docstring); :func:`step_of_terms` combines them into ``T̂``."""
-    return RungTerms(c, prof, cluster, stage_profs).terms(c.zero_stage, c.offload)
-
-
-def rung_terms(c: ParallelConfig, rungs: Sequence[tuple[int, str]], prof: SegmentProfile,
-               cluster: Cluster, stage_profs: Sequence[SegmentProfile] | None = None
-               ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """:func:`rank_terms` of ``c`` at each rung ``(zero, offload)`` on every rank
-    (:class:`RungTerms`)."""
-    terms = RungTerms(c, prof, cluster, stage_profs)
-    return [terms.terms(zero, offload) for zero, offload in rungs]
-
-
 class RungTerms:
-    """:func:`rank_terms` of one split (``c``'s) at any rung ``(zero, offload)`` on every rank.
+    """Per pipeline rank ``s`` of one split (``c``'s), at any rung ``(zero, offload)`` on
+    every rank: ``w_s``, its work per microbatch, and ``exposed_s + post_s + opt_s``, its
+    seconds once per step (module docstring; :func:`step_of_terms` combines them into ``T̂``).
     Of the terms only ``opt_s`` reads ``offload=optimizer`` (module docstring: ``z_j`` reads
     ``optimizer+params``' copies, ``exposed_s`` and ``post_s`` no offload; ``Ψ_s`` and ``b_s``
     no rung), so a rung with ``optimizer`` shares ``w_s`` and ``exposed_s + post_s`` with the

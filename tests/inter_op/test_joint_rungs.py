@@ -2,7 +2,7 @@
 :meth:`fxplan.inter_op.search_state._Search._joint`, :mod:`fxplan.inter_op.joint_split`), checked by
 brute force: every split of the layers into contiguous stages × every ZeRO stage and offload per
 pipeline rank the runtime runs, each priced by the closed form ``T̂`` of the configuration with
-that rung on every rank (:func:`~fxplan.inter_op.surrogate.rank_terms`) and checked by the
+that rung on every rank (:meth:`~fxplan.inter_op.surrogate.RungTerms.terms`) and checked by the
 memory formula and the cost model's own host check
 (:func:`fxplan.cost_model.memory.offload.with_host_check`)."""
 
@@ -28,8 +28,7 @@ from fxplan.inter_op.progress import Budget, PhaseTimer
 from fxplan.inter_op.stage_devices import rank_limits
 from fxplan.inter_op.stage_memory import rung_rows, stage_memory, stage_rows, stage_totals
 from fxplan.inter_op.stage_zero import runnable_rungs, tied_holders
-from fxplan.inter_op.surrogate import (RungTerms, drain_slack, rank_terms, rung_terms,
-                                       surrogate_step_s)
+from fxplan.inter_op.surrogate import RungTerms, drain_slack, surrogate_step_s
 
 #: (model, held back per GPU, offload pass) on one DGX A100, pp=4 × dp=2, 1F1B, no recompute,
 #: batch 64: memory shapes the split and the rungs. GPT ties its embedding and head (rank 0 and
@@ -85,7 +84,7 @@ def _brute(state: search_state._Search, c: ParallelConfig) -> float:
             if o != "none":
                 fit &= np.array([x.host_fits for x in
                                  with_host_check(stage_memory(u, prof, mems), u, state.cluster)])
-            w_r, e_r = rank_terms(u, prof, state.cluster, profs)
+            w_r, e_r = RungTerms(u, prof, state.cluster, profs).terms(z, o)
             w.append(w_r)
             e.append(e_r)
             fits.append(fit)
@@ -361,19 +360,21 @@ def test_vectorised_host_check_is_the_cost_models() -> None:
 
 
 def test_rung_terms_and_rows_are_the_uniform_ones() -> None:
-    """The terms and memory rows priced once per split for every rung
-    (:func:`~fxplan.inter_op.surrogate.rung_terms`, :func:`~fxplan.inter_op.stage_memory.
-    rung_rows`) are, float for float, those of the configuration at each rung."""
+    """The terms and memory rows priced once per split for every rung (one
+    :class:`~fxplan.inter_op.surrogate.RungTerms` of the split,
+    :func:`~fxplan.inter_op.stage_memory.rung_rows`) are, float for float, those of the
+    configuration at each rung."""
     state = _state("llama-70")
     c = ParallelConfig(pp=4, dp=2, tp=1, microbatch_size=1, num_microbatches=32,
                        stage_layers=(1, 2, 2, 3))
     rungs = memory_rungs(2)
     prof, profs, devs = state._profiles(c)
     mems = state._memory(devs)
-    for (z, o), (w, e), rows in zip(rungs, rung_terms(c, rungs, prof, state.cluster, profs),
-                                    rung_rows(c, rungs, prof, mems)):
+    shared = RungTerms(c, prof, state.cluster, profs)
+    for (z, o), rows in zip(rungs, rung_rows(c, rungs, prof, mems)):
+        w, e = shared.terms(z, o)
         u = c.uniform(z, o)
-        w_u, e_u = rank_terms(u, prof, state.cluster, profs)
+        w_u, e_u = RungTerms(u, prof, state.cluster, profs).terms(z, o)
         assert w.tolist() == w_u.tolist() and e.tolist() == e_u.tolist(), (z, o)
         want = stage_rows(u, prof, mems)
         assert {k: v.tolist() for k, v in rows.rows.items()} == \
