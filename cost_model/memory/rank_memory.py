@@ -63,7 +63,8 @@ def rank_memory_rows(order: ScheduleOrder | InflightCounts, *, params: Sequence[
                      kinds: Sequence[str] | None = None,
                      headroom: Sequence[float] | None = None,
                      contexts: Sequence[float | None] | None = None,
-                     expert_params: Sequence[float] = (), ep: int = 1) -> MemoryRows:
+                     expert_params: Sequence[float] = (), ep: int = 1,
+                     pending: np.ndarray | None = None) -> MemoryRows:
     """Peak memory of each pipeline rank ``s`` from its aggregates (the one formula
     :func:`stage_memory` and the planner's search both use), every term an array over the
     ranks:
@@ -71,7 +72,11 @@ def rank_memory_rows(order: ScheduleOrder | InflightCounts, *, params: Sequence[
         states_s  = ZeRO(params[s], dp, zero_s), less what ``offload_s`` keeps on the host;
                     with ``ep > 1``, ZeRO(params[s] − e_s, dp, zero_s) + ZeRO(e_s, dp/ep, zero_s)
                     for the rank's ``e_s = expert_params[s]`` (:mod:`cost_model.parallel.expert_parallel`)
-        acts_s    = peak over time of Σ_c n_c(τ)·saved[s, c]   (``order.peak_inflight``)
+        acts_s    = peak over time of Σ_c n_c(τ)·saved[s, c] + n^W_c(τ)·pending[s, c]
+                    (``order.peak_held``; ``n^W_c`` the microbatches between a split
+                    backward's ``B`` and ``W``, ``pending`` what a recomputed chunk keeps
+                    between them beyond ``saved``, its recomputed activations less the
+                    checkpointed inputs they include; 0 without either)
         working_s = working[s]        (largest recompute working set of a segment on s)
         buffers_s = :func:`buffer_bytes` of the rank's largest output and segment at ``zero_s``
         runtime_s = CUDA context + NCCL buffers + fragmentation·(acts_s + working_s + buffers_s)
@@ -85,7 +90,7 @@ def rank_memory_rows(order: ScheduleOrder | InflightCounts, *, params: Sequence[
     ``s`` (``gpu`` when not given), ``headroom[s]`` the bytes it must leave free (0 when not
     given), ``contexts[s]`` its measured CUDA context in GiB (``None``: the default)."""
     p = order.stages
-    acts = order.peak_inflight(np.asarray(saved, dtype=float))
+    acts = order.peak_held(np.asarray(saved, dtype=float), pending)
     psi = np.asarray(params, dtype=float)
     experts = (np.asarray(expert_params, dtype=float) if ep > 1 and len(expert_params)
                else None)
@@ -138,6 +143,11 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
     p, v = config.pp, config.virtual_stages
     saved = np.array([[sum(seg.activations.saved for seg in plan.chunks[s][c]) for c in range(v)]
                       for s in range(p)])
+    # under a split backward a recomputed segment's recompute is kept from its B to its W:
+    # its activations again, which include the checkpointed inputs (the same storage)
+    pending = np.array([[sum(max(seg.activations.working - seg.activations.saved, 0.0)
+                             for seg in plan.chunks[s][c]) for c in range(v)]
+                        for s in range(p)])
     segs = [[seg for c in range(v) for seg in plan.chunks[s][c]] for s in range(p)]
     memory = rank_memory_rows(
         order, params=[sum(plan.params[s].values()) for s in range(p)], saved=saved,
@@ -152,7 +162,7 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
         kinds=[device.kind for device in plan.devices],
         headroom=[headroom.bytes(device.memory_gib * GIB) for device in plan.devices],
         contexts=[device.cuda_context_gib for device in plan.devices],
-        expert_params=plan.expert_params, ep=config.ep).breakdowns()
+        expert_params=plan.expert_params, ep=config.ep, pending=pending).breakdowns()
     if config.offload == "none" or cluster is None:
         return memory
     return with_host_check(memory, config, cluster)

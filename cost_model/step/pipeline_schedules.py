@@ -137,8 +137,17 @@ class ScheduleOrder:
     def peak_inflight(self, weights: np.ndarray) -> np.ndarray:
         """``(p,)``: the peak over time of ``Σ_c n_c(τ)·weights[s, c]`` on each stage, where
         ``n_c(τ)`` counts the microbatches of chunk ``c`` forwarded and not yet backwarded."""
-        return InflightCounts(self.stages, self.inflight_peak,
-                              _inflight_profiles(self)).peak_inflight(weights)
+        return self.counts.peak_inflight(weights)
+
+    def peak_held(self, saved: np.ndarray, pending: np.ndarray | None) -> np.ndarray:
+        """:meth:`InflightCounts.peak_held` of this order."""
+        return self.counts.peak_held(saved, pending)
+
+    @property
+    def counts(self) -> "InflightCounts":
+        """The order's :class:`InflightCounts` (profiles cached per order)."""
+        return InflightCounts(self.stages, self.inflight_peak, _inflight_profiles(self),
+                              *_held_of(self))
 
     def last_backward_pos(self) -> np.ndarray:
         """``(p, v)``: position of the last backward (its ``W`` under a split backward) of
@@ -162,6 +171,12 @@ class InflightCounts:
     stages: int
     inflight_peak: np.ndarray               # (p, v), as ScheduleOrder.inflight_peak
     profiles: tuple[np.ndarray, ...]        # per stage, (n, v): _inflight_profiles
+    #: under a split backward, the most microbatches of each chunk between their ``B`` and
+    #: their ``W`` at once, ``(p, v)``, and per stage the distinct rows ``(n_c, n^W_c)`` of
+    #: both counts right after each ``F`` and each ``B`` (:func:`_held_profiles`); ``None``
+    #: without one
+    pending_peak: np.ndarray | None = None
+    held_profiles: tuple[np.ndarray, ...] | None = None
 
     @cached_property
     def padded(self) -> np.ndarray:
@@ -176,6 +191,21 @@ class InflightCounts:
         n_c(τ)·w[s, c]`` over the rows of :attr:`padded` (one batched product, each stage's
         the one ``profiles[s] @ w[s]`` gives)."""
         return np.matmul(self.padded, weights[:, :, None])[:, :, 0].max(axis=1)
+
+    def peak_held(self, saved: np.ndarray, pending: np.ndarray | None) -> np.ndarray:
+        """``(p,)``: the peak over time of ``Σ_c n_c(τ)·saved[s, c] + n^W_c(τ)·pending[s, c]``,
+        ``n^W_c(τ)`` the microbatches of chunk ``c`` past their ``B`` and not yet at their
+        ``W``: what a recomputed block holds under a split backward, whose recompute (in the
+        ``B``) is kept for the ``W`` (:mod:`fxplan.passes.rewrite.split_recompute`) — its
+        checkpointed input from ``F`` to ``W`` (in ``saved``) and its recomputed activations
+        from ``B`` to ``W`` (``pending``). The total can peak right after a ``B`` as well as
+        after an ``F``; every row of both is read. :meth:`peak_inflight` of ``saved`` where
+        nothing is pending (no split backward, or ``pending`` ``None`` or zero)."""
+        if self.held_profiles is None or pending is None or not np.any(pending):
+            return self.peak_inflight(saved)
+        both = np.concatenate([np.asarray(saved, float), np.asarray(pending, float)], axis=1)
+        return np.array([float((rows @ both[s]).max())
+                         for s, rows in enumerate(self.held_profiles)])
 
 
 @lru_cache(maxsize=1 << 13)
@@ -193,7 +223,32 @@ def inflight_counts(kind: str, stages: int, chunks: int, microbatches: int) -> I
                               tuple(np.arange(1.0, n + 1.0)[:, None] for n in peak))
     kinds, _, chunk, _ = _op_arrays(kind, stages, chunks, microbatches, numbered=False)
     counts = _chunk_counts(kinds, chunk, chunks)
-    return InflightCounts(stages, counts.max(axis=1), _profiles(kinds, counts))
+    return InflightCounts(stages, counts.max(axis=1), _profiles(kinds, counts),
+                          *_held_profiles(kinds, chunk, chunks, counts))
+
+
+def _held_profiles(kinds: np.ndarray, chunk: np.ndarray, v: int, counts: np.ndarray
+                   ) -> tuple[np.ndarray | None, tuple[np.ndarray, ...] | None]:
+    """``(pending_peak, held_profiles)`` of :class:`InflightCounts` from the ``(p, K)`` op
+    arrays and their :func:`_chunk_counts`: ``n^W_c`` steps up at a split backward's ``B`` and
+    down at its ``W``; the rows ``(n_c, n^W_c)`` right after every ``F`` and ``B``, distinct
+    per stage. ``(None, None)`` without a split backward."""
+    if not (kinds == WEIGHT).any():
+        return None, None
+    step = np.where(kinds == BACKWARD, 1, np.where(kinds == WEIGHT, -1, 0))
+    pending = np.stack([np.cumsum(np.where(chunk == c, step, 0), axis=1) for c in range(v)],
+                       axis=-1)
+    both = np.concatenate([counts, pending], axis=-1)
+    at = (kinds == FORWARD) | (kinds == BACKWARD)
+    profiles = tuple(_unique_rows(both[s][at[s]]).astype(float) for s in range(len(kinds)))
+    return pending.max(axis=1), profiles
+
+
+@lru_cache(maxsize=256)
+def _held_of(order: ScheduleOrder) -> tuple[np.ndarray | None, tuple[np.ndarray, ...] | None]:
+    """:func:`_held_profiles` of ``order``."""
+    return _held_profiles(order.kind, order.chunk, order.chunks,
+                          _chunk_counts(order.kind, order.chunk, order.chunks))
 
 
 def _signs(kinds: np.ndarray) -> np.ndarray:

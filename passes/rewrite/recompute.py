@@ -4,7 +4,10 @@
 
     none       keep every activation autograd saves
     full       wrap ``layer_i`` in ``checkpoint_wrapper`` (non-reentrant): only the block's
-               input is saved, the whole block is recomputed in backward
+               input is saved, the whole block is recomputed in backward; under a split
+               backward (zero-bubble schedules) ``kept_checkpoint`` instead, whose recompute
+               serves the input-gradient and the weight-gradient pass
+               (:mod:`fxplan.passes.rewrite.split_recompute`)
     selective  recompute only the attention core (Korthikanti et al., 2022): the nodes from the
                first activation × activation product (``QKᵀ``) to the second (``·V``), or a fused
                ``scaled_dot_product_attention``, are outlined into ``attn_core`` inside the block
@@ -26,6 +29,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from fxplan.passes.rewrite.base import PassResult, RewritePass
+from fxplan.passes.rewrite.split_recompute import kept_checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
@@ -76,7 +80,10 @@ class Recompute(RewritePass):
             index = int(name.split("_", 1)[1])
             policy = plan.recompute(index)
             if policy == "full":
-                setattr(gm, name, checkpoint_wrapper(block))
+                if plan.schedule.split_backward and plan.pp > 1:
+                    kept_checkpoint(block)
+                else:
+                    setattr(gm, name, checkpoint_wrapper(block))
                 changed = True
             elif policy == "selective":
                 if not isinstance(block, fx.GraphModule):

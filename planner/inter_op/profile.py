@@ -105,6 +105,26 @@ class SegmentProfile:
                 None if self.expert_params is None else of(self.expert_params))
 
     @cached_property
+    def kept(self) -> np.ndarray:
+        """``h_i = max(w_i − a_i, 0)``: what a recomputed layer holds beyond its saved bytes
+        from a split backward's ``B`` to its ``W``, where its recompute is kept — its
+        recomputed activations ``w_i``, which include the checkpointed inputs ``a_i`` (the
+        recompute reads the same storage); 0 for a layer not recomputed
+        (:mod:`fxplan.inter_op.stage_memory`)."""
+        return np.maximum(self.working - self.acts, 0.0)
+
+    @cached_property
+    def kept_prefix(self) -> np.ndarray:
+        """``P_h[i] = Σ_{k < i} h_k`` (:attr:`kept`)."""
+        return np.concatenate([[0.0], np.cumsum(self.kept)])
+
+    @property
+    def end_kept(self) -> tuple[float, float]:
+        """:attr:`kept` of ``pre`` and ``post``."""
+        return (max(self.end_working[0] - self.pre[3], 0.0),
+                max(self.end_working[1] - self.post[3], 0.0))
+
+    @cached_property
     def total_work(self) -> float:
         """``W = Σ_i t_i + pre + post`` seconds per microbatch, whole model."""
         return float(self.layer_time.sum() + sum(self.pre[:2]) + sum(self.post[:2]))

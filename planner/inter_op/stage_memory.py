@@ -9,10 +9,15 @@ plus ``pre`` on ``j = 0`` and ``post`` on ``j = S−1``. Per rank ``s``::
     states_s  = ZeRO(Ψ_s, dp, zero)     (less what ``offload`` keeps on the host; with expert
                                          parallelism ZeRO(Ψ_s − Ψ^e_s, dp) + ZeRO(Ψ^e_s, dp/ep)) Ψ_s = Σ_{j on s} Σ_{i ∈ j} ψ_i  (+ ψ_pre, + ψ_post,
                                          tied weights once per rank)
-    acts_s    = max over time τ of Σ_c n_{s,c}(τ) · A_{s,c}
+    acts_s    = max over time τ of Σ_c n_{s,c}(τ) · A_{s,c} + n^W_{s,c}(τ) · H_{s,c}
                 A_{s,c} = Σ_{i ∈ j} a_i + a_pre[j = 0] + a_post[j = S−1]   (saved bytes, one
                 microbatch), n_{s,c}(τ) the microbatches of chunk c forwarded and not yet
-                backwarded at τ (:meth:`cost_model.step.pipeline_schedules.ScheduleOrder.peak_inflight`)
+                backwarded at τ
+                (:meth:`cost_model.step.pipeline_schedules.ScheduleOrder.peak_inflight`);
+                under a split backward with recompute, H_{s,c} = Σ_{i ∈ j} h_i (+ the
+                ends'), h_i = max(w_i − a_i, 0) what the recompute kept from a microbatch's
+                B to its W holds beyond the checkpointed inputs (it includes them), and
+                n^W_{s,c}(τ) the microbatches between the two (``peak_held``)
     working_s = max_{segments on s} w         (one segment re-run at a time; 0 without recompute)
     buffers_s = :func:`cost_model.memory.rank_memory.buffer_bytes` of the rank's largest output and
                 largest segment (ZeRO-3 gathers)
@@ -53,7 +58,8 @@ from fxplan.core.config import ParallelConfig
 from fxplan.core.schedule import Schedule
 
 __all__ = ["DeviceMemory", "PartitionInputs", "inflight", "partition_inputs", "per_rank",
-           "rung_rows", "stage_memory", "stage_rows", "stage_totals", "state_bytes_per_param"]
+           "pending_ratio", "rung_rows", "stage_memory", "stage_rows", "stage_totals",
+           "state_bytes_per_param"]
 
 
 @dataclass(frozen=True)
@@ -170,18 +176,35 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
         fixed = np.array([fixed_of(mems[s]) / v for s in rank])
         cap = np.array([mems[s].limit / v for s in rank])
     counts = n[_layout(c.schedule, c.pp)[:2]]
+    rho = pending_ratio(c)
     extra[0] += first.pre[0] + first.pre[1]
     extra[-1] += last.post[0] + last.post[1]
-    fixed[0] += k * prof.pre[2] + counts[0] * prof.pre[3] * grow
+    fixed[0] += k * prof.pre[2] + counts[0] * (prof.pre[3] + rho * prof.end_kept[0]) * grow
     # a weight tied between the first and last stage is held once where one rank holds both
     shared = S == 1 or c.pp == 1 or c.schedule.v_shape
     fixed[-1] += k * (prof.post[2] - (prof.tied_params if shared else 0.0))
-    fixed[-1] += counts[-1] * prof.post[3] * grow
+    fixed[-1] += counts[-1] * (prof.post[3] + rho * prof.end_kept[1]) * grow
     layer_state = k * prof.params
     if prof.expert_params is not None:   # experts: ZeRO over their dp/ep replicas
         k_e = state_bytes_per_param(c.dp // c.ep, c.zero_stage, c.offload)
         layer_state = layer_state + (k_e - k) * prof.expert_params
-    return PartitionInputs(extra, fixed, counts, layer_state, cap, prof.acts * grow)
+    acts = prof.acts + rho * prof.kept if rho else prof.acts
+    return PartitionInputs(extra, fixed, counts, layer_state, cap, acts * grow)
+
+
+def pending_ratio(c: ParallelConfig) -> float:
+    """``ρ = max_{s,c} n̂^W_{s,c} / n̂_{s,c}``: under a split backward with recompute, the
+    partition counts a recomputed layer as ``a_i + ρ·h_i`` at the in-flight peak ``n̂``,
+    at least ``n_c(τ)·a_i + n^W_c(τ)·h_i`` at every ``τ`` (its recompute, ``h_i`` beyond its
+    inputs, :attr:`~fxplan.inter_op.profile.SegmentProfile.kept`, is kept from its ``B`` to
+    its ``W``: :meth:`~fxplan.cost_model.step.pipeline_schedules.InflightCounts.peak_held`);
+    0 without a split backward or without recompute."""
+    if not (c.schedule.split_backward and c.pp > 1 and c.recompute != "none"):
+        return 0.0
+    counts = order(c)
+    if counts.pending_peak is None:
+        return 0.0
+    return float((counts.pending_peak / np.maximum(counts.inflight_peak, 1)).max())
 
 
 @lru_cache(maxsize=1024)
@@ -225,7 +248,13 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
     experts = np.zeros(len(psi)) if P_e is None else np.diff(P_e[edges])
     # virtual stage j (c·p + s, or the V of zbv) → [c, s]
     at = _layout(c.schedule, p)[2]
-    return dict(params=psi[at].sum(axis=0), saved=saved[at].T,
+    pending = None
+    if c.schedule.split_backward and p > 1 and c.recompute != "none":
+        held = np.diff(prof.kept_prefix[edges])
+        held[0] += prof.end_kept[0]
+        held[-1] += prof.end_kept[1]
+        pending = held[at].T
+    return dict(params=psi[at].sum(axis=0), saved=saved[at].T, pending=pending,
                 expert_params=experts[at].sum(axis=0),
                 working=work[at].max(axis=0),
                 max_output_bytes=out[at].max(axis=0),

@@ -87,3 +87,51 @@ def test_counts_equal_the_orders_on_more_shapes(kind: str, v: int) -> None:
                 [c.tolist() for c in _inflight_profiles(order)]
             weights = rng.uniform(0, 1e9, size=(p, v))
             assert (counts.peak_inflight(weights) == order.peak_inflight(weights)).all()
+
+
+def _held_by_walking(order, saved: np.ndarray, pending: np.ndarray) -> list[float]:
+    """Each stage's peak of what its microbatches hold, walked op by op with the microbatch
+    numbers: a forward adds its chunk's ``saved``, a split backward's ``B`` adds ``pending``
+    (the recompute kept for the ``W``), the ``W`` (or a whole backward) frees both."""
+    peaks = []
+    for s in range(order.stages):
+        held, peak, state = 0.0, 0.0, {}
+        for kind, mb, c in zip(order.kind[s].tolist(), order.microbatch[s].tolist(),
+                               order.chunk[s].tolist()):
+            if kind == FORWARD:
+                state[(mb, c)] = saved[s, c]
+            elif kind == BACKWARD and order.split_backward:
+                state[(mb, c)] += pending[s, c]
+            else:
+                del state[(mb, c)]
+            held = sum(state.values())
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
+
+
+@pytest.mark.parametrize("kind,v", KINDS)
+def test_held_bytes_equal_a_walk_through_the_order(kind: str, v: int) -> None:
+    """``peak_held`` (the in-flight rows and the ``B``-to-``W`` rows, the search's cached
+    counts and the full order's) against a walk through the numbered op order; without a
+    split backward it is ``peak_inflight``, and with one it exceeds it only by what is
+    pending."""
+    rng = np.random.default_rng(3)
+    for p in (2, 3, 4):
+        for m in sorted({p, 2 * p, 3 * p + 1}):
+            try:
+                order = schedule_order(kind, p, v, m)
+            except (ValueError, IndexError):
+                continue
+            counts = inflight_counts(kind, p, v, m)
+            saved, pending = rng.uniform(0, 1e9, size=(2, p, v))
+            want = _held_by_walking(order, saved, pending)
+            assert np.allclose(counts.peak_held(saved, pending), want, rtol=1e-12)
+            assert np.allclose(order.peak_held(saved, pending), want, rtol=1e-12)
+            plain = counts.peak_inflight(saved)
+            if order.split_backward:
+                assert (counts.pending_peak >= 1).all()
+                assert (np.asarray(want) > plain).all()
+            else:
+                assert counts.pending_peak is None
+                assert np.allclose(want, plain, rtol=1e-12)

@@ -23,6 +23,12 @@ CONFIGS = [
     (4, 2, 4, 4, 4, "interleaved:2", "full", True, 1, False),
     (2, 1, 16, 4, 8, "1f1b", "none", True, 3, False),
     (1, 2, 16, 2, 16, "1f1b", "full", False, 2, True),
+    # split backwards: a recomputed block's recompute is kept from its B to its W
+    (1, 4, 8, 1, 8, "zb", "full", False, 0, True),
+    (2, 4, 4, 1, 8, "zb:2", "full", True, 1, False),
+    (1, 4, 8, 1, 8, "zbv", "full", False, 0, False),
+    (1, 2, 16, 1, 8, "dualpipev", "full", False, 0, False),
+    (1, 4, 8, 1, 8, "zb", "none", False, 0, False),
 ]
 
 
@@ -55,6 +61,9 @@ PER_STAGE = [
     (1, 4, 8, 2, 32, "1f1b", "full", False, 1, (6, 6, 6, 6), (5, 3, 1, 0)),
     (2, 2, 8, 1, 16, "interleaved:2", "selective", True, 0, (6, 6, 6, 6), (6, 2, 0, 1)),
     (1, 1, 32, 4, 4, "1f1b", "full", False, 3, (24,), (7,)),
+    (1, 4, 8, 1, 8, "zb", "full", False, 0, (6, 6, 6, 6), (4, 3, 1, 0)),
+    (1, 4, 8, 1, 8, "zbv", "full", False, 1, (3, 3, 3, 3, 3, 3, 3, 3),
+     (3, 2, 0, 1, 0, 0, 2, 3)),
 ]
 
 
@@ -76,3 +85,38 @@ def test_search_memory_is_the_estimates_with_recompute_per_stage(gpt17, cfg) -> 
     for s in range(pp):   # between no recompute and the policy on every layer, rank by rank
         assert whole.memory[s].activations <= est.memory[s].activations \
             <= plain.memory[s].activations
+
+
+def test_a_split_backward_holds_the_recompute_from_b_to_w(gpt17) -> None:  # type: ignore[no-untyped-def]
+    """Under ``zb`` with every block recomputed, a rank holds each in-flight microbatch's
+    checkpointed inputs and, from its ``B`` to its ``W``, the block's recomputed activations
+    (the kept recompute, which includes the inputs): the estimate's activations are the
+    schedule's ``peak_held`` of the two, above what the checkpoints alone would hold; on
+    the last rank, whose ``W`` wait longest (its ``B``-to-``W`` peak is ``p`` microbatches,
+    every one in flight), as much as no recompute holds, and below it on the others; 1F1B
+    with the same recompute holds the checkpoints only."""
+    import numpy as np
+
+    from fxplan.cost_model.step.pipeline_schedules import inflight_counts
+
+    graph, cluster = gpt17
+    p, m = 4, 8
+    c = _config(1, p, 8, 1, m, "zb", "full", False, 0)
+    est = estimate(graph, cluster, c, batch=8 * m)
+    saved = np.array([[sum(seg.activations.saved for seg in est.stage_plan.chunks[s][0])]
+                      for s in range(p)])
+    kept = np.array([[sum(max(seg.activations.working - seg.activations.saved, 0.0)
+                          for seg in est.stage_plan.chunks[s][0])] for s in range(p)])
+    counts = inflight_counts("zb", p, 1, m)
+    held = counts.peak_held(saved, kept)
+    assert [mem.activations for mem in est.memory] == pytest.approx(held.tolist(), rel=1e-9)
+    assert (held > counts.peak_inflight(saved)).all()
+    assert counts.pending_peak[-1, 0] == p and counts.inflight_peak[-1, 0] == p
+    plain = estimate(graph, cluster, c.replace(recompute="none"), batch=8 * m)
+    for s in range(p - 1):
+        assert est.memory[s].activations < plain.memory[s].activations
+    assert est.memory[-1].activations == pytest.approx(plain.memory[-1].activations,
+                                                       rel=1e-9)
+    one = estimate(graph, cluster, c.replace(schedule=Schedule("1f1b")), batch=8 * m)
+    assert [mem.activations for mem in one.memory] == pytest.approx(
+        inflight_counts("1f1b", p, 1, m).peak_inflight(saved).tolist(), rel=1e-9)

@@ -73,7 +73,7 @@ def test_search_keeps_the_cheapest_stages_per_rank(search) -> None:  # type: ign
     prof = search.profile
     mixed = 0
     for c in options(family, batch=32, layers=prof.num_layers, seq=prof.segments.seq,
-                     per_stage_recompute=search.per_stage):
+                     per_stage_recompute=search.per_stage, tied_ends=True):
         scored = search._score(c.replace(zero_stage=zmin))
         if scored is None:
             continue

@@ -1,7 +1,8 @@
 """Zero-bubble schedules on gloo ranks: ``zbv`` and ``dualpipev`` (two stages per rank in a
 V) train like one process, and so do ``zb`` and ``zbv`` beside data parallelism (ZeRO-0 and
-ZeRO-1, the gradients averaged after the step: ``fxplan.runtime.train.dp_reduce``); what
-torch's split backward cannot run is refused before launch, with the reason.
+ZeRO-1, the gradients averaged after the step: ``fxplan.runtime.train.dp_reduce``) and every
+schedule with full recompute (``fxplan.passes.rewrite.split_recompute``); what torch's split
+backward cannot run is refused before launch, with the reason.
 
 (``zb`` and ``zb:2`` on the tiny GPT, alone and beside tensor parallelism, are cases of
 ``test_numerics.py``.)"""
@@ -97,8 +98,38 @@ def test_zbv_beside_data_parallelism_trains_like_one_process(rank_pool, zero):
     assert (plan.dp, plan.zero_stage, plan.num_microbatches) == (2, zero, 4), plan.summary
 
 
+@pytest.mark.parametrize("path", ["graph", "module"])
+@pytest.mark.parametrize("schedule,dp", [("zb", 1), ("zb:2", 2)])
+def test_full_recompute_beside_a_split_backward_trains_like_one_process(rank_pool, schedule,
+                                                                        dp, path):
+    """Every block recomputed under ``zb`` (pp=2) and ``zb:2`` (pp=2 × dp=2, the gradients
+    averaged after the step), on the graph-rewrite and the module-level path: the kept
+    recompute (``passes.rewrite.split_recompute``) serves both passes of torch's split
+    backward; 3 SGD steps, losses and every parameter within the suite's relative 1e-5 of one
+    process."""
+    report = rank_pool.run("rt_cases:train_matches_reference", path=path, plan_kwargs=dict(
+        pp=2, dp=dp, schedule=schedule, recompute="full", num_microbatches=4,
+        microbatch_size=1, layers=4))[0]
+    assert report["path"] == path, report
+    assert not report["missing"], report
+    assert report["loss_error"] <= 1e-5, report
+    assert report["param_error"] <= 1e-5, report
+    assert report["losses"][-1] < report["losses"][0], report
+
+
+@needs("pipelining_zbv")
+@needs("pipelining_dualpipev")
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_full_recompute_in_a_v_trains_like_one_process(rank_pool, schedule):
+    """The search, held to pp=2, a V-shaped schedule and full recompute, plans the untied
+    Llama (``dualpipev``: 2 sequences per microbatch, m = 4 = 2·pp); its losses equal one
+    process's."""
+    plan = _searched_plan_trains_like_one_process(rank_pool, schedule=schedule,
+                                                  recompute="full", microbatch_size=2)
+    assert plan.recompute_summary == "full", plan.summary
+
+
 @pytest.mark.parametrize("kwargs,why", [
-    (dict(pp=2, schedule="zb", recompute="full", num_microbatches=2), "recompute=full"),
     (dict(pp=2, schedule="zb", recompute="selective", num_microbatches=2),
      "recompute=selective"),
     (dict(pp=2, dp=2, zero=2, schedule="zb", num_microbatches=2), "ZeRO-2"),
@@ -106,14 +137,18 @@ def test_zbv_beside_data_parallelism_trains_like_one_process(rank_pool, zero):
     (dict(pp=2, dp=2, tp=2, zero=1, schedule="zb", num_microbatches=2), "ZeRO-1 and tp=2"),
     (dict(pp=2, dp=2, zero=3, offload="optimizer+params", schedule="zb",
           num_microbatches=2), "ZeRO-3"),
-    (dict(pp=2, schedule="dualpipev", recompute="full", num_microbatches=4, layers=4),
-     "recompute=full"),
+    (dict(pp=2, schedule="dualpipev", recompute="selective", num_microbatches=4, layers=4),
+     "recompute=selective"),
     (dict(pp=2, dp=2, zero=2, schedule="dualpipev", num_microbatches=4, layers=4), "ZeRO-2"),
 ])
 def test_split_backward_refusals(kwargs, why):
-    """Measured on gloo ranks with torch 2.13: the checkpoint's recompute fails in the weight
-    pass, FSDP2 hangs — each refused by name instead; ZeRO-0 and ZeRO-1 beside dp run."""
+    """Measured on gloo ranks with torch 2.13: a selective checkpoint fails in the weight
+    pass, FSDP2 hangs — each refused by name instead; ZeRO-0 and ZeRO-1 beside dp run, and
+    so does full recompute."""
     assert why in zero_bubble_refusal(make_plan(**kwargs))
+    for schedule in ("zb", "dualpipev"):
+        assert zero_bubble_refusal(make_plan(pp=2, schedule=schedule, recompute="full",
+                                             num_microbatches=4, layers=4)) is None
     assert zero_bubble_refusal(make_plan(pp=2, tp=2, schedule="zb", num_microbatches=2)) is None
     assert zero_bubble_refusal(make_plan(pp=2, dp=2, schedule="1f1b", num_microbatches=2)) is None
     for zero in (0, 1):

@@ -2,7 +2,10 @@
 
     none       nothing
     full       composable ``checkpoint(block)``: the block's input is saved, the whole block
-               is recomputed in the backward
+               is recomputed in the backward; beside a split backward (the zero-bubble
+               schedules) ``kept_checkpoint(block)``, whose one recompute serves both the
+               input-gradient and the weight-gradient pass
+               (:mod:`fxplan.passes.rewrite.split_recompute`)
     selective  the same ``checkpoint`` with a selective-checkpoint policy
                (``torch.utils.checkpoint.create_selective_checkpoint_contexts``): the ATen ops
                of the attention core — fused scaled-dot-product attention, or the batched
@@ -22,6 +25,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
+
+from fxplan.passes.rewrite.split_recompute import kept_checkpoint
 
 __all__ = ["ATTENTION_CORE", "apply_recompute"]
 
@@ -49,8 +54,10 @@ def _selective_context() -> Any:
     return create_selective_checkpoint_contexts(_policy)
 
 
-def apply_recompute(blocks: Sequence[nn.Module], policies: Sequence[str]) -> None:
-    """Checkpoint ``blocks[i]`` as ``policies[i]`` says (module docstring)."""
+def apply_recompute(blocks: Sequence[nn.Module], policies: Sequence[str],
+                    split_backward: bool = False) -> None:
+    """Checkpoint ``blocks[i]`` as ``policies[i]`` says (module docstring);
+    ``split_backward``: the stage's backward runs as two passes (a zero-bubble schedule)."""
     from torch.distributed._composable import checkpoint
 
     contexts: dict[str, Callable[[], Any] | None] = {"full": None,
@@ -61,7 +68,9 @@ def apply_recompute(blocks: Sequence[nn.Module], policies: Sequence[str]) -> Non
         if policy not in contexts:
             raise ValueError(f"unknown recompute policy {policy!r}")
         context = contexts[policy]
-        if context is None:
+        if context is None and split_backward:
+            kept_checkpoint(block)
+        elif context is None:
             checkpoint(block)
         else:
             checkpoint(block, context_fn=functools.partial(context))

@@ -96,13 +96,14 @@ def zero_bubble_refusal(plan: "Plan") -> str | None:
     """Why the runtime cannot run ``plan``'s zero-bubble schedule, or ``None``. torch runs a
     split backward as ``stage_backward_input`` then ``stage_backward_weight`` over the kept
     autograd graph, and in the supported torch (2.11 – 2.13, tested on CPU ranks) that works
-    for plain and tensor-parallel stages: an activation checkpoint reruns its forward in the
-    weight pass and fails (its recompute context is entered twice), so recompute is refused.
-    (On torch 2.13, one process: the composable ``checkpoint`` the runtime applies fails so,
-    a selective checkpoint refuses the second backward of its region, and
-    ``torch.utils.checkpoint``'s full recompute runs but recomputes the block's forward in the
-    input pass and again in the weight pass — keeping the first recompute for the weight pass,
-    ``GraphExecGroup``, refuses a saved tensor both passes unpack.)
+    for plain and tensor-parallel stages. torch's own activation checkpoints do not survive the
+    second pass (on torch 2.13: the composable ``checkpoint`` enters its recompute context
+    twice and fails, a selective checkpoint refuses the second backward of its region,
+    ``torch.utils.checkpoint``'s full recompute reruns the block's forward in both passes and
+    its ``GraphExecGroup`` refuses a saved tensor both passes unpack); the runtime's full
+    recompute beside a split backward is :func:`~fxplan.passes.rewrite.split_recompute.
+    kept_checkpoint`, one recompute read by both passes. Selective recompute has no such form
+    and is refused.
     With ``dp > 1`` the stages are not wrapped (DDP's reducer would all-reduce before the
     weight gradients exist, FSDP2's reduce-scatter deadlocks) and their gradients are
     averaged after the step (:mod:`fxplan.runtime.train.dp_reduce`; ``offload=optimizer``
@@ -116,10 +117,12 @@ def zero_bubble_refusal(plan: "Plan") -> str | None:
         if not torch_has(feature):
             return (f"schedule {plan.schedule} needs {FEATURES[feature][2]}, which this torch "
                     f"({installed_torch()}) does not have; use zb or zb:2, or upgrade torch")
-    if plan.recompute_summary != "none":
-        return (f"schedule {plan.schedule} with recompute={plan.recompute_summary}: torch's "
-                "activation checkpoint cannot rerun its forward inside the split backward's "
-                "weight pass; use recompute=none or a 1f1b/interleaved schedule")
+    policies = (set(plan.block_recompute) if plan.block_recompute is not None
+                else {plan.config.recompute})
+    if "selective" in policies:
+        return (f"schedule {plan.schedule} with recompute={plan.recompute_summary}: a "
+                "selective checkpoint cannot serve the split backward's second (weight) pass; "
+                "use recompute=full or none, or a 1f1b/interleaved schedule")
     return after_step_refusal(plan.config)
 
 
