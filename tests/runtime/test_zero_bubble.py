@@ -117,6 +117,18 @@ def test_full_recompute_beside_a_split_backward_trains_like_one_process(rank_poo
     assert report["losses"][-1] < report["losses"][0], report
 
 
+@pytest.mark.parametrize("path", ["graph", "module"])
+def test_some_blocks_recomputed_beside_a_split_backward_train_like_one_process(rank_pool, path):
+    """Under ``zb`` some blocks recomputed and others not (``block_recompute``, the per-stage
+    counts' form): the kept recompute beside plain blocks in one split backward."""
+    report = rank_pool.run("rt_cases:train_matches_reference", path=path, plan_kwargs=dict(
+        pp=2, schedule="zb", recompute="full", num_microbatches=4, microbatch_size=1,
+        layers=4, block_recompute=("full", "none", "none", "full")))[0]
+    assert report["path"] == path, report
+    assert report["loss_error"] <= 1e-5, report
+    assert report["param_error"] <= 1e-5, report
+
+
 @needs("pipelining_zbv")
 @needs("pipelining_dualpipev")
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
