@@ -36,7 +36,7 @@ if __name__ == "__main__":  # pragma: no cover - the agent: the ranks' server im
 
 import torch.distributed as dist  # noqa: E402  (after the server's start, on purpose)
 
-__all__ = ["is_loopback", "LoopbackTCPStore", "main"]
+__all__ = ["is_loopback", "LoopbackTCPStore", "main", "quiet_torch_logs"]
 
 _TCPStore = dist.TCPStore
 
@@ -86,6 +86,16 @@ class _QuietOnInputError(logging.Filter):
         return record.levelno < logging.WARNING or not _reported(self.directory)
 
 
+def quiet_torch_logs(directory: str) -> None:
+    """Filter the agent's loggers (``torch.distributed.*``, by module) and the process
+    context's that stops the other workers once one has failed (``torch.multiprocessing.*``:
+    "Terminating process … via signal SIGTERM") with :class:`_QuietOnInputError`."""
+    quiet = _QuietOnInputError(directory)
+    for name in {*logging.root.manager.loggerDict, "torch.multiprocessing.spawn"}:
+        if name.startswith(("torch.distributed", "torch.multiprocessing")):
+            logging.getLogger(name).addFilter(quiet)
+
+
 def _reported(directory: str) -> bool:
     """A worker reported an input error or a failure (the launcher prints it)."""
     return bool(read_reports(directory) or read_failures(directory))
@@ -105,10 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     c10d_rendezvous_backend.TCPStore = LoopbackTCPStore  # imported by name there
     status = os.environ.get(STATUS_DIR_ENV)
     if status:
-        quiet = _QuietOnInputError(status)
-        for name in list(logging.root.manager.loggerDict):
-            if name.startswith("torch.distributed"):  # the agent's loggers, by module
-                logging.getLogger(name).addFilter(quiet)
+        quiet_torch_logs(status)
     try:
         run.main(sys.argv[1:] if argv is None else argv)
     except ChildFailedError:
