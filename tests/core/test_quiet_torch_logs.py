@@ -17,6 +17,7 @@ from fxplan.runtime.launch.torchrun import quiet_torch_logs
 def test_warnings_go_once_a_worker_reported(tmp_path, name) -> None:
     logger = logging.getLogger(name)
     before = list(logger.filters)
+    logger.filters[:] = []   # another test in this process may have left its launch's filter
     try:
         quiet_torch_logs(str(tmp_path))
         record = logger.makeRecord(name, logging.WARNING, __file__, 1,
