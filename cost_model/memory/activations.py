@@ -55,6 +55,15 @@ class ActivationBytes:
     saved: float
     working: float
 
+    @property
+    def kept(self) -> float:
+        """``max(working − saved, 0)``: what a recomputed segment holds beyond ``saved`` while
+        its recompute is kept — from a split backward's input-gradient pass to its
+        weight-gradient pass (:mod:`fxplan.passes.rewrite.split_recompute`): its activations
+        again, which include the checkpointed inputs (the recompute reads the same storage);
+        0 for a segment not recomputed."""
+        return max(self.working - self.saved, 0.0)
+
 
 def tensor_bytes(info: NodeInfo) -> int:
     """Bytes of a node's value from its shape and dtype (0 for non-tensors)."""

@@ -143,11 +143,9 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
     p, v = config.pp, config.virtual_stages
     saved = np.array([[sum(seg.activations.saved for seg in plan.chunks[s][c]) for c in range(v)]
                       for s in range(p)])
-    # under a split backward a recomputed segment's recompute is kept from its B to its W:
-    # its activations again, which include the checkpointed inputs (the same storage)
-    pending = np.array([[sum(max(seg.activations.working - seg.activations.saved, 0.0)
-                             for seg in plan.chunks[s][c]) for c in range(v)]
-                        for s in range(p)])
+    # under a split backward a recomputed segment's recompute is kept from its B to its W
+    pending = np.array([[sum(seg.activations.kept for seg in plan.chunks[s][c])
+                         for c in range(v)] for s in range(p)])
     segs = [[seg for c in range(v) for seg in plan.chunks[s][c]] for s in range(p)]
     memory = rank_memory_rows(
         order, params=[sum(plan.params[s].values()) for s in range(p)], saved=saved,

@@ -114,7 +114,7 @@ def relied_overlaps(config: ParallelConfig, comm_overlap: float = 1.0) -> tuple[
     if hide and config.zero_stage == 3 and config.dp > 1:
         out.append(Overlap("zero3_prefetch", "FSDP2 all-gathers the next block while the "
                                              f"current one computes (ω = {comm_overlap:g})"))
-    if config.schedule.split_backward and config.pp > 1:
+    if config.splits_backward:
         out.append(Overlap("weight_grad_in_bubbles", f"{config.schedule}: torch's split "
                                                      "backward runs weight gradients in the "
                                                      "pipeline's bubbles"))

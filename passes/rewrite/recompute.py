@@ -80,7 +80,7 @@ class Recompute(RewritePass):
             index = int(name.split("_", 1)[1])
             policy = plan.recompute(index)
             if policy == "full":
-                if plan.schedule.split_backward and plan.pp > 1:
+                if plan.config.splits_backward:
                     kept_checkpoint(block)
                 else:
                     setattr(gm, name, checkpoint_wrapper(block))

@@ -42,7 +42,6 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 __all__ = ["RecomputeMismatch", "kept_checkpoint", "is_kept_checkpoint"]
 
@@ -100,11 +99,11 @@ class _Frame:
 
 @dataclass
 class _State:
-    """Per checkpointed block: the frame of the forward running now, if any."""
+    """Per checkpointed block: the saved-tensor hooks of the forwards running now (innermost
+    last) and whether its recompute is running (the hooks then stand aside)."""
 
-    frames: list[tuple[_Frame, Any]] = field(default_factory=list)
+    hooks: list[torch.autograd.graph.saved_tensors_hooks] = field(default_factory=list)
     recomputing: bool = False
-    handles: tuple[RemovableHandle, ...] = ()
 
 
 def _state(module: nn.Module) -> _State:
@@ -191,14 +190,13 @@ def kept_checkpoint(module: nn.Module) -> nn.Module:
 
         hooks = torch.autograd.graph.saved_tensors_hooks(pack, frame.unpack)
         hooks.__enter__()
-        state.frames.append((frame, hooks))
+        state.hooks.append(hooks)
 
     def after(mod: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if state.recomputing or not state.frames:
+        if state.recomputing or not state.hooks:
             return
-        _, hooks = state.frames.pop()
-        hooks.__exit__(None, None, None)
+        state.hooks.pop().__exit__(None, None, None)
 
-    state.handles = (module.register_forward_pre_hook(before, with_kwargs=True),
-                     module.register_forward_hook(after, always_call=True))
+    module.register_forward_pre_hook(before, with_kwargs=True)
+    module.register_forward_hook(after, always_call=True)
     return module

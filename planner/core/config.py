@@ -135,6 +135,13 @@ class ParallelConfig(StageLists, TextForm, ModelFit):
         return tuple(out)
 
     @property
+    def splits_backward(self) -> bool:
+        """Whether the pipeline runs each backward as two passes, the input gradient (``B``)
+        and later the weight gradient (``W``): a zero-bubble schedule (``zb``, ``zbv``,
+        ``dualpipev``) over more than one pipeline rank."""
+        return self.schedule.split_backward and self.pp > 1
+
+    @property
     def reduces_every_microbatch(self) -> bool:
         """Whether the data-parallel gradient reduction runs in every microbatch's backward
         (ZeRO ≥ 2 with ``dp > 1``: a rank keeps only its shard of the gradients, so each

@@ -42,7 +42,7 @@ def reduces_after_step(config: "ParallelConfig") -> bool:
     """Whether the data-parallel gradient reduction runs as one explicit pass after the
     pipeline schedule's step (module docstring): a split-backward schedule with ``pp > 1``
     and ``dp > 1``."""
-    return config.schedule.split_backward and config.pp > 1 and config.dp > 1
+    return config.splits_backward and config.dp > 1
 
 
 def after_step_refusal(config: "ParallelConfig") -> str | None:

@@ -106,10 +106,9 @@ class SegmentProfile:
 
     @cached_property
     def kept(self) -> np.ndarray:
-        """``h_i = max(w_i − a_i, 0)``: what a recomputed layer holds beyond its saved bytes
-        from a split backward's ``B`` to its ``W``, where its recompute is kept — its
-        recomputed activations ``w_i``, which include the checkpointed inputs ``a_i`` (the
-        recompute reads the same storage); 0 for a layer not recomputed
+        """``h_i = max(w_i − a_i, 0)`` over the layers, each layer's
+        :attr:`~fxplan.cost_model.memory.activations.ActivationBytes.kept`: what a recomputed
+        layer holds beyond its saved bytes from a split backward's ``B`` to its ``W``
         (:mod:`fxplan.inter_op.stage_memory`)."""
         return np.maximum(self.working - self.acts, 0.0)
 

@@ -192,6 +192,11 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
     return PartitionInputs(extra, fixed, counts, layer_state, cap, acts * grow)
 
 
+def _keeps_recompute(c: ParallelConfig) -> bool:
+    """Recomputed layers under a split backward: their recompute is kept from ``B`` to ``W``."""
+    return c.splits_backward and c.recompute != "none"
+
+
 def pending_ratio(c: ParallelConfig) -> float:
     """``ρ = max_{s,c} n̂^W_{s,c} / n̂_{s,c}``: under a split backward with recompute, the
     partition counts a recomputed layer as ``a_i + ρ·h_i`` at the in-flight peak ``n̂``,
@@ -199,7 +204,7 @@ def pending_ratio(c: ParallelConfig) -> float:
     inputs, :attr:`~fxplan.inter_op.profile.SegmentProfile.kept`, is kept from its ``B`` to
     its ``W``: :meth:`~fxplan.cost_model.step.pipeline_schedules.InflightCounts.peak_held`);
     0 without a split backward or without recompute."""
-    if not (c.schedule.split_backward and c.pp > 1 and c.recompute != "none"):
+    if not _keeps_recompute(c):
         return 0.0
     counts = order(c)
     if counts.pending_peak is None:
@@ -249,7 +254,7 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
     # virtual stage j (c·p + s, or the V of zbv) → [c, s]
     at = _layout(c.schedule, p)[2]
     pending = None
-    if c.schedule.split_backward and p > 1 and c.recompute != "none":
+    if _keeps_recompute(c):
         held = np.diff(prof.kept_prefix[edges])
         held[0] += prof.end_kept[0]
         held[-1] += prof.end_kept[1]

@@ -475,7 +475,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         held = expert_params(inner)   # after materialize: the parameters that train
         policies = [plan.recompute(first_block + i) for i in range(len(blocks))]
         apply_recompute(blocks, recompute_policies(blocks, policies, fallbacks) if held
-                        else policies, split_backward=plan.schedule.split_backward and plan.pp > 1)
+                        else policies, split_backward=plan.config.splits_backward)
         # expert ZeRO: FSDP2 over edp reduces them; else ExpertGradSync, DDP/FSDP ignore them
         ignored = [] if shard_expert_states(inner, rank_plan(plan, mesh), precision) else held
         if experts is not None:

@@ -110,7 +110,7 @@ def zero_bubble_refusal(plan: "Plan") -> str | None:
     then steps on the host as anywhere); what needs FSDP2 — ZeRO-2/3 (``optimizer+params``
     included), ZeRO-1 beside tp or ep — is refused
     (:func:`fxplan.core.zero_bubble_dp.after_step_refusal`)."""
-    if not plan.schedule.split_backward or plan.pp == 1:
+    if not plan.config.splits_backward:
         return None
     for feature in (("pipelining_zbv",) if plan.schedule.v_shape else ()) + (
             ("pipelining_dualpipev",) if plan.schedule.kind == "dualpipev" else ()):
