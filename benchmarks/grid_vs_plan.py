@@ -32,6 +32,10 @@ times. The ratios are the cost model's: a gain that rests on terms the model pri
 GPU run here has measured (ZeRO-3's prefetch, the zero-bubble weight-gradient split, context
 parallelism's exchange) is a prediction until ``fxplan validate`` measures it on GPUs.
 
+Both sides are priced with the model states in Megatron-LM's layout (16-bit weights and
+gradients beside fp32 masters, ``--state-layout megatron``, the default here), the grid's own
+system's; ``--state-layout runtime`` prices both as fxplan's runtime keeps them.
+
 Rows: the Megatron-LM SC'21 Table 1 sizes (DGX A100 80GB, s = 2048), GPT-3 175B on 1024
 GPUs, the 530B model on 2240 GPUs (MT-NLG's count), Llama-2 7B and 70B on DGX H100, Llama-2 7B
 at 128k tokens of context, and Alpa's GShard MoE 27B on DGX H100.
@@ -104,8 +108,9 @@ def compute_ceiling(graph: Any, cluster: Any, batch: int, microbatches: range = 
     return batch * per_sample / cluster.num_devices
 
 
-def run(case: Case) -> dict[str, Any]:
-    """Capture once, then the grid's best and the free plan, each timed."""
+def run(case: Case, state_layout: str = "megatron") -> dict[str, Any]:
+    """Capture once, then the grid's best and the free plan, each timed, both with the model
+    states priced in ``state_layout``."""
     from fxplan import search
     from fxplan.api import capture_for_search
     from fxplan.cluster_specs import Cluster, training_dtype
@@ -118,7 +123,7 @@ def run(case: Case) -> dict[str, Any]:
         start = time.perf_counter()
         try:
             plan = search(graph, cluster, batch=case.batch, progress=False,
-                          constraints=constraints)
+                          constraints=constraints, state_layout=state_layout)
         except Exception as err:   # a side with no plan that fits: say so on the row
             out[side] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}",
                          "search_s": time.perf_counter() - start}
@@ -151,6 +156,9 @@ def print_row(row: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", default=[], metavar="PREFIX")
+    parser.add_argument("--state-layout", choices=("megatron", "runtime"), default="megatron",
+                        help="the model states' layout both sides are priced in (default "
+                             "megatron, the grid's own system's)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     print(f"1-minute load average before the run: {os.getloadavg()[0]:.1f}")
@@ -158,7 +166,7 @@ def main() -> None:
     for case in CASES:
         if args.only and not any(case.name.startswith(p) for p in args.only):
             continue
-        row = run(case)
+        row = run(case, args.state_layout)
         print_row(row)
         if "ratio" in row:
             ratios.append(row["ratio"])

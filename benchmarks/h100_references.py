@@ -193,7 +193,8 @@ def predict(row: Row, graph: Any, cluster: Any = None) -> Priced:
     from fxplan.cost_model import estimate
 
     return Priced(row, estimate(graph, cluster or cluster_for(row), config_for(row),
-                                batch=row.batch, seq=row.seq))
+                                # PURE mixed precision reduces in bf16, as Megatron-LM's layout
+                                batch=row.batch, seq=row.seq, state_layout="megatron"))
 
 
 def pairs(rows: list[Row]) -> list[tuple[Row, Row]]:

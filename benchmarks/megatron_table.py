@@ -101,7 +101,9 @@ def predict(row: Row, graph: Any, cluster: Any = None) -> Prediction:
 
     cluster = cluster or Cluster.load(f"dgx-a100-80g:nodes={row.gpus // 8}")
     return published_table.fastest_fit(
-        row, lambda config: estimate(graph, cluster, config, batch=row.batch, seq=SEQ),
+        # Megatron-LM's layout of the model states (16-bit weights and gradients, fp32 masters)
+        row, lambda config: estimate(graph, cluster, config, batch=row.batch, seq=SEQ,
+                                     state_layout="megatron"),
         microbatches=MICROBATCHES, max_chunks=MAX_CHUNKS, zero_stage=0)
 
 

@@ -46,7 +46,8 @@ runs three training steps in bf16 and counts on each rank the distinct storages 
 
 It prints one row per configuration: measured bytes per parameter of the rank (``Ψ``: the
 rank's parameters after tensor parallelism, tied ones once) against ``model_state_bytes(Ψ,
-dp, zero, adam_for("bf16"), offload)/Ψ``, and the dtype and bytes per parameter one gradient
+dp, zero, adam_for("bf16"), offload)/Ψ`` (the runtime's layout), and the dtype and bytes per
+parameter one gradient
 reduction moves (DDP's buckets as the hook saw them; FSDP2's ``reduce_dtype`` read from its
 parameters). Run: ``python benchmarks/runtime_states.py`` (about 10 s on 2 cores).
 """
@@ -297,12 +298,14 @@ def measure_states(plan_kwargs: dict[str, Any], dtype: str = "bf16", layers: int
 
 
 def priced(config: dict[str, Any], psi: int, dtype: str = "bf16") -> dict[str, float]:
-    """The memory model's model states of ``psi`` parameters under ``config``: bytes by kind
-    (gathered layers and DDP buckets are no model state there: 0)."""
+    """The memory model's model states of ``psi`` parameters under ``config``, in the
+    runtime's layout: bytes by kind (a ZeRO-2 rank's gathered copy is part of ``params``
+    there; DDP buckets are no model state: 0)."""
     from fxplan.cost_model.memory.breakdown import adam_for, model_state_bytes
 
     states = model_state_bytes(psi, config.get("dp", 1), config.get("zero", 0),
-                               adam_for(dtype), config.get("offload", "none"))
+                               adam_for(dtype), config.get("offload", "none"),
+                               dtensor=config.get("tp", 1) > 1)
     return dict(params=states.params, gathered=0.0, grads=states.grads, buckets=0.0,
                 optimizer=states.optimizer, host=states.host)
 

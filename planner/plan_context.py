@@ -36,9 +36,11 @@ def plan_context(plan: Plan, *, source: str = "plan") -> tuple[CapturedGraph, Cl
 
 def simulate_plan(plan: Plan, graph: CapturedGraph, cluster: Cluster) -> Estimate:
     """The estimate (with the step simulation) whose step time is the plan's, against the
-    memory headroom the plan was made with (the default for a plan file without one)."""
+    memory headroom the plan was made with (the default for a plan file without one), its
+    model states in the layout it was priced in (the runtime's for a plan file without one)."""
     from fxplan.cost_model import estimate
     from fxplan.inter_op.pricing import priced_config
 
     return estimate(graph, cluster, priced_config(plan), batch=plan.batch, seq=plan.seq,
-                    memory_headroom=plan.estimate.get("memory_headroom"))
+                    memory_headroom=plan.estimate.get("memory_headroom"),
+                    state_layout=plan.estimate.get("state_layout") or "runtime")

@@ -11,6 +11,23 @@ weights, momentum, variance)::
     ZeRO-2   k_p·Ψ + (k_g + k_o)·Ψ/N      = 2Ψ + 14Ψ/N
     ZeRO-3   (k_p + k_g + k_o)·Ψ/N        = 16Ψ/N
 
+That is Megatron-LM's and DeepSpeed's layout (:data:`ADAM_MIXED`). fxplan's runtime keeps the
+parameters themselves as the fp32 masters and computes in 16 bits under autocast (FSDP2 gathers
+them in the compute dtype): :data:`ADAM_AMP`, ``k_p = 4``, ``k_g = 4`` (fp32 gradients, reduced
+in fp32), ``k_o = 8`` (two fp32 moments), ``k_c = 2`` the gathered copy. DDP runs ZeRO-0 and
+ZeRO-1 (``ZeroRedundancyOptimizer`` over the fp32 parameters) with the formulas above; where
+FSDP2 shards the parameters without resharding them after the forward (ZeRO-2, and ZeRO-1 with
+DTensor parameters, ``tp > 1`` or ``ep > 1``, which the runtime runs as ZeRO-2) each rank keeps
+its fp32 shard and the whole model gathered in the compute dtype from the first forward to the
+last backward::
+
+    ZeRO-2 (params are the masters)   k_p·Ψ/N + k_c·Ψ + (k_g + k_o)·Ψ/N   = 2Ψ + 16Ψ/N
+
+and ZeRO-3 the ``(k_p + k_g + k_o)·Ψ/N`` above (its gathered layers are buffers). At ``dp = 1``
+nothing is sharded and every stage keeps ``k_p + k_g + k_o``. :func:`adam_for` picks the
+layout a plan is priced in (``state_layout``): ``runtime`` (the default, what fxplan's runtime
+holds and moves) or ``megatron`` (the published tables' systems).
+
 **Offload** (:mod:`cost_model.memory.offload`): ``offload=optimizer`` keeps the weights and gradients
 on the device as above and the ``k_o`` optimizer bytes on the host, with an fp32 copy of the
 gradients there (``k_h = k_o + 4 = 16`` host bytes per parameter the rank updates, ``Ψ/N`` under
@@ -44,7 +61,8 @@ from operator import attrgetter
 
 import numpy as np
 
-__all__ = ["ADAM_FP32", "ADAM_MIXED", "GIB", "MEMORY_LEGEND", "MEMORY_ROWS", "MemoryBreakdown",
+__all__ = ["ADAM_AMP", "ADAM_FP32", "ADAM_MIXED", "STATE_LAYOUTS", "GIB", "MEMORY_LEGEND",
+           "MEMORY_ROWS", "MemoryBreakdown",
            "MemoryRows", "ModelStates", "OptimizerSpec", "adam_for", "model_state_bytes"]
 
 GIB = float(1 << 30)
@@ -59,6 +77,11 @@ class OptimizerSpec:
     ``step_flops`` ≈ 12 per parameter (moments, bias correction, update); negligible.
     ``host_bytes``: what an offloaded parameter's optimizer keeps in host memory (fp32 master
     weight, momentum, variance and the fp32 gradient it reads: 16).
+    ``gather_bytes`` (``k_c``): what a ZeRO-2/3 all-gather moves per parameter and a gathered
+    copy holds, the compute dtype. ``masters_are_params``: the parameters are the fp32 masters
+    (torch autocast, FSDP2's ``param_dtype``), so a ZeRO-2 shard is ``k_p/N`` beside a gathered
+    ``k_c`` copy (module docstring); ``False``: 16-bit parameters beside masters in the
+    optimizer state.
     """
 
     name: str = "adam-mixed"
@@ -68,6 +91,8 @@ class OptimizerSpec:
     step_bytes: float = 28.0
     step_flops: float = 12.0
     host_bytes: float = 16.0
+    gather_bytes: float = 2.0
+    masters_are_params: bool = False
 
 
 #: Adam with 16-bit weights and gradients and fp32 master weights and moments: 2 + 2 + 12.
@@ -75,13 +100,29 @@ ADAM_MIXED = OptimizerSpec()
 #: Adam training in fp32 (no master copy): 4-byte weights and gradients, 8 bytes of moments;
 #: a step reads weight, gradient and both moments (16) and writes weight and moments (12).
 ADAM_FP32 = OptimizerSpec("adam-fp32", param_bytes=4.0, grad_bytes=4.0, state_bytes=8.0,
-                          step_bytes=28.0)
+                          step_bytes=28.0, gather_bytes=4.0, masters_are_params=True)
+#: Adam as fxplan's runtime keeps it in mixed precision: fp32 parameters (the masters) and
+#: gradients, two fp32 moments, the compute dtype gathered (FSDP2) and cast (autocast) on the
+#: fly, every gradient reduced in fp32; a step reads weight, gradient and moments and writes
+#: weight and moments (28 B).
+ADAM_AMP = OptimizerSpec("adam-amp", param_bytes=4.0, grad_bytes=4.0, state_bytes=8.0,
+                         step_bytes=28.0, gather_bytes=2.0, masters_are_params=True)
+
+#: The layouts of model states a plan may be priced in (:func:`adam_for`).
+STATE_LAYOUTS = ("runtime", "megatron")
 
 
-def adam_for(dtype_key: str) -> OptimizerSpec:
-    """The Adam spec of a training precision: :data:`ADAM_FP32` for ``fp32``, else
-    :data:`ADAM_MIXED` (16-bit weights and gradients with fp32 master weights)."""
-    return ADAM_FP32 if dtype_key == "fp32" else ADAM_MIXED
+def adam_for(dtype_key: str, state_layout: str = "runtime") -> OptimizerSpec:
+    """The Adam spec of a training precision in ``state_layout``: :data:`ADAM_FP32` for
+    ``fp32`` (both layouts), else :data:`ADAM_AMP` (``runtime``: what fxplan's runtime keeps)
+    or :data:`ADAM_MIXED` (``megatron``: 16-bit weights and gradients with fp32 master
+    weights in the optimizer, as Megatron-LM and DeepSpeed keep them)."""
+    if state_layout not in STATE_LAYOUTS:
+        raise ValueError(f"state_layout must be one of {', '.join(STATE_LAYOUTS)}, "
+                         f"got {state_layout!r}")
+    if dtype_key == "fp32":
+        return ADAM_FP32
+    return ADAM_AMP if state_layout == "runtime" else ADAM_MIXED
 
 
 @dataclass(frozen=True)
@@ -101,11 +142,13 @@ class ModelStates:
 
 def model_state_bytes(num_params: float | np.ndarray, dp: int, zero_stage: int,
                       optimizer: OptimizerSpec = ADAM_MIXED,
-                      offload: str = "none") -> ModelStates:
+                      offload: str = "none", *, dtensor: bool = False) -> ModelStates:
     """ZeRO model states of ``num_params`` parameters, with ``offload`` moving some of them
     to the host (module docstring tables). ``num_params`` may be an array (one count per
     rank, all under the same ZeRO stage and offload): every field is then that array's
-    elementwise result, each entry the float the scalar call gives."""
+    elementwise result, each entry the float the scalar call gives. ``dtensor``: the
+    parameters are DTensors (``tp > 1`` or ``ep > 1``), under which a layout whose parameters
+    are the masters runs ZeRO-1 as ZeRO-2 (FSDP2)."""
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0–3, got {zero_stage}")
     psi = num_params.astype(float) if isinstance(num_params, np.ndarray) else float(num_params)
@@ -113,9 +156,16 @@ def model_state_bytes(num_params: float | np.ndarray, dp: int, zero_stage: int,
     updated = psi / (n if zero_stage >= 1 else 1)   # the parameters this rank's optimizer steps
     if offload == "optimizer+params":
         return ModelStates(0.0, 0.0, 0.0, host=optimizer.host_bytes * updated)
+    # FSDP2 keeps an fp32 shard and the gathered compute copy (masters are the parameters)
+    gathered_copy = (optimizer.masters_are_params and n > 1 and zero_stage < 3
+                     and (zero_stage == 2 or (zero_stage == 1 and dtensor)))
+    if gathered_copy:
+        params = optimizer.param_bytes * psi / n + optimizer.gather_bytes * psi
+    else:
+        params = optimizer.param_bytes * psi / (n if zero_stage >= 3 else 1)
     states = ModelStates(
-        params=optimizer.param_bytes * psi / (n if zero_stage >= 3 else 1),
-        grads=optimizer.grad_bytes * psi / (n if zero_stage >= 2 else 1),
+        params=params,
+        grads=optimizer.grad_bytes * psi / (n if zero_stage >= 2 or gathered_copy else 1),
         optimizer=optimizer.state_bytes * updated,
     )
     if offload == "optimizer":

@@ -30,15 +30,16 @@ def buffer_bytes(max_output_bytes: float | np.ndarray, max_segment_params: float
                  *, pp: int, tp: int, dp: int, zero_stage: int, sequence_parallel: bool,
                  optimizer: OptimizerSpec = ADAM_MIXED) -> float | np.ndarray:
     """Transient buffers of one pipeline rank, bytes: ``2·o`` (pipeline send/recv, ``pp > 1``)
-    ``+ t·o`` (sequence parallel: a column-parallel input all-gathered) ``+ 2·(k_p + k_g)·ψ``
-    (ZeRO-3: gathered weights and gradients of the running and the prefetched segment), with
+    ``+ t·o`` (sequence parallel: a column-parallel input all-gathered) ``+ 2·(k_c + k_g)·ψ``
+    (ZeRO-3: weights gathered in the compute dtype and unsharded gradients of the running and
+    the prefetched segment), with
     ``o`` the largest segment output and ``ψ`` the largest segment's parameters on the rank
     (arrays: one entry per rank, all at ``zero_stage``)."""
     out = 2.0 * max_output_bytes if pp > 1 else 0.0
     if sequence_parallel and tp > 1:
         out = out + max_output_bytes * tp
     if zero_stage == 3 and dp > 1:
-        out = out + 2.0 * max_segment_params * (optimizer.param_bytes + optimizer.grad_bytes)
+        out = out + 2.0 * max_segment_params * (optimizer.gather_bytes + optimizer.grad_bytes)
     return out
 
 
@@ -96,6 +97,7 @@ def rank_memory_rows(order: ScheduleOrder | InflightCounts, *, params: Sequence[
                else None)
     biggest = np.asarray(max_segment_params, dtype=float)
     largest_out = np.asarray(max_output_bytes, dtype=float)
+    dtensor = tp > 1 or ep > 1
     groups: dict[tuple[int, str], list[int]] = {}
     for s, key in enumerate(zip(_per_rank(zero_stage, p, "zero_stage"),
                                 _per_rank(offload, p, "offload"))):
@@ -104,8 +106,9 @@ def rank_memory_rows(order: ScheduleOrder | InflightCounts, *, params: Sequence[
     for (zero, off), ranks in groups.items():
         at = slice(None) if len(groups) == 1 else np.array(ranks)
         states = (model_states(psi[at], experts[at], dp=dp, ep=ep, zero_stage=zero,
-                               optimizer=optimizer, offload=off) if experts is not None else
-                  model_state_bytes(psi[at], dp, zero, optimizer, off))
+                               optimizer=optimizer, offload=off, dtensor=dtensor)
+                  if experts is not None else
+                  model_state_bytes(psi[at], dp, zero, optimizer, off, dtensor=dtensor))
         for name in ("params", "grads", "optimizer", "host"):
             rows[name][at] = getattr(states, name)
         rows["buffers"][at] = buffer_bytes(largest_out[at], biggest[at], pp=p, tp=tp, dp=dp,

@@ -109,8 +109,8 @@ def updated_params_gather(config: ParallelConfig, optimizer: OptimizerSpec, stag
             [waited("broadcast", 1.0, dp_group)] * len(stage_params),
             host.queued_collective_us * 1e-6 if host else 0.0)
     if config.zero_stage in (1, 2):
-        return (waited("all_gather", optimizer.param_bytes * (psi - psi_e), dp_group)
-                + waited("all_gather", optimizer.param_bytes * psi_e, stage.edp_group))
+        return (waited("all_gather", optimizer.gather_bytes * (psi - psi_e), dp_group)
+                + waited("all_gather", optimizer.gather_bytes * psi_e, stage.edp_group))
     return 0.0
 
 

@@ -66,10 +66,10 @@ def chunk_times(segs: tuple[SegmentCost, ...], tp_group: tuple[int, ...],
         for seg in segs:
             psi = seg.param_count
             mine = sum(n for k, n in seg.params.items() if k in experts)
-            ag = regather * waited("all_gather", optimizer.param_bytes * (psi - mine), dp_group)
+            ag = regather * waited("all_gather", optimizer.gather_bytes * (psi - mine), dp_group)
             rs = waited("reduce_scatter", optimizer.grad_bytes * (psi - mine), dp_group)
             if mine:
-                ag += regather * waited("all_gather", optimizer.param_bytes * mine, edp_group)
+                ag += regather * waited("all_gather", optimizer.gather_bytes * mine, edp_group)
                 rs += waited("reduce_scatter", optimizer.grad_bytes * mine, edp_group)
             h2d, d2h = offload_segment_s(config, psi, device, expert_params=mine)
             gather.append(ag + h2d)

@@ -88,6 +88,10 @@ class Estimate:
     precisions: dict[str, str] | None = None
     #: the communication the estimate hides behind compute (:mod:`cost_model.step.overlap`)
     overlaps: tuple[Overlap, ...] = ()
+    #: the layout of the model states priced (:data:`~cost_model.memory.breakdown.STATE_LAYOUTS`)
+    #: and the optimizer's bytes per parameter in it
+    state_layout: str = "runtime"
+    optimizer: OptimizerSpec | None = None
 
     @property
     def peak_memory_gib(self) -> list[float]:
@@ -131,6 +135,8 @@ class Estimate:
             "hardware_flops": self.hardware_flops,
             "precision_per_group": dict(self.precisions or {}),
             "overlaps": [o.to_dict() for o in self.overlaps],
+            "state_layout": self.state_layout,
+            "optimizer": self.optimizer.name if self.optimizer is not None else None,
         }
 
 
@@ -155,6 +161,13 @@ def _check(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, batch
                  seq=segments.seq, batch=batch,
                  tp_widths=segments.tp_widths if config.tp > 1 else None)
     return segments, config.resolve(batch)
+
+
+def training_adam(graph: CapturedGraph, state_layout: str = "runtime") -> OptimizerSpec:
+    """Adam in the graph's training precision, its model states kept in ``state_layout``
+    (:func:`cost_model.memory.breakdown.adam_for`: ``runtime``, fxplan's runtime; ``megatron``,
+    Megatron-LM's and DeepSpeed's)."""
+    return adam_for(dtype_key(_graph_dtype(graph)), state_layout)
 
 
 def _graph_dtype(graph: CapturedGraph) -> object:
@@ -193,12 +206,15 @@ def peak_flops(cluster: Cluster, precisions: dict[str, str]) -> float:
 
 def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, batch: int,
              seq: int | None = None, optimizer: OptimizerSpec | None = None,
-             memory_headroom: "MemoryHeadroom | str | float | None" = None) -> Estimate:
+             memory_headroom: "MemoryHeadroom | str | float | None" = None,
+             state_layout: str = "runtime") -> Estimate:
     """Predict one training step of ``graph`` on ``cluster`` under ``config``.
 
-    ``optimizer`` defaults to Adam in the graph's precision (:func:`cost_model.memory.breakdown.adam_for`:
-    fp32 weights and gradients for an fp32 graph, mixed precision otherwise): it sets the
-    bytes that ZeRO's collectives and the gradient all-reduce move.
+    ``optimizer`` defaults to Adam in the graph's precision with its states in
+    ``state_layout`` (:func:`training_adam`: fp32 weights and gradients for an fp32 graph;
+    in 16 bits, fxplan's runtime's fp32 parameters and gradients beside two moments, or
+    Megatron-LM's 16-bit weights and gradients beside fp32 masters): it sets the model
+    states' bytes and those that ZeRO's collectives and the gradient reductions move.
 
     ``batch`` is the global batch in samples; ``seq`` (optional) must equal the captured
     sequence length. ``memory_headroom``: what each device must leave free for ``fits``
@@ -210,7 +226,7 @@ def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, 
     segments, config = _check(graph, cluster, config, batch, seq)
     precisions = _check_precision(graph, cluster)
     if optimizer is None:
-        optimizer = adam_for(dtype_key(_graph_dtype(graph)))
+        optimizer = training_adam(graph, state_layout)
     plan = build_stages(graph, segments, cluster, config, optimizer)
     m = config.num_microbatches or 1
     sim = simulate_step(plan.costs, config.schedule.kind, m)
@@ -235,4 +251,5 @@ def estimate(graph: CapturedGraph, cluster: Cluster, config: ParallelConfig, *, 
         memory=tuple(memory), simulation=sim, stage_plan=plan, memory_headroom=headroom,
         precisions=precisions,
         overlaps=relied_overlaps(config, min(g.comm_overlap for g in cluster.device_groups)),
+        state_layout=state_layout, optimizer=optimizer,
     )

@@ -80,11 +80,12 @@ def price_changes(plan: Plan, changes: Mapping[str, Any]) -> str:
     except (UserError, OSError) as err:
         return f"{what}: not priced, the plan's model and cluster cannot be rebuilt here ({err})"
     headroom = plan.estimate.get("memory_headroom")
+    layout = plan.estimate.get("state_layout") or "runtime"   # both in the plan's layout
     try:
         mine = estimate(graph, cluster, priced_config(plan), batch=plan.batch, seq=plan.seq,
-                        memory_headroom=headroom)
+                        memory_headroom=headroom, state_layout=layout)
         theirs = estimate(graph, cluster, exported_config(plan, changes), batch=plan.batch,
-                          seq=plan.seq, memory_headroom=headroom)
+                          seq=plan.seq, memory_headroom=headroom, state_layout=layout)
     except (CostModelError, ValueError) as err:
         return f"{what}: the cost model refuses it ({err})"
     return f"{what}: {_compare(mine, theirs)}"

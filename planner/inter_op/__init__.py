@@ -25,7 +25,8 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
            seq: int | None = None, time_budget_s: float | None = None, progress: bool = True,
            constraints: Mapping[str, Any] | None = None, finalists: int | None = None,
            model: str | None = None, timer: PhaseTimer | None = None,
-           memory_headroom: Any = None, runnable: Any = None) -> Plan:
+           memory_headroom: Any = None, runnable: Any = None,
+           state_layout: str = "runtime") -> Plan:
     """The fastest configuration of ``graph`` on ``cluster`` for global ``batch`` that fits.
 
     ``graph``: a :class:`~fxplan.passes.captured_graph.CapturedGraph` (capture it with
@@ -45,13 +46,19 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     whose estimated peak does not leave it is refused, and the pruning reasons say so.
     ``runnable``: the runtime's check of a plan on this model (``plan -> reason | None``;
     :func:`fxplan.api.runtime_check` builds it), asked of the finalists best first: a plan it
-    refuses is pruned with its reason, never offered. Raises :class:`InfeasibleError` (a ``UserError``) when nothing fits and
+    refuses is pruned with its reason, never offered. ``state_layout``: the layout of the
+    model states every candidate is priced in — ``runtime`` (fxplan's runtime: fp32
+    parameters as the masters, fp32 gradients and reductions) or ``megatron`` (16-bit weights
+    and gradients beside fp32 masters, as Megatron-LM and DeepSpeed keep them;
+    :mod:`fxplan.cost_model.memory.breakdown`). Raises :class:`InfeasibleError` (a
+    ``UserError``) when nothing fits and
     :class:`ConstraintError` (a ``UserError``) for invalid or over-restrictive constraints.
     """
     from fxplan.cluster_specs import Cluster
     from fxplan.cost_model.step.layer_costs import graph_segments
     from fxplan.core.errors import UserError
     from fxplan.cost_model.compute.op_database import frozen_databases
+    from fxplan.cost_model.memory.breakdown import STATE_LAYOUTS
     from fxplan.inter_op.driver import DEFAULT_FINALISTS, run_search
 
     timer = timer or PhaseTimer()
@@ -60,6 +67,10 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
     check_search_arguments(batch=batch, seq=seq, time_budget_s=time_budget_s,
                            finalists=finalists, constraints=constraints)
     headroom = parse_headroom(memory_headroom)
+    if state_layout not in STATE_LAYOUTS:
+        raise UserError(f"state_layout={state_layout!r}: expected one of "
+                        f"{', '.join(STATE_LAYOUTS)} (runtime: what fxplan's runtime keeps; "
+                        "megatron: Megatron-LM's and DeepSpeed's mixed-precision layout)")
     cluster = Cluster.load(cluster)
     if not hasattr(graph, "gm"):
         raise UserError(f"search() takes a captured graph, got {type(graph).__name__}; "
@@ -77,7 +88,8 @@ def search(graph: CapturedGraph, cluster: Cluster | str, *, batch: int,
                           time_budget_s=time_budget_s, progress=progress,
                           constraints=constraints or {},
                           finalists=finalists or DEFAULT_FINALISTS, timer=timer,
-                          memory_headroom=headroom, runnable=runnable)
+                          memory_headroom=headroom, runnable=runnable,
+                          state_layout=state_layout)
 
 
 #: The cyclic collector's youngest-generation threshold while a search runs (Python's

@@ -6,7 +6,10 @@ the average share of the (tp-local) parameters, and activations are never negati
     M ≥ k_z(dp) · Ψ_tp / pp + reserved + C_ctx + NCCL    k_0 = 16, k_1 = 4 + 12/dp, k_2 = 2 + 14/dp,
                                                  k_3 = 16/dp  bytes per parameter
 
-(the runtime terms of :mod:`cost_model.memory.runtime` that do not depend on the split). If
+in Megatron's layout, ``k_1 = 8 + 8/dp`` (DDP) or ``2 + 16/dp`` (FSDP2, with DTensor
+parameters), ``k_2 = 2 + 16/dp`` in the runtime's (:mod:`cost_model.memory.breakdown`; where
+``ep`` may make the parameters DTensors the smaller form is taken), plus the runtime terms of
+:mod:`cost_model.memory.runtime` that do not depend on the split. If
 this exceeds the capacity less the headroom, ``C − H``, every candidate of the family at that
 stage is pruned before any microbatch variant is tried. With pipeline ranks on device groups
 of different capacities ``C_s`` (reserves ``r_s``, headrooms ``H_s``) the stages may be
@@ -62,9 +65,19 @@ def memory_lower_bound(family: Family, zero: int, lightest: SegmentProfile,
     """Bytes some rank needs at least (module docstring; ``k`` less what ``offload`` keeps on
     the host); ``lightest`` is the profile with full recompute, microbatch 1 and sequence
     parallelism where possible."""
-    k = state_bytes_per_param(family.dp, zero, offload)
+    k = _least_state_bytes(family, zero, offload, lightest)
     probe = ParallelConfig(dp=family.dp, tp=family.tp, pp=family.pp)
     return k * lightest.total_params / family.pp + mem.reserved + mem.fixed_runtime(probe)
+
+
+def _least_state_bytes(family: Family, zero: int, offload: str,
+                       lightest: SegmentProfile) -> float:
+    """Model-state bytes per parameter of the family at ``zero`` in the profile's layout, the
+    smaller of its DDP and its FSDP2 form where ``ep`` (not part of the family) may make the
+    parameters DTensors (:func:`~fxplan.inter_op.stage_memory.state_bytes_per_param`)."""
+    forms = (True,) if family.tp > 1 else (False, True)
+    return min(state_bytes_per_param(family.dp, zero, offload, lightest.optimizer, dtensor)
+               for dtensor in forms)
 
 
 def memory_reason(family: Family, zero: int, needed: float, lightest: SegmentProfile,
@@ -77,7 +90,7 @@ def memory_reason(family: Family, zero: int, needed: float, lightest: SegmentPro
     estimated peak is at least ``needed``); kept in the reason for checking. ``mean``: ``mem``
     is the mean over pipeline ranks on different device groups
     (:meth:`fxplan.inter_op.stage_devices.StageDevices.mean_memory`), and the text says so."""
-    k = state_bytes_per_param(family.dp, zero, offload)
+    k = _least_state_bytes(family, zero, offload, lightest)
     probe = ParallelConfig(dp=family.dp, tp=family.tp, pp=family.pp)
     where = f"zero={zero}" + (f" with offload={offload}" if offload != "none" else "")
     of = " (the mean capacity of its stages' devices)" if mean else ""

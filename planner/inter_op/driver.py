@@ -108,8 +108,10 @@ def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str
                time_budget_s: float | None, progress: bool, constraints: Mapping[str, Any],
                finalists: int, timer: PhaseTimer,
                memory_headroom: MemoryHeadroom = DEFAULT_HEADROOM,
-               runnable: Runnable | None = None) -> Plan:
+               runnable: Runnable | None = None, state_layout: str = "runtime") -> Plan:
     """Steps 1–6 on a captured graph (the public wrapper is :func:`fxplan.inter_op.search`).
+    ``state_layout``: the model states' layout every candidate is priced in
+    (:func:`fxplan.cost_model.memory.breakdown.adam_for`).
     ``runnable``: step 7, the runtime's check of each finalist, best first; the first it
     accepts is the plan, the ones it refuses are pruned with its reason (kind
     :data:`~fxplan.inter_op.reasons.RUNTIME`). When it refuses every finalist, the next ``K``
@@ -119,7 +121,7 @@ def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str
     it refuses all of them the search fails saying why."""
     budget = Budget(time_budget_s)
     state = _Search(graph, cluster, batch, constraints, finalists, timer, budget, progress,
-                    memory_headroom)
+                    memory_headroom, state_layout)
     with timer("inter-op"):
         fams = state.families()
         ranked = state.rank(fams)

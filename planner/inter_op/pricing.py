@@ -87,9 +87,10 @@ def priced_config(plan: Plan) -> ParallelConfig:
 
 
 def _estimate(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, batch: int,
-              placements: PlacementMap | None, headroom: MemoryHeadroom | None) -> Estimate:
+              placements: PlacementMap | None, headroom: MemoryHeadroom | None,
+              state_layout: str) -> Estimate:
     return estimate(graph, cluster, c.replace(placements=placements), batch=batch,
-                    memory_headroom=headroom)
+                    memory_headroom=headroom, state_layout=state_layout)
 
 
 def _key(p: Priced) -> tuple[bool, float, int]:
@@ -129,7 +130,8 @@ def _tp_refusal(solved: PlacementChoice, c: ParallelConfig, tp_named: bool) -> s
 def price_finalist(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, batch: int,
                    cache: IntraOpCache, *, sequence_parallel: Any = None,
                    tp_named: bool = False,
-                   memory_headroom: MemoryHeadroom | None = None) -> Priced:
+                   memory_headroom: MemoryHeadroom | None = None,
+                   state_layout: str = "runtime") -> Priced:
     """The cheaper of the solver's placements and the default layout (module docstring).
 
     ``sequence_parallel``: the search's constraint on it (a bool or a collection of bools;
@@ -137,7 +139,8 @@ def price_finalist(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, ba
     default layout under ``c.sequence_parallel`` is kept as a recorded fallback. ``tp_named``:
     the search's constraints name ``tp``; solver placements that split no parameter over tp
     are then not priced either, the default (Megatron) layout, which splits them, is kept.
-    ``memory_headroom``: what each device must leave free for the estimate to fit.
+    ``memory_headroom``: what each device must leave free for the estimate to fit;
+    ``state_layout``: the model states' layout priced (:func:`~fxplan.cost_model.estimate`).
     Raises :class:`CostModelError` when the cost model refuses both."""
     options: list[Priced] = []
     errors: list[str] = []
@@ -149,13 +152,13 @@ def price_finalist(graph: CapturedGraph, cluster: Cluster, c: ParallelConfig, ba
         c_pi = c.replace(sequence_parallel=solved.sequence_parallel)
         try:
             est = _estimate(graph, cluster, c_pi, batch, solved.priced_placements(),
-                            memory_headroom)
+                            memory_headroom, state_layout)
             options.append(Priced(c_pi, est, solved, INTRA_OP, ""))
         except CostModelError as err:
             errors.append(f"intra-op placements: {err}")
     try:
         default = cache.megatron(c) if solved.priced else solved
-        est = _estimate(graph, cluster, c, batch, None, memory_headroom)
+        est = _estimate(graph, cluster, c, batch, None, memory_headroom, state_layout)
         options.append(Priced(c, est, default, MEGATRON, ""))
     except CostModelError as err:
         errors.append(f"default layout: {err}")
@@ -214,7 +217,8 @@ class Finalists:
 def price_finalists(graph: CapturedGraph, cluster: Cluster, ranked: list[ParallelConfig],
                     batch: int, cache: IntraOpCache, budget: Budget, *,
                     sequence_parallel: Any = None, tp_named: bool = False,
-                    memory_headroom: MemoryHeadroom | None = None) -> Finalists:
+                    memory_headroom: MemoryHeadroom | None = None,
+                    state_layout: str = "runtime") -> Finalists:
     """Each of ``ranked`` (best ``T̂`` first) priced by :func:`price_finalist` (the keywords
     are its own) until ``budget`` expires with at least one priced (module docstring)."""
     done = Finalists()
@@ -230,7 +234,8 @@ def price_finalists(graph: CapturedGraph, cluster: Cluster, ranked: list[Paralle
         try:
             priced = price_finalist(graph, cluster, c, batch, cache,
                                     sequence_parallel=sequence_parallel, tp_named=tp_named,
-                                    memory_headroom=memory_headroom)
+                                    memory_headroom=memory_headroom,
+                                    state_layout=state_layout)
         except CostModelError as err:
             done.failed.append(Reason(f"{c.summary()}: the cost model refused it: {err}",
                                       REFUSED))

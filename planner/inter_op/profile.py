@@ -44,9 +44,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fxplan.cost_model.comm.collectives import collective_time_s
+from fxplan.cost_model.memory.breakdown import ADAM_MIXED, OptimizerSpec
 from fxplan.cost_model.parallel.context_parallel import cp_layers, cp_segment, kv_bytes, layer_exchange
 from fxplan.cost_model.parallel.expert_parallel import (alltoall_seconds, ep_segment, expert_work,
                                                moe_layers)
+from fxplan.cost_model.step.estimate import training_adam
 from fxplan.cost_model.step.layer_costs import SegmentCost, graph_segments, segment_cost
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,6 +84,7 @@ class SegmentProfile:
     cp: int = 1
     tensors: np.ndarray | None = None         # n_i: parameter tensors of each layer
     end_tensors: tuple[int, int, int] = (0, 0, 0)  # of pre, post, and tied between them
+    optimizer: OptimizerSpec = ADAM_MIXED     # the model states' layout, bytes per parameter
 
     @property
     def layers(self) -> int:
@@ -147,9 +150,12 @@ def mixed_profile(none: SegmentProfile, policy: SegmentProfile,
 class ModelProfile:
     """The graph's segments priced on ``cluster`` for each shape key (cached)."""
 
-    def __init__(self, graph: CapturedGraph, cluster: Cluster) -> None:
+    def __init__(self, graph: CapturedGraph, cluster: Cluster,
+                 optimizer: OptimizerSpec | None = None) -> None:
         self.graph = graph
         self.cluster = cluster
+        #: Adam in the graph's precision and the runtime's layout unless given
+        self.optimizer = optimizer or training_adam(graph)
         self.device = cluster.device(0)
         self.segments = graph_segments(graph)
         self.keys = [key for key, _ in self.segments.layers]
@@ -259,4 +265,5 @@ class ModelProfile:
         return SegmentProfile(*(rows[:, i] for i in range(8)), pre, post, float(tied),
                               (ends[0].activations.working, ends[1].activations.working),
                               (ends[0].output_bytes, ends[1].output_bytes),
-                              rows[:, 8] if ep > 1 else None, ep, cp, tensors, end_tensors)
+                              rows[:, 8] if ep > 1 else None, ep, cp, tensors, end_tensors,
+                              self.optimizer)

@@ -17,7 +17,7 @@ import numpy as np
 from fxplan.core.config import ParallelConfig
 from fxplan.core.zero_bubble_dp import reduces_after_step
 from fxplan.cost_model.host.host_overhead import ddp_buckets
-from fxplan.cost_model.memory.breakdown import ADAM_MIXED
+from fxplan.cost_model.memory.breakdown import OptimizerSpec
 from fxplan.cost_model.memory.offload import offload_segment_s, offload_step_s, updated_params
 from fxplan.cost_model.step.cross_stage import boundary_send_s
 from fxplan.cost_model.step.dp_reductions import zero1_broadcasts, zero2_reduces_per_microbatch
@@ -30,11 +30,22 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["RankParts", "rank_parts", "spans"]
 
 
+def bytes_per_param(kind: str, optimizer: OptimizerSpec) -> float:
+    """Bytes per parameter a data-parallel ``kind`` moves in ``optimizer``'s layout: the
+    gradients' reductions ``k_g``, the ZeRO gathers ``k_c`` (the compute dtype), the broadcasts
+    of updated parameters ``k_p`` (:class:`~fxplan.cost_model.memory.breakdown.OptimizerSpec`)."""
+    if kind == "all_gather":
+        return optimizer.gather_bytes
+    return optimizer.param_bytes if kind == "broadcast" else optimizer.grad_bytes
+
+
 def _per_layer(kind: str, params: np.ndarray, ranks: tuple[int, ...],
-               cluster: Cluster) -> np.ndarray:
-    """``kind`` over ``ranks`` of ``2ψ_i`` bytes for each layer (priced once per distinct ψ)."""
+               cluster: Cluster, optimizer: OptimizerSpec) -> np.ndarray:
+    """``kind`` over ``ranks`` of ``k·ψ_i`` bytes for each layer (``k``:
+    :func:`bytes_per_param`; priced once per distinct ψ)."""
+    k = bytes_per_param(kind, optimizer)
     values, inverse = np.unique(params, return_inverse=True)
-    return np.array([collective_s(kind, 2.0 * float(x), ranks, cluster) for x in values])[inverse]
+    return np.array([collective_s(kind, k * float(x), ranks, cluster) for x in values])[inverse]
 
 
 def _experts(prof: SegmentProfile) -> np.ndarray:
@@ -44,13 +55,13 @@ def _experts(prof: SegmentProfile) -> np.ndarray:
 
 def _split_per_layer(kind: str, prof: SegmentProfile, dp_ranks: tuple[int, ...],
                      cluster: Cluster) -> np.ndarray:
-    """``kind`` of each layer's ``2ψ_i`` bytes as the runtime syncs them: the experts'
+    """``kind`` of each layer's ``k·ψ_i`` bytes as the runtime syncs them: the experts'
     ``ψ^e_i`` over their expert-data-parallel group (every ``ep``-th dp rank,
     :func:`~cost_model.parallel.expert_parallel.ep_groups`), the rest over all dp ranks."""
     experts = _experts(prof)
-    out = _per_layer(kind, prof.params - experts, dp_ranks, cluster)
+    out = _per_layer(kind, prof.params - experts, dp_ranks, cluster, prof.optimizer)
     if experts.any():
-        out = out + _per_layer(kind, experts, dp_ranks[::prof.ep], cluster)
+        out = out + _per_layer(kind, experts, dp_ranks[::prof.ep], cluster, prof.optimizer)
     return out
 
 
@@ -71,7 +82,8 @@ def _zero3_exposed(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray,
     S, L = len(edges) - 1, len(prof.params)
 
     def segments(kind: str) -> np.ndarray:   # pre, the layers, post
-        pre, post = (collective_s(kind, 2.0 * float(x), dp_ranks, cluster)
+        k = bytes_per_param(kind, prof.optimizer)
+        pre, post = (collective_s(kind, k * float(x), dp_ranks, cluster)
                      for x in (prof.pre[2], prof.post[2]))
         return np.concatenate([[pre], _split_per_layer(kind, prof, dp_ranks, cluster), [post]])
 
@@ -109,9 +121,9 @@ def _broadcasts(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray, stag
     """ZeRO-1 without DTensor parameters (:func:`cost_model.step.dp_reductions.zero1_broadcasts`):
     ``ZeroRedundancyOptimizer`` broadcasts each of the stage's ``n_s`` parameter tensors from
     its owner, issued async and waited once (``async_batch_s``). For an affine collective
-    time ``t(x) = λ + x/β`` the batch costs ``Σ_i t(2ψ_i) = t(2Ψ_s) + (n_s − 1)·λ``, or with
-    a host that queues each further collective at ``q`` seconds, ``t(2Ψ_s) + (n_s − 1)·q``;
-    ``λ`` is the broadcast of one byte."""
+    time ``t(x) = λ + x/β`` the batch costs ``Σ_i t(k_p·ψ_i) = t(k_p·Ψ_s) + (n_s − 1)·λ``, or
+    with a host that queues each further collective at ``q`` seconds,
+    ``t(k_p·Ψ_s) + (n_s − 1)·q``; ``λ`` is the broadcast of one byte."""
     n = np.bincount(stage, weights=spans(prof.tensors, edges), minlength=c.pp)
     pre, post, tied = prof.end_tensors
     n[0] += pre
@@ -122,8 +134,47 @@ def _broadcasts(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray, stag
         each = (device.host.queued_collective_us * 1e-6 if device.host
                 and device.host.queued_collective_us > 0
                 else collective_s("broadcast", 1.0, dp_ranks, cluster))
-        out[s] = collective_s("broadcast", 2.0 * float(psi_s[s]), dp_ranks, cluster) \
+        nbytes = prof.optimizer.param_bytes * float(psi_s[s])
+        out[s] = collective_s("broadcast", nbytes, dp_ranks, cluster) \
             + max(0.0, n[s] - 1) * each
+    return out
+
+
+def _queue_tails(c: ParallelConfig, prof: SegmentProfile,
+                 stage_profs: Sequence[SegmentProfile] | None, edges: np.ndarray,
+                 per_layer: np.ndarray, ends: np.ndarray, overlap: np.ndarray) -> np.ndarray:
+    """``exposed_s`` of each rank's per-segment reductions as one stream serves them, first
+    come first served, behind its last backward (the simulator's queue): with the rank's
+    segments in backward order, ``d_k`` the reduction of segment ``k`` (ready when its
+    backward ends) and ``b_k`` its backward (``1/v`` of it per chunk, as ``b_s``),
+
+        exposed_s = max(0, max_k (Σ_{j ≥ k} d_j − ω_s·Σ_{j > k} b_j))
+
+    whose ``k = 0`` term is the aggregate ``Σ d − ω·b_s`` and whose last is the last
+    reduction, left with no backward to hide behind (the first stage's embedding)."""
+    p, v = c.pp, c.virtual_stages
+    out = np.zeros(p)
+    for s in range(p):
+        own = prof if stage_profs is None else stage_profs[s]
+        back = (own.bwd + own.tp_bwd) / v
+        d: list[np.ndarray] = []
+        b: list[np.ndarray] = []
+        for k in range(v):   # the rank's chunks, first to last in the forward
+            j = c.schedule.virtual_stage(s, k, p)
+            lo, hi = int(edges[j]), int(edges[j + 1])
+            d_j, b_j = per_layer[lo:hi], back[lo:hi]
+            if j == 0:
+                d_j, b_j = np.r_[ends[0], d_j], np.r_[own.pre[1] / v, b_j]
+            if j == p * v - 1:
+                d_j, b_j = np.r_[d_j, ends[1]], np.r_[b_j, own.post[1] / v]
+            d.append(d_j)
+            b.append(b_j)
+        d_rev, b_rev = np.concatenate(d)[::-1], np.concatenate(b)[::-1]
+        if not d_rev.size:
+            continue
+        after = np.concatenate([np.cumsum(b_rev[::-1])[::-1][1:], [0.0]])   # Σ_{j > k} b_j
+        remaining = np.cumsum(d_rev[::-1])[::-1]                            # Σ_{j ≥ k} d_j
+        out[s] = max(0.0, float((remaining - overlap[s] * after).max()))
     return out
 
 
@@ -131,8 +182,8 @@ def _broadcasts(c: ParallelConfig, prof: SegmentProfile, edges: np.ndarray, stag
 class RankParts:
     """Per pipeline rank: ``w_s``, ``exposed_s + post_s`` (``rest``), ``β_s`` (``drain``: the
     backward of its first chunk and its send to the rank before, one microbatch's), and what
-    ``opt_s`` reads — the rank's parameters ``Ψ_s``, its experts' ``Ψ^e_s`` and the memory
-    bandwidth."""
+    ``opt_s`` reads — the rank's parameters ``Ψ_s``, its experts' ``Ψ^e_s``, the memory
+    bandwidth and the optimizer's bytes per parameter stepped (``step_bytes``)."""
 
     w: np.ndarray
     rest: np.ndarray
@@ -140,12 +191,13 @@ class RankParts:
     psi_s: np.ndarray
     experts_s: np.ndarray
     bandwidth: np.ndarray | float
+    step_bytes: float
 
     def optimizer_s(self, c: ParallelConfig, cluster: Cluster) -> np.ndarray:
         """``opt_s`` of every rank under ``c``'s ZeRO stage and offload (module docstring)."""
         psi_s, experts_s, bandwidth = self.psi_s, self.experts_s, self.bandwidth
         if c.offload == "none":   # the experts' states over their dp/ep replicas
-            return ADAM_MIXED.step_bytes * updated_params(c, psi_s, experts_s) / bandwidth
+            return self.step_bytes * updated_params(c, psi_s, experts_s) / bandwidth
         return np.array([offload_step_s(c, float(psi_s[s]), cluster.device(s * c.dp * c.tp),
                                         expert_params=float(experts_s[s]))
                          for s in range(c.pp)])
@@ -198,35 +250,44 @@ def rank_parts(c: ParallelConfig, prof: SegmentProfile, cluster: Cluster,
         per_layer = _split_per_layer(kind, prof, dp_ranks, cluster)
         if experts.any() and c.tp > 1:   # each tp rank's expert copy saw its share of rows
             per_layer = per_layer + _per_layer("all_reduce", experts, tuple(range(c.tp)),
-                                               cluster)
+                                               cluster, prof.optimizer)
         layer_sync = np.concatenate([[0.0], np.cumsum(per_layer)])
         sync = np.bincount(stage, weights=layer_sync[edges[1:]] - layer_sync[edges[:-1]],
                            minlength=p)
-        ends = _per_layer(kind, np.array([prof.pre[2], prof.post[2]]), dp_ranks, cluster)
+        ends = _per_layer(kind, np.array([prof.pre[2], prof.post[2]]), dp_ranks, cluster,
+                          prof.optimizer)
         sync[0] += ends[0]
         sync[stage[-1]] += ends[1]
         cap = cluster.device(0).ddp_bucket_mib
-        if cap > 0 and c.tp == 1 and c.zero_stage <= 1 and not experts.any():
+        ddp = cap > 0 and c.tp == 1 and c.zero_stage <= 1 and not experts.any()
+        if ddp:
             # the runtime's DDP packs the gradients into its own buckets (host_overhead)
             sync = np.array([sum(collective_s("all_reduce", nbytes, dp_ranks, cluster)
-                                 for _, nbytes in ddp_buckets([(0.0, 2.0 * x)], cap))
+                                 for _, nbytes in ddp_buckets(
+                                     [(0.0, prof.optimizer.grad_bytes * x)], cap))
                              for x in psi_s])
         # beside a zero-bubble schedule the pass after the step hides nothing (zero_bubble_dp)
         overlap = np.array([0.0 if reduces_after_step(c) else
                             cluster.device(s * c.dp * c.tp).comm_overlap for s in range(p)])
         exposed = np.maximum(0.0, sync - overlap * b_s)
+        if not ddp:
+            exposed = np.maximum(exposed, _queue_tails(c, prof, stage_profs, edges, per_layer,
+                                                       ends, overlap))
     post = np.zeros(p)
     if zero1_broadcasts(c) and prof.tensors is not None:
         post += _broadcasts(c, prof, edges, stage, psi_s, dp_ranks, cluster)
     elif c.dp > 1 and c.zero_stage in (1, 2):
-        post += [collective_s("all_gather", 2.0 * float(x - e), dp_ranks, cluster)
-                 + (collective_s("all_gather", 2.0 * float(e), dp_ranks[::c.ep], cluster) if e else 0.0)
+        k = prof.optimizer.gather_bytes
+        post += [collective_s("all_gather", k * float(x - e), dp_ranks, cluster)
+                 + (collective_s("all_gather", k * float(e), dp_ranks[::c.ep], cluster)
+                    if e else 0.0)
                  for x, e in zip(psi_s, experts_s)]
     if p > 1 and prof.tied_params > 0:
-        tied = collective_s("all_reduce", 2.0 * prof.tied_params, (0, (p - 1) * c.dp * c.tp), cluster)
+        tied = collective_s("all_reduce", prof.optimizer.grad_bytes * prof.tied_params,
+                            (0, (p - 1) * c.dp * c.tp), cluster)
         post[0] += tied
         post[-1] += tied
     bandwidth = np.array([cluster.device(s * c.dp * c.tp).memory_bandwidth_gb_per_s * 1e9
                           for s in range(p)]) if stage_profs is not None else \
         cluster.device(0).memory_bandwidth_gb_per_s * 1e9
-    return w, exposed + post, drain, psi_s, experts_s, bandwidth
+    return w, exposed + post, drain, psi_s, experts_s, bandwidth, prof.optimizer.step_bytes

@@ -15,6 +15,7 @@ from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.memory.breakdown import MemoryBreakdown
 from fxplan.cost_model.memory.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.cost_model.parallel.expert_parallel import num_experts
+from fxplan.cost_model.step.estimate import training_adam
 from fxplan.inter_op.bounds import memory_lower_bound, memory_reason
 from fxplan.inter_op.context_bound import (Dropped, context_reasons, offered_cps, plain_config,
                                             possible_cps, short_reason)
@@ -54,13 +55,15 @@ class _Search(Ranking, JointRungs):
     def __init__(self, graph: CapturedGraph, cluster: Cluster, batch: int,
                  constraints: Mapping[str, Any], finalists: int, timer: PhaseTimer,
                  budget: Budget, progress: bool,
-                 headroom: MemoryHeadroom = DEFAULT_HEADROOM) -> None:
+                 headroom: MemoryHeadroom = DEFAULT_HEADROOM,
+                 state_layout: str = "runtime") -> None:
         self.graph, self.cluster, self.batch = graph, cluster, batch
         self.headroom = headroom
+        self.state_layout = state_layout
         self.constraints = validate_constraints(constraints, cluster.num_devices)
         self.K = finalists
         self.timer, self.budget, self.progress = timer, budget, progress
-        self.profile = ModelProfile(graph, cluster)
+        self.profile = ModelProfile(graph, cluster, training_adam(graph, state_layout))
         self.experts = num_experts(graph)   # E of a mixture of experts (ep is searched), or None
         check_ep_constraint(self.constraints, self.experts)
         self.seq = self.profile.segments.seq
@@ -270,7 +273,8 @@ class _Search(Ranking, JointRungs):
                                self.intra_op, self.budget,
                                sequence_parallel=self.constraints.get("sequence_parallel"),
                                tp_named="tp" in self.constraints,
-                               memory_headroom=self.headroom)
+                               memory_headroom=self.headroom,
+                               state_layout=self.state_layout)
         self.failed_finalists = done.failed
         self.fallbacks += done.fallbacks
         self.pruned += done.merged + done.failed

@@ -47,7 +47,8 @@ from typing import Sequence
 
 import numpy as np
 
-from fxplan.cost_model.memory.breakdown import GIB, MemoryBreakdown, MemoryRows, model_state_bytes
+from fxplan.cost_model.memory.breakdown import (ADAM_MIXED, GIB, MemoryBreakdown, MemoryRows,
+                                                OptimizerSpec, model_state_bytes)
 from fxplan.cost_model.memory.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from fxplan.cost_model.memory.runtime import (cuda_context_bytes, fragmentation_bytes,
                                               nccl_bytes)
@@ -102,10 +103,13 @@ def limit_text(capacity: float, headroom: float) -> str:
 
 
 @lru_cache(maxsize=4096)
-def state_bytes_per_param(dp: int, zero: int, offload: str = "none") -> float:
-    """Device bytes of weights, gradients and optimizer state per local parameter (``16`` at
-    ZeRO-0; less what ``offload`` keeps on the host)."""
-    return model_state_bytes(1.0, dp, zero, offload=offload).total
+def state_bytes_per_param(dp: int, zero: int, offload: str = "none",
+                          optimizer: OptimizerSpec = ADAM_MIXED, dtensor: bool = False) -> float:
+    """Device bytes of weights, gradients and optimizer state per local parameter in
+    ``optimizer``'s layout (``16`` at ZeRO-0; less what ``offload`` keeps on the host;
+    ``dtensor``: tp or ep shard the parameters,
+    :func:`~fxplan.cost_model.memory.breakdown.model_state_bytes`)."""
+    return model_state_bytes(1.0, dp, zero, optimizer, offload, dtensor=dtensor).total
 
 
 def order(c: ParallelConfig) -> InflightCounts:
@@ -120,9 +124,11 @@ def inflight(c: ParallelConfig) -> np.ndarray:
     return order(c).inflight_peak.astype(float)
 
 
-def _buffers(c: ParallelConfig, max_output: float, max_params: float) -> float:
+def _buffers(c: ParallelConfig, max_output: float, max_params: float,
+             optimizer: OptimizerSpec) -> float:
     return buffer_bytes(max_output, max_params, pp=c.pp, tp=c.tp, dp=c.dp,
-                        zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel)
+                        zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel,
+                        optimizer=optimizer)
 
 
 @dataclass(frozen=True)
@@ -151,7 +157,8 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
     pipeline rank (heterogeneous clusters); ``ends``: the profiles whose ``pre``/``post``
     times the first/last stage pays (default ``prof``'s: the first/last stage's device)."""
     S, v = c.pp * c.virtual_stages, c.virtual_stages
-    k = state_bytes_per_param(c.dp, c.zero_stage, c.offload)
+    dtensor = c.tp > 1 or c.ep > 1
+    k = state_bytes_per_param(c.dp, c.zero_stage, c.offload, prof.optimizer, dtensor)
     n = inflight(c)
     mems = per_rank(mem, c.pp)
     first, last = ends or (prof, prof)
@@ -161,7 +168,7 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
     max_output = max(most(prof.out_bytes), *prof.end_out_bytes)
     max_params = max(most(prof.params), prof.pre[2], prof.post[2])
     working = max(most(prof.working), *prof.end_working)
-    transient = _buffers(c, max_output, max_params) + working
+    transient = _buffers(c, max_output, max_params, prof.optimizer) + working
 
     def fixed_of(m: DeviceMemory) -> float:
         return (m.reserved + transient + m.fixed_runtime(c)
@@ -186,7 +193,8 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
     fixed[-1] += counts[-1] * (prof.post[3] + rho * prof.end_kept[1]) * grow
     layer_state = k * prof.params
     if prof.expert_params is not None:   # experts: ZeRO over their dp/ep replicas
-        k_e = state_bytes_per_param(c.dp // c.ep, c.zero_stage, c.offload)
+        k_e = state_bytes_per_param(c.dp // c.ep, c.zero_stage, c.offload, prof.optimizer,
+                                    dtensor)
         layer_state = layer_state + (k_e - k) * prof.expert_params
     acts = prof.acts + rho * prof.kept if rho else prof.acts
     return PartitionInputs(extra, fixed, counts, layer_state, cap, acts * grow)
@@ -228,7 +236,8 @@ def _layout(schedule: Schedule, pp: int) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
-    """Per pipeline rank aggregates of :func:`cost_model.memory.rank_memory.rank_memory_rows`."""
+    """Per pipeline rank aggregates of :func:`cost_model.memory.rank_memory.rank_memory_rows`
+    (with the profile's model-state layout, ``optimizer``)."""
     p, v = c.pp, c.virtual_stages
     edges = np.concatenate([[0], np.cumsum(c.stage_layers)]).astype(int)
     starts = edges[:-1]
@@ -260,6 +269,7 @@ def _rank_inputs(c: ParallelConfig, prof: SegmentProfile) -> dict[str, object]:
         held[-1] += prof.end_kept[1]
         pending = held[at].T
     return dict(params=psi[at].sum(axis=0), saved=saved[at].T, pending=pending,
+                optimizer=prof.optimizer,
                 expert_params=experts[at].sum(axis=0),
                 working=work[at].max(axis=0),
                 max_output_bytes=out[at].max(axis=0),

@@ -29,15 +29,24 @@ with every ``AG_k = 0`` (the blocks stay gathered), and it has no ``exposed_s``.
     T̂ = (m + (p−1)/v)·max_s w_s + max_s ( exposed_s + post_s + opt_s − δ_s )
     δ_s = Σ_{j<s} β_j,   β_j = one microbatch's backward of rank j's first chunk + its send
                             to rank j − 1 (compute and exposed tp traffic of virtual stage j)
-    exposed_s = max(0, Σ_{i on s} AR/RS(2ψ_i) − ω_s·b_s)  gradient buckets behind one backward
-                (all of the sum beside a zero-bubble schedule, ``ω_s = 0``: the runtime
-                reduces after the step, :mod:`fxplan.core.zero_bubble_dp`)
-    post_s    = AG(2Ψ_s) [zero ∈ {1,2}] + AR(2ψ_tied) [tied weights on the first and last rank]
-                (ZeRO-1 without DTensor parameters: ``n_s`` broadcasts,
-                :func:`fxplan.inter_op.rank_parts._broadcasts`)
+    exposed_s = max(0, Σ_{i on s} AR/RS(k_g·ψ_i) − ω_s·b_s)  gradient buckets behind one
+                backward; without DDP's own buckets, at least the queue form
+                max_k (Σ_{j ≥ k} d_j − ω_s·Σ_{j > k} b_j) over the rank's segments in backward
+                order (one stream serves them as they are ready: the last, the embedding's,
+                has no backward left to hide behind; :func:`fxplan.inter_op.rank_parts.
+                _queue_tails`) (all of the sum beside a zero-bubble schedule, ``ω_s = 0``: the
+                runtime reduces after the step, :mod:`fxplan.core.zero_bubble_dp`)
+    post_s    = AG(k_c·Ψ_s) [zero ∈ {1,2}] + AR(k_g·ψ_tied) [tied weights on the first and
+                last rank] (ZeRO-1 without DTensor parameters: ``n_s`` broadcasts of
+                ``k_p·ψ``, :func:`fxplan.inter_op.rank_parts._broadcasts`)
     opt_s     = 28·Ψ_s / dp^{[zero ≥ 1]} / memory bandwidth          (offload = none)
               = T_off(Ψ_o)  (:func:`cost_model.memory.offload.offload_step_s`, ``Ψ_o`` the
                              parameters the rank's optimizer updates)    (offload ≠ none)
+
+``k_g``, ``k_c``, ``k_p``: bytes per parameter of a gradient reduction, a ZeRO gather and a
+broadcast of updated parameters in the profile's layout of the model states
+(:func:`fxplan.inter_op.rank_parts.bytes_per_param`; 4, 2, 4 in the runtime's, 2, 2, 2 in
+Megatron's).
 
 Under ``offload=optimizer+params`` each segment's fp32 shard is copied to the device before
 each of its all-gathers and its gradient back after the reduce-scatter

@@ -277,12 +277,13 @@ class Comparison:
 
 
 def _price(graph: "CapturedGraph", cluster: "Cluster", label: str, config: ParallelConfig,
-           batch: int, headroom: Any = None) -> Side:
+           batch: int, headroom: Any = None, state_layout: str = "runtime") -> Side:
     from fxplan.cost_model import estimate
 
     try:
         return Side(label, config, estimate(graph, cluster, config, batch=batch,
-                                            memory_headroom=headroom))
+                                            memory_headroom=headroom,
+                                            state_layout=state_layout))
     except CostModelError as err:
         return Side(label, config, error=str(err))
 
@@ -312,11 +313,12 @@ def compare(plan: Plan, *, vs_plan: Plan | None = None, changes: Mapping[str, An
         alt_config, notes = alternative_config(plan, changes or {})
         label = "alternative"
     headroom = plan.estimate.get("memory_headroom")   # both sides against the plan's
-    mine = _price(graph, cluster, "plan", priced_config(plan), plan.batch, headroom)
+    layout = plan.estimate.get("state_layout") or "runtime"   # and in its layout
+    mine = _price(graph, cluster, "plan", priced_config(plan), plan.batch, headroom, layout)
     if mine.est is None:
         raise ExplainError(f"the plan itself cannot be priced by this fxplan's cost model: "
                            f"{mine.error}")
-    other = _price(graph, cluster, label, alt_config, plan.batch, headroom)
+    other = _price(graph, cluster, label, alt_config, plan.batch, headroom, layout)
     recorded = plan.estimate.get("step_time_s")
     return Comparison(mine, other, notes, recorded if isinstance(recorded, (int, float)) else None)
 

@@ -11,7 +11,8 @@ from fxplan.cost_model.host.host_overhead import (async_batch_s, ddp_buckets, dt
                                              evicted_waits_s, optimizer_host_s,
                                              overlapped_buckets, pipeline_host_s,
                                              redistribute_host_s, zero3_exposed_s)
-from fxplan.cost_model.memory.breakdown import ADAM_FP32, ADAM_MIXED, adam_for, model_state_bytes
+from fxplan.cost_model.memory.breakdown import (ADAM_AMP, ADAM_FP32, ADAM_MIXED, adam_for,
+                                                model_state_bytes)
 
 GATHER = [1.0, 2.0, 3.0]
 SCATTER = [0.5, 0.25, 0.125]
@@ -93,7 +94,8 @@ def test_each_tp_collective_pays_dtensors_redistribution_on_local_cpu() -> None:
 
 
 def test_fp32_adam_moves_four_byte_weights_with_the_same_total_state() -> None:
-    assert adam_for("fp32") is ADAM_FP32 and adam_for("bf16") is ADAM_MIXED
+    assert adam_for("fp32") is ADAM_FP32 and adam_for("bf16", "megatron") is ADAM_MIXED
+    assert adam_for("fp32", "megatron") is ADAM_FP32 and adam_for("bf16") is ADAM_AMP
     fp32 = model_state_bytes(1000, 1, 0, ADAM_FP32)
     mixed = model_state_bytes(1000, 1, 0, ADAM_MIXED)
     assert (fp32.params, fp32.grads, fp32.optimizer) == (4000, 4000, 8000)

@@ -13,7 +13,7 @@ from fxplan.cost_model import ParallelConfig, estimate
 from fxplan.cost_model.memory.activations import segment_activations
 from fxplan.cost_model.step.layer_costs import graph_segments, segment_cost
 from fxplan.cost_model.parallel.tp_layout import tp_layout
-from fxplan.cost_model.memory.breakdown import ADAM_MIXED, model_state_bytes
+from fxplan.cost_model.memory.breakdown import ADAM_AMP, ADAM_MIXED, model_state_bytes
 from fxplan.cost_model.step.pipeline_schedules import schedule_order
 from fxplan.api import capture
 
@@ -37,6 +37,30 @@ def test_zero_stages_match_the_paper(dp: int) -> None:
     totals = [model_state_bytes(psi, dp, z).total for z in range(4)]
     assert totals == [16 * psi, 4 * psi + 12 * psi / dp, 2 * psi + 14 * psi / dp, 16 * psi / dp]
     assert ADAM_MIXED.param_bytes + ADAM_MIXED.grad_bytes + ADAM_MIXED.state_bytes == 16
+
+
+@pytest.mark.parametrize("dp", [1, 2, 8, 64])
+def test_the_runtime_layout_keeps_fp32_parameters_as_the_masters(dp: int) -> None:
+    """fxplan's runtime (ADAM_AMP): DDP's fp32 parameters and gradients beside the moments,
+    ZeroRedundancyOptimizer sharding only the moments; FSDP2's fp32 shard and gradient shard
+    beside the whole model gathered in bf16 at ZeRO-2 (and at ZeRO-1 with DTensor
+    parameters, which runs as ZeRO-2); ZeRO-3 all sharded; nothing sharded at dp = 1."""
+    psi, n = 7.5e9, dp
+
+    def split(z: int, dtensor: bool = False) -> tuple[float, float, float]:
+        states = model_state_bytes(psi, dp, z, ADAM_AMP, dtensor=dtensor)
+        return states.params, states.grads, states.optimizer
+
+    sharded = (4 * psi / n + 2 * psi, 4 * psi / n, 8 * psi / n) if dp > 1 else None
+    assert split(0) == split(0, True) == (4 * psi, 4 * psi, 8 * psi)
+    assert split(1) == (4 * psi, 4 * psi, 8 * psi / n)
+    assert split(1, True) == (sharded or split(1))
+    assert split(2) == split(2, True) == (sharded or (4 * psi, 4 * psi, 8 * psi))
+    assert split(3) == (4 * psi / n, 4 * psi / n, 8 * psi / n)
+    assert model_state_bytes(psi, dp, 1, ADAM_MIXED, dtensor=True).total == 4 * psi + 12 * psi / n
+    offloaded = model_state_bytes(psi, dp, 1, ADAM_AMP, "optimizer")
+    assert (offloaded.params + offloaded.grads, offloaded.optimizer) == (8 * psi, 0.0)
+    assert offloaded.host == 16 * psi / n
 
 
 def _norm_stats(graph, names, divisor: int) -> float:  # type: ignore[no-untyped-def]
@@ -126,7 +150,7 @@ def test_interleaved_inflight_factor(graph, cluster) -> None:  # type: ignore[no
 
 
 def _params(result) -> list[float]:  # type: ignore[no-untyped-def]
-    return [mem.params / ADAM_MIXED.param_bytes for mem in result.memory]
+    return [mem.params / result.optimizer.param_bytes for mem in result.memory]
 
 
 def test_tensor_parallel_splits_weights_not_norms_or_row_biases(graph, cluster) -> None:  # type: ignore[no-untyped-def]

@@ -101,6 +101,9 @@ def _brute(state: search_state._Search, c: ParallelConfig) -> float:
     return best
 
 
+#: The layout of the model states the cases' held-back memory was chosen for (Megatron-LM's:
+#: 16-bit weights and gradients, fp32 masters); in the runtime's the same squeeze falls elsewhere.
+LAYOUT = "megatron"
 _GRAPHS: dict[str, object] = {}
 
 
@@ -111,7 +114,8 @@ def _state(case: str) -> search_state._Search:
     if model not in _GRAPHS:
         _GRAPHS[model] = capture_for_search(model, dtype=training_dtype(cluster))
     state = search_state._Search(_GRAPHS[model], cluster, 64, {**CONSTRAINTS, **extra}, 8,
-                                 PhaseTimer(), Budget(None), False, parse_headroom(headroom))
+                                 PhaseTimer(), Budget(None), False, parse_headroom(headroom),
+                                 state_layout=LAYOUT)
     if offload:
         state.rungs.start_offload()
     return state

@@ -23,10 +23,10 @@ window is the root — embedding, head, final norm, which FSDP2 keeps gathered f
 backward — and two blocks, the running one and the one prefetched; the host optimizer keeps
 an fp32 master, gradient buffer and two moments.)
 
-The memory model prices mixed-precision Adam, ``2 + 2 + 12`` B per parameter sharded by
-ZeRO. The tests comparing the two are marked ``xfail(strict=True)`` where the measurement
-disagrees with the model, so that each turns into a failure (XPASS) the day the model is
-made to price what the runtime keeps; where they agree they are plain tests.
+The memory model prices this layout (``state_layout="runtime"``,
+:data:`~fxplan.cost_model.memory.breakdown.ADAM_AMP`; a ZeRO-2 rank's gathered copy is part of
+its priced weights, ZeRO-3's window a buffer), and every gradient reduction at 4 B per
+parameter: the tests below compare each configuration's measurement with it, state by state.
 """
 
 from __future__ import annotations
@@ -121,19 +121,6 @@ def _priced_per_param(name: str, report: dict[str, Any], kinds: tuple[str, ...])
     return sum(model[k] for k in kinds) / report["psi"]
 
 
-#: Configurations whose device states the model prices right in total (measured: ZeRO-0's
-#: 4 + 4 + 8 against 2 + 2 + 12; ZeRO-3's 16/N both ways; ZeRO-1 at tp=2 runs as ZeRO-2,
-#: 16/N + 2, which equals 4 + 12/N at N = 2 only), the others with the measured and priced
-#: bytes per parameter.
-TOTAL_AGREES = {"ZeRO-0 dp=2", "ZeRO-3 dp=2", "ZeRO-1 dp=2 tp=2"}
-TOTAL_DISAGREES = {
-    "ZeRO-1 dp=2": "fp32 params and grads beside 8/N of moments: 12 B/param, priced 10",
-    "ZeRO-2 dp=2": "fp32 shard 4/N + bf16 gathered 2 + fp32 grads 4/N + 8/N: 10, priced 9",
-    "ZeRO-0 dp=2 offload=optimizer": "fp32 params and grads: 8, priced 4",
-    "ZeRO-1 dp=2 offload=optimizer": "fp32 params and grads: 8, priced 4",
-}
-
-
 def _device_total(name: str, reports: list[dict[str, Any]]) -> tuple[float, float]:
     """The device's model states per parameter (``runtime_states.device_states``: ZeRO-3's
     gathered window is a buffer in the model), measured (mean over the ranks) and priced."""
@@ -143,32 +130,16 @@ def _device_total(name: str, reports: list[dict[str, Any]]) -> tuple[float, floa
                                   config) / reports[0]["psi"]
 
 
-@pytest.mark.parametrize("name", sorted(TOTAL_AGREES))
+@pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_model_prices_the_device_total(rank_pool, name):
     runtime, model = _device_total(name, measured(rank_pool, name))
     assert runtime == pytest.approx(model, rel=1e-9)
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason=reason)) for name, reason in TOTAL_DISAGREES.items()])
-def test_the_model_prices_the_device_total_where_it_does_not_yet(rank_pool, name):
-    runtime, model = _device_total(name, measured(rank_pool, name))
-    assert runtime == pytest.approx(model, rel=1e-9)
-
-
-def test_the_lists_cover_every_configuration():
-    assert TOTAL_AGREES | set(TOTAL_DISAGREES) == set(CONFIGS)
-    assert not TOTAL_AGREES & set(TOTAL_DISAGREES)
-
-
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="the model splits 2 (bf16 weights) + 2 (bf16 "
-    "grads) + 12 (fp32 master + moments); the runtime keeps 4 (fp32 params, the masters) + 4 "
-    "(fp32 grads) + 8 (moments)"))
-    for name in CONFIGS if CONFIGS[name].get("offload") is None])
+@pytest.mark.parametrize("name", [n for n in CONFIGS if CONFIGS[n].get("offload") is None])
 def test_the_model_prices_each_state(rank_pool, name):
-    """Weights, gradients (DDP's buckets with them) and optimizer state one by one; ZeRO-3's
-    weights without the gathered window (a buffer in the model)."""
+    """Weights (a ZeRO-2 rank's gathered copy with them; ZeRO-3's window is a buffer in the
+    model), gradients (DDP's buckets with them) and optimizer state one by one."""
     reports = measured(rank_pool, name)
     weights = ("params",) if CONFIGS[name]["zero"] == 3 else ("params", "gathered")
     for runtime_kinds, model_kinds in ((weights, ("params",)), (("grads", "buckets"), ("grads",)),
@@ -187,11 +158,9 @@ def test_the_model_prices_the_host(rank_pool, name):
     assert all(r["bytes"]["optimizer"] == 0 for r in reports)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "gradients are reduced in fp32 (DDP's buckets, FSDP2's reduce_dtype): 4 B/param; the cost "
-    "model prices optimizer.grad_bytes = 2"))
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_model_prices_the_gradient_reduction(rank_pool, name):
+    """Gradients are reduced in fp32 (DDP's buckets, FSDP2's ``reduce_dtype``), as priced."""
     from fxplan.cost_model.memory.breakdown import adam_for
 
     report = measured(rank_pool, name)[0]
