@@ -62,7 +62,7 @@ from operator import attrgetter
 import numpy as np
 
 __all__ = ["ADAM_AMP", "ADAM_FP32", "ADAM_MIXED", "STATE_LAYOUTS", "GIB", "MEMORY_LEGEND",
-           "MEMORY_ROWS", "MemoryBreakdown",
+           "MEMORY_ROWS", "MemoryBreakdown", "state_layout_text",
            "MemoryRows", "ModelStates", "OptimizerSpec", "adam_for", "model_state_bytes"]
 
 GIB = float(1 << 30)
@@ -110,6 +110,16 @@ ADAM_AMP = OptimizerSpec("adam-amp", param_bytes=4.0, grad_bytes=4.0, state_byte
 
 #: The layouts of model states a plan may be priced in (:func:`adam_for`).
 STATE_LAYOUTS = ("runtime", "megatron")
+
+
+def state_layout_text(state_layout: str | None) -> str:
+    """What a report says of the layout its model states were priced in (``None``: the
+    runtime's, the default)."""
+    if state_layout == "megatron":
+        return ("model states in Megatron-LM's layout: 16-bit weights and gradients beside fp32 "
+                "masters and moments, 2 + 2 + 12 B per parameter before ZeRO")
+    return ("model states as fxplan's runtime keeps them: fp32 parameters (the masters), fp32 "
+            "gradients and moments, 4 + 4 + 8 B per parameter before ZeRO, reduced in fp32")
 
 
 def adam_for(dtype_key: str, state_layout: str = "runtime") -> OptimizerSpec:

@@ -113,6 +113,16 @@ def add_headroom_argument(parser: argparse.ArgumentParser) -> None:
                         "fraction (0.1), a percentage (10%%) or GiB (4GiB); default 5%%")
 
 
+def add_state_layout_argument(parser: argparse.ArgumentParser) -> None:
+    """``--state-layout``: the layout of the model states the cost model prices
+    (:func:`fxplan.cost_model.memory.breakdown.adam_for`)."""
+    parser.add_argument("--state-layout", choices=("runtime", "megatron"), default="runtime",
+                        help="how the model states are kept: runtime (fxplan's runtime: fp32 "
+                        "parameters as the masters, fp32 gradients and reductions; default) or "
+                        "megatron (16-bit weights and gradients beside fp32 masters, as "
+                        "Megatron-LM and DeepSpeed keep them)")
+
+
 def count(low: int = 1, high: int | None = None) -> Callable[[str], int]:
     """An argparse ``type``: an integer in ``[low, high]`` (:func:`fxplan.core.bounds.check_count`);
     anything else is a usage error (exit 2) naming the flag and the range."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from fxplan.cli.arguments import (
     DTYPES, add_cluster_argument, add_dtype_argument, add_headroom_argument, add_model_argument,
-    add_workload_arguments,
+    add_state_layout_argument, add_workload_arguments,
     output_path,
 )
 
@@ -48,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--plot", metavar="FILE", type=output_path(".png", ".svg", ".pdf"),
                         help="draw the pipeline timeline to FILE (.png, .svg)")
     add_headroom_argument(parser)
+    add_state_layout_argument(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -67,7 +68,7 @@ def _print(result: dict[str, Any], model: str, cluster: str) -> None:
     from rich.console import Console
 
     from fxplan.core.units import gib, percent, seconds
-    from fxplan.cost_model.memory.breakdown import MEMORY_LEGEND, MEMORY_ROWS
+    from fxplan.cost_model.memory.breakdown import MEMORY_LEGEND, MEMORY_ROWS, state_layout_text
     from fxplan.report.terminal import headroom_text, rate_line
 
     console = Console(width=None if sys.stdout.isatty() else 140, highlight=False, emoji=False)
@@ -85,7 +86,7 @@ def _print(result: dict[str, Any], model: str, cluster: str) -> None:
     names = [*MEMORY_ROWS, "total", "capacity", "free"]
     labels = [*MEMORY_ROWS.values(), "total", "capacity", "free"]
     console.print(f"memory      {headroom_text(r)}")
-    console.print(MEMORY_LEGEND)
+    console.print(f"{MEMORY_LEGEND}; {state_layout_text(r.get('state_layout'))}")
     console.print(_table("memory per rank", ["stage"] + labels,
                          [[str(s)] + [gib(m[n]) for n in names]
                           for s, m in enumerate(r["memory_breakdown_gib"])]))
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     check_precision(cluster, dtype)
     graph = capture(args.model, batch=1, seq=args.seq, dtype=getattr(torch, DTYPES[dtype]))
     result = estimate(graph, cluster, config, batch=args.batch, seq=args.seq,
-                      memory_headroom=headroom)
+                      memory_headroom=headroom, state_layout=args.state_layout)
     if args.plot:
         from fxplan.report.timeline_plot import plot_timeline
 

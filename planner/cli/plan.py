@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fxplan.cli.arguments import (add_capture_arguments, add_cluster_argument, add_headroom_argument,
+                                  add_state_layout_argument,
                                   add_model_argument, add_workload_arguments, number,
                                   output_path, check_batch_arguments, resolve_batch)
 from fxplan.cli.report import add_output_arguments, write_artifacts
@@ -85,6 +86,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--plot", metavar="PREFIX", type=output_path(prefix=True),
                         help="draw PREFIX-timeline.png and PREFIX-memory.png for the chosen plan")
     add_headroom_argument(parser)
+    add_state_layout_argument(parser)
     add_output_arguments(parser)
     parser.set_defaults(func=run)
     return parser
@@ -132,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     batch = resolve_batch(args, args.seq or graph_segments(graph).seq)
     plan = search(graph, cluster, batch=batch, seq=args.seq, constraints=constraints,
                   time_budget_s=args.time_budget, progress=not args.json, model=model,
-                  memory_headroom=headroom, runnable=runtime_check(graph, cluster))
+                  memory_headroom=headroom, runnable=runtime_check(graph, cluster),
+                  state_layout=args.state_layout)
     plan = dataclasses.replace(plan, timings={**timer.rounded(), **plan.timings})
     if args.output:
         plan.save(args.output)

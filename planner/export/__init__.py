@@ -30,6 +30,7 @@ __all__ = ["Export", "ExportError", "TARGETS", "TargetConfig", "export_plan", "p
 
 
 class _Format(Protocol):
+    STATE_LAYOUT: str
     export: Callable[..., tuple[str, list[str], dict[str, Any]]]
     parse: Callable[..., TargetConfig]
 
@@ -81,10 +82,12 @@ def export_plan(plan: Plan, target: str, *, torchtitan_version: str | None = Non
         changes = {"zero_stages": None, **changes}
     if plan.config.offload_stages is not None:   # and one offload: the highest
         changes = {"offload_stages": None, **changes}
-    if changes and price:
+    # the framework keeps the model states in its own layout
+    layout = fmt.STATE_LAYOUT
+    if (changes or layout != (plan.estimate.get("state_layout") or "runtime")) and price:
         from fxplan.export.pricing import price_changes
 
-        notes.append(price_changes(plan, changes))
+        notes.append(price_changes(plan, changes, layout))
     return Export(name, text, tuple(notes))
 
 

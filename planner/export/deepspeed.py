@@ -28,7 +28,12 @@ from fxplan.core.json_object import parse_json_object
 from fxplan.export.errors import ExportError
 from fxplan.export.target_config import TargetConfig
 
-__all__ = ["export", "parse"]
+__all__ = ["STATE_LAYOUT", "export", "parse"]
+
+#: How DeepSpeed keeps the model states under ZeRO with bf16 or fp16 (the ZeRO paper's layout,
+#: :data:`fxplan.cost_model.memory.breakdown.STATE_LAYOUTS`): 16-bit weights and gradients,
+#: fp32 masters and moments in the optimizer's partitions.
+STATE_LAYOUT = "megatron"
 
 _DTYPE_KEYS = {"bfloat16": "bf16", "float16": "fp16"}
 #: A word in fxplan's model spec → DeepSpeed's AutoEP ``preset_model`` (DeepSpeed 0.19.8's

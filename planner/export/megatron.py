@@ -38,7 +38,12 @@ from fxplan.core.schedule import Schedule
 from fxplan.export.errors import ExportError
 from fxplan.export.target_config import TargetConfig, without_zero_bubble
 
-__all__ = ["export", "parse"]
+__all__ = ["STATE_LAYOUT", "export", "parse"]
+
+#: How Megatron-LM keeps the model states (one of
+#: :data:`fxplan.cost_model.memory.breakdown.STATE_LAYOUTS`): 16-bit weights and gradients
+#: beside the distributed optimizer's fp32 masters and moments.
+STATE_LAYOUT = "megatron"
 
 #: Options that take a value (the rest are switches).
 _VALUED = frozenset({

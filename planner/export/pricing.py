@@ -9,7 +9,10 @@ checked against the plan's fingerprints (:func:`fxplan.plan_context.plan_context
 * the plan: :func:`fxplan.inter_op.pricing.priced_config`, the configuration its step time
   priced, against the plan's memory headroom;
 * as exported: the same configuration with the changes applied (the plan's placements only
-  when ``dp``, ``tp`` and ``sp`` stay, else the default Megatron layout).
+  when ``dp``, ``tp`` and ``sp`` stay, else the default Megatron layout), its model states in
+  the framework's layout (``STATE_LAYOUT`` of each format: Megatron-LM's and DeepSpeed's
+  16-bit weights and gradients beside fp32 masters, torchtitan's FSDP2 over fp32 parameters
+  as fxplan's runtime); an export that changes nothing but the layout is priced too.
 
 The note says ``T_export`` against ``T_plan`` (``Δ = T_export − T_plan``, and ``Δ / T_plan``),
 the largest per-rank peak memory on each side, and whether the exported run fits (else the
@@ -33,6 +36,11 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["describe_changes", "price_changes"]
 
 _GIB = 2 ** 30
+
+#: How the note names a framework's layout of the model states where it is not the plan's.
+_LAYOUT_WORDS = {"megatron": "model states in Megatron-LM's layout: 16-bit weights and "
+                             "gradients, fp32 masters",
+                 "runtime": "model states as FSDP2 keeps them: fp32 parameters and gradients"}
 
 
 def describe_changes(changes: Mapping[str, Any]) -> str:
@@ -67,25 +75,30 @@ def exported_config(plan: Plan, changes: Mapping[str, Any]) -> ParallelConfig:
     return config if same_layout else config.replace(placements=None)
 
 
-def price_changes(plan: Plan, changes: Mapping[str, Any]) -> str:
-    """One note: the run as exported (``plan`` with ``changes``) against the plan, priced by
-    fxplan's cost model now, or why it could not be priced."""
+def price_changes(plan: Plan, changes: Mapping[str, Any], state_layout: str | None = None) -> str:
+    """One note: the run as exported (``plan`` with ``changes``, its model states kept in the
+    framework's ``state_layout``; ``None``: the plan's) against the plan, priced by fxplan's
+    cost model now, or why it could not be priced."""
     from fxplan.cost_model import estimate
     from fxplan.inter_op.pricing import priced_config
     from fxplan.plan_context import plan_context
 
-    what = f"fxplan's estimate of the run as exported ({describe_changes(changes)})"
+    layout = plan.estimate.get("state_layout") or "runtime"   # the plan's
+    theirs_layout = state_layout or layout
+    described = [describe_changes(changes)] if changes else []
+    if theirs_layout != layout:
+        described.append(_LAYOUT_WORDS[theirs_layout])
+    what = f"fxplan's estimate of the run as exported ({', '.join(described)})"
     try:
         graph, cluster = plan_context(plan)
     except (UserError, OSError) as err:
         return f"{what}: not priced, the plan's model and cluster cannot be rebuilt here ({err})"
     headroom = plan.estimate.get("memory_headroom")
-    layout = plan.estimate.get("state_layout") or "runtime"   # both in the plan's layout
     try:
         mine = estimate(graph, cluster, priced_config(plan), batch=plan.batch, seq=plan.seq,
                         memory_headroom=headroom, state_layout=layout)
         theirs = estimate(graph, cluster, exported_config(plan, changes), batch=plan.batch,
-                          seq=plan.seq, memory_headroom=headroom, state_layout=layout)
+                          seq=plan.seq, memory_headroom=headroom, state_layout=theirs_layout)
     except (CostModelError, ValueError) as err:
         return f"{what}: the cost model refuses it ({err})"
     return f"{what}: {_compare(mine, theirs)}"

@@ -54,7 +54,14 @@ from fxplan.export.target_config import TargetConfig, without_zero_bubble
 from fxplan.export.torchtitan_recipe import is_recipe, render, sections
 from fxplan.export.torchtitan_settings import Settings
 
-__all__ = ["MODELS", "export", "from_sections", "parse", "resolve_version", "settings"]
+__all__ = ["MODELS", "STATE_LAYOUT", "export", "from_sections", "parse", "resolve_version",
+           "settings"]
+
+#: How torchtitan keeps the model states (one of
+#: :data:`fxplan.cost_model.memory.breakdown.STATE_LAYOUTS`): FSDP2 over fp32 parameters,
+#: gathered in bf16 (``mixed_precision_param``) and reduced in fp32 (``mixed_precision_reduce``),
+#: as fxplan's runtime does.
+STATE_LAYOUT = "runtime"
 
 #: fxplan schedule kinds → torchtitan (``torch.distributed.pipelining``) schedule names.
 _SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}

@@ -160,7 +160,7 @@ def _summary(plan: Plan, result: Estimate) -> str:
 
 
 def _memory(plan: Plan, result: Estimate, png: Path) -> str:
-    from fxplan.cost_model.memory.breakdown import MEMORY_LEGEND, MEMORY_ROWS
+    from fxplan.cost_model.memory.breakdown import MEMORY_LEGEND, MEMORY_ROWS, state_layout_text
 
     devices = result.stage_plan.devices if result.stage_plan is not None else ()
     rows = []
@@ -175,7 +175,8 @@ def _memory(plan: Plan, result: Estimate, png: Path) -> str:
             "its own device group.</p>" if hetero else "")
     return ("<section id='memory'><h2>Memory per pipeline stage (per device)</h2>" + note
             + _img(png, "peak memory per stage against capacity")
-            + f"<p>Memory {_e(headroom_text(result.to_dict()))}. {_e(MEMORY_LEGEND)}.</p>"
+            + f"<p>Memory {_e(headroom_text(result.to_dict()))}. {_e(MEMORY_LEGEND)}; "
+            f"{_e(state_layout_text(result.state_layout))}.</p>"
             + _table(("stage", "device group", *MEMORY_ROWS.values(), "total", "capacity",
                       "free", "use"), rows, left=2) + "</section>")
 

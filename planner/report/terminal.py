@@ -31,7 +31,7 @@ from typing import Any
 from fxplan.core.config_fields import OFFLOAD_POLICIES
 from fxplan.core.units import count, gib, percent, seconds, si
 from fxplan.core.plan import Plan
-from fxplan.cost_model.memory.breakdown import MEMORY_LEGEND, MEMORY_ROWS
+from fxplan.cost_model.memory.breakdown import MEMORY_LEGEND, MEMORY_ROWS, state_layout_text
 from fxplan.cost_model.memory.headroom import parse_headroom
 from fxplan.report.pruning import group_pruned
 
@@ -136,8 +136,10 @@ def _memory_table(plan: Plan) -> Any:
     rows = plan.estimate.get("memory_breakdown_gib", [])
     cap = plan.estimate.get("capacity_gib", 0.0)
     groups = stage_groups(plan)
+    layout = state_layout_text(plan.estimate.get("state_layout"))
     table = Table(title=f"memory per rank (GiB, capacity {capacity_text(plan)})",
-                  title_justify="left", caption=MEMORY_LEGEND, caption_justify="left")
+                  title_justify="left", caption=f"{MEMORY_LEGEND}; {layout}",
+                  caption_justify="left")
     for column in ("stage", *(("device",) if groups else ()), "layers", *MEMORY_ROWS.values(),
                    "total", "use"):
         table.add_column(column, justify="right")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from fxplan.cli.main import main
 from fxplan.report.plotting import is_png
 
@@ -81,3 +83,25 @@ def test_memory_headroom_decides_fits(capsys) -> None:  # type: ignore[no-untype
     assert json.loads(capsys.readouterr().out)["fits"] is False
     assert main([*base, "--memory-headroom", "lots"]) == 2
     assert "memory headroom 'lots'" in capsys.readouterr().err
+
+
+def test_state_layout_prices_the_model_states_as_named(capsys) -> None:  # type: ignore[no-untyped-def]
+    """``--state-layout``: the runtime's (default) against Megatron-LM's — at ZeRO-1 with
+    dp = 8, 8 + 8/8 against 4 + 12/8 bytes per parameter of model states; the table's legend
+    says which; an unknown layout is a usage error (exit 2)."""
+    args = ["estimate", "gpt-tiny", "--cluster", "dgx-a100-80g", "--batch", "16",
+            "--config", "dp=8,zero=1"]
+    states = {}
+    for layout in ("runtime", "megatron"):
+        assert main([*args, "--json", "--state-layout", layout]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["state_layout"] == layout
+        row = data["memory_breakdown_gib"][0]
+        states[layout] = row["params"] + row["grads"] + row["optimizer"]
+    assert states["runtime"] / states["megatron"] == pytest.approx((8 + 1) / (4 + 1.5), rel=1e-9)
+    assert main(args) == 0
+    assert "fp32 parameters (the masters)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--state-layout", "deepspeed"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'deepspeed'" in capsys.readouterr().err

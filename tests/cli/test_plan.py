@@ -119,3 +119,14 @@ def test_constrain_sp_off_is_honoured_for_dp_by_tp(capsys) -> None:  # type: ign
     data = json.loads(capsys.readouterr().out)
     assert data["degrees"]["tp"] == 2 and data["degrees"]["dp"] == 2
     assert data["sequence_parallel"] is False and "sp=off" in data["summary"]
+
+
+def test_state_layout_is_searched_recorded_and_reported(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``--state-layout megatron``: the plan is priced in Megatron-LM's layout, says so under its
+    memory table and records it in the plan file (which re-prices it in that layout)."""
+    out = tmp_path / "plan.json"
+    assert main([*TINY, "--state-layout", "megatron", "-o", str(out)]) == 0
+    assert "Megatron-LM's layout" in capsys.readouterr().out
+    plan = load_plan(out)
+    assert plan.estimate["state_layout"] == "megatron"
+    assert plan.estimate["optimizer"] == "adam-mixed"

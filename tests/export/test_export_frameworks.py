@@ -254,23 +254,41 @@ def real() -> tuple[str, str]:
 
 
 def test_a_changed_run_is_priced_by_the_cost_model(real: tuple[str, str]) -> None:
+    """The changes, and DeepSpeed's layout of the model states where the plan was priced in
+    the runtime's (16-bit weights and gradients beside fp32 masters)."""
     plan = replace(MORE["zero3-pp"], graph_fingerprint=real[0], cluster_fingerprint=real[1])
     note = export_plan(plan, "deepspeed").notes[-1]
-    assert note.startswith("fxplan's estimate of the run as exported (zero=1): step ")
+    assert note.startswith("fxplan's estimate of the run as exported (zero=1, model states in "
+                           "Megatron-LM's layout: 16-bit weights and gradients, fp32 masters): "
+                           "step ")
     assert "against the plan's" in note and "peak memory per rank" in note
     assert note.endswith("fits") or "does not fit: pipeline rank" in note
+    megatron = replace(plan, estimate={**plan.estimate, "state_layout": "megatron"})
+    assert export_plan(megatron, "deepspeed").notes[-1].startswith(
+        "fxplan's estimate of the run as exported (zero=1): step ")
 
 
-def test_an_exact_export_has_no_price_note(real: tuple[str, str]) -> None:
+def test_an_exact_export_in_the_plans_layout_has_no_price_note(real: tuple[str, str]) -> None:
+    """An exact export is priced only for the framework's layout of the model states: none
+    for a plan priced in Megatron-LM's exported to Megatron-LM, one naming the layout for a
+    plan priced in the runtime's; its ZeRO-3 states are 16 B per parameter over dp in both,
+    so the peak memory differs by the buffers alone."""
     plan = replace(PLANS["zero3"], graph_fingerprint=real[0], cluster_fingerprint=real[1])
+    megatron = replace(plan, estimate={**plan.estimate, "state_layout": "megatron"})
     assert not any("estimate of the run as exported" in n
-                   for n in export_plan(plan, "megatron").notes)
+                   for n in export_plan(megatron, "megatron").notes)
+    note = export_plan(plan, "megatron").notes[-1]
+    assert note.startswith("fxplan's estimate of the run as exported (model states in "
+                           "Megatron-LM's layout: 16-bit weights and gradients, fp32 masters): "
+                           "step "), note
 
 
 def test_a_plan_that_cannot_be_rebuilt_says_it_is_not_priced() -> None:
     note = export_plan(MORE["gpipe"], "megatron").notes[-1]
-    assert note.startswith("fxplan's estimate of the run as exported (schedule=1f1b): not "
-                           "priced, the plan's model and cluster cannot be rebuilt here")
+    assert note.startswith("fxplan's estimate of the run as exported (schedule=1f1b, model "
+                           "states in Megatron-LM's layout: 16-bit weights and gradients, fp32 "
+                           "masters): not priced, the plan's model and cluster cannot be "
+                           "rebuilt here")
 
 
 @pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
