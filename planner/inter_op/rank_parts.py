@@ -153,29 +153,33 @@ def _queue_tails(c: ParallelConfig, prof: SegmentProfile,
     whose ``k = 0`` term is the aggregate ``Σ d − ω·b_s`` and whose last is the last
     reduction, left with no backward to hide behind (the first stage's embedding)."""
     p, v = c.pp, c.virtual_stages
+    L = len(per_layer)
+    # chunk j's segments among [pre, layers, post]: [first_j, stop_j)
+    first = np.concatenate([[0], edges[1:-1] + 1]).astype(int)
+    stop = np.concatenate([edges[1:-1] + 1, [L + 2]]).astype(int)
+
+    def backs(own: SegmentProfile) -> np.ndarray:
+        return np.concatenate([[own.pre[1]], own.bwd + own.tp_bwd, [own.post[1]]]) / v
+
+    # each rank's segments in forward order (chunk j = rank j when v = 1)
+    chunks = [[c.schedule.virtual_stage(s, k, p) for k in range(v)] for s in range(p)]
+    spans_of = [np.concatenate([np.arange(first[j], stop[j]) for j in row]) for row in chunks]
+    d = np.concatenate([ends[:1], per_layer, ends[1:]])
+    b = backs(prof) if stage_profs is None else None
+    sizes = np.array([len(x) for x in spans_of])
+    x = np.concatenate([d[i] for i in spans_of])
+    y = np.concatenate([(b if b is not None else backs(stage_profs[s]))[i]
+                        for s, i in enumerate(spans_of)])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    cd, cb = np.cumsum(x), np.cumsum(y) - y          # Σ_{j ≤ i} d_j, Σ_{j < i} b_j
+    live = sizes > 0
+    base_d = np.repeat((cd - x)[starts[live]], sizes[live])
+    base_b = np.repeat(cb[starts[live]], sizes[live])
+    value = (cd - base_d) - np.repeat(overlap[live], sizes[live]) * (cb - base_b)
     out = np.zeros(p)
-    for s in range(p):
-        own = prof if stage_profs is None else stage_profs[s]
-        back = (own.bwd + own.tp_bwd) / v
-        d: list[np.ndarray] = []
-        b: list[np.ndarray] = []
-        for k in range(v):   # the rank's chunks, first to last in the forward
-            j = c.schedule.virtual_stage(s, k, p)
-            lo, hi = int(edges[j]), int(edges[j + 1])
-            d_j, b_j = per_layer[lo:hi], back[lo:hi]
-            if j == 0:
-                d_j, b_j = np.r_[ends[0], d_j], np.r_[own.pre[1] / v, b_j]
-            if j == p * v - 1:
-                d_j, b_j = np.r_[d_j, ends[1]], np.r_[b_j, own.post[1] / v]
-            d.append(d_j)
-            b.append(b_j)
-        d_rev, b_rev = np.concatenate(d)[::-1], np.concatenate(b)[::-1]
-        if not d_rev.size:
-            continue
-        after = np.concatenate([np.cumsum(b_rev[::-1])[::-1][1:], [0.0]])   # Σ_{j > k} b_j
-        remaining = np.cumsum(d_rev[::-1])[::-1]                            # Σ_{j ≥ k} d_j
-        out[s] = max(0.0, float((remaining - overlap[s] * after).max()))
-    return out
+    if value.size:
+        out[live] = np.maximum.reduceat(value, starts[live])
+    return np.maximum(out, 0.0)
 
 
 @dataclass(frozen=True)
