@@ -69,6 +69,21 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def measured_on() -> str:
+    """``2026-11-29, the tree of commit 8d94059``: the day and the commit (``with changes``
+    where the working tree differs from it) a measurement names."""
+    import datetime
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                           capture_output=True, text=True).stdout.strip()
+    day = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    return f"{day}, the tree of commit `{commit}`" + (" with changes" if dirty else "")
+
+
 def write_section(table: str, load: float, path: Path = DOC) -> None:
     """Put this benchmark's section into ``docs/benchmarks.md``: in place of its previous
     version if there is one, else at the end; every other section is kept as it is. ``load``:
@@ -78,7 +93,8 @@ def write_section(table: str, load: float, path: Path = DOC) -> None:
                "closed-form ranking, intra-op solve per tp degree of the finalists, step "
                "simulator on the finalists priced with their placements and with the default "
                "layout, and the runtime's check that it can apply the plan to the model, which "
-               f"the phase column leaves out) on a 2-core machine (1-minute load average {load:.1f} before the run), "
+               "the phase column leaves out) on a 2-core machine (1-minute load average "
+               f"{load:.1f} before the run; {measured_on()}), "
                "after capture (timed apart). DGX A100 80GB nodes, s = 2048. Reproduce with "
                "`python benchmarks/search_time.py`.\n\n"
                f"{table}")
