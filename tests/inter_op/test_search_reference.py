@@ -44,9 +44,9 @@ gradients' copy not hidden behind the backward, the experts' states over their d
 the offloading plan prices 21.615 s there, and the answer is again the plan recorded before the
 joint choice, entry for entry (16.894 s). Every case is searched in Megatron-LM's layout of
 the model states (``state_layout="megatron"``: 16-bit weights and gradients beside fp32
-masters), the layout they were recorded in; the runtime's own layout, the planner's default,
-is priced by the tests of :mod:`fxplan.cost_model.memory.breakdown` and
-``tests/runtime/test_runtime_states.py``. The MoE on V100 had its runners-up re-recorded on
+masters), the layout they were recorded in, but those named ``…@runtime``: four cases
+recorded on 2026-11-29 (on ``8d94059``) in the runtime's layout, the planner's default (fp32
+parameters as the masters, fp32 gradients and reductions). The MoE on V100 had its runners-up re-recorded on
 2026-11-29 when the closed form began to price each rank's gradient reductions as one stream
 serving them behind the backward (the last one, the embedding's, exposed): its plan stayed, its
 first three runners-up became the same splits with ZeRO-2 on their first and last ranks
@@ -72,7 +72,8 @@ import pytest
 
 DATA = Path(__file__).resolve().parent / "data" / "search_reference.json"
 
-#: name -> (model, cluster, batch, constraints, slow)
+#: name -> (model, cluster, batch, constraints, slow); searched in Megatron-LM's layout of the
+#: model states unless the name ends in ``@runtime`` (:data:`RUNTIME`)
 CASES: dict[str, tuple[str, str, int, dict[str, Any], bool]] = {
     "gpt-1.7b/32": ("gpt-1.7b", "dgx-a100-80g:nodes=4", 512, {}, False),
     "gpt-7.5b/128": ("gpt-7.5b", "dgx-a100-80g:nodes=16", 512, {}, False),
@@ -85,7 +86,15 @@ CASES: dict[str, tuple[str, str, int, dict[str, Any], bool]] = {
     "gpt-310.1b/1920": ("gpt-310.1b", "dgx-a100-80g:nodes=240", 2160, {}, True),
     "gpt-529.6b/2520": ("gpt-529.6b", "dgx-a100-80g:nodes=315", 2520, {}, True),
     "gpt-1t/3072": ("gpt-1t", "dgx-a100-80g:nodes=384", 3072, {}, True),
+    "gpt-small/hetero@runtime": ("gpt:layers=12,hidden=512,heads=8,vocab=4096,seq=512",
+                                 "hetero-v100-a100:v100.nodes=1,a100.nodes=1", 32, {}, False),
+    "gpt-7.5b/pp4@runtime": ("gpt-7.5b", "dgx-a100-80g:nodes=4", 256, {"pp": 4}, False),
+    "moe-27b/v100@runtime": ("moe-27b", "aws-p3-v100:nodes=4", 1024, {}, False),
+    "gpt-1t/3072@runtime": ("gpt-1t", "dgx-a100-80g:nodes=384", 3072, {}, True),
 }
+
+#: The suffix of a case searched in the runtime's layout of the model states (the default).
+RUNTIME = "@runtime"
 
 #: Fields of the plan that depend on the search's path or clock, not on its answer.
 _UNSTABLE = ("search_time_s", "timings", "pruned", "pruned_detail", "solver")
@@ -100,8 +109,9 @@ def answer(name: str) -> dict[str, Any]:
     model, spec, batch, constraints, _ = CASES[name]
     cluster = Cluster.load(spec)
     graph = capture_for_search(model, dtype=training_dtype(cluster))
+    layout = "runtime" if name.endswith(RUNTIME) else "megatron"
     plan = search(graph, cluster, batch=batch, constraints=constraints, progress=False,
-                  state_layout="megatron")
+                  state_layout=layout)
     out = json.loads(plan.to_json())
     for key in _UNSTABLE:
         out.pop(key, None)
