@@ -78,10 +78,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "ZeRO-1 dp=2 tp=2": dict(dp=2, tp=2, zero=1),
     "ZeRO-0 dp=2 offload=optimizer": dict(dp=2, zero=0, offload="optimizer"),
     "ZeRO-1 dp=2 offload=optimizer": dict(dp=2, zero=1, offload="optimizer"),
+    # FSDP2's reduction deferred to the last microbatch (gradient sync off before it)
+    "ZeRO-1 dp=2 tp=2 m=2": dict(dp=2, tp=2, zero=1, num_microbatches=2, microbatch_size=1),
+    "ZeRO-2 dp=2 pp=2 interleaved:2 m=4": dict(dp=2, pp=2, zero=2, schedule="interleaved:2",
+                                               num_microbatches=4, microbatch_size=1),
 }
 
 #: The measured quantities, in table order (bytes on one rank).
-KINDS = ("params", "gathered", "grads", "buckets", "optimizer", "host")
+KINDS = ("params", "gathered", "grads", "accumulated", "buckets", "optimizer", "host")
 
 
 class _Storages:
@@ -136,6 +140,8 @@ class _GatheredPeak:
     def __init__(self, stages: list[Any]) -> None:
         self.groups = _fsdp_groups(stages)
         self.peak, self.dtypes = 0, set()
+        #: FSDP2's unsharded gradients accumulated between microbatches with sync off, peak
+        self.accumulated, self.accumulated_dtypes = 0, set()
         leaves = [m for s in stages for m in s.inner.modules() if not list(m.children())]
         self.handles = [m.register_forward_hook(self._forward) for m in leaves]
 
@@ -147,6 +153,10 @@ class _GatheredPeak:
         if seen.nbytes > self.peak:
             self.peak = seen.nbytes
         self.dtypes |= seen.dtypes
+        kept = _Storages().add_all(p.unsharded_accumulated_grad for g in self.groups
+                                   for p in g.fsdp_params)
+        self.accumulated = max(self.accumulated, kept.nbytes)
+        self.accumulated_dtypes |= kept.dtypes
 
     def _forward(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         self.sample()
@@ -290,9 +300,11 @@ def measure_states(plan_kwargs: dict[str, Any], dtype: str = "bf16", layers: int
                     host=states["host"])
     return dict(
         psi=psi, updated=states["updated"], optimizer_class=states["kind"], dtype=dtype,
-        bytes={**{k: v.nbytes for k, v in measured.items()}, "gathered": gathered.peak},
+        bytes={**{k: v.nbytes for k, v in measured.items()}, "gathered": gathered.peak,
+               "accumulated": gathered.accumulated},
         dtypes={**{k: sorted(v.dtypes) for k, v in measured.items()},
-                "gathered": sorted(gathered.dtypes)},
+                "gathered": sorted(gathered.dtypes),
+                "accumulated": sorted(gathered.accumulated_dtypes)},
         reduction=_reduce_dtype(sharded.stages, buckets), fallbacks=sharded.fallbacks,
         wrapper=sorted({type(s.module).__name__ for s in sharded.stages}))
 
@@ -305,16 +317,27 @@ def priced(config: dict[str, Any], psi: int, dtype: str = "bf16") -> dict[str, f
 
     states = model_state_bytes(psi, config.get("dp", 1), config.get("zero", 0),
                                adam_for(dtype), config.get("offload", "none"),
-                               dtensor=config.get("tp", 1) > 1)
-    return dict(params=states.params, gathered=0.0, grads=states.grads, buckets=0.0,
-                optimizer=states.optimizer, host=states.host)
+                               dtensor=config.get("tp", 1) > 1, accumulates=defers(config))
+    return dict(params=states.params, gathered=0.0, grads=states.grads, accumulated=0.0,
+                buckets=0.0, optimizer=states.optimizer, host=states.host)
+
+
+def defers(config: dict[str, Any]) -> bool:
+    """Whether FSDP2's reduction waits for the last microbatch under ``config``
+    (:attr:`~fxplan.core.config.ParallelConfig.defers_sharded_reduction`)."""
+    from rt_plans import make_plan
+
+    return make_plan(layers=LAYERS, **config).config.defers_sharded_reduction
 
 
 def device_states(row: dict[str, float], config: dict[str, Any]) -> float:
     """The device bytes of a row that the model's model states stand for: every kind but the
     host's, and under ZeRO-3 without the gathered window (the model prices two layers of it
-    as a buffer, not as a state)."""
+    as a buffer, not as a state); where the reduction is deferred, the gradients at their
+    peak, the unsharded ones accumulated before it (the shards after it are kept in their
+    place: the step sets them to ``None`` before the next one accumulates)."""
     skip = {"host"} | ({"gathered"} if config.get("zero") == 3 else set())
+    skip |= {"grads"} if row.get("accumulated") else {"accumulated"}
     return sum(v for k, v in row.items() if k not in skip)
 
 
@@ -322,10 +345,11 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
     def per(values: dict[str, float], psi: int) -> str:
         return " | ".join(f"{values[k] / psi:.2f}" for k in KINDS)
 
-    head = ("| configuration | params kept | params gathered (peak) | grads | DDP buckets | "
+    head = ("| configuration | params kept | params gathered (peak) | grads | grads accumulated "
+            "unsharded (peak) | DDP buckets | "
             "optimizer | host | device states | priced params / grads / optimizer / host | "
             "priced device states | measured / priced | reduction moves |")
-    lines = [head, "|---" * 12 + "|"]
+    lines = [head, "|---" * 13 + "|"]
     for name, report in results.items():
         psi, measured = report["psi"], report["bytes"]
         config = CONFIGS[name]

@@ -213,8 +213,7 @@ def evicted_waits_s(waits: int, host: HostCosts | None, others_have_work: bool) 
 def fsdp_params(config: ParallelConfig) -> bool:
     """Whether the runtime shards the parameters over dp with FSDP2: ZeRO-2/3, and ZeRO-1
     with ``tp > 1`` or ``ep > 1`` (DTensor parameters: :mod:`fxplan.runtime.styles.data_parallel`)."""
-    return config.dp > 1 and (config.zero_stage >= 2 or (
-        config.zero_stage == 1 and (config.tp > 1 or config.ep > 1)))
+    return config.shards_params_with_fsdp
 
 
 def offload_runs(config: ParallelConfig) -> bool:

@@ -23,10 +23,17 @@ last backward::
 
     ZeRO-2 (params are the masters)   k_p·Ψ/N + k_c·Ψ + (k_g + k_o)·Ψ/N   = 2Ψ + 16Ψ/N
 
-and ZeRO-3 the ``(k_p + k_g + k_o)·Ψ/N`` above (its gathered layers are buffers). At ``dp = 1``
-nothing is sharded and every stage keeps ``k_p + k_g + k_o``. :func:`adam_for` picks the
-layout a plan is priced in (``state_layout``): ``runtime`` (the default, what fxplan's runtime
-holds and moves) or ``megatron`` (the published tables' systems).
+and ZeRO-3 the ``(k_p + k_g + k_o)·Ψ/N`` above (its gathered layers are buffers). Where
+FSDP2's reduction waits for the last of ``m > 1`` microbatches (ZeRO-1 with DTensor
+parameters, and every FSDP2 stage under torch's multi-stage schedules, whose ``REDUCE_GRAD``
+pass follows the last backward; ``accumulates``) the gradients stay unsharded, accumulated in
+fp32, and ZeRO-3 keeps its blocks gathered until that pass::
+
+    deferred reduction                k_p·Ψ/N + k_c·Ψ + k_g·Ψ + k_o·Ψ/N   = 6Ψ + 12Ψ/N
+
+At ``dp = 1`` nothing is sharded and every stage keeps ``k_p + k_g + k_o``. :func:`adam_for`
+picks the layout a plan is priced in (``state_layout``): ``runtime`` (the default, what
+fxplan's runtime holds and moves) or ``megatron`` (the published tables' systems).
 
 **Offload** (:mod:`cost_model.memory.offload`): ``offload=optimizer`` keeps the weights and gradients
 on the device as above and the ``k_o`` optimizer bytes on the host, with an fp32 copy of the
@@ -152,13 +159,17 @@ class ModelStates:
 
 def model_state_bytes(num_params: float | np.ndarray, dp: int, zero_stage: int,
                       optimizer: OptimizerSpec = ADAM_MIXED,
-                      offload: str = "none", *, dtensor: bool = False) -> ModelStates:
+                      offload: str = "none", *, dtensor: bool = False,
+                      accumulates: bool = False) -> ModelStates:
     """ZeRO model states of ``num_params`` parameters, with ``offload`` moving some of them
     to the host (module docstring tables). ``num_params`` may be an array (one count per
     rank, all under the same ZeRO stage and offload): every field is then that array's
     elementwise result, each entry the float the scalar call gives. ``dtensor``: the
     parameters are DTensors (``tp > 1`` or ``ep > 1``), under which a layout whose parameters
-    are the masters runs ZeRO-1 as ZeRO-2 (FSDP2)."""
+    are the masters runs ZeRO-1 as ZeRO-2 (FSDP2). ``accumulates``: FSDP2's reduction waits
+    for the last microbatch (:attr:`~fxplan.core.config.ParallelConfig.defers_sharded_reduction`),
+    so in such a layout the rank keeps ``k_g·Ψ`` of unsharded gradients and, at ZeRO-3, the
+    ``k_c·Ψ`` gathered copy beside its shard (module docstring)."""
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0–3, got {zero_stage}")
     psi = num_params.astype(float) if isinstance(num_params, np.ndarray) else float(num_params)
@@ -167,15 +178,17 @@ def model_state_bytes(num_params: float | np.ndarray, dp: int, zero_stage: int,
     if offload == "optimizer+params":
         return ModelStates(0.0, 0.0, 0.0, host=optimizer.host_bytes * updated)
     # FSDP2 keeps an fp32 shard and the gathered compute copy (masters are the parameters)
-    gathered_copy = (optimizer.masters_are_params and n > 1 and zero_stage < 3
-                     and (zero_stage == 2 or (zero_stage == 1 and dtensor)))
-    if gathered_copy:
+    fsdp = optimizer.masters_are_params and n > 1 and (
+        zero_stage >= 2 or (zero_stage == 1 and dtensor))
+    deferred = fsdp and accumulates   # gradient sync off until the last microbatch
+    if fsdp and (zero_stage < 3 or deferred):
         params = optimizer.param_bytes * psi / n + optimizer.gather_bytes * psi
     else:
         params = optimizer.param_bytes * psi / (n if zero_stage >= 3 else 1)
+    sharded_grads = (zero_stage >= 2 or fsdp) and not deferred
     states = ModelStates(
         params=params,
-        grads=optimizer.grad_bytes * psi / (n if zero_stage >= 2 or gathered_copy else 1),
+        grads=optimizer.grad_bytes * psi / (n if sharded_grads else 1),
         optimizer=optimizer.state_bytes * updated,
     )
     if offload == "optimizer":

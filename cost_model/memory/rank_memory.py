@@ -65,7 +65,8 @@ def rank_memory_rows(order: ScheduleOrder | InflightCounts, *, params: Sequence[
                      headroom: Sequence[float] | None = None,
                      contexts: Sequence[float | None] | None = None,
                      expert_params: Sequence[float] = (), ep: int = 1,
-                     pending: np.ndarray | None = None) -> MemoryRows:
+                     pending: np.ndarray | None = None,
+                     accumulates: bool | Sequence[bool] = False) -> MemoryRows:
     """Peak memory of each pipeline rank ``s`` from its aggregates (the one formula
     :func:`stage_memory` and the planner's search both use), every term an array over the
     ranks:
@@ -83,10 +84,12 @@ def rank_memory_rows(order: ScheduleOrder | InflightCounts, *, params: Sequence[
         runtime_s = CUDA context + NCCL buffers + fragmentation·(acts_s + working_s + buffers_s)
                     on a ``gpu`` rank (:mod:`cost_model.memory.runtime`), 0 on a ``cpu`` one
 
-    ``zero_stage`` is one ZeRO stage for every rank or one per rank (``zero_stages``) and
-    ``offload`` one offload for every rank or one per rank (``offload_stages``): each rank's
-    states and buffers under its own (the ranks sharing a ``(zero_s, offload_s)`` are priced
-    together, each entry the float the one-rank formula gives); ``saved[s, c]`` is the saved
+    ``zero_stage`` is one ZeRO stage for every rank or one per rank (``zero_stages``),
+    ``offload`` one offload for every rank or one per rank (``offload_stages``) and
+    ``accumulates`` whether FSDP2's reduction waits for the last microbatch, for every rank or
+    per rank (:attr:`~fxplan.core.config.ParallelConfig.defers_sharded_reduction`): each rank's
+    states and buffers under its own (the ranks sharing a ``(zero_s, offload_s, acc_s)`` are
+    priced together, each entry the float the one-rank formula gives); ``saved[s, c]`` is the saved
     bytes per microbatch of chunk ``c`` of rank ``s``; ``kinds[s]`` the device kind of rank
     ``s`` (``gpu`` when not given), ``headroom[s]`` the bytes it must leave free (0 when not
     given), ``contexts[s]`` its measured CUDA context in GiB (``None``: the default)."""
@@ -98,17 +101,20 @@ def rank_memory_rows(order: ScheduleOrder | InflightCounts, *, params: Sequence[
     biggest = np.asarray(max_segment_params, dtype=float)
     largest_out = np.asarray(max_output_bytes, dtype=float)
     dtensor = tp > 1 or ep > 1
-    groups: dict[tuple[int, str], list[int]] = {}
+    groups: dict[tuple[int, str, bool], list[int]] = {}
     for s, key in enumerate(zip(_per_rank(zero_stage, p, "zero_stage"),
-                                _per_rank(offload, p, "offload"))):
-        groups.setdefault((int(key[0]), key[1]), []).append(s)
+                                _per_rank(offload, p, "offload"),
+                                _per_rank(accumulates, p, "accumulates"))):
+        groups.setdefault((int(key[0]), key[1], bool(key[2])), []).append(s)
     rows = {name: np.zeros(p) for name in ("params", "grads", "optimizer", "buffers", "host")}
-    for (zero, off), ranks in groups.items():
+    for (zero, off, acc), ranks in groups.items():
         at = slice(None) if len(groups) == 1 else np.array(ranks)
         states = (model_states(psi[at], experts[at], dp=dp, ep=ep, zero_stage=zero,
-                               optimizer=optimizer, offload=off, dtensor=dtensor)
+                               optimizer=optimizer, offload=off, dtensor=dtensor,
+                               accumulates=acc)
                   if experts is not None else
-                  model_state_bytes(psi[at], dp, zero, optimizer, off, dtensor=dtensor))
+                  model_state_bytes(psi[at], dp, zero, optimizer, off, dtensor=dtensor,
+                                    accumulates=acc))
         for name in ("params", "grads", "optimizer", "host"):
             rows[name][at] = getattr(states, name)
         rows["buffers"][at] = buffer_bytes(largest_out[at], biggest[at], pp=p, tp=tp, dp=dp,
@@ -163,7 +169,9 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
         kinds=[device.kind for device in plan.devices],
         headroom=[headroom.bytes(device.memory_gib * GIB) for device in plan.devices],
         contexts=[device.cuda_context_gib for device in plan.devices],
-        expert_params=plan.expert_params, ep=config.ep, pending=pending).breakdowns()
+        expert_params=plan.expert_params, ep=config.ep, pending=pending,
+        accumulates=[config.defers_sharded_reduction_at(z)
+                     for z in config.rank_zero_stages]).breakdowns()
     if config.offload == "none" or cluster is None:
         return memory
     return with_host_check(memory, config, cluster)

@@ -339,18 +339,19 @@ def ep_segment(seg: SegmentCost, layer: MoELayer | None, ep: int,
 
 def model_states(params: float | np.ndarray, expert_params: float | np.ndarray, *, dp: int,
                  ep: int, zero_stage: int, optimizer: OptimizerSpec = ADAM_MIXED,
-                 offload: str = "none", dtensor: bool = True) -> ModelStates:
+                 offload: str = "none", dtensor: bool = True,
+                 accumulates: bool = False) -> ModelStates:
     """``ZeRO(Ψ − Ψ_e, dp, z) + ZeRO(Ψ_e, dp/ep, z)`` with ``params`` = ``Ψ`` and
     ``expert_params`` = ``Ψ_e`` the rank's local counts (experts already ``1/ep``); arrays
     give one entry per rank (:func:`~fxplan.cost_model.memory.breakdown.model_state_bytes`;
-    a rank without experts adds their ``0.0``, which leaves its sum exact). ``dtensor``: as
-    there (``ep > 1`` makes the parameters DTensors)."""
+    a rank without experts adds their ``0.0``, which leaves its sum exact). ``dtensor``,
+    ``accumulates``: as there (``ep > 1`` makes the parameters DTensors)."""
     dense = model_state_bytes(params - expert_params, dp, zero_stage, optimizer, offload=offload,
-                              dtensor=dtensor)
+                              dtensor=dtensor, accumulates=accumulates)
     if not np.any(expert_params):
         return dense
     experts = model_state_bytes(expert_params, dp // ep, zero_stage, optimizer, offload=offload,
-                                dtensor=dtensor)
+                                dtensor=dtensor, accumulates=accumulates)
     return ModelStates(dense.params + experts.params, dense.grads + experts.grads,
                        dense.optimizer + experts.optimizer, dense.host + experts.host)
 

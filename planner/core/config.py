@@ -142,6 +142,32 @@ class ParallelConfig(StageLists, TextForm, ModelFit):
         return self.schedule.split_backward and self.pp > 1
 
     @property
+    def shards_params_with_fsdp(self) -> bool:
+        """Whether the runtime shards the parameters over dp with FSDP2: ZeRO-2/3, and ZeRO-1
+        with ``tp > 1`` or ``ep > 1`` (DTensor parameters), at ``dp > 1``."""
+        return self._fsdp_at(self.zero_stage)
+
+    def _fsdp_at(self, zero_stage: int) -> bool:
+        return self.dp > 1 and (zero_stage >= 2 or (
+            zero_stage == 1 and (self.tp > 1 or self.ep > 1)))
+
+    @property
+    def defers_sharded_reduction(self) -> bool:
+        """Whether FSDP2's reduction waits for the last of ``m > 1`` microbatches, its gradient
+        sync off in between (:attr:`shards_params_with_fsdp` without
+        :attr:`reduces_every_microbatch`: ZeRO-1, or any stage under torch's multi-stage
+        schedules): each rank keeps its unsharded gradients, accumulated in the reduction's
+        dtype, across the step, and under ZeRO-3 its gathered blocks (resharded only after the
+        reduction)."""
+        return self.defers_sharded_reduction_at(self.zero_stage)
+
+    def defers_sharded_reduction_at(self, zero_stage: int) -> bool:
+        """:attr:`defers_sharded_reduction` of a pipeline rank at ``zero_stage`` (its own, under
+        ``zero_stages``), without building the rank's view."""
+        return (self._fsdp_at(zero_stage) and (self.num_microbatches or 1) > 1
+                and not self._reduces_every_microbatch_at(zero_stage))
+
+    @property
     def reduces_every_microbatch(self) -> bool:
         """Whether the data-parallel gradient reduction runs in every microbatch's backward
         (ZeRO ≥ 2 with ``dp > 1``: a rank keeps only its shard of the gradients, so each
@@ -152,7 +178,10 @@ class ParallelConfig(StageLists, TextForm, ModelFit):
         zero-bubble) keep their own reduction pass after the last backward. The runtime does
         what this says and the cost model prices it; with ``zero_stages`` it is a rank's rule,
         read on its view (:meth:`at_pipeline_rank`)."""
-        return (self.zero_stage >= 2 and self.dp > 1
+        return self._reduces_every_microbatch_at(self.zero_stage)
+
+    def _reduces_every_microbatch_at(self, zero_stage: int) -> bool:
+        return (zero_stage >= 2 and self.dp > 1
                 and (self.pp == 1 or self.schedule.kind in ("gpipe", "1f1b")))
 
     @property

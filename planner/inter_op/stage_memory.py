@@ -104,12 +104,14 @@ def limit_text(capacity: float, headroom: float) -> str:
 
 @lru_cache(maxsize=4096)
 def state_bytes_per_param(dp: int, zero: int, offload: str = "none",
-                          optimizer: OptimizerSpec = ADAM_MIXED, dtensor: bool = False) -> float:
+                          optimizer: OptimizerSpec = ADAM_MIXED, dtensor: bool = False,
+                          accumulates: bool = False) -> float:
     """Device bytes of weights, gradients and optimizer state per local parameter in
     ``optimizer``'s layout (``16`` at ZeRO-0; less what ``offload`` keeps on the host;
-    ``dtensor``: tp or ep shard the parameters,
-    :func:`~fxplan.cost_model.memory.breakdown.model_state_bytes`)."""
-    return model_state_bytes(1.0, dp, zero, optimizer, offload, dtensor=dtensor).total
+    ``dtensor``: tp or ep shard the parameters; ``accumulates``: FSDP2's reduction waits for
+    the last microbatch; :func:`~fxplan.cost_model.memory.breakdown.model_state_bytes`)."""
+    return model_state_bytes(1.0, dp, zero, optimizer, offload, dtensor=dtensor,
+                             accumulates=accumulates).total
 
 
 def order(c: ParallelConfig) -> InflightCounts:
@@ -157,8 +159,8 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
     pipeline rank (heterogeneous clusters); ``ends``: the profiles whose ``pre``/``post``
     times the first/last stage pays (default ``prof``'s: the first/last stage's device)."""
     S, v = c.pp * c.virtual_stages, c.virtual_stages
-    dtensor = c.tp > 1 or c.ep > 1
-    k = state_bytes_per_param(c.dp, c.zero_stage, c.offload, prof.optimizer, dtensor)
+    dtensor, deferred = c.tp > 1 or c.ep > 1, c.defers_sharded_reduction
+    k = state_bytes_per_param(c.dp, c.zero_stage, c.offload, prof.optimizer, dtensor, deferred)
     n = inflight(c)
     mems = per_rank(mem, c.pp)
     first, last = ends or (prof, prof)
@@ -194,7 +196,7 @@ def partition_inputs(c: ParallelConfig, prof: SegmentProfile,
     layer_state = k * prof.params
     if prof.expert_params is not None:   # experts: ZeRO over their dp/ep replicas
         k_e = state_bytes_per_param(c.dp // c.ep, c.zero_stage, c.offload, prof.optimizer,
-                                    dtensor)
+                                    dtensor, deferred)
         layer_state = layer_state + (k_e - k) * prof.expert_params
     acts = prof.acts + rho * prof.kept if rho else prof.acts
     return PartitionInputs(extra, fixed, counts, layer_state, cap, acts * grow)
@@ -309,7 +311,9 @@ def _rows_of(c: ParallelConfig, inputs: dict[str, object],
                             offload=c.offload if c.offload_stages is None else c.rank_offloads,
                             kinds=[m.kind for m in mems],
                             headroom=[m.headroom for m in mems], ep=c.ep,
-                            contexts=[m.context_gib for m in mems])
+                            contexts=[m.context_gib for m in mems],
+                            accumulates=[c.defers_sharded_reduction_at(z)
+                                         for z in c.rank_zero_stages])
 
 
 def stage_totals(c: ParallelConfig, prof: SegmentProfile,

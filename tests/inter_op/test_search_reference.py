@@ -45,8 +45,9 @@ the offloading plan prices 21.615 s there, and the answer is again the plan reco
 joint choice, entry for entry (16.894 s). Every case is searched in Megatron-LM's layout of
 the model states (``state_layout="megatron"``: 16-bit weights and gradients beside fp32
 masters), the layout they were recorded in, but those named ``…@runtime``: four cases
-recorded on 2026-11-29 (on ``8d94059``) in the runtime's layout, the planner's default (fp32
-parameters as the masters, fp32 gradients and reductions). The MoE on V100 had its runners-up re-recorded on
+recorded on 2026-11-29 in the runtime's layout, the planner's default (fp32 parameters as the
+masters, fp32 gradients and reductions, FSDP2's unsharded gradients kept where its reduction
+waits for the last microbatch). The MoE on V100 had its runners-up re-recorded on
 2026-11-29 when the closed form began to price each rank's gradient reductions as one stream
 serving them behind the backward (the last one, the embedding's, exposed): its plan stayed, its
 first three runners-up became the same splits with ZeRO-2 on their first and last ranks

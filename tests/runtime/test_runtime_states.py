@@ -17,6 +17,11 @@ its optimizer updates (``Σ_dp Ψ_o = Ψ``)::
     offload=optimizer, ZeRO-0   WΨ           0                    WΨ     0        0          4WΨ
     offload=optimizer, ZeRO-1   WΨ           0                    WΨ     0        0          4WΨ_o
 
+and where FSDP2's reduction waits for the last microbatch (ZeRO-1 with tp = 2 and ``m = 2``,
+and ZeRO-2 under the interleaved schedule with ``m = 4``, whose ``REDUCE_GRAD`` pass follows
+the last backward) the unsharded gradients accumulated in fp32 before it, ``WΨ`` at their
+peak, beside the rows above (the ``WΨ/N`` shards replace them after the reduction).
+
 (DDP's gradients are views into its fp32 buckets, ``gradient_as_bucket_view=True``: no bucket
 bytes beside them; ZeRO-3's
 window is the root — embedding, head, final norm, which FSDP2 keeps gathered from forward to
@@ -43,7 +48,7 @@ BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 if BENCHMARKS not in sys.path:
     sys.path.append(BENCHMARKS)   # before the pool starts: its workers import the job by name
 
-from runtime_states import CONFIGS, LAYERS, device_states, priced  # noqa: E402
+from runtime_states import CONFIGS, LAYERS, defers, device_states, priced  # noqa: E402
 
 W = torch.finfo(torch.float32).bits // 8
 C = torch.finfo(torch.bfloat16).bits // 8
@@ -77,12 +82,13 @@ def expected(name: str, report: dict[str, Any]) -> dict[str, int]:
     n = config["dp"]
     offload = config.get("offload") == "optimizer"
     if config["zero"] in (0, 1) and config.get("tp", 1) == 1:   # DDP (+ ZeroRedundancyOptimizer)
-        return dict(params=W * psi, gathered=0, grads=W * psi, buckets=0,
+        return dict(params=W * psi, gathered=0, grads=W * psi, accumulated=0, buckets=0,
                     optimizer=0 if offload else 2 * W * updated,
                     host=4 * W * updated if offload else 0)
     root, block = _window()
     gathered = C * (root + 2 * block) if config["zero"] == 3 else C * psi
-    return dict(params=W * psi // n, gathered=gathered, grads=W * psi // n, buckets=0,
+    return dict(params=W * psi // n, gathered=gathered, grads=W * psi // n,
+                accumulated=W * psi if defers(config) else 0, buckets=0,
                 optimizer=2 * W * psi // n, host=0)
 
 
@@ -91,7 +97,8 @@ def test_the_runtime_keeps_its_layout(rank_pool, name):
     """Every member rank holds exactly the bytes of the module docstring's table, in fp32
     (gathered parameters in bf16), its optimizer updating its share of the parameters."""
     reports = measured(rank_pool, name)
-    assert len(reports) == CONFIGS[name]["dp"] * CONFIGS[name].get("tp", 1)
+    assert len(reports) == (CONFIGS[name]["dp"] * CONFIGS[name].get("tp", 1)
+                            * CONFIGS[name].get("pp", 1))
     for report in reports:
         assert report["bytes"] == expected(name, report), report
         for kind, dtypes in report["dtypes"].items():
@@ -139,10 +146,12 @@ def test_the_model_prices_the_device_total(rank_pool, name):
 @pytest.mark.parametrize("name", [n for n in CONFIGS if CONFIGS[n].get("offload") is None])
 def test_the_model_prices_each_state(rank_pool, name):
     """Weights (a ZeRO-2 rank's gathered copy with them; ZeRO-3's window is a buffer in the
-    model), gradients (DDP's buckets with them) and optimizer state one by one."""
+    model), gradients (DDP's buckets with them; where the reduction waits for the last
+    microbatch, the unsharded ones at their peak) and optimizer state one by one."""
     reports = measured(rank_pool, name)
     weights = ("params",) if CONFIGS[name]["zero"] == 3 else ("params", "gathered")
-    for runtime_kinds, model_kinds in ((weights, ("params",)), (("grads", "buckets"), ("grads",)),
+    grads = ("accumulated",) if defers(CONFIGS[name]) else ("grads", "buckets")
+    for runtime_kinds, model_kinds in ((weights, ("params",)), (grads, ("grads",)),
                                        (("optimizer",), ("optimizer",))):
         assert _mean_per_param(reports, runtime_kinds) == pytest.approx(
             _priced_per_param(name, reports[0], model_kinds), rel=1e-9), runtime_kinds
