@@ -28,17 +28,21 @@ __all__ = ["buffer_bytes", "rank_memory_rows", "stage_memory"]
 
 def buffer_bytes(max_output_bytes: float | np.ndarray, max_segment_params: float | np.ndarray,
                  *, pp: int, tp: int, dp: int, zero_stage: int, sequence_parallel: bool,
-                 optimizer: OptimizerSpec = ADAM_MIXED) -> float | np.ndarray:
+                 optimizer: OptimizerSpec = ADAM_MIXED,
+                 accumulates: bool = False) -> float | np.ndarray:
     """Transient buffers of one pipeline rank, bytes: ``2·o`` (pipeline send/recv, ``pp > 1``)
     ``+ t·o`` (sequence parallel: a column-parallel input all-gathered) ``+ 2·(k_c + k_g)·ψ``
     (ZeRO-3: weights gathered in the compute dtype and unsharded gradients of the running and
     the prefetched segment), with
     ``o`` the largest segment output and ``ψ`` the largest segment's parameters on the rank
-    (arrays: one entry per rank, all at ``zero_stage``)."""
+    (arrays: one entry per rank, all at ``zero_stage``). Not the last term where FSDP2's
+    reduction waits for the last microbatch in a layout whose parameters are the masters
+    (``accumulates``): the model states count every block gathered and every gradient
+    unsharded there (:func:`~fxplan.cost_model.memory.breakdown.model_state_bytes`)."""
     out = 2.0 * max_output_bytes if pp > 1 else 0.0
     if sequence_parallel and tp > 1:
         out = out + max_output_bytes * tp
-    if zero_stage == 3 and dp > 1:
+    if zero_stage == 3 and dp > 1 and not (accumulates and optimizer.masters_are_params):
         out = out + 2.0 * max_segment_params * (optimizer.gather_bytes + optimizer.grad_bytes)
     return out
 
@@ -119,7 +123,7 @@ def rank_memory_rows(order: ScheduleOrder | InflightCounts, *, params: Sequence[
             rows[name][at] = getattr(states, name)
         rows["buffers"][at] = buffer_bytes(largest_out[at], biggest[at], pp=p, tp=tp, dp=dp,
                                            zero_stage=zero, sequence_parallel=sequence_parallel,
-                                           optimizer=optimizer)
+                                           optimizer=optimizer, accumulates=acc)
     work = np.asarray(working, dtype=float)
     transient = acts + work + rows["buffers"]
     kinds = ["gpu"] * p if kinds is None else list(kinds)

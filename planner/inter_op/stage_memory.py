@@ -130,7 +130,7 @@ def _buffers(c: ParallelConfig, max_output: float, max_params: float,
              optimizer: OptimizerSpec) -> float:
     return buffer_bytes(max_output, max_params, pp=c.pp, tp=c.tp, dp=c.dp,
                         zero_stage=c.zero_stage, sequence_parallel=c.sequence_parallel,
-                        optimizer=optimizer)
+                        optimizer=optimizer, accumulates=c.defers_sharded_reduction)
 
 
 @dataclass(frozen=True)

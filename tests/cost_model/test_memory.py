@@ -246,3 +246,26 @@ def test_headroom_decides_fits(graph, cluster) -> None:  # type: ignore[no-untyp
     default = estimate(graph, cluster, config, batch=8)
     assert default.memory[0].headroom == pytest.approx(0.05 * 80 * 2 ** 30)
     assert default.to_dict()["memory_headroom"] == "5%"
+
+
+def test_a_deferred_reduction_keeps_the_gradients_unsharded_and_the_blocks_gathered() -> None:
+    """FSDP2's reduction after the last of ``m > 1`` microbatches (ZeRO-3 under the interleaved
+    schedule) in the runtime's layout: ``4/N`` fp32 shard + ``2`` gathered + ``4`` unsharded
+    fp32 gradients + ``8/N`` moments, and no two-layer gathered window among the buffers (the
+    states count every block gathered); in Megatron's layout and without the deferral, as
+    before."""
+    from fxplan.core.config import ParallelConfig
+    from fxplan.cost_model.memory.rank_memory import buffer_bytes
+
+    psi, n = 1e9, 8
+    deferred = ParallelConfig.parse(f"dp={n},pp=2,zero=3,m=4,schedule=interleaved:2")
+    assert deferred.defers_sharded_reduction
+    assert not deferred.replace(schedule=deferred.schedule.parse("1f1b")).defers_sharded_reduction
+    states = model_state_bytes(psi, n, 3, ADAM_AMP, accumulates=True)
+    assert (states.params, states.grads, states.optimizer) == (
+        4 * psi / n + 2 * psi, 4 * psi, 8 * psi / n)
+    assert model_state_bytes(psi, n, 3, ADAM_MIXED, accumulates=True).total == 16 * psi / n
+    window = dict(pp=2, tp=1, dp=n, zero_stage=3, sequence_parallel=False)
+    assert buffer_bytes(0.0, 1e6, **window, optimizer=ADAM_AMP, accumulates=True) == 0.0
+    assert buffer_bytes(0.0, 1e6, **window, optimizer=ADAM_AMP) == 2e6 * (2 + 4)
+    assert buffer_bytes(0.0, 1e6, **window, optimizer=ADAM_MIXED, accumulates=True) == 2e6 * 4
