@@ -68,6 +68,8 @@ from operator import attrgetter
 
 import numpy as np
 
+from fxplan.core.config import fsdp_shards
+
 __all__ = ["ADAM_AMP", "ADAM_FP32", "ADAM_MIXED", "STATE_LAYOUTS", "GIB", "MEMORY_LEGEND",
            "MEMORY_ROWS", "MemoryBreakdown", "state_layout_text",
            "MemoryRows", "ModelStates", "OptimizerSpec", "adam_for", "model_state_bytes"]
@@ -178,8 +180,7 @@ def model_state_bytes(num_params: float | np.ndarray, dp: int, zero_stage: int,
     if offload == "optimizer+params":
         return ModelStates(0.0, 0.0, 0.0, host=optimizer.host_bytes * updated)
     # FSDP2 keeps an fp32 shard and the gathered compute copy (masters are the parameters)
-    fsdp = optimizer.masters_are_params and n > 1 and (
-        zero_stage >= 2 or (zero_stage == 1 and dtensor))
+    fsdp = optimizer.masters_are_params and fsdp_shards(n, zero_stage, dtensor)
     deferred = fsdp and accumulates   # gradient sync off until the last microbatch
     if fsdp and (zero_stage < 3 or deferred):
         params = optimizer.param_bytes * psi / n + optimizer.gather_bytes * psi

@@ -174,8 +174,7 @@ def stage_memory(plan: StagePlan, order: ScheduleOrder, config: ParallelConfig,
         headroom=[headroom.bytes(device.memory_gib * GIB) for device in plan.devices],
         contexts=[device.cuda_context_gib for device in plan.devices],
         expert_params=plan.expert_params, ep=config.ep, pending=pending,
-        accumulates=[config.defers_sharded_reduction_at(z)
-                     for z in config.rank_zero_stages]).breakdowns()
+        accumulates=config.rank_defers_sharded_reduction).breakdowns()
     if config.offload == "none" or cluster is None:
         return memory
     return with_host_check(memory, config, cluster)

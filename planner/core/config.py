@@ -36,6 +36,13 @@ from fxplan.core.schedule import Schedule
 __all__ = ["ParallelConfig"]
 
 
+def fsdp_shards(dp: int, zero_stage: int, dtensor: bool) -> bool:
+    """Whether the runtime shards the parameters over ``dp`` ranks with FSDP2 at
+    ``zero_stage``: ZeRO-2/3, and ZeRO-1 where the parameters are DTensors (``dtensor``:
+    ``tp > 1`` or ``ep > 1``; :mod:`fxplan.runtime.styles.data_parallel`), at ``dp > 1``."""
+    return dp > 1 and (zero_stage >= 2 or (zero_stage == 1 and dtensor))
+
+
 @dataclass(frozen=True)
 class ParallelConfig(StageLists, TextForm, ModelFit):
     """Degrees, microbatching, schedule, ZeRO stage, recompute, sequence parallelism,
@@ -148,8 +155,7 @@ class ParallelConfig(StageLists, TextForm, ModelFit):
         return self._fsdp_at(self.zero_stage)
 
     def _fsdp_at(self, zero_stage: int) -> bool:
-        return self.dp > 1 and (zero_stage >= 2 or (
-            zero_stage == 1 and (self.tp > 1 or self.ep > 1)))
+        return fsdp_shards(self.dp, zero_stage, self.tp > 1 or self.ep > 1)
 
     @property
     def defers_sharded_reduction(self) -> bool:
@@ -160,6 +166,12 @@ class ParallelConfig(StageLists, TextForm, ModelFit):
         dtype, across the step, and under ZeRO-3 its gathered blocks (resharded only after the
         reduction)."""
         return self.defers_sharded_reduction_at(self.zero_stage)
+
+    @property
+    def rank_defers_sharded_reduction(self) -> tuple[bool, ...]:
+        """:meth:`defers_sharded_reduction_at` of every pipeline rank at its own ZeRO stage
+        (:attr:`rank_zero_stages`)."""
+        return tuple(self.defers_sharded_reduction_at(z) for z in self.rank_zero_stages)
 
     def defers_sharded_reduction_at(self, zero_stage: int) -> bool:
         """:attr:`defers_sharded_reduction` of a pipeline rank at ``zero_stage`` (its own, under

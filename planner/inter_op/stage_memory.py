@@ -312,8 +312,7 @@ def _rows_of(c: ParallelConfig, inputs: dict[str, object],
                             kinds=[m.kind for m in mems],
                             headroom=[m.headroom for m in mems], ep=c.ep,
                             contexts=[m.context_gib for m in mems],
-                            accumulates=[c.defers_sharded_reduction_at(z)
-                                         for z in c.rank_zero_stages])
+                            accumulates=c.rank_defers_sharded_reduction)
 
 
 def stage_totals(c: ParallelConfig, prof: SegmentProfile,
