@@ -43,4 +43,4 @@ def simulate_plan(plan: Plan, graph: CapturedGraph, cluster: Cluster) -> Estimat
 
     return estimate(graph, cluster, priced_config(plan), batch=plan.batch, seq=plan.seq,
                     memory_headroom=plan.estimate.get("memory_headroom"),
-                    state_layout=plan.estimate.get("state_layout") or "runtime")
+                    state_layout=plan.state_layout)

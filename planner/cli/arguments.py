@@ -115,7 +115,9 @@ def add_headroom_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_state_layout_argument(parser: argparse.ArgumentParser) -> None:
     """``--state-layout``: the layout of the model states the cost model prices
-    (:func:`fxplan.cost_model.memory.breakdown.adam_for`)."""
+    (:func:`fxplan.cost_model.memory.breakdown.adam_for`; its choices are
+    :data:`~fxplan.cost_model.memory.breakdown.STATE_LAYOUTS`, written out here so that the CLI
+    starts without numpy or torch, and tested equal)."""
     parser.add_argument("--state-layout", choices=("runtime", "megatron"), default="runtime",
                         help="how the model states are kept: runtime (fxplan's runtime: fp32 "
                         "parameters as the masters, fp32 gradients and reductions; default) or "

@@ -211,6 +211,13 @@ class Plan:
         return CP_ATTENTION if self.config.cp > 1 else None
 
     @property
+    def state_layout(self) -> str:
+        """The layout its model states were priced in
+        (:data:`~fxplan.core.config_fields.STATE_LAYOUTS`; the runtime's for a plan file
+        without one)."""
+        return self.estimate.get("state_layout") or "runtime"
+
+    @property
     def offload(self) -> str:
         """What lives in host memory (:data:`~fxplan.core.config_fields.OFFLOAD_POLICIES`)."""
         return self.config.offload

@@ -84,7 +84,7 @@ def export_plan(plan: Plan, target: str, *, torchtitan_version: str | None = Non
         changes = {"offload_stages": None, **changes}
     # the framework keeps the model states in its own layout
     layout = fmt.STATE_LAYOUT
-    if (changes or layout != (plan.estimate.get("state_layout") or "runtime")) and price:
+    if (changes or layout != plan.state_layout) and price:
         from fxplan.export.pricing import price_changes
 
         notes.append(price_changes(plan, changes, layout))

@@ -83,7 +83,7 @@ def price_changes(plan: Plan, changes: Mapping[str, Any], state_layout: str | No
     from fxplan.inter_op.pricing import priced_config
     from fxplan.plan_context import plan_context
 
-    layout = plan.estimate.get("state_layout") or "runtime"   # the plan's
+    layout = plan.state_layout
     theirs_layout = state_layout or layout
     described = [describe_changes(changes)] if changes else []
     if theirs_layout != layout:

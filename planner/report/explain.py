@@ -313,7 +313,7 @@ def compare(plan: Plan, *, vs_plan: Plan | None = None, changes: Mapping[str, An
         alt_config, notes = alternative_config(plan, changes or {})
         label = "alternative"
     headroom = plan.estimate.get("memory_headroom")   # both sides against the plan's
-    layout = plan.estimate.get("state_layout") or "runtime"   # and in its layout
+    layout = plan.state_layout   # and in its layout
     mine = _price(graph, cluster, "plan", priced_config(plan), plan.batch, headroom, layout)
     if mine.est is None:
         raise ExplainError(f"the plan itself cannot be priced by this fxplan's cost model: "

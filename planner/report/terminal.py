@@ -136,7 +136,7 @@ def _memory_table(plan: Plan) -> Any:
     rows = plan.estimate.get("memory_breakdown_gib", [])
     cap = plan.estimate.get("capacity_gib", 0.0)
     groups = stage_groups(plan)
-    layout = state_layout_text(plan.estimate.get("state_layout"))
+    layout = state_layout_text(plan.state_layout)
     table = Table(title=f"memory per rank (GiB, capacity {capacity_text(plan)})",
                   title_justify="left", caption=f"{MEMORY_LEGEND}; {layout}",
                   caption_justify="left")

@@ -101,6 +101,15 @@ def test_state_layout_prices_the_model_states_as_named(capsys) -> None:  # type:
     assert states["runtime"] / states["megatron"] == pytest.approx((8 + 1) / (4 + 1.5), rel=1e-9)
     assert main(args) == 0
     assert "fp32 parameters (the masters)" in capsys.readouterr().out
+    import argparse
+
+    from fxplan.cli.arguments import add_state_layout_argument
+    from fxplan.cost_model.memory.breakdown import STATE_LAYOUTS
+
+    parser = argparse.ArgumentParser()
+    add_state_layout_argument(parser)
+    flag = next(a for a in parser._actions if a.dest == "state_layout")
+    assert tuple(flag.choices) == STATE_LAYOUTS and flag.default == STATE_LAYOUTS[0]
     with pytest.raises(SystemExit) as exit_:
         main([*args, "--state-layout", "deepspeed"])
     assert exit_.value.code == 2
