@@ -51,7 +51,9 @@ gives ``D(W) = G_0(0)``, the least ``max_s (e_s − δ_s)`` of any split and run
 ``(σ*, r*)`` be optimal and ``W* = max_s w_s`` there, one of the finitely many table values; at
 ``W = W*`` the DP's answer has ``max w ≤ W*`` and a second term ``≤ D(W*)``, no larger than
 ``(σ*, r*)``'s, so ``T̂ ≤ T̂*``: the minimum over the caps of ``(m + b)·W + D(W)`` is the
-optimum.
+optimum. Of the rungs that keep a cap's ``T̂``, each rank takes the least work, and a
+round-off tie between caps goes to the less work in all (:mod:`~fxplan.inter_op.stage_zero`,
+"Ties": the simulator's fill and drain pass every rank's work).
 
 **Few caps.** ``D`` is non-increasing in ``W``. The caps (the table's ``w`` at or above the
 least feasible ``max_s w_s``, itself one min–max DP on ``w``) are sorted, ``D`` is evaluated at
@@ -90,7 +92,7 @@ from fxplan.inter_op.profile import SegmentProfile
 from fxplan.inter_op.scored import ROUND_OFF
 from fxplan.inter_op.stage_devices import rank_limits
 from fxplan.inter_op.stage_memory import DeviceMemory, rung_rows, stage_rows, stage_totals
-from fxplan.inter_op.stage_zero import with_rungs
+from fxplan.inter_op.stage_zero import before, least_work_rungs, with_rungs
 from fxplan.inter_op.surrogate import (RungTerms, bubble_weight, drain_slack, drains_in_turn,
                                        surrogate_step_s)
 
@@ -261,7 +263,7 @@ def _caps(tables: _Tables, allowed: np.ndarray, scale: float, L: int,
         return None
     caps = np.unique(tables.w[allowed])
     caps = caps[caps >= w_min[0]]
-    best: list = [None, bound]
+    best: list = [None, bound, np.inf]   # (T̂, positions, rungs), its T̂, its Σ_s w_s
     memo: dict[int, float] = {}
 
     def at(i: int) -> float:
@@ -276,11 +278,12 @@ def _caps(tables: _Tables, allowed: np.ndarray, scale: float, L: int,
             if found is not None:
                 pos = found[1]
                 s = np.arange(len(pos))
-                r = rung[s, pos]
-                slack = drain_slack(tables.placed, tables.drain[s, pos])
-                t = float(scale * tables.w[s, pos, r].max() + (tables.e[s, pos, r] - slack).max())
-                if t < best[1]:
-                    best[:] = [(t, pos, r), t]
+                w = tables.w[s, pos]
+                cost = tables.e[s, pos] - drain_slack(tables.placed, tables.drain[s, pos])[:, None]
+                r = least_work_rungs(w, cost, ok[s, pos], float(cost[s, rung[s, pos]].max()))
+                t = float(scale * w[s, r].max() + cost[s, r].max())
+                if before(t, float(w[s, r].sum()), best[1], best[2]):
+                    best[:] = [(t, pos, r), t, float(w[s, r].sum())]
         return memo[i]
 
     last = len(caps) - 1

@@ -54,11 +54,23 @@ among its rungs that fit (``M_s(r) ≤ C_s − r_s − H_s``, and the host check
 ``W* = max_s w_s(r*_s)``, one of the finitely many values ``w_s(r)``; at ``W = W*`` the
 decoupled choice has ``max_s w_s ≤ W*`` and a second term no larger than ``r*``'s (``r*`` is
 feasible there), hence ``T̂`` no larger. Trying every ``W`` among the ``p·|R|`` values finds
-the minimum exactly, in ``O(p²·|R|²)``. Ties go to the earlier rung of the ladder (the lower
-stage, then no offload); the mixed rungs replace the candidate only when their ``T̂`` is lower
-than its own (by more than round-off). The simulator re-prices every finalist
-(:func:`cost_model.step.estimate.estimate`, which prices each rank under its own stage and
-offload).
+the minimum exactly, in ``O(p²·|R|²)``. The mixed rungs replace the candidate only when
+their ``T̂`` is lower than its own (by more than round-off). The simulator re-prices every
+finalist (:func:`cost_model.step.estimate.estimate`, which prices each rank under its own
+stage and offload).
+
+**Ties.** Many choices share the least ``T̂``: with the slowest rank's ``w`` and the largest
+``e_s − δ_s`` fixed, every other rank may take any rung of no more work and no more cost.
+``T̂`` prices the pipeline's fill and drain as ``(p−1)/v`` times the slowest rank's work, but
+in the step simulator the first microbatch's forward and the last one's backward pass every
+rank in turn, each at its own ``w_s``: of two choices with equal ``T̂`` the one with less work
+``Σ_s w_s`` is the faster (Llama 8 × 4096 on a DGX A100 at pp = 4, dp = 2, 69.3 GiB held
+back, in the runtime's layout: rank 0 at ZeRO-3 or at ZeRO-1 with its optimizer offloaded,
+both 5.1293 s by ``T̂``, hidden behind rank 2's host step; the simulator finds the second,
+0.010 s less work in all, faster by 0.15 %). So each rank takes, among the rungs whose cost is
+within the second term, the least work (:func:`least_work_rungs`; then the least cost, then
+the earlier rung of the ladder: the lower stage, then no offload), and a round-off tie in
+``T̂`` between caps goes to the choice with less work in all (:func:`before`).
 
 **Offload that cannot win.** An offload rung ``(z, o)`` has the ``w_s`` of its on-device twin
 ``(z, none)`` (``optimizer``) or a larger one (``optimizer+params`` adds its copies to
@@ -106,8 +118,8 @@ from fxplan.inter_op.surrogate import RungTerms, bubble_weight, drain_slack
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cluster_specs import Cluster
 
-__all__ = ["RankOptions", "choose_rungs", "mix_rungs", "rank_options", "runnable_rungs",
-           "tied_holders", "with_rungs"]
+__all__ = ["RankOptions", "before", "choose_rungs", "least_work_rungs", "mix_rungs",
+           "rank_options", "runnable_rungs", "tied_holders", "with_rungs"]
 
 
 class RankOptions:
@@ -178,21 +190,44 @@ def choose_rungs(c: ParallelConfig, options: RankOptions) -> tuple[tuple, float]
     w, e, fits = options.w, options.e, options.fits
     if not fits.any(axis=1).all():
         return None
-    best: tuple[float, tuple[int, ...]] | None = None
+    best: tuple[float, float, np.ndarray] | None = None
     cost = e - drain_slack(c, options.drain)[:, None]
+    rows = np.arange(len(w))
     for cap in np.unique(w[fits]):
         allowed = fits & (w <= cap)
         if not allowed.any(axis=1).all():
             continue
         # argmin takes the first of equal costs: the earlier rung of the ladder
         pick = np.argmin(np.where(allowed, cost, np.inf), axis=1)
-        rows = np.arange(len(pick))
+        pick = least_work_rungs(w, cost, allowed, float(cost[rows, pick].max()))
         t = float(scale * w[rows, pick].max() + cost[rows, pick].max())
-        if best is None or t < best[0]:
-            best = (t, tuple(options.rungs[k] for k in pick))
+        if best is None or before(t, float(w[rows, pick].sum()), best[0], best[1]):
+            best = (t, float(w[rows, pick].sum()), pick)
     if best is None:
         return None
-    return best[1], best[0]
+    return tuple(options.rungs[k] for k in best[2]), best[0]
+
+
+def least_work_rungs(w: np.ndarray, cost: np.ndarray, allowed: np.ndarray,
+                     top: float) -> np.ndarray:
+    """Per rank (a row of ``w``, ``cost``, ``allowed``; a column per rung), among its allowed
+    rungs whose ``cost = e_s − δ_s`` is at most ``top`` — the second term of ``T̂``, which
+    none of them raises — the one with the least work per microbatch ``w_s`` (then the least
+    cost, then the earlier rung). ``T̂`` takes only ``max_s w_s`` from the work, but the step
+    simulator's fill and drain pass every rank's (module docstring, "Ties"). Each row holds a
+    rung of cost ``≤ top`` where ``top`` is the largest of the rows' least costs."""
+    ok = allowed & (cost <= top)
+    work = np.where(ok, w, np.inf)
+    lightest = ok & (work == work.min(axis=1, keepdims=True))
+    return np.argmin(np.where(lightest, cost, np.inf), axis=1)
+
+
+def before(t: float, work: float, best_t: float, best_work: float) -> bool:
+    """Whether a choice with ``T̂ = t`` and ``Σ_s w_s = work`` goes before the best so far:
+    a lower ``T̂`` past round-off, or a round-off tie with less work in all (module
+    docstring, "Ties")."""
+    return t < best_t * (1.0 - ROUND_OFF) or (t <= best_t * (1.0 + ROUND_OFF)
+                                              and work < best_work)
 
 
 def tied_holders(c: ParallelConfig, prof: SegmentProfile) -> tuple[int, ...]:

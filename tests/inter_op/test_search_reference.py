@@ -51,8 +51,13 @@ waits for the last microbatch). The MoE on V100 had its runners-up re-recorded o
 2026-11-29 when the closed form began to price each rank's gradient reductions as one stream
 serving them behind the backward (the last one, the embedding's, exposed): its plan stayed, its
 first three runners-up became the same splits with ZeRO-2 on their first and last ranks
-(18.339 s simulated where the recorded first was 18.331 s). It is re-recorded only for a change
-that is meant to move a plan:
+(18.339 s simulated where the recorded first was 18.331 s). Both MoE cases had their
+runners-up re-recorded on 2026-11-29 when ties in ``T̂`` between rungs per rank began to go
+to the choice with less work summed over the ranks (:func:`fxplan.inter_op.stage_zero.
+least_work_rungs`): their plans stayed, their runners-up became faster under the simulator
+(Megatron's layout 18.339 / 18.417 / 18.498 s to 18.331 / 18.415 / 18.497 s, the runtime's
+18.768 / 18.841 / 18.960 s to 18.752 / 18.841 / 18.956 s); every other case kept its answer.
+It is re-recorded only for a change that is meant to move a plan:
 
     .venv/bin/python tests/inter_op/test_search_reference.py --record [NAME ...]
 
