@@ -37,7 +37,7 @@ def plan_context(plan: Plan, *, source: str = "plan") -> tuple[CapturedGraph, Cl
 def simulate_plan(plan: Plan, graph: CapturedGraph, cluster: Cluster) -> Estimate:
     """The estimate (with the step simulation) whose step time is the plan's, against the
     memory headroom the plan was made with (the default for a plan file without one), its
-    model states in the layout it was priced in (the runtime's for a plan file without one)."""
+    model states in the layout it was priced in (:attr:`~fxplan.core.plan.Plan.state_layout`)."""
     from fxplan.cost_model import estimate
     from fxplan.inter_op.pricing import priced_config
 

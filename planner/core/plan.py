@@ -213,9 +213,12 @@ class Plan:
     @property
     def state_layout(self) -> str:
         """The layout its model states were priced in
-        (:data:`~fxplan.core.config_fields.STATE_LAYOUTS`; the runtime's for a plan file
-        without one)."""
-        return self.estimate.get("state_layout") or "runtime"
+        (:data:`~fxplan.core.config_fields.STATE_LAYOUTS`). A plan file whose estimate names
+        none was written before the runtime's layout was priced, when every estimate took
+        Megatron-LM's (16-bit weights and gradients beside fp32 masters): ``"megatron"``,
+        so that its re-pricing, ``explain`` and ``export`` reproduce the figures it
+        carries."""
+        return self.estimate.get("state_layout") or "megatron"
 
     @property
     def offload(self) -> str:

@@ -13,14 +13,15 @@ CLUSTER = "dgx-a100-80g:nodes=1"  # 8 devices with a bf16 peak: the plans train 
 def make_plan(config: str, *, batch: int, layers: tuple[int, ...],
               block_recompute: tuple[str, ...] | None = None,
               cluster: str = CLUSTER) -> Plan:
-    """A plan for ``config`` (text form) with ``layers`` repeated blocks per virtual stage."""
+    """A plan for ``config`` (text form) with ``layers`` repeated blocks per virtual stage,
+    priced (as a search prices today) in the runtime's layout of the model states."""
     starts = [sum(layers[:i]) for i in range(len(layers))]
     stages = tuple(StageAssignment(i, (start, start + n), i == 0, i == len(layers) - 1)
                    for i, (start, n) in enumerate(zip(starts, layers)))
     return Plan(model="gpt-tiny:layers=8", cluster=cluster, graph_fingerprint="a" * 64,
                 cluster_fingerprint="b" * 64, batch=batch, seq=64,
                 config=ParallelConfig.parse(config).resolve(batch), stages=stages,
-                block_recompute=block_recompute)
+                block_recompute=block_recompute, estimate={"state_layout": "runtime"})
 
 
 #: The round-trip plans: data parallel only, tp+sp, interleaved pipeline, ZeRO-3, uneven stages.

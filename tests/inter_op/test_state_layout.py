@@ -54,6 +54,25 @@ def test_a_plan_is_repriced_in_its_layout(plans) -> None:  # type: ignore[no-unt
         plan.estimate["step_time_s"], rel=1e-12)
 
 
+def test_a_plan_file_without_a_layout_is_repriced_in_megatrons(plans) -> None:  # type: ignore[no-untyped-def]
+    """A plan file whose estimate names no layout was written when every estimate took
+    Megatron-LM's: re-priced in it, it gives back the step time and memory it carries."""
+    import json
+
+    from fxplan.core.plan import Plan
+    from fxplan.plan_context import simulate_plan
+
+    graph, cluster, by_layout = plans
+    data = json.loads(by_layout["megatron"].to_json())
+    for key in ("state_layout", "optimizer"):
+        del data["estimate"][key]
+    old = Plan.from_json(json.dumps(data))
+    assert old.state_layout == "megatron"
+    again = simulate_plan(old, graph, cluster)
+    assert again.step_time_s == pytest.approx(old.estimate["step_time_s"], rel=1e-12)
+    assert again.peak_memory_gib == pytest.approx(old.estimate["peak_memory_gib"], rel=1e-12)
+
+
 def test_an_unknown_layout_is_refused_in_one_sentence(plans) -> None:  # type: ignore[no-untyped-def]
     from fxplan.inter_op import search
 
