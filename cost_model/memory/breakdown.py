@@ -121,14 +121,24 @@ ADAM_AMP = OptimizerSpec("adam-amp", param_bytes=4.0, grad_bytes=4.0, state_byte
 STATE_LAYOUTS = ("runtime", "megatron")
 
 
-def state_layout_text(state_layout: str | None) -> str:
+#: What the reports (the first text) and the export's notes (the second, brief) say of each
+#: layout of the model states.
+_LAYOUT_TEXTS = {
+    "megatron": ("model states in Megatron-LM's layout: 16-bit weights and gradients beside "
+                 "fp32 masters and moments, 2 + 2 + 12 B per parameter before ZeRO",
+                 "model states in Megatron-LM's layout: 16-bit weights and gradients, fp32 "
+                 "masters"),
+    "runtime": ("model states as fxplan's runtime keeps them: fp32 parameters (the masters), "
+                "fp32 gradients and moments, 4 + 4 + 8 B per parameter before ZeRO, reduced "
+                "in fp32",
+                "model states as FSDP2 keeps them: fp32 parameters and gradients"),
+}
+
+
+def state_layout_text(state_layout: str | None, brief: bool = False) -> str:
     """What a report says of the layout its model states were priced in (``None``: the
-    runtime's, the default)."""
-    if state_layout == "megatron":
-        return ("model states in Megatron-LM's layout: 16-bit weights and gradients beside fp32 "
-                "masters and moments, 2 + 2 + 12 B per parameter before ZeRO")
-    return ("model states as fxplan's runtime keeps them: fp32 parameters (the masters), fp32 "
-            "gradients and moments, 4 + 4 + 8 B per parameter before ZeRO, reduced in fp32")
+    runtime's, the default); ``brief``: the few words an export's note gives it."""
+    return _LAYOUT_TEXTS[state_layout or "runtime"][int(brief)]
 
 
 def adam_for(dtype_key: str, state_layout: str = "runtime") -> OptimizerSpec:

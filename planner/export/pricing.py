@@ -29,6 +29,7 @@ from fxplan.core.config import ParallelConfig
 from fxplan.core.config_error import CostModelError
 from fxplan.core.errors import UserError
 from fxplan.core.plan import Plan
+from fxplan.cost_model.memory.breakdown import state_layout_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from fxplan.cost_model.step.estimate import Estimate
@@ -36,12 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["describe_changes", "price_changes"]
 
 _GIB = 2 ** 30
-
-#: How the note names a framework's layout of the model states where it is not the plan's.
-_LAYOUT_WORDS = {"megatron": "model states in Megatron-LM's layout: 16-bit weights and "
-                             "gradients, fp32 masters",
-                 "runtime": "model states as FSDP2 keeps them: fp32 parameters and gradients"}
-
 
 def describe_changes(changes: Mapping[str, Any]) -> str:
     """``zero=2, schedule=1f1b`` in the text form of ``--config`` keys."""
@@ -87,7 +82,7 @@ def price_changes(plan: Plan, changes: Mapping[str, Any], state_layout: str | No
     theirs_layout = state_layout or layout
     described = [describe_changes(changes)] if changes else []
     if theirs_layout != layout:
-        described.append(_LAYOUT_WORDS[theirs_layout])
+        described.append(state_layout_text(theirs_layout, brief=True))
     what = f"fxplan's estimate of the run as exported ({', '.join(described)})"
     try:
         graph, cluster = plan_context(plan)
