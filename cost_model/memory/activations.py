@@ -50,19 +50,32 @@ __all__ = ["ActivationBytes", "attention_core", "itemsize", "segment_activations
 @dataclass(frozen=True)
 class ActivationBytes:
     """Per tp rank, per microbatch (at the capture's batch): ``saved`` kept until the
-    backward, ``working`` alive while the recomputed part runs again."""
+    backward, ``working`` alive while the recomputed part runs again; ``weights_read``:
+    whether a split backward's weight pass reads the recomputed part's saved tensors again
+    (a whole block's, whose linear layers hold the weights; not the attention core's of
+    selective recompute, which holds none: the weight pass starts from the inputs of the
+    weights' ops, which the input-gradient pass left behind)."""
 
     saved: float
     working: float
+    weights_read: bool = True
 
     @property
     def kept(self) -> float:
-        """``max(working − saved, 0)``: what a recomputed segment holds beyond ``saved`` while
-        its recompute is kept — from a split backward's input-gradient pass to its
-        weight-gradient pass (:mod:`fxplan.passes.rewrite.split_recompute`): its activations
-        again, which include the checkpointed inputs (the recompute reads the same storage);
-        0 for a segment not recomputed."""
-        return max(self.working - self.saved, 0.0)
+        """``max(working − saved, 0)`` where :attr:`weights_read`, else 0: what a recomputed
+        segment holds beyond ``saved`` while its recompute is kept — from a split backward's
+        input-gradient pass to its weight-gradient pass
+        (:mod:`fxplan.passes.rewrite.split_recompute`): its activations again, which include
+        the checkpointed inputs (the recompute reads the same storage); 0 for a segment not
+        recomputed, and for selective recompute, whose attention core is recomputed in the
+        input-gradient pass and freed there."""
+        return max(self.working - self.saved, 0.0) if self.weights_read else 0.0
+
+    def scaled(self, factor: float, extra_working: float = 0.0) -> "ActivationBytes":
+        """Every byte times ``factor`` (a microbatch of ``factor`` captured batches), plus
+        ``extra_working`` alive during the recompute."""
+        return ActivationBytes(self.saved * factor, self.working * factor + extra_working,
+                               self.weights_read)
 
 
 def tensor_bytes(info: NodeInfo) -> int:
@@ -162,4 +175,5 @@ def segment_activations(graph: CapturedGraph, names: Sequence[str], layout: TPLa
     if not core:
         return ActivationBytes(everything, 0.0)
     kept = saved(n for n in names if n not in core)
-    return ActivationBytes(kept + _inputs_bytes(graph, set(core), layout, divisor), saved(core))
+    return ActivationBytes(kept + _inputs_bytes(graph, set(core), layout, divisor), saved(core),
+                           weights_read=False)

@@ -190,7 +190,8 @@ def cp_segment(seg: SegmentCost, cp: int, kv: float, recompute: str) -> SegmentC
     if cp == 1:
         return seg
     held = kv * (cp - 1) / cp if recompute != "full" else 0.0
-    acts = ActivationBytes(seg.activations.saved / cp + held, seg.activations.working / cp + kv)
+    acts = ActivationBytes(seg.activations.saved / cp + held, seg.activations.working / cp + kv,
+                           seg.activations.weights_read)
     return dataclasses.replace(
         seg, forward_s=seg.forward_s / cp, backward_s=seg.backward_s / cp,
         recompute_s=seg.recompute_s / cp,

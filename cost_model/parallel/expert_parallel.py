@@ -81,7 +81,6 @@ import numpy as np
 
 from fxplan.core.config_error import CostModelError
 from fxplan.cost_model.comm.collectives import collective_time_s
-from fxplan.cost_model.memory.activations import ActivationBytes
 from fxplan.cost_model.compute.op_time import node_time_s
 from fxplan.cost_model.step.layer_costs import SegmentCost, graph_segments, work_divisor
 from fxplan.cost_model.parallel.megatron_layout import used_params
@@ -334,7 +333,7 @@ def ep_segment(seg: SegmentCost, layer: MoELayer | None, ep: int,
         seg, params=params, forward_s=max(0.0, seg.forward_s + d_fwd),
         backward_s=max(0.0, seg.backward_s + d_bwd),
         recompute_s=max(0.0, seg.recompute_s + d_fwd) if recompute == "full" else seg.recompute_s,
-        activations=ActivationBytes(saved, seg.activations.working))
+        activations=dataclasses.replace(seg.activations, saved=saved))
 
 
 def model_states(params: float | np.ndarray, expert_params: float | np.ndarray, *, dp: int,

@@ -347,8 +347,7 @@ def _segment_cost(graph: CapturedGraph, key: str, tp: int, sp: bool, policy: str
     activations = segment_activations(graph, names, layout, tp=tp,
                                       sequence_parallel=sp and not layout.priced, recompute=policy,
                                       fused=fused)
-    activations = ActivationBytes(activations.saved * scale,
-                                  activations.working * scale + fp8_working)
+    activations = activations.scaled(scale, fp8_working)
     # the saved activations' pages faulted in again on a CPU rank (host_overhead; 0 on GPUs)
     forward += first_touch_s(activations.saved, host)
     if policy != "none" and host and host.first_touch_us_per_mib:

@@ -11,7 +11,9 @@
     selective  recompute only the attention core (Korthikanti et al., 2022): the nodes from the
                first activation × activation product (``QKᵀ``) to the second (``·V``), or a fused
                ``scaled_dot_product_attention``, are outlined into ``attn_core`` inside the block
-               and that submodule is wrapped — its ``O(s²)`` scores/probabilities are not saved
+               and that submodule is wrapped — its ``O(s²)`` scores/probabilities are not saved;
+               under a split backward too: the core holds no weights, so the weight pass never
+               reads what it saved and it is recomputed once, in the input-gradient pass
 
 The pass runs on a module whose children ``layer_i`` are the outlined blocks (a pipeline stage or
 the whole outlined graph). Recompute changes memory and time, never values.

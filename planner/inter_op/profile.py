@@ -13,9 +13,11 @@ network and the collective model prices that). Per microbatch and tp rank:
 (compute and exposed tp communication kept apart for the breakdown; Megatron does not overlap
 them, so a layer's time is ``t_i = f_i + b_i + c^f_i + c^b_i``)
 and the segment keeps ``ψ_i`` parameters (locally, tied weights counted once per segment),
-``a_i`` saved activation bytes, ``w_i`` working bytes while it is recomputed and ``o_i``
-output (pipeline message) bytes (``pre``/``post`` likewise: their ``w`` and ``o`` in
-``end_working`` and ``end_out_bytes``).
+``a_i`` saved activation bytes, ``w_i`` working bytes while it is recomputed, ``h_i`` what
+it holds beyond ``a_i`` while a split backward keeps its recompute
+(:attr:`~fxplan.cost_model.memory.activations.ActivationBytes.kept`) and ``o_i`` output
+(pipeline message) bytes (``pre``/``post`` likewise: their ``w``, ``h`` and ``o`` in
+``end_working``, ``end_held`` and ``end_out_bytes``).
 
 With expert parallelism (``ep > 1``, :mod:`cost_model.parallel.expert_parallel`) a mixture of experts'
 layer keeps ``1/ep`` of its expert parameters (``ψ^e_i``, the expert part of ``ψ_i``) and its
@@ -73,11 +75,13 @@ class SegmentProfile:
     params: np.ndarray
     acts: np.ndarray
     working: np.ndarray
+    held: np.ndarray                          # h_i
     out_bytes: np.ndarray
     pre: tuple[float, float, float, float]   # (f + c^f, b + c^b, ψ, a)
     post: tuple[float, float, float, float]
     tied_params: float                        # ψ of weights shared by pre and post
     end_working: tuple[float, float]          # w of pre, post
+    end_held: tuple[float, float]             # h of pre, post
     end_out_bytes: tuple[float, float]        # o of pre, post
     expert_params: np.ndarray | None = None   # ψ^e_i (ep > 1; None: no expert parallelism)
     ep: int = 1
@@ -107,13 +111,13 @@ class SegmentProfile:
         return (of(self.params), of(self.acts),
                 None if self.expert_params is None else of(self.expert_params))
 
-    @cached_property
+    @property
     def kept(self) -> np.ndarray:
-        """``h_i = max(w_i − a_i, 0)`` over the layers, each layer's
+        """``h_i`` over the layers, each layer's
         :attr:`~fxplan.cost_model.memory.activations.ActivationBytes.kept`: what a recomputed
         layer holds beyond its saved bytes from a split backward's ``B`` to its ``W``
         (:mod:`fxplan.inter_op.stage_memory`)."""
-        return np.maximum(self.working - self.acts, 0.0)
+        return self.held
 
     @cached_property
     def kept_prefix(self) -> np.ndarray:
@@ -123,8 +127,7 @@ class SegmentProfile:
     @property
     def end_kept(self) -> tuple[float, float]:
         """:attr:`kept` of ``pre`` and ``post``."""
-        return (max(self.end_working[0] - self.pre[3], 0.0),
-                max(self.end_working[1] - self.post[3], 0.0))
+        return self.end_held
 
     @cached_property
     def total_work(self) -> float:
@@ -144,7 +147,8 @@ def mixed_profile(none: SegmentProfile, policy: SegmentProfile,
         return np.where(recomputed, getattr(policy, name), getattr(none, name))
 
     return replace(none, fwd=pick("fwd"), bwd=pick("bwd"), tp_fwd=pick("tp_fwd"),
-                   tp_bwd=pick("tp_bwd"), acts=pick("acts"), working=pick("working"))
+                   tp_bwd=pick("tp_bwd"), acts=pick("acts"), working=pick("working"),
+                   held=pick("held"))
 
 
 class ModelProfile:
@@ -251,8 +255,8 @@ class ModelProfile:
                             self._comm(c.tp_forward, tp, group) + a2a[0] + kv[0],
                             self._comm(c.tp_backward, tp, group) + a2a[1] + kv[1],
                             c.param_count, c.activations.saved, c.activations.working,
-                            c.output_bytes, experts)
-        rows = np.array([per_key[k] for k in self.keys], dtype=float).reshape(-1, 9)
+                            c.activations.kept, c.output_bytes, experts)
+        rows = np.array([per_key[k] for k in self.keys], dtype=float).reshape(-1, 10)
         ends = [cp_segment(self._segment(key, tp, sp, recompute, mb, fp8, group), cp, 0.0,
                            recompute) for key in ("pre", "post")]
         pre, post = ((c.forward_s + self._comm(c.tp_forward, tp, group),
@@ -262,8 +266,9 @@ class ModelProfile:
         tensors = np.array([tensors_of[k] for k in self.keys], dtype=float)
         end_tensors = (len(ends[0].params), len(ends[1].params),
                        sum(1 for k in ends[0].params if k in ends[1].params))
-        return SegmentProfile(*(rows[:, i] for i in range(8)), pre, post, float(tied),
+        return SegmentProfile(*(rows[:, i] for i in range(9)), pre, post, float(tied),
                               (ends[0].activations.working, ends[1].activations.working),
+                              (ends[0].activations.kept, ends[1].activations.kept),
                               (ends[0].output_bytes, ends[1].output_bytes),
-                              rows[:, 8] if ep > 1 else None, ep, cp, tensors, end_tensors,
+                              rows[:, 9] if ep > 1 else None, ep, cp, tensors, end_tensors,
                               self.optimizer)

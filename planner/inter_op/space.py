@@ -16,8 +16,10 @@ for ``v ∈`` :data:`INTERLEAVE_CHUNKS` when ``m mod pp = 0`` and ``L ≥ pp·v`
 ``1f1b`` only; also the zero-bubble ``zb:v`` for ``v ∈``
 :data:`ZERO_BUBBLE_CHUNKS` under the same conditions as ``interleaved:v``, ``zbv`` when
 ``L ≥ 2·pp`` and ``dualpipev`` when also ``m ≥ 2·pp`` (neither where the first and the last
-stage share a weight: both run on rank 0), each with recompute ``none`` or ``full``
-(:data:`SPLIT_BACKWARD_POLICIES`, the split backward torch runs, see
+stage share a weight: both run on rank 0), each with every recompute policy (full
+recompute's block keeps its recompute for the weight pass,
+:mod:`fxplan.passes.rewrite.split_recompute`; selective recompute runs in the graph rewrite
+only, which the runtime's check of the finalists asks for,
 :func:`fxplan.runtime.train.pipeline.zero_bubble_refusal`);
 with ``dp > 1`` their gradients are all-reduced after the step, so only at the memory rungs
 without FSDP2, ZeRO-0 and ZeRO-1 without offload (ZeRO-1 only with ``tp = ep = 1``):
@@ -45,7 +47,7 @@ from fxplan.core.schedule import Schedule
 from fxplan.inter_op.reasons import DIVIDE, STAGES, Reason
 
 __all__ = ["Family", "INTERLEAVE_CHUNKS", "MAX_MICROBATCH", "PER_STAGE_POLICIES",
-           "SPLIT_BACKWARD_POLICIES", "ZERO_BUBBLE_CHUNKS", "context_degrees", "divisors",
+           "ZERO_BUBBLE_CHUNKS", "context_degrees", "divisors",
            "expert_degrees", "families", "options"]
 
 MAX_MICROBATCH = 16
@@ -55,11 +57,6 @@ INTERLEAVE_CHUNKS = (2, 4)
 ZERO_BUBBLE_CHUNKS = (1, 2)
 #: The policies a candidate carries when the search chooses the recomputed layers per stage.
 PER_STAGE_POLICIES = ("selective", "full")
-#: The recompute a split backward (``zb``, ``zbv``, ``dualpipev``) runs with: whole blocks,
-#: their recompute kept from the input-gradient pass for the weight-gradient pass
-#: (:mod:`fxplan.passes.rewrite.split_recompute`); a selective checkpoint refuses the second
-#: pass (:func:`fxplan.runtime.train.pipeline.zero_bubble_refusal`).
-SPLIT_BACKWARD_POLICIES = ("none", "full")
 
 
 def divisors(n: int) -> list[int]:
@@ -189,8 +186,7 @@ def _options(family: Family, *, batch: int, layers: int, seq: int | None,
                 schedules += ([Schedule("dualpipev", 2)] if layers >= 2 * pp and m >= 2 * pp
                               else [])
         for schedule in schedules:
-            for recompute in (policies if not schedule.split_backward else
-                              tuple(r for r in policies if r in SPLIT_BACKWARD_POLICIES)):
+            for recompute in policies:
                 for sp in sps:
                     # sequence parallelism with ep > 1: not in the runtime
                     # (fxplan.runtime.styles.expert_tp), so not offered

@@ -12,6 +12,7 @@ import pytest
 from fxplan.api import capture_for_search
 from fxplan.cluster_specs import Cluster, training_dtype
 from fxplan.core.config import ParallelConfig
+from fxplan.core.zero_bubble_dp import after_step_refusal
 from fxplan.inter_op import search_state
 from fxplan.inter_op.progress import Budget, PhaseTimer
 from fxplan.inter_op.space import options
@@ -87,7 +88,9 @@ def test_search_keeps_the_cheapest_stages_per_rank(search) -> None:  # type: ign
             trial = placed.replace(zero_stage=max(combo), zero_stages=combo)
             # the tied holders keep one gradient layout (stage_zero docstring)
             alike = len({fsdp_params(trial.at_pipeline_rank(r)) for r in holders}) == 1
-            if alike and (stage_totals(trial, profile, mems) <= rank_limits(mems)).all():
+            # and beside a zero-bubble schedule only the stages the runtime runs there
+            runs = after_step_refusal(trial) is None
+            if alike and runs and (stage_totals(trial, profile, mems) <= rank_limits(mems)).all():
                 prices.append(surrogate_step_s(trial, profile, search.cluster, profs))
         assert min(prices) >= scored.surrogate_s * (1 - 1e-9), placed.summary()
         if placed.zero_stages is not None:

@@ -1,5 +1,6 @@
 """The search offers the zero-bubble schedules where torch's split backward runs them:
-recompute none or full (whole blocks, their recompute kept for the weight pass), and beside
+every recompute policy (full: whole blocks, their recompute kept for the weight pass;
+selective: the attention core, recomputed once in the input-gradient pass), and beside
 data parallelism only at the ZeRO stages whose gradients the runtime
 all-reduces after the step (``core.zero_bubble_dp``,
 ``runtime.train.pipeline.zero_bubble_refusal``)."""
@@ -24,13 +25,13 @@ def test_zero_bubble_offered_without_data_parallelism() -> None:
     offered = _schedules(Family(tp=1, pp=4, dp=1))
     split = {s for s in offered if s[0] in SPLIT}
     assert {s for s, _ in split} == SPLIT
-    assert {r for _, r in split} == {"none", "full"}
+    assert {r for _, r in split} == {"none", "selective", "full"}
 
 
 def test_zero_bubble_offered_beside_data_parallelism() -> None:
     offered = _schedules(Family(tp=1, pp=2, dp=2))
     assert {s for s, _ in offered} & SPLIT == SPLIT
-    assert {r for s, r in offered if s in SPLIT} == {"none", "full"}
+    assert {r for s, r in offered if s in SPLIT} == {"none", "selective", "full"}
 
 
 def test_search_keeps_zero_bubble_beside_dp_at_the_zero_stages_that_run() -> None:

@@ -299,6 +299,13 @@ def module_level_plan(model: nn.Module, plan: "Plan",
                              f"{err})") from err
     if not probe.blocks:
         raise NotExpressible("no repeated blocks in the module hierarchy")
+    if plan.config.splits_backward and any(plan.recompute(i) == "selective"
+                                           for i in range(len(probe.blocks))):
+        raise NotExpressible(
+            f"schedule {plan.schedule} with selective recompute: a selective checkpoint of a "
+            "block cannot serve the split backward's second (weight) pass, and the module has "
+            "no attention-core submodule to keep its recompute for it (the graph rewrite "
+            "outlines one)")
     if plan.stages and sum(s.num_layers for s in plan.stages) != len(probe.blocks):
         raise NotExpressible(f"the plan's stages hold {sum(s.num_layers for s in plan.stages)} "
                              f"blocks, the module has {len(probe.blocks)}")

@@ -7,16 +7,17 @@ process, on the model built on ``meta`` (fake tensors: nothing is allocated, no 
 group), and says why the plan cannot run:
 
 * the expert-parallel checks refuse it (``ep`` against the model's experts);
-* a zero-bubble schedule beside recompute, which torch's split backward does not run, or
-  beside data parallelism that needs FSDP2 (ZeRO-2/3, ZeRO-1 with tp or ep; ZeRO-0 and
-  ZeRO-1 run, ``offload=optimizer`` too, their gradients averaged after the step:
-  :func:`~fxplan.runtime.train.pipeline.zero_bubble_refusal`);
+* a zero-bubble schedule beside data parallelism that needs FSDP2 (ZeRO-2/3, ZeRO-1 with
+  tp or ep; ZeRO-0 and ZeRO-1 run, ``offload=optimizer`` too, their gradients averaged
+  after the step: :func:`~fxplan.runtime.train.pipeline.zero_bubble_refusal`), or on a torch
+  without the schedule;
 * ``zbv`` and ``dualpipev`` put the first and the last stage on one rank, where a weight tied
   between the embedding and the head cannot be kept tied
   (:func:`~fxplan.runtime.apply.tied.same_rank_refusal`);
 * the module level refuses it (:class:`~fxplan.runtime.styles.tp_styles.NotExpressible`: a pipeline
   cut the model's forward does not allow, placements without a parallel style, attention
-  that reshapes by a head count fixed in the code, …) and the graph rewrite cannot take it:
+  that reshapes by a head count fixed in the code, selective recompute beside a zero-bubble
+  schedule, …) and the graph rewrite cannot take it:
   it needs a model ``torch.fx.symbolic_trace`` traces (``graph_rewrite=False`` for a model
   captured by ``torch.export``, every Hugging Face model); context parallelism runs at module
   level only; and a plan with ``tp > 1`` is not offered for the graph rewrite when its

@@ -102,8 +102,12 @@ def zero_bubble_refusal(plan: "Plan") -> str | None:
     ``torch.utils.checkpoint``'s full recompute reruns the block's forward in both passes and
     its ``GraphExecGroup`` refuses a saved tensor both passes unpack); the runtime's full
     recompute beside a split backward is :func:`~fxplan.passes.rewrite.split_recompute.
-    kept_checkpoint`, one recompute read by both passes. Selective recompute has no such form
-    and is refused.
+    kept_checkpoint`, one recompute read by both passes. Selective recompute needs none: the
+    graph rewrite checkpoints each block's outlined attention core, which holds no weights, so
+    the weight pass never reads what it saved (it starts from the inputs of the weights' ops)
+    and ``checkpoint_wrapper`` recomputes it once, in the input-gradient pass; the module
+    level, whose selective checkpoint covers the whole block, refuses it
+    (:func:`fxplan.runtime.apply.module.module_level_plan`).
     With ``dp > 1`` the stages are not wrapped (DDP's reducer would all-reduce before the
     weight gradients exist, FSDP2's reduce-scatter deadlocks) and their gradients are
     averaged after the step (:mod:`fxplan.runtime.train.dp_reduce`; ``offload=optimizer``
@@ -117,12 +121,6 @@ def zero_bubble_refusal(plan: "Plan") -> str | None:
         if not torch_has(feature):
             return (f"schedule {plan.schedule} needs {FEATURES[feature][2]}, which this torch "
                     f"({installed_torch()}) does not have; use zb or zb:2, or upgrade torch")
-    policies = (set(plan.block_recompute) if plan.block_recompute is not None
-                else {plan.config.recompute})
-    if "selective" in policies:
-        return (f"schedule {plan.schedule} with recompute={plan.recompute_summary}: a "
-                "selective checkpoint cannot serve the split backward's second (weight) pass; "
-                "use recompute=full or none, or a 1f1b/interleaved schedule")
     return after_step_refusal(plan.config)
 
 

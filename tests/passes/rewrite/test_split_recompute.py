@@ -152,3 +152,45 @@ def test_the_rewrite_pass_keeps_the_recompute_under_a_split_backward() -> None:
         assert is_kept_checkpoint(out.layer_0) is kept
         assert any("_checkpoint_wrapped_module" in n
                    for n, _ in out.named_parameters()) is not kept
+
+
+@pytest.mark.parametrize("attention", ["math", "sdpa"])
+def test_a_selective_checkpoint_runs_once_under_a_split_backward(attention: str) -> None:
+    """Selective recompute under ``zb``: each block's outlined attention core, which holds no
+    weights, is recomputed once — in the input-gradient pass; the weight pass starts from the
+    inputs of the weights' ops and never reads what the core saved (so nothing of it is kept
+    between the passes, as the memory model prices: ``ActivationBytes.weights_read``) — and
+    the gradients equal a plain backward's."""
+    from fxplan.cost_model.memory.activations import ActivationBytes
+
+    def grads(recompute: str) -> tuple[list[torch.Tensor], dict[str, int]]:
+        model = build_model(2, attention=attention)
+        gm = OutlineLayers()(trace_model(model, 1), None).module
+        plan = make_plan(pp=2, schedule="zb", recompute=recompute, num_microbatches=2)
+        out = Recompute()(gm, plan).module
+        runs: dict[str, int] = {}
+        for name, module in out.named_modules():
+            if name.endswith("._checkpoint_wrapped_module"):   # the outlined core itself
+                module.register_forward_pre_hook(
+                    lambda *_, key=name: runs.__setitem__(key, runs.get(key, 0) + 1))
+        stage_input: list[torch.Tensor] = []   # the embedding's output, as a stage's input
+
+        def as_input(module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
+            stage_input.append(output.detach().requires_grad_())
+            return stage_input[-1]
+
+        out.embed.register_forward_hook(as_input)
+        tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
+        loss = out(tokens).float().square().mean()
+        params = [p for n, p in out.named_parameters() if not n.startswith("embed.")]
+        _, groups = stage_backward_input([loss], None, stage_input, params)
+        stage_backward_weight(params, groups)
+        return [stage_input[0].grad, *(p.grad for p in params)], runs
+
+    plain, _ = grads("none")
+    selective, runs = grads("selective")
+    assert len(runs) == 2 and set(runs.values()) == {2}, runs   # forward, and once in B
+    for a, b in zip(plain, selective, strict=True):
+        torch.testing.assert_close(a, b)
+    assert ActivationBytes(1.0, 5.0, weights_read=False).kept == 0.0
+    assert ActivationBytes(1.0, 5.0).kept == 4.0
