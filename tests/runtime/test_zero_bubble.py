@@ -153,6 +153,22 @@ def test_selective_recompute_beside_a_split_backward_trains_like_one_process(ran
     assert plan.recompute_summary == "selective", plan.summary
 
 
+def test_selective_recompute_beside_a_split_backward_needs_the_graph_rewrite() -> None:
+    """A Hugging Face model runs at module level only: held to ``zb`` with selective
+    recompute, the search finds nothing the runtime runs and says why."""
+    import fxplan
+    from fxplan.inter_op.infeasible import NoRunnablePlan
+
+    spec = ("hf:llama-2-7b:num_hidden_layers=4,hidden_size=64,intermediate_size=128,"
+            "num_attention_heads=4,num_key_value_heads=4,vocab_size=256")
+    with pytest.raises(NoRunnablePlan) as refused:
+        fxplan.search(spec, "local-cpu:devices=2", batch=8, seq=16, progress=False,
+                      constraints={"pp": 2, "schedule": "zb", "recompute": "selective"})
+    text = str(refused.value)
+    assert "schedule zb with selective recompute: at module level" in text, text
+    assert "the graph rewrite needs a model torch.fx.symbolic_trace can trace" in text, text
+
+
 @pytest.mark.parametrize("kwargs,why", [
     (dict(pp=2, dp=2, zero=2, schedule="zb", num_microbatches=2), "ZeRO-2"),
     (dict(pp=2, dp=2, zero=3, schedule="zb:2", num_microbatches=2, layers=4), "ZeRO-3"),

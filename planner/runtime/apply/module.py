@@ -302,10 +302,9 @@ def module_level_plan(model: nn.Module, plan: "Plan",
     if plan.config.splits_backward and any(plan.recompute(i) == "selective"
                                            for i in range(len(probe.blocks))):
         raise NotExpressible(
-            f"schedule {plan.schedule} with selective recompute: a selective checkpoint of a "
-            "block cannot serve the split backward's second (weight) pass, and the module has "
-            "no attention-core submodule to keep its recompute for it (the graph rewrite "
-            "outlines one)")
+            f"schedule {plan.schedule} with selective recompute: at module level the selective "
+            "checkpoint covers the whole block, whose saved tensors the split backward's "
+            "weight pass reads again; the graph rewrite checkpoints the attention core alone")
     if plan.stages and sum(s.num_layers for s in plan.stages) != len(probe.blocks):
         raise NotExpressible(f"the plan's stages hold {sum(s.num_layers for s in plan.stages)} "
                              f"blocks, the module has {len(probe.blocks)}")
