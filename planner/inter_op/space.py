@@ -18,8 +18,8 @@ for ``v ∈`` :data:`INTERLEAVE_CHUNKS` when ``m mod pp = 0`` and ``L ≥ pp·v`
 ``L ≥ 2·pp`` and ``dualpipev`` when also ``m ≥ 2·pp`` (neither where the first and the last
 stage share a weight: both run on rank 0), each with every recompute policy (full
 recompute's block keeps its recompute for the weight pass,
-:mod:`fxplan.passes.rewrite.split_recompute`; selective recompute runs in the graph rewrite
-only, which the runtime's check of the finalists asks for,
+:mod:`fxplan.passes.rewrite.split_recompute`; selective recompute checkpoints the attention
+alone, which the weight pass never reads,
 :func:`fxplan.runtime.train.pipeline.zero_bubble_refusal`);
 with ``dp > 1`` their gradients are all-reduced after the step, so only at the memory rungs
 without FSDP2, ZeRO-0 and ZeRO-1 without offload (ZeRO-1 only with ``tp = ep = 1``):

@@ -69,14 +69,15 @@ def one_process(spec: str, size: int, seq: int | None) -> list[float]:
     return losses
 
 
-def train(spec: str, plan_json: str) -> dict[str, Any] | None:
+def train(spec: str, plan_json: str, path: str = "auto") -> dict[str, Any] | None:
     """:data:`STEPS` SGD steps of ``spec`` under the plan (``None`` on a rank outside its
-    mesh): the losses, the path that ran and the fallbacks taken."""
+    mesh): the losses, the path that ran and the fallbacks taken. ``path``: how the plan is
+    applied (a model that feeds its own targets: the module level)."""
     plan = Plan.from_json(plan_json)
     names, inputs, targets = batch(spec, plan.batch, plan.seq)
     model = build(spec, names)
     loss_fn = ReturnedLoss(model) if fed(spec) else training_loss(resolve_model(spec))
-    sharded = apply_plan(model, plan, inputs, path="module" if fed(spec) else "auto")
+    sharded = apply_plan(model, plan, inputs, path="module" if fed(spec) else path)
     if sharded is None:
         return None
     losses = train_steps(sharded, sharded.optimizer(torch.optim.SGD, lr=LR),

@@ -10,7 +10,7 @@ backward cannot run is refused before launch, with the reason.
 from __future__ import annotations
 
 import pytest
-from rt_plans import make_plan
+from rt_plans import build_model, make_plan
 from rt_zoo_cases import one_process
 from torch_versions import needs
 
@@ -141,32 +141,91 @@ def test_full_recompute_in_a_v_trains_like_one_process(rank_pool, schedule):
     assert plan.recompute_summary == "full", plan.summary
 
 
+@pytest.mark.parametrize("path", ["module", "graph"])
 @pytest.mark.parametrize("schedule", ["zb", "zb:2"])
 def test_selective_recompute_beside_a_split_backward_trains_like_one_process(rank_pool,
-                                                                             schedule):
+                                                                             schedule, path):
     """The search, held to pp=2, a zero-bubble schedule and selective recompute, plans the
-    untied Llama; the module level refuses it (its selective checkpoint covers the whole
-    block, which the weight pass reads again), the graph rewrite runs it with each block's
-    outlined attention core checkpointed, and its losses equal one process's."""
-    plan = _searched_plan_trains_like_one_process(rank_pool, schedule=schedule,
-                                                  recompute="selective")
-    assert plan.recompute_summary == "selective", plan.summary
-
-
-def test_selective_recompute_beside_a_split_backward_needs_the_graph_rewrite() -> None:
-    """A Hugging Face model runs at module level only: held to ``zb`` with selective
-    recompute, the search finds nothing the runtime runs and says why."""
+    untied Llama; applied at module level (each call of its fused attention checkpointed on
+    its own: ``runtime.apply.recompute.AttentionCheckpoint``) and as the graph rewrite (each
+    block's outlined attention core checkpointed), its losses equal one process's."""
     import fxplan
-    from fxplan.inter_op.infeasible import NoRunnablePlan
 
-    spec = ("hf:llama-2-7b:num_hidden_layers=4,hidden_size=64,intermediate_size=128,"
-            "num_attention_heads=4,num_key_value_heads=4,vocab_size=256")
-    with pytest.raises(NoRunnablePlan) as refused:
-        fxplan.search(spec, "local-cpu:devices=2", batch=8, seq=16, progress=False,
-                      constraints={"pp": 2, "schedule": "zb", "recompute": "selective"})
-    text = str(refused.value)
-    assert "schedule zb with selective recompute: at module level" in text, text
-    assert "the graph rewrite needs a model torch.fx.symbolic_trace can trace" in text, text
+    plan = fxplan.search(SPEC, "local-cpu:devices=2", batch=BATCH, seq=SEQ, progress=False,
+                         constraints={"pp": 2, "schedule": schedule, "recompute": "selective"})
+    assert plan.recompute_summary == "selective" and str(plan.schedule) == schedule
+    result = rank_pool.run("rt_zoo_cases:train", timeout=300, spec=SPEC,
+                           plan_json=plan.to_json(), path=path)[0]
+    assert result["path"] == path, result
+    reference = one_process(SPEC, BATCH, SEQ)
+    error = max(abs(a - b) / abs(b) for a, b in zip(result["losses"], reference))
+    assert error <= TOL, (plan.summary, result, reference)
+
+
+def test_selective_recompute_beside_a_split_backward_checkpoints_each_attention() -> None:
+    """At module level, beside a split backward, each fused attention call of a block is
+    checkpointed alone and recomputed once, in the input-gradient pass (the weight pass does
+    not read it), with the gradients of a plain backward; an attention written out as
+    products and a softmax has no such call, and the module level refuses the plan."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fxplan.runtime.apply.recompute import apply_recompute
+    from fxplan.runtime.apply.module import module_level_plan
+    from fxplan.runtime.styles.tp_styles import NotExpressible
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(2, 8, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return x + self.out(o.transpose(1, 2).reshape(2, 8, 16))
+
+    class Attentions(TorchDispatchMode):
+        """Counts the attention kernels run forward (the backward's are not counted)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.forward = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            name = func.__name__
+            self.forward += "scaled_dot_product" in name and "backward" not in name
+            return func(*args, **(kwargs or {}))
+
+    def grads(split: bool) -> tuple[list[torch.Tensor], int]:
+        torch.manual_seed(0)
+        blocks = nn.ModuleList(Block() for _ in range(2))
+        if split:
+            apply_recompute(list(blocks), ["selective"] * 2, split_backward=True)
+        x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(1),
+                        requires_grad=True)
+        with Attentions() as counted:
+            h = x
+            for block in blocks:
+                h = block(h)
+            params = list(blocks.parameters())
+            _, groups = stage_backward_input([h.square().sum()], None, [x], params)
+            stage_backward_weight(params, groups)
+        return [x.grad, *(p.grad for p in params)], counted.forward
+
+    plain, once = grads(split=False)
+    kept, twice = grads(split=True)
+    assert (once, twice) == (2, 4)   # two blocks: their forward, and once more each in B
+    for a, b in zip(plain, kept, strict=True):
+        torch.testing.assert_close(a, b)
+
+    # the tiny GPT's "math" attention: products and a softmax, no fused call
+    model = build_model(4, attention="math")
+    plan = make_plan(pp=2, schedule="zb", recompute="selective", num_microbatches=2, layers=4)
+    with pytest.raises(NotExpressible, match="make 0 such calls"):
+        module_level_plan(model, plan, torch.zeros(2, 16, dtype=torch.long))
 
 
 @pytest.mark.parametrize("kwargs,why", [

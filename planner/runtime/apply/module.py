@@ -285,6 +285,24 @@ def _check_chain(model: nn.Module, plan: "Plan", probe: ModuleProbe,
                              "more than embed before the first block")
 
 
+def _check_attention_checkpoint(plan: "Plan", probe: ModuleProbe) -> None:
+    """Selective recompute beside a split backward checkpoints each call of
+    ``F.scaled_dot_product_attention`` in a block alone
+    (:class:`~fxplan.runtime.apply.recompute.AttentionCheckpoint`): :class:`NotExpressible`
+    where the blocks make fewer such calls than there are blocks (an attention written out as
+    products and a softmax) or context parallelism puts its own attention in their place."""
+    head = (f"schedule {plan.schedule} with selective recompute: beside a split backward the "
+            "module level checkpoints each call of F.scaled_dot_product_attention alone, and ")
+    if plan.config.cp > 1:
+        raise NotExpressible(head + f"context parallelism (cp={plan.config.cp}) runs its own "
+                             "attention in its place")
+    if len(probe.attention) < len(probe.blocks):
+        raise NotExpressible(head + f"the model's {len(probe.blocks)} blocks make "
+                             f"{len(probe.attention)} such calls (an attention written out "
+                             "as matrix products and a softmax); the graph rewrite outlines "
+                             "that attention core")
+
+
 def module_level_plan(model: nn.Module, plan: "Plan",
                       inputs: torch.Tensor | Sequence[torch.Tensor]) -> ModuleLevel:
     """Decide (every process alike, no communication) whether ``plan`` runs on ``model`` at
@@ -301,10 +319,7 @@ def module_level_plan(model: nn.Module, plan: "Plan",
         raise NotExpressible("no repeated blocks in the module hierarchy")
     if plan.config.splits_backward and any(plan.recompute(i) == "selective"
                                            for i in range(len(probe.blocks))):
-        raise NotExpressible(
-            f"schedule {plan.schedule} with selective recompute: at module level the selective "
-            "checkpoint covers the whole block, whose saved tensors the split backward's "
-            "weight pass reads again; the graph rewrite checkpoints the attention core alone")
+        _check_attention_checkpoint(plan, probe)
     if plan.stages and sum(s.num_layers for s in plan.stages) != len(probe.blocks):
         raise NotExpressible(f"the plan's stages hold {sum(s.num_layers for s in plan.stages)} "
                              f"blocks, the module has {len(probe.blocks)}")

@@ -103,11 +103,11 @@ def zero_bubble_refusal(plan: "Plan") -> str | None:
     its ``GraphExecGroup`` refuses a saved tensor both passes unpack); the runtime's full
     recompute beside a split backward is :func:`~fxplan.passes.rewrite.split_recompute.
     kept_checkpoint`, one recompute read by both passes. Selective recompute needs none: the
-    graph rewrite checkpoints each block's outlined attention core, which holds no weights, so
-    the weight pass never reads what it saved (it starts from the inputs of the weights' ops)
-    and ``checkpoint_wrapper`` recomputes it once, in the input-gradient pass; the module
-    level, whose selective checkpoint covers the whole block, refuses it
-    (:func:`fxplan.runtime.apply.module.module_level_plan`).
+    attention holds no weights, so the weight pass never reads what it saved (it starts from
+    the inputs of the weights' ops), and checkpointed alone — the graph rewrite's outlined
+    attention core, each fused attention call at module level
+    (:class:`fxplan.runtime.apply.recompute.AttentionCheckpoint`) — it is recomputed once,
+    in the input-gradient pass.
     With ``dp > 1`` the stages are not wrapped (DDP's reducer would all-reduce before the
     weight gradients exist, FSDP2's reduce-scatter deadlocks) and their gradients are
     averaged after the step (:mod:`fxplan.runtime.train.dp_reduce`; ``offload=optimizer``
