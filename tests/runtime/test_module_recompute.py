@@ -65,3 +65,66 @@ def test_selective_recomputes_the_attention_core_only():
 def test_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="unknown recompute policy"):
         apply_recompute([nn.Linear(2, 2)], ["some"])
+
+
+class WrittenOut(Block):
+    """The same attention as products and a softmax (no fused call)."""
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
+        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        scores = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~mask, float("-inf"))
+        o = scores.softmax(-1) @ v
+        return x + self.out(o.transpose(1, 2).flatten(2))
+
+
+def _saved_bytes(policy: str, block: type = Block, fused: bool = True) -> int:
+    """Bytes of the distinct storages autograd keeps for the backward of two blocks."""
+    torch.manual_seed(0)
+    model = nn.Sequential(block(), block())
+    apply_recompute(list(model), [policy, policy], fused_attention=fused)
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(torch.randn(2, 64, 16))
+    return sum(seen.values())
+
+
+def test_selective_keeps_what_autograd_keeps_less_the_attention_output():
+    """In blocks with a fused attention call, selective recompute checkpoints that call alone
+    (``AttentionCheckpoint``): the block keeps what autograd keeps without recompute, less
+    the attention's own saved output and statistics — no cache of other ops' outputs, which
+    torch's selective checkpoint over the block keeps for its replay."""
+    from fxplan.runtime.apply.recompute import AttentionCheckpoint
+
+    none, selective = _saved_bytes("none"), _saved_bytes("selective")
+    assert selective < none, (selective, none)
+    model = Block()
+    apply_recompute([model], ["selective"])
+    assert any(getattr(h, "__qualname__", "").startswith(AttentionCheckpoint.install.__qualname__)
+               for h in model._forward_pre_hooks.values())
+
+
+def test_a_written_out_attention_takes_torchs_selective_checkpoint():
+    """Blocks without a fused attention call: the products and the softmax are recomputed
+    (torch's selective checkpoint over the block), the projections kept, the gradients those
+    without recompute."""
+    def run(policy: str) -> tuple[Counter, list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(WrittenOut(), WrittenOut())
+        apply_recompute(list(model), [policy, policy], fused_attention=False)
+        loss = model(torch.randn(2, 8, 16)).square().mean()
+        with Count() as backward:
+            loss.backward()
+        return backward.ops, [p.grad for p in model.parameters()]
+
+    none_ops, none_grads = run("none")
+    sel_ops, sel_grads = run("selective")
+    assert sel_ops["_softmax"] == none_ops["_softmax"] + 2
+    assert sel_ops["addmm"] == none_ops["addmm"]
+    for a, b in zip(none_grads, sel_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -294,8 +294,8 @@ def _check_attention_checkpoint(plan: "Plan", probe: ModuleProbe) -> None:
     head = (f"schedule {plan.schedule} with selective recompute: beside a split backward the "
             "module level checkpoints each call of F.scaled_dot_product_attention alone, and ")
     if plan.config.cp > 1:
-        raise NotExpressible(head + f"context parallelism (cp={plan.config.cp}) runs its own "
-                             "attention in its place")
+        raise NotExpressible(head + f"beside context parallelism (cp={plan.config.cp}), whose "
+                             "attention gathers K and V around that call, this is not run")
     if len(probe.attention) < len(probe.blocks):
         raise NotExpressible(head + f"the model's {len(probe.blocks)} blocks make "
                              f"{len(probe.attention)} such calls (an attention written out "
@@ -496,7 +496,8 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         held = expert_params(inner)   # after materialize: the parameters that train
         policies = [plan.recompute(first_block + i) for i in range(len(blocks))]
         apply_recompute(blocks, recompute_policies(blocks, policies, fallbacks) if held
-                        else policies, split_backward=plan.config.splits_backward)
+                        else policies, split_backward=plan.config.splits_backward,
+                        fused_attention=len(decided.probe.attention) >= len(decided.probe.blocks))
         # expert ZeRO: FSDP2 over edp reduces them; else ExpertGradSync, DDP/FSDP ignore them
         ignored = [] if shard_expert_states(inner, rank_plan(plan, mesh), precision) else held
         if experts is not None:
