@@ -91,15 +91,12 @@ def held_bytes(block: Any, args: tuple, kwargs: dict, policy: str) -> int:
     return alive + first.untyped_storage().nbytes()
 
 
-def priced_bytes(spec: str, batch: int, seq: int, policy: str) -> float:
-    """The cost model's saved bytes of the first repeated block, fp32, ``local-cpu``."""
-    import torch
-
-    import fxplan
+def priced_bytes(graph: Any, batch: int, policy: str) -> float:
+    """The cost model's saved bytes of ``graph``'s first repeated block at microbatch
+    ``batch``, ``local-cpu``."""
     from fxplan.cluster_specs import Cluster
     from fxplan.cost_model.step.layer_costs import graph_segments, segment_cost
 
-    graph = fxplan.capture(spec, batch=batch, seq=seq, dtype=torch.float32)
     key = graph_segments(graph).layers[0][0]
     device = Cluster.load("local-cpu:devices=2").device(0)
     return segment_cost(graph, key, tp=1, sequence_parallel=False, recompute=policy,
@@ -107,10 +104,15 @@ def priced_bytes(spec: str, batch: int, seq: int, policy: str) -> float:
 
 
 def measure(spec: str, batch: int, seq: int) -> dict[str, dict[str, float]]:
-    """Per policy: ``held`` (measured) and ``priced`` bytes."""
+    """Per policy: ``held`` (measured) and ``priced`` bytes (the model captured once, fp32)."""
+    import torch
+
+    import fxplan
+
     block, args, kwargs = _block_and_input(spec, batch, seq)
+    graph = fxplan.capture(spec, batch=batch, seq=seq, dtype=torch.float32)
     return {policy: {"held": float(held_bytes(block, args, kwargs, policy)),
-                     "priced": priced_bytes(spec, batch, seq, policy)} for policy in POLICIES}
+                     "priced": priced_bytes(graph, batch, policy)} for policy in POLICIES}
 
 
 def main() -> None:

@@ -102,7 +102,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["joint_split", "splits_jointly"]
 
 #: the per-layer rows of a profile (all constant: identical layers)
-_ROWS = ("fwd", "bwd", "tp_fwd", "tp_bwd", "params", "acts", "working", "held", "out_bytes",
+_ROWS = ("fwd", "bwd", "tp_fwd", "tp_bwd", "params", "acts", "working", "kept", "out_bytes",
          "expert_params", "tensors")
 
 

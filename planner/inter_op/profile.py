@@ -17,7 +17,7 @@ and the segment keeps ``ψ_i`` parameters (locally, tied weights counted once pe
 it holds beyond ``a_i`` while a split backward keeps its recompute
 (:attr:`~fxplan.cost_model.memory.activations.ActivationBytes.kept`) and ``o_i`` output
 (pipeline message) bytes (``pre``/``post`` likewise: their ``w``, ``h`` and ``o`` in
-``end_working``, ``end_held`` and ``end_out_bytes``).
+``end_working``, ``end_kept`` and ``end_out_bytes``).
 
 With expert parallelism (``ep > 1``, :mod:`cost_model.parallel.expert_parallel`) a mixture of experts'
 layer keeps ``1/ep`` of its expert parameters (``ψ^e_i``, the expert part of ``ψ_i``) and its
@@ -75,13 +75,13 @@ class SegmentProfile:
     params: np.ndarray
     acts: np.ndarray
     working: np.ndarray
-    held: np.ndarray                          # h_i
+    kept: np.ndarray                          # h_i
     out_bytes: np.ndarray
     pre: tuple[float, float, float, float]   # (f + c^f, b + c^b, ψ, a)
     post: tuple[float, float, float, float]
     tied_params: float                        # ψ of weights shared by pre and post
     end_working: tuple[float, float]          # w of pre, post
-    end_held: tuple[float, float]             # h of pre, post
+    end_kept: tuple[float, float]             # h of pre, post
     end_out_bytes: tuple[float, float]        # o of pre, post
     expert_params: np.ndarray | None = None   # ψ^e_i (ep > 1; None: no expert parallelism)
     ep: int = 1
@@ -111,23 +111,12 @@ class SegmentProfile:
         return (of(self.params), of(self.acts),
                 None if self.expert_params is None else of(self.expert_params))
 
-    @property
-    def kept(self) -> np.ndarray:
-        """``h_i`` over the layers, each layer's
-        :attr:`~fxplan.cost_model.memory.activations.ActivationBytes.kept`: what a recomputed
-        layer holds beyond its saved bytes from a split backward's ``B`` to its ``W``
-        (:mod:`fxplan.inter_op.stage_memory`)."""
-        return self.held
-
     @cached_property
     def kept_prefix(self) -> np.ndarray:
-        """``P_h[i] = Σ_{k < i} h_k`` (:attr:`kept`)."""
+        """``P_h[i] = Σ_{k < i} h_k`` (:attr:`kept`: each layer's
+        :attr:`~fxplan.cost_model.memory.activations.ActivationBytes.kept`, what a recomputed
+        layer holds beyond its saved bytes from a split backward's ``B`` to its ``W``)."""
         return np.concatenate([[0.0], np.cumsum(self.kept)])
-
-    @property
-    def end_kept(self) -> tuple[float, float]:
-        """:attr:`kept` of ``pre`` and ``post``."""
-        return self.end_held
 
     @cached_property
     def total_work(self) -> float:
@@ -148,7 +137,7 @@ def mixed_profile(none: SegmentProfile, policy: SegmentProfile,
 
     return replace(none, fwd=pick("fwd"), bwd=pick("bwd"), tp_fwd=pick("tp_fwd"),
                    tp_bwd=pick("tp_bwd"), acts=pick("acts"), working=pick("working"),
-                   held=pick("held"))
+                   kept=pick("kept"))
 
 
 class ModelProfile:

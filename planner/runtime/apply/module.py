@@ -290,13 +290,14 @@ def _check_attention_checkpoint(plan: "Plan", probe: ModuleProbe) -> None:
     ``F.scaled_dot_product_attention`` in a block alone
     (:class:`~fxplan.runtime.apply.recompute.AttentionCheckpoint`): :class:`NotExpressible`
     where the blocks make fewer such calls than there are blocks (an attention written out as
-    products and a softmax) or context parallelism puts its own attention in their place."""
+    products and a softmax), and beside context parallelism, whose attention gathers K and V
+    around that call (not run with it)."""
     head = (f"schedule {plan.schedule} with selective recompute: beside a split backward the "
             "module level checkpoints each call of F.scaled_dot_product_attention alone, and ")
     if plan.config.cp > 1:
         raise NotExpressible(head + f"beside context parallelism (cp={plan.config.cp}), whose "
                              "attention gathers K and V around that call, this is not run")
-    if len(probe.attention) < len(probe.blocks):
+    if not probe.fused_attention:
         raise NotExpressible(head + f"the model's {len(probe.blocks)} blocks make "
                              f"{len(probe.attention)} such calls (an attention written out "
                              "as matrix products and a softmax); the graph rewrite outlines "
@@ -497,7 +498,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         policies = [plan.recompute(first_block + i) for i in range(len(blocks))]
         apply_recompute(blocks, recompute_policies(blocks, policies, fallbacks) if held
                         else policies, split_backward=plan.config.splits_backward,
-                        fused_attention=len(decided.probe.attention) >= len(decided.probe.blocks))
+                        fused_attention=decided.probe.fused_attention)
         # expert ZeRO: FSDP2 over edp reduces them; else ExpertGradSync, DDP/FSDP ignore them
         ignored = [] if shard_expert_states(inner, rank_plan(plan, mesh), precision) else held
         if experts is not None:

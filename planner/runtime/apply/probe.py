@@ -69,6 +69,13 @@ class ModuleProbe:
     #: (query shape, key shape) of every fused attention call, in call order
     attention: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
 
+    @property
+    def fused_attention(self) -> bool:
+        """Whether the forward made at least one fused attention call per repeated block
+        (what selective recompute at module level checkpoints alone:
+        :class:`~fxplan.runtime.apply.recompute.AttentionCheckpoint`)."""
+        return len(self.attention) >= len(self.blocks)
+
     def block_of(self, name: str) -> str | None:
         """The block prefix ``name`` lies in, or ``None``."""
         return next((b for b in self.blocks if name == b or name.startswith(b + ".")), None)
