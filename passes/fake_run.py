@@ -120,6 +120,8 @@ def fake_run(gm: torch.fx.GraphModule, args: list[Any], *, device: str = "cpu",
         torch.func.functional_call(_Runner(gm, run), state, tuple(fake_args), strict=False)
     for name, nbytes in recorder.saved.items():
         run.infos[name].saved_bytes = nbytes
+    for name, rows in recorder.shared.items():
+        run.infos[name].saved_shared = rows
     return run
 
 

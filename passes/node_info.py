@@ -59,6 +59,10 @@ class NodeInfo:
     - ``op_class``: one of :data:`OP_CLASSES`.
     - ``saved_bytes``: bytes of tensors autograd keeps for backward, attributed to the node
       whose execution saved them, each storage counted once, parameters and buffers never.
+    - ``saved_shared``: of those storages, the ones later nodes save too (a view of this
+      node's saved tensor that another op keeps): ``(bytes, (later savers…))`` each. Such a
+      storage is freed only when every saver's tensors are, so recomputing this node alone
+      does not free it.
     """
 
     shape: NodeShape = None
@@ -72,6 +76,7 @@ class NodeInfo:
     block_signature: str | None = None
     op_class: str = "other"
     saved_bytes: int = 0
+    saved_shared: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ parallelism is on). For one microbatch of a segment ``L``:
 - ``none``:       ``A = Σ_{n∈L} saved(n) / f(n)``
 - ``selective``:  the attention core ``K ⊂ L`` is recomputed in the backward, so its saved
   tensors are replaced by its inputs:
-  ``A = Σ_{n∈L∖K} saved(n)/f(n) + Σ_{x∈in(K)} bytes(x)/f(x)``
+  ``A = Σ_{n∈L∖K} saved(n)/f(n) + Σ_{x∈in(K)} bytes(x)/f(x) + shared(K)``, where
+  ``shared(K)`` are the bytes charged to ``K`` that a node outside ``K`` saves too (the
+  storage outlives the recompute: a Llama's attention output, a view of which its
+  out-projection keeps as its input)
 - ``full``:       only the segment's inputs are kept: ``A = Σ_{x∈in(L)} bytes(x)/f(x)``
 
 ``in(S)`` are the storages the set ``S`` reads from outside (views followed back to the node
@@ -174,6 +177,16 @@ def segment_activations(graph: CapturedGraph, names: Sequence[str], layout: TPLa
     core = attention_core(graph, names, layout)
     if not core:
         return ActivationBytes(everything, 0.0)
-    kept = saved(n for n in names if n not in core)
+    kept = saved(n for n in names if n not in core) + _still_saved(graph, core, divisor)
     return ActivationBytes(kept + _inputs_bytes(graph, set(core), layout, divisor), saved(core),
                            weights_read=False)
+
+
+def _still_saved(graph: CapturedGraph, group: frozenset[str],
+                 divisor: Callable[..., int]) -> float:
+    """Bytes charged to nodes of ``group`` whose storage a node outside it saves too
+    (``NodeInfo.saved_shared``): recomputing ``group`` does not free them."""
+    nodes = graph.nodes_by_name
+    return sum(nbytes / divisor(n) for n in group
+               for nbytes, later in graph.info(nodes[n]).saved_shared
+               if any(m not in group for m in later))

@@ -27,22 +27,44 @@ from torch.overrides import TorchFunctionMode
 
 
 class SavedTensorRecorder:
-    """Charges each newly saved storage's bytes to ``current`` (a node name)."""
+    """Charges each newly saved storage's bytes to ``current`` (a node name), and notes the
+    later nodes that save a storage again (:attr:`shared`)."""
 
     def __init__(self, state: Iterable[torch.Tensor] = ()) -> None:
         self.current: str | None = None
         self.saved: dict[str, int] = defaultdict(int)
-        self._seen: set[StorageWeakRef] = {StorageWeakRef(t.untyped_storage()) for t in state}
+        self._state: set[StorageWeakRef] = {StorageWeakRef(t.untyped_storage()) for t in state}
+        self._first: dict[StorageWeakRef, tuple[str | None, int]] = {}  # → node charged, bytes
+        self._again: dict[StorageWeakRef, list[str]] = {}  # storage → later savers, in order
         self._alive: list[torch.Tensor] = []  # keeps storages alive so weak refs stay unique
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = StorageWeakRef(t.untyped_storage())
-        if key not in self._seen:
-            self._seen.add(key)
+        if key in self._state:
+            return t
+        if key not in self._first:
+            nbytes = t.untyped_storage().nbytes()
+            self._first[key] = (self.current, nbytes)
             self._alive.append(t)
             if self.current is not None:
-                self.saved[self.current] += t.untyped_storage().nbytes()
+                self.saved[self.current] += nbytes
+        elif self.current is not None and self.current != self._first[key][0]:
+            later = self._again.setdefault(key, [])
+            if self.current not in later:
+                later.append(self.current)
         return t
+
+    @property
+    def shared(self) -> dict[str, tuple[tuple[int, tuple[str, ...]], ...]]:
+        """Per node, the storages it was charged for that later nodes save too: ``(bytes,
+        (later savers…))`` each — the storage stays alive while any of its savers' saved
+        tensors do."""
+        out: dict[str, list[tuple[int, tuple[str, ...]]]] = defaultdict(list)
+        for key, later in self._again.items():
+            first, nbytes = self._first[key]
+            if first is not None:
+                out[first].append((nbytes, tuple(later)))
+        return {name: tuple(rows) for name, rows in out.items()}
 
     def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
         """Context manager that records while it is open."""

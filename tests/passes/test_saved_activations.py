@@ -60,3 +60,18 @@ def test_parameters_and_buffers_are_never_activations():
     graph = capture("gpt-tiny", batch=1)
     assert graph.info("masked_fill").saved_bytes == 0  # the causal mask is a buffer
     assert graph.info("lm_head").saved_bytes == 1 * 64 * 64 * 4  # its input, not the weight
+
+
+def test_a_storage_saved_again_names_its_later_savers():
+    """A storage is charged once, to its first saver; the nodes that save it again are noted
+    there: the Llama's three projections keep one normed input, and its fused attention's
+    output is the storage its out-projection keeps as input (a view of it)."""
+    graph = capture("llama-tiny:layers=1", batch=2, seq=16, dtype=torch.float32)
+    shared = {node.name: info.saved_shared for node, info in graph.nodes() if info.saved_shared}
+    hidden_bytes = 2 * 16 * graph.info("layers_0_attention_wq").shape[-1] * 4
+    assert shared["layers_0_attention_wq"] == ((hidden_bytes, ("layers_0_attention_wk",
+                                                               "layers_0_attention_wv")),)
+    assert shared["scaled_dot_product_attention"] == ((hidden_bytes, ("layers_0_attention_wo",)),)
+    assert graph.info("layers_0_attention_wo").saved_bytes == 0  # charged to the attention
+    gpt = capture("gpt-tiny:layers=1,attention=sdpa", batch=2, seq=16, dtype=torch.float32)
+    assert not any(info.saved_shared for _, info in gpt.nodes())  # its output is copied

@@ -1,8 +1,8 @@
 """What one repeated block holds for its backward at module level, measured by
 ``benchmarks/activation_bytes.py`` (live op-output storages after a forward), against the cost
 model's saved bytes: full recompute holds exactly its priced input; selective recompute holds
-no more than no recompute; where the attention's output is its own storage the bytes
-selective frees are the priced ones."""
+no more than no recompute; the bytes selective frees are the priced ones, whether the
+attention's output is its own storage or one the out-projection keeps too."""
 
 from __future__ import annotations
 
@@ -50,12 +50,10 @@ def test_selective_frees_the_priced_bytes_where_the_output_is_its_own(rows) -> N
         got["none"]["priced"] - got["selective"]["priced"] > 0, got
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known: the Llama's attention output is a view the out-projection saves too, so "
-    "checkpointing the attention frees only its statistics (4 KiB), while the capture, which "
-    "attributes a storage to the first op saving it, credits the output as well (68 KiB); "
-    "mend the capture's attribution, then drop this"))
 def test_selective_frees_the_priced_bytes_where_the_output_is_shared(rows) -> None:  # type: ignore[no-untyped-def]
+    """The Llama's attention output is a view its out-projection saves too: checkpointing the
+    attention frees only its statistics (4 KiB on this block), and the model credits only
+    those (``NodeInfo.saved_shared``)."""
     got = rows[LLAMA]
     assert got["none"]["held"] - got["selective"]["held"] == \
         got["none"]["priced"] - got["selective"]["priced"], got

@@ -67,6 +67,14 @@ def test_unknown_policy_is_refused():
         apply_recompute([nn.Linear(2, 2)], ["some"])
 
 
+def test_selective_beside_a_split_backward_needs_a_fused_attention_call():
+    """Checkpointing each fused call would checkpoint nothing in a written-out block: refused,
+    not run without recompute."""
+    with pytest.raises(ValueError, match="makes? none"):
+        apply_recompute([nn.Linear(2, 2)], ["selective"], split_backward=True,
+                        fused_attention=False)
+
+
 class WrittenOut(Block):
     """The same attention as products and a softmax (no fused call)."""
 

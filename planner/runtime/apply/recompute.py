@@ -122,8 +122,13 @@ def apply_recompute(blocks: Sequence[nn.Module], policies: Sequence[str],
             else:
                 checkpoint(block)
         elif policy == "selective":
-            if fused_attention or split_backward:
+            if fused_attention:
                 AttentionCheckpoint.install(block)
+            elif split_backward:   # module_level_plan refuses this plan before it gets here
+                raise ValueError(
+                    "selective recompute beside a split backward checkpoints each fused "
+                    "attention call alone, and these blocks make none (their attention is "
+                    "written out); run the plan as the graph rewrite, which outlines the core")
             else:   # attention written out: torch's selective checkpoint of the block
                 checkpoint(block, context_fn=functools.partial(_selective_context))
         else:
