@@ -28,7 +28,8 @@ POLICIES = ("none", "selective", "full")
 
 def _block_and_input(spec: str, batch: int, seq: int) -> tuple[Any, tuple, dict]:
     """The model's first repeated block (the runtime's probe finds it) and the arguments the
-    model's forward passes it, detached (the input needs its gradient)."""
+    model's forward passes it, detached, each needing a gradient where it did in the model
+    (the hidden state does; position tables made from buffers do not)."""
     import torch
 
     from fxplan.examples.model_spec import resolve_model
@@ -45,11 +46,10 @@ def _block_and_input(spec: str, batch: int, seq: int) -> tuple[Any, tuple, dict]
     seen: dict[str, Any] = {}
     hook = block.register_forward_pre_hook(
         lambda module, args, kwargs: seen.setdefault("call", (args, kwargs)), with_kwargs=True)
-    with torch.no_grad():
-        model(tokens)
+    model(tokens)
     hook.remove()
     args, kwargs = seen["call"]
-    args = tuple(a.detach().requires_grad_(a.is_floating_point()) if torch.is_tensor(a) else a
+    args = tuple(a.detach().requires_grad_(a.requires_grad) if torch.is_tensor(a) else a
                  for a in args)
     return block, args, kwargs
 
