@@ -2,7 +2,7 @@
 its collectives, on the rank's main thread.
 
 The runtime shards the parameters over dp with FSDP2 (ZeRO-2/3, and ZeRO-1 with ``tp > 1``;
-:func:`cost_model.host.host_overhead.fsdp_params`) by calling ``fully_shard`` on every repeated
+``ParallelConfig.shards_params_with_fsdp``) by calling ``fully_shard`` on every repeated
 block and then on the stage's root module (:mod:`fxplan.runtime.styles.data_parallel`): one
 *group* per layer of the chunk, holding that layer's parameter tensors, and one for the root,
 holding the rest (embeddings, final norm, head; a tied weight once). Each group's hooks run

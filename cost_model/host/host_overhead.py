@@ -153,7 +153,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["DDP_FIRST_BUCKET_MIB", "async_batch_s", "ddp_buckets", "ddp_buffer_bytes",
            "ddp_host_s", "ddp_runs", "dtensor_params", "evicted_waits_s",
-           "first_touch_s", "fsdp_params", "offload_runs", "optimizer_host_s", "overlapped_buckets",
+           "first_touch_s", "offload_runs", "optimizer_host_s", "overlapped_buckets",
            "pipeline_host_s", "redistribute_host_s", "runs_kernel", "zero3_exposed_s"]
 
 
@@ -210,20 +210,15 @@ def evicted_waits_s(waits: int, host: HostCosts | None, others_have_work: bool) 
     return waits * host.switch_refill_us * 1e-6 if host and others_have_work else 0.0
 
 
-def fsdp_params(config: ParallelConfig) -> bool:
-    """Whether the runtime shards the parameters over dp with FSDP2: ZeRO-2/3, and ZeRO-1
-    with ``tp > 1`` or ``ep > 1`` (DTensor parameters: :mod:`fxplan.runtime.styles.data_parallel`)."""
-    return config.shards_params_with_fsdp
-
-
 def offload_runs(config: ParallelConfig) -> bool:
     """Whether the runtime runs ``config``'s offload: ``optimizer+params`` keeps the parameter
     shards on the host with FSDP2's ``CPUOffloadPolicy``, so only where FSDP2 shards the
-    parameters (:func:`fsdp_params`); ``optimizer`` (the runtime's host optimizer) and
-    ``none`` at every ZeRO stage. The search offers (:func:`fxplan.inter_op.stage_zero.
-    runnable_rungs`) and the runtime accepts (:func:`fxplan.runtime.apply.offload.
-    check_runnable`) by this one rule, each pipeline rank under its own stage and offload."""
-    return config.offload != "optimizer+params" or fsdp_params(config)
+    parameters (``ParallelConfig.shards_params_with_fsdp``); ``optimizer`` (the runtime's host
+    optimizer) and ``none`` at every ZeRO stage. The search offers
+    (:func:`fxplan.inter_op.stage_zero.runnable_rungs`) and the runtime accepts
+    (:func:`fxplan.runtime.apply.offload.check_runnable`) by this one rule, each pipeline rank
+    under its own stage and offload."""
+    return config.offload != "optimizer+params" or config.shards_params_with_fsdp
 
 
 def ddp_runs(config: ParallelConfig) -> bool:
@@ -231,7 +226,7 @@ def ddp_runs(config: ParallelConfig) -> bool:
     parallelism and without FSDP2 (ZeRO-0/1; :mod:`fxplan.runtime.styles.data_parallel`),
     unless a zero-bubble pipeline reduces after its step instead
     (:func:`fxplan.core.zero_bubble_dp.reduces_after_step`: no wrapper, no buffer broadcast)."""
-    return (config.dp > 1 and config.tp == 1 and not fsdp_params(config)
+    return (config.dp > 1 and config.tp == 1 and not config.shards_params_with_fsdp
             and not reduces_after_step(config))
 
 
@@ -274,7 +269,7 @@ def first_touch_s(saved_bytes: float, host: HostCosts | None) -> float:
 def dtensor_params(config: ParallelConfig) -> bool:
     """Whether the runtime holds this configuration's parameters as DTensors (module
     docstring): tensor parallelism, or FSDP2 for the data-parallel sharding."""
-    return config.tp > 1 or fsdp_params(config)
+    return config.tp > 1 or config.shards_params_with_fsdp
 
 
 def optimizer_host_s(tensors: int, host: HostCosts | None, *, dtensor: bool) -> float:

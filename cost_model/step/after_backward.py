@@ -79,8 +79,8 @@ def optimizer_row(config: ParallelConfig, optimizer: OptimizerSpec, stage: Price
     offloaded, only its host loop: the host's memory traffic is the offload row's), the
     pipeline schedule's and DDP's host work per step (CPU hosts)."""
     device = stage.device
-    # ZeRO-1 without FSDP (tp = ep = 1: fsdp_params) steps only the tensors its rank owns
-    # (ZeroRedundancyOptimizer).
+    # ZeRO-1 without FSDP (tp = ep = 1: not shards_params_with_fsdp) steps only the tensors
+    # its rank owns (ZeroRedundancyOptimizer).
     owned = config.dp if zero1_broadcasts(config) else 1
     tensors = -(-len(stage_params) // owned)
     seconds = (optimizer_s(optimizer, local, tensors, dtensor_params(config), device)

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.host.host_overhead import fsdp_params
 from fxplan.cost_model.memory.breakdown import OptimizerSpec
 from fxplan.cost_model.step.layer_costs import SegmentCost
 from fxplan.cost_model.step.stage_collectives import collective_s
@@ -69,7 +68,7 @@ def tied_sync(params: list[dict[str, float]], post: np.ndarray, config: Parallel
             group = tuple(stage_ranks(config, s)[0][0] for s in stages)
             nbytes = optimizer.grad_bytes * params[stages[0]][name]
             seconds = collective_s("all_reduce", nbytes, group, cluster)
-            sharded = [fsdp_params(config.at_pipeline_rank(s)) for s in stages]
+            sharded = [config.at_pipeline_rank(s).shards_params_with_fsdp for s in stages]
             for s, shard in zip(stages, sharded):
                 post[s] += seconds
                 if shard and not all(sharded):

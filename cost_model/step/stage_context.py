@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.comm.partial_grads import partial_grad_params
-from fxplan.cost_model.host.host_overhead import fsdp_params
 from fxplan.cost_model.parallel.context_parallel import CPLayer, cp_layers
 from fxplan.cost_model.parallel.expert_parallel import MoELayer, ep_groups, moe_layers
 from fxplan.cost_model.step.layer_costs import GraphSegments
@@ -93,7 +92,7 @@ def model_parts(graph: CapturedGraph, segments: GraphSegments,
         experts=frozenset().union(*(m.expert_params for m in moe.values())),
         scale=config.microbatch_size / segments.batch,
         pp_group=tuple(stage_ranks(config, k)[0][0] for k in range(config.pp)),
-        sharded_dp=fsdp_params(config), partial=partial_grad_params(graph, config),
+        sharded_dp=config.shards_params_with_fsdp, partial=partial_grad_params(graph, config),
         buffers=[(name, float(b.numel() * b.element_size()), str(b.dtype))
                  for name, b in graph.gm.named_buffers()],
         layer_paths=list(graph.layer_names.values()),
@@ -124,4 +123,4 @@ def rank_view(config: ParallelConfig, model: ModelParts,
     view = config.at_pipeline_rank(s)
     if view is config:
         return config, model
-    return view, replace(model, sharded_dp=fsdp_params(view))
+    return view, replace(model, sharded_dp=view.shards_params_with_fsdp)

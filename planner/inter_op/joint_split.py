@@ -86,7 +86,6 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from fxplan.core.config import ParallelConfig
-from fxplan.cost_model.host.host_overhead import fsdp_params
 from fxplan.inter_op.offload import Rung, host_fit_ranks, node_shares
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.inter_op.scored import ROUND_OFF
@@ -233,7 +232,7 @@ def _kinds(placed: ParallelConfig, rungs: Sequence[Rung],
     ranks"), or ``[None]`` without tied weights on two ranks."""
     if prof.tied_params <= 0:
         return [None]
-    kind = [(fsdp_params(placed.uniform(z, o)), o != "none") for z, o in rungs]
+    kind = [(placed.uniform(z, o).shards_params_with_fsdp, o != "none") for z, o in rungs]
     return [np.array([k == one for k in kind]) for one in dict.fromkeys(kind)]
 
 

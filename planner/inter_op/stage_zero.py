@@ -78,12 +78,12 @@ the earlier rung of the ladder: the lower stage, then no offload), and a round-o
 (:class:`~fxplan.inter_op.surrogate.RungTerms`). Where the twin fits on every rank and the
 offload rung's ``opt_s`` is no lower than the twin's on every rank, putting the twin in place
 of that rung in any choice keeps it fitting (the twin fits everywhere; the host holds less)
-and does not raise ``T̂``; ``fsdp_params`` reads no offload, so the twin keeps the rank's
-gradient layout. The rung is left out (:func:`rank_options` prices neither its memory nor its
-terms) without changing the minimum, and ties go to the twin anyway (earlier in the ladder).
-With tied holders a choice must keep both holders offloading alike, so the offload rungs are
-left out only when every one of them is dominated (then every offloading rank of a choice
-takes its twin, both holders included).
+and does not raise ``T̂``; ``ParallelConfig.shards_params_with_fsdp`` reads no offload, so
+the twin keeps the rank's gradient layout. The rung is left out (:func:`rank_options` prices
+neither its memory nor its terms) without changing the minimum, and ties go to the twin anyway
+(earlier in the ladder). With tied holders a choice must keep both holders offloading alike,
+so the offload rungs are left out only when every one of them is dominated (then every
+offloading rank of a choice takes its twin, both holders included).
 
 **With the split** (:data:`fxplan.inter_op.joint_rungs.JOINT_RUNGS`). The exact choice above is
 for one split. The split comes from the partition DP at one rung on every rank
@@ -107,7 +107,7 @@ import numpy as np
 
 from fxplan.core.config import ParallelConfig
 from fxplan.core.config_fields import OFFLOAD_POLICIES
-from fxplan.cost_model.host.host_overhead import fsdp_params, offload_runs
+from fxplan.cost_model.host.host_overhead import offload_runs
 from fxplan.inter_op.offload import Rung, host_fit_ranks
 from fxplan.inter_op.profile import SegmentProfile
 from fxplan.inter_op.scored import ROUND_OFF
@@ -253,7 +253,7 @@ def mix_rungs(placed: ParallelConfig, rungs: Sequence[Rung], prof: SegmentProfil
     options = rank_options(placed, rungs, prof, profs, mems, cluster)
     holders = tied_holders(placed, prof)
     if holders:   # one kind of rung on both holders (module docstring, "Tied weights")
-        kind = [(fsdp_params(placed.uniform(z, o)), o != "none") for z, o in rungs]
+        kind = [(placed.uniform(z, o).shards_params_with_fsdp, o != "none") for z, o in rungs]
         found = [choose_rungs(placed, options.limited(holders, np.array([k == one for k in kind])))
                  for one in dict.fromkeys(kind)]
         chosen = min((f for f in found if f is not None), key=lambda f: f[1], default=None)

@@ -171,10 +171,9 @@ def test_experts_whole_per_ep_rank_under_tensor_parallelism(tiny):
 def test_zero1_with_ep_is_priced_as_the_fsdp2_it_runs_as():
     """ZeRO-1 with ep > 1 runs as FSDP2 (the expert weights are DTensors), not as DDP with
     ZeroRedundancyOptimizer's broadcasts: priced so."""
-    from fxplan.cost_model.host.host_overhead import fsdp_params
     from fxplan.cost_model.step.dp_reductions import zero1_broadcasts
 
     dense = ParallelConfig(dp=4, tp=1, pp=1, microbatch_size=2, zero_stage=1)
-    assert zero1_broadcasts(dense) and not fsdp_params(dense)
+    assert zero1_broadcasts(dense) and not dense.shards_params_with_fsdp
     experts = dense.replace(ep=2)
-    assert fsdp_params(experts) and not zero1_broadcasts(experts)
+    assert experts.shards_params_with_fsdp and not zero1_broadcasts(experts)

@@ -7,7 +7,6 @@ import pytest
 from fxplan.cluster_specs import Cluster
 from fxplan.core.config import ParallelConfig
 from fxplan.cost_model.comm.collectives import collective_time_s
-from fxplan.cost_model.host.host_overhead import fsdp_params
 from fxplan.cost_model.comm.step_scalars import step_scalar_collectives, step_scalars_s
 
 
@@ -27,7 +26,7 @@ def config(**kw: int) -> ParallelConfig:
 ])
 def test_the_collectives_follow_the_runtime(kw, expected) -> None:  # type: ignore[no-untyped-def]
     c = config(**kw)
-    assert step_scalar_collectives(c, sharded_dp=fsdp_params(c)) == expected
+    assert step_scalar_collectives(c, sharded_dp=c.shards_params_with_fsdp) == expected
 
 
 def test_priced_as_latency_over_the_stage_groups() -> None:

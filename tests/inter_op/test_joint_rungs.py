@@ -18,7 +18,6 @@ from fxplan.api import capture_for_search
 from fxplan.cluster_specs import Cluster, training_dtype
 from fxplan.core.config import ParallelConfig
 from fxplan.core.config_fields import OFFLOAD_POLICIES
-from fxplan.cost_model.host.host_overhead import fsdp_params
 from fxplan.cost_model.memory.headroom import parse_headroom
 from fxplan.cost_model.memory.offload import with_host_check
 from fxplan.inter_op import joint_rungs, search_state
@@ -66,7 +65,7 @@ def _brute(state: search_state._Search, c: ParallelConfig) -> float:
     rank and the split's drain slack ``δ_s`` (no rung's)."""
     ladder = list(dict.fromkeys(memory_rungs(c.dp) if state.rungs.offloading else
                                 state.rungs.of(c.dp) + state.rungs.per_rank(c.dp)))
-    runs = [o != "optimizer+params" or fsdp_params(c.uniform(z, o)) for z, o in ladder]
+    runs = [o != "optimizer+params" or c.uniform(z, o).shards_params_with_fsdp for z, o in ladder]
     m, b, p = c.num_microbatches, (c.pp - 1) / c.virtual_stages, c.pp
     combos = np.array(list(itertools.product(np.flatnonzero(runs), repeat=p)))
     combos = np.concatenate([combos, np.repeat(np.flatnonzero(~np.array(runs))[:, None], p, 1)])
@@ -92,7 +91,8 @@ def _brute(state: search_state._Search, c: ParallelConfig) -> float:
         ok = F[rows, combos].all(axis=1)
         holders = tied_holders(placed, prof)
         if holders:
-            kind = np.array([(fsdp_params(placed.uniform(z, o)), o != "none") for z, o in ladder])
+            kind = np.array([(placed.uniform(z, o).shards_params_with_fsdp, o != "none")
+                             for z, o in ladder])
             ok &= (kind[combos[:, holders[0]]] == kind[combos[:, holders[1]]]).all(axis=1)
         if not ok.any():
             continue

@@ -132,7 +132,6 @@ def test_the_choice_is_the_cheapest_runnable_combination(squeezed) -> None:  # t
     """Every combination of the rungs the runtime runs (``optimizer`` offload at every ZeRO
     stage, ``optimizer+params`` only where FSDP2 shards the rank) for the plan's split that fits prices no lower by ``T̂`` than the plan's (host
     memory does not bind here)."""
-    from fxplan.cost_model.host.host_overhead import fsdp_params
     from fxplan.inter_op import search_state
     from fxplan.inter_op.offload import memory_rungs
     from fxplan.inter_op.progress import Budget, PhaseTimer
@@ -148,7 +147,7 @@ def test_the_choice_is_the_cheapest_runnable_combination(squeezed) -> None:  # t
     prof, profs, devs = state._profiles(placed)
     mems = state._memory(devs)
     rungs = [(z, o) for z, o in memory_rungs(placed.dp)
-             if o != "optimizer+params" or fsdp_params(placed.uniform(z, o))]
+             if o != "optimizer+params" or placed.uniform(z, o).shards_params_with_fsdp]
     chosen = surrogate_step_s(placed, prof, cluster, profs)
     best = float("inf")
     for combo in itertools.product(rungs, repeat=placed.pp):
@@ -199,7 +198,6 @@ def test_tied_holders_offload_alike() -> None:
     layout and whether it offloads — since the runtime sums a tied weight's gradients only
     where both sit alike (:func:`fxplan.runtime.apply.tied.offload_refusal`)."""
     from fxplan.api import capture_for_search
-    from fxplan.cost_model.host.host_overhead import fsdp_params
     from fxplan.cost_model.memory.headroom import parse_headroom
     from fxplan.inter_op import search_state
     from fxplan.inter_op.progress import Budget, PhaseTimer
@@ -223,7 +221,7 @@ def test_tied_holders_offload_alike() -> None:
             prof, profs, _ = state._profiles(placed)
             holders = tied_holders(placed, prof)
             assert holders == (0, 3)
-            kinds = {(fsdp_params(placed.at_pipeline_rank(r)),
+            kinds = {(placed.at_pipeline_rank(r).shards_params_with_fsdp,
                       placed.offload_of(r) != "none") for r in holders}
             assert len(kinds) == 1, placed.summary()
             assert surrogate_step_s(placed, prof, cluster, profs) == \

@@ -18,7 +18,6 @@ from fxplan.inter_op.progress import Budget, PhaseTimer
 from fxplan.inter_op.space import options
 from fxplan.inter_op.stage_devices import rank_limits
 from fxplan.inter_op.stage_memory import stage_totals
-from fxplan.cost_model.host.host_overhead import fsdp_params
 from fxplan.inter_op.stage_zero import RankOptions, choose_rungs, tied_holders
 from fxplan.inter_op.surrogate import surrogate_step_s
 
@@ -87,7 +86,7 @@ def test_search_keeps_the_cheapest_stages_per_rank(search) -> None:  # type: ign
         for combo in itertools.product((0, 1, 2, 3), repeat=placed.pp):
             trial = placed.replace(zero_stage=max(combo), zero_stages=combo)
             # the tied holders keep one gradient layout (stage_zero docstring)
-            alike = len({fsdp_params(trial.at_pipeline_rank(r)) for r in holders}) == 1
+            alike = len({trial.at_pipeline_rank(r).shards_params_with_fsdp for r in holders}) == 1
             # and beside a zero-bubble schedule only the stages the runtime runs there
             runs = after_step_refusal(trial) is None
             if alike and runs and (stage_totals(trial, profile, mems) <= rank_limits(mems)).all():
@@ -95,7 +94,7 @@ def test_search_keeps_the_cheapest_stages_per_rank(search) -> None:  # type: ign
         assert min(prices) >= scored.surrogate_s * (1 - 1e-9), placed.summary()
         if placed.zero_stages is not None:
             mixed += 1
-            assert len({fsdp_params(placed.at_pipeline_rank(r)) for r in holders}) == 1
+            assert len({placed.at_pipeline_rank(r).shards_params_with_fsdp for r in holders}) == 1
             assert surrogate_step_s(placed, profile, search.cluster, profs) == \
                 pytest.approx(scored.surrogate_s, rel=1e-12)
     assert mixed >= 1

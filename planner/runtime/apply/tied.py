@@ -37,7 +37,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
-from fxplan.cost_model.host.host_overhead import fsdp_params
 
 from fxplan.runtime.apply.mesh import rank_at
 from fxplan.runtime.apply.offload import RuntimeSupportError
@@ -111,7 +110,8 @@ class TiedGradSync:
             pp_ranks = sorted({plan.schedule.placement(k, plan.pp)[0] for k in users[fqn]})
             if len(pp_ranks) < 2:
                 continue
-            if len({fsdp_params(plan.config.at_pipeline_rank(p)) for p in pp_ranks}) > 1:
+            layouts = {plan.config.at_pipeline_rank(p).shards_params_with_fsdp for p in pp_ranks}
+            if len(layouts) > 1:
                 self.whole.add(fqn)
             for dp, tp in itertools.product(range(plan.dp), range(plan.tp)):
                 ranks = [rank_at(mesh, pp=p, dp=dp, tp=tp) for p in pp_ranks]
