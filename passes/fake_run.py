@@ -7,8 +7,8 @@ tensors autograd saves to it (:mod:`passes.analyses.saved_activations`). A node 
 no FLOP rule is run under ``FlopCounterMode`` and priced by what it measures.
 
 ``device="cpu"`` by default: autograd on fake CUDA tensors aborts on CPU-only builds of torch.
-Dropout is routed to the fused kernel GPUs run (:class:`FusedDropout`), so saved bytes match
-a GPU.
+Dropout is routed to the fused kernel GPUs run (:class:`FusedDropout`), and so is attention
+with dropout (:class:`FusedAttentionDropout`), so saved bytes match a GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fxplan.passes.analyses.blocks import module_path
 from fxplan.passes.analyses.ops import OpCall, Price, op_key, price, rule_for
-from fxplan.passes.analyses.saved_activations import FusedDropout, SavedTensorRecorder
+from fxplan.passes.analyses.saved_activations import (FusedAttentionDropout, FusedDropout,
+                                                      SavedTensorRecorder)
 from fxplan.passes.errors import CaptureError, location_of, user_frame
 from fxplan.passes.node_info import NodeInfo, cast_dtype
 
@@ -116,7 +117,7 @@ def fake_run(gm: torch.fx.GraphModule, args: list[Any], *, device: str = "cpu",
         fake_args = [_fake_input(a, dev, dtype) for a in args]
     recorder = SavedTensorRecorder(state.values())
     run = FakeRun(gm, recorder)
-    with mode, torch.enable_grad(), recorder.hooks(), FusedDropout():
+    with mode, torch.enable_grad(), recorder.hooks(), FusedDropout(), FusedAttentionDropout():
         torch.func.functional_call(_Runner(gm, run), state, tuple(fake_args), strict=False)
     for name, nbytes in recorder.saved.items():
         run.infos[name].saved_bytes = nbytes

@@ -77,7 +77,10 @@ class FusedAttention:
     ``nodes`` are the core's nodes (priced by this kernel instead of one by one); ``output``
     the node whose value is ``o``; ``flops`` the FLOPs the kernel executes (causal: about
     half of ``model_flops``); ``bytes_moved`` its forward traffic; ``saved_bytes`` what it
-    keeps for the backward."""
+    keeps for the backward. ``out_kept_by``: the op outside the core that keeps the output
+    ``o`` as its saved input (``out_bytes`` of it), reached through views and a layout copy —
+    a GPU's kernel writes ``o`` in the layout the out-projection reads, so that copy is a view
+    there and the kernel's ``o`` and that op's input are one storage, counted once."""
 
     nodes: frozenset[str]
     output: str
@@ -86,6 +89,8 @@ class FusedAttention:
     bytes_moved: float
     saved_bytes: float
     causal: bool
+    out_kept_by: str | None = None
+    out_bytes: float = 0.0
 
 
 def prices_fused_attention(device: Any) -> bool:
@@ -160,8 +165,36 @@ def fused_attention_core(graph: CapturedGraph, names: Sequence[str],
         stats = _stats_bytes(infos[output])
         traffic = inputs + out_bytes + stats
         saved = inputs + out_bytes + stats
+        kept_by = _consumer_keeping(graph, core, output)
+        executed = model_flops * (causal_fraction(seq) if causal else 1.0)
+        return FusedAttention(frozenset(core), output, executed, model_flops, traffic, saved,
+                              causal, kept_by, out_bytes if kept_by else 0.0)
     executed = model_flops * (causal_fraction(seq) if causal else 1.0)
     return FusedAttention(frozenset(core), output, executed, model_flops, traffic, saved, causal)
+
+
+#: Ops that copy a tensor into another layout (``.contiguous()``, ATen's ``clone``): a view of
+#: a fused kernel's output, which is written in the layout its reader wants.
+_LAYOUT_COPIES = frozenset({"contiguous", "clone"})
+
+
+def _consumer_keeping(graph: CapturedGraph, core: frozenset[str], output: str) -> str | None:
+    """The matrix product outside ``core`` whose saved input is the core's output, reached
+    through views and layout copies (:attr:`FusedAttention.out_kept_by`); ``None`` if none."""
+    nodes = graph.nodes_by_name
+    infos = graph.infos_by_name
+    out_bytes = tensor_bytes(infos[output])
+    frontier = [output]
+    while frontier:
+        for user in nodes[frontier.pop()].users:
+            info = infos.get(user.name)
+            if user.name in core or info is None:
+                continue
+            if info.op_class == "view" or _op_names(user) & _LAYOUT_COPIES:
+                frontier.append(user.name)
+            elif info.op_class == "matmul" and info.saved_bytes >= out_bytes:
+                return user.name
+    return None
 
 
 def _query_rows(info: Any) -> int:

@@ -146,9 +146,10 @@ def segment_activations(graph: CapturedGraph, names: Sequence[str], layout: TPLa
     """:class:`ActivationBytes` of the segment ``names`` (graph order) under ``recompute``.
 
     ``fused``: a :class:`cost_model.compute.attention_kernel.FusedAttention` (``nodes``, ``output``,
-    ``saved_bytes``; not imported here, that module builds on this one): the attention core
-    runs as one fused kernel, which saves ``fused.saved_bytes`` (``q, k, v, o``
-    and its statistics, no ``s×s`` tensor) in place of what the core's nodes save."""
+    ``saved_bytes``, ``out_kept_by``, ``out_bytes``; not imported here, that module builds on
+    this one): the attention core runs as one fused kernel, which saves ``fused.saved_bytes``
+    (``q, k, v, o`` and its statistics, no ``s×s`` tensor) in place of what the core's nodes
+    save; where the op ``out_kept_by`` keeps ``o`` as its input, once for both."""
     nodes = graph.nodes_by_name
 
     def divisor(name: str, output: bool = False) -> int:
@@ -165,7 +166,9 @@ def segment_activations(graph: CapturedGraph, names: Sequence[str], layout: TPLa
             return sum(graph.info(nodes[n]).saved_bytes / divisor(n) for n in group)
         outside = sum(graph.info(nodes[n]).saved_bytes / divisor(n) for n in group
                       if n not in fused.nodes)
-        return outside + fused.saved_bytes / divisor(fused.output)
+        once = (fused.out_bytes / divisor(fused.out_kept_by)
+                if fused.out_kept_by in group else 0.0)   # the kernel's o is that op's input
+        return outside + fused.saved_bytes / divisor(fused.output) - once
 
     everything = saved(names)
     if recompute == "none":

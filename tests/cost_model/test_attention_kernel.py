@@ -100,3 +100,22 @@ def test_causal_kernel_runs_at_causal_speed(graph) -> None:  # type: ignore[no-u
     launch = op_time_s("attention", 0.0, 0.0, torch.bfloat16, device)
     assert (f_p - launch) / (f_c - launch) == pytest.approx(CAUSAL_SPEED, rel=0.02)
     assert 0.85 <= CAUSAL_SPEED <= 0.95  # cuDNN … FlashAttention-3 on H100 (module docstring)
+
+
+def test_a_fused_gpt_layer_saves_korthikantis_bytes_without_the_scores() -> None:
+    """Priced as a flash kernel, a GPT layer in bf16 saves Korthikanti et al.'s ``34·s·b·h``
+    (their ``5·a·s²·b`` is the scores, which the kernel never stores) plus the kernel's fp32
+    log-sum-exp per query row and head and the two layer norms' statistics: the attention
+    output ``o`` once, as the kernel's and as the projection's input (a GPU's kernel writes it
+    in the layout the projection reads, where the CPU capture copies it). Selective recompute
+    of that core frees only the log-sum-exp."""
+    graph = capture(f"gpt:layers=2,hidden={HIDDEN},heads={HEADS},vocab=512,seq={SEQ},"
+                    "dropout=0.1", batch=1, seq=SEQ, dtype=torch.bfloat16)
+    key = graph_segments(graph).layers[0][0]
+    fused_dev, _ = _devices()
+    saved = {policy: segment_cost(graph, key, device=fused_dev, tp=1, sequence_parallel=False,
+                                  recompute=policy, microbatch=1).activations.saved
+             for policy in ("none", "selective")}
+    lse, norm_stats = 4 * HEADS * SEQ, 2 * 2 * SEQ * 2
+    assert saved["none"] == 34 * SEQ * HIDDEN + lse + norm_stats
+    assert saved["selective"] == saved["none"] - lse

@@ -73,5 +73,48 @@ def test_a_storage_saved_again_names_its_later_savers():
                                                                "layers_0_attention_wv")),)
     assert shared["scaled_dot_product_attention"] == ((hidden_bytes, ("layers_0_attention_wo",)),)
     assert graph.info("layers_0_attention_wo").saved_bytes == 0  # charged to the attention
-    gpt = capture("gpt-tiny:layers=1,attention=sdpa", batch=2, seq=16, dtype=torch.float32)
-    assert not any(info.saved_shared for _, info in gpt.nodes())  # its output is copied
+    # with dropout the call runs as the GPU's flash kernel (FusedAttentionDropout), whose
+    # output is laid out as its query: the transposition back is a view, the projection's input
+    gpt = capture("gpt-tiny:layers=1,attention=sdpa,dropout=0.1", batch=2, seq=16,
+                  dtype=torch.float32)
+    o_bytes = 2 * 16 * gpt.info("h_0_attn_proj").shape[-1] * 4
+    assert gpt.info("scaled_dot_product_attention").saved_shared == (
+        (o_bytes, ("h_0_attn_proj",)),)
+
+
+class _Attention(torch.nn.Module):
+    """q, k and v made from the input by three weights, then attention with dropout, under a
+    boolean mask where one is given (else causal)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3, d))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = x * self.w[0], x * self.w[1], x * self.w[2]
+        if mask is None:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.1,
+                                                                    is_causal=True)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                dropout_p=0.1)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["flash", "efficient"])
+def test_attention_with_dropout_saves_what_the_gpus_kernel_saves(masked):
+    """The CPU's composite kernel would keep the s×s probabilities and mask per head; the GPU's
+    fused kernel keeps q, k, v, the output, an fp32 log-sum-exp per query row and its random
+    state, plus the additive bias a mask becomes (one per sample, broadcast over the heads)."""
+    from fxplan.passes.fake_run import fake_run
+
+    b, a, s, d = 2, 4, 256, 16
+    inputs: list[torch.Tensor] = [torch.empty(b, a, s, d, dtype=torch.bfloat16)]
+    if masked:
+        inputs.append(torch.ones(b, 1, s, s, dtype=torch.bool).tril())
+    gm = torch.fx.symbolic_trace(_Attention(d), concrete_args=None if masked else {"mask": None})
+    run = fake_run(gm, inputs, dtype=torch.bfloat16)
+    node = next(n for n in gm.graph.nodes if "scaled_dot_product" in str(n.target))
+    saved = run.infos[node.name].saved_bytes
+    tensor = b * a * s * d * 2
+    kept = 4 * tensor + b * a * s * 4 + (b * s * s * 2 if masked else 0)
+    assert kept <= saved <= kept + 64, (saved, kept)   # + the random state's few bytes
+    assert saved < b * a * s * s * 2                     # not one s×s tensor per head

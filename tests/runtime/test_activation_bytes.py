@@ -1,8 +1,9 @@
 """What one repeated block holds for its backward at module level, measured by
 ``benchmarks/activation_bytes.py`` (live op-output storages after a forward), against the cost
 model's saved bytes: full recompute holds exactly its priced input; selective recompute holds
-no more than no recompute; the bytes selective frees are the priced ones, whether the
-attention's output is its own storage or one the out-projection keeps too."""
+no more than no recompute; without dropout every policy holds what is priced, the attention's
+output kept where the out-projection keeps it too. With dropout the CPU runs its own kernels
+(the attention's composite, masks in the input's dtype) where capture prices the GPU's."""
 
 from __future__ import annotations
 
@@ -54,14 +55,6 @@ def test_selective_holds_no_more_than_none(rows, model) -> None:  # type: ignore
     tiny Llama's block it held half as much again as no recompute (2036 against 1350 KiB by
     this count, 2026-11-29); each fused attention call checkpointed alone holds no cache."""
     assert rows[model]["selective"]["held"] <= rows[model]["none"]["held"], rows[model]
-
-
-def test_selective_frees_the_priced_bytes_where_the_output_is_its_own(rows) -> None:  # type: ignore[no-untyped-def]
-    """The GPT's attention output is copied on its way to the projection: checkpointing the
-    attention frees its output and statistics, the bytes the model credits (48 KiB)."""
-    got = rows[GPT_SDPA]
-    assert got["none"]["held"] - got["selective"]["held"] == \
-        got["none"]["priced"] - got["selective"]["priced"] > 0, got
 
 
 def test_selective_frees_the_priced_bytes_where_the_output_is_shared(rows) -> None:  # type: ignore[no-untyped-def]
