@@ -58,7 +58,7 @@ def plan_for(model: torch.nn.Module, *, tp: int = 1, pp: int = 1, dp: int = 1, e
              sp: bool = False,
              zero: int = 0, layers: int = 2, overrides: dict[str, str] | None = None,
              microbatch_size: int = 2, num_microbatches: int = 1, schedule: str = "1f1b",
-             seq: int = SEQ) -> Plan:
+             seq: int = SEQ, recompute: str = "none") -> Plan:
     """A hand-made plan with Megatron placements over ``("dp", "tp")`` for ``model``."""
     params = {}
     for name, _ in model.named_parameters():
@@ -68,7 +68,8 @@ def plan_for(model: torch.nn.Module, *, tp: int = 1, pp: int = 1, dp: int = 1, e
     params.update(overrides or {})
     config = ParallelConfig(dp=dp, tp=tp, pp=pp, ep=ep, microbatch_size=microbatch_size,
                             num_microbatches=num_microbatches, sequence_parallel=sp,
-                            zero_stage=zero, schedule=Schedule.parse(schedule))
+                            zero_stage=zero, schedule=Schedule.parse(schedule),
+                            recompute=recompute)
     return Plan(model="test", cluster="test", graph_fingerprint="t", cluster_fingerprint="t",
                 batch=microbatch_size * num_microbatches * dp, seq=seq, config=config, stages=stages_for(layers, pp, 1),
                 placements=PlacementMap(params={k: parse_placements(v) for k, v in params.items()}))

@@ -22,6 +22,8 @@ CASES = {
     "gpt_pp2_cp2": ("gpt", 2, dict(pp=2, dp=2, num_microbatches=2, schedule="gpipe")),
     "gpt_cp2_tp2": ("gpt", 2, dict(dp=2, tp=2)),
     "gpt_cp2_tp2_sp": ("gpt", 2, dict(dp=2, tp=2, sp=True)),
+    "llama_cp2_selective": ("llama", 2, dict(dp=2, recompute="selective")),
+    "gpt_cp2_selective": ("gpt", 2, dict(dp=2, recompute="selective")),
 }
 
 

@@ -136,3 +136,29 @@ def test_a_written_out_attention_takes_torchs_selective_checkpoint():
     assert sel_ops["addmm"] == none_ops["addmm"]
     for a, b in zip(none_grads, sel_grads):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_the_module_level_leaves_a_written_out_selective_to_the_graph_rewrite():
+    """Torch's selective checkpoint over a block frees none of the scores a written-out
+    attention's selective recompute is priced to free: the module level refuses such a plan
+    (the graph rewrite outlines the core) where the graph rewrite can take it, and keeps it
+    with a fallback line under context parallelism, which runs at module level only. A block
+    with a fused attention call runs it at module level as planned."""
+    from rt_cp_cases import with_cp
+    from rt_plans import build_model, make_plan
+
+    from fxplan.runtime.apply.module import module_level_plan
+    from fxplan.runtime.styles.tp_styles import NotExpressible
+
+    tokens = torch.zeros(4, 16, dtype=torch.long)
+    plan = make_plan(dp=2, recompute="selective")
+    with pytest.raises(NotExpressible, match="make 0 such calls"):
+        module_level_plan(build_model(2, attention="math"), plan, tokens)
+    fused = module_level_plan(build_model(2, attention="sdpa"), plan, tokens)
+    assert not [line for line in fused.fallbacks if "[recompute]" in line], fused.fallbacks
+    context = module_level_plan(build_model(2, attention="math"), with_cp(plan, 2),
+                                tokens[:, :8])
+    assert [line for line in context.fallbacks if "torch's selective checkpoint" in line], \
+        context.fallbacks
+    unplanned = module_level_plan(build_model(2, attention="math"), make_plan(dp=2), tokens)
+    assert not [line for line in unplanned.fallbacks if "[recompute]" in line]

@@ -286,22 +286,45 @@ def _check_chain(model: nn.Module, plan: "Plan", probe: ModuleProbe,
 
 
 def _check_attention_checkpoint(plan: "Plan", probe: ModuleProbe) -> None:
-    """Selective recompute beside a split backward checkpoints each call of
+    """Selective recompute at module level checkpoints each call of
     ``F.scaled_dot_product_attention`` in a block alone
-    (:class:`~fxplan.runtime.apply.recompute.AttentionCheckpoint`): :class:`NotExpressible`
+    (:class:`~fxplan.runtime.apply.recompute.AttentionCheckpoint`). :class:`NotExpressible`
     where the blocks make fewer such calls than there are blocks (an attention written out as
-    products and a softmax), and beside context parallelism, whose attention gathers K and V
-    around that call (not run with it)."""
+    products and a softmax, whose core only the graph rewrite outlines): beside a split
+    backward always; otherwise where the graph rewrite can take the plan (no context or expert
+    parallelism, which run at module level only and keep torch's selective checkpoint over the
+    block, a recorded fallback: :func:`written_out_selective_note`) — that checkpoint keeps
+    every other op's output for its replay and frees none of the scores the plan prices as
+    freed. Beside a split backward, also under context parallelism, whose attention gathers K
+    and V around that call (not run with it)."""
+    split = plan.config.splits_backward
     head = (f"schedule {plan.schedule} with selective recompute: beside a split backward the "
-            "module level checkpoints each call of F.scaled_dot_product_attention alone, and ")
-    if plan.config.cp > 1:
+            "module level checkpoints each call of F.scaled_dot_product_attention alone, and "
+            if split else "selective recompute: the module level checkpoints each call of "
+            "F.scaled_dot_product_attention in a block alone, and ")
+    if split and plan.config.cp > 1:
         raise NotExpressible(head + f"beside context parallelism (cp={plan.config.cp}), whose "
                              "attention gathers K and V around that call, this is not run")
-    if not probe.fused_attention:
-        raise NotExpressible(head + f"the model's {len(probe.blocks)} blocks make "
-                             f"{len(probe.attention)} such calls (an attention written out "
-                             "as matrix products and a softmax); the graph rewrite outlines "
-                             "that attention core")
+    if probe.fused_attention or (not split and (plan.config.cp > 1 or plan.config.ep > 1)):
+        return
+    raise NotExpressible(head + f"the model's {len(probe.blocks)} blocks make "
+                         f"{len(probe.attention)} such calls (an attention written out as "
+                         "matrix products and a softmax); the graph rewrite outlines that "
+                         "attention core")
+
+
+def written_out_selective_note(plan: "Plan", probe: ModuleProbe) -> str | None:
+    """The fallback line of a plan whose blocks write attention out and recompute it
+    selectively at module level (context or expert parallelism; :func:`_check_attention_checkpoint`
+    refuses the rest), ``None`` for any other plan."""
+    if probe.fused_attention or not any(plan.recompute(i) == "selective"
+                                        for i in range(len(probe.blocks))):
+        return None
+    return ("[recompute] selective recompute of blocks whose attention is written out (and "
+            "that hold no experts) runs at module level as torch's selective checkpoint over "
+            "each block, which keeps every other op's output for its replay: more memory than "
+            "the plan prices (the graph rewrite, which outlines the attention core, cannot run "
+            "context or expert parallelism)")
 
 
 def module_level_plan(model: nn.Module, plan: "Plan",
@@ -318,8 +341,7 @@ def module_level_plan(model: nn.Module, plan: "Plan",
                              f"{err})") from err
     if not probe.blocks:
         raise NotExpressible("no repeated blocks in the module hierarchy")
-    if plan.config.splits_backward and any(plan.recompute(i) == "selective"
-                                           for i in range(len(probe.blocks))):
+    if any(plan.recompute(i) == "selective" for i in range(len(probe.blocks))):
         _check_attention_checkpoint(plan, probe)
     if plan.stages and sum(s.num_layers for s in plan.stages) != len(probe.blocks):
         raise NotExpressible(f"the plan's stages hold {sum(s.num_layers for s in plan.stages)} "
@@ -338,6 +360,9 @@ def module_level_plan(model: nn.Module, plan: "Plan",
         if plan.sequence_parallel and plan.tp > 1:
             _check_sequence_boundary(plan, probe)
     read_as, notes = tied_layout(plan, aliases) if plan.tp > 1 else ({}, [])
+    selective_note = written_out_selective_note(plan, probe)
+    if selective_note:
+        notes.append(selective_note)
     styles = tp_styles(model, plan, probe, read_as) if plan.tp > 1 else {}
     if plan.tp > 1 and not styles:
         notes.append(replicated_tp_note(plan.tp))
@@ -496,9 +521,10 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             install(context, inner, blocks)
         held = expert_params(inner)   # after materialize: the parameters that train
         policies = [plan.recompute(first_block + i) for i in range(len(blocks))]
-        apply_recompute(blocks, recompute_policies(blocks, policies, fallbacks) if held
-                        else policies, split_backward=plan.config.splits_backward,
-                        fused_attention=decided.probe.fused_attention)
+        fused = decided.probe.fused_attention
+        apply_recompute(blocks, recompute_policies(blocks, policies, fallbacks)
+                        if held and not fused else policies,
+                        split_backward=plan.config.splits_backward, fused_attention=fused)
         # expert ZeRO: FSDP2 over edp reduces them; else ExpertGradSync, DDP/FSDP ignore them
         ignored = [] if shard_expert_states(inner, rank_plan(plan, mesh), precision) else held
         if experts is not None:
