@@ -4,6 +4,7 @@ checkpoint loaded into the unsharded model."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -26,8 +27,9 @@ MOMENTUM = 0.9
 MODEL = f"moe-tiny:dropout=0,seq={SEQ},capacity_factor=0.5"
 
 
-def build_moe(seed: int = 0, meta: bool = False) -> torch.nn.Module:
-    """moe-tiny, seeded; ``meta``: parameters on meta (the launch worker's per-stage build)."""
+def build_moe(seed: int = 0, meta: bool = False, attention: str = "math") -> torch.nn.Module:
+    """moe-tiny, seeded; ``meta``: parameters on meta (the launch worker's per-stage build);
+    ``attention``: written out (``math``) or one ``F.scaled_dot_product_attention`` call."""
     import contextlib
 
     from fxplan.examples.model_spec import resolve_model
@@ -35,7 +37,7 @@ def build_moe(seed: int = 0, meta: bool = False) -> torch.nn.Module:
 
     torch.manual_seed(seed)
     with meta_parameters() if meta else contextlib.nullcontext():
-        return resolve_model(MODEL).build("cpu")
+        return resolve_model(f"{MODEL},attention={attention}").build("cpu")
 
 
 def make_ep_plan(*, dp: int, ep: int, zero: int = 0, tp: int = 1, microbatch_size: int = 2,
@@ -68,10 +70,10 @@ def _moe_layers(model: torch.nn.Module) -> list[Any]:
     return [m for m in model.modules() if hasattr(m, "last_aux_loss")]
 
 
-def _reference(plan: Plan, steps: int) -> dict[str, Any]:
+def _reference(plan: Plan, steps: int, attention: str = "math") -> dict[str, Any]:
     """One process: losses, auxiliary losses and gradient norm of the first step, dropped
     assignments, params."""
-    model = build_moe()
+    model = build_moe(attention=attention)
     tokens, targets = _batch(plan)
     layer = _moe_layers(model)[0]
     slots = layer.slots
@@ -100,17 +102,18 @@ def _count(result: tuple[torch.Tensor, torch.Tensor], into: list[int]
 
 
 def train_ep_matches_reference(plan_kwargs: dict[str, Any], steps: int = 3,
-                               checkpoint: str | None = None, meta: bool = False
-                               ) -> dict[str, Any] | None:
+                               checkpoint: str | None = None, meta: bool = False,
+                               attention: str = "math") -> dict[str, Any] | None:
     """Train ``steps`` SGD steps of moe-tiny under an ``ep > 1`` plan; rank 0 reports the
     errors against one process. ``checkpoint``: also save sharded there and load it into the
     unsharded model (rank 0, no process group). ``meta``: the model built on meta, each rank
-    materialising its part from the seeded builder (as ``fxplan launch``'s worker does)."""
+    materialising its part from the seeded builder (as ``fxplan launch``'s worker does).
+    ``attention``: moe-tiny's (:func:`build_moe`)."""
     plan = make_ep_plan(**plan_kwargs)
     tokens, targets = _batch(plan)
-    init = build_moe if meta else None
-    sharded = apply_plan(build_moe(meta=meta), plan, tokens, ranks=list(range(plan.world_size)),
-                         init=init)
+    init = functools.partial(build_moe, attention=attention) if meta else None
+    sharded = apply_plan(build_moe(meta=meta, attention=attention), plan, tokens,
+                         ranks=list(range(plan.world_size)), init=init)
     if sharded is None:
         return None
     experts = {k: p for k, p in sharded.named_parameters().items()
@@ -133,7 +136,7 @@ def train_ep_matches_reference(plan_kwargs: dict[str, Any], steps: int = 3,
             loaded_error = _load_unsharded(checkpoint, params)
     if dist.get_rank() != 0:
         return None
-    ref = _reference(plan, steps)
+    ref = _reference(plan, steps, attention)
     errors = {k: relative_error(params[k], ref["params"][k]) for k in ref["params"]}
     worst = max(errors, key=errors.get)
     return dict(

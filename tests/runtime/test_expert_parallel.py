@@ -55,6 +55,18 @@ def test_expert_parallel_matches_single_process(rank_pool, name):
         report["tp_split"]
 
 
+def test_selective_recompute_beside_experts_with_fused_attention(rank_pool):
+    """A block holding experts whose attention is one fused call keeps selective recompute
+    (only that call is checkpointed; the experts are not replayed) and trains like one
+    process; written out, the same blocks fall back to full recompute (the case above)."""
+    report = rank_pool.run("rt_ep_cases:train_ep_matches_reference", attention="sdpa",
+                           plan_kwargs=dict(dp=2, ep=2, recompute="selective"))[0]
+    assert report["path"] == "module", report["fallbacks"]
+    assert not [f for f in report["fallbacks"] if "recompute" in f], report["fallbacks"]
+    assert report["loss_error"] <= 1e-5 and report["param_error"] <= 1e-5, report
+    assert report["aux_error"] <= 1e-5 and report["norm_error"] <= 1e-5, report
+
+
 @pytest.mark.parametrize("kwargs", [dict(dp=2, ep=2), dict(dp=4, ep=2, zero=3, microbatch_size=1)],
                          ids=["dp2_ep2", "dp4_ep2_zero3"])
 def test_sharded_checkpoint_loads_into_the_unsharded_model(rank_pool, tmp_path, kwargs):

@@ -478,9 +478,12 @@ class ExpertGradSync:
 def recompute_policies(blocks: Sequence[nn.Module], policies: Sequence[str],
                        fallbacks: list[str]) -> list[str]:
     """``policies`` with ``selective`` run as ``full`` for the blocks that hold an
-    expert-parallel layer (a fallback, logged and listed): the selective checkpoint's replay of
-    its kept results does not cover the experts' DTensor weights (their recompute sees other
-    tensors), and full recompute re-runs the block as it ran, collectives included."""
+    expert-parallel layer (a fallback, logged and listed), where the blocks' attention is
+    written out and selective recompute would be torch's selective checkpoint over the block:
+    its replay of the kept results does not cover the experts' DTensor weights (their
+    recompute sees other tensors), and full recompute re-runs the block as it ran, collectives
+    included. (A fused attention call is checkpointed alone, the experts untouched: the caller
+    keeps ``selective`` there.)"""
     from fxplan.core.fallbacks import record_fallback
 
     out = list(policies)
