@@ -64,8 +64,8 @@ def cp_matches_reference(model: str, cp: int, plan_kwargs: dict[str, Any], steps
 
 def cp_collectives(recompute: str) -> dict[str, Any] | None:
     """One step of the tiny GPT under ``dp=2, cp=2`` (one CP group) with ``recompute``: the
-    gloo all-gathers it really issues (the profiler's ``gloo:all_gather`` events: a collective
-    re-run under selective recompute is served from the checkpoint's cache and issues none),
+    gloo all-gathers it really issues (the profiler's ``gloo:all_gather`` events: none is re-run
+    under selective recompute, whose checkpointed attention call keeps the gathered K and V),
     the CP backward's reductions (``_AllGatherBackward``: a reduce-scatter, all-reduce + slice
     on gloo) and the bytes one forward all-gathers per layer (the gathered output)."""
     import torch.distributed as dist

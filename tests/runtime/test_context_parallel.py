@@ -128,7 +128,8 @@ def test_collectives_per_layer_are_the_priced_ones(rank_pool, recompute):
     """What the runtime issues per layer and microbatch is what ``cost_model/context_parallel``
     prices: one all-gather of K and V together forward (of the cost model's ``KV`` bytes), one
     reduce-scatter backward, and the all-gather again under full recompute only (selective
-    recompute keeps the gathered K/V: the re-run collective is served from its cache)."""
+    recompute checkpoints the attention call on the gathered K and V, which it keeps: nothing is
+    gathered again)."""
     import fxplan
     from fxplan.cost_model.parallel.context_parallel import cp_layers, kv_bytes
     from fxplan.cost_model.step.layer_costs import graph_segments

@@ -285,15 +285,24 @@ def _check_chain(model: nn.Module, plan: "Plan", probe: ModuleProbe,
                              "more than embed before the first block")
 
 
+def fused_attention_calls(plan: "Plan", probe: ModuleProbe) -> bool:
+    """Whether every block calls ``F.scaled_dot_product_attention`` when ``plan`` runs: as the
+    probe saw, or under context parallelism, whose style switches the examples' written-out
+    attention to that call and refuses blocks that make none
+    (:func:`~fxplan.runtime.styles.context_parallel.check_context_parallel`, after this
+    decision)."""
+    return probe.fused_attention or plan.config.cp > 1
+
+
 def _check_attention_checkpoint(plan: "Plan", probe: ModuleProbe) -> None:
     """Selective recompute at module level checkpoints each call of
     ``F.scaled_dot_product_attention`` in a block alone
     (:class:`~fxplan.runtime.apply.recompute.AttentionCheckpoint`). :class:`NotExpressible`
     where the blocks make fewer such calls than there are blocks (an attention written out as
-    products and a softmax, whose core only the graph rewrite outlines): beside a split
-    backward always; otherwise where the graph rewrite can take the plan (no context or expert
-    parallelism, which run at module level only and keep torch's selective checkpoint over the
-    block, a recorded fallback: :func:`written_out_selective_note`) — that checkpoint keeps
+    products and a softmax, whose core only the graph rewrite outlines,
+    :func:`fused_attention_calls`): beside a split backward always; otherwise unless expert
+    parallelism, which runs at module level only, keeps torch's selective checkpoint over the
+    block (a recorded fallback, :func:`written_out_selective_note`) — that checkpoint keeps
     every other op's output for its replay and frees none of the scores the plan prices as
     freed. Beside a split backward, also under context parallelism, whose attention gathers K
     and V around that call (not run with it)."""
@@ -305,7 +314,7 @@ def _check_attention_checkpoint(plan: "Plan", probe: ModuleProbe) -> None:
     if split and plan.config.cp > 1:
         raise NotExpressible(head + f"beside context parallelism (cp={plan.config.cp}), whose "
                              "attention gathers K and V around that call, this is not run")
-    if probe.fused_attention or (not split and (plan.config.cp > 1 or plan.config.ep > 1)):
+    if fused_attention_calls(plan, probe) or (not split and plan.config.ep > 1):
         return
     raise NotExpressible(head + f"the model's {len(probe.blocks)} blocks make "
                          f"{len(probe.attention)} such calls (an attention written out as "
@@ -315,16 +324,16 @@ def _check_attention_checkpoint(plan: "Plan", probe: ModuleProbe) -> None:
 
 def written_out_selective_note(plan: "Plan", probe: ModuleProbe) -> str | None:
     """The fallback line of a plan whose blocks write attention out and recompute it
-    selectively at module level (context or expert parallelism; :func:`_check_attention_checkpoint`
+    selectively at module level (expert parallelism; :func:`_check_attention_checkpoint`
     refuses the rest), ``None`` for any other plan."""
-    if probe.fused_attention or not any(plan.recompute(i) == "selective"
-                                        for i in range(len(probe.blocks))):
+    if fused_attention_calls(plan, probe) or not any(plan.recompute(i) == "selective"
+                                                     for i in range(len(probe.blocks))):
         return None
     return ("[recompute] selective recompute of blocks whose attention is written out (and "
             "that hold no experts) runs at module level as torch's selective checkpoint over "
             "each block, which keeps every other op's output for its replay: more memory than "
             "the plan prices (the graph rewrite, which outlines the attention core, cannot run "
-            "context or expert parallelism)")
+            "expert parallelism)")
 
 
 def module_level_plan(model: nn.Module, plan: "Plan",
@@ -521,7 +530,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
             install(context, inner, blocks)
         held = expert_params(inner)   # after materialize: the parameters that train
         policies = [plan.recompute(first_block + i) for i in range(len(blocks))]
-        fused = decided.probe.fused_attention
+        fused = fused_attention_calls(plan, decided.probe)
         apply_recompute(blocks, recompute_policies(blocks, policies, fallbacks)
                         if held and not fused else policies,
                         split_backward=plan.config.splits_backward, fused_attention=fused)

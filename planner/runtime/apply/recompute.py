@@ -14,7 +14,7 @@
                its statistics recomputed; beside a split backward too, since the attention
                holds no weights: the weight pass never reads what it saved, and it is
                recomputed once, in the input-gradient pass. In blocks that write attention
-               out as products and a softmax (at module level only under context or expert
+               out as products and a softmax (at module level only under expert
                parallelism; elsewhere such a plan runs as the graph rewrite, which outlines
                the core: :func:`fxplan.runtime.apply.module.module_level_plan`), the
                composable ``checkpoint`` with a selective-checkpoint policy (``torch.utils.checkpoint.
