@@ -67,30 +67,11 @@ def test_unknown_policy_is_refused():
         apply_recompute([nn.Linear(2, 2)], ["some"])
 
 
-def test_selective_beside_a_split_backward_needs_a_fused_attention_call():
-    """Checkpointing each fused call would checkpoint nothing in a written-out block: refused,
-    not run without recompute."""
-    with pytest.raises(ValueError, match="makes? none"):
-        apply_recompute([nn.Linear(2, 2)], ["selective"], split_backward=True,
-                        fused_attention=False)
-
-
-class WrittenOut(Block):
-    """The same attention as products and a softmax (no fused call)."""
-
-    def forward(self, x):
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
-        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
-        scores = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~mask, float("-inf"))
-        o = scores.softmax(-1) @ v
-        return x + self.out(o.transpose(1, 2).flatten(2))
-
-
-def _saved_bytes(policy: str, block: type = Block, fused: bool = True) -> int:
+def _saved_bytes(policy: str, block: type = Block) -> int:
     """Bytes of the distinct storages autograd keeps for the backward of two blocks."""
     torch.manual_seed(0)
     model = nn.Sequential(block(), block())
-    apply_recompute(list(model), [policy, policy], fused_attention=fused)
+    apply_recompute(list(model), [policy, policy])
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -117,34 +98,15 @@ def test_selective_keeps_what_autograd_keeps_less_the_attention_output():
                for h in model._forward_pre_hooks.values())
 
 
-def test_a_written_out_attention_takes_torchs_selective_checkpoint():
-    """Blocks without a fused attention call: the products and the softmax are recomputed
-    (torch's selective checkpoint over the block), the projections kept, the gradients those
-    without recompute."""
-    def run(policy: str) -> tuple[Counter, list[torch.Tensor]]:
-        torch.manual_seed(0)
-        model = nn.Sequential(WrittenOut(), WrittenOut())
-        apply_recompute(list(model), [policy, policy], fused_attention=False)
-        loss = model(torch.randn(2, 8, 16)).square().mean()
-        with Count() as backward:
-            loss.backward()
-        return backward.ops, [p.grad for p in model.parameters()]
-
-    none_ops, none_grads = run("none")
-    sel_ops, sel_grads = run("selective")
-    assert sel_ops["_softmax"] == none_ops["_softmax"] + 2
-    assert sel_ops["addmm"] == none_ops["addmm"]
-    for a, b in zip(none_grads, sel_grads):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-
-
 def test_the_module_level_leaves_a_written_out_selective_to_the_graph_rewrite():
     """Torch's selective checkpoint over a block frees none of the scores a written-out
-    attention's selective recompute is priced to free: the module level refuses such a plan
-    (the graph rewrite outlines the core). Under context parallelism, which runs at module
-    level only, the examples' GPT attention becomes one fused call per block, checkpointed
-    alone like a block with a fused call of its own."""
+    attention's selective recompute is priced to free, so the module level refuses such a
+    plan (the graph rewrite outlines the core), under expert parallelism too (which only the
+    module level runs: the plan is refused, and the search's runtime check prunes it). Under
+    context parallelism the examples' GPT attention becomes one fused call per block,
+    checkpointed alone like a block with a fused call of its own."""
     from rt_cp_cases import with_cp
+    from rt_ep_cases import build_moe, make_ep_plan
     from rt_plans import build_model, make_plan
 
     from fxplan.runtime.apply.module import module_level_plan
@@ -154,10 +116,9 @@ def test_the_module_level_leaves_a_written_out_selective_to_the_graph_rewrite():
     plan = make_plan(dp=2, recompute="selective")
     with pytest.raises(NotExpressible, match="make 0 such calls"):
         module_level_plan(build_model(2, attention="math"), plan, tokens)
-    fused = module_level_plan(build_model(2, attention="sdpa"), plan, tokens)
-    assert not [line for line in fused.fallbacks if "[recompute]" in line], fused.fallbacks
-    context = module_level_plan(build_model(2, attention="math"), with_cp(plan, 2),
-                                tokens[:, :8])
-    assert not [line for line in context.fallbacks if "[recompute]" in line], context.fallbacks
-    unplanned = module_level_plan(build_model(2, attention="math"), make_plan(dp=2), tokens)
-    assert not [line for line in unplanned.fallbacks if "[recompute]" in line]
+    module_level_plan(build_model(2, attention="sdpa"), plan, tokens)
+    module_level_plan(build_model(2, attention="math"), with_cp(plan, 2), tokens[:, :8])
+    experts = make_ep_plan(dp=2, ep=2, recompute="selective")
+    with pytest.raises(NotExpressible, match="make 0 such calls"):
+        module_level_plan(build_moe(), experts, tokens)
+    module_level_plan(build_moe(attention="sdpa"), experts, tokens)

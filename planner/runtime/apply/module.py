@@ -297,15 +297,13 @@ def fused_attention_calls(plan: "Plan", probe: ModuleProbe) -> bool:
 def _check_attention_checkpoint(plan: "Plan", probe: ModuleProbe) -> None:
     """Selective recompute at module level checkpoints each call of
     ``F.scaled_dot_product_attention`` in a block alone
-    (:class:`~fxplan.runtime.apply.recompute.AttentionCheckpoint`). :class:`NotExpressible`
+    (:class:`~fxplan.runtime.apply.recompute.AttentionCheckpoint`): :class:`NotExpressible`
     where the blocks make fewer such calls than there are blocks (an attention written out as
-    products and a softmax, whose core only the graph rewrite outlines,
-    :func:`fused_attention_calls`): beside a split backward always; otherwise unless expert
-    parallelism, which runs at module level only, keeps torch's selective checkpoint over the
-    block (a recorded fallback, :func:`written_out_selective_note`) — that checkpoint keeps
-    every other op's output for its replay and frees none of the scores the plan prices as
-    freed. Beside a split backward, also under context parallelism, whose attention gathers K
-    and V around that call (not run with it)."""
+    products and a softmax, :func:`fused_attention_calls`), whose core only the graph rewrite
+    outlines (torch's selective checkpoint over such a block would keep every other op's
+    output for its replay and free none of the scores the plan prices as freed); and beside a
+    split backward under context parallelism, whose attention gathers K and V around that
+    call (not run with it)."""
     split = plan.config.splits_backward
     head = (f"schedule {plan.schedule} with selective recompute: beside a split backward the "
             "module level checkpoints each call of F.scaled_dot_product_attention alone, and "
@@ -314,26 +312,11 @@ def _check_attention_checkpoint(plan: "Plan", probe: ModuleProbe) -> None:
     if split and plan.config.cp > 1:
         raise NotExpressible(head + f"beside context parallelism (cp={plan.config.cp}), whose "
                              "attention gathers K and V around that call, this is not run")
-    if fused_attention_calls(plan, probe) or (not split and plan.config.ep > 1):
-        return
-    raise NotExpressible(head + f"the model's {len(probe.blocks)} blocks make "
-                         f"{len(probe.attention)} such calls (an attention written out as "
-                         "matrix products and a softmax); the graph rewrite outlines that "
-                         "attention core")
-
-
-def written_out_selective_note(plan: "Plan", probe: ModuleProbe) -> str | None:
-    """The fallback line of a plan whose blocks write attention out and recompute it
-    selectively at module level (expert parallelism; :func:`_check_attention_checkpoint`
-    refuses the rest), ``None`` for any other plan."""
-    if fused_attention_calls(plan, probe) or not any(plan.recompute(i) == "selective"
-                                                     for i in range(len(probe.blocks))):
-        return None
-    return ("[recompute] selective recompute of blocks whose attention is written out (and "
-            "that hold no experts) runs at module level as torch's selective checkpoint over "
-            "each block, which keeps every other op's output for its replay: more memory than "
-            "the plan prices (the graph rewrite, which outlines the attention core, cannot run "
-            "expert parallelism)")
+    if not fused_attention_calls(plan, probe):
+        raise NotExpressible(head + f"the model's {len(probe.blocks)} blocks make "
+                             f"{len(probe.attention)} such calls (an attention written out as "
+                             "matrix products and a softmax); the graph rewrite outlines that "
+                             "attention core")
 
 
 def module_level_plan(model: nn.Module, plan: "Plan",
@@ -369,9 +352,6 @@ def module_level_plan(model: nn.Module, plan: "Plan",
         if plan.sequence_parallel and plan.tp > 1:
             _check_sequence_boundary(plan, probe)
     read_as, notes = tied_layout(plan, aliases) if plan.tp > 1 else ({}, [])
-    selective_note = written_out_selective_note(plan, probe)
-    if selective_note:
-        notes.append(selective_note)
     styles = tp_styles(model, plan, probe, read_as) if plan.tp > 1 else {}
     if plan.tp > 1 and not styles:
         notes.append(replicated_tp_note(plan.tp))
@@ -491,7 +471,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
     context-parallel group (positions and attention hooked: :mod:`fxplan.runtime.styles.context_parallel`).
     ``ep_mesh``: expert parallelism's mesh (:func:`fxplan.runtime.styles.expert_parallel.expert_mesh`);
     the expert weights it shards are added to ``experts``."""
-    from fxplan.runtime.styles.expert_parallel import expert_params, recompute_policies, shard_experts
+    from fxplan.runtime.styles.expert_parallel import expert_params, shard_experts
     from fxplan.runtime.styles.expert_zero import shard_expert_states
     from fxplan.runtime.styles.router_aux import install_router_aux
     from torch.distributed.tensor.parallel import parallelize_module
@@ -529,11 +509,8 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
         if context is not None:  # before recompute: a recomputed block re-enters the CP attention
             install(context, inner, blocks)
         held = expert_params(inner)   # after materialize: the parameters that train
-        policies = [plan.recompute(first_block + i) for i in range(len(blocks))]
-        fused = fused_attention_calls(plan, decided.probe)
-        apply_recompute(blocks, recompute_policies(blocks, policies, fallbacks)
-                        if held and not fused else policies,
-                        split_backward=plan.config.splits_backward, fused_attention=fused)
+        apply_recompute(blocks, [plan.recompute(first_block + i) for i in range(len(blocks))],
+                        split_backward=plan.config.splits_backward)
         # expert ZeRO: FSDP2 over edp reduces them; else ExpertGradSync, DDP/FSDP ignore them
         ignored = [] if shard_expert_states(inner, rank_plan(plan, mesh), precision) else held
         if experts is not None:

@@ -30,11 +30,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.nn.utils.stateless import _reparametrize_module
-from torch.overrides import _get_current_function_mode_stack
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from fxplan.core.model_output import model_output
 from fxplan.runtime.apply.block_replay import BlockReplay, ReplayMemo, replaced_forwards
@@ -130,16 +131,19 @@ def _same_shape(hidden_states: torch.Tensor, top_k_index: torch.Tensor,
     return hidden_states.clone()
 
 
-class _AttentionShapes(TorchDispatchMode):
-    """Records the query and key shapes of every ``scaled_dot_product`` ATen op it sees."""
+class _AttentionShapes(TorchFunctionMode):
+    """Records the query and key shapes of every ``F.scaled_dot_product_attention`` call —
+    the call itself, whichever kernel it then dispatches to (the CPU runs one with dropout as
+    its composite, with no fused ATen op to see), as selective recompute checkpoints it
+    (:class:`~fxplan.runtime.apply.recompute.AttentionCheckpoint`)."""
 
     def __init__(self, into: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
         super().__init__()
         self.into = into
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
-        if "scaled_dot_product" in func.__name__ and len(args) >= 2 and \
+        if func is F.scaled_dot_product_attention and len(args) >= 2 and \
                 all(isinstance(a, torch.Tensor) for a in args[:2]):
             self.into.append((tuple(args[0].shape), tuple(args[1].shape)))
         return func(*args, **(kwargs or {}))

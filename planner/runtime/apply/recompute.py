@@ -13,20 +13,15 @@
                (:class:`AttentionCheckpoint`) — the inputs ``q, k, v`` kept, the output and
                its statistics recomputed; beside a split backward too, since the attention
                holds no weights: the weight pass never reads what it saved, and it is
-               recomputed once, in the input-gradient pass. In blocks that write attention
-               out as products and a softmax (at module level only under expert
-               parallelism; elsewhere such a plan runs as the graph rewrite, which outlines
-               the core: :func:`fxplan.runtime.apply.module.module_level_plan`), the
-               composable ``checkpoint`` with a selective-checkpoint policy (``torch.utils.checkpoint.
-               create_selective_checkpoint_contexts``) recomputing those ATen ops
-               (``bmm``/``baddbmm``, ``_softmax``) and ``MUST_SAVE`` for every other op —
-               whose outputs torch then caches for the replay, more than autograd alone
-               keeps (measured on the tiny Llama's block, 4 × 64 tokens, the storages autograd
-               keeps, parameters included: 2228 KiB cached beside 72 KiB saved, against
-               1742 KiB saved without recompute and 1738 KiB with the attention checkpointed
-               alone); not beside a split backward, whose
-               weight pass reads the block's saved tensors again (the module level refuses
-               it, :func:`fxplan.runtime.apply.module.module_level_plan`)
+               recomputed once, in the input-gradient pass. Blocks that write attention out
+               as products and a softmax make no such call: the module level refuses the
+               plan and the graph rewrite, which outlines their core, runs it
+               (:func:`fxplan.runtime.apply.module.module_level_plan`) — torch's selective
+               checkpoint over such a block, recomputing the products and the softmax,
+               caches every other op's output for its replay and freed none of the scores
+               (measured 2026-11-29 at 7224893 with ``benchmarks/activation_bytes.py``: on
+               the tiny GPT's written-out block 273 KiB held with and without it; applied to
+               the tiny Llama's block, 2036 KiB against 1350 without recompute)
 
 Parameter names and ``state_dict`` keys are unchanged; recompute changes memory and time,
 never values.
@@ -34,7 +29,6 @@ never values.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Sequence
 
 import torch
@@ -44,30 +38,7 @@ from torch.overrides import TorchFunctionMode
 
 from fxplan.passes.rewrite.split_recompute import kept_checkpoint
 
-__all__ = ["ATTENTION_CORE", "AttentionCheckpoint", "apply_recompute"]
-
-_aten = torch.ops.aten
-#: The ATen overload packets of an attention core (recomputed under ``selective``).
-ATTENTION_CORE = frozenset(op for op in (
-    getattr(_aten, name, None) for name in (
-        "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_fused_attention_overrideable", "bmm", "baddbmm", "_softmax",
-        "_safe_softmax")) if op is not None)
-
-
-def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    packet = getattr(op, "overloadpacket", op)
-    return (CheckpointPolicy.PREFER_RECOMPUTE if packet in ATTENTION_CORE
-            else CheckpointPolicy.MUST_SAVE)
-
-
-def _selective_context() -> Any:
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-    return create_selective_checkpoint_contexts(_policy)
+__all__ = ["AttentionCheckpoint", "apply_recompute"]
 
 
 class AttentionCheckpoint(TorchFunctionMode):
@@ -108,11 +79,11 @@ class AttentionCheckpoint(TorchFunctionMode):
 
 
 def apply_recompute(blocks: Sequence[nn.Module], policies: Sequence[str],
-                    split_backward: bool = False, fused_attention: bool = True) -> None:
+                    split_backward: bool = False) -> None:
     """Checkpoint ``blocks[i]`` as ``policies[i]`` says (module docstring);
-    ``split_backward``: the stage's backward runs as two passes (a zero-bubble schedule);
-    ``fused_attention``: the blocks call ``F.scaled_dot_product_attention`` (the probe saw
-    at least one such call per block), so that selective recompute checkpoints those calls."""
+    ``split_backward``: the stage's backward runs as two passes (a zero-bubble schedule).
+    Selective recompute checkpoints the blocks' ``F.scaled_dot_product_attention`` calls;
+    :func:`fxplan.runtime.apply.module.module_level_plan` refuses blocks that make none."""
     from torch.distributed._composable import checkpoint
 
     for block, policy in zip(blocks, policies, strict=True):
@@ -124,14 +95,6 @@ def apply_recompute(blocks: Sequence[nn.Module], policies: Sequence[str],
             else:
                 checkpoint(block)
         elif policy == "selective":
-            if fused_attention:
-                AttentionCheckpoint.install(block)
-            elif split_backward:   # module_level_plan refuses this plan before it gets here
-                raise ValueError(
-                    "selective recompute beside a split backward checkpoints each fused "
-                    "attention call alone, and these blocks make none (their attention is "
-                    "written out); run the plan as the graph rewrite, which outlines the core")
-            else:   # attention written out: torch's selective checkpoint of the block
-                checkpoint(block, context_fn=functools.partial(_selective_context))
+            AttentionCheckpoint.install(block)
         else:
             raise ValueError(f"unknown recompute policy {policy!r}")

@@ -17,7 +17,7 @@ group), and says why the plan cannot run:
 * the module level refuses it (:class:`~fxplan.runtime.styles.tp_styles.NotExpressible`: a pipeline
   cut the model's forward does not allow, placements without a parallel style, attention
   that reshapes by a head count fixed in the code, selective recompute in blocks that call
-  no fused attention without expert parallelism, …) and the graph rewrite cannot take it:
+  no fused attention, …) and the graph rewrite cannot take it:
   it needs a model ``torch.fx.symbolic_trace`` traces (``graph_rewrite=False`` for a model
   captured by ``torch.export``, every Hugging Face model); context parallelism runs at module
   level only; and a plan with ``tp > 1`` is not offered for the graph rewrite when its

@@ -56,7 +56,9 @@ expert-data-parallel group by FSDP2 on the ``(edp, ep)`` mesh
 are whole on each rank and :class:`ExpertGradSync` reduces them. The expert holders are
 called as modules (a :class:`MoELayer`'s ``experts`` through :func:`_batched_local`), so that
 FSDP2's hooks gather their weights first. Selective recompute of a block holding an
-expert-parallel layer runs as full recompute (:func:`recompute_policies`, a fallback line).
+expert-parallel layer checkpoints its fused attention call alone, the experts untouched
+(blocks with attention written out are refused at module level:
+:func:`fxplan.runtime.apply.module.module_level_plan`).
 
 **Which layers.** (1) A module with a child ``experts`` whose parameters are all 3-D with
 the same leading ``E`` (divisible by ``ep``) and the step methods ``route``, ``capacity``,
@@ -101,7 +103,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["check_expert_parallel", "check_expert_layers", "is_routed_experts", "expert_mesh", "shard_experts",
            "expert_params",
-           "expert_holders", "ExpertGradSync", "recompute_policies", "STEPS"]
+           "expert_holders", "ExpertGradSync", "STEPS"]
 
 #: The step methods an expert-parallel layer exposes (module docstring).
 STEPS = ("route", "capacity", "slots", "dispatch", "combine", "finish")
@@ -473,25 +475,3 @@ class ExpertGradSync:
             for group in self.groups:
                 dist.all_reduce(grad, group=group)
             grad.div_(self.dp)
-
-
-def recompute_policies(blocks: Sequence[nn.Module], policies: Sequence[str],
-                       fallbacks: list[str]) -> list[str]:
-    """``policies`` with ``selective`` run as ``full`` for the blocks that hold an
-    expert-parallel layer (a fallback, logged and listed), where the blocks' attention is
-    written out and selective recompute would be torch's selective checkpoint over the block:
-    its replay of the kept results does not cover the experts' DTensor weights (their
-    recompute sees other tensors), and full recompute re-runs the block as it ran, collectives
-    included. (A fused attention call is checkpointed alone, the experts untouched: the caller
-    keeps ``selective`` there.)"""
-    from fxplan.core.fallbacks import record_fallback
-
-    out = list(policies)
-    for i, block in enumerate(blocks):
-        if out[i] == "selective" and expert_params(block):
-            out[i] = "full"
-            line = ("[expert-parallel] selective recompute of a block with an expert-parallel "
-                    "layer runs as full recompute (same values; more recompute time, less "
-                    "memory than planned)")
-            record_fallback(fallbacks, line)
-    return out
