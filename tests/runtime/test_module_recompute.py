@@ -122,3 +122,20 @@ def test_the_module_level_leaves_a_written_out_selective_to_the_graph_rewrite():
     with pytest.raises(NotExpressible, match="make 0 such calls"):
         module_level_plan(build_moe(), experts, tokens)
     module_level_plan(build_moe(attention="sdpa"), experts, tokens)
+
+
+
+def test_an_attention_call_with_dropout_counts_as_fused():
+    """The CPU runs ``F.scaled_dot_product_attention`` with dropout by its composite kernel
+    (no fused ATen op): the probe counts the call itself, which is what the per-call
+    checkpoint wraps, so a model with attention dropout recomputes it selectively at module
+    level, beside a split backward too."""
+    from rt_plans import make_plan
+
+    from fxplan.examples.model_spec import resolve_model
+    from fxplan.runtime.apply.module import module_level_plan
+
+    model = resolve_model("gpt-tiny:layers=4,attention=sdpa,dropout=0.1,seq=16").build("cpu")
+    plan = make_plan(pp=2, schedule="zb", recompute="selective", num_microbatches=2, layers=4)
+    decided = module_level_plan(model.train(), plan, torch.zeros(4, 16, dtype=torch.long))
+    assert decided.probe.fused_attention and len(decided.probe.attention) == 4
