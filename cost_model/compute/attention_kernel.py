@@ -151,6 +151,7 @@ def fused_attention_core(graph: CapturedGraph, names: Sequence[str],
     output = products[-1]
     model_flops = float(sum(infos[n].flops or 0 for n in products))
     fused_nodes = [n for n in products if infos[n].op_class == "attention"]
+    kept_by, kept_bytes = None, 0.0   # an SDPA node shares its output via NodeInfo.saved_shared
     if fused_nodes:
         causal = any(_is_causal_sdpa(nodes[n]) for n in fused_nodes)
         seq = _query_rows(infos[output])
@@ -166,11 +167,10 @@ def fused_attention_core(graph: CapturedGraph, names: Sequence[str],
         traffic = inputs + out_bytes + stats
         saved = inputs + out_bytes + stats
         kept_by = _consumer_keeping(graph, core, output)
-        executed = model_flops * (causal_fraction(seq) if causal else 1.0)
-        return FusedAttention(frozenset(core), output, executed, model_flops, traffic, saved,
-                              causal, kept_by, out_bytes if kept_by else 0.0)
+        kept_bytes = out_bytes if kept_by else 0.0
     executed = model_flops * (causal_fraction(seq) if causal else 1.0)
-    return FusedAttention(frozenset(core), output, executed, model_flops, traffic, saved, causal)
+    return FusedAttention(frozenset(core), output, executed, model_flops, traffic, saved, causal,
+                          kept_by, kept_bytes)
 
 
 #: Ops that copy a tensor into another layout (``.contiguous()``, ATen's ``clone``): a view of

@@ -37,7 +37,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
-
 from fxplan.runtime.apply.mesh import rank_at
 from fxplan.runtime.apply.offload import RuntimeSupportError
 
