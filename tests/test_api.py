@@ -6,7 +6,7 @@ import logging
 
 from fxplan.core.plan import Plan
 from rt_plans import build_model, fixed_batch, make_plan
-from torch_versions import graph_rewrite_vocab_parallel_fails_before_2_13
+from torch_versions import needs
 
 
 def test_without_distributed_returns_the_plan_with_a_message(caplog):
@@ -62,13 +62,14 @@ def test_unknown_path_is_refused():
                  batch=plan.batch, plan=plan, path="modules")
 
 
-@graph_rewrite_vocab_parallel_fails_before_2_13
+@needs("dtensor_view_sharding")
 def test_tp_passes_alone(rank_pool):
     report = rank_pool.run("rt_cases:tp_passes_alone")[0]
     assert report["error"] <= 1e-5 and report["plain_output"] and report["qkv_sharded"], report
     assert report["reshards"] > 0, report
 
 
+@needs("dtensor_view_sharding")
 def test_a_planned_node_missing_from_the_program_is_a_reported_fallback(rank_pool):
     results = rank_pool.run("rt_cases:unknown_node_is_a_fallback")
     report = results[0]

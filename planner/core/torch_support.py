@@ -46,6 +46,13 @@ FEATURES: dict[str, tuple[str, str, str]] = {
     "pipelining_dualpipev": ("torch.distributed.pipelining", "ScheduleDualPipeV",
                              "torch.distributed.pipelining's ScheduleDualPipeV (schedule "
                              "dualpipev; it runs on the same V stage set-up as zbv)"),
+    "dtensor_view_sharding": ("torch.distributed.tensor._ops._view_ops",
+                              "_ViewShardingPropagator",
+                              "DTensor's view propagation that merges a sharded dimension with "
+                              "its neighbours (the graph rewrite's tensor parallelism: an "
+                              "attention's matmuls fold the sharded heads into the batch, "
+                              "sequence parallelism the sharded tokens; torch 2.12 — 2.11's "
+                              "DTensor refuses those views on every rank)"),
 }
 
 

@@ -30,13 +30,3 @@ def skip_without_expert_zero(plan_kwargs: dict) -> None:
     sharded = plan_kwargs.get("zero", 0) >= 1 and plan_kwargs.get("dp", 1) // plan_kwargs.get("ep", 1) > 1
     if sharded and not torch_has("fsdp_spmd_mesh_dims"):
         pytest.skip(f"needs {FEATURES['fsdp_spmd_mesh_dims'][2]} (torch {torch.__version__})")
-
-
-#: torch 2.11's DTensor fails a vocabulary-parallel embedding in the graph rewrite ("MaskBuffer
-#: has been materialized with conflicting data", raised in ``_MaskPartial``; measured on 2.11.0,
-#: 2.13 runs it). A skip, not an xfail: the failing ranks would leave the shared rank pool
-#: broken for the tests after it.
-graph_rewrite_vocab_parallel_fails_before_2_13 = pytest.mark.skipif(
-    parse_version(torch.__version__)[:2] < (2, 13),
-    reason="torch < 2.13: DTensor's _MaskPartial of a vocabulary-parallel embedding in the graph "
-           "rewrite fails ('MaskBuffer has been materialized with conflicting data')")

@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from torch_versions import needs
 
 DATA = Path(__file__).resolve().parent / "data" / "search_reference.json"
 
@@ -149,8 +150,15 @@ def mismatches(got: Any, want: Any, where: str = "") -> list[str]:
     return [] if got == want else [f"{where}: {str(got)[:200]} != {str(want)[:200]}"]
 
 
+#: Cases whose recorded answers hold plans that run as the graph rewrite with tp > 1 (selective
+#: recompute of the zoo GPT's attention, which is written out as matmuls): a torch whose DTensor
+#: cannot run them (2.11) has the search leave them out, and its answers differ.
+GRAPH_REWRITE_TP = {"gpt3-175b/1024", "gpt-529.6b/2520", "gpt-1t/3072", "gpt-1t/3072@runtime"}
+
+
 def _params() -> list[Any]:
-    return [pytest.param(name, marks=[pytest.mark.slow] if case[-1] else [], id=name)
+    return [pytest.param(name, id=name, marks=([pytest.mark.slow] if case[-1] else []) + (
+                [needs("dtensor_view_sharding")] if name in GRAPH_REWRITE_TP else []))
             for name, case in CASES.items()]
 
 

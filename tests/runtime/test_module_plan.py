@@ -411,3 +411,41 @@ def test_a_stage_cut_for_a_check_shares_the_blocks_and_leaves_the_model_alone():
             want = model_output(stage_module(model, plan, k, decided.probe).eval()(x))
             torch.testing.assert_close(got, want, rtol=0, atol=0)
             x = want
+
+
+@pytest.fixture
+def torch_without_view_sharding(monkeypatch):
+    """This torch as one without DTensor's view propagation of a sharded dimension (torch
+    2.11; on that release the fixture changes nothing)."""
+    from fxplan.core import torch_support
+
+    entry = torch_support.FEATURES["dtensor_view_sharding"]
+    monkeypatch.setitem(torch_support.FEATURES, "dtensor_view_sharding",
+                        ("torch", "no_such_attribute", entry[2]))
+    torch_support.torch_has.cache_clear()
+    yield
+    torch_support.torch_has.cache_clear()
+
+
+def test_graph_rewrite_tp_on_a_torch_without_view_sharding_is_refused_before_any_group(
+        torch_without_view_sharding):
+    """torch 2.11's DTensor refuses the views of the graph rewrite's tensor parallelism (the
+    heads folded into the batch) on every rank: the plan is refused on one process first, with
+    the feature it needs, and the search is told so for any cluster."""
+    from types import SimpleNamespace
+
+    from fxplan.core.torch_support import TorchVersionError
+    from fxplan.passes.tracer import trace_model
+    from fxplan.runtime.apply.runnable import graph_rewrite_tp_refusal
+    from rt_plans import build_model, fixed_batch, make_plan
+
+    plan = make_plan(tp=2, recompute="selective")   # written-out attention: the graph rewrite
+    tokens, _ = fixed_batch(plan)
+    with pytest.raises(TorchVersionError, match=r"runs as the graph rewrite.*with tp=2 it needs "
+                                                r"DTensor's view propagation.*Upgrade torch"):
+        apply_plan(build_model(2), plan, tokens)
+    with pytest.raises(TorchVersionError, match="DTensor's view propagation"):
+        apply_plan(build_model(2), make_plan(tp=2), tokens, path="graph")
+    graph = SimpleNamespace(gm=trace_model(build_model(2), 1))   # what the refusal reads
+    for cpu in (False, True):
+        assert "DTensor's view propagation" in graph_rewrite_tp_refusal(graph, cpu)

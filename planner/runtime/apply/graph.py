@@ -33,6 +33,7 @@ from torch import fx, nn
 
 from fxplan.core.training import APPLY_PATHS
 from fxplan.core.fallbacks import record_fallback
+from fxplan.core.torch_support import TorchVersionError
 from fxplan.passes.rewrite.base import PassManager
 from fxplan.passes.rewrite.distribute import DistributeParameters
 from fxplan.passes.rewrite.layers import OutlineLayers
@@ -46,6 +47,7 @@ from fxplan.runtime.styles.data_parallel import apply_data_parallel
 from fxplan.runtime.apply.mesh import build_mesh, device_type
 from fxplan.runtime.apply.offload import RuntimeSupportError
 from fxplan.runtime.apply.module import ModuleLevel, build_module_stages, module_level_plan
+from fxplan.runtime.apply.runnable import graph_rewrite_tp_torch_refusal
 from fxplan.runtime.train.pipeline import local_stage_indices
 from fxplan.runtime.apply.precision import Precision
 from fxplan.runtime.apply.sharded_module import LocalStage, ShardedModule
@@ -248,6 +250,11 @@ def _apply_graph(model: nn.Module, plan: "Plan", inputs: tuple, ranks: Sequence[
                         *model.named_buffers(remove_duplicate=False)]:
         names.setdefault(id(tensor), fqn)
     program = _traced_program(model, plan, inputs, fallbacks)
+    refusal = graph_rewrite_tp_torch_refusal() if plan.tp > 1 else None
+    if refusal:   # before any process group: every rank would fail in its first view
+        raise TorchVersionError(f"{plan.summary} runs as the graph rewrite, and with "
+                                f"tp={plan.tp} {refusal}. Upgrade torch, or re-plan on this "
+                                "machine (the search then leaves such plans out)")
     mesh, group, pp_rank, device = _member_setup(plan, ranks)
     tied = TiedGradSync(plan, mesh, _shared_users(model, program))
     if pp_rank is None:

@@ -22,8 +22,9 @@ group), and says why the plan cannot run:
   captured by ``torch.export``, every Hugging Face model); context parallelism runs at module
   level only; and a plan with ``tp > 1`` is not offered for the graph rewrite when its
   tensor-parallel program would run an op DTensor has no strategy for (``rewrite_tp``: the
-  reason, e.g. the CPU's fused attention kernel, which
-  :func:`graph_rewrite_tp_refusal` finds in the captured graph).
+  reason, e.g. a torch whose DTensor cannot merge a sharded dimension in a view, or the
+  CPU's fused attention kernel, which :func:`graph_rewrite_tp_refusal` finds in the captured
+  graph).
 
 Its answer is a sentence (the search's pruning reason) or ``None``.
 """
@@ -36,6 +37,7 @@ import torch
 from torch import nn
 
 from fxplan.core.errors import UserError
+from fxplan.core.torch_support import FEATURES, installed_torch, torch_has
 from fxplan.runtime.styles.context_parallel import cp_degree
 from fxplan.runtime.apply.module import module_level_plan, tied_aliases
 from fxplan.runtime.train.pipeline import zero_bubble_refusal
@@ -46,22 +48,34 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.core.plan import Plan
     from fxplan.passes.captured_graph import CapturedGraph
 
-__all__ = ["graph_rewrite_tp_refusal", "runtime_refusal"]
+__all__ = ["graph_rewrite_tp_refusal", "graph_rewrite_tp_torch_refusal", "runtime_refusal"]
 
 
 def graph_rewrite_tp_refusal(graph: "CapturedGraph", cpu: bool) -> str | None:
     """Why the graph rewrite cannot run a tensor-parallel plan of ``graph`` (``None``: it
-    can): on CPU devices (``cpu``) ``F.scaled_dot_product_attention`` dispatches to the CPU
-    flash kernel, for which DTensor registers no sharding strategy, so the stage fails on
-    every rank."""
-    if not cpu:
-        return None
+    can): the installed torch lacks DTensor's view propagation the rewrite's sharded views
+    need (:func:`graph_rewrite_tp_torch_refusal`); on CPU devices (``cpu``)
+    ``F.scaled_dot_product_attention`` dispatches to the CPU flash kernel, for which DTensor
+    registers no sharding strategy, so the stage fails on every rank."""
+    refusal = graph_rewrite_tp_torch_refusal()
+    if refusal or not cpu:
+        return refusal
     for node in graph.gm.graph.nodes:
         if node.op == "call_function" and "scaled_dot_product_attention" in str(
                 getattr(node.target, "__name__", node.target)):
             return (f"its {node.name} (scaled_dot_product_attention) runs the CPU flash "
                     "kernel, for which DTensor has no sharding strategy")
     return None
+
+
+def graph_rewrite_tp_torch_refusal() -> str | None:
+    """Why the installed torch cannot run the graph rewrite with ``tp > 1`` (``None``: it
+    can): its DTensor must merge a sharded dimension with its neighbours in a view
+    (feature ``dtensor_view_sharding``)."""
+    if torch_has("dtensor_view_sharding"):
+        return None
+    return (f"it needs {FEATURES['dtensor_view_sharding'][2]}, which this torch "
+            f"({installed_torch()}) does not have")
 
 
 def runtime_refusal(model: nn.Module, plan: "Plan", inputs: Sequence[torch.Tensor], *,
