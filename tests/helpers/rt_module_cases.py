@@ -163,7 +163,7 @@ def _tied_copies_equal(sharded: Any, model: torch.nn.Module) -> bool:
     all ranks (pipeline stages, replicas) are equal after training (collective)."""
     import torch.distributed as dist
 
-    from fxplan.runtime.apply.module import tied_aliases
+    from fxplan.runtime.apply.module_tied import tied_aliases
 
     aliases = tied_aliases(model)
     one_object = True

@@ -14,6 +14,7 @@ from torch import nn
 
 from fxplan.examples.model_spec import resolve_model
 from fxplan.runtime.apply import module as module_apply
+from fxplan.runtime.apply import module_checks
 from fxplan.runtime.apply.module import module_level_plan
 from fxplan.runtime.apply.probe import ModuleProbe, probe_module
 from fxplan.runtime.styles.tp_styles import NotExpressible
@@ -149,8 +150,9 @@ def test_a_block_that_changes_shared_state_is_never_replayed():
 
 def _without_replay(monkeypatch):
     real = module_apply.probe_module
-    monkeypatch.setattr(module_apply, "probe_module",
-                        lambda *a, **k: real(*a, **{**k, "replay": False}))
+    for where in (module_apply, module_checks):   # the decision and its checks
+        monkeypatch.setattr(where, "probe_module",
+                            lambda *a, **k: real(*a, **{**k, "replay": False}))
 
 
 def _decision(model: nn.Module, plan: Any, tokens: torch.Tensor) -> Any:

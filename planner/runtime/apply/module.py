@@ -22,13 +22,16 @@ without a style (:mod:`fxplan.runtime.styles.tp_styles`), a forward that fails w
 tensor-parallel local shapes (a head count fixed in the code, a fused QKV split by size), a
 pipeline cut the model does not allow (:mod:`fxplan.runtime.apply.stages`), a tied weight used
 inside a block under pp, and a cut whose chain of stages does not compute the model (checked
-on one microbatch when the model holds values).
+on one microbatch when the model holds values); the checks are in
+:mod:`fxplan.runtime.apply.module_checks`.
 
 Tied weights (one Parameter ``W`` under several names, e.g. ``model.embed_tokens.weight`` and
-``lm_head.weight``) go by their first name (:func:`tied_aliases`), as in the plan:
+``lm_head.weight``) go by their first name
+(:func:`~fxplan.runtime.apply.module_tied.tied_aliases`), as in the plan:
 
-* tp: ``W`` takes one layout for all its users (:func:`tied_layout`), so the vocabulary-parallel
-  embedding (``RowwiseParallel``, ``W`` ``Shard(0)``) and the column-parallel LM head
+* tp: ``W`` takes one layout for all its users
+  (:func:`~fxplan.runtime.apply.module_tied.tied_layout`), so the vocabulary-parallel embedding
+  (``RowwiseParallel``, ``W`` ``Shard(0)``) and the column-parallel LM head
   (``ColwiseParallel``, ``W`` ``Shard(0)``) agree; after ``parallelize_module`` (which gives each
   user its own DTensor) every alias is pointed back at the first one's DTensor, so autograd sums
   both uses, ``∂L/∂W = ∂L/∂W|_embed + ∂L/∂W|_head``, as in one process. The search may plan
@@ -50,7 +53,6 @@ place), so the forward sees the global sequence length; ``stage_io`` holds the l
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -61,13 +63,15 @@ from torch.distributed.tensor import DTensor, Shard
 from fxplan.runtime.apply.build import materialize
 from fxplan.runtime.styles.context_parallel import install
 from fxplan.runtime.styles.data_parallel import apply_data_parallel, rank_plan
-from fxplan.runtime.apply.block_replay import block_structure, call_signature
+from fxplan.runtime.apply.module_checks import (check_attention_checkpoint, check_chain,
+                                                check_local_run, check_sequence_boundary,
+                                                check_stages_run, local_shapes,
+                                                with_local_head_counts)
+from fxplan.runtime.apply.module_tied import retie, tied_aliases, tied_layout, tied_users
 from fxplan.runtime.apply.probe import ModuleProbe, ReplayMemo, model_output, probe_module
 from fxplan.runtime.apply.recompute import apply_recompute
-from fxplan.runtime.apply.stages import (NoPositions, check_splittable, stage_module,
-                                          token_embedding)
-from fxplan.runtime.styles.tp_fused_qkv import FusedQKVAttention
-from fxplan.runtime.styles.tp_styles import NotExpressible, tp_styles, tp_token
+from fxplan.runtime.apply.stages import NoPositions, check_splittable, stage_module, token_embedding
+from fxplan.runtime.styles.tp_styles import NotExpressible, tp_styles
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.device_mesh import DeviceMesh
@@ -80,10 +84,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from fxplan.runtime.apply.sharded_module import LocalStage
 
 __all__ = ["ModuleLevel", "module_level_plan", "build_module_stages", "replicated_tp_note"]
-
-#: Relative error allowed between the chain of stages and the whole model (one microbatch).
-SPLIT_TOLERANCE = 1e-4
-
 
 def _output_tensor(module: nn.Module, args: Any, out: Any) -> torch.Tensor:
     """Forward hook: the stage returns its output tensor (``.logits`` of an HF model output),
@@ -117,86 +117,6 @@ class ModuleLevel:
     head_counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def tied_aliases(model: nn.Module) -> dict[str, str]:
-    """Each name of a parameter reachable under several names → its first name (the one
-    ``named_parameters()`` keeps, the plan's and the checkpoint's)."""
-    names: dict[int, list[str]] = defaultdict(list)
-    for fqn, param in model.named_parameters(remove_duplicate=False):
-        names[id(param)].append(fqn)
-    return {alias: group[0] for group in names.values() if len(group) > 1 for alias in group}
-
-
-def tied_layout(plan: "Plan", aliases: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """Which name's planned placement each name of a tied weight takes (all of a weight's
-    names the same one), and a fallback line per weight whose uses were planned apart.
-
-    Only the names the plan places count (an alias absent from it follows the others). They
-    agree on the tp axis → the first name. Otherwise the one sharded layout among them
-    (replicated uses then run sharded too: one Parameter has one layout); two different
-    sharded layouts → :class:`NotExpressible`."""
-    groups: dict[str, list[str]] = defaultdict(list)
-    for alias, first in aliases.items():
-        groups[first].append(alias)
-    read_as: dict[str, str] = {}
-    notes: list[str] = []
-    for first, names in groups.items():
-        tokens = {n: tp_token(plan, n, 2) for n in names if n in plan.placements.params}
-        sharded = sorted({t for t in tokens.values() if t != "R"})
-        chosen = next(iter(tokens), first)
-        if len(set(tokens.values())) > 1:
-            if len(sharded) > 1:
-                raise NotExpressible(f"tied weight {first!r} is planned {tokens} over tp: one "
-                                     "Parameter cannot take two sharded layouts")
-            chosen = next(n for n in tokens if tokens[n] == sharded[0])
-            notes.append(f"[module-apply] tied weight {first!r} is planned "
-                         + ", ".join(f"{t} for {n!r}" for n, t in tokens.items())
-                         + f" over tp; one Parameter has one layout: every use runs "
-                         f"{sharded[0]}")
-        read_as.update({n: chosen for n in names})
-    return read_as, notes
-
-
-def _tied_users(plan: "Plan", probe: ModuleProbe, aliases: Mapping[str, str]
-                ) -> dict[str, list[int]]:
-    """First name of each tied weight → the stages whose cut keeps a user of it: a user in
-    the pre part lives on stage 0, in the post part on the last stage; one in a block is
-    refused (a stage copy per block would need its own group)."""
-    last = len(plan.stages) - 1
-    users: dict[str, set[int]] = defaultdict(set)
-    for alias, first in aliases.items():
-        owner = alias.rpartition(".")[0]
-        if any(owner == m or owner.startswith(f"{m}.") for m in probe.pre):
-            users[first].add(0)
-        elif any(owner == m or owner.startswith(f"{m}.") for m in probe.post):
-            users[first].add(last)
-        else:
-            raise NotExpressible(f"tied weight {alias!r} is used by {owner!r}, neither the "
-                                 "embedding nor the head: a pipeline cut cannot keep it tied")
-    return {k: sorted(v) for k, v in users.items()}
-
-
-def _local_shapes(model: nn.Module, plan: "Plan", probe: ModuleProbe,
-                  styles: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Local shard shapes of the block Linears that tp splits (col: rows ÷ tp, row: cols ÷ tp)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    fused = [n for n, style in styles.items() if isinstance(style, FusedQKVAttention)]
-    for name, style in styles.items():
-        module = model.get_submodule(name)
-        if probe.block_of(name) is None or not isinstance(module, nn.Linear) or \
-                name.rpartition(".")[0] in fused:
-            continue  # a fused-QKV attention's proj: its style sets the local head count
-        out_f, in_f = module.weight.shape
-        if isinstance(style, ColwiseParallel):
-            shapes[f"{name}.weight"] = (out_f // plan.tp, in_f)
-            if module.bias is not None:
-                shapes[f"{name}.bias"] = (out_f // plan.tp,)
-        elif isinstance(style, RowwiseParallel):
-            shapes[f"{name}.weight"] = (out_f, in_f // plan.tp)
-    return shapes
-
-
 def _meta(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device="meta")
 
@@ -224,101 +144,6 @@ def _stage_io(plan: "Plan", probe: ModuleProbe, microbatch: Sequence[torch.Tenso
     return io
 
 
-def _check_stages_run(model: nn.Module, plan: "Plan", probe: ModuleProbe, memo: ReplayMemo,
-                      microbatch: Sequence[torch.Tensor]) -> None:
-    """Every stage's forward runs on fake tensors of its input, and the last returns the
-    model's output shape: a forward that reads the token ids' shape (``b, t = idx.size()``
-    on a later stage, which receives ``(b, t, h)``), iterates its layer container in a way
-    the cut does not keep, or calls a replaced module with arguments it does not take,
-    fails here, on one process and before any launch, not on every rank after it. (The
-    values are checked by :func:`_check_chain` when the model holds them.)
-
-    A stage that repeats one already run — the same ends (embedding, head), blocks of the
-    same structure (:func:`~fxplan.runtime.apply.block_replay.block_structure`) and an input
-    of the same metadata — returns what that one returned, unprobed: the middle stages of an
-    interleaved pipeline over identical layers are probed once."""
-    named = dict(model.named_modules())
-    outputs: dict[Any, torch.Tensor] = {}   # stage signature -> its output (meta)
-    out: tuple[torch.Tensor, ...] = tuple(microbatch)
-    for k, stage in enumerate(plan.stages):
-        key = (stage.has_embedding, stage.has_head, call_signature(out, {}),
-               tuple(block_structure(named[b], b, {}) for b in
-                     probe.blocks[stage.layers[0]:stage.layers[1]]))
-        if key not in outputs:
-            try:
-                ran = probe_module(stage_module(model, plan, k, probe, share_blocks=True), out,
-                                   memo=memo)
-            except NotExpressible:
-                raise
-            except Exception as err:  # noqa: BLE001 - any failure is the reason, named
-                text = (str(err).strip().splitlines() or [""])[0]
-                raise NotExpressible(f"pipeline stage {k} (blocks {stage.layers[0]}-"
-                                     f"{stage.layers[1] - 1}) does not run on its input "
-                                     f"{tuple(out[0].shape)} ({type(err).__name__}: "
-                                     f"{text})") from err
-            if ran.output is None:
-                raise NotExpressible(f"pipeline stage {k} returns no tensor")
-            outputs[key] = ran.output
-        out = (torch.empty(outputs[key].shape, dtype=outputs[key].dtype),)
-    if probe.output is not None and out[0].shape != probe.output.shape:
-        raise NotExpressible(f"the last pipeline stage returns {tuple(out[0].shape)} where the "
-                             f"model returns {tuple(probe.output.shape)}")
-
-
-def _check_chain(model: nn.Module, plan: "Plan", probe: ModuleProbe,
-                 microbatch: Sequence[torch.Tensor]) -> None:
-    """The chain of (unsharded) stages computes the model on one microbatch (eval mode)."""
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            expected = model_output(model(*microbatch))
-            out: Any = tuple(microbatch)
-            for k in range(len(plan.stages)):
-                out = (model_output(stage_module(model, plan, k, probe)(*out)),)
-    finally:
-        model.train(training)
-    error = float((out[0] - expected).abs().max() / expected.abs().max().clamp_min(1e-12))
-    if out[0].shape != expected.shape or error > SPLIT_TOLERANCE:
-        raise NotExpressible(f"the stages cut at block boundaries do not compute the model "
-                             f"(relative error {error:.2e} on one microbatch): its forward does "
-                             "more than embed before the first block")
-
-
-def fused_attention_calls(plan: "Plan", probe: ModuleProbe) -> bool:
-    """Whether every block calls ``F.scaled_dot_product_attention`` when ``plan`` runs: as the
-    probe saw, or under context parallelism, whose style switches the examples' written-out
-    attention to that call and refuses blocks that make none
-    (:func:`~fxplan.runtime.styles.context_parallel.check_context_parallel`, after this
-    decision)."""
-    return probe.fused_attention or plan.config.cp > 1
-
-
-def _check_attention_checkpoint(plan: "Plan", probe: ModuleProbe) -> None:
-    """Selective recompute at module level checkpoints each call of
-    ``F.scaled_dot_product_attention`` in a block alone
-    (:class:`~fxplan.runtime.apply.recompute.AttentionCheckpoint`): :class:`NotExpressible`
-    where the blocks make fewer such calls than there are blocks (an attention written out as
-    products and a softmax, :func:`fused_attention_calls`), whose core only the graph rewrite
-    outlines (torch's selective checkpoint over such a block would keep every other op's
-    output for its replay and free none of the scores the plan prices as freed); and beside a
-    split backward under context parallelism, whose attention gathers K and V around that
-    call (not run with it)."""
-    split = plan.config.splits_backward
-    head = (f"schedule {plan.schedule} with selective recompute: beside a split backward the "
-            "module level checkpoints each call of F.scaled_dot_product_attention alone, and "
-            if split else "selective recompute: the module level checkpoints each call of "
-            "F.scaled_dot_product_attention in a block alone, and ")
-    if split and plan.config.cp > 1:
-        raise NotExpressible(head + f"beside context parallelism (cp={plan.config.cp}), whose "
-                             "attention gathers K and V around that call, this is not run")
-    if not fused_attention_calls(plan, probe):
-        raise NotExpressible(head + f"the model's {len(probe.blocks)} blocks make "
-                             f"{len(probe.attention)} such calls (an attention written out as "
-                             "matrix products and a softmax); the graph rewrite outlines that "
-                             "attention core")
-
-
 def module_level_plan(model: nn.Module, plan: "Plan",
                       inputs: torch.Tensor | Sequence[torch.Tensor]) -> ModuleLevel:
     """Decide (every process alike, no communication) whether ``plan`` runs on ``model`` at
@@ -334,13 +159,13 @@ def module_level_plan(model: nn.Module, plan: "Plan",
     if not probe.blocks:
         raise NotExpressible("no repeated blocks in the module hierarchy")
     if any(plan.recompute(i) == "selective" for i in range(len(probe.blocks))):
-        _check_attention_checkpoint(plan, probe)
+        check_attention_checkpoint(plan, probe)
     if plan.stages and sum(s.num_layers for s in plan.stages) != len(probe.blocks):
         raise NotExpressible(f"the plan's stages hold {sum(s.num_layers for s in plan.stages)} "
                              f"blocks, the module has {len(probe.blocks)}")
     aliases = tied_aliases(model)
     pipelined = plan.pp * plan.virtual_stages > 1
-    tied_users: dict[str, list[int]] = {}
+    users: dict[str, list[int]] = {}
     if pipelined:
         from fxplan.runtime.styles.router_aux import pipeline_refusal
 
@@ -348,91 +173,27 @@ def module_level_plan(model: nn.Module, plan: "Plan",
         if refusal:
             raise NotExpressible(refusal)
         check_splittable(probe, model)
-        tied_users = _tied_users(plan, probe, aliases)
+        users = tied_users(plan, probe, aliases)
         if plan.sequence_parallel and plan.tp > 1:
-            _check_sequence_boundary(plan, probe)
+            check_sequence_boundary(plan, probe)
     read_as, notes = tied_layout(plan, aliases) if plan.tp > 1 else ({}, [])
     styles = tp_styles(model, plan, probe, read_as) if plan.tp > 1 else {}
     if plan.tp > 1 and not styles:
         notes.append(replicated_tp_note(plan.tp))
-    shapes = _local_shapes(model, plan, probe, styles)
+    shapes = local_shapes(model, plan, probe, styles)
     head_counts: dict[str, dict[str, int]] = {}
     if shapes:
         try:
-            _check_local_run(model, plan, probe, microbatch, shapes, memo)
+            check_local_run(model, plan, probe, microbatch, shapes, memo)
         except NotExpressible as why:   # reshaped by counts on the module: set them locally
-            head_counts = _with_local_head_counts(model, plan, probe, microbatch, shapes, styles,
-                                                  why)
+            head_counts = with_local_head_counts(model, plan, probe, microbatch, shapes, styles,
+                                                 why)
     if pipelined:
-        _check_stages_run(model, plan, probe, memo, microbatch)
+        check_stages_run(model, plan, probe, memo, microbatch)
     if pipelined and not any(t.is_meta for t in model.parameters()):
-        _check_chain(model, plan, probe, microbatch)
-    return ModuleLevel(probe, styles, _stage_io(plan, probe, microbatch), aliases, tied_users,
+        check_chain(model, plan, probe, microbatch)
+    return ModuleLevel(probe, styles, _stage_io(plan, probe, microbatch), aliases, users,
                        notes, head_counts)
-
-
-def _check_local_run(model: nn.Module, plan: "Plan", probe: ModuleProbe,
-                     microbatch: Sequence[torch.Tensor], shapes: Mapping[str, tuple[int, ...]],
-                     memo: ReplayMemo | None) -> None:
-    """The forward runs with the tensor-parallel local shapes and attends over the model's
-    positions (:func:`check_local_attention`); :class:`NotExpressible` otherwise."""
-    try:
-        local = probe_module(model, microbatch, shapes, memo=memo)
-    except Exception as err:  # noqa: BLE001
-        raise NotExpressible(f"the forward fails with the tensor-parallel local shapes "
-                             f"({type(err).__name__}: {err}); a fused projection or a "
-                             "head count fixed in the code needs the graph rewrite") from err
-    check_local_attention(probe, local, plan.tp)
-
-
-def _with_local_head_counts(model: nn.Module, plan: "Plan", probe: ModuleProbe,
-                            microbatch: Sequence[torch.Tensor],
-                            shapes: Mapping[str, tuple[int, ...]],
-                            styles: Mapping[str, Any], why: NotExpressible
-                            ) -> dict[str, dict[str, int]]:
-    """The local head counts under which the forward runs head-parallel
-    (:mod:`fxplan.runtime.styles.tp_head_counts`), checked as :func:`_check_local_run` checks
-    the forward without them (a fresh replay memo: the attributes change what a block does);
-    :class:`NotExpressible` with both reasons when there are none or they do not help."""
-    from fxplan.runtime.styles.tp_head_counts import local_head_counts, set_head_counts
-
-    try:
-        counts = local_head_counts(model, styles, plan.tp)
-    except NotExpressible as cannot:
-        raise NotExpressible(f"{why}; nor can its head counts be set per rank: {cannot}") from why
-    if not counts:
-        raise why
-    try:
-        with set_head_counts(model, counts):
-            _check_local_run(model, plan, probe, microbatch, shapes, None)
-    except NotExpressible as still:
-        named = ", ".join(f"{n}.{a}" for n, attrs in counts.items() for a in attrs)
-        raise NotExpressible(f"{still} (with the local head counts {named} set: the forward "
-                             "reshapes by a count fixed in the code)") from why
-    return counts
-
-
-def check_local_attention(full: ModuleProbe, local: ModuleProbe, tp: int) -> None:
-    """Every attention of the tensor-parallel forward attends over the model's positions:
-    the local run's query and key shapes are the full run's with the heads divided by ``tp``
-    (or, for a key/value head count below ``tp``, kept). A forward that reshapes its local
-    projections by the model's head count (``view(b, -1, self.num_heads, d)``) runs without
-    error but attends over ``L / tp`` positions: :class:`NotExpressible`, never a wrong loss."""
-    if len(full.attention) != len(local.attention):
-        raise NotExpressible(f"the tensor-parallel forward calls attention "
-                             f"{len(local.attention)} times where the model calls it "
-                             f"{len(full.attention)} times")
-    for (q, k), (lq, lk) in zip(full.attention, local.attention):
-        for what, whole, part in (("query", q, lq), ("key", k, lk)):
-            fine = len(whole) == len(part) == 4 and whole[0] == part[0] and \
-                whole[2:] == part[2:] and part[1] in (whole[1] // tp, whole[1])
-            if not fine:
-                raise NotExpressible(
-                    f"with the tensor-parallel shards the attention's {what} is "
-                    f"{tuple(part)} where the model's is {tuple(whole)} (expected its heads "
-                    f"÷ {tp}, the same positions): the forward reshapes its projections by a "
-                    "head count fixed at build time, so a head-parallel split would attend "
-                    "over the wrong positions")
 
 
 def replicated_tp_note(tp: int) -> str:
@@ -444,19 +205,6 @@ def replicated_tp_note(tp: int) -> str:
     return (f"[module-apply] the plan's tp={tp} splits no parameter (every placement is "
             f"replicated over tp, as planned): each of the {tp} tp ranks runs the whole model "
             "on the same microbatch")
-
-
-def _check_sequence_boundary(plan: "Plan", probe: ModuleProbe) -> None:
-    """Under sp with pp the boundary is the ``Shard(1)`` hidden state: it must be ``(b, s, h)``
-    with ``s`` divisible by tp."""
-    for stage in plan.stages[1:]:
-        inputs = probe.calls[probe.blocks[stage.layers[0]]].inputs
-        if len(inputs) != 1 or inputs[0].ndim != 3 or inputs[0].shape[1] % plan.tp:
-            shapes = [tuple(x.shape) for x in inputs]
-            raise NotExpressible(f"sequence parallelism across pipeline stages needs one "
-                                 f"(batch, seq, hidden) input per stage with seq divisible by "
-                                 f"tp={plan.tp}; block {probe.blocks[stage.layers[0]]!r} takes "
-                                 f"{shapes}")
 
 
 def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
@@ -497,7 +245,7 @@ def build_module_stages(model: nn.Module, plan: "Plan", decided: ModuleLevel,
                 styles.update(_sequence_entry(token_embedding(decided.probe, model)))
             parallelize_module(inner, mesh["tp"], styles,
                                src_data_rank=None if on_meta else 0)
-            _retie(inner, decided.aliases)
+            retie(inner, decided.aliases)
             apply_head_counts(inner, decided.head_counts)   # this rank's heads (tp_head_counts)
         if ep_mesh is not None:
             shard_experts(inner, plan, mesh, ep_mesh, context)
@@ -539,28 +287,6 @@ def _sequence_entry(entry: str) -> dict[str, "ParallelStyle"]:
     return {entry: PrepareModuleInput(input_layouts=(Shard(1),),
                                       desired_input_layouts=(Shard(1),),
                                       use_local_output=False)}
-
-
-def _retie(module: nn.Module, aliases: Mapping[str, str]) -> None:
-    """Point every alias of a tied weight in ``module`` at the parameter of the first of its
-    names present here (``parallelize_module`` gave each user its own; module docstring)."""
-    kept: dict[str, nn.Parameter] = {}
-    for name in aliases:  # in named_parameters order: the first name comes first
-        owner, _, leaf = name.rpartition(".")
-        try:
-            holder = module.get_submodule(owner) if owner else module
-        except AttributeError:
-            continue
-        param = holder._parameters.get(leaf)
-        if param is None:
-            continue
-        shared = kept.setdefault(aliases[name], param)
-        if shared is not param:
-            if getattr(shared, "placements", None) != getattr(param, "placements", None):
-                raise RuntimeError(f"tied weight {name!r} is laid out {param.placements} by "
-                                     f"its style, its first name {aliases[name]!r} "
-                                     f"{shared.placements}")
-            holder._parameters[leaf] = shared
 
 
 def _present(module: nn.Module, name: str) -> bool:

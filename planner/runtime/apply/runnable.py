@@ -39,7 +39,8 @@ from torch import nn
 from fxplan.core.errors import UserError
 from fxplan.core.torch_support import FEATURES, installed_torch, torch_has
 from fxplan.runtime.styles.context_parallel import cp_degree
-from fxplan.runtime.apply.module import module_level_plan, tied_aliases
+from fxplan.runtime.apply.module import module_level_plan
+from fxplan.runtime.apply.module_tied import tied_aliases
 from fxplan.runtime.train.pipeline import zero_bubble_refusal
 from fxplan.runtime.apply.tied import same_rank_refusal
 from fxplan.runtime.styles.tp_styles import NotExpressible

@@ -20,7 +20,7 @@ model's attention. The names read are those real code uses (:data:`HEADS`, :data
 ``nn.Linear`` children the plan splits column-parallel; the runtime sets them on every rank
 (:func:`apply_head_counts`) and checks the forward with the local shapes on fake tensors before
 anything runs (the attention's query and key must be the model's with ``heads ÷ tp`` and the same
-positions: :func:`fxplan.runtime.apply.module.check_local_attention`). Refused, with the reason:
+positions: :func:`fxplan.runtime.apply.module_checks.check_local_attention`). Refused, with the reason:
 
 * a fused q/k/v projection split by size (``c_attn`` of ``3·a·d`` outputs, nanoGPT's): a
   contiguous row shard gives rank 0 all of q and part of k, which local counts would hide;

@@ -40,7 +40,7 @@ the weight gradient needs no second gather.
 
 A tied weight (one Parameter under several names) is laid out once for all its users: ``read_as``
 maps each of its names to the one name whose planned placement they all take
-(:func:`fxplan.runtime.apply.module.tied_layout`), so the users' styles agree.
+(:func:`fxplan.runtime.apply.module_tied.tied_layout`), so the users' styles agree.
 
 When a placement cannot be written as a style, :class:`NotExpressible` says which and why;
 the runtime then falls back to the graph rewrite (:mod:`fxplan.runtime.apply.graph`).
