@@ -148,6 +148,7 @@ def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str
                           visited=state.visited)
 
     refused: list[Reason] = []
+    refusals: list[tuple[str, str]] = []   # (summary, reason) of each, for NoRunnablePlan
     checked: set[ParallelConfig] = set()   # a later round's candidate may price as an earlier
     for round_ in range(RUNTIME_ROUNDS):
         for k, candidate in enumerate(done):
@@ -163,6 +164,7 @@ def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str
                 return plan
             refused.append(Reason(f"{candidate.config.summary()}: {why}", RUNTIME,
                                   config=candidate.config.to_string()))
+            refusals.append((candidate.config.summary(), why))
         if round_ + 1 == RUNTIME_ROUNDS or budget.expired():
             break
         with timer("inter-op"):
@@ -173,5 +175,5 @@ def run_search(graph: CapturedGraph, cluster: Cluster, *, batch: int, model: str
             state.solve_placements(ranked)
         with timer("simulate"):
             done = state.finalists(ranked)
-    raise NoRunnablePlan(model, refused)
+    raise NoRunnablePlan(model, refusals)
 

@@ -99,8 +99,8 @@ def no_plan_error(where: str, world: int, valid: list[Family], invalid: list[Rea
             "of the allowed mesh families (microbatch sizes divide batch/dp up to "
             f"{MAX_MICROBATCH}; 1f1b needs m ≥ pp, interleaved:v needs m mod pp = 0 and "
             "pp·v ≤ layers; zb:v the same, zbv 2·pp ≤ layers, dualpipev that and m ≥ 2·pp, "
-            "all three recompute none or full and beside dp > 1 ZeRO-0 or ZeRO-1 without tp, "
-            "ep or offload; sequence parallelism needs tp > 1)"
+            "all three beside dp > 1 ZeRO-0, or ZeRO-1 without tp or ep; sequence "
+            "parallelism needs tp > 1)"
             + ("; zbv and dualpipev are not offered to this model: its first and last stage "
                "share a weight (a tied embedding and head), and both schedules run those two "
                "stages on pipeline rank 0, where the runtime cannot keep the copies equal; use "
@@ -113,10 +113,17 @@ def no_plan_error(where: str, world: int, valid: list[Family], invalid: list[Rea
 
 
 class NoRunnablePlan(UserError):
-    """Every plan the search priced is one the runtime cannot apply to the model."""
+    """Every plan the search priced is one the runtime cannot apply to the model.
 
-    def __init__(self, model: str, refused: Sequence[str]) -> None:
-        lines = "".join(f"\n  · {r}" for r in refused)
+    ``refused``: ``(plan summary, the runtime's reason)`` per plan; plans refused for the same
+    reason are listed together, the reason said once after them."""
+
+    def __init__(self, model: str, refused: Sequence[tuple[str, str]]) -> None:
+        by_reason: dict[str, list[str]] = {}
+        for summary, why in refused:
+            by_reason.setdefault(why, []).append(summary)
+        lines = "".join("\n  · " + "\n    ".join(summaries) + f": {why}"
+                        for why, summaries in by_reason.items())
         super().__init__(f"no plan for {model}: the runtime cannot apply any of the "
                          f"{len(refused)} plan(s) the search priced to this model:{lines}\n"
                          "Constrain the search (--constrain) to what the model supports, "

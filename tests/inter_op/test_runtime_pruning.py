@@ -153,3 +153,13 @@ def test_a_forward_trained_on_its_own_loss_is_not_offered_a_pipeline():
            "pipeline cannot cut into stages" in str(refused.value)
     plan = search(graph, CLUSTER, batch=4, constraints={"pp": 1}, progress=False)
     assert plan.pp == 1
+
+
+def test_plans_refused_for_one_reason_are_listed_together_with_it_said_once() -> None:
+    refused = NoRunnablePlan("m", [("pp=1 tp=2 sp=off", "the reason A"),
+                                   ("pp=2 tp=1", "the reason B"),
+                                   ("pp=1 tp=2 sp=on", "the reason A")])
+    text = str(refused)
+    assert "any of the 3 plan(s)" in text and text.count("the reason A") == 1
+    assert "\n  · pp=1 tp=2 sp=off\n    pp=1 tp=2 sp=on: the reason A\n  · pp=2 tp=1: the reason B\n" \
+        in text
