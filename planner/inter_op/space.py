@@ -22,7 +22,8 @@ recompute's block keeps its recompute for the weight pass,
 alone, which the weight pass never reads,
 :func:`fxplan.runtime.train.pipeline.zero_bubble_refusal`);
 with ``dp > 1`` their gradients are all-reduced after the step, so only at the memory rungs
-without FSDP2, ZeRO-0 and ZeRO-1 without offload (ZeRO-1 only with ``tp = ep = 1``):
+without FSDP2, ZeRO-0 and ZeRO-1 (ZeRO-1 only with ``tp = ep = 1``; ``offload=optimizer``
+included, ``optimizer+params`` is ZeRO-3's):
 :func:`fxplan.core.zero_bubble_dp.after_step_refusal`, which the search's rungs obey), recompute
 (:data:`~fxplan.core.config_fields.RECOMPUTE_POLICIES`; with ``per_stage_recompute`` only
 :data:`PER_STAGE_POLICIES`, each run by the search on as few layers of each stage as memory
