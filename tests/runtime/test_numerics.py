@@ -61,12 +61,14 @@ def test_matches_single_process(rank_pool, name):
     assert not [f for f in report["fallbacks"] if "offload" in f], report["fallbacks"]
 
 
-@needs("dtensor_view_sharding")
-def test_graph_rewrite_pipeline_matches_single_process(rank_pool):
+@pytest.mark.parametrize("name", [pytest.param("pp_tp", marks=needs("dtensor_view_sharding")),
+                                  "pp_dp"])
+def test_graph_rewrite_pipeline_matches_single_process(rank_pool, name):
     """The graph rewrite's pipeline (what runs a pp plan the module level refuses), asked for
-    by ``path="graph"``: the zoo GPT's pp plans run at module level by default."""
+    by ``path="graph"``: the zoo GPT's pp plans run at module level by default. Without tp it
+    runs on every supported torch."""
     report = rank_pool.run("rt_cases:train_matches_reference", path="graph",
-                           plan_kwargs=CASES["pp_tp"])[0]
+                           plan_kwargs=CASES[name])[0]
     assert report["path"] == "graph", report
     assert report["loss_error"] <= 1e-5 and report["param_error"] <= 1e-5, report
 
