@@ -3,9 +3,10 @@
     fxplan doctor            a table: check, status (ok / warn / fail), detail
     fxplan doctor --json     the same as JSON
 
-Checks fxplan and Python; torch, its build and ``torch.distributed`` with gloo and NCCL; the
-CUDA devices; CPU cores and memory; which built-in cluster spec describes this machine; the
-op database for its device; and the optional extras (``transformers``, OR-Tools, HiGHS).
+Checks fxplan and Python; torch, its build, the features that arrived inside the supported
+range, and ``torch.distributed`` with gloo and NCCL; the CUDA devices; CPU cores and memory;
+which built-in cluster spec describes this machine; the op database for its device; and the
+optional extras (``transformers``, OR-Tools, HiGHS).
 Every check catches its own exceptions and reports them as ``fail``: the doctor itself never
 crashes. Exit code 0 when no check fails, 1 when one does (the last line names them).
 """
@@ -91,6 +92,23 @@ def _check_torch() -> Check:
         return Check("torch", WARN, f"{torch.__version__}, {build}: newer than the releases "
                      f"fxplan was tested with ({supported_range()})", data)
     return Check("torch", OK, f"{torch.__version__}, {build} (supported: {supported_range()})", data)
+
+
+def _check_torch_features() -> Check:
+    """The features that arrived inside the supported range (``torch_support.FEATURES``,
+    detected by import): ``warn`` naming those this torch lacks, whose plans are refused
+    before training and left out by the search."""
+    from fxplan.core.torch_support import FEATURES, torch_has
+
+    data = {name: torch_has(name) for name in FEATURES}
+    missing = [name for name, present in data.items() if not present]
+    if not missing:
+        return Check("torch features", OK, f"all {len(FEATURES)} that arrived inside the "
+                     f"supported range: {', '.join(FEATURES)}", data)
+    return Check("torch features", WARN, f"this torch lacks {len(missing)} of {len(FEATURES)}: "
+                 + "; ".join(f"{name}, {FEATURES[name][2]}" for name in missing)
+                 + ". Plans that need them are refused before training, and the search leaves "
+                 "them out", data)
 
 
 def _check_distributed() -> Check:
@@ -274,6 +292,7 @@ def run_checks() -> list[Check]:
         ("fxplan", _check_fxplan),
         ("Python", _check_python),
         ("torch", _check_torch),
+        ("torch features", _check_torch_features),
         ("torch.distributed", _check_distributed),
         ("gloo", _check_gloo),
         ("NCCL", _check_nccl),

@@ -31,6 +31,23 @@ def test_json_parses_and_agrees(capsys):
     assert all(c["status"] in ("ok", "warn", "fail") for c in report["checks"])
 
 
+def test_a_torch_feature_this_torch_lacks_is_a_warning_naming_it(monkeypatch):
+    from fxplan.core import torch_support
+
+    assert doctor._check_torch_features().status == (
+        "ok" if all(torch_support.torch_has(f) for f in torch_support.FEATURES) else "warn")
+    monkeypatch.setitem(torch_support.FEATURES, "imaginary",
+                        ("torch", "no_such_attribute", "an imaginary API (schedule x)"))
+    torch_support.torch_has.cache_clear()
+    try:
+        check = doctor._check_torch_features()
+    finally:
+        torch_support.torch_has.cache_clear()
+    assert check.status == "warn" and check.data["imaginary"] is False
+    assert "imaginary, an imaginary API (schedule x)" in check.detail
+    assert "refused before training" in check.detail
+
+
 def test_a_failing_check_is_reported_not_raised(monkeypatch, capsys):
     def broken() -> doctor.Check:
         raise ImportError("no module named torch\nsecond line")
