@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
     from fxplan.runtime.launch.heartbeat import Heartbeat
 
     args.heartbeat = Heartbeat(int(os.environ.get("RANK", "0")))
+    quiet_runtime_log(int(os.environ.get("RANK", "0")))
     args.heartbeat.beat(0, "start")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
@@ -103,6 +104,20 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
         gc.collect()  # drop DTensor/FSDP state before the groups go (clean exit, no SIGABRT)
         dist.destroy_process_group()
     return 0
+
+
+def quiet_runtime_log(rank: int) -> None:
+    """On a rank other than 0 the ``fxplan.runtime`` logger's lines (each fallback as it is
+    recorded) are not printed. Rank 0 prints every rank's fallbacks once after the first step
+    (:func:`fxplan.rank.steps.print_fallbacks`) and its own log lines as they come, so the
+    other ranks' copies only repeated them, once per rank."""
+    import logging
+
+    if rank == 0:
+        return
+    runtime = logging.getLogger("fxplan.runtime")
+    runtime.addHandler(logging.NullHandler())   # handled: logging's last resort stays silent
+    runtime.propagate = False
 
 
 def _train(args: argparse.Namespace) -> None:

@@ -260,3 +260,24 @@ def test_cpu_affinity_flag_reaches_the_ranks(plans, capsys, tmp_path):
                           "--cpu-affinity", "none")
     assert code == 0, err
     assert "FXPLAN_CPU_AFFINITY=none" in script.read_text()
+
+
+def test_a_rank_other_than_0_keeps_its_runtime_log_lines_to_itself(caplog):
+    """Rank 0 prints every rank's fallbacks once (after the first step) and its own log lines
+    as they come; the worker of another rank cuts its ``fxplan.runtime`` logger off, so its
+    copies are not printed once per rank."""
+    import logging
+
+    from fxplan.core.fallbacks import record_fallback
+    from fxplan.worker import quiet_runtime_log
+
+    runtime = logging.getLogger("fxplan.runtime")
+    handlers, propagate = list(runtime.handlers), runtime.propagate
+    with caplog.at_level(logging.WARNING):
+        try:
+            for rank in (0, 1):
+                quiet_runtime_log(rank)
+                record_fallback(None, f"[here] a line rank {rank} logs")
+        finally:
+            runtime.handlers[:], runtime.propagate = handlers, propagate
+    assert caplog.messages == ["fxplan runtime fallback: [here] a line rank 0 logs"]
