@@ -91,19 +91,30 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
 
         if not report_error(dist.get_rank(), err):
             raise
-        sys.stdout.flush()
-        os._exit(INPUT_ERROR_EXIT)  # no collective teardown: the other ranks may wait in one
+        _leave(INPUT_ERROR_EXIT)
     except Exception as err:  # under fxplan launch: one paragraph, the traceback in RUN_DIR
         from fxplan.runtime.launch.rank_errors import FAILURE_EXIT, report_failure
 
         if not report_failure(dist.get_rank(), err, args.run_dir):
             raise
-        sys.stdout.flush()
-        os._exit(FAILURE_EXIT)
+        _leave(FAILURE_EXIT)
     finally:
         gc.collect()  # drop DTensor/FSDP state before the groups go (clean exit, no SIGABRT)
         dist.destroy_process_group()
     return 0
+
+
+def _leave(code: int) -> None:
+    """Leave a rank that stopped on an error, without the collective teardown (the other
+    ranks may wait in one): stdout flushed, multiprocessing's exit finalizers run — they
+    release the named semaphores this process made (``torch.fx.Interpreter`` makes a tqdm bar,
+    whose class takes a multiprocessing lock), which the resource tracker would otherwise
+    report as leaked, after the launcher's paragraph — then ``os._exit``."""
+    from multiprocessing import util
+
+    sys.stdout.flush()
+    util._run_finalizers(0)   # what the interpreter's exit runs first: priority ≥ 0
+    os._exit(code)
 
 
 def quiet_runtime_log(rank: int) -> None:
