@@ -66,8 +66,9 @@ def main(argv: list[str] | None = None, plan: "Plan | None" = None) -> int:
         die_with_parent(signal.SIGKILL)
     from fxplan.runtime.launch.heartbeat import Heartbeat
 
-    args.heartbeat = Heartbeat(int(os.environ.get("RANK", "0")))
-    quiet_runtime_log(int(os.environ.get("RANK", "0")))
+    rank = int(os.environ.get("RANK", "0"))
+    args.heartbeat = Heartbeat(rank)
+    quiet_runtime_log(rank)
     args.heartbeat.beat(0, "start")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
